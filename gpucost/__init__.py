@@ -1,0 +1,1 @@
+"""gpucost: the CLI and the wiring that connects sources, operators and sinks."""

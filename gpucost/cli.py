@@ -1,0 +1,236 @@
+"""``gpucost``: run the audit, simulate a fleet, replay recordings, query the output."""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import decimal
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import duckdb
+
+from gpucost.config import FLAG_FIELDS, ConfigError, load_settings
+from gpucost.embedded import Item, RunStats, run_embedded
+from gpucost.report import format_table, summary
+from producers.replay import input_files, read_lines
+from producers.simulate import FleetSpec, simulate
+from schemas.codec import encode_event
+from schemas.records import OUTPUT_KINDS
+from sinks.views import connect, views_sql
+from streams.settings import AuditSettings
+
+__all__ = ["main"]
+
+DEFAULT_OUT = "gpucost-out"
+SIM_LINES_PER_FILE = 1_000_000
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line, exit status 2."""
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _add_out(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--out", type=Path, default=Path(_env("GPUCOST_OUT", DEFAULT_OUT)),
+                   help=f"{what} (env GPUCOST_OUT; default ./{DEFAULT_OUT})")
+
+
+def _add_settings(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=os.environ.get("GPUCOST_CONFIG"),
+                   help="TOML file of audit settings (env GPUCOST_CONFIG)")
+    p.add_argument("--overwrite", action="store_true", help="replace output already in --out")
+    g = p.add_argument_group("audit settings (each also env GPUCOST_<NAME>, e.g. GPUCOST_PANE_S)")
+    for name in FLAG_FIELDS:
+        info = AuditSettings.model_fields[name]
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="V",
+                       help=f"default {info.default}")
+
+
+def _add_fleet(p: argparse.ArgumentParser) -> None:
+    d = FleetSpec()
+    p.add_argument("--gpus", type=int, default=int(_env("GPUCOST_SIM_GPUS", str(d.gpus))),
+                   help=f"GPUs in the fleet (env GPUCOST_SIM_GPUS; default {d.gpus})")
+    p.add_argument("--hours", type=float, default=float(_env("GPUCOST_SIM_HOURS", str(d.hours))),
+                   help=f"hours of fleet time (env GPUCOST_SIM_HOURS; default {d.hours})")
+    p.add_argument("--seed", type=int, default=int(_env("GPUCOST_SIM_SEED", str(d.seed))),
+                   help=f"random seed (env GPUCOST_SIM_SEED; default {d.seed})")
+    p.add_argument("--interval-s", type=float, default=float(_env("GPUCOST_SIM_INTERVAL_S", str(d.interval_s))),
+                   help=f"sampling period (env GPUCOST_SIM_INTERVAL_S; default {d.interval_s})")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpucost", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="audit a fleet embedded (no broker): NVML if present, else simulated")
+    run.add_argument("--source", choices=["auto", "simulate"], default=_env("GPUCOST_SOURCE", "auto"),
+                     help="where events come from (env GPUCOST_SOURCE; default auto)")
+    _add_fleet(run)
+    _add_out(run, "output directory")
+    _add_settings(run)
+
+    sim = sub.add_parser("simulate", help="write a simulated fleet's events as JSON Lines")
+    _add_fleet(sim)
+    sim.add_argument("--out", type=Path, required=True, help="directory for events-NNNNN.jsonl")
+
+    rep = sub.add_parser("replay", help="run recorded JSON Lines events through the pipeline")
+    rep.add_argument("input", type=Path, nargs="+", help="JSON Lines files or directories")
+    _add_out(rep, "output directory")
+    _add_settings(rep)
+
+    qry = sub.add_parser("query", help="run SQL over the views idle_index, mae, cost, dlq")
+    qry.add_argument("sql")
+    qry.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    _add_out(qry, "directory holding the output to query")
+
+    views = sub.add_parser("views", help="print the CREATE VIEW statements for use in any DuckDB")
+    _add_out(views, "directory holding the output")
+    return parser
+
+
+def _nvml_unavailable() -> str | None:
+    """Why NVML cannot be used here, or None if it initialises."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return None
+    except Exception as exc:  # pynvml raises NVMLError, or OSError without the library
+        return str(exc) or type(exc).__name__
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    existing = [out / k for k in OUTPUT_KINDS if (out / k).exists()]
+    if existing and not overwrite:
+        raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in existing)}); "
+                         "pass --overwrite to replace it, or choose another --out")
+    for path in existing:
+        shutil.rmtree(path)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _settings(args: argparse.Namespace) -> AuditSettings:
+    return load_settings(args.config, **{f: getattr(args, f) for f in FLAG_FIELDS})
+
+
+def _fleet(args: argparse.Namespace) -> FleetSpec:
+    try:
+        return FleetSpec(gpus=args.gpus, hours=args.hours, seed=args.seed, interval_s=args.interval_s)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _finish(out: Path, stats: RunStats) -> int:
+    print(summary(out, stats))
+    print(f"\noutput: {out}/{{idle_index,mae,cost,dlq}}/date=YYYY-MM-DD/*.parquet; "
+          f"try: gpucost query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings, spec = _settings(args), _fleet(args)
+    if args.source == "auto":
+        why = _nvml_unavailable()
+        reason = f"NVML is not available ({why})" if why else "this version has no NVML source yet"
+        print(f"gpucost: {reason}; running the simulated fleet: {spec.gpus} GPUs, {spec.hours:g} h, "
+              f"seed {spec.seed}", file=sys.stderr)
+    _prepare_out(args.out, args.overwrite)
+    items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec))
+    return _finish(args.out, run_embedded(items, settings, args.out))
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    spec = _fleet(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    files, fh, n = 0, None, 0
+    try:
+        for n, ev in enumerate(simulate(spec)):
+            if n % SIM_LINES_PER_FILE == 0:
+                if fh is not None:
+                    fh.close()
+                fh = open(args.out / f"events-{files:05d}.jsonl", "w")
+                files += 1
+            fh.write(encode_event(ev) + "\n")  # type: ignore[union-attr]
+    finally:
+        if fh is not None:
+            fh.close()
+    print(f"wrote {n + 1:,} events to {files} file(s) in {args.out}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    try:
+        files = input_files(args.input)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    if not files:
+        raise UsageError(f"no event files (*.jsonl, *.ndjson, *.json, *.gz) in {', '.join(map(str, args.input))}")
+    _prepare_out(args.out, args.overwrite)
+    from tqdm import tqdm
+
+    total = sum(f.stat().st_size for f in files)
+    with tqdm(total=total, unit="B", unit_scale=True, disable=not sys.stderr.isatty(), desc="replay") as bar:
+        stats = run_embedded(read_lines(files), settings, args.out,
+                             on_batch=lambda b: bar.update(sum(len(raw) + 1 for raw, _ in b)))  # type: ignore[arg-type]
+    return _finish(args.out, stats)
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, (decimal.Decimal, dt.date, dt.datetime)):
+        return str(value)
+    return value
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    if not args.out.is_dir():
+        raise UsageError(f"output directory {args.out} does not exist; run `gpucost run` or `gpucost replay` first")
+    try:
+        res = connect(args.out).execute(args.sql)
+    except duckdb.Error as exc:
+        raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
+    columns = [d[0] for d in res.description] if res.description else []
+    rows = res.fetchall()
+    if args.format == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    elif args.format == "json":
+        print(json.dumps([{c: _jsonable(v) for c, v in zip(columns, r)} for r in rows], indent=1))
+    else:
+        print(format_table(columns, rows))
+    return 0
+
+
+def cmd_views(args: argparse.Namespace) -> int:
+    print(views_sql(args.out), end="")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "query": cmd_query,
+            "views": cmd_views}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, ConfigError) as exc:
+        print(f"gpucost: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpucost: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Plain-text tables and the end-of-run summary, read back through the DuckDB views."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpucost.embedded import RunStats
+from sinks.views import connect
+
+__all__ = ["format_table", "summary"]
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+_MOST_IDLE = """
+SELECT gpu_uuid, gpu_model, node_id,
+       round(arg_max(idle_index_72h, pane_end_ns), 4) AS idle_index_72h,
+       round(arg_max(covered_ms_72h, pane_end_ns) / 3.6e6, 1) AS hours_covered
+FROM idle_index GROUP BY ALL ORDER BY idle_index_72h DESC, gpu_uuid LIMIT 5"""
+_BY_TEAM = """
+SELECT team, sum(cost_micro_usd) AS micro_usd, printf('%.2f', sum(cost_micro_usd) / 1e6) AS usd,
+       printf('%.1f%%', 100.0 * sum(cost_micro_usd) / nullif(sum(sum(cost_micro_usd)) OVER (), 0)) AS share
+FROM cost GROUP BY team ORDER BY micro_usd DESC, team"""
+
+
+def summary(out_dir: Path, stats: RunStats) -> str:
+    con = connect(out_dir)
+    parts = []
+    rate = stats.inputs / stats.seconds if stats.seconds else 0.0
+    parts.append(f"processed {stats.inputs:,} inputs in {stats.seconds:.1f} s ({rate:,.0f}/s); "
+                 + ", ".join(f"{k}: {v:,}" for k, v in sorted(stats.rows.items())) + " rows written")
+    res = con.execute(_MOST_IDLE)
+    parts.append("\nGPUs most idle over the last 72 h:\n"
+                 + format_table([d[0] for d in res.description], res.fetchall()))
+    res = con.execute(_BY_TEAM)
+    parts.append("\nCost by team (idle = cost of time no tenant used):\n"
+                 + format_table([d[0] for d in res.description], res.fetchall()))
+    (unpriced,) = con.execute("SELECT count(DISTINCT (gpu_uuid, pane_start_ns)) FROM cost WHERE unpriced").fetchone()
+    if unpriced:
+        parts.append(f"\n{unpriced:,} GPU-panes had no price (model unpriced, no 'default'): billed 0 µ$")
+    if stats.counts.get("unbilled"):
+        parts.append(f"{stats.counts['unbilled']:,} process/NUMA events fell in panes without a GPU sample "
+                     "(no covered time to bill)")
+    dead = sum(stats.dead_letters.values())
+    detail = ", ".join(f"{r}: {n:,}" for r, n in sorted(stats.dead_letters.items()))
+    parts.append(f"\ndead letters: {dead:,}" + (f" ({detail}); see the dlq view" if dead else ""))
+    return "\n".join(parts)

@@ -1,0 +1,226 @@
+"""A deterministic synthetic GPU fleet, producing events as fast as the CPU allows.
+
+Each GPU draws from its own generator seeded by ``(seed, gpu index)``, so a fleet of N
+GPUs is the first N GPUs of any larger fleet with the same seed. Events come out in
+arrival order: mostly in event time, some delayed by up to ``max_delay_s`` (within the
+default lateness), as a real network delivers them.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+import numpy as np
+
+from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
+                            ProcessSample, TenantBinding)
+
+__all__ = ["FleetSpec", "GPU_MODELS", "simulate"]
+
+NS = 1_000_000_000
+HOUR_NS = 3600 * NS
+GIB = 1 << 30
+
+#: (model name as NVML reports it, USD per GPU-hour or None for "uses the default price", memory)
+GPU_MODELS: tuple[tuple[str, str | None, int], ...] = (
+    ("NVIDIA H100 80GB HBM3", "3.990000", 80 * GIB),
+    ("NVIDIA H200", "4.540000", 141 * GIB),
+    ("NVIDIA A100-SXM4-80GB", "2.210000", 80 * GIB),
+    ("NVIDIA L40S", None, 48 * GIB),
+)
+DEFAULT_PRICE = "1.250000"
+TENANTS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("search", "prod", "ranker", "online", "Gold"),
+    ("search", "staging", "ranker", "online", "Silver"),
+    ("ads", "prod", "ctr-model", "batch", "Silver"),
+    ("vision", "prod", "detector", "online", "Gold"),
+    ("vision", "dev", "detector", "batch", "Bronze"),
+    ("nlp", "prod", "llm-serve", "online", "Gold"),
+    ("nlp", "research", "llm-train", "batch", "Bronze"),
+    ("platform", "prod", "embedder", "batch", "Silver"),
+)
+PATTERNS = ("stream", "random", "hot", "wide64")
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    gpus: int = 8
+    hours: float = 74.0
+    seed: int = 0
+    interval_s: float = 10.0
+    gpus_per_node: int = 4
+    start_ns: int = 1_767_571_200 * NS  # 2026-01-05T00:00:00Z
+    max_delay_s: float = 30.0
+    addresses_per_hour: int = 192
+    unbound_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "gpus_per_node"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if not 0 < self.hours <= 24 * 366:
+            raise ValueError(f"hours must be in (0, 8784], got {self.hours}")
+        if not 0.001 <= self.interval_s <= 3600:
+            raise ValueError(f"interval_s must be in [0.001, 3600], got {self.interval_s}")
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + int(self.hours * HOUR_NS)
+
+
+@dataclass
+class _Job:
+    pid: int
+    start_ns: int
+    end_ns: int
+    sm_base: float
+    bw_base: float
+    pattern: str
+    region: int
+    tenant: tuple[str, str, str, str, str] | None
+    git_commit: str
+    ci_pipeline_id: str | None
+
+
+def _diurnal(ts_ns: int) -> float:
+    hours = ts_ns / HOUR_NS
+    return 0.55 + 0.45 * math.sin(2 * math.pi * (hours - 9) / 24)
+
+
+def _pct(x: float) -> float:
+    return round(min(100.0, max(0.0, x)), 2)
+
+
+class _Gpu:
+    """One GPU's events, generated lazily tick by tick."""
+
+    def __init__(self, spec: FleetSpec, index: int) -> None:
+        self.spec = spec
+        self.rng = np.random.default_rng([spec.seed, index])
+        self.node_id = f"node-{index // spec.gpus_per_node:03d}"
+        self.uuid = f"GPU-{uuid.UUID(bytes=self.rng.bytes(16))}"
+        self.model, _, self.mem_total = GPU_MODELS[int(self.rng.integers(len(GPU_MODELS)))]
+        self.pid_base = 10_000 + 1_000 * (index % spec.gpus_per_node)
+        self.jobs = self._schedule()
+
+    def _schedule(self) -> list[_Job]:
+        """Bursts of 1–3 concurrent jobs separated by idle gaps, some of them many hours long."""
+        rng, spec, jobs = self.rng, self.spec, []
+        t = spec.start_ns + int(rng.exponential(2 * HOUR_NS))
+        while t < spec.end_ns:
+            for _ in range(int(rng.integers(1, 4))):
+                start = t + int(rng.integers(0, 20 * 60)) * NS
+                tenant = None if rng.random() < spec.unbound_fraction else TENANTS[int(rng.integers(len(TENANTS)))]
+                jobs.append(_Job(
+                    pid=self.pid_base + len(jobs), start_ns=start,
+                    end_ns=start + int(rng.exponential(5 * HOUR_NS)) + 10 * 60 * NS,
+                    sm_base=float(rng.uniform(10, 70)), bw_base=float(rng.uniform(5, 60)),
+                    pattern=PATTERNS[int(rng.integers(len(PATTERNS)))],
+                    region=int(rng.integers(0, 1 << 32 - 28)) << 28, tenant=tenant,
+                    git_commit=rng.bytes(20).hex()[:12],
+                    ci_pipeline_id=None if rng.random() < 0.5 else str(int(rng.integers(10**5, 10**6)))))
+            gap_h = rng.exponential(14.0) if rng.random() < 0.3 else rng.exponential(1.5)
+            t = max(j.end_ns for j in jobs) + int(gap_h * HOUR_NS)
+        return jobs
+
+    def _address(self, job: _Job) -> int:
+        rng = self.rng
+        if job.pattern == "stream":
+            return job.region + int(rng.integers(0, 1 << 28)) // 4096 * 4096
+        if job.pattern == "random":
+            return int(rng.integers(0, 1 << 32))
+        if job.pattern == "hot":
+            hot = rng.random() < 0.9
+            return job.region + int(rng.integers(0, 1 << 22)) if hot else int(rng.integers(0, 1 << 32))
+        return (0x7F00 << 32) + int(rng.integers(0, 1 << 40)) if rng.random() < 0.8 else int(rng.integers(0, 1 << 32))
+
+    def events(self) -> Iterator[tuple[int, Event]]:
+        """(arrival_ns, event) in arrival order."""
+        spec, rng = self.spec, self.rng
+        step_ns = int(spec.interval_s * NS)
+        pending: list[tuple[int, int, Event]] = []
+        seq = 0
+        addr_p = spec.addresses_per_hour * spec.interval_s / 3600 / 16  # bursts of 16
+        bound = {j.pid for j in self.jobs if j.tenant is None}
+        for tick in range(spec.start_ns, spec.end_ns, step_ns):
+            ts = tick + int(rng.integers(0, 50)) * 1_000_000
+            interval = round(spec.interval_s + float(rng.normal(0, 0.002)), 4)
+            active = [j for j in self.jobs if j.start_ns <= tick < j.end_ns]
+            out: list[Event] = []
+            for j in active:
+                if j.pid not in bound:
+                    bound.add(j.pid)
+                    assert j.tenant is not None
+                    team, env, app, tier, sla = j.tenant
+                    # published before the process's first sample, with no delay
+                    heapq.heappush(pending, (ts - NS, seq, TenantBinding(
+                        node_id=self.node_id, pid=j.pid, ts_ns=j.start_ns, team=team, env=env, app=app,
+                        tier=tier, sla=sla, git_commit=j.git_commit, ci_pipeline_id=j.ci_pipeline_id)))
+                    seq += 1
+            load = _diurnal(ts)
+            sm = [_pct(j.sm_base * load + rng.normal(0, 4)) for j in active]
+            bw = [_pct(j.bw_base * load + rng.normal(0, 3)) for j in active]
+            used = sum(int(2 * GIB + j.sm_base * 0.6 * GIB) for j in active)
+            out.append(GpuSample(
+                node_id=self.node_id, gpu_uuid=self.uuid, gpu_model=self.model, ts_ns=ts,
+                interval_s=interval, sm_util_pct=_pct(sum(sm) + abs(rng.normal(0, 0.8))),
+                mem_bw_util_pct=_pct(sum(bw) + abs(rng.normal(0, 0.5))),
+                mem_used_bytes=min(used, self.mem_total), mem_total_bytes=self.mem_total,
+                power_w=round(70 + 6.3 * sum(sm) + float(rng.normal(0, 3)), 1) if active else 69.5,
+                temp_c=round(31 + 0.4 * sum(sm) / max(1, len(active)), 1),
+                pcie_tx_bytes_s=int(rng.integers(0, 10**6)) * max(1, len(active)),
+                pcie_rx_bytes_s=int(rng.integers(0, 10**6)) * max(1, len(active))))
+            for j, s, b in zip(active, sm, bw):
+                out.append(ProcessSample(
+                    node_id=self.node_id, gpu_uuid=self.uuid, pid=j.pid, ts_ns=ts + 1_000_000,
+                    interval_s=interval, sm_util_pct=s, mem_bw_util_pct=b,
+                    mem_used_bytes=int(2 * GIB + j.sm_base * 0.6 * GIB)))
+                if rng.random() < 0.02:
+                    out.append(NumaEvent(
+                        node_id=self.node_id, gpu_uuid=self.uuid, pid=j.pid, ts_ns=ts + 2_000_000,
+                        hops=int(rng.integers(0, 3)), latency_weight=int(rng.integers(1, 50))))
+                if rng.random() < addr_p:
+                    out.extend(MemAccess(node_id=self.node_id, pid=j.pid, ts_ns=ts + 3_000_000 + k,
+                                         address=self._address(j)) for k in range(16))
+                if rng.random() < 0.002:
+                    out.append(EbpfTrace(
+                        node_id=self.node_id, pid=j.pid, gpu_uuid=self.uuid, ts_ns=ts + 4_000_000,
+                        sm_util_pct=int(s), flops_64b=int(rng.integers(0, 1 << 62))))
+            # mostly prompt; 2 % of ticks arrive late by up to max_delay_s (within the lateness)
+            delay = int(rng.uniform(0, spec.max_delay_s) * NS) if rng.random() < 0.02 else 0
+            for ev in out:
+                heapq.heappush(pending, (ts + delay, seq, ev))
+                seq += 1
+            horizon = tick - int(spec.max_delay_s * NS) - NS
+            while pending and pending[0][0] <= horizon:
+                arrival, _, ev = heapq.heappop(pending)
+                yield arrival, ev
+        while pending:
+            arrival, _, ev = heapq.heappop(pending)
+            yield arrival, ev
+
+
+def _prices(spec: FleetSpec) -> list[Price]:
+    day_before = spec.start_ns - 24 * HOUR_NS
+    prices = [Price(gpu_model=m, ts_ns=day_before, usd_per_gpu_hour=Decimal(p))
+              for m, p, _ in GPU_MODELS if p is not None]
+    prices.append(Price(gpu_model="default", ts_ns=day_before, usd_per_gpu_hour=Decimal(DEFAULT_PRICE)))
+    # a mid-run price cut, to exercise the as-of join at the pane start
+    prices.append(Price(gpu_model=GPU_MODELS[0][0], ts_ns=spec.start_ns + 36 * HOUR_NS,
+                        usd_per_gpu_hour=Decimal("3.490000")))
+    return prices
+
+
+def simulate(spec: FleetSpec) -> Iterator[Event]:
+    """Every event of the fleet in arrival order, prices first."""
+    prices = _prices(spec)
+    yield from (p for p in prices if p.ts_ns <= spec.start_ns)
+    later = [(p.ts_ns, -1, i, p) for i, p in enumerate(prices) if p.ts_ns > spec.start_ns]
+    streams = [((arr, g, i, ev) for i, (arr, ev) in enumerate(_Gpu(spec, g).events()))
+               for g in range(spec.gpus)]
+    for _, _, _, ev in heapq.merge(later, *streams, key=lambda x: (x[0], x[1], x[2])):
+        yield ev

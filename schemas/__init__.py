@@ -1,0 +1,1 @@
+"""The leaf package: event and record models, Arrow schemas, encodings."""

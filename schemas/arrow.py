@@ -1,0 +1,48 @@
+"""Arrow schemas of the output records, derived from the pydantic models' declared types.
+
+Derived from declarations (never from data), so each field is written down once, in
+``schemas.records``; every Parquet file of a kind has exactly this schema.
+"""
+from __future__ import annotations
+
+import types
+from decimal import Decimal
+from functools import cache
+from typing import Union, get_args, get_origin
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+from schemas.records import OUTPUT_KINDS
+
+__all__ = ["arrow_schema", "ARROW_SCHEMAS", "to_table"]
+
+PRICE_TYPE = pa.decimal128(18, 6)
+_SCALARS: dict[type, pa.DataType] = {
+    int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), Decimal: PRICE_TYPE,
+}
+
+
+def _arrow_field(name: str, annotation: object) -> pa.Field:
+    nullable = False
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        nullable = len(args) < len(get_args(annotation))
+        (annotation,) = args
+    if annotation not in _SCALARS:
+        raise TypeError(f"field {name}: no Arrow type declared for {annotation!r}")
+    return pa.field(name, _SCALARS[annotation], nullable=nullable)
+
+
+@cache
+def arrow_schema(model: type[BaseModel]) -> pa.Schema:
+    return pa.schema([_arrow_field(n, f.annotation) for n, f in model.model_fields.items()])
+
+
+ARROW_SCHEMAS: dict[str, pa.Schema] = {k: arrow_schema(m) for k, m in OUTPUT_KINDS.items()}
+
+
+def to_table(kind: str, records: list[BaseModel]) -> pa.Table:
+    schema = ARROW_SCHEMAS[kind]
+    columns = {name: [getattr(r, name) for r in records] for name in schema.names}
+    return pa.Table.from_pydict(columns, schema=schema)

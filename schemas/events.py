@@ -1,0 +1,192 @@
+"""Input events: one pydantic model per kind of METRICS.md, fields named as on the wire.
+
+Validation rejects what cannot be true, with a reason a person can act on. Values that
+feed money are also exposed normalised to integers (``interval_ms``, ``*_cp`` = hundredths
+of a percent), computed once per event from the wire text (see ``schemas.exact``).
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+from functools import cached_property
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas.ebpf import decode_trace_event, encode_trace_event, TraceEvent
+from schemas.exact import round_scaled
+
+__all__ = [
+    "TS_MIN_NS", "TS_MAX_NS", "RESERVED_TEAMS", "GpuSample", "ProcessSample", "MemAccess",
+    "NumaEvent", "EbpfTrace", "TenantBinding", "Price", "Event", "EVENT_MODELS", "GPU_KEYED",
+]
+
+TS_MIN_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
+TS_MAX_NS = 4_102_444_800 * 10**9  # 2100-01-01T00:00:00Z
+RESERVED_TEAMS = frozenset({"idle", "unattributed"})
+
+TsNs = Annotated[int, Field(ge=TS_MIN_NS, lt=TS_MAX_NS)]
+Pct = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+IntervalS = Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
+NonNegBytes = Annotated[int, Field(ge=0, lt=2**63)]
+Pid = Annotated[int, Field(ge=0, lt=2**32)]
+Ident = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+    kind: str
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object of this event, ``kind`` first, optional fields left out when unset."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class _Sample(_Event):
+    node_id: Ident
+    gpu_uuid: Ident
+    ts_ns: TsNs
+    interval_s: IntervalS
+    sm_util_pct: Pct
+    mem_bw_util_pct: Pct
+    mem_used_bytes: NonNegBytes
+
+    @model_validator(mode="after")
+    def _interval_not_zero(self) -> "_Sample":
+        if self.interval_ms == 0:
+            raise ValueError(f"interval_s {self.interval_s} rounds to 0 ms; it must be ≥ 0.001 s")
+        return self
+
+    @cached_property
+    def interval_ms(self) -> int:
+        return round_scaled(self.interval_s, 1000)
+
+    @cached_property
+    def sm_util_cp(self) -> int:
+        return round_scaled(self.sm_util_pct, 100)
+
+    @cached_property
+    def mem_bw_util_cp(self) -> int:
+        return round_scaled(self.mem_bw_util_pct, 100)
+
+
+class GpuSample(_Sample):
+    kind: Literal["gpu_sample"] = "gpu_sample"
+    gpu_model: Ident
+    mem_total_bytes: NonNegBytes
+    power_w: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)]
+    temp_c: Annotated[float, Field(ge=-60, le=200, allow_inf_nan=False)]
+    pcie_tx_bytes_s: NonNegBytes | None = None
+    pcie_rx_bytes_s: NonNegBytes | None = None
+
+    @model_validator(mode="after")
+    def _used_within_total(self) -> "GpuSample":
+        if self.mem_used_bytes > self.mem_total_bytes:
+            raise ValueError(
+                f"mem_used_bytes {self.mem_used_bytes} exceeds mem_total_bytes {self.mem_total_bytes}"
+            )
+        return self
+
+
+class ProcessSample(_Sample):
+    kind: Literal["process_sample"] = "process_sample"
+    pid: Pid
+
+
+class MemAccess(_Event):
+    kind: Literal["mem_access"] = "mem_access"
+    node_id: Ident
+    pid: Pid
+    ts_ns: TsNs
+    address: Annotated[int, Field(ge=0, lt=2**64)]
+
+
+class NumaEvent(_Event):
+    kind: Literal["numa_event"] = "numa_event"
+    node_id: Ident
+    gpu_uuid: Ident
+    pid: Pid
+    ts_ns: TsNs
+    hops: Annotated[int, Field(ge=0, le=64)]
+    latency_weight: Annotated[int, Field(ge=0, lt=2**32)]
+
+
+class EbpfTrace(_Event):
+    """The 40-byte ``trace_event``; on the wire as ``trace_hex`` (80 hex digits) plus ``node_id``."""
+
+    kind: Literal["ebpf_trace"] = "ebpf_trace"
+    node_id: Ident
+    pid: Pid
+    gpu_uuid: Ident
+    ts_ns: TsNs
+    sm_util_pct: Annotated[int, Field(ge=0, le=100)]
+    flops_64b: Annotated[int, Field(ge=0, lt=2**64)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _decode(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "trace_hex" in data:
+            raw = data["trace_hex"]
+            if not isinstance(raw, str):
+                raise ValueError("trace_hex must be a string of 80 hex digits")
+            try:
+                blob = bytes.fromhex(raw)
+            except ValueError as exc:
+                raise ValueError(f"trace_hex is not hex: {exc}") from None
+            ev = decode_trace_event(blob)
+            return {"kind": data.get("kind", "ebpf_trace"), "node_id": data.get("node_id"),
+                    "pid": ev.pid, "gpu_uuid": ev.gpu_uuid, "ts_ns": ev.timestamp_ns,
+                    "sm_util_pct": ev.sm_util_pct, "flops_64b": ev.flops_64b}
+        return data
+
+    def to_wire(self) -> dict[str, Any]:
+        blob = encode_trace_event(
+            TraceEvent(self.pid, self.gpu_uuid, self.ts_ns, self.sm_util_pct, self.flops_64b))
+        return {"kind": self.kind, "node_id": self.node_id, "trace_hex": blob.hex()}
+
+
+TenantField = Annotated[str, Field(max_length=256)]
+
+
+class TenantBinding(_Event):
+    kind: Literal["tenant_binding"] = "tenant_binding"
+    node_id: Ident
+    pid: Pid
+    ts_ns: TsNs
+    team: Annotated[str, Field(min_length=1, max_length=256)]
+    env: TenantField
+    app: TenantField
+    tier: TenantField
+    sla: Literal["Gold", "Silver", "Bronze"]
+    git_commit: TenantField | None = None
+    ci_pipeline_id: TenantField | None = None
+
+    @field_validator("team", "env", "app", "tier", "git_commit", "ci_pipeline_id")
+    @classmethod
+    def _no_separator(cls, value: str | None) -> str | None:
+        if value is not None and ":" in value:
+            raise ValueError("must not contain ':' (it separates the parts of a tenant key)")
+        return value
+
+    @field_validator("team")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_TEAMS:
+            raise ValueError(f"team {value!r} is reserved for the pipeline's own records")
+        return value
+
+
+class Price(_Event):
+    kind: Literal["price"] = "price"
+    gpu_model: Ident
+    ts_ns: TsNs
+    usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, decimal_places=6, strict=False,
+                                               allow_inf_nan=False)]
+
+
+Event = GpuSample | ProcessSample | MemAccess | NumaEvent | EbpfTrace | TenantBinding | Price
+EVENT_MODELS: dict[str, type[_Event]] = {
+    m.model_fields["kind"].default: m
+    for m in (GpuSample, ProcessSample, MemAccess, NumaEvent, EbpfTrace, TenantBinding, Price)
+}
+#: kinds whose events advance their GPU's watermark (METRICS.md, "Watermarks")
+GPU_KEYED = (GpuSample, ProcessSample, NumaEvent)

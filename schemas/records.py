@@ -1,0 +1,94 @@
+"""Output records of METRICS.md, field for field, plus the dead-letter record."""
+from __future__ import annotations
+
+import hashlib
+from decimal import Decimal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "DeadLetter", "OUTPUT_KINDS",
+           "record_id", "IDLE_TENANT"]
+
+IDLE_TENANT = "idle"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class IdleIndexRecord(_Record):
+    gpu_uuid: str
+    node_id: str
+    gpu_model: str
+    pane_start_ns: int
+    pane_end_ns: int
+    idle_ms: int
+    covered_ms: int
+    idle_ms_72h: int
+    covered_ms_72h: int
+    idle_index_72h: float
+
+
+class MaeRecord(_Record):
+    node_id: str
+    pid: int
+    first_ts_ns: int
+    last_ts_ns: int
+    n: int
+    out_of_range: int
+    mae_bits: float
+    l2_evictions_per_1k_est: float
+
+
+class CostRecord(_Record):
+    record_id: str
+    gpu_uuid: str
+    node_id: str
+    gpu_model: str
+    pane_start_ns: int
+    pane_end_ns: int
+    tenant_key: str
+    team: str
+    env: str | None
+    app: str | None
+    tier: str | None
+    sla: str | None
+    git_commit: str | None
+    ci_pipeline_id: str | None
+    t_share: float
+    b_share: float
+    l_share: float
+    weight: float
+    busy_fraction: float
+    usd_per_gpu_hour: Decimal | None
+    pane_cost_micro_usd: int
+    cost_micro_usd: int
+    unpriced: bool
+    revision: int
+
+
+class DeadLetter(_Record):
+    """An input the pipeline could not use: why, and the raw text to fix and replay it."""
+
+    reason: str  # malformed_json | not_an_object | unknown_kind | invalid | late
+    detail: str
+    kind: str | None
+    source: str
+    raw: str
+    ts_ns: int | None
+    gpu_uuid: str | None
+
+
+#: output kind (= folder under the output directory and DuckDB view) → record model
+OUTPUT_KINDS: dict[str, type[_Record]] = {
+    "idle_index": IdleIndexRecord,
+    "mae": MaeRecord,
+    "cost": CostRecord,
+    "dlq": DeadLetter,
+}
+
+
+def record_id(gpu_uuid: str, pane_start_ns: int, tenant_key: str, revision: int) -> str:
+    """Deterministic id, so a consumer recognises a record it has already seen."""
+    text = f"{gpu_uuid}\x1f{pane_start_ns}\x1f{tenant_key}\x1f{revision}"
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

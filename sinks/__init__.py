@@ -1,0 +1,1 @@
+"""Parquet output and the DuckDB views over it."""

@@ -1,0 +1,92 @@
+"""Parquet output: one folder per output kind, hive-partitioned by UTC date.
+
+Files are written under a hidden temporary name, fsynced, then renamed into place, so a
+reader (DuckDB globbing ``*.parquet``) never sees half a file.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from pydantic import BaseModel
+
+from schemas.arrow import to_table
+from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, OUTPUT_KINDS
+
+__all__ = ["ParquetSink", "kind_of", "partition_date"]
+
+_KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
+_PART_RE = re.compile(r"part-(\d+)\.parquet$")
+UNKNOWN_DATE = "unknown"
+
+
+def kind_of(record: BaseModel) -> str:
+    return _KIND_BY_TYPE[type(record)]
+
+
+def partition_date(record: BaseModel) -> str:
+    """UTC date of the record's event time (a dead letter without a valid time: ``unknown``)."""
+    if isinstance(record, (IdleIndexRecord, CostRecord)):
+        ts_ns: int | None = record.pane_start_ns
+    elif isinstance(record, MaeRecord):
+        ts_ns = record.first_ts_ns
+    elif isinstance(record, DeadLetter):
+        ts_ns = record.ts_ns
+    else:
+        raise TypeError(f"not an output record: {type(record).__name__}")
+    if ts_ns is None:
+        return UNKNOWN_DATE
+    return dt.datetime.fromtimestamp(ts_ns // 1_000_000_000, dt.timezone.utc).date().isoformat()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ParquetSink:
+    """Buffers records per (kind, date) and writes a file when a buffer fills or on flush."""
+
+    def __init__(self, out_dir: Path, file_rows: int = 1_000_000, row_group_rows: int = 128 * 1024) -> None:
+        self.out_dir = out_dir
+        self.file_rows = file_rows
+        self.row_group_rows = row_group_rows
+        self._buffers: dict[tuple[str, str], list[BaseModel]] = defaultdict(list)
+        self.rows_written: dict[str, int] = {k: 0 for k in OUTPUT_KINDS}
+        self.files_written: list[Path] = []
+
+    def write(self, record: BaseModel) -> None:
+        key = (kind_of(record), partition_date(record))
+        buf = self._buffers[key]
+        buf.append(record)
+        if len(buf) >= self.file_rows:
+            self._write_file(*key)
+
+    def flush(self) -> None:
+        for key in sorted(self._buffers):
+            self._write_file(*key)
+
+    def _write_file(self, kind: str, date: str) -> None:
+        records = self._buffers.pop((kind, date), [])
+        if not records:
+            return
+        folder = self.out_dir / kind / f"date={date}"
+        folder.mkdir(parents=True, exist_ok=True)
+        taken = [int(m.group(1)) for p in folder.iterdir() if (m := _PART_RE.match(p.name))]
+        final = folder / f"part-{max(taken, default=-1) + 1:05d}.parquet"
+        tmp = folder / f".{final.name}.tmp"
+        pq.write_table(to_table(kind, records), tmp, row_group_size=self.row_group_rows,
+                       compression="zstd")
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(folder)
+        self.rows_written[kind] += len(records)
+        self.files_written.append(final)

@@ -1,0 +1,1 @@
+"""Pure incremental operators: no I/O, no Faust import, no wall clock."""

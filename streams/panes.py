@@ -1,0 +1,139 @@
+"""Per-GPU panes and watermarks: running totals per (GPU, pane), closed in event time.
+
+A GPU's watermark is the largest ``ts_ns`` seen for it minus the allowed lateness; pane
+``[s, e)`` closes once the watermark reaches ``e``. An event whose pane has closed is late.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.events import GpuSample, NumaEvent, ProcessSample
+from streams.tables import Tenant
+
+__all__ = ["pane_start_ns", "TenantTotals", "PaneTotals", "GpuPanes"]
+
+
+def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
+    """Start of the epoch-aligned pane holding ``ts_ns``."""
+    return ts_ns - ts_ns % pane_ns
+
+
+@dataclass
+class TenantTotals:
+    tenant: Tenant
+    sm: int = 0  # Σ sm_util (1/100 %) · interval_ms over the tenant's process samples
+    bw: int = 0  # Σ mem_bw_util (1/100 %) · interval_ms
+    numa: int = 0  # Σ hops · latency_weight over the tenant's NUMA events
+
+
+@dataclass
+class PaneTotals:
+    gpu_uuid: str
+    pane_start_ns: int
+    pane_end_ns: int
+    node_id: str | None = None  # from GPU samples; None when the pane has none
+    gpu_model: str | None = None
+    covered_ms: int = 0
+    idle_ms: int = 0
+    tenant_events: int = 0
+    tenants: dict[str, TenantTotals] = field(default_factory=dict)
+
+    def tenant(self, tenant: Tenant) -> TenantTotals:
+        key = tenant.key
+        totals = self.tenants.get(key)
+        if totals is None:
+            totals = self.tenants[key] = TenantTotals(tenant)
+        return totals
+
+    def to_state(self) -> list[Any]:
+        tenants = [[list(t.tenant), t.sm, t.bw, t.numa] for t in self.tenants.values()]
+        return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
+                self.covered_ms, self.idle_ms, self.tenant_events, tenants]
+
+    @classmethod
+    def from_state(cls, s: list[Any]) -> "PaneTotals":
+        pane = cls(*s[:8])
+        for tenant, sm, bw, numa in s[8]:
+            t = Tenant(*tenant)
+            pane.tenants[t.key] = TenantTotals(t, sm, bw, numa)
+        return pane
+
+
+def _first(current: str | None, value: str) -> str:
+    # order-independent choice if a GPU ever reported two names within one pane
+    return value if current is None or value < current else current
+
+
+class GpuPanes:
+    """Open panes of every GPU, and the per-GPU event-time watermark that closes them."""
+
+    def __init__(self, pane_ns: int, lateness_ns: int, idle_threshold_cp: int) -> None:
+        self.pane_ns = pane_ns
+        self.lateness_ns = lateness_ns
+        self.idle_threshold_cp = idle_threshold_cp
+        self._max_ts: dict[str, int] = {}
+        self._open: dict[str, dict[int, PaneTotals]] = {}
+
+    def watermark(self, gpu_uuid: str) -> int | None:
+        max_ts = self._max_ts.get(gpu_uuid)
+        return None if max_ts is None else max_ts - self.lateness_ns
+
+    def is_late(self, gpu_uuid: str, ts_ns: int) -> bool:
+        wm = self.watermark(gpu_uuid)
+        return wm is not None and pane_start_ns(ts_ns, self.pane_ns) + self.pane_ns <= wm
+
+    def _pane(self, gpu_uuid: str, ts_ns: int) -> PaneTotals:
+        start = pane_start_ns(ts_ns, self.pane_ns)
+        panes = self._open.setdefault(gpu_uuid, {})
+        pane = panes.get(start)
+        if pane is None:
+            pane = panes[start] = PaneTotals(gpu_uuid, start, start + self.pane_ns)
+        return pane
+
+    def add_gpu_sample(self, s: GpuSample) -> None:
+        pane = self._pane(s.gpu_uuid, s.ts_ns)
+        pane.node_id = _first(pane.node_id, s.node_id)
+        pane.gpu_model = _first(pane.gpu_model, s.gpu_model)
+        pane.covered_ms += s.interval_ms
+        if s.sm_util_cp < self.idle_threshold_cp:
+            pane.idle_ms += s.interval_ms
+
+    def add_process_sample(self, s: ProcessSample, tenant: Tenant) -> None:
+        pane = self._pane(s.gpu_uuid, s.ts_ns)
+        pane.tenant_events += 1
+        totals = pane.tenant(tenant)
+        totals.sm += s.sm_util_cp * s.interval_ms
+        totals.bw += s.mem_bw_util_cp * s.interval_ms
+
+    def add_numa_event(self, e: NumaEvent, tenant: Tenant) -> None:
+        pane = self._pane(e.gpu_uuid, e.ts_ns)
+        pane.tenant_events += 1
+        pane.tenant(tenant).numa += e.hops * e.latency_weight
+
+    def advance(self, gpu_uuid: str, ts_ns: int) -> list[PaneTotals]:
+        """Take ``ts_ns`` into the GPU's watermark; return the panes that closed, oldest first."""
+        if ts_ns <= self._max_ts.get(gpu_uuid, ts_ns - 1):
+            return []
+        self._max_ts[gpu_uuid] = ts_ns
+        wm = ts_ns - self.lateness_ns
+        panes = self._open.get(gpu_uuid, {})
+        closed = sorted(s for s, p in panes.items() if p.pane_end_ns <= wm)
+        return [panes.pop(s) for s in closed]
+
+    def close_all(self) -> list[PaneTotals]:
+        """End of a finite input: every open pane closes, in (GPU, pane) order."""
+        out = [self._open[g].pop(s) for g in sorted(self._open) for s in sorted(self._open[g])]
+        self._open.clear()
+        return out
+
+    def to_state(self) -> dict[str, Any]:
+        return {"max_ts": self._max_ts,
+                "open": [p.to_state() for panes in self._open.values() for p in panes.values()]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._max_ts = dict(state["max_ts"])
+        self._open = {}
+        for s in state["open"]:
+            pane = PaneTotals.from_state(s)
+            self._open.setdefault(pane.gpu_uuid, {})[pane.pane_start_ns] = pane

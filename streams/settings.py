@@ -1,0 +1,74 @@
+"""The operators' settings: the METRICS.md defaults, overridable by file, environment, flags."""
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION"]
+
+DEFAULT_L2_CALIBRATION: tuple[tuple[float, float], ...] = ((2.1, 8.3), (5.7, 41.9), (7.9, 127.4))
+Weight = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
+
+
+class AuditSettings(BaseSettings):
+    """Every knob of METRICS.md. Environment variables are ``GPUCOST_<FIELD>`` (e.g. ``GPUCOST_PANE_S``)."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUCOST_", frozen=True, extra="forbid")
+
+    pane_s: Annotated[int, Field(ge=1, le=86_400, description="pane length P, seconds")] = 60
+    lateness_s: Annotated[int, Field(ge=0, le=86_400, description="allowed lateness, seconds")] = 120
+    window_h: Annotated[int, Field(ge=1, le=24 * 31, description="idle index window, hours")] = 72
+    idle_threshold_pct: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2)] = Decimal("5")
+    alpha: Weight = Decimal("0.6")
+    beta: Weight = Decimal("0.3")
+    gamma: Weight = Decimal("0.1")
+    mae_window: Annotated[int, Field(ge=1, le=1 << 24, description="addresses per MAE window W")] = 1024
+    mae_bins: Annotated[int, Field(ge=1, le=1 << 16, description="histogram bins B")] = 256
+    mae_lo: Annotated[int, Field(ge=0, lt=1 << 64)] = 0
+    mae_hi: Annotated[int, Field(ge=1, le=1 << 64)] = 1 << 32
+    l2_calibration: tuple[tuple[float, float], ...] = DEFAULT_L2_CALIBRATION
+
+    @field_validator("alpha", "beta", "gamma", mode="before")
+    @classmethod
+    def _exact_decimal(cls, value: object) -> object:
+        # read α, β, γ as the decimals written, never through a binary float
+        return Decimal(repr(value)) if isinstance(value, float) else value
+
+    @field_validator("l2_calibration")
+    @classmethod
+    def _sorted_table(cls, table: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+        if not table:
+            raise ValueError("the L2 calibration table needs at least one (mae_bits, evictions) point")
+        xs = [x for x, _ in table]
+        if any(b <= a for a, b in zip(xs, xs[1:])):
+            raise ValueError("the L2 calibration table's mae_bits must be strictly increasing")
+        return table
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "AuditSettings":
+        if self.alpha + self.beta + self.gamma == 0:
+            raise ValueError("alpha, beta and gamma are all 0: no tenant could ever be billed")
+        if self.window_h * 3600 < self.pane_s:
+            raise ValueError(f"window_h ({self.window_h} h) must be at least one pane ({self.pane_s} s)")
+        if self.mae_hi <= self.mae_lo:
+            raise ValueError(f"mae_hi ({self.mae_hi}) must be greater than mae_lo ({self.mae_lo})")
+        return self
+
+    @property
+    def pane_ns(self) -> int:
+        return self.pane_s * 1_000_000_000
+
+    @property
+    def lateness_ns(self) -> int:
+        return self.lateness_s * 1_000_000_000
+
+    @property
+    def window_ns(self) -> int:
+        return self.window_h * 3_600_000_000_000
+
+    @property
+    def idle_threshold_cp(self) -> int:
+        return int(self.idle_threshold_pct * 100)

@@ -1,0 +1,95 @@
+"""As-of tables joined in event time: tenant bindings per process, prices per GPU model."""
+from __future__ import annotations
+
+from bisect import bisect_right, insort
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+from schemas.events import Price, TenantBinding
+
+__all__ = ["Tenant", "UNATTRIBUTED", "BindingTable", "PriceTable"]
+
+
+class Tenant(NamedTuple):
+    team: str
+    env: str | None
+    app: str | None
+    tier: str | None
+    sla: str | None
+    git_commit: str | None
+    ci_pipeline_id: str | None
+
+    @property
+    def key(self) -> str:
+        """The seven values joined by ``:``, missing values empty (METRICS.md, "Tenant")."""
+        return ":".join("" if v is None else v for v in self)
+
+
+UNATTRIBUTED = Tenant("unattributed", None, None, None, None, None, None)
+
+
+class BindingTable:
+    """Bindings of ``(node_id, pid)``, looked up as of an event time.
+
+    The lookup sees the bindings that have arrived so far; a binding must arrive before the
+    samples it covers (producers publish it when the process appears).
+    """
+
+    def __init__(self) -> None:
+        self._by_proc: dict[tuple[str, int], list[tuple[int, Tenant]]] = {}
+
+    def update(self, b: TenantBinding) -> None:
+        tenant = Tenant(b.team, b.env, b.app, b.tier, b.sla, b.git_commit, b.ci_pipeline_id)
+        history = self._by_proc.setdefault((b.node_id, b.pid), [])
+        for i, (ts, _) in enumerate(history):
+            if ts == b.ts_ns:  # a re-sent binding for the same instant replaces the old one
+                history[i] = (ts, tenant)
+                return
+        insort(history, (b.ts_ns, tenant))
+
+    def lookup(self, node_id: str, pid: int, ts_ns: int) -> Tenant:
+        history = self._by_proc.get((node_id, pid))
+        if not history:
+            return UNATTRIBUTED
+        i = bisect_right(history, ts_ns, key=lambda h: h[0])
+        return history[i - 1][1] if i else UNATTRIBUTED
+
+    def to_state(self) -> list[Any]:
+        return [[n, p, [[ts, list(t)] for ts, t in h]] for (n, p), h in self._by_proc.items()]
+
+    @classmethod
+    def from_state(cls, state: list[Any]) -> "BindingTable":
+        table = cls()
+        for n, p, h in state:
+            table._by_proc[(n, p)] = [(ts, Tenant(*t)) for ts, t in h]
+        return table
+
+
+class PriceTable:
+    """USD per GPU-hour by model, as of a time; model ``default`` stands in for unpriced models."""
+
+    def __init__(self) -> None:
+        self._by_model: dict[str, list[tuple[int, Decimal]]] = {}
+
+    def update(self, p: Price) -> None:
+        history = self._by_model.setdefault(p.gpu_model, [])
+        history[:] = [h for h in history if h[0] != p.ts_ns]
+        insort(history, (p.ts_ns, p.usd_per_gpu_hour))
+
+    def _as_of(self, model: str, ts_ns: int) -> Decimal | None:
+        history = self._by_model.get(model, [])
+        i = bisect_right(history, ts_ns, key=lambda h: h[0])
+        return history[i - 1][1] if i else None
+
+    def lookup(self, gpu_model: str, ts_ns: int) -> Decimal | None:
+        price = self._as_of(gpu_model, ts_ns)
+        return price if price is not None else self._as_of("default", ts_ns)
+
+    def to_state(self) -> dict[str, list[list[Any]]]:
+        return {m: [[ts, str(p)] for ts, p in h] for m, h in self._by_model.items()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, list[list[Any]]]) -> "PriceTable":
+        table = cls()
+        table._by_model = {m: [(ts, Decimal(p)) for ts, p in h] for m, h in state.items()}
+        return table
