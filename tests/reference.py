@@ -1,0 +1,148 @@
+"""A batch recomputation of METRICS.md over all events at once, written from the contract.
+
+It shares no code with ``streams/``: its own as-of joins, its own largest-remainder split
+(over an explicit list of exact fractions), numpy for the entropy. The operators must
+agree with it record for record.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+from fractions import Fraction
+
+import numpy as np
+
+from schemas.events import (Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
+                            TenantBinding)
+from streams.settings import AuditSettings
+
+IDLE = "idle"
+
+
+def half_even(x: Fraction) -> int:
+    fl = x.numerator // x.denominator
+    rem = x - fl
+    if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and fl % 2 == 1):
+        return fl + 1
+    return fl
+
+
+def ms(interval_s: float) -> int:
+    return half_even(Fraction(Decimal(repr(interval_s))) * 1000)
+
+
+def cp(pct: float) -> int:
+    return half_even(Fraction(Decimal(repr(pct))) * 100)
+
+
+def late_flags(events: list[Event], s: AuditSettings) -> list[bool]:
+    """Per event: does it fall in a pane its GPU's watermark had already passed on arrival?"""
+    max_ts: dict[str, int] = {}
+    flags = []
+    for ev in events:
+        late = False
+        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent)):
+            pane_end = (ev.ts_ns // s.pane_ns + 1) * s.pane_ns
+            if ev.gpu_uuid in max_ts and pane_end <= max_ts[ev.gpu_uuid] - s.lateness_ns:
+                late = True
+            else:
+                max_ts[ev.gpu_uuid] = max(max_ts.get(ev.gpu_uuid, ev.ts_ns), ev.ts_ns)
+        flags.append(late)
+    return flags
+
+
+def _as_of(history: dict[int, object], ts: int) -> object | None:
+    eligible = [t for t in history if t <= ts]
+    return history[max(eligible)] if eligible else None
+
+
+def split(total: int, shares: list[tuple[str, Fraction]]) -> dict[str, int]:
+    """Largest remainder, written out plainly: floor each, then hand out the rest in order."""
+    base = {k: (total * s).numerator // (total * s).denominator for k, s in shares}
+    rest = total - sum(base.values())
+    ranked = sorted(shares, key=lambda ks: (-(total * ks[1] - base[ks[0]]), 0 if ks[0] == IDLE else 1, ks[0]))
+    for k, _ in ranked[:rest]:
+        base[k] += 1
+    return base
+
+
+def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
+    flags = late_flags(events, s)
+    kept = [ev for ev, late in zip(events, flags) if not late]
+    bindings: dict[tuple[str, int], dict[int, tuple]] = defaultdict(dict)
+    prices: dict[str, dict[int, Decimal]] = defaultdict(dict)
+    for ev in kept:  # arrival order: a later binding/price for the same instant wins
+        if isinstance(ev, TenantBinding):
+            bindings[(ev.node_id, ev.pid)][ev.ts_ns] = (ev.team, ev.env, ev.app, ev.tier, ev.sla,
+                                                         ev.git_commit, ev.ci_pipeline_id)
+        elif isinstance(ev, Price):
+            prices[ev.gpu_model][ev.ts_ns] = ev.usd_per_gpu_hour
+
+    def tenant_of(node: str, pid: int, ts: int) -> tuple:
+        t = _as_of(bindings.get((node, pid), {}), ts)
+        return t if t is not None else ("unattributed", None, None, None, None, None, None)
+
+    P = s.pane_ns
+    panes: dict[tuple[str, int], dict] = defaultdict(lambda: {"covered": 0, "idle": 0, "nodes": set(),
+                                                               "models": set(), "t": defaultdict(lambda: [0, 0, 0])})
+    for ev in kept:
+        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent)):
+            pane = panes[(ev.gpu_uuid, ev.ts_ns // P * P)]
+        if isinstance(ev, GpuSample):
+            pane["covered"] += ms(ev.interval_s)
+            pane["idle"] += ms(ev.interval_s) if cp(ev.sm_util_pct) < int(s.idle_threshold_pct * 100) else 0
+            pane["nodes"].add(ev.node_id)
+            pane["models"].add(ev.gpu_model)
+        elif isinstance(ev, ProcessSample):
+            acc = pane["t"][tenant_of(ev.node_id, ev.pid, ev.ts_ns)]
+            acc[0] += cp(ev.sm_util_pct) * ms(ev.interval_s)
+            acc[1] += cp(ev.mem_bw_util_pct) * ms(ev.interval_s)
+        elif isinstance(ev, NumaEvent):
+            pane["t"][tenant_of(ev.node_id, ev.pid, ev.ts_ns)][2] += ev.hops * ev.latency_weight
+
+    idle: dict[tuple[str, int], tuple] = {}
+    cost: dict[tuple[str, int, str], tuple] = {}
+    W = s.window_ns
+    a, b, g = Fraction(s.alpha), Fraction(s.beta), Fraction(s.gamma)
+    for (gpu, start), p in panes.items():
+        if not p["nodes"]:
+            continue
+        end = start + P
+        window = [q for (g2, s2), q in panes.items() if g2 == gpu and end - W < s2 <= start and q["nodes"]]
+        i72, c72 = sum(q["idle"] for q in window), sum(q["covered"] for q in window)
+        idle[(gpu, start)] = (min(p["nodes"]), min(p["models"]), p["idle"], p["covered"], i72, c72, i72 / c72)
+
+        model = min(p["models"])
+        price = _as_of(prices.get(model, {}), start)
+        if price is None:
+            price = _as_of(prices.get("default", {}), start)
+        C = 0 if price is None else half_even(Fraction(price) * 1_000_000 * p["covered"] / 3_600_000)
+        keys = {t: ":".join("" if v is None else v for v in t) for t in p["t"]}
+        tot = [sum(v[i] for v in p["t"].values()) for i in range(3)]
+        share = {t: [Fraction(v[i], tot[i]) if tot[i] else Fraction(0) for i in range(3)] for t, v in p["t"].items()}
+        w = {t: a * x[0] + b * x[1] + g * x[2] for t, x in share.items()}
+        wsum = sum(w.values())
+        u = Fraction(0) if wsum == 0 else min(Fraction(1), Fraction(tot[0], 10_000 * p["covered"]))
+        shares = [(IDLE, 1 - u)] + [(keys[t], u * w[t] / wsum if wsum else Fraction(0)) for t in p["t"]]
+        money = split(C, shares)
+        cost[(gpu, start, IDLE)] = (money[IDLE], C, 0.0, 0.0, 0.0, 0.0, float(u), price is None)
+        for t in p["t"]:
+            cost[(gpu, start, keys[t])] = (money[keys[t]], C, *map(float, share[t]), float(w[t]), float(u),
+                                           price is None)
+
+    mae = []
+    by_proc: dict[tuple[str, int], list[MemAccess]] = defaultdict(list)
+    for ev in kept:
+        if isinstance(ev, MemAccess):
+            by_proc[(ev.node_id, ev.pid)].append(ev)
+    span = s.mae_hi - s.mae_lo
+    for (node, pid), evs in by_proc.items():
+        for i in range(0, len(evs), s.mae_window):
+            chunk = evs[i:i + s.mae_window]
+            inside = [e.address - s.mae_lo for e in chunk if 0 <= e.address - s.mae_lo < span]
+            counts = np.bincount(np.array([x * s.mae_bins // span for x in inside], dtype=np.int64),
+                                 minlength=s.mae_bins) if inside else np.zeros(1)
+            pr = counts[counts > 0] / max(1, len(inside))
+            bits = float(-(pr * np.log2(pr)).sum()) if inside else 0.0
+            mae.append((node, pid, chunk[0].ts_ns, chunk[-1].ts_ns, len(inside), len(chunk) - len(inside), bits))
+    return {"idle": idle, "cost": cost, "mae": sorted(mae), "late": sum(flags)}

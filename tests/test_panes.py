@@ -1,0 +1,47 @@
+"""Pane and watermark boundaries exactly as METRICS.md states them."""
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.events import GpuSample
+from streams.panes import GpuPanes, pane_start_ns
+
+NS = 1_000_000_000
+P = 60 * NS
+L = 120 * NS
+T0 = 1_767_571_200 * NS  # a pane boundary
+
+
+def sample(ts_ns: int) -> GpuSample:
+    return GpuSample(node_id="n", gpu_uuid="GPU-x", gpu_model="H100", ts_ns=ts_ns, interval_s=1.0,
+                     sm_util_pct=50.0, mem_bw_util_pct=1.0, mem_used_bytes=0, mem_total_bytes=1,
+                     power_w=1.0, temp_c=30.0)
+
+
+@given(st.integers(-10**12, 10**12), st.sampled_from([1, 7, 60 * NS]))
+def test_pane_contains_its_event(offset: int, pane_ns: int) -> None:
+    ts = T0 + offset
+    start = pane_start_ns(ts, pane_ns)
+    assert start <= ts < start + pane_ns and start % pane_ns == 0
+
+
+def test_pane_closes_when_watermark_reaches_its_end_and_later_events_for_it_are_late() -> None:
+    panes = GpuPanes(P, L, idle_threshold_cp=500)
+    panes.add_gpu_sample(sample(T0 + 5 * NS))
+    assert panes.advance("GPU-x", T0 + 5 * NS) == []
+    # watermark = (T0 + P + L - 1ns) - L: one ns short of the pane's end, so still open
+    assert panes.advance("GPU-x", T0 + P + L - 1) == []
+    assert not panes.is_late("GPU-x", T0 + P - 1)
+    # watermark = T0 + P: exactly the end, so the pane [T0, T0+P) closes
+    closed = panes.advance("GPU-x", T0 + P + L)
+    assert [(p.pane_start_ns, p.covered_ms) for p in closed] == [(T0, 1000)]
+    assert panes.is_late("GPU-x", T0 + P - 1)
+    assert not panes.is_late("GPU-x", T0 + P)  # the next pane is open
+
+
+def test_watermarks_are_per_gpu() -> None:
+    panes = GpuPanes(P, L, idle_threshold_cp=500)
+    panes.advance("GPU-a", T0 + 10 * P)
+    assert panes.is_late("GPU-a", T0)
+    assert not panes.is_late("GPU-b", T0)  # another GPU's clock never makes this one late
