@@ -1,5 +1,10 @@
 """The rolling idle index: per GPU, idle and covered ms over the panes of the last window.
 
+Reading taken of METRICS.md: its window is "panes whose start lies in (pane_end − 72 h,
+pane_end]". Literally that admits the *next* pane (start = pane_end), which has not closed,
+and leaves only 71 h 59 min of closed panes. We sum the 72 h ending at pane_end: the panes
+whose *end* lies in (pane_end − 72 h, pane_end], i.e. start in (pane_start − 72 h, pane_start].
+
 State per GPU is one entry per pane in the window (O(window / P) numbers) and two running
 totals, so each closed pane costs O(1) amortised.
 """
@@ -30,7 +35,7 @@ class IdleIndex:
         ring.append([pane.pane_start_ns, pane.idle_ms, pane.covered_ms])
         sums[0] += pane.idle_ms
         sums[1] += pane.covered_ms
-        horizon = pane.pane_end_ns - self.window_ns  # window: starts in (end − W, end]
+        horizon = pane.pane_start_ns - self.window_ns  # window: starts in (start − W, start]
         while ring[0][0] <= horizon:  # never empties: window ≥ pane (settings)
             _, idle, covered = ring.popleft()
             sums[0] -= idle

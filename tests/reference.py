@@ -108,7 +108,8 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         if not p["nodes"]:
             continue
         end = start + P
-        window = [q for (g2, s2), q in panes.items() if g2 == gpu and end - W < s2 <= start and q["nodes"]]
+        # the 72 h ending at this pane's end: panes whose end lies in (end − W, end]
+        window = [q for (g2, s2), q in panes.items() if g2 == gpu and end - W < s2 + P <= end and q["nodes"]]
         i72, c72 = sum(q["idle"] for q in window), sum(q["covered"] for q in window)
         idle[(gpu, start)] = (min(p["nodes"]), min(p["models"]), p["idle"], p["covered"], i72, c72, i72 / c72)
 

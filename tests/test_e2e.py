@@ -1,0 +1,134 @@
+"""End to end through the CLI: simulate → replay → Parquet, checked against SQL over the raw input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from sinks.views import connect
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+NS = 1_000_000_000
+
+
+def gpucost(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "gpucost.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"gpucost {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, duckdb.DuckDBPyConnection]:
+    """Three GPUs for 74 h at 20 s sampling, replayed; plus the SQL recomputation from the input."""
+    base = tmp_path_factory.mktemp("fleet")
+    events, out = base / "events", base / "out"
+    gpucost("simulate", "--gpus", "3", "--hours", "74", "--interval-s", "20", "--seed", "11", "--out", str(events))
+    gpucost("replay", str(events), "--out", str(out))
+    files = sorted(str(p) for p in events.glob("*.jsonl"))
+    sql = (ROOT / "tests" / "recompute.sql").read_text()
+    params = {"events": json.dumps(files).replace('"', "'"), "pane_ns": 60 * NS, "window_ns": 72 * 3600 * NS,
+              "alpha": 0.6, "beta": 0.3, "gamma": 0.1, "mae_window": 1024}
+    for name, value in params.items():
+        sql = sql.replace("{" + name + "}", str(value))
+    con = connect(out)
+    con.execute(sql)
+    return events, out, con
+
+
+def test_nothing_dead_lettered(fleet) -> None:
+    _, _, con = fleet
+    assert con.execute("SELECT count(*) FROM dlq").fetchone() == (0,)
+
+
+def test_idle_index_matches_sql(fleet) -> None:
+    _, _, con = fleet
+    n_want, n_got = con.execute("SELECT (SELECT count(*) FROM want_idle), (SELECT count(*) FROM idle_index)").fetchone()
+    assert n_want == n_got > 3 * 70 * 60
+    bad = con.execute("""
+        SELECT count(*) FROM want_idle w FULL JOIN idle_index g USING (gpu_uuid, pane_start_ns)
+        WHERE g.idle_ms IS DISTINCT FROM w.idle_ms OR g.covered_ms IS DISTINCT FROM w.covered_ms
+           OR g.idle_ms_72h IS DISTINCT FROM w.idle_ms_72h OR g.covered_ms_72h IS DISTINCT FROM w.covered_ms_72h
+           OR abs(g.idle_index_72h - w.idle_index_72h) > 1e-12 OR g.idle_index_72h IS NULL OR w.idle_index_72h IS NULL
+           OR g.node_id <> w.node_id OR g.gpu_model <> w.gpu_model OR g.pane_end_ns <> w.pane_start_ns + 60e9
+    """).fetchone()
+    assert bad == (0,)
+    # the window really filled and slid: some panes sum exactly 72 h of 60 s panes
+    (full,) = con.execute("SELECT count(*) FROM idle_index WHERE covered_ms_72h > 71.9 * 3600 * 1000").fetchone()
+    assert full > 0
+
+
+def test_cost_matches_sql_to_the_micro_dollar(fleet) -> None:
+    _, _, con = fleet
+    n_want, n_got = con.execute("SELECT (SELECT count(*) FROM want_cost), (SELECT count(*) FROM cost)").fetchone()
+    assert n_want == n_got
+    bad = con.execute("""
+        SELECT count(*) FROM want_cost w FULL JOIN cost g USING (gpu_uuid, pane_start_ns, tenant_key)
+        WHERE g.pane_cost_micro_usd IS DISTINCT FROM w.c OR g.unpriced IS DISTINCT FROM w.unpriced
+           OR abs(g.cost_micro_usd - w.exact_cost) >= 1 + 1e-6 OR g.cost_micro_usd IS NULL OR w.c IS NULL
+           OR abs(g.t_share - w.t_share) > 1e-12 OR abs(g.b_share - w.b_share) > 1e-12
+           OR abs(g.l_share - w.l_share) > 1e-12 OR abs(g.weight - w.weight) > 1e-12
+           OR abs(g.busy_fraction - w.busy) > 1e-12
+    """).fetchone()
+    assert bad == (0,)
+
+
+def test_every_pane_bills_exactly_its_cost(fleet) -> None:
+    _, _, con = fleet
+    rows = con.execute("""
+        SELECT count(*), count(*) FILTER (WHERE billed <> c), count(*) FILTER (WHERE idles <> 1), sum(c)
+        FROM (SELECT gpu_uuid, pane_start_ns, sum(cost_micro_usd) AS billed, any_value(pane_cost_micro_usd) AS c,
+                     count(*) FILTER (WHERE tenant_key = 'idle') AS idles
+              FROM cost GROUP BY ALL)""").fetchone()
+    panes, wrong_sum, wrong_idle, total = rows
+    assert panes > 0 and wrong_sum == 0 and wrong_idle == 0 and total > 0
+    # the mid-run price change and the 'default' price of the unpriced model both took effect
+    assert con.execute("SELECT count(DISTINCT usd_per_gpu_hour) FROM cost").fetchone()[0] >= 2
+
+
+def test_record_ids_are_unique_and_deterministic(fleet, tmp_path: Path) -> None:
+    events, out, con = fleet
+    ids = con.execute("SELECT count(*), count(DISTINCT record_id) FROM cost").fetchone()
+    assert ids[0] == ids[1]
+    again = tmp_path / "again"
+    gpucost("replay", str(events), "--out", str(again))
+    assert connect(again).execute("SELECT record_id, cost_micro_usd FROM cost ORDER BY 1").fetchall() == \
+        con.execute("SELECT record_id, cost_micro_usd FROM cost ORDER BY 1").fetchall()
+
+
+def test_mae_matches_sql(fleet) -> None:
+    _, _, con = fleet
+    n_want, n_got = con.execute("SELECT (SELECT count(*) FROM want_mae), (SELECT count(*) FROM mae)").fetchone()
+    assert n_want == n_got > 0
+    bad = con.execute("""
+        SELECT count(*) FROM want_mae w FULL JOIN mae g USING (node_id, pid, first_ts_ns)
+        WHERE g.n IS DISTINCT FROM w.n OR g.out_of_range IS DISTINCT FROM w.out_of_range
+           OR g.last_ts_ns IS DISTINCT FROM w.last_ts_ns OR abs(g.mae_bits - w.mae_bits) > 1e-9
+           OR g.mae_bits IS NULL OR w.mae_bits IS NULL""").fetchone()
+    assert bad == (0,)
+    # different access patterns give clearly different entropies
+    lo, hi = con.execute("SELECT min(mae_bits), max(mae_bits) FROM mae WHERE n >= 512").fetchone()
+    assert lo < 3 and hi > 7
+
+
+def test_parquet_layout_and_schema(fleet) -> None:
+    _, out, _ = fleet
+    import pyarrow.parquet as pq
+
+    from schemas.arrow import ARROW_SCHEMAS
+
+    for kind in ("idle_index", "mae", "cost"):
+        files = sorted((out / kind).glob("date=*/part-*.parquet"))
+        assert files, kind
+        for f in files:
+            assert pq.read_schema(f).remove_metadata() == ARROW_SCHEMAS[kind]
+    assert not list(out.rglob("*.tmp"))
+    dates = sorted(p.name for p in (out / "cost").iterdir())
+    assert dates == ["date=2026-01-05", "date=2026-01-06", "date=2026-01-07", "date=2026-01-08"]

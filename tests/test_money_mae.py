@@ -1,0 +1,65 @@
+"""Largest-remainder splits and the entropy/L2 helpers."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams.mae import entropy_bits, l2_estimate
+from streams.money import largest_remainder
+from streams.settings import DEFAULT_L2_CALIBRATION
+from tests.reference import split
+
+
+@st.composite
+def shares(draw: st.DrawFn) -> dict[str, Fraction]:
+    weights = draw(st.lists(st.integers(0, 1000), min_size=1, max_size=8).filter(lambda w: sum(w) > 0))
+    keys = ["idle"] + [f"team{i}:e:a:t:Gold::" for i in range(len(weights) - 1)]
+    return {k: Fraction(w, sum(weights)) for k, w in zip(keys, weights)}
+
+
+@given(st.integers(0, 10**12), shares())
+def test_split_is_exact_and_within_one_micro_dollar(total: int, s: dict[str, Fraction]) -> None:
+    got = largest_remainder(total, s, first="idle")
+    assert sum(got.values()) == total
+    for k, v in got.items():
+        assert abs(v - total * s[k]) < 1
+    assert got == split(total, list(s.items()))
+
+
+def test_ties_go_to_idle_first_then_ascending_key() -> None:
+    third = Fraction(1, 3)
+    assert largest_remainder(2, {"b::": third, "a::": third, "idle": third}, first="idle") == {"b::": 0, "a::": 1, "idle": 1}
+
+
+def test_shares_must_sum_to_one() -> None:
+    with pytest.raises(ValueError, match="sum to 1"):
+        largest_remainder(10, {"a": Fraction(1, 2)})
+
+
+@given(st.lists(st.integers(0, 10**6), min_size=1, max_size=300))
+def test_entropy_matches_numpy_and_stays_in_bounds(counts: list[int]) -> None:
+    arr = np.array(counts, dtype=float)
+    n = arr.sum()
+    want = 0.0 if n == 0 else float(-sum(p * np.log2(p) for p in arr[arr > 0] / n))
+    got = entropy_bits(counts)
+    assert got == pytest.approx(want, abs=1e-9)
+    assert 0 <= got <= math.log2(len(counts)) + 1e-12
+
+
+def test_l2_estimate_hits_the_table_and_clamps() -> None:
+    for x, y in DEFAULT_L2_CALIBRATION:
+        assert l2_estimate(x, DEFAULT_L2_CALIBRATION) == pytest.approx(y)
+    assert l2_estimate(0.0, DEFAULT_L2_CALIBRATION) == 8.3 and l2_estimate(8.0, DEFAULT_L2_CALIBRATION) == 127.4
+    mid = (2.1 + 5.7) / 2
+    assert l2_estimate(mid, DEFAULT_L2_CALIBRATION) == pytest.approx((8.3 + 41.9) / 2)
+
+
+@given(st.floats(0, 8), st.floats(0, 8))
+def test_l2_estimate_is_monotone(a: float, b: float) -> None:
+    lo, hi = sorted((a, b))
+    assert l2_estimate(lo, DEFAULT_L2_CALIBRATION) <= l2_estimate(hi, DEFAULT_L2_CALIBRATION)
