@@ -1,8 +1,8 @@
 """DuckDB views over the Parquet output: ``idle_index``, ``mae``, ``cost``, ``dlq``.
 
 ``views_sql(dir)`` is the SQL an analyst can paste into any DuckDB; ``connect(dir)`` opens
-an in-memory DuckDB with the views defined (empty, correctly typed views for kinds that
-have no file yet).
+an in-memory DuckDB with exactly those views. A kind with no file yet gets an empty view
+of the right columns and types, so queries work before the first record arrives.
 """
 from __future__ import annotations
 
@@ -19,12 +19,21 @@ __all__ = ["views_sql", "connect"]
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "dlq": "VARCHAR"}
 
 
-def _glob(out_dir: Path, kind: str) -> str:
-    return (out_dir.resolve() / kind / "**" / "*.parquet").as_posix().replace("'", "''")
+def _sql_type(t: pa.DataType) -> str:
+    if pa.types.is_decimal(t):
+        return f"DECIMAL({t.precision},{t.scale})"
+    return {pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR", pa.bool_(): "BOOLEAN"}[t]
 
 
 def _view(out_dir: Path, kind: str) -> str:
-    return (f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet('{_glob(out_dir, kind)}', "
+    folder = out_dir.resolve() / kind
+    if not any(folder.glob("**/*.parquet")):
+        cols = [f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in ARROW_SCHEMAS[kind]]
+        cols.append(f"CAST(NULL AS {_DATE_TYPE[kind]}) AS date")
+        return (f"-- {kind}: no file under {folder} yet; run this again once there is one\n"
+                f"CREATE OR REPLACE VIEW {kind} AS SELECT {', '.join(cols)} WHERE false;")
+    glob = (folder / "**" / "*.parquet").as_posix().replace("'", "''")
+    return (f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet('{glob}', "
             f"hive_partitioning = true, hive_types = {{'date': {_DATE_TYPE[kind]}}});")
 
 
@@ -34,13 +43,5 @@ def views_sql(out_dir: Path) -> str:
 
 def connect(out_dir: Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
-    for kind, schema in ARROW_SCHEMAS.items():
-        if any((out_dir / kind).glob("**/*.parquet")):
-            con.execute(_view(out_dir, kind))
-        else:
-            date_type = pa.date32() if _DATE_TYPE[kind] == "DATE" else pa.string()
-            empty = schema.append(pa.field("date", date_type)).empty_table()
-            con.register(f"_empty_{kind}", empty)
-            con.execute(f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM _empty_{kind}")
+    con.execute(views_sql(out_dir))
     return con
-

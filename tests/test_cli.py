@@ -1,0 +1,144 @@
+"""The command line as a user meets it: errors, settings precedence, output formats."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from gpucost.cli import main
+from sinks.views import connect
+
+SMALL = ["--gpus", "2", "--hours", "2", "--interval-s", "30"]
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("events")
+    assert main(["simulate", *SMALL, "--out", str(path)]) == 0
+    return path
+
+
+def pane_lengths_s(out: Path) -> set[int]:
+    rows = connect(out).execute("SELECT DISTINCT (pane_end_ns - pane_start_ns) // 1e9 FROM idle_index").fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def test_run_audits_a_simulated_fleet_and_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, out, err = cli(capsys, "run", *SMALL, "--out", str(tmp_path / "o"))
+    assert rc == 0
+    assert "running the simulated fleet" in err
+    assert "GPUs most idle" in out and "Cost by team" in out
+    # the summary's total equals the sum of every pane's cost in the Parquet
+    con = connect(tmp_path / "o")
+    (total,) = con.execute("SELECT sum(pane_cost_micro_usd) FROM (SELECT DISTINCT gpu_uuid, pane_start_ns, "
+                           "pane_cost_micro_usd FROM cost)").fetchone()
+    listed = sum(int(line.split()[1]) for line in out.split("Cost by team")[1].splitlines()[3:] if line.strip()
+                 and line.split()[1].isdigit())
+    assert listed == total > 0
+
+
+def test_missing_input_is_one_clear_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, out, err = cli(capsys, "replay", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
+    assert rc == 2 and err.count("\n") == 1 and "nope" in err and "does not exist" in err
+
+
+@pytest.mark.parametrize("args,env,words", [
+    (["--pane-s", "0"], {}, "pane_s"),
+    (["--pane-s", "abc"], {}, "pane_s"),
+    (["--alpha", "0", "--beta", "0", "--gamma", "0"], {}, "alpha, beta and gamma are all 0"),
+    (["--mae-lo", "10", "--mae-hi", "5"], {}, "mae_hi"),
+    ([], {"GPUCOST_LATENESS_S": "-1"}, "lateness_s"),
+])
+def test_invalid_settings_are_refused_by_name(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                              events: Path, tmp_path: Path, args: list[str], env: dict, words: str) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc, _, err = cli(capsys, "replay", str(events), "--out", str(tmp_path / "o"), *args)
+    assert rc == 2 and words in err and err.startswith("gpucost: error: invalid setting")
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_settings_precedence_flag_over_env_over_file(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                                     events: Path, tmp_path: Path) -> None:
+    conf = tmp_path / "gpucost.toml"
+    conf.write_text("pane_s = 300\nl2_calibration = [[1.0, 2.0], [3.0, 4.0]]\n")
+    assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "a"), "--config", str(conf))[0] == 0
+    assert pane_lengths_s(tmp_path / "a") == {300}
+    monkeypatch.setenv("GPUCOST_PANE_S", "600")
+    assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "b"), "--config", str(conf))[0] == 0
+    assert pane_lengths_s(tmp_path / "b") == {600}
+    assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "c"), "--config", str(conf), "--pane-s", "120")[0] == 0
+    assert pane_lengths_s(tmp_path / "c") == {120}
+
+
+@pytest.mark.parametrize("text,words", [("pane = 3\n", "unknown setting(s) pane"), ("pane_s = \n", "not valid TOML")])
+def test_bad_config_files(capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path, text: str, words: str) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text(text)
+    rc, _, err = cli(capsys, "replay", str(events), "--out", str(tmp_path / "o"), "--config", str(conf))
+    assert rc == 2 and words in err
+
+
+def test_existing_output_needs_overwrite(capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    assert cli(capsys, "replay", str(events), "--out", str(out))[0] == 0
+    rc, _, err = cli(capsys, "replay", str(events), "--out", str(out))
+    assert rc == 2 and "--overwrite" in err
+    before = connect(out).execute("SELECT count(*) FROM cost").fetchone()
+    assert cli(capsys, "replay", str(events), "--out", str(out), "--overwrite")[0] == 0
+    assert connect(out).execute("SELECT count(*) FROM cost").fetchone() == before  # replaced, not appended
+
+
+def test_query_formats_agree(capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    main(["replay", str(events), "--out", str(out)])
+    capsys.readouterr()
+    sql = "SELECT team, sum(cost_micro_usd) AS micro_usd FROM cost GROUP BY team ORDER BY team"
+    want = connect(out).execute(sql).fetchall()
+    rc, text, _ = cli(capsys, "query", sql, "--out", str(out), "--format", "csv")
+    assert rc == 0
+    assert [(r["team"], int(r["micro_usd"])) for r in csv.DictReader(io.StringIO(text))] == want
+    rc, text, _ = cli(capsys, "query", sql, "--out", str(out), "--format", "json")
+    assert [(r["team"], r["micro_usd"]) for r in json.loads(text)] == want
+    rc, text, _ = cli(capsys, "query", sql, "--out", str(out))
+    assert text.splitlines()[0].split() == ["team", "micro_usd"] and len(text.splitlines()) == len(want) + 2
+
+
+def test_query_errors(capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path) -> None:
+    rc, _, err = cli(capsys, "query", "SELECT 1", "--out", str(tmp_path / "none"))
+    assert rc == 2 and "does not exist" in err
+    main(["replay", str(events), "--out", str(tmp_path / "o")])
+    capsys.readouterr()
+    rc, _, err = cli(capsys, "query", "SELECT nope FROM cost", "--out", str(tmp_path / "o"))
+    assert rc == 2 and err.count("\n") == 1 and "nope" in err
+
+
+def test_views_sql_works_in_a_plain_duckdb(capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path) -> None:
+    import duckdb
+
+    out = tmp_path / "o"
+    main(["replay", str(events), "--out", str(out)])
+    capsys.readouterr()
+    rc, sql, _ = cli(capsys, "views", "--out", str(out))
+    con = duckdb.connect()
+    con.execute(sql)
+    assert con.execute("SELECT count(*) FROM cost").fetchone() == connect(out).execute("SELECT count(*) FROM cost").fetchone()
+    assert con.execute("SELECT count(*) FROM cost").fetchone()[0] > 0
+
+
+def test_empty_views_have_the_schema_columns(tmp_path: Path) -> None:
+    from schemas.arrow import ARROW_SCHEMAS
+
+    con = connect(tmp_path)
+    for kind, schema in ARROW_SCHEMAS.items():
+        res = con.execute(f"SELECT * FROM {kind}")
+        assert [d[0] for d in res.description] == schema.names + ["date"] and res.fetchall() == []
