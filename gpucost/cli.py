@@ -51,19 +51,19 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     for name in FLAG_FIELDS:
         info = AuditSettings.model_fields[name]
         g.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="V",
-                       help=f"default {info.default}")
+                       help=f"{info.description} (default {info.default})".replace("%", "%%"))
 
 
 def _add_fleet(p: argparse.ArgumentParser) -> None:
+    # string defaults go through ``type`` too, so a bad environment value is a usage error
     d = FleetSpec()
-    p.add_argument("--gpus", type=int, default=int(_env("GPUCOST_SIM_GPUS", str(d.gpus))),
-                   help=f"GPUs in the fleet (env GPUCOST_SIM_GPUS; default {d.gpus})")
-    p.add_argument("--hours", type=float, default=float(_env("GPUCOST_SIM_HOURS", str(d.hours))),
-                   help=f"hours of fleet time (env GPUCOST_SIM_HOURS; default {d.hours})")
-    p.add_argument("--seed", type=int, default=int(_env("GPUCOST_SIM_SEED", str(d.seed))),
-                   help=f"random seed (env GPUCOST_SIM_SEED; default {d.seed})")
-    p.add_argument("--interval-s", type=float, default=float(_env("GPUCOST_SIM_INTERVAL_S", str(d.interval_s))),
-                   help=f"sampling period (env GPUCOST_SIM_INTERVAL_S; default {d.interval_s})")
+    for flag, kind, env, default, what in [
+        ("--gpus", int, "GPUCOST_SIM_GPUS", d.gpus, "GPUs in the fleet"),
+        ("--hours", float, "GPUCOST_SIM_HOURS", d.hours, "hours of fleet time"),
+        ("--seed", int, "GPUCOST_SIM_SEED", d.seed, "random seed"),
+        ("--interval-s", float, "GPUCOST_SIM_INTERVAL_S", d.interval_s, "sampling period, seconds"),
+    ]:
+        p.add_argument(flag, type=kind, default=_env(env, str(default)), help=f"{what} (env {env}; default {default})")
 
 
 def _parser() -> argparse.ArgumentParser:

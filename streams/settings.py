@@ -21,14 +21,15 @@ class AuditSettings(BaseSettings):
     pane_s: Annotated[int, Field(ge=1, le=86_400, description="pane length P, seconds")] = 60
     lateness_s: Annotated[int, Field(ge=0, le=86_400, description="allowed lateness, seconds")] = 120
     window_h: Annotated[int, Field(ge=1, le=24 * 31, description="idle index window, hours")] = 72
-    idle_threshold_pct: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2)] = Decimal("5")
-    alpha: Weight = Decimal("0.6")
-    beta: Weight = Decimal("0.3")
-    gamma: Weight = Decimal("0.1")
+    idle_threshold_pct: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2,
+                                                 description="a GPU sample is idle below this SM %")] = Decimal("5")
+    alpha: Annotated[Weight, Field(description="weight α of the time-slice share")] = Decimal("0.6")
+    beta: Annotated[Weight, Field(description="weight β of the memory-bandwidth share")] = Decimal("0.3")
+    gamma: Annotated[Weight, Field(description="weight γ of the cross-NUMA share")] = Decimal("0.1")
     mae_window: Annotated[int, Field(ge=1, le=1 << 24, description="addresses per MAE window W")] = 1024
     mae_bins: Annotated[int, Field(ge=1, le=1 << 16, description="histogram bins B")] = 256
-    mae_lo: Annotated[int, Field(ge=0, lt=1 << 64)] = 0
-    mae_hi: Annotated[int, Field(ge=1, le=1 << 64)] = 1 << 32
+    mae_lo: Annotated[int, Field(ge=0, lt=1 << 64, description="lowest address binned")] = 0
+    mae_hi: Annotated[int, Field(ge=1, le=1 << 64, description="end (exclusive) of the binned range")] = 1 << 32
     l2_calibration: tuple[tuple[float, float], ...] = DEFAULT_L2_CALIBRATION
 
     @field_validator("alpha", "beta", "gamma", mode="before")

@@ -142,3 +142,17 @@ def test_empty_views_have_the_schema_columns(tmp_path: Path) -> None:
     for kind, schema in ARROW_SCHEMAS.items():
         res = con.execute(f"SELECT * FROM {kind}")
         assert [d[0] for d in res.description] == schema.names + ["date"] and res.fetchall() == []
+
+
+@pytest.mark.parametrize("command", ["run", "simulate", "replay", "query", "views"])
+def test_help_renders(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0 and "--out" in capsys.readouterr().out
+
+
+def test_bad_environment_number_is_a_usage_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCOST_SIM_GPUS", "many")
+    with pytest.raises(SystemExit) as exit_:
+        main(["run"])
+    assert exit_.value.code == 2 and "invalid int value: 'many'" in capsys.readouterr().err
