@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import datetime as dt
 import decimal
@@ -13,13 +14,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import duckdb
+from pydantic import ValidationError
 
 from gpucost.config import FLAG_FIELDS, ConfigError, load_settings
 from gpucost.embedded import Item, RunStats, run_embedded
+from gpucost.kafka_settings import KafkaSettings
 from gpucost.report import format_table, summary
 from producers.replay import input_files, read_lines
 from producers.simulate import FleetSpec, simulate
-from schemas.codec import encode_event
+from schemas.codec import Rejected, decode_line, encode_event, explain
+from schemas.events import Event
 from schemas.records import OUTPUT_KINDS
 from sinks.views import connect, views_sql
 from streams.settings import AuditSettings
@@ -52,6 +56,21 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
         info = AuditSettings.model_fields[name]
         g.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="V",
                        help=f"{info.description} (default {info.default})".replace("%", "%%"))
+
+
+def _add_kafka(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Kafka (each also env GPUCOST_KAFKA_<NAME>, e.g. GPUCOST_KAFKA_BOOTSTRAP)")
+    for name, info in KafkaSettings.model_fields.items():
+        g.add_argument(f"--{name.replace('_', '-')}", dest=f"kafka_{name}", metavar="V",
+                       help=f"{info.description} (default {info.default})")
+
+
+def _kafka(args: argparse.Namespace) -> KafkaSettings:
+    flags = {n: getattr(args, f"kafka_{n}") for n in KafkaSettings.model_fields}
+    try:
+        return KafkaSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(f"invalid Kafka setting: {explain(exc)}") from None
 
 
 def _add_fleet(p: argparse.ArgumentParser) -> None:
@@ -93,6 +112,43 @@ def _parser() -> argparse.ArgumentParser:
 
     views = sub.add_parser("views", help="print the CREATE VIEW statements for use in any DuckDB")
     _add_out(views, "directory holding the output")
+
+    topics = sub.add_parser("topics", help="the Kafka topic contract: create the topics, or write JSON Schemas")
+    topics.add_argument("action", choices=["create", "list", "schemas"])
+    topics.add_argument("--schemas-out", type=Path, default=Path("json-schemas"),
+                        help="directory for `schemas` (default ./json-schemas)")
+    _add_kafka(topics)
+
+    prod = sub.add_parser("produce", help="publish events to Kafka (idempotent, batched per key)")
+    prod.add_argument("--source", choices=["simulate", "replay"], required=True)
+    prod.add_argument("input", type=Path, nargs="*", help="with --source replay: JSON Lines files or directories")
+    prod.add_argument("--no-end-of-input", dest="end_of_input", action="store_false",
+                      help="do not mark the end of the input (the panes of a finite input then stay open)")
+    _add_fleet(prod)
+    _add_kafka(prod)
+
+    work = sub.add_parser("worker", help="run a Faust worker: input topics → operators → output topics")
+    work.add_argument("--app-id", default=_env("GPUCOST_APP_ID", "gpucost"),
+                      help="Faust app id = consumer group and state-store prefix (env GPUCOST_APP_ID; default gpucost)")
+    work.add_argument("--data-dir", type=Path, default=Path(_env("GPUCOST_DATA_DIR", "gpucost-worker-data")),
+                      help="local state directory (env GPUCOST_DATA_DIR)")
+    work.add_argument("--guarantee", choices=["at_least_once", "exactly_once"],
+                      default=_env("GPUCOST_GUARANTEE", "at_least_once"),
+                      help="Faust processing guarantee (env GPUCOST_GUARANTEE); see the README")
+    work.add_argument("--store", default=_env("GPUCOST_STORE", "memory://"),
+                      help="table store: memory:// or rocksdb:// (env GPUCOST_STORE)")
+    work.add_argument("--session-timeout-s", type=float, default=_env("GPUCOST_SESSION_TIMEOUT_S", "30"),
+                      help="consumer session timeout (env GPUCOST_SESSION_TIMEOUT_S; default 30)")
+    work.add_argument("--loglevel", choices=["crit", "error", "warn", "info", "debug"], default="warn")
+    _add_settings(work)
+    _add_kafka(work)
+
+    sink = sub.add_parser("sink", help="consume the output topics into Parquet (each record once)")
+    _add_out(sink, "output directory (appended to)")
+    sink.add_argument("--group", default=_env("GPUCOST_SINK_GROUP", "gpucost-sink"),
+                      help="consumer group (env GPUCOST_SINK_GROUP; default gpucost-sink)")
+    sink.add_argument("--flush-interval-s", type=float, default=2.0, help="seconds between file flushes")
+    _add_kafka(sink)
     return parser
 
 
@@ -216,8 +272,93 @@ def cmd_views(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topics(args: argparse.Namespace) -> int:
+    kafka = _kafka(args)
+    if args.action == "schemas":
+        from schemas.json_schemas import write_json_schemas
+
+        for path in write_json_schemas(args.schemas_out):
+            print(path)
+        return 0
+    from gpucost.publish import create_topics
+
+    if args.action == "create":
+        created = asyncio.run(create_topics(kafka))
+        print(f"created {len(created)} topic(s): {', '.join(created) or 'none missing'}")
+        return 0
+    from schemas.topics import topic_specs
+
+    rows = [(kafka.topic(t.suffix), t.key, "compact" if t.compacted else "delete",
+             1 if t.single_partition else kafka.partitions, t.value) for t in topic_specs()]
+    print(format_table(["topic", "key", "cleanup", "partitions", "value"], rows))
+    return 0
+
+
+def _replay_events(paths: list[Path], rejected: list[tuple[Rejected, str, str]]) -> Iterator[Event]:
+    try:
+        files = input_files(paths)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    for line, label in read_lines(files):
+        decoded = decode_line(line)
+        if isinstance(decoded, Rejected):
+            rejected.append((decoded, label, line.decode("utf-8", "backslashreplace")))
+        else:
+            yield decoded
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from gpucost.publish import create_topics, publish, publish_dead_letters
+
+    kafka = _kafka(args)
+    rejected: list[tuple[Rejected, str, str]] = []
+    if args.source == "simulate":
+        events: Iterator[Event] = simulate(_fleet(args))
+    elif not args.input:
+        raise UsageError("--source replay needs at least one INPUT file or directory")
+    else:
+        events = _replay_events(args.input, rejected)
+    asyncio.run(create_topics(kafka))
+    sent = asyncio.run(publish(events, kafka, end_of_input=args.end_of_input))
+    if rejected:
+        asyncio.run(publish_dead_letters(rejected, kafka))
+    print(f"published to {kafka.bootstrap}: " + ", ".join(f"{t}: {n:,} messages" for t, n in sorted(sent.items()))
+          + (f"; {len(rejected):,} bad line(s) sent to {kafka.topic('dlq')}" if rejected else ""))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from gpucost.worker import make_app, run_worker
+
+    kafka, settings = _kafka(args), _settings(args)
+    app = make_app(kafka, settings, args.app_id, args.data_dir, args.guarantee, args.store, args.session_timeout_s)
+    run_worker(app, args.loglevel)
+    return 0
+
+
+def cmd_sink(args: argparse.Namespace) -> int:
+    import signal
+
+    from sinks.kafka_sink import run_kafka_sink
+
+    kafka = _kafka(args)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        stats = await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS},
+                                     args.out, args.group, stop, args.flush_interval_s)
+        print(f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
+              f"duplicates dropped {dict(stats.duplicates)}", file=sys.stderr)
+
+    asyncio.run(main())
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "query": cmd_query,
-            "views": cmd_views}
+            "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
+            "sink": cmd_sink}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

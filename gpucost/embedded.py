@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.codec import Rejected, decode_line
 from schemas.events import Event
 from schemas.records import DeadLetter
 from sinks.parquet import ParquetSink
@@ -70,17 +69,9 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     for batch in _drain(q):
         stats.inputs += len(batch)
         for payload, label in batch:
-            raw: str | None = None
-            if isinstance(payload, (str, bytes)):
-                raw = payload if isinstance(payload, str) else payload.decode("utf-8", "backslashreplace")
-                decoded = decode_line(payload)
-                if isinstance(decoded, Rejected):
-                    sink.write(DeadLetter(reason=decoded.reason, detail=decoded.detail, kind=decoded.kind,
-                                          source=label, raw=raw, ts_ns=None, gpu_uuid=None))
-                    stats.dead_letters[decoded.reason] += 1
-                    continue
-                payload = decoded
-            for record in auditor.update(payload, raw, label):
+            records = (auditor.ingest(payload, label) if isinstance(payload, (str, bytes))
+                       else auditor.update(payload, None, label))
+            for record in records:
                 if isinstance(record, DeadLetter):
                     stats.dead_letters[record.reason] += 1
                 sink.write(record)

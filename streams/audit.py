@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from schemas.codec import encode_event
+from schemas.codec import Rejected, decode_line, encode_event
 from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
                             ProcessSample, TenantBinding)
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
@@ -58,6 +58,16 @@ class Auditor:
         elif not isinstance(event, EbpfTrace):
             raise TypeError(f"not an event: {event!r}")
         return []
+
+    def ingest(self, line: str | bytes, source: str) -> list[Output]:
+        """Take one raw line: a dead letter if it is not a valid event, else as ``update``."""
+        decoded = decode_line(line)
+        raw = line if isinstance(line, str) else line.decode("utf-8", "backslashreplace")
+        if isinstance(decoded, Rejected):
+            self.counts["rejected"] += 1
+            return [DeadLetter(reason=decoded.reason, detail=decoded.detail, kind=decoded.kind,
+                               source=source, raw=raw, ts_ns=None, gpu_uuid=None)]
+        return self.update(decoded, raw, source)
 
     def _gpu_keyed(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | None, source: str) -> list[Output]:
         gpu = event.gpu_uuid

@@ -1,0 +1,57 @@
+"""The Kafka topic contract: names, keys, value encoding, cleanup, and the control header.
+
+Inputs travel in batches: one message's value is JSON Lines, one event per line (the same
+encoding as the files ``gpucost replay`` reads), all for the message's key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TopicSpec", "topic_specs", "CONTROL_HEADER", "END_OF_INPUT", "encode_batch", "output_key"]
+
+#: a message with this header and an empty value is a control message, not data
+CONTROL_HEADER = "gpucost-control"
+#: "this key's finite input is complete": close every pane and window it holds
+END_OF_INPUT = b"end-of-input"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    suffix: str
+    key: str
+    value: str
+    compacted: bool = False
+    single_partition: bool = False
+
+
+_SPECS = (
+    TopicSpec("events", "gpu_uuid",
+              "JSON Lines: gpu_sample, process_sample, numa_event, ebpf_trace of that GPU, and a copy of each "
+              "tenant_binding of the GPU's node and each price, in the order the producer saw them"),
+    TopicSpec("mem_access", "node_id/pid", "JSON Lines: mem_access of that process, in arrival order"),
+    TopicSpec("bindings", "node_id/pid/ts_ns", "one tenant_binding (the durable record)", compacted=True),
+    TopicSpec("prices", "gpu_model/ts_ns", "one price (the durable record)", compacted=True, single_partition=True),
+    TopicSpec("idle_index", "gpu_uuid", "one IdleIndexRecord as JSON"),
+    TopicSpec("mae", "node_id/pid", "one MaeRecord as JSON"),
+    TopicSpec("cost", "gpu_uuid", "one CostRecord as JSON: what billing systems consume"),
+    TopicSpec("dlq", "gpu_uuid, node_id/pid or source", "one DeadLetter as JSON"),
+)
+
+
+def topic_specs() -> tuple[TopicSpec, ...]:
+    return _SPECS
+
+
+def encode_batch(lines: list[str]) -> bytes:
+    return "\n".join(lines).encode()
+
+
+def output_key(record: object) -> bytes:
+    """Key of an output record: GPU-keyed records by GPU, MAE by process, dead letters by origin."""
+    gpu = getattr(record, "gpu_uuid", None)
+    if gpu:
+        return gpu.encode()
+    pid = getattr(record, "pid", None)
+    if pid is not None:
+        return f"{record.node_id}/{pid}".encode()  # type: ignore[attr-defined]
+    return str(getattr(record, "source", "")).encode()
