@@ -127,19 +127,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_fleet(prod)
     _add_kafka(prod)
 
-    work = sub.add_parser("worker", help="run a Faust worker: input topics → operators → output topics")
-    work.add_argument("--app-id", default=_env("GPUCOST_APP_ID", "gpucost"),
-                      help="Faust app id = consumer group and state-store prefix (env GPUCOST_APP_ID; default gpucost)")
-    work.add_argument("--data-dir", type=Path, default=Path(_env("GPUCOST_DATA_DIR", "gpucost-worker-data")),
-                      help="local state directory (env GPUCOST_DATA_DIR)")
-    work.add_argument("--guarantee", choices=["at_least_once", "exactly_once"],
-                      default=_env("GPUCOST_GUARANTEE", "at_least_once"),
-                      help="Faust processing guarantee (env GPUCOST_GUARANTEE); see the README")
-    work.add_argument("--store", default=_env("GPUCOST_STORE", "memory://"),
-                      help="table store: memory:// or rocksdb:// (env GPUCOST_STORE)")
+    work = sub.add_parser("worker", help="run a worker: input topics → operators → output topics, exactly once")
+    work.add_argument("--group", default=_env("GPUCOST_GROUP", "gpucost"),
+                      help="consumer group shared by all workers; also names their transactions "
+                           "(env GPUCOST_GROUP; default gpucost)")
     work.add_argument("--session-timeout-s", type=float, default=_env("GPUCOST_SESSION_TIMEOUT_S", "30"),
-                      help="consumer session timeout (env GPUCOST_SESSION_TIMEOUT_S; default 30)")
-    work.add_argument("--loglevel", choices=["crit", "error", "warn", "info", "debug"], default="warn")
+                      help="seconds before a silent worker's partitions move to another "
+                           "(env GPUCOST_SESSION_TIMEOUT_S; default 30)")
     _add_settings(work)
     _add_kafka(work)
 
@@ -328,11 +322,26 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from gpucost.worker import make_app, run_worker
+    import logging
+    import signal
+
+    from gpucost.publish import create_topics
+    from gpucost.worker import Worker
 
     kafka, settings = _kafka(args), _settings(args)
-    app = make_app(kafka, settings, args.app_id, args.data_dir, args.guarantee, args.store, args.session_timeout_s)
-    run_worker(app, args.loglevel)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+    async def main() -> None:
+        await create_topics(kafka)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        worker = Worker(kafka, settings, args.group, args.session_timeout_s)
+        await worker.run(stop)
+        print(f"worker stopped after {worker.processed:,} input messages", file=sys.stderr)
+
+    asyncio.run(main())
     return 0
 
 

@@ -35,6 +35,10 @@ _SPECS = (
     TopicSpec("mae", "node_id/pid", "one MaeRecord as JSON"),
     TopicSpec("cost", "gpu_uuid", "one CostRecord as JSON: what billing systems consume"),
     TopicSpec("dlq", "gpu_uuid, node_id/pid or source", "one DeadLetter as JSON"),
+    TopicSpec("state.events", "gpu_uuid", "the worker's committed Auditor state of that GPU (null: finished)",
+              compacted=True),
+    TopicSpec("state.mem_access", "node_id/pid", "the worker's committed Auditor state of that process",
+              compacted=True),
 )
 
 

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,3 +23,17 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"the shared outside data is not at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real Kafka broker for the whole test session, started by the project's own script."""
+    port = os.environ.get("GPUCOST_TEST_KAFKA_PORT", "19392")
+    env = {**os.environ, "GPUCOST_KAFKA_PORT": port,
+           "GPUCOST_KAFKA_DATA": str(tmp_path_factory.mktemp("kafka-data"))}
+    script = ROOT / "scripts" / "kafka.sh"
+    started = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=900)
+    if started.returncode != 0:
+        pytest.fail(f"scripts/kafka.sh start failed:\n{started.stderr[-3000:]}")
+    yield f"127.0.0.1:{port}"
+    subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, timeout=120)

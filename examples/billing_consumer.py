@@ -1,0 +1,62 @@
+"""A billing consumer: total micro-dollars per team from the cost topic, each record once.
+
+The pattern every billing system should follow:
+  * read with isolation_level="read_committed" (only committed data, if producers use transactions);
+  * drop any record whose ``record_id`` was already counted: the pipeline may re-deliver a
+    record after a crash, always byte-identical and with the same id, never a different one;
+  * keep the seen ids (and the totals) durably next to your committed offsets, in one
+    transaction of your own database. This example keeps them in memory.
+
+    python examples/billing_consumer.py --bootstrap 127.0.0.1:19092 --topic gpucost.cost --idle-exit-s 10
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections import Counter
+
+from aiokafka import AIOKafkaConsumer
+
+
+async def team_totals(bootstrap: str, topic: str, group: str, idle_exit_s: float) -> tuple[Counter[str], int, int]:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                                enable_auto_commit=False, isolation_level="read_committed")
+    await consumer.start()
+    totals: Counter[str] = Counter()
+    seen: set[str] = set()
+    duplicates = 0
+    try:
+        idle = 0.0
+        while idle < idle_exit_s:
+            batches = await consumer.getmany(timeout_ms=500)
+            idle = idle + 0.5 if not batches else 0.0
+            for messages in batches.values():
+                for m in messages:
+                    record = json.loads(m.value)
+                    if record["record_id"] in seen:
+                        duplicates += 1
+                        continue
+                    seen.add(record["record_id"])
+                    totals[record["team"]] += record["cost_micro_usd"]
+            if batches:
+                await consumer.commit()
+    finally:
+        await consumer.stop()
+    return totals, len(seen), duplicates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bootstrap", default="127.0.0.1:19092")
+    p.add_argument("--topic", default="gpucost.cost")
+    p.add_argument("--group", default="billing-example")
+    p.add_argument("--idle-exit-s", type=float, default=10.0, help="stop after this long without a record")
+    args = p.parse_args()
+    totals, records, duplicates = asyncio.run(team_totals(args.bootstrap, args.topic, args.group, args.idle_exit_s))
+    print(json.dumps({"micro_usd_by_team": dict(sorted(totals.items())), "records": records,
+                      "duplicates_dropped": duplicates}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

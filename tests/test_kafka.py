@@ -1,0 +1,193 @@
+"""The distributed path against a real broker: identical to the embedded run, through crashes.
+
+Every test gets its own topic prefix and consumer groups on the one session broker.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from sinks.views import connect
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns")]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A simulated fleet's events, and the embedded run's output for them."""
+    base = tmp_path_factory.mktemp("recorded")
+    for args in (["simulate", "--gpus", "3", "--hours", "74", "--interval-s", "20", "--seed", "11", "--out",
+                  str(base / "events")], ["replay", str(base / "events"), "--out", str(base / "embedded")]):
+        subprocess.run([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, check=True, capture_output=True)
+    return base / "events", base / "embedded"
+
+
+class Deployment:
+    """Producer, workers and sink of one test, as separate processes, like a real deployment."""
+
+    def __init__(self, bootstrap: str, tmp: Path) -> None:
+        self.tmp = tmp
+        ns = uuid.uuid4().hex[:8]
+        self.prefix = f"t{ns}."
+        self.app_id = f"app-{ns}"
+        self.out = tmp / "parquet"
+        self.env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": bootstrap, "GPUCOST_KAFKA_TOPIC_PREFIX": self.prefix,
+                    "GPUCOST_KAFKA_PARTITIONS": "4", "PYTHONUNBUFFERED": "1"}
+        self.bootstrap = bootstrap
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def gpucost(self, *args: str) -> None:
+        subprocess.run([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, env=self.env, check=True,
+                       capture_output=True, timeout=300)
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, env=self.env,
+                                stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, name: str) -> subprocess.Popen[bytes]:
+        return self.spawn(name, "worker", "--group", self.app_id, "--session-timeout-s", "6")
+
+    def sink(self, name: str = "sink") -> subprocess.Popen[bytes]:
+        return self.spawn(name, "sink", "--out", str(self.out), "--group", f"{self.app_id}-sink",
+                          "--flush-interval-s", "0.5")
+
+    def topic_size(self, kind: str) -> int:
+        async def size() -> int:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap)
+            await consumer.start()
+            try:
+                tps = [TopicPartition(f"{self.prefix}{kind}", p) for p in range(4)]
+                return sum((await consumer.end_offsets(tps)).values())
+            finally:
+                await consumer.stop()
+        return asyncio.run(size())
+
+    def rows(self, view: str) -> int:
+        return connect(self.out).execute(f"SELECT count(*) FROM {view}").fetchone()[0]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(kafka_bootstrap, tmp_path)
+    yield d
+    d.stop()
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float, logs: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.glob("*.log")))
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{tails}")
+
+
+def embedded_counts(embedded: Path) -> dict[str, int]:
+    con = connect(embedded)
+    return {v: con.execute(f"SELECT count(*) FROM {v}").fetchone()[0] for v, _ in VIEWS}
+
+
+def assert_same_parquet(got: Path, want: Path) -> None:
+    a, b = connect(want), connect(got)
+    for view, order in VIEWS:
+        rows = a.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall()
+        assert rows == b.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall(), view
+    assert b.execute("SELECT count(*) FROM dlq").fetchone() == (0,)
+
+
+def run_to_completion(d: Deployment, embedded: Path, timeout_s: float = 240) -> None:
+    want = embedded_counts(embedded)
+    wait_for("the sink to hold every record", lambda: all(d.rows(v) >= n for v, n in want.items()), timeout_s, d.tmp)
+    d.stop()
+
+
+def billing_totals(d: Deployment) -> tuple[dict[str, int], int, int]:
+    spec = importlib.util.spec_from_file_location("billing_consumer", ROOT / "examples" / "billing_consumer.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    totals, records, dups = asyncio.run(module.team_totals(d.bootstrap, f"{d.prefix}cost", f"{d.app_id}-bill", 3.0))
+    return dict(totals), records, dups
+
+
+def embedded_team_totals(embedded: Path) -> dict[str, int]:
+    return dict(connect(embedded).execute("SELECT team, sum(cost_micro_usd)::BIGINT FROM cost GROUP BY team").fetchall())
+
+
+def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
+    events, embedded = recorded
+    d = deployment
+    d.gpucost("produce", "--source", "replay", str(events))
+    d.worker("worker")
+    d.sink()
+    run_to_completion(d, embedded)
+    assert_same_parquet(d.out, embedded)
+    totals, records, _ = billing_totals(d)
+    assert totals == embedded_team_totals(embedded)
+    assert records == embedded_counts(embedded)["cost"]
+
+
+def test_two_workers_one_killed_mid_stream(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
+    events, embedded = recorded
+    d = deployment
+    d.gpucost("produce", "--source", "replay", str(events))
+    victim = d.worker("worker-a")
+    d.worker("worker-b")
+    d.sink()
+    expected = embedded_counts(embedded)["cost"]
+    wait_for("a third of the cost records", lambda: d.topic_size("cost") >= expected // 3, 120, d.tmp)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert d.topic_size("cost") < expected, "the kill came too late to test anything"
+    d.worker("worker-a-restarted")
+    run_to_completion(d, embedded)
+    assert_same_parquet(d.out, embedded)
+    totals, records, duplicates = billing_totals(d)
+    assert totals == embedded_team_totals(embedded) and records == expected
+    # the killed worker's open transaction was aborted: a read_committed consumer sees no record twice
+    assert duplicates == 0
+
+
+def test_sink_killed_mid_stream_writes_each_row_once(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
+    events, embedded = recorded
+    d = deployment
+    d.gpucost("produce", "--source", "replay", str(events))
+    d.worker("worker")
+    victim = d.sink("sink-a")
+    expected = embedded_counts(embedded)["cost"]
+    wait_for("some cost rows in Parquet", lambda: d.rows("cost") > 0, 120, d.tmp)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert d.rows("cost") < expected, "the kill came too late to test anything"
+    d.sink("sink-b")
+    run_to_completion(d, embedded)
+    con = connect(d.out)
+    assert con.execute("SELECT count(*), count(DISTINCT record_id) FROM cost").fetchone() == (expected, expected)
+    assert_same_parquet(d.out, embedded)
