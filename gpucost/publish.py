@@ -12,10 +12,12 @@ from aiokafka.errors import TopicAlreadyExistsError
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.routing import Router
 from schemas.codec import encode_event
+from schemas.codec import Rejected
 from schemas.events import Event
+from schemas.records import DeadLetter
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, encode_batch, topic_specs
 
-__all__ = ["create_topics", "publish"]
+__all__ = ["create_topics", "publish", "publish_dead_letters"]
 
 
 async def create_topics(kafka: KafkaSettings) -> list[str]:
@@ -87,10 +89,8 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
     return sent
 
 
-async def publish_dead_letters(rejected: list, kafka: KafkaSettings) -> None:
+async def publish_dead_letters(rejected: list[tuple[Rejected, str, str]], kafka: KafkaSettings) -> None:
     """Lines a producer could not decode: to the dead-letter topic, keyed by where they came from."""
-    from schemas.records import DeadLetter
-
     producer = AIOKafkaProducer(**kafka.client_options(), enable_idempotence=True, acks="all")
     await producer.start()
     try:

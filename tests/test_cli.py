@@ -156,3 +156,19 @@ def test_bad_environment_number_is_a_usage_error(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as exit_:
         main(["run"])
     assert exit_.value.code == 2 and "invalid int value: 'many'" in capsys.readouterr().err
+
+
+def test_json_schemas_cover_every_kind_with_its_wire_fields(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from schemas.events import EVENT_MODELS
+    from schemas.records import OUTPUT_KINDS
+
+    assert main(["topics", "schemas", "--schemas-out", str(tmp_path)]) == 0
+    for group, models in (("event", EVENT_MODELS), ("record", OUTPUT_KINDS)):
+        for name in models:
+            schema = json.loads((tmp_path / f"{group}.{name}.schema.json").read_text())
+            assert schema["type"] == "object"
+    gpu = json.loads((tmp_path / "event.gpu_sample.schema.json").read_text())
+    assert {"gpu_uuid", "ts_ns", "interval_s", "sm_util_pct"} <= set(gpu["required"])
+    assert gpu["properties"]["sm_util_pct"]["maximum"] == 100
+    trace = json.loads((tmp_path / "event.ebpf_trace.schema.json").read_text())
+    assert trace["required"] == ["kind", "node_id", "trace_hex"] and "{80}" in trace["properties"]["trace_hex"]["pattern"]
