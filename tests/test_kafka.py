@@ -114,12 +114,12 @@ def embedded_counts(embedded: Path) -> dict[str, int]:
     return {v: con.execute(f"SELECT count(*) FROM {v}").fetchone()[0] for v, _ in VIEWS}
 
 
-def assert_same_parquet(got: Path, want: Path) -> None:
+def assert_same_parquet(got: Path, want: Path, dead_letters: int = 0) -> None:
     a, b = connect(want), connect(got)
     for view, order in VIEWS:
         rows = a.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall()
         assert rows == b.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall(), view
-    assert b.execute("SELECT count(*) FROM dlq").fetchone() == (0,)
+    assert b.execute("SELECT count(*) FROM dlq").fetchone() == (dead_letters,)
 
 
 def run_to_completion(d: Deployment, embedded: Path, timeout_s: float = 240) -> None:
@@ -144,11 +144,15 @@ def embedded_team_totals(embedded: Path) -> dict[str, int]:
 def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
     events, embedded = recorded
     d = deployment
-    d.gpucost("produce", "--source", "replay", str(events))
+    bad = d.tmp / "bad.jsonl"
+    bad.write_text('{"kind": "gpu_sample", "sm_util_pct": \n')  # a torn line among the recorded files
+    d.gpucost("produce", "--source", "replay", str(events), str(bad))
     d.worker("worker")
     d.sink()
     run_to_completion(d, embedded)
-    assert_same_parquet(d.out, embedded)
+    assert_same_parquet(d.out, embedded, dead_letters=1)
+    (reason, source), = connect(d.out).execute("SELECT reason, source FROM dlq").fetchall()
+    assert reason == "malformed_json" and source == f"{bad}:1"
     totals, records, _ = billing_totals(d)
     assert totals == embedded_team_totals(embedded)
     assert records == embedded_counts(embedded)["cost"]
