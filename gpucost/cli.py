@@ -217,14 +217,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+def _files(paths: list[Path]) -> list[Path]:
+    """The event files to read, or a usage error naming what is missing."""
     try:
-        files = input_files(args.input)
+        files = input_files(paths)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
     if not files:
-        raise UsageError(f"no event files (*.jsonl, *.ndjson, *.json, *.gz) in {', '.join(map(str, args.input))}")
+        raise UsageError(f"no event files (*.jsonl, *.ndjson, *.json, *.gz) in {', '.join(map(str, paths))}")
+    return files
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    files = _files(args.input)
     _prepare_out(args.out, args.overwrite)
     from tqdm import tqdm
 
@@ -288,11 +294,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay_events(paths: list[Path], rejected: list[tuple[Rejected, str, str]]) -> Iterator[Event]:
-    try:
-        files = input_files(paths)
-    except FileNotFoundError as exc:
-        raise UsageError(str(exc)) from None
+def _replay_events(files: list[Path], rejected: list[tuple[Rejected, str, str]]) -> Iterator[Event]:
     for line, label in read_lines(files):
         decoded = decode_line(line)
         if isinstance(decoded, Rejected):
@@ -311,7 +313,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     elif not args.input:
         raise UsageError("--source replay needs at least one INPUT file or directory")
     else:
-        events = _replay_events(args.input, rejected)
+        events = _replay_events(_files(args.input), rejected)
     asyncio.run(create_topics(kafka))
     sent = asyncio.run(publish(events, kafka, end_of_input=args.end_of_input))
     if rejected:

@@ -172,3 +172,9 @@ def test_json_schemas_cover_every_kind_with_its_wire_fields(capsys: pytest.Captu
     assert gpu["properties"]["sm_util_pct"]["maximum"] == 100
     trace = json.loads((tmp_path / "event.ebpf_trace.schema.json").read_text())
     assert trace["required"] == ["kind", "node_id", "trace_hex"] and "{80}" in trace["properties"]["trace_hex"]["pattern"]
+
+
+def test_produce_checks_its_input_before_connecting(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # an unreachable broker: the missing input must be reported first, at once
+    rc, _, err = cli(capsys, "produce", "--source", "replay", str(tmp_path / "nope"), "--bootstrap", "127.0.0.1:1")
+    assert rc == 2 and "nope" in err and "does not exist" in err
