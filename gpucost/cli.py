@@ -6,9 +6,11 @@ import asyncio
 import csv
 import datetime as dt
 import decimal
+import itertools
 import json
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -90,8 +92,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="audit a fleet embedded (no broker): NVML if present, else simulated")
-    run.add_argument("--source", choices=["auto", "simulate"], default=_env("GPUCOST_SOURCE", "auto"),
-                     help="where events come from (env GPUCOST_SOURCE; default auto)")
+    run.add_argument("--source", choices=["auto", "simulate", "nvml"], default=_env("GPUCOST_SOURCE", "auto"),
+                     help="where events come from: auto = nvml where NVML works, else simulate (env GPUCOST_SOURCE)")
+    run.add_argument("--node-id", default=_env("GPUCOST_NODE_ID", socket.gethostname()),
+                     help="this node's id in NVML events (env GPUCOST_NODE_ID; default the host name)")
+    run.add_argument("--period-s", type=float, default=_env("GPUCOST_NVML_PERIOD_S", "1.0"),
+                     help="NVML sampling period (env GPUCOST_NVML_PERIOD_S; default 1.0)")
+    run.add_argument("--prices", type=Path, nargs="+", default=[],
+                     help="JSON Lines of price (and tenant_binding) events, read before the NVML source")
+    run.add_argument("--duration-s", type=float, default=None,
+                     help="stop NVML sampling after this long (default: at Ctrl-C); results are written either way")
     _add_fleet(run)
     _add_out(run, "output directory")
     _add_settings(run)
@@ -186,16 +196,57 @@ def _finish(out: Path, stats: RunStats) -> int:
     return 0
 
 
+def _nvml_items(args: argparse.Namespace) -> Iterator[Item]:
+    """NVML samples until --duration-s or Ctrl-C; then the input ends and the panes close."""
+    import signal
+    import threading
+
+    from producers.nvml import NvmlSampler, NvmlUnavailable, sample_forever
+
+    sampler = NvmlSampler(args.node_id)
+    try:
+        sampler.open()
+    except NvmlUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    ticks = None if args.duration_s is None else max(1, int(args.duration_s / args.period_s))
+    print(f"gpucost: sampling {len(sampler.devices)} GPU(s) via NVML every {args.period_s:g} s"
+          + (f" for {args.duration_s:g} s" if ticks else "; Ctrl-C to stop and write the results"), file=sys.stderr)
+
+    def items() -> Iterator[Item]:
+        try:
+            for ev in sample_forever(sampler, args.period_s, ticks):
+                yield ev, "nvml"
+                if stop.is_set():
+                    return
+        finally:
+            sampler.close()
+
+    return items()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     settings, spec = _settings(args), _fleet(args)
-    if args.source == "auto":
+    source = args.source
+    if source == "auto":
         why = _nvml_unavailable()
-        reason = f"NVML is not available ({why})" if why else "this version has no NVML source yet"
-        print(f"gpucost: {reason}; running the simulated fleet: {spec.gpus} GPUs, {spec.hours:g} h, "
-              f"seed {spec.seed}", file=sys.stderr)
-    _prepare_out(args.out, args.overwrite)
-    items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec))
-    return _finish(args.out, run_embedded(items, settings, args.out))
+        source = "nvml" if why is None else "simulate"
+        if why is not None:
+            print(f"gpucost: NVML is not available ({why}); running the simulated fleet: {spec.gpus} GPUs, "
+                  f"{spec.hours:g} h, seed {spec.seed}", file=sys.stderr)
+    import signal
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        items: Iterator[Item] = (itertools.chain(read_lines(_files(args.prices)) if args.prices else [],
+                                                 _nvml_items(args)) if source == "nvml"
+                                 else ((ev, "simulate") for ev in simulate(spec)))
+        _prepare_out(args.out, args.overwrite)
+        stats = run_embedded(items, settings, args.out)
+    finally:
+        signal.signal(signal.SIGINT, previous)  # Ctrl-C meant "stop sampling" only during the run
+    return _finish(args.out, stats)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -178,3 +178,9 @@ def test_produce_checks_its_input_before_connecting(capsys: pytest.CaptureFixtur
     # an unreachable broker: the missing input must be reported first, at once
     rc, _, err = cli(capsys, "produce", "--source", "replay", str(tmp_path / "nope"), "--bootstrap", "127.0.0.1:1")
     assert rc == 2 and "nope" in err and "does not exist" in err
+
+
+def test_run_with_nvml_and_no_driver_is_one_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, _, err = cli(capsys, "run", "--source", "nvml", "--out", str(tmp_path / "o"))
+    assert rc == 2 and err.count("\n") == 1 and "NVML is not available" in err and "--source simulate" in err
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,141 @@
+"""A fake NVML at the ``pynvml`` boundary, serving what a real nvidia-smi capture shows.
+
+Same function names, and pynvml's own error classes and constants; values are parsed from
+``../shared/data/nvidia-smi/`` captures (dmon, pmon, query-compute-apps, -q, -L).
+"""
+from __future__ import annotations
+
+import re
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+
+def sections(path: Path) -> dict[str, str]:
+    """``phase :: name`` → raw output of that section of a capture file."""
+    parts = re.split(r"^#{20,}\n# (.+?)\n(?:# \$ .*\n)?#{20,}\n", path.read_text(), flags=re.M)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+@dataclass
+class Capture:
+    gpu_uuid: str
+    name: str
+    mig: list[tuple[str, str]]  # (profile, uuid)
+    dmon: list[dict[str, int | None]]
+    pmon: list[tuple[int, int | None, int | None]]  # (pid, sm %, mem %), None for '-'
+    apps: dict[int, int]  # pid → MiB
+    fb_total_mib: int
+    fb_used_mib: int
+    tx_kb_s: int
+    rx_kb_s: int
+
+
+def parse(path: Path, phase: str) -> Capture:
+    s = sections(path)
+    gpu = re.search(r"GPU 0: (.+?) \(UUID: (\S+)\)", s["capabilities :: list (-L)"])
+    assert gpu
+    mig = re.findall(r"MIG (\S+)\s+Device\s+\d+: \(UUID: (\S+)\)", s["capabilities :: list (-L)"])
+    dmon = []
+    for line in s[f"{phase} :: dmon (per-device monitor, incl. PCIe rx/tx)"].splitlines():
+        cols = line.split()
+        if cols and cols[0].isdigit():
+            num = lambda c: None if c == "-" else int(c)  # noqa: E731  ('-': not reported, e.g. under MIG)
+            dmon.append({"pwr": num(cols[1]), "gtemp": num(cols[2]), "sm": num(cols[4]), "mem": num(cols[5])})
+    pmon = []
+    for line in s[f"{phase} :: pmon (per-process monitor)"].splitlines():
+        cols = line.split()
+        if len(cols) > 4 and cols[0].isdigit() and cols[1].isdigit():
+            pmon.append((int(cols[1]), None if cols[3] == "-" else int(cols[3]), None if cols[4] == "-" else int(cols[4])))
+    apps = {int(m[0]): int(m[1]) for m in re.findall(r", (\d+), [^,]+, (\d+) MiB", s[f"{phase} :: query-compute-apps (per-process)"])}
+    q = s[f"{phase} :: query (-q)"]
+    fb = re.search(r"FB Memory Usage\s+Total\s+: (\d+) MiB\s+Reserved\s+: \d+ MiB\s+Used\s+: (\d+) MiB", q)
+    tx = re.search(r"Tx Throughput\s+: (\d+) KB/s", q)
+    rx = re.search(r"Rx Throughput\s+: (\d+) KB/s", q)
+    assert fb and tx and rx
+    return Capture(gpu[2], gpu[1], mig, dmon, pmon, apps, int(fb[1]), int(fb[2]), int(tx[1]), int(rx[1]))
+
+
+@dataclass
+class Sample:
+    pid: int
+    timeStamp: int
+    smUtil: int
+    memUtil: int
+
+
+@dataclass
+class FakeState:
+    capture: Capture
+    now_us: int = 1_000_000  # pmon rows are one per second per process, starting here
+    tick: int = 0  # which dmon row is current
+    init_error: int | None = None
+    mig_enabled: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    lost_after_calls: int | None = None
+    calls: int = 0
+
+
+def fake_pynvml(state: FakeState) -> types.ModuleType:
+    """A module with pynvml's errors and constants and these fakes for its functions."""
+    mod = types.ModuleType("pynvml")
+    for name in dir(pynvml):
+        if name.startswith(("NVMLError", "NVML_")):
+            setattr(mod, name, getattr(pynvml, name))
+    cap = state.capture
+    per_cycle = max(1, len({p for p, _, _ in cap.pmon}))
+
+    def err(code: int) -> pynvml.NVMLError:
+        return pynvml.NVMLError(code)
+
+    def check(handle: Any, what: str) -> None:
+        state.calls += 1
+        if state.lost_after_calls is not None and state.calls > state.lost_after_calls and handle == "gpu0":
+            raise err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if what in state.unsupported or (handle != "gpu0" and what == "utilization"):
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)  # MIG instances: no utilisation counters
+
+    def init() -> None:
+        if state.init_error is not None:
+            raise err(state.init_error)
+
+    def mig_handle(h: Any, j: int) -> str:
+        if j >= len(cap.mig):
+            raise err(pynvml.NVML_ERROR_NOT_FOUND)
+        return f"mig{j}"
+
+    def process_utilization(h: Any, last_seen_us: int) -> list[Sample]:
+        out = []
+        for i, (pid, sm, mem) in enumerate(cap.pmon):
+            ts = 1_000_000 * (1 + i // per_cycle)
+            if sm is not None and last_seen_us < ts <= state.now_us:
+                out.append(Sample(pid, ts, sm, mem or 0))
+        if not out:
+            raise err(pynvml.NVML_ERROR_NOT_FOUND)
+        return out
+
+    row = lambda: cap.dmon[state.tick % len(cap.dmon)]  # noqa: E731
+    mod.nvmlInit = init
+    mod.nvmlShutdown = lambda: None
+    mod.nvmlDeviceGetCount = lambda: 1
+    mod.nvmlDeviceGetHandleByIndex = lambda i: "gpu0"
+    mod.nvmlDeviceGetName = lambda h: cap.name if h == "gpu0" else f"{cap.name} MIG {cap.mig[int(h[3:])][0]}"
+    mod.nvmlDeviceGetUUID = lambda h: cap.gpu_uuid if h == "gpu0" else cap.mig[int(h[3:])][1]
+    mod.nvmlDeviceGetMigMode = lambda h: (int(state.mig_enabled), int(state.mig_enabled))
+    mod.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7
+    mod.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle
+    mod.nvmlDeviceGetUtilizationRates = lambda h: (check(h, "utilization"),
+                                                   types.SimpleNamespace(gpu=row()["sm"], memory=row()["mem"]))[1]
+    mod.nvmlDeviceGetMemoryInfo = lambda h: (check(h, "memory"), types.SimpleNamespace(
+        total=cap.fb_total_mib << 20, used=cap.fb_used_mib << 20, free=(cap.fb_total_mib - cap.fb_used_mib) << 20))[1]
+    mod.nvmlDeviceGetPowerUsage = lambda h: (check(h, "power"), row()["pwr"] * 1000)[1]
+    mod.nvmlDeviceGetTemperature = lambda h, sensor: (check(h, "temperature"), row()["gtemp"])[1]
+    mod.nvmlDeviceGetPcieThroughput = lambda h, counter: (check(h, "pcie"), cap.tx_kb_s
+                                                          if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else cap.rx_kb_s)[1]
+    mod.nvmlDeviceGetProcessUtilization = process_utilization
+    mod.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        types.SimpleNamespace(pid=p, usedGpuMemory=mib << 20) for p, mib in cap.apps.items()] if h == "gpu0" else []
+    return mod

@@ -1,0 +1,144 @@
+"""The NVML producer against a fake NVML serving real nvidia-smi captures (H100, H200, H200 MIG)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from producers.nvml import NvmlSampler, NvmlUnavailable, sample_forever
+from schemas.events import GpuSample, ProcessSample
+from tests.fake_nvml import FakeState, fake_pynvml, parse
+
+NS = 1_000_000_000
+T0 = 1_767_571_200 * NS
+CAPTURES = ["linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt", "linux-x86_64__nvidia-h200__590.48.01.txt"]
+
+
+def capture_path(shared_data: Path, name: str) -> Path:
+    path = shared_data / "nvidia-smi" / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    return path
+
+
+def opened(state: FakeState) -> NvmlSampler:
+    sampler = NvmlSampler("node-a", fake_pynvml(state))
+    sampler.open()
+    return sampler
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+@pytest.mark.parametrize("phase", ["idle", "load"])
+def test_samples_carry_the_capture_values(shared_data: Path, name: str, phase: str) -> None:
+    cap = parse(capture_path(shared_data, name), phase)
+    state = FakeState(cap, now_us=10**9)  # every pmon sample already taken
+    events = opened(state).sample(T0, 1.0)
+    (gpu,) = [e for e in events if isinstance(e, GpuSample)]
+    row = cap.dmon[0]
+    assert (gpu.gpu_uuid, gpu.gpu_model, gpu.sm_util_pct, gpu.mem_bw_util_pct) == (cap.gpu_uuid, cap.name, row["sm"], row["mem"])
+    assert (gpu.power_w, gpu.temp_c) == (row["pwr"], row["gtemp"])
+    assert (gpu.mem_used_bytes, gpu.mem_total_bytes) == (cap.fb_used_mib << 20, cap.fb_total_mib << 20)
+    assert (gpu.pcie_tx_bytes_s, gpu.pcie_rx_bytes_s) == (cap.tx_kb_s * 1024, cap.rx_kb_s * 1024)
+    procs = {e.pid: e for e in events if isinstance(e, ProcessSample)}
+    assert set(procs) == set(cap.apps) | {p for p, sm, _ in cap.pmon if sm is not None}
+    for pid, ev in procs.items():
+        sms = [sm for p, sm, _ in cap.pmon if p == pid and sm is not None]
+        assert ev.sm_util_pct == pytest.approx(sum(sms) / len(sms) if sms else 0.0, abs=0.005)
+        assert ev.mem_used_bytes == cap.apps.get(pid, 0) << 20
+    if phase == "load":
+        assert any(ev.sm_util_pct > 50 for ev in procs.values())  # the burner really shows up
+
+
+def test_process_samples_are_read_once_across_calls(shared_data: Path) -> None:
+    cap = parse(capture_path(shared_data, CAPTURES[1]), "load")
+    state = FakeState(cap, now_us=2_000_000)
+    sampler = opened(state)
+    first = {e.pid: e.sm_util_pct for e in sampler.sample(T0, 1.0) if isinstance(e, ProcessSample)}
+    state.now_us = 10**9
+    second = {e.pid: e.sm_util_pct for e in sampler.sample(T0 + NS, 1.0) if isinstance(e, ProcessSample)}
+    per_cycle = len({p for p, _, _ in cap.pmon})
+    for pid in {p for p, sm, _ in cap.pmon if sm is not None}:
+        sms = [sm for i, (p, sm, _) in enumerate(cap.pmon) if p == pid and sm is not None]
+        early = [sm for i, (p, sm, _) in enumerate(cap.pmon) if p == pid and sm is not None and i // per_cycle < 2]
+        late = sms[len(early):]
+        assert first.get(pid, 0.0) == pytest.approx(sum(early) / len(early) if early else 0.0, abs=0.005)
+        assert second.get(pid, 0.0) == pytest.approx(sum(late) / len(late) if late else 0.0, abs=0.005)
+
+
+def test_mig_instances_are_the_billed_devices(shared_data: Path) -> None:
+    cap = parse(capture_path(shared_data, "linux-x86_64__nvidia-h200-mig__590.48.01.txt"), "load")
+    assert len(cap.mig) == 5
+    sampler = opened(FakeState(cap, mig_enabled=True))
+    assert [d.uuid for d in sampler.devices] == [u for _, u in cap.mig]
+    events = sampler.sample(T0, 1.0)
+    assert not any(isinstance(e, GpuSample) for e in events)  # MIG has no utilisation counters here …
+    assert sampler.counts["gpu_sample_skipped"] == 5  # … which is counted, never guessed
+
+
+def test_unsupported_pcie_and_a_gpu_falling_off_the_bus(shared_data: Path) -> None:
+    cap = parse(capture_path(shared_data, CAPTURES[0]), "idle")
+    state = FakeState(cap, unsupported={"pcie"})
+    sampler = opened(state)
+    (gpu,) = [e for e in sampler.sample(T0, 1.0) if isinstance(e, GpuSample)]
+    assert gpu.pcie_tx_bytes_s is None and sampler.counts["not_supported:pcie"] == 2
+    state.lost_after_calls = state.calls
+    assert sampler.sample(T0 + NS, 1.0) == [] and sampler.devices == [] and sampler.counts["gpu_lost"] == 1
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_DRIVER_NOT_LOADED, pynvml.NVML_ERROR_LIBRARY_NOT_FOUND])
+def test_no_driver_is_one_clear_error(shared_data: Path, code: int) -> None:
+    cap = parse(capture_path(shared_data, CAPTURES[0]), "idle")
+    with pytest.raises(NvmlUnavailable, match="--source simulate"):
+        opened(FakeState(cap, init_error=code))
+
+
+def test_sampling_stays_on_its_grid(shared_data: Path) -> None:
+    """Each sample takes 0.3 s; the loop still samples at start + k·period, intervals = real elapsed."""
+    cap = parse(capture_path(shared_data, CAPTURES[0]), "idle")
+    sampler = opened(FakeState(cap))
+    clock = [T0]
+
+    def slow_sample(ts_ns: int, interval_s: float) -> list:
+        clock[0] += 300_000_000
+        return [(ts_ns, interval_s)]
+
+    sampler.sample = slow_sample  # type: ignore[method-assign]
+    sleeps: list[float] = []
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        clock[0] += int(s * 1e9)
+
+    ticks = list(sample_forever(sampler, 1.0, ticks=5, clock_ns=lambda: clock[0], sleep=sleep))
+    assert [ts for ts, _ in ticks] == [T0 + k * NS for k in range(1, 6)]
+    assert [i for _, i in ticks] == [1.0] * 5
+    assert sleeps[1:] == [pytest.approx(0.7)] * 4
+
+
+def test_gpucost_run_audits_the_nvml_source(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpucost run` (source auto) finds the (fake) NVML, samples it, and writes the audit."""
+    import sys
+
+    from gpucost.cli import main
+    from sinks.views import connect
+
+    cap = parse(capture_path(shared_data, CAPTURES[1]), "load")
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(FakeState(cap, now_us=10**9)))
+    prices = tmp_path / "prices.jsonl"
+    prices.write_text(f'{{"kind": "price", "gpu_model": "{cap.name}", "ts_ns": 1000000000000000000, '
+                      '"usd_per_gpu_hour": "36.000000"}\n')  # 10 µ$ per ms
+    out = tmp_path / "out"
+    assert main(["run", "--node-id", "node-a", "--period-s", "0.05", "--duration-s", "0.5", "--out", str(out),
+                 "--prices", str(prices)]) == 0
+    assert "via NVML" in capsys.readouterr().err
+    con = connect(out)
+    (gpus,) = con.execute("SELECT list(DISTINCT gpu_uuid) FROM idle_index").fetchone()
+    assert gpus == [cap.gpu_uuid]
+    rows = con.execute("SELECT sum(covered_ms), sum(idle_ms) FROM idle_index").fetchone()
+    assert 400 <= rows[0] <= 700 and rows[1] == 0  # ~10 samples of ~50 ms, the burner never idle
+    teams = {t for (t,) in con.execute("SELECT DISTINCT team FROM cost").fetchall()}
+    assert teams == {"idle", "unattributed"}  # no bindings on this node: attributed to nobody, not dropped
+    (total,) = con.execute("SELECT sum(cost_micro_usd) FROM cost").fetchone()
+    assert total == 10 * rows[0] and not con.execute("SELECT bool_or(unpriced) FROM cost").fetchone()[0]
