@@ -92,16 +92,18 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="audit a fleet embedded (no broker): NVML if present, else simulated")
-    run.add_argument("--source", choices=["auto", "simulate", "nvml"], default=_env("GPUCOST_SOURCE", "auto"),
+    run.add_argument("--source", choices=["auto", "simulate", "nvml", "dcgm"], default=_env("GPUCOST_SOURCE", "auto"),
                      help="where events come from: auto = nvml where NVML works, else simulate (env GPUCOST_SOURCE)")
+    run.add_argument("--url", default=os.environ.get("GPUCOST_DCGM_URL"),
+                     help="with --source dcgm: the exporter's /metrics URL (env GPUCOST_DCGM_URL)")
     run.add_argument("--node-id", default=_env("GPUCOST_NODE_ID", socket.gethostname()),
                      help="this node's id in NVML events (env GPUCOST_NODE_ID; default the host name)")
-    run.add_argument("--period-s", type=float, default=_env("GPUCOST_NVML_PERIOD_S", "1.0"),
-                     help="NVML sampling period (env GPUCOST_NVML_PERIOD_S; default 1.0)")
+    run.add_argument("--period-s", type=float, default=_env("GPUCOST_PERIOD_S", "1.0"),
+                     help="sampling period of a live source (env GPUCOST_PERIOD_S; default 1.0)")
     run.add_argument("--prices", type=Path, nargs="+", default=[],
-                     help="JSON Lines of price (and tenant_binding) events, read before the NVML source")
+                     help="JSON Lines of price (and tenant_binding) events, read before a live source")
     run.add_argument("--duration-s", type=float, default=None,
-                     help="stop NVML sampling after this long (default: at Ctrl-C); results are written either way")
+                     help="stop a live source after this long (default: at Ctrl-C); results are written either way")
     _add_fleet(run)
     _add_out(run, "output directory")
     _add_settings(run)
@@ -196,32 +198,48 @@ def _finish(out: Path, stats: RunStats) -> int:
     return 0
 
 
-def _nvml_items(args: argparse.Namespace) -> Iterator[Item]:
-    """NVML samples until --duration-s or Ctrl-C; then the input ends and the panes close."""
+def _live_items(args: argparse.Namespace, source: str) -> Iterator[Item]:
+    """A live source sampled until --duration-s or Ctrl-C; then the input ends and the panes close."""
     import signal
     import threading
 
-    from producers.nvml import NvmlSampler, NvmlUnavailable, sample_forever
+    from producers.periodic import Sampler, sample_forever
 
-    sampler = NvmlSampler(args.node_id)
-    try:
-        sampler.open()
-    except NvmlUnavailable as exc:
-        raise UsageError(str(exc)) from None
+    sampler: Sampler
+    if source == "nvml":
+        from producers.nvml import NvmlSampler, NvmlUnavailable
+
+        nvml = NvmlSampler(args.node_id)
+        try:
+            nvml.open()
+        except NvmlUnavailable as exc:
+            raise UsageError(str(exc)) from None
+        sampler, what, close = nvml, f"{len(nvml.devices)} GPU(s) via NVML", nvml.close
+    else:
+        from producers.dcgm import DcgmScraper, DcgmUnavailable
+
+        if not args.url:
+            raise UsageError("--source dcgm needs --url (or GPUCOST_DCGM_URL), e.g. http://host:9400/metrics")
+        dcgm = DcgmScraper(args.url, args.node_id)
+        try:
+            dcgm.fetch()  # reachable now, or one clear error
+        except DcgmUnavailable as exc:
+            raise UsageError(str(exc)) from None
+        sampler, what, close = dcgm, f"dcgm-exporter at {args.url}", (lambda: None)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     ticks = None if args.duration_s is None else max(1, int(args.duration_s / args.period_s))
-    print(f"gpucost: sampling {len(sampler.devices)} GPU(s) via NVML every {args.period_s:g} s"
+    print(f"gpucost: sampling {what} every {args.period_s:g} s"
           + (f" for {args.duration_s:g} s" if ticks else "; Ctrl-C to stop and write the results"), file=sys.stderr)
 
     def items() -> Iterator[Item]:
         try:
             for ev in sample_forever(sampler, args.period_s, ticks):
-                yield ev, "nvml"
+                yield ev, source
                 if stop.is_set():
                     return
         finally:
-            sampler.close()
+            close()
 
     return items()
 
@@ -240,7 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     previous = signal.getsignal(signal.SIGINT)
     try:
         items: Iterator[Item] = (itertools.chain(read_lines(_files(args.prices)) if args.prices else [],
-                                                 _nvml_items(args)) if source == "nvml"
+                                                 _live_items(args, source)) if source in ("nvml", "dcgm")
                                  else ((ev, "simulate") for ev in simulate(spec)))
         _prepare_out(args.out, args.overwrite)
         stats = run_embedded(items, settings, args.out)

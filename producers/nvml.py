@@ -7,16 +7,15 @@ own UUID) are what tenants use and get billed; the parent GPU is not sampled.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from schemas.events import Event, GpuSample, ProcessSample
 
-__all__ = ["NvmlUnavailable", "NvmlSampler", "sample_forever"]
+__all__ = ["NvmlUnavailable", "NvmlSampler"]
 
 log = logging.getLogger("gpucost.nvml")
 MIB = 1 << 20
@@ -149,21 +148,3 @@ class NvmlSampler:
                                      interval_s=interval_s, sm_util_pct=round(min(sm, 100.0), 2),
                                      mem_bw_util_pct=round(min(bw, 100.0), 2), mem_used_bytes=memory.get(pid, 0)))
         return out
-
-
-def sample_forever(sampler: NvmlSampler, period_s: float, ticks: int | None = None,
-                   clock_ns: Callable[[], int] = time.time_ns,
-                   sleep: Callable[[float], None] = time.sleep) -> Iterator[Event]:
-    """Sample every ``period_s`` on a fixed grid (no drift), each sample standing for the real elapsed time."""
-    period_ns = int(period_s * 1e9)
-    start = prev = clock_ns()
-    k = 0
-    while ticks is None or k < ticks:
-        k += 1
-        wait_ns = start + k * period_ns - clock_ns()
-        if wait_ns > 0:
-            sleep(wait_ns / 1e9)
-        now = clock_ns()
-        interval_s = round((now - prev) / 1e9, 6)
-        prev = now
-        yield from sampler.sample(now, interval_s)

@@ -6,7 +6,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from producers.nvml import NvmlSampler, NvmlUnavailable, sample_forever
+from producers.nvml import NvmlSampler, NvmlUnavailable
+from producers.periodic import sample_forever
 from schemas.events import GpuSample, ProcessSample
 from tests.fake_nvml import FakeState, fake_pynvml, parse
 

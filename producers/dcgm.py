@@ -1,0 +1,98 @@
+"""The dcgm-exporter source: GPU samples from a ``/metrics`` scrape (Prometheus text).
+
+Where a cluster already runs NVIDIA's dcgm-exporter, its scrape gives the GPU-level figures
+(no per-process ones: DCGM has none). Parsed with prometheus_client's parser; label names of
+every release are accepted (``Hostname`` became ``hostname``); blank values, which the
+exporter writes as huge sentinels, count as missing.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import urllib.request
+from collections import Counter
+from urllib.error import URLError
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from schemas.events import Event, GpuSample
+
+__all__ = ["DcgmUnavailable", "DcgmScraper", "scrape_to_events"]
+
+log = logging.getLogger("gpucost.dcgm")
+MIB = 1 << 20
+SENTINEL_MIN = 2**62  # dcgm-exporter's "blank" values, e.g. 9223372036854775794
+
+
+class DcgmUnavailable(Exception):
+    """The exporter cannot be scraped; the message says where and why."""
+
+
+def _value(v: float) -> float | None:
+    return None if math.isnan(v) or math.isinf(v) or abs(v) >= SENTINEL_MIN else v
+
+
+def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str,
+                     counts: Counter[str] | None = None) -> list[GpuSample]:
+    """One GPU sample per ``UUID`` in the scrape (the last value of each field wins)."""
+    counts = counts if counts is not None else Counter()
+    gpus: dict[str, dict[str, object]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            uuid = sample.labels.get("UUID")
+            if not uuid or not sample.name.startswith("DCGM_FI_"):
+                continue
+            gpu = gpus.setdefault(uuid, {})
+            gpu["model"] = sample.labels.get("modelName", "unknown")
+            gpu["node"] = sample.labels.get("Hostname") or sample.labels.get("hostname") or default_node
+            value = _value(sample.value)
+            if value is None:
+                counts[f"blank:{sample.name}"] += 1
+            else:
+                gpu[sample.name] = value
+    out = []
+    for uuid, g in sorted(gpus.items()):
+        sm = g.get("DCGM_FI_DEV_GPU_UTIL")
+        if sm is None and "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in g:
+            sm = float(g["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]) * 100  # type: ignore[arg-type]
+        bw = g.get("DCGM_FI_DEV_MEM_COPY_UTIL")
+        if bw is None and "DCGM_FI_PROF_DRAM_ACTIVE" in g:
+            bw = float(g["DCGM_FI_PROF_DRAM_ACTIVE"]) * 100  # type: ignore[arg-type]
+        if sm is None or "DCGM_FI_DEV_FB_USED" not in g:
+            counts["gpu_sample_skipped"] += 1  # no utilisation or memory: nothing to bill, counted
+            continue
+        fb = [float(g.get(f, 0.0)) for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")]  # type: ignore[arg-type]
+        tx, rx = g.get("DCGM_FI_PROF_PCIE_TX_BYTES"), g.get("DCGM_FI_PROF_PCIE_RX_BYTES")
+        out.append(GpuSample(
+            node_id=str(g["node"]), gpu_uuid=uuid, gpu_model=str(g["model"]), ts_ns=ts_ns, interval_s=interval_s,
+            sm_util_pct=min(100.0, float(sm)), mem_bw_util_pct=min(100.0, float(bw or 0.0)),  # type: ignore[arg-type]
+            mem_used_bytes=int(fb[0]) * MIB, mem_total_bytes=int(sum(fb)) * MIB,
+            power_w=float(g.get("DCGM_FI_DEV_POWER_USAGE", 0.0)),  # type: ignore[arg-type]
+            temp_c=float(g.get("DCGM_FI_DEV_GPU_TEMP", 0.0)),  # type: ignore[arg-type]
+            pcie_tx_bytes_s=None if tx is None else int(tx),  # type: ignore[call-overload]
+            pcie_rx_bytes_s=None if rx is None else int(rx)))  # type: ignore[call-overload]
+    return out
+
+
+class DcgmScraper:
+    """Scrapes one exporter each period; a failed scrape is logged and counted, never fatal."""
+
+    def __init__(self, url: str, default_node: str, timeout_s: float = 5.0) -> None:
+        self.url, self.default_node, self.timeout_s = url, default_node, timeout_s
+        self.counts: Counter[str] = Counter()
+
+    def fetch(self) -> str:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:  # noqa: S310 (configured URL)
+                return resp.read().decode("utf-8", "replace")
+        except (URLError, OSError, ValueError) as exc:
+            raise DcgmUnavailable(f"cannot scrape {self.url}: {exc}") from None
+
+    def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
+        try:
+            text = self.fetch()
+        except DcgmUnavailable as exc:
+            log.warning("%s", exc)
+            self.counts["scrape_failed"] += 1
+            return []
+        return list(scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts))

@@ -1,0 +1,113 @@
+"""The dcgm-exporter source against real scrapes (L4, T4, L40S, vGPU A100), served on 127.0.0.1."""
+from __future__ import annotations
+
+import http.server
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producers.dcgm import DcgmScraper, scrape_to_events
+
+NS = 1_000_000_000
+T0 = 1_767_571_200 * NS
+SCRAPES = ["l4-kops-output.md", "t4-ericsson-ccd.md", "l40s-upcloud.md", "a100-vgpu-vks.md"]
+LINE = re.compile(r"^(DCGM_FI_\w+)\{([^}]*)\} (\S+)$")
+
+
+def metric_text(shared_data: Path, name: str) -> str:
+    path = shared_data / "dcgm-exporter" / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    lines = [ln for ln in path.read_text().splitlines() if ln.startswith(("# HELP", "# TYPE", "DCGM_FI_"))]
+    return "\n".join(lines) + "\n"
+
+
+def expected(text: str) -> dict[str, dict[str, object]]:
+    """Per UUID, the last value of each field and the labels: read with a plain regex."""
+    out: dict[str, dict[str, object]] = {}
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m[2]))
+            gpu = out.setdefault(labels["UUID"], {})
+            gpu[m[1]] = float(m[3])
+            gpu["_labels"] = labels
+    return out
+
+
+@pytest.mark.parametrize("name", SCRAPES)
+def test_every_gpu_of_the_scrape_with_its_values(shared_data: Path, name: str) -> None:
+    text = metric_text(shared_data, name)
+    want = expected(text)
+    got = {e.gpu_uuid: e for e in scrape_to_events(text, T0, 1.0, "fallback-node")}
+    assert set(got) == set(want) and got
+    for uuid, w in want.items():
+        e, labels = got[uuid], w["_labels"]
+        assert e.gpu_model == labels["modelName"] and e.node_id == labels.get("Hostname", labels.get("hostname"))
+        assert e.sm_util_pct == w["DCGM_FI_DEV_GPU_UTIL"] and e.mem_bw_util_pct == w["DCGM_FI_DEV_MEM_COPY_UTIL"]
+        assert e.mem_used_bytes == int(w["DCGM_FI_DEV_FB_USED"]) << 20
+        total = sum(w.get(f, 0.0) for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"))
+        assert e.mem_total_bytes == int(total) << 20 > 0
+        assert e.power_w == w.get("DCGM_FI_DEV_POWER_USAGE", 0.0) and e.temp_c == w.get("DCGM_FI_DEV_GPU_TEMP", 0.0)
+        assert e.pcie_tx_bytes_s == (int(w["DCGM_FI_PROF_PCIE_TX_BYTES"]) if "DCGM_FI_PROF_PCIE_TX_BYTES" in w else None)
+
+
+def test_blank_sentinels_count_as_missing(shared_data: Path) -> None:
+    text = metric_text(shared_data, SCRAPES[0])
+    want = expected(text)
+    blank = lambda t, field: re.sub(rf"^({field}\{{[^}}]*\}}) \S+$", r"\1 9223372036854775794", t, flags=re.M)  # noqa: E731
+    counts: Counter[str] = Counter()
+    # GPU_UTIL blank: the profiling ratio GR_ENGINE_ACTIVE stands in, scaled to percent
+    (e,) = scrape_to_events(blank(text, "DCGM_FI_DEV_GPU_UTIL"), T0, 1.0, "n", counts)
+    assert e.sm_util_pct == pytest.approx(want[e.gpu_uuid]["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] * 100)
+    assert counts["blank:DCGM_FI_DEV_GPU_UTIL"] >= 1
+    # both blank: no utilisation at all, so nothing to bill: skipped and counted, never guessed
+    both = blank(blank(text, "DCGM_FI_DEV_GPU_UTIL"), "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    assert scrape_to_events(both, T0, 1.0, "n", counts) == [] and counts["gpu_sample_skipped"] == len(want)
+
+
+@pytest.fixture
+def exporter(shared_data: Path) -> Iterator[tuple[str, str]]:
+    text = metric_text(shared_data, SCRAPES[0]).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(text if self.path == "/metrics" else b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics", text.decode()
+    server.shutdown()
+
+
+def test_scraper_reads_the_exporter_over_http(exporter: tuple[str, str]) -> None:
+    url, text = exporter
+    scraper = DcgmScraper(url, "n")
+    assert scraper.sample(T0, 1.0) == scrape_to_events(text, T0, 1.0, "n")
+    broken = DcgmScraper(url.replace("/metrics", "/nope"), "n")
+    assert broken.sample(T0, 1.0) == [] and broken.counts["scrape_failed"] == 1  # logged and counted, not fatal
+
+
+def test_gpucost_run_audits_a_dcgm_exporter(exporter: tuple[str, str], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from gpucost.cli import main
+    from sinks.views import connect
+
+    url, text = exporter
+    assert main(["run", "--source", "dcgm", "--url", url, "--period-s", "0.05", "--duration-s", "0.4",
+                 "--out", str(tmp_path)]) == 0
+    assert "dcgm-exporter at" in capsys.readouterr().err
+    con = connect(tmp_path)
+    assert {u for (u,) in con.execute("SELECT DISTINCT gpu_uuid FROM idle_index").fetchall()} == set(expected(text))
+    idle, covered = con.execute("SELECT sum(idle_ms), sum(covered_ms) FROM idle_index").fetchone()
+    assert covered > 0 and idle == covered  # the scraped L4 sat at 0 % utilisation
