@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="audit a fleet embedded (no broker): NVML if present, else simulated")
-    run.add_argument("--source", choices=["auto", "simulate", "nvml", "dcgm"], default=_env("GPUCOST_SOURCE", "auto"),
+    run.add_argument("--source", choices=["auto", "simulate", "nvml", "dcgm", "ebpf"], default=_env("GPUCOST_SOURCE", "auto"),
                      help="where events come from: auto = nvml where NVML works, else simulate (env GPUCOST_SOURCE)")
     run.add_argument("--url", default=os.environ.get("GPUCOST_DCGM_URL"),
                      help="with --source dcgm: the exporter's /metrics URL (env GPUCOST_DCGM_URL)")
@@ -100,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="this node's id in NVML events (env GPUCOST_NODE_ID; default the host name)")
     run.add_argument("--period-s", type=float, default=_env("GPUCOST_PERIOD_S", "1.0"),
                      help="sampling period of a live source (env GPUCOST_PERIOD_S; default 1.0)")
+    run.add_argument("--ebpf-sample-every", type=int, default=_env("GPUCOST_EBPF_SAMPLE_EVERY", "16"),
+                     help="with --source ebpf: report 1 page fault in N (env GPUCOST_EBPF_SAMPLE_EVERY; default 16)")
     run.add_argument("--prices", type=Path, nargs="+", default=[],
                      help="JSON Lines of price (and tenant_binding) events, read before a live source")
     run.add_argument("--duration-s", type=float, default=None,
@@ -205,6 +207,8 @@ def _live_items(args: argparse.Namespace, source: str) -> Iterator[Item]:
 
     from producers.periodic import Sampler, sample_forever
 
+    if source == "ebpf":
+        return _ebpf_items(args)
     sampler: Sampler
     if source == "nvml":
         from producers.nvml import NvmlSampler, NvmlUnavailable
@@ -244,6 +248,27 @@ def _live_items(args: argparse.Namespace, source: str) -> Iterator[Item]:
     return items()
 
 
+def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
+    """Page-fault addresses until --duration-s or Ctrl-C (either ends bpftrace, which ends the input)."""
+    import signal
+    import threading
+
+    from producers.ebpf import EbpfProbe, EbpfUnavailable
+
+    probe = EbpfProbe(args.node_id, sample_every=args.ebpf_sample_every)
+    try:
+        probe.start()
+    except EbpfUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    signal.signal(signal.SIGINT, lambda *_: probe.stop())
+    if args.duration_s is not None:
+        threading.Timer(args.duration_s, probe.stop).start()
+    print(f"gpucost: tracing user page faults (1 in {args.ebpf_sample_every}) with bpftrace"
+          + (f" for {args.duration_s:g} s" if args.duration_s else "; Ctrl-C to stop and write the results"),
+          file=sys.stderr)
+    return ((ev, "ebpf") for ev in probe.events())
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     settings, spec = _settings(args), _fleet(args)
     source = args.source
@@ -258,7 +283,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     previous = signal.getsignal(signal.SIGINT)
     try:
         items: Iterator[Item] = (itertools.chain(read_lines(_files(args.prices)) if args.prices else [],
-                                                 _live_items(args, source)) if source in ("nvml", "dcgm")
+                                                 _live_items(args, source)) if source in ("nvml", "dcgm", "ebpf")
                                  else ((ev, "simulate") for ev in simulate(spec)))
         _prepare_out(args.out, args.overwrite)
         stats = run_embedded(items, settings, args.out)

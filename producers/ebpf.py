@@ -1,0 +1,106 @@
+"""The eBPF source: user page-fault addresses per process (for MAE) and NUMA migrations.
+
+Real kernel probes through bpftrace (Debian's package): one short program, its output one
+line per event, read here. bpftrace was chosen over bcc because it needs no compiler or
+kernel headers on the node and is one package. Page faults are sampled (1 in
+``sample_every``) in the kernel, so the traced workload pays for a counter increment on the
+faults that are not reported.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from schemas.events import Event, MemAccess
+
+__all__ = ["EbpfUnavailable", "EbpfProbe", "ensure_tracing", "numa_distances"]
+
+log = logging.getLogger("gpucost.ebpf")
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+class EbpfUnavailable(Exception):
+    """The kernel, the privileges or the tools do not allow tracing; the message says which."""
+
+
+def numa_distances(root: Path = Path("/sys/devices/system/node")) -> dict[tuple[int, int], int]:
+    """The kernel's NUMA distance matrix (10 = local): node pair → distance."""
+    out = {}
+    for node_dir in sorted(root.glob("node[0-9]*")):
+        src = int(node_dir.name[4:])
+        for dst, d in enumerate((node_dir / "distance").read_text().split()):
+            out[(src, dst)] = int(d)
+    return out
+
+
+def _program(sample_every: int, command: bool) -> str:
+    target = "/pid == cpid/" if command else ""
+    emit = 'printf("A %d %llu %llu\\n", pid, nsecs, args->address);'
+    body = f"if (rand % {sample_every} == 0) {{ {emit} }}" if sample_every > 1 else emit
+    return (
+        f"tracepoint:exceptions:page_fault_user {target} {{ {body} }}\n"
+        "tracepoint:sched:sched_move_numa "
+        "{ printf(\"N %d %llu %d %d\\n\", args->pid, nsecs, args->src_nid, args->dst_nid); }\n"
+    )
+
+
+def ensure_tracing() -> None:
+    """Root, bpftrace and a mounted tracefs, or one clear reason why not."""
+    if os.geteuid() != 0:
+        raise EbpfUnavailable("eBPF tracing needs root (or CAP_BPF and CAP_PERFMON); run as root")
+    if shutil.which("bpftrace") is None:
+        raise EbpfUnavailable("bpftrace is not installed; install it (Debian: apt-get install bpftrace)")
+    if not (TRACEFS / "events").is_dir():
+        done = subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True, text=True)
+        if done.returncode != 0 or not (TRACEFS / "events").is_dir():
+            raise EbpfUnavailable(f"tracefs is not mounted and mounting it failed: {done.stderr.strip()}")
+
+
+class EbpfProbe:
+    """Runs the probe; ``events()`` yields MemAccess events until the probe (or its command) ends."""
+
+    def __init__(self, node_id: str, sample_every: int = 16, command: list[str] | None = None) -> None:
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be ≥ 1, got {sample_every}")
+        self.node_id, self.sample_every, self.command = node_id, sample_every, command
+        self.counts: Counter[str] = Counter()
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        ensure_tracing()
+        argv = ["bpftrace", "-B", "line", "-e", _program(self.sample_every, self.command is not None)]
+        if self.command:
+            argv += ["-c", " ".join(self.command)]
+        # bpftrace's nsecs is CLOCK_MONOTONIC, as is time.monotonic_ns(): one offset to the epoch
+        self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+    def events(self) -> Iterator[Event]:
+        assert self.proc is not None and self.proc.stdout is not None, "start() first"
+        for line in self.proc.stdout:
+            parts = line.split()
+            if len(parts) == 4 and parts[0] == "A":
+                pid, ns, addr = int(parts[1]), int(parts[2]), int(parts[3])
+                self.counts["mem_access"] += 1
+                yield MemAccess(node_id=self.node_id, pid=pid, ts_ns=ns + self._epoch_offset_ns, address=addr)
+            elif len(parts) == 5 and parts[0] == "N":
+                # a NUMA event needs the GPU the process uses (from NVML); without it, counted only
+                self.counts["numa_move_unresolved"] += 1
+            elif line.strip() and not line.startswith("Attaching"):
+                self.counts["other_output"] += 1
+                log.info("bpftrace: %s", line.strip())
+        rc = self.proc.wait()
+        if rc != 0 and self.counts["mem_access"] == 0:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise EbpfUnavailable(f"bpftrace exited with {rc}: {err.strip()[-500:]}")

@@ -1,0 +1,87 @@
+"""The eBPF source with real kernel probes: a program that touches a known number of pages."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from producers.ebpf import EbpfProbe, EbpfUnavailable, ensure_tracing, numa_distances
+from tests.conftest import ROOT
+
+PAGES = 300
+
+
+@pytest.fixture(scope="module")
+def toucher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the traced program")
+    exe = tmp_path_factory.mktemp("ebpf") / "touch_pages"
+    subprocess.run(["cc", "-O0", "-o", str(exe), str(ROOT / "tests" / "c" / "touch_pages.c")], check=True)
+    return exe
+
+
+def traced(exe: Path, sample_every: int) -> tuple[list, EbpfProbe]:
+    try:
+        ensure_tracing()
+    except EbpfUnavailable as exc:
+        pytest.skip(f"this machine does not allow eBPF: {exc}")
+    probe = EbpfProbe("node-t", sample_every=sample_every, command=[str(exe), str(PAGES)])
+    probe.start()  # from here on, a failure is a failure: our program, not the environment
+    return list(probe.events()), probe
+
+
+def test_page_faults_of_a_known_program(toucher: Path) -> None:
+    events, _ = traced(toucher, sample_every=1)
+    base = 0x7E0000000000
+    pages = {e.address // 4096 for e in events if base <= e.address < base + PAGES * 4096}
+    assert len(pages) == PAGES  # every page it touched, exactly once each
+    assert len({e.pid for e in events}) == 1  # only the traced program (bpftrace's cpid filter)
+    assert all(e.kind == "mem_access" and e.node_id == "node-t" for e in events)
+    ts = [e.ts_ns for e in events]
+    import time
+    assert ts == sorted(ts) and abs(ts[-1] - time.time_ns()) < 60 * 10**9  # epoch time, in order
+
+
+def test_sampling_reports_a_fraction(toucher: Path) -> None:
+    events, _ = traced(toucher, sample_every=8)
+    in_range = [e for e in events if 0x7E0000000000 <= e.address < 0x7E0000000000 + PAGES * 4096]
+    assert 0 < len(in_range) < PAGES / 2  # about 1 in 8 of the 300 faults
+
+
+def test_numa_distances_of_this_machine() -> None:
+    d = numa_distances()
+    if not d:
+        pytest.skip("no NUMA topology exposed in /sys/devices/system/node")
+    assert all(d[(n, n)] == 10 for n, _ in d if (n, n) in d)  # local distance is 10 by definition
+
+
+def test_bad_sampling_rate() -> None:
+    with pytest.raises(ValueError, match="sample_every"):
+        EbpfProbe("n", sample_every=0)
+
+
+def test_gpucost_run_traces_page_faults(toucher: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpucost run --source ebpf` with the 64-bit user address range binned: real MAE windows."""
+    import threading
+
+    from gpucost.cli import main
+    from sinks.views import connect
+
+    try:
+        ensure_tracing()
+    except EbpfUnavailable as exc:
+        pytest.skip(f"this machine does not allow eBPF: {exc}")
+    # keep faulting while the run traces: the toucher, over and over, for the run's 2 s
+    stop = threading.Event()
+    threading.Thread(target=lambda: [subprocess.run([str(toucher), "2000"], capture_output=True)
+                                     for _ in iter(stop.is_set, True)], daemon=True).start()
+    try:
+        rc = main(["run", "--source", "ebpf", "--ebpf-sample-every", "1", "--duration-s", "2",
+                   "--mae-hi", str(1 << 47), "--mae-window", "256", "--out", str(tmp_path)])
+    finally:
+        stop.set()
+    assert rc == 0 and "tracing user page faults" in capsys.readouterr().err
+    windows, binned, bits = connect(tmp_path).execute("SELECT count(*), sum(n), max(mae_bits) FROM mae").fetchone()
+    assert windows > 0 and binned > 0 and 0 <= bits <= 8
