@@ -75,6 +75,22 @@ def _kafka(args: argparse.Namespace) -> KafkaSettings:
         raise ConfigError(f"invalid Kafka setting: {explain(exc)}") from None
 
 
+def _add_live(p: argparse.ArgumentParser) -> None:
+    """Flags of the live sources (nvml, dcgm, ebpf), shared by run and produce."""
+    p.add_argument("--url", default=os.environ.get("GPUCOST_DCGM_URL"),
+                   help="with --source dcgm: the exporter's /metrics URL (env GPUCOST_DCGM_URL)")
+    p.add_argument("--node-id", default=_env("GPUCOST_NODE_ID", socket.gethostname()),
+                   help="this node's id in NVML events (env GPUCOST_NODE_ID; default the host name)")
+    p.add_argument("--period-s", type=float, default=_env("GPUCOST_PERIOD_S", "1.0"),
+                   help="sampling period of a live source (env GPUCOST_PERIOD_S; default 1.0)")
+    p.add_argument("--ebpf-sample-every", type=int, default=_env("GPUCOST_EBPF_SAMPLE_EVERY", "16"),
+                   help="with --source ebpf: report 1 page fault in N (env GPUCOST_EBPF_SAMPLE_EVERY; default 16)")
+    p.add_argument("--prices", type=Path, nargs="+", default=[],
+                   help="JSON Lines of price (and tenant_binding) events, read before a live source")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="stop a live source after this long (default: at Ctrl-C); results are written either way")
+
+
 def _add_fleet(p: argparse.ArgumentParser) -> None:
     # string defaults go through ``type`` too, so a bad environment value is a usage error
     d = FleetSpec()
@@ -94,18 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="audit a fleet embedded (no broker): NVML if present, else simulated")
     run.add_argument("--source", choices=["auto", "simulate", "nvml", "dcgm", "ebpf"], default=_env("GPUCOST_SOURCE", "auto"),
                      help="where events come from: auto = nvml where NVML works, else simulate (env GPUCOST_SOURCE)")
-    run.add_argument("--url", default=os.environ.get("GPUCOST_DCGM_URL"),
-                     help="with --source dcgm: the exporter's /metrics URL (env GPUCOST_DCGM_URL)")
-    run.add_argument("--node-id", default=_env("GPUCOST_NODE_ID", socket.gethostname()),
-                     help="this node's id in NVML events (env GPUCOST_NODE_ID; default the host name)")
-    run.add_argument("--period-s", type=float, default=_env("GPUCOST_PERIOD_S", "1.0"),
-                     help="sampling period of a live source (env GPUCOST_PERIOD_S; default 1.0)")
-    run.add_argument("--ebpf-sample-every", type=int, default=_env("GPUCOST_EBPF_SAMPLE_EVERY", "16"),
-                     help="with --source ebpf: report 1 page fault in N (env GPUCOST_EBPF_SAMPLE_EVERY; default 16)")
-    run.add_argument("--prices", type=Path, nargs="+", default=[],
-                     help="JSON Lines of price (and tenant_binding) events, read before a live source")
-    run.add_argument("--duration-s", type=float, default=None,
-                     help="stop a live source after this long (default: at Ctrl-C); results are written either way")
+    _add_live(run)
     _add_fleet(run)
     _add_out(run, "output directory")
     _add_settings(run)
@@ -134,11 +139,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_kafka(topics)
 
     prod = sub.add_parser("produce", help="publish events to Kafka (idempotent, batched per key)")
-    prod.add_argument("--source", choices=["simulate", "replay"], required=True)
+    prod.add_argument("--source", choices=["simulate", "replay", "nvml", "dcgm", "ebpf"], required=True)
+    prod.add_argument("--flush-interval-s", type=float, default=1.0,
+                      help="send a key's batch after this long even if not full (default 1.0)")
     prod.add_argument("input", type=Path, nargs="*", help="with --source replay: JSON Lines files or directories")
     prod.add_argument("--no-end-of-input", dest="end_of_input", action="store_false",
                       help="do not mark the end of the input (the panes of a finite input then stay open)")
     _add_fleet(prod)
+    _add_live(prod)
     _add_kafka(prod)
 
     work = sub.add_parser("worker", help="run a worker: input topics → operators → output topics, exactly once")
@@ -402,14 +410,22 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
     kafka = _kafka(args)
     rejected: list[tuple[Rejected, str, str]] = []
+    events: Iterator[Event]
     if args.source == "simulate":
-        events: Iterator[Event] = simulate(_fleet(args))
-    elif not args.input:
-        raise UsageError("--source replay needs at least one INPUT file or directory")
-    else:
+        events = simulate(_fleet(args))
+    elif args.source == "replay":
+        if not args.input:
+            raise UsageError("--source replay needs at least one INPUT file or directory")
         events = _replay_events(_files(args.input), rejected)
+    else:
+        import signal
+
+        reference = _replay_events(_files(args.prices), rejected) if args.prices else iter(())
+        live = (ev for ev, _ in _live_items(args, args.source))  # type: ignore[misc]
+        events = itertools.chain(reference, live)
+        signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # a service manager's stop ends it cleanly too
     asyncio.run(create_topics(kafka))
-    sent = asyncio.run(publish(events, kafka, end_of_input=args.end_of_input))
+    sent = asyncio.run(publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s))
     if rejected:
         asyncio.run(publish_dead_letters(rejected, kafka))
     print(f"published to {kafka.bootstrap}: " + ", ".join(f"{t}: {n:,} messages" for t, n in sorted(sent.items()))

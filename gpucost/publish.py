@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -44,11 +46,34 @@ async def create_topics(kafka: KafkaSettings) -> list[str]:
         await admin.close()
 
 
-async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: bool = True) -> Counter[str]:
+def _pump(events: Iterable[Event], loop: asyncio.AbstractEventLoop, queue: "asyncio.Queue[object]",
+          chunk_s: float) -> None:
+    """Runs the (possibly blocking) source in a thread; hands events over in chunks."""
+    chunk: list[Event] = []
+    last = time.monotonic()
+    try:
+        for ev in events:
+            chunk.append(ev)
+            if len(chunk) >= 1024 or time.monotonic() - last >= chunk_s:
+                asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
+                chunk, last = [], time.monotonic()
+        asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
+        asyncio.run_coroutine_threadsafe(queue.put(_DONE), loop).result()
+    except BaseException as exc:  # handed to the publisher, which re-raises it
+        asyncio.run_coroutine_threadsafe(queue.put(exc), loop).result()
+
+
+_DONE = object()
+
+
+async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: bool = True,
+                  flush_interval_s: float = 1.0) -> Counter[str]:
     """Route, batch and send every event; per key, order is kept. Returns messages sent per topic.
 
-    With ``end_of_input`` (a finite source), each input key ends with a control message, on
-    which the worker closes that key's open panes and windows, as the embedded run does.
+    A key's batch is sent when it holds ``batch_events`` events or has waited
+    ``flush_interval_s``, so a live source (NVML every second) is published promptly and a
+    replay in big batches. With ``end_of_input`` (a finite source), each input key ends with
+    a control message, on which the worker closes that key's open panes and windows.
     """
     producer = AIOKafkaProducer(**kafka.client_options(), enable_idempotence=True, acks="all",
                                 compression_type="gzip", linger_ms=20, max_batch_size=1 << 20,
@@ -65,23 +90,44 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
             await asyncio.gather(*pending)
             pending.clear()
 
+    async def flush(full_only: bool) -> None:
+        for (topic, key), buf in buffers.items():
+            if buf and (not full_only or len(buf) >= kafka.batch_events):
+                await send(topic, key, encode_batch(buf))
+                buf.clear()
+
+    queue: "asyncio.Queue[object]" = asyncio.Queue(maxsize=64)
+    pump = threading.Thread(target=_pump, args=(events, asyncio.get_running_loop(), queue, flush_interval_s / 2),
+                            name="source", daemon=True)
+    pump.start()
     try:
         router = Router()
-        for ev in events:
-            for topic, key, routed in router.route(ev):
-                line = encode_event(routed)
-                if topic in ("bindings", "prices"):
-                    await send(topic, key, line.encode())
-                    continue
-                buf = buffers.setdefault((topic, key), [])
-                buf.append(line)
-                if len(buf) >= kafka.batch_events:
-                    await send(topic, key, encode_batch(buf))
-                    buf.clear()
-        for (topic, key), buf in buffers.items():
-            if buf:
-                await send(topic, key, encode_batch(buf))
-            if end_of_input:
+        last_flush = time.monotonic()
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), timeout=flush_interval_s)
+            except TimeoutError:
+                item = []
+            if item is _DONE:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            for ev in item:  # type: ignore[attr-defined]
+                for topic, key, routed in router.route(ev):
+                    line = encode_event(routed)
+                    if topic in ("bindings", "prices"):
+                        await send(topic, key, line.encode())
+                    else:
+                        buffers.setdefault((topic, key), []).append(line)
+            await flush(full_only=True)
+            if time.monotonic() - last_flush >= flush_interval_s:
+                await flush(full_only=False)
+                await asyncio.gather(*pending)
+                pending.clear()
+                last_flush = time.monotonic()
+        await flush(full_only=False)
+        if end_of_input:
+            for topic, key in buffers:
                 await send(topic, key, b"", headers=[(CONTROL_HEADER, END_OF_INPUT)])
         await asyncio.gather(*pending)
     finally:

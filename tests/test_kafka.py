@@ -195,3 +195,29 @@ def test_sink_killed_mid_stream_writes_each_row_once(deployment: Deployment, rec
     con = connect(d.out)
     assert con.execute("SELECT count(*), count(DISTINCT record_id) FROM cost").fetchone() == (expected, expected)
     assert_same_parquet(d.out, embedded)
+
+
+from tests.test_dcgm import exporter, expected  # noqa: E402,F401  (the exporter fixture serves a real scrape)
+
+
+def test_live_source_is_published_while_it_runs(deployment: Deployment, exporter: tuple[str, str]) -> None:
+    """`produce --source dcgm`: batches leave every flush interval, not only at the end."""
+    url, text = exporter
+    d = deployment
+    started = time.monotonic()
+    proc = d.spawn("producer", "produce", "--source", "dcgm", "--url", url, "--period-s", "0.1",
+                   "--duration-s", "8", "--flush-interval-s", "0.3")
+    wait_for("events on the topic", lambda: d.topic_size("events") > 0, 60, d.tmp)
+    # start-up takes ~2 s; a producer that sent only at the end would show nothing before 8 s
+    assert time.monotonic() - started < 5.5, "no batch left before the source ended"
+    assert proc.wait(timeout=60) == 0
+    d.worker("worker")
+    d.sink()
+    gpus = set(expected(text))
+    wait_for("the GPU's panes in Parquet", lambda: d.rows("idle_index") > 0, 120, d.tmp)
+    time.sleep(2)  # the end-of-input closes the last pane too; let the sink flush it
+    d.stop()
+    con = connect(d.out)
+    assert {u for (u,) in con.execute("SELECT DISTINCT gpu_uuid FROM idle_index").fetchall()} == gpus
+    (covered,) = con.execute("SELECT sum(covered_ms) FROM idle_index").fetchone()
+    assert 7_000 <= covered <= 9_000  # eight seconds of 0.1 s samples, the whole run accounted for
