@@ -263,7 +263,16 @@ def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
 
     from producers.ebpf import EbpfProbe, EbpfUnavailable
 
-    probe = EbpfProbe(args.node_id, sample_every=args.ebpf_sample_every)
+    from producers.nvml import NvmlSampler, NvmlUnavailable
+
+    nvml = NvmlSampler(args.node_id)
+    try:
+        nvml.open()  # to name the GPUs a migrating process uses
+        gpus_of = nvml.gpus_of
+    except NvmlUnavailable:
+        gpus_of = None
+        print("gpucost: no NVML here: NUMA migrations are counted, not attributed to GPUs", file=sys.stderr)
+    probe = EbpfProbe(args.node_id, sample_every=args.ebpf_sample_every, gpus_of=gpus_of)
     try:
         probe.start()
     except EbpfUnavailable as exc:
@@ -274,7 +283,16 @@ def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
     print(f"gpucost: tracing user page faults (1 in {args.ebpf_sample_every}) with bpftrace"
           + (f" for {args.duration_s:g} s" if args.duration_s else "; Ctrl-C to stop and write the results"),
           file=sys.stderr)
-    return ((ev, "ebpf") for ev in probe.events())
+
+    def items() -> Iterator[Item]:
+        try:
+            for ev in probe.events():
+                yield ev, "ebpf"
+        finally:
+            if gpus_of is not None:
+                nvml.close()
+
+    return items()
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -14,12 +14,12 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from schemas.events import Event, MemAccess
+from schemas.events import Event, MemAccess, NumaEvent
 
-__all__ = ["EbpfUnavailable", "EbpfProbe", "ensure_tracing", "numa_distances"]
+__all__ = ["EbpfUnavailable", "EbpfProbe", "ensure_tracing", "numa_cost", "numa_distances"]
 
 log = logging.getLogger("gpucost.ebpf")
 TRACEFS = Path("/sys/kernel/tracing")
@@ -62,15 +62,53 @@ def ensure_tracing() -> None:
             raise EbpfUnavailable(f"tracefs is not mounted and mounting it failed: {done.stderr.strip()}")
 
 
-class EbpfProbe:
-    """Runs the probe; ``events()`` yields MemAccess events until the probe (or its command) ends."""
+def numa_cost(distance: int) -> tuple[int, int]:
+    """(hops, latency_weight) of a NUMA distance: 10 is local (0 hops), each further 10 one hop."""
+    return max(0, round(distance / 10) - 1), distance
 
-    def __init__(self, node_id: str, sample_every: int = 16, command: list[str] | None = None) -> None:
+
+class EbpfProbe:
+    """Runs the probe; ``events()`` yields MemAccess and NumaEvent events until the probe ends.
+
+    ``gpus_of(pid)`` names the GPUs a process uses (from NVML's process lists). Without it,
+    or for a process on no GPU, a NUMA migration cannot become a ``numa_event`` (which is
+    keyed by GPU) and is only counted.
+    """
+
+    def __init__(self, node_id: str, sample_every: int = 16, command: list[str] | None = None,
+                 gpus_of: Callable[[int], list[str]] | None = None,
+                 distances: dict[tuple[int, int], int] | None = None) -> None:
         if sample_every < 1:
             raise ValueError(f"sample_every must be ≥ 1, got {sample_every}")
         self.node_id, self.sample_every, self.command = node_id, sample_every, command
+        self.gpus_of = gpus_of
+        self.distances = distances if distances is not None else numa_distances()
         self.counts: Counter[str] = Counter()
         self.proc: subprocess.Popen[str] | None = None
+        self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def parse(self, line: str) -> list[Event]:
+        """The events of one line of the probe's output."""
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "A":
+            self.counts["mem_access"] += 1
+            return [MemAccess(node_id=self.node_id, pid=int(parts[1]), ts_ns=int(parts[2]) + self._epoch_offset_ns,
+                              address=int(parts[3]))]
+        if len(parts) == 5 and parts[0] == "N":
+            pid, ts_ns, src, dst = int(parts[1]), int(parts[2]) + self._epoch_offset_ns, int(parts[3]), int(parts[4])
+            gpus = self.gpus_of(pid) if self.gpus_of is not None else []
+            distance = self.distances.get((src, dst))
+            if not gpus or distance is None:
+                self.counts["numa_move_unresolved"] += 1
+                return []
+            hops, weight = numa_cost(distance)
+            self.counts["numa_event"] += len(gpus)
+            return [NumaEvent(node_id=self.node_id, gpu_uuid=g, pid=pid, ts_ns=ts_ns, hops=hops, latency_weight=weight)
+                    for g in gpus]
+        if line.strip() and not line.startswith("Attaching"):
+            self.counts["other_output"] += 1
+            log.info("bpftrace: %s", line.strip())
+        return []
 
     def start(self) -> None:
         ensure_tracing()
@@ -89,17 +127,7 @@ class EbpfProbe:
     def events(self) -> Iterator[Event]:
         assert self.proc is not None and self.proc.stdout is not None, "start() first"
         for line in self.proc.stdout:
-            parts = line.split()
-            if len(parts) == 4 and parts[0] == "A":
-                pid, ns, addr = int(parts[1]), int(parts[2]), int(parts[3])
-                self.counts["mem_access"] += 1
-                yield MemAccess(node_id=self.node_id, pid=pid, ts_ns=ns + self._epoch_offset_ns, address=addr)
-            elif len(parts) == 5 and parts[0] == "N":
-                # a NUMA event needs the GPU the process uses (from NVML); without it, counted only
-                self.counts["numa_move_unresolved"] += 1
-            elif line.strip() and not line.startswith("Attaching"):
-                self.counts["other_output"] += 1
-                log.info("bpftrace: %s", line.strip())
+            yield from self.parse(line)
         rc = self.proc.wait()
         if rc != 0 and self.counts["mem_access"] == 0:
             err = self.proc.stderr.read() if self.proc.stderr else ""

@@ -69,6 +69,17 @@ class NvmlSampler:
             else:
                 self.devices.append(_Device(handle, _text(nv.nvmlDeviceGetUUID(handle)), name, None))
 
+    def gpus_of(self, pid: int) -> list[str]:
+        """The devices a process runs on now, from NVML's running-process lists."""
+        nv, out = self.nvml, []
+        for dev in self.devices:
+            try:
+                if any(int(p.pid) == pid for p in nv.nvmlDeviceGetComputeRunningProcesses(dev.handle)):
+                    out.append(dev.uuid)
+            except nv.NVMLError:
+                continue  # a device that cannot answer now owns no process for this event
+        return out
+
     def close(self) -> None:
         self.nvml.nvmlShutdown()
 

@@ -85,3 +85,31 @@ def test_gpucost_run_traces_page_faults(toucher: Path, tmp_path: Path, capsys: p
     assert rc == 0 and "tracing user page faults" in capsys.readouterr().err
     windows, binned, bits = connect(tmp_path).execute("SELECT count(*), sum(n), max(mae_bits) FROM mae").fetchone()
     assert windows > 0 and binned > 0 and 0 <= bits <= 8
+
+
+def test_numa_migrations_become_events_for_each_gpu_of_the_process() -> None:
+    distances = {(0, 0): 10, (0, 1): 21, (1, 0): 21, (1, 1): 10, (0, 2): 32}
+    gpus = {4242: ["GPU-a", "GPU-b"]}
+    probe = EbpfProbe("node-n", gpus_of=lambda pid: gpus.get(pid, []), distances=distances)
+    events = probe.parse("N 4242 1000 0 1\n")
+    assert [(e.kind, e.gpu_uuid, e.pid, e.hops, e.latency_weight) for e in events] == [
+        ("numa_event", "GPU-a", 4242, 1, 21), ("numa_event", "GPU-b", 4242, 1, 21)]
+    assert events[0].ts_ns == 1000 + probe._epoch_offset_ns  # monotonic → epoch
+    assert [(e.hops, e.latency_weight) for e in probe.parse("N 4242 2000 0 2")] == [(2, 32), (2, 32)]
+    assert probe.parse("N 4242 3000 0 0")[0].hops == 0  # a move within the node costs no hop
+    assert probe.parse("N 7 4000 0 1") == [] and probe.counts["numa_move_unresolved"] == 1  # on no GPU: counted
+    assert probe.parse("N 4242 5000 0 9") == [] and probe.counts["numa_move_unresolved"] == 2  # unknown node
+
+
+def test_nvml_names_the_gpus_of_a_process(shared_data: Path) -> None:
+    from producers.nvml import NvmlSampler
+    from tests.fake_nvml import FakeState, fake_pynvml, parse
+
+    path = shared_data / "nvidia-smi" / "linux-x86_64__nvidia-h200__590.48.01.txt"
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    cap = parse(path, "load")
+    sampler = NvmlSampler("n", fake_pynvml(FakeState(cap)))
+    sampler.open()
+    assert {pid: sampler.gpus_of(pid) for pid in cap.apps} == {pid: [cap.gpu_uuid] for pid in cap.apps}
+    assert sampler.gpus_of(1) == []
