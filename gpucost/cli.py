@@ -79,6 +79,8 @@ def _add_live(p: argparse.ArgumentParser) -> None:
     """Flags of the live sources (nvml, dcgm, ebpf), shared by run and produce."""
     p.add_argument("--url", default=os.environ.get("GPUCOST_DCGM_URL"),
                    help="with --source dcgm: the exporter's /metrics URL (env GPUCOST_DCGM_URL)")
+    p.add_argument("--dcgm-sla", choices=["Gold", "Silver", "Bronze"], default=_env("GPUCOST_DCGM_SLA", "Bronze"),
+                   help="with --source dcgm: SLA of the tenants made from pod labels (env GPUCOST_DCGM_SLA)")
     p.add_argument("--node-id", default=_env("GPUCOST_NODE_ID", socket.gethostname()),
                    help="this node's id in NVML events (env GPUCOST_NODE_ID; default the host name)")
     p.add_argument("--period-s", type=float, default=_env("GPUCOST_PERIOD_S", "1.0"),
@@ -232,7 +234,7 @@ def _live_items(args: argparse.Namespace, source: str) -> Iterator[Item]:
 
         if not args.url:
             raise UsageError("--source dcgm needs --url (or GPUCOST_DCGM_URL), e.g. http://host:9400/metrics")
-        dcgm = DcgmScraper(args.url, args.node_id)
+        dcgm = DcgmScraper(args.url, args.node_id, sla=args.dcgm_sla)
         try:
             dcgm.fetch()  # reachable now, or one clear error
         except DcgmUnavailable as exc:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import math
 import urllib.request
+import zlib
 from collections import Counter
 from urllib.error import URLError
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas.events import Event, GpuSample
+from schemas.events import Event, GpuSample, ProcessSample, TenantBinding
 
-__all__ = ["DcgmUnavailable", "DcgmScraper", "scrape_to_events"]
+__all__ = ["DcgmUnavailable", "DcgmScraper", "container_pid", "scrape_to_events"]
 
 log = logging.getLogger("gpucost.dcgm")
 MIB = 1 << 20
@@ -32,9 +33,23 @@ def _value(v: float) -> float | None:
     return None if math.isnan(v) or math.isinf(v) or abs(v) >= SENTINEL_MIN else v
 
 
+SYNTHETIC_PID_BASE = 1 << 31  # above any Linux pid (at most 2^22): never mistaken for a real process
+
+
+def container_pid(namespace: str, pod: str, container: str) -> int:
+    """A stable process id standing for a Kubernetes container, for its binding and samples."""
+    return SYNTHETIC_PID_BASE | (zlib.crc32(f"{namespace}/{pod}/{container}".encode()) & 0x7FFFFFFF)
+
+
 def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str,
-                     counts: Counter[str] | None = None) -> list[GpuSample]:
-    """One GPU sample per ``UUID`` in the scrape (the last value of each field wins)."""
+                     counts: Counter[str] | None = None, sla: str = "Bronze") -> list[Event]:
+    """One GPU sample per ``UUID`` in the scrape (the last value of each field wins).
+
+    Where dcgm-exporter maps GPUs to Kubernetes pods (labels ``namespace``, ``pod``,
+    ``container``), the container owns the GPU: a tenant binding (team = namespace, app = pod,
+    tier = container, the given SLA) and a process sample with the GPU's utilisation, under
+    a synthetic pid, follow each GPU sample.
+    """
     counts = counts if counts is not None else Counter()
     gpus: dict[str, dict[str, object]] = {}
     for family in text_string_to_metric_families(text):
@@ -44,13 +59,15 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
                 continue
             gpu = gpus.setdefault(uuid, {})
             gpu["model"] = sample.labels.get("modelName", "unknown")
+            if sample.labels.get("pod") and sample.labels.get("namespace"):
+                gpu["owner"] = (sample.labels["namespace"], sample.labels["pod"], sample.labels.get("container", ""))
             gpu["node"] = sample.labels.get("Hostname") or sample.labels.get("hostname") or default_node
             value = _value(sample.value)
             if value is None:
                 counts[f"blank:{sample.name}"] += 1
             else:
                 gpu[sample.name] = value
-    out = []
+    out: list[Event] = []
     for uuid, g in sorted(gpus.items()):
         sm = g.get("DCGM_FI_DEV_GPU_UTIL")
         if sm is None and "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in g:
@@ -71,14 +88,25 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
             temp_c=float(g.get("DCGM_FI_DEV_GPU_TEMP", 0.0)),  # type: ignore[arg-type]
             pcie_tx_bytes_s=None if tx is None else int(tx),  # type: ignore[call-overload]
             pcie_rx_bytes_s=None if rx is None else int(rx)))  # type: ignore[call-overload]
+        owner = g.get("owner")
+        if owner is not None:
+            namespace, pod, container = owner  # type: ignore[misc]
+            pid, sample_gpu = container_pid(namespace, pod, container), out[-1]
+            assert isinstance(sample_gpu, GpuSample)
+            out.append(TenantBinding(node_id=sample_gpu.node_id, pid=pid, ts_ns=ts_ns, team=namespace, env="",
+                                     app=pod, tier=container, sla=sla))  # type: ignore[arg-type]
+            out.append(ProcessSample(node_id=sample_gpu.node_id, gpu_uuid=uuid, pid=pid, ts_ns=ts_ns,
+                                     interval_s=interval_s, sm_util_pct=sample_gpu.sm_util_pct,
+                                     mem_bw_util_pct=sample_gpu.mem_bw_util_pct,
+                                     mem_used_bytes=sample_gpu.mem_used_bytes))
     return out
 
 
 class DcgmScraper:
     """Scrapes one exporter each period; a failed scrape is logged and counted, never fatal."""
 
-    def __init__(self, url: str, default_node: str, timeout_s: float = 5.0) -> None:
-        self.url, self.default_node, self.timeout_s = url, default_node, timeout_s
+    def __init__(self, url: str, default_node: str, timeout_s: float = 5.0, sla: str = "Bronze") -> None:
+        self.url, self.default_node, self.timeout_s, self.sla = url, default_node, timeout_s, sla
         self.counts: Counter[str] = Counter()
 
     def fetch(self) -> str:
@@ -95,4 +123,4 @@ class DcgmScraper:
             log.warning("%s", exc)
             self.counts["scrape_failed"] += 1
             return []
-        return list(scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts))
+        return scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla)

@@ -111,3 +111,22 @@ def test_gpucost_run_audits_a_dcgm_exporter(exporter: tuple[str, str], tmp_path:
     assert {u for (u,) in con.execute("SELECT DISTINCT gpu_uuid FROM idle_index").fetchall()} == set(expected(text))
     idle, covered = con.execute("SELECT sum(idle_ms), sum(covered_ms) FROM idle_index").fetchone()
     assert covered > 0 and idle == covered  # the scraped L4 sat at 0 % utilisation
+
+
+def test_pod_labels_make_the_container_a_tenant(shared_data: Path) -> None:
+    """The same real scrape with dcgm-exporter's Kubernetes labels added, as its pod mapping does."""
+    from producers.dcgm import container_pid
+    from schemas.events import GpuSample, ProcessSample, TenantBinding
+
+    text = metric_text(shared_data, SCRAPES[0])
+    labelled = re.sub(r'(DCGM_FI_\w+\{)', r'\1namespace="ml-team",pod="trainer-0",container="torch",', text)
+    events = scrape_to_events(labelled, T0, 1.0, "n", sla="Gold")
+    (gpu,) = [e for e in events if isinstance(e, GpuSample)]
+    (binding,) = [e for e in events if isinstance(e, TenantBinding)]
+    (proc,) = [e for e in events if isinstance(e, ProcessSample)]
+    pid = container_pid("ml-team", "trainer-0", "torch")
+    assert pid >= 1 << 31 and binding.pid == proc.pid == pid  # synthetic: never a real Linux pid
+    assert (binding.team, binding.app, binding.tier, binding.sla) == ("ml-team", "trainer-0", "torch", "Gold")
+    assert (proc.gpu_uuid, proc.sm_util_pct, proc.mem_used_bytes) == (gpu.gpu_uuid, gpu.sm_util_pct, gpu.mem_used_bytes)
+    assert events.index(binding) < events.index(proc)  # bound before its sample, as the as-of join needs
+    assert [e for e in scrape_to_events(text, T0, 1.0, "n") if not isinstance(e, GpuSample)] == []  # no labels: no tenant
