@@ -203,10 +203,15 @@ def _fleet(args: argparse.Namespace) -> FleetSpec:
         raise UsageError(str(exc)) from None
 
 
+def _me() -> str:
+    """How the user invoked gpucost (e.g. .venv/bin/gpucost), for hints they can paste."""
+    return sys.argv[0] if Path(sys.argv[0]).name == "gpucost" else "gpucost"
+
+
 def _finish(out: Path, stats: RunStats) -> int:
     print(summary(out, stats))
     print(f"\noutput: {out}/{{idle_index,mae,cost,dlq}}/date=YYYY-MM-DD/*.parquet; "
-          f"try: gpucost query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
+          f"try: {_me()} query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
     return 0
 
 
