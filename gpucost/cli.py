@@ -22,6 +22,7 @@ from gpucost.config import FLAG_FIELDS, ConfigError, load_settings
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.report import format_table, summary
+from producers.nvml import NvmlSampler
 from producers.replay import input_files, read_lines
 from producers.simulate import FleetSpec, simulate
 from schemas.codec import Rejected, decode_line, encode_event, explain
@@ -170,18 +171,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _nvml_unavailable() -> str | None:
-    """Why NVML cannot be used here, or None if it initialises."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        return None
-    except Exception as exc:  # pynvml raises NVMLError, or OSError without the library
-        return str(exc) or type(exc).__name__
-
-
 def _prepare_out(out: Path, overwrite: bool) -> None:
     existing = [out / k for k in OUTPUT_KINDS if (out / k).exists()]
     if existing and not overwrite:
@@ -215,24 +204,35 @@ def _finish(out: Path, stats: RunStats) -> int:
     return 0
 
 
-def _live_items(args: argparse.Namespace, source: str) -> Iterator[Item]:
-    """A live source sampled until --duration-s or Ctrl-C; then the input ends and the panes close."""
+def _open_nvml(node_id: str) -> NvmlSampler:
+    """This node's GPUs through NVML, opened; raises NvmlUnavailable saying why not."""
+    from producers.nvml import NvmlSampler
+
+    sampler = NvmlSampler(node_id)
+    sampler.open()
+    return sampler
+
+
+def _live_items(args: argparse.Namespace, source: str, nvml: NvmlSampler | None = None) -> Iterator[Item]:
+    """A live source sampled until --duration-s or Ctrl-C; then the input ends and the panes close.
+
+    ``nvml``: a sampler already opened (by ``--source auto``), used instead of opening another.
+    """
     import signal
     import threading
 
+    from producers.nvml import NvmlUnavailable
     from producers.periodic import Sampler, sample_forever
 
     if source == "ebpf":
         return _ebpf_items(args)
     sampler: Sampler
     if source == "nvml":
-        from producers.nvml import NvmlSampler, NvmlUnavailable
-
-        nvml = NvmlSampler(args.node_id)
-        try:
-            nvml.open()
-        except NvmlUnavailable as exc:
-            raise UsageError(str(exc)) from None
+        if nvml is None:
+            try:
+                nvml = _open_nvml(args.node_id)
+            except NvmlUnavailable as exc:
+                raise UsageError(str(exc)) from None
         sampler, what, close = nvml, f"{len(nvml.devices)} GPU(s) via NVML", nvml.close
     else:
         from producers.dcgm import DcgmScraper, DcgmUnavailable
@@ -269,12 +269,10 @@ def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
     import threading
 
     from producers.ebpf import EbpfProbe, EbpfUnavailable
+    from producers.nvml import NvmlUnavailable
 
-    from producers.nvml import NvmlSampler, NvmlUnavailable
-
-    nvml = NvmlSampler(args.node_id)
     try:
-        nvml.open()  # to name the GPUs a migrating process uses
+        nvml = _open_nvml(args.node_id)  # to name the GPUs a migrating process uses
         gpus_of = nvml.gpus_of
     except NvmlUnavailable:
         gpus_of = None
@@ -304,19 +302,22 @@ def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings, spec = _settings(args), _fleet(args)
-    source = args.source
+    source, nvml = args.source, None
     if source == "auto":
-        why = _nvml_unavailable()
-        source = "nvml" if why is None else "simulate"
-        if why is not None:
-            print(f"gpucost: NVML is not available ({why}); running the simulated fleet: {spec.gpus} GPUs, "
+        from producers.nvml import NvmlUnavailable
+
+        try:
+            nvml, source = _open_nvml(args.node_id), "nvml"
+        except NvmlUnavailable as exc:
+            source = "simulate"
+            print(f"gpucost: NVML is not available ({exc.reason}); running the simulated fleet: {spec.gpus} GPUs, "
                   f"{spec.hours:g} h, seed {spec.seed}", file=sys.stderr)
     import signal
 
     previous = signal.getsignal(signal.SIGINT)
     try:
         items: Iterator[Item] = (itertools.chain(read_lines(_files(args.prices)) if args.prices else [],
-                                                 _live_items(args, source)) if source in ("nvml", "dcgm", "ebpf")
+                                                 _live_items(args, source, nvml)) if source in ("nvml", "dcgm", "ebpf")
                                  else ((ev, "simulate") for ev in simulate(spec)))
         _prepare_out(args.out, args.overwrite)
         stats = run_embedded(items, settings, args.out)
@@ -458,9 +459,18 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT: the async services (worker, sink) stop cleanly on either."""
+    import signal
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    return stop
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     import logging
-    import signal
 
     from gpucost.publish import create_topics
     from gpucost.worker import Worker
@@ -471,9 +481,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         await create_topics(kafka)
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
         worker = Worker(kafka, settings, args.group, args.session_timeout_s)
         await worker.run(stop)
         print(f"worker stopped after {worker.processed:,} input messages", file=sys.stderr)
@@ -483,16 +491,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    import signal
-
     from sinks.kafka_sink import run_kafka_sink
 
     kafka = _kafka(args)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
         stats = await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS},
                                      args.out, args.group, stop, args.flush_interval_s)
         print(f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "

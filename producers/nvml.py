@@ -24,6 +24,11 @@ MIB = 1 << 20
 class NvmlUnavailable(Exception):
     """NVML cannot be used on this machine; the message says why and what to do."""
 
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"NVML is not available ({reason}): install or load the NVIDIA driver, "
+                         "or use --source simulate")
+        self.reason = reason
+
 
 @dataclass
 class _Device:
@@ -53,8 +58,7 @@ class NvmlSampler:
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise NvmlUnavailable(f"NVML is not available ({exc}): install or load the NVIDIA driver, "
-                                  "or use --source simulate") from None
+            raise NvmlUnavailable(str(exc)) from None
         for i in range(nv.nvmlDeviceGetCount()):
             handle = nv.nvmlDeviceGetHandleByIndex(i)
             name = _text(nv.nvmlDeviceGetName(handle))
