@@ -8,6 +8,8 @@ The pattern every billing system should follow:
     transaction of your own database. This example keeps them in memory.
 
     python examples/billing_consumer.py --bootstrap 127.0.0.1:19092 --topic gpucost.cost --idle-exit-s 10
+
+Security (TLS, SASL) comes from the same GPUCOST_KAFKA_* environment as every gpucost client.
 """
 from __future__ import annotations
 
@@ -16,11 +18,16 @@ import asyncio
 import json
 from collections import Counter
 
+from typing import Any
+
 from aiokafka import AIOKafkaConsumer
 
+from gpucost.kafka_settings import KafkaSettings
 
-async def team_totals(bootstrap: str, topic: str, group: str, idle_exit_s: float) -> tuple[Counter[str], int, int]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+
+async def team_totals(client_options: dict[str, Any], topic: str, group: str,
+                      idle_exit_s: float) -> tuple[Counter[str], int, int]:
+    consumer = AIOKafkaConsumer(topic, **client_options, group_id=group, auto_offset_reset="earliest",
                                 enable_auto_commit=False, isolation_level="read_committed")
     await consumer.start()
     totals: Counter[str] = Counter()
@@ -48,12 +55,14 @@ async def team_totals(bootstrap: str, topic: str, group: str, idle_exit_s: float
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bootstrap", default="127.0.0.1:19092")
+    p.add_argument("--bootstrap", default=None, help="default: GPUCOST_KAFKA_BOOTSTRAP or 127.0.0.1:19092")
     p.add_argument("--topic", default="gpucost.cost")
     p.add_argument("--group", default="billing-example")
     p.add_argument("--idle-exit-s", type=float, default=10.0, help="stop after this long without a record")
     args = p.parse_args()
-    totals, records, duplicates = asyncio.run(team_totals(args.bootstrap, args.topic, args.group, args.idle_exit_s))
+    kafka = KafkaSettings(**({"bootstrap": args.bootstrap} if args.bootstrap else {}))
+    totals, records, duplicates = asyncio.run(team_totals(kafka.client_options(), args.topic, args.group,
+                                                          args.idle_exit_s))
     print(json.dumps({"micro_usd_by_team": dict(sorted(totals.items())), "records": records,
                       "duplicates_dropped": duplicates}, indent=1))
 

@@ -8,20 +8,24 @@ import datetime as dt
 import decimal
 import itertools
 import json
+import logging
 import os
 import shutil
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
+from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 
 from gpucost.config import FLAG_FIELDS, ConfigError, load_settings
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.report import format_table, summary
+from gpucost.signing import Keyring, Signer
 from producers.nvml import NvmlSampler
 from producers.replay import input_files, read_lines
 from producers.simulate import FleetSpec, simulate
@@ -30,6 +34,8 @@ from schemas.events import Event
 from schemas.records import OUTPUT_KINDS
 from sinks.views import connect, views_sql
 from streams.settings import AuditSettings
+
+T = TypeVar("T")
 
 __all__ = ["main"]
 
@@ -148,6 +154,16 @@ def _parser() -> argparse.ArgumentParser:
     prod.add_argument("input", type=Path, nargs="*", help="with --source replay: JSON Lines files or directories")
     prod.add_argument("--no-end-of-input", dest="end_of_input", action="store_false",
                       help="do not mark the end of the input (the panes of a finite input then stay open)")
+    prod.add_argument("--spool", type=Path, default=os.environ.get("GPUCOST_SPOOL"),
+                      help="file where messages wait, past --buffer-mb, while the broker is unreachable; a later "
+                           "run sends what it holds first (env GPUCOST_SPOOL; default "
+                           "~/.local/state/gpucost/<topic prefix>produce.spool)")
+    prod.add_argument("--buffer-mb", type=float, default=_env("GPUCOST_BUFFER_MB", "64"),
+                      help="memory for messages not yet acknowledged, before spilling to the spool "
+                           "(env GPUCOST_BUFFER_MB; default 64)")
+    prod.add_argument("--signing-key-file", type=Path, default=os.environ.get("GPUCOST_SIGNING_KEY_FILE"),
+                      help="sign every message with the one key in this file, '<key_id> <secret hex> [nodes]' "
+                           "(env GPUCOST_SIGNING_KEY_FILE; default: unsigned)")
     _add_fleet(prod)
     _add_live(prod)
     _add_kafka(prod)
@@ -159,6 +175,9 @@ def _parser() -> argparse.ArgumentParser:
     work.add_argument("--session-timeout-s", type=float, default=_env("GPUCOST_SESSION_TIMEOUT_S", "30"),
                       help="seconds before a silent worker's partitions move to another "
                            "(env GPUCOST_SESSION_TIMEOUT_S; default 30)")
+    work.add_argument("--verify-keys", type=Path, default=os.environ.get("GPUCOST_VERIFY_KEYS"),
+                      help="apply only messages signed by a key in this keyring file (re-read when it changes); "
+                           "others are dead-lettered (env GPUCOST_VERIFY_KEYS; default: no verification)")
     _add_settings(work)
     _add_kafka(work)
 
@@ -450,13 +469,25 @@ def cmd_produce(args: argparse.Namespace) -> int:
         live = (ev for ev, _ in _live_items(args, args.source))  # type: ignore[misc]
         events = itertools.chain(reference, live)
         signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # a service manager's stop ends it cleanly too
+    signer = _load_keys(Signer.from_file, args.signing_key_file) if args.signing_key_file else None
     asyncio.run(create_topics(kafka))
-    sent = asyncio.run(publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s))
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sent = asyncio.run(publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s,
+                               signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20))))
     if rejected:
         asyncio.run(publish_dead_letters(rejected, kafka))
     print(f"published to {kafka.bootstrap}: " + ", ".join(f"{t}: {n:,} messages" for t, n in sorted(sent.items()))
           + (f"; {len(rejected):,} bad line(s) sent to {kafka.topic('dlq')}" if rejected else ""))
     return 0
+
+
+def _load_keys(load: Callable[[Path], T], path: Path) -> T:
+    try:
+        return load(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the key file {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _stop_on_signals() -> asyncio.Event:
@@ -470,19 +501,18 @@ def _stop_on_signals() -> asyncio.Event:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import logging
-
     from gpucost.publish import create_topics
     from gpucost.worker import Worker
 
     kafka, settings = _kafka(args), _settings(args)
+    keyring = _load_keys(Keyring, args.verify_keys) if args.verify_keys else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
     async def main() -> None:
         await create_topics(kafka)
         stop = _stop_on_signals()
-        worker = Worker(kafka, settings, args.group, args.session_timeout_s)
+        worker = Worker(kafka, settings, args.group, args.session_timeout_s, keyring=keyring)
         await worker.run(stop)
         print(f"worker stopped after {worker.processed:,} input messages", file=sys.stderr)
 
@@ -518,6 +548,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"gpucost: error: {exc}", file=sys.stderr)
         return 2
+    except KafkaConnectionError as exc:
+        print(f"gpucost: error: {exc}. Check the broker address (GPUCOST_KAFKA_BOOTSTRAP) and, for a secured "
+              "listener, GPUCOST_KAFKA_SECURITY_PROTOCOL and its TLS/SASL settings; the line above says why the "
+              "connection failed", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("gpucost: interrupted", file=sys.stderr)
         return 130

@@ -63,7 +63,7 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     failure: list[BaseException] = []
     producer = threading.Thread(target=_batches, args=(items, q, failure), name="source", daemon=True)
     producer.start()
-    auditor = Auditor(settings)
+    auditor = Auditor(settings, time.time_ns)
     sink = ParquetSink(out_dir)
     stats = RunStats()
     for batch in _drain(q):

@@ -1,16 +1,22 @@
 """Settings of every Kafka client of gpucost (producer, worker, sink, billing example)."""
 from __future__ import annotations
 
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["KafkaSettings"]
 
 
 class KafkaSettings(BaseSettings):
-    """Environment variables are ``GPUCOST_KAFKA_<FIELD>`` (e.g. ``GPUCOST_KAFKA_BOOTSTRAP``)."""
+    """Environment variables are ``GPUCOST_KAFKA_<FIELD>`` (e.g. ``GPUCOST_KAFKA_BOOTSTRAP``).
+
+    The security settings reach every client through ``client_options``: producers,
+    workers (consumer, transactional producers, state readers), the sink, the admin client
+    and the billing example. Prefer the environment for passwords over command-line flags.
+    """
 
     model_config = SettingsConfigDict(env_prefix="GPUCOST_KAFKA_", frozen=True, extra="forbid")
 
@@ -19,9 +25,50 @@ class KafkaSettings(BaseSettings):
     partitions: Annotated[int, Field(ge=1, le=10_000, description="partitions of keyed topics")] = 8
     replication: Annotated[int, Field(ge=1, le=16, description="replication factor")] = 1
     batch_events: Annotated[int, Field(ge=1, le=100_000, description="events per input message")] = 500
+    security_protocol: Annotated[Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
+                                 Field(description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")] = "PLAINTEXT"
+    ssl_cafile: Annotated[Path | None, Field(description="CA certificate(s), PEM, to verify the brokers")] = None
+    ssl_certfile: Annotated[Path | None, Field(description="client certificate, PEM (mutual TLS)")] = None
+    ssl_keyfile: Annotated[Path | None, Field(description="client private key, PEM (mutual TLS)")] = None
+    ssl_password: Annotated[SecretStr | None, Field(description="password of the client private key")] = None
+    ssl_check_hostname: Annotated[bool, Field(description="verify the broker's host name")] = True
+    sasl_mechanism: Annotated[Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None,
+                              Field(description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")] = None
+    sasl_username: Annotated[str | None, Field(description="SASL user")] = None
+    sasl_password: Annotated[SecretStr | None, Field(description="SASL password (use the environment)")] = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "KafkaSettings":
+        sasl = self.security_protocol.startswith("SASL")
+        if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism, sasl_username "
+                             "and sasl_password")
+        if not sasl and self.sasl_mechanism:
+            raise ValueError(f"sasl_mechanism is set but security_protocol is {self.security_protocol}; "
+                             "use SASL_PLAINTEXT or SASL_SSL")
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name} {path} is not a readable file")
+        return self
 
     def topic(self, suffix: str) -> str:
         return f"{self.topic_prefix}{suffix}"
 
     def client_options(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.bootstrap}
+        options: dict[str, Any] = {"bootstrap_servers": self.bootstrap, "security_protocol": self.security_protocol}
+        if self.security_protocol.endswith("SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            context = create_ssl_context(
+                cafile=None if self.ssl_cafile is None else str(self.ssl_cafile),
+                certfile=None if self.ssl_certfile is None else str(self.ssl_certfile),
+                keyfile=None if self.ssl_keyfile is None else str(self.ssl_keyfile),
+                password=None if self.ssl_password is None else self.ssl_password.get_secret_value())
+            context.check_hostname = self.ssl_check_hostname
+            options["ssl_context"] = context
+        if self.sasl_mechanism is not None:
+            assert self.sasl_password is not None
+            options.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
+                           sasl_plain_password=self.sasl_password.get_secret_value())
+        return options

@@ -2,24 +2,32 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from gpucost.kafka_settings import KafkaSettings
-from gpucost.routing import Router
+from gpucost.outbox import Message, Outbox
+from gpucost.routing import Router, duplicate_letter
+from gpucost.signing import Signer
 from schemas.codec import encode_event
 from schemas.codec import Rejected
 from schemas.events import Event
 from schemas.records import DeadLetter
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, encode_batch, topic_specs
 
-__all__ = ["create_topics", "publish", "publish_dead_letters"]
+__all__ = ["create_topics", "default_spool", "publish", "publish_dead_letters"]
+
+log = logging.getLogger("gpucost.publish")
 
 
 async def create_topics(kafka: KafkaSettings) -> list[str]:
@@ -66,39 +74,107 @@ def _pump(events: Iterable[Event], loop: asyncio.AbstractEventLoop, queue: "asyn
 _DONE = object()
 
 
+async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, done: asyncio.Event,
+                   sent: Counter[str]) -> None:
+    """Send the outbox's oldest messages, in order, until ``done`` and empty; ride out broker outages.
+
+    After a failed attempt the producer is replaced (a new idempotent session) and everything
+    from the first unacknowledged message on is sent again, in order; a copy that did arrive
+    the first time is a duplicate the workers dead-letter, never a second bill.
+    """
+    producer: AIOKafkaProducer | None = None
+    backoff, outage_since = 0.5, None
+    try:
+        while True:
+            head = outbox.head(2000)
+            if not head:
+                if done.is_set():
+                    return
+                await wake.wait()
+                wake.clear()
+                continue
+            try:
+                if producer is None:
+                    producer = AIOKafkaProducer(**kafka.client_options(), enable_idempotence=True, acks="all",
+                                                compression_type="gzip", linger_ms=20, max_batch_size=1 << 20,
+                                                max_request_size=8 << 20, request_timeout_ms=15_000)
+                    await producer.start()
+                futures = [await producer.send(m.topic, m.value, key=m.key, headers=list(m.headers) or None)
+                           for m in head]
+                results = await asyncio.gather(*futures, return_exceptions=True)
+            except KafkaError as exc:
+                results = [exc]
+            ok = next((i for i, r in enumerate(results) if isinstance(r, BaseException)), len(head))
+            for m in head[:ok]:
+                sent[m.topic.removeprefix(kafka.topic_prefix)] += 1
+            outbox.pop(ok)
+            if ok == len(head):
+                if outage_since is not None:
+                    log.warning("broker reachable again after %.0f s; %d message(s) still waiting",
+                                time.monotonic() - outage_since, len(outbox))
+                backoff, outage_since = 0.5, None
+                continue
+            if outage_since is None:
+                outage_since = time.monotonic()
+                log.warning("cannot deliver to %s (%s); buffering: %d message(s) waiting, %d bytes in memory, "
+                            "retrying", kafka.bootstrap, results[ok], len(outbox), outbox.memory_bytes)
+            if producer is not None:
+                await _stop_quietly(producer)
+                producer = None
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+    finally:
+        if producer is not None:
+            await _stop_quietly(producer)
+
+
+async def _stop_quietly(producer: AIOKafkaProducer) -> None:
+    try:
+        await asyncio.wait_for(producer.stop(), timeout=5)
+    except (KafkaError, TimeoutError, OSError):
+        pass  # the broker is away; what was not acknowledged is still in the outbox
+
+
+def default_spool(kafka: KafkaSettings, source: str) -> Path:
+    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "gpucost"
+    return state / f"{kafka.topic_prefix}{source}.spool"
+
+
 async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: bool = True,
-                  flush_interval_s: float = 1.0) -> Counter[str]:
+                  flush_interval_s: float = 1.0, signer: Signer | None = None, spool: Path | None = None,
+                  buffer_bytes: int = 64 << 20) -> Counter[str]:
     """Route, batch and send every event; per key, order is kept. Returns messages sent per topic.
 
     A key's batch is sent when it holds ``batch_events`` events or has waited
     ``flush_interval_s``, so a live source (NVML every second) is published promptly and a
     replay in big batches. With ``end_of_input`` (a finite source), each input key ends with
     a control message, on which the worker closes that key's open panes and windows.
+    Messages wait in an outbox (``buffer_bytes`` in memory, then ``spool`` on disk) until
+    the broker acknowledges them, so a broker outage delays events but loses none.
     """
-    producer = AIOKafkaProducer(**kafka.client_options(), enable_idempotence=True, acks="all",
-                                compression_type="gzip", linger_ms=20, max_batch_size=1 << 20,
-                                max_request_size=8 << 20)
-    await producer.start()
+    spool = spool if spool is not None else default_spool(kafka, "produce")
+    spool.parent.mkdir(parents=True, exist_ok=True)
+    outbox = Outbox(spool, buffer_bytes)
     sent: Counter[str] = Counter()
     buffers: dict[tuple[str, str], list[str]] = {}
-    pending: list[asyncio.Future[object]] = []
+    wake, done = asyncio.Event(), asyncio.Event()
 
-    async def send(topic: str, key: str, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
-        pending.append(await producer.send(kafka.topic(topic), value, key=key.encode(), headers=headers))
-        sent[topic] += 1
-        if len(pending) >= 10_000:
-            await asyncio.gather(*pending)
-            pending.clear()
+    def send(topic: str, key: str, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
+        if signer is not None:
+            headers = [*(headers or []), *signer.headers(key.encode(), value)]
+        outbox.append(Message(kafka.topic(topic), key.encode(), value, tuple(headers or ())))
+        wake.set()
 
-    async def flush(full_only: bool) -> None:
+    def flush(full_only: bool) -> None:
         for (topic, key), buf in buffers.items():
             if buf and (not full_only or len(buf) >= kafka.batch_events):
-                await send(topic, key, encode_batch(buf))
+                send(topic, key, encode_batch(buf))
                 buf.clear()
 
     queue: "asyncio.Queue[object]" = asyncio.Queue(maxsize=64)
     pump = threading.Thread(target=_pump, args=(events, asyncio.get_running_loop(), queue, flush_interval_s / 2),
                             name="source", daemon=True)
+    deliverer = asyncio.create_task(_deliver(outbox, kafka, wake, done, sent))
     pump.start()
     try:
         router = Router()
@@ -112,26 +188,39 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                 break
             if isinstance(item, BaseException):
                 raise item
+            if deliverer.done():
+                deliverer.result()  # re-raise what stopped it
             for ev in item:  # type: ignore[attr-defined]
                 for topic, key, routed in router.route(ev):
+                    if topic == "dlq":
+                        letter = duplicate_letter(routed, f"producer:{key}")  # type: ignore[arg-type]
+                        send(topic, key, letter.model_dump_json().encode())
+                        continue
                     line = encode_event(routed)
                     if topic in ("bindings", "prices"):
-                        await send(topic, key, line.encode())
+                        send(topic, key, line.encode())
                     else:
                         buffers.setdefault((topic, key), []).append(line)
-            await flush(full_only=True)
+            flush(full_only=True)
             if time.monotonic() - last_flush >= flush_interval_s:
-                await flush(full_only=False)
-                await asyncio.gather(*pending)
-                pending.clear()
+                flush(full_only=False)
                 last_flush = time.monotonic()
-        await flush(full_only=False)
+        flush(full_only=False)
         if end_of_input:
             for topic, key in buffers:
-                await send(topic, key, b"", headers=[(CONTROL_HEADER, END_OF_INPUT)])
-        await asyncio.gather(*pending)
+                send(topic, key, b"", headers=[(CONTROL_HEADER, END_OF_INPUT)])
+        done.set()
+        wake.set()
+        await deliverer
     finally:
-        await producer.stop()
+        if not deliverer.done():
+            deliverer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await deliverer
+        kept = outbox.close()
+        if kept:
+            log.warning("%d message(s) not yet acknowledged are kept in %s; the next run sends them first",
+                        kept, spool)
     return sent
 
 

@@ -5,12 +5,17 @@ binding into the stream of every GPU of its node, and each price into every GPU'
 and primes a GPU seen for the first time with everything known so far. Each GPU's key then
 carries, in order, everything its results depend on: the worker holding that key computes
 what the embedded run computes, however keys are spread over partitions and workers.
+
+A binding or price re-sent for an instant the router already has goes to the dead-letter
+topic once, as the embedded auditor would dead-letter it, rather than once per GPU copy.
 """
 from __future__ import annotations
 
+from schemas.codec import encode_event
 from schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
+from schemas.records import DeadLetter
 
-__all__ = ["Route", "Router"]
+__all__ = ["Route", "Router", "duplicate_letter"]
 
 Route = tuple[str, str, Event]  # (topic suffix, key, event)
 
@@ -35,10 +40,21 @@ class Router:
         if isinstance(ev, MemAccess):
             return [("mem_access", f"{ev.node_id}/{ev.pid}", ev)]
         if isinstance(ev, TenantBinding):
+            if any(b.pid == ev.pid and b.ts_ns == ev.ts_ns for b in self._bindings.get(ev.node_id, [])):
+                return [("dlq", f"{ev.node_id}/{ev.pid}/{ev.ts_ns}", ev)]
             self._bindings.setdefault(ev.node_id, []).append(ev)
             copies = [("events", g, ev) for g, nodes in self._primed.items() if ev.node_id in nodes]
             return [("bindings", f"{ev.node_id}/{ev.pid}/{ev.ts_ns}", ev), *copies]
         if isinstance(ev, Price):
+            if any(p.gpu_model == ev.gpu_model and p.ts_ns == ev.ts_ns for p in self._prices):
+                return [("dlq", f"{ev.gpu_model}/{ev.ts_ns}", ev)]
             self._prices.append(ev)
             return [("prices", f"{ev.gpu_model}/{ev.ts_ns}", ev), *[("events", g, ev) for g in self._primed]]
         raise TypeError(f"not an event: {ev!r}")
+
+
+def duplicate_letter(ev: TenantBinding | Price, source: str) -> DeadLetter:
+    what = f"pid {ev.pid} on {ev.node_id}" if isinstance(ev, TenantBinding) else ev.gpu_model
+    return DeadLetter(reason="duplicate", kind=ev.kind, source=source, raw=encode_event(ev), ts_ns=ev.ts_ns,
+                      gpu_uuid=None, detail=f"a {ev.kind} of {what} at ts_ns {ev.ts_ns} was already taken; "
+                                            "the first one stays in force (send a correction with a later ts_ns)")

@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from gpucost.kafka_settings import KafkaSettings
+from gpucost.signing import Keyring
+from schemas.codec import Rejected
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, output_key
 from sinks.parquet import kind_of
 from streams.audit import Auditor, Output
@@ -52,8 +55,9 @@ class _Owned:
 
 class Worker(ConsumerRebalanceListener):
     def __init__(self, kafka: KafkaSettings, audit: AuditSettings, group: str, session_timeout_s: float = 30.0,
-                 max_batch: int = 200) -> None:
+                 max_batch: int = 200, keyring: Keyring | None = None) -> None:
         self.kafka, self.audit, self.group = kafka, audit, group
+        self.keyring = keyring  # when set, only messages signed by one of its keys are applied
         self.session_timeout_s = session_timeout_s
         self.max_batch = max_batch
         self.owned: dict[TopicPartition, _Owned] = {}
@@ -116,7 +120,7 @@ class Worker(ConsumerRebalanceListener):
         finally:
             await reader.stop()
         progress = latest.pop(PROGRESS_KEY, None)
-        auditors = {k.decode(): Auditor.from_state(self.audit, json.loads(v)) for k, v in latest.items() if v is not None}
+        auditors = {k.decode(): Auditor.from_state(self.audit, json.loads(v), time.time_ns) for k, v in latest.items() if v is not None}
         return auditors, None if progress is None else int(progress)
 
     # --- processing ----------------------------------------------------------------------
@@ -124,17 +128,22 @@ class Worker(ConsumerRebalanceListener):
         key = message.key.decode()
         auditor = owned.auditors.get(key)
         if auditor is None:
-            auditor = owned.auditors[key] = Auditor(self.audit)
+            auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns)
         touched.add(key)
         headers = dict(message.headers or ())
+        source = f"{message.topic}[{message.partition}]@{message.offset}"
+        lines = [(n, line) for n, line in enumerate((message.value or b"").split(b"\n")) if line.strip()]
+        verdict = None if self.keyring is None else self.keyring.check(message.key, message.value or b"", headers)
+        if verdict is not None:  # forged or unsigned: every line to the dead letters, nothing applied
+            why = Rejected(verdict.reason, verdict.detail, None)
+            return [auditor.reject(why, line.decode("utf-8", "backslashreplace"), f"{source}#{n}")
+                    for n, line in lines or [(0, b"")]]
         if headers.get(CONTROL_HEADER) == END_OF_INPUT:
             del owned.auditors[key]  # finished: its state is deleted with a tombstone
             return auditor.finish()
-        source = f"{message.topic}[{message.partition}]@{message.offset}"
         outs: list[Output] = []
-        for n, line in enumerate((message.value or b"").split(b"\n")):
-            if line.strip():
-                outs += auditor.ingest(line, f"{source}#{n}")
+        for n, line in lines:
+            outs += auditor.ingest(line, f"{source}#{n}")
         return outs
 
     async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:

@@ -16,6 +16,9 @@ from urllib.error import URLError
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pydantic import ValidationError
+
+from schemas.codec import explain
 from schemas.events import Event, GpuSample, ProcessSample, TenantBinding
 
 __all__ = ["DcgmUnavailable", "DcgmScraper", "container_pid", "scrape_to_events"]
@@ -55,7 +58,10 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             uuid = sample.labels.get("UUID")
-            if not uuid or not sample.name.startswith("DCGM_FI_"):
+            if not sample.name.startswith("DCGM_FI_"):
+                continue  # the exporter's own metrics
+            if not uuid:
+                counts["sample_without_uuid"] += 1
                 continue
             gpu = gpus.setdefault(uuid, {})
             gpu["model"] = sample.labels.get("modelName", "unknown")
@@ -69,36 +75,47 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
                 gpu[sample.name] = value
     out: list[Event] = []
     for uuid, g in sorted(gpus.items()):
-        sm = g.get("DCGM_FI_DEV_GPU_UTIL")
-        if sm is None and "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in g:
-            sm = float(g["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]) * 100  # type: ignore[arg-type]
-        bw = g.get("DCGM_FI_DEV_MEM_COPY_UTIL")
-        if bw is None and "DCGM_FI_PROF_DRAM_ACTIVE" in g:
-            bw = float(g["DCGM_FI_PROF_DRAM_ACTIVE"]) * 100  # type: ignore[arg-type]
-        if sm is None or "DCGM_FI_DEV_FB_USED" not in g:
-            counts["gpu_sample_skipped"] += 1  # no utilisation or memory: nothing to bill, counted
-            continue
-        fb = [float(g.get(f, 0.0)) for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")]  # type: ignore[arg-type]
-        tx, rx = g.get("DCGM_FI_PROF_PCIE_TX_BYTES"), g.get("DCGM_FI_PROF_PCIE_RX_BYTES")
-        out.append(GpuSample(
-            node_id=str(g["node"]), gpu_uuid=uuid, gpu_model=str(g["model"]), ts_ns=ts_ns, interval_s=interval_s,
-            sm_util_pct=min(100.0, float(sm)), mem_bw_util_pct=min(100.0, float(bw or 0.0)),  # type: ignore[arg-type]
-            mem_used_bytes=int(fb[0]) * MIB, mem_total_bytes=int(sum(fb)) * MIB,
-            power_w=float(g.get("DCGM_FI_DEV_POWER_USAGE", 0.0)),  # type: ignore[arg-type]
-            temp_c=float(g.get("DCGM_FI_DEV_GPU_TEMP", 0.0)),  # type: ignore[arg-type]
-            pcie_tx_bytes_s=None if tx is None else int(tx),  # type: ignore[call-overload]
-            pcie_rx_bytes_s=None if rx is None else int(rx)))  # type: ignore[call-overload]
-        owner = g.get("owner")
-        if owner is not None:
-            namespace, pod, container = owner  # type: ignore[misc]
-            pid, sample_gpu = container_pid(namespace, pod, container), out[-1]
-            assert isinstance(sample_gpu, GpuSample)
-            out.append(TenantBinding(node_id=sample_gpu.node_id, pid=pid, ts_ns=ts_ns, team=namespace, env="",
-                                     app=pod, tier=container, sla=sla))  # type: ignore[arg-type]
-            out.append(ProcessSample(node_id=sample_gpu.node_id, gpu_uuid=uuid, pid=pid, ts_ns=ts_ns,
-                                     interval_s=interval_s, sm_util_pct=sample_gpu.sm_util_pct,
-                                     mem_bw_util_pct=sample_gpu.mem_bw_util_pct,
-                                     mem_used_bytes=sample_gpu.mem_used_bytes))
+        try:
+            out += _gpu_events(uuid, g, ts_ns, interval_s, counts, sla)
+        except ValueError as exc:  # a value no GPU can have (negative memory, a 'pod' with ':'): counted
+            counts["gpu_sample_invalid"] += 1
+            log.warning("dcgm: GPU %s skipped this scrape: %s", uuid, explain(exc) if isinstance(exc, ValidationError)
+                        else exc)
+    return out
+
+
+def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, counts: Counter[str],
+                sla: str) -> list[Event]:
+    sm = g.get("DCGM_FI_DEV_GPU_UTIL")
+    if sm is None and "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in g:
+        sm = float(g["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]) * 100  # type: ignore[arg-type]
+    bw = g.get("DCGM_FI_DEV_MEM_COPY_UTIL")
+    if bw is None and "DCGM_FI_PROF_DRAM_ACTIVE" in g:
+        bw = float(g["DCGM_FI_PROF_DRAM_ACTIVE"]) * 100  # type: ignore[arg-type]
+    if sm is None or "DCGM_FI_DEV_FB_USED" not in g:
+        counts["gpu_sample_skipped"] += 1  # no utilisation or memory: nothing to bill, counted
+        return []
+    fb = [float(g.get(f, 0.0)) for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")]  # type: ignore[arg-type]
+    tx, rx = g.get("DCGM_FI_PROF_PCIE_TX_BYTES"), g.get("DCGM_FI_PROF_PCIE_RX_BYTES")
+    gpu = GpuSample(
+        node_id=str(g["node"]), gpu_uuid=uuid, gpu_model=str(g["model"]), ts_ns=ts_ns, interval_s=interval_s,
+        sm_util_pct=min(100.0, float(sm)), mem_bw_util_pct=min(100.0, float(bw or 0.0)),  # type: ignore[arg-type]
+        mem_used_bytes=int(fb[0]) * MIB, mem_total_bytes=int(sum(fb)) * MIB,
+        power_w=float(g.get("DCGM_FI_DEV_POWER_USAGE", 0.0)),  # type: ignore[arg-type]
+        temp_c=float(g.get("DCGM_FI_DEV_GPU_TEMP", 0.0)),  # type: ignore[arg-type]
+        pcie_tx_bytes_s=None if tx is None else int(tx),  # type: ignore[call-overload]
+        pcie_rx_bytes_s=None if rx is None else int(rx))  # type: ignore[call-overload]
+    out: list[Event] = [gpu]
+    owner = g.get("owner")
+    if owner is not None:
+        namespace, pod, container = owner  # type: ignore[misc]
+        pid, sample_gpu = container_pid(namespace, pod, container), gpu
+        out.append(TenantBinding(node_id=sample_gpu.node_id, pid=pid, ts_ns=ts_ns, team=namespace, env="",
+                                 app=pod, tier=container, sla=sla))  # type: ignore[arg-type]
+        out.append(ProcessSample(node_id=sample_gpu.node_id, gpu_uuid=uuid, pid=pid, ts_ns=ts_ns,
+                                 interval_s=interval_s, sm_util_pct=sample_gpu.sm_util_pct,
+                                 mem_bw_util_pct=sample_gpu.mem_bw_util_pct,
+                                 mem_used_bytes=sample_gpu.mem_used_bytes))
     return out
 
 
@@ -123,4 +140,9 @@ class DcgmScraper:
             log.warning("%s", exc)
             self.counts["scrape_failed"] += 1
             return []
-        return scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla)
+        try:
+            return scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla)
+        except ValueError as exc:  # not Prometheus text (a proxy's error page, a truncated body)
+            log.warning("dcgm: %s did not return Prometheus text: %s", self.url, exc)
+            self.counts["scrape_unparseable"] += 1
+            return []

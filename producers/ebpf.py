@@ -17,6 +17,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from schemas.codec import explain
 from schemas.events import Event, MemAccess, NumaEvent
 
 __all__ = ["EbpfUnavailable", "EbpfProbe", "ensure_tracing", "numa_cost", "numa_distances"]
@@ -88,7 +91,16 @@ class EbpfProbe:
         self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()
 
     def parse(self, line: str) -> list[Event]:
-        """The events of one line of the probe's output."""
+        """The events of one line of the probe's output; a line that makes no event is counted."""
+        try:
+            return self._parse(line)
+        except ValueError as exc:  # not numbers, or numbers no process can have
+            self.counts["malformed_probe_line"] += 1
+            log.warning("bpftrace line %r skipped: %s", line[:120], explain(exc) if isinstance(exc, ValidationError)
+                        else exc)
+            return []
+
+    def _parse(self, line: str) -> list[Event]:
         parts = line.split()
         if len(parts) == 4 and parts[0] == "A":
             self.counts["mem_access"] += 1

@@ -8,7 +8,31 @@ from pydantic import ValidationError
 
 from schemas.events import EVENT_MODELS, Event
 
-__all__ = ["Rejected", "decode_line", "encode_event", "explain"]
+__all__ = ["REASONS", "Rejected", "decode_line", "encode_event", "explain", "reason_of"]
+
+#: every dead-letter reason, and what it means (the README's catalogue is this table)
+REASONS: dict[str, str] = {
+    "malformed_json": "the line is not valid JSON (torn write, wrong encoding)",
+    "not_an_object": "valid JSON, but not an object",
+    "unknown_kind": "the kind is missing or not one of the input kinds",
+    "missing_field": "a required field is absent",
+    "wrong_type": "a field has the wrong JSON type (a string for a number, a float for an integer, a bool)",
+    "non_finite": "NaN or ±Infinity where a number is required",
+    "negative": "a count, size or time that cannot be negative is",
+    "out_of_range": "a value outside its physical range (a percentage over 100, a temperature of 500 °C)",
+    "timestamp_out_of_range": "ts_ns before 2000 or from 2100 on: a unit error (s or ms for ns) or a broken clock",
+    "invalid": "breaks a rule between fields or a format rule (used > total, an interval that rounds to 0 ms, "
+               "a reserved team, a ':' in a tenant field)",
+    "future_timestamp": "ts_ns further ahead of the worker's clock than the allowed skew; accepting it would close "
+                        "its GPU's panes early and make every true event late",
+    "duplicate": "an event with the same key and ts_ns was already counted (the first one wins): re-sent, never "
+                 "billed twice",
+    "late": "its pane had already closed when it arrived",
+    "unsigned": "signature verification is on and the message carries no signature",
+    "unknown_key": "signed with a key id the verifier does not hold",
+    "bad_signature": "the signature does not match the message, or the key may not sign for the event's node",
+    "bad_output": "an output topic held a record that is not of its kind (sink side)",
+}
 
 
 class Rejected(NamedTuple):
@@ -31,11 +55,33 @@ def explain(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def reason_of(error: ValidationError) -> str:
+    """The catalogue name of a validation failure, from its first error."""
+    err = error.errors(include_url=False)[0]
+    kind, loc, ctx, got = err["type"], err["loc"], err.get("ctx") or {}, err.get("input")
+    if kind == "missing":
+        return "missing_field"
+    if kind == "finite_number":
+        return "non_finite"
+    if kind.endswith(("_type", "_parsing")) or kind == "int_from_float":
+        return "wrong_type"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        if loc and loc[-1] == "ts_ns":
+            return "timestamp_out_of_range"
+        lower = ctx.get("ge", ctx.get("gt"))
+        if lower is not None and float(lower) >= 0 and isinstance(got, (int, float)) and got < 0:
+            return "negative"
+        return "out_of_range"
+    return "invalid"
+
+
 def decode_line(line: str | bytes) -> Event | Rejected:
     try:
         obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # includes UnicodeDecodeError, and integers over 4300 digits
         return Rejected("malformed_json", f"not valid JSON: {exc}", None)
+    except RecursionError:
+        return Rejected("malformed_json", "not valid JSON: nested too deeply", None)
     if not isinstance(obj, dict):
         return Rejected("not_an_object", f"expected a JSON object, got {type(obj).__name__}", None)
     kind = obj.get("kind")
@@ -47,7 +93,7 @@ def decode_line(line: str | bytes) -> Event | Rejected:
     try:
         return model.model_validate(obj)  # type: ignore[return-value]
     except ValidationError as exc:
-        return Rejected("invalid", explain(exc), kind)
+        return Rejected(reason_of(exc), explain(exc), kind)
     except ValueError as exc:  # raised by a before-validator outside pydantic's wrapping
         return Rejected("invalid", str(exc), kind)
 

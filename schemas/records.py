@@ -70,7 +70,7 @@ class CostRecord(_Record):
 class DeadLetter(_Record):
     """An input the pipeline could not use: why, and the raw text to fix and replay it."""
 
-    reason: str  # malformed_json | not_an_object | unknown_kind | invalid | late
+    reason: str  # one of schemas.codec.REASONS
     detail: str
     kind: str | None
     source: str

@@ -9,6 +9,9 @@
 #
 # Environment: GPUCOST_KAFKA_PORT (19092; the controller uses PORT+1), GPUCOST_KAFKA_DATA
 # (/tmp/gpucost-kafka-PORT), GPUCOST_KAFKA_HOME (jar cache, ~/.cache/gpucost/kafka-VERSION).
+# Optional secured listeners, beside the plaintext one:
+#   GPUCOST_KAFKA_SSL_KEYSTORE (+ _SSL_KEYSTORE_PASSWORD): a PKCS12 keystore → SSL://127.0.0.1:PORT+2
+#   GPUCOST_KAFKA_SCRAM_USER (+ _SCRAM_PASSWORD): a SCRAM-SHA-256 user → SASL_PLAINTEXT://127.0.0.1:PORT+3
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$HERE/kafka/pom.xml")
@@ -34,15 +37,30 @@ ready() { "$PY" "$HERE/kafka_ready.py" 127.0.0.1 "$PORT" "${1:-2}"; }
 
 configure() {
   mkdir -p "$DATA/logs"
+  local listeners="PLAINTEXT://127.0.0.1:$PORT" map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT" extra=""
+  if [ -n "${GPUCOST_KAFKA_SSL_KEYSTORE:-}" ]; then
+    listeners="$listeners,SSL://127.0.0.1:$((PORT + 2))"; map="$map,SSL:SSL"
+    extra="ssl.keystore.type=PKCS12
+ssl.keystore.location=$GPUCOST_KAFKA_SSL_KEYSTORE
+ssl.keystore.password=${GPUCOST_KAFKA_SSL_KEYSTORE_PASSWORD:-}
+ssl.key.password=${GPUCOST_KAFKA_SSL_KEYSTORE_PASSWORD:-}"
+  fi
+  if [ -n "${GPUCOST_KAFKA_SCRAM_USER:-}" ]; then
+    listeners="$listeners,SASL_PLAINTEXT://127.0.0.1:$((PORT + 3))"; map="$map,SASL_PLAINTEXT:SASL_PLAINTEXT"
+    extra="$extra
+sasl.enabled.mechanisms=SCRAM-SHA-256
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+  fi
   cat > "$DATA/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+listeners=$listeners,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=${listeners}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$map
+$extra
 log.dirs=$DATA/logs
 num.partitions=4
 auto.create.topics.enable=false
@@ -79,7 +97,12 @@ start() {
   if [ ! -f "$DATA/logs/meta.properties" ]; then
     local id
     id=$(java -cp "$LIBS/*" kafka.tools.StorageTool random-uuid)
-    java -cp "$LIBS/*" kafka.tools.StorageTool format -t "$id" -c "$DATA/server.properties" --ignore-formatted >/dev/null
+    local scram=()
+    if [ -n "${GPUCOST_KAFKA_SCRAM_USER:-}" ]; then
+      scram=(--add-scram "SCRAM-SHA-256=[name=$GPUCOST_KAFKA_SCRAM_USER,password=${GPUCOST_KAFKA_SCRAM_PASSWORD:-}]")
+    fi
+    java -cp "$LIBS/*" kafka.tools.StorageTool format -t "$id" -c "$DATA/server.properties" --ignore-formatted \
+      "${scram[@]}" >/dev/null
   fi
   # a session of its own, so it outlives the shell that started it
   setsid nohup java -Xms512m -Xmx512m -XX:+UseG1GC -Dkafka.logs.dir="$DATA" \

@@ -6,6 +6,7 @@ disagree. No I/O, no clock: the only inputs are the events and the settings.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from schemas.codec import Rejected, decode_line, encode_event
@@ -27,14 +28,20 @@ Output = IdleIndexRecord | MaeRecord | CostRecord | DeadLetter
 class Auditor:
     """Routes each event to the operator that owns it and collects what closes.
 
-    ``counts`` tallies accepted events by kind and the events that produced no figure:
-    ``late`` (dead-lettered) and ``unbilled`` (process samples and NUMA events in a pane
-    without any GPU sample, so with no covered time to bill). ``ebpf_trace`` events are
-    validated and counted; METRICS.md defines no published figure from them yet.
+    ``counts`` tallies accepted events by kind, each dead-letter reason, ``unbilled``
+    (process samples and NUMA events in a pane without any GPU sample, so with no covered
+    time to bill) and ``unpriced_panes``. ``ebpf_trace`` events are validated and counted;
+    METRICS.md defines no published figure from them yet.
+
+    ``clock`` (epoch ns) is the only use of processing time, and only to refuse: an event
+    more than ``max_future_s`` ahead of it is dead-lettered (``future_timestamp``), since
+    accepting it would move its GPU's watermark past every true event. Without a clock
+    (the pure tests) there is no such check.
     """
 
-    def __init__(self, settings: AuditSettings) -> None:
+    def __init__(self, settings: AuditSettings, clock: Callable[[], int] | None = None) -> None:
         self.settings = settings
+        self.clock = clock
         self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
         self.panes = GpuPanes(settings.pane_ns, settings.lateness_ns, settings.idle_threshold_cp)
         self.idle = IdleIndex(settings.window_ns)
@@ -44,40 +51,62 @@ class Auditor:
         self.counts: Counter[str] = Counter()
 
     def update(self, event: Event, raw: str | None = None, source: str = "") -> list[Output]:
-        """Take one valid event; ``raw``/``source`` only label its dead letter if it is late."""
+        """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
+        if self.clock is not None and event.ts_ns > (now := self.clock()) + self.settings.max_future_ns:
+            return [self._dead("future_timestamp", event, raw, source,
+                               f"ts_ns {event.ts_ns} is {(event.ts_ns - now) / 1e9:.0f} s ahead of this "
+                               f"worker's clock (allowed: {self.settings.max_future_s} s); fix the node's clock")]
         if isinstance(event, (GpuSample, ProcessSample, NumaEvent)):
             return self._gpu_keyed(event, raw, source)
-        self.counts[event.kind] += 1
         if isinstance(event, MemAccess):
+            self.counts[event.kind] += 1
             rec = self.mae.update(event)
             return [rec] if rec is not None else []
         if isinstance(event, TenantBinding):
-            self.bindings.update(event)
+            if not self.bindings.update(event):
+                return [self._dead("duplicate", event, raw, source,
+                                   f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
+                                   "was already taken; the first one stays in force")]
         elif isinstance(event, Price):
-            self.prices.update(event)
+            if not self.prices.update(event):
+                return [self._dead("duplicate", event, raw, source,
+                                   f"a price of {event.gpu_model} at ts_ns {event.ts_ns} was already taken; "
+                                   "send a correction with a later ts_ns")]
         elif not isinstance(event, EbpfTrace):
             raise TypeError(f"not an event: {event!r}")
+        self.counts[event.kind] += 1
         return []
+
+    def _dead(self, reason: str, event: Event, raw: str | None, source: str, detail: str) -> DeadLetter:
+        self.counts[reason] += 1
+        return DeadLetter(reason=reason, detail=detail, kind=event.kind, source=source,
+                          raw=encode_event(event) if raw is None else raw, ts_ns=event.ts_ns,
+                          gpu_uuid=getattr(event, "gpu_uuid", None))
 
     def ingest(self, line: str | bytes, source: str) -> list[Output]:
         """Take one raw line: a dead letter if it is not a valid event, else as ``update``."""
         decoded = decode_line(line)
         raw = line if isinstance(line, str) else line.decode("utf-8", "backslashreplace")
         if isinstance(decoded, Rejected):
-            self.counts["rejected"] += 1
-            return [DeadLetter(reason=decoded.reason, detail=decoded.detail, kind=decoded.kind,
-                               source=source, raw=raw, ts_ns=None, gpu_uuid=None)]
+            return [self.reject(decoded, raw, source)]
         return self.update(decoded, raw, source)
+
+    def reject(self, why: Rejected, raw: str, source: str) -> DeadLetter:
+        """The dead letter of an input refused before it was decoded, counted under its reason."""
+        self.counts[why.reason] += 1
+        return DeadLetter(reason=why.reason, detail=why.detail, kind=why.kind, source=source, raw=raw,
+                          ts_ns=None, gpu_uuid=None)
 
     def _gpu_keyed(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | None, source: str) -> list[Output]:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
-            self.counts["late"] += 1
-            return [DeadLetter(
-                reason="late", kind=event.kind, source=source,
-                raw=encode_event(event) if raw is None else raw, ts_ns=event.ts_ns,
-                gpu_uuid=gpu, detail=(f"pane of ts_ns {event.ts_ns} closed: GPU {gpu}'s watermark "
-                                      f"is {self.panes.watermark(gpu)} ns"))]
+            return [self._dead("late", event, raw, source, f"pane of ts_ns {event.ts_ns} closed: GPU {gpu}'s "
+                                                           f"watermark is {self.panes.watermark(gpu)} ns")]
+        if self.panes.is_duplicate(event):
+            who = "" if isinstance(event, GpuSample) else f" pid {event.pid}"
+            return [self._dead("duplicate", event, raw, source,
+                               f"a {event.kind} of GPU {gpu}{who} at ts_ns {event.ts_ns} was already counted; "
+                               "the first one is billed, this one is not")]
         self.counts[event.kind] += 1
         if isinstance(event, GpuSample):
             self.panes.add_gpu_sample(event)
@@ -103,6 +132,8 @@ class Auditor:
             out.append(idle)
             assert pane.gpu_model is not None
             price = self.prices.lookup(pane.gpu_model, pane.pane_start_ns)
+            if price is None:
+                self.counts["unpriced_panes"] += 1
             out.extend(apportion(pane, price, self.weights))
         return out
 
@@ -113,8 +144,9 @@ class Auditor:
                 "prices": self.prices.to_state(), "counts": dict(self.counts)}
 
     @classmethod
-    def from_state(cls, settings: AuditSettings, state: dict[str, Any]) -> "Auditor":
-        auditor = cls(settings)
+    def from_state(cls, settings: AuditSettings, state: dict[str, Any],
+                   clock: Callable[[], int] | None = None) -> "Auditor":
+        auditor = cls(settings, clock)
         auditor.panes.restore(state["panes"])
         auditor.idle.restore(state["idle"])
         auditor.mae.restore(state["mae"])

@@ -38,6 +38,9 @@ class PaneTotals:
     idle_ms: int = 0
     tenant_events: int = 0
     tenants: dict[str, TenantTotals] = field(default_factory=dict)
+    #: (kind, pid, ts_ns) of every event counted in this pane (pid -1 for GPU samples): a second
+    #: event with the same key is a duplicate. Bounded: only open panes are kept.
+    seen: set[tuple[str, int, int]] = field(default_factory=set)
 
     def tenant(self, tenant: Tenant) -> TenantTotals:
         key = tenant.key
@@ -49,7 +52,7 @@ class PaneTotals:
     def to_state(self) -> list[Any]:
         tenants = [[list(t.tenant), t.sm, t.bw, t.numa] for t in self.tenants.values()]
         return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
-                self.covered_ms, self.idle_ms, self.tenant_events, tenants]
+                self.covered_ms, self.idle_ms, self.tenant_events, tenants, sorted(self.seen)]
 
     @classmethod
     def from_state(cls, s: list[Any]) -> "PaneTotals":
@@ -57,6 +60,7 @@ class PaneTotals:
         for tenant, sm, bw, numa in s[8]:
             t = Tenant(*tenant)
             pane.tenants[t.key] = TenantTotals(t, sm, bw, numa)
+        pane.seen = {tuple(k) for k in s[9]}  # type: ignore[misc]
         return pane
 
 
@@ -90,6 +94,15 @@ class GpuPanes:
         if pane is None:
             pane = panes[start] = PaneTotals(gpu_uuid, start, start + self.pane_ns)
         return pane
+
+    def is_duplicate(self, e: GpuSample | ProcessSample | NumaEvent) -> bool:
+        """Whether an event with ``e``'s key and ``ts_ns`` was already counted; if not, remember it."""
+        key = (e.kind, -1 if isinstance(e, GpuSample) else e.pid, e.ts_ns)
+        seen = self._pane(e.gpu_uuid, e.ts_ns).seen
+        if key in seen:
+            return True
+        seen.add(key)
+        return False
 
     def add_gpu_sample(self, s: GpuSample) -> None:
         pane = self._pane(s.gpu_uuid, s.ts_ns)

@@ -30,6 +30,8 @@ class AuditSettings(BaseSettings):
     mae_bins: Annotated[int, Field(ge=1, le=1 << 16, description="histogram bins B")] = 256
     mae_lo: Annotated[int, Field(ge=0, lt=1 << 64, description="lowest address binned")] = 0
     mae_hi: Annotated[int, Field(ge=1, le=1 << 64, description="end (exclusive) of the binned range")] = 1 << 32
+    max_future_s: Annotated[int, Field(ge=1, le=366 * 86_400, description=(
+        "events more than this ahead of the worker's clock are dead-lettered (future_timestamp)"))] = 600
     l2_calibration: tuple[tuple[float, float], ...] = DEFAULT_L2_CALIBRATION
 
     @field_validator("alpha", "beta", "gamma", mode="before")
@@ -65,6 +67,10 @@ class AuditSettings(BaseSettings):
     @property
     def lateness_ns(self) -> int:
         return self.lateness_s * 1_000_000_000
+
+    @property
+    def max_future_ns(self) -> int:
+        return self.max_future_s * 1_000_000_000
 
     @property
     def window_ns(self) -> int:

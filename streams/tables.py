@@ -38,14 +38,14 @@ class BindingTable:
     def __init__(self) -> None:
         self._by_proc: dict[tuple[str, int], list[tuple[int, Tenant]]] = {}
 
-    def update(self, b: TenantBinding) -> None:
+    def update(self, b: TenantBinding) -> bool:
+        """Take a binding; False (and no change) if one for the same process and instant exists."""
         tenant = Tenant(b.team, b.env, b.app, b.tier, b.sla, b.git_commit, b.ci_pipeline_id)
         history = self._by_proc.setdefault((b.node_id, b.pid), [])
-        for i, (ts, _) in enumerate(history):
-            if ts == b.ts_ns:  # a re-sent binding for the same instant replaces the old one
-                history[i] = (ts, tenant)
-                return
+        if any(ts == b.ts_ns for ts, _ in history):
+            return False  # the first one wins, whatever order a re-send arrives in
         insort(history, (b.ts_ns, tenant))
+        return True
 
     def lookup(self, node_id: str, pid: int, ts_ns: int) -> Tenant:
         history = self._by_proc.get((node_id, pid))
@@ -71,10 +71,13 @@ class PriceTable:
     def __init__(self) -> None:
         self._by_model: dict[str, list[tuple[int, Decimal]]] = {}
 
-    def update(self, p: Price) -> None:
+    def update(self, p: Price) -> bool:
+        """Take a price; False (and no change) if the model already has one from the same instant."""
         history = self._by_model.setdefault(p.gpu_model, [])
-        history[:] = [h for h in history if h[0] != p.ts_ns]
+        if any(ts == p.ts_ns for ts, _ in history):
+            return False
         insort(history, (p.ts_ns, p.usd_per_gpu_hour))
+        return True
 
     def _as_of(self, model: str, ts_ns: int) -> Decimal | None:
         history = self._by_model.get(model, [])

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,15 +27,61 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@dataclass(frozen=True)
+class Broker:
+    """The session broker: plaintext, TLS (certificate generated here) and SCRAM listeners."""
+
+    port: int
+    ca_file: Path
+    scram_user: str
+    scram_password: str
+    env: dict[str, str]
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def tls_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port + 2}"
+
+    @property
+    def scram_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port + 3}"
+
+
+def make_certificate(folder: Path, password: str) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 in a PKCS12 keystore (Java's keytool), and its PEM."""
+    keystore, pem = folder / "broker.p12", folder / "ca.pem"
+    subprocess.run(["keytool", "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
+                    "-validity", "2", "-dname", "CN=127.0.0.1", "-ext", "SAN=IP:127.0.0.1,DNS:localhost",
+                    "-storetype", "PKCS12", "-keystore", str(keystore), "-storepass", password,
+                    "-keypass", password], check=True, capture_output=True)
+    subprocess.run(["keytool", "-exportcert", "-rfc", "-alias", "broker", "-keystore", str(keystore),
+                    "-storepass", password, "-file", str(pem)], check=True, capture_output=True)
+    return keystore, pem
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """One real Kafka broker for the whole test session, started by the project's own script."""
-    port = os.environ.get("GPUCOST_TEST_KAFKA_PORT", "19392")
-    env = {**os.environ, "GPUCOST_KAFKA_PORT": port,
-           "GPUCOST_KAFKA_DATA": str(tmp_path_factory.mktemp("kafka-data"))}
+    port = int(os.environ.get("GPUCOST_TEST_KAFKA_PORT", "19392"))
+    tls = tmp_path_factory.mktemp("tls")
+    keystore, pem = make_certificate(tls, password := secrets.token_hex(12))
+    broker = Broker(port, pem, "gpucost-test", secrets.token_hex(12), {})
+    env = {**os.environ, "GPUCOST_KAFKA_PORT": str(port),
+           "GPUCOST_KAFKA_DATA": str(tmp_path_factory.mktemp("kafka-data")),
+           "GPUCOST_KAFKA_SSL_KEYSTORE": str(keystore), "GPUCOST_KAFKA_SSL_KEYSTORE_PASSWORD": password,
+           "GPUCOST_KAFKA_SCRAM_USER": broker.scram_user, "GPUCOST_KAFKA_SCRAM_PASSWORD": broker.scram_password}
+    broker.env.update(env)
     script = ROOT / "scripts" / "kafka.sh"
     started = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=900)
     if started.returncode != 0:
         pytest.fail(f"scripts/kafka.sh start failed:\n{started.stderr[-3000:]}")
-    yield f"127.0.0.1:{port}"
+    yield broker
     subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: Broker) -> str:
+    return kafka_broker.bootstrap

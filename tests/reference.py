@@ -66,12 +66,33 @@ def split(total: int, shares: list[tuple[str, Fraction]]) -> dict[str, int]:
     return base
 
 
+def duplicate_flags(events: list[Event], late: list[bool]) -> list[bool]:
+    """Per event: was an on-time billing event with the same key and ts_ns counted before it?"""
+    seen: set[tuple] = set()
+    flags = []
+    for ev, is_late in zip(events, late):
+        key: tuple | None = None
+        if isinstance(ev, GpuSample):
+            key = ("g", ev.gpu_uuid, ev.ts_ns)
+        elif isinstance(ev, (ProcessSample, NumaEvent)):
+            key = (ev.kind, ev.gpu_uuid, ev.pid, ev.ts_ns)
+        elif isinstance(ev, TenantBinding):
+            key = ("b", ev.node_id, ev.pid, ev.ts_ns)
+        elif isinstance(ev, Price):
+            key = ("p", ev.gpu_model, ev.ts_ns)
+        flags.append(not is_late and key in seen)
+        if not is_late and key is not None:
+            seen.add(key)
+    return flags
+
+
 def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
     flags = late_flags(events, s)
-    kept = [ev for ev, late in zip(events, flags) if not late]
+    dups = duplicate_flags(events, flags)
+    kept = [ev for ev, late, dup in zip(events, flags, dups) if not late and not dup]
     bindings: dict[tuple[str, int], dict[int, tuple]] = defaultdict(dict)
     prices: dict[str, dict[int, Decimal]] = defaultdict(dict)
-    for ev in kept:  # arrival order: a later binding/price for the same instant wins
+    for ev in kept:  # duplicates are gone: one binding/price per instant, the first that arrived
         if isinstance(ev, TenantBinding):
             bindings[(ev.node_id, ev.pid)][ev.ts_ns] = (ev.team, ev.env, ev.app, ev.tier, ev.sla,
                                                          ev.git_commit, ev.ci_pipeline_id)
@@ -146,4 +167,4 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
             pr = counts[counts > 0] / max(1, len(inside))
             bits = float(-(pr * np.log2(pr)).sum()) if inside else 0.0
             mae.append((node, pid, chunk[0].ts_ns, chunk[-1].ts_ns, len(inside), len(chunk) - len(inside), bits))
-    return {"idle": idle, "cost": cost, "mae": sorted(mae), "late": sum(flags)}
+    return {"idle": idle, "cost": cost, "mae": sorted(mae), "late": sum(flags), "duplicate": sum(dups)}

@@ -61,6 +61,7 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
             head.append(Price(gpu_model=model, ts_ns=draw(st.integers(BASE_NS - 3600 * NS, BASE_NS + span_ns)),
                               usd_per_gpu_hour=Decimal(draw(st.integers(0, 9_999_999))) / 1_000_000))
     head = draw(st.permutations(head))
+    head += [head[i] for i in draw(st.lists(st.integers(0, len(head) - 1), max_size=2))] if head else []
 
     body: list[Event] = []
     for gpu, node, model in gpus:
@@ -80,6 +81,8 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
                               st.integers(1 << 32, (1 << 64) - 1)))
         body.append(MemAccess(node_id=draw(st.sampled_from(["node-0", "node-1"])), pid=draw(st.sampled_from(pids)),
                               ts_ns=draw(ts), address=addr))
+    # re-sent events (a producer retry): never billed twice
+    body += [body[i] for i in draw(st.lists(st.integers(0, len(body) - 1), max_size=6))] if body else []
     # arrival = event time + a delay; big delays make late events
     max_delay = draw(st.sampled_from([0, 60, 400, 3600])) * NS
     delays = [draw(st.integers(0, max_delay)) for _ in body]

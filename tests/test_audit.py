@@ -37,11 +37,13 @@ def tabulate(outs: list[Output]) -> dict[str, object]:
     mae = sorted((r.node_id, r.pid, r.first_ts_ns, r.last_ts_ns, r.n, r.out_of_range, r.mae_bits)
                  for r in outs if isinstance(r, MaeRecord))
     late = sum(1 for r in outs if isinstance(r, DeadLetter) and r.reason == "late")
-    return {"idle": idle, "cost": cost, "mae": mae, "late": late}
+    dup = sum(1 for r in outs if isinstance(r, DeadLetter) and r.reason == "duplicate")
+    return {"idle": idle, "cost": cost, "mae": mae, "late": late, "duplicate": dup}
 
 
 def assert_same(got: dict, want: dict) -> None:
     assert got["late"] == want["late"]
+    assert got["duplicate"] == want["duplicate"]
     assert got["idle"].keys() == want["idle"].keys()
     for k, w in want["idle"].items():
         assert got["idle"][k][:6] == w[:6], k

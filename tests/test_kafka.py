@@ -133,7 +133,7 @@ def billing_totals(d: Deployment) -> tuple[dict[str, int], int, int]:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    totals, records, dups = asyncio.run(module.team_totals(d.bootstrap, f"{d.prefix}cost", f"{d.app_id}-bill", 3.0))
+    totals, records, dups = asyncio.run(module.team_totals({"bootstrap_servers": d.bootstrap}, f"{d.prefix}cost", f"{d.app_id}-bill", 3.0))
     return dict(totals), records, dups
 
 

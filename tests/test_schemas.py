@@ -49,25 +49,26 @@ def test_a_good_event_decodes() -> None:
 def test_each_missing_key_is_named(field: str) -> None:
     bad = {k: v for k, v in GOOD.items() if k != field}
     got = decode(bad)
-    assert isinstance(got, Rejected) and got.reason == "invalid" and field in got.detail and "required" in got.detail
+    assert isinstance(got, Rejected) and got.reason == "missing_field" and field in got.detail and "required" in got.detail
 
 
-@pytest.mark.parametrize("field,value,words", [
-    ("sm_util_pct", 100.01, "less than or equal to 100"),
-    ("mem_bw_util_pct", -0.5, "greater than or equal to 0"),
-    ("mem_used_bytes", -1, "greater than or equal to 0"),
-    ("interval_s", 0, "greater than 0"),
-    ("interval_s", 0.0004, "rounds to 0 ms"),
-    ("ts_ns", 1_000_000_000, "greater than or equal to"),  # 1970: a broken clock
-    ("ts_ns", 5_000_000_000_000_000_000, "less than"),  # year 2128
-    ("ts_ns", 1.7e18, "valid integer"),  # a float cannot carry nanoseconds
-    ("sm_util_pct", "50", "valid number"),
-    ("mem_used_bytes", 1000, "exceeds mem_total_bytes"),
-    ("power_w", float("inf"), "finite"),
+@pytest.mark.parametrize("field,value,words,reason", [
+    ("sm_util_pct", 100.01, "less than or equal to 100", "out_of_range"),
+    ("mem_bw_util_pct", -0.5, "greater than or equal to 0", "negative"),
+    ("mem_used_bytes", -1, "greater than or equal to 0", "negative"),
+    ("temp_c", -61, "greater than or equal to -60", "out_of_range"),  # below its floor, which is itself negative
+    ("interval_s", 0, "greater than 0", "out_of_range"),
+    ("interval_s", 0.0004, "rounds to 0 ms", "invalid"),
+    ("ts_ns", 1_000_000_000, "greater than or equal to", "timestamp_out_of_range"),  # 1970: a broken clock
+    ("ts_ns", 5_000_000_000_000_000_000, "less than", "timestamp_out_of_range"),  # year 2128
+    ("ts_ns", 1.7e18, "valid integer", "wrong_type"),  # a float cannot carry nanoseconds
+    ("sm_util_pct", "50", "valid number", "wrong_type"),
+    ("mem_used_bytes", 1000, "exceeds mem_total_bytes", "invalid"),
+    ("power_w", float("inf"), "finite", "non_finite"),
 ])
-def test_impossible_values_are_rejected_with_a_reason(field: str, value: object, words: str) -> None:
+def test_impossible_values_are_rejected_with_a_reason(field: str, value: object, words: str, reason: str) -> None:
     got = decode_line(json.dumps({**GOOD, field: value}))
-    assert isinstance(got, Rejected) and got.reason == "invalid", got
+    assert isinstance(got, Rejected) and got.reason == reason, got
     assert field in got.detail or words == "exceeds mem_total_bytes"
     assert words in got.detail, got.detail
 

@@ -1,0 +1,148 @@
+"""HMAC-SHA256 signatures on input messages: producers sign, workers verify.
+
+A message's signature covers its Kafka key and value, so a signed batch can be neither
+altered nor moved to another GPU's stream. Keys live in files (or one environment
+variable), one per line: ``<key_id> <secret as hex> [node,node,…|*]``. The optional third
+column limits the nodes a key may speak for (default ``*``: any node); a producer's file
+holds its one key, a worker's keyring every key it accepts. Rotation: add the new key to
+the workers' keyrings (they reload a changed file within ``reload_s``), switch the
+producers to it, then remove the old one. Nothing stops meanwhile.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["KEY_ID_HEADER", "SIGNATURE_HEADER", "SigningKey", "Signer", "Keyring", "Verdict", "parse_keys"]
+
+KEY_ID_HEADER = "gpucost-key-id"
+SIGNATURE_HEADER = "gpucost-signature"
+MIN_SECRET_BYTES = 16
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    key_id: str
+    secret: bytes
+    nodes: frozenset[str] | None  # None: any node
+
+    def mac(self, key: bytes, value: bytes) -> bytes:
+        # length-prefixed key, so (key, value) pairs can never collide by shifting bytes between them
+        return hmac.new(self.secret, len(key).to_bytes(4, "big") + key + value, hashlib.sha256).digest()
+
+
+def parse_keys(text: str, where: str) -> dict[str, SigningKey]:
+    """The keys of a key file; a malformed line is an error naming the file and line."""
+    keys: dict[str, SigningKey] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        if len(parts) not in (2, 3):
+            raise ValueError(f"{where}:{n}: expected '<key_id> <secret hex> [nodes|*]', got {len(parts)} fields")
+        try:
+            secret = bytes.fromhex(parts[1])
+        except ValueError:
+            raise ValueError(f"{where}:{n}: the secret of key {parts[0]!r} is not hex") from None
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"{where}:{n}: the secret of key {parts[0]!r} has {len(secret)} bytes; use at least "
+                             f"{MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)")
+        if parts[0] in keys:
+            raise ValueError(f"{where}:{n}: key id {parts[0]!r} appears twice")
+        nodes = None if len(parts) == 2 or parts[2] == "*" else frozenset(parts[2].split(","))
+        keys[parts[0]] = SigningKey(parts[0], secret, nodes)
+    return keys
+
+
+class Signer:
+    """A producer's one key: the headers to put on each message."""
+
+    def __init__(self, key: SigningKey) -> None:
+        self.key = key
+
+    @classmethod
+    def from_file(cls, path: Path) -> "Signer":
+        keys = parse_keys(path.read_text(), str(path))
+        if len(keys) != 1:
+            raise ValueError(f"{path}: a producer's key file holds exactly one key, found {len(keys)}")
+        return cls(next(iter(keys.values())))
+
+    def headers(self, key: bytes, value: bytes) -> list[tuple[str, bytes]]:
+        return [(KEY_ID_HEADER, self.key.key_id.encode()), (SIGNATURE_HEADER, self.key.mac(key, value).hex().encode())]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason: str  # a dead-letter reason of schemas.codec.REASONS
+    detail: str
+
+
+class Keyring:
+    """A worker's accepted keys, re-read when the file changes (checked at most every ``reload_s``)."""
+
+    def __init__(self, path: Path, reload_s: float = 5.0) -> None:
+        self.path, self.reload_s = path, reload_s
+        self._mtime_ns = -1
+        self._checked = float("-inf")
+        self.keys: dict[str, SigningKey] = {}
+        self.reload_failures = 0
+        self._maybe_reload(force=True)
+
+    def _maybe_reload(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._checked < self.reload_s:
+            return
+        self._checked = now
+        mtime = os.stat(self.path).st_mtime_ns
+        if mtime == self._mtime_ns:
+            return
+        try:
+            self.keys = parse_keys(self.path.read_text(), str(self.path))
+        except (OSError, ValueError):
+            if force:
+                raise
+            self.reload_failures += 1  # a half-written or broken file: keep the keys we have
+            return
+        self._mtime_ns = mtime
+
+    def check(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> Verdict | None:
+        """None if the message is signed by a key we hold and may speak for every node in it."""
+        self._maybe_reload()
+        key_id, signature = headers.get(KEY_ID_HEADER), headers.get(SIGNATURE_HEADER)
+        if key_id is None or signature is None:
+            return Verdict("unsigned", "the message has no signature headers; configure the producer's "
+                                       "--signing-key-file")
+        signing_key = self.keys.get(key_id.decode("utf-8", "replace"))
+        if signing_key is None:
+            return Verdict("unknown_key", f"key id {key_id.decode('utf-8', 'replace')!r} is not in {self.path}; "
+                                          "add it to the keyring (rotation) or check the producer's key file")
+        try:
+            given = bytes.fromhex(signature.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            given = b""
+        if not hmac.compare_digest(given, signing_key.mac(key, value)):
+            return Verdict("bad_signature", f"the signature does not match the message for key "
+                                            f"{signing_key.key_id!r}: altered in transit, or a forged key")
+        if signing_key.nodes is not None:
+            for node in _nodes_in(value):
+                if node not in signing_key.nodes:
+                    return Verdict("bad_signature", f"key {signing_key.key_id!r} may not speak for node {node!r}")
+        return None
+
+
+def _nodes_in(value: bytes) -> set[str]:
+    nodes = set()
+    for line in value.split(b"\n"):
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # not JSON: the decoder dead-letters it anyway
+            if isinstance(obj, dict) and isinstance(obj.get("node_id"), str):
+                nodes.add(obj["node_id"])
+    return nodes

@@ -1,0 +1,92 @@
+"""Signatures: what a producer signs verifies; any change, unknown key or foreign node is refused."""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpucost.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Keyring, Signer, parse_keys
+
+LINE = b'{"kind":"gpu_sample","node_id":"node-a","gpu_uuid":"GPU-1"}'
+
+
+def key_line(key_id: str, nodes: str = "") -> str:
+    return f"{key_id} {secrets.token_hex(32)} {nodes}".rstrip()
+
+
+def write(path: Path, *lines: str) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 1_000_000))  # a visible change
+    return path
+
+
+def signer_of(line: str, tmp: Path) -> Signer:
+    return Signer.from_file(write(tmp / f"{line.split()[0]}.key", line))
+
+
+RING_FILE = Path(tempfile.mkdtemp()) / "ring"
+RING_LINE = key_line("k1")
+RING_FILE.write_text(RING_LINE)
+
+
+@given(st.binary(max_size=64), st.binary(max_size=300), st.integers(0, 10_000), st.integers(0, 7))
+def test_any_changed_bit_is_refused(key: bytes, value: bytes, where: int, bit: int) -> None:
+    headers = dict(Signer(parse_keys(RING_LINE, "mem")["k1"]).headers(key, value))
+    ring = Keyring(RING_FILE)
+    assert ring.check(key, value, headers) is None
+    blob = bytearray(key + value)
+    if blob:
+        blob[where % len(blob)] ^= 1 << bit
+        k2, v2 = bytes(blob[:len(key)]), bytes(blob[len(key):])
+        assert ring.check(k2, v2, headers).reason == "bad_signature"
+    # moving bytes between key and value changes the signature too
+    if value:
+        assert ring.check(key + value[:1], value[1:], headers).reason == "bad_signature"
+
+
+def test_unsigned_unknown_and_foreign_node(tmp_path: Path) -> None:
+    a, b = key_line("node-a-1", "node-a"), key_line("other")
+    ring = Keyring(write(tmp_path / "ring", a))
+    assert ring.check(b"GPU-1", LINE, {}).reason == "unsigned"
+    assert ring.check(b"GPU-1", LINE, dict(signer_of(b, tmp_path).headers(b"GPU-1", LINE))).reason == "unknown_key"
+    signer = signer_of(a, tmp_path)
+    assert ring.check(b"GPU-1", LINE, dict(signer.headers(b"GPU-1", LINE))) is None
+    forged = LINE.replace(b"node-a", b"node-b")
+    verdict = ring.check(b"GPU-1", forged, dict(signer.headers(b"GPU-1", forged)))
+    assert verdict.reason == "bad_signature" and "node-b" in verdict.detail
+    bad_hex = {KEY_ID_HEADER: b"node-a-1", SIGNATURE_HEADER: b"zz"}
+    assert ring.check(b"GPU-1", LINE, bad_hex).reason == "bad_signature"
+
+
+def test_rotation_without_a_restart(tmp_path: Path) -> None:
+    old, new = key_line("2026-11"), key_line("2026-12")
+    ring = Keyring(write(tmp_path / "ring", old), reload_s=0)
+    old_signer, new_signer = signer_of(old, tmp_path), signer_of(new, tmp_path)
+    sign = lambda s: dict(s.headers(b"k", LINE))  # noqa: E731
+    assert ring.check(b"k", LINE, sign(old_signer)) is None
+    assert ring.check(b"k", LINE, sign(new_signer)).reason == "unknown_key"
+    write(tmp_path / "ring", old, new)  # 1. the workers learn the new key
+    assert ring.check(b"k", LINE, sign(old_signer)) is None and ring.check(b"k", LINE, sign(new_signer)) is None
+    (tmp_path / "ring").write_text("2026-12 not-hex-yet")  # a half-written file keeps the keys in force
+    os.utime(tmp_path / "ring", ns=(1, os.stat(tmp_path / "ring").st_mtime_ns + 2_000_000))
+    assert ring.check(b"k", LINE, sign(new_signer)) is None and ring.reload_failures == 1
+    write(tmp_path / "ring", new)  # 2. producers switched; 3. the old key is retired
+    assert ring.check(b"k", LINE, sign(old_signer)).reason == "unknown_key"
+    assert ring.check(b"k", LINE, sign(new_signer)) is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("k1", "expected '<key_id> <secret hex> [nodes|*]', got 1 fields"),
+    ("k1 xyz", "is not hex"),
+    ("k1 00ff", "has 2 bytes; use at least 16"),
+    (f"k1 {'ab' * 16}\nk1 {'cd' * 16}", "appears twice"),
+])
+def test_bad_key_files_are_explained(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_keys(text, "keys.txt")
