@@ -11,8 +11,10 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -32,6 +34,7 @@ from producers.simulate import FleetSpec, simulate
 from schemas.codec import Rejected, decode_line, encode_event, explain
 from schemas.events import Event
 from schemas.records import OUTPUT_KINDS
+from sinks.parquet import SinkWriteError
 from sinks.views import connect, views_sql
 from streams.settings import AuditSettings
 
@@ -186,6 +189,9 @@ def _parser() -> argparse.ArgumentParser:
     sink.add_argument("--group", default=_env("GPUCOST_SINK_GROUP", "gpucost-sink"),
                       help="consumer group (env GPUCOST_SINK_GROUP; default gpucost-sink)")
     sink.add_argument("--flush-interval-s", type=float, default=2.0, help="seconds between file flushes")
+    sink.add_argument("--retry-s", type=float, default=_env("GPUCOST_SINK_RETRY_S", "5"),
+                      help="while the output cannot be written, retry this often (env GPUCOST_SINK_RETRY_S; "
+                           "default 5)")
     _add_kafka(sink)
     return parser
 
@@ -197,7 +203,10 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
                          "pass --overwrite to replace it, or choose another --out")
     for path in existing:
         shutil.rmtree(path)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SinkWriteError(f"cannot create the output directory {out}: {exc.strerror}") from None
 
 
 def _settings(args: argparse.Namespace) -> AuditSettings:
@@ -237,7 +246,6 @@ def _live_items(args: argparse.Namespace, source: str, nvml: NvmlSampler | None 
 
     ``nvml``: a sampler already opened (by ``--source auto``), used instead of opening another.
     """
-    import signal
     import threading
 
     from producers.nvml import NvmlUnavailable
@@ -284,7 +292,6 @@ def _live_items(args: argparse.Namespace, source: str, nvml: NvmlSampler | None 
 
 def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
     """Page-fault addresses until --duration-s or Ctrl-C (either ends bpftrace, which ends the input)."""
-    import signal
     import threading
 
     from producers.ebpf import EbpfProbe, EbpfUnavailable
@@ -331,8 +338,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             source = "simulate"
             print(f"gpucost: NVML is not available ({exc.reason}); running the simulated fleet: {spec.gpus} GPUs, "
                   f"{spec.hours:g} h, seed {spec.seed}", file=sys.stderr)
-    import signal
-
     previous = signal.getsignal(signal.SIGINT)
     try:
         items: Iterator[Item] = (itertools.chain(read_lines(_files(args.prices)) if args.prices else [],
@@ -463,17 +468,42 @@ def cmd_produce(args: argparse.Namespace) -> int:
             raise UsageError("--source replay needs at least one INPUT file or directory")
         events = _replay_events(_files(args.input), rejected)
     else:
-        import signal
-
         reference = _replay_events(_files(args.prices), rejected) if args.prices else iter(())
         live = (ev for ev, _ in _live_items(args, args.source))  # type: ignore[misc]
         events = itertools.chain(reference, live)
-        signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # a service manager's stop ends it cleanly too
     signer = _load_keys(Signer.from_file, args.signing_key_file) if args.signing_key_file else None
-    asyncio.run(create_topics(kafka))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sent = asyncio.run(publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s,
-                               signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20))))
+    try:
+        asyncio.run(create_topics(kafka))
+    except KafkaConnectionError as exc:  # a node's producer must not stop sampling because the broker is away
+        logging.getLogger("gpucost.publish").warning("cannot reach Kafka to create the topics (%s); publishing "
+                                                     "anyway, buffered until the broker is back", exc)
+    end_live_source = signal.getsignal(signal.SIGINT)  # set by a live source: ends it, and its input, cleanly
+
+    async def main() -> Counter[str]:
+        """SIGINT or SIGTERM: a live source ends (what it sampled is still delivered); otherwise, or on a
+        second signal, stop now, keeping what the broker has not acknowledged in the spool."""
+        task, signals = asyncio.current_task(), Counter[str]()
+        assert task is not None
+
+        def on_signal() -> None:
+            signals["n"] += 1
+            if signals["n"] == 1 and callable(end_live_source) and end_live_source is not signal.default_int_handler:
+                end_live_source(signal.SIGINT, None)
+            else:
+                task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, on_signal)
+        return await publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s,
+                             signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20)))
+
+    try:
+        sent = asyncio.run(main())
+    except asyncio.CancelledError:
+        print("gpucost: producer stopped; anything not yet acknowledged is in the spool and goes first next time",
+              file=sys.stderr)
+        return 130
     if rejected:
         asyncio.run(publish_dead_letters(rejected, kafka))
     print(f"published to {kafka.bootstrap}: " + ", ".join(f"{t}: {n:,} messages" for t, n in sorted(sent.items()))
@@ -492,8 +522,6 @@ def _load_keys(load: Callable[[Path], T], path: Path) -> T:
 
 def _stop_on_signals() -> asyncio.Event:
     """An event set by SIGTERM or SIGINT: the async services (worker, sink) stop cleanly on either."""
-    import signal
-
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -524,11 +552,13 @@ def cmd_sink(args: argparse.Namespace) -> int:
     from sinks.kafka_sink import run_kafka_sink
 
     kafka = _kafka(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
     async def main() -> None:
         stop = _stop_on_signals()
         stats = await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS},
-                                     args.out, args.group, stop, args.flush_interval_s)
+                                     args.out, args.group, stop, args.flush_interval_s, args.retry_s)
         print(f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
               f"duplicates dropped {dict(stats.duplicates)}", file=sys.stderr)
 
@@ -548,6 +578,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"gpucost: error: {exc}", file=sys.stderr)
         return 2
+    except SinkWriteError as exc:
+        print(f"gpucost: error: {exc}", file=sys.stderr)
+        return 4
     except KafkaConnectionError as exc:
         print(f"gpucost: error: {exc}. Check the broker address (GPUCOST_KAFKA_BOOTSTRAP) and, for a secured "
               "listener, GPUCOST_KAFKA_SECURITY_PROTOCOL and its TLS/SASL settings; the line above says why the "

@@ -8,6 +8,7 @@ write a row twice.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,10 +18,12 @@ from aiokafka import AIOKafkaConsumer
 from pydantic import BaseModel, ValidationError
 
 from schemas.records import DeadLetter, OUTPUT_KINDS
-from sinks.parquet import ParquetSink
+from sinks.parquet import ParquetSink, SinkWriteError, remove_stale_temporaries
 from sinks.views import connect
 
 __all__ = ["DEDUPE_KEYS", "SinkStats", "written_keys", "run_kafka_sink"]
+
+log = logging.getLogger("gpucost.sink")
 
 #: the natural key of each output kind: the same key means the same record
 DEDUPE_KEYS: dict[str, tuple[str, ...]] = {
@@ -54,10 +57,40 @@ def _record(kind: str, value: bytes, source: str) -> BaseModel:
                           ts_ns=None, gpu_uuid=None)
 
 
+async def _flush(sink: ParquetSink, stop: asyncio.Event, retry_s: float) -> None:
+    """Write every buffered record, retrying while the disk refuses; raise if stopped before it worked."""
+    failing = False
+    while True:
+        try:
+            sink.flush()
+        except SinkWriteError as exc:
+            if not failing:
+                log.error("%s. Offsets are not committed; retrying every %.0f s", exc, retry_s)
+                failing = True
+            if stop.is_set():
+                raise
+            await asyncio.sleep(retry_s)
+            continue
+        if failing:
+            log.warning("Parquet output writable again; %s records written", f"{sum(sink.rows_written.values()):,}")
+        return
+
+
 async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path,
-                         group_id: str, stop: asyncio.Event, flush_interval_s: float = 2.0) -> SinkStats:
-    """Consume ``topics`` (kind → topic name) until ``stop`` is set; flush, then commit."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+                         group_id: str, stop: asyncio.Event, flush_interval_s: float = 2.0,
+                         retry_s: float = 5.0) -> SinkStats:
+    """Consume ``topics`` (kind → topic name) until ``stop`` is set; flush, then commit.
+
+    If the output cannot be written (disk full, permissions), nothing more is consumed and
+    no offset is committed; the write is retried every ``retry_s`` until it succeeds. A
+    sink stopped meanwhile raises ``SinkWriteError``: its records are read again on restart.
+    """
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SinkWriteError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
+    if stale := remove_stale_temporaries(out_dir):
+        log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
     seen = written_keys(out_dir)
     kind_of_topic = {t: k for k, t in topics.items()}
     sink = ParquetSink(out_dir)
@@ -84,13 +117,16 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
                         stats.duplicates[kind] += 1
                         continue
                     seen[kind].add(key)
-                    sink.write(rec)
                     stats.written[kind] += 1
+                    try:
+                        sink.write(rec)  # kept buffered even if the file it completes cannot be written
+                    except SinkWriteError:
+                        await _flush(sink, stop, retry_s)
             if dirty and time.monotonic() - last_flush >= flush_interval_s:
-                sink.flush()  # files renamed into place and fsynced …
+                await _flush(sink, stop, retry_s)  # files renamed into place and fsynced …
                 await consumer.commit()  # … before the offsets that produced them are committed
                 last_flush, dirty = time.monotonic(), False
-        sink.flush()
+        await _flush(sink, stop, retry_s)
         await consumer.commit()
     finally:
         await consumer.stop()

@@ -17,11 +17,23 @@ from pydantic import BaseModel
 from schemas.arrow import to_table
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, OUTPUT_KINDS
 
-__all__ = ["ParquetSink", "kind_of", "partition_date"]
+__all__ = ["ParquetSink", "SinkWriteError", "kind_of", "partition_date", "remove_stale_temporaries"]
 
 _KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
 _PART_RE = re.compile(r"part-(\d+)\.parquet$")
 UNKNOWN_DATE = "unknown"
+
+
+class SinkWriteError(OSError):
+    """A Parquet file could not be written; nothing partial is visible and its records stay buffered."""
+
+
+def remove_stale_temporaries(out_dir: Path) -> int:
+    """Delete the temporary files of a writer that died mid-file (never visible to readers)."""
+    stale = list(out_dir.glob("*/date=*/.part-*.parquet.tmp"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
 
 
 def kind_of(record: BaseModel) -> str:
@@ -74,19 +86,27 @@ class ParquetSink:
             self._write_file(*key)
 
     def _write_file(self, kind: str, date: str) -> None:
-        records = self._buffers.pop((kind, date), [])
+        records = self._buffers.get((kind, date), [])
         if not records:
             return
         folder = self.out_dir / kind / f"date={date}"
-        folder.mkdir(parents=True, exist_ok=True)
-        taken = [int(m.group(1)) for p in folder.iterdir() if (m := _PART_RE.match(p.name))]
-        final = folder / f"part-{max(taken, default=-1) + 1:05d}.parquet"
-        tmp = folder / f".{final.name}.tmp"
-        pq.write_table(to_table(kind, records), tmp, row_group_size=self.row_group_rows,
-                       compression="zstd")
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(folder)
+        tmp: Path | None = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            taken = [int(m.group(1)) for p in folder.iterdir() if (m := _PART_RE.match(p.name))]
+            final = folder / f"part-{max(taken, default=-1) + 1:05d}.parquet"
+            tmp = folder / f".{final.name}.tmp"
+            pq.write_table(to_table(kind, records), tmp, row_group_size=self.row_group_rows,
+                           compression="zstd")
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(folder)
+        except OSError as exc:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)  # give the space back; readers never saw it
+            raise SinkWriteError(f"cannot write Parquet under {folder}: {exc.strerror or exc} (free space, fix "
+                                 "the permissions, or choose another output directory)") from exc
+        del self._buffers[(kind, date)]
         self.rows_written[kind] += len(records)
         self.files_written.append(final)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,15 @@ settings.register_profile("dev", max_examples=40, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ROOT = Path(__file__).resolve().parent.parent
+#: one line per injected fault (tests/test_faults.py), printed at the end of the session
+FAULT_LINES: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FAULT_LINES:
+        terminalreporter.section("fault injection: what went in, what came out")
+        for line in FAULT_LINES:
+            terminalreporter.write_line(line)
 SHARED_DATA = Path(os.environ.get("GPUCOST_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
@@ -85,3 +95,13 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(kafka_broker: Broker) -> str:
     return kafka_broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A simulated fleet's events, and the embedded run's output for them."""
+    base = tmp_path_factory.mktemp("recorded")
+    for args in (["simulate", "--gpus", "3", "--hours", "74", "--interval-s", "20", "--seed", "11", "--out",
+                  str(base / "events")], ["replay", str(base / "events"), "--out", str(base / "embedded")]):
+        subprocess.run([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, check=True, capture_output=True)
+    return base / "events", base / "embedded"

@@ -25,16 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns")]
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A simulated fleet's events, and the embedded run's output for them."""
-    base = tmp_path_factory.mktemp("recorded")
-    for args in (["simulate", "--gpus", "3", "--hours", "74", "--interval-s", "20", "--seed", "11", "--out",
-                  str(base / "events")], ["replay", str(base / "events"), "--out", str(base / "embedded")]):
-        subprocess.run([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, check=True, capture_output=True)
-    return base / "events", base / "embedded"
-
-
 class Deployment:
     """Producer, workers and sink of one test, as separate processes, like a real deployment."""
 
@@ -45,7 +35,7 @@ class Deployment:
         self.app_id = f"app-{ns}"
         self.out = tmp / "parquet"
         self.env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": bootstrap, "GPUCOST_KAFKA_TOPIC_PREFIX": self.prefix,
-                    "GPUCOST_KAFKA_PARTITIONS": "4", "PYTHONUNBUFFERED": "1"}
+                    "GPUCOST_KAFKA_PARTITIONS": "4", "PYTHONUNBUFFERED": "1", "GPUCOST_SPOOL": str(tmp / "spool")}
         self.bootstrap = bootstrap
         self.procs: list[subprocess.Popen[bytes]] = []
 

@@ -1,0 +1,251 @@
+"""Fault injection against the real broker: each fault, then the Parquet against the embedded run.
+
+At the end of the session pytest prints one line per fault: events sent, records in the
+output, events dead-lettered (by reason), and µ$ billed against µ$ expected.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from gpucost.routing import Router
+from gpucost.signing import Signer, parse_keys
+from gpucost.worker import INPUTS
+from producers.replay import input_files
+from schemas.codec import Rejected, decode_line
+from schemas.events import Event
+from schemas.topics import CONTROL_HEADER, END_OF_INPUT
+from sinks.views import connect
+from tests.conftest import FAULT_LINES, ROOT, Broker
+from tests.test_kafka import (Deployment, assert_same_parquet, embedded_counts, run_to_completion,
+                              wait_for)
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+
+
+def events_in(folder: Path) -> int:
+    return sum(sum(1 for line in f.open("rb") if line.strip()) for f in input_files([folder]))
+
+
+def report(fault: str, sent: int, d: Deployment, embedded: Path) -> None:
+    got, want = connect(d.out), connect(embedded)
+    records = sum(got.execute(f"SELECT count(*) FROM {v}").fetchone()[0] for v in ("cost", "idle_index", "mae"))
+    reasons = dict(got.execute("SELECT reason, count(*) FROM dlq GROUP BY reason ORDER BY reason").fetchall())
+    billed = got.execute("SELECT coalesce(sum(cost_micro_usd), 0)::BIGINT FROM cost").fetchone()[0]
+    expected = want.execute("SELECT coalesce(sum(cost_micro_usd), 0)::BIGINT FROM cost").fetchone()[0]
+    FAULT_LINES.append(f"{fault:<28} events sent {sent:>7,} | records out {records:>6,} | dead-lettered "
+                       f"{sum(reasons.values()):>4} {reasons or ''} | µ$ billed {billed:,} vs expected {expected:,}"
+                       f" {'OK' if billed == expected else 'MISMATCH'}")
+
+
+def all_visible_files_readable(out: Path) -> None:
+    for path in out.glob("*/date=*/*.parquet"):
+        duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{path}')").fetchone()  # raises if torn
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(kafka_bootstrap, tmp_path)
+    yield d
+    d.stop()
+
+
+def test_broker_unavailable_for_30_s(deployment: Deployment, kafka_broker: Broker,
+                                     recorded: tuple[Path, Path]) -> None:
+    events, embedded = recorded
+    d = deployment
+    d.gpucost("topics", "create")
+    worker, sink = d.worker("worker"), d.sink()
+    producer = d.spawn("producer", "produce", "--source", "replay", str(events), "--buffer-mb", "0.2")
+    wait_for("the first batch on the broker", lambda: d.topic_size("events") > 0, 60, d.tmp)
+    broker_pid = int((Path(kafka_broker.env["GPUCOST_KAFKA_DATA"]) / "kafka.pid").read_text())
+    os.kill(broker_pid, signal.SIGSTOP)  # unresponsive, like a partitioned or hung broker
+    try:
+        time.sleep(30)
+        assert producer.poll() is None, "the producer gave up while the broker was away"
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+    assert producer.wait(timeout=240) == 0
+    log = (d.tmp / "producer.log").read_text()
+    assert "spilling to" in log and "drained" in log, log[-3000:]
+    assert not (d.tmp / "spool").exists()
+    # restart whatever the outage stopped, as a service manager would (and say so in the report)
+    restarted = [name for name, proc in (("worker", worker), ("sink", sink)) if proc.poll() is not None]
+    if "worker" in restarted:
+        d.worker("worker-restarted")
+    if "sink" in restarted:
+        d.sink("sink-restarted")
+    run_to_completion(d, embedded, timeout_s=300)
+    reasons = dict(connect(d.out).execute("SELECT reason, count(*) FROM dlq GROUP BY reason").fetchall())
+    assert set(reasons) <= {"duplicate"}  # a re-sent batch is refused, never billed twice
+    assert_same_parquet(d.out, embedded, dead_letters=sum(reasons.values()))
+    report("broker down 30 s" + (f" ({'+'.join(restarted)} restarted)" if restarted else ""), events_in(events), d,
+           embedded)
+
+
+def test_producer_stopped_while_the_broker_is_unreachable(deployment: Deployment,
+                                                          recorded: tuple[Path, Path]) -> None:
+    """Started with no broker: it buffers and keeps going; stopped, it spools; the next run delivers it."""
+    events, embedded = recorded
+    d = deployment
+    d.gpucost("topics", "create")
+    away = {**d.env, "GPUCOST_KAFKA_BOOTSTRAP": "127.0.0.1:1"}  # nothing listens there
+    first = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "produce", "--source", "replay", str(events)],
+                             cwd=ROOT, env=away, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(8)
+    assert first.poll() is None, "the producer gave up on an unreachable broker"
+    first.send_signal(signal.SIGTERM)
+    log = first.communicate(timeout=60)[0]
+    assert first.returncode == 130 and "cannot deliver" in log and "kept in" in log, log[-3000:]
+    assert (d.tmp / "spool").stat().st_size > 0
+    (d.tmp / "empty.jsonl").write_text("")
+    d.gpucost("produce", "--source", "replay", str(d.tmp / "empty.jsonl"))  # the spool goes first
+    assert not (d.tmp / "spool").exists()
+    d.worker("worker")
+    d.sink()
+    run_to_completion(d, embedded)
+    assert_same_parquet(d.out, embedded)
+    report("producer stopped, no broker", events_in(events), d, embedded)
+
+
+def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
+    events, embedded = recorded
+    d = deployment
+    d.gpucost("produce", "--source", "replay", str(events))
+    d.worker("worker")
+    want = embedded_counts(embedded)["cost"]
+    rnd = random.Random(7)
+    kills = 0
+    while kills < 4 and d.rows("cost") < want:
+        victim = d.spawn(f"sink-{kills}", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink",
+                         "--flush-interval-s", "0.1")
+        time.sleep(2.5 + rnd.random() * 2)  # start-up, then somewhere in the middle of writing
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        kills += 1
+        all_visible_files_readable(d.out)  # never a partial file, whenever it died
+    assert kills >= 2 and d.rows("cost") < want, "the sink finished before it could be killed twice"
+    d.sink("sink-last")
+    run_to_completion(d, embedded)
+    assert not list(d.out.glob("*/date=*/.*.tmp")), "temporaries of the killed sinks were left behind"
+    assert_same_parquet(d.out, embedded)
+    report(f"sink SIGKILLed x{kills}", events_in(events), d, embedded)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs (a full disk) needs root")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_then_space_back(deployment: Deployment, recorded: tuple[Path, Path], tiny_disk: Path) -> None:
+    events, embedded = recorded
+    d = deployment
+    d.out = tiny_disk / "parquet"
+    d.gpucost("produce", "--source", "replay", str(events))
+    d.worker("worker")
+    sink = d.spawn("sink", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0.5",
+                   "--retry-s", "0.5")
+    wait_for("the sink to report the full disk", lambda: "No space left" in (d.tmp / "sink.log").read_text(),
+             120, d.tmp)
+    time.sleep(2)
+    assert sink.poll() is None, "the sink died instead of waiting for space"
+    all_visible_files_readable(d.out)
+    assert not list(d.out.glob("*/date=*/.*.tmp")), "a failed write left its temporary file taking space"
+    subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)  # space is back
+    run_to_completion(d, embedded)
+    assert "writable again" in (d.tmp / "sink.log").read_text()
+    assert_same_parquet(d.out, embedded)
+    report("disk full, then space", events_in(events), d, embedded)
+
+
+async def _inject(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for key, value, headers in messages:
+            await producer.send_and_wait(topic, value, key=key, headers=headers)
+    finally:
+        await producer.stop()
+
+
+def test_forged_events_over_tls(deployment: Deployment, kafka_broker: Broker, recorded: tuple[Path, Path]) -> None:
+    """Producer, worker and sink all on the TLS listener; the worker verifies signatures."""
+    events, embedded = recorded
+    d = deployment
+    old, new = (f"{kid} {secrets.token_hex(32)}" for kid in ("2026-11", "2026-12"))
+    (d.tmp / "ring").write_text(f"{old}\n{new}\n")  # mid-rotation: both accepted
+    (d.tmp / "producer.key").write_text(new + "\n")
+    d.env.update(GPUCOST_KAFKA_BOOTSTRAP=kafka_broker.tls_bootstrap, GPUCOST_KAFKA_SECURITY_PROTOCOL="SSL",
+                 GPUCOST_KAFKA_SSL_CAFILE=str(kafka_broker.ca_file))
+    d.gpucost("produce", "--source", "replay", str(events), "--signing-key-file", str(d.tmp / "producer.key"),
+              "--no-end-of-input")
+    # what an attacker who can reach the broker sends: real-looking batches for a real GPU's key
+    line = next(ln for f in input_files([events]) for ln in f.open("rb") if b'"gpu_sample"' in ln).strip()
+    gpu = json.loads(line)["gpu_uuid"].encode()
+    fake = json.dumps({**json.loads(line), "sm_util_pct": 100.0, "ts_ns": json.loads(line)["ts_ns"] + 1}).encode()
+    stranger = Signer(parse_keys(f"evil {secrets.token_hex(32)}", "attacker")["evil"])
+    honest = Signer(parse_keys(new, "ring")["2026-12"])
+    forged = [(gpu, fake, []), (gpu, fake, stranger.headers(gpu, fake)),
+              (gpu, fake + b"\n" + fake, honest.headers(gpu, fake))]  # a signed message with a line appended
+    # then the end of the input, signed as the producer would (every key it wrote to)
+    router = Router()
+    keys = {(t, k) for ev in replay_events(events) for t, k, _ in router.route(ev) if t in INPUTS}
+    ends = [(k.encode(), b"", [(CONTROL_HEADER, END_OF_INPUT), *honest.headers(k.encode(), b"")]) for _, k in keys]
+    asyncio.run(_inject(d.bootstrap, f"{d.prefix}events", forged))
+    for topic in INPUTS:
+        asyncio.run(_inject(d.bootstrap, f"{d.prefix}{topic}", [e for (t, _), e in zip(keys, ends) if t == topic]))
+    d.spawn("worker", "worker", "--group", d.app_id, "--session-timeout-s", "6", "--verify-keys", str(d.tmp / "ring"))
+    d.sink()
+    run_to_completion(d, embedded)
+    reasons = Counter(dict(connect(d.out).execute("SELECT reason, count(*) FROM dlq GROUP BY reason").fetchall()))
+    assert reasons == Counter({"unsigned": 1, "unknown_key": 1, "bad_signature": 2})
+    assert_same_parquet(d.out, embedded, dead_letters=4)
+    report("forged events, over TLS", events_in(events) + 4, d, embedded)
+
+
+def replay_events(folder: Path) -> Iterator[Event]:
+    for f in input_files([folder]):
+        for line in f.open("rb"):
+            ev = decode_line(line)
+            assert not isinstance(ev, Rejected)
+            yield ev
+
+
+def test_scram_credentials_reach_the_clients(kafka_broker: Broker, tmp_path: Path) -> None:
+    env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": kafka_broker.scram_bootstrap,
+           "GPUCOST_KAFKA_TOPIC_PREFIX": f"s{secrets.token_hex(3)}.", "GPUCOST_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+           "GPUCOST_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "GPUCOST_KAFKA_SASL_USERNAME": kafka_broker.scram_user,
+           "GPUCOST_KAFKA_SASL_PASSWORD": kafka_broker.scram_password, "GPUCOST_SPOOL": str(tmp_path / "spool")}
+    gpucost = [sys.executable, "-m", "gpucost.cli"]
+    ok = subprocess.run([*gpucost, "produce", "--source", "simulate", "--gpus", "1", "--hours", "0.5"], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "events:" in ok.stdout, ok.stderr[-2000:]
+    env["GPUCOST_KAFKA_SASL_PASSWORD"] = "not-the-password"
+    refused = subprocess.run([*gpucost, "topics", "create"], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 3 and "SaslAuthenticationFailed" in refused.stderr
+    assert "GPUCOST_KAFKA_SECURITY_PROTOCOL" in refused.stderr  # and it says what to check
