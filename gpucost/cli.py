@@ -138,7 +138,8 @@ def _parser() -> argparse.ArgumentParser:
 
     qry = sub.add_parser("query", help="run SQL over the views idle_index, mae, cost, dlq")
     qry.add_argument("sql")
-    qry.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    qry.add_argument("--format", choices=["table", "csv", "json", "lines"], default="table",
+                     help="lines: one value per line, of a one-column query (e.g. dead letters' raw text to replay)")
     _add_out(qry, "directory holding the output to query")
 
     views = sub.add_parser("views", help="print the CREATE VIEW statements for use in any DuckDB")
@@ -407,8 +408,12 @@ def cmd_query(args: argparse.Namespace) -> int:
     except duckdb.Error as exc:
         raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
     columns = [d[0] for d in res.description] if res.description else []
+    if args.format == "lines" and len(columns) != 1:
+        raise UsageError(f"--format lines needs a query of one column, this one has {len(columns)}: {columns}")
     rows = res.fetchall()
-    if args.format == "csv":
+    if args.format == "lines":
+        sys.stdout.writelines(f"{r[0]}\n" for r in rows)
+    elif args.format == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)
         writer.writerows(rows)

@@ -184,3 +184,28 @@ def test_run_with_nvml_and_no_driver_is_one_clear_error(capsys: pytest.CaptureFi
     rc, _, err = cli(capsys, "run", "--source", "nvml", "--out", str(tmp_path / "o"))
     assert rc == 2 and err.count("\n") == 1 and "NVML is not available" in err and "--source simulate" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_dead_letters_can_be_fixed_and_replayed(capsys: pytest.CaptureFixture[str], events: Path,
+                                                tmp_path: Path) -> None:
+    """The documented recipe: export a reason's raw lines, fix them, replay them with the input."""
+    good = next(events.glob("*.jsonl")).read_text().splitlines()
+    sample = json.loads(next(line for line in good if '"gpu_sample"' in line))
+    first_ts = sample["ts_ns"]
+    broken = [json.dumps({**sample, "gpu_uuid": f"GPU-fix-{i}", "sm_util_pct": 140 + i, "ts_ns": first_ts + i})
+              for i in range(3)]
+    (tmp_path / "broken.jsonl").write_text("\n".join(broken) + "\n")
+    assert main(["replay", str(events), str(tmp_path / "broken.jsonl"), "--out", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    rc, out, _ = cli(capsys, "query", "--out", str(tmp_path / "a"), "--format", "lines",
+                     "SELECT raw FROM dlq WHERE reason = 'out_of_range' ORDER BY raw")
+    assert rc == 0 and out.splitlines() == sorted(broken)
+    fixed = [json.dumps({**json.loads(line), "sm_util_pct": 100.0}) for line in out.splitlines()]
+    (tmp_path / "fixed.jsonl").write_text("\n".join(fixed) + "\n")
+    assert main(["replay", str(events), str(tmp_path / "fixed.jsonl"), "--out", str(tmp_path / "b")]) == 0
+    con = connect(tmp_path / "b")
+    assert con.execute("SELECT count(*) FROM dlq").fetchone() == (0,)
+    assert con.execute("SELECT count(DISTINCT gpu_uuid) FROM idle_index WHERE gpu_uuid LIKE 'GPU-fix-%'"
+                       ).fetchone() == (3,)
+    rc, _, err = cli(capsys, "query", "--out", str(tmp_path / "b"), "--format", "lines", "SELECT 1, 2")
+    assert rc == 2 and "one column" in err
