@@ -54,6 +54,13 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
+def _env_flag(p: argparse.ArgumentParser, flag: str, env: str, kind: type, default: str | None, what: str) -> None:
+    """A flag that falls back to an environment variable; the help says both, and the default."""
+    shown = "unset" if default is None else default
+    p.add_argument(flag, type=kind, default=os.environ.get(env, default),
+                   help=f"{what} (env {env}; default {shown})".replace("%", "%%"))
+
+
 def _add_out(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--out", type=Path, default=Path(_env("GPUCOST_OUT", DEFAULT_OUT)),
                    help=f"{what} (env GPUCOST_OUT; default ./{DEFAULT_OUT})")
@@ -158,30 +165,25 @@ def _parser() -> argparse.ArgumentParser:
     prod.add_argument("input", type=Path, nargs="*", help="with --source replay: JSON Lines files or directories")
     prod.add_argument("--no-end-of-input", dest="end_of_input", action="store_false",
                       help="do not mark the end of the input (the panes of a finite input then stay open)")
-    prod.add_argument("--spool", type=Path, default=os.environ.get("GPUCOST_SPOOL"),
-                      help="file where messages wait, past --buffer-mb, while the broker is unreachable; a later "
-                           "run sends what it holds first (env GPUCOST_SPOOL; default "
-                           "~/.local/state/gpucost/<topic prefix>produce.spool)")
-    prod.add_argument("--buffer-mb", type=float, default=_env("GPUCOST_BUFFER_MB", "64"),
-                      help="memory for messages not yet acknowledged, before spilling to the spool "
-                           "(env GPUCOST_BUFFER_MB; default 64)")
-    prod.add_argument("--signing-key-file", type=Path, default=os.environ.get("GPUCOST_SIGNING_KEY_FILE"),
-                      help="sign every message with the one key in this file, '<key_id> <secret hex> [nodes]' "
-                           "(env GPUCOST_SIGNING_KEY_FILE; default: unsigned)")
+    _env_flag(prod, "--spool", "GPUCOST_SPOOL", Path, None,
+              "file where messages wait, past --buffer-mb, while the broker is unreachable; a later run sends "
+              "what it holds first (unset: ~/.local/state/gpucost/<topic prefix>produce.spool)")
+    _env_flag(prod, "--buffer-mb", "GPUCOST_BUFFER_MB", float, "64",
+              "memory for messages not yet acknowledged, before spilling to the spool")
+    _env_flag(prod, "--signing-key-file", "GPUCOST_SIGNING_KEY_FILE", Path, None,
+              "sign every message with the one key in this file, '<key_id> <secret hex> [nodes]' (unset: unsigned)")
     _add_fleet(prod)
     _add_live(prod)
     _add_kafka(prod)
 
     work = sub.add_parser("worker", help="run a worker: input topics → operators → output topics, exactly once")
-    work.add_argument("--group", default=_env("GPUCOST_GROUP", "gpucost"),
-                      help="consumer group shared by all workers; also names their transactions "
-                           "(env GPUCOST_GROUP; default gpucost)")
-    work.add_argument("--session-timeout-s", type=float, default=_env("GPUCOST_SESSION_TIMEOUT_S", "30"),
-                      help="seconds before a silent worker's partitions move to another "
-                           "(env GPUCOST_SESSION_TIMEOUT_S; default 30)")
-    work.add_argument("--verify-keys", type=Path, default=os.environ.get("GPUCOST_VERIFY_KEYS"),
-                      help="apply only messages signed by a key in this keyring file (re-read when it changes); "
-                           "others are dead-lettered (env GPUCOST_VERIFY_KEYS; default: no verification)")
+    _env_flag(work, "--group", "GPUCOST_GROUP", str, "gpucost",
+              "consumer group shared by all workers; also names their transactions")
+    _env_flag(work, "--session-timeout-s", "GPUCOST_SESSION_TIMEOUT_S", float, "30",
+              "seconds before a silent worker's partitions move to another")
+    _env_flag(work, "--verify-keys", "GPUCOST_VERIFY_KEYS", Path, None,
+              "apply only messages signed by a key in this keyring file (re-read when it changes); others are "
+              "dead-lettered (unset: no verification)")
     _add_settings(work)
     _add_kafka(work)
 
@@ -190,9 +192,8 @@ def _parser() -> argparse.ArgumentParser:
     sink.add_argument("--group", default=_env("GPUCOST_SINK_GROUP", "gpucost-sink"),
                       help="consumer group (env GPUCOST_SINK_GROUP; default gpucost-sink)")
     sink.add_argument("--flush-interval-s", type=float, default=2.0, help="seconds between file flushes")
-    sink.add_argument("--retry-s", type=float, default=_env("GPUCOST_SINK_RETRY_S", "5"),
-                      help="while the output cannot be written, retry this often (env GPUCOST_SINK_RETRY_S; "
-                           "default 5)")
+    _env_flag(sink, "--retry-s", "GPUCOST_SINK_RETRY_S", float, "5",
+              "while the output cannot be written, retry this often")
     _add_kafka(sink)
     return parser
 

@@ -53,7 +53,9 @@ class FleetSpec:
     seed: int = 0
     interval_s: float = 10.0
     gpus_per_node: int = 4
-    start_ns: int = 1_767_571_200 * NS  # 2026-01-05T00:00:00Z
+    # 2025-01-06T00:00:00Z, a Monday: even the longest fleet (366 days) ends in the past, so a worker's
+    # clock never refuses its events as future_timestamp
+    start_ns: int = 1_736_121_600 * NS
     max_delay_s: float = 30.0
     addresses_per_hour: int = 192
     unbound_fraction: float = 0.1

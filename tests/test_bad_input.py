@@ -142,3 +142,9 @@ def test_decoder_never_raises_on_arbitrary_input(data: bytes | str) -> None:
 def test_decoder_never_raises_on_wrong_fields(kind: str, fields: dict) -> None:
     got = decode_line(json.dumps({"kind": kind, **fields}))
     assert isinstance(got, Rejected) or got.kind == kind
+
+
+def test_no_simulated_fleet_is_refused_as_future() -> None:
+    """The simulator's timeline is fixed (reproducible); even its longest fleet must lie in the past."""
+    longest = FleetSpec(hours=24 * 366)
+    assert longest.end_ns < time.time_ns() - AuditSettings().max_future_ns

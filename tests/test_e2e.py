@@ -131,4 +131,4 @@ def test_parquet_layout_and_schema(fleet) -> None:
             assert pq.read_schema(f).remove_metadata() == ARROW_SCHEMAS[kind]
     assert not list(out.rglob("*.tmp"))
     dates = sorted(p.name for p in (out / "cost").iterdir())
-    assert dates == ["date=2026-01-05", "date=2026-01-06", "date=2026-01-07", "date=2026-01-08"]
+    assert dates == ["date=2025-01-06", "date=2025-01-07", "date=2025-01-08", "date=2025-01-09"]
