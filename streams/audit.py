@@ -44,7 +44,7 @@ class Auditor:
         self.clock = clock
         self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
         self.panes = GpuPanes(settings.pane_ns, settings.lateness_ns, settings.idle_threshold_cp)
-        self.idle = IdleIndex(settings.window_ns)
+        self.idle = IdleIndex(settings.window_ns, settings.pane_ns)
         self.mae = Mae(settings)
         self.bindings = BindingTable()
         self.prices = PriceTable()

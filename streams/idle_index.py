@@ -5,12 +5,15 @@ pane_end]". Literally that admits the *next* pane (start = pane_end), which has 
 and leaves only 71 h 59 min of closed panes. We sum the 72 h ending at pane_end: the panes
 whose *end* lies in (pane_end − 72 h, pane_end], i.e. start in (pane_start − 72 h, pane_start].
 
-State per GPU is one entry per pane in the window (O(window / P) numbers) and two running
-totals, so each closed pane costs O(1) amortised.
+State per GPU is a ring of n = ⌈window / P⌉ slots, one per pane index modulo n, of two
+unsigned 32-bit numbers (idle and covered ms; a GPU whose pane ever needs more switches to 64
+bits), plus the two running totals: 34 KiB per GPU at 72 h of 60 s panes, where a list of
+Python objects per pane took ten times that. Each closed pane costs O(1) amortised.
 """
 from __future__ import annotations
 
-from collections import deque
+import base64
+from array import array
 from typing import Any
 
 from schemas.records import IdleIndexRecord
@@ -19,36 +22,76 @@ from streams.panes import PaneTotals
 __all__ = ["IdleIndex"]
 
 
+class _Window:
+    """One GPU's panes in the window: slot k % n holds pane k, for k in (last − n, last]."""
+
+    __slots__ = ("idle", "covered", "last", "idle_sum", "covered_sum")
+
+    def __init__(self, n: int, typecode: str = "I") -> None:
+        self.idle = array(typecode, bytes(n * array(typecode).itemsize))
+        self.covered = array(typecode, bytes(n * array(typecode).itemsize))
+        self.last: int | None = None
+        self.idle_sum = 0
+        self.covered_sum = 0
+
+    def roll(self, k: int, idle_ms: int, covered_ms: int) -> None:
+        """Pane ``k`` (the newest so far) in; the panes that leave the window out."""
+        n = len(self.idle)
+        if self.last is None or k - self.last >= n:
+            self.idle = array(self.idle.typecode, bytes(len(self.idle.tobytes())))
+            self.covered = array(self.covered.typecode, bytes(len(self.covered.tobytes())))
+            self.idle_sum = self.covered_sum = 0
+        else:
+            for gone in range(self.last + 1, k):  # panes without GPU samples: their slots empty out
+                self._put(gone % n, 0, 0)
+        self._put(k % n, idle_ms, covered_ms)
+        self.last = k
+
+    def _put(self, slot: int, idle_ms: int, covered_ms: int) -> None:
+        self.idle_sum += idle_ms - self.idle[slot]
+        self.covered_sum += covered_ms - self.covered[slot]
+        try:
+            self.idle[slot], self.covered[slot] = idle_ms, covered_ms
+        except OverflowError:  # over 49 days of samples in one pane: only forged data does that, but count it
+            self.idle, self.covered = array("Q", self.idle), array("Q", self.covered)
+            self.idle[slot], self.covered[slot] = idle_ms, covered_ms
+
+    def to_state(self) -> list[Any]:
+        return [self.idle.typecode, self.last, self.idle_sum, self.covered_sum,
+                base64.b64encode(self.idle.tobytes()).decode(), base64.b64encode(self.covered.tobytes()).decode()]
+
+    @classmethod
+    def from_state(cls, state: list[Any]) -> "_Window":
+        typecode, last, idle_sum, covered_sum, idle, covered = state
+        window = cls(0, typecode)
+        window.idle.frombytes(base64.b64decode(idle))
+        window.covered.frombytes(base64.b64decode(covered))
+        window.last, window.idle_sum, window.covered_sum = last, idle_sum, covered_sum
+        return window
+
+
 class IdleIndex:
-    def __init__(self, window_ns: int) -> None:
-        self.window_ns = window_ns
-        # gpu → panes in the window as [start_ns, idle_ms, covered_ms], plus [idle_sum, covered_sum]
-        self._panes: dict[str, deque[list[int]]] = {}
-        self._sums: dict[str, list[int]] = {}
+    def __init__(self, window_ns: int, pane_ns: int) -> None:
+        self.pane_ns = pane_ns
+        self.slots = -(-window_ns // pane_ns)  # panes with start in (s − W, s]: ⌈W / P⌉ of them
+        self._gpus: dict[str, _Window] = {}
 
     def on_close(self, pane: PaneTotals) -> IdleIndexRecord | None:
         """Roll a closed pane in; panes close per GPU in ascending start order."""
         if pane.node_id is None or pane.gpu_model is None:
             return None  # no GPU samples in this pane: nothing to publish
-        ring = self._panes.setdefault(pane.gpu_uuid, deque())
-        sums = self._sums.setdefault(pane.gpu_uuid, [0, 0])
-        ring.append([pane.pane_start_ns, pane.idle_ms, pane.covered_ms])
-        sums[0] += pane.idle_ms
-        sums[1] += pane.covered_ms
-        horizon = pane.pane_start_ns - self.window_ns  # window: starts in (start − W, start]
-        while ring[0][0] <= horizon:  # never empties: window ≥ pane (settings)
-            _, idle, covered = ring.popleft()
-            sums[0] -= idle
-            sums[1] -= covered
+        window = self._gpus.get(pane.gpu_uuid)
+        if window is None:
+            window = self._gpus[pane.gpu_uuid] = _Window(self.slots)
+        window.roll(pane.pane_start_ns // self.pane_ns, pane.idle_ms, pane.covered_ms)
         return IdleIndexRecord.model_construct(
             gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
             pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns,
-            idle_ms=pane.idle_ms, covered_ms=pane.covered_ms,
-            idle_ms_72h=sums[0], covered_ms_72h=sums[1], idle_index_72h=sums[0] / sums[1])
+            idle_ms=pane.idle_ms, covered_ms=pane.covered_ms, idle_ms_72h=window.idle_sum,
+            covered_ms_72h=window.covered_sum, idle_index_72h=window.idle_sum / window.covered_sum)
 
     def to_state(self) -> dict[str, Any]:
-        return {g: [list(ring), self._sums[g]] for g, ring in self._panes.items()}
+        return {g: w.to_state() for g, w in self._gpus.items()}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self._panes = {g: deque(ring) for g, (ring, _) in state.items()}
-        self._sums = {g: list(sums) for g, (_, sums) in state.items()}
+        self._gpus = {g: _Window.from_state(s) for g, s in state.items()}

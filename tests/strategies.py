@@ -22,7 +22,7 @@ WEIGHTS = [("0.6", "0.3", "0.1"), ("1", "0", "0"), ("0", "1", "0"), ("0", "0", "
 def settings_st(draw: st.DrawFn) -> AuditSettings:
     alpha, beta, gamma = map(Decimal, draw(st.sampled_from(WEIGHTS)))
     return AuditSettings(
-        pane_s=draw(st.sampled_from([60, 600])),
+        pane_s=draw(st.sampled_from([60, 420, 600])),  # 420: a window that is not a whole number of panes
         lateness_s=draw(st.sampled_from([0, 120, 600])),
         window_h=1,  # streams span up to 3 h, so the window really slides
         alpha=alpha, beta=beta, gamma=gamma,

@@ -5,7 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.events import GpuSample
-from streams.panes import GpuPanes, pane_start_ns
+from streams.idle_index import IdleIndex
+from streams.panes import GpuPanes, PaneTotals, pane_start_ns
 
 NS = 1_000_000_000
 P = 60 * NS
@@ -45,3 +46,17 @@ def test_watermarks_are_per_gpu() -> None:
     panes.advance("GPU-a", T0 + 10 * P)
     assert panes.is_late("GPU-a", T0)
     assert not panes.is_late("GPU-b", T0)  # another GPU's clock never makes this one late
+
+
+def test_idle_window_survives_panes_beyond_32_bits() -> None:
+    """A pane holding more than 2^32 ms (forged or absurd intervals) widens the ring, losing nothing."""
+    index = IdleIndex(window_ns=3 * 60 * NS, pane_ns=60 * NS)
+    sizes = [(1, 60_000), (5_000_000_000, 6_000_000_000), (7, 60_000), (0, 60_000)]
+    got = []
+    for k, (idle, covered) in enumerate(sizes):
+        pane = PaneTotals("GPU-1", T0 + k * 60 * NS, T0 + (k + 1) * 60 * NS, "n", "H100", covered, idle)
+        rec = index.on_close(pane)
+        got.append((rec.idle_ms_72h, rec.covered_ms_72h))
+    want = [(sum(i for i, _ in sizes[max(0, k - 2):k + 1]), sum(c for _, c in sizes[max(0, k - 2):k + 1]))
+            for k in range(len(sizes))]
+    assert got == want
