@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import duckdb
+import pyarrow.parquet as pq
 from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 
@@ -29,8 +30,9 @@ from gpucost.kafka_settings import KafkaSettings
 from gpucost.report import format_table, summary
 from gpucost.signing import Keyring, Signer
 from producers.nvml import NvmlSampler
-from producers.replay import input_files, read_lines
+from producers.replay import input_files, read_inputs
 from producers.simulate import FleetSpec, simulate
+from schemas.arrow import events_table
 from schemas.codec import Rejected, decode_line, encode_event, explain
 from schemas.events import Event
 from schemas.records import OUTPUT_KINDS
@@ -136,7 +138,9 @@ def _parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="write a simulated fleet's events as JSON Lines")
     _add_fleet(sim)
-    sim.add_argument("--out", type=Path, required=True, help="directory for events-NNNNN.jsonl")
+    sim.add_argument("--out", type=Path, required=True, help="directory for events-NNNNN.jsonl (or .parquet)")
+    sim.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl",
+                     help="JSON Lines (the wire form), or Parquet with one column per wire field")
 
     rep = sub.add_parser("replay", help="run recorded JSON Lines events through the pipeline")
     rep.add_argument("input", type=Path, nargs="+", help="JSON Lines files or directories")
@@ -342,7 +346,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{spec.hours:g} h, seed {spec.seed}", file=sys.stderr)
     previous = signal.getsignal(signal.SIGINT)
     try:
-        items: Iterator[Item] = (itertools.chain(read_lines(_files(args.prices)) if args.prices else [],
+        items: Iterator[Item] = (itertools.chain(read_inputs(_files(args.prices)) if args.prices else [],
                                                  _live_items(args, source, nvml)) if source in ("nvml", "dcgm", "ebpf")
                                  else ((ev, "simulate") for ev in simulate(spec)))
         _prepare_out(args.out, args.overwrite)
@@ -355,19 +359,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     spec = _fleet(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    files, fh, n = 0, None, 0
-    try:
-        for n, ev in enumerate(simulate(spec)):
-            if n % SIM_LINES_PER_FILE == 0:
-                if fh is not None:
-                    fh.close()
-                fh = open(args.out / f"events-{files:05d}.jsonl", "w")
-                files += 1
-            fh.write(encode_event(ev) + "\n")  # type: ignore[union-attr]
-    finally:
-        if fh is not None:
-            fh.close()
-    print(f"wrote {n + 1:,} events to {files} file(s) in {args.out}")
+    events, files, n = simulate(spec), 0, 0
+    while chunk := list(itertools.islice(events, SIM_LINES_PER_FILE)):
+        path = args.out / f"events-{files:05d}.{args.format}"
+        if args.format == "parquet":
+            pq.write_table(events_table(chunk), path, compression="zstd")
+        else:
+            path.write_text("".join(encode_event(ev) + "\n" for ev in chunk))
+        files, n = files + 1, n + len(chunk)
+    print(f"wrote {n:,} events to {files} file(s) in {args.out}")
     return 0
 
 
@@ -390,7 +390,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     total = sum(f.stat().st_size for f in files)
     with tqdm(total=total, unit="B", unit_scale=True, disable=not sys.stderr.isatty(), desc="replay") as bar:
-        stats = run_embedded(read_lines(files), settings, args.out,
+        stats = run_embedded(read_inputs(files), settings, args.out,
                              on_batch=lambda b: bar.update(sum(len(raw) + 1 for raw, _ in b)))  # type: ignore[arg-type]
     return _finish(args.out, stats)
 
@@ -453,7 +453,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def _replay_events(files: list[Path], rejected: list[tuple[Rejected, str, str]]) -> Iterator[Event]:
-    for line, label in read_lines(files):
+    for line, label in read_inputs(files):
         decoded = decode_line(line)
         if isinstance(decoded, Rejected):
             rejected.append((decoded, label, line.decode("utf-8", "backslashreplace")))

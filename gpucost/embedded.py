@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from schemas.events import Event
 from schemas.records import DeadLetter
@@ -20,8 +21,8 @@ from streams.settings import AuditSettings
 
 __all__ = ["Item", "RunStats", "run_embedded"]
 
-#: a source yields decoded events, or raw lines (decoded here, as a worker would), with a label
-Item = tuple[Event | str | bytes, str]
+#: a source yields decoded events, or raw lines or Parquet rows (decoded here, as a worker would), with a label
+Item = tuple[Event | str | bytes | dict[str, Any], str]
 _BATCH = 2048
 _DONE = object()
 
@@ -69,7 +70,7 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     for batch in _drain(q):
         stats.inputs += len(batch)
         for payload, label in batch:
-            records = (auditor.ingest(payload, label) if isinstance(payload, (str, bytes))
+            records = (auditor.ingest(payload, label) if isinstance(payload, (str, bytes, dict))
                        else auditor.update(payload, None, label))
             for record in records:
                 if isinstance(record, DeadLetter):

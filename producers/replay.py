@@ -1,13 +1,16 @@
-"""Recorded events: JSON Lines files (plain or gzip), in file-name order, line by line."""
+"""Recorded events: JSON Lines files (plain or gzip) or Parquet files, in file-name order, event by event."""
 from __future__ import annotations
 
 import gzip
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["SUFFIXES", "input_files", "read_lines"]
+import pyarrow.parquet as pq
 
-SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz")
+__all__ = ["SUFFIXES", "input_files", "read_inputs"]
+
+SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".parquet")
 
 
 def input_files(paths: list[Path]) -> list[Path]:
@@ -27,11 +30,23 @@ def input_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def read_lines(files: list[Path]) -> Iterator[tuple[bytes, str]]:
-    """Every non-blank line as raw bytes, labelled ``file:line``; decoding is the consumer's job."""
+def read_inputs(files: list[Path]) -> Iterator[tuple[bytes | dict[str, Any], str]]:
+    """Every non-blank line as raw bytes, labelled ``file:line``, and every Parquet row (``EVENT_SCHEMA``)
+    as a dict of its non-null fields, labelled ``file#row``; decoding is the consumer's job."""
     for path in files:
+        if path.name.endswith(".parquet"):
+            yield from _parquet_rows(path)
+            continue
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rb") as fh:
             for lineno, line in enumerate(fh, 1):
                 if line.strip():
                     yield line.rstrip(b"\r\n"), f"{path}:{lineno}"
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    n = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=65_536):
+        for row in batch.to_pylist():
+            n += 1
+            yield {k: v for k, v in row.items() if v is not None}, f"{path}#{n}"

@@ -8,14 +8,15 @@ from __future__ import annotations
 import types
 from decimal import Decimal
 from functools import cache
-from typing import Union, get_args, get_origin
+from typing import Annotated, Union, get_args, get_origin
 
 import pyarrow as pa
 from pydantic import BaseModel
 
+from schemas.events import EVENT_MODELS, EbpfTrace, Event
 from schemas.records import OUTPUT_KINDS
 
-__all__ = ["arrow_schema", "ARROW_SCHEMAS", "to_table"]
+__all__ = ["arrow_schema", "ARROW_SCHEMAS", "to_table", "EVENT_SCHEMA", "events_table"]
 
 PRICE_TYPE = pa.decimal128(18, 6)
 _SCALARS: dict[type, pa.DataType] = {
@@ -29,6 +30,8 @@ def _arrow_field(name: str, annotation: object) -> pa.Field:
         args = [a for a in get_args(annotation) if a is not type(None)]
         nullable = len(args) < len(get_args(annotation))
         (annotation,) = args
+    if get_origin(annotation) is Annotated:  # constraints (ge, lt, …) do not change the storage type
+        annotation = get_args(annotation)[0]
     if annotation not in _SCALARS:
         raise TypeError(f"field {name}: no Arrow type declared for {annotation!r}")
     return pa.field(name, _SCALARS[annotation], nullable=nullable)
@@ -46,3 +49,36 @@ def to_table(kind: str, records: list[BaseModel]) -> pa.Table:
     schema = ARROW_SCHEMAS[kind]
     columns = {name: [getattr(r, name) for r in records] for name in schema.names}
     return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _event_schema() -> pa.Schema:
+    """Every wire field of every input kind, nullable (a row holds one event), ``kind`` first.
+
+    Derived from the event models like the output schemas. Exceptions, by what the wire
+    carries: ``kind`` and ``sla`` are text, ``address`` is unsigned 64-bit, and
+    ``ebpf_trace`` travels as its ``trace_hex``.
+    """
+    fields: dict[str, pa.Field] = {"kind": pa.field("kind", pa.string(), nullable=False)}
+    for model in EVENT_MODELS.values():
+        if model is EbpfTrace:
+            fields.setdefault("trace_hex", pa.field("trace_hex", pa.string()))
+            continue
+        for name, info in model.model_fields.items():
+            if name in fields or name == "kind":
+                continue
+            if name == "address":
+                fields[name] = pa.field(name, pa.uint64())
+            elif name == "sla":
+                fields[name] = pa.field(name, pa.string())
+            else:
+                fields[name] = _arrow_field(name, info.annotation).with_nullable(True)
+    return pa.schema(list(fields.values()))
+
+
+EVENT_SCHEMA = _event_schema()
+
+
+def events_table(events: list[Event]) -> pa.Table:
+    """Events as rows of ``EVENT_SCHEMA`` (the wire values: what a JSON Lines file holds)."""
+    rows = [e.to_wire() if isinstance(e, EbpfTrace) else e.model_dump(exclude_none=True) for e in events]
+    return pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)

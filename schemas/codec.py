@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
 from schemas.events import EVENT_MODELS, Event
 
-__all__ = ["REASONS", "Rejected", "decode_line", "encode_event", "explain", "reason_of"]
+__all__ = ["REASONS", "Rejected", "decode_line", "decode_object", "encode_event", "explain", "raw_text",
+           "reason_of"]
 
 #: every dead-letter reason, and what it means (the README's catalogue is this table)
 REASONS: dict[str, str] = {
@@ -75,13 +76,20 @@ def reason_of(error: ValidationError) -> str:
     return "invalid"
 
 
-def decode_line(line: str | bytes) -> Event | Rejected:
+def decode_line(line: str | bytes | dict[str, Any]) -> Event | Rejected:
+    """One JSON Lines line (or a row of an events Parquet file, as a dict) → an event, or why not."""
+    if isinstance(line, dict):
+        return decode_object(line)
     try:
         obj = json.loads(line)
     except ValueError as exc:  # includes UnicodeDecodeError, and integers over 4300 digits
         return Rejected("malformed_json", f"not valid JSON: {exc}", None)
     except RecursionError:
         return Rejected("malformed_json", "not valid JSON: nested too deeply", None)
+    return decode_object(obj)
+
+
+def decode_object(obj: object) -> Event | Rejected:
     if not isinstance(obj, dict):
         return Rejected("not_an_object", f"expected a JSON object, got {type(obj).__name__}", None)
     kind = obj.get("kind")
@@ -96,6 +104,13 @@ def decode_line(line: str | bytes) -> Event | Rejected:
         return Rejected(reason_of(exc), explain(exc), kind)
     except ValueError as exc:  # raised by a before-validator outside pydantic's wrapping
         return Rejected("invalid", str(exc), kind)
+
+
+def raw_text(payload: str | bytes | dict[str, Any]) -> str:
+    """What a dead letter keeps of an input: the line as text, or a Parquet row as a JSON line."""
+    if isinstance(payload, dict):
+        return json.dumps(payload, default=str, separators=(",", ":"))
+    return payload if isinstance(payload, str) else payload.decode("utf-8", "backslashreplace")
 
 
 def encode_event(event: Event) -> str:

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from schemas.codec import Rejected, decode_line, encode_event
+from schemas.codec import Rejected, decode_line, encode_event, raw_text
 from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
                             ProcessSample, TenantBinding)
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
@@ -50,7 +50,7 @@ class Auditor:
         self.prices = PriceTable()
         self.counts: Counter[str] = Counter()
 
-    def update(self, event: Event, raw: str | None = None, source: str = "") -> list[Output]:
+    def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]:
         """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
         if self.clock is not None and event.ts_ns > (now := self.clock()) + self.settings.max_future_ns:
             return [self._dead("future_timestamp", event, raw, source,
@@ -77,19 +77,19 @@ class Auditor:
         self.counts[event.kind] += 1
         return []
 
-    def _dead(self, reason: str, event: Event, raw: str | None, source: str, detail: str) -> DeadLetter:
+    def _dead(self, reason: str, event: Event, raw: str | bytes | None, source: str, detail: str) -> DeadLetter:
         self.counts[reason] += 1
         return DeadLetter(reason=reason, detail=detail, kind=event.kind, source=source,
-                          raw=encode_event(event) if raw is None else raw, ts_ns=event.ts_ns,
+                          raw=encode_event(event) if raw is None else raw_text(raw), ts_ns=event.ts_ns,
                           gpu_uuid=getattr(event, "gpu_uuid", None))
 
-    def ingest(self, line: str | bytes, source: str) -> list[Output]:
+    def ingest(self, line: str | bytes | dict[str, Any], source: str) -> list[Output]:
         """Take one raw line: a dead letter if it is not a valid event, else as ``update``."""
         decoded = decode_line(line)
-        raw = line if isinstance(line, str) else line.decode("utf-8", "backslashreplace")
         if isinstance(decoded, Rejected):
-            return [self.reject(decoded, raw, source)]
-        return self.update(decoded, raw, source)
+            return [self.reject(decoded, raw_text(line), source)]
+        # a dead letter of a valid event keeps the line as it came; a Parquet row, re-encoded
+        return self.update(decoded, None if isinstance(line, dict) else line, source)
 
     def reject(self, why: Rejected, raw: str, source: str) -> DeadLetter:
         """The dead letter of an input refused before it was decoded, counted under its reason."""
@@ -97,7 +97,8 @@ class Auditor:
         return DeadLetter(reason=why.reason, detail=why.detail, kind=why.kind, source=source, raw=raw,
                           ts_ns=None, gpu_uuid=None)
 
-    def _gpu_keyed(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | None, source: str) -> list[Output]:
+    def _gpu_keyed(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
+                   source: str) -> list[Output]:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
             return [self._dead("late", event, raw, source, f"pane of ts_ns {event.ts_ns} closed: GPU {gpu}'s "

@@ -1,17 +1,12 @@
--- An independent batch recomputation of METRICS.md in DuckDB SQL, straight from the JSON
--- Lines input ({events} is the list of files). Shares no code with the pipeline.
+-- An independent batch recomputation of METRICS.md in DuckDB SQL, straight from the input events
+-- ({source}: JSON Lines or Parquet files, see tests/recompute.py). Shares no code with the pipeline.
 SET threads = 1;  -- keep the scan in file order: MAE windows follow arrival order
 CREATE MACRO half_even(x) AS CAST(CASE
     WHEN x - floor(x) > 0.5 THEN floor(x) + 1
     WHEN x - floor(x) < 0.5 THEN floor(x)
     WHEN floor(x) % 2 = 0 THEN floor(x) ELSE floor(x) + 1 END AS BIGINT);
 
-CREATE TABLE ev AS SELECT row_number() OVER () AS rn, * FROM read_json({events}, format = 'newline_delimited',
-    columns = {kind: 'VARCHAR', node_id: 'VARCHAR', gpu_uuid: 'VARCHAR', gpu_model: 'VARCHAR', ts_ns: 'BIGINT',
-               interval_s: 'DECIMAL(18,6)', sm_util_pct: 'DECIMAL(9,4)', mem_bw_util_pct: 'DECIMAL(9,4)',
-               pid: 'BIGINT', hops: 'BIGINT', latency_weight: 'BIGINT', address: 'UBIGINT',
-               team: 'VARCHAR', env: 'VARCHAR', app: 'VARCHAR', tier: 'VARCHAR', sla: 'VARCHAR',
-               git_commit: 'VARCHAR', ci_pipeline_id: 'VARCHAR', usd_per_gpu_hour: 'DECIMAL(18,6)'});
+CREATE TABLE ev AS SELECT row_number() OVER () AS rn, * FROM {source};
 
 CREATE TABLE bindings AS SELECT node_id, pid, ts_ns,
     concat_ws(':', team, coalesce(env, ''), coalesce(app, ''), coalesce(tier, ''), coalesce(sla, ''),

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucost.embedded import run_embedded
-from producers.replay import read_lines
+from producers.replay import read_inputs
 from producers.simulate import FleetSpec, simulate
 from schemas.codec import REASONS, Rejected, decode_line, encode_event
 from schemas.events import EVENT_MODELS, GpuSample, Price, TenantBinding
@@ -80,8 +80,8 @@ def test_bad_lines_change_no_valid_result(good_lines: list[str], tmp_path: Path)
     (tmp_path / "good.jsonl").write_text("\n".join(good_lines) + "\n")
     (tmp_path / "mixed.jsonl").write_bytes(b"\n".join(mixed) + b"\n")
 
-    clean = run_embedded(read_lines([tmp_path / "good.jsonl"]), AuditSettings(), tmp_path / "clean")
-    dirty = run_embedded(read_lines([tmp_path / "mixed.jsonl"]), AuditSettings(), tmp_path / "dirty")
+    clean = run_embedded(read_inputs([tmp_path / "good.jsonl"]), AuditSettings(), tmp_path / "clean")
+    dirty = run_embedded(read_inputs([tmp_path / "mixed.jsonl"]), AuditSettings(), tmp_path / "dirty")
 
     assert not clean.dead_letters
     want = Counter(reason for _, reason in bad) + Counter({"duplicate": len(resent)})

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpucost.embedded import run_embedded
-from producers.replay import read_lines
+from producers.replay import read_inputs
 from sinks.views import connect
 from streams.settings import AuditSettings
 
@@ -43,7 +43,7 @@ def test_alibaba_duty_cycle_idle_index_matches_sql(shared_data: Path, tmp_path: 
     (tmp_path / "events.jsonl").write_text("\n".join(_events(text)) + "\n")
 
     out = tmp_path / "out"
-    stats = run_embedded(read_lines([tmp_path / "events.jsonl"]), AuditSettings(), out)
+    stats = run_embedded(read_inputs([tmp_path / "events.jsonl"]), AuditSettings(), out)
     assert stats.inputs == 157_417 and not stats.dead_letters
 
     con = connect(out)
