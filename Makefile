@@ -3,7 +3,7 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test venv clean
+.PHONY: run test bench venv clean
 
 $(BIN)/gpucost: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +18,9 @@ run: venv
 
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python -m benchmarks.run $(ARGS)
 
 clean:
 	rm -rf $(VENV) gpucost-out .pytest_cache .hypothesis

@@ -1,0 +1,101 @@
+"""2. The Kafka path vs a bare consumer: input events/s through one worker, against the rate
+at which a bare aiokafka consumer reads the same input topics from the same local broker."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from benchmarks.common import Result
+from gpucost.kafka_settings import KafkaSettings
+from gpucost.publish import create_topics, publish
+from gpucost.worker import INPUTS, Worker
+from producers.simulate import FleetSpec, simulate
+from streams.settings import AuditSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _partitions(kafka: KafkaSettings) -> list[TopicPartition]:
+    return [TopicPartition(kafka.topic(t), p) for t in INPUTS for p in range(kafka.partitions)]
+
+
+async def raw_read(kafka: KafkaSettings, messages: int) -> tuple[float, int]:
+    """Read every input message once, counting the events in each batch; (seconds, events)."""
+    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        consumer.assign(await _partitions(kafka))
+        events, seen, start = 0, 0, time.perf_counter()
+        while seen < messages:
+            for batch in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
+                seen += len(batch)
+                events += sum(m.value.count(b"\n") + 1 for m in batch if m.value)
+        return time.perf_counter() - start, events
+    finally:
+        await consumer.stop()
+
+
+async def through_worker(kafka: KafkaSettings, messages: int) -> float:
+    """One worker from its first poll until it has applied every input message; seconds."""
+    worker = Worker(kafka, AuditSettings(), group=f"bench-{time.time_ns()}", session_timeout_s=10)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    start = time.perf_counter()
+    while worker.processed < messages:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    await task
+    return elapsed
+
+
+async def _input_messages(kafka: KafkaSettings) -> int:
+    consumer = AIOKafkaConsumer(**kafka.client_options())
+    await consumer.start()
+    try:
+        return sum((await consumer.end_offsets(await _partitions(kafka))).values())
+    finally:
+        await consumer.stop()
+
+
+def run(gpus: int, hours: float, interval_s: float, port: int = 19700) -> Result:
+    data = Path(tempfile.mkdtemp(prefix="gpucost-bench-kafka-"))
+    env = {**os.environ, "GPUCOST_KAFKA_PORT": str(port), "GPUCOST_KAFKA_DATA": str(data)}
+    subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "start"], env=env, check=True, capture_output=True)
+    try:
+        kafka = KafkaSettings(bootstrap=f"127.0.0.1:{port}", topic_prefix="bench.", partitions=4)
+
+        async def scenario() -> tuple[float, int, float, int]:
+            await create_topics(kafka)
+            await publish(simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=interval_s)), kafka,
+                          spool=data / "spool")
+            messages = await _input_messages(kafka)
+            raw_s, events = await raw_read(kafka, messages)
+            worker_s = await through_worker(kafka, messages)
+            return raw_s, events, worker_s, messages
+
+        raw_s, events, worker_s, messages = asyncio.run(scenario())
+        ratio = (events / worker_s) / (events / raw_s)
+        return Result(
+            "2. Kafka worker vs a bare consumer", "worker ≥ 50 % of the bare consumer's events/s", ratio >= 0.5,
+            [("input", f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {events:,} events in {messages:,} messages, "
+                       f"4 partitions per topic, local broker"),
+             ("bare aiokafka consumer", f"{raw_s:.2f} s, {events / raw_s:,.0f} events/s"),
+             ("one worker (decode, operators, transactions, state)", f"{worker_s:.1f} s, {events / worker_s:,.0f} "
+                                                                     "events/s"),
+             ("ratio (worker / bare)", f"{ratio:.3f}")],
+            ["The worker's time runs from its first poll (group join and state restore included) to the last "
+             "input message applied; the bare consumer only reads and counts."])
+    finally:
+        subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "stop"], env=env, capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
