@@ -8,9 +8,8 @@ representation error.
 from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal
-from fractions import Fraction
 
-__all__ = ["to_decimal", "round_scaled", "round_half_even", "micro_usd_per_hour"]
+__all__ = ["to_decimal", "round_scaled", "div_half_even", "micro_usd_per_hour"]
 
 
 def to_decimal(value: float | int | str | Decimal) -> Decimal:
@@ -22,14 +21,25 @@ def to_decimal(value: float | int | str | Decimal) -> Decimal:
     return Decimal(value)
 
 
+def div_half_even(numerator: int, denominator: int) -> int:
+    """``numerator / denominator`` (denominator > 0) rounded half-even to an integer."""
+    q, r = divmod(numerator, denominator)
+    return q + 1 if 2 * r > denominator or (2 * r == denominator and q % 2 == 1) else q
+
+
 def round_scaled(value: float | int | str | Decimal, scale: int) -> int:
-    """``value · scale`` rounded half-even to an integer (s → ms: scale 1000; % → 1/100 %: 100)."""
+    """``value · scale`` rounded half-even to an integer (s → ms: scale 1000; % → 1/100 %: 100).
+
+    A float's shortest text in plain notation (``10.0005``, every value a producer writes
+    for a percentage or an interval) is read as an integer of digits over a power of ten,
+    without a Decimal; other forms (``1e-05``) take the Decimal path. Both give the same integer.
+    """
+    if isinstance(value, float):
+        text = repr(value)
+        whole, dot, frac = text.partition(".")
+        if dot and whole.isdigit() and frac.isdigit():
+            return div_half_even(int(whole + frac) * scale, 10 ** len(frac))
     return int((to_decimal(value) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
-
-
-def round_half_even(value: Fraction) -> int:
-    """Banker's rounding of an exact rational (Python's ``round`` on Fraction is half-even)."""
-    return round(value)
 
 
 def micro_usd_per_hour(usd_per_gpu_hour: Decimal) -> int:

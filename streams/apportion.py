@@ -1,10 +1,11 @@
 """Split one closed pane's cost among its tenants and idle (METRICS.md, steps 1–6)."""
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from fractions import Fraction
 
-from schemas.exact import micro_usd_per_hour, round_half_even
+from schemas.exact import div_half_even, micro_usd_per_hour
 from schemas.records import IDLE_TENANT, CostRecord, record_id
 from streams.money import largest_remainder
 from streams.panes import PaneTotals
@@ -17,14 +18,12 @@ FULL_UTIL_CP = 100 * 100  # 100 % in hundredths of a percent
 
 
 class Weights:
-    """α, β, γ as exact rationals of the decimals configured."""
+    """α, β, γ as integers over one common denominator: the exact decimals configured."""
 
     def __init__(self, alpha: Decimal, beta: Decimal, gamma: Decimal) -> None:
-        self.alpha, self.beta, self.gamma = Fraction(alpha), Fraction(beta), Fraction(gamma)
-
-
-def _ratio(part: int, whole: int) -> Fraction:
-    return Fraction(part, whole) if whole else Fraction(0)
+        exact = [Fraction(alpha), Fraction(beta), Fraction(gamma)]
+        self.denominator = math.lcm(*(f.denominator for f in exact))
+        self.alpha, self.beta, self.gamma = (int(f * self.denominator) for f in exact)
 
 
 def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weights) -> list[CostRecord]:
@@ -32,40 +31,56 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
 
     The busy fraction ``u`` sums the *process* samples' SM utilisation (it can pass 100 %
     when processes overlap, hence the ``min(1, ·)`` of METRICS.md step 4).
+
+    All in integers: with component totals T, B, L (a zero total counted as 1, its
+    component then being 0 for everyone), tenant i's weight is
+    ``w_i = (α·t_i·B·L + β·b_i·T·L + γ·l_i·T·B) / (D·T·B·L)`` for α, β, γ over D, and every
+    share is an integer over the pane's one denominator ``u_d · Σ_j W_j``.
     """
     if pane.covered_ms == 0 or pane.node_id is None or pane.gpu_model is None:
         return []
     unpriced = usd_per_gpu_hour is None
     rate = 0 if usd_per_gpu_hour is None else micro_usd_per_hour(usd_per_gpu_hour)
-    cost = round_half_even(Fraction(rate * pane.covered_ms, MS_PER_HOUR))
+    cost = div_half_even(rate * pane.covered_ms, MS_PER_HOUR)
 
     tenants = sorted(pane.tenants.values(), key=lambda t: t.tenant.key)
     sm_all = sum(t.sm for t in tenants)
     bw_all = sum(t.bw for t in tenants)
     numa_all = sum(t.numa for t in tenants)
-    parts = {t.tenant.key: (_ratio(t.sm, sm_all), _ratio(t.bw, bw_all), _ratio(t.numa, numa_all))
-             for t in tenants}
-    w = {k: weights.alpha * ts + weights.beta * bs + weights.gamma * ls for k, (ts, bs, ls) in parts.items()}
-    w_all = sum(w.values(), Fraction(0))
-    busy = min(Fraction(1), Fraction(sm_all, FULL_UTIL_CP * pane.covered_ms)) if w_all else Fraction(0)
+    t_den, b_den, l_den = sm_all or 1, bw_all or 1, numa_all or 1
+    scale = weights.denominator * t_den * b_den * l_den  # w_i = W[i] / scale
+    big_w = {t.tenant.key: (weights.alpha * t.sm * b_den * l_den + weights.beta * t.bw * t_den * l_den
+                            + weights.gamma * t.numa * t_den * b_den) for t in tenants}
+    w_all = sum(big_w.values())
+    if w_all == 0:
+        busy_n, busy_d = 0, 1
+    elif sm_all >= FULL_UTIL_CP * pane.covered_ms:
+        busy_n, busy_d = 1, 1
+    else:
+        busy_n, busy_d = sm_all, FULL_UTIL_CP * pane.covered_ms
+    if w_all:
+        denominator = busy_d * w_all
+        numerators = {IDLE_TENANT: (busy_d - busy_n) * w_all, **{k: busy_n * wk for k, wk in big_w.items()}}
+    else:
+        denominator = 1
+        numerators = {IDLE_TENANT: 1, **{k: 0 for k in big_w}}
+    split = largest_remainder(cost, numerators, denominator, first=IDLE_TENANT)
+    busy = busy_n / busy_d
 
-    shares = {IDLE_TENANT: 1 - busy}
-    shares.update({k: busy * wk / w_all if w_all else Fraction(0) for k, wk in w.items()})
-    split = largest_remainder(cost, shares, first=IDLE_TENANT)
-
-    def record(key: str, tenant: Tenant, t: Fraction, b: Fraction, l_: Fraction, weight: Fraction) -> CostRecord:
+    def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float) -> CostRecord:
         return CostRecord.model_construct(
             record_id=record_id(pane.gpu_uuid, pane.pane_start_ns, key, 0),
             gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
             pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns, tenant_key=key,
             team=tenant.team, env=tenant.env, app=tenant.app, tier=tenant.tier, sla=tenant.sla,
             git_commit=tenant.git_commit, ci_pipeline_id=tenant.ci_pipeline_id,
-            t_share=float(t), b_share=float(b), l_share=float(l_), weight=float(weight),
-            busy_fraction=float(busy), usd_per_gpu_hour=usd_per_gpu_hour,
-            pane_cost_micro_usd=cost, cost_micro_usd=split[key], unpriced=unpriced, revision=0)
+            t_share=t, b_share=b, l_share=l_, weight=weight, busy_fraction=busy,
+            usd_per_gpu_hour=usd_per_gpu_hour, pane_cost_micro_usd=cost, cost_micro_usd=split[key],
+            unpriced=unpriced, revision=0)
 
-    zero = Fraction(0)
     idle = Tenant(IDLE_TENANT, None, None, None, None, None, None)
-    out = [record(IDLE_TENANT, idle, zero, zero, zero, zero)]
-    out += [record(t.tenant.key, t.tenant, *parts[t.tenant.key], w[t.tenant.key]) for t in tenants]
+    out = [record(IDLE_TENANT, idle, 0.0, 0.0, 0.0, 0.0)]
+    # int / int is correctly rounded in Python: the same floats as the exact fractions give
+    out += [record(t.tenant.key, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, big_w[t.tenant.key] / scale)
+            for t in tenants]
     return out

@@ -10,35 +10,41 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.mae import entropy_bits, l2_estimate
+from schemas.exact import div_half_even
 from streams.money import largest_remainder
 from streams.settings import DEFAULT_L2_CALIBRATION
 from tests.reference import split
 
 
 @st.composite
-def shares(draw: st.DrawFn) -> dict[str, Fraction]:
-    weights = draw(st.lists(st.integers(0, 1000), min_size=1, max_size=8).filter(lambda w: sum(w) > 0))
+def shares(draw: st.DrawFn) -> dict[str, int]:
+    weights = draw(st.lists(st.integers(0, 10**30), min_size=1, max_size=8).filter(lambda w: sum(w) > 0))
     keys = ["idle"] + [f"team{i}:e:a:t:Gold::" for i in range(len(weights) - 1)]
-    return {k: Fraction(w, sum(weights)) for k, w in zip(keys, weights)}
+    return dict(zip(keys, weights))
 
 
 @given(st.integers(0, 10**12), shares())
-def test_split_is_exact_and_within_one_micro_dollar(total: int, s: dict[str, Fraction]) -> None:
-    got = largest_remainder(total, s, first="idle")
+def test_split_is_exact_and_within_one_micro_dollar(total: int, s: dict[str, int]) -> None:
+    den = sum(s.values())
+    got = largest_remainder(total, s, den, first="idle")
     assert sum(got.values()) == total
     for k, v in got.items():
-        assert abs(v - total * s[k]) < 1
-    assert got == split(total, list(s.items()))
+        assert abs(v - Fraction(total * s[k], den)) < 1
+    assert got == split(total, [(k, Fraction(n, den)) for k, n in s.items()])
 
 
 def test_ties_go_to_idle_first_then_ascending_key() -> None:
-    third = Fraction(1, 3)
-    assert largest_remainder(2, {"b::": third, "a::": third, "idle": third}, first="idle") == {"b::": 0, "a::": 1, "idle": 1}
+    assert largest_remainder(2, {"b::": 1, "a::": 1, "idle": 1}, 3, first="idle") == {"b::": 0, "a::": 1, "idle": 1}
+
+
+@given(st.integers(0, 10**15), st.integers(1, 10**9))
+def test_half_even_division(n: int, d: int) -> None:
+    assert div_half_even(n, d) == round(Fraction(n, d))  # Python rounds a Fraction half to even
 
 
 def test_shares_must_sum_to_one() -> None:
     with pytest.raises(ValueError, match="sum to 1"):
-        largest_remainder(10, {"a": Fraction(1, 2)})
+        largest_remainder(10, {"a": 1}, 2)
 
 
 @given(st.lists(st.integers(0, 10**6), min_size=1, max_size=300))

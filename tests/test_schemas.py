@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
 import pytest
@@ -136,3 +136,9 @@ def test_trace_with_impossible_utilisation_is_rejected() -> None:
 def test_every_kind_has_a_model() -> None:
     assert set(EVENT_MODELS) == {"gpu_sample", "process_sample", "mem_access", "numa_event", "ebpf_trace",
                                  "tenant_binding", "price"}
+
+
+@given(st.floats(min_value=0, max_value=1e17, allow_nan=False), st.sampled_from([100, 1000]))
+def test_round_scaled_digit_path_equals_the_decimal_path(value: float, scale: int) -> None:
+    want = int((Decimal(repr(value)) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
+    assert round_scaled(value, scale) == want
