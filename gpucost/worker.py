@@ -120,7 +120,8 @@ class Worker(ConsumerRebalanceListener):
         finally:
             await reader.stop()
         progress = latest.pop(PROGRESS_KEY, None)
-        auditors = {k.decode(): Auditor.from_state(self.audit, json.loads(v), time.time_ns) for k, v in latest.items() if v is not None}
+        auditors = {k.decode(): Auditor.from_state(self.audit, json.loads(v), time.time_ns)
+                    for k, v in latest.items() if v is not None}
         return auditors, None if progress is None else int(progress)
 
     # --- processing ----------------------------------------------------------------------

@@ -66,7 +66,9 @@ def _fsync_dir(path: Path) -> None:
 class ParquetSink:
     """Buffers records per (kind, date) and writes a file when a buffer fills or on flush."""
 
-    def __init__(self, out_dir: Path, file_rows: int = 1_000_000, row_group_rows: int = 128 * 1024) -> None:
+    # one row group per file of up to 1 Mi rows: a month × 1,000 GPUs of cost records is queried per team and
+    # day in 0.5 s instead of 0.9 s with 128 Ki-row groups (BENCHMARKS.md, benchmark 4)
+    def __init__(self, out_dir: Path, file_rows: int = 1 << 20, row_group_rows: int = 1 << 20) -> None:
         self.out_dir = out_dir
         self.file_rows = file_rows
         self.row_group_rows = row_group_rows
