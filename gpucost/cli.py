@@ -106,6 +106,9 @@ def _add_live(p: argparse.ArgumentParser) -> None:
                    help="sampling period of a live source (env GPUCOST_PERIOD_S; default 1.0)")
     p.add_argument("--ebpf-sample-every", type=int, default=_env("GPUCOST_EBPF_SAMPLE_EVERY", "16"),
                    help="with --source ebpf: report 1 page fault in N (env GPUCOST_EBPF_SAMPLE_EVERY; default 16)")
+    _env_flag(p, "--libcuda", "GPUCOST_LIBCUDA", Path, None,
+              "with --source ebpf: the CUDA driver library whose kernel launches and allocations to probe "
+              "(unset: libcuda.so.1 from the linker cache, if the node has one)")
     p.add_argument("--prices", type=Path, nargs="+", default=[],
                    help="JSON Lines of price (and tenant_binding) events, read before a live source")
     p.add_argument("--duration-s", type=float, default=None,
@@ -300,7 +303,7 @@ def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
     """Page-fault addresses until --duration-s or Ctrl-C (either ends bpftrace, which ends the input)."""
     import threading
 
-    from producers.ebpf import EbpfProbe, EbpfUnavailable
+    from producers.ebpf import EbpfProbe, EbpfUnavailable, find_libcuda
     from producers.nvml import NvmlUnavailable
 
     try:
@@ -308,8 +311,12 @@ def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
         gpus_of = nvml.gpus_of
     except NvmlUnavailable:
         gpus_of = None
-        print("gpucost: no NVML here: NUMA migrations are counted, not attributed to GPUs", file=sys.stderr)
-    probe = EbpfProbe(args.node_id, sample_every=args.ebpf_sample_every, gpus_of=gpus_of)
+        print("gpucost: no NVML here: NUMA migrations and CUDA launches are counted, not attributed to GPUs",
+              file=sys.stderr)
+    libcuda = args.libcuda or find_libcuda()
+    if libcuda is not None and not libcuda.is_file():
+        raise UsageError(f"--libcuda {libcuda} is not a file")
+    probe = EbpfProbe(args.node_id, sample_every=args.ebpf_sample_every, gpus_of=gpus_of, libcuda=libcuda)
     try:
         probe.start()
     except EbpfUnavailable as exc:
@@ -317,7 +324,9 @@ def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
     signal.signal(signal.SIGINT, lambda *_: probe.stop())
     if args.duration_s is not None:
         threading.Timer(args.duration_s, probe.stop).start()
-    print(f"gpucost: tracing user page faults (1 in {args.ebpf_sample_every}) with bpftrace"
+    print(f"gpucost: tracing user page faults (1 in {args.ebpf_sample_every})"
+          + (f" and CUDA launches in {libcuda}" if libcuda else " (no libcuda here: no CUDA launches)")
+          + " with bpftrace"
           + (f" for {args.duration_s:g} s" if args.duration_s else "; Ctrl-C to stop and write the results"),
           file=sys.stderr)
 

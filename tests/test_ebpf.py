@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.ebpf import EbpfProbe, EbpfUnavailable, ensure_tracing, numa_distances
+from producers.ebpf import EbpfProbe, EbpfUnavailable, ensure_tracing, find_libcuda, numa_distances
+from schemas.codec import decode_line, encode_event
 from tests.conftest import ROOT
 
 PAGES = 300
@@ -113,3 +114,51 @@ def test_nvml_names_the_gpus_of_a_process(shared_data: Path) -> None:
     sampler.open()
     assert {pid: sampler.gpus_of(pid) for pid in cap.apps} == {pid: [cap.gpu_uuid] for pid in cap.apps}
     assert sampler.gpus_of(1) == []
+
+
+@pytest.fixture(scope="module")
+def cuda_program(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A stand-in libcuda.so.1 (the two entry points the probe hooks) and a program that calls it."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the stand-in CUDA library")
+    folder = tmp_path_factory.mktemp("cuda")
+    lib, exe = folder / "libcuda.so.1", folder / "launch_kernels"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", str(lib), str(ROOT / "tests" / "c" / "fake_libcuda.c")],
+                   check=True)
+    subprocess.run(["cc", "-O0", "-o", str(exe), str(ROOT / "tests" / "c" / "launch_kernels.c"), "-ldl"], check=True)
+    return lib, exe
+
+
+def test_cuda_launches_become_trace_events(cuda_program: tuple[Path, Path]) -> None:
+    """Real uprobes on the library's cuLaunchKernel and cuMemAlloc_v2, called by a real program."""
+    lib, exe = cuda_program
+    try:
+        ensure_tracing()
+    except EbpfUnavailable as exc:
+        pytest.skip(f"this machine does not allow eBPF: {exc}")
+    gpus = ["GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"]
+    launches = 7
+    probe = EbpfProbe("node-c", sample_every=1 << 20, command=[str(exe), str(lib), str(launches)],
+                      gpus_of=lambda pid: gpus, distances={}, libcuda=lib)
+    probe.start()
+    traces = [e for e in probe.events() if e.kind == "ebpf_trace"]
+    # one record per launch per GPU of the process; grid (i+1, 2, 1) x block (128, 1, 3) threads
+    assert sorted(e.flops_64b for e in traces) == sorted(768 * (i + 1) for i in range(launches) for _ in gpus)
+    assert {e.gpu_uuid for e in traces} == set(gpus) and len({e.pid for e in traces}) == 1
+    assert probe.counts["cuda_alloc"] == launches
+    assert probe.counts["cuda_alloc_bytes"] == sum((i + 1) << 20 for i in range(launches))
+    # and each is the seed's 40-byte struct on the wire, decoding back to the same event
+    for e in traces:
+        assert len(bytes.fromhex(e.to_wire()["trace_hex"])) == 40
+        assert decode_line(encode_event(e)) == e
+
+
+def test_find_libcuda_takes_the_64_bit_driver_from_the_linker_cache() -> None:
+    listing = """1520 libs found in cache `/etc/ld.so.cache'
+	libcudart.so.12 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.12
+	libcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1
+	libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
+	libcuda.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so
+"""
+    assert find_libcuda(listing) == Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+    assert find_libcuda("\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6\n") is None

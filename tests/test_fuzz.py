@@ -116,8 +116,9 @@ def test_prometheus_scrape_on_arbitrary_text(data: bytes) -> None:
     prometheus_text(data)
 
 
-_BPF_LINE = st.builds(lambda tag, nums: " ".join([tag, *map(str, nums)]), st.sampled_from(["A", "N", "X", ""]),
-                      st.lists(st.integers(-2**65, 2**65) | st.sampled_from([0, 1, 2**32, 2**64 - 1]), max_size=5))
+_BPF_LINE = st.builds(lambda tag, nums: " ".join([tag, *map(str, nums)]),
+                      st.sampled_from(["A", "N", "K", "M", "X", ""]),
+                      st.lists(st.integers(-2**65, 2**65) | st.sampled_from([0, 1, 2**32, 2**64 - 1]), max_size=9))
 
 
 @given(st.lists(_BPF_LINE | st.text(max_size=40), max_size=10).map(lambda ls: "\n".join(ls).encode()))
