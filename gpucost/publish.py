@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,7 +24,7 @@ from schemas.codec import encode_event
 from schemas.codec import Rejected
 from schemas.events import Event
 from schemas.records import DeadLetter
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT, encode_batch, topic_specs
+from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
 
 __all__ = ["create_topics", "default_spool", "publish", "publish_dead_letters"]
 
@@ -158,11 +159,14 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
     sent: Counter[str] = Counter()
     buffers: dict[tuple[str, str], list[str]] = {}
     wake, done = asyncio.Event(), asyncio.Event()
+    session, numbers = uuid.uuid4().hex[:16], Counter[tuple[str, str]]()
 
     def send(topic: str, key: str, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
+        numbers[(topic, key)] += 1  # per key and session: a copy the broker holds twice is applied once
+        headers = [*(headers or []), (SEQUENCE_HEADER, f"{session}:{numbers[(topic, key)]}".encode())]
         if signer is not None:
-            headers = [*(headers or []), *signer.headers(key.encode(), value)]
-        outbox.append(Message(kafka.topic(topic), key.encode(), value, tuple(headers or ())))
+            headers += signer.headers(key.encode(), value, dict(headers))
+        outbox.append(Message(kafka.topic(topic), key.encode(), value, tuple(headers)))
         wake.set()
 
     def flush(full_only: bool) -> None:

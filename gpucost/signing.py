@@ -1,7 +1,8 @@
 """HMAC-SHA256 signatures on input messages: producers sign, workers verify.
 
-A message's signature covers its Kafka key and value, so a signed batch can be neither
-altered nor moved to another GPU's stream. Keys live in files (or one environment
+A message's signature covers its Kafka key, its value and the headers that change what a
+worker does with it (control, sequence), so a signed batch can be neither altered, nor moved
+to another GPU's stream, nor turned into an end of input, nor made to shadow later messages. Keys live in files (or one environment
 variable), one per line: ``<key_id> <secret as hex> [node,node,…|*]``. The optional third
 column limits the nodes a key may speak for (default ``*``: any node); a producer's file
 holds its one key, a worker's keyring every key it accepts. Rotation: add the new key to
@@ -18,10 +19,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.topics import CONTROL_HEADER, SEQUENCE_HEADER
+
 __all__ = ["KEY_ID_HEADER", "SIGNATURE_HEADER", "SigningKey", "Signer", "Keyring", "Verdict", "parse_keys"]
 
 KEY_ID_HEADER = "gpucost-key-id"
 SIGNATURE_HEADER = "gpucost-signature"
+COVERED_HEADERS = (CONTROL_HEADER, SEQUENCE_HEADER)  # the headers that change what a worker does
 MIN_SECRET_BYTES = 16
 
 
@@ -31,9 +35,10 @@ class SigningKey:
     secret: bytes
     nodes: frozenset[str] | None  # None: any node
 
-    def mac(self, key: bytes, value: bytes) -> bytes:
-        # length-prefixed key, so (key, value) pairs can never collide by shifting bytes between them
-        return hmac.new(self.secret, len(key).to_bytes(4, "big") + key + value, hashlib.sha256).digest()
+    def mac(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> bytes:
+        # every part length-prefixed, so no two messages can sign alike by shifting bytes between parts
+        parts = [key, value, *(headers.get(h, b"") for h in COVERED_HEADERS)]
+        return hmac.new(self.secret, b"".join(len(p).to_bytes(4, "big") + p for p in parts), hashlib.sha256).digest()
 
 
 def parse_keys(text: str, where: str) -> dict[str, SigningKey]:
@@ -72,8 +77,10 @@ class Signer:
             raise ValueError(f"{path}: a producer's key file holds exactly one key, found {len(keys)}")
         return cls(next(iter(keys.values())))
 
-    def headers(self, key: bytes, value: bytes) -> list[tuple[str, bytes]]:
-        return [(KEY_ID_HEADER, self.key.key_id.encode()), (SIGNATURE_HEADER, self.key.mac(key, value).hex().encode())]
+    def headers(self, key: bytes, value: bytes, headers: dict[str, bytes] | None = None) -> list[tuple[str, bytes]]:
+        """The signature headers for a message with these key, value and (control, sequence) headers."""
+        mac = self.key.mac(key, value, headers or {})
+        return [(KEY_ID_HEADER, self.key.key_id.encode()), (SIGNATURE_HEADER, mac.hex().encode())]
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,7 @@ class Keyring:
             given = bytes.fromhex(signature.decode("ascii"))
         except (UnicodeDecodeError, ValueError):
             given = b""
-        if not hmac.compare_digest(given, signing_key.mac(key, value)):
+        if not hmac.compare_digest(given, signing_key.mac(key, value, headers)):
             return Verdict("bad_signature", f"the signature does not match the message for key "
                                             f"{signing_key.key_id!r}: altered in transit, or a forged key")
         if signing_key.nodes is not None:

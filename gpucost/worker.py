@@ -24,9 +24,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from gpucost.kafka_settings import KafkaSettings
+from gpucost.sequences import SeenSequences, parse_sequence
 from gpucost.signing import Keyring
 from schemas.codec import Rejected
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT, output_key
+from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
 from sinks.parquet import kind_of
 from streams.audit import Auditor, Output
 from streams.settings import AuditSettings
@@ -50,6 +51,7 @@ class _Owned:
 
     producer: AIOKafkaProducer
     auditors: dict[str, Auditor]
+    sequences: dict[str, SeenSequences]  # per key: the producers' message numbers already applied
     next_offset: int  # the first input offset not yet applied (inputs are contiguous: no transactions)
 
 
@@ -88,14 +90,14 @@ class Worker(ConsumerRebalanceListener):
                                         max_request_size=8 << 20, linger_ms=5)
             await producer.start()  # init_transactions: fences the previous owner, aborts its open batch
             assert self.consumer is not None
-            auditors, start = await self._restore(tp)
+            auditors, sequences, start = await self._restore(tp)
             if start is None:  # never processed: from the beginning
                 start = (await self.consumer.beginning_offsets([tp]))[tp]
-            self.owned[tp] = _Owned(producer, auditors, start)
+            self.owned[tp] = _Owned(producer, auditors, sequences, start)
             self.consumer.seek(tp, start)
             log.info("owns %s[%d]: %d keys restored", tp.topic, tp.partition, len(self.owned[tp].auditors))
 
-    async def _restore(self, tp: TopicPartition) -> tuple[dict[str, Auditor], int | None]:
+    async def _restore(self, tp: TopicPartition) -> tuple[dict[str, Auditor], dict[str, SeenSequences], int | None]:
         """The committed state of every key of this input partition, and the next offset to apply."""
         state_tp = TopicPartition(self.kafka.topic(state_topic_suffix(self.inputs[tp.topic])), tp.partition)
         reader = AIOKafkaConsumer(**self.kafka.client_options(), isolation_level="read_committed",
@@ -120,9 +122,10 @@ class Worker(ConsumerRebalanceListener):
         finally:
             await reader.stop()
         progress = latest.pop(PROGRESS_KEY, None)
-        auditors = {k.decode(): Auditor.from_state(self.audit, json.loads(v), time.time_ns)
-                    for k, v in latest.items() if v is not None}
-        return auditors, None if progress is None else int(progress)
+        states = {k.decode(): json.loads(v) for k, v in latest.items() if v is not None}
+        auditors = {k: Auditor.from_state(self.audit, st["audit"], time.time_ns) for k, st in states.items()}
+        sequences = {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()}
+        return auditors, sequences, None if progress is None else int(progress)
 
     # --- processing ----------------------------------------------------------------------
     def _apply(self, owned: _Owned, message: Any, touched: set[str]) -> list[Output]:
@@ -139,8 +142,13 @@ class Worker(ConsumerRebalanceListener):
             why = Rejected(verdict.reason, verdict.detail, None)
             return [auditor.reject(why, line.decode("utf-8", "backslashreplace"), f"{source}#{n}")
                     for n, line in lines or [(0, b"")]]
+        seq = parse_sequence(headers.get(SEQUENCE_HEADER))
+        if seq is not None and not owned.sequences.setdefault(key, SeenSequences()).first_time(*seq):
+            auditor.counts["redelivered_messages"] += 1  # the broker held it twice; applied the first time
+            return []
         if headers.get(CONTROL_HEADER) == END_OF_INPUT:
             del owned.auditors[key]  # finished: its state is deleted with a tombstone
+            owned.sequences.pop(key, None)
             return auditor.finish()
         outs: list[Output] = []
         for n, line in lines:
@@ -159,7 +167,9 @@ class Worker(ConsumerRebalanceListener):
                                         key=output_key(record))
             for key in sorted(touched):
                 auditor = owned.auditors.get(key)
-                value = None if auditor is None else json.dumps(auditor.to_state(), separators=(",", ":")).encode()
+                seen = owned.sequences.get(key, SeenSequences())
+                value = None if auditor is None else json.dumps(
+                    {"audit": auditor.to_state(), "seq": seen.to_state()}, separators=(",", ":")).encode()
                 await producer.send(state_topic, value, key=key.encode(), partition=tp.partition)
             next_offset = messages[-1].offset + 1
             await producer.send(state_topic, str(next_offset).encode(), key=PROGRESS_KEY, partition=tp.partition)

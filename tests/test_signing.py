@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucost.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Keyring, Signer, parse_keys
+from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 
 LINE = b'{"kind":"gpu_sample","node_id":"node-a","gpu_uuid":"GPU-1"}'
 
@@ -90,3 +91,15 @@ def test_rotation_without_a_restart(tmp_path: Path) -> None:
 def test_bad_key_files_are_explained(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_keys(text, "keys.txt")
+
+
+def test_control_and_sequence_headers_are_signed(tmp_path: Path) -> None:
+    """Adding an end-of-input, or renumbering a message, breaks its signature."""
+    line = key_line("k")
+    ring = Keyring(write(tmp_path / "ring", line))
+    signer = signer_of(line, tmp_path)
+    sent = {SEQUENCE_HEADER: b"s1:7"}
+    signed = {**sent, **dict(signer.headers(b"GPU-1", LINE, sent))}
+    assert ring.check(b"GPU-1", LINE, signed) is None
+    assert ring.check(b"GPU-1", LINE, {**signed, CONTROL_HEADER: END_OF_INPUT}).reason == "bad_signature"
+    assert ring.check(b"GPU-1", LINE, {**signed, SEQUENCE_HEADER: b"s1:999999"}).reason == "bad_signature"
