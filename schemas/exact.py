@@ -8,6 +8,7 @@ representation error.
 from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal
+from functools import lru_cache
 
 __all__ = ["to_decimal", "round_scaled", "div_half_even", "micro_usd_per_hour"]
 
@@ -35,11 +36,17 @@ def round_scaled(value: float | int | str | Decimal, scale: int) -> int:
     without a Decimal; other forms (``1e-05``) take the Decimal path. Both give the same integer.
     """
     if isinstance(value, float):
-        text = repr(value)
-        whole, dot, frac = text.partition(".")
-        if dot and whole.isdigit() and frac.isdigit():
-            return div_half_even(int(whole + frac) * scale, 10 ** len(frac))
+        return _round_float(value, scale)
     return int((to_decimal(value) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
+
+
+@lru_cache(maxsize=1 << 16)
+def _round_float(value: float, scale: int) -> int:
+    # memoised: a fleet's samples repeat a few intervals and a few thousand percentages
+    whole, dot, frac = repr(value).partition(".")
+    if dot and whole.isdigit() and frac.isdigit():
+        return div_half_even(int(whole + frac) * scale, 10 ** len(frac))
+    return int((Decimal(repr(value)) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def micro_usd_per_hour(usd_per_gpu_hour: Decimal) -> int:

@@ -92,6 +92,11 @@ LOG
 
 start() {
   if running && ready 2; then echo "kafka.sh: already serving on 127.0.0.1:$PORT" >&2; return 0; fi
+  if ready 2; then
+    echo "kafka.sh: 127.0.0.1:$PORT already serves a broker that was not started with data in $DATA;" \
+         "stop it, or choose another GPUCOST_KAFKA_PORT" >&2
+    return 1
+  fi
   fetch
   configure
   if [ ! -f "$DATA/logs/meta.properties" ]; then
