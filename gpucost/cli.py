@@ -33,7 +33,7 @@ from producers.nvml import NvmlSampler
 from producers.replay import input_files, read_inputs
 from producers.simulate import FleetSpec, simulate
 from schemas.arrow import events_table
-from schemas.codec import Rejected, decode_line, encode_event, explain
+from schemas.codec import Rejected, decode_line, encode_event, explain, raw_text
 from schemas.events import Event
 from schemas.records import OUTPUT_KINDS
 from sinks.parquet import SinkWriteError
@@ -465,7 +465,7 @@ def _replay_events(files: list[Path], rejected: list[tuple[Rejected, str, str]])
     for line, label in read_inputs(files):
         decoded = decode_line(line)
         if isinstance(decoded, Rejected):
-            rejected.append((decoded, label, line.decode("utf-8", "backslashreplace")))
+            rejected.append((decoded, label, raw_text(line)))
         else:
             yield decoded
 

@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.sequences import SeenSequences, parse_sequence
 from gpucost.signing import Keyring
-from schemas.codec import Rejected
+from schemas.codec import Rejected, raw_text
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
 from sinks.parquet import kind_of
 from streams.audit import Auditor, Output
@@ -140,7 +140,7 @@ class Worker(ConsumerRebalanceListener):
         verdict = None if self.keyring is None else self.keyring.check(message.key, message.value or b"", headers)
         if verdict is not None:  # forged or unsigned: every line to the dead letters, nothing applied
             why = Rejected(verdict.reason, verdict.detail, None)
-            return [auditor.reject(why, line.decode("utf-8", "backslashreplace"), f"{source}#{n}")
+            return [auditor.reject(why, raw_text(line), f"{source}#{n}")
                     for n, line in lines or [(0, b"")]]
         seq = parse_sequence(headers.get(SEQUENCE_HEADER))
         if seq is not None and not owned.sequences.setdefault(key, SeenSequences()).first_time(*seq):

@@ -16,8 +16,6 @@ from urllib.error import URLError
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pydantic import ValidationError
-
 from schemas.codec import explain
 from schemas.events import Event, GpuSample, ProcessSample, TenantBinding
 
@@ -79,8 +77,7 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
             out += _gpu_events(uuid, g, ts_ns, interval_s, counts, sla)
         except ValueError as exc:  # a value no GPU can have (negative memory, a 'pod' with ':'): counted
             counts["gpu_sample_invalid"] += 1
-            log.warning("dcgm: GPU %s skipped this scrape: %s", uuid, explain(exc) if isinstance(exc, ValidationError)
-                        else exc)
+            log.warning("dcgm: GPU %s skipped this scrape: %s", uuid, explain(exc))
     return out
 
 

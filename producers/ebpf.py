@@ -18,8 +18,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from schemas.codec import explain
 from schemas.events import EbpfTrace, Event, MemAccess, NumaEvent
 
@@ -128,8 +126,7 @@ class EbpfProbe:
             return self._parse(line)
         except ValueError as exc:  # not numbers, or numbers no process can have
             self.counts["malformed_probe_line"] += 1
-            log.warning("bpftrace line %r skipped: %s", line[:120], explain(exc) if isinstance(exc, ValidationError)
-                        else exc)
+            log.warning("bpftrace line %r skipped: %s", line[:120], explain(exc))
             return []
 
     def _parse(self, line: str) -> list[Event]:

@@ -44,8 +44,10 @@ class Rejected(NamedTuple):
     kind: str | None
 
 
-def explain(error: ValidationError) -> str:
-    """One line per problem: ``field: what is wrong (got value)``."""
+def explain(error: ValueError) -> str:
+    """One line per problem: ``field: what is wrong (got value)``; any other ValueError, its message."""
+    if not isinstance(error, ValidationError):
+        return str(error)
     parts = []
     for err in error.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"]) or "event"

@@ -46,7 +46,7 @@ def _round_float(value: float, scale: int) -> int:
     whole, dot, frac = repr(value).partition(".")
     if dot and whole.isdigit() and frac.isdigit():
         return div_half_even(int(whole + frac) * scale, 10 ** len(frac))
-    return int((Decimal(repr(value)) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
+    return int((to_decimal(value) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def micro_usd_per_hour(usd_per_gpu_hour: Decimal) -> int:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gpucost.cli import _replay_events
 from schemas.arrow import EVENT_SCHEMA
 from sinks.views import connect
 from streams.settings import AuditSettings
@@ -156,3 +157,6 @@ def test_a_bad_parquet_row_is_dead_lettered_as_json(tmp_path: Path) -> None:
     gpucost("replay", str(tmp_path / "events"), "--out", str(tmp_path / "out"))
     (reason, raw, source), = connect(tmp_path / "out").execute("SELECT reason, raw, source FROM dlq").fetchall()
     assert reason == "out_of_range" and json.loads(raw) == row and source.endswith("bad.parquet#1")
+    rejected: list = []  # the producer's path (`produce --source replay`) keeps it the same way
+    assert list(_replay_events([tmp_path / "events" / "bad.parquet"], rejected)) == []
+    assert [(r.reason, json.loads(raw)) for r, _, raw in rejected] == [("out_of_range", row)]
