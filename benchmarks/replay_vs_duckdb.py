@@ -16,7 +16,7 @@ import duckdb
 from benchmarks.common import Result, timed
 from gpucost.cli import main as gpucost
 from gpucost.embedded import run_embedded
-from producers.replay import input_files, read_inputs
+from producers.replay import input_files, read_batches
 from streams.settings import AuditSettings
 from tests.recompute import parquet_source, recompute_sql
 
@@ -29,7 +29,7 @@ def run(gpus: int, hours: float, interval_s: float) -> Result:
                         "--format", "parquet", "--out", str(events)]) == 0
         files = input_files([events])
         settings = AuditSettings()
-        embedded_s, stats = timed(lambda: run_embedded(read_inputs(files), settings, work / "out"))
+        embedded_s, stats = timed(lambda: run_embedded(read_batches(files), settings, work / "out"))
         n = stats.inputs  # type: ignore[attr-defined]
         con = duckdb.connect()
         sql_s, _ = timed(lambda: con.execute(recompute_sql(parquet_source(files), settings)))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from producers.replay import RowBatch
 from schemas.events import Event
 from schemas.records import DeadLetter
 from sinks.parquet import ParquetSink
@@ -21,8 +22,9 @@ from streams.settings import AuditSettings
 
 __all__ = ["Item", "RunStats", "run_embedded"]
 
-#: a source yields decoded events, or raw lines or Parquet rows (decoded here, as a worker would), with a label
-Item = tuple[Event | str | bytes | dict[str, Any], str]
+#: a source yields decoded events, or raw lines or Parquet rows (decoded here, as a worker would), with a
+#: label; or batches of Parquet rows, which take the batch path
+Item = tuple[Event | str | bytes | dict[str, Any], str] | RowBatch
 _BATCH = 2048
 _DONE = object()
 
@@ -40,6 +42,12 @@ def _batches(items: Iterable[Item], q: "queue.Queue[object]", failure: list[Base
     try:
         batch: list[Item] = []
         for item in items:
+            if isinstance(item, RowBatch):  # already a batch: sent alone
+                if batch:
+                    q.put(batch)
+                q.put([item])
+                batch = []
+                continue
             batch.append(item)
             if len(batch) == _BATCH:
                 q.put(batch)
@@ -68,10 +76,15 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     sink = ParquetSink(out_dir)
     stats = RunStats()
     for batch in _drain(q):
-        stats.inputs += len(batch)
-        for payload, label in batch:
-            records = (auditor.ingest(payload, label) if isinstance(payload, (str, bytes, dict))
-                       else auditor.update(payload, None, label))
+        for item in batch:
+            if isinstance(item, RowBatch):
+                stats.inputs += item.batch.num_rows
+                records = auditor.ingest_batch(item.batch, item.label)
+            else:
+                stats.inputs += 1
+                payload, label = item
+                records = (auditor.ingest(payload, label) if isinstance(payload, (str, bytes, dict))
+                           else auditor.update(payload, None, label))
             for record in records:
                 if isinstance(record, DeadLetter):
                     stats.dead_letters[record.reason] += 1

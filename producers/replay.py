@@ -4,11 +4,14 @@ from __future__ import annotations
 import gzip
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["SUFFIXES", "input_files", "read_inputs"]
+from schemas.codec import present_fields
+
+__all__ = ["SUFFIXES", "RowBatch", "input_files", "read_inputs", "read_batches", "input_bytes"]
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".parquet")
 
@@ -30,12 +33,28 @@ def input_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def read_inputs(files: list[Path]) -> Iterator[tuple[bytes | dict[str, Any], str]]:
-    """Every non-blank line as raw bytes, labelled ``file:line``, and every Parquet row (``EVENT_SCHEMA``)
-    as a dict of its non-null fields, labelled ``file#row``; decoding is the consumer's job."""
+class RowBatch(NamedTuple):
+    """Consecutive rows of an events Parquet file, for the batch path (``Auditor.ingest_batch``)."""
+
+    batch: pa.RecordBatch
+    path: Path
+    first: int  # file row number (from 1) of the batch's first row
+    nbytes: int  # its share of the file's size, for progress
+
+    def label(self, i: int) -> str:
+        return f"{self.path}#{self.first + i}"
+
+
+def read_batches(files: list[Path]) -> Iterator[tuple[bytes, str] | RowBatch]:
+    """Every non-blank line as raw bytes, labelled ``file:line``; Parquet files (``EVENT_SCHEMA``) in
+    batches of rows, each row labelled ``file#row``. Decoding is the consumer's job."""
     for path in files:
         if path.name.endswith(".parquet"):
-            yield from _parquet_rows(path)
+            parquet = pq.ParquetFile(path)
+            size, rows, first = path.stat().st_size, max(parquet.metadata.num_rows, 1), 1
+            for batch in parquet.iter_batches(batch_size=65_536):
+                yield RowBatch(batch, path, first, size * batch.num_rows // rows)
+                first += batch.num_rows
             continue
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rb") as fh:
@@ -44,9 +63,15 @@ def read_inputs(files: list[Path]) -> Iterator[tuple[bytes | dict[str, Any], str
                     yield line.rstrip(b"\r\n"), f"{path}:{lineno}"
 
 
-def _parquet_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
-    n = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=65_536):
-        for row in batch.to_pylist():
-            n += 1
-            yield {k: v for k, v in row.items() if v is not None}, f"{path}#{n}"
+def read_inputs(files: list[Path]) -> Iterator[tuple[bytes | dict[str, Any], str]]:
+    """``read_batches`` one input at a time: a Parquet row as a dict of its non-null fields."""
+    for item in read_batches(files):
+        if isinstance(item, RowBatch):
+            yield from ((present_fields(row), item.label(i)) for i, row in enumerate(item.batch.to_pylist()))
+        else:
+            yield item
+
+
+def input_bytes(item: tuple[Any, str] | RowBatch) -> int:
+    """How much of the input files an item stands for (a line and its newline, a batch its share)."""
+    return item.nbytes if isinstance(item, RowBatch) else len(item[0]) + 1

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from schemas.events import EVENT_MODELS, Event
 
-__all__ = ["REASONS", "Rejected", "decode_line", "decode_object", "encode_event", "explain", "raw_text",
+__all__ = ["REASONS", "Rejected", "decode_line", "decode_object", "encode_event", "explain", "present_fields", "raw_text",
            "reason_of"]
 
 #: every dead-letter reason, and what it means (the README's catalogue is this table)
@@ -106,6 +106,11 @@ def decode_object(obj: object) -> Event | Rejected:
         return Rejected(reason_of(exc), explain(exc), kind)
     except ValueError as exc:  # raised by a before-validator outside pydantic's wrapping
         return Rejected("invalid", str(exc), kind)
+
+
+def present_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """A Parquet row as the wire object it stands for: its non-null fields."""
+    return {k: v for k, v in row.items() if v is not None}
 
 
 def raw_text(payload: str | bytes | dict[str, Any]) -> str:

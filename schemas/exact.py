@@ -10,7 +10,7 @@ from __future__ import annotations
 from decimal import ROUND_HALF_EVEN, Decimal
 from functools import lru_cache
 
-__all__ = ["to_decimal", "round_scaled", "div_half_even", "micro_usd_per_hour"]
+__all__ = ["to_decimal", "round_scaled", "round_float", "div_half_even", "micro_usd_per_hour"]
 
 
 def to_decimal(value: float | int | str | Decimal) -> Decimal:
@@ -36,13 +36,14 @@ def round_scaled(value: float | int | str | Decimal, scale: int) -> int:
     without a Decimal; other forms (``1e-05``) take the Decimal path. Both give the same integer.
     """
     if isinstance(value, float):
-        return _round_float(value, scale)
+        return round_float(value, scale)
     return int((to_decimal(value) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 @lru_cache(maxsize=1 << 16)
-def _round_float(value: float, scale: int) -> int:
-    # memoised: a fleet's samples repeat a few intervals and a few thousand percentages
+def round_float(value: float, scale: int) -> int:
+    """``round_scaled`` of a float; memoised: a fleet's samples repeat a few intervals and a few
+    thousand percentages."""
     whole, dot, frac = repr(value).partition(".")
     if dot and whole.isdigit() and frac.isdigit():
         return div_half_even(int(whole + frac) * scale, 10 ** len(frac))

@@ -6,7 +6,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 from schemas.exact import div_half_even, micro_usd_per_hour
-from schemas.records import IDLE_TENANT, CostRecord, record_id
+from schemas.records import IDLE_TENANT, CostRecord, computed, record_id
 from streams.money import largest_remainder
 from streams.panes import PaneTotals
 from streams.tables import Tenant
@@ -43,14 +43,14 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     rate = 0 if usd_per_gpu_hour is None else micro_usd_per_hour(usd_per_gpu_hour)
     cost = div_half_even(rate * pane.covered_ms, MS_PER_HOUR)
 
-    tenants = sorted(pane.tenants.values(), key=lambda t: t.tenant.key)
-    sm_all = sum(t.sm for t in tenants)
-    bw_all = sum(t.bw for t in tenants)
-    numa_all = sum(t.numa for t in tenants)
+    tenants = sorted(pane.tenants.items())  # by tenant key
+    sm_all = sum(t.sm for _, t in tenants)
+    bw_all = sum(t.bw for _, t in tenants)
+    numa_all = sum(t.numa for _, t in tenants)
     t_den, b_den, l_den = sm_all or 1, bw_all or 1, numa_all or 1
     scale = weights.denominator * t_den * b_den * l_den  # w_i = W[i] / scale
-    big_w = {t.tenant.key: (weights.alpha * t.sm * b_den * l_den + weights.beta * t.bw * t_den * l_den
-                            + weights.gamma * t.numa * t_den * b_den) for t in tenants}
+    big_w = {k: (weights.alpha * t.sm * b_den * l_den + weights.beta * t.bw * t_den * l_den
+                 + weights.gamma * t.numa * t_den * b_den) for k, t in tenants}
     w_all = sum(big_w.values())
     if w_all == 0:
         busy_n, busy_d = 0, 1
@@ -68,7 +68,7 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     busy = busy_n / busy_d
 
     def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float) -> CostRecord:
-        return CostRecord.model_construct(
+        return computed(CostRecord,
             record_id=record_id(pane.gpu_uuid, pane.pane_start_ns, key, 0),
             gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
             pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns, tenant_key=key,
@@ -81,6 +81,5 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     idle = Tenant(IDLE_TENANT, None, None, None, None, None, None)
     out = [record(IDLE_TENANT, idle, 0.0, 0.0, 0.0, 0.0)]
     # int / int is correctly rounded in Python: the same floats as the exact fractions give
-    out += [record(t.tenant.key, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, big_w[t.tenant.key] / scale)
-            for t in tenants]
+    out += [record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, big_w[k] / scale) for k, t in tenants]
     return out

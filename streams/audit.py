@@ -9,11 +9,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
+
 from schemas.codec import Rejected, decode_line, encode_event, raw_text
 from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
                             ProcessSample, TenantBinding)
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
 from streams.apportion import Weights, apportion
+from streams.columnar import ingest_batch
 from streams.idle_index import IdleIndex
 from streams.mae import Mae
 from streams.panes import GpuPanes, PaneTotals
@@ -53,9 +56,7 @@ class Auditor:
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]:
         """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
         if self.clock is not None and event.ts_ns > (now := self.clock()) + self.settings.max_future_ns:
-            return [self._dead("future_timestamp", event, raw, source,
-                               f"ts_ns {event.ts_ns} is {(event.ts_ns - now) / 1e9:.0f} s ahead of this "
-                               f"worker's clock (allowed: {self.settings.max_future_s} s); fix the node's clock")]
+            return [self.future_letter(event, raw, source, now)]
         if isinstance(event, (GpuSample, ProcessSample, NumaEvent)):
             return self._gpu_keyed(event, raw, source)
         if isinstance(event, MemAccess):
@@ -77,6 +78,23 @@ class Auditor:
         self.counts[event.kind] += 1
         return []
 
+    def future_letter(self, event: Event, raw: str | bytes | None, source: str, now: int) -> DeadLetter:
+        return self._dead("future_timestamp", event, raw, source,
+                          f"ts_ns {event.ts_ns} is {(event.ts_ns - now) / 1e9:.0f} s ahead of this "
+                          f"worker's clock (allowed: {self.settings.max_future_s} s); fix the node's clock")
+
+    def late_letter(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None, source: str,
+                    watermark: int | None) -> DeadLetter:
+        return self._dead("late", event, raw, source, f"pane of ts_ns {event.ts_ns} closed: GPU "
+                                                      f"{event.gpu_uuid}'s watermark is {watermark} ns")
+
+    def duplicate_letter(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
+                         source: str) -> DeadLetter:
+        who = "" if isinstance(event, GpuSample) else f" pid {event.pid}"
+        return self._dead("duplicate", event, raw, source,
+                          f"a {event.kind} of GPU {event.gpu_uuid}{who} at ts_ns {event.ts_ns} was already "
+                          "counted; the first one is billed, this one is not")
+
     def _dead(self, reason: str, event: Event, raw: str | bytes | None, source: str, detail: str) -> DeadLetter:
         self.counts[reason] += 1
         return DeadLetter(reason=reason, detail=detail, kind=event.kind, source=source,
@@ -91,6 +109,11 @@ class Auditor:
         # a dead letter of a valid event keeps the line as it came; a Parquet row, re-encoded
         return self.update(decoded, None if isinstance(line, dict) else line, source)
 
+    def ingest_batch(self, batch: pa.RecordBatch, source: Callable[[int], str]) -> list[Output]:
+        """``ingest`` of every row of an Arrow batch of ``EVENT_SCHEMA`` (row ``i`` labelled ``source(i)``):
+        the same outputs and state, an order of magnitude faster (``streams.columnar``)."""
+        return ingest_batch(self, batch, source)
+
     def reject(self, why: Rejected, raw: str, source: str) -> DeadLetter:
         """The dead letter of an input refused before it was decoded, counted under its reason."""
         self.counts[why.reason] += 1
@@ -101,13 +124,9 @@ class Auditor:
                    source: str) -> list[Output]:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
-            return [self._dead("late", event, raw, source, f"pane of ts_ns {event.ts_ns} closed: GPU {gpu}'s "
-                                                           f"watermark is {self.panes.watermark(gpu)} ns")]
+            return [self.late_letter(event, raw, source, self.panes.watermark(gpu))]
         if self.panes.is_duplicate(event):
-            who = "" if isinstance(event, GpuSample) else f" pid {event.pid}"
-            return [self._dead("duplicate", event, raw, source,
-                               f"a {event.kind} of GPU {gpu}{who} at ts_ns {event.ts_ns} was already counted; "
-                               "the first one is billed, this one is not")]
+            return [self.duplicate_letter(event, raw, source)]
         self.counts[event.kind] += 1
         if isinstance(event, GpuSample):
             self.panes.add_gpu_sample(event)
@@ -117,13 +136,13 @@ class Auditor:
                 self.panes.add_process_sample(event, tenant)
             else:
                 self.panes.add_numa_event(event, tenant)
-        return self._close(self.panes.advance(gpu, event.ts_ns))
+        return self.close(self.panes.advance(gpu, event.ts_ns))
 
     def finish(self) -> list[Output]:
         """End of a finite input: close every pane and every MAE window."""
-        return self._close(self.panes.close_all()) + list(self.mae.finish())
+        return self.close(self.panes.close_all()) + list(self.mae.finish())
 
-    def _close(self, panes: list[PaneTotals]) -> list[Output]:
+    def close(self, panes: list[PaneTotals]) -> list[Output]:
         out: list[Output] = []
         for pane in panes:
             idle = self.idle.on_close(pane)

@@ -16,7 +16,7 @@ import base64
 from array import array
 from typing import Any
 
-from schemas.records import IdleIndexRecord
+from schemas.records import IdleIndexRecord, computed
 from streams.panes import PaneTotals
 
 __all__ = ["IdleIndex"]
@@ -84,7 +84,7 @@ class IdleIndex:
         if window is None:
             window = self._gpus[pane.gpu_uuid] = _Window(self.slots)
         window.roll(pane.pane_start_ns // self.pane_ns, pane.idle_ms, pane.covered_ms)
-        return IdleIndexRecord.model_construct(
+        return computed(IdleIndexRecord,
             gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
             pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns,
             idle_ms=pane.idle_ms, covered_ms=pane.covered_ms, idle_ms_72h=window.idle_sum,

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from schemas.events import MemAccess
-from schemas.records import MaeRecord
+from schemas.records import MaeRecord, computed
 from streams.settings import AuditSettings
 
 __all__ = ["entropy_bits", "l2_estimate", "Mae"]
@@ -60,11 +60,20 @@ class Mae:
         self.table = settings.l2_calibration
         self._open: dict[tuple[str, int], _Window] = {}
 
-    def update(self, ev: MemAccess) -> MaeRecord | None:
-        key = (ev.node_id, ev.pid)
+    def window_of(self, key: tuple[str, int], first_ts_ns: int) -> _Window:
+        """The process's open window, opened at ``first_ts_ns`` if it has none."""
         win = self._open.get(key)
         if win is None:
-            win = self._open[key] = _Window(ev.ts_ns)
+            win = self._open[key] = _Window(first_ts_ns)
+        return win
+
+    def complete(self, key: tuple[str, int]) -> MaeRecord:
+        """Close the process's full window."""
+        return self._record(key, self._open.pop(key))
+
+    def update(self, ev: MemAccess) -> MaeRecord | None:
+        key = (ev.node_id, ev.pid)
+        win = self.window_of(key, ev.ts_ns)
         offset = ev.address - self.lo
         if 0 <= offset < self.span:
             b = offset * self.bins // self.span
@@ -73,10 +82,7 @@ class Mae:
             win.out_of_range += 1
         win.taken += 1
         win.last_ts_ns = ev.ts_ns
-        if win.taken < self.window:
-            return None
-        del self._open[key]
-        return self._record(key, win)
+        return self.complete(key) if win.taken == self.window else None
 
     def finish(self) -> list[MaeRecord]:
         """End of a finite input: one record for each partial window."""
@@ -86,7 +92,7 @@ class Mae:
 
     def _record(self, key: tuple[str, int], win: _Window) -> MaeRecord:
         bits = entropy_bits(win.counts.values())
-        return MaeRecord.model_construct(
+        return computed(MaeRecord,
             node_id=key[0], pid=key[1], first_ts_ns=win.first_ts_ns, last_ts_ns=win.last_ts_ns,
             n=sum(win.counts.values()), out_of_range=win.out_of_range, mae_bits=bits,
             l2_evictions_per_1k_est=l2_estimate(bits, self.table))

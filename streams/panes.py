@@ -42,8 +42,9 @@ class PaneTotals:
     #: event with the same key is a duplicate. Bounded: only open panes are kept.
     seen: set[tuple[str, int, int]] = field(default_factory=set)
 
-    def tenant(self, tenant: Tenant) -> TenantTotals:
-        key = tenant.key
+    def tenant(self, tenant: Tenant, key: str | None = None) -> TenantTotals:
+        """The tenant's totals in this pane (``key``: its key, when the caller has it already)."""
+        key = tenant.key if key is None else key
         totals = self.tenants.get(key)
         if totals is None:
             totals = self.tenants[key] = TenantTotals(tenant)
@@ -82,6 +83,19 @@ class GpuPanes:
     def watermark(self, gpu_uuid: str) -> int | None:
         max_ts = self._max_ts.get(gpu_uuid)
         return None if max_ts is None else max_ts - self.lateness_ns
+
+    def max_ts(self, gpu_uuid: str) -> int | None:
+        return self._max_ts.get(gpu_uuid)
+
+    def set_max_ts(self, gpu_uuid: str, ts_ns: int) -> None:
+        self._max_ts[gpu_uuid] = ts_ns
+
+    def open_panes(self, gpu_uuid: str) -> dict[int, PaneTotals]:
+        """The GPU's open panes by start (a batch operator takes them out as they close)."""
+        return self._open.get(gpu_uuid, {})
+
+    def keep_open(self, pane: PaneTotals) -> None:
+        self._open.setdefault(pane.gpu_uuid, {})[pane.pane_start_ns] = pane
 
     def is_late(self, gpu_uuid: str, ts_ns: int) -> bool:
         wm = self.watermark(gpu_uuid)

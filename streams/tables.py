@@ -47,6 +47,10 @@ class BindingTable:
         insort(history, (b.ts_ns, tenant))
         return True
 
+    def history(self, node_id: str, pid: int) -> list[tuple[int, Tenant]]:
+        """The process's bindings in ``ts_ns`` order (empty if none)."""
+        return self._by_proc.get((node_id, pid), [])
+
     def lookup(self, node_id: str, pid: int, ts_ns: int) -> Tenant:
         history = self._by_proc.get((node_id, pid))
         if not history:
