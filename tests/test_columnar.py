@@ -57,6 +57,13 @@ def rows_and_cuts(draw: st.DrawFn) -> tuple[AuditSettings, list[dict[str, Any]],
     s = draw(settings_st())
     events: list[Event] = draw(streams())
     rows = events_table(events).to_pylist() if events else []
+    if draw(st.booleans()):  # on a 30 s grid: events fall on pane ends and on each other's ts_ns
+        for row in rows:
+            if row["ts_ns"] is not None:
+                row["ts_ns"] -= (row["ts_ns"] - BASE_NS) % (30 * NS)
+    for _ in range(draw(st.integers(0, 12))):  # bindings and prices among the samples, not only before them
+        if rows:
+            rows.insert(draw(st.integers(0, len(rows) - 1)), rows.pop(draw(st.integers(0, len(rows) - 1))))
     for _ in range(draw(st.integers(0, 8))):
         if not rows:
             break
