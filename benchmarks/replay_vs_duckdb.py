@@ -16,7 +16,7 @@ import duckdb
 from benchmarks.common import Result, timed
 from gpucost.cli import main as gpucost
 from gpucost.embedded import run_embedded
-from producers.replay import input_files, read_batches
+from producers.replay import input_files, read_batches, read_inputs
 from streams.settings import AuditSettings
 from tests.recompute import parquet_source, recompute_sql
 
@@ -24,28 +24,38 @@ from tests.recompute import parquet_source, recompute_sql
 def run(gpus: int, hours: float, interval_s: float) -> Result:
     work = Path(tempfile.mkdtemp(prefix="gpucost-bench-replay-"))
     try:
-        events = work / "events"
-        assert gpucost(["simulate", "--gpus", str(gpus), "--hours", str(hours), "--interval-s", str(interval_s),
-                        "--format", "parquet", "--out", str(events)]) == 0
-        files = input_files([events])
+        inputs = {}
+        for form in ("parquet", "jsonl"):  # the same seeded fleet, stored both ways
+            assert gpucost(["simulate", "--gpus", str(gpus), "--hours", str(hours), "--interval-s", str(interval_s),
+                            "--format", form, "--out", str(work / form)]) == 0
+            inputs[form] = input_files([work / form])
         settings = AuditSettings()
+        files = inputs["parquet"]
         embedded_s, stats = timed(lambda: run_embedded(read_batches(files), settings, work / "out"))
+        row_s, row_stats = timed(lambda: run_embedded(read_inputs(files), settings, work / "out-rows"))
+        jsonl_s, jsonl_stats = timed(lambda: run_embedded(read_batches(inputs["jsonl"]), settings, work / "out-jsonl"))
         n = stats.inputs  # type: ignore[attr-defined]
         con = duckdb.connect()
         sql_s, _ = timed(lambda: con.execute(recompute_sql(parquet_source(files), settings)))
         want = con.execute("SELECT (SELECT count(*) FROM want_idle), (SELECT count(*) FROM want_cost)").fetchone()
-        got = (stats.rows["idle_index"], stats.rows["cost"])  # type: ignore[attr-defined]
-        assert want == got, f"DuckDB and the pipeline disagree on the records: {want} vs {got}"
+        for run_stats in (stats, row_stats, jsonl_stats):
+            got = (run_stats.rows["idle_index"], run_stats.rows["cost"])  # type: ignore[attr-defined]
+            assert want == got, f"DuckDB and the pipeline disagree on the records: {want} vs {got}"
+            assert run_stats.inputs == n  # type: ignore[attr-defined]
         ratio = (n / embedded_s) / (n / sql_s)
         return Result(
             "1. Embedded replay vs DuckDB batch", "embedded events/s ≥ DuckDB's (ratio ≥ 1.0)", ratio >= 1.0,
-            [("input", f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {n:,} events in Parquet"),
-             ("embedded pipeline", f"{embedded_s:.1f} s, {n / embedded_s:,.0f} events/s"),
-             ("DuckDB, tests/recompute.sql", f"{sql_s:.1f} s, {n / sql_s:,.0f} events/s"),
-             ("ratio (embedded / DuckDB)", f"{ratio:.3f}"),
-             ("records", f"idle_index {got[0]:,}, cost {got[1]:,} (both sides)")],
+            [("input", f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {n:,} events in Parquet (and the same in "
+                       "JSON Lines)"),
+             ("embedded pipeline, Parquet (batch path)", f"{embedded_s:.1f} s, {n / embedded_s:,.0f} events/s"),
+             ("… the same, event by event (row path, as before)", f"{row_s:.1f} s, {n / row_s:,.0f} events/s"),
+             ("embedded pipeline, JSON Lines (batch path)", f"{jsonl_s:.1f} s, {n / jsonl_s:,.0f} events/s"),
+             ("DuckDB, tests/recompute.sql over the Parquet", f"{sql_s:.1f} s, {n / sql_s:,.0f} events/s"),
+             ("ratio (embedded Parquet / DuckDB)", f"{ratio:.3f}"),
+             ("records", f"idle_index {want[0]:,}, cost {want[1]:,} (every run and DuckDB)")],
             ["DuckDB runs the SQL as written for the tests, one thread (`SET threads = 1`: MAE windows follow "
              "arrival order), with every record of METRICS.md except the largest-remainder split, which it "
-             "leaves as exact shares."])
+             "leaves as exact shares.",
+             "Every embedded run writes its Parquet output (zstd, fsync), as `gpucost replay` does."])
     finally:
         shutil.rmtree(work, ignore_errors=True)

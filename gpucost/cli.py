@@ -30,7 +30,7 @@ from gpucost.kafka_settings import KafkaSettings
 from gpucost.report import format_table, summary
 from gpucost.signing import Keyring, Signer
 from producers.nvml import NvmlSampler
-from producers.replay import input_bytes, input_files, read_batches, read_inputs
+from producers.replay import input_files, read_batches, read_inputs
 from producers.simulate import FleetSpec, simulate
 from schemas.arrow import events_table
 from schemas.codec import Rejected, decode_line, encode_event, explain, raw_text
@@ -400,7 +400,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     total = sum(f.stat().st_size for f in files)
     with tqdm(total=total, unit="B", unit_scale=True, disable=not sys.stderr.isatty(), desc="replay") as bar:
         stats = run_embedded(read_batches(files), settings, args.out,
-                             on_batch=lambda b: bar.update(sum(map(input_bytes, b))))  # type: ignore[arg-type]
+                             on_batch=lambda b: bar.update(sum(item.nbytes for item in b)))  # type: ignore[union-attr]
     return _finish(args.out, stats)
 
 

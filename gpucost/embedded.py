@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from producers.replay import RowBatch
+from producers.replay import LineBatch, RowBatch
 from schemas.events import Event
 from schemas.records import DeadLetter
 from sinks.parquet import ParquetSink
-from streams.audit import Auditor
+from streams.audit import Auditor, Output
 from streams.settings import AuditSettings
 
 __all__ = ["Item", "RunStats", "run_embedded"]
 
 #: a source yields decoded events, or raw lines or Parquet rows (decoded here, as a worker would), with a
-#: label; or batches of Parquet rows, which take the batch path
-Item = tuple[Event | str | bytes | dict[str, Any], str] | RowBatch
+#: label; or batches of Parquet rows or JSON lines, which take the batch path
+Item = tuple[Event | str | bytes | dict[str, Any], str] | RowBatch | LineBatch
 _BATCH = 2048
 _DONE = object()
 
@@ -42,7 +42,7 @@ def _batches(items: Iterable[Item], q: "queue.Queue[object]", failure: list[Base
     try:
         batch: list[Item] = []
         for item in items:
-            if isinstance(item, RowBatch):  # already a batch: sent alone
+            if isinstance(item, (RowBatch, LineBatch)):  # already a batch: sent alone
                 if batch:
                     q.put(batch)
                 q.put([item])
@@ -64,6 +64,22 @@ def _drain(q: "queue.Queue[object]") -> Iterator[list[Item]]:
         yield batch  # type: ignore[misc]
 
 
+def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, list[Output]]:
+    """The inputs a batch holds, and its outputs: a batch of JSON lines or Parquet rows takes the batch path."""
+    if len(batch) == 1 and isinstance(batch[0], RowBatch):
+        return batch[0].batch.num_rows, auditor.ingest_batch(batch[0].batch, batch[0].label)
+    if len(batch) == 1 and isinstance(batch[0], LineBatch):
+        return len(batch[0].lines), auditor.ingest_lines(batch[0].lines, batch[0].label)
+    if all(isinstance(item[0], bytes) for item in batch):
+        lines, labels = zip(*batch) if batch else ((), ())
+        return len(batch), auditor.ingest_lines(lines, labels.__getitem__)  # type: ignore[arg-type]
+    out: list[Output] = []
+    for payload, label in batch:  # type: ignore[misc]
+        out += (auditor.ingest(payload, label) if isinstance(payload, (str, bytes, dict))
+                else auditor.update(payload, None, label))
+    return len(batch), out
+
+
 def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
                  on_batch: Callable[[list[Item]], None] | None = None) -> RunStats:
     """Run every item through the audit and write the records; returns what happened."""
@@ -76,19 +92,12 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     sink = ParquetSink(out_dir)
     stats = RunStats()
     for batch in _drain(q):
-        for item in batch:
-            if isinstance(item, RowBatch):
-                stats.inputs += item.batch.num_rows
-                records = auditor.ingest_batch(item.batch, item.label)
-            else:
-                stats.inputs += 1
-                payload, label = item
-                records = (auditor.ingest(payload, label) if isinstance(payload, (str, bytes, dict))
-                           else auditor.update(payload, None, label))
-            for record in records:
-                if isinstance(record, DeadLetter):
-                    stats.dead_letters[record.reason] += 1
-                sink.write(record)
+        n, records = _audit(auditor, batch)
+        stats.inputs += n
+        for record in records:
+            if isinstance(record, DeadLetter):
+                stats.dead_letters[record.reason] += 1
+            sink.write(record)
         if on_batch is not None:
             on_batch(batch)
     producer.join()

@@ -150,10 +150,7 @@ class Worker(ConsumerRebalanceListener):
             del owned.auditors[key]  # finished: its state is deleted with a tombstone
             owned.sequences.pop(key, None)
             return auditor.finish()
-        outs: list[Output] = []
-        for n, line in lines:
-            outs += auditor.ingest(line, f"{source}#{n}")
-        return outs
+        return auditor.ingest_lines([line for _, line in lines], lambda i: f"{source}#{lines[i][0]}")
 
     async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
         owned = self.owned[tp]

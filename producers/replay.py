@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from schemas.codec import present_fields
 
-__all__ = ["SUFFIXES", "RowBatch", "input_files", "read_inputs", "read_batches", "input_bytes"]
+__all__ = ["SUFFIXES", "RowBatch", "LineBatch", "input_files", "read_inputs", "read_batches"]
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".parquet")
 
@@ -45,9 +45,21 @@ class RowBatch(NamedTuple):
         return f"{self.path}#{self.first + i}"
 
 
-def read_batches(files: list[Path]) -> Iterator[tuple[bytes, str] | RowBatch]:
-    """Every non-blank line as raw bytes, labelled ``file:line``; Parquet files (``EVENT_SCHEMA``) in
-    batches of rows, each row labelled ``file#row``. Decoding is the consumer's job."""
+class LineBatch(NamedTuple):
+    """Consecutive non-blank lines of a JSON Lines file, for the batch path (``Auditor.ingest_lines``)."""
+
+    lines: list[bytes]
+    path: Path
+    linenos: list[int]  # file line number (from 1) of each
+    nbytes: int  # bytes read from the file (blank lines included), for progress
+
+    def label(self, i: int) -> str:
+        return f"{self.path}:{self.linenos[i]}"
+
+
+def read_batches(files: list[Path], lines_per_batch: int = 8192) -> Iterator[RowBatch | LineBatch]:
+    """The files in batches: Parquet (``EVENT_SCHEMA``) rows, each labelled ``file#row``, and JSON
+    Lines' non-blank lines as raw bytes, each labelled ``file:line``. Decoding is the consumer's job."""
     for path in files:
         if path.name.endswith(".parquet"):
             parquet = pq.ParquetFile(path)
@@ -58,9 +70,19 @@ def read_batches(files: list[Path]) -> Iterator[tuple[bytes, str] | RowBatch]:
             continue
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rb") as fh:
+            lines: list[bytes] = []
+            linenos: list[int] = []
+            nbytes = 0
             for lineno, line in enumerate(fh, 1):
+                nbytes += len(line)
                 if line.strip():
-                    yield line.rstrip(b"\r\n"), f"{path}:{lineno}"
+                    lines.append(line.rstrip(b"\r\n"))
+                    linenos.append(lineno)
+                    if len(lines) == lines_per_batch:
+                        yield LineBatch(lines, path, linenos, nbytes)
+                        lines, linenos, nbytes = [], [], 0
+            if lines:
+                yield LineBatch(lines, path, linenos, nbytes)
 
 
 def read_inputs(files: list[Path]) -> Iterator[tuple[bytes | dict[str, Any], str]]:
@@ -69,9 +91,4 @@ def read_inputs(files: list[Path]) -> Iterator[tuple[bytes | dict[str, Any], str
         if isinstance(item, RowBatch):
             yield from ((present_fields(row), item.label(i)) for i, row in enumerate(item.batch.to_pylist()))
         else:
-            yield item
-
-
-def input_bytes(item: tuple[Any, str] | RowBatch) -> int:
-    """How much of the input files an item stands for (a line and its newline, a batch its share)."""
-    return item.nbytes if isinstance(item, RowBatch) else len(item[0]) + 1
+            yield from ((line, item.label(i)) for i, line in enumerate(item.lines))

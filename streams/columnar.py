@@ -17,15 +17,17 @@ same order, and the same state, over random batches with every kind of bad input
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import io
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 
 from schemas.arrow import EVENT_SCHEMA
-from schemas.codec import Rejected, decode_object, present_fields, raw_text
+from schemas.codec import Rejected, decode_line, present_fields, raw_text
 from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, NumaEvent, ProcessSample,
                             TenantBinding)
 from schemas.exact import round_float
@@ -35,7 +37,7 @@ from streams.tables import UNATTRIBUTED, Tenant
 if TYPE_CHECKING:
     from streams.audit import Auditor, Output
 
-__all__ = ["ingest_batch", "exact_round"]
+__all__ = ["ingest_batch", "ingest_lines", "exact_round"]
 
 GPU, PROC, NUMA, MEM = 0, 1, 2, 3
 _KINDS = {"gpu_sample": GPU, "process_sample": PROC, "numa_event": NUMA, "mem_access": MEM}
@@ -52,6 +54,70 @@ def ingest_batch(auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[in
     if any(f.name in EVENT_SCHEMA.names and f.type != EVENT_SCHEMA.field(f.name).type for f in batch.schema):
         return [out for i, row in enumerate(batch.to_pylist()) for out in auditor.ingest(present_fields(row), source(i))]
     return _Batch(auditor, batch, source).run()
+
+
+def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[int], str]) -> "list[Output]":
+    """``auditor.ingest`` of each JSON line, in order, through the batch path: Arrow's JSON reader
+    (in C, typed by ``EVENT_SCHEMA``) fills the columns.
+
+    The reader takes a few things Python's ``json`` refuses (invalid UTF-8, nesting deeper than
+    Python's recursion limit, two objects on one line), so such lines, and any line the reader
+    refuses, are decoded one by one, where they stand: the same dead letter as the row path.
+    """
+    if not lines:
+        return []
+    block = b"\n".join(lines)
+    if block.count(b"{") == len(lines) and b"[" not in block and _BOM not in block and _utf8(block):
+        plain = list(range(len(lines)))  # one object per line, nothing nested: every line is plain
+    else:
+        plain = [i for i, line in enumerate(lines) if line.count(b"{") == 1 and b"[" not in line
+                 and not line.startswith(_BOM) and _utf8(line)]
+    pieces = _parsed(lines, plain)
+    taken = [i for idx, _ in pieces for i in idx]
+    # the other lines as Python reads them: a valid event of a hot kind as its wire values, so that
+    # its columns hold what the model holds; anything else decoded again, from the line, in _Batch
+    where = np.full(len(lines), -1, np.int64)
+    where[taken] = np.arange(len(taken))
+    wire = []
+    for i in np.flatnonzero(where < 0).tolist():
+        event = decode_line(lines[i])
+        if isinstance(event, (GpuSample, ProcessSample, NumaEvent, MemAccess)):
+            where[i] = len(taken) + len(wire)
+            wire.append(event.to_wire())
+    where[where < 0] = len(taken) + len(wire)
+    tables = [t for _, t in pieces] + [pa.Table.from_pylist(wire + [{"kind": ""}], schema=EVENT_SCHEMA)]
+    table = pa.concat_tables(tables, promote_options="permissive").take(pa.array(where)).combine_chunks()
+    return _Batch(auditor, table.to_batches()[0], source, lines).run()
+
+
+_BOM = b"\xef\xbb\xbf"
+_JSON_OPTIONS = pa_json.ParseOptions(explicit_schema=EVENT_SCHEMA, unexpected_field_behavior="ignore")
+
+
+def _utf8(line: bytes) -> bool:
+    try:
+        line.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _parsed(lines: Sequence[bytes], idx: list[int]) -> list[tuple[list[int], pa.Table]]:
+    """The lines at ``idx`` as tables of one row per line, halving around the lines the reader refuses."""
+    if not idx:
+        return []
+    block = b"\n".join(lines[i] for i in idx)
+    try:
+        table = pa_json.read_json(io.BytesIO(block), parse_options=_JSON_OPTIONS,
+                                  read_options=pa_json.ReadOptions(use_threads=False, block_size=len(block) + 1))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        table = None
+    if table is not None and table.num_rows == len(idx):
+        return [(idx, table)]
+    if len(idx) == 1:
+        return []
+    half = len(idx) // 2
+    return _parsed(lines, idx[:half]) + _parsed(lines, idx[half:])
 
 
 def exact_round(values: np.ndarray, scale: int) -> np.ndarray:
@@ -77,8 +143,9 @@ def per_pane_min(values: np.ndarray, firsts: np.ndarray) -> list[int]:
 class _Batch:
     """One batch's columns as numpy arrays, and the outputs it yields, each tagged with its row."""
 
-    def __init__(self, auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[int], str]) -> None:
-        self.a, self.batch, self.source = auditor, batch, source
+    def __init__(self, auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[int], str],
+                 lines: Sequence[bytes] | None = None) -> None:
+        self.a, self.batch, self.source, self.lines = auditor, batch, source, lines
         self.n = batch.num_rows
         self.out: list[tuple[int, int, Output]] = []
         self.table_events: list[tuple[int, Event]] = []
@@ -109,8 +176,15 @@ class _Batch:
         length = np.asarray(pc.fill_null(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False))
         return codes, encoded.dictionary.to_pylist(), (length >= 1) & (length <= 256)
 
-    def _rows(self, idx: np.ndarray | list[int]) -> list[dict[str, Any]]:
+    def _inputs(self, idx: np.ndarray | list[int]) -> list[bytes | dict[str, Any]]:
+        """The inputs as the row path takes them: the JSON lines, or the Parquet rows as wire objects."""
+        if self.lines is not None:
+            return [self.lines[i] for i in idx]
         return [present_fields(r) for r in self.batch.take(pa.array(idx, pa.int64())).to_pylist()]
+
+    def _raw(self, i: int) -> bytes | None:
+        """What a dead letter of a valid event keeps: the line as it came (a Parquet row: re-encoded)."""
+        return None if self.lines is None else self.lines[i]
 
     def emit(self, row: int, outputs: "list[Output]") -> None:
         base = len(self.out)
@@ -172,8 +246,8 @@ class _Batch:
         self.numa_w = np.where(self.code == NUMA, hops * weight, 0)
 
         slow = np.flatnonzero(~self.ok)
-        for i, row in zip(slow.tolist(), self._rows(slow)):
-            event = decode_object(row)
+        for i, row in zip(slow.tolist(), self._inputs(slow)):
+            event = decode_line(row)
             if isinstance(event, Rejected):
                 self.emit(i, [self.a.reject(event, raw_text(row), self.source(i))])
             elif isinstance(event, (GpuSample, ProcessSample, NumaEvent, MemAccess)):
@@ -190,7 +264,7 @@ class _Batch:
             return
         now = self.a.clock()
         ahead = np.flatnonzero(self.ok & (self.ts > now + self.a.settings.max_future_ns))
-        self._letters(ahead, lambda i, e: self.a.future_letter(e, None, self.source(i), now))
+        self._letters(ahead, lambda i, e: self.a.future_letter(e, self._raw(i), self.source(i), now))
         self.ok[ahead] = False
 
     # --- memory-access entropy ------------------------------------------------------------------
@@ -244,9 +318,9 @@ class _Batch:
 
     def _letters(self, idx: np.ndarray, letter: "Callable[[int, Any], Output]") -> None:
         """Dead letters of rows the checks took in (late, duplicate, ahead of the clock), one by one."""
-        for i, event in zip(idx.tolist(), (decode_object(r) for r in self._rows(idx))):
+        for i, event in zip(idx.tolist(), (decode_line(r) for r in self._inputs(idx))):
             if isinstance(event, Rejected):  # cannot happen unless the checks above drift from the models
-                self.emit(i, [self.a.reject(event, raw_text(self._rows([i])[0]), self.source(i))])
+                self.emit(i, [self.a.reject(event, raw_text(self._inputs([i])[0]), self.source(i))])
             else:
                 self.emit(i, [letter(i, event)])
 
@@ -281,8 +355,8 @@ class _Batch:
         accepted = ~late & ~dup
         late_at = np.flatnonzero(late)
         watermark = dict(zip(rows[late_at].tolist(), (before[late_at] - lateness_ns).tolist()))
-        self._letters(rows[late_at], lambda i, e: a.late_letter(e, None, self.source(i), watermark[i]))
-        self._letters(rows[dup], lambda i, e: a.duplicate_letter(e, None, self.source(i)))
+        self._letters(rows[late_at], lambda i, e: a.late_letter(e, self._raw(i), self.source(i), watermark[i]))
+        self._letters(rows[dup], lambda i, e: a.duplicate_letter(e, self._raw(i), self.source(i)))
         for code, kind in enumerate(_KIND_NAMES[:MEM]):
             self._count(kind, int(np.count_nonzero(accepted & (self.code[rows] == code))))
 
@@ -355,7 +429,7 @@ class _Batch:
                 continue
             if (event.node_id, event.pid) in groups:
                 resolve((event.node_id, event.pid), i)
-            self.emit(i, a.update(event, None, self.source(i)))
+            self.emit(i, a.update(event, self._raw(i), self.source(i)))
         self.table_events = rest
         for key in groups:
             resolve(key, self.n)
@@ -455,4 +529,4 @@ class _Batch:
         steps.sort(key=lambda t: (t[0], t[1]))
         for i, _, item in steps:
             self.emit(i, self.a.close([item]) if isinstance(item, PaneTotals)
-                      else self.a.update(item, None, self.source(i)))
+                      else self.a.update(item, self._raw(i), self.source(i)))

@@ -1,7 +1,7 @@
-"""The batch path (``Auditor.ingest_batch``) against the row path (``Auditor.ingest``): same outputs,
-in the same order, and the same state, over random streams cut into random batches, with bad rows,
-late and duplicate events, a clock that puts some events in the future, and state restored between
-batches."""
+"""The batch paths (``Auditor.ingest_batch`` for Parquet, ``Auditor.ingest_lines`` for JSON Lines)
+against the row path (``Auditor.ingest``): same outputs, in the same order, and the same state, over
+random streams cut into random batches, with bad rows and odd JSON, late and duplicate events, a
+clock that puts some events in the future, and state restored between batches."""
 from __future__ import annotations
 
 import json
@@ -35,8 +35,29 @@ MUTATIONS: list[tuple[str, Any]] = [
 ]
 
 
+#: whole lines that Arrow's JSON reader and Python's json may read differently (or refuse)
+ODD_LINES: list[bytes] = [
+    b'{"kind":"gpu_sample"', b'[1, 2]', b'"gpu_sample"', b'{"kind":"mem_access","node_id":"\xff","pid":1,'
+    b'"ts_ns":1767571200000000000,"address":5}', b'{"kind":"mem_access","node_id":"n","pid":1,"ts_ns":1767571200000000000,'
+    b'"address":5} {"kind":"x"}', b'{"kind":"mem_access","node_id":"n","pid":1,"ts_ns":1767571200000000000,"address":5,'
+    b'"extra":' + b"[" * 3000 + b"]" * 3000 + b"}", b'{"kind":"mem_access","node_id":"n","pid":1,"pid":2,'
+    b'"ts_ns":1767571200000000000,"address":5}', b'\xef\xbb\xbf{"kind":"mem_access","node_id":"n","pid":1,'
+    b'"ts_ns":1767571200000000000,"address":5}',
+]
+#: one field of a valid line, given a JSON value of another type
+ODD_VALUES: list[tuple[str, bytes]] = [
+    ("pid", b"1.0"), ("pid", b'"1"'), ("pid", b"true"), ("ts_ns", b"1.7e18"), ("sm_util_pct", b"NaN"),
+    ("sm_util_pct", b"Infinity"), ("sm_util_pct", b"50"), ("interval_s", b"10"), ("node_id", b"7"),
+    ("gpu_uuid", b"null"), ("address", b"-1"), ("usd_per_gpu_hour", b"1.1234567"), ("hops", b"1e1"),
+]
+
+
 def label(i: int) -> str:
-    return f"events.parquet#{i + 1}"
+    return f"events#{i + 1}"
+
+
+def as_line(row: dict[str, Any]) -> bytes:
+    return json.dumps(present_fields(row), default=str).encode()
 
 
 def normalised(auditor: Auditor) -> dict[str, Any]:
@@ -52,8 +73,19 @@ def normalised(auditor: Auditor) -> dict[str, Any]:
     return state
 
 
+def odd_value(line: bytes, field: str, value: bytes) -> bytes:
+    """The line with ``field`` set to the raw JSON ``value`` (last, so it is the one Python keeps)."""
+    obj = {k: v for k, v in json.loads(line).items() if k != field}
+    return json.dumps(obj).encode()[:-1] + b', "' + field.encode() + b'": ' + value + b"}"
+
+
+Case = tuple[AuditSettings, list[Any], list[int], int | None, list[bool]]
+
+
 @st.composite
-def rows_and_cuts(draw: st.DrawFn) -> tuple[AuditSettings, list[dict[str, Any]], list[int], int | None, list[bool]]:
+def cases(draw: st.DrawFn, form: str) -> Case:
+    """Settings, the inputs (Parquet rows or JSON lines), where batches end, the clock, and before
+    which batches the state is restored from its JSON."""
     s = draw(settings_st())
     events: list[Event] = draw(streams())
     rows = events_table(events).to_pylist() if events else []
@@ -71,33 +103,53 @@ def rows_and_cuts(draw: st.DrawFn) -> tuple[AuditSettings, list[dict[str, Any]],
         field, value = draw(st.sampled_from(MUTATIONS))
         bad[field] = value
         rows.insert(draw(st.integers(0, len(rows))), bad)
-    cuts = sorted(draw(st.lists(st.integers(0, len(rows)), max_size=5)))
+    inputs: list[Any] = rows
+    if form == "json":
+        inputs = [as_line(r) for r in rows]
+        for _ in range(draw(st.integers(0, 6)) if rows else 0):
+            odd = (draw(st.sampled_from(ODD_LINES)) if draw(st.booleans()) else
+                   odd_value(as_line(draw(st.sampled_from(rows))), *draw(st.sampled_from(ODD_VALUES))))
+            inputs.insert(draw(st.integers(0, len(inputs))), odd)
+    cuts = sorted(draw(st.lists(st.integers(0, len(inputs)), max_size=5)))
     clock = draw(st.one_of(st.none(), st.integers(0, 3 * 3600).map(lambda x: BASE_NS + x * NS)))
     restores = draw(st.lists(st.booleans(), min_size=len(cuts) + 1, max_size=len(cuts) + 1))
-    return s, rows, cuts, clock, restores
+    return s, inputs, cuts, clock, restores
 
 
-@settings(max_examples=300, deadline=None)
-@given(rows_and_cuts())
-def test_batches_match_rows(case: tuple[AuditSettings, list[dict[str, Any]], list[int], int | None, list[bool]]) -> None:
-    s, rows, cuts, clock_ns, restores = case
+def check(case: Case, form: str) -> None:
+    s, inputs, cuts, clock_ns, restores = case
     clock = None if clock_ns is None else (lambda: clock_ns)
     by_row = Auditor(s, clock)
     want: list[Output] = []
-    for i, row in enumerate(rows):
-        want += by_row.ingest(present_fields(row), label(i))
+    for i, item in enumerate(inputs):
+        want += by_row.ingest(present_fields(item) if form == "parquet" else item, label(i))
 
     by_batch = Auditor(s, clock)
     got: list[Output] = []
-    table = pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)
-    for lo, hi, restore in zip([0, *cuts], [*cuts, len(rows)], restores):
+    table = pa.Table.from_pylist(inputs, schema=EVENT_SCHEMA) if form == "parquet" else None
+    for lo, hi, restore in zip([0, *cuts], [*cuts, len(inputs)], restores):
         if restore:  # a worker restarting from its committed state between batches
             by_batch = Auditor.from_state(s, json.loads(json.dumps(by_batch.to_state())), clock)
+        if table is None:
+            got += by_batch.ingest_lines(inputs[lo:hi], lambda i, first=lo: label(first + i))
+            continue
         for batch in table.slice(lo, hi - lo).to_batches():
             got += by_batch.ingest_batch(batch, lambda i, first=lo: label(first + i))
     assert got == want
     assert normalised(by_batch) == normalised(by_row)
     assert by_batch.finish() == by_row.finish()
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases("parquet"))
+def test_parquet_batches_match_rows(case: Case) -> None:
+    check(case, "parquet")
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases("json"))
+def test_json_batches_match_lines(case: Case) -> None:
+    check(case, "json")
 
 
 @given(st.lists(st.one_of(st.integers(0, 100_000).map(lambda x: x / 1000), st.integers(1, 36_000_000).map(
