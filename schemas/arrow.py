@@ -8,7 +8,6 @@ from __future__ import annotations
 import types
 from decimal import Decimal
 from functools import cache
-from operator import attrgetter
 from typing import Annotated, Union, get_args, get_origin
 
 import pyarrow as pa
@@ -47,9 +46,8 @@ ARROW_SCHEMAS: dict[str, pa.Schema] = {k: arrow_schema(m) for k, m in OUTPUT_KIN
 
 
 def to_table(kind: str, records: list[BaseModel]) -> pa.Table:
-    schema = ARROW_SCHEMAS[kind]
-    rows = map(attrgetter(*schema.names), records)  # one C-level pass: a getattr per value cost 40 % of writing
-    return pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(zip(*rows), schema)], schema=schema)
+    # from the records' field dicts: a getattr per value cost 40 % of writing a file, this a third of that
+    return pa.Table.from_pylist([r.__dict__ for r in records], schema=ARROW_SCHEMAS[kind])
 
 
 def _event_schema() -> pa.Schema:

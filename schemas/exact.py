@@ -50,6 +50,7 @@ def round_float(value: float, scale: int) -> int:
     return int((to_decimal(value) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
+@lru_cache(maxsize=1024)
 def micro_usd_per_hour(usd_per_gpu_hour: Decimal) -> int:
     """A price of at most six decimal places is an exact integer of micro-dollars."""
     micro = usd_per_gpu_hour * 1_000_000

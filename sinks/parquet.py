@@ -9,6 +9,7 @@ import datetime as dt
 import os
 import re
 from collections import defaultdict
+from functools import lru_cache
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -52,7 +53,12 @@ def partition_date(record: BaseModel) -> str:
         raise TypeError(f"not an output record: {type(record).__name__}")
     if ts_ns is None:
         return UNKNOWN_DATE
-    return dt.datetime.fromtimestamp(ts_ns // 1_000_000_000, dt.timezone.utc).date().isoformat()
+    return _date(ts_ns // 86_400_000_000_000)
+
+
+@lru_cache(maxsize=4096)
+def _date(day: int) -> str:
+    return (dt.date(1970, 1, 1) + dt.timedelta(days=day)).isoformat()
 
 
 def _fsync_dir(path: Path) -> None:

@@ -68,8 +68,8 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     busy = busy_n / busy_d
 
     def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float) -> CostRecord:
-        return computed(CostRecord,
-            record_id=record_id(pane.gpu_uuid, pane.pane_start_ns, key, 0),
+        return computed(
+            CostRecord, record_id=record_id(pane.gpu_uuid, pane.pane_start_ns, key, 0),
             gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
             pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns, tenant_key=key,
             team=tenant.team, env=tenant.env, app=tenant.app, tier=tenant.tier, sla=tenant.sla,

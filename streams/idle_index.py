@@ -84,8 +84,8 @@ class IdleIndex:
         if window is None:
             window = self._gpus[pane.gpu_uuid] = _Window(self.slots)
         window.roll(pane.pane_start_ns // self.pane_ns, pane.idle_ms, pane.covered_ms)
-        return computed(IdleIndexRecord,
-            gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
+        return computed(
+            IdleIndexRecord, gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
             pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns,
             idle_ms=pane.idle_ms, covered_ms=pane.covered_ms, idle_ms_72h=window.idle_sum,
             covered_ms_72h=window.covered_sum, idle_index_72h=window.idle_sum / window.covered_sum)

@@ -92,8 +92,8 @@ class Mae:
 
     def _record(self, key: tuple[str, int], win: _Window) -> MaeRecord:
         bits = entropy_bits(win.counts.values())
-        return computed(MaeRecord,
-            node_id=key[0], pid=key[1], first_ts_ns=win.first_ts_ns, last_ts_ns=win.last_ts_ns,
+        return computed(
+            MaeRecord, node_id=key[0], pid=key[1], first_ts_ns=win.first_ts_ns, last_ts_ns=win.last_ts_ns,
             n=sum(win.counts.values()), out_of_range=win.out_of_range, mae_bits=bits,
             l2_evictions_per_1k_est=l2_estimate(bits, self.table))
 

@@ -13,6 +13,7 @@ from schemas.codec import Rejected, decode_line, encode_event
 from schemas.ebpf import decode_trace_event
 from schemas.events import EVENT_MODELS, GpuSample
 from schemas.exact import round_scaled
+from schemas.records import CostRecord, MaeRecord, computed
 from tests.strategies import streams
 
 GOOD = {"kind": "gpu_sample", "node_id": "n1", "gpu_uuid": "GPU-1", "gpu_model": "NVIDIA H100",
@@ -142,3 +143,22 @@ def test_every_kind_has_a_model() -> None:
 def test_round_scaled_digit_path_equals_the_decimal_path(value: float, scale: int) -> None:
     want = int((Decimal(repr(value)) * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
     assert round_scaled(value, scale) == want
+
+
+@given(st.builds(lambda g, t, c, u: dict(
+    record_id="0" * 32, gpu_uuid=g, node_id="n", gpu_model="H100", pane_start_ns=t, pane_end_ns=t + 60, tenant_key="k",
+    team="k", env=None, app="a", tier=None, sla="Gold", git_commit=None, ci_pipeline_id="7", t_share=u, b_share=0.0,
+    l_share=1.0, weight=u, busy_fraction=u, usd_per_gpu_hour=None if c % 2 else Decimal(c) / 100,
+    pane_cost_micro_usd=c, cost_micro_usd=c // 2, unpriced=bool(c % 2), revision=0),
+    st.text(min_size=1), st.integers(0, 2**62), st.integers(0, 10**12), st.floats(0, 1)))
+def test_computed_records_equal_validated_ones(values: dict[str, object]) -> None:
+    built, validated = computed(CostRecord, **values), CostRecord(**values)
+    assert built == validated
+    assert built.model_dump_json() == validated.model_dump_json()
+    assert built.model_fields_set == validated.model_fields_set
+
+
+def test_computed_records_need_every_field() -> None:
+    with pytest.raises(TypeError, match="revision"):
+        computed(MaeRecord, node_id="n", pid=1, first_ts_ns=0, last_ts_ns=0, n=0, out_of_range=0, mae_bits=0.0,
+                 l2_evictions_per_1k_est=0.0, revision=0)
