@@ -129,16 +129,21 @@ def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path,
     d.worker("worker")
     want = embedded_counts(embedded)["cost"]
     rnd = random.Random(7)
-    kills = 0
+    kills = mid_write = 0
     while kills < 4 and d.rows("cost") < want:
+        before = d.rows("cost")
         victim = d.spawn(f"sink-{kills}", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink",
                          "--flush-interval-s", "0.1")
-        time.sleep(2.5 + rnd.random() * 2)  # start-up, then somewhere in the middle of writing
+        deadline = time.monotonic() + 60
+        while d.rows("cost") == before and victim.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until it has written its first file: then somewhere in the middle of writing
+        time.sleep(rnd.random() * 0.3)
+        mid_write += d.rows("cost") < want
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         kills += 1
         all_visible_files_readable(d.out)  # never a partial file, whenever it died
-    assert kills >= 2 and d.rows("cost") < want, "the sink finished before it could be killed twice"
+    assert mid_write >= 2, f"only {mid_write} of {kills} kills came before the sink had written everything"
     d.sink("sink-last")
     run_to_completion(d, embedded)
     assert not list(d.out.glob("*/date=*/.*.tmp")), "temporaries of the killed sinks were left behind"
