@@ -1,9 +1,10 @@
 """Output topics → the same Parquet layout as the embedded run, each record written once.
 
 Offsets are committed only after the files holding the records are durably renamed into
-place. Records already written (found in the Parquet at start-up, or seen since) are
-dropped, by each kind's natural key, so a restart, and a worker's re-sent records, never
-write a row twice.
+place. Only the records after the last commit can arrive again (a sink that died between a
+rename and the commit, a rebalance); those already written, in the files of the journal at
+start-up or seen since the last commit, are dropped by each kind's natural key. So a restart
+never writes a row twice, and the keys held stay bounded by what one flush interval brings.
 """
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 from aiokafka import AIOKafkaConsumer
 from pydantic import BaseModel, ValidationError
 
 from schemas.records import DeadLetter, OUTPUT_KINDS
-from sinks.parquet import ParquetSink, SinkWriteError, remove_stale_temporaries
-from sinks.views import connect
+from sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries
 
-__all__ = ["DEDUPE_KEYS", "SinkStats", "written_keys", "run_kafka_sink"]
+__all__ = ["DEDUPE_KEYS", "JOURNAL", "SinkStats", "written_keys", "run_kafka_sink"]
 
 log = logging.getLogger("gpucost.sink")
 
@@ -42,10 +43,18 @@ class SinkStats:
     undecodable: int = 0
 
 
-def written_keys(out_dir: Path) -> dict[str, set[tuple[object, ...]]]:
-    con = connect(out_dir)
-    return {kind: set(con.execute(f"SELECT {', '.join(cols)} FROM {kind}").fetchall())
-            for kind, cols in DEDUPE_KEYS.items()}
+JOURNAL = ".sink-journal"  # under the output directory
+
+
+def written_keys(out_dir: Path, files: list[Path]) -> dict[str, set[tuple[object, ...]]]:
+    """The natural keys of the records in ``files`` (Parquet files under ``out_dir``), by kind."""
+    con = duckdb.connect()
+    keys: dict[str, set[tuple[object, ...]]] = {}
+    for kind, cols in DEDUPE_KEYS.items():
+        of_kind = [str(f) for f in files if f.relative_to(out_dir).parts[0] == kind]
+        keys[kind] = set(con.execute(f"SELECT {', '.join(cols)} FROM read_parquet(?)", [of_kind]).fetchall()
+                         ) if of_kind else set()
+    return keys
 
 
 def _record(kind: str, value: bytes, source: str) -> BaseModel:
@@ -91,9 +100,17 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
         raise SinkWriteError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
     if stale := remove_stale_temporaries(out_dir):
         log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
-    seen = written_keys(out_dir)
+    journal = Journal(out_dir / JOURNAL)
+    seen = written_keys(out_dir, journal.files())
     kind_of_topic = {t: k for k, t in topics.items()}
-    sink = ParquetSink(out_dir)
+    sink = ParquetSink(out_dir, journal=journal)
+
+    async def commit() -> None:
+        await consumer.commit()  # what the journal lists is now behind the committed offsets
+        journal.clear()
+        for keys in seen.values():
+            keys.clear()
+
     stats = SinkStats()
     consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
                                 auto_offset_reset="earliest", isolation_level="read_committed")
@@ -124,10 +141,10 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
                         await _flush(sink, stop, retry_s)
             if dirty and time.monotonic() - last_flush >= flush_interval_s:
                 await _flush(sink, stop, retry_s)  # files renamed into place and fsynced …
-                await consumer.commit()  # … before the offsets that produced them are committed
+                await commit()  # … before the offsets that produced them are committed
                 last_flush, dirty = time.monotonic(), False
         await _flush(sink, stop, retry_s)
-        await consumer.commit()
+        await commit()
     finally:
         await consumer.stop()
     return stats

@@ -29,6 +29,8 @@ from producers.replay import input_files
 from schemas.codec import Rejected, decode_line
 from schemas.events import Event
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT
+from schemas.records import OUTPUT_KINDS
+from sinks.kafka_sink import JOURNAL, run_kafka_sink
 from sinks.views import connect
 from tests.conftest import FAULT_LINES, ROOT, Broker
 from tests.test_kafka import (Deployment, assert_same_parquet, embedded_counts, run_to_completion,
@@ -149,6 +151,42 @@ def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path,
     assert not list(d.out.glob("*/date=*/.*.tmp")), "temporaries of the killed sinks were left behind"
     assert_same_parquet(d.out, embedded)
     report(f"sink SIGKILLed x{kills}", events_in(events), d, embedded)
+
+
+def test_sink_dies_between_rename_and_commit(deployment: Deployment, recorded: tuple[Path, Path],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one window where a record can be read twice: its file is renamed into place, the offset not yet
+    committed. The next sink drops those records by the journal's files, and reads nothing older."""
+    events, embedded = recorded
+    d = deployment
+    d.gpucost("produce", "--source", "replay", str(events))
+    d.worker("worker")
+    want = embedded_counts(embedded)
+    wait_for("every cost record on its topic", lambda: d.topic_size("cost") >= want["cost"], 120, d.tmp)
+
+    async def died(self: AIOKafkaConsumer) -> None:
+        raise RuntimeError("killed between the rename and the commit")
+
+    monkeypatch.setattr(AIOKafkaConsumer, "commit", died)
+    with pytest.raises(RuntimeError, match="between the rename"):
+        asyncio.run(run_kafka_sink({"bootstrap_servers": d.bootstrap}, {k: f"{d.prefix}{k}" for k in OUTPUT_KINDS},
+                                   d.out, f"{d.app_id}-sink", asyncio.Event(), flush_interval_s=0.5))
+    monkeypatch.undo()
+    journal = (d.out / JOURNAL).read_text().split()
+    assert 0 < connect(d.out).execute("SELECT count(*) FROM cost").fetchone()[0] and journal
+    # a file outside the journal is not read again: were it, this one would stop the sink
+    stale = d.out / "cost" / "date=2000-01-01" / "part-99999.parquet"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"not parquet")
+    sink = d.sink("sink-after")
+    wait_for("the restarted sink's first commit (it empties the journal)",
+             lambda: not (d.out / JOURNAL).read_text().split(), 120, d.tmp)
+    assert sink.poll() is None, "the restarted sink stopped"
+    stale.unlink()
+    stale.parent.rmdir()
+    run_to_completion(d, embedded)
+    assert_same_parquet(d.out, embedded)
+    assert (d.out / JOURNAL).read_text().split() == [], "the journal outlived the commit"
 
 
 @pytest.fixture
