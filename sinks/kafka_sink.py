@@ -100,16 +100,21 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
         raise SinkWriteError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
     if stale := remove_stale_temporaries(out_dir):
         log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
-    journal = Journal(out_dir / JOURNAL)
+    read: dict[str, int] = {}  # "topic:partition" → the next offset, of what this sink has read
+    journal = Journal(out_dir / JOURNAL, lambda: dict(read))
+    again = journal.upto()  # what a sink that died may have written and not committed: read again up to here
     seen = written_keys(out_dir, journal.files())
     kind_of_topic = {t: k for k, t in topics.items()}
     sink = ParquetSink(out_dir, journal=journal)
 
     async def commit() -> None:
-        await consumer.commit()  # what the journal lists is now behind the committed offsets
-        journal.clear()
-        for keys in seen.values():
-            keys.clear()
+        await consumer.commit()  # what the journal lists is now behind the committed offsets …
+        mine = {f"{tp.topic}:{tp.partition}" for tp in consumer.assignment()}
+        if all(read.get(part, 0) >= offset for part, offset in again.items() if part in mine):
+            again.clear()  # … and, once past what was read twice, neither it nor the keys are needed
+            journal.clear()
+            for keys in seen.values():
+                keys.clear()
 
     stats = SinkStats()
     consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
@@ -121,6 +126,7 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
             batches = await consumer.getmany(timeout_ms=200, max_records=5000)
             for tp, messages in batches.items():
                 for m in messages:
+                    read[f"{tp.topic}:{tp.partition}"] = m.offset + 1
                     stats.consumed += 1
                     dirty = True
                     source = f"{tp.topic}[{tp.partition}]@{m.offset}"

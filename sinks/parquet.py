@@ -6,11 +6,14 @@ reader (DuckDB globbing ``*.parquet``) never sees half a file.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 from pydantic import BaseModel
@@ -62,28 +65,51 @@ def _date(day: int) -> str:
 
 
 class Journal:
-    """The files written since the last commit of the offsets that produced them.
+    """The files written since the offsets that produced them were committed, with those offsets.
 
-    A sink that dies between renaming a file and committing its offsets reads those records
-    again; it needs to know only these files' records to drop them, not every record ever
-    written. Each name is on disk (fsynced) before its file is renamed into place; the list
-    is emptied once the offsets are committed.
+    A sink that dies between renaming a file and committing its offsets reads the file's
+    records again, from its last commit up to the offsets the journal holds. To drop them it
+    needs only these files' records, not every record ever written. Each entry, a file's name
+    and the offsets read so far (``topic:partition`` → next offset), is on disk, fsynced,
+    before its file is renamed into place.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, offsets: Callable[[], dict[str, int]] = dict) -> None:
         self.path = path
+        self.offsets = offsets  # the offsets read so far, taken when a file is added
+
+    def _entries(self) -> list[dict[str, Any]]:
+        try:
+            lines = self.path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        entries = []
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line a full disk or a kill cut short: its file was never renamed
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("file"), str) and isinstance(entry.get("upto"), dict):
+                entries.append(entry)
+        return entries
 
     def files(self) -> list[Path]:
         """The files listed that exist (a name whose rename never happened is left out)."""
-        try:
-            names = self.path.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        return [f for name in dict.fromkeys(names) if name and (f := self.path.parent / name).is_file()]
+        names = dict.fromkeys(e["file"] for e in self._entries())
+        return [f for name in names if (f := self.path.parent / name).is_file()]
+
+    def upto(self) -> dict[str, int]:
+        """Per partition, the offset below which the listed files' records were read."""
+        upto: dict[str, int] = {}
+        for entry in self._entries():
+            for part, offset in entry["upto"].items():
+                upto[part] = max(upto.get(part, 0), int(offset))
+        return upto
 
     def add(self, name: Path) -> None:
+        line = json.dumps({"file": name.as_posix(), "upto": self.offsets()}, separators=(",", ":"))
         with open(self.path, "a") as fh:
-            fh.write(f"\n{name.as_posix()}\n")  # the newline first ends a line a full disk cut short
+            fh.write(f"\n{line}\n")  # the newline first ends a line a full disk cut short
             fh.flush()
             os.fsync(fh.fileno())
 
