@@ -190,6 +190,12 @@ class Worker(ConsumerRebalanceListener):
         await self._process(tp, fresh)
         owned.next_offset = fresh[-1].offset + 1
 
+    async def _take_batch(self, consumer: AIOKafkaConsumer, tp: TopicPartition, messages: list[Any]) -> None:
+        if tp in self.owned:
+            await self._in_sequence(consumer, tp, messages)
+        elif tp in consumer.assignment():  # fetched before this partition's state was restored: read it again
+            consumer.seek(tp, messages[0].offset)
+
     async def run(self, stop: asyncio.Event) -> None:
         consumer = AIOKafkaConsumer(**self.kafka.client_options(), group_id=self.group, enable_auto_commit=False,
                                     auto_offset_reset="earliest", isolation_level="read_committed",
@@ -203,14 +209,15 @@ class Worker(ConsumerRebalanceListener):
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=500, max_records=self.max_batch)
                 async with self._lock:
-                    for tp, messages in batches.items():
-                        if not messages:
-                            continue
-                        if tp in self.owned:
-                            await self._in_sequence(consumer, tp, messages)
-                        elif tp in consumer.assignment():
-                            # fetched before this partition's state was restored: read it again
-                            consumer.seek(tp, messages[0].offset)
+                    # partitions are independent (each has its own state and transactional producer), so
+                    # their transactions run side by side: a batch waits on the broker's round trips, not
+                    # on the other partitions'
+                    done = await asyncio.gather(*(self._take_batch(consumer, tp, messages)
+                                                  for tp, messages in batches.items() if messages),
+                                                return_exceptions=True)
+                    for failure in done:
+                        if isinstance(failure, BaseException):
+                            raise failure
         finally:
             await consumer.stop()
             for owned in self.owned.values():
