@@ -260,6 +260,8 @@ class _Batch:
                 self.table_events.append((i, event))
 
     def _future(self) -> None:
+        """Rows too far ahead of the clock, read once per batch (the row path reads it per event: a
+        batch takes milliseconds, and the clock only ever refuses)."""
         if self.a.clock is None:
             return
         now = self.a.clock()
