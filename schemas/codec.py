@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from schemas.events import EVENT_MODELS, Event
 
-__all__ = ["REASONS", "Rejected", "decode_line", "decode_object", "encode_event", "explain", "present_fields", "raw_text",
-           "reason_of"]
+__all__ = ["REASONS", "Rejected", "decode_line", "decode_object", "encode_event", "explain", "present_fields",
+           "raw_text", "reason_of"]
 
 #: every dead-letter reason, and what it means (the README's catalogue is this table)
 REASONS: dict[str, str] = {

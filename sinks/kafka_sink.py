@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from schemas.records import DeadLetter, OUTPUT_KINDS
@@ -55,6 +55,10 @@ def written_keys(out_dir: Path, files: list[Path]) -> dict[str, set[tuple[object
         keys[kind] = set(con.execute(f"SELECT {', '.join(cols)} FROM read_parquet(?)", [of_kind]).fetchall()
                          ) if of_kind else set()
     return keys
+
+
+def _part(tp: TopicPartition) -> str:
+    return f"{tp.topic}:{tp.partition}"
 
 
 def _record(kind: str, value: bytes, source: str) -> BaseModel:
@@ -102,23 +106,24 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
         log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
     read: dict[str, int] = {}  # "topic:partition" → the next offset, of what this sink has read
     journal = Journal(out_dir / JOURNAL, lambda: dict(read))
-    again = journal.upto()  # what a sink that died may have written and not committed: read again up to here
-    seen = written_keys(out_dir, journal.files())
+    # what a sink that died may have written and not committed, and up to where it will be read again
+    files, again = journal.pending()
+    seen = written_keys(out_dir, files)
     kind_of_topic = {t: k for k, t in topics.items()}
     sink = ParquetSink(out_dir, journal=journal)
+    stats = SinkStats()
+    consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
+                                auto_offset_reset="earliest", isolation_level="read_committed")
 
     async def commit() -> None:
         await consumer.commit()  # what the journal lists is now behind the committed offsets …
-        mine = {f"{tp.topic}:{tp.partition}" for tp in consumer.assignment()}
+        mine = {_part(tp) for tp in consumer.assignment()}
         if all(read.get(part, 0) >= offset for part, offset in again.items() if part in mine):
             again.clear()  # … and, once past what was read twice, neither it nor the keys are needed
             journal.clear()
             for keys in seen.values():
                 keys.clear()
 
-    stats = SinkStats()
-    consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
-                                auto_offset_reset="earliest", isolation_level="read_committed")
     await consumer.start()
     try:
         last_flush, dirty = time.monotonic(), False
@@ -126,7 +131,7 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
             batches = await consumer.getmany(timeout_ms=200, max_records=5000)
             for tp, messages in batches.items():
                 for m in messages:
-                    read[f"{tp.topic}:{tp.partition}"] = m.offset + 1
+                    read[_part(tp)] = m.offset + 1
                     stats.consumed += 1
                     dirty = True
                     source = f"{tp.topic}[{tp.partition}]@{m.offset}"

@@ -74,7 +74,7 @@ class Journal:
     before its file is renamed into place.
     """
 
-    def __init__(self, path: Path, offsets: Callable[[], dict[str, int]] = dict) -> None:
+    def __init__(self, path: Path, offsets: Callable[[], dict[str, int]]) -> None:
         self.path = path
         self.offsets = offsets  # the offsets read so far, taken when a file is added
 
@@ -93,18 +93,16 @@ class Journal:
                 entries.append(entry)
         return entries
 
-    def files(self) -> list[Path]:
-        """The files listed that exist (a name whose rename never happened is left out)."""
-        names = dict.fromkeys(e["file"] for e in self._entries())
-        return [f for name in names if (f := self.path.parent / name).is_file()]
-
-    def upto(self) -> dict[str, int]:
-        """Per partition, the offset below which the listed files' records were read."""
+    def pending(self) -> tuple[list[Path], dict[str, int]]:
+        """The files listed that exist (a name whose rename never happened is left out), and per
+        partition the offset below which their records were read."""
+        entries = self._entries()
+        names = dict.fromkeys(e["file"] for e in entries)
         upto: dict[str, int] = {}
-        for entry in self._entries():
+        for entry in entries:
             for part, offset in entry["upto"].items():
                 upto[part] = max(upto.get(part, 0), int(offset))
-        return upto
+        return [f for name in names if (f := self.path.parent / name).is_file()], upto
 
     def add(self, name: Path) -> None:
         line = json.dumps({"file": name.as_posix(), "upto": self.offsets()}, separators=(",", ":"))

@@ -42,6 +42,7 @@ __all__ = ["ingest_batch", "ingest_lines", "exact_round"]
 GPU, PROC, NUMA, MEM = 0, 1, 2, 3
 _KINDS = {"gpu_sample": GPU, "process_sample": PROC, "numa_event": NUMA, "mem_access": MEM}
 _KIND_NAMES = list(_KINDS)
+_HOT = (GpuSample, ProcessSample, NumaEvent, MemAccess)  # the models of those kinds
 _NONE = np.iinfo(np.int64).min  # "no watermark yet"
 _PID_SPAN = 1 << 32
 
@@ -81,7 +82,7 @@ def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[i
     wire = []
     for i in np.flatnonzero(where < 0).tolist():
         event = decode_line(lines[i])
-        if isinstance(event, (GpuSample, ProcessSample, NumaEvent, MemAccess)):
+        if isinstance(event, _HOT):
             where[i] = len(taken) + len(wire)
             wire.append(event.to_wire())
     where[where < 0] = len(taken) + len(wire)
@@ -136,8 +137,14 @@ def exact_round(values: np.ndarray, scale: int) -> np.ndarray:
     return out.astype(np.int64)
 
 
-def per_pane_min(values: np.ndarray, firsts: np.ndarray) -> list[int]:
-    return np.minimum.reduceat(values, firsts).tolist() if len(values) else []
+def _runs(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of equal keys starts and ends, in arrays sorted by those keys."""
+    n = len(keys[0])
+    change = np.zeros(max(n - 1, 0), bool)
+    for k in keys:
+        change |= k[1:] != k[:-1]
+    starts = np.flatnonzero(np.r_[True, change])[:n]
+    return starts, np.r_[starts[1:], n][:len(starts)].astype(np.int64)
 
 
 class _Batch:
@@ -189,6 +196,27 @@ class _Batch:
     def emit(self, row: int, outputs: "list[Output]") -> None:
         base = len(self.out)
         self.out.extend([(row, base + k, o) for k, o in enumerate(outputs)])
+
+    def _count(self, kind: str, n: int) -> None:
+        if n:
+            self.a.counts[kind] += n
+
+    def _letters(self, idx: np.ndarray, letter: "Callable[[int, Any], Output]") -> None:
+        """Dead letters of rows the checks took in (late, duplicate, ahead of the clock), one by one."""
+        for i, row in zip(idx.tolist(), self._inputs(idx)):
+            event = decode_line(row)
+            if isinstance(event, Rejected):  # cannot happen unless the checks above drift from the models
+                self.emit(i, [self.a.reject(event, raw_text(row), self.source(i))])
+            else:
+                self.emit(i, [letter(i, event)])
+
+    def _processes(self, rows: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
+        """``rows`` by process ``(node_id, pid)``: each process's positions in ``rows``, in arrival order."""
+        process = self.node[rows] * _PID_SPAN + self.pid[rows]
+        order = np.argsort(process, kind="stable")
+        starts, ends = _runs(process[order])
+        return {(self.node_names[self.node[rows[order[a]]]], int(self.pid[rows[order[a]]])): order[a:b]
+                for a, b in zip(starts.tolist(), ends.tolist())}
 
     # --- the batch ---------------------------------------------------------------------------
 
@@ -250,10 +278,10 @@ class _Batch:
             event = decode_line(row)
             if isinstance(event, Rejected):
                 self.emit(i, [self.a.reject(event, raw_text(row), self.source(i))])
-            elif isinstance(event, (GpuSample, ProcessSample, NumaEvent, MemAccess)):
+            elif isinstance(event, _HOT):
                 # the checks above refused a row the model takes: take it as the model reads it
                 self.ok[i] = True
-                if not isinstance(event, (NumaEvent, MemAccess)):
+                if isinstance(event, (GpuSample, ProcessSample)):
                     self.interval_ms[i], self.sm_cp[i], self.bw_cp[i] = (
                         event.interval_ms, event.sm_util_cp, event.mem_bw_util_cp)
             else:
@@ -286,12 +314,7 @@ class _Batch:
             bins[inside] = ((address[inside] - np.uint64(lo)) * np.uint64(mae.bins) // np.uint64(span)).astype(np.int64)
         else:
             bins[inside] = [(int(a) - lo) * mae.bins // span for a in address[inside].tolist()]
-        process = self.node[rows] * _PID_SPAN + self.pid[rows]
-        order = np.argsort(process, kind="stable")
-        starts = np.flatnonzero(np.r_[True, process[order][1:] != process[order][:-1]])
-        for first, end in zip(starts.tolist(), np.r_[starts[1:], len(order)].tolist()):
-            members = order[first:end]
-            key = (self.node_names[self.node[rows[members[0]]]], int(self.pid[rows[members[0]]]))
+        for key, members in self._processes(rows).items():
             self._mae_process(key, rows[members], bins[members])
 
     def _mae_process(self, key: tuple[str, int], rows: np.ndarray, bins: np.ndarray) -> None:
@@ -313,19 +336,6 @@ class _Batch:
 
     # --- panes -----------------------------------------------------------------------------------
 
-
-    def _count(self, kind: str, n: int) -> None:
-        if n:
-            self.a.counts[kind] += n
-
-    def _letters(self, idx: np.ndarray, letter: "Callable[[int, Any], Output]") -> None:
-        """Dead letters of rows the checks took in (late, duplicate, ahead of the clock), one by one."""
-        for i, event in zip(idx.tolist(), (decode_line(r) for r in self._inputs(idx))):
-            if isinstance(event, Rejected):  # cannot happen unless the checks above drift from the models
-                self.emit(i, [self.a.reject(event, raw_text(self._inputs([i])[0]), self.source(i))])
-            else:
-                self.emit(i, [letter(i, event)])
-
     def _panes(self) -> None:
         """Watermarks, late rows, duplicates and pane sums of the GPU-keyed rows; then every close."""
         a, s = self.a, self.a.settings
@@ -333,8 +343,7 @@ class _Batch:
         rows = np.flatnonzero(self.ok & (self.code <= NUMA))
         rows = rows[np.argsort(self.gpu[rows], kind="stable")]  # by GPU, then in arrival order
         gpu = self.gpu[rows]
-        starts = np.flatnonzero(np.r_[True, gpu[1:] != gpu[:-1]])[:len(rows)]
-        ends = np.r_[starts[1:], len(rows)][:len(starts)]
+        starts, ends = _runs(gpu)
         names = [self.gpu_names[c] for c in gpu[starts].tolist()]
         group = np.repeat(np.arange(len(starts)), ends - starts)
         ts = self.ts[rows]
@@ -404,13 +413,7 @@ class _Batch:
         a = self.a
         index: dict[Tenant, int] = {UNATTRIBUTED: 0}
         out = np.zeros(len(rows), np.int64)
-        process = self.node[rows] * _PID_SPAN + self.pid[rows]
-        order = np.argsort(process, kind="stable")
-        starts = np.flatnonzero(np.r_[True, process[order][1:] != process[order][:-1]])[:len(rows)]
-        groups: dict[tuple[str, int], np.ndarray] = {}
-        for first, end in zip(starts.tolist(), np.r_[starts[1:], len(rows)].tolist()):
-            members = order[first:end]
-            groups[(self.node_names[self.node[rows[members[0]]]], int(self.pid[rows[members[0]]]))] = members
+        groups = self._processes(rows)
         done = dict.fromkeys(groups, 0)
 
         def resolve(key: tuple[str, int], before_row: int) -> None:
@@ -445,14 +448,13 @@ class _Batch:
         a, s = self.a, self.a.settings
         order = np.lexsort((pane, group))  # by GPU, pane, then arrival
         rows, group, pane = rows[order], group[order], pane[order]
-        firsts = np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (pane[1:] != pane[:-1])])[:len(rows)]
-        lasts = np.r_[firsts[1:], len(rows)][:len(firsts)]
+        firsts, lasts = _runs(group, pane)
         code = self.code[rows]
         is_gpu = code == GPU
         interval = self.interval_ms[rows]
 
-        def per_pane(values: np.ndarray) -> list[int]:
-            return np.add.reduceat(values, firsts).tolist() if len(rows) else []
+        def per_pane(values: np.ndarray, reduce: np.ufunc = np.add) -> list[int]:
+            return reduce.reduceat(values, firsts).tolist() if len(rows) else []
 
         covered = per_pane(np.where(is_gpu, interval, 0))
         idle = per_pane(np.where(is_gpu & (self.sm_cp[rows] < s.idle_threshold_cp), interval, 0))
@@ -464,7 +466,7 @@ class _Batch:
         tenant = tenant_of[rows[t_at]]
         t_order = np.lexsort((tenant, seg))
         t_at, seg, tenant = t_at[t_order], seg[t_order], tenant[t_order]
-        t_firsts = np.flatnonzero(np.r_[True, (seg[1:] != seg[:-1]) | (tenant[1:] != tenant[:-1])])[:len(t_at)]
+        t_firsts, _ = _runs(seg, tenant)
         t_rows = rows[t_at]
         by_tenant: dict[int, list[tuple[int, int, int, int, int]]] = {}
         if len(t_at):
@@ -484,8 +486,8 @@ class _Batch:
         # rank of each batch name, and `big` at index -1 (no name)
         node_rank, model_rank = (np.array([*np.argsort(np.argsort(np.array(v, dtype=object))).tolist(), big])
                                  for v in (self.node_names, self.model_names))
-        node_min = per_pane_min(np.where(is_gpu, node_rank[self.node[rows]], big), firsts)
-        model_min = per_pane_min(np.where(is_gpu, model_rank[self.model[rows]], big), firsts)
+        node_min = per_pane(np.where(is_gpu, node_rank[self.node[rows]], big), np.minimum)
+        model_min = per_pane(np.where(is_gpu, model_rank[self.model[rows]], big), np.minimum)
         at_rows = close_rows(group[firsts], pane[firsts]) if len(rows) else []
         keys = [t.key for t in self.tenants]
 

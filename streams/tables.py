@@ -52,7 +52,7 @@ class BindingTable:
         return self._by_proc.get((node_id, pid), [])
 
     def lookup(self, node_id: str, pid: int, ts_ns: int) -> Tenant:
-        history = self._by_proc.get((node_id, pid))
+        history = self.history(node_id, pid)
         if not history:
             return UNATTRIBUTED
         i = bisect_right(history, ts_ns, key=lambda h: h[0])
