@@ -1,6 +1,7 @@
 """The eBPF source with real kernel probes: a program that touches a known number of pages."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,21 +24,26 @@ def toucher(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def traced(exe: Path, sample_every: int) -> tuple[list, EbpfProbe]:
+def traced(exe: Path, sample_every: int, pages: int = PAGES, **options: int) -> tuple[list, EbpfProbe]:
     try:
         ensure_tracing()
     except EbpfUnavailable as exc:
         pytest.skip(f"this machine does not allow eBPF: {exc}")
-    probe = EbpfProbe("node-t", sample_every=sample_every, command=[str(exe), str(PAGES)])
+    probe = EbpfProbe("node-t", sample_every=sample_every, command=[str(exe), str(pages)], **options)
     probe.start()  # from here on, a failure is a failure: our program, not the environment
     return list(probe.events()), probe
 
 
-def test_page_faults_of_a_known_program(toucher: Path) -> None:
-    events, _ = traced(toucher, sample_every=1)
+def touched(events: list, pages: int = PAGES) -> list[int]:
     base = 0x7E0000000000
-    pages = {e.address // 4096 for e in events if base <= e.address < base + PAGES * 4096}
-    assert len(pages) == PAGES  # every page it touched, exactly once each
+    return [e.address // 4096 for e in events if base <= e.address < base + pages * 4096]
+
+
+def test_page_faults_of_a_known_program(toucher: Path) -> None:
+    events, probe = traced(toucher, sample_every=1)
+    pages = touched(events)
+    assert len(pages) == len(set(pages)) == PAGES  # every page it touched, exactly once each
+    assert probe.counts["mem_access_lost"] == 0 and probe.counts["mem_access_sampled"] == len(events)
     assert len({e.pid for e in events}) == 1  # only the traced program (bpftrace's cpid filter)
     assert all(e.kind == "mem_access" and e.node_id == "node-t" for e in events)
     ts = [e.ts_ns for e in events]
@@ -47,8 +53,41 @@ def test_page_faults_of_a_known_program(toucher: Path) -> None:
 
 def test_sampling_reports_a_fraction(toucher: Path) -> None:
     events, _ = traced(toucher, sample_every=8)
-    in_range = [e for e in events if 0x7E0000000000 <= e.address < 0x7E0000000000 + PAGES * 4096]
-    assert 0 < len(in_range) < PAGES / 2  # about 1 in 8 of the 300 faults
+    assert 0 < len(touched(events)) < PAGES / 2  # about 1 in 8 of the 300 faults
+
+
+def test_many_drains_lose_and_repeat_nothing(toucher: Path) -> None:
+    """Faults that keep coming while the probe switches maps every 2 ms: each page once, in order."""
+    pages = 60_000
+    events, probe = traced(toucher, sample_every=1, pages=pages, drain_ms=2)
+    got = touched(events, pages)
+    assert len(got) == len(set(got)) == pages
+    assert probe.counts["mem_access_lost"] == 0 and probe.counts["mem_access_sampled"] == len(events)
+    ts = [e.ts_ns for e in events]
+    assert ts == sorted(ts)
+    assert probe.counts["drains"] > 3  # the run spanned several map switches
+
+
+def test_a_full_map_is_counted_as_lost(toucher: Path) -> None:
+    events, probe = traced(toucher, sample_every=1, map_keys=50, drain_ms=60_000)
+    assert len(events) == probe.counts["mem_access"] <= 50
+    assert probe.counts["mem_access_lost"] == probe.counts["mem_access_sampled"] - len(events) >= PAGES - 50
+
+
+def test_drained_addresses_come_out_in_time_order_and_losses_are_counted() -> None:
+    probe = EbpfProbe("node-p", distances={})
+    for line in ["@a0[7, 300, 0]: 4096", "@a0[7, 100, 1]: 8192", "@a0[8, 200, 0]: 12288"]:
+        assert probe.parse(line) == []  # held until the drain ends
+    out = probe.parse("@sampled: 4")
+    assert [(e.pid, e.ts_ns - probe._epoch_offset_ns, e.address) for e in out] == [
+        (7, 100, 8192), (8, 200, 12288), (7, 300, 4096)]
+    assert probe.counts["mem_access_lost"] == 0  # the 4th sample may still be in the other map
+    assert probe.parse("@a0[7, 100, 1]: 8192") == []  # printed again (bpftrace at exit): not a new sample
+    assert probe.parse("@a1[7, 400, 0]: 4096") == [] and len(probe.parse("@sampled: 5")) == 1
+    assert probe.counts["reprinted"] == 1 and probe.counts["mem_access"] == 4
+    assert probe.counts["mem_access_lost"] == 0  # 4 taken by the previous drain, 4 arrived
+    assert probe.parse("@sampled: 5") == [] and probe.counts["mem_access_lost"] == 1
+    assert probe.parse("@a0[7, x, 0]: 1") == [] and probe.counts["malformed_probe_line"] == 1
 
 
 def test_numa_distances_of_this_machine() -> None:
@@ -83,7 +122,13 @@ def test_gpucost_run_traces_page_faults(toucher: Path, tmp_path: Path, capsys: p
                    "--mae-hi", str(1 << 47), "--mae-window", "256", "--out", str(tmp_path)])
     finally:
         stop.set()
-    assert rc == 0 and "tracing user page faults" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 0 and "tracing user page faults" in err
+    # every sample the kernel took is reported or counted as lost (the toucher loop may outrun the drains)
+    summary = re.search(r"([\d,]+) page faults sampled, ([\d,]+) reported(?:, ([\d,]+) LOST)?", err)
+    assert summary, err
+    sampled, reported, lost = (int((n or "0").replace(",", "")) for n in summary.groups())
+    assert sampled == reported + lost and reported > 0
     windows, binned, bits = connect(tmp_path).execute("SELECT count(*), sum(n), max(mae_bits) FROM mae").fetchone()
     assert windows > 0 and binned > 0 and 0 <= bits <= 8
 
