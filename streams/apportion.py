@@ -6,8 +6,8 @@ from decimal import Decimal
 from fractions import Fraction
 
 from schemas.exact import div_half_even, micro_usd_per_hour
-from schemas.records import IDLE_TENANT, CostRecord, computed, record_id
-from streams.money import largest_remainder
+from schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id
+from streams.money import split_in_order
 from streams.panes import PaneTotals
 from streams.tables import Tenant
 
@@ -49,37 +49,37 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     numa_all = sum(t.numa for _, t in tenants)
     t_den, b_den, l_den = sm_all or 1, bw_all or 1, numa_all or 1
     scale = weights.denominator * t_den * b_den * l_den  # w_i = W[i] / scale
-    big_w = {k: (weights.alpha * t.sm * b_den * l_den + weights.beta * t.bw * t_den * l_den
-                 + weights.gamma * t.numa * t_den * b_den) for k, t in tenants}
-    w_all = sum(big_w.values())
+    big_w = [weights.alpha * t.sm * b_den * l_den + weights.beta * t.bw * t_den * l_den
+             + weights.gamma * t.numa * t_den * b_den for _, t in tenants]
+    w_all = sum(big_w)
     if w_all == 0:
         busy_n, busy_d = 0, 1
     elif sm_all >= FULL_UTIL_CP * pane.covered_ms:
         busy_n, busy_d = 1, 1
     else:
         busy_n, busy_d = sm_all, FULL_UTIL_CP * pane.covered_ms
+    # idle first, then the tenants by key: the split's tie-break order
     if w_all:
-        denominator = busy_d * w_all
-        numerators = {IDLE_TENANT: (busy_d - busy_n) * w_all, **{k: busy_n * wk for k, wk in big_w.items()}}
+        split = split_in_order(cost, [(busy_d - busy_n) * w_all, *(busy_n * w for w in big_w)], busy_d * w_all)
     else:
-        denominator = 1
-        numerators = {IDLE_TENANT: 1, **{k: 0 for k in big_w}}
-    split = largest_remainder(cost, numerators, denominator, first=IDLE_TENANT)
+        split = split_in_order(cost, [1, *(0 for _ in big_w)], 1)
+    gpu_uuid, node_id, gpu_model, start_ns, end_ns = (pane.gpu_uuid, pane.node_id, pane.gpu_model,
+                                                      pane.pane_start_ns, pane.pane_end_ns)
     busy = busy_n / busy_d
 
-    def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float) -> CostRecord:
-        return computed(
-            CostRecord, record_id=record_id(pane.gpu_uuid, pane.pane_start_ns, key, 0),
-            gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
-            pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns, tenant_key=key,
-            team=tenant.team, env=tenant.env, app=tenant.app, tier=tenant.tier, sla=tenant.sla,
-            git_commit=tenant.git_commit, ci_pipeline_id=tenant.ci_pipeline_id,
-            t_share=t, b_share=b, l_share=l_, weight=weight, busy_fraction=busy,
-            usd_per_gpu_hour=usd_per_gpu_hour, pane_cost_micro_usd=cost, cost_micro_usd=split[key],
-            unpriced=unpriced, revision=0)
+    def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float, micro_usd: int) -> CostRecord:
+        team, env, app, tier, sla, git_commit, ci_pipeline_id = tenant
+        return computed_from(CostRecord, {  # in the model's field order
+            "record_id": record_id(gpu_uuid, start_ns, key, 0), "gpu_uuid": gpu_uuid, "node_id": node_id,
+            "gpu_model": gpu_model, "pane_start_ns": start_ns, "pane_end_ns": end_ns, "tenant_key": key,
+            "team": team, "env": env, "app": app, "tier": tier, "sla": sla, "git_commit": git_commit,
+            "ci_pipeline_id": ci_pipeline_id, "t_share": t, "b_share": b, "l_share": l_, "weight": weight,
+            "busy_fraction": busy, "usd_per_gpu_hour": usd_per_gpu_hour, "pane_cost_micro_usd": cost,
+            "cost_micro_usd": micro_usd, "unpriced": unpriced, "revision": 0})
 
     idle = Tenant(IDLE_TENANT, None, None, None, None, None, None)
-    out = [record(IDLE_TENANT, idle, 0.0, 0.0, 0.0, 0.0)]
+    out = [record(IDLE_TENANT, idle, 0.0, 0.0, 0.0, 0.0, split[0])]
     # int / int is correctly rounded in Python: the same floats as the exact fractions give
-    out += [record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, big_w[k] / scale) for k, t in tenants]
+    out += [record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, w / scale, micro_usd)
+            for (k, t), w, micro_usd in zip(tenants, big_w, split[1:])]
     return out

@@ -493,11 +493,13 @@ class _Batch:
 
         closes: list[tuple[int, PaneTotals]] = []
         touched: set[tuple[int, int]] = set()
-        for k, (first, last) in enumerate(zip(firsts.tolist(), lasts.tolist())):
-            j, start = int(group[first]), int(pane[first])
+        pane_ns, no_tenants = s.pane_ns, ()
+        for k, (first, last, j, start) in enumerate(zip(firsts.tolist(), lasts.tolist(), group[firsts].tolist(),
+                                                        pane[firsts].tolist())):
             touched.add((j, start))
             name = names[j]
-            totals = a.panes.open_panes(name).get(start) or PaneTotals(name, start, start + s.pane_ns)
+            kept = a.panes.open_panes(name)
+            totals = kept.pop(start, None) or PaneTotals(name, start, start + pane_ns)
             if gpu_rows[k]:
                 node, model = node_by_rank[node_min[k]], model_by_rank[model_min[k]]
                 totals.node_id = node if totals.node_id is None else min(node, totals.node_id)
@@ -505,20 +507,19 @@ class _Batch:
             totals.covered_ms += covered[k]
             totals.idle_ms += idle[k]
             totals.tenant_events += last - first - gpu_rows[k]
-            for _, tn, sm, bw, numa in sorted(by_tenant.get(k, ())):
+            for _, tn, sm, bw, numa in sorted(by_tenant.get(k, no_tenants)):
                 t = totals.tenant(self.tenants[tn], keys[tn])
                 t.sm += sm
                 t.bw += bw
                 t.numa += numa
             at = at_rows[k]
-            if at < 0:
-                members = rows[first:last]
-                totals.seen.update(zip([_KIND_NAMES[c] for c in code[first:last].tolist()],
-                                       self.pid[members].tolist(), self.ts[members].tolist()))
-                a.panes.keep_open(totals)
-            else:
-                a.panes.open_panes(name).pop(start, None)
+            if at >= 0:
                 closes.append((at, totals))
+                continue
+            members = rows[first:last]
+            totals.seen.update(zip([_KIND_NAMES[c] for c in code[first:last].tolist()],
+                                   self.pid[members].tolist(), self.ts[members].tolist()))
+            a.panes.keep_open(totals)
         for j, name in enumerate(names):  # open panes of the state that took no row here may close too
             idle_panes = [st for st in a.panes.open_panes(name) if (j, st) not in touched]
             for start, at in zip(idle_panes, close_rows(np.full(len(idle_panes), j), np.array(idle_panes, np.int64))):

@@ -5,7 +5,22 @@ arithmetic only: the same integers as with exact fractions, without building any
 """
 from __future__ import annotations
 
-__all__ = ["largest_remainder"]
+__all__ = ["largest_remainder", "split_in_order"]
+
+
+def split_in_order(total: int, numerators: list[int], denominator: int) -> list[int]:
+    """``largest_remainder`` over parties listed in their tie-break order (ties go to the earlier
+    one): the cost split's own form, which lists idle first and then tenants by key."""
+    if denominator <= 0 or sum(numerators) != denominator:
+        raise ValueError(f"shares must sum to 1, got {sum(numerators)}/{denominator}")
+    parts = [divmod(total * n, denominator) for n in numerators]  # fractional part = rest / denominator
+    out = [q for q, _ in parts]
+    left = total - sum(out)
+    if left:
+        # Python's sort is stable, reverse=True included: equal remainders keep the listed order
+        for i in sorted(range(len(parts)), key=lambda i: parts[i][1], reverse=True)[:left]:
+            out[i] += 1
+    return out
 
 
 def largest_remainder(total: int, numerators: dict[str, int], denominator: int,
@@ -19,12 +34,6 @@ def largest_remainder(total: int, numerators: dict[str, int], denominator: int,
     >>> largest_remainder(10, {"a": 1, "b": 1, "idle": 1}, 3, "idle")
     {'a': 3, 'b': 3, 'idle': 4}
     """
-    if denominator <= 0 or sum(numerators.values()) != denominator:
-        raise ValueError(f"shares must sum to 1, got {sum(numerators.values())}/{denominator}")
-    out, rest = {}, {}
-    for k, n in numerators.items():
-        out[k], rest[k] = divmod(total * n, denominator)  # fractional part = rest / denominator
-    left = total - sum(out.values())
-    for k in sorted(rest, key=lambda k: (-rest[k], k != first, k))[:left]:
-        out[k] += 1
-    return out
+    keys = sorted(numerators, key=lambda k: (k != first, k))
+    split = dict(zip(keys, split_in_order(total, [numerators[k] for k in keys], denominator)))
+    return {k: split[k] for k in numerators}

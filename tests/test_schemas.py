@@ -162,3 +162,13 @@ def test_computed_records_need_every_field() -> None:
     with pytest.raises(TypeError, match="revision"):
         computed(MaeRecord, node_id="n", pid=1, first_ts_ns=0, last_ts_ns=0, n=0, out_of_range=0, mae_bits=0.0,
                  l2_evictions_per_1k_est=0.0, revision=0)
+
+
+def test_computed_records_need_the_models_field_order() -> None:
+    """pydantic writes a record's JSON in its dict's order: another order would change the bytes sent."""
+    values = dict(node_id="n", pid=1, first_ts_ns=0, last_ts_ns=0, n=0, out_of_range=0, mae_bits=0.0,
+                  l2_evictions_per_1k_est=0.0, revision=0)
+    values = {k: values.get(k, "x") for k in MaeRecord.model_fields}
+    assert computed(MaeRecord, **values).model_dump_json() == MaeRecord(**values).model_dump_json()
+    with pytest.raises(TypeError, match="in order"):
+        computed(MaeRecord, **dict(reversed(values.items())))
