@@ -18,7 +18,9 @@ import asyncio
 import json
 import logging
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -128,29 +130,61 @@ class Worker(ConsumerRebalanceListener):
         return auditors, sequences, None if progress is None else int(progress)
 
     # --- processing ----------------------------------------------------------------------
-    def _apply(self, owned: _Owned, message: Any, touched: set[str]) -> list[Output]:
-        key = message.key.decode()
-        auditor = owned.auditors.get(key)
-        if auditor is None:
-            auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns)
-        touched.add(key)
-        headers = dict(message.headers or ())
-        source = f"{message.topic}[{message.partition}]@{message.offset}"
-        lines = [(n, line) for n, line in enumerate((message.value or b"").split(b"\n")) if line.strip()]
-        verdict = None if self.keyring is None else self.keyring.check(message.key, message.value or b"", headers)
-        if verdict is not None:  # forged or unsigned: every line to the dead letters, nothing applied
-            why = Rejected(verdict.reason, verdict.detail, None)
-            return [auditor.reject(why, raw_text(line), f"{source}#{n}")
-                    for n, line in lines or [(0, b"")]]
-        seq = parse_sequence(headers.get(SEQUENCE_HEADER))
-        if seq is not None and not owned.sequences.setdefault(key, SeenSequences()).first_time(*seq):
-            auditor.counts["redelivered_messages"] += 1  # the broker held it twice; applied the first time
-            return []
-        if headers.get(CONTROL_HEADER) == END_OF_INPUT:
-            del owned.auditors[key]  # finished: its state is deleted with a tombstone
-            owned.sequences.pop(key, None)
-            return auditor.finish()
-        return auditor.ingest_lines([line for _, line in lines], lambda i: f"{source}#{lines[i][0]}")
+    def _apply(self, owned: _Owned, messages: list[Any], touched: set[str]) -> list[Output]:
+        """The outputs of a partition's messages, each key's in the order of its messages.
+
+        A key's data messages are queued and go through the batch path together when the
+        batch ends, or before anything else of that key (a dead letter, the end of its input):
+        the batch path's fixed costs are per call, and 400-line messages paid them ~40 %
+        over. Keys are independent, each with its own auditor, so only outputs of different
+        keys change places; a record's partition order within one key is what consumers see.
+        """
+        out: list[Output] = []
+        queued: dict[str, list[tuple[str, list[tuple[int, bytes]]]]] = {}
+
+        def flush(key: str) -> None:
+            chunks = queued.pop(key, None)
+            if not chunks:
+                return
+            ends = list(accumulate(len(numbered) for _, numbered in chunks))
+
+            def label(i: int) -> str:
+                c = bisect_right(ends, i)
+                source, numbered = chunks[c]
+                return f"{source}#{numbered[i - (ends[c - 1] if c else 0)][0]}"
+
+            lines = [line for _, numbered in chunks for _, line in numbered]
+            out.extend(owned.auditors[key].ingest_lines(lines, label))
+
+        for message in messages:
+            key = message.key.decode()
+            auditor = owned.auditors.get(key)
+            if auditor is None:
+                auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns)
+            touched.add(key)
+            headers = dict(message.headers or ())
+            source = f"{message.topic}[{message.partition}]@{message.offset}"
+            lines = [(n, line) for n, line in enumerate((message.value or b"").split(b"\n")) if line.strip()]
+            verdict = None if self.keyring is None else self.keyring.check(message.key, message.value or b"", headers)
+            if verdict is not None:  # forged or unsigned: every line to the dead letters, nothing applied
+                flush(key)
+                why = Rejected(verdict.reason, verdict.detail, None)
+                out += [auditor.reject(why, raw_text(line), f"{source}#{n}") for n, line in lines or [(0, b"")]]
+                continue
+            seq = parse_sequence(headers.get(SEQUENCE_HEADER))
+            if seq is not None and not owned.sequences.setdefault(key, SeenSequences()).first_time(*seq):
+                auditor.counts["redelivered_messages"] += 1  # the broker held it twice; applied the first time
+                continue
+            if headers.get(CONTROL_HEADER) == END_OF_INPUT:
+                flush(key)
+                del owned.auditors[key]  # finished: its state is deleted with a tombstone
+                owned.sequences.pop(key, None)
+                out += auditor.finish()
+                continue
+            queued.setdefault(key, []).append((source, lines))
+        for key in list(queued):
+            flush(key)
+        return out
 
     async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
         owned = self.owned[tp]
@@ -158,10 +192,9 @@ class Worker(ConsumerRebalanceListener):
         state_topic = self.kafka.topic(state_topic_suffix(self.inputs[tp.topic]))
         async with producer.transaction():
             touched: set[str] = set()
-            for m in messages:
-                for record in self._apply(owned, m, touched):
-                    await producer.send(self.kafka.topic(kind_of(record)), record.model_dump_json().encode(),
-                                        key=output_key(record))
+            for record in self._apply(owned, messages, touched):
+                await producer.send(self.kafka.topic(kind_of(record)), record.model_dump_json().encode(),
+                                    key=output_key(record))
             for key in sorted(touched):
                 auditor = owned.auditors.get(key)
                 seen = owned.sequences.get(key, SeenSequences())

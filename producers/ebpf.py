@@ -10,11 +10,11 @@ Page faults are what a traced machine does most, so their probe is built for cos
 - the kernel's perf software event samples them (1 in ``sample_every`` per CPU), so the BPF
   program runs on the sampled faults only and the others cost a counter increment;
 - a sampled address goes into one of two BPF maps, not out through ``printf``: each
-  ``printf`` wakes the reader from inside the fault (an irq_work and an IPI, about 30 µs a
+  ``printf`` wakes the reader from inside the fault (an irq_work and an IPI, 20–30 µs a
   sample on these VMs), while a map update costs a hash insert. Every ``drain_ms`` the
   program switches maps and prints the full one, which is read here, sorted by time.
-- the kernel counts what it sampled (``@sampled``), so samples that never arrive (a full
-  map, a drain that came too late) are counted as ``mem_access_lost``, not lost silently.
+- the kernel counts what it sampled (``@sampled``), so samples that never arrive (a map
+  that filled before its drain) are counted as ``mem_access_lost``, not lost silently.
 
 Rare events (NUMA migrations, CUDA launches and allocations) keep one line each.
 """

@@ -1,0 +1,110 @@
+"""The worker's message handling, without a broker: a poll's messages give each key the outputs
+of applying its messages one by one, in order, whatever the interleaving of keys."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpucost.kafka_settings import KafkaSettings
+from gpucost.routing import Router
+from gpucost.worker import Worker, _Owned
+from producers.simulate import FleetSpec, simulate
+from schemas.codec import encode_event
+from schemas.records import DeadLetter
+from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
+from streams.audit import Auditor
+from streams.settings import AuditSettings
+
+AUDIT = AuditSettings()
+BAD = [b'{"kind":"gpu_sample"', b'{"kind":"mystery"}', b"\xff\xfe", b'{"kind":"gpu_sample","ts_ns":-1}']
+
+
+@dataclass
+class Message:
+    key: bytes
+    value: bytes
+    offset: int
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    topic: str = "t.events"
+    partition: int = 3
+
+
+def _lines_by_gpu() -> dict[bytes, list[bytes]]:
+    router, out = Router(), defaultdict(list)
+    for ev in simulate(FleetSpec(gpus=3, hours=0.5, interval_s=10)):
+        for topic, key, routed in router.route(ev):
+            if topic == "events":
+                out[key.encode()].append(encode_event(routed).encode())
+    return dict(out)
+
+
+LINES = _lines_by_gpu()
+
+
+@st.composite
+def polls(draw: st.DrawFn) -> list[Message]:
+    """Each GPU's lines cut into messages (some with bad lines, some sent twice), keys interleaved,
+    and each key's end of input last."""
+    queues = []
+    for key, lines in LINES.items():
+        cuts = sorted(draw(st.sets(st.integers(1, len(lines) - 1), max_size=6)))
+        chunks = [lines[a:b] for a, b in zip([0, *cuts], [*cuts, len(lines)])]
+        messages = []
+        for n, chunk in enumerate(chunks, 1):
+            chunk = list(chunk)
+            if draw(st.booleans()):
+                chunk.insert(draw(st.integers(0, len(chunk))), draw(st.sampled_from(BAD)))
+            m = (b"\n".join(chunk), [(SEQUENCE_HEADER, f"s:{n}".encode())])
+            messages += [m, m] if draw(st.integers(0, 4)) == 0 else [m]
+        messages.append((b"", [(CONTROL_HEADER, END_OF_INPUT)]))
+        queues.append((key, messages))
+    out: list[Message] = []
+    while any(q for _, q in queues):
+        key, q = draw(st.sampled_from([kq for kq in queues if kq[1]]))
+        value, headers = q.pop(0)
+        out.append(Message(key, value, len(out), headers))
+    return out
+
+
+def one_by_one(messages: list[Message]) -> dict[bytes, list]:
+    """What each key's messages give applied one at a time, in order: every line labelled
+    ``topic[partition]@offset#line``."""
+    auditors: dict[bytes, Auditor] = {}
+    seen: set[tuple[bytes, bytes]] = set()
+    out: dict[bytes, list] = defaultdict(list)
+    for m in messages:
+        auditor = auditors.setdefault(m.key, Auditor(AUDIT))
+        headers = dict(m.headers)
+        if SEQUENCE_HEADER in headers:
+            if (m.key, headers[SEQUENCE_HEADER]) in seen:
+                continue
+            seen.add((m.key, headers[SEQUENCE_HEADER]))
+        if headers.get(CONTROL_HEADER) == END_OF_INPUT:
+            out[m.key] += auditors.pop(m.key).finish()
+            continue
+        lines = [(n, line) for n, line in enumerate(m.value.split(b"\n")) if line.strip()]
+        out[m.key] += auditor.ingest_lines([line for _, line in lines],
+                                           lambda i, m=m, lines=lines: f"{m.topic}[{m.partition}]@{m.offset}#{lines[i][0]}")
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(polls(), st.integers(1, 12))
+def test_a_poll_gives_each_key_its_messages_outputs_in_order(messages: list[Message], polls_of: int) -> None:
+    worker = Worker(KafkaSettings(), AUDIT, group="g")
+    owned = _Owned(producer=None, auditors={}, sequences={}, next_offset=0)  # type: ignore[arg-type]
+    key_at = {m.offset: m.key for m in messages}
+    got: dict[bytes, list] = defaultdict(list)
+    for i in range(0, len(messages), polls_of):  # the messages as several polls
+        for record in worker._apply(owned, messages[i:i + polls_of], set()):
+            if isinstance(record, DeadLetter):  # source: topic[partition]@offset#line
+                got[key_at[int(record.source.split("@")[1].split("#")[0])]].append(record)
+            else:
+                got[record.gpu_uuid.encode()].append(record)
+    want = one_by_one(messages)
+    assert {k: [r.model_dump() for r in v] for k, v in got.items()} == \
+        {k: [r.model_dump() for r in v] for k, v in want.items() if v}
+    assert owned.auditors == {}  # every key ended
