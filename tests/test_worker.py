@@ -108,3 +108,14 @@ def test_a_poll_gives_each_key_its_messages_outputs_in_order(messages: list[Mess
     assert {k: [r.model_dump() for r in v] for k, v in got.items()} == \
         {k: [r.model_dump() for r in v] for k, v in want.items() if v}
     assert owned.auditors == {}  # every key ended
+
+
+@given(st.binary(min_size=1, max_size=64), st.integers(1, 64))
+def test_output_partitions_are_the_default_partitioners(key: bytes, partitions: int) -> None:
+    """Records are batched per partition by hand: each key must land where ``send(key=…)`` put it."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from gpucost.worker import _key_slot
+
+    every = list(range(partitions))
+    assert _key_slot(key, partitions) == DefaultPartitioner()(key, every, every)
