@@ -43,23 +43,23 @@ async def raw_read(kafka: KafkaSettings, messages: int) -> tuple[float, int]:
         await consumer.stop()
 
 
-async def through_worker(kafka: KafkaSettings, messages: int) -> tuple[float, float]:
+async def through_worker(kafka: KafkaSettings, messages: int) -> tuple[float, float, float]:
     """One worker until it has applied every input message: (seconds from its first poll, group join
-    included; seconds from its first applied batch)."""
+    included; seconds from its first applied batch; the share of the messages applied after it)."""
     worker = Worker(kafka, AuditSettings(), group=f"bench-{time.time_ns()}", session_timeout_s=10)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
-    start, first = time.perf_counter(), None
+    start, first, before = time.perf_counter(), None, 0
     while worker.processed < messages:
         if task.done():
             task.result()
         if first is None and worker.processed:
-            first = time.perf_counter()
+            first, before = time.perf_counter(), worker.processed
         await asyncio.sleep(0.01)
     end = time.perf_counter()
     stop.set()
     await task
-    return end - start, end - (first or start)
+    return end - start, end - (first or start), (messages - before) / messages
 
 
 async def _input_messages(kafka: KafkaSettings) -> int:
@@ -78,7 +78,7 @@ def run(gpus: int, hours: float, interval_s: float, port: int = 19700) -> Result
     try:
         kafka = KafkaSettings(bootstrap=f"127.0.0.1:{port}", topic_prefix="bench.", partitions=4)
 
-        async def scenario() -> tuple[float, int, tuple[float, float], int]:
+        async def scenario() -> tuple[float, int, tuple[float, float, float], int]:
             await create_topics(kafka)
             await publish(simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=interval_s)), kafka,
                           spool=data / "spool")
@@ -87,7 +87,7 @@ def run(gpus: int, hours: float, interval_s: float, port: int = 19700) -> Result
             worker_s = await through_worker(kafka, messages)
             return raw_s, events, worker_s, messages
 
-        raw_s, events, (worker_s, steady_s), messages = asyncio.run(scenario())
+        raw_s, events, (worker_s, steady_s, after_first), messages = asyncio.run(scenario())
         ratio = (events / worker_s) / (events / raw_s)
         return Result(
             "2. Kafka worker vs a bare consumer", "worker ≥ 50 % of the bare consumer's events/s", ratio >= 0.5,
@@ -96,8 +96,9 @@ def run(gpus: int, hours: float, interval_s: float, port: int = 19700) -> Result
              ("bare aiokafka consumer", f"{raw_s:.2f} s, {events / raw_s:,.0f} events/s"),
              ("one worker (decode, operators, transactions, state)", f"{worker_s:.1f} s, {events / worker_s:,.0f} "
                                                                      "events/s"),
-             ("… from its first applied batch (steady state, group join left out)",
-              f"{steady_s:.1f} s, about {events / steady_s:,.0f} events/s"),
+             ("… after its first applied batch (steady state: group join, restore and that batch left out)",
+              f"{steady_s:.1f} s for {after_first:.0%} of the messages, about "
+              f"{events * after_first / steady_s:,.0f} events/s"),
              ("ratio (worker / bare), the target's measure", f"{ratio:.3f}")],
             ["The worker's time runs from its first poll (group join and state restore included) to the last "
              "input message applied; the bare consumer only reads and counts."])
