@@ -94,20 +94,37 @@ class Worker(ConsumerRebalanceListener):
             await self._take(assigned)
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
-        for tp in assigned:
-            if tp in self.owned:
-                continue
-            producer = AIOKafkaProducer(**self.kafka.client_options(), acks="all", compression_type="gzip",
-                                        transactional_id=f"{self.group}-{tp.topic}-{tp.partition}",
-                                        max_request_size=8 << 20, max_batch_size=1 << 20, linger_ms=5)
-            await producer.start()  # init_transactions: fences the previous owner, aborts its open batch
-            assert self.consumer is not None
+        """Own each newly assigned partition. Each takes a fencing producer and a state restore, a
+        few broker round trips apiece, and a rebalance waits for all: they run side by side."""
+        fresh = [tp for tp in assigned if tp not in self.owned]
+        taken = await asyncio.gather(*(self._own(tp) for tp in fresh), return_exceptions=True)
+        failure = next((t for t in taken if isinstance(t, BaseException)), None)
+        if failure is not None:
+            for t in taken:
+                if isinstance(t, _Owned):
+                    await t.producer.stop()
+            raise failure
+        assert self.consumer is not None
+        for tp, owned in zip(fresh, taken):
+            assert isinstance(owned, _Owned)
+            self.owned[tp] = owned
+            self.consumer.seek(tp, owned.next_offset)
+            log.info("owns %s[%d]: %d keys restored", tp.topic, tp.partition, len(owned.auditors))
+
+    async def _own(self, tp: TopicPartition) -> _Owned:
+        producer = AIOKafkaProducer(**self.kafka.client_options(), acks="all", compression_type="gzip",
+                                    transactional_id=f"{self.group}-{tp.topic}-{tp.partition}",
+                                    max_request_size=8 << 20, max_batch_size=1 << 20, linger_ms=5)
+        await producer.start()  # init_transactions: fences the previous owner, aborts its open batch
+        try:
             auditors, sequences, start = await self._restore(tp)
             if start is None:  # never processed: from the beginning
+                assert self.consumer is not None
                 start = (await self.consumer.beginning_offsets([tp]))[tp]
-            self.owned[tp] = _Owned(producer, auditors, sequences, start)
-            self.consumer.seek(tp, start)
-            log.info("owns %s[%d]: %d keys restored", tp.topic, tp.partition, len(self.owned[tp].auditors))
+        except BaseException:
+            await producer.stop()
+            raise
+        return _Owned(producer, auditors, sequences, start)
 
     async def _restore(self, tp: TopicPartition) -> tuple[dict[str, Auditor], dict[str, SeenSequences], int | None]:
         """The committed state of every key of this input partition, and the next offset to apply."""
