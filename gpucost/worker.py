@@ -95,18 +95,23 @@ class Worker(ConsumerRebalanceListener):
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
         """Own each newly assigned partition. Each takes a fencing producer and a state restore, a
-        few broker round trips apiece, and a rebalance waits for all: they run side by side."""
+        few broker round trips apiece, and a rebalance waits for all: they run side by side, and
+        beside the one question of where the partitions begin (for those never processed)."""
+        assert self.consumer is not None
         fresh = [tp for tp in assigned if tp not in self.owned]
-        taken = await asyncio.gather(*(self._own(tp) for tp in fresh), return_exceptions=True)
-        failure = next((t for t in taken if isinstance(t, BaseException)), None)
+        beginnings, *taken = await asyncio.gather(self.consumer.beginning_offsets(fresh),
+                                                  *(self._own(tp) for tp in fresh), return_exceptions=True)
+        failure = next((t for t in [beginnings, *taken] if isinstance(t, BaseException)), None)
         if failure is not None:
             for t in taken:
                 if isinstance(t, _Owned):
                     await t.producer.stop()
             raise failure
-        assert self.consumer is not None
+        assert isinstance(beginnings, dict)
         for tp, owned in zip(fresh, taken):
             assert isinstance(owned, _Owned)
+            if owned.next_offset < 0:  # never processed: from the beginning
+                owned.next_offset = beginnings[tp]
             self.owned[tp] = owned
             self.consumer.seek(tp, owned.next_offset)
             log.info("owns %s[%d]: %d keys restored", tp.topic, tp.partition, len(owned.auditors))
@@ -118,13 +123,10 @@ class Worker(ConsumerRebalanceListener):
         await producer.start()  # init_transactions: fences the previous owner, aborts its open batch
         try:
             auditors, sequences, start = await self._restore(tp)
-            if start is None:  # never processed: from the beginning
-                assert self.consumer is not None
-                start = (await self.consumer.beginning_offsets([tp]))[tp]
         except BaseException:
             await producer.stop()
             raise
-        return _Owned(producer, auditors, sequences, start)
+        return _Owned(producer, auditors, sequences, -1 if start is None else start)  # -1: never processed
 
     async def _restore(self, tp: TopicPartition) -> tuple[dict[str, Auditor], dict[str, SeenSequences], int | None]:
         """The committed state of every key of this input partition, and the next offset to apply."""
