@@ -113,11 +113,23 @@ def present_fields(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if v is not None}
 
 
+#: a dead letter keeps at most this much of its input. Events are a few hundred bytes; a line of
+#: megabytes, its invalid bytes escaped 4-fold and then escaped again into JSON, would make a
+#: record over a Kafka topic's message limit, which would stop the worker at that line forever.
+MAX_RAW_CHARS = 65_536
+
+
 def raw_text(payload: str | bytes | dict[str, Any]) -> str:
-    """What a dead letter keeps of an input: the line as text, or a Parquet row as a JSON line."""
+    """What a dead letter keeps of an input: the line as text, or a Parquet row as a JSON line,
+    cut after ``MAX_RAW_CHARS`` with a note of how much was left out."""
     if isinstance(payload, dict):
-        return json.dumps(payload, default=str, separators=(",", ":"))
-    return payload if isinstance(payload, str) else payload.decode("utf-8", "backslashreplace")
+        text = json.dumps(payload, default=str, separators=(",", ":"))
+    else:
+        text = payload if isinstance(payload, str) else payload.decode("utf-8", "backslashreplace")
+    if len(text) > MAX_RAW_CHARS:
+        cut = len(text) - MAX_RAW_CHARS
+        text = f"{text[:MAX_RAW_CHARS]}… [cut: {cut:,} more characters; the whole input is at its source]"
+    return text
 
 
 def encode_event(event: Event) -> str:

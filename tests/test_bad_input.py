@@ -148,3 +148,18 @@ def test_no_simulated_fleet_is_refused_as_future() -> None:
     """The simulator's timeline is fixed (reproducible); even its longest fleet must lie in the past."""
     longest = FleetSpec(hours=24 * 366)
     assert longest.end_ns < time.time_ns() - AuditSettings().max_future_ns
+
+
+@pytest.mark.parametrize("line", [b"\xff" * 1_000_000, b'{"kind":"gpu_sample","node_id":"' + b"n" * 300_000 + b'"}'])
+def test_a_huge_bad_line_keeps_the_head_of_its_text(line: bytes) -> None:
+    """A line of megabytes is dead-lettered once, with its first 65,536 characters and a note of the
+    rest: whole (invalid bytes escaped 4-fold, then into JSON), it could be too big for a Kafka
+    message, and the worker would stop at it forever."""
+    full = line.decode("utf-8", "backslashreplace")
+    for out in (Auditor(AuditSettings()).ingest(line, "f:1"),
+                Auditor(AuditSettings()).ingest_lines([line], lambda i: "f:1")):
+        (letter,) = out
+        assert isinstance(letter, DeadLetter) and letter.source == "f:1"
+        head, _, note = letter.raw.partition("… [cut: ")
+        assert head == full[:65_536] and note.startswith(f"{len(full) - 65_536:,} more characters")
+        assert len(letter.model_dump_json()) < 1 << 20  # fits a Kafka message at the broker's default limit
