@@ -59,31 +59,43 @@ MAP_KEYS = 65_536  # per map: at the default 100 ms drain, 655,360 samples/s bef
 def _program(sample_every: int, command: bool, libcuda: Path | None = None, drain_ms: int = 100) -> str:
     target = "/pid == cpid/" if command else ""
     address = "((struct bpf_perf_event_data *)ctx)->addr"
+    drained = ["a"] + (["k"] if libcuda is not None else [])  # the double-buffered maps: addresses, launches
+
+    def switch(n: int) -> str:
+        return " ".join(f"print(@{m}{n}); clear(@{m}{n});" for m in drained)
+
+    # the kernel's running counts, printed after the maps; @sampled last, as the end of a drain
+    totals = ("print(@launched); print(@allocs); print(@alloc_bytes); " if libcuda is not None else "") + \
+        "print(@sampled);"
     program = (
         f"software:page-faults:{sample_every} {target} {{\n"
         f"  if (@epoch == 0) {{ @a0[pid, nsecs, cpu] = {address}; }} else {{ @a1[pid, nsecs, cpu] = {address}; }}\n"
         "  @sampled = count();\n}\n"
         # print(), clear() and zero() run later, in order, in bpftrace's user space. The map
-        # printed is the one no fault writes to any more, and @draining holds the next switch
+        # printed is the one no probe writes to any more, and @draining holds the next switch
         # back until the clear is done: a slow reader stretches the drains, never clears
         # samples of the map in use.
         f"interval:ms:{drain_ms} /@draining == 0/ {{\n"
         "  @draining = 1;\n"
         "  @epoch = 1 - @epoch;\n"
-        "  if (@epoch == 1) { print(@a0); clear(@a0); } else { print(@a1); clear(@a1); }\n"
-        "  print(@sampled);\n"
+        f"  if (@epoch == 1) {{ {switch(0)} }} else {{ {switch(1)} }}\n"
+        f"  {totals}\n"
         "  zero(@draining);\n}\n"
-        "END { print(@a0); print(@a1); clear(@a0); clear(@a1); print(@sampled); }\n"
+        f"END {{ {switch(0)} {switch(1)} {totals} }}\n"
         "tracepoint:sched:sched_move_numa "
         "{ printf(\"N %d %llu %d %d\\n\", args->pid, nsecs, args->src_nid, args->dst_nid); }\n"
     )
     if libcuda is not None:
         # cuLaunchKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ, …): blockZ is the 7th
-        # argument, on the stack (sarg0) in the x86-64 calling convention
+        # argument, on the stack (sarg0) in the x86-64 calling convention. A launch goes into the
+        # maps like a fault (a printf per launch cost a launch 17 µs here); an allocation is only
+        # counted, so the kernel counts it.
+        dims = "(arg1, arg2, arg3, arg4, arg5, sarg0)"
         program += (
-            f"uprobe:{libcuda}:cuLaunchKernel {target} "
-            "{ printf(\"K %d %llu %u %u %u %u %u %u\\n\", pid, nsecs, arg1, arg2, arg3, arg4, arg5, sarg0); }\n"
-            f"uprobe:{libcuda}:cuMemAlloc_v2 {target} {{ printf(\"M %d %llu %llu\\n\", pid, nsecs, arg1); }}\n"
+            f"uprobe:{libcuda}:cuLaunchKernel {target} {{\n"
+            f"  if (@epoch == 0) {{ @k0[pid, nsecs, cpu] = {dims}; }} else {{ @k1[pid, nsecs, cpu] = {dims}; }}\n"
+            "  @launched = count();\n}\n"
+            f"uprobe:{libcuda}:cuMemAlloc_v2 {target} {{ @allocs = count(); @alloc_bytes = sum(arg1); }}\n"
         )
     return program
 
@@ -146,9 +158,10 @@ class EbpfProbe:
         self.drain_ms, self.map_keys = drain_ms, map_keys
         # the addresses of the map being printed, and of the one printed before, by their map key
         # ("pid, nsecs, cpu"): at exit bpftrace may print a map again before its clear
-        self._drained: dict[str, MemAccess] = {}
-        self._previous: dict[str, MemAccess] = {}
-        self._sampled_before = 0  # the kernel's sample count at the previous drain
+        self._drained: dict[tuple[str, str], list[Event]] = {}
+        self._previous: dict[tuple[str, str], list[Event]] = {}
+        self._totals: dict[str, int] = {}  # the kernel's running counts, as last printed
+        self._totals_before: dict[str, int] = {}  # … as of the previous drain
         self.gpus_of = gpus_of
         self.distances = distances if distances is not None else numa_distances()
         self.libcuda = libcuda
@@ -167,45 +180,38 @@ class EbpfProbe:
             return []
 
     def _parse(self, line: str) -> list[Event]:
-        if line.startswith(("@a0[", "@a1[")):  # "@a0[pid, nsecs, cpu]: address", one per sampled fault
-            key, sep, address = line[4:].partition("]: ")
+        # "@a0[pid, nsecs, cpu]: address" (a sampled fault), "@k1[pid, nsecs, cpu]: (gridX, …, blockZ)" (a launch)
+        if line[:1] == "@" and line[1:2] in ("a", "k") and line[2:4] in ("0[", "1["):
+            key, sep, value = line[4:].partition("]: ")
             if not sep:
                 raise ValueError("no ']: ' after the key")
-            if key in self._drained or key in self._previous:
+            entry = (line[1], key)
+            if entry in self._drained or entry in self._previous:
                 self.counts["reprinted"] += 1
                 return []
-            pid, ts_ns, _cpu = key.split(", ")
-            self._drained[key] = MemAccess(node_id=self.node_id, pid=int(pid), ts_ns=int(ts_ns) + self._epoch_offset_ns,
-                                           address=int(address))
+            pid_text, ts_text, _cpu = key.split(", ")
+            pid, ts_ns = int(pid_text), int(ts_text) + self._epoch_offset_ns
+            self._drained[entry] = (self._access(pid, ts_ns, int(value)) if line[1] == "a"
+                                    else self._launch(pid, ts_ns, value.strip().strip("()").split(", ")))
+            return []
+        if line.startswith(("@launched: ", "@allocs: ", "@alloc_bytes: ")):  # the kernel's running counts
+            name, _, value = line.partition(": ")
+            self._totals[name[1:]] = int(value)
             return []
         if line.startswith("@sampled: "):  # the end of a drain
-            sampled = int(line[10:])
-            drained = sorted(self._drained.values(), key=lambda e: e.ts_ns)
+            self._totals["sampled"] = int(line[10:])
+            drained = sorted((e for events in self._drained.values() for e in events), key=lambda e: e.ts_ns)
             self._previous, self._drained = self._drained, {}
-            self.counts["mem_access"] += len(drained)
             self.counts["drains"] += 1
-            self._settle(self._sampled_before)
-            self._sampled_before = self.counts["mem_access_sampled"] = sampled
+            self._settle(self._totals_before)
+            self._totals_before = dict(self._totals)
+            for name, total in (("mem_access_sampled", "sampled"), ("cuda_launch_seen", "launched"),
+                                ("cuda_alloc", "allocs"), ("cuda_alloc_bytes", "alloc_bytes")):
+                self.counts[name] = self._totals.get(total, 0)  # running totals: set, not added
             return drained
         if line.startswith(("@epoch: ", "@draining: ")):
             return []
         parts = line.split()
-        if len(parts) == 9 and parts[0] == "K":
-            pid, ts_ns = int(parts[1]), int(parts[2]) + self._epoch_offset_ns
-            threads = 1
-            for dim in parts[3:]:
-                threads *= int(dim)
-            gpus = self.gpus_of(pid) if self.gpus_of is not None else []
-            if not gpus:
-                self.counts["cuda_launch_unresolved"] += 1
-                return []
-            self.counts["ebpf_trace"] += len(gpus)
-            return [EbpfTrace(node_id=self.node_id, pid=pid, gpu_uuid=g, ts_ns=ts_ns, sm_util_pct=0, flops_64b=threads)
-                    for g in gpus]
-        if len(parts) == 4 and parts[0] == "M":
-            self.counts["cuda_alloc"] += 1
-            self.counts["cuda_alloc_bytes"] += int(parts[3])
-            return []
         if len(parts) == 5 and parts[0] == "N":
             pid, ts_ns, src, dst = int(parts[1]), int(parts[2]) + self._epoch_offset_ns, int(parts[3]), int(parts[4])
             gpus = self.gpus_of(pid) if self.gpus_of is not None else []
@@ -222,9 +228,29 @@ class EbpfProbe:
             log.info("bpftrace: %s", line.strip())
         return []
 
-    def _settle(self, sampled: int) -> None:
-        """Samples the kernel took (``sampled``, as of a drain now printed) that never arrived."""
-        self.counts["mem_access_lost"] = max(0, sampled - self.counts["mem_access"])
+    def _access(self, pid: int, ts_ns: int, address: int) -> list[Event]:
+        event = MemAccess(node_id=self.node_id, pid=pid, ts_ns=ts_ns, address=address)
+        self.counts["mem_access"] += 1
+        return [event]
+
+    def _launch(self, pid: int, ts_ns: int, dims: list[str]) -> list[Event]:
+        if len(dims) != 6:
+            raise ValueError(f"a launch has 6 dimensions, got {len(dims)}")
+        threads = 1
+        for dim in dims:
+            threads *= int(dim) & 0xFFFFFFFF  # 32-bit arguments: the upper half of the register is not theirs
+        gpus = self.gpus_of(pid) if self.gpus_of is not None else []
+        events: list[Event] = [EbpfTrace(node_id=self.node_id, pid=pid, gpu_uuid=g, ts_ns=ts_ns, sm_util_pct=0,
+                                         flops_64b=threads) for g in gpus]
+        self.counts["cuda_launch"] += 1
+        self.counts["ebpf_trace"] += len(events)
+        self.counts["cuda_launch_unresolved"] += not events
+        return events
+
+    def _settle(self, before: dict[str, int]) -> None:
+        """What the kernel took (``before``: its counts as of a drain now printed) that never arrived."""
+        self.counts["mem_access_lost"] = max(0, before.get("sampled", 0) - self.counts["mem_access"])
+        self.counts["cuda_launch_lost"] = max(0, before.get("launched", 0) - self.counts["cuda_launch"])
 
     def start(self) -> None:
         ensure_tracing()
@@ -255,7 +281,7 @@ class EbpfProbe:
         assert self.proc is not None and self.output is not None, "start() first"
         for line in self.output:
             yield from self.parse(line)
-        self._settle(self.counts["mem_access_sampled"])
+        self._settle(self._totals)
         rc = self.proc.wait()
         if rc != 0 and self.counts["mem_access"] == 0:
             err = self.proc.stderr.read() if self.proc.stderr else ""

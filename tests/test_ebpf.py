@@ -174,22 +174,27 @@ def cuda_program(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return lib, exe
 
 
-def test_cuda_launches_become_trace_events(cuda_program: tuple[Path, Path]) -> None:
-    """Real uprobes on the library's cuLaunchKernel and cuMemAlloc_v2, called by a real program."""
+@pytest.mark.parametrize("launches, drain_ms", [(7, 100), (20_000, 2)])
+def test_cuda_launches_become_trace_events(cuda_program: tuple[Path, Path], launches: int, drain_ms: int) -> None:
+    """Real uprobes on the library's cuLaunchKernel and cuMemAlloc_v2, called by a real program; the
+    second run launches across many map switches."""
     lib, exe = cuda_program
     try:
         ensure_tracing()
     except EbpfUnavailable as exc:
         pytest.skip(f"this machine does not allow eBPF: {exc}")
     gpus = ["GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"]
-    launches = 7
     probe = EbpfProbe("node-c", sample_every=1 << 20, command=[str(exe), str(lib), str(launches)],
-                      gpus_of=lambda pid: gpus, distances={}, libcuda=lib)
+                      gpus_of=lambda pid: gpus, distances={}, libcuda=lib, drain_ms=drain_ms)
     probe.start()
     traces = [e for e in probe.events() if e.kind == "ebpf_trace"]
     # one record per launch per GPU of the process; grid (i+1, 2, 1) x block (128, 1, 3) threads
     assert sorted(e.flops_64b for e in traces) == sorted(768 * (i + 1) for i in range(launches) for _ in gpus)
     assert {e.gpu_uuid for e in traces} == set(gpus) and len({e.pid for e in traces}) == 1
+    assert [e.ts_ns for e in traces] == sorted(e.ts_ns for e in traces)
+    assert probe.counts["cuda_launch"] == probe.counts["cuda_launch_seen"] == launches
+    assert probe.counts["cuda_launch_lost"] == 0
+    assert drain_ms == 100 or probe.counts["drains"] > 2  # the launches spanned map switches
     assert probe.counts["cuda_alloc"] == launches
     assert probe.counts["cuda_alloc_bytes"] == sum((i + 1) << 20 for i in range(launches))
     # and each is the seed's 40-byte struct on the wire, decoding back to the same event
