@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from streams.mae import entropy_bits, l2_estimate
 from schemas.exact import div_half_even
-from streams.money import largest_remainder
+from streams.money import split_in_order
 from streams.settings import DEFAULT_L2_CALIBRATION
 from tests.reference import split
 
@@ -26,15 +26,17 @@ def shares(draw: st.DrawFn) -> dict[str, int]:
 @given(st.integers(0, 10**12), shares())
 def test_split_is_exact_and_within_one_micro_dollar(total: int, s: dict[str, int]) -> None:
     den = sum(s.values())
-    got = largest_remainder(total, s, den, first="idle")
+    keys = sorted(s, key=lambda k: (k != "idle", k))  # the tie-break order the cost split lists parties in
+    got = dict(zip(keys, split_in_order(total, [s[k] for k in keys], den)))
     assert sum(got.values()) == total
     for k, v in got.items():
         assert abs(v - Fraction(total * s[k], den)) < 1
     assert got == split(total, [(k, Fraction(n, den)) for k, n in s.items()])
 
 
-def test_ties_go_to_idle_first_then_ascending_key() -> None:
-    assert largest_remainder(2, {"b::": 1, "a::": 1, "idle": 1}, 3, first="idle") == {"b::": 0, "a::": 1, "idle": 1}
+def test_ties_go_to_the_party_listed_first() -> None:
+    assert split_in_order(2, [1, 1, 1], 3) == [1, 1, 0]
+    assert split_in_order(1, [0, 1, 1], 2) == [0, 1, 0]  # a tie after the first party: still the earlier one
 
 
 @given(st.integers(0, 10**15), st.integers(1, 10**9))
@@ -44,7 +46,7 @@ def test_half_even_division(n: int, d: int) -> None:
 
 def test_shares_must_sum_to_one() -> None:
     with pytest.raises(ValueError, match="sum to 1"):
-        largest_remainder(10, {"a": 1}, 2)
+        split_in_order(10, [1], 2)
 
 
 @given(st.lists(st.integers(0, 10**6), min_size=1, max_size=300))
