@@ -337,11 +337,7 @@ def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
         finally:
             if gpus_of is not None:
                 nvml.close()
-            lost = probe.counts["mem_access_lost"]
-            print(f"gpucost: {probe.counts['mem_access_sampled']:,} page faults sampled, "
-                  f"{probe.counts['mem_access']:,} reported"
-                  + (f", {lost:,} LOST (the probe's maps filled between drains: raise --ebpf-sample-every)"
-                     if lost else ""), file=sys.stderr)
+            print(f"gpucost: {probe.summary()}", file=sys.stderr)
 
     return items()
 

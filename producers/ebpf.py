@@ -5,18 +5,21 @@ Real kernel probes through bpftrace (Debian's package): one short program whose 
 read here. bpftrace was chosen over bcc because it needs no compiler or kernel headers on the
 node and is one package.
 
-Page faults are what a traced machine does most, so their probe is built for cost:
+Page faults and CUDA launches are what a traced machine does most, so their probes are built
+for cost:
 
-- the kernel's perf software event samples them (1 in ``sample_every`` per CPU), so the BPF
+- the kernel's perf software event samples faults (1 in ``sample_every`` per CPU), so the BPF
   program runs on the sampled faults only and the others cost a counter increment;
-- a sampled address goes into one of two BPF maps, not out through ``printf``: each
-  ``printf`` wakes the reader from inside the fault (an irq_work and an IPI, 20–30 µs a
-  sample on these VMs), while a map update costs a hash insert. Every ``drain_ms`` the
-  program switches maps and prints the full one, which is read here, sorted by time.
-- the kernel counts what it sampled (``@sampled``), so samples that never arrive (a map
-  that filled before its drain) are counted as ``mem_access_lost``, not lost silently.
+- a sampled address or a launch goes into one of two BPF maps, not out through ``printf``:
+  each ``printf`` wakes the reader from inside the traced program (an irq_work and an IPI,
+  20–30 µs a fault sample and 17 µs a launch on these VMs), while a map update costs a hash
+  insert. Every ``drain_ms`` the program switches maps and prints the full ones, which are
+  read here, sorted by time. Allocations are only counted, so the kernel counts them;
+- the kernel counts what it took (``@sampled``, ``@launched``), so what never arrives (a
+  map that filled before its drain) is counted as ``mem_access_lost`` and
+  ``cuda_launch_lost``, not lost silently.
 
-Rare events (NUMA migrations, CUDA launches and allocations) keep one line each.
+NUMA migrations, which are rare, keep one ``printf`` line each.
 """
 from __future__ import annotations
 
@@ -251,6 +254,18 @@ class EbpfProbe:
         """What the kernel took (``before``: its counts as of a drain now printed) that never arrived."""
         self.counts["mem_access_lost"] = max(0, before.get("sampled", 0) - self.counts["mem_access"])
         self.counts["cuda_launch_lost"] = max(0, before.get("launched", 0) - self.counts["cuda_launch"])
+
+    def summary(self) -> str:
+        """What the kernel took and what arrived, for the end of a run; a loss says what to do."""
+        c, advice = self.counts, "the probe's maps filled between drains"
+        text = f"{c['mem_access_sampled']:,} page faults sampled, {c['mem_access']:,} reported"
+        if c["mem_access_lost"]:
+            text += f", {c['mem_access_lost']:,} LOST ({advice}: raise --ebpf-sample-every)"
+        if self.libcuda is not None:
+            text += f"; {c['cuda_launch_seen']:,} CUDA launches, {c['cuda_launch']:,} reported"
+            if c["cuda_launch_lost"]:
+                text += f", {c['cuda_launch_lost']:,} LOST ({advice})"
+        return text
 
     def start(self) -> None:
         ensure_tracing()

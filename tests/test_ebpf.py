@@ -88,6 +88,18 @@ def test_drained_addresses_come_out_in_time_order_and_losses_are_counted() -> No
     assert probe.counts["mem_access_lost"] == 0  # 4 taken by the previous drain, 4 arrived
     assert probe.parse("@sampled: 5") == [] and probe.counts["mem_access_lost"] == 1
     assert probe.parse("@a0[7, x, 0]: 1") == [] and probe.counts["malformed_probe_line"] == 1
+    assert probe.summary() == "5 page faults sampled, 4 reported, 1 LOST (the probe's maps filled between drains: " \
+        "raise --ebpf-sample-every)"
+
+
+def test_launches_that_never_arrive_are_counted_and_told() -> None:
+    probe = EbpfProbe("node-p", gpus_of=lambda pid: ["GPU-a"], distances={}, libcuda=Path("/lib/libcuda.so.1"))
+    got = [e for line in ["@k0[7, 100, 0]: (1, 2, 1, 4294967424, 1, 3)", "@launched: 3", "@sampled: 0",
+                          "@launched: 3", "@sampled: 0"] for e in probe.parse(line)]
+    assert [(e.kind, e.pid, e.flops_64b) for e in got] == [("ebpf_trace", 7, 768)]  # 32-bit blockX: 2^32 + 128
+    assert probe.counts["cuda_launch_lost"] == 2
+    assert probe.summary() == "0 page faults sampled, 0 reported; 3 CUDA launches, 1 reported, 2 LOST (the probe's " \
+        "maps filled between drains)"
 
 
 def test_numa_distances_of_this_machine() -> None:
