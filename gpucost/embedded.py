@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from producers.replay import LineBatch, RowBatch
+from schemas.blocks import ClosedPanes
 from schemas.events import Event
 from schemas.records import DeadLetter
 from sinks.parquet import ParquetSink
-from streams.audit import Auditor, Output
+from streams.audit import Auditor, Outputs
 from streams.settings import AuditSettings
 
 __all__ = ["Item", "RunStats", "run_embedded"]
@@ -64,7 +65,7 @@ def _drain(q: "queue.Queue[object]") -> Iterator[list[Item]]:
         yield batch  # type: ignore[misc]
 
 
-def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, list[Output]]:
+def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:
     """The inputs a batch holds, and its outputs: a batch of JSON lines or Parquet rows takes the batch path."""
     if len(batch) == 1 and isinstance(batch[0], RowBatch):
         return batch[0].batch.num_rows, auditor.ingest_batch(batch[0].batch, batch[0].label)
@@ -73,7 +74,7 @@ def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, list[Output]]:
     if all(isinstance(item[0], bytes) for item in batch):
         lines, labels = zip(*batch) if batch else ((), ())
         return len(batch), auditor.ingest_lines(lines, labels.__getitem__)  # type: ignore[arg-type]
-    out: list[Output] = []
+    out: Outputs = []
     for payload, label in batch:  # type: ignore[misc]
         out += (auditor.ingest(payload, label) if isinstance(payload, (str, bytes, dict))
                 else auditor.update(payload, None, label))
@@ -95,6 +96,9 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
         n, records = _audit(auditor, batch)
         stats.inputs += n
         for record in records:
+            if isinstance(record, ClosedPanes):
+                sink.write_block(record)
+                continue
             if isinstance(record, DeadLetter):
                 stats.dead_letters[record.reason] += 1
             sink.write(record)

@@ -30,6 +30,7 @@ from aiokafka.partitioner import murmur2
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.sequences import SeenSequences, parse_sequence
 from gpucost.signing import Keyring
+from schemas.blocks import expand
 from schemas.codec import Rejected, raw_text
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
 from sinks.parquet import kind_of
@@ -183,7 +184,7 @@ class Worker(ConsumerRebalanceListener):
                 return f"{source}#{numbered[i - (ends[c - 1] if c else 0)][0]}"
 
             lines = [line for _, numbered in chunks for _, line in numbered]
-            out.extend(owned.auditors[key].ingest_lines(lines, label))
+            out.extend(expand(owned.auditors[key].ingest_lines(lines, label)))  # records, for their JSON
 
         for message in messages:
             key = message.key.decode()

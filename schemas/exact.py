@@ -10,7 +10,9 @@ from __future__ import annotations
 from decimal import ROUND_HALF_EVEN, Decimal
 from functools import lru_cache
 
-__all__ = ["to_decimal", "round_scaled", "round_float", "div_half_even", "micro_usd_per_hour"]
+import numpy as np
+
+__all__ = ["to_decimal", "round_scaled", "round_float", "div_half_even", "micro_usd_per_hour", "ratios"]
 
 
 def to_decimal(value: float | int | str | Decimal) -> Decimal:
@@ -57,3 +59,14 @@ def micro_usd_per_hour(usd_per_gpu_hour: Decimal) -> int:
     if micro != micro.to_integral_value():
         raise ValueError(f"price {usd_per_gpu_hour} has more than 6 decimal places")
     return int(micro)
+
+
+def ratios(numerators: np.ndarray, denominators: np.ndarray) -> np.ndarray:
+    """Python's ``int / int`` of each pair (correctly rounded), as float64: numpy's own division
+    where both fit in 53 bits (then it is the same float), Python's otherwise."""
+    if len(numerators) == 0:
+        return np.zeros(0, np.float64)
+    if numerators.dtype != object and denominators.dtype != object and max(
+            int(np.abs(numerators).max()), int(np.abs(denominators).max())) < 1 << 53:
+        return numerators.astype(np.float64) / denominators.astype(np.float64)
+    return (numerators.astype(object) / denominators.astype(object)).astype(np.float64)

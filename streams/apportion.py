@@ -5,13 +5,17 @@ import math
 from decimal import Decimal
 from fractions import Fraction
 
-from schemas.exact import div_half_even, micro_usd_per_hour
+import numpy as np
+import pyarrow as pa
+
+from schemas.arrow import ARROW_SCHEMAS
+from schemas.exact import div_half_even, micro_usd_per_hour, ratios
 from schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id
 from streams.money import split_in_order
 from streams.panes import PaneTotals
 from streams.tables import Tenant
 
-__all__ = ["Weights", "apportion"]
+__all__ = ["Weights", "apportion", "apportion_many"]
 
 MS_PER_HOUR = 3_600_000
 FULL_UTIL_CP = 100 * 100  # 100 % in hundredths of a percent
@@ -83,3 +87,100 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     out += [record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, w / scale, micro_usd)
             for (k, t), w, micro_usd in zip(tenants, big_w, split[1:])]
     return out
+
+
+def apportion_many(panes: list[PaneTotals], prices: list[Decimal | None], weights: Weights
+                   ) -> tuple[pa.Table, list[Decimal | None], np.ndarray]:
+    """``apportion`` of many panes with GPU samples at once: the cost records as columns (in the
+    order ``apportion`` gives them, pane after pane), their prices, and how many each pane has.
+
+    The same integers as ``apportion``, over arrays of Python integers (a pane's denominator
+    passes 64 bits); the largest remainder ranks each party against the others of its pane.
+    """
+    tenants = [sorted(p.tenants.items()) if p.covered_ms else [] for p in panes]
+    parties = np.array([len(t) + 1 if p.covered_ms else 0 for p, t in zip(panes, tenants)], np.int64)
+    pane_of = np.repeat(np.arange(len(panes)), parties)  # each party's pane; idle first, then tenants by key
+    first = np.concatenate([[0], np.cumsum(parties)])[:-1]
+    is_idle = np.zeros(len(pane_of), bool)
+    is_idle[first[parties > 0]] = True
+    rows = [t for pane in tenants for t in [None, *pane]]
+
+    def per_party(values: list[int]) -> np.ndarray:  # a tenant value per party, 0 for idle
+        out = np.zeros(len(rows), object)
+        out[~is_idle] = values
+        return out
+
+    def per_pane(values: np.ndarray) -> np.ndarray:
+        total = np.concatenate([[0], np.cumsum(values)]).astype(object)
+        return total[first + parties] - total[first]
+
+    sm = per_party([t.sm for _, t in (r for r in rows if r is not None)])
+    bw = per_party([t.bw for _, t in (r for r in rows if r is not None)])
+    numa = per_party([t.numa for _, t in (r for r in rows if r is not None)])
+    sm_all, bw_all, numa_all = per_pane(sm), per_pane(bw), per_pane(numa)
+    t_den, b_den, l_den = (np.where(v == 0, 1, v).astype(object) for v in (sm_all, bw_all, numa_all))
+    t_p, b_p, l_p = t_den[pane_of], b_den[pane_of], l_den[pane_of]
+    big_w = weights.alpha * sm * b_p * l_p + weights.beta * bw * t_p * l_p + weights.gamma * numa * t_p * b_p
+    w_all = per_pane(big_w)
+    covered = np.array([p.covered_ms for p in panes], object)
+    nothing = w_all == 0
+    full = ~nothing & (sm_all >= FULL_UTIL_CP * covered)
+    busy_n = np.where(nothing, 0, np.where(full, 1, sm_all)).astype(object)
+    busy_d = np.where(nothing | full, 1, FULL_UTIL_CP * covered).astype(object)
+    numerators = np.where(is_idle, (busy_d - busy_n)[pane_of] * w_all[pane_of], busy_n[pane_of] * big_w)
+    numerators = np.where(nothing[pane_of], is_idle.astype(np.int64), numerators).astype(object)
+    denominator = np.where(nothing, 1, busy_d * w_all).astype(object)[pane_of]
+
+    rates = np.array([0 if price is None else micro_usd_per_hour(price) for price in prices], object)
+    cost_num = rates * covered
+    quotient, rest = cost_num // MS_PER_HOUR, cost_num % MS_PER_HOUR
+    cost = quotient + ((2 * rest > MS_PER_HOUR) | ((2 * rest == MS_PER_HOUR) & (quotient % 2 == 1)))
+    share = cost[pane_of] * numerators
+    micro_usd = share // denominator
+    left = (cost - per_pane(micro_usd))[pane_of]
+    micro_usd += _rank_by_remainder(share % denominator, pane_of) < left
+    scale = (weights.denominator * t_den * b_den * l_den)[pane_of]
+
+    n = len(rows)
+    gpu = [p.gpu_uuid for p in panes]
+    starts = [p.pane_start_ns for p in panes]
+    keys = [IDLE_TENANT if r is None else r[0] for r in rows]
+    who = [(IDLE_TENANT, *[None] * 6) if r is None else r[1].tenant for r in rows]
+    pane_list = pane_of.tolist()
+    columns = {
+        "record_id": [record_id(gpu[j], starts[j], k, 0) for j, k in zip(pane_list, keys)],
+        "gpu_uuid": pa.array(gpu, pa.string()).take(pane_of),
+        "node_id": pa.array([p.node_id for p in panes], pa.string()).take(pane_of),
+        "gpu_model": pa.array([p.gpu_model for p in panes], pa.string()).take(pane_of),
+        "pane_start_ns": np.array(starts, np.int64)[pane_of],
+        "pane_end_ns": np.array([p.pane_end_ns for p in panes], np.int64)[pane_of],
+        "tenant_key": keys,
+        **{name: list(values) for name, values in zip(
+            ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id"), zip(*who))},
+        "t_share": np.where(is_idle, 0.0, ratios(sm, t_p)),
+        "b_share": np.where(is_idle, 0.0, ratios(bw, b_p)),
+        "l_share": np.where(is_idle, 0.0, ratios(numa, l_p)),
+        "weight": np.where(is_idle, 0.0, ratios(big_w, scale)),
+        "busy_fraction": ratios(busy_n, busy_d)[pane_of],
+        "usd_per_gpu_hour": pa.array(prices, ARROW_SCHEMAS["cost"].field("usd_per_gpu_hour").type).take(pane_of),
+        "pane_cost_micro_usd": cost[pane_of].astype(np.int64),
+        "cost_micro_usd": micro_usd.astype(np.int64),
+        "unpriced": np.array([price is None for price in prices], bool)[pane_of],
+        "revision": np.zeros(n, np.int64),
+    }
+    table = pa.table(list(columns.values()), schema=ARROW_SCHEMAS["cost"])
+    return table, [prices[j] for j in pane_list], parties
+
+
+def _rank_by_remainder(rest: np.ndarray, pane_of: np.ndarray) -> np.ndarray:
+    """Each party's place in its pane when the pane's parties are sorted by remainder, largest
+    first, ties to the party listed first: the largest-remainder split's order."""
+    rank = np.zeros(len(rest), np.int64)
+    for shift in range(1, len(rest)):
+        a = np.flatnonzero(pane_of[:-shift] == pane_of[shift:])  # party a and party a + shift share a pane
+        if not len(a):
+            break
+        after = rest[a + shift] > rest[a]  # the later party ranks first only if strictly larger
+        rank[a[after]] += 1  # each party once per shift: no index repeats
+        rank[a[~after] + shift] += 1
+    return rank

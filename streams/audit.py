@@ -7,15 +7,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
+from schemas.blocks import ClosedPanes
 from schemas.codec import Rejected, decode_line, encode_event, raw_text
 from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
                             ProcessSample, TenantBinding)
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
-from streams.apportion import Weights, apportion
+from streams.apportion import Weights, apportion, apportion_many
 from streams.columnar import ingest_batch, ingest_lines
 from streams.idle_index import IdleIndex
 from streams.mae import Mae
@@ -23,9 +25,11 @@ from streams.panes import GpuPanes, PaneTotals
 from streams.settings import AuditSettings
 from streams.tables import BindingTable, PriceTable
 
-__all__ = ["Auditor", "Output"]
+__all__ = ["Auditor", "Output", "Outputs"]
 
 Output = IdleIndexRecord | MaeRecord | CostRecord | DeadLetter
+#: what the batch path returns: records, and blocks of closed panes' records (``schemas.blocks.expand``)
+Outputs = list[Output | ClosedPanes]
 
 
 class Auditor:
@@ -109,12 +113,13 @@ class Auditor:
         # a dead letter of a valid event keeps the line as it came; a Parquet row, re-encoded
         return self.update(decoded, None if isinstance(line, dict) else line, source)
 
-    def ingest_batch(self, batch: pa.RecordBatch, source: Callable[[int], str]) -> list[Output]:
+    def ingest_batch(self, batch: pa.RecordBatch, source: Callable[[int], str]) -> Outputs:
         """``ingest`` of every row of an Arrow batch of ``EVENT_SCHEMA`` (row ``i`` labelled ``source(i)``):
-        the same outputs and state, an order of magnitude faster (``streams.columnar``)."""
+        the same outputs and state, an order of magnitude faster (``streams.columnar``). Closed
+        panes' records come as blocks of columns; ``schemas.blocks.expand`` makes them records."""
         return ingest_batch(self, batch, source)
 
-    def ingest_lines(self, lines: Sequence[bytes], source: Callable[[int], str]) -> list[Output]:
+    def ingest_lines(self, lines: Sequence[bytes], source: Callable[[int], str]) -> Outputs:
         """``ingest`` of each JSON line (line ``i`` labelled ``source(i)``), through the batch path."""
         return ingest_lines(self, lines, source)
 
@@ -160,6 +165,26 @@ class Auditor:
                 self.counts["unpriced_panes"] += 1
             out.extend(apportion(pane, price, self.weights))
         return out
+
+    def close_many(self, panes: list[PaneTotals]) -> list[ClosedPanes]:
+        """``close`` of many panes at once, their records as one block of columns (none if no pane
+        had GPU samples). Every price looked up is the one in force now, as for ``close``."""
+        billed = []
+        for pane in panes:
+            if pane.node_id is None or pane.gpu_model is None:
+                self.counts["unbilled"] += pane.tenant_events
+            else:
+                billed.append(pane)
+        if not billed:
+            return []
+        as_of: dict[tuple[str, int], Decimal | None] = {}  # the fleet's panes share their starts
+        prices = [as_of[k] if (k := (p.gpu_model, p.pane_start_ns)) in as_of else
+                  as_of.setdefault(k, self.prices.lookup(*k)) for p in billed]  # type: ignore[arg-type]
+        if unpriced := sum(price is None for price in prices):
+            self.counts["unpriced_panes"] += unpriced
+        idle = self.idle.close_many(billed)
+        cost, cost_prices, cost_rows = apportion_many(billed, prices, self.weights)
+        return [ClosedPanes(idle, cost, cost_prices, cost_rows)]
 
     def to_state(self) -> dict[str, Any]:
         """JSON-serialisable snapshot, for a changelog or a checkpoint."""

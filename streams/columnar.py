@@ -27,15 +27,16 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from schemas.arrow import EVENT_SCHEMA
+from schemas.blocks import ClosedPanes
 from schemas.codec import Rejected, decode_line, present_fields, raw_text
-from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, NumaEvent, ProcessSample,
+from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
                             TenantBinding)
 from schemas.exact import round_float
 from streams.panes import PaneTotals
 from streams.tables import UNATTRIBUTED, Tenant
 
 if TYPE_CHECKING:
-    from streams.audit import Auditor, Output
+    from streams.audit import Auditor, Output, Outputs
 
 __all__ = ["ingest_batch", "ingest_lines", "exact_round"]
 
@@ -47,7 +48,7 @@ _NONE = np.iinfo(np.int64).min  # "no watermark yet"
 _PID_SPAN = 1 << 32
 
 
-def ingest_batch(auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[int], str]) -> "list[Output]":
+def ingest_batch(auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[int], str]) -> "Outputs":
     """``auditor.ingest`` of every row of ``batch`` (``EVENT_SCHEMA``), in order; row ``i`` is labelled ``source(i)``.
 
     A batch whose columns are not typed as ``EVENT_SCHEMA`` says goes row by row.
@@ -57,7 +58,7 @@ def ingest_batch(auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[in
     return _Batch(auditor, batch, source).run()
 
 
-def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[int], str]) -> "list[Output]":
+def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[int], str]) -> "Outputs":
     """``auditor.ingest`` of each JSON line, in order, through the batch path: Arrow's JSON reader
     (in C, typed by ``EVENT_SCHEMA``) fills the columns.
 
@@ -154,7 +155,7 @@ class _Batch:
                  lines: Sequence[bytes] | None = None) -> None:
         self.a, self.batch, self.source, self.lines = auditor, batch, source, lines
         self.n = batch.num_rows
-        self.out: list[tuple[int, int, Output]] = []
+        self.out: list[tuple[int, int, Output | ClosedPanes]] = []
         self.table_events: list[tuple[int, Event]] = []
         self.tenants: list[Tenant] = []
 
@@ -193,7 +194,7 @@ class _Batch:
         """What a dead letter of a valid event keeps: the line as it came (a Parquet row: re-encoded)."""
         return None if self.lines is None else self.lines[i]
 
-    def emit(self, row: int, outputs: "list[Output]") -> None:
+    def emit(self, row: int, outputs: "Sequence[Output | ClosedPanes]") -> None:
         base = len(self.out)
         self.out.extend([(row, base + k, o) for k, o in enumerate(outputs)])
 
@@ -220,7 +221,7 @@ class _Batch:
 
     # --- the batch ---------------------------------------------------------------------------
 
-    def run(self) -> "list[Output]":
+    def run(self) -> "Outputs":
         if self.n:
             self._decode()
             self._future()
@@ -528,10 +529,36 @@ class _Batch:
         return closes
 
     def _apply_in_order(self, closes: list[tuple[int, PaneTotals]]) -> None:
-        """Closes, prices and eBPF traces in arrival order: a price reaches only the closes after it."""
-        steps: list[tuple[int, int, Any]] = [(i, 0, e) for i, e in self.table_events]
-        steps += [(at, totals.pane_start_ns, totals) for at, totals in closes]
+        """Closes and prices in arrival order: a price reaches only the closes after it.
+
+        eBPF traces change nothing a close reads, so they go first. The closes between two
+        prices go as one block (``Auditor.close_many``), cut wherever another output of the
+        batch lies between them, so that expanding each block where it stands gives the row
+        path's order.
+        """
+        steps: list[tuple[int, int, Any]] = [(at, totals.pane_start_ns, totals) for at, totals in closes]
+        for i, event in self.table_events:
+            if isinstance(event, Price):
+                steps.append((i, 0, event))
+            else:
+                self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
         steps.sort(key=lambda t: (t[0], t[1]))
+        others = np.unique(np.array([row for row, _, _ in self.out], np.int64))
+        run: list[tuple[int, PaneTotals]] = []
+
+        def close_run() -> None:
+            rows = np.array([i for i, _ in run], np.int64)
+            cuts = np.flatnonzero(np.diff(np.searchsorted(others, rows))) + 1
+            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(run)]):
+                self.emit(run[lo][0], self.a.close_many([totals for _, totals in run[lo:hi]]))
+            run.clear()
+
         for i, _, item in steps:
-            self.emit(i, self.a.close([item]) if isinstance(item, PaneTotals)
-                      else self.a.update(item, self._raw(i), self.source(i)))
+            if isinstance(item, PaneTotals):
+                run.append((i, item))
+                continue
+            if run:
+                close_run()
+            self.emit(i, self.a.update(item, self._raw(i), self.source(i)))
+        if run:
+            close_run()

@@ -1,19 +1,23 @@
 """The composed operators against the batch reference, over random streams."""
 from __future__ import annotations
 
+import copy
 import json
 import random
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pytest import approx
 
-from schemas.events import Event, GpuSample, MemAccess, NumaEvent, ProcessSample
+from schemas.blocks import expand
+from schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
 from streams.audit import Auditor, Output
+from streams.panes import PaneTotals, TenantTotals
 from streams.settings import AuditSettings
+from streams.tables import Tenant
 from tests.reference import reference
-from tests.strategies import settings_st, streams
+from tests.strategies import BASE_NS, settings_st, streams
 
 
 def run(events: list[Event], s: AuditSettings) -> list[Output]:
@@ -124,3 +128,55 @@ def run_counts(events: list[Event], s: AuditSettings) -> object:
         auditor.update(ev)
     auditor.finish()
     return auditor.counts
+
+
+@st.composite
+def closing_panes(draw: st.DrawFn) -> tuple[AuditSettings, list[Price], list[PaneTotals]]:
+    """Panes as they close (each GPU's in ascending order), with values far past 64 bits, many
+    tenants with equal weights (ties in the split), panes without GPU samples and prices of any scale."""
+    s = draw(settings_st())
+    gpus = draw(st.lists(st.sampled_from(["g0", "g1", "g2"]), min_size=1, max_size=40))
+    big = st.one_of(st.integers(0, 10), st.integers(0, 10**6), st.integers(0, 10**24))
+    tenants = [Tenant(f"team{i}", None if i % 2 else "prod", None, None, "gold", None, None) for i in range(8)]
+    panes, next_k = [], {g: draw(st.integers(0, 10)) for g in "g0 g1 g2".split()}
+    for gpu in gpus:
+        next_k[gpu] += draw(st.sampled_from([1, 1, 2, s.window_ns // s.pane_ns + 1]))
+        start = BASE_NS - BASE_NS % s.pane_ns + next_k[gpu] * s.pane_ns
+        billed = draw(st.integers(0, 5)) > 0
+        pane = PaneTotals(gpu, start, start + s.pane_ns, node_id="n1" if billed else None,
+                          gpu_model=draw(st.sampled_from(["H100", "A100"])) if billed else None,
+                          covered_ms=draw(st.one_of(st.integers(1, 10**5), st.integers(1, 10**13))) if billed else 0,
+                          tenant_events=draw(st.integers(0, 3)))
+        pane.idle_ms = draw(st.integers(0, pane.covered_ms))
+        same = draw(st.booleans())  # every tenant the same values: ties at every remainder
+        values = (draw(big), draw(big), draw(big))
+        for tenant in draw(st.lists(st.sampled_from(tenants), max_size=8, unique=True)):
+            sm, bw, numa = values if same else (draw(big), draw(big), draw(big))
+            pane.tenants[tenant.key] = TenantTotals(tenant, sm, bw, numa)
+        panes.append(pane)
+    prices = [Price(ts_ns=BASE_NS - 10**12, gpu_model=m, usd_per_gpu_hour=draw(st.decimals(
+        "0.000001", "99.5", places=draw(st.integers(0, 6))))) for m in draw(st.lists(
+            st.sampled_from(["H100", "default"]), unique=True))]
+    return s, prices, panes
+
+
+@settings(max_examples=300, deadline=None)
+@given(closing_panes())
+def test_closing_many_panes_at_once_is_closing_them_one_by_one(case: tuple[AuditSettings, list[Price],
+                                                                           list[PaneTotals]]) -> None:
+    s, prices, panes = case
+    one, many = Auditor(s), Auditor(s)
+    for auditor in (one, many):
+        for price in prices:
+            auditor.update(price)
+    want = one.close(copy.deepcopy(panes))
+    got = expand(many.close_many(copy.deepcopy(panes)))
+    assert got == want
+    assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]  # 2.5 is not 2.500000
+    assert many.to_state() == one.to_state()  # the idle windows, and the unbilled and unpriced counts
+    for pane in panes:  # and every pane bills exactly its cost
+        billed = [r.cost_micro_usd for r in got if isinstance(r, CostRecord) and r.pane_start_ns == pane.pane_start_ns
+                  and r.gpu_uuid == pane.gpu_uuid]
+        assert not billed or sum(billed) == next(r.pane_cost_micro_usd for r in got if isinstance(r, CostRecord)
+                                                 and r.pane_start_ns == pane.pane_start_ns
+                                                 and r.gpu_uuid == pane.gpu_uuid)

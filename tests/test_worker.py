@@ -12,6 +12,7 @@ from gpucost.kafka_settings import KafkaSettings
 from gpucost.routing import Router
 from gpucost.worker import Worker, _Owned
 from producers.simulate import FleetSpec, simulate
+from schemas.blocks import expand
 from schemas.codec import encode_event
 from schemas.records import DeadLetter
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
@@ -86,8 +87,8 @@ def one_by_one(messages: list[Message]) -> dict[bytes, list]:
             out[m.key] += auditors.pop(m.key).finish()
             continue
         lines = [(n, line) for n, line in enumerate(m.value.split(b"\n")) if line.strip()]
-        out[m.key] += auditor.ingest_lines([line for _, line in lines],
-                                           lambda i, m=m, lines=lines: f"{m.topic}[{m.partition}]@{m.offset}#{lines[i][0]}")
+        out[m.key] += expand(auditor.ingest_lines(
+            [line for _, line in lines], lambda i, m=m, lines=lines: f"{m.topic}[{m.partition}]@{m.offset}#{lines[i][0]}"))
     return out
 
 

@@ -1,0 +1,59 @@
+"""The Parquet sink fed the batch path's blocks of columns against the same records one by one."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from producers.simulate import FleetSpec, simulate
+from schemas.blocks import ClosedPanes, expand
+from schemas.codec import encode_event
+from sinks.parquet import ParquetSink
+from streams.audit import Auditor, Outputs
+from streams.settings import AuditSettings
+
+NS = 1_000_000_000
+# two GPUs for 3 h across midnight UTC: records of two dates, in blocks that hold both
+LINES = [encode_event(e).encode() for e in simulate(replace(FleetSpec(gpus=2, hours=3, interval_s=20),
+                                                            start_ns=FleetSpec().start_ns - 90 * 60 * NS))]
+
+
+def outputs(cuts: list[int]) -> Outputs:
+    auditor = Auditor(AuditSettings())
+    out: Outputs = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(LINES)]):
+        out += auditor.ingest_lines(LINES[lo:hi], lambda i: f"f:{i}")
+    return out + auditor.finish()
+
+
+def files(out_dir: Path) -> dict[str, list[dict]]:
+    return {p.relative_to(out_dir).as_posix(): pq.read_table(p).to_pylist() for p in sorted(out_dir.rglob("*.parquet"))}
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(0, len(LINES)), max_size=4).map(sorted), st.integers(1, 400))
+def test_blocks_write_the_files_their_records_would(tmp_path_factory, cuts: list[int], file_rows: int) -> None:
+    out = outputs(cuts)
+    assert any(isinstance(o, ClosedPanes) and o.idle.num_rows > 1 for o in out)
+    by_block, by_record = tmp_path_factory.mktemp("blocks"), tmp_path_factory.mktemp("records")
+    sink = ParquetSink(by_block, file_rows=file_rows)
+    for item in out:
+        sink.write_block(item) if isinstance(item, ClosedPanes) else sink.write(item)
+    sink.flush()
+    reference = ParquetSink(by_record, file_rows=file_rows)
+    for record in expand(out):
+        reference.write(record)
+    reference.flush()
+
+    got, want = files(by_block), files(by_record)
+    assert got == want
+    assert sink.rows_written == reference.rows_written
+    dates = {name.split("/")[1] for name in got if name.startswith("cost/")}
+    assert len(dates) == 2, dates
+    for kind in ("cost", "idle_index"):  # every file full but each date's last
+        for date in dates:
+            sizes = [len(rows) for name, rows in got.items() if name.startswith(f"{kind}/{date}/")]
+            assert all(n == file_rows for n in sizes[:-1]) and 0 < sizes[-1] <= file_rows
