@@ -12,7 +12,7 @@ from schemas.arrow import ARROW_SCHEMAS
 from schemas.exact import div_half_even, micro_usd_per_hour, ratios
 from schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id
 from streams.money import split_in_order
-from streams.panes import PaneTotals
+from streams.panes import PaneColumns, PaneTotals
 from streams.tables import Tenant
 
 __all__ = ["Weights", "apportion", "apportion_many"]
@@ -89,7 +89,7 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     return out
 
 
-def apportion_many(panes: list[PaneTotals], prices: list[Decimal | None], weights: Weights
+def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: Weights
                    ) -> tuple[pa.Table, list[Decimal | None], np.ndarray]:
     """``apportion`` of many panes with GPU samples at once: the cost records as columns (in the
     order ``apportion`` gives them, pane after pane), their prices, and how many each pane has.
@@ -97,32 +97,30 @@ def apportion_many(panes: list[PaneTotals], prices: list[Decimal | None], weight
     The same integers as ``apportion``, over arrays of Python integers (a pane's denominator
     passes 64 bits); the largest remainder ranks each party against the others of its pane.
     """
-    tenants = [sorted(p.tenants.items()) if p.covered_ms else [] for p in panes]
-    parties = np.array([len(t) + 1 if p.covered_ms else 0 for p, t in zip(panes, tenants)], np.int64)
+    billed = panes.covered_ms > 0
+    parties = np.where(billed, np.bincount(panes.t_pane, minlength=len(panes)) + 1, 0)
     pane_of = np.repeat(np.arange(len(panes)), parties)  # each party's pane; idle first, then tenants by key
     first = np.concatenate([[0], np.cumsum(parties)])[:-1]
     is_idle = np.zeros(len(pane_of), bool)
-    is_idle[first[parties > 0]] = True
-    rows = [t for pane in tenants for t in [None, *pane]]
+    is_idle[first[billed]] = True
+    tenant_rows = billed[panes.t_pane]  # tenants of panes without covered time bill nothing
 
-    def per_party(values: list[int]) -> np.ndarray:  # a tenant value per party, 0 for idle
-        out = np.zeros(len(rows), object)
-        out[~is_idle] = values
+    def per_party(values: np.ndarray) -> np.ndarray:  # a tenant value per party, 0 for idle
+        out = np.zeros(len(pane_of), object)
+        out[~is_idle] = values[tenant_rows]
         return out
 
     def per_pane(values: np.ndarray) -> np.ndarray:
         total = np.concatenate([[0], np.cumsum(values)]).astype(object)
         return total[first + parties] - total[first]
 
-    sm = per_party([t.sm for _, t in (r for r in rows if r is not None)])
-    bw = per_party([t.bw for _, t in (r for r in rows if r is not None)])
-    numa = per_party([t.numa for _, t in (r for r in rows if r is not None)])
+    sm, bw, numa = per_party(panes.t_sm), per_party(panes.t_bw), per_party(panes.t_numa)
     sm_all, bw_all, numa_all = per_pane(sm), per_pane(bw), per_pane(numa)
     t_den, b_den, l_den = (np.where(v == 0, 1, v).astype(object) for v in (sm_all, bw_all, numa_all))
     t_p, b_p, l_p = t_den[pane_of], b_den[pane_of], l_den[pane_of]
     big_w = weights.alpha * sm * b_p * l_p + weights.beta * bw * t_p * l_p + weights.gamma * numa * t_p * b_p
     w_all = per_pane(big_w)
-    covered = np.array([p.covered_ms for p in panes], object)
+    covered = panes.covered_ms.astype(object)
     nothing = w_all == 0
     full = ~nothing & (sm_all >= FULL_UTIL_CP * covered)
     busy_n = np.where(nothing, 0, np.where(full, 1, sm_all)).astype(object)
@@ -141,19 +139,20 @@ def apportion_many(panes: list[PaneTotals], prices: list[Decimal | None], weight
     micro_usd += _rank_by_remainder(share % denominator, pane_of) < left
     scale = (weights.denominator * t_den * b_den * l_den)[pane_of]
 
-    n = len(rows)
-    gpu = [p.gpu_uuid for p in panes]
-    starts = [p.pane_start_ns for p in panes]
-    keys = [IDLE_TENANT if r is None else r[0] for r in rows]
-    who = [(IDLE_TENANT, *[None] * 6) if r is None else r[1].tenant for r in rows]
-    pane_list = pane_of.tolist()
+    n = len(pane_of)
+    keys = np.full(n, IDLE_TENANT, object)
+    keys[~is_idle] = np.array(panes.t_key, object)[tenant_rows]
+    who: list[tuple[str | None, ...]] = [(IDLE_TENANT, *[None] * 6)] * n
+    for at, tenant in zip(np.flatnonzero(~is_idle).tolist(), (t for t, ok in zip(panes.t_tenant, tenant_rows) if ok)):
+        who[at] = tenant
+    gpu, starts, pane_list = panes.gpu_uuid, panes.pane_start_ns.tolist(), pane_of.tolist()
     columns = {
-        "record_id": [record_id(gpu[j], starts[j], k, 0) for j, k in zip(pane_list, keys)],
+        "record_id": [record_id(gpu[j], starts[j], k, 0) for j, k in zip(pane_list, keys.tolist())],
         "gpu_uuid": pa.array(gpu, pa.string()).take(pane_of),
-        "node_id": pa.array([p.node_id for p in panes], pa.string()).take(pane_of),
-        "gpu_model": pa.array([p.gpu_model for p in panes], pa.string()).take(pane_of),
-        "pane_start_ns": np.array(starts, np.int64)[pane_of],
-        "pane_end_ns": np.array([p.pane_end_ns for p in panes], np.int64)[pane_of],
+        "node_id": pa.array(panes.node_id, pa.string()).take(pane_of),
+        "gpu_model": pa.array(panes.gpu_model, pa.string()).take(pane_of),
+        "pane_start_ns": panes.pane_start_ns[pane_of],
+        "pane_end_ns": panes.pane_end_ns[pane_of],
         "tenant_key": keys,
         **{name: list(values) for name, values in zip(
             ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id"), zip(*who))},

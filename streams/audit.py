@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from schemas.blocks import ClosedPanes
@@ -21,7 +22,7 @@ from streams.apportion import Weights, apportion, apportion_many
 from streams.columnar import ingest_batch, ingest_lines
 from streams.idle_index import IdleIndex
 from streams.mae import Mae
-from streams.panes import GpuPanes, PaneTotals
+from streams.panes import GpuPanes, PaneColumns, PaneTotals
 from streams.settings import AuditSettings
 from streams.tables import BindingTable, PriceTable
 
@@ -166,24 +167,24 @@ class Auditor:
             out.extend(apportion(pane, price, self.weights))
         return out
 
-    def close_many(self, panes: list[PaneTotals]) -> list[ClosedPanes]:
+    def close_many(self, panes: PaneColumns) -> list[ClosedPanes]:
         """``close`` of many panes at once, their records as one block of columns (none if no pane
         had GPU samples). Every price looked up is the one in force now, as for ``close``."""
-        billed = []
-        for pane in panes:
-            if pane.node_id is None or pane.gpu_model is None:
-                self.counts["unbilled"] += pane.tenant_events
-            else:
-                billed.append(pane)
-        if not billed:
+        billed = np.array([node is not None and model is not None
+                           for node, model in zip(panes.node_id, panes.gpu_model)], bool)
+        for events in panes.tenant_events[~billed].tolist():
+            self.counts["unbilled"] += events
+        if not billed.any():
             return []
+        if not billed.all():
+            panes = panes.take(np.flatnonzero(billed))
         as_of: dict[tuple[str, int], Decimal | None] = {}  # the fleet's panes share their starts
-        prices = [as_of[k] if (k := (p.gpu_model, p.pane_start_ns)) in as_of else
-                  as_of.setdefault(k, self.prices.lookup(*k)) for p in billed]  # type: ignore[arg-type]
+        prices = [as_of[k] if (k := (model, start)) in as_of else as_of.setdefault(k, self.prices.lookup(*k))
+                  for model, start in zip(panes.gpu_model, panes.pane_start_ns.tolist())]  # type: ignore[arg-type]
         if unpriced := sum(price is None for price in prices):
             self.counts["unpriced_panes"] += unpriced
-        idle = self.idle.close_many(billed)
-        cost, cost_prices, cost_rows = apportion_many(billed, prices, self.weights)
+        idle = self.idle.close_many(panes)
+        cost, cost_prices, cost_rows = apportion_many(panes, prices, self.weights)
         return [ClosedPanes(idle, cost, cost_prices, cost_rows)]
 
     def to_state(self) -> dict[str, Any]:

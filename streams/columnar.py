@@ -32,7 +32,7 @@ from schemas.codec import Rejected, decode_line, present_fields, raw_text
 from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
                             TenantBinding)
 from schemas.exact import round_float
-from streams.panes import PaneTotals
+from streams.panes import PaneColumns, PaneTotals
 from streams.tables import UNATTRIBUTED, Tenant
 
 if TYPE_CHECKING:
@@ -383,10 +383,11 @@ class _Batch:
             k = np.searchsorted(upto, target)
             return np.where(k < ends[group_of], rows[np.minimum(k, len(rows) - 1)], -1).tolist()
 
-        closes = self._sum_panes(rows[accepted], group[accepted], pane[accepted], names, tenant_of, close_rows)
+        at_rows, closing = self._sum_panes(rows[accepted], group[accepted], pane[accepted], names, tenant_of,
+                                           close_rows)
         for j, name in enumerate(names):
             a.panes.set_max_ts(name, int(high[ends[j] - 1]))
-        self._apply_in_order(closes)
+        self._apply_in_order(at_rows, closing)
 
     def _duplicates(self, rows: np.ndarray, group: np.ndarray, pane: np.ndarray, late: np.ndarray,
                     names: list[str], starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -444,8 +445,9 @@ class _Batch:
 
     def _sum_panes(self, rows: np.ndarray, group: np.ndarray, pane: np.ndarray, names: list[str],
                    tenant_of: np.ndarray, close_rows: Callable[[np.ndarray, np.ndarray], list[int]]
-                   ) -> list[tuple[int, PaneTotals]]:
-        """The accepted ``rows`` summed into their panes' state; returns the panes that close, with their row."""
+                   ) -> tuple[np.ndarray, PaneColumns]:
+        """The accepted ``rows`` summed into their panes' state; returns the panes that close, and the
+        row that closes each."""
         a, s = self.a, self.a.settings
         order = np.lexsort((pane, group))  # by GPU, pane, then arrival
         rows, group, pane = rows[order], group[order], pane[order]
@@ -469,16 +471,16 @@ class _Batch:
         t_at, seg, tenant = t_at[t_order], seg[t_order], tenant[t_order]
         t_firsts, _ = _runs(seg, tenant)
         t_rows = rows[t_at]
-        by_tenant: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        t_pane, t_who = seg[t_firsts], tenant[t_firsts]
+        t_sums = [np.zeros(0, np.int64)] * 3
+        t_first = np.zeros(0, np.int64)
         if len(t_at):
             is_proc = code[t_at] == PROC
-            sums = [np.add.reduceat(v, t_firsts).tolist() for v in (
+            t_sums = [np.add.reduceat(v, t_firsts) for v in (
                 np.where(is_proc, self.sm_cp[t_rows] * interval[t_at], 0),
                 np.where(is_proc, self.bw_cp[t_rows] * interval[t_at], 0),
                 np.where(is_proc, 0, self.numa_w[t_rows]))]
-            first_row = np.minimum.reduceat(t_rows, t_firsts).tolist()
-            for k, (sg, tn) in enumerate(zip(seg[t_firsts].tolist(), tenant[t_firsts].tolist())):
-                by_tenant.setdefault(sg, []).append((first_row[k], tn, sums[0][k], sums[1][k], sums[2][k]))
+            t_first = np.minimum.reduceat(t_rows, t_firsts)
 
         # the smallest node and model name of each pane's GPU samples (a GPU that reports two names
         # in one pane gets the same one whatever the order), by rank among the batch's names
@@ -489,15 +491,26 @@ class _Batch:
                                  for v in (self.node_names, self.model_names))
         node_min = per_pane(np.where(is_gpu, node_rank[self.node[rows]], big), np.minimum)
         model_min = per_pane(np.where(is_gpu, model_rank[self.model[rows]], big), np.minimum)
-        at_rows = close_rows(group[firsts], pane[firsts]) if len(rows) else []
+        at_rows = np.array(close_rows(group[firsts], pane[firsts]) if len(rows) else [], np.int64)
         keys = [t.key for t in self.tenants]
+        tenant_events = lasts - firsts - np.array(gpu_rows, np.int64)
+
+        # a pane the state holds open, or that stays open, goes through its PaneTotals; the others,
+        # new panes that close within the batch (nearly all of a replay's), straight to columns
+        group_k, start_k = group[firsts].tolist(), pane[firsts].tolist()
+        slow = np.array([start in a.panes.open_panes(names[j]) for j, start in zip(group_k, start_k)], bool) | (
+            at_rows < 0)
+        fast = np.flatnonzero(~slow)
+        by_tenant: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        for k in np.flatnonzero(slow[t_pane]).tolist():
+            by_tenant.setdefault(int(t_pane[k]), []).append(
+                (int(t_first[k]), int(t_who[k]), *(int(v[k]) for v in t_sums)))  # type: ignore[arg-type]
 
         closes: list[tuple[int, PaneTotals]] = []
-        touched: set[tuple[int, int]] = set()
-        pane_ns, no_tenants = s.pane_ns, ()
-        for k, (first, last, j, start) in enumerate(zip(firsts.tolist(), lasts.tolist(), group[firsts].tolist(),
-                                                        pane[firsts].tolist())):
-            touched.add((j, start))
+        touched: set[tuple[int, int]] = set(zip(group_k, start_k))
+        pane_ns = s.pane_ns
+        for k in np.flatnonzero(slow).tolist():
+            first, last, j, start = int(firsts[k]), int(lasts[k]), group_k[k], start_k[k]
             name = names[j]
             kept = a.panes.open_panes(name)
             totals = kept.pop(start, None) or PaneTotals(name, start, start + pane_ns)
@@ -507,13 +520,13 @@ class _Batch:
                 totals.gpu_model = model if totals.gpu_model is None else min(model, totals.gpu_model)
             totals.covered_ms += covered[k]
             totals.idle_ms += idle[k]
-            totals.tenant_events += last - first - gpu_rows[k]
-            for _, tn, sm, bw, numa in sorted(by_tenant.get(k, no_tenants)):
+            totals.tenant_events += int(tenant_events[k])
+            for _, tn, sm, bw, numa in sorted(by_tenant.get(k, ())):
                 t = totals.tenant(self.tenants[tn], keys[tn])
                 t.sm += sm
                 t.bw += bw
                 t.numa += numa
-            at = at_rows[k]
+            at = int(at_rows[k])
             if at >= 0:
                 closes.append((at, totals))
                 continue
@@ -526,9 +539,25 @@ class _Batch:
             for start, at in zip(idle_panes, close_rows(np.full(len(idle_panes), j), np.array(idle_panes, np.int64))):
                 if at >= 0:
                     closes.append((at, a.panes.open_panes(name).pop(start)))
-        return closes
 
-    def _apply_in_order(self, closes: list[tuple[int, PaneTotals]]) -> None:
+        position = np.full(len(firsts), -1, np.int64)
+        position[fast] = np.arange(len(fast))
+        tenant_rows = np.flatnonzero(~slow[t_pane])
+        key_rank = np.argsort(np.argsort(np.array(keys, dtype=object))) if keys else np.zeros(0, np.int64)
+        tenant_rows = tenant_rows[np.lexsort((key_rank[t_who[tenant_rows]], position[t_pane[tenant_rows]]))]
+        who = t_who[tenant_rows].tolist()
+        has_gpu = np.array(gpu_rows, np.int64)[fast] > 0
+        columns = PaneColumns(
+            [names[group_k[k]] for k in fast.tolist()], pane[firsts][fast], pane[firsts][fast] + pane_ns,
+            [node_by_rank[r] if g else None for r, g in zip(np.array(node_min)[fast].tolist(), has_gpu.tolist())],
+            [model_by_rank[r] if g else None for r, g in zip(np.array(model_min)[fast].tolist(), has_gpu.tolist())],
+            np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],
+            position[t_pane[tenant_rows]], [keys[tn] for tn in who], [self.tenants[tn] for tn in who],
+            *(v[tenant_rows].astype(object) for v in t_sums))
+        return (np.concatenate([at_rows[fast], np.array([at for at, _ in closes], np.int64)]),
+                PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]))
+
+    def _apply_in_order(self, at_rows: np.ndarray, closing: PaneColumns) -> None:
         """Closes and prices in arrival order: a price reaches only the closes after it.
 
         eBPF traces change nothing a close reads, so they go first. The closes between two
@@ -536,7 +565,8 @@ class _Batch:
         batch lies between them, so that expanding each block where it stands gives the row
         path's order.
         """
-        steps: list[tuple[int, int, Any]] = [(at, totals.pane_start_ns, totals) for at, totals in closes]
+        steps: list[tuple[int, int, Any]] = list(zip(at_rows.tolist(), closing.pane_start_ns.tolist(),
+                                                     range(len(at_rows))))
         for i, event in self.table_events:
             if isinstance(event, Price):
                 steps.append((i, 0, event))
@@ -544,17 +574,17 @@ class _Batch:
                 self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
         steps.sort(key=lambda t: (t[0], t[1]))
         others = np.unique(np.array([row for row, _, _ in self.out], np.int64))
-        run: list[tuple[int, PaneTotals]] = []
+        run: list[tuple[int, int]] = []
 
         def close_run() -> None:
-            rows = np.array([i for i, _ in run], np.int64)
+            rows, picked = (np.array(v, np.int64) for v in zip(*run))
             cuts = np.flatnonzero(np.diff(np.searchsorted(others, rows))) + 1
             for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(run)]):
-                self.emit(run[lo][0], self.a.close_many([totals for _, totals in run[lo:hi]]))
+                self.emit(int(rows[lo]), self.a.close_many(closing.take(picked[lo:hi])))
             run.clear()
 
         for i, _, item in steps:
-            if isinstance(item, PaneTotals):
+            if isinstance(item, int):
                 run.append((i, item))
                 continue
             if run:

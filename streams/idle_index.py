@@ -22,7 +22,7 @@ import pyarrow as pa
 from schemas.arrow import ARROW_SCHEMAS
 from schemas.exact import ratios
 from schemas.records import IdleIndexRecord, computed
-from streams.panes import PaneTotals
+from streams.panes import PaneColumns, PaneTotals
 
 __all__ = ["IdleIndex"]
 
@@ -95,21 +95,22 @@ class IdleIndex:
             idle_ms=pane.idle_ms, covered_ms=pane.covered_ms, idle_ms_72h=window.idle_sum,
             covered_ms_72h=window.covered_sum, idle_index_72h=window.idle_sum / window.covered_sum)
 
-    def close_many(self, panes: list[PaneTotals]) -> pa.Table:
+    def close_many(self, panes: PaneColumns) -> pa.Table:
         """``on_close`` of panes that all have GPU samples (each GPU's in ascending order), as columns."""
         # a roll is a few slots of one GPU's ring: in Python it costs less than numpy's call overhead
         sums = []
-        for pane in panes:
-            window = self._gpus.get(pane.gpu_uuid)
+        gpus = self._gpus
+        for gpu, k, idle, covered in zip(panes.gpu_uuid, (panes.pane_start_ns // self.pane_ns).tolist(),
+                                         panes.idle_ms.tolist(), panes.covered_ms.tolist()):
+            window = gpus.get(gpu)
             if window is None:
-                window = self._gpus[pane.gpu_uuid] = _Window(self.slots)
-            window.roll(pane.pane_start_ns // self.pane_ns, pane.idle_ms, pane.covered_ms)
+                window = gpus[gpu] = _Window(self.slots)
+            window.roll(k, idle, covered)
             sums.append((window.idle_sum, window.covered_sum))
         idle_72h, covered_72h = (np.array(v, np.int64) for v in zip(*sums))
-        return pa.table([[p.gpu_uuid for p in panes], [p.node_id for p in panes], [p.gpu_model for p in panes],
-                         [p.pane_start_ns for p in panes], [p.pane_end_ns for p in panes],
-                         [p.idle_ms for p in panes], [p.covered_ms for p in panes], idle_72h, covered_72h,
-                         ratios(idle_72h, covered_72h)], schema=ARROW_SCHEMAS["idle_index"])
+        return pa.table([panes.gpu_uuid, panes.node_id, panes.gpu_model, panes.pane_start_ns, panes.pane_end_ns,
+                         panes.idle_ms, panes.covered_ms, idle_72h, covered_72h, ratios(idle_72h, covered_72h)],
+                        schema=ARROW_SCHEMAS["idle_index"])
 
     def to_state(self) -> dict[str, Any]:
         return {g: w.to_state() for g, w in self._gpus.items()}

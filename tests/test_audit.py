@@ -13,7 +13,7 @@ from schemas.blocks import expand
 from schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
 from streams.audit import Auditor, Output
-from streams.panes import PaneTotals, TenantTotals
+from streams.panes import PaneColumns, PaneTotals, TenantTotals
 from streams.settings import AuditSettings
 from streams.tables import Tenant
 from tests.reference import reference
@@ -170,7 +170,7 @@ def test_closing_many_panes_at_once_is_closing_them_one_by_one(case: tuple[Audit
         for price in prices:
             auditor.update(price)
     want = one.close(copy.deepcopy(panes))
-    got = expand(many.close_many(copy.deepcopy(panes)))
+    got = expand(many.close_many(PaneColumns.of(panes)))
     assert got == want
     assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]  # 2.5 is not 2.500000
     assert many.to_state() == one.to_state()  # the idle windows, and the unbilled and unpriced counts
