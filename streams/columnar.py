@@ -565,30 +565,23 @@ class _Batch:
         batch lies between them, so that expanding each block where it stands gives the row
         path's order.
         """
-        steps: list[tuple[int, int, Any]] = list(zip(at_rows.tolist(), closing.pane_start_ns.tolist(),
-                                                     range(len(at_rows))))
+        prices = []
         for i, event in self.table_events:
             if isinstance(event, Price):
-                steps.append((i, 0, event))
+                prices.append((i, event))
             else:
                 self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
-        steps.sort(key=lambda t: (t[0], t[1]))
         others = np.unique(np.array([row for row, _, _ in self.out], np.int64))
-        run: list[tuple[int, int]] = []
-
-        def close_run() -> None:
-            rows, picked = (np.array(v, np.int64) for v in zip(*run))
-            cuts = np.flatnonzero(np.diff(np.searchsorted(others, rows))) + 1
-            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(run)]):
-                self.emit(int(rows[lo]), self.a.close_many(closing.take(picked[lo:hi])))
-            run.clear()
-
-        for i, _, item in steps:
-            if isinstance(item, int):
-                run.append((i, item))
-                continue
-            if run:
-                close_run()
-            self.emit(i, self.a.update(item, self._raw(i), self.source(i)))
-        if run:
-            close_run()
+        order = np.lexsort((closing.pane_start_ns, at_rows))  # by closing row, a row's panes oldest first
+        rows = at_rows[order]
+        price_rows = np.array([i for i, _ in prices], np.int64)
+        run = np.searchsorted(price_rows, rows) * (len(others) + 1) + np.searchsorted(others, rows)
+        cuts = (np.flatnonzero(np.diff(run)) + 1).tolist()
+        applied = 0
+        for lo, hi in zip([0, *cuts], [*cuts, len(rows)]) if len(rows) else ():
+            for i, price in prices[applied:int(np.searchsorted(price_rows, rows[lo]))]:
+                self.emit(i, self.a.update(price, self._raw(i), self.source(i)))
+                applied += 1
+            self.emit(int(rows[lo]), self.a.close_many(closing.take(order[lo:hi])))
+        for i, price in prices[applied:]:
+            self.emit(i, self.a.update(price, self._raw(i), self.source(i)))
