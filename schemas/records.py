@@ -1,14 +1,15 @@
 """Output records of METRICS.md, field for field, plus the dead-letter record."""
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
+from hashlib import blake2b
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 __all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "DeadLetter", "OUTPUT_KINDS",
-           "record_id", "IDLE_TENANT", "computed", "computed_from"]
+           "record_id", "record_ids", "IDLE_TENANT", "computed", "computed_from"]
 
 IDLE_TENANT = "idle"
 
@@ -119,5 +120,13 @@ def computed_from(cls: type[R], values: dict[str, Any]) -> R:
 
 def record_id(gpu_uuid: str, pane_start_ns: int, tenant_key: str, revision: int) -> str:
     """Deterministic id, so a consumer recognises a record it has already seen."""
-    text = f"{gpu_uuid}\x1f{pane_start_ns}\x1f{tenant_key}\x1f{revision}"
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    return record_ids([(gpu_uuid, pane_start_ns)], [0], [tenant_key], revision)[0]
+
+
+def record_ids(panes: Sequence[tuple[str, int]], pane_of: Iterable[int], tenant_keys: Sequence[str],
+               revision: int) -> list[str]:
+    """``record_id`` of each (GPU and pane start ``panes[pane_of[i]]``, ``tenant_keys[i]``): the text
+    hashed is built once per pane and once per key, not per record."""
+    heads = [f"{gpu_uuid}\x1f{pane_start_ns}\x1f".encode() for gpu_uuid, pane_start_ns in panes]
+    tails = {key: f"{key}\x1f{revision}".encode() for key in set(tenant_keys)}
+    return [blake2b(heads[j] + tails[key], digest_size=16).hexdigest() for j, key in zip(pane_of, tenant_keys)]

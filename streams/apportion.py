@@ -4,13 +4,14 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from schemas.arrow import ARROW_SCHEMAS
 from schemas.exact import div_half_even, micro_usd_per_hour, ratios
-from schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id
+from schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
 from streams.money import split_in_order
 from streams.panes import PaneColumns, PaneTotals
 from streams.tables import Tenant
@@ -95,59 +96,65 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
     order ``apportion`` gives them, pane after pane), their prices, and how many each pane has.
 
     The same integers as ``apportion``, over arrays of Python integers (a pane's denominator
-    passes 64 bits); the largest remainder ranks each party against the others of its pane.
+    passes 64 bits): tenant values over the tenant rows, the idle party's over the panes, and
+    the largest remainder ranks each party against the others of its pane.
     """
-    billed = panes.covered_ms > 0
-    parties = np.where(billed, np.bincount(panes.t_pane, minlength=len(panes)) + 1, 0)
-    pane_of = np.repeat(np.arange(len(panes)), parties)  # each party's pane; idle first, then tenants by key
-    first = np.concatenate([[0], np.cumsum(parties)])[:-1]
-    is_idle = np.zeros(len(pane_of), bool)
-    is_idle[first[billed]] = True
-    tenant_rows = billed[panes.t_pane]  # tenants of panes without covered time bill nothing
-
-    def per_party(values: np.ndarray) -> np.ndarray:  # a tenant value per party, 0 for idle
-        out = np.zeros(len(pane_of), object)
-        out[~is_idle] = values[tenant_rows]
-        return out
+    billed = panes.covered_ms > 0  # a pane without covered time bills nothing, its tenants neither
+    rows = np.flatnonzero(billed[panes.t_pane])
+    pane = panes.t_pane[rows]  # each tenant row's pane
+    lo = np.searchsorted(pane, np.arange(len(panes)))
+    hi = np.searchsorted(pane, np.arange(len(panes)), "right")
 
     def per_pane(values: np.ndarray) -> np.ndarray:
         total = np.concatenate([[0], np.cumsum(values)]).astype(object)
-        return total[first + parties] - total[first]
+        return total[hi] - total[lo]
 
-    sm, bw, numa = per_party(panes.t_sm), per_party(panes.t_bw), per_party(panes.t_numa)
+    sm, bw, numa = panes.t_sm[rows], panes.t_bw[rows], panes.t_numa[rows]
     sm_all, bw_all, numa_all = per_pane(sm), per_pane(bw), per_pane(numa)
     t_den, b_den, l_den = (np.where(v == 0, 1, v).astype(object) for v in (sm_all, bw_all, numa_all))
-    t_p, b_p, l_p = t_den[pane_of], b_den[pane_of], l_den[pane_of]
+    t_p, b_p, l_p = t_den[pane], b_den[pane], l_den[pane]
     big_w = weights.alpha * sm * b_p * l_p + weights.beta * bw * t_p * l_p + weights.gamma * numa * t_p * b_p
     w_all = per_pane(big_w)
     covered = panes.covered_ms.astype(object)
-    nothing = w_all == 0
+    nothing = w_all == 0  # no weight at all: idle takes the whole pane
     full = ~nothing & (sm_all >= FULL_UTIL_CP * covered)
     busy_n = np.where(nothing, 0, np.where(full, 1, sm_all)).astype(object)
     busy_d = np.where(nothing | full, 1, FULL_UTIL_CP * covered).astype(object)
-    numerators = np.where(is_idle, (busy_d - busy_n)[pane_of] * w_all[pane_of], busy_n[pane_of] * big_w)
-    numerators = np.where(nothing[pane_of], is_idle.astype(np.int64), numerators).astype(object)
-    denominator = np.where(nothing, 1, busy_d * w_all).astype(object)[pane_of]
+    denominator = np.where(nothing, 1, busy_d * w_all).astype(object)
+    idle_n = np.where(nothing, 1, (busy_d - busy_n) * w_all).astype(object)
+    tenant_n = busy_n[pane] * big_w  # 0 in a pane of nothing, as busy_n is
 
     rates = np.array([0 if price is None else micro_usd_per_hour(price) for price in prices], object)
     cost_num = rates * covered
     quotient, rest = cost_num // MS_PER_HOUR, cost_num % MS_PER_HOUR
     cost = quotient + ((2 * rest > MS_PER_HOUR) | ((2 * rest == MS_PER_HOUR) & (quotient % 2 == 1)))
-    share = cost[pane_of] * numerators
-    micro_usd = share // denominator
-    left = (cost - per_pane(micro_usd))[pane_of]
-    micro_usd += _rank_by_remainder(share % denominator, pane_of) < left
-    scale = (weights.denominator * t_den * b_den * l_den)[pane_of]
+    idle_share, tenant_share = cost * idle_n, cost[pane] * tenant_n
+    idle_usd, tenant_usd = idle_share // denominator, tenant_share // denominator[pane]
 
+    # the parties, pane after pane: idle first, then the tenants by key
+    parties = np.where(billed, hi - lo + 1, 0)
+    pane_of = np.repeat(np.arange(len(panes)), parties)
+    at_idle = (np.cumsum(parties) - parties)[billed]
+    at_tenant = np.repeat(at_idle + 1 - lo[billed], (hi - lo)[billed]) + np.arange(len(rows))
     n = len(pane_of)
-    keys = np.full(n, IDLE_TENANT, object)
-    keys[~is_idle] = np.array(panes.t_key, object)[tenant_rows]
+    micro_usd, remainder = np.zeros(n, object), np.zeros(n, object)
+    micro_usd[at_idle], micro_usd[at_tenant] = idle_usd[billed], tenant_usd
+    remainder[at_idle], remainder[at_tenant] = (idle_share % denominator)[billed], tenant_share % denominator[pane]
+    micro_usd += _rank_by_remainder(remainder, pane_of) < (cost - idle_usd - per_pane(tenant_usd))[pane_of]
+
+    def per_tenant(values: np.ndarray, fill: Any) -> np.ndarray:
+        out = np.full(n, fill, values.dtype)
+        out[at_tenant] = values
+        return out
+
+    scale = weights.denominator * t_den * b_den * l_den
+    keys = per_tenant(np.array(panes.t_key, object)[rows], IDLE_TENANT)
     who: list[tuple[str | None, ...]] = [(IDLE_TENANT, *[None] * 6)] * n
-    for at, tenant in zip(np.flatnonzero(~is_idle).tolist(), (t for t, ok in zip(panes.t_tenant, tenant_rows) if ok)):
-        who[at] = tenant
+    for at, row in zip(at_tenant.tolist(), rows.tolist()):
+        who[at] = panes.t_tenant[row]
     gpu, starts, pane_list = panes.gpu_uuid, panes.pane_start_ns.tolist(), pane_of.tolist()
     columns = {
-        "record_id": [record_id(gpu[j], starts[j], k, 0) for j, k in zip(pane_list, keys.tolist())],
+        "record_id": record_ids(list(zip(gpu, starts)), pane_list, keys.tolist(), 0),
         "gpu_uuid": pa.array(gpu, pa.string()).take(pane_of),
         "node_id": pa.array(panes.node_id, pa.string()).take(pane_of),
         "gpu_model": pa.array(panes.gpu_model, pa.string()).take(pane_of),
@@ -156,10 +163,10 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
         "tenant_key": keys,
         **{name: list(values) for name, values in zip(
             ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id"), zip(*who))},
-        "t_share": np.where(is_idle, 0.0, ratios(sm, t_p)),
-        "b_share": np.where(is_idle, 0.0, ratios(bw, b_p)),
-        "l_share": np.where(is_idle, 0.0, ratios(numa, l_p)),
-        "weight": np.where(is_idle, 0.0, ratios(big_w, scale)),
+        "t_share": per_tenant(ratios(sm, t_p), 0.0),
+        "b_share": per_tenant(ratios(bw, b_p), 0.0),
+        "l_share": per_tenant(ratios(numa, l_p), 0.0),
+        "weight": per_tenant(ratios(big_w, scale[pane]), 0.0),
         "busy_fraction": ratios(busy_n, busy_d)[pane_of],
         "usd_per_gpu_hour": pa.array(prices, ARROW_SCHEMAS["cost"].field("usd_per_gpu_hour").type).take(pane_of),
         "pane_cost_micro_usd": cost[pane_of].astype(np.int64),

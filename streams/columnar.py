@@ -394,7 +394,10 @@ class _Batch:
         """Rows whose (GPU, kind, pid, ts_ns) an earlier on-time row, or an open pane of the state, holds."""
         dup = np.zeros(len(rows), bool)
         on_time = np.flatnonzero(~late)
-        keys = (group[on_time], self.code[rows[on_time]], self.pid[rows[on_time]], self.ts[rows[on_time]])
+        # (GPU, kind, pid) in one integer: 2 bits of kind, 33 of pid + 1, and the GPU above (a batch holds
+        # far fewer than the 2^28 GPUs that would overflow)
+        who = (group[on_time] << 35) | (self.code[rows[on_time]].astype(np.int64) << 33) | (self.pid[rows[on_time]] + 1)
+        keys = (who, self.ts[rows[on_time]])
         order = np.lexsort(keys[::-1])  # stable: equal keys stay in arrival order
         same = np.ones(max(len(order) - 1, 0), bool)
         for k in keys:
