@@ -85,7 +85,7 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
                  on_batch: Callable[[list[Item]], None] | None = None) -> RunStats:
     """Run every item through the audit and write the records; returns what happened."""
     start = time.perf_counter()
-    q: "queue.Queue[object]" = queue.Queue(maxsize=64)
+    q: "queue.Queue[object]" = queue.Queue(maxsize=4)
     failure: list[BaseException] = []
     producer = threading.Thread(target=_batches, args=(items, q, failure), name="source", daemon=True)
     producer.start()

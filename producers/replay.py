@@ -57,7 +57,7 @@ class LineBatch(NamedTuple):
         return f"{self.path}:{self.linenos[i]}"
 
 
-def read_batches(files: list[Path], lines_per_batch: int = 8192) -> Iterator[RowBatch | LineBatch]:
+def read_batches(files: list[Path], lines_per_batch: int = 65_536) -> Iterator[RowBatch | LineBatch]:
     """The files in batches: Parquet (``EVENT_SCHEMA``) rows, each labelled ``file#row``, and JSON
     Lines' non-blank lines as raw bytes, each labelled ``file:line``. Decoding is the consumer's job."""
     for path in files:

@@ -13,12 +13,13 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from producers.simulate import FleetSpec, simulate
 from schemas.arrow import EVENT_SCHEMA, events_table
 from schemas.blocks import expand
 from schemas.events import Event
 from schemas.exact import round_scaled
 from streams.audit import Auditor, Output
-from schemas.codec import present_fields
+from schemas.codec import encode_event, present_fields
 from streams.columnar import exact_round
 from streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS, settings_st, streams
@@ -160,3 +161,24 @@ def test_json_batches_match_lines(case: Case) -> None:
 def test_exact_round_is_round_scaled(values: list[float]) -> None:
     for scale in (100, 1000):
         assert exact_round(np.array(values), scale).tolist() == [round_scaled(v, scale) for v in values]
+
+
+FLEET_LINES = [encode_event(e).encode() for e in simulate(FleetSpec(gpus=2, hours=1, interval_s=10))]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(FLEET_LINES)), st.one_of(
+    st.sampled_from(ODD_LINES), st.sampled_from(ODD_VALUES).map(lambda fv: odd_value(FLEET_LINES[-1], *fv)),
+    st.integers(70_000, 300_000).map(lambda n: b'{"kind":"gpu_sample","node_id":"' + b"n" * n + b'"}'))),
+    max_size=12))
+def test_json_parsed_in_blocks_side_by_side_matches_lines(odd: list[tuple[int, bytes]]) -> None:
+    """Hundreds of kilobytes of lines, which Arrow's reader parses in blocks on every core, with odd
+    lines anywhere (one longer than a block would be): the row path's outputs, in order."""
+    lines = list(FLEET_LINES)
+    for at, line in sorted(odd, reverse=True):
+        lines.insert(at, line)
+    assert sum(map(len, lines)) > 4 * (1 << 16)
+    by_row = Auditor(AuditSettings())
+    want = [out for i, line in enumerate(lines) for out in by_row.ingest(line, label(i))]
+    got = expand(Auditor(AuditSettings()).ingest_lines(lines, label))
+    assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]
