@@ -36,6 +36,12 @@ class ClosedPanes:
     def __len__(self) -> int:
         return self.idle.num_rows + self.cost.num_rows
 
+    def slice(self, lo: int, hi: int) -> "ClosedPanes":
+        """The records of panes ``lo`` to ``hi`` (in idle-index records)."""
+        at = np.concatenate([[0], np.cumsum(self.cost_rows)]).tolist()
+        return ClosedPanes(self.idle.slice(lo, hi - lo), self.cost.slice(at[lo], at[hi] - at[lo]),
+                           self.prices[at[lo]:at[hi]], self.cost_rows[lo:hi])
+
     def records(self) -> list[IdleIndexRecord | CostRecord]:
         """The records in the row path's order: each pane's idle index, then its cost records."""
         idle = _records(IdleIndexRecord, self.idle, {})

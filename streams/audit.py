@@ -167,25 +167,32 @@ class Auditor:
             out.extend(apportion(pane, price, self.weights))
         return out
 
-    def close_many(self, panes: PaneColumns) -> list[ClosedPanes]:
-        """``close`` of many panes at once, their records as one block of columns (none if no pane
-        had GPU samples). Every price looked up is the one in force now, as for ``close``."""
+    def prices_now(self, gpu_models: Sequence[str | None], pane_starts_ns: np.ndarray) -> list[Decimal | None]:
+        """The price in force now for each GPU model as of its pane's start, as ``close`` looks it
+        up (None for a pane without GPU samples, which is not billed)."""
+        as_of: dict[tuple[str, int], Decimal | None] = {}  # the fleet's panes share their starts
+        return [None if model is None else as_of[k] if (k := (model, start)) in as_of else
+                as_of.setdefault(k, self.prices.lookup(*k)) for model, start in zip(gpu_models, pane_starts_ns.tolist())]
+
+    def close_many(self, panes: PaneColumns, prices: list[Decimal | None], cuts: Sequence[int] = ()
+                   ) -> list[ClosedPanes | None]:
+        """``close`` of many panes at once, at the prices ``prices_now`` gave when each would have
+        closed: the records of the panes between two ``cuts`` as one block of columns (None if
+        none of them had GPU samples). Each GPU's panes must come in ascending order."""
         billed = np.array([node is not None and model is not None
                            for node, model in zip(panes.node_id, panes.gpu_model)], bool)
         for events in panes.tenant_events[~billed].tolist():
             self.counts["unbilled"] += events
-        if not billed.any():
-            return []
+        bounds = np.concatenate([[0], np.cumsum(billed)])[[0, *cuts, len(panes)]].tolist()
         if not billed.all():
             panes = panes.take(np.flatnonzero(billed))
-        as_of: dict[tuple[str, int], Decimal | None] = {}  # the fleet's panes share their starts
-        prices = [as_of[k] if (k := (model, start)) in as_of else as_of.setdefault(k, self.prices.lookup(*k))
-                  for model, start in zip(panes.gpu_model, panes.pane_start_ns.tolist())]  # type: ignore[arg-type]
+            prices = [price for price, ok in zip(prices, billed.tolist()) if ok]
         if unpriced := sum(price is None for price in prices):
             self.counts["unpriced_panes"] += unpriced
-        idle = self.idle.close_many(panes)
-        cost, cost_prices, cost_rows = apportion_many(panes, prices, self.weights)
-        return [ClosedPanes(idle, cost, cost_prices, cost_rows)]
+        if not len(panes):
+            return [None] * (len(bounds) - 1)
+        block = ClosedPanes(self.idle.close_many(panes), *apportion_many(panes, prices, self.weights))
+        return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
 
     def to_state(self) -> dict[str, Any]:
         """JSON-serialisable snapshot, for a changelog or a checkpoint."""

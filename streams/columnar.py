@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -568,10 +569,10 @@ class _Batch:
     def _apply_in_order(self, at_rows: np.ndarray, closing: PaneColumns) -> None:
         """Closes and prices in arrival order: a price reaches only the closes after it.
 
-        eBPF traces change nothing a close reads, so they go first. The closes between two
-        prices go as one block (``Auditor.close_many``), cut wherever another output of the
-        batch lies between them, so that expanding each block where it stands gives the row
-        path's order.
+        eBPF traces change nothing a close reads, so they go first. Each pane takes the price in
+        force at its closing row; then every pane closes in one ``Auditor.close_many``, whose
+        records come as blocks cut at each price and wherever another output of the batch lies
+        between two closes, so that expanding each block where it stands gives the row path's order.
         """
         prices = []
         for i, event in self.table_events:
@@ -581,15 +582,21 @@ class _Batch:
                 self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
         others = np.unique(np.array([row for row, _, _ in self.out], np.int64))
         order = np.lexsort((closing.pane_start_ns, at_rows))  # by closing row, a row's panes oldest first
-        rows = at_rows[order]
+        rows, closing = at_rows[order], closing.take(order)
         price_rows = np.array([i for i, _ in prices], np.int64)
         run = np.searchsorted(price_rows, rows) * (len(others) + 1) + np.searchsorted(others, rows)
         cuts = (np.flatnonzero(np.diff(run)) + 1).tolist()
+        bounds = list(zip([0, *cuts], [*cuts, len(rows)])) if len(rows) else []
+        in_force: list[Decimal | None] = []
         applied = 0
-        for lo, hi in zip([0, *cuts], [*cuts, len(rows)]) if len(rows) else ():
+        for lo, hi in bounds:
             for i, price in prices[applied:int(np.searchsorted(price_rows, rows[lo]))]:
                 self.emit(i, self.a.update(price, self._raw(i), self.source(i)))
                 applied += 1
-            self.emit(int(rows[lo]), self.a.close_many(closing.take(order[lo:hi])))
+            in_force += self.a.prices_now(closing.gpu_model[lo:hi], closing.pane_start_ns[lo:hi])
         for i, price in prices[applied:]:
             self.emit(i, self.a.update(price, self._raw(i), self.source(i)))
+        if bounds:
+            for (lo, _), block in zip(bounds, self.a.close_many(closing, in_force, cuts)):
+                if block is not None:
+                    self.emit(int(rows[lo]), [block])

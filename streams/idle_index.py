@@ -52,6 +52,43 @@ class _Window:
         self._put(k % n, idle_ms, covered_ms)
         self.last = k
 
+    def roll_many(self, ks: np.ndarray, idle_ms: np.ndarray, covered_ms: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """``roll`` of ascending panes ``ks`` at once; the window sums after each.
+
+        Touches only the slots of panes that leave the window or arrive, so a few panes cost
+        a few slots, not the whole ring. The ring ends as ``roll`` leaves it: slot ``k % n``
+        holds pane ``k`` for ``k`` in ``(last − n, last]``, 0 where no pane came.
+        """
+        n = len(self.idle)
+        if self.idle.typecode != "I" or max(int(idle_ms.max()), int(covered_ms.max())) >> 32:
+            sums = []  # a pane past 32 bits (forged data): one by one, as roll widens the ring
+            for k, idle, covered in zip(ks.tolist(), idle_ms.tolist(), covered_ms.tolist()):
+                self.roll(k, idle, covered)
+                sums.append((self.idle_sum, self.covered_sum))
+            return np.array([i for i, _ in sums], np.int64), np.array([c for _, c in sums], np.int64)
+        first, newest = int(ks[0]), int(ks[-1])
+        if self.last is None or first - self.last >= n:  # nothing before stays: an empty ring, as roll makes
+            self.idle, self.covered = array("I", bytes(4 * n)), array("I", bytes(4 * n))
+            self.idle_sum = self.covered_sum = 0
+            self.last = first - 1
+        last = self.last
+        leaving = np.arange(last - n + 1, max(min(last, newest - n), last - n) + 1)  # earlier panes that leave
+        arriving = np.arange(max(last, newest - n) + 1, newest + 1)  # slots the new panes' range takes over
+        kept = ks > newest - n
+        sums = []
+        for ring, new, total in ((self.idle, idle_ms, self.idle_sum), (self.covered, covered_ms, self.covered_sum)):
+            slots = np.frombuffer(ring, np.uint32)  # a view: written in place
+            old = np.concatenate([[0], np.cumsum(slots[leaving % n], dtype=np.int64)])
+            added = np.concatenate([[0], np.cumsum(new)])
+            sums.append(total + added[1:] - old[np.searchsorted(leaving, ks - n, "right")]
+                        - added[np.searchsorted(ks, ks - n, "right")])
+            slots[arriving % n] = 0
+            slots[ks[kept] % n] = new[kept]
+        self.last = newest
+        self.idle_sum, self.covered_sum = int(sums[0][-1]), int(sums[1][-1])
+        return sums[0], sums[1]
+
     def _put(self, slot: int, idle_ms: int, covered_ms: int) -> None:
         self.idle_sum += idle_ms - self.idle[slot]
         self.covered_sum += covered_ms - self.covered[slot]
@@ -96,18 +133,19 @@ class IdleIndex:
             covered_ms_72h=window.covered_sum, idle_index_72h=window.idle_sum / window.covered_sum)
 
     def close_many(self, panes: PaneColumns) -> pa.Table:
-        """``on_close`` of panes that all have GPU samples (each GPU's in ascending order), as columns."""
-        # a roll is a few slots of one GPU's ring: in Python it costs less than numpy's call overhead
-        sums = []
-        gpus = self._gpus
-        for gpu, k, idle, covered in zip(panes.gpu_uuid, (panes.pane_start_ns // self.pane_ns).tolist(),
-                                         panes.idle_ms.tolist(), panes.covered_ms.tolist()):
-            window = gpus.get(gpu)
+        """``on_close`` of panes that all have GPU samples (each GPU's in ascending order), as columns:
+        each GPU's panes rolled in at once."""
+        ks = panes.pane_start_ns // self.pane_ns
+        idle_72h, covered_72h = np.zeros(len(panes), np.int64), np.zeros(len(panes), np.int64)
+        by_gpu: dict[str, list[int]] = {}
+        for i, gpu in enumerate(panes.gpu_uuid):
+            by_gpu.setdefault(gpu, []).append(i)
+        for gpu, members in by_gpu.items():
+            window = self._gpus.get(gpu)
             if window is None:
-                window = gpus[gpu] = _Window(self.slots)
-            window.roll(k, idle, covered)
-            sums.append((window.idle_sum, window.covered_sum))
-        idle_72h, covered_72h = (np.array(v, np.int64) for v in zip(*sums))
+                window = self._gpus[gpu] = _Window(self.slots)
+            idle_72h[members], covered_72h[members] = window.roll_many(
+                ks[members], panes.idle_ms[members], panes.covered_ms[members])
         return pa.table([panes.gpu_uuid, panes.node_id, panes.gpu_model, panes.pane_start_ns, panes.pane_end_ns,
                          panes.idle_ms, panes.covered_ms, idle_72h, covered_72h, ratios(idle_72h, covered_72h)],
                         schema=ARROW_SCHEMAS["idle_index"])

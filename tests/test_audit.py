@@ -161,16 +161,21 @@ def closing_panes(draw: st.DrawFn) -> tuple[AuditSettings, list[Price], list[Pan
 
 
 @settings(max_examples=300, deadline=None)
-@given(closing_panes())
+@given(closing_panes(), st.lists(st.integers(1, 39), unique=True).map(sorted))
 def test_closing_many_panes_at_once_is_closing_them_one_by_one(case: tuple[AuditSettings, list[Price],
-                                                                           list[PaneTotals]]) -> None:
+                                                                           list[PaneTotals]], cuts: list[int]) -> None:
+    """Blocks cut anywhere, expanded in turn, hold the records of closing the panes one by one."""
     s, prices, panes = case
+    cuts = [c for c in cuts if c < len(panes)]
     one, many = Auditor(s), Auditor(s)
     for auditor in (one, many):
         for price in prices:
             auditor.update(price)
     want = one.close(copy.deepcopy(panes))
-    got = expand(many.close_many(PaneColumns.of(panes)))
+    columns = PaneColumns.of(panes)
+    blocks = many.close_many(columns, many.prices_now(columns.gpu_model, columns.pane_start_ns), cuts)
+    assert len(blocks) == len(cuts) + 1
+    got = expand(block for block in blocks if block is not None)
     assert got == want
     assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]  # 2.5 is not 2.500000
     assert many.to_state() == one.to_state()  # the idle windows, and the unbilled and unpriced counts

@@ -1,11 +1,12 @@
 """Pane and watermark boundaries exactly as METRICS.md states them."""
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.events import GpuSample
-from streams.idle_index import IdleIndex
+from streams.idle_index import IdleIndex, _Window
 from streams.panes import GpuPanes, PaneTotals, pane_start_ns
 
 NS = 1_000_000_000
@@ -60,3 +61,28 @@ def test_idle_window_survives_panes_beyond_32_bits() -> None:
     want = [(sum(i for i, _ in sizes[max(0, k - 2):k + 1]), sum(c for _, c in sizes[max(0, k - 2):k + 1]))
             for k in range(len(sizes))]
     assert got == want
+
+
+@given(st.integers(1, 12), st.lists(st.lists(st.tuples(
+    st.sampled_from([1, 1, 1, 2, 3, 11, 12, 13, 25]), st.integers(0, 50), st.integers(0, 50),
+    st.sampled_from([0, 0, 0, 0, 1 << 33])), min_size=1, max_size=6), min_size=1, max_size=6))
+def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list[list[tuple[int, int, int, int]]]
+                                                             ) -> None:
+    """Sums after each pane and the ring left behind, over gaps shorter and longer than the window
+    and a pane past 32 bits."""
+    one, many = _Window(n), _Window(n)
+    k = 0
+    for call in calls:
+        ks, idle, covered = [], [], []
+        for step, i, extra, big in call:
+            k += step
+            ks.append(k)
+            idle.append(i)
+            covered.append(i + extra + big)
+        want = []
+        for pane, i, c in zip(ks, idle, covered):
+            one.roll(pane, i, c)
+            want.append((one.idle_sum, one.covered_sum))
+        got = many.roll_many(np.array(ks), np.array(idle, np.int64), np.array(covered, np.int64))
+        assert list(zip(got[0].tolist(), got[1].tolist())) == want
+        assert many.to_state() == one.to_state()
