@@ -507,8 +507,15 @@ class _Batch:
         # a pane the state holds open, or that stays open, goes through its PaneTotals; the others,
         # new panes that close within the batch (nearly all of a replay's), straight to columns
         group_k, start_k = group[firsts].tolist(), pane[firsts].tolist()
-        slow = np.array([start in a.panes.open_panes(names[j]) for j, start in zip(group_k, start_k)], bool) | (
-            at_rows < 0)
+        slow = at_rows < 0
+        by_gpu = np.searchsorted(group[firsts], np.arange(len(names) + 1))  # each GPU's panes, in start order
+        untouched: dict[str, list[int]] = {}  # open panes of the state that took no row here
+        for j, name in enumerate(names):
+            held = np.array(list(a.panes.open_panes(name)), np.int64)
+            if len(held):
+                here = pane[firsts][by_gpu[j]:by_gpu[j + 1]]
+                slow[by_gpu[j]:by_gpu[j + 1]] |= np.isin(here, held)
+                untouched[name] = held[~np.isin(held, here)].tolist()
         fast = np.flatnonzero(~slow)
         by_tenant: dict[int, list[tuple[int, int, int, int, int]]] = {}
         for k in np.flatnonzero(slow[t_pane]).tolist():
@@ -516,7 +523,6 @@ class _Batch:
                 (int(t_first[k]), int(t_who[k]), *(int(v[k]) for v in t_sums)))  # type: ignore[arg-type]
 
         closes: list[tuple[int, PaneTotals]] = []
-        touched: set[tuple[int, int]] = set(zip(group_k, start_k))
         pane_ns = s.pane_ns
         for k in np.flatnonzero(slow).tolist():
             first, last, j, start = int(firsts[k]), int(lasts[k]), group_k[k], start_k[k]
@@ -544,7 +550,7 @@ class _Batch:
                                    self.pid[members].tolist(), self.ts[members].tolist()))
             a.panes.keep_open(totals)
         for j, name in enumerate(names):  # open panes of the state that took no row here may close too
-            idle_panes = [st for st in a.panes.open_panes(name) if (j, st) not in touched]
+            idle_panes = untouched.get(name, [])
             for start, at in zip(idle_panes, close_rows(np.full(len(idle_panes), j), np.array(idle_panes, np.int64))):
                 if at >= 0:
                     closes.append((at, a.panes.open_panes(name).pop(start)))
@@ -555,11 +561,11 @@ class _Batch:
         key_rank = np.argsort(np.argsort(np.array(keys, dtype=object))) if keys else np.zeros(0, np.int64)
         tenant_rows = tenant_rows[np.lexsort((key_rank[t_who[tenant_rows]], position[t_pane[tenant_rows]]))]
         who = t_who[tenant_rows].tolist()
-        has_gpu = np.array(gpu_rows, np.int64)[fast] > 0
+        no_name = [None] * (big + 1)  # a rank of `big`: the pane had no GPU sample
         columns = PaneColumns(
-            [names[group_k[k]] for k in fast.tolist()], pane[firsts][fast], pane[firsts][fast] + pane_ns,
-            [node_by_rank[r] if g else None for r, g in zip(np.array(node_min)[fast].tolist(), has_gpu.tolist())],
-            [model_by_rank[r] if g else None for r, g in zip(np.array(model_min)[fast].tolist(), has_gpu.tolist())],
+            np.array(names, object)[group[firsts][fast]].tolist(), pane[firsts][fast], pane[firsts][fast] + pane_ns,
+            np.array(node_by_rank + no_name, object)[np.array(node_min, np.int64)[fast]].tolist(),
+            np.array(model_by_rank + no_name, object)[np.array(model_min, np.int64)[fast]].tolist(),
             np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],
             position[t_pane[tenant_rows]], [keys[tn] for tn in who], [self.tenants[tn] for tn in who],
             *(v[tenant_rows].astype(object) for v in t_sums))
