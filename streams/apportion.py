@@ -148,20 +148,22 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
         return out
 
     scale = weights.denominator * t_den * b_den * l_den
-    keys = per_tenant(np.array(panes.t_key, object)[rows], IDLE_TENANT)
-    who: list[tuple[str | None, ...]] = [(IDLE_TENANT, *[None] * 6)] * n
-    for at, row in zip(at_tenant.tolist(), rows.tolist()):
-        who[at] = panes.t_tenant[row]
+    # each party's tenant among the few distinct ones (idle last), whose columns are taken from there
+    distinct: dict[Tenant, int] = {}
+    code = per_tenant(np.array([distinct.setdefault(t, len(distinct)) for t in panes.t_tenant], np.int64)[rows],
+                      len(distinct))
+    who = [*distinct, Tenant(IDLE_TENANT, *[None] * 6)]
+    keys = np.array([t.key for t in distinct] + [IDLE_TENANT], object)[code].tolist()
     gpu, starts, pane_list = panes.gpu_uuid, panes.pane_start_ns.tolist(), pane_of.tolist()
     columns = {
-        "record_id": record_ids(list(zip(gpu, starts)), pane_list, keys.tolist(), 0),
+        "record_id": record_ids(list(zip(gpu, starts)), pane_list, keys, 0),
         "gpu_uuid": pa.array(gpu, pa.string()).take(pane_of),
         "node_id": pa.array(panes.node_id, pa.string()).take(pane_of),
         "gpu_model": pa.array(panes.gpu_model, pa.string()).take(pane_of),
         "pane_start_ns": panes.pane_start_ns[pane_of],
         "pane_end_ns": panes.pane_end_ns[pane_of],
-        "tenant_key": keys,
-        **{name: list(values) for name, values in zip(
+        "tenant_key": pa.array(keys, pa.string()),
+        **{name: pa.array(values, pa.string()).take(code) for name, values in zip(
             ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id"), zip(*who))},
         "t_share": per_tenant(ratios(sm, t_p), 0.0),
         "b_share": per_tenant(ratios(bw, b_p), 0.0),
