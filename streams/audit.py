@@ -179,8 +179,7 @@ class Auditor:
         """``close`` of many panes at once, at the prices ``prices_now`` gave when each would have
         closed: the records of the panes between two ``cuts`` as one block of columns (None if
         none of them had GPU samples). Each GPU's panes must come in ascending order."""
-        billed = np.array([node is not None and model is not None
-                           for node, model in zip(panes.node_id, panes.gpu_model)], bool)
+        billed = np.not_equal(panes.node_id, None) & np.not_equal(panes.gpu_model, None)
         for events in panes.tenant_events[~billed].tolist():
             self.counts["unbilled"] += events
         bounds = np.concatenate([[0], np.cumsum(billed)])[[0, *cuts, len(panes)]].tolist()

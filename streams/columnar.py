@@ -35,7 +35,7 @@ from schemas.codec import Rejected, decode_line, present_fields, raw_text
 from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
                             TenantBinding)
 from schemas.exact import round_float
-from streams.panes import PaneColumns, PaneTotals
+from streams.panes import PaneColumns, PaneTotals, objects
 from streams.tables import UNATTRIBUTED, Tenant
 
 if TYPE_CHECKING:
@@ -569,14 +569,14 @@ class _Batch:
         tenant_rows = np.flatnonzero(~slow[t_pane])
         key_rank = np.argsort(np.argsort(np.array(keys, dtype=object))) if keys else np.zeros(0, np.int64)
         tenant_rows = tenant_rows[np.lexsort((key_rank[t_who[tenant_rows]], position[t_pane[tenant_rows]]))]
-        who = t_who[tenant_rows].tolist()
+        who = t_who[tenant_rows]
         no_name = [None] * (big + 1)  # a rank of `big`: the pane had no GPU sample
         columns = PaneColumns(
-            np.array(names, object)[group[firsts][fast]].tolist(), pane[firsts][fast], pane[firsts][fast] + pane_ns,
-            np.array(node_by_rank + no_name, object)[np.array(node_min, np.int64)[fast]].tolist(),
-            np.array(model_by_rank + no_name, object)[np.array(model_min, np.int64)[fast]].tolist(),
+            objects(names)[group[firsts][fast]], pane[firsts][fast], pane[firsts][fast] + pane_ns,
+            objects(node_by_rank + no_name)[np.array(node_min, np.int64)[fast]],
+            objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
             np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],
-            position[t_pane[tenant_rows]], [keys[tn] for tn in who], [self.tenants[tn] for tn in who],
+            position[t_pane[tenant_rows]], objects(keys)[who], objects(self.tenants)[who],
             *(v[tenant_rows].astype(object) for v in t_sums))
         return (np.concatenate([at_rows[fast], np.array([at for at, _ in closes], np.int64)]),
                 PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]))

@@ -5,6 +5,7 @@ A GPU's watermark is the largest ``ts_ns`` seen for it minus the allowed latenes
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 from schemas.events import GpuSample, NumaEvent, ProcessSample
 from streams.tables import Tenant
 
-__all__ = ["pane_start_ns", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes"]
+__all__ = ["pane_start_ns", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes", "objects"]
 
 
 def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
@@ -70,20 +71,21 @@ class PaneTotals:
 @dataclass
 class PaneColumns:
     """Closing panes as columns, and their tenants' totals as rows sorted by pane, then tenant key:
-    what the batch path closes without a ``PaneTotals`` per pane. Totals are Python integers
-    (``object`` arrays): a pane's cost split multiplies them past 64 bits."""
+    what the batch path closes without a ``PaneTotals`` per pane. Names and tenants are ``object``
+    arrays, as are the tenants' totals, Python integers: a pane's cost split multiplies them past
+    64 bits."""
 
-    gpu_uuid: list[str]
+    gpu_uuid: np.ndarray
     pane_start_ns: np.ndarray
     pane_end_ns: np.ndarray
-    node_id: list[str | None]
-    gpu_model: list[str | None]
+    node_id: np.ndarray  # None where the pane had no GPU sample
+    gpu_model: np.ndarray
     covered_ms: np.ndarray
     idle_ms: np.ndarray
     tenant_events: np.ndarray
     t_pane: np.ndarray  # the pane of each tenant row
-    t_key: list[str]
-    t_tenant: list[Tenant]
+    t_key: np.ndarray
+    t_tenant: np.ndarray
     t_sm: np.ndarray
     t_bw: np.ndarray
     t_numa: np.ndarray
@@ -94,36 +96,32 @@ class PaneColumns:
     @classmethod
     def of(cls, panes: list[PaneTotals]) -> "PaneColumns":
         tenants = [(j, key, t) for j, p in enumerate(panes) for key, t in sorted(p.tenants.items())]
-        return cls([p.gpu_uuid for p in panes], *_ints([p.pane_start_ns for p in panes], [p.pane_end_ns for p in panes]),
-                   [p.node_id for p in panes], [p.gpu_model for p in panes],
-                   *_ints([p.covered_ms for p in panes], [p.idle_ms for p in panes], [p.tenant_events for p in panes]),
-                   np.array([j for j, _, _ in tenants], np.int64), [k for _, k, _ in tenants],
-                   [t.tenant for _, _, t in tenants],
-                   *(np.array([getattr(t, f) for _, _, t in tenants] or [], object) for f in ("sm", "bw", "numa")))
+        ints = [np.array([getattr(p, f) for p in panes], np.int64)
+                for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events")]
+        return cls(objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
+                   objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
+                   objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
+                   *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")))
 
     @classmethod
     def concat(cls, parts: list["PaneColumns"]) -> "PaneColumns":
-        offsets = np.cumsum([0] + [len(p) for p in parts])
-        return cls(*[[v for p in parts for v in getattr(p, f)] if isinstance(getattr(parts[0], f), list)
-                     else np.concatenate([getattr(p, f) + o if f == "t_pane" else getattr(p, f)
-                                          for p, o in zip(parts, offsets.tolist())])
-                     for f in cls.__dataclass_fields__])
+        offsets = np.cumsum([0] + [len(p) for p in parts]).tolist()
+        return cls(**{f: np.concatenate([getattr(p, f) + o if f == "t_pane" else getattr(p, f)
+                                         for p, o in zip(parts, offsets)]) for f in cls.__dataclass_fields__})
 
     def take(self, idx: np.ndarray) -> "PaneColumns":
         """The panes at ``idx``, in that order, with their tenant rows."""
         lo = np.searchsorted(self.t_pane, idx, "left")
         count = np.searchsorted(self.t_pane, idx, "right") - lo
         rows = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-        pick, pick_rows = idx.tolist(), rows.tolist()
-        return PaneColumns([self.gpu_uuid[i] for i in pick], self.pane_start_ns[idx], self.pane_end_ns[idx],
-                           [self.node_id[i] for i in pick], [self.gpu_model[i] for i in pick], self.covered_ms[idx],
-                           self.idle_ms[idx], self.tenant_events[idx], np.repeat(np.arange(len(idx)), count),
-                           [self.t_key[i] for i in pick_rows], [self.t_tenant[i] for i in pick_rows],
-                           self.t_sm[rows], self.t_bw[rows], self.t_numa[rows])
+        return PaneColumns(**{f: (np.repeat(np.arange(len(idx)), count) if f == "t_pane" else
+                                  getattr(self, f)[rows if f.startswith("t_") else idx])
+                              for f in self.__dataclass_fields__})
 
 
-def _ints(*columns: list[int]) -> list[np.ndarray]:
-    return [np.array(c, np.int64) for c in columns]
+def objects(values: Iterable[Any]) -> np.ndarray:
+    """An ``object`` array of the values, tuples kept whole (``np.array`` would make them a dimension)."""
+    return np.fromiter(values, object)
 
 
 def _first(current: str | None, value: str) -> str:
