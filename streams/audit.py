@@ -167,12 +167,10 @@ class Auditor:
             out.extend(apportion(pane, price, self.weights))
         return out
 
-    def prices_now(self, gpu_models: Sequence[str | None], pane_starts_ns: np.ndarray) -> list[Decimal | None]:
+    def prices_now(self, gpu_models: np.ndarray, pane_starts_ns: np.ndarray) -> list[Decimal | None]:
         """The price in force now for each GPU model as of its pane's start, as ``close`` looks it
         up (None for a pane without GPU samples, which is not billed)."""
-        as_of: dict[tuple[str, int], Decimal | None] = {}  # the fleet's panes share their starts
-        return [None if model is None else as_of[k] if (k := (model, start)) in as_of else
-                as_of.setdefault(k, self.prices.lookup(*k)) for model, start in zip(gpu_models, pane_starts_ns.tolist())]
+        return self.prices.lookup_many(gpu_models, pane_starts_ns).tolist()  # type: ignore[no-any-return]
 
     def close_many(self, panes: PaneColumns, prices: list[Decimal | None], cuts: Sequence[int] = ()
                    ) -> list[ClosedPanes | None]:

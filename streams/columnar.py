@@ -519,12 +519,16 @@ class _Batch:
         slow = at_rows < 0
         by_gpu = np.searchsorted(group[firsts], np.arange(len(names) + 1))  # each GPU's panes, in start order
         untouched: dict[str, list[int]] = {}  # open panes of the state that took no row here
+        starts_k = pane[firsts]
         for j, name in enumerate(names):
-            held = np.array(list(a.panes.open_panes(name)), np.int64)
-            if len(held):
-                here = pane[firsts][by_gpu[j]:by_gpu[j + 1]]
-                slow[by_gpu[j]:by_gpu[j + 1]] |= np.isin(here, held)
-                untouched[name] = held[~np.isin(held, here)].tolist()
+            held = list(a.panes.open_panes(name))
+            if held:  # a few panes: found by bisection among the GPU's panes here, which are in start order
+                here, wanted = starts_k[by_gpu[j]:by_gpu[j + 1]], np.array(held, np.int64)
+                at = np.searchsorted(here, wanted)
+                hit = at < len(here)
+                hit[hit] = here[at[hit]] == wanted[hit]
+                slow[by_gpu[j] + at[hit]] = True
+                untouched[name] = [start for start, found in zip(held, hit.tolist()) if not found]
         fast = np.flatnonzero(~slow)
         by_tenant: dict[int, list[tuple[int, int, int, int, int]]] = {}
         for k in np.flatnonzero(slow[t_pane]).tolist():

@@ -5,6 +5,8 @@ from bisect import bisect_right, insort
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from schemas.events import Price, TenantBinding
 
 __all__ = ["Tenant", "UNATTRIBUTED", "BindingTable", "PriceTable"]
@@ -83,14 +85,23 @@ class PriceTable:
         insort(history, (p.ts_ns, p.usd_per_gpu_hour))
         return True
 
-    def _as_of(self, model: str, ts_ns: int) -> Decimal | None:
+    def _as_of(self, model: str, ts_ns: np.ndarray) -> np.ndarray:
         history = self._by_model.get(model, [])
-        i = bisect_right(history, ts_ns, key=lambda h: h[0])
-        return history[i - 1][1] if i else None
+        at = np.searchsorted(np.array([ts for ts, _ in history], np.int64), ts_ns, "right") - 1
+        return np.array([price for _, price in history] + [None], object)[np.where(at >= 0, at, len(history))]
 
     def lookup(self, gpu_model: str, ts_ns: int) -> Decimal | None:
-        price = self._as_of(gpu_model, ts_ns)
-        return price if price is not None else self._as_of("default", ts_ns)
+        return self.lookup_many(np.array([gpu_model], object), np.array([ts_ns], np.int64))[0]  # type: ignore[no-any-return]
+
+    def lookup_many(self, gpu_models: np.ndarray, ts_ns: np.ndarray) -> np.ndarray:
+        """``lookup`` of each model (None: no price) as of each time, a model's times at once."""
+        out = np.full(len(ts_ns), None, object)
+        for model in set(gpu_models.tolist()) - {None}:
+            at = np.flatnonzero(gpu_models == model)
+            out[at] = self._as_of(model, ts_ns[at])
+            unpriced = at[np.equal(out[at], None)]
+            out[unpriced] = self._as_of("default", ts_ns[unpriced])
+        return out
 
     def to_state(self) -> dict[str, list[list[Any]]]:
         return {m: [[ts, str(p)] for ts, p in h] for m, h in self._by_model.items()}
