@@ -180,12 +180,27 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
     return table, [prices[j] for j in pane_list], parties
 
 
+_PAIRWISE = 16  # parties of a pane up to which ranks come from comparing each pair
+
+
 def _rank_by_remainder(rest: np.ndarray, pane_of: np.ndarray) -> np.ndarray:
     """Each party's place in its pane when the pane's parties are sorted by remainder, largest
-    first, ties to the party listed first: the largest-remainder split's order."""
+    first, ties to the party listed first: the largest-remainder split's order.
+
+    Panes of up to 16 parties (a GPU shared by a few tenants) compare each pair, one numpy pass
+    over all of them per distance; a bigger pane, whose pairs would grow as its square, is sorted.
+    """
     rank = np.zeros(len(rest), np.int64)
-    for shift in range(1, len(rest)):
-        a = np.flatnonzero(pane_of[:-shift] == pane_of[shift:])  # party a and party a + shift share a pane
+    size = np.bincount(pane_of)
+    first = np.cumsum(size) - size
+    for j in np.flatnonzero(size > _PAIRWISE).tolist():
+        lo, part = int(first[j]), rest[first[j]:first[j] + size[j]].tolist()
+        order = sorted(range(len(part)), key=part.__getitem__, reverse=True)  # stable: ties keep their order
+        rank[lo + np.array(order)] = np.arange(len(part))
+    small = size[pane_of] <= _PAIRWISE
+    for shift in range(1, _PAIRWISE):
+        # party a and party a + shift share a small pane
+        a = np.flatnonzero(small[:-shift] & (pane_of[:-shift] == pane_of[shift:]))
         if not len(a):
             break
         after = rest[a + shift] > rest[a]  # the later party ranks first only if strictly larger

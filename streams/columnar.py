@@ -188,8 +188,9 @@ class _Batch:
         col = self._col(name)
         encoded = pc.dictionary_encode(col)
         codes = np.asarray(pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-        length = np.asarray(pc.fill_null(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False))
-        return codes, encoded.dictionary.to_pylist(), (length >= 1) & (length <= 256)
+        length = np.append(pc.utf8_length(encoded.dictionary).to_numpy(), 0)  # of each distinct value; null: 0
+        ok = (length >= 1) & (length <= 256)
+        return codes, encoded.dictionary.to_pylist(), ok[codes]
 
     def _inputs(self, idx: np.ndarray | list[int]) -> list[bytes | dict[str, Any]]:
         """The inputs as the row path takes them: the JSON lines, or the Parquet rows as wire objects."""
@@ -509,17 +510,16 @@ class _Batch:
                                  for v in (self.node_names, self.model_names))
         node_min = per_pane(np.where(is_gpu, node_rank[self.node[rows]], big), np.minimum)
         model_min = per_pane(np.where(is_gpu, model_rank[self.model[rows]], big), np.minimum)
-        at_rows = np.array(close_rows(group[firsts], pane[firsts]) if len(rows) else [], np.int64)
+        group_k, starts_k = group[firsts], pane[firsts]  # each pane's GPU and start
+        at_rows = np.array(close_rows(group_k, starts_k) if len(rows) else [], np.int64)
         keys = [t.key for t in self.tenants]
         tenant_events = lasts - firsts - np.array(gpu_rows, np.int64)
 
         # a pane the state holds open, or that stays open, goes through its PaneTotals; the others,
         # new panes that close within the batch (nearly all of a replay's), straight to columns
-        group_k, start_k = group[firsts].tolist(), pane[firsts].tolist()
         slow = at_rows < 0
-        by_gpu = np.searchsorted(group[firsts], np.arange(len(names) + 1))  # each GPU's panes, in start order
+        by_gpu = np.searchsorted(group_k, np.arange(len(names) + 1))  # each GPU's panes, in start order
         untouched: dict[str, list[int]] = {}  # open panes of the state that took no row here
-        starts_k = pane[firsts]
         for j, name in enumerate(names):
             held = list(a.panes.open_panes(name))
             if held:  # a few panes: found by bisection among the GPU's panes here, which are in start order
@@ -538,7 +538,7 @@ class _Batch:
         closes: list[tuple[int, PaneTotals]] = []
         pane_ns = s.pane_ns
         for k in np.flatnonzero(slow).tolist():
-            first, last, j, start = int(firsts[k]), int(lasts[k]), group_k[k], start_k[k]
+            first, last, j, start = int(firsts[k]), int(lasts[k]), int(group_k[k]), int(starts_k[k])
             name = names[j]
             kept = a.panes.open_panes(name)
             totals = kept.pop(start, None) or PaneTotals(name, start, start + pane_ns)
@@ -576,7 +576,7 @@ class _Batch:
         who = t_who[tenant_rows]
         no_name = [None] * (big + 1)  # a rank of `big`: the pane had no GPU sample
         columns = PaneColumns(
-            objects(names)[group[firsts][fast]], pane[firsts][fast], pane[firsts][fast] + pane_ns,
+            objects(names)[group_k[fast]], starts_k[fast], starts_k[fast] + pane_ns,
             objects(node_by_rank + no_name)[np.array(node_min, np.int64)[fast]],
             objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
             np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],

@@ -132,12 +132,12 @@ def run_counts(events: list[Event], s: AuditSettings) -> object:
 
 @st.composite
 def closing_panes(draw: st.DrawFn) -> tuple[AuditSettings, list[Price], list[PaneTotals]]:
-    """Panes as they close (each GPU's in ascending order), with values far past 64 bits, many
+    """Panes as they close (each GPU's in ascending order), with values far past 64 bits, up to 24
     tenants with equal weights (ties in the split), panes without GPU samples and prices of any scale."""
     s = draw(settings_st())
     gpus = draw(st.lists(st.sampled_from(["g0", "g1", "g2"]), min_size=1, max_size=40))
     big = st.one_of(st.integers(0, 10), st.integers(0, 10**6), st.integers(0, 10**24))
-    tenants = [Tenant(f"team{i}", None if i % 2 else "prod", None, None, "gold", None, None) for i in range(8)]
+    tenants = [Tenant(f"team{i}", None if i % 2 else "prod", None, None, "gold", None, None) for i in range(24)]
     panes, next_k = [], {g: draw(st.integers(0, 10)) for g in "g0 g1 g2".split()}
     for gpu in gpus:
         next_k[gpu] += draw(st.sampled_from([1, 1, 2, s.window_ns // s.pane_ns + 1]))
@@ -150,7 +150,8 @@ def closing_panes(draw: st.DrawFn) -> tuple[AuditSettings, list[Price], list[Pan
         pane.idle_ms = draw(st.integers(0, pane.covered_ms))
         same = draw(st.booleans())  # every tenant the same values: ties at every remainder
         values = (draw(big), draw(big), draw(big))
-        for tenant in draw(st.lists(st.sampled_from(tenants), max_size=8, unique=True)):
+        # up to 8 tenants a pane, or up to 24 (more parties than are ranked pair by pair)
+        for tenant in draw(st.lists(st.sampled_from(tenants), max_size=draw(st.sampled_from([8, 8, 24])), unique=True)):
             sm, bw, numa = values if same else (draw(big), draw(big), draw(big))
             pane.tenants[tenant.key] = TenantTotals(tenant, sm, bw, numa)
         panes.append(pane)
