@@ -365,15 +365,35 @@ class _Batch:
         group = np.repeat(np.arange(len(starts)), ends - starts)
         ts = self.ts[rows]
 
-        # each GPU's running maximum ts_ns from where the state left it, in one accumulate over
-        # ranks offset by group, so that no maximum crosses from one GPU into the next
+        # each GPU's running maximum ts_ns from where the state left it, in one accumulate over levels
+        # offset by group, so that no maximum crosses from one GPU into the next. A time's level is
+        # its distance above the batch's earliest, plus 1 (0: no watermark yet); where a batch spans
+        # so long that levels and GPUs do not fit 64 bits together, its rank among the distinct times
         max0 = np.array([a.panes.max_ts(name) or _NONE for name in names], np.int64)
-        distinct = np.unique(np.concatenate([ts, max0[max0 != _NONE]]))
-        width = len(distinct) + 1
-        key0 = np.arange(len(starts)) * width + np.where(max0 == _NONE, 0, np.searchsorted(distinct, max0) + 1)
-        upto = np.maximum(np.maximum.accumulate(group * width + np.searchsorted(distinct, ts) + 1), key0[group]) \
+        known = np.concatenate([ts, max0[max0 != _NONE]])
+        first, last = (int(known.min()), int(known.max())) if len(known) else (0, 0)
+        if (last - first + 2) * (len(starts) + 1) < 1 << 62:
+            width = last - first + 2
+
+            def level(t: np.ndarray) -> np.ndarray:  # the lowest level at or above t: `width` if above all
+                return np.clip(t - (first - 1), 1, width)
+
+            def time_of(level: np.ndarray) -> np.ndarray:
+                return level + (first - 1)
+        else:
+            distinct = np.unique(known)
+            width = len(distinct) + 1
+
+            def level(t: np.ndarray) -> np.ndarray:
+                return np.searchsorted(distinct, t) + 1
+
+            def time_of(level: np.ndarray) -> np.ndarray:
+                return distinct[level - 1]
+        key0 = np.arange(len(starts)) * width + np.where(max0 == _NONE, 0, level(max0))
+        upto = np.maximum(np.maximum.accumulate(group * width + level(ts)), key0[group]) \
             if len(rows) else np.zeros(0, np.int64)
-        high = np.concatenate([[_NONE], distinct])[upto - group * width]  # max up to and including each row
+        at_level = upto - group * width
+        high = np.where(at_level > 0, time_of(np.maximum(at_level, 1)), _NONE)  # max up to and including each row
         before = np.empty_like(high)
         before[1:] = high[:-1]
         before[starts] = max0
@@ -395,7 +415,7 @@ class _Batch:
         def close_rows(group_of: np.ndarray, start: np.ndarray) -> list[int]:
             """For panes of these GPUs and starts, the row whose watermark first reaches the pane's end plus
             the lateness (the row that closes it), or -1 if none does."""
-            target = group_of * width + np.searchsorted(distinct, start + pane_ns + lateness_ns) + 1
+            target = group_of * width + level(start + pane_ns + lateness_ns)
             k = np.searchsorted(upto, target)
             return np.where(k < ends[group_of], rows[np.minimum(k, len(rows) - 1)], -1).tolist()
 

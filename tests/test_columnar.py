@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from producers.simulate import FleetSpec, simulate
 from schemas.arrow import EVENT_SCHEMA, events_table
 from schemas.blocks import expand
-from schemas.events import Event
+from schemas.events import TS_MAX_NS, TS_MIN_NS, Event, GpuSample, ProcessSample
 from schemas.exact import round_scaled
 from streams.audit import Auditor, Output
 from schemas.codec import encode_event, present_fields
@@ -182,3 +182,20 @@ def test_json_parsed_in_blocks_side_by_side_matches_lines(odd: list[tuple[int, b
     want = [out for i, line in enumerate(lines) for out in by_row.ingest(line, label(i))]
     got = expand(Auditor(AuditSettings()).ingest_lines(lines, label))
     assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["GPU-0", "GPU-1"]), st.sampled_from([TS_MIN_NS, BASE_NS, TS_MAX_NS - 3600 * NS]),
+                          st.integers(0, 600)), min_size=1, max_size=40), st.lists(st.booleans(), min_size=3, max_size=3))
+@settings(max_examples=50, deadline=None)
+def test_a_batch_spanning_a_century_matches_rows(samples: list[tuple[str, int, int]], restores: list[bool]) -> None:
+    """Times from 2000 to 2099 in one batch: too far apart for the watermark's levels to sit beside the
+    GPU in 64 bits, so the batch ranks its distinct times instead. Same outputs and state as the rows."""
+    events = []
+    for gpu, base, offset_s in samples:
+        events.append(GpuSample(node_id="n", gpu_uuid=gpu, gpu_model="H100", ts_ns=base + offset_s * NS,
+                                interval_s=10.0, sm_util_pct=float(offset_s % 101), mem_bw_util_pct=1.0,
+                                mem_used_bytes=0, mem_total_bytes=1, power_w=1.0, temp_c=30.0))
+        events.append(ProcessSample(node_id="n", gpu_uuid=gpu, pid=offset_s % 3, ts_ns=base + offset_s * NS,
+                                    interval_s=10.0, sm_util_pct=50.0, mem_bw_util_pct=1.0, mem_used_bytes=0))
+    rows = events_table(events).to_pylist()
+    check((AuditSettings(), rows, [len(rows) // 3, 2 * len(rows) // 3], None, restores), "parquet")
