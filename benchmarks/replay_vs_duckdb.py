@@ -8,7 +8,9 @@ same work.
 from __future__ import annotations
 
 import shutil
+import statistics
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -19,6 +21,12 @@ from gpucost.embedded import run_embedded
 from producers.replay import input_files, read_batches, read_inputs
 from streams.settings import AuditSettings
 from tests.recompute import parquet_source, recompute_sql
+
+RUNS = 3
+
+
+def _runs(seconds: Iterable[float]) -> str:
+    return ", ".join(f"{s:.2f}" for s in seconds) + " s"
 
 
 def run(gpus: int, hours: float, interval_s: float) -> Result:
@@ -31,14 +39,20 @@ def run(gpus: int, hours: float, interval_s: float) -> Result:
             inputs[form] = input_files([work / form])
         settings = AuditSettings()
         files = inputs["parquet"]
-        embedded_s, stats = timed(lambda: run_embedded(read_batches(files), settings, work / "out"))
+        # the two sides of the ratio three times each, alternated, and their medians: one run of
+        # each moved by ±10 % on these VMs
+        embedded, sql = [], []
+        for i in range(RUNS):
+            embedded.append(timed(lambda: run_embedded(read_batches(files), settings, work / f"out-{i}")))
+            con = duckdb.connect()
+            sql.append(timed(lambda: con.execute(recompute_sql(parquet_source(files), settings)))[0])
+        embedded_s, stats = statistics.median(s for s, _ in embedded), embedded[0][1]
+        sql_s = statistics.median(sql)
         row_s, row_stats = timed(lambda: run_embedded(read_inputs(files), settings, work / "out-rows"))
         jsonl_s, jsonl_stats = timed(lambda: run_embedded(read_batches(inputs["jsonl"]), settings, work / "out-jsonl"))
         n = stats.inputs  # type: ignore[attr-defined]
-        con = duckdb.connect()
-        sql_s, _ = timed(lambda: con.execute(recompute_sql(parquet_source(files), settings)))
         want = con.execute("SELECT (SELECT count(*) FROM want_idle), (SELECT count(*) FROM want_cost)").fetchone()
-        for run_stats in (stats, row_stats, jsonl_stats):
+        for run_stats in [*(st for _, st in embedded), row_stats, jsonl_stats]:
             got = (run_stats.rows["idle_index"], run_stats.rows["cost"])  # type: ignore[attr-defined]
             assert want == got, f"DuckDB and the pipeline disagree on the records: {want} vs {got}"
             assert run_stats.inputs == n  # type: ignore[attr-defined]
@@ -47,10 +61,12 @@ def run(gpus: int, hours: float, interval_s: float) -> Result:
             "1. Embedded replay vs DuckDB batch", "embedded events/s ≥ DuckDB's (ratio ≥ 1.0)", ratio >= 1.0,
             [("input", f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {n:,} events in Parquet (and the same in "
                        "JSON Lines)"),
-             ("embedded pipeline, Parquet (batch path)", f"{embedded_s:.1f} s, {n / embedded_s:,.0f} events/s"),
+             ("embedded pipeline, Parquet (batch path)", f"{embedded_s:.2f} s, {n / embedded_s:,.0f} events/s "
+                                                          f"(median of {_runs(s for s, _ in embedded)})"),
              ("… the same, event by event (row path, as before)", f"{row_s:.1f} s, {n / row_s:,.0f} events/s"),
              ("embedded pipeline, JSON Lines (batch path)", f"{jsonl_s:.1f} s, {n / jsonl_s:,.0f} events/s"),
-             ("DuckDB, tests/recompute.sql over the Parquet", f"{sql_s:.1f} s, {n / sql_s:,.0f} events/s"),
+             ("DuckDB, tests/recompute.sql over the Parquet", f"{sql_s:.2f} s, {n / sql_s:,.0f} events/s "
+                                                               f"(median of {_runs(sql)})"),
              ("ratio (embedded Parquet / DuckDB)", f"{ratio:.3f}"),
              ("records", f"idle_index {want[0]:,}, cost {want[1]:,} (every run and DuckDB)")],
             ["DuckDB runs the SQL as written for the tests, one thread (`SET threads = 1`: MAE windows follow "
