@@ -1,17 +1,19 @@
 """The Parquet sink fed the batch path's blocks of columns against the same records one by one."""
 from __future__ import annotations
 
+import errno
 from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from producers.simulate import FleetSpec, simulate
 from schemas.blocks import ClosedPanes, expand
 from schemas.codec import encode_event
-from sinks.parquet import ParquetSink
+from sinks.parquet import ParquetSink, SinkWriteError
 from streams.audit import Auditor, Outputs
 from streams.settings import AuditSettings
 
@@ -57,3 +59,34 @@ def test_blocks_write_the_files_their_records_would(tmp_path_factory, cuts: list
         for date in dates:
             sizes = [len(rows) for name, rows in got.items() if name.startswith(f"{kind}/{date}/")]
             assert all(n == file_rows for n in sizes[:-1]) and 0 < sizes[-1] <= file_rows
+
+
+def test_a_file_that_cannot_be_written_keeps_its_records_and_those_after_it(tmp_path: Path, monkeypatch) -> None:
+    """The disk refuses one file of a flush: the files before it are in place, no temporary file is
+    left, and the next flush writes the rest: together, the files of a flush that never failed."""
+    out = outputs([])
+    reference, failing = ParquetSink(tmp_path / "ok"), ParquetSink(tmp_path / "failing")
+    for sink in (reference, failing):
+        for item in out:
+            sink.write_block(item) if isinstance(item, ClosedPanes) else sink.write(item)
+    reference.flush()
+    keys = sorted(failing._buffers)
+    refused = keys[len(keys) // 2]
+    write = pq.write_table
+
+    def full_disk(table, where, **options):
+        if f"/{refused[0]}/date={refused[1]}/" in str(where):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(table, where, **options)
+
+    monkeypatch.setattr(pq, "write_table", full_disk)
+    with pytest.raises(SinkWriteError, match="No space left on device"):
+        failing.flush()
+    published = files(tmp_path / "failing")
+    assert {tuple(name.split("/")[:2]) for name in published} == {(k, f"date={d}") for k, d in keys[:len(keys) // 2]}
+    assert not list((tmp_path / "failing").rglob("*.tmp"))
+    assert sorted(failing._buffers) == keys[len(keys) // 2:]
+    monkeypatch.setattr(pq, "write_table", write)
+    failing.flush()
+    assert files(tmp_path / "failing") == files(tmp_path / "ok")
+    assert failing.rows_written == reference.rows_written
