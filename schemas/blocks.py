@@ -33,9 +33,6 @@ class ClosedPanes:
     prices: list[Decimal | None]
     cost_rows: np.ndarray
 
-    def __len__(self) -> int:
-        return self.idle.num_rows + self.cost.num_rows
-
     def slice(self, lo: int, hi: int) -> "ClosedPanes":
         """The records of panes ``lo`` to ``hi`` (in idle-index records)."""
         at = np.concatenate([[0], np.cumsum(self.cost_rows)]).tolist()

@@ -158,9 +158,13 @@ class ParquetSink:
             parts[-1].append(record)
         else:
             parts.append([record])
-        self._added(key, 1)
+        self._rows[key] += 1
+        self._write_full(key)
 
     def write_block(self, block: ClosedPanes) -> None:
+        """All of the block buffered first, then any file it fills written: a file that cannot be
+        written leaves every record of the block buffered."""
+        keys = []
         for kind, table in (("idle_index", block.idle), ("cost", block.cost)):
             day = table.column("pane_start_ns").to_numpy() // _NS_PER_DAY
             days = np.unique(day).tolist()
@@ -168,10 +172,12 @@ class ParquetSink:
                 key = (kind, _date(d))
                 part = table if len(days) == 1 else table.filter(pa.array(day == d))
                 self._buffers[key].append(part)
-                self._added(key, part.num_rows)
+                self._rows[key] += part.num_rows
+                keys.append(key)
+        for key in keys:
+            self._write_full(key)
 
-    def _added(self, key: tuple[str, str], rows: int) -> None:
-        self._rows[key] += rows
+    def _write_full(self, key: tuple[str, str]) -> None:
         while self._rows.get(key, 0) >= self.file_rows:
             self._write_file(*key)
 
