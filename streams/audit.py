@@ -152,16 +152,17 @@ class Auditor:
         """End of a finite input: close every pane and every MAE window."""
         return self.close(self.panes.close_all()) + list(self.mae.finish())
 
-    def close(self, panes: list[PaneTotals]) -> list[Output]:
+    def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]:
+        """The records of closed panes, at ``prices`` (one per pane) or else the prices in force now."""
         out: list[Output] = []
-        for pane in panes:
+        for i, pane in enumerate(panes):
             idle = self.idle.on_close(pane)
             if idle is None:
                 self.counts["unbilled"] += pane.tenant_events
                 continue
             out.append(idle)
             assert pane.gpu_model is not None
-            price = self.prices.lookup(pane.gpu_model, pane.pane_start_ns)
+            price = self.prices.lookup(pane.gpu_model, pane.pane_start_ns) if prices is None else prices[i]
             if price is None:
                 self.counts["unpriced_panes"] += 1
             out.extend(apportion(pane, price, self.weights))

@@ -109,6 +109,16 @@ class PaneColumns:
         return cls(**{f: np.concatenate([getattr(p, f) + o if f == "t_pane" else getattr(p, f)
                                          for p, o in zip(parts, offsets)]) for f in cls.__dataclass_fields__})
 
+    def totals(self) -> list[PaneTotals]:
+        """Each pane as a ``PaneTotals`` (its ``seen`` keys left empty: it is closing)."""
+        panes = [PaneTotals(*values) for values in zip(
+            self.gpu_uuid.tolist(), self.pane_start_ns.tolist(), self.pane_end_ns.tolist(), self.node_id.tolist(),
+            self.gpu_model.tolist(), self.covered_ms.tolist(), self.idle_ms.tolist(), self.tenant_events.tolist())]
+        for j, key, tenant, sm, bw, numa in zip(self.t_pane.tolist(), self.t_key.tolist(), self.t_tenant.tolist(),
+                                                self.t_sm.tolist(), self.t_bw.tolist(), self.t_numa.tolist()):
+            panes[j].tenants[key] = TenantTotals(tenant, sm, bw, numa)
+        return panes
+
     def take(self, idx: np.ndarray) -> "PaneColumns":
         """The panes at ``idx``, in that order, with their tenant rows."""
         lo = np.searchsorted(self.t_pane, idx, "left")

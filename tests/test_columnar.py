@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +23,7 @@ from schemas.events import TS_MAX_NS, TS_MIN_NS, Event, GpuSample, ProcessSample
 from schemas.exact import round_scaled
 from streams.audit import Auditor, Output
 from schemas.codec import encode_event, present_fields
+from streams import columnar
 from streams.columnar import exact_round
 from streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS, settings_st, streams
@@ -144,16 +148,34 @@ def check(case: Case, form: str) -> None:
     assert by_batch.finish() == by_row.finish()
 
 
+#: a batch closes its panes one by one below this many, as blocks from it: each way, for every batch
+CLOSING = pytest.mark.parametrize("few_closes", [0, 1 << 30], ids=["blocks", "one-by-one"])
+
+
+@CLOSING
 @settings(max_examples=300, deadline=None)
-@given(cases("parquet"))
-def test_parquet_batches_match_rows(case: Case) -> None:
-    check(case, "parquet")
+@given(case=cases("parquet"))
+def test_parquet_batches_match_rows(case: Case, few_closes: int) -> None:
+    with closing_at(few_closes):
+        check(case, "parquet")
 
 
+@CLOSING
 @settings(max_examples=200, deadline=None)
-@given(cases("json"))
-def test_json_batches_match_lines(case: Case) -> None:
-    check(case, "json")
+@given(case=cases("json"))
+def test_json_batches_match_lines(case: Case, few_closes: int) -> None:
+    with closing_at(few_closes):
+        check(case, "json")
+
+
+@contextmanager
+def closing_at(few_closes: int) -> Iterator[None]:
+    default = columnar.FEW_CLOSES
+    columnar.FEW_CLOSES = few_closes
+    try:
+        yield
+    finally:
+        columnar.FEW_CLOSES = default
 
 
 @given(st.lists(st.one_of(st.integers(0, 100_000).map(lambda x: x / 1000), st.integers(1, 36_000_000).map(
