@@ -20,6 +20,7 @@ __all__ = ["Weights", "apportion", "apportion_many"]
 
 MS_PER_HOUR = 3_600_000
 FULL_UTIL_CP = 100 * 100  # 100 % in hundredths of a percent
+_div_half_even = np.frompyfunc(div_half_even, 2, 1)  # over object arrays: one pane's cost each
 
 
 class Weights:
@@ -125,9 +126,7 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
     tenant_n = busy_n[pane] * big_w  # 0 in a pane of nothing, as busy_n is
 
     rates = np.array([0 if price is None else micro_usd_per_hour(price) for price in prices], object)
-    cost_num = rates * covered
-    quotient, rest = cost_num // MS_PER_HOUR, cost_num % MS_PER_HOUR
-    cost = quotient + ((2 * rest > MS_PER_HOUR) | ((2 * rest == MS_PER_HOUR) & (quotient % 2 == 1)))
+    cost = _div_half_even(rates * covered, MS_PER_HOUR)
     idle_share, tenant_share = cost * idle_n, cost[pane] * tenant_n
     idle_usd, tenant_usd = idle_share // denominator, tenant_share // denominator[pane]
 

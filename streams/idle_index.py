@@ -122,9 +122,7 @@ class IdleIndex:
         """Roll a closed pane in; panes close per GPU in ascending start order."""
         if pane.node_id is None or pane.gpu_model is None:
             return None  # no GPU samples in this pane: nothing to publish
-        window = self._gpus.get(pane.gpu_uuid)
-        if window is None:
-            window = self._gpus[pane.gpu_uuid] = _Window(self.slots)
+        window = self._window(pane.gpu_uuid)
         window.roll(pane.pane_start_ns // self.pane_ns, pane.idle_ms, pane.covered_ms)
         return computed(
             IdleIndexRecord, gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
@@ -141,14 +139,18 @@ class IdleIndex:
         for i, gpu in enumerate(panes.gpu_uuid):
             by_gpu.setdefault(gpu, []).append(i)
         for gpu, members in by_gpu.items():
-            window = self._gpus.get(gpu)
-            if window is None:
-                window = self._gpus[gpu] = _Window(self.slots)
+            window = self._window(gpu)
             idle_72h[members], covered_72h[members] = window.roll_many(
                 ks[members], panes.idle_ms[members], panes.covered_ms[members])
         return pa.table([panes.gpu_uuid, panes.node_id, panes.gpu_model, panes.pane_start_ns, panes.pane_end_ns,
                          panes.idle_ms, panes.covered_ms, idle_72h, covered_72h, ratios(idle_72h, covered_72h)],
                         schema=ARROW_SCHEMAS["idle_index"])
+
+    def _window(self, gpu_uuid: str) -> _Window:
+        window = self._gpus.get(gpu_uuid)
+        if window is None:
+            window = self._gpus[gpu_uuid] = _Window(self.slots)
+        return window
 
     def to_state(self) -> dict[str, Any]:
         return {g: w.to_state() for g, w in self._gpus.items()}
