@@ -96,8 +96,8 @@ async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, do
                 continue
             try:
                 if producer is None:
-                    producer = AIOKafkaProducer(**kafka.client_options(), enable_idempotence=True, acks="all",
-                                                compression_type="gzip", linger_ms=20, max_batch_size=1 << 20,
+                    producer = AIOKafkaProducer(**kafka.producer_options(), enable_idempotence=True, acks="all",
+                                                linger_ms=20, max_batch_size=1 << 20,
                                                 max_request_size=8 << 20, request_timeout_ms=15_000)
                     await producer.start()
                 futures = [await producer.send(m.topic, m.value, key=m.key, headers=list(m.headers) or None)
@@ -230,7 +230,7 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
 
 async def publish_dead_letters(rejected: list[tuple[Rejected, str, str]], kafka: KafkaSettings) -> None:
     """Lines a producer could not decode: to the dead-letter topic, keyed by where they came from."""
-    producer = AIOKafkaProducer(**kafka.client_options(), enable_idempotence=True, acks="all")
+    producer = AIOKafkaProducer(**kafka.producer_options(), enable_idempotence=True, acks="all")
     await producer.start()
     try:
         for rej, source, raw in rejected:

@@ -118,7 +118,7 @@ class Worker(ConsumerRebalanceListener):
             log.info("owns %s[%d]: %d keys restored", tp.topic, tp.partition, len(owned.auditors))
 
     async def _own(self, tp: TopicPartition) -> _Owned:
-        producer = AIOKafkaProducer(**self.kafka.client_options(), acks="all", compression_type="gzip",
+        producer = AIOKafkaProducer(**self.kafka.producer_options(), acks="all",
                                     transactional_id=f"{self.group}-{tp.topic}-{tp.partition}",
                                     max_request_size=8 << 20, max_batch_size=1 << 20, linger_ms=5)
         await producer.start()  # init_transactions: fences the previous owner, aborts its open batch

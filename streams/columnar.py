@@ -78,9 +78,11 @@ def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[i
     if block.count(b"{") == len(lines) and b"[" not in block and _BOM not in block and _utf8(block):
         plain = list(range(len(lines)))  # one object per line, nothing nested: every line is plain
     else:
-        plain = [i for i, line in enumerate(lines) if line.count(b"{") == 1 and b"[" not in line
-                 and not line.startswith(_BOM) and _utf8(line)]
-    pieces = _parsed(lines, plain)
+        block, plain = None, [i for i, line in enumerate(lines) if line.count(b"{") == 1 and b"[" not in line
+                              and not line.startswith(_BOM) and _utf8(line)]
+    pieces = _parsed(lines, plain, block)
+    if len(pieces) == 1 and len(pieces[0][0]) == len(lines):  # Arrow read every line, in order (a live poll)
+        return _Batch(auditor, pieces[0][1].combine_chunks().to_batches()[0], source, lines).run()
     taken = [i for idx, _ in pieces for i in idx]
     # the other lines as Python reads them: a valid event of a hot kind as its wire values, so that
     # its columns hold what the model holds; anything else decoded again, from the line, in _Batch
@@ -111,11 +113,13 @@ def _utf8(line: bytes) -> bool:
     return True
 
 
-def _parsed(lines: Sequence[bytes], idx: list[int]) -> list[tuple[list[int], pa.Table]]:
-    """The lines at ``idx`` as tables of one row per line, halving around the lines the reader refuses."""
+def _parsed(lines: Sequence[bytes], idx: list[int], block: bytes | None = None) -> list[tuple[list[int], pa.Table]]:
+    """The lines at ``idx`` as tables of one row per line, halving around the lines the reader refuses
+    (``block``: those lines joined, when the caller has them)."""
     if not idx:
         return []
-    block = b"\n".join(lines[i] for i in idx)
+    if block is None:
+        block = b"\n".join(lines[i] for i in idx)
     try:
         # in blocks, one per core, that Arrow parses side by side (twice as fast on two cores); a block
         # must hold the longest line whole
