@@ -8,7 +8,9 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -43,23 +45,50 @@ async def raw_read(kafka: KafkaSettings, messages: int) -> tuple[float, int]:
         await consumer.stop()
 
 
-async def through_worker(kafka: KafkaSettings, messages: int) -> tuple[float, float, float]:
-    """One worker until it has applied every input message: (seconds from its first poll, group join
-    included; seconds from its first applied batch; the share of the messages applied after it)."""
-    worker = Worker(kafka, AuditSettings(), group=f"bench-{time.time_ns()}", session_timeout_s=10)
+@dataclass
+class Through:
+    """One worker's run over the input, in seconds from its first poll."""
+
+    owned_s: float  # every input partition owned: group joined, producers fenced, state restored
+    first_s: float  # the first batch applied
+    end_s: float  # every input message applied
+    after_first: float  # the share of the messages applied after the first batch
+
+
+class _Timed(Worker):
+    """A worker that notes when it owned every input partition and when it applied its first batch:
+    its event loop is busy while a batch runs, so a watcher beside it would note both late."""
+
+    owned_at: float | None = None
+    first_at: float | None = None
+    first_messages = 0
+
+    async def _take(self, assigned: list[TopicPartition]) -> None:
+        await super()._take(assigned)
+        if self.owned_at is None and len(self.owned) == len(INPUTS) * self.kafka.partitions:
+            self.owned_at = time.perf_counter()
+
+    async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
+        await super()._process(tp, messages)
+        if self.first_at is None:
+            self.first_at, self.first_messages = time.perf_counter(), self.processed
+
+
+async def through_worker(kafka: KafkaSettings, messages: int) -> Through:
+    """One worker until it has applied every input message."""
+    worker = _Timed(kafka, AuditSettings(), group=f"bench-{time.time_ns()}", session_timeout_s=10)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
-    start, first, before = time.perf_counter(), None, 0
+    start = time.perf_counter()
     while worker.processed < messages:
         if task.done():
             task.result()
-        if first is None and worker.processed:
-            first, before = time.perf_counter(), worker.processed
         await asyncio.sleep(0.01)
     end = time.perf_counter()
     stop.set()
     await task
-    return end - start, end - (first or start), (messages - before) / messages
+    owned, first = worker.owned_at or end, worker.first_at or end
+    return Through(owned - start, first - start, end - start, (messages - worker.first_messages) / messages)
 
 
 async def _input_messages(kafka: KafkaSettings) -> int:
@@ -78,30 +107,34 @@ def run(gpus: int, hours: float, interval_s: float, port: int = 19700) -> Result
     try:
         kafka = KafkaSettings(bootstrap=f"127.0.0.1:{port}", topic_prefix="bench.", partitions=4)
 
-        async def scenario() -> tuple[float, int, tuple[float, float, float], int]:
+        async def scenario() -> tuple[float, int, Through, int]:
             await create_topics(kafka)
             await publish(simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=interval_s)), kafka,
                           spool=data / "spool")
             messages = await _input_messages(kafka)
             raw_s, events = await raw_read(kafka, messages)
-            worker_s = await through_worker(kafka, messages)
-            return raw_s, events, worker_s, messages
+            return raw_s, events, await through_worker(kafka, messages), messages
 
-        raw_s, events, (worker_s, steady_s, after_first), messages = asyncio.run(scenario())
-        ratio = (events / worker_s) / (events / raw_s)
+        raw_s, events, w, messages = asyncio.run(scenario())
+        ratio = raw_s / w.end_s
+        steady_s = w.end_s - w.first_s
         return Result(
             "2. Kafka worker vs a bare consumer", "worker ≥ 50 % of the bare consumer's events/s", ratio >= 0.5,
             [("input", f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {events:,} events in {messages:,} messages, "
-                       f"4 partitions per topic, local broker"),
+                       f"4 partitions per topic, local broker, zstd (as gpucost produces)"),
              ("bare aiokafka consumer", f"{raw_s:.2f} s, {events / raw_s:,.0f} events/s"),
-             ("one worker (decode, operators, transactions, state)", f"{worker_s:.1f} s, {events / worker_s:,.0f} "
+             ("one worker (decode, operators, transactions, state)", f"{w.end_s:.1f} s, {events / w.end_s:,.0f} "
                                                                      "events/s"),
-             ("… after its first applied batch (steady state: group join, restore and that batch left out)",
-              f"{steady_s:.1f} s for {after_first:.0%} of the messages, about "
-              f"{events * after_first / steady_s:,.0f} events/s"),
+             ("… of which start-up: group join, a fencing producer and a state restore per input partition",
+              f"{w.owned_s:.2f} s"),
+             ("… after its first applied batch (steady state: start-up and that batch left out)",
+              f"{steady_s:.1f} s for {w.after_first:.0%} of the messages, about "
+              f"{events * w.after_first / steady_s:,.0f} events/s"),
              ("ratio (worker / bare), the target's measure", f"{ratio:.3f}")],
             ["The worker's time runs from its first poll (group join and state restore included) to the last "
-             "input message applied; the bare consumer only reads and counts."])
+             "input message applied; the bare consumer only reads and counts.",
+             f"The target gives the worker {2 * raw_s:.2f} s for this input (twice the bare consumer's time); its "
+             f"start-up alone took {w.owned_s:.2f} s."])
     finally:
         subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "stop"], env=env, capture_output=True)
         shutil.rmtree(data, ignore_errors=True)
