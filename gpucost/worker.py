@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
 from typing import Any
@@ -44,6 +44,8 @@ INPUTS = ("events", "mem_access")
 #: key of the record, beside the per-key states, holding the partition's next input offset: it is
 #: committed in the same transaction as the states, so the two never disagree
 PROGRESS_KEY = b"\x00next_offset"
+#: prefix of the key of a key's idle windows, which are written apart from the rest of its state
+IDLE_PREFIX = b"\x00idle\x00"
 
 
 @lru_cache(maxsize=1 << 16)
@@ -65,6 +67,52 @@ class _Owned:
     auditors: dict[str, Auditor]
     sequences: dict[str, SeenSequences]  # per key: the producers' message numbers already applied
     next_offset: int  # the first input offset not yet applied (inputs are contiguous: no transactions)
+    #: per key: the auditor and its ``idle.rolls`` as its idle windows were last written
+    idle_written: dict[str, tuple[Auditor, int]] = field(default_factory=dict)
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _state_records(owned: _Owned, key: str) -> list[tuple[bytes, bytes | None]]:
+    """The state records of a key a batch touched: its state, and its idle windows only when a pane
+    closed since they were last written. The windows are most of a key's state (46 of 54 KB for a
+    GPU with 72 h of panes) and change once a pane, while a live worker writes the rest at every
+    poll. A finished key: tombstones."""
+    k, auditor = key.encode(), owned.auditors.get(key)
+    if auditor is None:
+        owned.idle_written.pop(key, None)
+        return [(k, None), (IDLE_PREFIX + k, None)]
+    state = auditor.to_state()
+    idle = state.pop("idle")
+    out: list[tuple[bytes, bytes | None]] = [
+        (k, _json({"audit": state, "seq": owned.sequences.get(key, SeenSequences()).to_state()}))]
+    written = owned.idle_written.get(key)
+    if written is None or written[0] is not auditor or written[1] != auditor.idle.rolls:
+        out.append((IDLE_PREFIX + k, _json(idle)))
+        owned.idle_written[key] = (auditor, auditor.idle.rolls)
+    return out
+
+
+def restored(audit: AuditSettings, latest: dict[bytes, bytes | None]
+             ) -> tuple[dict[str, Auditor], dict[str, SeenSequences], int | None]:
+    """Every key's auditor and seen sequences, and the next offset to apply, from the latest value
+    of each state record (a compacted state topic's view)."""
+    latest = dict(latest)
+    progress = latest.pop(PROGRESS_KEY, None)
+    idle = {k[len(IDLE_PREFIX):].decode(): v for k, v in latest.items() if k.startswith(IDLE_PREFIX)}
+    states = {k.decode(): json.loads(v) for k, v in latest.items() if v is not None and not k.startswith(IDLE_PREFIX)}
+    for key, st in states.items():
+        if "idle" not in st["audit"]:  # written apart (a state written before that holds its own)
+            windows = idle.get(key)
+            if windows is None:
+                raise RuntimeError(f"the state of key {key!r} has no idle windows; the state topic is incomplete "
+                                   "(was it written by another program, or compacted by hand?)")
+            st["audit"]["idle"] = json.loads(windows)
+    auditors = {k: Auditor.from_state(audit, st["audit"], time.time_ns) for k, st in states.items()}
+    sequences = {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()}
+    return auditors, sequences, None if progress is None else int(progress)
 
 
 class Worker(ConsumerRebalanceListener):
@@ -153,11 +201,7 @@ class Worker(ConsumerRebalanceListener):
                         latest[m.key] = m.value
         finally:
             await reader.stop()
-        progress = latest.pop(PROGRESS_KEY, None)
-        states = {k.decode(): json.loads(v) for k, v in latest.items() if v is not None}
-        auditors = {k: Auditor.from_state(self.audit, st["audit"], time.time_ns) for k, st in states.items()}
-        sequences = {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()}
-        return auditors, sequences, None if progress is None else int(progress)
+        return restored(self.audit, latest)
 
     # --- processing ----------------------------------------------------------------------
     def _apply(self, owned: _Owned, messages: list[Any], touched: set[str]) -> list[Output]:
@@ -224,11 +268,8 @@ class Worker(ConsumerRebalanceListener):
             touched: set[str] = set()
             await self._send_records(producer, self._apply(owned, messages, touched))
             for key in sorted(touched):
-                auditor = owned.auditors.get(key)
-                seen = owned.sequences.get(key, SeenSequences())
-                value = None if auditor is None else json.dumps(
-                    {"audit": auditor.to_state(), "seq": seen.to_state()}, separators=(",", ":")).encode()
-                await producer.send(state_topic, value, key=key.encode(), partition=tp.partition)
+                for state_key, value in _state_records(owned, key):
+                    await producer.send(state_topic, value, key=state_key, partition=tp.partition)
             next_offset = messages[-1].offset + 1
             await producer.send(state_topic, str(next_offset).encode(), key=PROGRESS_KEY, partition=tp.partition)
             # also committed to the group, for lag monitoring; restarts use the progress record

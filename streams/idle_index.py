@@ -117,6 +117,9 @@ class IdleIndex:
         self.pane_ns = pane_ns
         self.slots = -(-window_ns // pane_ns)  # panes with start in (s − W, s]: ⌈W / P⌉ of them
         self._gpus: dict[str, _Window] = {}
+        #: panes rolled in so far: the windows are most of a GPU's state and change only when one
+        #: is, so a changelog writes them again only when this moved
+        self.rolls = 0
 
     def on_close(self, pane: PaneTotals) -> IdleIndexRecord | None:
         """Roll a closed pane in; panes close per GPU in ascending start order."""
@@ -124,6 +127,7 @@ class IdleIndex:
             return None  # no GPU samples in this pane: nothing to publish
         window = self._window(pane.gpu_uuid)
         window.roll(pane.pane_start_ns // self.pane_ns, pane.idle_ms, pane.covered_ms)
+        self.rolls += 1
         return computed(
             IdleIndexRecord, gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
             pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns,
@@ -134,6 +138,7 @@ class IdleIndex:
         """``on_close`` of panes that all have GPU samples (each GPU's in ascending order), as columns:
         each GPU's panes rolled in at once."""
         ks = panes.pane_start_ns // self.pane_ns
+        self.rolls += len(panes)
         idle_72h, covered_72h = np.zeros(len(panes), np.int64), np.zeros(len(panes), np.int64)
         by_gpu: dict[str, list[int]] = {}
         for i, gpu in enumerate(panes.gpu_uuid):

@@ -2,15 +2,23 @@
 of applying its messages one by one, in order, whatever the interleaving of keys."""
 from __future__ import annotations
 
+import asyncio
+import json
 from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
 
+from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.routing import Router
-from gpucost.worker import Worker, _Owned
+from gpucost.sequences import SeenSequences
+from gpucost.worker import IDLE_PREFIX, PROGRESS_KEY, Worker, _Owned, restored
 from producers.simulate import FleetSpec, simulate
 from schemas.blocks import expand
 from schemas.codec import encode_event
@@ -120,3 +128,91 @@ def test_output_partitions_are_the_default_partitioners(key: bytes, partitions: 
 
     every = list(range(partitions))
     assert _key_slot(key, partitions) == DefaultPartitioner()(key, every, every)
+
+
+class _Producer:
+    """A transactional producer that keeps what each transaction sent to the state topic."""
+
+    def __init__(self) -> None:
+        self.transactions: list[list[tuple[bytes, bytes | None]]] = []
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        self.transactions.append([])
+        yield
+
+    async def send(self, topic: str, value: bytes | None, key: bytes, partition: int) -> None:
+        assert topic == "gpucost.state.events" and partition == 3
+        self.transactions[-1].append((key, value))
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
+
+    def create_batch(self) -> Any:
+        return SimpleNamespace(append=lambda **record: True)
+
+    async def send_batch(self, batch: Any, topic: str, partition: int) -> None:
+        pass
+
+    async def send_offsets_to_transaction(self, offsets: Any, group: str) -> None:
+        pass
+
+
+@settings(max_examples=25, deadline=None)
+@given(polls(), st.integers(1, 12))
+def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_pane_closed(
+        messages: list[Message], polls_of: int) -> None:
+    """After every transaction, the latest value of each state record (what compaction keeps) restores
+    each key's auditor exactly; a key's idle windows are written only when a pane of it closed."""
+    worker = Worker(KafkaSettings(), AUDIT, group="g")
+    tp = TopicPartition("gpucost.events", 3)
+    producer = _Producer()
+    owned = worker.owned[tp] = _Owned(producer=producer, auditors={}, sequences={}, next_offset=0)  # type: ignore[arg-type]
+    latest: dict[bytes, bytes | None] = {}
+    for i in range(0, len(messages), polls_of):
+        before = {k: (a, a.idle.rolls) for k, a in owned.auditors.items()}
+        asyncio.run(worker._process(tp, messages[i:i + polls_of]))
+        for key, value in producer.transactions[-1]:
+            latest[key] = value
+            if key.startswith(IDLE_PREFIX) and value is not None:
+                auditor, rolls = before.get(key[len(IDLE_PREFIX):].decode(), (None, -1))
+                assert auditor is not owned.auditors[key[len(IDLE_PREFIX):].decode()] or rolls != auditor.idle.rolls
+        auditors, sequences, progress = restored(AUDIT, latest)
+        assert progress == messages[min(i + polls_of, len(messages)) - 1].offset + 1
+        assert {k: a.to_state() for k, a in auditors.items()} == {k: a.to_state() for k, a in owned.auditors.items()}
+        assert {k: s.to_state() for k, s in sequences.items()} == \
+            {k: s.to_state() for k, s in owned.sequences.items() if k in owned.auditors}
+    assert owned.auditors == {} and not any(v for k, v in latest.items() if k != PROGRESS_KEY)  # all tombstoned
+
+
+def test_a_state_written_whole_before_is_still_restored() -> None:
+    """State topics written before the idle windows were written apart hold them inside each key's state."""
+    auditor = Auditor(AUDIT)
+    auditor.ingest_lines(LINES[next(iter(LINES))], str)
+    whole = json.dumps({"audit": auditor.to_state(), "seq": SeenSequences().to_state()}).encode()
+    auditors, _, progress = restored(AUDIT, {b"gpu": whole, PROGRESS_KEY: b"7"})
+    assert auditors["gpu"].to_state() == auditor.to_state() and progress == 7
+
+
+def test_a_key_ended_and_begun_again_in_one_poll_writes_its_new_idle_windows() -> None:
+    """The new auditor may have rolled as many panes as the old one had when its windows were last
+    written: the windows are still new."""
+    key = next(iter(LINES))
+    lines = [line for line in LINES[key] if b'"gpu_sample"' in line]
+    half = len(lines) // 2
+    worker = Worker(KafkaSettings(), AUDIT, group="g")
+    tp = TopicPartition("gpucost.events", 3)
+    producer = _Producer()
+    owned = worker.owned[tp] = _Owned(producer=producer, auditors={}, sequences={}, next_offset=0)  # type: ignore[arg-type]
+    latest: dict[bytes, bytes | None] = {}
+    asyncio.run(worker._process(tp, [Message(key, b"\n".join(lines[:half]), 0)]))
+    latest.update(producer.transactions[-1])
+    old = owned.auditors[key.decode()]
+    rolls_written = old.idle.rolls
+    asyncio.run(worker._process(tp, [Message(key, b"", 1, [(CONTROL_HEADER, END_OF_INPUT)]),
+                                     Message(key, b"\n".join(lines[half:]), 2)]))  # later panes
+    latest.update(producer.transactions[-1])
+    new = owned.auditors[key.decode()]
+    assert new is not old and new.idle.rolls == rolls_written > 0  # what makes the case
+    auditors, _, _ = restored(AUDIT, latest)
+    assert auditors[key.decode()].to_state() == new.to_state()
