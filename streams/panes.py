@@ -54,9 +54,17 @@ class PaneTotals:
         return totals
 
     def to_state(self) -> list[Any]:
+        """The ``seen`` keys as ``[kind, pid, [gaps…]]``: each source's times as gaps from the pane's
+        start, then from each other. A live worker writes the open panes at every poll, and a
+        sample a second spelled out in full nanoseconds was most of a GPU's state."""
         tenants = [[list(t.tenant), t.sm, t.bw, t.numa] for t in self.tenants.values()]
+        times: dict[tuple[str, int], list[int]] = {}
+        for kind, pid, ts in sorted(self.seen):
+            times.setdefault((kind, pid), []).append(ts)
+        seen = [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
+                for (kind, pid), ts in times.items()]
         return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
-                self.covered_ms, self.idle_ms, self.tenant_events, tenants, sorted(self.seen)]
+                self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen]
 
     @classmethod
     def from_state(cls, s: list[Any]) -> "PaneTotals":
@@ -64,7 +72,14 @@ class PaneTotals:
         for tenant, sm, bw, numa in s[8]:
             t = Tenant(*tenant)
             pane.tenants[t.key] = TenantTotals(t, sm, bw, numa)
-        pane.seen = {tuple(k) for k in s[9]}  # type: ignore[misc]
+        for kind, pid, when in s[9]:
+            if isinstance(when, int):  # a state written before the gaps: one (kind, pid, ts_ns) each
+                pane.seen.add((kind, pid, when))
+                continue
+            ts = pane.pane_start_ns
+            for gap in when:
+                ts += gap
+                pane.seen.add((kind, pid, ts))
         return pane
 
 

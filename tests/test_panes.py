@@ -86,3 +86,20 @@ def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list
         got = many.roll_many(np.array(ks), np.array(idle, np.int64), np.array(covered, np.int64))
         assert list(zip(got[0].tolist(), got[1].tolist())) == want
         assert many.to_state() == one.to_state()
+
+
+@given(st.sets(st.tuples(st.sampled_from(["gpu_sample", "process_sample", "numa_event"]), st.integers(-1, 4),
+                         st.integers(0, P - 1)), max_size=60))
+def test_a_panes_seen_events_survive_its_state_through_json(seen: set[tuple[str, int, int]]) -> None:
+    """``seen`` is written as gaps between times; what comes back is the same set, and a state written
+    before the gaps (one ``[kind, pid, ts_ns]`` each) still reads."""
+    import json
+
+    pane = PaneTotals("GPU-x", T0, T0 + P, "n", "H100", 1, 0, 0)
+    pane.seen = {(kind, pid, T0 + at) for kind, pid, at in seen}
+    state = json.loads(json.dumps(pane.to_state()))
+    assert PaneTotals.from_state(state).seen == pane.seen
+    state[9] = [[kind, pid, ts] for kind, pid, ts in sorted(pane.seen)]  # the form written before
+    assert PaneTotals.from_state(state).seen == pane.seen
+    if len(pane.seen) > 1:
+        assert len(json.dumps(pane.to_state())) < len(json.dumps(state))

@@ -5,11 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import Any
 
 from aiokafka import TopicPartition
 from hypothesis import given, settings
@@ -26,19 +21,10 @@ from schemas.records import DeadLetter
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 from streams.audit import Auditor
 from streams.settings import AuditSettings
+from tests.fake_kafka import Message, RecordingProducer
 
 AUDIT = AuditSettings()
 BAD = [b'{"kind":"gpu_sample"', b'{"kind":"mystery"}', b"\xff\xfe", b'{"kind":"gpu_sample","ts_ns":-1}']
-
-
-@dataclass
-class Message:
-    key: bytes
-    value: bytes
-    offset: int
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
-    topic: str = "t.events"
-    partition: int = 3
 
 
 def _lines_by_gpu() -> dict[bytes, list[bytes]]:
@@ -130,34 +116,6 @@ def test_output_partitions_are_the_default_partitioners(key: bytes, partitions: 
     assert _key_slot(key, partitions) == DefaultPartitioner()(key, every, every)
 
 
-class _Producer:
-    """A transactional producer that keeps what each transaction sent to the state topic."""
-
-    def __init__(self) -> None:
-        self.transactions: list[list[tuple[bytes, bytes | None]]] = []
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
-        self.transactions.append([])
-        yield
-
-    async def send(self, topic: str, value: bytes | None, key: bytes, partition: int) -> None:
-        assert topic == "gpucost.state.events" and partition == 3
-        self.transactions[-1].append((key, value))
-
-    async def partitions_for(self, topic: str) -> set[int]:
-        return {0}
-
-    def create_batch(self) -> Any:
-        return SimpleNamespace(append=lambda **record: True)
-
-    async def send_batch(self, batch: Any, topic: str, partition: int) -> None:
-        pass
-
-    async def send_offsets_to_transaction(self, offsets: Any, group: str) -> None:
-        pass
-
-
 @settings(max_examples=25, deadline=None)
 @given(polls(), st.integers(1, 12))
 def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_pane_closed(
@@ -166,13 +124,14 @@ def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_
     each key's auditor exactly; a key's idle windows are written only when a pane of it closed."""
     worker = Worker(KafkaSettings(), AUDIT, group="g")
     tp = TopicPartition("gpucost.events", 3)
-    producer = _Producer()
-    owned = worker.owned[tp] = _Owned(producer=producer, auditors={}, sequences={}, next_offset=0)  # type: ignore[arg-type]
+    producer = RecordingProducer()
+    owned = worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     latest: dict[bytes, bytes | None] = {}
     for i in range(0, len(messages), polls_of):
         before = {k: (a, a.idle.rolls) for k, a in owned.auditors.items()}
         asyncio.run(worker._process(tp, messages[i:i + polls_of]))
-        for key, value in producer.transactions[-1]:
+        for topic, key, value in producer.transactions[-1]:
+            assert topic == "gpucost.state.events"
             latest[key] = value
             if key.startswith(IDLE_PREFIX) and value is not None:
                 auditor, rolls = before.get(key[len(IDLE_PREFIX):].decode(), (None, -1))
@@ -202,16 +161,16 @@ def test_a_key_ended_and_begun_again_in_one_poll_writes_its_new_idle_windows() -
     half = len(lines) // 2
     worker = Worker(KafkaSettings(), AUDIT, group="g")
     tp = TopicPartition("gpucost.events", 3)
-    producer = _Producer()
-    owned = worker.owned[tp] = _Owned(producer=producer, auditors={}, sequences={}, next_offset=0)  # type: ignore[arg-type]
+    producer = RecordingProducer()
+    owned = worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     latest: dict[bytes, bytes | None] = {}
     asyncio.run(worker._process(tp, [Message(key, b"\n".join(lines[:half]), 0)]))
-    latest.update(producer.transactions[-1])
+    latest.update((key, value) for _, key, value in producer.transactions[-1])
     old = owned.auditors[key.decode()]
     rolls_written = old.idle.rolls
     asyncio.run(worker._process(tp, [Message(key, b"", 1, [(CONTROL_HEADER, END_OF_INPUT)]),
                                      Message(key, b"\n".join(lines[half:]), 2)]))  # later panes
-    latest.update(producer.transactions[-1])
+    latest.update((key, value) for _, key, value in producer.transactions[-1])
     new = owned.auditors[key.decode()]
     assert new is not old and new.idle.rolls == rolls_written > 0  # what makes the case
     auditors, _, _ = restored(AUDIT, latest)
