@@ -1,9 +1,9 @@
 """5. What the producers cost the node.
 
 NVML: CPU time per sampling round of the NVML producer against the fake NVML of the tests
-(serving a real H200 capture). eBPF: wall time of programs with the page-fault probe attached
-system-wide (1 fault in 16 reported), against the same programs without it, alternated so that
-both see the same machine:
+(serving a real H200 capture). eBPF: wall time of programs under the eBPF producer (``gpucost
+run --source ebpf`` in a process of its own, its probe system-wide, 1 fault in 16 reported),
+against the same programs without it, alternated so that both see the same machine:
 
 - ``benchmarks/c/fault_loop.c``, which does nothing but fault, or faults half its time (16
   passes over its memory): the verdict is taken on the latter, as in every earlier round;
@@ -15,8 +15,10 @@ both see the same machine:
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,8 +36,9 @@ from benchmarks.common import Result
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = "linux-x86_64__nvidia-h200__590.48.01.txt"
 LAUNCHES = 200_000
-REPEAT = 5  # runs with and without the probe, alternated
+REPEAT = 9  # runs with and without the probe, alternated: one run's spread here is about 3.5 %
 REAL_REPEAT = 7  # … of the real program
+CUDA_REPEAT = 5  # … of the launches, whose cost is far above the noise
 REAL_GPUS = 16
 
 
@@ -65,6 +68,45 @@ def _timed(argv: list[str]) -> tuple[float, int]:
     return seconds, (after.ru_minflt + after.ru_majflt) - (before.ru_minflt + before.ru_majflt)
 
 
+_CLI = "import sys; from gpucost.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a running process and its running children have used so far."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:  # it has ended
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in children)
+
+
+class _Producer:
+    """``gpucost run --source ebpf`` in a process of its own, as a node runs it: bpftrace, and the
+    reading and auditing of what it reports, all on the machine's cores."""
+
+    def __init__(self, libcuda: Path | None = None) -> None:
+        self.out = Path(tempfile.mkdtemp(prefix="gpucost-bench-ebpf-out-"))
+        argv = [sys.executable, "-c", _CLI, "run", "--source", "ebpf", "--ebpf-sample-every", "16",
+                "--out", str(self.out), "--overwrite"] + ([] if libcuda is None else ["--libcuda", str(libcuda)])
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.output = self.proc.stderr
+        self.counts: Counter[str] = Counter()
+
+    def parse(self, line: str) -> list[object]:
+        """Its closing summary: ``… page faults sampled, M reported`` and ``… CUDA launches, M reported``."""
+        for name, what in (("mem_access", "page faults sampled"), ("cuda_launch", "CUDA launches")):
+            found = re.search(rf"{what}, ([\d,]+) reported", line)
+            if found:
+                self.counts[name] = int(found.group(1).replace(",", ""))
+        return []
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)  # ends bpftrace, then the run writes its results
+        self.proc.wait(timeout=60)
+        shutil.rmtree(self.out, ignore_errors=True)
+
+
 class _CounterOnly:
     """The kernel's page-fault counter with a BPF program that never runs (one fault in 2^31): what
     sampling page faults costs before any program of ours runs."""
@@ -83,14 +125,6 @@ class _CounterOnly:
         self.proc.wait(timeout=10)
 
 
-def _producer_probe(**options: Any) -> Any:
-    from producers.ebpf import EbpfProbe
-
-    probe = EbpfProbe("node-b", sample_every=16, gpus_of=lambda pid: [], **options)
-    probe.start()
-    return probe
-
-
 def _build(sources: list[Path], out: str, *flags: str) -> Path:
     exe = Path(tempfile.mkdtemp(prefix="gpucost-bench-ebpf-")) / out
     subprocess.run(["cc", "-O2", "-o", str(exe), *map(str, sources), *flags], check=True)
@@ -105,13 +139,25 @@ class Probed:
     counts: Counter[str]  # the probe's, over all runs
     base_runs: list[float]
     probed_runs: list[float]
+    probe_cpu_s: float  # what the probe's processes used while the program ran, over all runs
+
+    @property
+    def probe_cores(self) -> float:
+        """The probe's CPU while the program ran, in cores."""
+        return self.probe_cpu_s / sum(self.probed_runs)
 
     @property
     def slowdown(self) -> float:
-        return self.probed_s / self.base_s - 1
+        """The median of each probed run against the run without the probe just before it: the
+        machine's slow drifts cancel in a pair, and one odd run moves a median of pairs less."""
+        return statistics.median(p / b for p, b in zip(self.probed_runs, self.base_runs)) - 1
+
+    @property
+    def ns_per_fault(self) -> float:
+        return self.slowdown * self.base_s / self.faults * 1e9
 
 
-def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any] = _producer_probe) -> Probed | str:
+def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any] = _Producer) -> Probed | str:
     """A program run with and without a probe (``attach()`` starts one) attached system-wide,
     alternated; or why it could not be measured."""
     from producers.ebpf import EbpfUnavailable, ensure_tracing
@@ -120,7 +166,7 @@ def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any]
         ensure_tracing()
     except EbpfUnavailable as exc:
         return str(exc)
-    base, faults, probed, counts = [], [], [], Counter[str]()
+    base, faults, probed, counts, probe_cpu = [], [], [], Counter[str](), 0.0
     for _ in range(repeat):
         seconds, n = _timed(argv)
         base.append(seconds)
@@ -131,7 +177,7 @@ def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any]
         def drain() -> None:
             assert probe.output is not None
             for line in probe.output:
-                if line.startswith("Attaching"):
+                if line.startswith(("Attaching", "gpucost: tracing")):
                     attached.set()
                 probe.parse(line)
 
@@ -140,13 +186,15 @@ def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any]
         if not attached.wait(60):
             probe.stop()
             return "bpftrace did not attach within 60 s"
-        time.sleep(0.5)
+        time.sleep(1.0)  # bpftrace attaches about 0.1 s after it starts
+        cpu_before = _cpu_s(probe.proc.pid)
         probed.append(_timed(argv)[0])
+        probe_cpu += _cpu_s(probe.proc.pid) - cpu_before
         probe.stop()
         reader.join(10)
         counts.update(probe.counts)
     return Probed(statistics.median(base), statistics.median(probed), int(statistics.median(faults)), counts, base,
-                  probed)
+                  probed, probe_cpu)
 
 
 def _replay(work: Path) -> list[str]:
@@ -155,8 +203,7 @@ def _replay(work: Path) -> list[str]:
 
     assert gpucost(["simulate", "--gpus", str(REAL_GPUS), "--hours", "72", "--format", "parquet",
                     "--out", str(work / "in")]) == 0
-    return [sys.executable, "-c", "import sys; from gpucost.cli import main; sys.exit(main(sys.argv[1:]))",
-            "replay", str(work / "in"), "--out", str(work / "out"), "--overwrite"]
+    return [sys.executable, "-c", _CLI, "replay", str(work / "in"), "--out", str(work / "out"), "--overwrite"]
 
 
 def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
@@ -168,22 +215,22 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
     met, per_fault = None, 0.0
     for passes, what in [(1, "nothing but page faults (the bound)"),
                          (16, "16 passes over its memory per mapping (faults about half its time; the verdict)")]:
-        for attach, how in [(_producer_probe, "page-fault probe attached (1 in 16 reported)"),
+        for attach, how in [(_Producer, "under the producer (1 in 16 reported)"),
                             (_CounterOnly, "only the kernel's page-fault counter attached (a BPF program that "
                                            "never runs)")]:
             eb = under_probe([str(fault_loop), "64", "40", str(passes)], attach=attach)
             if isinstance(eb, str):
                 notes.append(f"eBPF: not measured here: {eb}")
                 return None
-            ns = (eb.probed_s - eb.base_s) / eb.faults * 1e9
-            if attach is _producer_probe:
+            ns = eb.ns_per_fault
+            if attach is _Producer:
                 per_fault = ns if passes == 1 else per_fault
                 met = eb.slowdown < 0.02 if passes == 16 else met
                 rows.append((f"fault_loop, {what}: no probe", f"{eb.base_s * 1000:,.0f} ms (median), "
                              f"{eb.faults:,} page faults"))
             rows.append((f"… {how}", f"{eb.probed_s * 1000:,.0f} ms (median){_events(eb)}; slowdown "
-                         f"{eb.slowdown * 100:+.1f} % (no probe in the same alternation: {eb.base_s * 1000:,.0f} "
-                         f"ms), {ns:,.0f} ns per fault"))
+                         f"{eb.slowdown * 100:+.1f} % (pairs: {_pairs(eb)}), {ns:,.0f} ns per fault"
+                         f"{_cpu(eb) if attach is _Producer else ''}"))
     work = Path(tempfile.mkdtemp(prefix="gpucost-bench-ebpf-"))
     try:
         real = under_probe(_replay(work), repeat=REAL_REPEAT)
@@ -195,30 +242,42 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
         (f"`gpucost replay` of {REAL_GPUS} GPUs × 72 h of Parquet (a real program: Python, numpy, Arrow), "
          "no probe", f"{real.base_s * 1000:,.0f} ms (median of {REAL_REPEAT}: {_spread(real.base_runs)}), "
          f"{real.faults:,} page faults ({rate:,.0f} a second)"),
-        ("… page-fault probe attached (1 in 16 reported)",
+        ("… under the producer (1 in 16 reported)",
          f"{real.probed_s * 1000:,.0f} ms (median: {_spread(real.probed_runs)}){_events(real)}; slowdown "
          f"{real.slowdown * 100:+.1f} %; expected from its faults at fault_loop's cost per fault: "
-         f"{rate * per_fault / 1e7:+.2f} %")]
-    notes.append(f"Medians of alternated runs ({REPEAT} of fault_loop, {REAL_REPEAT} of the real program); the "
-                 "probe is system-wide, so it also saw the rest of the machine's faults. A program's slowdown is "
-                 f"its page faults per second times the cost per fault: at fault_loop's {per_fault:,.0f} ns, "
-                 f"{0.02 / (per_fault * 1e-9):,.0f} faults a second cost 2 %. The kernel's counter alone, before "
-                 "any program of ours runs, is the floor of any sampler of page faults. The real program's runs "
-                 f"without the probe spread over {(max(real.base_runs) - min(real.base_runs)) / real.base_s:.0%} "
-                 "of their median here: read its measured slowdown against that.")
+         f"{rate * per_fault / 1e7:+.2f} %{_cpu(real)}")]
+    threshold = f"{0.02 / (per_fault * 1e-9):,.0f} faults a second cost 2 %" if per_fault > 0 else "(no cost seen)"
+    notes.append(f"The producer is `gpucost run --source ebpf` in a process of its own, as a node runs it; each row "
+                 "says how much CPU it used while the program ran. Runs alternate with and without the probe "
+                 f"({REPEAT} each of fault_loop, {REAL_REPEAT} of the real program); a slowdown is the median over "
+                 "the pairs, each run with the probe against the run just before it without. The probe is "
+                 "system-wide, so it also saw the rest of the machine's faults. A program's slowdown is its page "
+                 f"faults per second times the cost per fault: at fault_loop's {per_fault:,.0f} ns, {threshold}. "
+                 "The kernel's counter alone, before any program of ours runs, is the floor of any sampler of page "
+                 "faults. The real program's runs without the probe spread over "
+                 f"{(max(real.base_runs) - min(real.base_runs)) / real.base_s:.0%} of their median here: read its "
+                 "measured slowdown against that.")
     # the CUDA probes, on the tests' stand-in libcuda.so.1 called by a program as CUDA programs do
     lib = _build([ROOT / "tests" / "c" / "fake_libcuda.c"], "libcuda.so.1", "-shared", "-fPIC")
     launcher = _build([ROOT / "tests" / "c" / "launch_kernels.c"], "launch_kernels", "-ldl")
-    eb = under_probe([str(launcher), str(lib), str(LAUNCHES)], attach=lambda: _producer_probe(libcuda=lib))
+    eb = under_probe([str(launcher), str(lib), str(LAUNCHES)], repeat=CUDA_REPEAT, attach=lambda: _Producer(lib))
     if isinstance(eb, str):
         notes.append(f"eBPF, CUDA probes: not measured here: {eb}")
     else:
         rows += [(f"{LAUNCHES:,} kernel launches and allocations (stand-in libcuda): no probe",
                   f"{eb.base_s * 1000:,.0f} ms (median)"),
-                 ("… CUDA probes attached", f"{eb.probed_s * 1000:,.0f} ms (median), {eb.counts['cuda_launch']:,} "
-                  f"launches reported over the {REPEAT} runs; {(eb.probed_s - eb.base_s) / LAUNCHES * 1e6:,.2f} µs "
-                  "per launch and allocation")]
+                 ("… under the producer, with its CUDA probes", f"{eb.probed_s * 1000:,.0f} ms (median), "
+                  f"{eb.counts['cuda_launch']:,} launches reported over the {CUDA_REPEAT} runs; "
+                  f"{(eb.probed_s - eb.base_s) / LAUNCHES * 1e6:,.2f} µs per launch and allocation{_cpu(eb)}")]
     return met
+
+
+def _pairs(eb: Probed) -> str:
+    return ", ".join(f"{(p / b - 1) * 100:+.1f}" for p, b in zip(eb.probed_runs, eb.base_runs)) + " %"
+
+
+def _cpu(eb: Probed) -> str:
+    return f"; the producer used {eb.probe_cores:.0%} of a core meanwhile"
 
 
 def _spread(runs: list[float]) -> str:
