@@ -10,6 +10,8 @@ The pattern every billing system should follow:
     python examples/billing_consumer.py --bootstrap 127.0.0.1:19092 --topic gpucost.cost --idle-exit-s 10
 
 Security (TLS, SASL) comes from the same GPUCOST_KAFKA_* environment as every gpucost client.
+gpucost compresses what it produces with zstd by default: aiokafka reads it when ``cramjam`` is
+installed (it comes with gpucost; elsewhere, ``pip install cramjam``).
 """
 from __future__ import annotations
 
