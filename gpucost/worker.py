@@ -84,13 +84,12 @@ def _state_records(owned: _Owned, key: str) -> list[tuple[bytes, bytes | None]]:
     if auditor is None:
         owned.idle_written.pop(key, None)
         return [(k, None), (IDLE_PREFIX + k, None)]
-    state = auditor.to_state()
-    idle = state.pop("idle")
     out: list[tuple[bytes, bytes | None]] = [
-        (k, _json({"audit": state, "seq": owned.sequences.get(key, SeenSequences()).to_state()}))]
+        (k, _json({"audit": auditor.to_state(idle=False),
+                   "seq": owned.sequences.get(key, SeenSequences()).to_state()}))]
     written = owned.idle_written.get(key)
     if written is None or written[0] is not auditor or written[1] != auditor.idle.rolls:
-        out.append((IDLE_PREFIX + k, _json(idle)))
+        out.append((IDLE_PREFIX + k, _json(auditor.idle.to_state())))
         owned.idle_written[key] = (auditor, auditor.idle.rolls)
     return out
 

@@ -192,9 +192,10 @@ class Auditor:
         block = ClosedPanes(self.idle.close_many(panes), *apportion_many(panes, prices, self.weights))
         return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
 
-    def to_state(self) -> dict[str, Any]:
-        """JSON-serialisable snapshot, for a changelog or a checkpoint."""
-        return {"panes": self.panes.to_state(), "idle": self.idle.to_state(),
+    def to_state(self, idle: bool = True) -> dict[str, Any]:
+        """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the
+        idle windows, which a changelog writes apart, only when they changed)."""
+        return {"panes": self.panes.to_state(), **({"idle": self.idle.to_state()} if idle else {}),
                 "mae": self.mae.to_state(), "bindings": self.bindings.to_state(),
                 "prices": self.prices.to_state(), "counts": dict(self.counts)}
 

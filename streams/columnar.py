@@ -82,10 +82,17 @@ def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[i
                               and not line.startswith(_BOM) and _utf8(line)]
     pieces = _parsed(lines, plain, block)
     if len(pieces) == 1 and len(pieces[0][0]) == len(lines):  # Arrow read every line, in order (a live poll)
-        return _Batch(auditor, pieces[0][1].combine_chunks().to_batches()[0], source, lines).run()
+        table = pieces[0][1]
+    else:
+        table = _with_the_others(lines, pieces)
+    return _Batch(auditor, table.combine_chunks().to_batches()[0], source, lines).run()
+
+
+def _with_the_others(lines: Sequence[bytes], pieces: list[tuple[list[int], pa.Table]]) -> pa.Table:
+    """One row per line, in order: Arrow's rows where it read the line; the other lines as Python
+    reads them, a valid event of a hot kind as its wire values (so that its columns hold what the
+    model holds), anything else as an empty row that ``_Batch`` decodes again from the line."""
     taken = [i for idx, _ in pieces for i in idx]
-    # the other lines as Python reads them: a valid event of a hot kind as its wire values, so that
-    # its columns hold what the model holds; anything else decoded again, from the line, in _Batch
     where = np.full(len(lines), -1, np.int64)
     where[taken] = np.arange(len(taken))
     wire = []
@@ -96,8 +103,7 @@ def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[i
             wire.append(event.to_wire())
     where[where < 0] = len(taken) + len(wire)
     tables = [t for _, t in pieces] + [pa.Table.from_pylist(wire + [{"kind": ""}], schema=EVENT_SCHEMA)]
-    table = pa.concat_tables(tables, promote_options="permissive").take(pa.array(where)).combine_chunks()
-    return _Batch(auditor, table.to_batches()[0], source, lines).run()
+    return pa.concat_tables(tables, promote_options="permissive").take(pa.array(where))
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -635,13 +641,18 @@ class _Batch:
         bounds = list(zip([0, *cuts], [*cuts, len(rows)])) if len(rows) else []
         in_force: list[Decimal | None] = []
         applied = 0
-        for lo, hi in bounds:
-            for i, price in prices[applied:int(np.searchsorted(price_rows, rows[lo]))]:
+
+        def apply_prices(upto: int) -> None:
+            """The prices before ``upto`` that are not applied yet."""
+            nonlocal applied
+            for i, price in prices[applied:upto]:
                 self.emit(i, self.a.update(price, self._raw(i), self.source(i)))
-                applied += 1
+            applied = max(applied, upto)
+
+        for lo, hi in bounds:
+            apply_prices(int(np.searchsorted(price_rows, rows[lo])))
             in_force += self.a.prices_now(closing.gpu_model[lo:hi], closing.pane_start_ns[lo:hi])
-        for i, price in prices[applied:]:
-            self.emit(i, self.a.update(price, self._raw(i), self.source(i)))
+        apply_prices(len(prices))
         if len(rows) < FEW_CLOSES:  # a block's fixed cost (about 0.3 ms) is more than a few closes one by one
             for row, pane, price in zip(rows.tolist(), closing.totals(), in_force):
                 self.emit(row, self.a.close([pane], [price]))
