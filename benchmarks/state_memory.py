@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import Result
 
@@ -30,9 +31,27 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * 4096
 
 
+def _samples(gpus: int, ts_ns: int, interval_s: float) -> list[Any]:
+    """One GPU sample and one process sample per GPU at ``ts_ns`` (built without validation: millions
+    of them, all valid)."""
+    from schemas.events import GpuSample, ProcessSample
+
+    util = float((ts_ns - T0) // (60 * NS) % 100)
+    out: list[Any] = []
+    for g in range(gpus):
+        node, gpu = f"node-{g // 8}", f"GPU-{g:06d}"
+        out += [GpuSample.model_construct(
+                    node_id=node, gpu_uuid=gpu, gpu_model="H100", ts_ns=ts_ns, interval_s=interval_s, sm_util_pct=util,
+                    mem_bw_util_pct=10.0, mem_used_bytes=1, mem_total_bytes=2, power_w=300.0, temp_c=50.0),
+                ProcessSample.model_construct(
+                    node_id=node, gpu_uuid=gpu, pid=1000 + g, ts_ns=ts_ns, interval_s=interval_s, sm_util_pct=util,
+                    mem_bw_util_pct=10.0, mem_used_bytes=1)]
+    return out
+
+
 def child(gpus: int, hours: int = 72) -> int:
     """Build the state of ``gpus`` GPUs; the growth of resident memory, in bytes."""
-    from schemas.events import GpuSample, ProcessSample, TenantBinding
+    from schemas.events import TenantBinding
     from streams.audit import Auditor
     from streams.settings import AuditSettings
 
@@ -43,34 +62,19 @@ def child(gpus: int, hours: int = 72) -> int:
         auditor.update(TenantBinding(node_id=f"node-{g // 8}", pid=1000 + g, ts_ns=T0, team="team", env="prod",
                                      app="app", tier="online", sla="Gold"))
     for k in range(hours * 60 + 3):
-        ts = T0 + k * 60 * NS
-        for g in range(gpus):
-            node, gpu = f"node-{g // 8}", f"GPU-{g:06d}"
-            auditor.update(GpuSample.model_construct(
-                node_id=node, gpu_uuid=gpu, gpu_model="H100", ts_ns=ts, interval_s=60.0, sm_util_pct=float(k % 100),
-                mem_bw_util_pct=10.0, mem_used_bytes=1, mem_total_bytes=2, power_w=300.0, temp_c=50.0))
-            auditor.update(ProcessSample.model_construct(
-                node_id=node, gpu_uuid=gpu, pid=1000 + g, ts_ns=ts, interval_s=60.0, sm_util_pct=float(k % 100),
-                mem_bw_util_pct=10.0, mem_used_bytes=1))
+        for event in _samples(gpus, T0 + k * 60 * NS, 60.0):
+            auditor.update(event)
     gc.collect()
     return _rss_bytes() - before
 
 
-def _samples(gpus: int, ts_ns: int, interval_s: float) -> dict[bytes, list[bytes]]:
-    """One GPU sample and one process sample per GPU at ``ts_ns``, as JSON lines, by GPU."""
+def _lines(gpus: int, ts_ns: int, interval_s: float) -> dict[bytes, list[bytes]]:
+    """``_samples`` as JSON lines, by GPU: what a worker reads."""
     from schemas.codec import encode_event
-    from schemas.events import GpuSample, ProcessSample
 
-    out = {}
-    for g in range(gpus):
-        node, gpu = f"node-{g // 8}", f"GPU-{g:06d}"
-        util = float(ts_ns // (60 * NS) % 100)
-        out[gpu.encode()] = [encode_event(e).encode() for e in (
-            GpuSample(node_id=node, gpu_uuid=gpu, gpu_model="H100", ts_ns=ts_ns, interval_s=interval_s,
-                      sm_util_pct=util, mem_bw_util_pct=10.0, mem_used_bytes=1, mem_total_bytes=2, power_w=300.0,
-                      temp_c=50.0),
-            ProcessSample(node_id=node, gpu_uuid=gpu, pid=1000 + g, ts_ns=ts_ns, interval_s=interval_s,
-                          sm_util_pct=util, mem_bw_util_pct=10.0, mem_used_bytes=1))]
+    out: dict[bytes, list[bytes]] = {}
+    for event in _samples(gpus, ts_ns, interval_s):
+        out.setdefault(event.gpu_uuid.encode(), []).append(encode_event(event).encode())
     return out
 
 
@@ -98,7 +102,7 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
     for hour in range(hours):  # the window filled an hour at a time, at a sample a minute
         batch: dict[bytes, list[bytes]] = {}
         for k in range(60):
-            for key, lines in _samples(gpus, T0 + (hour * 60 + k) * 60 * NS, 60.0).items():
+            for key, lines in _lines(gpus, T0 + (hour * 60 + k) * 60 * NS, 60.0).items():
                 batch.setdefault(key, []).extend(lines)
         poll(batch)
     live = T0 + hours * 3600 * NS
@@ -106,7 +110,7 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
     sent = len(producer.transactions)
     start = time.process_time()
     for second in range(polls):  # live: each GPU's second of samples, one message each, in one poll
-        poll(_samples(gpus, live + second * NS, 1.0))
+        poll(_lines(gpus, live + second * NS, 1.0))
     cpu = time.process_time() - start
     written = sum(len(v or b"") for t in producer.transactions[sent:] for _, _, v in t)
     return whole, written / polls / gpus, cpu / polls * 1000
