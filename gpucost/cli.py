@@ -36,6 +36,8 @@ from schemas.arrow import events_table
 from schemas.codec import Rejected, decode_line, encode_event, explain, raw_text
 from schemas.events import Event
 from schemas.records import OUTPUT_KINDS
+from sinks.compact import CompactError
+from sinks.lock import OutputBusyError
 from sinks.parquet import SinkWriteError
 from sinks.views import connect, views_sql
 from streams.settings import AuditSettings
@@ -204,7 +206,14 @@ def _parser() -> argparse.ArgumentParser:
     sink.add_argument("--flush-interval-s", type=float, default=2.0, help="seconds between file flushes")
     _env_flag(sink, "--retry-s", "GPUCOST_SINK_RETRY_S", float, "5",
               "while the output cannot be written, retry this often")
+    _env_flag(sink, "--compact-min-files", "GPUCOST_SINK_COMPACT_MIN_FILES", int, "64",
+              "merge a partition's small files once it has gained this many (0: never)")
     _add_kafka(sink)
+
+    squash = sub.add_parser("compact", help="merge the small Parquet files of an output directory, atomically")
+    _add_out(squash, "output directory")
+    squash.add_argument("--min-files", type=int, default=2,
+                        help="merge a partition's files under 1 Mi rows once it has this many (default 2)")
     return parser
 
 
@@ -573,30 +582,54 @@ def cmd_sink(args: argparse.Namespace) -> int:
     from sinks.kafka_sink import run_kafka_sink
 
     kafka = _kafka(args)
+    if args.compact_min_files == 1 or args.compact_min_files < 0:
+        raise UsageError(f"--compact-min-files must be 0 (never) or at least 2, got {args.compact_min_files}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
     async def main() -> None:
         stop = _stop_on_signals()
         stats = await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS},
-                                     args.out, args.group, stop, args.flush_interval_s, args.retry_s)
+                                     args.out, args.group, stop, args.flush_interval_s, args.retry_s,
+                                     args.compact_min_files)
         print(f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
-              f"duplicates dropped {dict(stats.duplicates)}", file=sys.stderr)
+              f"duplicates dropped {dict(stats.duplicates)}, small files merged {stats.compacted_files:,}",
+              file=sys.stderr)
 
     asyncio.run(main())
     return 0
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    from sinks.compact import compact
+    from sinks.kafka_sink import JOURNAL
+    from sinks.lock import OutputLock
+    from sinks.parquet import Journal
+
+    if args.min_files < 2:
+        raise UsageError(f"--min-files must be at least 2, got {args.min_files}")
+    if not any((args.out / k).is_dir() for k in OUTPUT_KINDS):
+        raise UsageError(f"{args.out} holds no gpucost output; give the sink's or a run's --out")
+    with OutputLock(args.out, "gpucost compact"):
+        pending, _ = Journal(args.out / JOURNAL, dict).pending()  # a sink that died before committing needs these
+        stats = compact(args.out, args.min_files, exclude=pending)
+    print(f"compacted {stats.partitions:,} partition(s): {stats.files_merged:,} files → {stats.files_written:,} "
+          f"({stats.rows:,} rows)")
+    for folder, why in stats.skipped.items():
+        print(f"left as it is: {folder}: {why}", file=sys.stderr)
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "query": cmd_query,
             "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
-            "sink": cmd_sink}
+            "sink": cmd_sink, "compact": cmd_compact}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (UsageError, ConfigError) as exc:
+    except (UsageError, ConfigError, OutputBusyError, CompactError) as exc:
         print(f"gpucost: error: {exc}", file=sys.stderr)
         return 2
     except SinkWriteError as exc:

@@ -5,6 +5,10 @@ place. Only the records after the last commit can arrive again (a sink that died
 rename and the commit, a rebalance); those already written, in the files of the journal at
 start-up or seen since the last commit, are dropped by each kind's natural key. So a restart
 never writes a row twice, and the keys held stay bounded by what one flush interval brings.
+
+A flush makes a file per kind and date, so after a commit, with the journal empty, a folder
+that has gained ``compact_min_files`` files is compacted (``sinks.compact``) in a thread while
+the loop waits: nothing is written into a folder while it is swapped.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from schemas.records import DeadLetter, OUTPUT_KINDS
+from sinks.compact import CompactError, compact, partition_folders
+from sinks.lock import OutputLock
 from sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries
 
 __all__ = ["DEDUPE_KEYS", "JOURNAL", "SinkStats", "written_keys", "run_kafka_sink"]
@@ -41,6 +47,7 @@ class SinkStats:
     written: Counter[str] = field(default_factory=Counter)
     duplicates: Counter[str] = field(default_factory=Counter)
     undecodable: int = 0
+    compacted_files: int = 0  # small files merged away
 
 
 JOURNAL = ".sink-journal"  # under the output directory
@@ -91,17 +98,26 @@ async def _flush(sink: ParquetSink, stop: asyncio.Event, retry_s: float) -> None
 
 async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path,
                          group_id: str, stop: asyncio.Event, flush_interval_s: float = 2.0,
-                         retry_s: float = 5.0) -> SinkStats:
+                         retry_s: float = 5.0, compact_min_files: int = 64) -> SinkStats:
     """Consume ``topics`` (kind → topic name) until ``stop`` is set; flush, then commit.
 
     If the output cannot be written (disk full, permissions), nothing more is consumed and
     no offset is committed; the write is retried every ``retry_s`` until it succeeds. A
     sink stopped meanwhile raises ``SinkWriteError``: its records are read again on restart.
+    ``compact_min_files`` 0 leaves every file as flushed. Raises ``OutputBusyError`` while
+    another process writes to ``out_dir``.
     """
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SinkWriteError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
+    with OutputLock(out_dir, "gpucost sink"):
+        return await _run(consumer_options, topics, out_dir, group_id, stop, flush_interval_s, retry_s,
+                          compact_min_files)
+
+
+async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path, group_id: str,
+               stop: asyncio.Event, flush_interval_s: float, retry_s: float, compact_min_files: int) -> SinkStats:
     if stale := remove_stale_temporaries(out_dir):
         log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
     read: dict[str, int] = {}  # "topic:partition" → the next offset, of what this sink has read
@@ -112,6 +128,8 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
     kind_of_topic = {t: k for k, t in topics.items()}
     sink = ParquetSink(out_dir, journal=journal)
     stats = SinkStats()
+    # files per partition folder since it was last compacted: what earlier sinks left counts too
+    fresh = Counter({f: sum(1 for _ in f.glob("part-*.parquet")) for f in partition_folders(out_dir)})
     consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
                                 auto_offset_reset="earliest", isolation_level="read_committed")
 
@@ -123,6 +141,27 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
             journal.clear()
             for keys in seen.values():
                 keys.clear()
+
+    async def compact_fresh() -> None:
+        """Compact the folders that gained enough files, once the journal needs none of them."""
+        nonlocal compact_min_files
+        fresh.update(f.parent for f in sink.files_written)
+        sink.files_written.clear()
+        due = [f for f, n in fresh.items() if n >= compact_min_files]
+        if not compact_min_files or again or not due:
+            return
+        try:
+            done = await asyncio.to_thread(compact, out_dir, compact_min_files, sink.file_rows, due)
+        except CompactError as exc:
+            log.error("%s. Compaction is off until the sink restarts", exc)
+            compact_min_files = 0
+            return
+        except OSError as exc:  # a full disk, say: the files stay as they are, and it is tried after the next commit
+            log.warning("compaction failed, the files are unchanged: %s", exc)
+            return
+        for folder in due:
+            del fresh[folder]
+        stats.compacted_files += done.files_merged
 
     await consumer.start()
     try:
@@ -153,6 +192,7 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
             if dirty and time.monotonic() - last_flush >= flush_interval_s:
                 await _flush(sink, stop, retry_s)  # files renamed into place and fsynced …
                 await commit()  # … before the offsets that produced them are committed
+                await compact_fresh()
                 last_flush, dirty = time.monotonic(), False
         await _flush(sink, stop, retry_s)
         await commit()

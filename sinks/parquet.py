@@ -10,8 +10,8 @@ import json
 import os
 import re
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,11 @@ from schemas.arrow import to_table
 from schemas.blocks import ClosedPanes
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, OUTPUT_KINDS
 
-__all__ = ["Journal", "ParquetSink", "SinkWriteError", "kind_of", "partition_date", "remove_stale_temporaries"]
+__all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "fsync_dir", "kind_of", "partition_date",
+           "remove_stale_temporaries"]
 
 _KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
-_PART_RE = re.compile(r"part-(\d+)\.parquet$")
+PART_RE = re.compile(r"part-(\d+)\.parquet$")
 UNKNOWN_DATE = "unknown"
 _NS_PER_DAY = 86_400_000_000_000
 _CORES = os.cpu_count() or 1
@@ -122,7 +123,7 @@ class Journal:
             os.fsync(fh.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -140,8 +141,9 @@ class ParquetSink:
     # one row group per file of up to 1 Mi rows: a month × 1,000 GPUs of cost records is queried per team and
     # day in 0.5 s instead of 0.9 s with 128 Ki-row groups (BENCHMARKS.md, benchmark 4)
     def __init__(self, out_dir: Path, file_rows: int = 1 << 20, row_group_rows: int = 1 << 20,
-                 journal: Journal | None = None) -> None:
+                 journal: Journal | None = None, first_part: int = 0) -> None:
         self.out_dir = out_dir
+        self.first_part = first_part  # no file gets a lower number
         self.file_rows = file_rows
         self.row_group_rows = row_group_rows
         self.journal = journal
@@ -176,6 +178,12 @@ class ParquetSink:
                 keys.append(key)
         for key in keys:
             self._write_full(key)
+
+    def write_table(self, kind: str, date: str, table: pa.Table) -> None:
+        """Rows of one partition as they are, in ``kind``'s schema (compaction's merged files)."""
+        self._buffers[(kind, date)].append(table)
+        self._rows[(kind, date)] += table.num_rows
+        self._write_full((kind, date))
 
     def _write_full(self, key: tuple[str, str]) -> None:
         while self._rows.get(key, 0) >= self.file_rows:
@@ -212,8 +220,8 @@ class ParquetSink:
         tmp: Path | None = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            taken = [int(m.group(1)) for p in folder.iterdir() if (m := _PART_RE.match(p.name))]
-            final = folder / f"part-{max(taken, default=-1) + 1:05d}.parquet"
+            taken = [int(m.group(1)) for p in folder.iterdir() if (m := PART_RE.match(p.name))]
+            final = folder / f"part-{max(max(taken, default=-1) + 1, self.first_part):05d}.parquet"
             tmp = folder / f".{final.name}.tmp"
             pq.write_table(table, tmp, row_group_size=self.row_group_rows, compression="zstd")
             with open(tmp, "rb+") as fh:
@@ -230,7 +238,7 @@ class ParquetSink:
             if self.journal is not None:
                 self.journal.add(final.relative_to(self.out_dir))  # before the file can be seen
             os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise self._error(final.parent, exc) from exc

@@ -1,4 +1,4 @@
-"""Stand-ins for what the worker takes from aiokafka, to drive ``Worker._process`` without a broker."""
+"""Stand-ins for what the worker and the sink take from aiokafka, to drive them without a broker."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["Message", "RecordingProducer"]
+from aiokafka import TopicPartition
+
+__all__ = ["Message", "RecordingProducer", "ScriptedConsumer"]
 
 
 @dataclass
@@ -46,3 +48,35 @@ class RecordingProducer:
 
     async def send_offsets_to_transaction(self, offsets: Any, group: str) -> None:
         pass
+
+
+class ScriptedConsumer:
+    """A consumer that hands out ``polls`` one per ``getmany`` (then nothing, and sets ``done``) and
+    counts commits. Built by the code under test with aiokafka's signature, so a test sets the
+    class attributes first."""
+
+    polls: list[dict[TopicPartition, list[Message]]] = []
+    done: Any = None  # the asyncio.Event the code under test stops on
+    commits = 0
+
+    def __init__(self, *topics: str, **options: Any) -> None:
+        self._polls = iter(type(self).polls)
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def assignment(self) -> set[TopicPartition]:
+        return {tp for poll in type(self).polls for tp in poll}
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[Message]]:
+        poll = next(self._polls, None)
+        if poll is None:
+            type(self).done.set()
+            return {}
+        return poll
+
+    async def commit(self) -> None:
+        type(self).commits += 1

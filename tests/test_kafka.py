@@ -54,8 +54,9 @@ class Deployment:
         return self.spawn(name, "worker", "--group", self.app_id, "--session-timeout-s", "6", *flags)
 
     def sink(self, name: str = "sink") -> subprocess.Popen[bytes]:
+        # compacting at every second file: a sink killed or restarted may be caught mid-compaction
         return self.spawn(name, "sink", "--out", str(self.out), "--group", f"{self.app_id}-sink",
-                          "--flush-interval-s", "0.5")
+                          "--flush-interval-s", "0.5", "--compact-min-files", "2")
 
     def topic_size(self, kind: str) -> int:
         async def size() -> int:

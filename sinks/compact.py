@@ -1,0 +1,167 @@
+"""Merging a partition's small Parquet files into few large ones, swapped in all at once.
+
+The Kafka sink writes a file per kind and date at every flush: tens of thousands a day, and
+DuckDB pays per file (BENCHMARKS.md, benchmark 4). A partition folder is rebuilt beside the
+output (``OUT/.compact/KIND/date=D``: the merged files, plus hard links to every other entry)
+and exchanged with the live folder in one ``renameat2(RENAME_EXCHANGE)``. A reader therefore
+sees either every old file or the merged ones, never both and never neither; a query that
+listed the old files and opens one after the swap fails with "file not found" instead of
+counting a row twice. What a compaction that died leaves sits only under ``.compact``, which
+is invisible to the views and removed by the next one.
+
+The caller must be the output directory's only writer (``sinks.lock.OutputLock``).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+from collections import deque
+from collections.abc import Collection, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas.arrow import ARROW_SCHEMAS
+from schemas.records import OUTPUT_KINDS
+from sinks.parquet import PART_RE, ParquetSink, fsync_dir
+
+__all__ = ["STAGING", "CompactError", "CompactStats", "compact", "partition_folders"]
+
+log = logging.getLogger("gpucost.compact")
+
+STAGING = ".compact"  # under the output directory; outside every kind's folder, so no view globs it
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_CORES = os.cpu_count() or 1
+
+
+class CompactError(OSError):
+    """The output cannot be compacted at all here; nothing was changed."""
+
+
+@dataclass
+class CompactStats:
+    partitions: int = 0  # partition folders rebuilt
+    files_merged: int = 0  # small files that went into the merge
+    files_written: int = 0  # merged files that replaced them
+    rows: int = 0  # rows moved
+    skipped: dict[str, str] = field(default_factory=dict)  # folder (relative) → why it was left as it was
+
+
+def _exchange(a: Path, b: Path) -> None:
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        raise CompactError("this system's C library has no renameat2, so partition folders cannot be swapped "
+                           "atomically; nothing was compacted (Linux with glibc 2.28 or later is needed)")
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise CompactError(f"cannot swap {b} with its merged copy atomically: {os.strerror(err)}; that folder "
+                           "is unchanged (the filesystem must support renameat2 RENAME_EXCHANGE, as ext4, xfs, "
+                           "btrfs and tmpfs do)")
+
+
+def partition_folders(out_dir: Path) -> list[Path]:
+    """Every ``KIND/date=D`` folder of the output, in a stable order."""
+    return [f for kind in OUTPUT_KINDS for f in sorted((out_dir / kind).glob("date=*")) if f.is_dir()]
+
+
+def _number(path: Path) -> int:
+    m = PART_RE.fullmatch(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def _parts(folder: Path) -> list[Path]:
+    """The folder's published files, by part number (the order they were written in)."""
+    return sorted((p for p in folder.iterdir() if _number(p) >= 0), key=_number)
+
+
+def _read(path: Path, schema: pa.Schema) -> pa.Table:
+    """One file's rows, without the hive partitioning that reading by path would add."""
+    table = pq.ParquetFile(path).read()
+    if not table.schema.equals(schema):
+        table = table.cast(schema)  # a file of an earlier version whose types widen losslessly, or ArrowInvalid
+    return table
+
+
+def _rows(paths: Iterable[Path]) -> int:
+    return sum(pq.read_metadata(p).num_rows for p in paths)
+
+
+def _tables(paths: list[Path], schema: pa.Schema) -> Iterator[pa.Table]:
+    """The files' rows, in order, read side by side a few files ahead (Arrow lets go of the GIL)."""
+    with ThreadPoolExecutor(_CORES) as pool:
+        ahead: deque[Future[pa.Table]] = deque()
+        for path in paths:
+            ahead.append(pool.submit(_read, path, schema))
+            if len(ahead) > 2 * _CORES:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+
+
+def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int, stats: CompactStats) -> None:
+    kind, date = folder.parent.name, folder.name.removeprefix("date=")
+    where = str(folder.relative_to(out_dir))
+    if any(not p.is_file() or p.is_symlink() for p in folder.iterdir()):
+        stats.skipped[where] = "holds something other than plain files"
+        return
+    parts = _parts(folder)
+    staged = out_dir / STAGING / kind / folder.name
+    try:
+        sizes = {p: pq.read_metadata(p).num_rows for p in parts}
+        small = [p for p in parts if sizes[p] < file_rows]
+        if len(small) < min_files:
+            return
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+        for entry in sorted(set(folder.iterdir()) - set(small)):
+            os.link(entry, staged / entry.name)  # full files and anything else stay, under their own names
+        # numbered after every old file: a name a reader listed before the swap never holds other rows after it
+        writer = ParquetSink(out_dir / STAGING, file_rows=file_rows, first_part=_number(parts[-1]) + 1)
+        for table in _tables(small, ARROW_SCHEMAS[kind]):
+            writer.write_table(kind, date, table)  # written as each file fills: memory bounded by a file, not a folder
+        writer.flush()
+    except (pa.ArrowException, ValueError) as exc:  # cut short, not Parquet, or columns of another kind
+        stats.skipped[where] = f"a file is not a readable {kind} file: {exc}"
+        return
+    if _rows(_parts(staged)) != _rows(parts):  # checked from the files' own footers before anyone can see them
+        raise CompactError(f"compacting {folder} would change its row count; it was left unchanged (a bug: "
+                           "please report it)")
+    _exchange(staged, folder)
+    fsync_dir(folder.parent)
+    fsync_dir(staged.parent)
+    shutil.rmtree(staged)  # the old files, now outside every view
+    rows = sum(sizes[p] for p in small)
+    stats.partitions += 1
+    stats.files_merged += len(small)
+    stats.files_written += len(writer.files_written)
+    stats.rows += rows
+    log.info("compacted %s: %d files → %d (%s rows)", where, len(small), len(writer.files_written), f"{rows:,}")
+
+
+def compact(out_dir: Path, min_files: int = 2, file_rows: int = 1 << 20, folders: Iterable[Path] | None = None,
+            exclude: Collection[Path] = ()) -> CompactStats:
+    """Merge the files under ``file_rows`` rows of every partition folder (or of ``folders``) that
+    has at least ``min_files`` of them. Folders holding a file of ``exclude`` (the sink's journal:
+    written since its last commit, and needed as they are to drop what is read again) are left.
+    Raises ``CompactError`` where folders cannot be swapped atomically, ``SinkWriteError`` where
+    the merged files cannot be written; either way no folder is left half-done."""
+    if min_files < 2:
+        raise ValueError(f"min_files must be at least 2 (merging fewer files changes nothing), got {min_files}")
+    shutil.rmtree(out_dir / STAGING, ignore_errors=True)  # what a compaction that died left, never visible
+    held = {p.parent for p in exclude}
+    stats = CompactStats()
+    try:
+        for folder in partition_folders(out_dir) if folders is None else folders:
+            if folder in held:
+                stats.skipped[str(folder.relative_to(out_dir))] = "holds files written since the sink's last commit"
+            elif folder.is_dir():
+                _compact_folder(out_dir, folder, min_files, file_rows, stats)
+    finally:
+        shutil.rmtree(out_dir / STAGING, ignore_errors=True)
+    return stats

@@ -1,0 +1,248 @@
+"""Compaction of the sink's small files: every row once, in order, and never a half-swapped view."""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import threading
+from collections import Counter, defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from aiokafka import TopicPartition
+from hypothesis import strategies as st
+
+import sinks.compact
+import sinks.kafka_sink
+from gpucost.cli import main
+from producers.simulate import FleetSpec, simulate
+from schemas.blocks import expand
+from schemas.codec import encode_event
+from sinks.compact import STAGING, compact, partition_folders
+from sinks.kafka_sink import JOURNAL, run_kafka_sink
+from sinks.lock import OutputBusyError, OutputLock
+from sinks.parquet import Journal, ParquetSink, kind_of
+from sinks.views import connect
+from streams.audit import Auditor
+from streams.settings import AuditSettings
+from tests.fake_kafka import Message, ScriptedConsumer
+
+NS = 1_000_000_000
+# two GPUs for 3 h across midnight UTC, and two bad lines: records of every kind, on two dates
+_LINES = [encode_event(e).encode() for e in simulate(replace(FleetSpec(gpus=2, hours=3, interval_s=20),
+                                                             start_ns=FleetSpec().start_ns - 90 * 60 * NS))]
+_auditor = Auditor(AuditSettings())
+RECORDS = expand(_auditor.ingest_lines([*_LINES, b"{not json", b'{"kind": "gpu_sample"}'], lambda i: f"f:{i}")
+                 + _auditor.finish())
+VIEWS = ("idle_index", "cost", "mae", "dlq")
+
+
+def write_as_flushes(out: Path, cuts: list[int]) -> None:
+    """The records as a sink writes them: a file per kind and date at every flush, here after each cut."""
+    sink = ParquetSink(out)
+    for lo, hi in zip([0, *cuts], [*cuts, len(RECORDS)]):
+        for record in RECORDS[lo:hi]:
+            sink.write(record)
+        sink.flush()
+
+
+def rows(out: Path) -> dict[str, list[tuple]]:
+    """Every row of every view, as a sorted multiset (DuckDB over the files, as an analyst reads them)."""
+    con = connect(out)
+    return {v: con.execute(f"SELECT * FROM {v} ORDER BY ALL").fetchall() for v in VIEWS}
+
+
+def part_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("part-*.parquet"))
+
+
+def in_file_order(files: list[Path]) -> list[dict]:
+    return [r for f in files for r in pq.ParquetFile(f).read().to_pylist()]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, len(RECORDS)), min_size=1, max_size=40).map(sorted),
+       st.integers(2, 12), st.integers(40, 5000))
+def test_compaction_keeps_every_row_once_and_in_file_order(tmp_path_factory, cuts: list[int], min_files: int,
+                                                           file_rows: int) -> None:
+    out = tmp_path_factory.mktemp("out")
+    write_as_flushes(out, cuts)
+    before_rows = rows(out)
+    before = {f: part_files(f) for f in partition_folders(out)}
+    sizes = {p: pq.read_metadata(p).num_rows for files in before.values() for p in files}
+    inodes = {p: p.stat().st_ino for p in sizes}
+    content = {p: in_file_order([p]) for p in sizes}
+
+    stats = compact(out, min_files, file_rows)
+
+    assert rows(out) == before_rows
+    assert not (out / STAGING).exists()
+    merged = 0
+    for folder, old in before.items():
+        new = part_files(folder)
+        small = [p for p in old if sizes[p] < file_rows]
+        if len(small) < min_files:  # not due: untouched, file for file
+            assert [(p, p.stat().st_ino) for p in new] == [(p, inodes[p]) for p in old]
+            continue
+        merged += len(small)
+        kept = [p for p in new if p in inodes and p.stat().st_ino == inodes[p]]
+        assert kept == [p for p in old if sizes[p] >= file_rows]  # full files stay where they were
+        written = [p for p in new if p not in kept]
+        counts = [pq.read_metadata(p).num_rows for p in written]
+        assert all(n <= file_rows for n in counts) and sum(n < file_rows for n in counts) <= 1
+        assert in_file_order(written) == [r for p in small for r in content[p]]  # the order they were written in
+    assert stats.files_merged == merged
+    assert stats.rows == sum(sizes[p] for files in before.values() for p in files
+                             if sizes[p] < file_rows and sum(sizes[q] < file_rows for q in files) >= min_files)
+
+
+def test_a_reader_sees_every_row_exactly_once_while_folders_are_swapped(tmp_path: Path) -> None:
+    write_as_flushes(tmp_path, list(range(0, len(RECORDS), max(1, len(RECORDS) // 60))))
+    (total,) = connect(tmp_path).execute("SELECT count(*) FROM cost").fetchone()
+    (money,) = connect(tmp_path).execute("SELECT sum(cost_micro_usd) FROM cost").fetchone()
+    results: list[tuple[int, int]] = []
+    errors: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        con = connect(tmp_path)
+        while not done.is_set():
+            try:
+                results.append(con.execute("SELECT count(*), sum(cost_micro_usd) FROM cost").fetchone())
+            except duckdb.Error as exc:  # listed before a swap, opened after: an error, never a wrong sum
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for rounds in range(6):  # each round's larger files make the last round's files small again
+            assert compact(tmp_path, 2, file_rows=50 + 40 * rounds).partitions > 0
+    finally:
+        done.set()
+        reader.join()
+    assert results, "the reader never completed a query"
+    assert set(results) == {(total, money)}
+    assert all("No such file" in e or "No files found" in e or "not found" in e.lower() for e in errors), errors
+
+
+def _die_at(out: str, step: str) -> None:
+    """A compaction killed at ``step`` (in a process of its own, as SIGKILL would leave it)."""
+    def die(*_: object) -> None:
+        os._exit(9)
+    if step == "writing":
+        ParquetSink.flush = die  # type: ignore[method-assign]
+    elif step == "swapping":
+        sinks.compact._exchange = die  # type: ignore[attr-defined]
+    else:  # swapped, the old files not yet removed
+        sinks.compact.fsync_dir = die  # type: ignore[attr-defined]
+    compact(Path(out))
+
+
+@pytest.mark.parametrize("step", ["writing", "swapping", "swapped"])
+def test_a_compaction_killed_at_any_step_loses_and_repeats_nothing(tmp_path: Path, step: str) -> None:
+    write_as_flushes(tmp_path, list(range(0, len(RECORDS), 50)))
+    want = rows(tmp_path)
+    child = multiprocessing.get_context("spawn").Process(target=_die_at, args=(str(tmp_path), step))
+    child.start()
+    child.join()
+    assert child.exitcode == 9
+    assert (tmp_path / STAGING).exists()  # it died with work under the staging folder …
+    assert rows(tmp_path) == want  # … which no view reads
+    stats = compact(tmp_path)
+    assert not (tmp_path / STAGING).exists()
+    assert rows(tmp_path) == want
+    assert stats.partitions > 0 or step == "swapped"
+
+
+def test_the_cli_leaves_folders_the_journal_needs_and_refuses_while_a_sink_writes(tmp_path: Path, capsys) -> None:
+    write_as_flushes(tmp_path, list(range(0, len(RECORDS), 100)))
+    want = rows(tmp_path)
+    before = {f: len(part_files(f)) for f in partition_folders(tmp_path)}
+    held = part_files(next(f for f in partition_folders(tmp_path) if f.parent.name == "cost"))[-1]
+    Journal(tmp_path / JOURNAL, lambda: {"t:0": 7}).add(held.relative_to(tmp_path))
+    with OutputLock(tmp_path, "gpucost sink"):
+        assert main(["compact", "--out", str(tmp_path)]) == 2
+        assert f"{tmp_path} is being written by gpucost sink (pid {os.getpid()})" in capsys.readouterr().err
+    assert main(["compact", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    why = "holds files written since the sink's last commit"
+    assert f"left as it is: {held.parent.relative_to(tmp_path)}: {why}" in err
+    assert held.exists() and len(part_files(held.parent)) > 1
+    others = [f for f in partition_folders(tmp_path) if f != held.parent]
+    assert all(len(part_files(f)) == 1 for f in others)
+    assert out.startswith(f"compacted {sum(before[f] > 1 for f in others)} partition(s)")
+    assert rows(tmp_path) == want
+
+
+def test_an_unreadable_file_leaves_its_folder_as_it_is(tmp_path: Path) -> None:
+    write_as_flushes(tmp_path, list(range(0, len(RECORDS), 100)))
+    idle, cost = (next(f for f in partition_folders(tmp_path) if f.parent.name == k) for k in ("idle_index", "cost"))
+    (cost / "part-09998.parquet").write_bytes(b"not parquet")  # a corrupt file
+    foreign = idle / "part-09999.parquet"  # a file of another kind's columns
+    pq.write_table(pq.read_table(part_files(cost)[0]), foreign)
+    before = {f: part_files(f) for f in (idle, cost)}
+    due = [f for f in partition_folders(tmp_path) if f not in before and len(part_files(f)) > 1]
+    stats = compact(tmp_path)
+    assert set(stats.skipped) == {str(f.relative_to(tmp_path)) for f in (idle, cost)}
+    assert all("is not a readable" in why for why in stats.skipped.values())
+    assert {f: part_files(f) for f in (idle, cost)} == before
+    assert stats.partitions == len(due) > 0
+
+
+def run_sink(out: Path, per_poll: int, min_files: int, monkeypatch: pytest.MonkeyPatch) -> sinks.kafka_sink.SinkStats:
+    """The sink over ``RECORDS`` as its topics would hold them, ``per_poll`` a poll, flushing after each."""
+    offsets: Counter[str] = Counter()
+    polls = []
+    for lo in range(0, len(RECORDS), per_poll):
+        poll = defaultdict(list)
+        for record in RECORDS[lo:lo + per_poll]:
+            kind = kind_of(record)
+            poll[TopicPartition(f"t.{kind}", 0)].append(Message(b"", record.model_dump_json().encode(), offsets[kind],
+                                                                topic=f"t.{kind}", partition=0))
+            offsets[kind] += 1
+        polls.append(dict(poll))
+    monkeypatch.setattr(ScriptedConsumer, "polls", polls)
+    monkeypatch.setattr(sinks.kafka_sink, "AIOKafkaConsumer", ScriptedConsumer)
+
+    async def main() -> sinks.kafka_sink.SinkStats:
+        ScriptedConsumer.done = asyncio.Event()
+        return await run_kafka_sink({}, {k: f"t.{k}" for k in VIEWS}, out, "g", ScriptedConsumer.done,
+                                    flush_interval_s=0, compact_min_files=min_files)
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("min_files", [2, 5])
+def test_the_sink_compacts_as_it_goes_and_writes_each_record_once(tmp_path: Path, monkeypatch, min_files: int) -> None:
+    reference = tmp_path / "reference"
+    write_as_flushes(reference, [])
+    stats = run_sink(tmp_path / "out", 25, min_files, monkeypatch)
+    assert rows(tmp_path / "out") == rows(reference)
+    flushes = -(-len(RECORDS) // 25)
+    assert stats.compacted_files > flushes  # most of a flush's files were merged away
+    for folder in partition_folders(tmp_path / "out"):  # left at most: a merged file, the files since, the last flush's
+        assert sum(pq.read_metadata(p).num_rows < 1 << 20 for p in part_files(folder)) <= min_files + 1
+
+
+def test_the_sink_leaves_its_files_as_flushed_with_compaction_off(tmp_path: Path, monkeypatch) -> None:
+    stats = run_sink(tmp_path, 25, 0, monkeypatch)
+    assert stats.compacted_files == 0
+    assert max(len(part_files(f)) for f in partition_folders(tmp_path)) > 20
+
+
+def test_a_second_sink_on_one_directory_is_refused(tmp_path: Path, monkeypatch) -> None:
+    with OutputLock(tmp_path, "gpucost sink"), pytest.raises(OutputBusyError, match="one sink per directory"):
+        run_sink(tmp_path, 25, 2, monkeypatch)
+
+
+@pytest.mark.parametrize("argv,words", [(["sink", "--compact-min-files", "1"], "--compact-min-files must be 0"),
+                                        (["sink", "--compact-min-files", "-3"], "--compact-min-files must be 0"),
+                                        (["compact", "--min-files", "1"], "--min-files must be at least 2")])
+def test_thresholds_that_merge_nothing_are_usage_errors(tmp_path: Path, capsys, argv: list[str], words: str) -> None:
+    write_as_flushes(tmp_path, [10])
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err
