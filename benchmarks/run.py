@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         1: lambda: replay_vs_duckdb.run(gpus=4 if q else 32, hours=6 if q else 72, interval_s=10),
         2: lambda: kafka_vs_raw.run(gpus=2 if q else 8, hours=4 if q else 24, interval_s=10),
         3: lambda: state_memory.run(sizes=(10, 30) if q else (50, 250)),
-        4: lambda: query_latency.run(gpus=50 if q else 1000, days=3 if q else 30, repeat=3 if q else 5),
+        4: lambda: query_latency.run(gpus=50 if q else 1000, days=3 if q else 30, repeat=3 if q else 5,
+                                     flushes=48 if q else 720),
         5: lambda: producer_overhead.run(SHARED_DATA),
     }
     results: list[Result] = []
