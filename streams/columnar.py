@@ -52,6 +52,10 @@ _PID_SPAN = 1 << 32
 #: fewer closing panes than this in a batch are closed one by one, as records; more, as blocks of columns
 #: (a live worker's poll closes a pane or two per GPU; closing one as a block costs 0.45 ms, one by one 20 µs)
 FEW_CLOSES = 16
+#: batches of fewer JSON lines than this go event by event: the batch path's fixed cost (Arrow's JSON reader with
+#: the whole event schema, then the columns) is about 1 ms, and the row path's about 9 µs a line, against the
+#: batch path's 3 to 4 µs (a live worker's poll of one GPU is a line or two; BENCHMARKS.md, benchmark 3)
+FEW_LINES = 128
 
 
 def ingest_batch(auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[int], str]) -> "Outputs":
@@ -71,9 +75,10 @@ def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[i
     The reader takes a few things Python's ``json`` refuses (invalid UTF-8, nesting deeper than
     Python's recursion limit, two objects on one line), so such lines, and any line the reader
     refuses, are decoded one by one, where they stand: the same dead letter as the row path.
+    Fewer than ``FEW_LINES`` lines take the row path itself.
     """
-    if not lines:
-        return []
+    if len(lines) < FEW_LINES or not lines:
+        return [out for i, line in enumerate(lines) for out in auditor.ingest(line, source(i))]
     block = b"\n".join(lines)
     if block.count(b"{") == len(lines) and b"[" not in block and _BOM not in block and _utf8(block):
         plain = list(range(len(lines)))  # one object per line, nothing nested: every line is plain

@@ -168,14 +168,25 @@ def test_json_batches_match_lines(case: Case, few_closes: int) -> None:
         check(case, "json")
 
 
+@settings(max_examples=50, deadline=None)
+@given(case=cases("json"))
+def test_json_batches_below_few_lines_go_row_by_row_with_the_same_outputs(case: Case) -> None:
+    """Small batches take the row path (a live poll's line or two), larger ones the batch path, in one
+    stream: a threshold of 8 sends these tests' batches both ways."""
+    with closing_at(columnar.FEW_CLOSES, few_lines=8):
+        check(case, "json")
+
+
 @contextmanager
-def closing_at(few_closes: int) -> Iterator[None]:
-    default = columnar.FEW_CLOSES
-    columnar.FEW_CLOSES = few_closes
+def closing_at(few_closes: int, few_lines: int = 0) -> Iterator[None]:
+    """Panes closed as blocks from ``few_closes`` a batch, and JSON batches of any size down to
+    ``few_lines`` through the batch path (0: all of them, as these tests' batches are small)."""
+    default = columnar.FEW_CLOSES, columnar.FEW_LINES
+    columnar.FEW_CLOSES, columnar.FEW_LINES = few_closes, few_lines
     try:
         yield
     finally:
-        columnar.FEW_CLOSES = default
+        columnar.FEW_CLOSES, columnar.FEW_LINES = default
 
 
 @given(st.lists(st.one_of(st.integers(0, 100_000).map(lambda x: x / 1000), st.integers(1, 36_000_000).map(
