@@ -44,6 +44,9 @@ class PaneTotals:
     #: (kind, pid, ts_ns) of every event counted in this pane (pid -1 for GPU samples): a second
     #: event with the same key is a duplicate. Bounded: only open panes are kept.
     seen: set[tuple[str, int, int]] = field(default_factory=set)
+    #: ``seen`` as ``to_state`` wrote it, and its size then: ``seen`` only grows, so an unchanged size is an
+    #: unchanged set (a live worker writes every open pane at every poll; most have not changed since)
+    _seen_state: tuple[int, list[Any]] = field(default=(0, []), init=False, repr=False, compare=False)
 
     def tenant(self, tenant: Tenant, key: str | None = None) -> TenantTotals:
         """The tenant's totals in this pane (``key``: its key, when the caller has it already)."""
@@ -58,11 +61,13 @@ class PaneTotals:
         start, then from each other. A live worker writes the open panes at every poll, and a
         sample a second spelled out in full nanoseconds was most of a GPU's state."""
         tenants = [[list(t.tenant), t.sm, t.bw, t.numa] for t in self.tenants.values()]
-        times: dict[tuple[str, int], list[int]] = {}
-        for kind, pid, ts in sorted(self.seen):
-            times.setdefault((kind, pid), []).append(ts)
-        seen = [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
-                for (kind, pid), ts in times.items()]
+        if self._seen_state[0] != len(self.seen):
+            times: dict[tuple[str, int], list[int]] = {}
+            for kind, pid, ts in sorted(self.seen):
+                times.setdefault((kind, pid), []).append(ts)
+            self._seen_state = len(self.seen), [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
+                                                for (kind, pid), ts in times.items()]
+        seen = self._seen_state[1]
         return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
                 self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen]
 

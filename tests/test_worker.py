@@ -116,6 +116,11 @@ def test_output_partitions_are_the_default_partitioners(key: bytes, partitions: 
     assert _key_slot(key, partitions) == DefaultPartitioner()(key, every, every)
 
 
+def seen_sets(auditor: Auditor) -> dict[tuple[str, int], set[tuple[str, int, int]]]:
+    """What each open pane holds to refuse duplicates, read directly (``to_state`` may write it from a cache)."""
+    return {(gpu, start): pane.seen for gpu, panes in auditor.panes._open.items() for start, pane in panes.items()}
+
+
 @settings(max_examples=25, deadline=None)
 @given(polls(), st.integers(1, 12))
 def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_pane_closed(
@@ -139,6 +144,7 @@ def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_
         auditors, sequences, progress = restored(AUDIT, latest)
         assert progress == messages[min(i + polls_of, len(messages)) - 1].offset + 1
         assert {k: a.to_state() for k, a in auditors.items()} == {k: a.to_state() for k, a in owned.auditors.items()}
+        assert {k: seen_sets(a) for k, a in auditors.items()} == {k: seen_sets(a) for k, a in owned.auditors.items()}
         assert {k: s.to_state() for k, s in sequences.items()} == \
             {k: s.to_state() for k, s in owned.sequences.items() if k in owned.auditors}
     assert owned.auditors == {} and not any(v for k, v in latest.items() if k != PROGRESS_KEY)  # all tombstoned
