@@ -16,6 +16,7 @@ import socket
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -37,7 +38,7 @@ from schemas.codec import Rejected, decode_line, encode_event, explain, raw_text
 from schemas.events import Event
 from schemas.records import OUTPUT_KINDS
 from sinks.compact import CompactError
-from sinks.lock import OutputBusyError
+from sinks.lock import OutputBusyError, OutputLock
 from sinks.parquet import SinkWriteError
 from sinks.views import connect, views_sql
 from streams.settings import AuditSettings
@@ -48,6 +49,7 @@ __all__ = ["main"]
 
 DEFAULT_OUT = "gpucost-out"
 SIM_LINES_PER_FILE = 1_000_000
+QUERY_ATTEMPTS = 3  # a query that lists a file a compaction then swaps away fails with "No such file"
 
 
 class UsageError(Exception):
@@ -217,17 +219,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
-    existing = [out / k for k in OUTPUT_KINDS if (out / k).exists()]
-    if existing and not overwrite:
-        raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in existing)}); "
-                         "pass --overwrite to replace it, or choose another --out")
-    for path in existing:
-        shutil.rmtree(path)
+@contextmanager
+def _output(out: Path, overwrite: bool, holder: str) -> Iterator[None]:
+    """``out`` emptied of earlier output (only with ``overwrite``), this process its only writer meanwhile:
+    a sink writing there is never overwritten under its feet."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SinkWriteError(f"cannot create the output directory {out}: {exc.strerror}") from None
+    with OutputLock(out, holder):
+        existing = [out / k for k in OUTPUT_KINDS if (out / k).exists()]
+        if existing and not overwrite:
+            raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in existing)}); "
+                             "pass --overwrite to replace it, or choose another --out")
+        for path in existing:
+            shutil.rmtree(path)
+        yield
 
 
 def _settings(args: argparse.Namespace) -> AuditSettings:
@@ -371,8 +378,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         items: Iterator[Item] = (itertools.chain(read_inputs(_files(args.prices)) if args.prices else [],
                                                  _live_items(args, source, nvml)) if source in ("nvml", "dcgm", "ebpf")
                                  else ((ev, "simulate") for ev in simulate(spec)))
-        _prepare_out(args.out, args.overwrite)
-        stats = run_embedded(items, settings, args.out)
+        with _output(args.out, args.overwrite, "gpucost run"):
+            stats = run_embedded(items, settings, args.out)
     finally:
         signal.signal(signal.SIGINT, previous)  # Ctrl-C meant "stop sampling" only during the run
     return _finish(args.out, stats)
@@ -407,11 +414,11 @@ def _files(paths: list[Path]) -> list[Path]:
 def cmd_replay(args: argparse.Namespace) -> int:
     settings = _settings(args)
     files = _files(args.input)
-    _prepare_out(args.out, args.overwrite)
     from tqdm import tqdm
 
     total = sum(f.stat().st_size for f in files)
-    with tqdm(total=total, unit="B", unit_scale=True, disable=not sys.stderr.isatty(), desc="replay") as bar:
+    with _output(args.out, args.overwrite, "gpucost replay"), \
+            tqdm(total=total, unit="B", unit_scale=True, disable=not sys.stderr.isatty(), desc="replay") as bar:
         stats = run_embedded(read_batches(files), settings, args.out,
                              on_batch=lambda b: bar.update(sum(item.nbytes for item in b)))  # type: ignore[union-attr]
     return _finish(args.out, stats)
@@ -426,14 +433,19 @@ def _jsonable(value: object) -> object:
 def cmd_query(args: argparse.Namespace) -> int:
     if not args.out.is_dir():
         raise UsageError(f"output directory {args.out} does not exist; run `gpucost run` or `gpucost replay` first")
-    try:
-        res = connect(args.out).execute(args.sql)
-    except duckdb.Error as exc:
-        raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
+    for attempt in range(1, QUERY_ATTEMPTS + 1):
+        try:
+            res = connect(args.out).execute(args.sql)
+            rows = res.fetchall()
+            break
+        except duckdb.IOException as exc:  # a file listed, then merged away by a compaction: run it again
+            if attempt == QUERY_ATTEMPTS or "No such file" not in str(exc):
+                raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
+        except duckdb.Error as exc:
+            raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
     columns = [d[0] for d in res.description] if res.description else []
     if args.format == "lines" and len(columns) != 1:
         raise UsageError(f"--format lines needs a query of one column, this one has {len(columns)}: {columns}")
-    rows = res.fetchall()
     if args.format == "lines":
         sys.stdout.writelines(f"{r[0]}\n" for r in rows)
     elif args.format == "csv":
@@ -603,7 +615,6 @@ def cmd_sink(args: argparse.Namespace) -> int:
 def cmd_compact(args: argparse.Namespace) -> int:
     from sinks.compact import compact
     from sinks.kafka_sink import JOURNAL
-    from sinks.lock import OutputLock
     from sinks.parquet import Journal
 
     if args.min_files < 2:

@@ -246,3 +246,43 @@ def test_thresholds_that_merge_nothing_are_usage_errors(tmp_path: Path, capsys, 
     assert main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err
+
+
+def test_a_replay_never_overwrites_a_directory_a_sink_writes(tmp_path: Path, capsys) -> None:
+    write_as_flushes(tmp_path / "out", [10])
+    want = rows(tmp_path / "out")
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b"\n".join(_LINES[:50]) + b"\n")
+    with OutputLock(tmp_path / "out", "gpucost sink"):
+        assert main(["replay", str(events), "--out", str(tmp_path / "out"), "--overwrite"]) == 2
+        assert "is being written by gpucost sink" in capsys.readouterr().err
+    assert rows(tmp_path / "out") == want
+    assert main(["replay", str(events), "--out", str(tmp_path / "out"), "--overwrite"]) == 0
+    assert rows(tmp_path / "out") != want
+
+
+class _Vanishing:
+    """A connection whose first ``fails`` queries meet a file a compaction swapped away."""
+
+    def __init__(self, out: Path, fails: int) -> None:
+        self.con, self.fails = connect(out), fails
+
+    def execute(self, sql: str) -> duckdb.DuckDBPyConnection:
+        if self.fails:
+            self.fails -= 1
+            raise duckdb.IOException('IO Error: Cannot open file "cost/date=x/part-00001.parquet": No such file')
+        return self.con.execute(sql)
+
+
+@pytest.mark.parametrize("fails", [1, 2, 3])
+def test_gpucost_query_runs_a_query_again_when_compaction_swapped_its_files(tmp_path: Path, capsys, monkeypatch,
+                                                                           fails: int) -> None:
+    write_as_flushes(tmp_path, [10])
+    tries = iter([_Vanishing(tmp_path, fails)] * 3)
+    monkeypatch.setattr("gpucost.cli.connect", lambda out: next(tries))
+    rc = main(["query", "--out", str(tmp_path), "SELECT count(*) FROM cost", "--format", "csv"])
+    out, err = capsys.readouterr()
+    if fails < 3:  # the third failure in a row is reported
+        assert rc == 0 and out.splitlines()[1] == str(len(rows(tmp_path)["cost"]))
+    else:
+        assert rc == 2 and "No such file" in err and err.count("\n") == 1
