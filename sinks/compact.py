@@ -51,6 +51,7 @@ class CompactStats:
     files_written: int = 0  # merged files that replaced them
     rows: int = 0  # rows moved
     skipped: dict[str, str] = field(default_factory=dict)  # folder (relative) → why it was left as it was
+    small_left: dict[Path, int] = field(default_factory=dict)  # folder → its files under file_rows rows, after
 
 
 def _exchange(a: Path, b: Path) -> None:
@@ -104,7 +105,8 @@ def _tables(paths: list[Path], schema: pa.Schema) -> Iterator[pa.Table]:
             yield ahead.popleft().result()
 
 
-def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int, stats: CompactStats) -> None:
+def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int, max_files: int | None,
+                    stats: CompactStats) -> None:
     kind, date = folder.parent.name, folder.name.removeprefix("date=")
     where = str(folder.relative_to(out_dir))
     if any(not p.is_file() or p.is_symlink() for p in folder.iterdir()):
@@ -115,8 +117,13 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
     try:
         sizes = {p: pq.read_metadata(p).num_rows for p in parts}
         small = [p for p in parts if sizes[p] < file_rows]
+        stats.small_left[folder] = len(small)
         if len(small) < min_files:
             return
+        if max_files is not None:  # the oldest first; the rest wait for the next time
+            small, later = small[:max_files], small[max_files:]
+        else:
+            later = []
         shutil.rmtree(staged, ignore_errors=True)
         staged.mkdir(parents=True)
         for entry in sorted(set(folder.iterdir()) - set(small)):
@@ -137,6 +144,7 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
     fsync_dir(staged.parent)
     shutil.rmtree(staged)  # the old files, now outside every view
     rows = sum(sizes[p] for p in small)
+    stats.small_left[folder] = len(later) + (rows % file_rows > 0)
     stats.partitions += 1
     stats.files_merged += len(small)
     stats.files_written += len(writer.files_written)
@@ -145,9 +153,10 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
 
 
 def compact(out_dir: Path, min_files: int = 2, file_rows: int = 1 << 20, folders: Iterable[Path] | None = None,
-            exclude: Collection[Path] = ()) -> CompactStats:
+            exclude: Collection[Path] = (), max_files: int | None = None) -> CompactStats:
     """Merge the files under ``file_rows`` rows of every partition folder (or of ``folders``) that
-    has at least ``min_files`` of them. Folders holding a file of ``exclude`` (the sink's journal:
+    has at least ``min_files`` of them, at most ``max_files`` of them a folder (the oldest), which
+    bounds the time one call takes. Folders holding a file of ``exclude`` (the sink's journal:
     written since its last commit, and needed as they are to drop what is read again) are left.
     Raises ``CompactError`` where folders cannot be swapped atomically, ``SinkWriteError`` where
     the merged files cannot be written; either way no folder is left half-done."""
@@ -161,7 +170,7 @@ def compact(out_dir: Path, min_files: int = 2, file_rows: int = 1 << 20, folders
             if folder in held:
                 stats.skipped[str(folder.relative_to(out_dir))] = "holds files written since the sink's last commit"
             elif folder.is_dir():
-                _compact_folder(out_dir, folder, min_files, file_rows, stats)
+                _compact_folder(out_dir, folder, min_files, file_rows, max_files, stats)
     finally:
         shutil.rmtree(out_dir / STAGING, ignore_errors=True)
     return stats

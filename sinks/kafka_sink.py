@@ -51,6 +51,10 @@ class SinkStats:
 
 
 JOURNAL = ".sink-journal"  # under the output directory
+# a folder's files merged at one go at most, and the seconds of compaction begun after one commit: the consumer
+# polls again well inside Kafka's max.poll.interval even where a sink meets a day of files flushed by an old one
+COMPACT_MAX_FILES = 1024
+COMPACT_BUDGET_S = 20.0
 
 
 def written_keys(out_dir: Path, files: list[Path]) -> dict[str, set[tuple[object, ...]]]:
@@ -147,21 +151,24 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
         nonlocal compact_min_files
         fresh.update(f.parent for f in sink.files_written)
         sink.files_written.clear()
-        due = [f for f, n in fresh.items() if n >= compact_min_files]
-        if not compact_min_files or again or not due:
+        if not compact_min_files or again:
             return
-        try:
-            done = await asyncio.to_thread(compact, out_dir, compact_min_files, sink.file_rows, due)
-        except CompactError as exc:
-            log.error("%s. Compaction is off until the sink restarts", exc)
-            compact_min_files = 0
-            return
-        except OSError as exc:  # a full disk, say: the files stay as they are, and it is tried after the next commit
-            log.warning("compaction failed, the files are unchanged: %s", exc)
-            return
-        for folder in due:
-            del fresh[folder]
-        stats.compacted_files += done.files_merged
+        started = time.monotonic()
+        for folder in [f for f, n in fresh.items() if n >= compact_min_files]:
+            if time.monotonic() - started >= COMPACT_BUDGET_S:
+                return  # the rest after the next commit
+            try:
+                done = await asyncio.to_thread(compact, out_dir, compact_min_files, sink.file_rows, [folder], (),
+                                               COMPACT_MAX_FILES)
+            except CompactError as exc:
+                log.error("%s. Compaction is off until the sink restarts", exc)
+                compact_min_files = 0
+                return
+            except OSError as exc:  # a full disk, say: the files stay as they are; tried again after the next commit
+                log.warning("compaction failed, the files are unchanged: %s", exc)
+                return
+            fresh[folder] = done.small_left.get(folder, 0)  # its small files left: due again if still too many
+            stats.compacted_files += done.files_merged
 
     await consumer.start()
     try:

@@ -66,9 +66,9 @@ def in_file_order(files: list[Path]) -> list[dict]:
 
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(0, len(RECORDS)), min_size=1, max_size=40).map(sorted),
-       st.integers(2, 12), st.integers(40, 5000))
+       st.integers(2, 12), st.integers(40, 5000), st.one_of(st.none(), st.integers(1, 8)))
 def test_compaction_keeps_every_row_once_and_in_file_order(tmp_path_factory, cuts: list[int], min_files: int,
-                                                           file_rows: int) -> None:
+                                                           file_rows: int, max_files: int | None) -> None:
     out = tmp_path_factory.mktemp("out")
     write_as_flushes(out, cuts)
     before_rows = rows(out)
@@ -77,27 +77,24 @@ def test_compaction_keeps_every_row_once_and_in_file_order(tmp_path_factory, cut
     inodes = {p: p.stat().st_ino for p in sizes}
     content = {p: in_file_order([p]) for p in sizes}
 
-    stats = compact(out, min_files, file_rows)
+    stats = compact(out, min_files, file_rows, max_files=max_files)
 
     assert rows(out) == before_rows
     assert not (out / STAGING).exists()
-    merged = 0
+    merged = []
     for folder, old in before.items():
         new = part_files(folder)
         small = [p for p in old if sizes[p] < file_rows]
-        if len(small) < min_files:  # not due: untouched, file for file
-            assert [(p, p.stat().st_ino) for p in new] == [(p, inodes[p]) for p in old]
-            continue
-        merged += len(small)
+        taken = small[:max_files] if len(small) >= min_files else []  # the oldest, and only where enough are small
         kept = [p for p in new if p in inodes and p.stat().st_ino == inodes[p]]
-        assert kept == [p for p in old if sizes[p] >= file_rows]  # full files stay where they were
+        assert kept == [p for p in old if p not in taken]  # full files, and small ones not taken, untouched
         written = [p for p in new if p not in kept]
         counts = [pq.read_metadata(p).num_rows for p in written]
         assert all(n <= file_rows for n in counts) and sum(n < file_rows for n in counts) <= 1
-        assert in_file_order(written) == [r for p in small for r in content[p]]  # the order they were written in
-    assert stats.files_merged == merged
-    assert stats.rows == sum(sizes[p] for files in before.values() for p in files
-                             if sizes[p] < file_rows and sum(sizes[q] < file_rows for q in files) >= min_files)
+        assert in_file_order(written) == [r for p in taken for r in content[p]]  # the order they were written in
+        assert stats.small_left[folder] == sum(pq.read_metadata(p).num_rows < file_rows for p in new)
+        merged += taken
+    assert stats.files_merged == len(merged) and stats.rows == sum(sizes[p] for p in merged)
 
 
 def test_a_reader_sees_every_row_exactly_once_while_folders_are_swapped(tmp_path: Path) -> None:
@@ -225,6 +222,20 @@ def test_the_sink_compacts_as_it_goes_and_writes_each_record_once(tmp_path: Path
     assert stats.compacted_files > flushes  # most of a flush's files were merged away
     for folder in partition_folders(tmp_path / "out"):  # left at most: a merged file, the files since, the last flush's
         assert sum(pq.read_metadata(p).num_rows < 1 << 20 for p in part_files(folder)) <= min_files + 1
+
+
+def test_the_sink_merges_a_few_files_at_a_time_and_within_its_budget(tmp_path: Path, monkeypatch, caplog) -> None:
+    """A sink that finds many files (an old sink's) merges them a few at a time, over several commits."""
+    write_as_flushes(tmp_path, list(range(0, len(RECORDS), 10)))  # what a sink without compaction left
+    monkeypatch.setattr(sinks.kafka_sink, "COMPACT_MAX_FILES", 3)
+    before = max(len(part_files(f)) for f in partition_folders(tmp_path))
+    with caplog.at_level("INFO", logger="gpucost.compact"):
+        stats = run_sink(tmp_path, 25, 2, monkeypatch)
+    merges = [int(r.getMessage().split(": ")[1].split(" files")[0]) for r in caplog.records]
+    assert merges and max(merges) == 3 and sum(merges) == stats.compacted_files
+    assert stats.compacted_files > before  # the fullest folder took more than one round
+    monkeypatch.setattr(sinks.kafka_sink, "COMPACT_BUDGET_S", 0.0)  # nothing begun after a commit
+    assert run_sink(tmp_path / "other", 25, 2, monkeypatch).compacted_files == 0
 
 
 def test_the_sink_leaves_its_files_as_flushed_with_compaction_off(tmp_path: Path, monkeypatch) -> None:
