@@ -12,8 +12,8 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
 from aiokafka import TopicPartition
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sinks.compact

@@ -56,7 +56,11 @@ def report(fault: str, sent: int, d: Deployment, embedded: Path) -> None:
 
 def all_visible_files_readable(out: Path) -> None:
     for path in out.glob("*/date=*/*.parquet"):
-        duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{path}')").fetchone()  # raises if torn
+        try:
+            duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{path}')").fetchone()  # raises if torn
+        except duckdb.IOException as exc:  # merged away by a compaction since the glob (names are never reused)
+            if path.exists() or "No such file" not in str(exc):
+                raise
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -70,7 +71,15 @@ class Deployment:
         return asyncio.run(size())
 
     def rows(self, view: str) -> int:
-        return connect(self.out).execute(f"SELECT count(*) FROM {view}").fetchone()[0]
+        """The view's rows now. The sink compacts as it runs, so a query may list a file that is then swapped
+        away: it is run again, as `gpucost query` does (README, Compaction)."""
+        for attempt in range(20):
+            try:
+                return connect(self.out).execute(f"SELECT count(*) FROM {view}").fetchone()[0]
+            except duckdb.IOException as exc:
+                if "No such file" not in str(exc) or attempt == 19:
+                    raise
+        raise AssertionError("unreachable")
 
     def stop(self) -> None:
         for proc in self.procs:
