@@ -45,8 +45,9 @@ class PaneTotals:
     #: event with the same key is a duplicate. Bounded: only open panes are kept.
     seen: set[tuple[str, int, int]] = field(default_factory=set)
     #: ``seen`` as ``to_state`` wrote it, and its size then: ``seen`` only grows, so an unchanged size is an
-    #: unchanged set (a live worker writes every open pane at every poll; most have not changed since)
-    _seen_state: tuple[int, list[Any]] = field(default=(0, []), init=False, repr=False, compare=False)
+    #: unchanged set (a live worker writes every open pane at every poll; most have not changed since). The
+    #: default, of no size, is never handed out: its list is shared.
+    _seen_state: tuple[int, list[Any]] = field(default=(-1, []), init=False, repr=False, compare=False)
 
     def tenant(self, tenant: Tenant, key: str | None = None) -> TenantTotals:
         """The tenant's totals in this pane (``key``: its key, when the caller has it already)."""
