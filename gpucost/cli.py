@@ -223,10 +223,6 @@ def _parser() -> argparse.ArgumentParser:
 def _output(out: Path, overwrite: bool, holder: str) -> Iterator[None]:
     """``out`` emptied of earlier output (only with ``overwrite``), this process its only writer meanwhile:
     a sink writing there is never overwritten under its feet."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SinkWriteError(f"cannot create the output directory {out}: {exc.strerror}") from None
     with OutputLock(out, holder):
         existing = [out / k for k in OUTPUT_KINDS if (out / k).exists()]
         if existing and not overwrite:

@@ -30,7 +30,7 @@ from schemas.arrow import ARROW_SCHEMAS
 from schemas.records import OUTPUT_KINDS
 from sinks.parquet import PART_RE, ParquetSink, fsync_dir
 
-__all__ = ["STAGING", "CompactError", "CompactStats", "compact", "partition_folders"]
+__all__ = ["STAGING", "CompactError", "CompactStats", "compact", "part_files", "partition_folders"]
 
 log = logging.getLogger("gpucost.compact")
 
@@ -76,9 +76,9 @@ def _number(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _parts(folder: Path) -> list[Path]:
-    """The folder's published files, by part number (the order they were written in)."""
-    return sorted((p for p in folder.iterdir() if _number(p) >= 0), key=_number)
+def part_files(entries: Iterable[Path]) -> list[Path]:
+    """The published files among a folder's ``entries``, by part number (the order they were written in)."""
+    return sorted((p for p in entries if _number(p) >= 0), key=_number)
 
 
 def _read(path: Path, schema: pa.Schema) -> pa.Table:
@@ -87,10 +87,6 @@ def _read(path: Path, schema: pa.Schema) -> pa.Table:
     if not table.schema.equals(schema):
         table = table.cast(schema)  # a file of an earlier version whose types widen losslessly, or ArrowInvalid
     return table
-
-
-def _rows(paths: Iterable[Path]) -> int:
-    return sum(pq.read_metadata(p).num_rows for p in paths)
 
 
 def _tables(paths: list[Path], schema: pa.Schema) -> Iterator[pa.Table]:
@@ -109,10 +105,11 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
                     stats: CompactStats) -> None:
     kind, date = folder.parent.name, folder.name.removeprefix("date=")
     where = str(folder.relative_to(out_dir))
-    if any(not p.is_file() or p.is_symlink() for p in folder.iterdir()):
+    entries = list(folder.iterdir())
+    if any(not p.is_file() or p.is_symlink() for p in entries):
         stats.skipped[where] = "holds something other than plain files"
         return
-    parts = _parts(folder)
+    parts = part_files(entries)
     staged = out_dir / STAGING / kind / folder.name
     try:
         sizes = {p: pq.read_metadata(p).num_rows for p in parts}
@@ -126,7 +123,7 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
             later = []
         shutil.rmtree(staged, ignore_errors=True)
         staged.mkdir(parents=True)
-        for entry in sorted(set(folder.iterdir()) - set(small)):
+        for entry in sorted(set(entries) - set(small)):
             os.link(entry, staged / entry.name)  # full files and anything else stay, under their own names
         # numbered after every old file: a name a reader listed before the swap never holds other rows after it
         writer = ParquetSink(out_dir / STAGING, file_rows=file_rows, first_part=_number(parts[-1]) + 1)
@@ -136,7 +133,8 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
     except (pa.ArrowException, ValueError) as exc:  # cut short, not Parquet, or columns of another kind
         stats.skipped[where] = f"a file is not a readable {kind} file: {exc}"
         return
-    if _rows(_parts(staged)) != _rows(parts):  # checked from the files' own footers before anyone can see them
+    # checked from the files' own footers before anyone can see them
+    if sum(pq.read_metadata(p).num_rows for p in part_files(staged.iterdir())) != sum(sizes.values()):
         raise CompactError(f"compacting {folder} would change its row count; it was left unchanged (a bug: "
                            "please report it)")
     _exchange(staged, folder)

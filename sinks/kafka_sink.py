@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from schemas.records import DeadLetter, OUTPUT_KINDS
-from sinks.compact import CompactError, compact, partition_folders
+from sinks.compact import CompactError, compact, part_files, partition_folders
 from sinks.lock import OutputLock
 from sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries
 
@@ -111,10 +111,6 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
     ``compact_min_files`` 0 leaves every file as flushed. Raises ``OutputBusyError`` while
     another process writes to ``out_dir``.
     """
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SinkWriteError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
     with OutputLock(out_dir, "gpucost sink"):
         return await _run(consumer_options, topics, out_dir, group_id, stop, flush_interval_s, retry_s,
                           compact_min_files)
@@ -133,7 +129,7 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
     sink = ParquetSink(out_dir, journal=journal)
     stats = SinkStats()
     # files per partition folder since it was last compacted: what earlier sinks left counts too
-    fresh = Counter({f: sum(1 for _ in f.glob("part-*.parquet")) for f in partition_folders(out_dir)})
+    fresh = Counter({f: len(part_files(f.iterdir())) for f in partition_folders(out_dir)})
     consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
                                 auto_offset_reset="earliest", isolation_level="read_committed")
 

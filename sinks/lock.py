@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from sinks.parquet import SinkWriteError
+
 __all__ = ["LOCK", "OutputBusyError", "OutputLock"]
 
 LOCK = ".lock"  # under the output directory
@@ -28,8 +30,12 @@ class OutputLock:
         self._fd: int | None = None
 
     def __enter__(self) -> OutputLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Creates the output directory if need be (``SinkWriteError`` if it cannot), then takes the lock."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise SinkWriteError(f"cannot create the output directory {self.path.parent}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

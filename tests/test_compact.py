@@ -297,3 +297,12 @@ def test_gpucost_query_runs_a_query_again_when_compaction_swapped_its_files(tmp_
         assert rc == 0 and out.splitlines()[1] == str(len(rows(tmp_path)["cost"]))
     else:
         assert rc == 2 and "No such file" in err and err.count("\n") == 1
+
+
+def test_an_output_directory_that_cannot_be_made_is_said_so(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("")
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b"\n".join(_LINES[:5]) + b"\n")
+    assert main(["replay", str(events), "--out", str(tmp_path / "file" / "out")]) == 4
+    assert capsys.readouterr().err == f"gpucost: error: cannot create the output directory {tmp_path}/file/out: " \
+                                      "Not a directory\n"
