@@ -35,12 +35,13 @@ from producers.replay import input_files, read_batches, read_inputs
 from producers.simulate import FleetSpec, simulate
 from schemas.arrow import events_table
 from schemas.codec import Rejected, decode_line, encode_event, explain, raw_text
-from schemas.events import Event
+from schemas.events import Event, Price
 from schemas.records import OUTPUT_KINDS
 from sinks.compact import CompactError
 from sinks.lock import OutputBusyError, OutputLock
 from sinks.parquet import SinkWriteError
-from sinks.views import connect, views_sql
+from sinks.views import connect, read_only_problem, views_sql
+from streams.scope import PRICE_SCOPE, price_mac
 from streams.settings import AuditSettings
 
 T = TypeVar("T")
@@ -158,7 +159,18 @@ def _parser() -> argparse.ArgumentParser:
     qry.add_argument("sql")
     qry.add_argument("--format", choices=["table", "csv", "json", "lines"], default="table",
                      help="lines: one value per line, of a one-column query (e.g. dead letters' raw text to replay)")
+    qry.add_argument("--unsafe", action="store_true",
+                     help="run any statement with DuckDB's full file access (by default: SELECT or EXPLAIN only, "
+                          "reading files under --out only)")
     _add_out(qry, "directory holding the output to query")
+
+    prices = sub.add_parser("prices", help="price authority: sign price events so workers with a keyring take them")
+    price_sub = prices.add_subparsers(dest="action", required=True)
+    sign = price_sub.add_parser("sign", help="write each price of FILE(s) with the authority's key id and signature "
+                                             "as JSON Lines on stdout (other lines: refused)")
+    sign.add_argument("files", nargs="+", type=Path)
+    sign.add_argument("--signing-key-file", type=Path, required=True,
+                      help="the price authority's one key, '<key_id> <secret hex> @prices' (or '*')")
 
     views = sub.add_parser("views", help="print the CREATE VIEW statements for use in any DuckDB")
     _add_out(views, "directory holding the output")
@@ -429,9 +441,11 @@ def _jsonable(value: object) -> object:
 def cmd_query(args: argparse.Namespace) -> int:
     if not args.out.is_dir():
         raise UsageError(f"output directory {args.out} does not exist; run `gpucost run` or `gpucost replay` first")
+    if not args.unsafe and (problem := read_only_problem(args.sql)) is not None:
+        raise UsageError(problem)
     for attempt in range(1, QUERY_ATTEMPTS + 1):
         try:
-            res = connect(args.out).execute(args.sql)
+            res = connect(args.out, sandboxed=not args.unsafe).execute(args.sql)
             rows = res.fetchall()
             break
         except duckdb.IOException as exc:  # a file listed, then merged away by a compaction: run it again
@@ -452,6 +466,28 @@ def cmd_query(args: argparse.Namespace) -> int:
         print(json.dumps([{c: _jsonable(v) for c, v in zip(columns, r)} for r in rows], indent=1))
     else:
         print(format_table(columns, rows))
+    return 0
+
+
+def cmd_prices(args: argparse.Namespace) -> int:
+    """Sign each price line with the authority's key (``streams.scope.price_mac``); any other line is an error."""
+    signer = _load_keys(Signer.from_file, args.signing_key_file)
+    if signer.key.nodes is not None and PRICE_SCOPE not in signer.key.nodes:
+        raise ConfigError(f"key {signer.key.key_id!r} may not sign prices: its node list needs {PRICE_SCOPE} (or *)")
+    out = []
+    for path in _files(args.files):
+        for n, line in enumerate(path.read_bytes().splitlines(), 1):
+            if not line.strip():
+                continue
+            event = decode_line(line)
+            if not isinstance(event, Price):
+                why = event.detail if isinstance(event, Rejected) else f"a {event.kind}, not a price"
+                raise UsageError(f"{path}:{n}: {why}")
+            unsigned = event.model_copy(update={"key_id": None, "signature": None})
+            signed = unsigned.model_copy(update={"key_id": signer.key.key_id,
+                                                 "signature": price_mac(signer.key.secret, unsigned)})
+            out.append(encode_event(signed))
+    sys.stdout.write("".join(f"{line}\n" for line in out))
     return 0
 
 
@@ -629,7 +665,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "query": cmd_query,
             "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
-            "sink": cmd_sink, "compact": cmd_compact}
+            "sink": cmd_sink, "compact": cmd_compact, "prices": cmd_prices}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,6 +25,10 @@ class KafkaSettings(BaseSettings):
     partitions: Annotated[int, Field(ge=1, le=10_000, description="partitions of keyed topics")] = 8
     replication: Annotated[int, Field(ge=1, le=16, description="replication factor")] = 1
     batch_events: Annotated[int, Field(ge=1, le=100_000, description="events per input message")] = 500
+    max_message_bytes: Annotated[int, Field(ge=4096, le=64 << 20, description=(
+        "largest input message a producer sends, before compression: a batch is cut to fit, an event "
+        "that cannot fit is dead-lettered (oversized). Keep it under the topic's max.message.bytes "
+        "(Kafka's default 1 MiB)"))] = 900_000
     compression: Annotated[Literal["zstd", "lz4", "snappy", "gzip", "none"],
                            Field(description="compression of what gpucost produces: zstd, lz4, snappy, gzip or "
                                              "none (consumers must support it)")] = "zstd"

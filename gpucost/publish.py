@@ -20,13 +20,12 @@ from gpucost.kafka_settings import KafkaSettings
 from gpucost.outbox import Message, Outbox
 from gpucost.routing import Router, duplicate_letter
 from gpucost.signing import Signer
-from schemas.codec import encode_event
-from schemas.codec import Rejected
+from schemas.codec import Rejected, encode_event, raw_text
 from schemas.events import Event
 from schemas.records import DeadLetter
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
 
-__all__ = ["create_topics", "default_spool", "publish", "publish_dead_letters"]
+__all__ = ["create_topics", "default_spool", "publish", "publish_dead_letters", "split_batch"]
 
 log = logging.getLogger("gpucost.publish")
 
@@ -136,6 +135,21 @@ async def _stop_quietly(producer: AIOKafkaProducer) -> None:
         pass  # the broker is away; what was not acknowledged is still in the outbox
 
 
+def split_batch(lines: list[str], max_bytes: int) -> list[list[str]]:
+    """``lines`` cut, in order, into runs whose JSON Lines text fits ``max_bytes`` (a line alone over
+    it is a run of its own, for the caller to refuse)."""
+    runs: list[list[str]] = []
+    size = 0
+    for line in lines:
+        n = len(line.encode()) + 1
+        if not runs or size + n > max_bytes + 1:
+            runs.append([])
+            size = 0
+        runs[-1].append(line)
+        size += n
+    return runs
+
+
 def default_spool(kafka: KafkaSettings, source: str) -> Path:
     state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "gpucost"
     return state / f"{kafka.topic_prefix}{source}.spool"
@@ -169,10 +183,23 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
         outbox.append(Message(kafka.topic(topic), key.encode(), value, tuple(headers)))
         wake.set()
 
+    def oversized(topic: str, key: str, line: str) -> None:
+        """An event no message can hold: to the dead letters, with its head, instead of a message the
+        broker refuses (which the outbox took for an outage and retried for ever)."""
+        letter = DeadLetter(reason="oversized", kind=None, source=f"producer:{key}", raw=raw_text(line),
+                            ts_ns=None, gpu_uuid=None,
+                            detail=f"an event of {len(line.encode()):,} bytes for {topic} key {key[:256]!r} is over "
+                                   f"the {kafka.max_message_bytes:,}-byte message limit (max_message_bytes); not sent")
+        send("dlq", key, letter.model_dump_json().encode())
+
     def flush(full_only: bool) -> None:
         for (topic, key), buf in buffers.items():
             if buf and (not full_only or len(buf) >= kafka.batch_events):
-                send(topic, key, encode_batch(buf))
+                for chunk in split_batch(buf, kafka.max_message_bytes):
+                    if len(chunk) == 1 and len(chunk[0].encode()) > kafka.max_message_bytes:
+                        oversized(topic, key, chunk[0])
+                    else:
+                        send(topic, key, encode_batch(chunk))
                 buf.clear()
 
     queue: "asyncio.Queue[object]" = asyncio.Queue(maxsize=64)
@@ -202,7 +229,10 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                         continue
                     line = encode_event(routed)
                     if topic in ("bindings", "prices"):
-                        send(topic, key, line.encode())
+                        if len(line.encode()) > kafka.max_message_bytes:
+                            oversized(topic, key, line)
+                        else:
+                            send(topic, key, line.encode())
                     else:
                         buffers.setdefault((topic, key), []).append(line)
             flush(full_only=True)

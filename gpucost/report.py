@@ -8,11 +8,17 @@ from typing import Any
 from gpucost.embedded import RunStats
 from sinks.views import connect
 
-__all__ = ["format_table", "summary"]
+__all__ = ["format_table", "printable", "summary"]
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on or not show (ANSI escapes, zero-width and
+    other control or format characters) written as its escape: a team name cannot repaint a terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    cells = [[("" if v is None else printable(str(v))) for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
     return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])

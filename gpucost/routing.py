@@ -23,8 +23,15 @@ Route = tuple[str, str, Event]  # (topic suffix, key, event)
 class Router:
     def __init__(self) -> None:
         self._prices: list[Price] = []
+        self._price_keys: set[tuple[str, int]] = set()
         self._bindings: dict[str, list[TenantBinding]] = {}
+        #: (node, pid) → the instants of its bindings, and the latest binding
+        self._binding_times: dict[tuple[str, int], set[int]] = {}
+        self._latest: dict[tuple[str, int], TenantBinding] = {}
         self._primed: dict[str, set[str]] = {}  # GPU → nodes whose bindings it has been given
+        #: bindings not routed because they repeat, later, their process's latest tenant (as the workers'
+        #: ``BindingTable`` would take them: no change)
+        self.unchanged_bindings = 0
 
     def route(self, ev: Event) -> list[Route]:
         if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)):
@@ -40,17 +47,31 @@ class Router:
         if isinstance(ev, MemAccess):
             return [("mem_access", f"{ev.node_id}/{ev.pid}", ev)]
         if isinstance(ev, TenantBinding):
-            if any(b.pid == ev.pid and b.ts_ns == ev.ts_ns for b in self._bindings.get(ev.node_id, [])):
+            process = (ev.node_id, ev.pid)
+            times = self._binding_times.setdefault(process, set())
+            if ev.ts_ns in times:
                 return [("dlq", f"{ev.node_id}/{ev.pid}/{ev.ts_ns}", ev)]
+            latest = self._latest.get(process)
+            if latest is not None and latest.ts_ns < ev.ts_ns and _tenant(latest) == _tenant(ev):
+                self.unchanged_bindings += 1
+                return []
+            times.add(ev.ts_ns)
+            if latest is None or latest.ts_ns < ev.ts_ns:
+                self._latest[process] = ev
             self._bindings.setdefault(ev.node_id, []).append(ev)
             copies = [("events", g, ev) for g, nodes in self._primed.items() if ev.node_id in nodes]
             return [("bindings", f"{ev.node_id}/{ev.pid}/{ev.ts_ns}", ev), *copies]
         if isinstance(ev, Price):
-            if any(p.gpu_model == ev.gpu_model and p.ts_ns == ev.ts_ns for p in self._prices):
+            if (ev.gpu_model, ev.ts_ns) in self._price_keys:
                 return [("dlq", f"{ev.gpu_model}/{ev.ts_ns}", ev)]
+            self._price_keys.add((ev.gpu_model, ev.ts_ns))
             self._prices.append(ev)
             return [("prices", f"{ev.gpu_model}/{ev.ts_ns}", ev), *[("events", g, ev) for g in self._primed]]
         raise TypeError(f"not an event: {ev!r}")
+
+
+def _tenant(b: TenantBinding) -> tuple[str | None, ...]:
+    return b.team, b.env, b.app, b.tier, b.sla, b.git_commit, b.ci_pipeline_id
 
 
 def duplicate_letter(ev: TenantBinding | Price, source: str) -> DeadLetter:

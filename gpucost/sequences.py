@@ -10,17 +10,35 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SeenSequences", "parse_sequence"]
+__all__ = ["MalformedSequence", "SeenSequences", "parse_sequence"]
 
 MAX_SESSIONS = 16  # producer restarts remembered per key; an older session's re-send falls back to event dedupe
 
 
+#: a session is a short token and n a message count: anything longer is not a header a producer wrote
+MAX_SESSION_CHARS, MAX_DIGITS = 64, 19
+
+
+class MalformedSequence(ValueError):
+    """A sequence header that no producer writes: the message is refused (``bad_message``)."""
+
+
 def parse_sequence(header: bytes | None) -> tuple[str, int] | None:
-    """``(session, n)`` of a sequence header, or None when absent or malformed (then always applied)."""
+    """``(session, n)`` of a sequence header; None when absent (then always applied).
+
+    Raises ``MalformedSequence`` for a header that is not ``<session>:<n>`` with a session of at most
+    64 printable ASCII characters and 1 ≤ n < 10^19: parsing thousands of digits would raise (Python
+    caps int conversion at 4,300 digits) or cost quadratic time, and a message one cannot number
+    cannot be told apart from its copies."""
     if header is None:
         return None
-    session, _, n = header.decode("ascii", "replace").rpartition(":")
-    return (session, int(n)) if session and n.isdigit() and int(n) > 0 else None
+    text = header.decode("ascii", "replace")
+    session, _, n = text.rpartition(":")
+    if not (0 < len(session) <= MAX_SESSION_CHARS and session.isprintable() and 0 < len(n) <= MAX_DIGITS
+            and n.isascii() and n.isdigit() and int(n) > 0):
+        raise MalformedSequence(f"header gpucost-seq {text[:80]!r} is not '<session>:<n>' (session of 1-"
+                                f"{MAX_SESSION_CHARS} characters, n from 1 to {MAX_DIGITS} digits)")
+    return session, int(n)
 
 
 class SeenSequences:

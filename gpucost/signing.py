@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.topics import CONTROL_HEADER, SEQUENCE_HEADER
+from streams.scope import PRICE_SCOPE
 
 __all__ = ["KEY_ID_HEADER", "SIGNATURE_HEADER", "SigningKey", "Signer", "Keyring", "Verdict", "parse_keys"]
 
@@ -117,8 +117,9 @@ class Keyring:
             return
         self._mtime_ns = mtime
 
-    def check(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> Verdict | None:
-        """None if the message is signed by a key we hold and may speak for every node in it."""
+    def check(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> Verdict | SigningKey:
+        """The key that signed the message, or why it is refused. Which nodes the key may speak for is
+        checked on the decoded events (``streams.scope``), not here: one parser decides."""
         self._maybe_reload()
         key_id, signature = headers.get(KEY_ID_HEADER), headers.get(SIGNATURE_HEADER)
         if key_id is None or signature is None:
@@ -126,8 +127,9 @@ class Keyring:
                                        "--signing-key-file")
         signing_key = self.keys.get(key_id.decode("utf-8", "replace"))
         if signing_key is None:
-            return Verdict("unknown_key", f"key id {key_id.decode('utf-8', 'replace')!r} is not in {self.path}; "
-                                          "add it to the keyring (rotation) or check the producer's key file")
+            return Verdict("unknown_key", f"key id {key_id.decode('utf-8', 'replace')[:64]!r} is not in "
+                                          f"{self.path}; add it to the keyring (rotation) or check the producer's "
+                                          "key file")
         try:
             given = bytes.fromhex(signature.decode("ascii"))
         except (UnicodeDecodeError, ValueError):
@@ -135,21 +137,8 @@ class Keyring:
         if not hmac.compare_digest(given, signing_key.mac(key, value, headers)):
             return Verdict("bad_signature", f"the signature does not match the message for key "
                                             f"{signing_key.key_id!r}: altered in transit, or a forged key")
-        if signing_key.nodes is not None:
-            for node in _nodes_in(value):
-                if node not in signing_key.nodes:
-                    return Verdict("bad_signature", f"key {signing_key.key_id!r} may not speak for node {node!r}")
-        return None
+        return signing_key
 
-
-def _nodes_in(value: bytes) -> set[str]:
-    nodes = set()
-    for line in value.split(b"\n"):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError):
-                continue  # not JSON: the decoder dead-letters it anyway
-            if isinstance(obj, dict) and isinstance(obj.get("node_id"), str):
-                nodes.add(obj["node_id"])
-    return nodes
+    def price_keys(self) -> dict[str, bytes]:
+        """Key id → secret of every key that may sign prices (node list ``*`` or holding ``@prices``)."""
+        return {k.key_id: k.secret for k in self.keys.values() if k.nodes is None or PRICE_SCOPE in k.nodes}

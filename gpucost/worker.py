@@ -15,9 +15,11 @@ of Faust's processing guarantees. See the README, "Why not Faust".)
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -28,16 +30,18 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.partitioner import murmur2
 
 from gpucost.kafka_settings import KafkaSettings
-from gpucost.sequences import SeenSequences, parse_sequence
-from gpucost.signing import Keyring
+from gpucost.sequences import MalformedSequence, SeenSequences, parse_sequence
+from gpucost.signing import Keyring, SigningKey, Verdict
 from schemas.blocks import expand
 from schemas.codec import Rejected, raw_text
+from schemas.records import DeadLetter
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
 from sinks.parquet import kind_of
 from streams.audit import Auditor, Output
+from streams.scope import Scope
 from streams.settings import AuditSettings
 
-__all__ = ["INPUTS", "state_topic_suffix", "Worker"]
+__all__ = ["INPUTS", "Restored", "restored", "state_topic_suffix", "Worker"]
 
 log = logging.getLogger("gpucost.worker")
 INPUTS = ("events", "mem_access")
@@ -46,6 +50,9 @@ INPUTS = ("events", "mem_access")
 PROGRESS_KEY = b"\x00next_offset"
 #: prefix of the key of a key's idle windows, which are written apart from the rest of its state
 IDLE_PREFIX = b"\x00idle\x00"
+#: prefix of the parts of a state record split to stay well under the broker's 1 MiB message limit
+PART_PREFIX = b"\x00part\x00"
+STATE_CHUNK_BYTES = 256 << 10
 
 
 @lru_cache(maxsize=1 << 16)
@@ -67,38 +74,97 @@ class _Owned:
     auditors: dict[str, Auditor]
     sequences: dict[str, SeenSequences]  # per key: the producers' message numbers already applied
     next_offset: int  # the first input offset not yet applied (inputs are contiguous: no transactions)
+    #: per key: the node that owns it (its first single-node signer); only that node's keys may speak for it
+    owners: dict[str, str] = field(default_factory=dict)
     #: per key: the auditor and its ``idle.rolls`` as its idle windows were last written
     idle_written: dict[str, tuple[Auditor, int]] = field(default_factory=dict)
+
+
+#: a Kafka key gpucost writes is a GPU UUID or ``node_id/pid``; a gpucost header is a short token
+MAX_KEY_BYTES = 512
+MAX_HEADER_BYTES = 256
+
+
+def _message_problem(key: bytes | None, headers: dict[str, bytes]) -> str | None:
+    """Why a message cannot be filed under any key, or None. Checked before anything else: a key
+    that is not UTF-8 once stopped the worker, at every restart, on the same message."""
+    if not key:
+        return "the message has no key (gpucost producers key every message by GPU or by node/pid)"
+    if len(key) > MAX_KEY_BYTES:
+        return f"its key has {len(key):,} bytes (at most {MAX_KEY_BYTES})"
+    try:
+        key.decode()
+    except UnicodeDecodeError:
+        return f"its key {key[:64]!r} is not UTF-8"
+    for name, value in headers.items():
+        if name.startswith("gpucost-") and len(value) > MAX_HEADER_BYTES:
+            return f"its header {name[:64]!r} has {len(value):,} bytes (at most {MAX_HEADER_BYTES})"
+    return None
 
 
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+def _chunked(key: bytes, value: bytes) -> list[tuple[bytes, bytes | None]]:
+    """A state record as it is written: whole, or, past ``STATE_CHUNK_BYTES``, as parts under
+    ``PART_PREFIX`` and a head naming them. A state over the broker's message limit used to be
+    refused by the broker while the transaction committed without it."""
+    if len(value) <= STATE_CHUNK_BYTES:
+        return [(key, value)]
+    parts = [value[i:i + STATE_CHUNK_BYTES] for i in range(0, len(value), STATE_CHUNK_BYTES)]
+    head = _json({"parts": len(parts), "sha256": hashlib.sha256(value).hexdigest()})
+    return [*((PART_PREFIX + key + b"\x00%d" % i, part) for i, part in enumerate(parts)), (key, head)]
+
+
+def _joined(latest: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
+    """The state records with each head replaced by the parts it names, parts left out."""
+    out = {}
+    for key, value in latest.items():
+        if key.startswith(PART_PREFIX):
+            continue
+        if value is not None and value.startswith(b'{"parts":'):
+            head = json.loads(value)
+            parts = [latest.get(PART_PREFIX + key + b"\x00%d" % i) for i in range(head["parts"])]
+            value = b"".join(p for p in parts if p is not None)
+            if None in parts or hashlib.sha256(value).hexdigest() != head["sha256"]:
+                raise RuntimeError(f"the state of key {key[:80]!r} is split into {head['parts']} parts, which do not "
+                                   "add up to what was written; the state topic is incomplete")
+        out[key] = value
+    return out
+
+
 def _state_records(owned: _Owned, key: str) -> list[tuple[bytes, bytes | None]]:
     """The state records of a key a batch touched: its state, and its idle windows only when a pane
     closed since they were last written. The windows are most of a key's state (46 of 54 KB for a
     GPU with 72 h of panes) and change once a pane, while a live worker writes the rest at every
-    poll. A finished key: tombstones."""
-    k, auditor = key.encode(), owned.auditors.get(key)
-    if auditor is None:
-        owned.idle_written.pop(key, None)
-        return [(k, None), (IDLE_PREFIX + k, None)]
-    out: list[tuple[bytes, bytes | None]] = [
-        (k, _json({"audit": auditor.to_state(idle=False),
-                   "seq": owned.sequences.get(key, SeenSequences()).to_state()}))]
+    poll. Bindings no future event can reach are pruned first (``Auditor.prune``)."""
+    k, auditor = key.encode(), owned.auditors[key]
+    auditor.prune()
+    out = _chunked(k, _json({"audit": auditor.to_state(idle=False),
+                             "seq": owned.sequences.get(key, SeenSequences()).to_state(),
+                             "owner": owned.owners.get(key)}))
     written = owned.idle_written.get(key)
     if written is None or written[0] is not auditor or written[1] != auditor.idle.rolls:
-        out.append((IDLE_PREFIX + k, _json(auditor.idle.to_state())))
+        out += _chunked(IDLE_PREFIX + k, _json(auditor.idle.to_state()))
         owned.idle_written[key] = (auditor, auditor.idle.rolls)
     return out
 
 
-def restored(audit: AuditSettings, latest: dict[bytes, bytes | None]
-             ) -> tuple[dict[str, Auditor], dict[str, SeenSequences], int | None]:
-    """Every key's auditor and seen sequences, and the next offset to apply, from the latest value
-    of each state record (a compacted state topic's view)."""
-    latest = dict(latest)
+@dataclass
+class Restored:
+    """What a partition's state topic holds: each key's auditor, seen sequences and owner node, and
+    the next input offset to apply (None: never processed)."""
+
+    auditors: dict[str, Auditor]
+    sequences: dict[str, SeenSequences]
+    owners: dict[str, str]
+    next_offset: int | None
+
+
+def restored(audit: AuditSettings, latest: dict[bytes, bytes | None]) -> Restored:
+    """Every key's state, from the latest value of each state record (a compacted state topic's view)."""
+    latest = _joined(latest)
     progress = latest.pop(PROGRESS_KEY, None)
     idle = {k[len(IDLE_PREFIX):].decode(): v for k, v in latest.items() if k.startswith(IDLE_PREFIX)}
     states = {k.decode(): json.loads(v) for k, v in latest.items() if v is not None and not k.startswith(IDLE_PREFIX)}
@@ -109,9 +175,10 @@ def restored(audit: AuditSettings, latest: dict[bytes, bytes | None]
                 raise RuntimeError(f"the state of key {key!r} has no idle windows; the state topic is incomplete "
                                    "(was it written by another program, or compacted by hand?)")
             st["audit"]["idle"] = json.loads(windows)
-    auditors = {k: Auditor.from_state(audit, st["audit"], time.time_ns) for k, st in states.items()}
-    sequences = {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()}
-    return auditors, sequences, None if progress is None else int(progress)
+    return Restored({k: Auditor.from_state(audit, st["audit"], time.time_ns) for k, st in states.items()},
+                    {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()},
+                    {k: st["owner"] for k, st in states.items() if st.get("owner") is not None},
+                    None if progress is None else int(progress))
 
 
 class Worker(ConsumerRebalanceListener):
@@ -125,6 +192,8 @@ class Worker(ConsumerRebalanceListener):
         self.consumer: AIOKafkaConsumer | None = None
         self.inputs = {kafka.topic(s): s for s in INPUTS}
         self.processed = 0
+        #: messages refused before they reached a key's auditor, by reason, and re-deliveries skipped
+        self.counts: Counter[str] = Counter()
         self._partitions: dict[str, list[int]] = {}  # output topic → its partitions
         # a revocation waits for the batch in flight; ownership never changes mid-transaction
         self._lock = asyncio.Lock()
@@ -170,13 +239,14 @@ class Worker(ConsumerRebalanceListener):
                                     max_request_size=8 << 20, max_batch_size=1 << 20, linger_ms=5)
         await producer.start()  # init_transactions: fences the previous owner, aborts its open batch
         try:
-            auditors, sequences, start = await self._restore(tp)
+            state = await self._restore(tp)
         except BaseException:
             await producer.stop()
             raise
-        return _Owned(producer, auditors, sequences, -1 if start is None else start)  # -1: never processed
+        return _Owned(producer, state.auditors, state.sequences,
+                      -1 if state.next_offset is None else state.next_offset, state.owners)  # -1: never processed
 
-    async def _restore(self, tp: TopicPartition) -> tuple[dict[str, Auditor], dict[str, SeenSequences], int | None]:
+    async def _restore(self, tp: TopicPartition) -> Restored:
         """The committed state of every key of this input partition, and the next offset to apply."""
         state_tp = TopicPartition(self.kafka.topic(state_topic_suffix(self.inputs[tp.topic])), tp.partition)
         reader = AIOKafkaConsumer(**self.kafka.client_options(), isolation_level="read_committed",
@@ -207,16 +277,22 @@ class Worker(ConsumerRebalanceListener):
         """The outputs of a partition's messages, each key's in the order of its messages.
 
         A key's data messages are queued and go through the batch path together when the
-        batch ends, or before anything else of that key (a dead letter, the end of its input):
-        the batch path's fixed costs are per call, and 400-line messages paid them ~40 %
-        over. Keys are independent, each with its own auditor, so only outputs of different
-        keys change places; a record's partition order within one key is what consumers see.
+        batch ends, or before anything else of that key (a dead letter, the end of its input,
+        a message of another signer): the batch path's fixed costs are per call, and 400-line
+        messages paid them ~40 % over. Keys are independent, each with its own auditor, so only
+        outputs of different keys change places; a record's partition order within one key is
+        what consumers see.
+
+        What a message may do is decided before its key gets an auditor: one without a usable
+        key or with a malformed header is refused whole (``bad_message``), one not signed by a
+        key of the keyring, or signed by a node that does not own the key's GPU, is refused line
+        by line; a refused message creates no state.
         """
         out: list[Output] = []
-        queued: dict[str, list[tuple[str, list[tuple[int, bytes]]]]] = {}
+        queued: dict[str, tuple[Scope | None, list[tuple[str, list[tuple[int, bytes]]]]]] = {}
 
         def flush(key: str) -> None:
-            chunks = queued.pop(key, None)
+            scope, chunks = queued.pop(key, (None, []))
             if not chunks:
                 return
             ends = list(accumulate(len(numbered) for _, numbered in chunks))
@@ -227,34 +303,65 @@ class Worker(ConsumerRebalanceListener):
                 return f"{source}#{numbered[i - (ends[c - 1] if c else 0)][0]}"
 
             lines = [line for _, numbered in chunks for _, line in numbered]
-            out.extend(expand(owned.auditors[key].ingest_lines(lines, label)))  # records, for their JSON
+            out.extend(expand(owned.auditors[key].ingest_lines(lines, label, scope)))  # records, for their JSON
 
         for message in messages:
+            source = f"{message.topic}[{message.partition}]@{message.offset}"
+            value = message.value or b""
+            headers = {name: v or b"" for name, v in message.headers or ()}
+            problem = _message_problem(message.key, headers)
+            seq = None
+            if problem is None:
+                try:
+                    seq = parse_sequence(headers.get(SEQUENCE_HEADER))
+                except MalformedSequence as exc:
+                    problem = str(exc)
+            if problem is not None:  # no key to file it under, or a header no producer writes: refused whole
+                self.counts["bad_message"] += 1
+                out.append(DeadLetter(reason="bad_message", detail=f"{problem}; the message is skipped",
+                                      kind=None, source=source, raw=raw_text(value), ts_ns=None, gpu_uuid=None))
+                continue
             key = message.key.decode()
+            lines = [(n, line) for n, line in enumerate(value.split(b"\n")) if line.strip()]
+            signer = None if self.keyring is None else self.keyring.check(message.key, value, headers)
+            if isinstance(signer, SigningKey):
+                owner = owned.owners.get(key)
+                if owner is not None and signer.nodes is not None and owner not in signer.nodes:
+                    signer = Verdict("wrong_key", f"key {key[:256]!r} belongs to node {owner[:256]!r}, and key "
+                                                  f"{signer.key_id!r} may not speak for it")
+            if isinstance(signer, Verdict):  # forged, unsigned or foreign: every line to the dead letters
+                flush(key)
+                self.counts[signer.reason] += len(lines) or 1
+                why = Rejected(signer.reason, signer.detail, None)
+                out += [DeadLetter(reason=why.reason, detail=why.detail, kind=None, source=f"{source}#{n}",
+                                   raw=raw_text(line), ts_ns=None, gpu_uuid=None) for n, line in lines or [(0, b"")]]
+                continue
+            sequences = owned.sequences.setdefault(key, SeenSequences())
+            if seq is not None and not sequences.first_time(*seq):
+                self.counts["redelivered_messages"] += 1  # the broker held it twice; applied the first time
+                continue
+            touched.add(key)
             auditor = owned.auditors.get(key)
             if auditor is None:
                 auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns)
-            touched.add(key)
-            headers = dict(message.headers or ())
-            source = f"{message.topic}[{message.partition}]@{message.offset}"
-            lines = [(n, line) for n, line in enumerate((message.value or b"").split(b"\n")) if line.strip()]
-            verdict = None if self.keyring is None else self.keyring.check(message.key, message.value or b"", headers)
-            if verdict is not None:  # forged or unsigned: every line to the dead letters, nothing applied
-                flush(key)
-                why = Rejected(verdict.reason, verdict.detail, None)
-                out += [auditor.reject(why, raw_text(line), f"{source}#{n}") for n, line in lines or [(0, b"")]]
-                continue
-            seq = parse_sequence(headers.get(SEQUENCE_HEADER))
-            if seq is not None and not owned.sequences.setdefault(key, SeenSequences()).first_time(*seq):
-                auditor.counts["redelivered_messages"] += 1  # the broker held it twice; applied the first time
-                continue
+            scope = None
+            if signer is not None:
+                if owned.owners.get(key) is None and signer.nodes is not None and len(signer.nodes) == 1:
+                    owned.owners[key] = next(iter(signer.nodes))  # the first node to speak for a key owns it
+                assert self.keyring is not None
+                scope = Scope(key, signer.nodes, self.keyring.price_keys())
+            elif self.keyring is None:
+                scope = Scope(key)
             if headers.get(CONTROL_HEADER) == END_OF_INPUT:
                 flush(key)
-                del owned.auditors[key]  # finished: its state is deleted with a tombstone
-                owned.sequences.pop(key, None)
+                # finished: its panes close, and what follows starts afresh above the watermark it reached, so
+                # that the same input produced again is late, never billed twice
                 out += auditor.finish()
+                owned.auditors[key] = auditor.successor()
                 continue
-            queued.setdefault(key, []).append((source, lines))
+            if key in queued and queued[key][0] != scope:
+                flush(key)
+            queued.setdefault(key, (scope, []))[1].append((source, lines))
         for key in list(queued):
             flush(key)
         return out
@@ -265,22 +372,28 @@ class Worker(ConsumerRebalanceListener):
         state_topic = self.kafka.topic(state_topic_suffix(self.inputs[tp.topic]))
         async with producer.transaction():
             touched: set[str] = set()
-            await self._send_records(producer, self._apply(owned, messages, touched))
+            sent = await self._send_records(producer, self._apply(owned, messages, touched))
             for key in sorted(touched):
                 for state_key, value in _state_records(owned, key):
-                    await producer.send(state_topic, value, key=state_key, partition=tp.partition)
+                    sent.append(await producer.send(state_topic, value, key=state_key, partition=tp.partition))
             next_offset = messages[-1].offset + 1
-            await producer.send(state_topic, str(next_offset).encode(), key=PROGRESS_KEY, partition=tp.partition)
+            sent.append(await producer.send(state_topic, str(next_offset).encode(), key=PROGRESS_KEY,
+                                            partition=tp.partition))
+            # every delivery is awaited inside the transaction: one the broker refused (a record over its
+            # size limit, say) raises here, which aborts the transaction and stops the worker, rather
+            # than committing the offsets without it
+            await asyncio.gather(*sent)
             # also committed to the group, for lag monitoring; restarts use the progress record
             await producer.send_offsets_to_transaction({tp: next_offset}, self.group)
         self.processed += len(messages)
 
-    async def _send_records(self, producer: AIOKafkaProducer, records: list[Output]) -> None:
+    async def _send_records(self, producer: AIOKafkaProducer, records: list[Output]) -> list[asyncio.Future[Any]]:
         """Each record to its topic, keyed as the topic contract says, in batches per partition:
         one ``send`` per record took a fifth of the worker's time. The partition is the one
         ``send(key=…)`` would choose (the default partitioner: murmur2 of the key; an output
         topic's partitions are read once), and each partition's records keep their order."""
         batches: dict[tuple[str, int], Any] = {}
+        sent: list[asyncio.Future[Any]] = []
         for record in records:
             topic, key = self.kafka.topic(kind_of(record)), output_key(record)
             partitions = self._partitions.get(topic)
@@ -291,11 +404,12 @@ class Worker(ConsumerRebalanceListener):
             value = record.model_dump_json().encode()
             if batch is None or batch.append(key=key, value=value, timestamp=None) is None:
                 if batch is not None:
-                    await producer.send_batch(batch, tp[0], partition=tp[1])
+                    sent.append(await producer.send_batch(batch, tp[0], partition=tp[1]))
                 batch = batches[tp] = producer.create_batch()
                 batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any record, as Kafka's do
         for (topic, partition), batch in batches.items():
-            await producer.send_batch(batch, topic, partition=partition)
+            sent.append(await producer.send_batch(batch, topic, partition=partition))
+        return sent
 
     async def _in_sequence(self, consumer: AIOKafkaConsumer, tp: TopicPartition, messages: list[Any]) -> None:
         """Apply exactly the next offsets: drop what was applied, seek back over a gap."""

@@ -6,6 +6,7 @@ of a percent), computed once per event from the wire text (see ``schemas.exact``
 """
 from __future__ import annotations
 
+import unicodedata
 from decimal import Decimal
 from functools import cached_property
 from typing import Annotated, Any, Literal
@@ -17,12 +18,28 @@ from schemas.exact import round_scaled
 
 __all__ = [
     "TS_MIN_NS", "TS_MAX_NS", "RESERVED_TEAMS", "GpuSample", "ProcessSample", "MemAccess",
-    "NumaEvent", "EbpfTrace", "TenantBinding", "Price", "Event", "EVENT_MODELS", "GPU_KEYED",
+    "NumaEvent", "EbpfTrace", "skeleton", "TenantBinding", "Price", "Event", "EVENT_MODELS", "GPU_KEYED",
 ]
 
 TS_MIN_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
 TS_MAX_NS = 4_102_444_800 * 10**9  # 2100-01-01T00:00:00Z
 RESERVED_TEAMS = frozenset({"idle", "unattributed"})
+
+#: letters from other scripts that render like the Latin letters of the reserved names (Unicode's
+#: confusables for a, b, d, e, i, l, n, r, t, u), which NFKC and case folding leave apart
+_LOOKALIKES = str.maketrans({"ı": "i", "і": "i", "ɩ": "i", "ι": "i", "ӏ": "l", "ⅼ": "l", "а": "a", "ɑ": "a",
+                             "α": "a", "е": "e", "ε": "e", "ԁ": "d", "ɗ": "d", "ո": "n", "η": "n", "г": "r",
+                             "т": "t", "τ": "t", "υ": "u", "ս": "u", "Ь": "b", "ь": "b"})
+
+
+def skeleton(name: str) -> str:
+    """What a name reads as: NFKC, case-folded, without the characters that render as nothing or as
+    space (format, control and separator characters, combining marks) and with look-alike letters of
+    other scripts mapped to Latin. Two names with one skeleton look the same on a report."""
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", name).casefold())
+    kept = "".join(c for c in folded if unicodedata.category(c)[0] not in "CZM")
+    return kept.translate(_LOOKALIKES)
+
 
 TsNs = Annotated[int, Field(ge=TS_MIN_NS, lt=TS_MAX_NS)]
 Pct = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
@@ -170,8 +187,9 @@ class TenantBinding(_Event):
     @field_validator("team")
     @classmethod
     def _not_reserved(cls, value: str) -> str:
-        if value in RESERVED_TEAMS:
-            raise ValueError(f"team {value!r} is reserved for the pipeline's own records")
+        if skeleton(value) in RESERVED_TEAMS:
+            raise ValueError(f"team {value!r} reads as a name reserved for the pipeline's own records "
+                             f"({', '.join(sorted(RESERVED_TEAMS))}); choose another")
         return value
 
 
@@ -181,6 +199,10 @@ class Price(_Event):
     ts_ns: TsNs
     usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, decimal_places=6, strict=False,
                                                allow_inf_nan=False)]
+    #: the price authority's key and HMAC (``streams.scope.price_mac``): a worker with a keyring takes
+    #: only prices signed by a key that may sign prices, whichever node's producer relays them
+    key_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    signature: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 Event = GpuSample | ProcessSample | MemAccess | NumaEvent | EbpfTrace | TenantBinding | Price

@@ -4,14 +4,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from hashlib import blake2b
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "DeadLetter", "OUTPUT_KINDS",
            "record_id", "record_ids", "IDLE_TENANT", "computed", "computed_from"]
 
 IDLE_TENANT = "idle"
+#: every integer column is a Parquet int64: a record from an output topic with a larger one (2^70 µ$, say)
+#: is not a record of its kind, and the sink dead-letters it rather than dying on it at every restart
+Int64 = Annotated[int, Field(ge=-(1 << 63), lt=1 << 63)]
 
 
 class _Record(BaseModel):
@@ -22,22 +25,22 @@ class IdleIndexRecord(_Record):
     gpu_uuid: str
     node_id: str
     gpu_model: str
-    pane_start_ns: int
-    pane_end_ns: int
-    idle_ms: int
-    covered_ms: int
-    idle_ms_72h: int
-    covered_ms_72h: int
+    pane_start_ns: Int64
+    pane_end_ns: Int64
+    idle_ms: Int64
+    covered_ms: Int64
+    idle_ms_72h: Int64
+    covered_ms_72h: Int64
     idle_index_72h: float
 
 
 class MaeRecord(_Record):
     node_id: str
-    pid: int
-    first_ts_ns: int
-    last_ts_ns: int
-    n: int
-    out_of_range: int
+    pid: Int64
+    first_ts_ns: Int64
+    last_ts_ns: Int64
+    n: Int64
+    out_of_range: Int64
     mae_bits: float
     l2_evictions_per_1k_est: float
 
@@ -47,8 +50,8 @@ class CostRecord(_Record):
     gpu_uuid: str
     node_id: str
     gpu_model: str
-    pane_start_ns: int
-    pane_end_ns: int
+    pane_start_ns: Int64
+    pane_end_ns: Int64
     tenant_key: str
     team: str
     env: str | None
@@ -63,10 +66,10 @@ class CostRecord(_Record):
     weight: float
     busy_fraction: float
     usd_per_gpu_hour: Decimal | None
-    pane_cost_micro_usd: int
-    cost_micro_usd: int
+    pane_cost_micro_usd: Int64
+    cost_micro_usd: Int64
     unpriced: bool
-    revision: int
+    revision: Int64
 
 
 class DeadLetter(_Record):
@@ -77,7 +80,7 @@ class DeadLetter(_Record):
     kind: str | None
     source: str
     raw: str
-    ts_ns: int | None
+    ts_ns: Int64 | None
     gpu_uuid: str | None
 
 

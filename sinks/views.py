@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from schemas.arrow import ARROW_SCHEMAS
 
-__all__ = ["views_sql", "connect"]
+__all__ = ["READ_ONLY_STATEMENTS", "views_sql", "connect", "read_only_problem"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "dlq": "VARCHAR"}
@@ -41,7 +41,29 @@ def views_sql(out_dir: Path) -> str:
     return "\n".join(_view(out_dir, kind) for kind in ARROW_SCHEMAS) + "\n"
 
 
-def connect(out_dir: Path) -> duckdb.DuckDBPyConnection:
+def connect(out_dir: Path, sandboxed: bool = False) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the views. ``sandboxed``: it reads files under ``out_dir`` only and its
+    configuration is locked, so a query cannot read ``/etc/passwd``, attach a database, install an
+    extension or widen its own access (what ``gpucost query`` hands an analyst's SQL to)."""
     con = duckdb.connect()
     con.execute(views_sql(out_dir))
+    if sandboxed:
+        con.execute("SET allowed_directories = [?]", [f"{out_dir.resolve().as_posix()}/"])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
     return con
+
+
+#: what a sandboxed query may be: reading only (COPY … TO would still write under the output directory)
+READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+
+
+def read_only_problem(sql: str) -> str | None:
+    """Why ``sql`` is not a read-only query (or cannot be parsed), or None."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        return f"the query does not parse: {exc}".replace("\n", " ")
+    kinds = sorted({s.type.name for s in statements if s.type not in READ_ONLY_STATEMENTS})
+    return (f"only SELECT and EXPLAIN may run here, not {', '.join(kinds)}; pass --unsafe to run anything"
+            if kinds else None)

@@ -23,6 +23,7 @@ from streams.columnar import ingest_batch, ingest_lines
 from streams.idle_index import IdleIndex
 from streams.mae import Mae
 from streams.panes import GpuPanes, PaneColumns, PaneTotals
+from streams.scope import Scope
 from streams.settings import AuditSettings
 from streams.tables import BindingTable, PriceTable
 
@@ -69,10 +70,14 @@ class Auditor:
             rec = self.mae.update(event)
             return [rec] if rec is not None else []
         if isinstance(event, TenantBinding):
-            if not self.bindings.update(event):
+            taken = self.bindings.update(event)
+            if taken == "duplicate":
                 return [self._dead("duplicate", event, raw, source,
                                    f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
                                    "was already taken; the first one stays in force")]
+            if taken == "unchanged":
+                self.counts["binding_unchanged"] += 1
+                return []
         elif isinstance(event, Price):
             if not self.prices.update(event):
                 return [self._dead("duplicate", event, raw, source,
@@ -106,9 +111,12 @@ class Auditor:
                           raw=encode_event(event) if raw is None else raw_text(raw), ts_ns=event.ts_ns,
                           gpu_uuid=getattr(event, "gpu_uuid", None))
 
-    def ingest(self, line: str | bytes | dict[str, Any], source: str) -> list[Output]:
-        """Take one raw line: a dead letter if it is not a valid event, else as ``update``."""
+    def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]:
+        """Take one raw line: a dead letter if it is not a valid event, or not one ``scope`` lets its
+        message carry; else as ``update``."""
         decoded = decode_line(line)
+        if not isinstance(decoded, Rejected) and scope is not None:
+            decoded = scope.check(decoded) or decoded
         if isinstance(decoded, Rejected):
             return [self.reject(decoded, raw_text(line), source)]
         # a dead letter of a valid event keeps the line as it came; a Parquet row, re-encoded
@@ -120,9 +128,10 @@ class Auditor:
         panes' records come as blocks of columns; ``schemas.blocks.expand`` makes them records."""
         return ingest_batch(self, batch, source)
 
-    def ingest_lines(self, lines: Sequence[bytes], source: Callable[[int], str]) -> Outputs:
+    def ingest_lines(self, lines: Sequence[bytes], source: Callable[[int], str], scope: Scope | None = None
+                     ) -> Outputs:
         """``ingest`` of each JSON line (line ``i`` labelled ``source(i)``), through the batch path."""
-        return ingest_lines(self, lines, source)
+        return ingest_lines(self, lines, source, scope)
 
     def reject(self, why: Rejected, raw: str, source: str) -> DeadLetter:
         """The dead letter of an input refused before it was decoded, counted under its reason."""
@@ -191,6 +200,23 @@ class Auditor:
             return [None] * (len(bounds) - 1)
         block = ClosedPanes(self.idle.close_many(panes), *apportion_many(panes, prices, self.weights))
         return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
+
+    def successor(self) -> "Auditor":
+        """What stays of a key once its finite input ended (after ``finish``): a fresh auditor whose
+        watermark of each GPU stands at the end of the last pane closed, so that the same input sent
+        again (a second ``produce`` of a file, signed messages copied back into the topic) is late and
+        dead-lettered, never billed twice, while later panes open as usual."""
+        nxt = Auditor(self.settings, self.clock)
+        nxt.panes.resume_after(self.panes)
+        return nxt
+
+    def prune(self) -> None:
+        """Drop the bindings no on-time event can reach any more (superseded before the oldest pane an
+        event may still fall in), so that a long-lived key's state does not grow with every process
+        its node ever ran."""
+        floor = self.panes.earliest_on_time_ns()
+        if floor is not None:
+            self.bindings.prune(floor)
 
     def to_state(self, idle: bool = True) -> dict[str, Any]:
         """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the

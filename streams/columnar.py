@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import io
+import re
 import os
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -36,6 +37,7 @@ from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, N
                             TenantBinding)
 from schemas.exact import round_float
 from streams.panes import PaneColumns, PaneTotals, objects
+from streams.scope import Scope
 from streams.tables import UNATTRIBUTED, Tenant
 
 if TYPE_CHECKING:
@@ -68,7 +70,8 @@ def ingest_batch(auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[in
     return _Batch(auditor, batch, source).run()
 
 
-def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[int], str]) -> "Outputs":
+def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[int], str],
+                 scope: Scope | None = None) -> "Outputs":
     """``auditor.ingest`` of each JSON line, in order, through the batch path: Arrow's JSON reader
     (in C, typed by ``EVENT_SCHEMA``) fills the columns.
 
@@ -78,19 +81,20 @@ def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[i
     Fewer than ``FEW_LINES`` lines take the row path itself.
     """
     if len(lines) < FEW_LINES or not lines:
-        return [out for i, line in enumerate(lines) for out in auditor.ingest(line, source(i))]
+        return [out for i, line in enumerate(lines) for out in auditor.ingest(line, source(i), scope)]
     block = b"\n".join(lines)
-    if block.count(b"{") == len(lines) and b"[" not in block and _BOM not in block and _utf8(block):
+    if block.count(b"{") == len(lines) and b"[" not in block and _BOM not in block and _utf8(block) \
+            and not _LONG_DIGITS.search(block):
         plain = list(range(len(lines)))  # one object per line, nothing nested: every line is plain
     else:
         block, plain = None, [i for i, line in enumerate(lines) if line.count(b"{") == 1 and b"[" not in line
-                              and not line.startswith(_BOM) and _utf8(line)]
+                              and not line.startswith(_BOM) and _utf8(line) and not _LONG_DIGITS.search(line)]
     pieces = _parsed(lines, plain, block)
     if len(pieces) == 1 and len(pieces[0][0]) == len(lines):  # Arrow read every line, in order (a live poll)
         table = pieces[0][1]
     else:
         table = _with_the_others(lines, pieces)
-    return _Batch(auditor, table.combine_chunks().to_batches()[0], source, lines).run()
+    return _Batch(auditor, table.combine_chunks().to_batches()[0], source, lines, scope).run()
 
 
 def _with_the_others(lines: Sequence[bytes], pieces: list[tuple[list[int], pa.Table]]) -> pa.Table:
@@ -112,6 +116,9 @@ def _with_the_others(lines: Sequence[bytes], pieces: list[tuple[list[int], pa.Ta
 
 
 _BOM = b"\xef\xbb\xbf"
+#: a run of digits longer than Python's int conversion takes (4,300): Python's ``json`` refuses such a
+#: line, Arrow's reader took it, so such lines go to the one-by-one decode, where Python's ``json`` decides
+_LONG_DIGITS = re.compile(rb"[0-9]{4300}")
 _CORES = os.cpu_count() or 1
 _JSON_OPTIONS = pa_json.ParseOptions(explicit_schema=EVENT_SCHEMA, unexpected_field_behavior="ignore")
 
@@ -177,8 +184,8 @@ class _Batch:
     """One batch's columns as numpy arrays, and the outputs it yields, each tagged with its row."""
 
     def __init__(self, auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[int], str],
-                 lines: Sequence[bytes] | None = None) -> None:
-        self.a, self.batch, self.source, self.lines = auditor, batch, source, lines
+                 lines: Sequence[bytes] | None = None, scope: Scope | None = None) -> None:
+        self.a, self.batch, self.source, self.lines, self.scope = auditor, batch, source, lines, scope
         self.n = batch.num_rows
         self.out: list[tuple[int, int, Output | ClosedPanes]] = []
         self.table_events: list[tuple[int, Event]] = []
@@ -275,6 +282,7 @@ class _Batch:
         self.model, self.model_names, model_ok = self._ident("gpu_model")
         self.ts, ts_present = self._ints("ts_ns")
         pid, pid_present = self._ints("pid")
+        self.pid_raw = pid
         self.pid = np.where(self.code == GPU, -1, pid)  # the duplicate key's pid of a GPU sample
         used, used_present = self._ints("mem_used_bytes")
         total, total_present = self._ints("mem_total_bytes")
@@ -311,6 +319,8 @@ class _Batch:
         slow = np.flatnonzero(~self.ok)
         for i, row in zip(slow.tolist(), self._inputs(slow)):
             event = decode_line(row)
+            if not isinstance(event, Rejected) and self.scope is not None:
+                event = self.scope.check(event) or event
             if isinstance(event, Rejected):
                 self.emit(i, [self.a.reject(event, raw_text(row), self.source(i))])
             elif isinstance(event, _HOT):
@@ -321,6 +331,33 @@ class _Batch:
                         event.interval_ms, event.sm_util_cp, event.mem_bw_util_cp)
             else:
                 self.table_events.append((i, event))
+        if self.scope is not None:
+            self._scoped()
+
+    def _scoped(self) -> None:
+        """Rows of the hot kinds taken so far that their message may not carry (``streams.scope``): dead
+        letters, the reason given by ``Scope.check`` itself (rows decoded one by one were checked there)."""
+        assert self.scope is not None
+        key, nodes = self.scope.key, self.scope.nodes
+        wrong = np.zeros(self.n, bool)
+        if key is not None:
+            gpu_is_key = np.array([name == key for name in self.gpu_names] + [False])[self.gpu]
+            wrong |= (self.code <= NUMA) & ~gpu_is_key
+            node_of_key, _, pid_of_key = key.rpartition("/")
+            node_is = np.array([name == node_of_key for name in self.node_names] + [False])[self.node]
+            pid_is = self.pid_raw == (int(pid_of_key) if pid_of_key.isdigit() and len(pid_of_key) <= 10 else -2)
+            wrong |= (self.code == MEM) & ~(node_is & pid_is)
+        if nodes is not None:
+            wrong |= ~np.array([name in nodes for name in self.node_names] + [False])[self.node]
+        wrong &= self.ok
+        self._letters(np.flatnonzero(wrong), lambda i, e: self._scope_letter(i, e))
+        self.ok &= ~wrong
+
+    def _scope_letter(self, i: int, event: Event) -> "Output":
+        assert self.scope is not None
+        why = self.scope.check(event)
+        assert why is not None, "the vectorised scope check drifted from Scope.check"
+        return self.a.reject(why, raw_text(self._inputs([i])[0]), self.source(i))
 
     def _future(self) -> None:
         """Rows too far ahead of the clock, read once per batch (the row path reads it per event: a

@@ -238,6 +238,18 @@ class GpuPanes:
         closed = sorted(s for s, p in panes.items() if p.pane_end_ns <= wm)
         return [panes.pop(s) for s in closed]
 
+    def resume_after(self, finished: "GpuPanes") -> None:
+        """Watermarks that make every pane ``finished`` closed late: each GPU's at the end of its last
+        pane (its largest ``ts_ns``'s pane)."""
+        for gpu, max_ts in finished._max_ts.items():
+            self._max_ts[gpu] = pane_start_ns(max_ts, self.pane_ns) + self.pane_ns + self.lateness_ns
+
+    def earliest_on_time_ns(self) -> int | None:
+        """The earliest time an event that is not late may carry, over every GPU (None: no GPU yet)."""
+        if not self._max_ts:
+            return None
+        return min(max_ts - self.lateness_ns for max_ts in self._max_ts.values()) - self.pane_ns
+
     def close_all(self) -> list[PaneTotals]:
         """End of a finite input: every open pane closes, in (GPU, pane) order."""
         out = [self._open[g].pop(s) for g in sorted(self._open) for s in sorted(self._open[g])]

@@ -40,14 +40,32 @@ class BindingTable:
     def __init__(self) -> None:
         self._by_proc: dict[tuple[str, int], list[tuple[int, Tenant]]] = {}
 
-    def update(self, b: TenantBinding) -> bool:
-        """Take a binding; False (and no change) if one for the same process and instant exists."""
+    def update(self, b: TenantBinding) -> str:
+        """Take a binding: ``taken``; ``duplicate`` (no change) if the process has one from the same
+        instant; ``unchanged`` (no change) if it repeats, later, the tenant of the process's latest
+        binding, which changes no lookup (a source that re-sends a pod's binding at every scrape would
+        otherwise grow the table, and the state, by one entry a second). O(1) when bindings arrive
+        in time order, as they do."""
         tenant = Tenant(b.team, b.env, b.app, b.tier, b.sla, b.git_commit, b.ci_pipeline_id)
         history = self._by_proc.setdefault((b.node_id, b.pid), [])
-        if any(ts == b.ts_ns for ts, _ in history):
-            return False  # the first one wins, whatever order a re-send arrives in
-        insort(history, (b.ts_ns, tenant))
-        return True
+        if not history or b.ts_ns > history[-1][0]:
+            if history and history[-1][1] == tenant:
+                return "unchanged"
+            history.append((b.ts_ns, tenant))
+            return "taken"
+        at = bisect_right(history, b.ts_ns, key=lambda h: h[0])
+        if at and history[at - 1][0] == b.ts_ns:
+            return "duplicate"  # the first one wins, whatever order a re-send arrives in
+        history.insert(at, (b.ts_ns, tenant))
+        return "taken"
+
+    def prune(self, floor_ns: int) -> None:
+        """Forget what no lookup at or after ``floor_ns`` can return: each process's bindings before
+        its last one at or before the floor."""
+        for key, history in self._by_proc.items():
+            at = bisect_right(history, floor_ns, key=lambda h: h[0])
+            if at > 1:
+                self._by_proc[key] = history[at - 1:]
 
     def history(self, node_id: str, pid: int) -> list[tuple[int, Tenant]]:
         """The process's bindings in ``ts_ns`` order (empty if none)."""

@@ -20,13 +20,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ROOT = Path(__file__).resolve().parent.parent
 #: one line per injected fault (tests/test_faults.py), printed at the end of the session
 FAULT_LINES: list[str] = []
+#: one line per attack (tests/test_hostile.py), likewise
+HOSTILE_LINES: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if FAULT_LINES:
-        terminalreporter.section("fault injection: what went in, what came out")
-        for line in FAULT_LINES:
-            terminalreporter.write_line(line)
+    for title, lines in (("fault injection: what went in, what came out", FAULT_LINES),
+                         ("hostile input: each attack, what was refused, what was billed", HOSTILE_LINES)):
+        if lines:
+            terminalreporter.section(title)
+            for line in lines:
+                terminalreporter.write_line(line)
 SHARED_DATA = Path(os.environ.get("GPUCOST_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 

@@ -1,6 +1,7 @@
 """Stand-ins for what the worker and the sink take from aiokafka, to drive them without a broker."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.errors import MessageSizeTooLargeError
 
 __all__ = ["Message", "RecordingProducer", "ScriptedConsumer"]
 
@@ -22,20 +24,40 @@ class Message:
     partition: int = 3
 
 
-class RecordingProducer:
-    """A transactional producer that keeps what each transaction sent with ``send`` (the state
-    records) and drops the output records' batches."""
+def _delivered(error: BaseException | None = None) -> "asyncio.Future[None]":
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+    return future
 
-    def __init__(self) -> None:
+
+class RecordingProducer:
+    """A transactional producer that keeps what each committed transaction sent with ``send`` (the
+    state records) and drops the output records' batches. Like a broker, it refuses a record over
+    ``max_message_bytes``: the delivery's future fails, as aiokafka's does."""
+
+    def __init__(self, max_message_bytes: int = 1 << 20) -> None:
         self.transactions: list[list[tuple[str, bytes, bytes | None]]] = []  # (topic, key, value)
+        self.aborted = 0
+        self.max_message_bytes = max_message_bytes
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         self.transactions.append([])
-        yield
+        try:
+            yield
+        except BaseException:
+            self.transactions.pop()
+            self.aborted += 1
+            raise
 
-    async def send(self, topic: str, value: bytes | None, key: bytes, partition: int) -> None:
+    async def send(self, topic: str, value: bytes | None, key: bytes, partition: int) -> "asyncio.Future[None]":
+        if value is not None and len(value) + len(key) > self.max_message_bytes:
+            return _delivered(MessageSizeTooLargeError(f"{len(value):,} bytes"))
         self.transactions[-1].append((topic, key, value))
+        return _delivered()
 
     async def partitions_for(self, topic: str) -> set[int]:
         return {0}
@@ -43,8 +65,8 @@ class RecordingProducer:
     def create_batch(self) -> Any:
         return SimpleNamespace(append=lambda **record: True)
 
-    async def send_batch(self, batch: Any, topic: str, partition: int) -> None:
-        pass
+    async def send_batch(self, batch: Any, topic: str, partition: int) -> "asyncio.Future[None]":
+        return _delivered()
 
     async def send_offsets_to_transaction(self, offsets: Any, group: str) -> None:
         pass

@@ -40,7 +40,11 @@ def test_per_key_auditors_equal_the_embedded_auditor(events: list[Event], s: Aud
 def test_every_event_is_routed_and_durable_records_are_kept(events: list[Event]) -> None:
     router = Router()
     for ev in events:
+        unchanged = router.unchanged_bindings
         routes = router.route(ev)
+        if not routes:  # a binding repeating, later, its process's latest tenant: counted, changes nothing
+            assert ev.kind == "tenant_binding" and router.unchanged_bindings == unchanged + 1
+            continue
         assert any(r[2] is ev for r in routes)
         if ev.kind in ("tenant_binding", "price") and routes[0][0] != "dlq":
             assert routes[0][0] == ev.kind.replace("tenant_binding", "bindings").replace("price", "prices")

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.sequences import SeenSequences, parse_sequence
+from gpucost.sequences import MalformedSequence, SeenSequences, parse_sequence
 
 
 @given(st.lists(st.integers(1, 60), max_size=200), st.integers(0, 200))
@@ -25,5 +26,9 @@ def test_sessions_are_separate_and_headers_parse() -> None:
     seen = SeenSequences()
     assert seen.first_time("a", 1) and seen.first_time("b", 1) and not seen.first_time("a", 1)
     assert parse_sequence(b"0f3c:12") == ("0f3c", 12)
-    assert parse_sequence(None) is None and parse_sequence(b"12") is None and parse_sequence(b"s:x") is None
-    assert parse_sequence(b"s:0") is None
+    assert parse_sequence(None) is None
+    # a header no producer writes refuses its message (bad_message), whatever its length: thousands of
+    # digits once stopped the worker with int()'s ValueError
+    for bad in (b"12", b"s:x", b"s:0", b"s:" + b"9" * 5000, b"x" * 65 + b":1", b":1", b"s:-1", b"s:\xd9\xa3"):
+        with pytest.raises(MalformedSequence):
+            parse_sequence(bad)

@@ -1,0 +1,76 @@
+"""What one input message may speak for, checked on each decoded event by both paths.
+
+On Kafka a message is keyed by one GPU (or one process, for ``mem_access``) and signed by one
+node's key. Without these checks a message keyed for GPU A could carry events of GPU B and
+bill B twice, a node's key could sign samples of another node's GPUs, and any node could
+sign a ``price`` that zeroes or inflates every bill. The checks run on the events as the
+pipeline decoded them, never on a second parse of the text, so no line can read one way to
+the check and another way to the operators (two JSON parsers disagree on edge cases).
+
+Prices carry their own signature, by a price authority's key, so that node producers may
+relay them into their GPUs' streams without being able to forge them. The embedded run has
+one trust domain and no scope.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from schemas.codec import Rejected
+from schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
+
+__all__ = ["PRICE_SCOPE", "Scope", "price_mac"]
+
+#: the entry of a key's node list that lets it sign prices (``*`` lets it too)
+PRICE_SCOPE = "@prices"
+
+
+def price_mac(secret: bytes, price: Price) -> str:
+    """The hex HMAC-SHA256 of a price's model, time and exact rate (six decimals), with ``secret``."""
+    text = f"price\x1f{price.gpu_model}\x1f{price.ts_ns}\x1f{price.usd_per_gpu_hour:.6f}"
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Scope:
+    """``key``: the message's key (a GPU, or ``node_id/pid``); ``nodes``: the nodes its signer may
+    speak for (None: any); ``price_keys``: key id → secret of the keys that may sign prices
+    (None: prices need no signature)."""
+
+    key: str | None = None
+    nodes: frozenset[str] | None = None
+    price_keys: Mapping[str, bytes] | None = None
+
+    def check(self, event: Event) -> Rejected | None:
+        """Why ``event`` may not travel in this message, or None."""
+        if self.key is not None:
+            if isinstance(event, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)) and event.gpu_uuid != self.key:
+                return Rejected("wrong_key", f"a {event.kind} of GPU {event.gpu_uuid[:256]!r} in a message keyed "
+                                             f"{self.key[:256]!r}: a message carries only its own GPU's events",
+                                event.kind)
+            if isinstance(event, MemAccess) and f"{event.node_id}/{event.pid}" != self.key:
+                return Rejected("wrong_key", f"a mem_access of {event.node_id[:256]!r}/{event.pid} in a message "
+                                             f"keyed {self.key[:256]!r}", event.kind)
+        node = getattr(event, "node_id", None)
+        if self.nodes is not None and node is not None and node not in self.nodes:
+            return Rejected("bad_signature", f"the message's key may not speak for node {node[:256]!r}", event.kind)
+        if isinstance(event, Price) and self.price_keys is not None:
+            return self._price(event)
+        return None
+
+    def _price(self, price: Price) -> Rejected | None:
+        assert self.price_keys is not None
+        if price.key_id is None or price.signature is None:
+            return Rejected("unsigned", f"a price of {price.gpu_model[:256]!r} without the price authority's "
+                                        "signature; sign price files with `gpucost prices sign`", price.kind)
+        secret = self.price_keys.get(price.key_id)
+        if secret is None:
+            return Rejected("unknown_key", f"price key {price.key_id[:64]!r} is not in the keyring, or may not "
+                                           f"sign prices (its nodes must include {PRICE_SCOPE} or be *)",
+                            price.kind)
+        if not hmac.compare_digest(price_mac(secret, price), price.signature):
+            return Rejected("bad_signature", f"the signature of the price of {price.gpu_model[:256]!r} at "
+                                             f"{price.ts_ns} does not match it", price.kind)
+        return None

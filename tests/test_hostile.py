@@ -1,0 +1,323 @@
+"""Hostile input: each attack a review of main reproduced, against the worker, the sink and the CLI.
+
+Driven without a broker (``tests.fake_kafka``): the worker's own message handling and transactions,
+the sink's record check, the CLI's query. At the end of the session pytest prints one line per
+attack: what was sent, what was refused and why, and the µ$ billed against the µ$ expected.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import MessageSizeTooLargeError
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpucost import worker as worker_module
+from gpucost.cli import main
+from gpucost.kafka_settings import KafkaSettings
+from gpucost.publish import split_batch
+from gpucost.report import format_table
+from gpucost.signing import Keyring, Signer, parse_keys
+from gpucost.worker import Worker, _Owned, restored
+from schemas.blocks import expand
+from schemas.codec import decode_line
+from schemas.events import Price, TenantBinding
+from schemas.records import CostRecord, DeadLetter
+from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
+from sinks.kafka_sink import _record
+from streams.audit import Auditor
+from streams.scope import price_mac
+from streams.settings import AuditSettings
+from tests.conftest import HOSTILE_LINES
+from tests.fake_kafka import Message, RecordingProducer
+from tests.test_worker import LINES
+
+AUDIT = AuditSettings()
+TP = TopicPartition("gpucost.events", 3)
+KEY = next(iter(LINES))  # one GPU's stream: prices, bindings, samples
+SECRET_A, SECRET_B, SECRET_P = b"a" * 32, b"b" * 32, b"p" * 32
+KEYRING = f"node-a {SECRET_A.hex()} node-000\nnode-b {SECRET_B.hex()} node-001\nprices {SECRET_P.hex()} @prices\n"
+
+
+def report(attack: str, sent: int, letters: list[DeadLetter], billed: int, expected: int) -> None:
+    reasons = dict(sorted(Counter(d.reason for d in letters).items()))
+    HOSTILE_LINES.append(f"{attack:<44} sent {sent:>6,} | refused {len(letters):>5,} {reasons or ''} | "
+                         f"µ$ billed {billed:,} vs expected {expected:,} {'OK' if billed == expected else 'MISMATCH'}")
+
+
+def expected_micro_usd(lines: list[bytes]) -> int:
+    """The embedded run's bill for ``lines`` sent once."""
+    auditor = Auditor(AUDIT)
+    out = expand(auditor.ingest_lines(lines, str)) + auditor.finish()
+    return sum(r.cost_micro_usd for r in out if isinstance(r, CostRecord))
+
+
+def apply(worker: Worker, messages: list[Message], owned: _Owned | None = None) -> tuple[list, _Owned]:
+    owned = owned or _Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
+    return worker._apply(owned, messages, set()), owned
+
+
+def billed(out: list) -> int:
+    return sum(r.cost_micro_usd for r in out if isinstance(r, CostRecord))
+
+
+def letters(out: list) -> list[DeadLetter]:
+    return [r for r in out if isinstance(r, DeadLetter)]
+
+
+def signed(key: bytes, value: bytes, secret: bytes, key_id: str, headers: list[tuple[str, bytes]] | None = None,
+           offset: int = 0) -> Message:
+    signer = Signer(parse_keys(f"{key_id} {secret.hex()}", "test")[key_id])
+    headers = list(headers or [])
+    return Message(key, value, offset, headers + signer.headers(key, value, dict(headers)))
+
+
+@pytest.fixture
+def keyring(tmp_path: Path) -> Keyring:
+    path = tmp_path / "ring"
+    path.write_text(KEYRING)
+    return Keyring(path)
+
+
+def sign_prices(lines: list[bytes]) -> list[bytes]:
+    """The stream with each price signed by the price authority, as `gpucost prices sign` writes it."""
+    out = []
+    for line in lines:
+        event = decode_line(line)
+        if isinstance(event, Price):
+            event = event.model_copy(update={"key_id": "prices", "signature": price_mac(SECRET_P, event)})
+            line = json.dumps(event.to_wire()).encode()
+        out.append(line)
+    return out
+
+
+# --- one message must never stop the pipeline ------------------------------------------------------
+
+@pytest.mark.parametrize("key", [None, b"", b"\xff\xfeGPU", b"G" * 600])
+@pytest.mark.parametrize("signing", [False, True])
+def test_a_message_without_a_usable_key_is_refused_and_the_next_one_applied(key: bytes | None, signing: bool,
+                                                                           keyring: Keyring) -> None:
+    worker = Worker(KafkaSettings(), AUDIT, group="g", keyring=keyring if signing else None)
+    good = LINES[KEY]
+    bad = Message(key, b"\n".join(good), 0)  # type: ignore[arg-type]
+    then = Message(KEY, b"\n".join(good), 1)
+    end = Message(KEY, b"", 2, [(CONTROL_HEADER, END_OF_INPUT)])
+    if signing:
+        good = sign_prices(good)
+        then = signed(KEY, b"\n".join(good), SECRET_A, "node-a", offset=1)
+        end = signed(KEY, b"", SECRET_A, "node-a", [(CONTROL_HEADER, END_OF_INPUT)], offset=2)
+    out, owned = apply(worker, [bad, then, end])
+    refused = [d for d in letters(out) if d.reason == "bad_message"]
+    assert len(refused) == 1 and refused[0].source.endswith("@0") and "skipped" in refused[0].detail
+    assert list(owned.auditors) == [KEY.decode()]  # the bad message created no state
+    report(f"key {key!r:.20}{' signed' if signing else ''}", 2 * len(good), letters(out), billed(out),
+           expected_micro_usd(good))
+    assert billed(out) == expected_micro_usd(good)
+
+
+@pytest.mark.parametrize("header", [b"s:" + b"9" * 5000, b"s:0", b"x" * 70 + b":1", b"s:1e3"])
+def test_a_malformed_sequence_header_refuses_its_message(header: bytes) -> None:
+    worker = Worker(KafkaSettings(), AUDIT, group="g")
+    out, owned = apply(worker, [Message(KEY, b"\n".join(LINES[KEY]), 0, [(SEQUENCE_HEADER, header)])])
+    assert [d.reason for d in letters(out)] == ["bad_message"] and not owned.auditors
+    assert worker.counts["bad_message"] == 1
+    report(f"gpucost-seq {header[:12]!r}…", len(LINES[KEY]), letters(out), billed(out), 0)
+
+
+def test_a_huge_key_id_header_gives_one_bounded_dead_letter(keyring: Keyring) -> None:
+    """0.8 MB of key id on a 500-line message once wrote 400 MB of dead letters (the id in each)."""
+    worker = Worker(KafkaSettings(), AUDIT, group="g", keyring=keyring)
+    value = b"\n".join(LINES[KEY][:500])
+    out, owned = apply(worker, [Message(KEY, value, 0, [("gpucost-key-id", b"k" * 800_000),
+                                                        ("gpucost-signature", b"00")])])
+    assert [d.reason for d in letters(out)] == ["bad_message"] and not owned.auditors
+    assert sum(len(d.model_dump_json()) for d in out) < 2 * len(value) + 4096
+    report("key-id header of 800,000 bytes", len(LINES[KEY][:500]), letters(out), 0, 0)
+
+
+def test_unsigned_messages_create_no_state(keyring: Keyring) -> None:
+    worker = Worker(KafkaSettings(), AUDIT, group="g", keyring=keyring)
+    messages = [Message(f"GPU-{i}".encode(), LINES[KEY][0], i) for i in range(1000)]
+    out, owned = apply(worker, messages)
+    assert not owned.auditors and not owned.sequences
+    assert Counter(d.reason for d in letters(out)) == {"unsigned": 1000}
+    report("1,000 unsigned keys", 1000, letters(out), 0, 0)
+
+
+@given(st.integers(-(1 << 80), 1 << 80))
+def test_the_sink_refuses_a_record_it_cannot_store(micro_usd: int) -> None:
+    """A cost record of 2^70 µ$ on the cost topic stopped the sink at every restart (int64 columns)."""
+    record = json.loads(b'{"record_id":"r","gpu_uuid":"g","node_id":"n","gpu_model":"m","pane_start_ns":0,'
+                        b'"pane_end_ns":60,"tenant_key":"t","team":"t","env":null,"app":null,"tier":null,"sla":null,'
+                        b'"git_commit":null,"ci_pipeline_id":null,"t_share":0,"b_share":0,"l_share":0,"weight":0,'
+                        b'"busy_fraction":0,"usd_per_gpu_hour":null,"pane_cost_micro_usd":0,"cost_micro_usd":0,'
+                        b'"unpriced":true,"revision":0}')
+    record["cost_micro_usd"] = micro_usd
+    got = _record("cost", json.dumps(record).encode(), "t.cost[0]@0")
+    fits = -(1 << 63) <= micro_usd < 1 << 63
+    assert isinstance(got, CostRecord) == fits
+    assert fits or (isinstance(got, DeadLetter) and got.reason == "bad_output")
+
+
+# --- nothing billed twice -----------------------------------------------------------------------------
+
+def test_an_input_produced_twice_is_billed_once() -> None:
+    """A second `produce` of the same file is a new producer session: after the first run's end of
+    input its events are late, never a second bill (it once doubled the µ$)."""
+    worker = Worker(KafkaSettings(), AUDIT, group="g")
+    end = [(CONTROL_HEADER, END_OF_INPUT)]
+    runs = []
+    for session in ("s1", "s2"):
+        runs += [Message(KEY, b"\n".join(LINES[KEY]), len(runs), [(SEQUENCE_HEADER, f"{session}:1".encode())]),
+                 Message(KEY, b"", len(runs) + 1, [*end, (SEQUENCE_HEADER, f"{session}:2".encode())])]
+    runs += runs[:2]  # and the first session's messages copied back into the topic
+    out, _ = apply(worker, runs)
+    ids = [r.record_id for r in out if isinstance(r, CostRecord)]
+    want = expected_micro_usd(LINES[KEY])
+    report("the same input produced twice, then copied", 3 * len(LINES[KEY]), letters(out), billed(out), want)
+    assert billed(out) == want and len(ids) == len(set(ids))
+    assert worker.counts["redelivered_messages"] == 2
+    gpu_events = sum(1 for line in LINES[KEY] for kind in (b'"gpu_sample"', b'"process_sample"', b'"numa_event"')
+                     if kind in line)
+    assert Counter(d.reason for d in letters(out))["late"] == gpu_events  # the second run, all of it
+
+
+def test_a_state_over_the_message_limit_is_split_and_a_refused_delivery_aborts(monkeypatch) -> None:
+    """A key's state over the broker's limit was refused while the transaction committed without it."""
+    bindings = [json.dumps({"kind": "tenant_binding", "node_id": "node-000", "pid": pid, "ts_ns": 1736121600000000000,
+                            "team": "t" * 200, "env": "e", "app": "a", "tier": "x", "sla": "Gold"}).encode()
+                for pid in range(40_000, 44_000)]
+    worker = Worker(KafkaSettings(), AUDIT, group="g")
+    producer = RecordingProducer(max_message_bytes=300 << 10)
+    owned = worker.owned[TP] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    asyncio.run(worker._process(TP, [Message(KEY, b"\n".join(bindings + LINES[KEY][:200]), 0)]))
+    latest = {key: value for _, key, value in producer.transactions[-1]}
+    assert max(len(v or b"") for v in latest.values()) <= 300 << 10 < sum(len(v or b"") for v in latest.values())
+    assert restored(AUDIT, latest).auditors[KEY.decode()].to_state() == owned.auditors[KEY.decode()].to_state()
+    # a record the broker refuses aborts the transaction and stops the worker, offsets uncommitted
+    monkeypatch.setattr(worker_module, "STATE_CHUNK_BYTES", 4 << 20)
+    with pytest.raises(MessageSizeTooLargeError):
+        asyncio.run(worker._process(TP, [Message(KEY, b"\n".join(LINES[KEY][200:400]), 1)]))
+    assert producer.aborted == 1 and len(producer.transactions) == 1
+
+
+def test_bindings_resent_every_second_cost_nothing() -> None:
+    """dcgm's pod binding at every scrape grew the table, and each store scanned it: O(n²)."""
+    auditor = Auditor(AUDIT)
+    t0 = 1736121600000000000
+    for k in range(3600):
+        assert auditor.update(TenantBinding(node_id="n", pid=7, ts_ns=t0 + k * 10**9, team="ml", env="", app="",
+                                            tier="", sla="Gold")) == []
+    assert auditor.bindings.history("n", 7) == auditor.bindings.history("n", 7)[:1]
+    assert auditor.counts["binding_unchanged"] == 3599
+
+
+# --- no node may speak for another --------------------------------------------------------------------
+
+def test_a_node_key_cannot_forge_prices_end_other_gpus_or_sign_their_samples(keyring: Keyring) -> None:
+    lines = sign_prices(LINES[KEY])
+    want = expected_micro_usd(lines)
+    worker = Worker(KafkaSettings(), AUDIT, group="g", keyring=keyring)
+    forged_price = json.dumps({"kind": "price", "gpu_model": "default", "ts_ns": 1736035200000000001,
+                               "usd_per_gpu_hour": "0"}).encode()
+    other_gpu = next(line for line in LINES[list(LINES)[1]] if b'"gpu_sample"' in line)
+    own_sample = next(line for line in lines if b'"process_sample"' in line)
+    messages = [
+        signed(KEY, b"\n".join(lines), SECRET_A, "node-a"),
+        signed(KEY, forged_price, SECRET_A, "node-a", offset=1),  # a node's price: unsigned by the authority
+        signed(KEY, other_gpu, SECRET_A, "node-a", offset=2),  # another GPU's sample under this key
+        signed(KEY, own_sample.replace(b"node-000", b"node-001"), SECRET_B, "node-b", offset=3),  # node-b on a's GPU
+        signed(KEY, b"", SECRET_B, "node-b", [(CONTROL_HEADER, END_OF_INPUT)], offset=4),  # node-b ends a's GPU
+        signed(KEY, b"", SECRET_A, "node-a", [(CONTROL_HEADER, END_OF_INPUT)], offset=5),
+    ]
+    out, owned = apply(worker, messages)
+    reasons = Counter(d.reason for d in letters(out))
+    report("node key: price, other GPU, foreign node, end", len(lines) + 4, letters(out), billed(out), want)
+    assert billed(out) == want
+    assert reasons == {"unsigned": 1, "wrong_key": 3}
+    assert owned.owners == {KEY.decode(): "node-000"}
+
+
+def test_unsigned_prices_are_refused_when_verifying(keyring: Keyring) -> None:
+    worker = Worker(KafkaSettings(), AUDIT, group="g", keyring=keyring)
+    out, _ = apply(worker, [signed(KEY, b"\n".join(LINES[KEY]), SECRET_A, "node-a")])
+    prices = sum(1 for line in LINES[KEY] if b'"price"' in line)
+    assert Counter(d.reason for d in letters(out))["unsigned"] == prices > 0
+
+
+@pytest.mark.parametrize("padding", [10, 200])  # the row path (few lines) and the batch path
+def test_one_parser_decides_what_a_line_is(padding: int, keyring: Keyring) -> None:
+    """A number of 4,400 digits: Python's json refuses the line, Arrow's reader took it; so 128+ padded
+    lines once passed as another node's. Both paths now refuse it the same way."""
+    huge = b'{"kind":"gpu_sample","pad":' + b"7" * 4400 + b',' + LINES[KEY][-1].split(b"{", 1)[1]
+    lines = [huge.replace(b"node-000", b"node-001")] * padding
+    row = Auditor(AUDIT)
+    want = [(d.reason, d.kind) for d in (row.ingest(line, "x")[0] for line in lines)]
+    worker = Worker(KafkaSettings(), AUDIT, group="g", keyring=keyring)
+    out, _ = apply(worker, [signed(KEY, b"\n".join(lines), SECRET_A, "node-a")])
+    assert [(d.reason, d.kind) for d in letters(out)] == want == [("malformed_json", None)] * padding
+    report(f"4,400-digit numbers, {padding} lines", padding, letters(out), billed(out), 0)
+
+
+# --- names, queries, batches ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("team", ["idle ", "Idle", "idle\u00a0", "ıdle", "unattributed\u200b", "ＩＤＬＥ",
+                                  "іdle", "un\u0301attributed"])
+def test_reserved_team_names_are_matched_as_they_read(team: str) -> None:
+    line = json.dumps({"kind": "tenant_binding", "node_id": "n", "pid": 1, "ts_ns": 1736121600000000000,
+                       "team": team, "env": "", "app": "", "tier": "", "sla": "Gold"})
+    rejected = decode_line(line)
+    assert not isinstance(rejected, TenantBinding) and rejected.reason == "invalid" and "reserved" in rejected.detail
+
+
+def test_control_characters_never_reach_the_terminal() -> None:
+    table = format_table(["team"], [["\x1b[2J\x1b[31mred"], ["zero\u200bwidth"]])
+    assert "\x1b" not in table and "\u200b" not in table and "\\x1b[2J" in table
+
+
+def test_query_is_read_only_and_confined_to_the_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["simulate", "--gpus", "1", "--hours", "0.2", "--out", str(tmp_path / "events")]) == 0
+    assert main(["replay", str(tmp_path / "events"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    for sql in ("COPY (SELECT 1) TO '" + str(out / "x.csv") + "'", "SELECT * FROM read_text('/etc/passwd')",
+                "ATTACH '" + str(tmp_path / "x.db") + "'", "SET enable_external_access = true"):
+        assert main(["query", "--out", str(out), sql]) == 2, sql
+        assert "gpucost: error" in capsys.readouterr().err
+    assert not (out / "x.csv").exists() and not (tmp_path / "x.db").exists()
+    assert main(["query", "--out", str(out), "SELECT count(*) FROM cost"]) == 0
+    assert main(["query", "--unsafe", "--out", str(out), f"COPY (SELECT 1) TO '{tmp_path / 'y.csv'}'"]) == 0
+    assert (tmp_path / "y.csv").exists()
+
+
+@given(st.lists(st.text(min_size=0, max_size=300), max_size=60), st.integers(4096, 20_000))
+def test_batches_are_cut_to_fit_the_message_limit(lines: list[str], limit: int) -> None:
+    runs = split_batch(lines, limit)
+    assert [line for run in runs for line in run] == lines
+    for run in runs:
+        assert len("\n".join(run).encode()) <= limit or len(run) == 1
+
+
+@given(st.lists(st.tuples(st.integers(0, len(LINES) - 1), st.integers(0, 10_000)), min_size=130, max_size=260),
+       st.sampled_from([None, frozenset({"node-000"}), frozenset({"node-001"})]))
+def test_both_paths_refuse_what_a_message_may_not_carry(picks: list[tuple[int, int]],
+                                                        nodes: frozenset[str] | None) -> None:
+    """Lines of several GPUs in a message of one: the batch path (here, 130+ lines) refuses exactly the
+    lines, and for the reasons, the row path refuses (a mutation of either check fails this)."""
+    from streams.scope import Scope
+
+    keys = list(LINES)
+    lines = [LINES[keys[k]][i % len(LINES[keys[k]])] for k, i in picks]
+    scope = Scope(KEY.decode(), nodes)
+    row = Auditor(AUDIT)
+    want = [out for i, line in enumerate(lines) for out in row.ingest(line, str(i), scope)]
+    batch = Auditor(AUDIT)
+    got = expand(batch.ingest_lines(lines, str, scope))
+    assert [(d.reason, d.source) for d in letters(got)] == [(d.reason, d.source) for d in letters(want)]
+    got, want = got + batch.finish(), want + row.finish()
+    assert [r.model_dump() for r in got] == [r.model_dump() for r in want]
