@@ -349,7 +349,8 @@ class Worker(ConsumerRebalanceListener):
                 if owned.owners.get(key) is None and signer.nodes is not None and len(signer.nodes) == 1:
                     owned.owners[key] = next(iter(signer.nodes))  # the first node to speak for a key owns it
                 assert self.keyring is not None
-                scope = Scope(key, signer.nodes, self.keyring.price_keys())
+                price_keys = self.keyring.price_keys()
+                scope = Scope(key, signer.nodes, price_keys, signer.key_id in price_keys)
             elif self.keyring is None:
                 scope = Scope(key)
             if headers.get(CONTROL_HEADER) == END_OF_INPUT:

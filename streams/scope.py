@@ -37,11 +37,15 @@ def price_mac(secret: bytes, price: Price) -> str:
 class Scope:
     """``key``: the message's key (a GPU, or ``node_id/pid``); ``nodes``: the nodes its signer may
     speak for (None: any); ``price_keys``: key id → secret of the keys that may sign prices
-    (None: prices need no signature)."""
+    (None: prices need no signature). A price is taken when it carries a valid signature by one of
+    those keys, or carries none and the message's signer is one of them."""
 
     key: str | None = None
     nodes: frozenset[str] | None = None
     price_keys: Mapping[str, bytes] | None = None
+    #: the message's own signer may sign prices (``*`` or ``@prices``): it vouches for the unsigned
+    #: prices it carries, as a single-key deployment's producer does
+    signer_sets_prices: bool = False
 
     def check(self, event: Event) -> Rejected | None:
         """Why ``event`` may not travel in this message, or None."""
@@ -62,6 +66,8 @@ class Scope:
 
     def _price(self, price: Price) -> Rejected | None:
         assert self.price_keys is not None
+        if self.signer_sets_prices and price.key_id is None and price.signature is None:
+            return None
         if price.key_id is None or price.signature is None:
             return Rejected("unsigned", f"a price of {price.gpu_model[:256]!r} without the price authority's "
                                         "signature; sign price files with `gpucost prices sign`", price.kind)

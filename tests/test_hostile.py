@@ -243,11 +243,16 @@ def test_a_node_key_cannot_forge_prices_end_other_gpus_or_sign_their_samples(key
     assert owned.owners == {KEY.decode(): "node-000"}
 
 
-def test_unsigned_prices_are_refused_when_verifying(keyring: Keyring) -> None:
+def test_unsigned_prices_are_refused_unless_the_signer_may_set_prices(keyring: Keyring, tmp_path: Path) -> None:
     worker = Worker(KafkaSettings(), AUDIT, group="g", keyring=keyring)
     out, _ = apply(worker, [signed(KEY, b"\n".join(LINES[KEY]), SECRET_A, "node-a")])
     prices = sum(1 for line in LINES[KEY] if b'"price"' in line)
     assert Counter(d.reason for d in letters(out))["unsigned"] == prices > 0
+    # a key of any node (``*``), as a single-key deployment has, vouches for the prices it carries
+    (tmp_path / "admin").write_text(f"admin {SECRET_P.hex()} *\n")
+    worker = Worker(KafkaSettings(), AUDIT, group="g", keyring=Keyring(tmp_path / "admin"))
+    out, _ = apply(worker, [signed(KEY, b"\n".join(LINES[KEY]), SECRET_P, "admin")])
+    assert not letters(out)
 
 
 @pytest.mark.parametrize("padding", [10, 200])  # the row path (few lines) and the batch path
