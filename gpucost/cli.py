@@ -40,7 +40,7 @@ from schemas.records import OUTPUT_KINDS
 from sinks.compact import CompactError
 from sinks.lock import OutputBusyError, OutputLock
 from sinks.parquet import SinkWriteError
-from sinks.views import connect, read_only_problem, views_sql
+from sinks.views import confine, connect, read_only_problem, views_sql
 from streams.scope import PRICE_SCOPE, price_mac
 from streams.settings import AuditSettings
 
@@ -445,7 +445,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise UsageError(problem)
     for attempt in range(1, QUERY_ATTEMPTS + 1):
         try:
-            res = connect(args.out, sandboxed=not args.unsafe).execute(args.sql)
+            con = connect(args.out)
+            res = (con if args.unsafe else confine(con, args.out)).execute(args.sql)
             rows = res.fetchall()
             break
         except duckdb.IOException as exc:  # a file listed, then merged away by a compaction: run it again

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from schemas.arrow import ARROW_SCHEMAS
 
-__all__ = ["READ_ONLY_STATEMENTS", "views_sql", "connect", "read_only_problem"]
+__all__ = ["READ_ONLY_STATEMENTS", "confine", "views_sql", "connect", "read_only_problem"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "dlq": "VARCHAR"}
@@ -41,16 +41,20 @@ def views_sql(out_dir: Path) -> str:
     return "\n".join(_view(out_dir, kind) for kind in ARROW_SCHEMAS) + "\n"
 
 
-def connect(out_dir: Path, sandboxed: bool = False) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with the views. ``sandboxed``: it reads files under ``out_dir`` only and its
-    configuration is locked, so a query cannot read ``/etc/passwd``, attach a database, install an
-    extension or widen its own access (what ``gpucost query`` hands an analyst's SQL to)."""
+def connect(out_dir: Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     con.execute(views_sql(out_dir))
-    if sandboxed:
-        con.execute("SET allowed_directories = [?]", [f"{out_dir.resolve().as_posix()}/"])
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
+    return con
+
+
+def confine(con: duckdb.DuckDBPyConnection, out_dir: Path) -> duckdb.DuckDBPyConnection:
+    """``con`` reading files under ``out_dir`` only, its configuration locked: a query cannot read
+    ``/etc/passwd``, attach a database, install an extension or widen its own access (what ``gpucost
+    query`` hands an analyst's SQL to)."""
+    folder = f"{out_dir.resolve().as_posix()}/".replace("'", "''")
+    con.execute(f"SET allowed_directories = ['{folder}']")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
     return con
 
 
