@@ -229,10 +229,11 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                         continue
                     line = encode_event(routed)
                     if topic in ("bindings", "prices"):
-                        if len(line.encode()) > kafka.max_message_bytes:
+                        value = line.encode()
+                        if len(value) > kafka.max_message_bytes:
                             oversized(topic, key, line)
                         else:
-                            send(topic, key, line.encode())
+                            send(topic, key, value)
                     else:
                         buffers.setdefault((topic, key), []).append(line)
             flush(full_only=True)

@@ -97,6 +97,9 @@ class Keyring:
         self._mtime_ns = -1
         self._checked = float("-inf")
         self.keys: dict[str, SigningKey] = {}
+        #: key id → secret of every key that may sign prices (node list ``*`` or holding ``@prices``);
+        #: kept with ``keys``, so that it is one object between reloads
+        self.price_keys: dict[str, bytes] = {}
         self.reload_failures = 0
         self._maybe_reload(force=True)
 
@@ -109,12 +112,14 @@ class Keyring:
         if mtime == self._mtime_ns:
             return
         try:
-            self.keys = parse_keys(self.path.read_text(), str(self.path))
+            keys = parse_keys(self.path.read_text(), str(self.path))
         except (OSError, ValueError):
             if force:
                 raise
             self.reload_failures += 1  # a half-written or broken file: keep the keys we have
             return
+        self.keys = keys
+        self.price_keys = {k.key_id: k.secret for k in keys.values() if k.nodes is None or PRICE_SCOPE in k.nodes}
         self._mtime_ns = mtime
 
     def check(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> Verdict | SigningKey:
@@ -138,7 +143,3 @@ class Keyring:
             return Verdict("bad_signature", f"the signature does not match the message for key "
                                             f"{signing_key.key_id!r}: altered in transit, or a forged key")
         return signing_key
-
-    def price_keys(self) -> dict[str, bytes]:
-        """Key id → secret of every key that may sign prices (node list ``*`` or holding ``@prices``)."""
-        return {k.key_id: k.secret for k in self.keys.values() if k.nodes is None or PRICE_SCOPE in k.nodes}

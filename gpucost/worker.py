@@ -19,8 +19,8 @@ import hashlib
 import json
 import logging
 import time
-from collections import Counter
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
@@ -33,7 +33,7 @@ from gpucost.kafka_settings import KafkaSettings
 from gpucost.sequences import MalformedSequence, SeenSequences, parse_sequence
 from gpucost.signing import Keyring, SigningKey, Verdict
 from schemas.blocks import expand
-from schemas.codec import Rejected, raw_text
+from schemas.codec import raw_text
 from schemas.records import DeadLetter
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
 from sinks.parquet import kind_of
@@ -114,7 +114,11 @@ def _chunked(key: bytes, value: bytes) -> list[tuple[bytes, bytes | None]]:
         return [(key, value)]
     parts = [value[i:i + STATE_CHUNK_BYTES] for i in range(0, len(value), STATE_CHUNK_BYTES)]
     head = _json({"parts": len(parts), "sha256": hashlib.sha256(value).hexdigest()})
-    return [*((PART_PREFIX + key + b"\x00%d" % i, part) for i, part in enumerate(parts)), (key, head)]
+    return [*((_part_key(key, i), part) for i, part in enumerate(parts)), (key, head)]
+
+
+def _part_key(key: bytes, i: int) -> bytes:
+    return PART_PREFIX + key + b"\x00%d" % i
 
 
 def _joined(latest: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
@@ -125,7 +129,7 @@ def _joined(latest: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
             continue
         if value is not None and value.startswith(b'{"parts":'):
             head = json.loads(value)
-            parts = [latest.get(PART_PREFIX + key + b"\x00%d" % i) for i in range(head["parts"])]
+            parts = [latest.get(_part_key(key, i)) for i in range(head["parts"])]
             value = b"".join(p for p in parts if p is not None)
             if None in parts or hashlib.sha256(value).hexdigest() != head["sha256"]:
                 raise RuntimeError(f"the state of key {key[:80]!r} is split into {head['parts']} parts, which do not "
@@ -138,14 +142,17 @@ def _state_records(owned: _Owned, key: str) -> list[tuple[bytes, bytes | None]]:
     """The state records of a key a batch touched: its state, and its idle windows only when a pane
     closed since they were last written. The windows are most of a key's state (46 of 54 KB for a
     GPU with 72 h of panes) and change once a pane, while a live worker writes the rest at every
-    poll. Bindings no future event can reach are pruned first (``Auditor.prune``)."""
+    poll. When a pane closed, bindings no future event can reach are pruned first (``Auditor.prune``:
+    the watermark moves them out of reach, and it moves a pane at a time)."""
     k, auditor = key.encode(), owned.auditors[key]
-    auditor.prune()
+    written = owned.idle_written.get(key)
+    pane_closed = written is None or written[0] is not auditor or written[1] != auditor.idle.rolls
+    if pane_closed:
+        auditor.prune()
     out = _chunked(k, _json({"audit": auditor.to_state(idle=False),
                              "seq": owned.sequences.get(key, SeenSequences()).to_state(),
                              "owner": owned.owners.get(key)}))
-    written = owned.idle_written.get(key)
-    if written is None or written[0] is not auditor or written[1] != auditor.idle.rolls:
+    if pane_closed:
         out += _chunked(IDLE_PREFIX + k, _json(auditor.idle.to_state()))
         owned.idle_written[key] = (auditor, auditor.idle.rolls)
     return out
@@ -317,9 +324,7 @@ class Worker(ConsumerRebalanceListener):
                 except MalformedSequence as exc:
                     problem = str(exc)
             if problem is not None:  # no key to file it under, or a header no producer writes: refused whole
-                self.counts["bad_message"] += 1
-                out.append(DeadLetter(reason="bad_message", detail=f"{problem}; the message is skipped",
-                                      kind=None, source=source, raw=raw_text(value), ts_ns=None, gpu_uuid=None))
+                out.append(self._refused("bad_message", f"{problem}; the message is skipped", source, value))
                 continue
             key = message.key.decode()
             lines = [(n, line) for n, line in enumerate(value.split(b"\n")) if line.strip()]
@@ -331,10 +336,8 @@ class Worker(ConsumerRebalanceListener):
                                                   f"{signer.key_id!r} may not speak for it")
             if isinstance(signer, Verdict):  # forged, unsigned or foreign: every line to the dead letters
                 flush(key)
-                self.counts[signer.reason] += len(lines) or 1
-                why = Rejected(signer.reason, signer.detail, None)
-                out += [DeadLetter(reason=why.reason, detail=why.detail, kind=None, source=f"{source}#{n}",
-                                   raw=raw_text(line), ts_ns=None, gpu_uuid=None) for n, line in lines or [(0, b"")]]
+                out += [self._refused(signer.reason, signer.detail, f"{source}#{n}", line)
+                        for n, line in lines or [(0, b"")]]
                 continue
             sequences = owned.sequences.setdefault(key, SeenSequences())
             if seq is not None and not sequences.first_time(*seq):
@@ -344,15 +347,14 @@ class Worker(ConsumerRebalanceListener):
             auditor = owned.auditors.get(key)
             if auditor is None:
                 auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns)
-            scope = None
-            if signer is not None:
+            if signer is None:
+                scope = Scope(key)
+            else:
                 if owned.owners.get(key) is None and signer.nodes is not None and len(signer.nodes) == 1:
                     owned.owners[key] = next(iter(signer.nodes))  # the first node to speak for a key owns it
                 assert self.keyring is not None
-                price_keys = self.keyring.price_keys()
+                price_keys = self.keyring.price_keys
                 scope = Scope(key, signer.nodes, price_keys, signer.key_id in price_keys)
-            elif self.keyring is None:
-                scope = Scope(key)
             if headers.get(CONTROL_HEADER) == END_OF_INPUT:
                 flush(key)
                 # finished: its panes close, and what follows starts afresh above the watermark it reached, so
@@ -366,6 +368,12 @@ class Worker(ConsumerRebalanceListener):
         for key in list(queued):
             flush(key)
         return out
+
+    def _refused(self, reason: str, detail: str, source: str, raw: bytes) -> DeadLetter:
+        """The dead letter of (a line of) a message refused before any auditor saw it, counted here."""
+        self.counts[reason] += 1
+        return DeadLetter(reason=reason, detail=detail, kind=None, source=source, raw=raw_text(raw), ts_ns=None,
+                          gpu_uuid=None)
 
     async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
         owned = self.owned[tp]

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.blocks import ClosedPanes
-from schemas.codec import Rejected, decode_line, encode_event, raw_text
+from schemas.codec import Rejected, encode_event, raw_text
 from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
                             ProcessSample, TenantBinding)
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
@@ -23,7 +23,7 @@ from streams.columnar import ingest_batch, ingest_lines
 from streams.idle_index import IdleIndex
 from streams.mae import Mae
 from streams.panes import GpuPanes, PaneColumns, PaneTotals
-from streams.scope import Scope
+from streams.scope import Scope, decode_in_scope
 from streams.settings import AuditSettings
 from streams.tables import BindingTable, PriceTable
 
@@ -114,9 +114,7 @@ class Auditor:
     def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]:
         """Take one raw line: a dead letter if it is not a valid event, or not one ``scope`` lets its
         message carry; else as ``update``."""
-        decoded = decode_line(line)
-        if not isinstance(decoded, Rejected) and scope is not None:
-            decoded = scope.check(decoded) or decoded
+        decoded = decode_in_scope(line, scope)
         if isinstance(decoded, Rejected):
             return [self.reject(decoded, raw_text(line), source)]
         # a dead letter of a valid event keeps the line as it came; a Parquet row, re-encoded

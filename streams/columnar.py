@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import gc
 import io
-import re
 import os
+import re
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, N
                             TenantBinding)
 from schemas.exact import round_float
 from streams.panes import PaneColumns, PaneTotals, objects
-from streams.scope import Scope
+from streams.scope import Scope, decode_in_scope
 from streams.tables import UNATTRIBUTED, Tenant
 
 if TYPE_CHECKING:
@@ -282,7 +282,6 @@ class _Batch:
         self.model, self.model_names, model_ok = self._ident("gpu_model")
         self.ts, ts_present = self._ints("ts_ns")
         pid, pid_present = self._ints("pid")
-        self.pid_raw = pid
         self.pid = np.where(self.code == GPU, -1, pid)  # the duplicate key's pid of a GPU sample
         used, used_present = self._ints("mem_used_bytes")
         total, total_present = self._ints("mem_total_bytes")
@@ -318,9 +317,7 @@ class _Batch:
 
         slow = np.flatnonzero(~self.ok)
         for i, row in zip(slow.tolist(), self._inputs(slow)):
-            event = decode_line(row)
-            if not isinstance(event, Rejected) and self.scope is not None:
-                event = self.scope.check(event) or event
+            event = decode_in_scope(row, self.scope)
             if isinstance(event, Rejected):
                 self.emit(i, [self.a.reject(event, raw_text(row), self.source(i))])
             elif isinstance(event, _HOT):
@@ -345,12 +342,12 @@ class _Batch:
             wrong |= (self.code <= NUMA) & ~gpu_is_key
             node_of_key, _, pid_of_key = key.rpartition("/")
             node_is = np.array([name == node_of_key for name in self.node_names] + [False])[self.node]
-            pid_is = self.pid_raw == (int(pid_of_key) if pid_of_key.isdigit() and len(pid_of_key) <= 10 else -2)
+            pid_is = self.pid == (int(pid_of_key) if pid_of_key.isdigit() and len(pid_of_key) <= 10 else -2)
             wrong |= (self.code == MEM) & ~(node_is & pid_is)
         if nodes is not None:
             wrong |= ~np.array([name in nodes for name in self.node_names] + [False])[self.node]
         wrong &= self.ok
-        self._letters(np.flatnonzero(wrong), lambda i, e: self._scope_letter(i, e))
+        self._letters(np.flatnonzero(wrong), self._scope_letter)
         self.ok &= ~wrong
 
     def _scope_letter(self, i: int, event: Event) -> "Output":

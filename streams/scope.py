@@ -17,11 +17,12 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from schemas.codec import Rejected
+from schemas.codec import Rejected, decode_line
 from schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
 
-__all__ = ["PRICE_SCOPE", "Scope", "price_mac"]
+__all__ = ["PRICE_SCOPE", "Scope", "decode_in_scope", "price_mac"]
 
 #: the entry of a key's node list that lets it sign prices (``*`` lets it too)
 PRICE_SCOPE = "@prices"
@@ -80,3 +81,12 @@ class Scope:
             return Rejected("bad_signature", f"the signature of the price of {price.gpu_model[:256]!r} at "
                                              f"{price.ts_ns} does not match it", price.kind)
         return None
+
+
+def decode_in_scope(line: str | bytes | dict[str, Any], scope: Scope | None) -> Event | Rejected:
+    """``decode_line``, then, for a valid event, ``scope``'s check: the one decode both paths make of a
+    line they take one by one."""
+    event = decode_line(line)
+    if isinstance(event, Rejected) or scope is None:
+        return event
+    return scope.check(event) or event
