@@ -28,6 +28,9 @@ REASONS: dict[str, str] = {
                         "its GPU's panes early and make every true event late",
     "duplicate": "an event with the same key and ts_ns was already counted (the first one wins): re-sent, never "
                  "billed twice",
+    "overlap": "a gpu_sample (process_sample) within three quarters of its own interval of one already counted for "
+               "the same GPU (GPU and pid) in its pane: a second sampler of one device, whose time would be billed "
+               "twice; run one sampler per device",
     "late": "its pane had already closed when it arrived",
     "unsigned": "signature verification is on and the message carries no signature",
     "unknown_key": "signed with a key id the verifier does not hold",

@@ -105,6 +105,13 @@ class Auditor:
                           f"a {event.kind} of GPU {event.gpu_uuid}{who} at ts_ns {event.ts_ns} was already "
                           "counted; the first one is billed, this one is not")
 
+    def overlap_letter(self, event: GpuSample | ProcessSample, raw: str | bytes | None, source: str) -> DeadLetter:
+        who = "" if isinstance(event, GpuSample) else f" pid {event.pid}"
+        return self._dead("overlap", event, raw, source,
+                          f"a {event.kind} of GPU {event.gpu_uuid}{who} lies within three quarters of its "
+                          f"{event.interval_ms} ms interval of one already counted in its pane: a second sampler "
+                          "of this device would bill its time twice; run one sampler per device")
+
     def _dead(self, reason: str, event: Event, raw: str | bytes | None, source: str, detail: str) -> DeadLetter:
         self.counts[reason] += 1
         return DeadLetter(reason=reason, detail=detail, kind=event.kind, source=source,
@@ -142,8 +149,11 @@ class Auditor:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
             return [self.late_letter(event, raw, source, self.panes.watermark(gpu))]
-        if self.panes.is_duplicate(event):
+        refused = self.panes.admit(event)
+        if refused == "duplicate":
             return [self.duplicate_letter(event, raw, source)]
+        if refused == "overlap":
+            return [self.overlap_letter(event, raw, source)]
         self.counts[event.kind] += 1
         if isinstance(event, GpuSample):
             self.panes.add_gpu_sample(event)

@@ -36,7 +36,7 @@ from schemas.codec import Rejected, decode_line, present_fields, raw_text
 from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
                             TenantBinding)
 from schemas.exact import round_float
-from streams.panes import PaneColumns, PaneTotals, objects
+from streams.panes import PaneColumns, PaneTotals, objects, overlaps
 from streams.scope import Scope, decode_in_scope
 from streams.tables import UNATTRIBUTED, Tenant
 
@@ -442,21 +442,37 @@ class _Batch:
             def time_of(level: np.ndarray) -> np.ndarray:
                 return distinct[level - 1]
         key0 = np.arange(len(starts)) * width + np.where(max0 == _NONE, 0, level(max0))
-        upto = np.maximum(np.maximum.accumulate(group * width + level(ts)), key0[group]) \
-            if len(rows) else np.zeros(0, np.int64)
-        at_level = upto - group * width
-        high = np.where(at_level > 0, time_of(np.maximum(at_level, 1)), _NONE)  # max up to and including each row
-        before = np.empty_like(high)
-        before[1:] = high[:-1]
-        before[starts] = max0
         pane = ts - ts % pane_ns
-        late = pane + pane_ns + lateness_ns <= before
-        dup = self._duplicates(rows, group, pane, late, names, starts, ends)
-        accepted = ~late & ~dup
+
+        def watermarks(moves: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Each row's running maximum key over the rows that ``moves`` (``upto``), that maximum as a time
+            (``high``), and the maximum before the row (``before``)."""
+            upto = np.maximum(np.maximum.accumulate(group * width + np.where(moves, level(ts), 0)), key0[group]) \
+                if len(rows) else np.zeros(0, np.int64)
+            at_level = upto - group * width
+            high = np.where(at_level > 0, time_of(np.maximum(at_level, 1)), _NONE)  # max up to and including each row
+            before = np.empty_like(high)
+            before[1:] = high[:-1]
+            before[starts] = max0
+            return upto, high, before
+
+        # a refused row moves no watermark. Late and duplicate rows cannot (they lie at or below it); a row
+        # refused as an overlap can, so the watermarks are taken again without the overlaps until they agree:
+        # each round settles at least the next row in arrival order, and a batch without overlaps takes one
+        moves = np.ones(len(rows), bool)
+        while True:
+            upto, high, before = watermarks(moves)
+            late = pane + pane_ns + lateness_ns <= before
+            dup, overlap = self._refusals(rows, group, pane, late, names, starts, ends)
+            if np.array_equal(~overlap, moves) or not (overlap & (ts > before)).any() and moves.all():
+                break
+            moves = ~overlap
+        accepted = ~late & ~dup & ~overlap
         late_at = np.flatnonzero(late)
         watermark = dict(zip(rows[late_at].tolist(), (before[late_at] - lateness_ns).tolist()))
         self._letters(rows[late_at], lambda i, e: a.late_letter(e, self._raw(i), self.source(i), watermark[i]))
         self._letters(rows[dup], lambda i, e: a.duplicate_letter(e, self._raw(i), self.source(i)))
+        self._letters(rows[overlap], lambda i, e: a.overlap_letter(e, self._raw(i), self.source(i)))
         for code, kind in enumerate(_KIND_NAMES[:MEM]):
             self._count(kind, int(np.count_nonzero(accepted & (self.code[rows] == code))))
 
@@ -477,28 +493,70 @@ class _Batch:
             a.panes.set_max_ts(name, int(high[ends[j] - 1]))
         self._apply_in_order(at_rows, closing)
 
-    def _duplicates(self, rows: np.ndarray, group: np.ndarray, pane: np.ndarray, late: np.ndarray,
-                    names: list[str], starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Rows whose (GPU, kind, pid, ts_ns) an earlier on-time row, or an open pane of the state, holds."""
+    def _refusals(self, rows: np.ndarray, group: np.ndarray, pane: np.ndarray, late: np.ndarray,
+                  names: list[str], starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The on-time rows refused as duplicates (their (GPU, kind, pid, ts_ns) an earlier on-time row, or an
+        open pane of the state, holds) and as overlaps (``streams.panes.overlaps``).
+
+        An overlap depends on which earlier samples were taken, so it is decided in arrival order; but only
+        where it can occur: a (GPU, kind, pid, pane) with two distinct times closer than three quarters of
+        the larger of their intervals (no pair of neighbours that close, no pair at all), or one the state
+        holds counted times of. Those few go one by one, as the row path does (``_in_order``)."""
         dup = np.zeros(len(rows), bool)
+        overlap = np.zeros(len(rows), bool)
         on_time = np.flatnonzero(~late)
         # (GPU, kind, pid) in one integer: 2 bits of kind, 33 of pid + 1, and the GPU above (a batch holds
         # far fewer than the 2^28 GPUs that would overflow)
         who = (group[on_time] << 35) | (self.code[rows[on_time]].astype(np.int64) << 33) | (self.pid[rows[on_time]] + 1)
-        keys = (who, self.ts[rows[on_time]])
-        order = np.lexsort(keys[::-1])  # stable: equal keys stay in arrival order
-        same = np.ones(max(len(order) - 1, 0), bool)
-        for k in keys:
-            same &= k[order][1:] == k[order][:-1]
-        dup[on_time[order[1:][same]]] = True
+        ts = self.ts[rows[on_time]]
+        order = np.lexsort((ts, who))  # stable: equal keys stay in arrival order
+        who, ts, where = who[order], ts[order], on_time[order]
+        same = who[1:] == who[:-1]
+        dup[where[1:][same & (ts[1:] == ts[:-1])]] = True
+        # neighbouring distinct times, each with the largest interval of the rows at it
+        firsts, _ = _runs(who, ts)
+        interval = np.maximum.reduceat(self.interval_ms[rows[where]], firsts) if len(firsts) else np.zeros(0, np.int64)
+        w, t, p = who[firsts], ts[firsts], pane[where[firsts]]
+        near = ((w[1:] == w[:-1]) & (p[1:] == p[:-1]) & (4 * (t[1:] - t[:-1]) < 3_000_000 * np.maximum(
+            interval[1:], interval[:-1])) & (self.code[rows[where[firsts[1:]]]] != NUMA))
+        suspect: set[tuple[int, int]] = set(zip(w[1:][near].tolist(), p[1:][near].tolist()))
         for j, name in enumerate(names):
             for start, open_pane in self.a.panes.open_panes(name).items():
                 span = slice(int(starts[j]), int(ends[j]))
-                for p in (np.flatnonzero((pane[span] == start) & ~late[span] & ~dup[span]) + starts[j]).tolist():
+                for p in (np.flatnonzero((pane[span] == start) & ~late[span]) + starts[j]).tolist():
                     i = int(rows[p])
-                    if (_KIND_NAMES[self.code[i]], int(self.pid[i]), int(self.ts[i])) in open_pane.seen:
+                    kind, pid = _KIND_NAMES[self.code[i]], int(self.pid[i])
+                    if self.code[i] != NUMA and (kind, pid) in open_pane.seen:
+                        suspect.add(((j << 35) | (int(self.code[i]) << 33) | (pid + 1), start))
+                    elif open_pane.holds(kind, pid, int(self.ts[i])):
                         dup[p] = True
-        return dup
+        if suspect:
+            key = [(w, int(pane[p])) for w, p in zip(who.tolist(), where.tolist())]
+            members: dict[tuple[int, int], list[int]] = {}
+            for k, p in zip(key, where.tolist()):
+                if k in suspect:
+                    members.setdefault(k, []).append(p)
+            for (w, start), positions in members.items():
+                self._in_order(sorted(positions), names[w >> 35], start, rows, dup, overlap)
+        return dup, overlap
+
+    def _in_order(self, positions: list[int], gpu: str, start: int, rows: np.ndarray, dup: np.ndarray,
+                  overlap: np.ndarray) -> None:
+        """Duplicates and overlaps of one (GPU, kind, pid, pane)'s on-time rows, in arrival order, as
+        ``GpuPanes.admit`` decides them."""
+        i = int(rows[positions[0]])
+        held = self.a.panes.open_panes(gpu).get(start)
+        probe = PaneTotals(gpu, start, start)
+        if held is not None:
+            key = (_KIND_NAMES[self.code[i]], int(self.pid[i]))
+            probe.seen[key] = list(held.seen.get(key, ()))
+        for p in positions:
+            i = int(rows[p])
+            kind, pid, ts = _KIND_NAMES[self.code[i]], int(self.pid[i]), int(self.ts[i])
+            gap = probe.nearest_gap(kind, pid, ts)
+            dup[p], overlap[p] = gap == 0, gap is not None and gap > 0 and overlaps(gap, int(self.interval_ms[i]))
+            if gap != 0 and not overlap[p]:
+                probe.remember(kind, pid, ts)
 
     def _tenants(self, rows: np.ndarray) -> np.ndarray:
         """The tenant (an index into ``self.tenants``) of each row, as of its time, among the bindings
@@ -631,8 +689,9 @@ class _Batch:
                 closes.append((at, totals))
                 continue
             members = rows[first:last]
-            totals.seen.update(zip([_KIND_NAMES[c] for c in code[first:last].tolist()],
-                                   self.pid[members].tolist(), self.ts[members].tolist()))
+            for kind, pid, ts in zip([_KIND_NAMES[c] for c in code[first:last].tolist()], self.pid[members].tolist(),
+                                     self.ts[members].tolist()):
+                totals.remember(kind, pid, ts)
             a.panes.keep_open(totals)
         for j, name in enumerate(names):  # open panes of the state that took no row here may close too
             idle_panes = untouched.get(name, [])

@@ -5,6 +5,7 @@ A GPU's watermark is the largest ``ts_ns`` seen for it minus the allowed latenes
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,12 +15,19 @@ import numpy as np
 from schemas.events import GpuSample, NumaEvent, ProcessSample
 from streams.tables import Tenant
 
-__all__ = ["pane_start_ns", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes", "objects"]
+__all__ = ["pane_start_ns", "overlaps", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes", "objects"]
 
 
 def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
     """Start of the epoch-aligned pane holding ``ts_ns``."""
     return ts_ns - ts_ns % pane_ns
+
+
+def overlaps(gap_ns: int, interval_ms: int) -> bool:
+    """Whether a sample ``gap_ns`` from an accepted one of its device lies closer than three quarters of
+    its own interval (METRICS.md: one sampler per device): a second sampler's, which would bill the
+    device's time twice. Exact in integers: 4·gap < 3·interval."""
+    return 4 * gap_ns < 3_000_000 * interval_ms
 
 
 @dataclass
@@ -41,13 +49,31 @@ class PaneTotals:
     idle_ms: int = 0
     tenant_events: int = 0
     tenants: dict[str, TenantTotals] = field(default_factory=dict)
-    #: (kind, pid, ts_ns) of every event counted in this pane (pid -1 for GPU samples): a second
-    #: event with the same key is a duplicate. Bounded: only open panes are kept.
-    seen: set[tuple[str, int, int]] = field(default_factory=set)
+    #: the sorted ``ts_ns`` of every event counted in this pane, by (kind, pid) (pid -1 for GPU samples):
+    #: a second event at one of them is a duplicate, a sample near one an overlap. Bounded: only open
+    #: panes are kept.
+    seen: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    seen_count: int = field(default=0, compare=False)
     #: ``seen`` as ``to_state`` wrote it, and its size then: ``seen`` only grows, so an unchanged size is an
     #: unchanged set (a live worker writes every open pane at every poll; most have not changed since). The
     #: default, of no size, is never handed out: its list is shared.
     _seen_state: tuple[int, list[Any]] = field(default=(-1, []), init=False, repr=False, compare=False)
+
+    def holds(self, kind: str, pid: int, ts_ns: int) -> bool:
+        times = self.seen.get((kind, pid), ())
+        at = bisect_left(times, ts_ns)
+        return at < len(times) and times[at] == ts_ns
+
+    def nearest_gap(self, kind: str, pid: int, ts_ns: int) -> int | None:
+        """How far ``ts_ns`` lies from the nearest counted time of (kind, pid) here (None: none yet)."""
+        times = self.seen.get((kind, pid), ())
+        at = bisect_left(times, ts_ns)
+        near = [abs(times[k] - ts_ns) for k in (at - 1, at) if 0 <= k < len(times)]
+        return min(near) if near else None
+
+    def remember(self, kind: str, pid: int, ts_ns: int) -> None:
+        insort(self.seen.setdefault((kind, pid), []), ts_ns)
+        self.seen_count += 1
 
     def tenant(self, tenant: Tenant, key: str | None = None) -> TenantTotals:
         """The tenant's totals in this pane (``key``: its key, when the caller has it already)."""
@@ -62,12 +88,9 @@ class PaneTotals:
         start, then from each other. A live worker writes the open panes at every poll, and a
         sample a second spelled out in full nanoseconds was most of a GPU's state."""
         tenants = [[list(t.tenant), t.sm, t.bw, t.numa] for t in self.tenants.values()]
-        if self._seen_state[0] != len(self.seen):
-            times: dict[tuple[str, int], list[int]] = {}
-            for kind, pid, ts in sorted(self.seen):
-                times.setdefault((kind, pid), []).append(ts)
-            self._seen_state = len(self.seen), [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
-                                                for (kind, pid), ts in times.items()]
+        if self._seen_state[0] != self.seen_count:
+            self._seen_state = self.seen_count, [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
+                                                 for (kind, pid), ts in sorted(self.seen.items())]
         seen = self._seen_state[1]
         return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
                 self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen]
@@ -80,12 +103,12 @@ class PaneTotals:
             pane.tenants[t.key] = TenantTotals(t, sm, bw, numa)
         for kind, pid, when in s[9]:
             if isinstance(when, int):  # a state written before the gaps: one (kind, pid, ts_ns) each
-                pane.seen.add((kind, pid, when))
+                pane.remember(kind, pid, when)
                 continue
             ts = pane.pane_start_ns
             for gap in when:
                 ts += gap
-                pane.seen.add((kind, pid, ts))
+                pane.remember(kind, pid, ts)
         return pane
 
 
@@ -199,14 +222,21 @@ class GpuPanes:
             pane = panes[start] = PaneTotals(gpu_uuid, start, start + self.pane_ns)
         return pane
 
-    def is_duplicate(self, e: GpuSample | ProcessSample | NumaEvent) -> bool:
-        """Whether an event with ``e``'s key and ``ts_ns`` was already counted; if not, remember it."""
-        key = (e.kind, -1 if isinstance(e, GpuSample) else e.pid, e.ts_ns)
-        seen = self._pane(e.gpu_uuid, e.ts_ns).seen
-        if key in seen:
-            return True
-        seen.add(key)
-        return False
+    def admit(self, e: GpuSample | ProcessSample | NumaEvent) -> str | None:
+        """Why an on-time event is refused: ``duplicate`` (its key and ``ts_ns`` were counted already) or
+        ``overlap`` (a sample within three quarters of its interval of a counted one of its device); None,
+        and it is remembered, if it is taken."""
+        pid = -1 if isinstance(e, GpuSample) else e.pid
+        pane = self._open.get(e.gpu_uuid, {}).get(pane_start_ns(e.ts_ns, self.pane_ns))
+        if pane is not None:
+            if pane.holds(e.kind, pid, e.ts_ns):
+                return "duplicate"
+            if not isinstance(e, NumaEvent):
+                gap = pane.nearest_gap(e.kind, pid, e.ts_ns)
+                if gap is not None and overlaps(gap, e.interval_ms):
+                    return "overlap"
+        self._pane(e.gpu_uuid, e.ts_ns).remember(e.kind, pid, e.ts_ns)
+        return None
 
     def add_gpu_sample(self, s: GpuSample) -> None:
         pane = self._pane(s.gpu_uuid, s.ts_ns)

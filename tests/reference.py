@@ -35,20 +35,43 @@ def cp(pct: float) -> int:
     return half_even(Fraction(Decimal(repr(pct))) * 100)
 
 
-def late_flags(events: list[Event], s: AuditSettings) -> list[bool]:
-    """Per event: does it fall in a pane its GPU's watermark had already passed on arrival?"""
+def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
+    """Per event, in arrival order: ``late`` (its GPU's panes up to it had closed), ``duplicate`` (an accepted
+    event with the same key and ts_ns came before), ``overlap`` (a sample nearer than 3/4 of its interval to an
+    accepted one of its GPU, or GPU and pid, in its pane: brute force over all of them), or None. Only
+    accepted events move a watermark."""
     max_ts: dict[str, int] = {}
-    flags = []
+    taken: set[tuple] = set()
+    samples: dict[tuple, list[int]] = defaultdict(list)  # accepted sample times by (GPU, kind, pid, pane)
+    out: list[str | None] = []
     for ev in events:
-        late = False
+        key: tuple | None = None
+        verdict = None
         if isinstance(ev, (GpuSample, ProcessSample, NumaEvent)):
             pane_end = (ev.ts_ns // s.pane_ns + 1) * s.pane_ns
             if ev.gpu_uuid in max_ts and pane_end <= max_ts[ev.gpu_uuid] - s.lateness_ns:
-                late = True
+                out.append("late")
+                continue
+            pid = None if isinstance(ev, GpuSample) else ev.pid
+            key = (ev.kind, ev.gpu_uuid, pid, ev.ts_ns)
+            near = [] if isinstance(ev, NumaEvent) else samples[(ev.kind, ev.gpu_uuid, pid, pane_end)]
+            if key in taken:
+                verdict = "duplicate"
+            elif any(Fraction(abs(t - ev.ts_ns), 1_000_000) < Fraction(3, 4) * ms(ev.interval_s) for t in near):
+                verdict = "overlap"
             else:
+                near.append(ev.ts_ns)
                 max_ts[ev.gpu_uuid] = max(max_ts.get(ev.gpu_uuid, ev.ts_ns), ev.ts_ns)
-        flags.append(late)
-    return flags
+        elif isinstance(ev, TenantBinding):
+            key = ("b", ev.node_id, ev.pid, ev.ts_ns)
+        elif isinstance(ev, Price):
+            key = ("p", ev.gpu_model, ev.ts_ns)
+        if verdict is None and key in taken:
+            verdict = "duplicate"
+        if verdict is None and key is not None:
+            taken.add(key)
+        out.append(verdict)
+    return out
 
 
 def _as_of(history: dict[int, object], ts: int) -> object | None:
@@ -66,30 +89,9 @@ def split(total: int, shares: list[tuple[str, Fraction]]) -> dict[str, int]:
     return base
 
 
-def duplicate_flags(events: list[Event], late: list[bool]) -> list[bool]:
-    """Per event: was an on-time billing event with the same key and ts_ns counted before it?"""
-    seen: set[tuple] = set()
-    flags = []
-    for ev, is_late in zip(events, late):
-        key: tuple | None = None
-        if isinstance(ev, GpuSample):
-            key = ("g", ev.gpu_uuid, ev.ts_ns)
-        elif isinstance(ev, (ProcessSample, NumaEvent)):
-            key = (ev.kind, ev.gpu_uuid, ev.pid, ev.ts_ns)
-        elif isinstance(ev, TenantBinding):
-            key = ("b", ev.node_id, ev.pid, ev.ts_ns)
-        elif isinstance(ev, Price):
-            key = ("p", ev.gpu_model, ev.ts_ns)
-        flags.append(not is_late and key in seen)
-        if not is_late and key is not None:
-            seen.add(key)
-    return flags
-
-
 def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
-    flags = late_flags(events, s)
-    dups = duplicate_flags(events, flags)
-    kept = [ev for ev, late, dup in zip(events, flags, dups) if not late and not dup]
+    said = verdicts(events, s)
+    kept = [ev for ev, verdict in zip(events, said) if verdict is None]
     bindings: dict[tuple[str, int], dict[int, tuple]] = defaultdict(dict)
     prices: dict[str, dict[int, Decimal]] = defaultdict(dict)
     for ev in kept:  # duplicates are gone: one binding/price per instant, the first that arrived
@@ -167,4 +169,4 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
             pr = counts[counts > 0] / max(1, len(inside))
             bits = float(-(pr * np.log2(pr)).sum()) if inside else 0.0
             mae.append((node, pid, chunk[0].ts_ns, chunk[-1].ts_ns, len(inside), len(chunk) - len(inside), bits))
-    return {"idle": idle, "cost": cost, "mae": sorted(mae), "late": sum(flags), "duplicate": sum(dups)}
+    return {"idle": idle, "cost": cost, "mae": sorted(mae), **{reason: said.count(reason) for reason in ("late", "duplicate", "overlap")}}

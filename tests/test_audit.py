@@ -40,14 +40,13 @@ def tabulate(outs: list[Output]) -> dict[str, object]:
             for r in outs if isinstance(r, CostRecord)}
     mae = sorted((r.node_id, r.pid, r.first_ts_ns, r.last_ts_ns, r.n, r.out_of_range, r.mae_bits)
                  for r in outs if isinstance(r, MaeRecord))
-    late = sum(1 for r in outs if isinstance(r, DeadLetter) and r.reason == "late")
-    dup = sum(1 for r in outs if isinstance(r, DeadLetter) and r.reason == "duplicate")
-    return {"idle": idle, "cost": cost, "mae": mae, "late": late, "duplicate": dup}
+    refused = {reason: sum(1 for r in outs if isinstance(r, DeadLetter) and r.reason == reason)
+               for reason in ("late", "duplicate", "overlap")}
+    return {"idle": idle, "cost": cost, "mae": mae, **refused}
 
 
 def assert_same(got: dict, want: dict) -> None:
-    assert got["late"] == want["late"]
-    assert got["duplicate"] == want["duplicate"]
+    assert (got["late"], got["duplicate"], got["overlap"]) == (want["late"], want["duplicate"], want["overlap"])
     assert got["idle"].keys() == want["idle"].keys()
     for k, w in want["idle"].items():
         assert got["idle"][k][:6] == w[:6], k

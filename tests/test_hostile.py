@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from gpucost.worker import Worker, _Owned, restored
 from schemas.blocks import expand
 from schemas.codec import decode_line
 from schemas.events import Price, TenantBinding
-from schemas.records import CostRecord, DeadLetter
+from schemas.records import CostRecord, DeadLetter, IdleIndexRecord
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 from sinks.kafka_sink import _record
 from streams.audit import Auditor
@@ -185,6 +186,68 @@ def test_an_input_produced_twice_is_billed_once() -> None:
     gpu_events = sum(1 for line in LINES[KEY] for kind in (b'"gpu_sample"', b'"process_sample"', b'"numa_event"')
                      if kind in line)
     assert Counter(d.reason for d in letters(out))["late"] == gpu_events  # the second run, all of it
+
+
+def second_sampler(lines: list[bytes], shift_s: float) -> list[bytes]:
+    """``lines`` with every GPU and process sample sent again by a second sampler ``shift_s`` later."""
+    out = []
+    for line in lines:
+        out.append(line)
+        event = json.loads(line)
+        if event["kind"] in ("gpu_sample", "process_sample"):
+            event["ts_ns"] += int(shift_s * 1e9)
+            out.append(json.dumps(event).encode())
+    return out
+
+
+@pytest.mark.parametrize("shift_s", [5, 0.5, 0.74])
+def test_two_samplers_of_one_gpu_bill_its_time_once(shift_s: float) -> None:
+    """Two samplers out of phase gave covered_ms 120,024 in a 60 s pane and twice the bill. The second
+    one's samples are ``overlap``, on both paths, and each pane covers at most its length."""
+    lines = LINES[KEY]
+    interval_ms = {json.loads(line)["interval_s"] * 1000 for line in lines if b'"gpu_sample"' in line}
+    assert max(interval_ms) * 0.75 > shift_s * 1000  # so the second sampler's samples lie within 3/4 of it
+    twice = second_sampler(lines, shift_s)
+    worker = Worker(KafkaSettings(), AUDIT, group="g")
+    out, _ = apply(worker, [Message(KEY, b"\n".join(twice[k:k + 50]), k // 50) for k in range(0, len(twice), 50)]
+                   + [Message(KEY, b"", len(twice), [(CONTROL_HEADER, END_OF_INPUT)])])
+    want = expected_micro_usd(lines)
+    report(f"a second sampler {shift_s} s out of phase", len(twice), letters(out), billed(out), want)
+    samples = len(twice) - len(lines)
+    assert Counter(d.reason for d in letters(out)) == Counter({"overlap": samples})
+    assert billed(out) == want
+    once = Auditor(AUDIT)
+    covered = {(r.pane_start_ns, r.covered_ms) for r in expand(once.ingest_lines(lines, str)) + once.finish()
+               if isinstance(r, IdleIndexRecord)}
+    for path in (lambda a: [o for k in range(0, len(twice), 7) for o in a.ingest_lines(twice[k:k + 7], str)],
+                 lambda a: a.ingest_lines(twice, str)):  # the row path, the batch path
+        auditor = Auditor(AUDIT)
+        records = expand(path(auditor)) + auditor.finish()
+        assert billed(records) == want and auditor.counts["overlap"] == samples
+        assert {(r.pane_start_ns, r.covered_ms) for r in records if isinstance(r, IdleIndexRecord)} == covered
+
+
+@pytest.mark.parametrize("gpus", [1, 60])  # the row path (few lines), the batch path
+def test_the_largest_price_on_hour_long_samples_bills_exactly(gpus: int) -> None:
+    """A price of 999,999,999.999999 $/h with hour-long samples a second apart in one pane overflowed
+    int64 in the batch path (replay exited 1, leaving idle_index but no cost). Each GPU's first sample
+    bills an hour at that price; the rest are a second sampler (``overlap``)."""
+    t0, price = 1767571200 * 10**9, "999999999.999999"
+    lines = [json.dumps({"kind": "price", "gpu_model": "H100", "ts_ns": t0 - 10**9, "usd_per_gpu_hour": price}).encode()]
+    for g in range(gpus):
+        for k in range(60):
+            common = {"node_id": "n", "gpu_uuid": f"GPU-{g}", "ts_ns": t0 + k * 10**9, "interval_s": 3600,
+                      "mem_bw_util_pct": 100, "mem_used_bytes": 1}
+            lines.append(json.dumps({"kind": "gpu_sample", **common, "gpu_model": "H100", "sm_util_pct": 100,
+                                     "mem_total_bytes": 2, "power_w": 700, "temp_c": 60}).encode())
+            lines += [json.dumps({"kind": "process_sample", **common, "pid": pid, "sm_util_pct": 100}).encode()
+                      for pid in (1, 2)]
+    auditor = Auditor(AUDIT)
+    out = expand(auditor.ingest_lines(lines, str)) + auditor.finish()
+    want = gpus * int(Fraction(price) * 10**6)  # an hour at that price, in µ$, for each GPU
+    report(f"price {price} $/h, hour-long samples, {gpus} GPU(s)", len(lines), letters(out), billed(out), want)
+    assert billed(out) == want
+    assert Counter(d.reason for d in letters(out)) == Counter({"overlap": gpus * 59 * 3})
 
 
 def test_a_state_over_the_message_limit_is_split_and_a_refused_delivery_aborts(monkeypatch) -> None:

@@ -96,10 +96,12 @@ def test_a_panes_seen_events_survive_its_state_through_json(seen: set[tuple[str,
     import json
 
     pane = PaneTotals("GPU-x", T0, T0 + P, "n", "H100", 1, 0, 0)
-    pane.seen = {(kind, pid, T0 + at) for kind, pid, at in seen}
+    for kind, pid, at in seen:
+        pane.remember(kind, pid, T0 + at)
+    assert {(k, p, t) for (k, p), times in pane.seen.items() for t in times} == {(k, p, T0 + at) for k, p, at in seen}
     state = json.loads(json.dumps(pane.to_state()))
     assert PaneTotals.from_state(state).seen == pane.seen
-    state[9] = [[kind, pid, ts] for kind, pid, ts in sorted(pane.seen)]  # the form written before
+    state[9] = [[kind, pid, T0 + at] for kind, pid, at in sorted(seen)]  # the form written before
     assert PaneTotals.from_state(state).seen == pane.seen
-    if len(pane.seen) > 1:
+    if len(seen) > 1:
         assert len(json.dumps(pane.to_state())) < len(json.dumps(state))

@@ -116,7 +116,7 @@ def test_output_partitions_are_the_default_partitioners(key: bytes, partitions: 
     assert _key_slot(key, partitions) == DefaultPartitioner()(key, every, every)
 
 
-def seen_sets(auditor: Auditor) -> dict[tuple[str, int], set[tuple[str, int, int]]]:
+def seen_sets(auditor: Auditor) -> dict[tuple[str, int], dict[tuple[str, int], list[int]]]:
     """What each open pane holds to refuse duplicates, read directly (``to_state`` may write it from a cache)."""
     return {(gpu, start): pane.seen for gpu, panes in auditor.panes._open.items() for start, pane in panes.items()}
 
