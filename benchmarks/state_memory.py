@@ -49,8 +49,8 @@ def _samples(gpus: int, ts_ns: int, interval_s: float) -> list[Any]:
     return out
 
 
-def child(gpus: int, hours: int = 72) -> int:
-    """Build the state of ``gpus`` GPUs; the growth of resident memory, in bytes."""
+def child(gpus: int, panes: int = 72 * 60 + 3) -> int:
+    """Build the state of ``gpus`` GPUs over ``panes`` panes; the growth of resident memory, in bytes."""
     from schemas.events import TenantBinding
     from streams.audit import Auditor
     from streams.settings import AuditSettings
@@ -61,7 +61,7 @@ def child(gpus: int, hours: int = 72) -> int:
     for g in range(gpus):
         auditor.update(TenantBinding(node_id=f"node-{g // 8}", pid=1000 + g, ts_ns=T0, team="team", env="prod",
                                      app="app", tier="online", sla="Gold"))
-    for k in range(hours * 60 + 3):
+    for k in range(panes):
         for event in _samples(gpus, T0 + k * 60 * NS, 60.0):
             auditor.update(event)
     gc.collect()
@@ -119,16 +119,22 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
     return whole, written / polls / gpus, cpu / polls * 1000
 
 
-def run(sizes: tuple[int, ...] = (100, 400)) -> Result:
-    grown = {}
-    for n in sizes:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.state_memory", str(n)], cwd=ROOT, check=True,
-                             capture_output=True, text=True)
-        grown[n] = json.loads(out.stdout)
+def _grown(gpus: int, panes: int) -> int:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.state_memory", str(gpus), str(panes)], cwd=ROOT,
+                         check=True, capture_output=True, text=True)
+    return int(json.loads(out.stdout))
+
+
+def run(sizes: tuple[int, ...] = (100, 400), few: tuple[int, int] = (2_000, 20_000)) -> Result:
+    grown = {n: _grown(n, 72 * 60 + 3) for n in sizes}
     lo, hi = min(sizes), max(sizes)
     per_gpu = (grown[hi] - grown[lo]) / (hi - lo)
     rows = [(f"{n:,} GPUs", f"{grown[n] / 2**20:,.1f} MiB more resident memory") for n in sizes]
     rows.append(("per GPU (slope)", f"{per_gpu / 1024:,.1f} KiB"))
+    # a fleet of short-lived GPU ids (or a forged flood of them): ten panes each, seven closed
+    short = {n: _grown(n, 10) for n in few}
+    rows.append((f"per GPU with 10 panes (slope, {few[0]:,} to {few[1]:,} GPUs)",
+                 f"{(short[few[1]] - short[few[0]]) / (few[1] - few[0]) / 1024:,.1f} KiB"))
     whole, written, cpu_ms = live_state_writes()
     rows += [("a GPU's whole state as JSON, 72 h of panes (what every poll wrote per GPU before the split)",
               f"{whole:,} bytes"),
@@ -142,4 +148,4 @@ def run(sizes: tuple[int, ...] = (100, 400)) -> Result:
 
 
 if __name__ == "__main__":
-    print(json.dumps(child(int(sys.argv[1]))))
+    print(json.dumps(child(*map(int, sys.argv[1:3]))))

@@ -210,6 +210,9 @@ def _parser() -> argparse.ArgumentParser:
     _env_flag(work, "--verify-keys", "GPUCOST_VERIFY_KEYS", Path, None,
               "apply only messages signed by a key in this keyring file (re-read when it changes); others are "
               "dead-lettered (unset: no verification)")
+    _env_flag(work, "--output-signing-key-file", "GPUCOST_OUTPUT_SIGNING_KEY_FILE", Path, None,
+              "sign every published record with the one key in this file, for sinks and billing consumers to "
+              "verify (unset: unsigned)")
     _add_settings(work)
     _add_kafka(work)
 
@@ -222,6 +225,9 @@ def _parser() -> argparse.ArgumentParser:
               "while the output cannot be written, retry this often")
     _env_flag(sink, "--compact-min-files", "GPUCOST_SINK_COMPACT_MIN_FILES", int, "64",
               "merge a partition's small files once it has gained this many (0: never)")
+    _env_flag(sink, "--verify-keys", "GPUCOST_SINK_VERIFY_KEYS", Path, None,
+              "write only records signed by a key in this keyring file (the workers' output keys); others are "
+              "dead-lettered (unset: no verification)")
     _add_kafka(sink)
 
     squash = sub.add_parser("compact", help="merge the small Parquet files of an output directory, atomically")
@@ -609,13 +615,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be at least 1 message, got {args.max_batch}")
     keyring = _load_keys(Keyring, args.verify_keys) if args.verify_keys else None
+    signer = _load_keys(Signer.from_file, args.output_signing_key_file) if args.output_signing_key_file else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
     async def main() -> None:
         await create_topics(kafka)
         stop = _stop_on_signals()
-        worker = Worker(kafka, settings, args.group, args.session_timeout_s, max_batch=args.max_batch, keyring=keyring)
+        worker = Worker(kafka, settings, args.group, args.session_timeout_s, max_batch=args.max_batch, keyring=keyring,
+                        output_signer=signer)
         await worker.run(stop)
         print(f"worker stopped after {worker.processed:,} input messages", file=sys.stderr)
 
@@ -629,6 +637,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     kafka = _kafka(args)
     if args.compact_min_files == 1 or args.compact_min_files < 0:
         raise UsageError(f"--compact-min-files must be 0 (never) or at least 2, got {args.compact_min_files}")
+    keyring = _load_keys(Keyring, args.verify_keys) if args.verify_keys else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
@@ -636,9 +645,10 @@ def cmd_sink(args: argparse.Namespace) -> int:
         stop = _stop_on_signals()
         stats = await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS},
                                      args.out, args.group, stop, args.flush_interval_s, args.retry_s,
-                                     args.compact_min_files)
+                                     args.compact_min_files, keyring)
         print(f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
-              f"duplicates dropped {dict(stats.duplicates)}, small files merged {stats.compacted_files:,}",
+              f"duplicates dropped {dict(stats.duplicates)}, unverified {stats.unverified:,}, "
+              f"small files merged {stats.compacted_files:,}",
               file=sys.stderr)
 
     asyncio.run(main())

@@ -31,7 +31,7 @@ from aiokafka.partitioner import murmur2
 
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.sequences import MalformedSequence, SeenSequences, parse_sequence
-from gpucost.signing import Keyring, SigningKey, Verdict
+from gpucost.signing import Keyring, Signer, SigningKey, Verdict
 from schemas.blocks import expand
 from schemas.codec import raw_text
 from schemas.records import DeadLetter
@@ -190,9 +190,11 @@ def restored(audit: AuditSettings, latest: dict[bytes, bytes | None]) -> Restore
 
 class Worker(ConsumerRebalanceListener):
     def __init__(self, kafka: KafkaSettings, audit: AuditSettings, group: str, session_timeout_s: float = 30.0,
-                 max_batch: int = 200, keyring: Keyring | None = None) -> None:
+                 max_batch: int = 200, keyring: Keyring | None = None, output_signer: Signer | None = None) -> None:
         self.kafka, self.audit, self.group = kafka, audit, group
         self.keyring = keyring  # when set, only messages signed by one of its keys are applied
+        #: when set, every published record is signed with it, for sinks and billing consumers to verify
+        self.output_signer = output_signer
         self.session_timeout_s = session_timeout_s
         self.max_batch = max_batch
         self.owned: dict[TopicPartition, _Owned] = {}
@@ -367,6 +369,21 @@ class Worker(ConsumerRebalanceListener):
             queued.setdefault(key, (scope, []))[1].append((source, lines))
         for key in list(queued):
             flush(key)
+        return out + self._close_silent(owned, touched)
+
+    def _close_silent(self, owned: _Owned, touched: set[str]) -> list[Output]:
+        """Close the panes of the partition's silent GPUs (``Auditor.close_silent``) against the largest
+        watermark of any key of the partition: derived from the keys' states, so a restart closes the same
+        panes at the same offsets."""
+        watermarks = {key: w for key, a in owned.auditors.items() if (w := a.panes.largest_watermark()) is not None}
+        if not watermarks:
+            return []
+        largest, out = max(watermarks.values()), []
+        for key, watermark in watermarks.items():
+            # an open pane ends after its GPU's watermark: a key within the timeout of the largest has none to close
+            if watermark + self.audit.idle_timeout_ns < largest and (closed := owned.auditors[key].close_silent(largest)):
+                touched.add(key)
+                out += closed
         return out
 
     def _refused(self, reason: str, detail: str, source: str, raw: bytes) -> DeadLetter:
@@ -411,11 +428,13 @@ class Worker(ConsumerRebalanceListener):
             tp = (topic, partitions[_key_slot(key, len(partitions))])
             batch = batches.get(tp)
             value = record.model_dump_json().encode()
-            if batch is None or batch.append(key=key, value=value, timestamp=None) is None:
+            headers = [] if self.output_signer is None else self.output_signer.headers(key, value)
+            if batch is None or batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
                 if batch is not None:
                     sent.append(await producer.send_batch(batch, tp[0], partition=tp[1]))
                 batch = batches[tp] = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any record, as Kafka's do
+                # an empty batch takes any record, as Kafka's do
+                batch.append(key=key, value=value, timestamp=None, headers=headers)
         for (topic, partition), batch in batches.items():
             sent.append(await producer.send_batch(batch, topic, partition=partition))
         return sent

@@ -18,11 +18,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
+from gpucost.signing import Keyring, Verdict
 from schemas.records import DeadLetter, OUTPUT_KINDS
 from sinks.compact import CompactError, compact, part_files, partition_folders
 from sinks.lock import OutputLock
@@ -47,6 +49,7 @@ class SinkStats:
     written: Counter[str] = field(default_factory=Counter)
     duplicates: Counter[str] = field(default_factory=Counter)
     undecodable: int = 0
+    unverified: int = 0  # records whose signature did not verify: dead-lettered, never written as their kind
     compacted_files: int = 0  # small files merged away
 
 
@@ -72,13 +75,27 @@ def _part(tp: TopicPartition) -> str:
     return f"{tp.topic}:{tp.partition}"
 
 
-def _record(kind: str, value: bytes, source: str) -> BaseModel:
+def _record(kind: str, value: bytes, source: str, refused: Verdict | None = None) -> BaseModel:
+    """The record a message of ``kind``'s topic holds, or the dead letter saying why it is not one:
+    ``refused`` (its signature did not verify), or ``bad_output`` (not a record of its kind)."""
+    raw = value.decode("utf-8", "backslashreplace")
+    if refused is not None:
+        return DeadLetter(reason=refused.reason, detail=f"{refused.detail}; not written as {kind}", kind=kind,
+                          source=source, raw=raw, ts_ns=None, gpu_uuid=None)
     try:
         return OUTPUT_KINDS[kind].model_validate_json(value)
     except ValidationError as exc:
         return DeadLetter(reason="bad_output", detail=f"not a {kind} record: {exc.error_count()} error(s)",
-                          kind=kind, source=source, raw=value.decode("utf-8", "backslashreplace"),
-                          ts_ns=None, gpu_uuid=None)
+                          kind=kind, source=source, raw=raw, ts_ns=None, gpu_uuid=None)
+
+
+def _refused(keyring: Keyring | None, message: Any) -> Verdict | None:
+    """Why a message of an output topic is not the worker's (None: it is, or nothing is verified)."""
+    if keyring is None:
+        return None
+    headers = {name: v or b"" for name, v in message.headers or ()}
+    verdict = keyring.check(message.key or b"", message.value or b"", headers)
+    return verdict if isinstance(verdict, Verdict) else None
 
 
 async def _flush(sink: ParquetSink, stop: asyncio.Event, retry_s: float) -> None:
@@ -102,22 +119,27 @@ async def _flush(sink: ParquetSink, stop: asyncio.Event, retry_s: float) -> None
 
 async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path,
                          group_id: str, stop: asyncio.Event, flush_interval_s: float = 2.0,
-                         retry_s: float = 5.0, compact_min_files: int = 64) -> SinkStats:
+                         retry_s: float = 5.0, compact_min_files: int = 64, keyring: Keyring | None = None
+                         ) -> SinkStats:
     """Consume ``topics`` (kind → topic name) until ``stop`` is set; flush, then commit.
 
     If the output cannot be written (disk full, permissions), nothing more is consumed and
     no offset is committed; the write is retried every ``retry_s`` until it succeeds. A
     sink stopped meanwhile raises ``SinkWriteError``: its records are read again on restart.
-    ``compact_min_files`` 0 leaves every file as flushed. Raises ``OutputBusyError`` while
-    another process writes to ``out_dir``.
+    ``compact_min_files`` 0 leaves every file as flushed. With ``keyring``, only records signed by
+    one of its keys (the workers' output keys) are written as their kind; any other is
+    dead-lettered with the reason (``unsigned``, ``unknown_key``, ``bad_signature``): an output
+    topic anyone can write to must not reach the bill. Raises ``OutputBusyError`` while another
+    process writes to ``out_dir``.
     """
     with OutputLock(out_dir, "gpucost sink"):
         return await _run(consumer_options, topics, out_dir, group_id, stop, flush_interval_s, retry_s,
-                          compact_min_files)
+                          compact_min_files, keyring)
 
 
 async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path, group_id: str,
-               stop: asyncio.Event, flush_interval_s: float, retry_s: float, compact_min_files: int) -> SinkStats:
+               stop: asyncio.Event, flush_interval_s: float, retry_s: float, compact_min_files: int,
+               keyring: Keyring | None) -> SinkStats:
     if stale := remove_stale_temporaries(out_dir):
         log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
     read: dict[str, int] = {}  # "topic:partition" → the next offset, of what this sink has read
@@ -178,8 +200,12 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
                     dirty = True
                     source = f"{tp.topic}[{tp.partition}]@{m.offset}"
                     kind = kind_of_topic[tp.topic]
-                    rec = _record(kind, m.value or b"", source)
-                    if isinstance(rec, DeadLetter) and rec.reason == "bad_output":
+                    refused = _refused(keyring, m)
+                    rec = _record(kind, m.value or b"", source, refused)
+                    if refused is not None:
+                        stats.unverified += 1
+                        kind = "dlq"
+                    elif isinstance(rec, DeadLetter) and rec.reason == "bad_output":
                         stats.undecodable += 1
                         kind = "dlq"
                     key = tuple(getattr(rec, c) for c in DEDUPE_KEYS[kind])

@@ -52,7 +52,8 @@ class Auditor:
         self.settings = settings
         self.clock = clock
         self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
-        self.panes = GpuPanes(settings.pane_ns, settings.lateness_ns, settings.idle_threshold_cp)
+        self.panes = GpuPanes(settings.pane_ns, settings.lateness_ns, settings.idle_threshold_cp,
+                              settings.max_jump_ns)
         self.idle = IdleIndex(settings.window_ns, settings.pane_ns)
         self.mae = Mae(settings)
         self.bindings = BindingTable()
@@ -164,6 +165,18 @@ class Auditor:
             else:
                 self.panes.add_numa_event(event, tenant)
         return self.close(self.panes.advance(gpu, event.ts_ns))
+
+    def close_silent(self, watermark_ns: int) -> list[Output]:
+        """The records of panes that ``settings.idle_timeout_s`` of event time has passed by: a GPU that went
+        silent (taken off the fleet, its node down) while ``watermark_ns``, its partition's largest, moved
+        on. Without this its last panes would stay open, unbilled, until an end of input that may never
+        come. METRICS.md exempts this rule from cross-path equality: it depends on what shares the
+        partition."""
+        closed = self.panes.close_silent(watermark_ns, self.settings.idle_timeout_ns)
+        if not closed:
+            return []
+        self.counts["silent_closes"] += len(closed)
+        return self.close(closed)
 
     def finish(self) -> list[Output]:
         """End of a finite input: close every pane and every MAE window."""

@@ -36,7 +36,7 @@ from schemas.codec import Rejected, decode_line, present_fields, raw_text
 from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
                             TenantBinding)
 from schemas.exact import round_float
-from streams.panes import PaneColumns, PaneTotals, objects, overlaps
+from streams.panes import PaneColumns, PaneTotals, jump, objects, overlaps
 from streams.scope import Scope, decode_in_scope
 from streams.tables import UNATTRIBUTED, Tenant
 
@@ -444,11 +444,13 @@ class _Batch:
         key0 = np.arange(len(starts)) * width + np.where(max0 == _NONE, 0, level(max0))
         pane = ts - ts % pane_ns
 
-        def watermarks(moves: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """Each row's running maximum key over the rows that ``moves`` (``upto``), that maximum as a time
-            (``high``), and the maximum before the row (``before``)."""
-            upto = np.maximum(np.maximum.accumulate(group * width + np.where(moves, level(ts), 0)), key0[group]) \
-                if len(rows) else np.zeros(0, np.int64)
+        pending0 = {j: a.panes.pending(name) for j, name in enumerate(names) if a.panes.pending(name) is not None}
+
+        def running(effective: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Each row's running maximum key over ``effective`` (``upto``; ``_NONE``: moves nothing), that
+            maximum as a time (``high``), and the maximum before the row (``before``)."""
+            upto = np.maximum(np.maximum.accumulate(group * width + np.where(effective == _NONE, 0, level(effective))),
+                              key0[group]) if len(rows) else np.zeros(0, np.int64)
             at_level = upto - group * width
             high = np.where(at_level > 0, time_of(np.maximum(at_level, 1)), _NONE)  # max up to and including each row
             before = np.empty_like(high)
@@ -456,17 +458,40 @@ class _Batch:
             before[starts] = max0
             return upto, high, before
 
-        # a refused row moves no watermark. Late and duplicate rows cannot (they lie at or below it); a row
-        # refused as an overlap can, so the watermarks are taken again without the overlaps until they agree:
-        # each round settles at least the next row in arrival order, and a batch without overlaps takes one
+        def watermarks(moves: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int | None]]:
+            """``running`` over the rows that ``moves``, with the jump rule (``streams.panes.jump``), and each
+            GPU's pending jump after the batch where it may have one. Only a GPU with a row further than
+            ``max_jump_ns`` ahead of the maximum before it, or a pending jump in the state, can differ from the
+            plain running maximum: those few go row by row, in arrival order."""
+            effective = np.where(moves, ts, _NONE)
+            upto, high, before = running(effective)
+            ahead = moves & (before != _NONE) & (ts > before + s.max_jump_ns)
+            pending: dict[int, int | None] = {}
+            for j in sorted(set(group[ahead].tolist()) | set(pending0)):
+                top, held = (None if max0[j] == _NONE else int(max0[j])), pending0.get(j)
+                for p in range(int(starts[j]), int(ends[j])):
+                    t = int(ts[p])
+                    if moves[p] and (top is None or pane[p] + pane_ns + lateness_ns > top):  # on time
+                        top, held = jump(top, held, t, s.max_jump_ns)
+                    effective[p] = _NONE if top is None else top
+                pending[j] = held
+            if pending:
+                upto, high, before = running(effective)
+            return upto, high, before, pending
+
+        # a refused row moves no watermark. A late row cannot (it lies below it); a duplicate or an overlap
+        # can (it may lie above, or confirm a jump), so the watermarks are taken again without the refused
+        # rows until they agree: each round settles at least the next row in arrival order, and a batch
+        # where no refused row lies above the maximum before it takes one
         moves = np.ones(len(rows), bool)
         while True:
-            upto, high, before = watermarks(moves)
+            upto, high, before, pending = watermarks(moves)
             late = pane + pane_ns + lateness_ns <= before
             dup, overlap = self._refusals(rows, group, pane, late, names, starts, ends)
-            if np.array_equal(~overlap, moves) or not (overlap & (ts > before)).any() and moves.all():
+            settled = ~(dup | overlap)
+            if np.array_equal(settled, moves) or moves.all() and not (~settled & (ts > before)).any():
                 break
-            moves = ~overlap
+            moves = settled
         accepted = ~late & ~dup & ~overlap
         late_at = np.flatnonzero(late)
         watermark = dict(zip(rows[late_at].tolist(), (before[late_at] - lateness_ns).tolist()))
@@ -490,7 +515,7 @@ class _Batch:
         at_rows, closing = self._sum_panes(rows[accepted], group[accepted], pane[accepted], names, tenant_of,
                                            close_rows)
         for j, name in enumerate(names):
-            a.panes.set_max_ts(name, int(high[ends[j] - 1]))
+            a.panes.set_max_ts(name, int(high[ends[j] - 1]), pending.get(j))
         self._apply_in_order(at_rows, closing)
 
     def _refusals(self, rows: np.ndarray, group: np.ndarray, pane: np.ndarray, late: np.ndarray,

@@ -5,7 +5,8 @@ pane_end]". Literally that admits the *next* pane (start = pane_end), which has 
 and leaves only 71 h 59 min of closed panes. We sum the 72 h ending at pane_end: the panes
 whose *end* lies in (pane_end − 72 h, pane_end], i.e. start in (pane_start − 72 h, pane_start].
 
-State per GPU is a ring of n = ⌈window / P⌉ slots, one per pane index modulo n, of two
+State per GPU is, while it has few panes in the window, the list of them; past
+``SPARSE_PANES``, a ring of n = ⌈window / P⌉ slots, one per pane index modulo n, of two
 unsigned 32-bit numbers (idle and covered ms; a GPU whose pane ever needs more switches to 64
 bits), plus the two running totals: 34 KiB per GPU at 72 h of 60 s panes, where a list of
 Python objects per pane took ten times that. Each closed pane costs O(1) amortised.
@@ -27,30 +28,59 @@ from streams.panes import PaneColumns, PaneTotals
 __all__ = ["IdleIndex"]
 
 
+#: a GPU with at most this many panes in its window keeps them as a list, not as a ring of ⌈W/P⌉ slots:
+#: 200,000 GPUs of one pane each took a replay to 8 GB in rings
+SPARSE_PANES = 64
+
+
 class _Window:
-    """One GPU's panes in the window: slot k % n holds pane k, for k in (last − n, last]."""
+    """One GPU's panes in the window, ``(last − n, last]``: while they are few, as ``panes`` (pane k →
+    (idle, covered), ascending); past ``SPARSE_PANES``, as a ring where slot k % n holds pane k (and
+    ``panes`` is None). A ring whose panes all left the window is a list again; a state is written in
+    the one form its panes call for, whatever form held them (``to_state``)."""
 
-    __slots__ = ("idle", "covered", "last", "idle_sum", "covered_sum")
+    __slots__ = ("n", "panes", "idle", "covered", "last", "idle_sum", "covered_sum")
 
-    def __init__(self, n: int, typecode: str = "I") -> None:
-        self.idle = array(typecode, bytes(n * array(typecode).itemsize))
-        self.covered = array(typecode, bytes(n * array(typecode).itemsize))
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.panes: dict[int, tuple[int, int]] | None = {}
+        self.idle = self.covered = array("I")
         self.last: int | None = None
         self.idle_sum = 0
         self.covered_sum = 0
 
     def roll(self, k: int, idle_ms: int, covered_ms: int) -> None:
         """Pane ``k`` (the newest so far) in; the panes that leave the window out."""
-        n = len(self.idle)
-        if self.last is None or k - self.last >= n:
-            self.idle = array(self.idle.typecode, bytes(len(self.idle.tobytes())))
-            self.covered = array(self.covered.typecode, bytes(len(self.covered.tobytes())))
+        n = self.n
+        if self.last is None or k - self.last >= n:  # nothing before stays
+            self.panes, self.idle, self.covered = {}, array("I"), array("I")
             self.idle_sum = self.covered_sum = 0
-        else:
-            for gone in range(self.last + 1, k):  # panes without GPU samples: their slots empty out
-                self._put(gone % n, 0, 0)
+        if self.panes is not None:
+            while self.panes and (oldest := next(iter(self.panes))) <= k - n:
+                idle, covered = self.panes.pop(oldest)
+                self.idle_sum -= idle
+                self.covered_sum -= covered
+            self.panes[k] = (idle_ms, covered_ms)
+            self.idle_sum += idle_ms
+            self.covered_sum += covered_ms
+            self.last = k
+            if len(self.panes) > SPARSE_PANES:
+                self._ring()
+            return
+        assert self.last is not None
+        for gone in range(self.last + 1, k):  # panes without GPU samples: their slots empty out
+            self._put(gone % n, 0, 0)
         self._put(k % n, idle_ms, covered_ms)
         self.last = k
+
+    def _ring(self) -> None:
+        """The panes as a ring (4-byte slots, 8 where a pane needs more)."""
+        assert self.panes is not None
+        wide = any(max(v) >> 32 for v in self.panes.values())
+        self.idle, self.covered = (array("Q" if wide else "I", bytes(self.n * (8 if wide else 4))) for _ in range(2))
+        for k, (idle, covered) in self.panes.items():
+            self.idle[k % self.n], self.covered[k % self.n] = idle, covered
+        self.panes = None
 
     def roll_many(self, ks: np.ndarray, idle_ms: np.ndarray, covered_ms: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
@@ -60,19 +90,26 @@ class _Window:
         a few slots, not the whole ring. The ring ends as ``roll`` leaves it: slot ``k % n``
         holds pane ``k`` for ``k`` in ``(last − n, last]``, 0 where no pane came.
         """
-        n = len(self.idle)
-        if self.idle.typecode != "I" or max(int(idle_ms.max()), int(covered_ms.max())) >> 32:
-            sums = []  # a pane past 32 bits (forged data): one by one, as roll widens the ring
+        n = self.n
+        first, newest = int(ks[0]), int(ks[-1])
+        fresh = self.last is None or first - self.last >= n  # nothing before stays
+        if self.panes is not None and not fresh and len(self.panes) + len(ks) > SPARSE_PANES:
+            self._ring()
+        if (self.panes is not None and (fresh or not self.panes) and len(ks) <= SPARSE_PANES
+                or self.panes is not None and not fresh
+                or self.panes is None and not fresh and self.idle.typecode != "I"
+                or max(int(idle_ms.max()), int(covered_ms.max())) >> 32):
+            sums = []  # a few panes, a ring of 64-bit slots, or a pane past 32 bits (forged data): one by one
             for k, idle, covered in zip(ks.tolist(), idle_ms.tolist(), covered_ms.tolist()):
                 self.roll(k, idle, covered)
                 sums.append((self.idle_sum, self.covered_sum))
             return np.array([i for i, _ in sums], np.int64), np.array([c for _, c in sums], np.int64)
-        first, newest = int(ks[0]), int(ks[-1])
-        if self.last is None or first - self.last >= n:  # nothing before stays: an empty ring, as roll makes
-            self.idle, self.covered = array("I", bytes(4 * n)), array("I", bytes(4 * n))
+        if fresh:  # an empty ring, as roll makes
+            self.panes, self.idle, self.covered = None, array("I", bytes(4 * n)), array("I", bytes(4 * n))
             self.idle_sum = self.covered_sum = 0
             self.last = first - 1
         last = self.last
+        assert last is not None
         leaving = np.arange(last - n + 1, max(min(last, newest - n), last - n) + 1)  # earlier panes that leave
         arriving = np.arange(max(last, newest - n) + 1, newest + 1)  # slots the new panes' range takes over
         kept = ks > newest - n
@@ -98,17 +135,36 @@ class _Window:
             self.idle, self.covered = array("Q", self.idle), array("Q", self.covered)
             self.idle[slot], self.covered[slot] = idle_ms, covered_ms
 
+    def _in_window(self) -> list[tuple[int, int, int]]:
+        """(k, idle, covered) of each pane in the window, ascending."""
+        if self.panes is not None:
+            return [(k, idle, covered) for k, (idle, covered) in self.panes.items() if idle or covered]
+        assert self.last is not None
+        idle, covered = np.asarray(self.idle), np.asarray(self.covered)
+        ks = np.arange(self.last - self.n + 1, self.last + 1)
+        held = ks[(covered[ks % self.n] != 0) | (idle[ks % self.n] != 0)]
+        return list(zip(held.tolist(), idle[held % self.n].tolist(), covered[held % self.n].tolist()))
+
     def to_state(self) -> list[Any]:
-        return [self.idle.typecode, self.last, self.idle_sum, self.covered_sum,
-                base64.b64encode(self.idle.tobytes()).decode(), base64.b64encode(self.covered.tobytes()).decode()]
+        if self.panes is not None or len(held := self._in_window()) <= SPARSE_PANES:
+            return ["panes", self.last, self.idle_sum, self.covered_sum,
+                    [list(p) for p in (self._in_window() if self.panes is not None else held)]]
+        wide = max(int(np.asarray(self.idle).max()), int(np.asarray(self.covered).max())) >> 32
+        idle, covered = (array("Q" if wide else "I", ring) for ring in (self.idle, self.covered))
+        return [idle.typecode, self.last, self.idle_sum, self.covered_sum,
+                base64.b64encode(idle.tobytes()).decode(), base64.b64encode(covered.tobytes()).decode()]
 
     @classmethod
-    def from_state(cls, state: list[Any]) -> "_Window":
-        typecode, last, idle_sum, covered_sum, idle, covered = state
-        window = cls(0, typecode)
-        window.idle.frombytes(base64.b64decode(idle))
-        window.covered.frombytes(base64.b64decode(covered))
-        window.last, window.idle_sum, window.covered_sum = last, idle_sum, covered_sum
+    def from_state(cls, state: list[Any], n: int) -> "_Window":
+        window = cls(n)
+        form, window.last, window.idle_sum, window.covered_sum = state[:4]
+        if form == "panes":
+            window.panes = {k: (idle, covered) for k, idle, covered in state[4]}
+            return window
+        window.panes = None
+        window.idle, window.covered = array(form), array(form)
+        window.idle.frombytes(base64.b64decode(state[4]))
+        window.covered.frombytes(base64.b64decode(state[5]))
         return window
 
 
@@ -161,4 +217,4 @@ class IdleIndex:
         return {g: w.to_state() for g, w in self._gpus.items()}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self._gpus = {g: _Window.from_state(s) for g, s in state.items()}
+        self._gpus = {g: _Window.from_state(s, self.slots) for g, s in state.items()}

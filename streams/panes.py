@@ -15,7 +15,7 @@ import numpy as np
 from schemas.events import GpuSample, NumaEvent, ProcessSample
 from streams.tables import Tenant
 
-__all__ = ["pane_start_ns", "overlaps", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes", "objects"]
+__all__ = ["pane_start_ns", "overlaps", "jump", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes", "objects"]
 
 
 def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
@@ -183,14 +183,35 @@ def _first(current: str | None, value: str) -> str:
     return value if current is None or value < current else current
 
 
+def jump(max_ts: int | None, pending: int | None, ts_ns: int, max_jump_ns: int) -> tuple[int | None, int | None]:
+    """A GPU's largest ``ts_ns`` and pending jump after it takes an accepted event at ``ts_ns``.
+
+    One bad clock reading must not close every pane up to it (an hour-early sample once made the
+    next 1,428 events of its GPU late). So an event more than ``max_jump_ns`` ahead of the largest is
+    counted in its pane but only held, as the pending jump; a second such event confirms it: the
+    largest becomes the nearer of the two, and the further stays pending if it is still a jump from
+    there. A pending jump the largest has caught up with is dropped."""
+    if max_ts is not None and ts_ns > max_ts + max_jump_ns:
+        if pending is None:
+            return max_ts, ts_ns
+        near, far = sorted((pending, ts_ns))
+        if far - near > max_jump_ns:
+            return near, far
+        return far, None
+    max_ts = ts_ns if max_ts is None else max(max_ts, ts_ns)
+    return max_ts, None if pending is None or pending <= max_ts else pending
+
+
 class GpuPanes:
     """Open panes of every GPU, and the per-GPU event-time watermark that closes them."""
 
-    def __init__(self, pane_ns: int, lateness_ns: int, idle_threshold_cp: int) -> None:
+    def __init__(self, pane_ns: int, lateness_ns: int, idle_threshold_cp: int, max_jump_ns: int) -> None:
         self.pane_ns = pane_ns
         self.lateness_ns = lateness_ns
         self.idle_threshold_cp = idle_threshold_cp
+        self.max_jump_ns = max_jump_ns
         self._max_ts: dict[str, int] = {}
+        self._pending: dict[str, int] = {}  # each GPU's pending jump (``jump``)
         self._open: dict[str, dict[int, PaneTotals]] = {}
 
     def watermark(self, gpu_uuid: str) -> int | None:
@@ -200,8 +221,15 @@ class GpuPanes:
     def max_ts(self, gpu_uuid: str) -> int | None:
         return self._max_ts.get(gpu_uuid)
 
-    def set_max_ts(self, gpu_uuid: str, ts_ns: int) -> None:
+    def pending(self, gpu_uuid: str) -> int | None:
+        return self._pending.get(gpu_uuid)
+
+    def set_max_ts(self, gpu_uuid: str, ts_ns: int, pending: int | None) -> None:
         self._max_ts[gpu_uuid] = ts_ns
+        if pending is None:
+            self._pending.pop(gpu_uuid, None)
+        else:
+            self._pending[gpu_uuid] = pending
 
     def open_panes(self, gpu_uuid: str) -> dict[int, PaneTotals]:
         """The GPU's open panes by start (a batch operator takes them out as they close)."""
@@ -259,11 +287,14 @@ class GpuPanes:
         pane.tenant(tenant).numa += e.hops * e.latency_weight
 
     def advance(self, gpu_uuid: str, ts_ns: int) -> list[PaneTotals]:
-        """Take ``ts_ns`` into the GPU's watermark; return the panes that closed, oldest first."""
-        if ts_ns <= self._max_ts.get(gpu_uuid, ts_ns - 1):
+        """Take ``ts_ns`` into the GPU's watermark (``jump``); return the panes that closed, oldest first."""
+        before = self._max_ts.get(gpu_uuid)
+        max_ts, pending = jump(before, self._pending.get(gpu_uuid), ts_ns, self.max_jump_ns)
+        assert max_ts is not None
+        self.set_max_ts(gpu_uuid, max_ts, pending)
+        if before is not None and max_ts <= before:
             return []
-        self._max_ts[gpu_uuid] = ts_ns
-        wm = ts_ns - self.lateness_ns
+        wm = max_ts - self.lateness_ns
         panes = self._open.get(gpu_uuid, {})
         closed = sorted(s for s, p in panes.items() if p.pane_end_ns <= wm)
         return [panes.pop(s) for s in closed]
@@ -272,7 +303,27 @@ class GpuPanes:
         """Watermarks that make every pane ``finished`` closed late: each GPU's at the end of its last
         pane (its largest ``ts_ns``'s pane)."""
         for gpu, max_ts in finished._max_ts.items():
-            self._max_ts[gpu] = pane_start_ns(max_ts, self.pane_ns) + self.pane_ns + self.lateness_ns
+            last = max(max_ts, finished._pending.get(gpu, max_ts))
+            self._max_ts[gpu] = pane_start_ns(last, self.pane_ns) + self.pane_ns + self.lateness_ns
+
+    def largest_watermark(self) -> int | None:
+        """The largest watermark of any GPU here (None: no GPU yet)."""
+        return max(self._max_ts.values()) - self.lateness_ns if self._max_ts else None
+
+    def close_silent(self, watermark_ns: int, idle_timeout_ns: int) -> list[PaneTotals]:
+        """The open panes whose end lies ``idle_timeout_ns`` or more behind ``watermark_ns`` (another GPU's:
+        this one has gone silent), closed, each GPU's oldest first. Each such GPU's watermark moves to
+        the end of its last pane closed, so that an event for one of them is late."""
+        out = []
+        for gpu in sorted(self._open):
+            panes = self._open[gpu]
+            closing = sorted(start for start, p in panes.items() if p.pane_end_ns + idle_timeout_ns <= watermark_ns)
+            if closing:
+                out += [panes.pop(start) for start in closing]
+                self._max_ts[gpu] = max(self._max_ts.get(gpu, 0), out[-1].pane_end_ns + self.lateness_ns)
+                if not panes:
+                    del self._open[gpu]
+        return out
 
     def earliest_on_time_ns(self) -> int | None:
         """The earliest time an event that is not late may carry, over every GPU (None: no GPU yet)."""
@@ -287,11 +338,12 @@ class GpuPanes:
         return out
 
     def to_state(self) -> dict[str, Any]:
-        return {"max_ts": self._max_ts,
+        return {"max_ts": self._max_ts, **({"pending": self._pending} if self._pending else {}),
                 "open": [p.to_state() for panes in self._open.values() for p in panes.values()]}
 
     def restore(self, state: dict[str, Any]) -> None:
         self._max_ts = dict(state["max_ts"])
+        self._pending = dict(state.get("pending", {}))
         self._open = {}
         for s in state["open"]:
             pane = PaneTotals.from_state(s)

@@ -32,6 +32,12 @@ class AuditSettings(BaseSettings):
     mae_hi: Annotated[int, Field(ge=1, le=1 << 64, description="end (exclusive) of the binned range")] = 1 << 32
     max_future_s: Annotated[int, Field(ge=1, le=366 * 86_400, description=(
         "events more than this ahead of the worker's clock are dead-lettered (future_timestamp)"))] = 600
+    max_jump_s: Annotated[int, Field(ge=1, le=366 * 86_400, description=(
+        "an event further than this ahead of its GPU's latest moves the GPU's watermark only once a second "
+        "such event confirms it"))] = 300
+    idle_timeout_s: Annotated[int, Field(ge=1, le=366 * 86_400, description=(
+        "a GPU silent while its partition's watermark moved this far past a pane's end has that pane closed"
+        " (the worker's rule)"))] = 900
     l2_calibration: tuple[tuple[float, float], ...] = DEFAULT_L2_CALIBRATION
 
     @field_validator("alpha", "beta", "gamma", mode="before")
@@ -67,6 +73,14 @@ class AuditSettings(BaseSettings):
     @property
     def lateness_ns(self) -> int:
         return self.lateness_s * 1_000_000_000
+
+    @property
+    def idle_timeout_ns(self) -> int:
+        return self.idle_timeout_s * 1_000_000_000
+
+    @property
+    def max_jump_ns(self) -> int:
+        return self.max_jump_s * 1_000_000_000
 
     @property
     def max_future_ns(self) -> int:

@@ -40,6 +40,8 @@ class RecordingProducer:
 
     def __init__(self, max_message_bytes: int = 1 << 20) -> None:
         self.transactions: list[list[tuple[str, bytes, bytes | None]]] = []  # (topic, key, value)
+        #: what each batch of output records held, as the messages a consumer of its topic reads
+        self.published: list[Message] = []
         self.aborted = 0
         self.max_message_bytes = max_message_bytes
 
@@ -63,9 +65,13 @@ class RecordingProducer:
         return {0}
 
     def create_batch(self) -> Any:
-        return SimpleNamespace(append=lambda **record: True)
+        records: list[dict[str, Any]] = []
+        return SimpleNamespace(records=records, append=lambda **record: records.append(record) or True)
 
     async def send_batch(self, batch: Any, topic: str, partition: int) -> "asyncio.Future[None]":
+        for r in batch.records:
+            self.published.append(Message(r["key"], r["value"], len(self.published), list(r.get("headers", ())),
+                                          topic, partition))
         return _delivered()
 
     async def send_offsets_to_transaction(self, offsets: Any, group: str) -> None:

@@ -39,9 +39,24 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
     """Per event, in arrival order: ``late`` (its GPU's panes up to it had closed), ``duplicate`` (an accepted
     event with the same key and ts_ns came before), ``overlap`` (a sample nearer than 3/4 of its interval to an
     accepted one of its GPU, or GPU and pid, in its pane: brute force over all of them), or None. Only
-    accepted events move a watermark."""
+    accepted events move a watermark, and one far ahead only once a second confirms it."""
     max_ts: dict[str, int] = {}
+    ahead: dict[str, list[int]] = defaultdict(list)  # the jumps each GPU holds: at most one, in fact
     taken: set[tuple] = set()
+
+    def advance(gpu: str, ts: int) -> None:
+        """An accepted event far ahead waits for a second one; the two agree on the nearer, or on the
+        further if they lie within max_jump of each other."""
+        if gpu in max_ts and ts - max_ts[gpu] > s.max_jump_ns:
+            ahead[gpu].append(ts)
+            if len(ahead[gpu]) == 2:
+                near, far = min(ahead[gpu]), max(ahead[gpu])
+                max_ts[gpu] = far if far - near <= s.max_jump_ns else near
+                ahead[gpu] = [far] if far - near > s.max_jump_ns else []
+            return
+        max_ts[gpu] = max(max_ts.get(gpu, ts), ts)
+        ahead[gpu] = [t for t in ahead[gpu] if t > max_ts[gpu]]
+
     samples: dict[tuple, list[int]] = defaultdict(list)  # accepted sample times by (GPU, kind, pid, pane)
     out: list[str | None] = []
     for ev in events:
@@ -61,7 +76,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
                 verdict = "overlap"
             else:
                 near.append(ev.ts_ns)
-                max_ts[ev.gpu_uuid] = max(max_ts.get(ev.gpu_uuid, ev.ts_ns), ev.ts_ns)
+                advance(ev.gpu_uuid, ev.ts_ns)
         elif isinstance(ev, TenantBinding):
             key = ("b", ev.node_id, ev.pid, ev.ts_ns)
         elif isinstance(ev, Price):

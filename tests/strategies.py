@@ -24,6 +24,7 @@ def settings_st(draw: st.DrawFn) -> AuditSettings:
     return AuditSettings(
         pane_s=draw(st.sampled_from([60, 420, 600])),  # 420: a window that is not a whole number of panes
         lateness_s=draw(st.sampled_from([0, 120, 600])),
+        max_jump_s=draw(st.sampled_from([30, 300, 86_400])),  # 30: most gaps of these streams are jumps
         window_h=1,  # streams span up to 3 h, so the window really slides
         alpha=alpha, beta=beta, gamma=gamma,
         mae_window=draw(st.sampled_from([8, 50])),

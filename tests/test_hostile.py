@@ -28,7 +28,7 @@ from gpucost.worker import Worker, _Owned, restored
 from schemas.blocks import expand
 from schemas.codec import decode_line
 from schemas.events import Price, TenantBinding
-from schemas.records import CostRecord, DeadLetter, IdleIndexRecord
+from schemas.records import OUTPUT_KINDS, CostRecord, DeadLetter, IdleIndexRecord
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 from sinks.kafka_sink import _record
 from streams.audit import Auditor
@@ -165,6 +165,59 @@ def test_the_sink_refuses_a_record_it_cannot_store(micro_usd: int) -> None:
     assert fits or (isinstance(got, DeadLetter) and got.reason == "bad_output")
 
 
+# --- output topics ------------------------------------------------------------------------------------
+
+def test_the_sink_writes_only_what_a_worker_signed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One unsigned cost record on the cost topic reached the Parquet as $1,000,000.07. A worker with an
+    output key signs every record it publishes; a sink with that keyring dead-letters anything else."""
+    import sinks.kafka_sink
+    from sinks.kafka_sink import run_kafka_sink
+    from tests.fake_kafka import ScriptedConsumer
+
+    output_key = f"worker-out {(b'w' * 32).hex()}"
+    (tmp_path / "out.key").write_text(output_key + "\n")
+    worker = Worker(KafkaSettings(), AUDIT, group="g", output_signer=Signer(parse_keys(output_key, "test")["worker-out"]))
+    owned = worker.owned[TP] = _Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
+    asyncio.run(worker._process(TP, [Message(KEY, b"\n".join(LINES[KEY]), 0),
+                                     Message(KEY, b"", 1, [(CONTROL_HEADER, END_OF_INPUT)])]))
+    published = owned.producer.published  # type: ignore[attr-defined]
+    costs = [m for m in published if m.topic.endswith("cost")]
+    want = sum(json.loads(m.value)["cost_micro_usd"] for m in costs)
+    forged = json.loads(costs[0].value) | {"record_id": "forged", "cost_micro_usd": 1_000_000_070_000}
+    tampered = json.loads(costs[1].value) | {"cost_micro_usd": json.loads(costs[1].value)["cost_micro_usd"] * 1000}
+    cost_topic = costs[0].topic
+    hostile = [Message(costs[0].key, json.dumps(forged).encode(), 0, [], cost_topic, 0),  # unsigned
+               Message(costs[1].key, json.dumps(tampered).encode(), 0, costs[1].headers, cost_topic, 0),  # altered
+               Message(costs[2].key, costs[2].value, 0, signed(costs[2].key, costs[2].value, SECRET_A,
+                                                               "worker-out").headers, cost_topic, 0)]  # wrong secret
+    polls = {}
+    for m in published + hostile:
+        polls.setdefault(TopicPartition(m.topic, m.partition), []).append(m)
+    for tp, messages in polls.items():
+        for offset, m in enumerate(messages):
+            m.offset = offset
+    monkeypatch.setattr(ScriptedConsumer, "polls", [polls])
+    monkeypatch.setattr(sinks.kafka_sink, "AIOKafkaConsumer", ScriptedConsumer)
+
+    async def sink() -> sinks.kafka_sink.SinkStats:
+        ScriptedConsumer.done = asyncio.Event()
+        topics = {kind: KafkaSettings().topic(kind) for kind in OUTPUT_KINDS}
+        return await run_kafka_sink({}, topics, tmp_path / "pq", "g", ScriptedConsumer.done, flush_interval_s=0,
+                                    compact_min_files=0, keyring=Keyring(tmp_path / "out.key"))
+    stats = asyncio.run(sink())
+    import duckdb
+    con = duckdb.connect()
+    got = con.execute(f"SELECT sum(cost_micro_usd), count(*) FROM read_parquet('{tmp_path}/pq/cost/**/*.parquet')"
+                      ).fetchone()
+    refused = con.execute(f"SELECT reason FROM read_parquet('{tmp_path}/pq/dlq/**/*.parquet') WHERE kind = 'cost'"
+                          ).fetchall()
+    report("forged, altered, mis-signed cost records", len(hostile),
+           [DeadLetter(reason=r, detail="", kind="cost", source="", raw="", ts_ns=None, gpu_uuid=None)
+            for (r,) in refused], got[0], want)
+    assert got == (want, len(costs)) and stats.unverified == 3
+    assert sorted(r for (r,) in refused) == ["bad_signature", "bad_signature", "unsigned"]
+
+
 # --- nothing billed twice -----------------------------------------------------------------------------
 
 def test_an_input_produced_twice_is_billed_once() -> None:
@@ -248,6 +301,27 @@ def test_the_largest_price_on_hour_long_samples_bills_exactly(gpus: int) -> None
     report(f"price {price} $/h, hour-long samples, {gpus} GPU(s)", len(lines), letters(out), billed(out), want)
     assert billed(out) == want
     assert Counter(d.reason for d in letters(out)) == Counter({"overlap": gpus * 59 * 3})
+
+
+@pytest.mark.parametrize("ahead_s", [3600, 30 * 86_400])
+def test_one_sample_far_ahead_does_not_make_its_gpus_later_events_late(ahead_s: int) -> None:
+    """One gpu_sample stamped an hour ahead, early in a replay, made 1,428 later events of its GPU late and
+    halved the bill. It is counted in its own pane, but moves the watermark only once a second event that
+    far ahead confirms it (``max_jump_s``): the bill is the bill of the same events in event-time order."""
+    lines = LINES[KEY]
+    samples = [json.loads(line) for line in lines if b'"gpu_sample"' in line]
+    bad = dict(samples[0], ts_ns=max(e["ts_ns"] for e in samples) + ahead_s * 10**9)
+    hostile = lines[:len(lines) // 4] + [json.dumps(bad).encode()] + lines[len(lines) // 4:]
+    want = expected_micro_usd(lines + [json.dumps(bad).encode()])
+    worker = Worker(KafkaSettings(), AUDIT, group="g")
+    out, _ = apply(worker, [Message(KEY, b"\n".join(hostile[k:k + 40]), k // 40) for k in range(0, len(hostile), 40)]
+                   + [Message(KEY, b"", len(hostile), [(CONTROL_HEADER, END_OF_INPUT)])])
+    report(f"one gpu_sample {ahead_s:,} s ahead", len(hostile), letters(out), billed(out), want)
+    assert letters(out) == [] and billed(out) == want
+    for path in (lambda a: [o for line in hostile for o in a.ingest(line, "x")], lambda a: a.ingest_lines(hostile, str)):
+        auditor = Auditor(AUDIT)
+        records = expand(path(auditor)) + auditor.finish()
+        assert billed(records) == want and letters(records) == []
 
 
 def test_a_state_over_the_message_limit_is_split_and_a_refused_delivery_aborts(monkeypatch) -> None:

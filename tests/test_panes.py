@@ -1,11 +1,15 @@
 """Pane and watermark boundaries exactly as METRICS.md states them."""
 from __future__ import annotations
 
+import json
+from unittest.mock import patch
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.events import GpuSample
+from streams import idle_index
 from streams.idle_index import IdleIndex, _Window
 from streams.panes import GpuPanes, PaneTotals, pane_start_ns
 
@@ -29,7 +33,7 @@ def test_pane_contains_its_event(offset: int, pane_ns: int) -> None:
 
 
 def test_pane_closes_when_watermark_reaches_its_end_and_later_events_for_it_are_late() -> None:
-    panes = GpuPanes(P, L, idle_threshold_cp=500)
+    panes = GpuPanes(P, L, idle_threshold_cp=500, max_jump_ns=3600 * NS)
     panes.add_gpu_sample(sample(T0 + 5 * NS))
     assert panes.advance("GPU-x", T0 + 5 * NS) == []
     # watermark = (T0 + P + L - 1ns) - L: one ns short of the pane's end, so still open
@@ -43,7 +47,7 @@ def test_pane_closes_when_watermark_reaches_its_end_and_later_events_for_it_are_
 
 
 def test_watermarks_are_per_gpu() -> None:
-    panes = GpuPanes(P, L, idle_threshold_cp=500)
+    panes = GpuPanes(P, L, idle_threshold_cp=500, max_jump_ns=3600 * NS)
     panes.advance("GPU-a", T0 + 10 * P)
     assert panes.is_late("GPU-a", T0)
     assert not panes.is_late("GPU-b", T0)  # another GPU's clock never makes this one late
@@ -65,13 +69,22 @@ def test_idle_window_survives_panes_beyond_32_bits() -> None:
 
 @given(st.integers(1, 12), st.lists(st.lists(st.tuples(
     st.sampled_from([1, 1, 1, 2, 3, 11, 12, 13, 25]), st.integers(0, 50), st.integers(0, 50),
-    st.sampled_from([0, 0, 0, 0, 1 << 33])), min_size=1, max_size=6), min_size=1, max_size=6))
-def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list[list[tuple[int, int, int, int]]]
-                                                             ) -> None:
-    """Sums after each pane and the ring left behind, over gaps shorter and longer than the window
-    and a pane past 32 bits."""
+    st.sampled_from([0, 0, 0, 0, 1 << 33])), min_size=1, max_size=6), min_size=1, max_size=6),
+       st.sampled_from([0, 3, 64]))
+def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list[list[tuple[int, int, int, int]]],
+                                                             sparse_panes: int) -> None:
+    """Sums after each pane and the state left behind, over gaps shorter and longer than the window, a
+    pane past 32 bits, and windows held as lists and as rings (``SPARSE_PANES``)."""
+    with patch.object(idle_index, "SPARSE_PANES", sparse_panes):
+        roll_both(n, calls)
+
+
+def roll_both(n: int, calls: list[list[tuple[int, int, int, int]]]) -> None:
     one, many = _Window(n), _Window(n)
     k = 0
+    all_ks: list[int] = []
+    all_idle: list[int] = []
+    all_covered: list[int] = []
     for call in calls:
         ks, idle, covered = [], [], []
         for step, i, extra, big in call:
@@ -79,6 +92,10 @@ def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list
             ks.append(k)
             idle.append(i)
             covered.append(i + extra + big)
+        all_ks += ks
+        all_idle += idle
+        all_covered += covered
+        k_last = k
         want = []
         for pane, i, c in zip(ks, idle, covered):
             one.roll(pane, i, c)
@@ -86,6 +103,10 @@ def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list
         got = many.roll_many(np.array(ks), np.array(idle, np.int64), np.array(covered, np.int64))
         assert list(zip(got[0].tolist(), got[1].tolist())) == want
         assert many.to_state() == one.to_state()
+        brute = [(k, i, c) for k, i, c in zip(all_ks, all_idle, all_covered) if k > k_last - n]
+        assert (one.idle_sum, one.covered_sum) == (sum(i for _, i, _ in brute), sum(c for _, _, c in brute))
+        restored = _Window.from_state(json.loads(json.dumps(one.to_state())), n)
+        assert restored.to_state() == one.to_state()
 
 
 @given(st.sets(st.tuples(st.sampled_from(["gpu_sample", "process_sample", "numa_event"]), st.integers(-1, 4),
@@ -93,7 +114,6 @@ def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list
 def test_a_panes_seen_events_survive_its_state_through_json(seen: set[tuple[str, int, int]]) -> None:
     """``seen`` is written as gaps between times; what comes back is the same set, and a state written
     before the gaps (one ``[kind, pid, ts_ns]`` each) still reads."""
-    import json
 
     pane = PaneTotals("GPU-x", T0, T0 + P, "n", "H100", 1, 0, 0)
     for kind, pid, at in seen:
