@@ -66,25 +66,15 @@ class AuditSettings(BaseSettings):
             raise ValueError(f"mae_hi ({self.mae_hi}) must be greater than mae_lo ({self.mae_lo})")
         return self
 
-    @property
-    def pane_ns(self) -> int:
-        return self.pane_s * 1_000_000_000
+    def ns(self, seconds_field: str) -> int:
+        """A setting in seconds (``pane_s``, ``lateness_s``, ``max_jump_s``…) in nanoseconds, as event times are."""
+        return int(getattr(self, seconds_field)) * 1_000_000_000
 
-    @property
-    def lateness_ns(self) -> int:
-        return self.lateness_s * 1_000_000_000
-
-    @property
-    def idle_timeout_ns(self) -> int:
-        return self.idle_timeout_s * 1_000_000_000
-
-    @property
-    def max_jump_ns(self) -> int:
-        return self.max_jump_s * 1_000_000_000
-
-    @property
-    def max_future_ns(self) -> int:
-        return self.max_future_s * 1_000_000_000
+    pane_ns = property(lambda self: self.ns("pane_s"), doc="pane length P in ns")
+    lateness_ns = property(lambda self: self.ns("lateness_s"), doc="allowed lateness in ns")
+    idle_timeout_ns = property(lambda self: self.ns("idle_timeout_s"), doc="a silent GPU's timeout in ns")
+    max_jump_ns = property(lambda self: self.ns("max_jump_s"), doc="the largest one-event watermark jump in ns")
+    max_future_ns = property(lambda self: self.ns("max_future_s"), doc="the clock skew refused, in ns")
 
     @property
     def window_ns(self) -> int:
