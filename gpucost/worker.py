@@ -381,9 +381,13 @@ class Worker(ConsumerRebalanceListener):
         largest, out = max(watermarks.values()), []
         for key, watermark in watermarks.items():
             # an open pane ends after its GPU's watermark: a key within the timeout of the largest has none to close
-            if watermark + self.audit.idle_timeout_ns < largest and (closed := owned.auditors[key].close_silent(largest)):
-                touched.add(key)
-                out += closed
+            if watermark + self.audit.idle_timeout_ns < largest:
+                auditor = owned.auditors[key]
+                rolls = auditor.idle.rolls
+                closed = auditor.close_silent(largest)
+                if closed or auditor.idle.rolls != rolls:
+                    touched.add(key)
+                    out += closed
         return out
 
     def _refused(self, reason: str, detail: str, source: str, raw: bytes) -> DeadLetter:

@@ -170,13 +170,15 @@ class Auditor:
         """The records of panes that ``settings.idle_timeout_s`` of event time has passed by: a GPU that went
         silent (taken off the fleet, its node down) while ``watermark_ns``, its partition's largest, moved
         on. Without this its last panes would stay open, unbilled, until an end of input that may never
-        come. METRICS.md exempts this rule from cross-path equality: it depends on what shares the
-        partition."""
+        come. A GPU silent for longer than the idle window loses its window too (``IdleIndex.expire``).
+        METRICS.md exempts this rule from cross-path equality: it depends on what shares the partition."""
         closed = self.panes.close_silent(watermark_ns, self.settings.idle_timeout_ns)
-        if not closed:
-            return []
-        self.counts["silent_closes"] += len(closed)
-        return self.close(closed)
+        out = []
+        if closed:
+            self.counts["silent_closes"] += len(closed)
+            out = self.close(closed)
+        self.idle.expire(watermark_ns)
+        return out
 
     def finish(self) -> list[Output]:
         """End of a finite input: close every pane and every MAE window."""

@@ -173,8 +173,9 @@ class IdleIndex:
         self.pane_ns = pane_ns
         self.slots = -(-window_ns // pane_ns)  # panes with start in (s − W, s]: ⌈W / P⌉ of them
         self._gpus: dict[str, _Window] = {}
-        #: panes rolled in so far: the windows are most of a GPU's state and change only when one
-        #: is, so a changelog writes them again only when this moved
+        self.window_ns = window_ns
+        #: changes to the windows so far (a pane rolled in, a window expired): the windows are most of a
+        #: GPU's state and change only then, so a changelog writes them again only when this moved
         self.rolls = 0
 
     def on_close(self, pane: PaneTotals) -> IdleIndexRecord | None:
@@ -206,6 +207,17 @@ class IdleIndex:
         return pa.table([panes.gpu_uuid, panes.node_id, panes.gpu_model, panes.pane_start_ns, panes.pane_end_ns,
                          panes.idle_ms, panes.covered_ms, idle_72h, covered_72h, ratios(idle_72h, covered_72h)],
                         schema=ARROW_SCHEMAS["idle_index"])
+
+    def expire(self, watermark_ns: int) -> None:
+        """Drop the windows whose every pane lies more than the window behind ``watermark_ns``: a GPU gone
+        silent that long holds nothing a later pane of it would sum (a pane that far ahead starts a
+        window afresh), and its ring would otherwise stay for good."""
+        gone = [g for g, w in self._gpus.items()
+                if w.last is not None and (w.last + 1) * self.pane_ns + self.window_ns <= watermark_ns]
+        for g in gone:
+            del self._gpus[g]
+        if gone:
+            self.rolls += 1
 
     def _window(self, gpu_uuid: str) -> _Window:
         window = self._gpus.get(gpu_uuid)

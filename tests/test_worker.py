@@ -213,3 +213,11 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     samples = sum(1 for line in first if b'"gpu_sample"' in line or b'"process_sample"' in line)
     assert Counter(r.reason for r in again if isinstance(r, DeadLetter) and r.kind in (
         "gpu_sample", "process_sample")) == Counter({"late": samples})  # (its prices and bindings: duplicate)
+    # and once the partition has moved a whole idle window past its last pane, its window goes too
+    sample = json.loads(next(line for line in LINES[other] if b'"gpu_sample"' in line))
+    later = [json.dumps(dict(sample, ts_ns=start + (AUDIT.window_h * 3600 + 3600 + k) * 10**9)).encode()
+             for k in (0, 10)]  # two: one alone that far ahead is only a pending jump
+    assert owned.auditors[gone.decode()].idle.to_state()
+    touched = set()
+    worker._apply(owned, [Message(other, b"\n".join(later), 3)], touched)
+    assert gone.decode() in touched and owned.auditors[gone.decode()].idle.to_state() == {}
