@@ -324,6 +324,22 @@ def test_one_sample_far_ahead_does_not_make_its_gpus_later_events_late(ahead_s: 
         assert billed(records) == want and letters(records) == []
 
 
+def test_many_gpu_ids_of_one_sample_each_keep_small_states() -> None:
+    """200,000 GPU ids with one sample each took a replay to 8 GB: each GPU's idle window was a ring of
+    4,320 slots (34 KiB) from its first pane. A GPU with few panes keeps a list of them."""
+    t0, gpus = 1767571200 * 10**9, 2_000
+    lines = [json.dumps({"kind": "gpu_sample", "node_id": "n", "gpu_uuid": f"GPU-{g:06d}", "gpu_model": "H100",
+                         "ts_ns": t0 + g * 10**6, "interval_s": 10, "sm_util_pct": 50, "mem_bw_util_pct": 1,
+                         "mem_used_bytes": 1, "mem_total_bytes": 2, "power_w": 1, "temp_c": 1}).encode()
+             for g in range(gpus)]
+    auditor = Auditor(AUDIT)
+    out = expand(auditor.ingest_lines(lines, str)) + auditor.finish()
+    per_gpu = len(json.dumps(auditor.idle.to_state())) / gpus
+    HOSTILE_LINES.append(f"{f'{gpus:,} GPU ids of one sample each':<44} sent {gpus:>6,} | idle state "
+                         f"{per_gpu:,.0f} bytes per GPU (as rings: about 46 KB)")
+    assert sum(isinstance(r, IdleIndexRecord) for r in out) == gpus and per_gpu < 200
+
+
 def test_a_state_over_the_message_limit_is_split_and_a_refused_delivery_aborts(monkeypatch) -> None:
     """A key's state over the broker's limit was refused while the transaction committed without it."""
     bindings = [json.dumps({"kind": "tenant_binding", "node_id": "node-000", "pid": pid, "ts_ns": 1736121600000000000,
