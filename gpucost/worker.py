@@ -78,6 +78,10 @@ class _Owned:
     owners: dict[str, str] = field(default_factory=dict)
     #: per key: the auditor and its ``idle.rolls`` as its idle windows were last written
     idle_written: dict[str, tuple[Auditor, int]] = field(default_factory=dict)
+    #: per key: when (``Worker.monotonic``) a message of it was last applied; a key restored, or not yet
+    #: seen, counts as seen at ``since``
+    heard: dict[str, float] = field(default_factory=dict)
+    since: float = field(default_factory=time.monotonic)
 
 
 #: a Kafka key gpucost writes is a GPU UUID or ``node_id/pid``; a gpucost header is a short token
@@ -201,6 +205,9 @@ class Worker(ConsumerRebalanceListener):
         self.consumer: AIOKafkaConsumer | None = None
         self.inputs = {kafka.topic(s): s for s in INPUTS}
         self.processed = 0
+        #: the processing clock that tells a GPU gone silent from one whose messages are only behind
+        #: another's in event time (a replay batches each key's events); seconds, monotonic
+        self.monotonic = time.monotonic
         #: messages refused before they reached a key's auditor, by reason, and re-deliveries skipped
         self.counts: Counter[str] = Counter()
         self._partitions: dict[str, list[int]] = {}  # output topic → its partitions
@@ -346,6 +353,7 @@ class Worker(ConsumerRebalanceListener):
                 self.counts["redelivered_messages"] += 1  # the broker held it twice; applied the first time
                 continue
             touched.add(key)
+            owned.heard[key] = self.monotonic()
             auditor = owned.auditors.get(key)
             if auditor is None:
                 auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns)
@@ -373,15 +381,22 @@ class Worker(ConsumerRebalanceListener):
 
     def _close_silent(self, owned: _Owned, touched: set[str]) -> list[Output]:
         """Close the panes of the partition's silent GPUs (``Auditor.close_silent``) against the largest
-        watermark of any key of the partition: derived from the keys' states, so a restart closes the same
-        panes at the same offsets."""
+        watermark of any key of the partition.
+
+        Silent means in both times: ``idle_timeout_s`` of event time behind the partition's largest
+        watermark, and no message applied for ``idle_timeout_s`` of this worker's clock. Event time alone
+        would close the panes of a key whose next batch is merely queued behind another key's: a
+        producer batches each key's events, so in a replay one key's watermark runs hours ahead of
+        another's. The clock only holds a close back; which panes close, and their records, come from
+        the keys' states."""
         watermarks = {key: w for key, a in owned.auditors.items() if (w := a.panes.largest_watermark()) is not None}
         if not watermarks:
             return []
-        largest, out = max(watermarks.values()), []
+        largest, out, now = max(watermarks.values()), [], self.monotonic()
         for key, watermark in watermarks.items():
             # an open pane ends after its GPU's watermark: a key within the timeout of the largest has none to close
-            if watermark + self.audit.idle_timeout_ns < largest:
+            if watermark + self.audit.idle_timeout_ns < largest and \
+                    now - owned.heard.get(key, owned.since) >= self.audit.idle_timeout_s:
                 auditor = owned.auditors[key]
                 rolls = auditor.idle.rolls
                 closed = auditor.close_silent(largest)

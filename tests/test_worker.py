@@ -189,8 +189,9 @@ def test_a_key_ended_and_begun_again_in_one_poll_writes_its_new_idle_windows() -
 
 def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on() -> None:
     """A GPU taken off the fleet sends no end of input: its open panes close once another key of its
-    partition has moved ``idle_timeout_s`` of event time past their end (METRICS.md), billed as an end
-    of input would have billed them; its own events for them later are late, never billed twice."""
+    partition has moved ``idle_timeout_s`` of event time past their end (METRICS.md) and nothing of it
+    came for that long on the worker's clock, billed as an end of input would have billed them; its own
+    events for them later are late, never billed twice."""
     gone, other = list(LINES)[:2]
     start = min(json.loads(line)["ts_ns"] for line in LINES[gone] if b'"gpu_sample"' in line)
     first = [line for line in LINES[gone] if json.loads(line)["ts_ns"] < start + 10 * 60 * 10**9]
@@ -199,16 +200,23 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     want = sum(r.cost_micro_usd for r in records if isinstance(r, CostRecord))
     panes = {r.pane_start_ns for r in records if isinstance(r, IdleIndexRecord)}
     worker = Worker(KafkaSettings(), AUDIT, group="g")
-    owned = _Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
+    clock = [0.0]
+    worker.monotonic = lambda: clock[0]
+    owned = _Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
     out = worker._apply(owned, [Message(gone, b"\n".join(first), 0, [(SEQUENCE_HEADER, b"s:1")])], set())
     assert {r.pane_start_ns for r in out if isinstance(r, IdleIndexRecord)} < panes  # the last ones stay open
+    # another key 20 min ahead in event time, but the silent one was heard from a moment ago: only behind
+    clock[0] = AUDIT.idle_timeout_s - 1
     touched: set[str] = set()
     out += worker._apply(owned, [Message(other, b"\n".join(LINES[other]), 1)], touched)
+    assert gone.decode() not in touched
+    clock[0] = AUDIT.idle_timeout_s  # and now silent in both times
+    out += worker._apply(owned, [Message(other, b"\n".join(LINES[other][-1:]), 2)], touched)
     mine = [r for r in out if getattr(r, "gpu_uuid", None) == gone.decode()]
     assert {r.pane_start_ns for r in mine if isinstance(r, IdleIndexRecord)} == panes
     assert sum(r.cost_micro_usd for r in mine if isinstance(r, CostRecord)) == want
     assert gone.decode() in touched and owned.auditors[gone.decode()].counts["silent_closes"] > 0
-    again = worker._apply(owned, [Message(gone, b"\n".join(first), 2, [(SEQUENCE_HEADER, b"s2:1")])], set())
+    again = worker._apply(owned, [Message(gone, b"\n".join(first), 3, [(SEQUENCE_HEADER, b"s2:1")])], set())
     assert not [r for r in again if isinstance(r, CostRecord)]
     samples = sum(1 for line in first if b'"gpu_sample"' in line or b'"process_sample"' in line)
     assert Counter(r.reason for r in again if isinstance(r, DeadLetter) and r.kind in (
@@ -219,5 +227,6 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
              for k in (0, 10)]  # two: one alone that far ahead is only a pending jump
     assert owned.auditors[gone.decode()].idle.to_state()
     touched = set()
-    worker._apply(owned, [Message(other, b"\n".join(later), 3)], touched)
+    clock[0] += AUDIT.idle_timeout_s
+    worker._apply(owned, [Message(other, b"\n".join(later), 4)], touched)
     assert gone.decode() in touched and owned.auditors[gone.decode()].idle.to_state() == {}
