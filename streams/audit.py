@@ -34,6 +34,11 @@ Output = IdleIndexRecord | MaeRecord | CostRecord | DeadLetter
 Outputs = list[Output | ClosedPanes]
 
 
+def _device(event: GpuSample | ProcessSample | NumaEvent) -> str:
+    """The device a GPU-keyed event speaks for, as a dead letter names it."""
+    return f"GPU {event.gpu_uuid}" + ("" if isinstance(event, GpuSample) else f" pid {event.pid}")
+
+
 class Auditor:
     """Routes each event to the operator that owns it and collects what closes.
 
@@ -101,15 +106,13 @@ class Auditor:
 
     def duplicate_letter(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
                          source: str) -> DeadLetter:
-        who = "" if isinstance(event, GpuSample) else f" pid {event.pid}"
         return self._dead("duplicate", event, raw, source,
-                          f"a {event.kind} of GPU {event.gpu_uuid}{who} at ts_ns {event.ts_ns} was already "
+                          f"a {event.kind} of {_device(event)} at ts_ns {event.ts_ns} was already "
                           "counted; the first one is billed, this one is not")
 
     def overlap_letter(self, event: GpuSample | ProcessSample, raw: str | bytes | None, source: str) -> DeadLetter:
-        who = "" if isinstance(event, GpuSample) else f" pid {event.pid}"
         return self._dead("overlap", event, raw, source,
-                          f"a {event.kind} of GPU {event.gpu_uuid}{who} lies within three quarters of its "
+                          f"a {event.kind} of {_device(event)} lies within three quarters of its "
                           f"{event.interval_ms} ms interval of one already counted in its pane: a second sampler "
                           "of this device would bill its time twice; run one sampler per device")
 

@@ -170,6 +170,12 @@ def exact_round(values: np.ndarray, scale: int) -> np.ndarray:
     return out.astype(np.int64)
 
 
+def _who(gpu: Any, code: Any, pid: Any) -> Any:
+    """(GPU, kind, pid) in one integer, of ints or of int64 arrays: 2 bits of kind, 33 of pid + 1, and the
+    GPU's index above (a batch holds far fewer than the 2^28 GPUs that would overflow)."""
+    return (gpu << 35) | (code << 33) | (pid + 1)
+
+
 def _runs(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where each run of equal keys starts and ends, in arrays sorted by those keys."""
     n = len(keys[0])
@@ -422,7 +428,9 @@ class _Batch:
         # its distance above the batch's earliest, plus 1 (0: no watermark yet); where a batch spans
         # so long that levels and GPUs do not fit 64 bits together, its rank among the distinct times
         max0 = np.array([a.panes.max_ts(name) or _NONE for name in names], np.int64)
-        known = np.concatenate([ts, max0[max0 != _NONE]])
+        # a GPU's largest may become a pending jump of the state (``jump``): a time the levels must hold too
+        pending0 = {j: a.panes.pending(name) for j, name in enumerate(names) if a.panes.pending(name) is not None}
+        known = np.concatenate([ts, max0[max0 != _NONE], np.array(list(pending0.values()), np.int64)])
         first, last = (int(known.min()), int(known.max())) if len(known) else (0, 0)
         if (last - first + 2) * (len(starts) + 1) < 1 << 62:
             width = last - first + 2
@@ -443,8 +451,6 @@ class _Batch:
                 return distinct[level - 1]
         key0 = np.arange(len(starts)) * width + np.where(max0 == _NONE, 0, level(max0))
         pane = ts - ts % pane_ns
-
-        pending0 = {j: a.panes.pending(name) for j, name in enumerate(names) if a.panes.pending(name) is not None}
 
         def running(effective: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             """Each row's running maximum key over ``effective`` (``upto``; ``_NONE``: moves nothing), that
@@ -530,9 +536,7 @@ class _Batch:
         dup = np.zeros(len(rows), bool)
         overlap = np.zeros(len(rows), bool)
         on_time = np.flatnonzero(~late)
-        # (GPU, kind, pid) in one integer: 2 bits of kind, 33 of pid + 1, and the GPU above (a batch holds
-        # far fewer than the 2^28 GPUs that would overflow)
-        who = (group[on_time] << 35) | (self.code[rows[on_time]].astype(np.int64) << 33) | (self.pid[rows[on_time]] + 1)
+        who = _who(group[on_time], self.code[rows[on_time]].astype(np.int64), self.pid[rows[on_time]])
         ts = self.ts[rows[on_time]]
         order = np.lexsort((ts, who))  # stable: equal keys stay in arrival order
         who, ts, where = who[order], ts[order], on_time[order]
@@ -541,10 +545,10 @@ class _Batch:
         # neighbouring distinct times, each with the largest interval of the rows at it
         firsts, _ = _runs(who, ts)
         interval = np.maximum.reduceat(self.interval_ms[rows[where]], firsts) if len(firsts) else np.zeros(0, np.int64)
-        w, t, p = who[firsts], ts[firsts], pane[where[firsts]]
-        near = ((w[1:] == w[:-1]) & (p[1:] == p[:-1]) & (4 * (t[1:] - t[:-1]) < 3_000_000 * np.maximum(
+        w, t, in_pane = who[firsts], ts[firsts], pane[where[firsts]]
+        near = ((w[1:] == w[:-1]) & (in_pane[1:] == in_pane[:-1]) & overlaps(t[1:] - t[:-1], np.maximum(
             interval[1:], interval[:-1])) & (self.code[rows[where[firsts[1:]]]] != NUMA))
-        suspect: set[tuple[int, int]] = set(zip(w[1:][near].tolist(), p[1:][near].tolist()))
+        suspect: set[tuple[int, int]] = set(zip(w[1:][near].tolist(), in_pane[1:][near].tolist()))
         for j, name in enumerate(names):
             for start, open_pane in self.a.panes.open_panes(name).items():
                 span = slice(int(starts[j]), int(ends[j]))
@@ -552,7 +556,7 @@ class _Batch:
                     i = int(rows[p])
                     kind, pid = _KIND_NAMES[self.code[i]], int(self.pid[i])
                     if self.code[i] != NUMA and (kind, pid) in open_pane.seen:
-                        suspect.add(((j << 35) | (int(self.code[i]) << 33) | (pid + 1), start))
+                        suspect.add((_who(j, int(self.code[i]), pid), start))
                     elif open_pane.holds(kind, pid, int(self.ts[i])):
                         dup[p] = True
         if suspect:

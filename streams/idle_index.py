@@ -95,10 +95,9 @@ class _Window:
         fresh = self.last is None or first - self.last >= n  # nothing before stays
         if self.panes is not None and not fresh and len(self.panes) + len(ks) > SPARSE_PANES:
             self._ring()
-        if (self.panes is not None and (fresh or not self.panes) and len(ks) <= SPARSE_PANES
-                or self.panes is not None and not fresh
-                or self.panes is None and not fresh and self.idle.typecode != "I"
-                or max(int(idle_ms.max()), int(covered_ms.max())) >> 32):
+        # few panes starting afresh, panes added to a list, a ring of 64-bit slots: roll's own path
+        one_by_one = len(ks) <= SPARSE_PANES if fresh else self.panes is not None or self.idle.typecode != "I"
+        if one_by_one or max(int(idle_ms.max()), int(covered_ms.max())) >> 32:
             sums = []  # a few panes, a ring of 64-bit slots, or a pane past 32 bits (forged data): one by one
             for k, idle, covered in zip(ks.tolist(), idle_ms.tolist(), covered_ms.tolist()):
                 self.roll(k, idle, covered)
@@ -146,9 +145,9 @@ class _Window:
         return list(zip(held.tolist(), idle[held % self.n].tolist(), covered[held % self.n].tolist()))
 
     def to_state(self) -> list[Any]:
-        if self.panes is not None or len(held := self._in_window()) <= SPARSE_PANES:
-            return ["panes", self.last, self.idle_sum, self.covered_sum,
-                    [list(p) for p in (self._in_window() if self.panes is not None else held)]]
+        held = self._in_window()
+        if len(held) <= SPARSE_PANES:
+            return ["panes", self.last, self.idle_sum, self.covered_sum, [list(p) for p in held]]
         wide = max(int(np.asarray(self.idle).max()), int(np.asarray(self.covered).max())) >> 32
         idle, covered = (array("Q" if wide else "I", ring) for ring in (self.idle, self.covered))
         return [idle.typecode, self.last, self.idle_sum, self.covered_sum,

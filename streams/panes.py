@@ -23,10 +23,10 @@ def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
     return ts_ns - ts_ns % pane_ns
 
 
-def overlaps(gap_ns: int, interval_ms: int) -> bool:
+def overlaps(gap_ns: Any, interval_ms: Any) -> Any:
     """Whether a sample ``gap_ns`` from an accepted one of its device lies closer than three quarters of
     its own interval (METRICS.md: one sampler per device): a second sampler's, which would bill the
-    device's time twice. Exact in integers: 4·gap < 3·interval."""
+    device's time twice. Exact in integers: 4·gap < 3·interval; of ints, or elementwise of int64 arrays."""
     return 4 * gap_ns < 3_000_000 * interval_ms
 
 
