@@ -535,7 +535,7 @@ def _replay_events(files: list[Path], rejected: list[tuple[Rejected, str, str]])
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from gpucost.publish import create_topics, publish, publish_dead_letters
+    from gpucost.publish import Stopped, create_topics, publish, publish_dead_letters
 
     kafka = _kafka(args)
     rejected: list[tuple[Rejected, str, str]] = []
@@ -562,24 +562,23 @@ def cmd_produce(args: argparse.Namespace) -> int:
     async def main() -> Counter[str]:
         """SIGINT or SIGTERM: a live source ends (what it sampled is still delivered); otherwise, or on a
         second signal, stop now, keeping what the broker has not acknowledged in the spool."""
-        task, signals = asyncio.current_task(), Counter[str]()
-        assert task is not None
+        stop, signals = asyncio.Event(), Counter[str]()
 
         def on_signal() -> None:
             signals["n"] += 1
             if signals["n"] == 1 and callable(end_live_source) and end_live_source is not signal.default_int_handler:
                 end_live_source(signal.SIGINT, None)
             else:
-                task.cancel()
+                stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, on_signal)
         return await publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s,
-                             signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20)))
+                             signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20)), stop=stop)
 
     try:
         sent = asyncio.run(main())
-    except asyncio.CancelledError:
+    except Stopped:
         print("gpucost: producer stopped; anything not yet acknowledged is in the spool and goes first next time",
               file=sys.stderr)
         return 130

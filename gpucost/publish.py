@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -25,7 +26,7 @@ from schemas.events import Event
 from schemas.records import DeadLetter
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
 
-__all__ = ["create_topics", "default_spool", "publish", "publish_dead_letters", "split_batch"]
+__all__ = ["Stopped", "create_topics", "default_spool", "publish", "publish_dead_letters", "split_batch"]
 
 log = logging.getLogger("gpucost.publish")
 
@@ -55,23 +56,40 @@ async def create_topics(kafka: KafkaSettings) -> list[str]:
 
 
 def _pump(events: Iterable[Event], loop: asyncio.AbstractEventLoop, queue: "asyncio.Queue[object]",
-          chunk_s: float) -> None:
-    """Runs the (possibly blocking) source in a thread; hands events over in chunks."""
+          chunk_s: float, halt: threading.Event) -> None:
+    """Runs the (possibly blocking) source in a thread; hands events over in chunks, until ``halt``."""
+
+    def hand(item: object) -> bool:
+        """False once the publisher stopped listening (its loop closed, or the put was cancelled with it)."""
+        if halt.is_set():
+            return False
+        try:
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+        except (RuntimeError, concurrent.futures.CancelledError):
+            return False
+        return True
+
     chunk: list[Event] = []
     last = time.monotonic()
     try:
         for ev in events:
             chunk.append(ev)
             if len(chunk) >= 1024 or time.monotonic() - last >= chunk_s:
-                asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
+                if not hand(chunk):
+                    return
                 chunk, last = [], time.monotonic()
-        asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
-        asyncio.run_coroutine_threadsafe(queue.put(_DONE), loop).result()
+        if hand(chunk):
+            hand(_DONE)
     except BaseException as exc:  # handed to the publisher, which re-raises it
-        asyncio.run_coroutine_threadsafe(queue.put(exc), loop).result()
+        hand(exc)
 
 
 _DONE = object()
+
+
+class Stopped(Exception):
+    """``publish`` was told to stop before its input ended or the broker acknowledged everything; what
+    is not acknowledged is in the spool, and the next run sends it first."""
 
 
 async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, done: asyncio.Event,
@@ -157,7 +175,7 @@ def default_spool(kafka: KafkaSettings, source: str) -> Path:
 
 async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: bool = True,
                   flush_interval_s: float = 1.0, signer: Signer | None = None, spool: Path | None = None,
-                  buffer_bytes: int = 64 << 20) -> Counter[str]:
+                  buffer_bytes: int = 64 << 20, stop: asyncio.Event | None = None) -> Counter[str]:
     """Route, batch and send every event; per key, order is kept. Returns messages sent per topic.
 
     A key's batch is sent when it holds ``batch_events`` events or has waited
@@ -166,7 +184,14 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
     a control message, on which the worker closes that key's open panes and windows.
     Messages wait in an outbox (``buffer_bytes`` in memory, then ``spool`` on disk) until
     the broker acknowledges them, so a broker outage delays events but loses none.
+
+    Setting ``stop`` ends it within ``flush_interval_s``, raising :class:`Stopped` once the
+    outbox is in the spool. It is an event, not a task cancellation, because Python 3.11's
+    ``asyncio.wait_for`` returns normally, and the cancellation is lost, when the cancel lands
+    just as the awaited ``queue.get()`` completes: a busy replay then ignored SIGTERM and waited
+    for an unreachable broker for ever.
     """
+    stop = stop if stop is not None else asyncio.Event()
     spool = spool if spool is not None else default_spool(kafka, "produce")
     spool.parent.mkdir(parents=True, exist_ok=True)
     outbox = Outbox(spool, buffer_bytes)
@@ -203,7 +228,8 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                 buf.clear()
 
     queue: "asyncio.Queue[object]" = asyncio.Queue(maxsize=64)
-    pump = threading.Thread(target=_pump, args=(events, asyncio.get_running_loop(), queue, flush_interval_s / 2),
+    halt = threading.Event()
+    pump = threading.Thread(target=_pump, args=(events, asyncio.get_running_loop(), queue, flush_interval_s / 2, halt),
                             name="source", daemon=True)
     deliverer = asyncio.create_task(_deliver(outbox, kafka, wake, done, sent))
     pump.start()
@@ -211,6 +237,8 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
         router = Router()
         last_flush = time.monotonic()
         while True:
+            if stop.is_set():
+                raise Stopped
             try:
                 item = await asyncio.wait_for(queue.get(), timeout=flush_interval_s)
             except TimeoutError:
@@ -246,8 +274,14 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                 send(topic, key, b"", headers=[(CONTROL_HEADER, END_OF_INPUT)])
         done.set()
         wake.set()
-        await deliverer
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([deliverer, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not deliverer.done():
+            raise Stopped
+        deliverer.result()
     finally:
+        halt.set()
         if not deliverer.done():
             deliverer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,13 +1,19 @@
 """The producer's outbox: whatever the bound, messages leave in the order they came, none lost."""
 from __future__ import annotations
 
+import asyncio
+import itertools
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpucost.kafka_settings import KafkaSettings
 from gpucost.outbox import Message, Outbox
+from gpucost.publish import Stopped, publish
+from producers.simulate import FleetSpec, simulate
 
 
 def msg(i: int) -> Message:
@@ -71,3 +77,19 @@ def test_a_stopped_producer_keeps_every_waiting_message(n: int, acked: int, boun
             resent += head
             again.pop(len(head))
         assert kept == n - done and resent == sent[done:]
+
+
+def test_publish_stops_when_told_while_its_source_is_busy_and_the_broker_away(tmp_path: Path) -> None:
+    """A source that never ends and a broker nobody runs: ``stop`` ends the producer within seconds, with
+    what was not acknowledged in the spool (a cancelled task could lose its cancellation in asyncio.wait_for)."""
+    endless = itertools.chain.from_iterable(itertools.repeat(list(simulate(FleetSpec(gpus=2, hours=0.05)))))
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(3, stop.set)
+        await asyncio.wait_for(publish(endless, KafkaSettings(bootstrap="127.0.0.1:1"), flush_interval_s=0.2,
+                                       spool=tmp_path / "spool", buffer_bytes=1 << 16, stop=stop), timeout=60)
+
+    with pytest.raises(Stopped):
+        asyncio.run(run())
+    assert (tmp_path / "spool").stat().st_size > 0
