@@ -24,6 +24,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
+from gpucost.config import KAFKA_ENV_PREFIX, environment
 from gpucost.kafka_settings import KafkaSettings
 
 
@@ -62,7 +63,8 @@ def main() -> None:
     p.add_argument("--group", default="billing-example")
     p.add_argument("--idle-exit-s", type=float, default=10.0, help="stop after this long without a record")
     args = p.parse_args()
-    kafka = KafkaSettings(**({"bootstrap": args.bootstrap} if args.bootstrap else {}))
+    kafka = KafkaSettings(**{**environment(KafkaSettings, KAFKA_ENV_PREFIX),
+                             **({"bootstrap": args.bootstrap} if args.bootstrap else {})})
     totals, records, duplicates = asyncio.run(team_totals(kafka.client_options(), args.topic, args.group,
                                                           args.idle_exit_s))
     print(json.dumps({"micro_usd_by_team": dict(sorted(totals.items())), "records": records,

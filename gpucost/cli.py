@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 
-from gpucost.config import FLAG_FIELDS, ConfigError, load_settings
+from gpucost.config import FLAG_FIELDS, KAFKA_ENV_PREFIX, ConfigError, environment, load_settings
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.report import format_table, summary
@@ -94,7 +94,8 @@ def _add_kafka(p: argparse.ArgumentParser) -> None:
 def _kafka(args: argparse.Namespace) -> KafkaSettings:
     flags = {n: getattr(args, f"kafka_{n}") for n in KafkaSettings.model_fields}
     try:
-        return KafkaSettings(**{k: v for k, v in flags.items() if v is not None})
+        return KafkaSettings(**{**environment(KafkaSettings, KAFKA_ENV_PREFIX),
+                                **{k: v for k, v in flags.items() if v is not None}})
     except ValidationError as exc:
         raise ConfigError(f"invalid Kafka setting: {explain(exc)}") from None
 

@@ -6,15 +6,29 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from schemas.codec import explain
 from streams.settings import AuditSettings
 
-__all__ = ["ConfigError", "load_settings", "FLAG_FIELDS"]
+__all__ = ["AUDIT_ENV_PREFIX", "ConfigError", "FLAG_FIELDS", "KAFKA_ENV_PREFIX", "environment", "load_settings"]
 
 #: settings that have a command-line flag (``--pane-s`` for ``pane_s``); the table is file-only
 FLAG_FIELDS = tuple(f for f in AuditSettings.model_fields if f != "l2_calibration")
+
+
+#: ``GPUCOST_PANE_S`` sets ``pane_s``; ``GPUCOST_KAFKA_BOOTSTRAP`` sets the Kafka ``bootstrap``
+AUDIT_ENV_PREFIX, KAFKA_ENV_PREFIX = "GPUCOST_", "GPUCOST_KAFKA_"
+
+
+def environment(model: type[BaseModel], prefix: str, fields: tuple[str, ...] | None = None) -> dict[str, str]:
+    """The values of ``model``'s fields (or of ``fields``) that the environment sets as ``<prefix><FIELD>``.
+
+    Only the command line calls this: a settings model never reads the environment itself, so an
+    operator, a test or a library user gets exactly the values passed.
+    """
+    names = fields if fields is not None else tuple(model.model_fields)
+    return {f: os.environ[prefix + f.upper()] for f in names if prefix + f.upper() in os.environ}
 
 
 class ConfigError(Exception):
@@ -22,6 +36,7 @@ class ConfigError(Exception):
 
 
 def load_settings(config_file: Path | None = None, **flags: Any) -> AuditSettings:
+    """Defaults, then the file, then ``GPUCOST_<FIELD>`` (the table only from the file), then the flags."""
     file_values: dict[str, Any] = {}
     if config_file is not None:
         try:
@@ -34,9 +49,8 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> AuditSetting
         if unknown:
             raise ConfigError(f"config file {config_file}: unknown setting(s) {', '.join(unknown)}; "
                               f"known: {', '.join(AuditSettings.model_fields)}")
-    from_env = {f for f in AuditSettings.model_fields if f"GPUCOST_{f.upper()}" in os.environ}
-    init = {k: v for k, v in file_values.items() if k not in from_env}
-    init.update({k: v for k, v in flags.items() if v is not None})
+    init = {**file_values, **environment(AuditSettings, AUDIT_ENV_PREFIX, FLAG_FIELDS),
+            **{k: v for k, v in flags.items() if v is not None}}
     try:
         return AuditSettings(**init)
     except ValidationError as exc:

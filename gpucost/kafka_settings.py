@@ -4,21 +4,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 __all__ = ["KafkaSettings"]
 
 
-class KafkaSettings(BaseSettings):
-    """Environment variables are ``GPUCOST_KAFKA_<FIELD>`` (e.g. ``GPUCOST_KAFKA_BOOTSTRAP``).
+class KafkaSettings(BaseModel):
+    """The CLI reads environment variables ``GPUCOST_KAFKA_<FIELD>`` (e.g. ``GPUCOST_KAFKA_BOOTSTRAP``)
+    into it (``gpucost.config.environment``); building one reads nothing.
 
     The security settings reach every client through ``client_options``: producers,
     workers (consumer, transactional producers, state readers), the sink, the admin client
     and the billing example. Prefer the environment for passwords over command-line flags.
     """
 
-    model_config = SettingsConfigDict(env_prefix="GPUCOST_KAFKA_", frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap: Annotated[str, Field(min_length=1, description="host:port[,host:port…]")] = "127.0.0.1:19092"
     topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]*$", description="prefix of every topic")] = "gpucost."

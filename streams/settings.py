@@ -1,11 +1,14 @@
-"""The operators' settings: the METRICS.md defaults, overridable by file, environment, flags."""
+"""The operators' settings: the METRICS.md defaults, overridable by file, environment, flags.
+
+A plain model: building one reads nothing from the environment, so an operator or a test gets
+exactly what it passes. The command line layers file, environment and flags over it
+(``gpucost.config.load_settings``)."""
 from __future__ import annotations
 
 from decimal import Decimal
 from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION"]
 
@@ -13,10 +16,11 @@ DEFAULT_L2_CALIBRATION: tuple[tuple[float, float], ...] = ((2.1, 8.3), (5.7, 41.
 Weight = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
 
 
-class AuditSettings(BaseSettings):
-    """Every knob of METRICS.md. Environment variables are ``GPUCOST_<FIELD>`` (e.g. ``GPUCOST_PANE_S``)."""
+class AuditSettings(BaseModel):
+    """Every knob of METRICS.md. The CLI reads environment variables ``GPUCOST_<FIELD>`` (e.g.
+    ``GPUCOST_PANE_S``) into it; the model itself never does."""
 
-    model_config = SettingsConfigDict(env_prefix="GPUCOST_", frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     pane_s: Annotated[int, Field(ge=1, le=86_400, description="pane length P, seconds")] = 60
     lateness_s: Annotated[int, Field(ge=0, le=86_400, description="allowed lateness, seconds")] = 120

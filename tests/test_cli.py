@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from gpucost.cli import main
+from gpucost.config import load_settings
+from gpucost.kafka_settings import KafkaSettings
 from sinks.views import connect
+from streams.settings import AuditSettings
 
 SMALL = ["--gpus", "2", "--hours", "2", "--interval-s", "30"]
 
@@ -78,6 +81,16 @@ def test_settings_precedence_flag_over_env_over_file(capsys: pytest.CaptureFixtu
     assert pane_lengths_s(tmp_path / "b") == {600}
     assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "c"), "--config", str(conf), "--pane-s", "120")[0] == 0
     assert pane_lengths_s(tmp_path / "c") == {120}
+
+
+def test_only_the_command_line_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A settings object built in code (an operator, a test, a library user) gets what it is given, whatever
+    the shell exports; the CLI's loader is the one place that reads GPUCOST_*."""
+    monkeypatch.setenv("GPUCOST_PANE_S", "600")
+    monkeypatch.setenv("GPUCOST_KAFKA_BOOTSTRAP", "elsewhere:9092")
+    assert AuditSettings().pane_s == AuditSettings.model_fields["pane_s"].default != 600
+    assert KafkaSettings().bootstrap == KafkaSettings.model_fields["bootstrap"].default != "elsewhere:9092"
+    assert load_settings().pane_s == 600
 
 
 @pytest.mark.parametrize("text,words", [("pane = 3\n", "unknown setting(s) pane"), ("pane_s = \n", "not valid TOML")])
