@@ -30,6 +30,7 @@ from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.report import format_table, summary
 from gpucost.signing import Keyring, Signer
+from gpucost.worker import StateError
 from producers.nvml import NvmlSampler
 from producers.replay import input_files, read_batches, read_inputs
 from producers.simulate import FleetSpec, simulate
@@ -689,6 +690,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SinkWriteError as exc:
         print(f"gpucost: error: {exc}", file=sys.stderr)
         return 4
+    except StateError as exc:
+        print(f"gpucost: error: {exc}", file=sys.stderr)
+        return 5
     except KafkaConnectionError as exc:
         print(f"gpucost: error: {exc}. Check the broker address (GPUCOST_KAFKA_BOOTSTRAP) and, for a secured "
               "listener, GPUCOST_KAFKA_SECURITY_PROTOCOL and its TLS/SASL settings; the line above says why the "

@@ -41,7 +41,7 @@ from streams.audit import Auditor, Output
 from streams.scope import Scope
 from streams.settings import AuditSettings
 
-__all__ = ["INPUTS", "Restored", "restored", "state_topic_suffix", "Worker"]
+__all__ = ["INPUTS", "Restored", "STATE_VERSION", "StateError", "restored", "state_topic_suffix", "Worker"]
 
 log = logging.getLogger("gpucost.worker")
 INPUTS = ("events", "mem_access")
@@ -53,6 +53,27 @@ IDLE_PREFIX = b"\x00idle\x00"
 #: prefix of the parts of a state record split to stay well under the broker's 1 MiB message limit
 PART_PREFIX = b"\x00part\x00"
 STATE_CHUNK_BYTES = 256 << 10
+#: the layout of the state records, written in each as ``"v"``. Version 0 (no ``"v"``; the idle windows
+#: a bare map, the progress a bare number) is the same layout unmarked, and is read. A record of a
+#: later version is refused: a newer gpucost wrote it, and this one would restore it wrongly.
+STATE_VERSION = 1
+
+
+class StateError(RuntimeError):
+    """A state topic this worker cannot restore from. It stops, naming the record, rather than apply
+    input to a state it cannot read and bill from that."""
+
+
+def _read_version(key: bytes, record: Any) -> Any:
+    """``record`` without its version, checked: a record of a later version raises ``StateError``."""
+    if not isinstance(record, dict) or "v" not in record:
+        return record  # version 0
+    v = record.pop("v")
+    if type(v) is not int or not 0 <= v <= STATE_VERSION:
+        raise StateError(f"the state record {key[:80]!r} has state version {v!r}; this worker reads versions 0 to "
+                         f"{STATE_VERSION}. A newer gpucost wrote it: run workers of that version (or newer) for "
+                         "this group; never an older one")
+    return record
 
 
 @lru_cache(maxsize=1 << 16)
@@ -136,7 +157,7 @@ def _joined(latest: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
             parts = [latest.get(_part_key(key, i)) for i in range(head["parts"])]
             value = b"".join(p for p in parts if p is not None)
             if None in parts or hashlib.sha256(value).hexdigest() != head["sha256"]:
-                raise RuntimeError(f"the state of key {key[:80]!r} is split into {head['parts']} parts, which do not "
+                raise StateError(f"the state of key {key[:80]!r} is split into {head['parts']} parts, which do not "
                                    "add up to what was written; the state topic is incomplete")
         out[key] = value
     return out
@@ -153,11 +174,11 @@ def _state_records(owned: _Owned, key: str) -> list[tuple[bytes, bytes | None]]:
     pane_closed = written is None or written[0] is not auditor or written[1] != auditor.idle.rolls
     if pane_closed:
         auditor.prune()
-    out = _chunked(k, _json({"audit": auditor.to_state(idle=False),
+    out = _chunked(k, _json({"v": STATE_VERSION, "audit": auditor.to_state(idle=False),
                              "seq": owned.sequences.get(key, SeenSequences()).to_state(),
                              "owner": owned.owners.get(key)}))
     if pane_closed:
-        out += _chunked(IDLE_PREFIX + k, _json(auditor.idle.to_state()))
+        out += _chunked(IDLE_PREFIX + k, _json({"v": STATE_VERSION, "idle": auditor.idle.to_state()}))
         owned.idle_written[key] = (auditor, auditor.idle.rolls)
     return out
 
@@ -177,19 +198,26 @@ def restored(audit: AuditSettings, latest: dict[bytes, bytes | None]) -> Restore
     """Every key's state, from the latest value of each state record (a compacted state topic's view)."""
     latest = _joined(latest)
     progress = latest.pop(PROGRESS_KEY, None)
+    if progress is not None:
+        progress = _read_version(PROGRESS_KEY, json.loads(progress))
+        progress = progress if isinstance(progress, int) else progress["next_offset"]
     idle = {k[len(IDLE_PREFIX):].decode(): v for k, v in latest.items() if k.startswith(IDLE_PREFIX)}
-    states = {k.decode(): json.loads(v) for k, v in latest.items() if v is not None and not k.startswith(IDLE_PREFIX)}
+    states = {k.decode(): _read_version(k, json.loads(v)) for k, v in latest.items()
+              if v is not None and not k.startswith(IDLE_PREFIX)}
     for key, st in states.items():
         if "idle" not in st["audit"]:  # written apart (a state written before that holds its own)
             windows = idle.get(key)
             if windows is None:
-                raise RuntimeError(f"the state of key {key!r} has no idle windows; the state topic is incomplete "
-                                   "(was it written by another program, or compacted by hand?)")
-            st["audit"]["idle"] = json.loads(windows)
+                raise StateError(f"the state of key {key!r} has no idle windows; the state topic is incomplete "
+                                 "(was it written by another program, or compacted by hand?)")
+            windows = json.loads(windows)
+            # version 0 maps GPUs to their windows, which are lists (a GPU may be called "v")
+            versioned = "v" in windows and isinstance(windows.get("idle"), dict)
+            st["audit"]["idle"] = _read_version(IDLE_PREFIX + key.encode(), windows)["idle"] if versioned else windows
     return Restored({k: Auditor.from_state(audit, st["audit"], time.time_ns) for k, st in states.items()},
                     {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()},
                     {k: st["owner"] for k, st in states.items() if st.get("owner") is not None},
-                    None if progress is None else int(progress))
+                    progress)
 
 
 class Worker(ConsumerRebalanceListener):
@@ -213,6 +241,9 @@ class Worker(ConsumerRebalanceListener):
         self._partitions: dict[str, list[int]] = {}  # output topic → its partitions
         # a revocation waits for the batch in flight; ownership never changes mid-transaction
         self._lock = asyncio.Lock()
+        #: why taking assigned partitions failed (a state it cannot restore…); without this the worker
+        #: would fetch those partitions for ever, never owning them
+        self._failed: Exception | None = None
 
     # --- partition ownership -------------------------------------------------------------
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -224,7 +255,11 @@ class Worker(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
-            await self._take(assigned)
+            try:
+                await self._take(assigned)
+            except Exception as exc:  # aiokafka only logs a listener's error: ``run`` raises it
+                self._failed = exc
+                raise
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
         """Own each newly assigned partition. Each takes a fencing producer and a state restore, a
@@ -422,7 +457,8 @@ class Worker(ConsumerRebalanceListener):
                 for state_key, value in _state_records(owned, key):
                     sent.append(await producer.send(state_topic, value, key=state_key, partition=tp.partition))
             next_offset = messages[-1].offset + 1
-            sent.append(await producer.send(state_topic, str(next_offset).encode(), key=PROGRESS_KEY,
+            sent.append(await producer.send(state_topic, _json({"v": STATE_VERSION, "next_offset": next_offset}),
+                                            key=PROGRESS_KEY,
                                             partition=tp.partition))
             # every delivery is awaited inside the transaction: one the broker refused (a record over its
             # size limit, say) raises here, which aborts the transaction and stops the worker, rather
@@ -492,6 +528,8 @@ class Worker(ConsumerRebalanceListener):
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=500, max_records=self.max_batch)
+                if self._failed is not None:
+                    raise self._failed
                 async with self._lock:
                     # partitions are independent (each has its own state and transactional producer), so
                     # their transactions run side by side: a batch waits on the broker's round trips, not

@@ -57,9 +57,8 @@ class Auditor:
         self.settings = settings
         self.clock = clock
         self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
-        self.panes = GpuPanes(settings.pane_ns, settings.lateness_ns, settings.idle_threshold_cp,
-                              settings.max_jump_ns)
-        self.idle = IdleIndex(settings.window_ns, settings.pane_ns)
+        self.panes = GpuPanes(settings)
+        self.idle = IdleIndex(settings)
         self.mae = Mae(settings)
         self.bindings = BindingTable()
         self.prices = PriceTable()
@@ -255,9 +254,9 @@ class Auditor:
     def from_state(cls, settings: AuditSettings, state: dict[str, Any],
                    clock: Callable[[], int] | None = None) -> "Auditor":
         auditor = cls(settings, clock)
-        auditor.panes.restore(state["panes"])
-        auditor.idle.restore(state["idle"])
-        auditor.mae.restore(state["mae"])
+        auditor.panes = GpuPanes.from_state(state["panes"], settings)
+        auditor.idle = IdleIndex.from_state(state["idle"], settings)
+        auditor.mae = Mae.from_state(state["mae"], settings)
         auditor.bindings = BindingTable.from_state(state["bindings"])
         auditor.prices = PriceTable.from_state(state["prices"])
         auditor.counts = Counter(state["counts"])

@@ -24,6 +24,7 @@ from schemas.arrow import ARROW_SCHEMAS
 from schemas.exact import ratios
 from schemas.records import IdleIndexRecord, computed
 from streams.panes import PaneColumns, PaneTotals
+from streams.settings import AuditSettings
 
 __all__ = ["IdleIndex"]
 
@@ -168,11 +169,11 @@ class _Window:
 
 
 class IdleIndex:
-    def __init__(self, window_ns: int, pane_ns: int) -> None:
-        self.pane_ns = pane_ns
-        self.slots = -(-window_ns // pane_ns)  # panes with start in (s − W, s]: ⌈W / P⌉ of them
+    def __init__(self, settings: AuditSettings) -> None:
+        self.pane_ns = settings.pane_ns
+        self.window_ns = settings.window_ns
+        self.slots = -(-self.window_ns // self.pane_ns)  # panes with start in (s − W, s]: ⌈W / P⌉ of them
         self._gpus: dict[str, _Window] = {}
-        self.window_ns = window_ns
         #: changes to the windows so far (a pane rolled in, a window expired): the windows are most of a
         #: GPU's state and change only then, so a changelog writes them again only when this moved
         self.rolls = 0
@@ -227,5 +228,8 @@ class IdleIndex:
     def to_state(self) -> dict[str, Any]:
         return {g: w.to_state() for g, w in self._gpus.items()}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self._gpus = {g: _Window.from_state(s, self.slots) for g, s in state.items()}
+    @classmethod
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "IdleIndex":
+        index = cls(settings)
+        index._gpus = {g: _Window.from_state(s, index.slots) for g, s in state.items()}
+        return index

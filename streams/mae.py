@@ -101,10 +101,12 @@ class Mae:
         return [[n, p, list(w.counts.items()), w.taken, w.out_of_range, w.first_ts_ns, w.last_ts_ns]
                 for (n, p), w in self._open.items()]
 
-    def restore(self, state: list[Any]) -> None:
-        self._open = {}
+    @classmethod
+    def from_state(cls, state: list[Any], settings: AuditSettings) -> "Mae":
+        mae = cls(settings)
         for n, p, counts, taken, oor, first, last in state:
             w = _Window(first)
             w.counts = {int(b): c for b, c in counts}
             w.taken, w.out_of_range, w.last_ts_ns = taken, oor, last
-            self._open[(n, p)] = w
+            mae._open[(n, p)] = w
+        return mae

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from schemas.events import GpuSample, NumaEvent, ProcessSample
+from streams.settings import AuditSettings
 from streams.tables import Tenant
 
 __all__ = ["pane_start_ns", "overlaps", "jump", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes", "objects"]
@@ -205,11 +206,11 @@ def jump(max_ts: int | None, pending: int | None, ts_ns: int, max_jump_ns: int) 
 class GpuPanes:
     """Open panes of every GPU, and the per-GPU event-time watermark that closes them."""
 
-    def __init__(self, pane_ns: int, lateness_ns: int, idle_threshold_cp: int, max_jump_ns: int) -> None:
-        self.pane_ns = pane_ns
-        self.lateness_ns = lateness_ns
-        self.idle_threshold_cp = idle_threshold_cp
-        self.max_jump_ns = max_jump_ns
+    def __init__(self, settings: AuditSettings) -> None:
+        self.pane_ns = settings.pane_ns
+        self.lateness_ns = settings.lateness_ns
+        self.idle_threshold_cp = settings.idle_threshold_cp
+        self.max_jump_ns = settings.max_jump_ns
         self._max_ts: dict[str, int] = {}
         self._pending: dict[str, int] = {}  # each GPU's pending jump (``jump``)
         self._open: dict[str, dict[int, PaneTotals]] = {}
@@ -341,10 +342,12 @@ class GpuPanes:
         return {"max_ts": self._max_ts, **({"pending": self._pending} if self._pending else {}),
                 "open": [p.to_state() for panes in self._open.values() for p in panes.values()]}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self._max_ts = dict(state["max_ts"])
-        self._pending = dict(state.get("pending", {}))
-        self._open = {}
+    @classmethod
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "GpuPanes":
+        panes = cls(settings)
+        panes._max_ts = dict(state["max_ts"])
+        panes._pending = dict(state.get("pending", {}))
         for s in state["open"]:
             pane = PaneTotals.from_state(s)
-            self._open.setdefault(pane.gpu_uuid, {})[pane.pane_start_ns] = pane
+            panes._open.setdefault(pane.gpu_uuid, {})[pane.pane_start_ns] = pane
+        return panes

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from sinks.views import connect
 from tests.conftest import ROOT
@@ -179,6 +179,29 @@ def test_two_workers_one_killed_mid_stream(deployment: Deployment, recorded: tup
     assert totals == embedded_team_totals(embedded) and records == expected
     # the killed worker's open transaction was aborted: a read_committed consumer sees no record twice
     assert duplicates == 0
+
+
+def test_a_worker_meeting_a_state_of_a_later_version_stops_and_says_why(deployment: Deployment) -> None:
+    """It must not restore a layout it does not know (and bill from it), nor fetch for ever a partition it
+    could not take: it exits 5, naming the record and the version."""
+    d = deployment
+    d.gpucost("topics", "create")
+
+    async def write() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=d.bootstrap)
+        await producer.start()
+        try:
+            for partition in range(4):
+                await producer.send_and_wait(f"{d.prefix}state.events", b'{"v":99,"audit":{}}', key=b"GPU-later",
+                                             partition=partition)
+        finally:
+            await producer.stop()
+
+    asyncio.run(write())
+    worker = d.worker("worker")
+    assert worker.wait(timeout=120) == 5
+    log = (d.tmp / "worker.log").read_text()
+    assert "gpucost: error: the state record b'GPU-later' has state version 99" in log, log[-2000:]
 
 
 def test_sink_killed_mid_stream_writes_each_row_once(deployment: Deployment, recorded: tuple[Path, Path]) -> None:

@@ -12,6 +12,7 @@ from schemas.events import GpuSample
 from streams import idle_index
 from streams.idle_index import IdleIndex, _Window
 from streams.panes import GpuPanes, PaneTotals, pane_start_ns
+from streams.settings import AuditSettings
 
 NS = 1_000_000_000
 P = 60 * NS
@@ -33,7 +34,7 @@ def test_pane_contains_its_event(offset: int, pane_ns: int) -> None:
 
 
 def test_pane_closes_when_watermark_reaches_its_end_and_later_events_for_it_are_late() -> None:
-    panes = GpuPanes(P, L, idle_threshold_cp=500, max_jump_ns=3600 * NS)
+    panes = GpuPanes(AuditSettings(pane_s=P // NS, lateness_s=L // NS, max_jump_s=3600))
     panes.add_gpu_sample(sample(T0 + 5 * NS))
     assert panes.advance("GPU-x", T0 + 5 * NS) == []
     # watermark = (T0 + P + L - 1ns) - L: one ns short of the pane's end, so still open
@@ -47,7 +48,7 @@ def test_pane_closes_when_watermark_reaches_its_end_and_later_events_for_it_are_
 
 
 def test_watermarks_are_per_gpu() -> None:
-    panes = GpuPanes(P, L, idle_threshold_cp=500, max_jump_ns=3600 * NS)
+    panes = GpuPanes(AuditSettings(pane_s=P // NS, lateness_s=L // NS, max_jump_s=3600))
     panes.advance("GPU-a", T0 + 10 * P)
     assert panes.is_late("GPU-a", T0)
     assert not panes.is_late("GPU-b", T0)  # another GPU's clock never makes this one late
@@ -55,11 +56,11 @@ def test_watermarks_are_per_gpu() -> None:
 
 def test_idle_window_survives_panes_beyond_32_bits() -> None:
     """A pane holding more than 2^32 ms (forged or absurd intervals) widens the ring, losing nothing."""
-    index = IdleIndex(window_ns=3 * 60 * NS, pane_ns=60 * NS)
+    index = IdleIndex(AuditSettings(window_h=1, pane_s=1200))  # a window of three panes
     sizes = [(1, 60_000), (5_000_000_000, 6_000_000_000), (7, 60_000), (0, 60_000)]
     got = []
     for k, (idle, covered) in enumerate(sizes):
-        pane = PaneTotals("GPU-1", T0 + k * 60 * NS, T0 + (k + 1) * 60 * NS, "n", "H100", covered, idle)
+        pane = PaneTotals("GPU-1", T0 + k * 1200 * NS, T0 + (k + 1) * 1200 * NS, "n", "H100", covered, idle)
         rec = index.on_close(pane)
         got.append((rec.idle_ms_72h, rec.covered_ms_72h))
     want = [(sum(i for i, _ in sizes[max(0, k - 2):k + 1]), sum(c for _, c in sizes[max(0, k - 2):k + 1]))

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter, defaultdict
 
 from aiokafka import TopicPartition
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.kafka_settings import KafkaSettings
 from gpucost.routing import Router
 from gpucost.sequences import SeenSequences
-from gpucost.worker import IDLE_PREFIX, PROGRESS_KEY, Worker, _Owned, restored
+from gpucost.worker import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, Worker, _Owned, restored
 from producers.simulate import FleetSpec, simulate
 from schemas.blocks import expand
 from schemas.codec import encode_event
@@ -162,6 +164,43 @@ def test_a_state_written_whole_before_is_still_restored() -> None:
     whole = json.dumps({"audit": auditor.to_state(), "seq": SeenSequences().to_state()}).encode()
     state = restored(AUDIT, {b"gpu": whole, PROGRESS_KEY: b"7"})
     assert state.auditors["gpu"].to_state() == auditor.to_state() and state.next_offset == 7
+
+
+def _written(lines: list[bytes]) -> tuple[Auditor, dict[bytes, bytes | None]]:
+    """A key's auditor after ``lines``, and the state records a worker wrote for it."""
+    worker, producer = Worker(KafkaSettings(), AUDIT, group="g"), RecordingProducer()
+    tp = TopicPartition("gpucost.events", 0)
+    owned = worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    key = b"GPU-v"
+    asyncio.run(worker._process(tp, [Message(key, b"\n".join(lines), 0)]))
+    return owned.auditors[key.decode()], {k: v for _, k, v in producer.transactions[-1]}
+
+
+def test_every_state_record_carries_the_version_and_an_unmarked_one_is_read_as_version_0() -> None:
+    auditor, latest = _written(LINES[next(iter(LINES))])
+    assert {json.loads(v)["v"] for v in latest.values() if v is not None} == {STATE_VERSION}
+    unmarked = {}
+    for k, v in latest.items():  # as gpucost wrote them before records carried a version
+        record = json.loads(v)
+        del record["v"]
+        unmarked[k] = json.dumps(record["idle"] if k.startswith(IDLE_PREFIX) else
+                                 record["next_offset"] if k == PROGRESS_KEY else record).encode()
+    for state in (restored(AUDIT, latest), restored(AUDIT, unmarked)):
+        assert state.auditors["GPU-v"].to_state() == auditor.to_state() and state.next_offset == 1
+
+
+@pytest.mark.parametrize("which", ["key", "idle", "progress"])
+@pytest.mark.parametrize("version", [STATE_VERSION + 1, 10**6, "1", -1])
+def test_a_state_record_of_a_later_or_unknown_version_is_refused_by_name(which: str, version: object) -> None:
+    """Read as if it were this version, a later layout would be restored wrongly and billed from: the
+    worker stops, naming the record and what to run instead."""
+    _, latest = _written(LINES[next(iter(LINES))])
+    key = {"key": b"GPU-v", "idle": IDLE_PREFIX + b"GPU-v", "progress": PROGRESS_KEY}[which]
+    record = json.loads(latest[key])
+    record["v"] = version
+    latest[key] = json.dumps(record).encode()
+    with pytest.raises(StateError, match=re.escape(f"state version {version!r}") + ".*newer gpucost"):
+        restored(AUDIT, latest)
 
 
 def test_a_key_ended_and_begun_again_in_one_poll_writes_its_new_idle_windows() -> None:
