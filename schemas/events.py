@@ -17,7 +17,7 @@ from schemas.ebpf import decode_trace_event, encode_trace_event, TraceEvent
 from schemas.exact import round_scaled
 
 __all__ = [
-    "TS_MIN_NS", "TS_MAX_NS", "RESERVED_TEAMS", "GpuSample", "ProcessSample", "MemAccess",
+    "TS_MIN_NS", "TS_MAX_NS", "RESERVED_TEAMS", "TENANT_FIELDS", "GpuSample", "ProcessSample", "MemAccess",
     "NumaEvent", "EbpfTrace", "skeleton", "TenantBinding", "Price", "Event", "EVENT_MODELS", "GPU_KEYED",
 ]
 
@@ -191,6 +191,11 @@ class TenantBinding(_Event):
             raise ValueError(f"team {value!r} reads as a name reserved for the pipeline's own records "
                              f"({', '.join(sorted(RESERVED_TEAMS))}); choose another")
         return value
+
+
+#: what a binding says of a process, in order: the tenant's fields, which cost records repeat after
+#: their ``tenant_key`` (the rest of a binding says which process, and from when)
+TENANT_FIELDS: tuple[str, ...] = tuple(f for f in TenantBinding.model_fields if f not in ("kind", "node_id", "pid", "ts_ns"))
 
 
 class Price(_Event):

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from schemas.arrow import ARROW_SCHEMAS
 from schemas.exact import div_half_even, micro_usd_per_hour, ratios
+from schemas.events import TENANT_FIELDS
 from schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
 from streams.money import split_in_order
 from streams.panes import PaneColumns, PaneTotals
@@ -74,16 +75,14 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     busy = busy_n / busy_d
 
     def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float, micro_usd: int) -> CostRecord:
-        team, env, app, tier, sla, git_commit, ci_pipeline_id = tenant
         return computed_from(CostRecord, {  # in the model's field order
             "record_id": record_id(gpu_uuid, start_ns, key, 0), "gpu_uuid": gpu_uuid, "node_id": node_id,
             "gpu_model": gpu_model, "pane_start_ns": start_ns, "pane_end_ns": end_ns, "tenant_key": key,
-            "team": team, "env": env, "app": app, "tier": tier, "sla": sla, "git_commit": git_commit,
-            "ci_pipeline_id": ci_pipeline_id, "t_share": t, "b_share": b, "l_share": l_, "weight": weight,
+            **dict(zip(TENANT_FIELDS, tenant)), "t_share": t, "b_share": b, "l_share": l_, "weight": weight,
             "busy_fraction": busy, "usd_per_gpu_hour": usd_per_gpu_hour, "pane_cost_micro_usd": cost,
             "cost_micro_usd": micro_usd, "unpriced": unpriced, "revision": 0})
 
-    idle = Tenant(IDLE_TENANT, None, None, None, None, None, None)
+    idle = Tenant.named(IDLE_TENANT)
     out = [record(IDLE_TENANT, idle, 0.0, 0.0, 0.0, 0.0, split[0])]
     # int / int is correctly rounded in Python: the same floats as the exact fractions give
     out += [record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, w / scale, micro_usd)
@@ -151,7 +150,7 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
     distinct: dict[Tenant, int] = {}
     code = per_tenant(np.array([distinct.setdefault(t, len(distinct)) for t in panes.t_tenant], np.int64)[rows],
                       len(distinct))
-    who = [*distinct, Tenant(IDLE_TENANT, *[None] * 6)]
+    who = [*distinct, Tenant.named(IDLE_TENANT)]
     keys = np.array([t.key for t in distinct] + [IDLE_TENANT], object)[code].tolist()
     gpu, starts, pane_list = panes.gpu_uuid, panes.pane_start_ns.tolist(), pane_of.tolist()
     columns = {
@@ -162,8 +161,7 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
         "pane_start_ns": panes.pane_start_ns[pane_of],
         "pane_end_ns": panes.pane_end_ns[pane_of],
         "tenant_key": pa.array(keys, pa.string()),
-        **{name: pa.array(values, pa.string()).take(code) for name, values in zip(
-            ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id"), zip(*who))},
+        **{name: pa.array(values, pa.string()).take(code) for name, values in zip(TENANT_FIELDS, zip(*who))},
         "t_share": per_tenant(ratios(sm, t_p), 0.0),
         "b_share": per_tenant(ratios(bw, b_p), 0.0),
         "l_share": per_tenant(ratios(numa, l_p), 0.0),

@@ -32,9 +32,9 @@ import pyarrow.json as pa_json
 
 from schemas.arrow import EVENT_SCHEMA
 from schemas.blocks import ClosedPanes
+from schemas.bounds import field_bounds
 from schemas.codec import Rejected, decode_line, present_fields, raw_text
-from schemas.events import (TS_MAX_NS, TS_MIN_NS, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                            TenantBinding)
+from schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
 from schemas.exact import round_float
 from streams.panes import PaneColumns, PaneTotals, jump, objects, overlaps
 from streams.scope import Scope, decode_in_scope
@@ -209,19 +209,28 @@ class _Batch:
         present = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool)
         return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=dtype), present
 
-    def _floats(self, name: str) -> np.ndarray:
+    def _floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """NaN where null, so every range check below fails for it."""
         col = self._col(name)
-        return np.asarray(pc.fill_null(col, float("nan")).to_numpy(zero_copy_only=False), dtype=np.float64)
+        present = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool)
+        return np.asarray(pc.fill_null(col, float("nan")).to_numpy(zero_copy_only=False), dtype=np.float64), present
 
     def _ident(self, name: str) -> tuple[np.ndarray, list[str], np.ndarray]:
-        """Codes into the batch's distinct values (-1 for null), the values, and the 1–256 length check."""
+        """Codes into the batch's distinct values (-1 for null), the values, and each row's value's length."""
         col = self._col(name)
         encoded = pc.dictionary_encode(col)
         codes = np.asarray(pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
         length = np.append(pc.utf8_length(encoded.dictionary).to_numpy(), 0)  # of each distinct value; null: 0
-        ok = (length >= 1) & (length <= 256)
-        return codes, encoded.dictionary.to_pylist(), ok[codes]
+        return codes, encoded.dictionary.to_pylist(), length[codes]
+
+    def _valid(self, model: type[Event], columns: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Rows whose every field of ``model`` is within the bounds the model declares (present, if the
+        field is required): the checks are read from the model (``schemas.bounds``), never written here."""
+        ok = np.ones(self.n, dtype=bool)
+        for name in model.model_fields:
+            if name != "kind":
+                ok &= field_bounds(model, name).holds(*columns[name])
+        return ok
 
     def _inputs(self, idx: np.ndarray | list[int]) -> list[bytes | dict[str, Any]]:
         """The inputs as the row path takes them: the JSON lines, or the Parquet rows as wire objects."""
@@ -283,42 +292,37 @@ class _Batch:
         kind_codes = np.array([_KINDS.get(k, -1) for k in kinds.dictionary.to_pylist()] + [-1], dtype=np.int8)
         self.code = kind_codes[np.asarray(pc.fill_null(kinds.indices, len(kind_codes) - 1).to_numpy(
             zero_copy_only=False))]
-        self.gpu, self.gpu_names, gpu_ok = self._ident("gpu_uuid")
-        self.node, self.node_names, node_ok = self._ident("node_id")
-        self.model, self.model_names, model_ok = self._ident("gpu_model")
-        self.ts, ts_present = self._ints("ts_ns")
-        pid, pid_present = self._ints("pid")
+        self.gpu, self.gpu_names, gpu_len = self._ident("gpu_uuid")
+        self.node, self.node_names, node_len = self._ident("node_id")
+        self.model, self.model_names, model_len = self._ident("gpu_model")
+        columns = {"gpu_uuid": (gpu_len, self.gpu >= 0), "node_id": (node_len, self.node >= 0),
+                   "gpu_model": (model_len, self.model >= 0)}
+        for name in ("ts_ns", "pid", "mem_used_bytes", "mem_total_bytes", "hops", "latency_weight",
+                     "pcie_tx_bytes_s", "pcie_rx_bytes_s"):
+            columns[name] = self._ints(name)
+        columns["address"] = self._ints("address", np.uint64)
+        for name in ("interval_s", "sm_util_pct", "mem_bw_util_pct", "power_w", "temp_c"):
+            columns[name] = self._floats(name)
+        self.ts, pid = columns["ts_ns"][0], columns["pid"][0]
         self.pid = np.where(self.code == GPU, -1, pid)  # the duplicate key's pid of a GPU sample
-        used, used_present = self._ints("mem_used_bytes")
-        total, total_present = self._ints("mem_total_bytes")
-        hops, hops_present = self._ints("hops")
-        weight, weight_present = self._ints("latency_weight")
-        self.address, address_present = self._ints("address", np.uint64)
-        interval = self._floats("interval_s")
-        sm, bw = self._floats("sm_util_pct"), self._floats("mem_bw_util_pct")
-        power, temp = self._floats("power_w"), self._floats("temp_c")
-        tx, tx_present = self._ints("pcie_tx_bytes_s")
-        rx, rx_present = self._ints("pcie_rx_bytes_s")
+        self.address = columns["address"][0]
+        valid = {model: self._valid(model, columns) for model in _HOT}
 
-        common = node_ok & ts_present & (self.ts >= TS_MIN_NS) & (self.ts < TS_MAX_NS)
-        pid_ok = pid_present & (pid >= 0) & (pid < _PID_SPAN)
-        sample = (common & gpu_ok & (interval > 0) & (interval <= 3600) & (sm >= 0) & (sm <= 100)
-                  & (bw >= 0) & (bw <= 100) & used_present & (used >= 0))
+        sample = ((self.code == GPU) & valid[GpuSample]) | ((self.code == PROC) & valid[ProcessSample])
         self.interval_ms = np.zeros(self.n, np.int64)
         self.sm_cp = np.zeros(self.n, np.int64)
         self.bw_cp = np.zeros(self.n, np.int64)
         if sample.any():
-            self.interval_ms[sample] = exact_round(interval[sample], 1000)
-            self.sm_cp[sample] = exact_round(sm[sample], 100)
-            self.bw_cp[sample] = exact_round(bw[sample], 100)
-        sample &= self.interval_ms > 0
-        gpu_row = (sample & model_ok & total_present & (total >= 0) & (used <= total) & (power >= 0)
-                   & (power <= 10_000) & (temp >= -60) & (temp <= 200) & (~tx_present | (tx >= 0))
-                   & (~rx_present | (rx >= 0)))
-        numa = (common & gpu_ok & pid_ok & hops_present & (hops >= 0) & (hops <= 64) & weight_present
-                & (weight >= 0) & (weight < _PID_SPAN))
+            for out, name, scale in ((self.interval_ms, "interval_s", 1000), (self.sm_cp, "sm_util_pct", 100),
+                                     (self.bw_cp, "mem_bw_util_pct", 100)):
+                out[sample] = exact_round(columns[name][0][sample], scale)
+        # the models' cross-field validators: _Sample._interval_not_zero, GpuSample._used_within_total
+        used, total = columns["mem_used_bytes"][0], columns["mem_total_bytes"][0]
+        gpu_row = valid[GpuSample] & (self.interval_ms > 0) & (used <= total)
         self.ok = np.select([self.code == GPU, self.code == PROC, self.code == NUMA, self.code == MEM],
-                            [gpu_row, sample & pid_ok, numa, common & pid_ok & address_present], False)
+                            [gpu_row, valid[ProcessSample] & (self.interval_ms > 0), valid[NumaEvent],
+                             valid[MemAccess]], False)
+        hops, weight = columns["hops"][0], columns["latency_weight"][0]
         self.numa_w = np.where(self.code == NUMA, hops * weight, 0)
 
         slow = np.flatnonzero(~self.ok)

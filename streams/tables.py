@@ -7,27 +7,32 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas.events import Price, TenantBinding
+from schemas.events import TENANT_FIELDS, Price, TenantBinding
 
 __all__ = ["Tenant", "UNATTRIBUTED", "BindingTable", "PriceTable"]
 
 
-class Tenant(NamedTuple):
-    team: str
-    env: str | None
-    app: str | None
-    tier: str | None
-    sla: str | None
-    git_commit: str | None
-    ci_pipeline_id: str | None
+class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):  # type: ignore[misc]
+    """A binding's tenant fields (``schemas.events.TENANT_FIELDS``, declared once, on the binding)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, binding: TenantBinding) -> "Tenant":
+        return cls(*(getattr(binding, f) for f in TENANT_FIELDS))
+
+    @classmethod
+    def named(cls, team: str) -> "Tenant":
+        """The pipeline's own tenants (``idle``, ``unattributed``): a team and nothing else."""
+        return cls(team, *(None for _ in TENANT_FIELDS[1:]))
 
     @property
     def key(self) -> str:
-        """The seven values joined by ``:``, missing values empty (METRICS.md, "Tenant")."""
+        """The values joined by ``:``, missing values empty (METRICS.md, "Tenant")."""
         return ":".join("" if v is None else v for v in self)
 
 
-UNATTRIBUTED = Tenant("unattributed", None, None, None, None, None, None)
+UNATTRIBUTED = Tenant.named("unattributed")
 
 
 class BindingTable:
@@ -46,7 +51,7 @@ class BindingTable:
         binding, which changes no lookup (a source that re-sends a pod's binding at every scrape would
         otherwise grow the table, and the state, by one entry a second). O(1) when bindings arrive
         in time order, as they do."""
-        tenant = Tenant(b.team, b.env, b.app, b.tier, b.sla, b.git_commit, b.ci_pipeline_id)
+        tenant = Tenant.of(b)
         history = self._by_proc.setdefault((b.node_id, b.pid), [])
         if not history or b.ts_ns > history[-1][0]:
             if history and history[-1][1] == tenant:

@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from schemas.codec import Rejected, decode_line, encode_event
 from schemas.ebpf import decode_trace_event
-from schemas.events import EVENT_MODELS, GpuSample
+from schemas.arrow import ARROW_SCHEMAS
+from schemas.events import EVENT_MODELS, TENANT_FIELDS, GpuSample, TenantBinding
 from schemas.exact import round_scaled
 from schemas.records import CostRecord, MaeRecord, computed
+from streams.tables import Tenant
 from tests.strategies import streams
 
 GOOD = {"kind": "gpu_sample", "node_id": "n1", "gpu_uuid": "GPU-1", "gpu_model": "NVIDIA H100",
@@ -172,3 +174,12 @@ def test_computed_records_need_the_models_field_order() -> None:
     assert computed(MaeRecord, **values).model_dump_json() == MaeRecord(**values).model_dump_json()
     with pytest.raises(TypeError, match="in order"):
         computed(MaeRecord, **dict(reversed(values.items())))
+
+
+def test_the_tenant_fields_are_the_bindings_and_cost_records_repeat_them_in_order() -> None:
+    """Declared once, on the binding: the tenant, each cost record and its Arrow schema follow it."""
+    assert TENANT_FIELDS[0] == "team" and set(TENANT_FIELDS) < set(TenantBinding.model_fields)
+    assert Tenant._fields == TENANT_FIELDS
+    for names in (list(CostRecord.model_fields), ARROW_SCHEMAS["cost"].names):
+        at = names.index("tenant_key") + 1
+        assert tuple(names[at:at + len(TENANT_FIELDS)]) == TENANT_FIELDS
