@@ -41,7 +41,7 @@ from schemas.records import OUTPUT_KINDS
 from sinks.compact import CompactError
 from sinks.lock import OutputBusyError, OutputLock
 from sinks.parquet import SinkWriteError
-from sinks.views import confine, connect, read_only_problem, views_sql
+from sinks.views import query, read_only_problem, views_sql
 from streams.scope import PRICE_SCOPE, price_mac
 from streams.settings import AuditSettings
 
@@ -51,7 +51,6 @@ __all__ = ["main"]
 
 DEFAULT_OUT = "gpucost-out"
 SIM_LINES_PER_FILE = 1_000_000
-QUERY_ATTEMPTS = 3  # a query that lists a file a compaction then swaps away fails with "No such file"
 
 
 class UsageError(Exception):
@@ -451,18 +450,10 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise UsageError(f"output directory {args.out} does not exist; run `gpucost run` or `gpucost replay` first")
     if not args.unsafe and (problem := read_only_problem(args.sql)) is not None:
         raise UsageError(problem)
-    for attempt in range(1, QUERY_ATTEMPTS + 1):
-        try:
-            con = connect(args.out)
-            res = (con if args.unsafe else confine(con, args.out)).execute(args.sql)
-            rows = res.fetchall()
-            break
-        except duckdb.IOException as exc:  # a file listed, then merged away by a compaction: run it again
-            if attempt == QUERY_ATTEMPTS or "No such file" not in str(exc):
-                raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
-        except duckdb.Error as exc:
-            raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
-    columns = [d[0] for d in res.description] if res.description else []
+    try:
+        columns, rows = query(args.out, args.sql, confined=not args.unsafe)
+    except duckdb.Error as exc:
+        raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
     if args.format == "lines" and len(columns) != 1:
         raise UsageError(f"--format lines needs a query of one column, this one has {len(columns)}: {columns}")
     if args.format == "lines":

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from producers.replay import LineBatch, RowBatch
-from schemas.blocks import ClosedPanes
+from schemas.blocks import ClosedPanes, Outputs
 from schemas.events import Event
 from schemas.records import DeadLetter
 from sinks.parquet import ParquetSink
-from streams.audit import Auditor, Outputs
+from streams.audit import Auditor
 from streams.settings import AuditSettings
 
 __all__ = ["Item", "RunStats", "run_embedded"]

@@ -34,10 +34,9 @@ from gpucost.sequences import MalformedSequence, SeenSequences, parse_sequence
 from gpucost.signing import Keyring, Signer, SigningKey, Verdict
 from schemas.blocks import expand
 from schemas.codec import raw_text
-from schemas.records import DeadLetter
+from schemas.records import DeadLetter, Output, kind_of
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
-from sinks.parquet import kind_of
-from streams.audit import Auditor, Output
+from streams.audit import Auditor
 from streams.scope import Scope
 from streams.settings import AuditSettings
 

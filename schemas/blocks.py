@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, R, computed_from
+from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, Output, R, computed_from
 
-__all__ = ["ClosedPanes", "expand"]
+__all__ = ["ClosedPanes", "Outputs", "expand"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,10 @@ class ClosedPanes:
             out += cost[at:at + n]
             at += n
         return out
+
+
+#: what the batch path returns: records, and blocks of closed panes' records (``expand`` gives the records)
+Outputs = list[Output | ClosedPanes]
 
 
 def _records(cls: type[R], table: pa.Table, given: dict[str, Sequence[Any]]) -> list[R]:

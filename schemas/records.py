@@ -8,7 +8,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "DeadLetter", "OUTPUT_KINDS",
+__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
            "record_id", "record_ids", "IDLE_TENANT", "computed", "computed_from"]
 
 IDLE_TENANT = "idle"
@@ -91,6 +91,14 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "cost": CostRecord,
     "dlq": DeadLetter,
 }
+_KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
+#: one record the pipeline publishes
+Output = IdleIndexRecord | MaeRecord | CostRecord | DeadLetter
+
+
+def kind_of(record: BaseModel) -> str:
+    """The output kind of a record: its topic suffix, folder and view."""
+    return _KIND_BY_TYPE[type(record)]
 
 
 R = TypeVar("R", bound=_Record)

@@ -23,12 +23,11 @@ from pydantic import BaseModel
 
 from schemas.arrow import to_table
 from schemas.blocks import ClosedPanes
-from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, OUTPUT_KINDS
+from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, OUTPUT_KINDS, kind_of
 
-__all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "fsync_dir", "kind_of", "partition_date",
+__all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "fsync_dir", "partition_date",
            "remove_stale_temporaries"]
 
-_KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
 PART_RE = re.compile(r"part-(\d+)\.parquet$")
 UNKNOWN_DATE = "unknown"
 _NS_PER_DAY = 86_400_000_000_000
@@ -45,10 +44,6 @@ def remove_stale_temporaries(out_dir: Path) -> int:
     for path in stale:
         path.unlink(missing_ok=True)
     return len(stale)
-
-
-def kind_of(record: BaseModel) -> str:
-    return _KIND_BY_TYPE[type(record)]
 
 
 def partition_date(record: BaseModel) -> str:

@@ -7,13 +7,14 @@ of the right columns and types, so queries work before the first record arrives.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from schemas.arrow import ARROW_SCHEMAS
 
-__all__ = ["READ_ONLY_STATEMENTS", "confine", "views_sql", "connect", "read_only_problem"]
+__all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "views_sql", "connect", "query", "read_only_problem"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "dlq": "VARCHAR"}
@@ -56,6 +57,29 @@ def confine(con: duckdb.DuckDBPyConnection, out_dir: Path) -> duckdb.DuckDBPyCon
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
+
+
+#: a query that lists a file a compaction then swaps away fails with "No such file": it is run again
+QUERY_ATTEMPTS = 3
+
+
+def query(out_dir: Path, sql: str, confined: bool = True,
+          attempts: int = QUERY_ATTEMPTS) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The columns and rows of ``sql`` over the views of ``out_dir`` (``confined`` to its files).
+
+    A sink compacts while it runs: the views list the files, and a file merged away between the
+    listing and the read fails with "No such file". Its rows are in the merged file, which the
+    next listing finds, so the query is run again, up to ``attempts`` times; any other error is raised.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            con = connect(out_dir)
+            res = (confine(con, out_dir) if confined else con).execute(sql)
+            return [d[0] for d in res.description] if res.description else [], res.fetchall()
+        except duckdb.IOException as exc:
+            if attempt == attempts or "No such file" not in str(exc):
+                raise
+    raise AssertionError("attempts must be at least 1")
 
 
 #: what a sandboxed query may be: reading only (COPY … TO would still write under the output directory)

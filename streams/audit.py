@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.blocks import ClosedPanes
+from schemas.blocks import ClosedPanes, Outputs
 from schemas.codec import Rejected, encode_event, raw_text
 from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
                             ProcessSample, TenantBinding)
-from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
+from schemas.records import DeadLetter, Output
 from streams.apportion import Weights, apportion, apportion_many
 from streams.columnar import ingest_batch, ingest_lines
 from streams.idle_index import IdleIndex
@@ -27,11 +27,8 @@ from streams.scope import Scope, decode_in_scope
 from streams.settings import AuditSettings
 from streams.tables import BindingTable, PriceTable
 
-__all__ = ["Auditor", "Output", "Outputs"]
+__all__ = ["Auditor"]
 
-Output = IdleIndexRecord | MaeRecord | CostRecord | DeadLetter
-#: what the batch path returns: records, and blocks of closed panes' records (``schemas.blocks.expand``)
-Outputs = list[Output | ClosedPanes]
 
 
 def _device(event: GpuSample | ProcessSample | NumaEvent) -> str:

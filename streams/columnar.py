@@ -31,17 +31,18 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from schemas.arrow import EVENT_SCHEMA
-from schemas.blocks import ClosedPanes
+from schemas.blocks import ClosedPanes, Outputs
 from schemas.bounds import field_bounds
 from schemas.codec import Rejected, decode_line, present_fields, raw_text
 from schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
 from schemas.exact import round_float
+from schemas.records import Output
 from streams.panes import PaneColumns, PaneTotals, jump, objects, overlaps
 from streams.scope import Scope, decode_in_scope
 from streams.tables import UNATTRIBUTED, Tenant
 
 if TYPE_CHECKING:
-    from streams.audit import Auditor, Output, Outputs
+    from streams.audit import Auditor
 
 __all__ = ["ingest_batch", "ingest_lines", "exact_round"]
 

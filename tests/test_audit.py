@@ -12,7 +12,8 @@ from pytest import approx
 from schemas.blocks import expand
 from schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
 from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
-from streams.audit import Auditor, Output
+from schemas.records import Output
+from streams.audit import Auditor
 from streams.panes import PaneColumns, PaneTotals, TenantTotals
 from streams.settings import AuditSettings
 from streams.tables import Tenant

@@ -21,7 +21,8 @@ from schemas.arrow import EVENT_SCHEMA, events_table
 from schemas.blocks import expand
 from schemas.events import TS_MAX_NS, TS_MIN_NS, Event, GpuSample, ProcessSample
 from schemas.exact import round_scaled
-from streams.audit import Auditor, Output
+from schemas.records import Output
+from streams.audit import Auditor
 from schemas.codec import encode_event, present_fields
 from streams import columnar
 from streams.columnar import exact_round

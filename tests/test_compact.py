@@ -25,7 +25,8 @@ from schemas.codec import encode_event
 from sinks.compact import STAGING, compact, partition_folders
 from sinks.kafka_sink import JOURNAL, run_kafka_sink
 from sinks.lock import OutputBusyError, OutputLock
-from sinks.parquet import Journal, ParquetSink, kind_of
+from schemas.records import kind_of
+from sinks.parquet import Journal, ParquetSink
 from sinks.views import connect
 from streams.audit import Auditor
 from streams.settings import AuditSettings
@@ -290,7 +291,7 @@ def test_gpucost_query_runs_a_query_again_when_compaction_swapped_its_files(tmp_
                                                                            fails: int) -> None:
     write_as_flushes(tmp_path, [10])
     tries = iter([_Vanishing(tmp_path, fails)] * 3)
-    monkeypatch.setattr("gpucost.cli.connect", lambda out: next(tries))
+    monkeypatch.setattr("sinks.views.connect", lambda out: next(tries))
     rc = main(["query", "--out", str(tmp_path), "SELECT count(*) FROM cost", "--format", "csv"])
     out, err = capsys.readouterr()
     if fails < 3:  # the third failure in a row is reported

@@ -15,11 +15,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import duckdb
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from sinks.views import connect
+from sinks.views import connect, query
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -73,13 +72,7 @@ class Deployment:
     def rows(self, view: str) -> int:
         """The view's rows now. The sink compacts as it runs, so a query may list a file that is then swapped
         away: it is run again, as `gpucost query` does (README, Compaction)."""
-        for attempt in range(20):
-            try:
-                return connect(self.out).execute(f"SELECT count(*) FROM {view}").fetchone()[0]
-            except duckdb.IOException as exc:
-                if "No such file" not in str(exc) or attempt == 19:
-                    raise
-        raise AssertionError("unreachable")
+        return query(self.out, f"SELECT count(*) FROM {view}", attempts=20)[1][0][0]
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -5,7 +5,8 @@ from hypothesis import given
 
 from gpucost.routing import Router, duplicate_letter
 from schemas.events import Event
-from streams.audit import Auditor, Output
+from schemas.records import Output
+from streams.audit import Auditor
 from streams.settings import AuditSettings
 from tests.strategies import settings_st, streams
 from tests.test_audit import run, tabulate

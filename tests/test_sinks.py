@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from producers.simulate import FleetSpec, simulate
-from schemas.blocks import ClosedPanes, expand
+from schemas.blocks import ClosedPanes, Outputs, expand
 from schemas.codec import encode_event
 from sinks.parquet import ParquetSink, SinkWriteError
-from streams.audit import Auditor, Outputs
+from streams.audit import Auditor
 from streams.settings import AuditSettings
 
 NS = 1_000_000_000
