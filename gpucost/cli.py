@@ -31,7 +31,8 @@ from gpucost.kafka_settings import KafkaSettings
 from gpucost.report import format_table, summary
 from gpucost.signing import Keyring, Signer
 from gpucost.worker import StateError
-from producers.nvml import NvmlSampler
+from producers.live import LIVE_SOURCES, LiveSettings, LiveSource, SourceUnavailable, open_live, open_nvml
+from producers.nvml import NvmlSampler, NvmlUnavailable
 from producers.replay import input_files, read_batches, read_inputs
 from producers.simulate import FleetSpec, simulate
 from schemas.arrow import events_table
@@ -275,128 +276,67 @@ def _finish(out: Path, stats: RunStats) -> int:
     return 0
 
 
-def _open_nvml(node_id: str) -> NvmlSampler:
-    """This node's GPUs through NVML, opened; raises NvmlUnavailable saying why not."""
-    from producers.nvml import NvmlSampler
-
-    sampler = NvmlSampler(node_id)
-    sampler.open()
-    return sampler
-
-
-def _live_items(args: argparse.Namespace, source: str, nvml: NvmlSampler | None = None) -> Iterator[Item]:
-    """A live source sampled until --duration-s or Ctrl-C; then the input ends and the panes close.
-
-    ``nvml``: a sampler already opened (by ``--source auto``), used instead of opening another.
-    """
-    import threading
-
-    from producers.nvml import NvmlUnavailable
-    from producers.periodic import Sampler, sample_forever
-
-    if source == "ebpf":
-        return _ebpf_items(args)
-    sampler: Sampler
-    if source == "nvml":
-        if nvml is None:
-            try:
-                nvml = _open_nvml(args.node_id)
-            except NvmlUnavailable as exc:
-                raise UsageError(str(exc)) from None
-        sampler, what, close = nvml, f"{len(nvml.devices)} GPU(s) via NVML", nvml.close
-    else:
-        from producers.dcgm import DcgmScraper, DcgmUnavailable
-
-        if not args.url:
-            raise UsageError("--source dcgm needs --url (or GPUCOST_DCGM_URL), e.g. http://host:9400/metrics")
-        dcgm = DcgmScraper(args.url, args.node_id, sla=args.dcgm_sla)
-        try:
-            dcgm.fetch()  # reachable now, or one clear error
-        except DcgmUnavailable as exc:
-            raise UsageError(str(exc)) from None
-        sampler, what, close = dcgm, f"dcgm-exporter at {args.url}", (lambda: None)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    ticks = None if args.duration_s is None else max(1, int(args.duration_s / args.period_s))
-    print(f"gpucost: sampling {what} every {args.period_s:g} s"
-          + (f" for {args.duration_s:g} s" if ticks else "; Ctrl-C to stop and write the results"), file=sys.stderr)
-
-    def items() -> Iterator[Item]:
-        try:
-            for ev in sample_forever(sampler, args.period_s, ticks):
-                yield ev, source
-                if stop.is_set():
-                    return
-        finally:
-            close()
-
-    return items()
-
-
-def _ebpf_items(args: argparse.Namespace) -> Iterator[Item]:
-    """Page-fault addresses until --duration-s or Ctrl-C (either ends bpftrace, which ends the input)."""
-    import threading
-
-    from producers.ebpf import EbpfProbe, EbpfUnavailable, find_libcuda
-    from producers.nvml import NvmlUnavailable
-
+def _live(args: argparse.Namespace, source: str, nvml: NvmlSampler | None = None) -> LiveSource:
+    """The live source of ``--source``, opened now (or one clear usage error); it says what it does."""
+    settings = LiveSettings(node_id=args.node_id, period_s=args.period_s, duration_s=args.duration_s,
+                            dcgm_url=args.url, dcgm_sla=args.dcgm_sla, ebpf_sample_every=args.ebpf_sample_every,
+                            libcuda=args.libcuda)
     try:
-        nvml = _open_nvml(args.node_id)  # to name the GPUs a migrating process uses
-        gpus_of = nvml.gpus_of
-    except NvmlUnavailable:
-        gpus_of = None
-        print("gpucost: no NVML here: NUMA migrations and CUDA launches are counted, not attributed to GPUs",
-              file=sys.stderr)
-    libcuda = args.libcuda or find_libcuda()
-    if libcuda is not None and not libcuda.is_file():
-        raise UsageError(f"--libcuda {libcuda} is not a file")
-    probe = EbpfProbe(args.node_id, sample_every=args.ebpf_sample_every, gpus_of=gpus_of, libcuda=libcuda)
-    try:
-        probe.start()
-    except EbpfUnavailable as exc:
+        live = open_live(source, settings, nvml, say=lambda text: print(f"gpucost: {text}", file=sys.stderr))
+    except SourceUnavailable as exc:
         raise UsageError(str(exc)) from None
-    signal.signal(signal.SIGINT, lambda *_: probe.stop())
-    if args.duration_s is not None:
-        threading.Timer(args.duration_s, probe.stop).start()
-    print(f"gpucost: tracing user page faults (1 in {args.ebpf_sample_every})"
-          + (f" and CUDA launches in {libcuda}" if libcuda else " (no libcuda here: no CUDA launches)")
-          + " with bpftrace"
-          + (f" for {args.duration_s:g} s" if args.duration_s else "; Ctrl-C to stop and write the results"),
-          file=sys.stderr)
+    print(f"gpucost: {live.what}" + (f" for {args.duration_s:g} s" if args.duration_s is not None
+                                     else "; Ctrl-C to stop and write the results"), file=sys.stderr)
+    return live
 
-    def items() -> Iterator[Item]:
+
+class _Signals:
+    """SIGINT and SIGTERM, handled here and nowhere else: the first ends a live source's input cleanly
+    (what it sampled is still written or delivered); the next, or the first when nothing is live, stops
+    now (``stop_now``)."""
+
+    def __init__(self, live: LiveSource | None, stop_now: Callable[[], None]) -> None:
+        self.live, self.stop_now, self.received = live, stop_now, 0
+
+    def __call__(self, *_: object) -> None:
+        self.received += 1
+        if self.received == 1 and self.live is not None:
+            self.live.stop()
+        else:
+            self.stop_now()
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """For a synchronous run (an event loop's: ``_stop_on_signals``)."""
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self)
         try:
-            for ev in probe.events():
-                yield ev, "ebpf"
+            yield
         finally:
-            if gpus_of is not None:
-                nvml.close()
-            print(f"gpucost: {probe.summary()}", file=sys.stderr)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
-    return items()
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings, spec = _settings(args), _fleet(args)
     source, nvml = args.source, None
     if source == "auto":
-        from producers.nvml import NvmlUnavailable
-
         try:
-            nvml, source = _open_nvml(args.node_id), "nvml"
+            nvml, source = open_nvml(args.node_id), "nvml"
         except NvmlUnavailable as exc:
             source = "simulate"
             print(f"gpucost: NVML is not available ({exc.reason}); running the simulated fleet: {spec.gpus} GPUs, "
                   f"{spec.hours:g} h, seed {spec.seed}", file=sys.stderr)
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        items: Iterator[Item] = (itertools.chain(read_inputs(_files(args.prices)) if args.prices else [],
-                                                 _live_items(args, source, nvml)) if source in ("nvml", "dcgm", "ebpf")
-                                 else ((ev, "simulate") for ev in simulate(spec)))
-        with _output(args.out, args.overwrite, "gpucost run"):
-            stats = run_embedded(items, settings, args.out)
-    finally:
-        signal.signal(signal.SIGINT, previous)  # Ctrl-C meant "stop sampling" only during the run
+    live = _live(args, source, nvml) if source in LIVE_SOURCES else None
+    items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec)) if live is None else itertools.chain(
+        read_inputs(_files(args.prices)) if args.prices else [], ((ev, source) for ev in live.events()))
+    with _Signals(live, _interrupt).installed(), _output(args.out, args.overwrite, "gpucost run"):
+        stats = run_embedded(items, settings, args.out)
     return _finish(args.out, stats)
 
 
@@ -533,6 +473,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     kafka = _kafka(args)
     rejected: list[tuple[Rejected, str, str]] = []
     events: Iterator[Event]
+    live: LiveSource | None = None
     if args.source == "simulate":
         events = simulate(_fleet(args))
     elif args.source == "replay":
@@ -541,8 +482,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
         events = _replay_events(_files(args.input), rejected)
     else:
         reference = _replay_events(_files(args.prices), rejected) if args.prices else iter(())
-        live = (ev for ev, _ in _live_items(args, args.source))  # type: ignore[misc]
-        events = itertools.chain(reference, live)
+        live = _live(args, args.source)
+        events = itertools.chain(reference, live.events())
     signer = _load_keys(Signer.from_file, args.signing_key_file) if args.signing_key_file else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -550,22 +491,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
     except KafkaConnectionError as exc:  # a node's producer must not stop sampling because the broker is away
         logging.getLogger("gpucost.publish").warning("cannot reach Kafka to create the topics (%s); publishing "
                                                      "anyway, buffered until the broker is back", exc)
-    end_live_source = signal.getsignal(signal.SIGINT)  # set by a live source: ends it, and its input, cleanly
 
     async def main() -> Counter[str]:
-        """SIGINT or SIGTERM: a live source ends (what it sampled is still delivered); otherwise, or on a
-        second signal, stop now, keeping what the broker has not acknowledged in the spool."""
-        stop, signals = asyncio.Event(), Counter[str]()
-
-        def on_signal() -> None:
-            signals["n"] += 1
-            if signals["n"] == 1 and callable(end_live_source) and end_live_source is not signal.default_int_handler:
-                end_live_source(signal.SIGINT, None)
-            else:
-                stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, on_signal)
+        """Stopped now (the second signal, or the first without a live source), what the broker has not
+        acknowledged is kept in the spool."""
+        stop = _stop_on_signals(live)
         return await publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s,
                              signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20)), stop=stop)
 
@@ -591,11 +521,13 @@ def _load_keys(load: Callable[[Path], T], path: Path) -> T:
         raise ConfigError(str(exc)) from None
 
 
-def _stop_on_signals() -> asyncio.Event:
-    """An event set by SIGTERM or SIGINT: the async services (worker, sink) stop cleanly on either."""
+def _stop_on_signals(live: LiveSource | None = None) -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (by the second, when the first ends ``live``'s input): the async
+    commands (producer, worker, sink) stop cleanly on it."""
     stop = asyncio.Event()
+    signals = _Signals(live, stop.set)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        asyncio.get_running_loop().add_signal_handler(sig, signals)
     return stop
 
 

@@ -2,15 +2,24 @@
 from __future__ import annotations
 
 import http.server
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpucost.outbox import Outbox
 from producers.dcgm import DcgmScraper, scrape_to_events
+from schemas.topics import CONTROL_HEADER, END_OF_INPUT
+from sinks.views import connect
+from tests.conftest import ROOT
 
 NS = 1_000_000_000
 T0 = 1_767_571_200 * NS
@@ -101,7 +110,6 @@ def test_scraper_reads_the_exporter_over_http(exporter: tuple[str, str]) -> None
 def test_gpucost_run_audits_a_dcgm_exporter(exporter: tuple[str, str], tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     from gpucost.cli import main
-    from sinks.views import connect
 
     url, text = exporter
     assert main(["run", "--source", "dcgm", "--url", url, "--period-s", "0.05", "--duration-s", "0.4",
@@ -111,6 +119,54 @@ def test_gpucost_run_audits_a_dcgm_exporter(exporter: tuple[str, str], tmp_path:
     assert {u for (u,) in con.execute("SELECT DISTINCT gpu_uuid FROM idle_index").fetchall()} == set(expected(text))
     idle, covered = con.execute("SELECT sum(idle_ms), sum(covered_ms) FROM idle_index").fetchone()
     assert covered > 0 and idle == covered  # the scraped L4 sat at 0 % utilisation
+
+
+def _started(proc: subprocess.Popen[str], words: str) -> str:
+    """What ``proc`` printed up to the line with ``words`` (it says so once its source is open)."""
+    seen = ""
+    for line in proc.stdout:  # type: ignore[union-attr]
+        seen += line
+        if words in line:
+            return seen
+    raise AssertionError(f"{words!r} never printed: {seen[-2000:]}")
+
+
+def test_the_first_signal_ends_a_live_run_cleanly(exporter: tuple[str, str], tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) ends the sampling, and what was sampled is written and summed, exit 0."""
+    url, text = exporter
+    run = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "run", "--source", "dcgm", "--url", url,
+                            "--period-s", "0.1", "--out", str(tmp_path)], cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    _started(run, "Ctrl-C to stop")
+    time.sleep(1.5)
+    run.send_signal(signal.SIGINT)
+    out = run.communicate(timeout=60)[0]
+    assert run.returncode == 0, out
+    (gpus, covered), = connect(tmp_path).execute("SELECT count(DISTINCT gpu_uuid), sum(covered_ms) "
+                                                 "FROM idle_index").fetchall()
+    assert gpus == len(expected(text)) and covered >= 1000 * gpus
+
+
+def test_a_live_producer_ends_its_input_on_the_first_signal_and_stops_on_the_second(
+        exporter: tuple[str, str], tmp_path: Path) -> None:
+    """SIGTERM once: the source ends and its end of input is queued, the producer still waits to deliver (the
+    broker is away); twice: it stops, exit 130, everything, end of input included, kept in the spool."""
+    url, _ = exporter
+    env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": "127.0.0.1:1", "GPUCOST_SPOOL": str(tmp_path / "spool")}
+    producer = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "produce", "--source", "dcgm", "--url", url,
+                                 "--period-s", "0.1", "--flush-interval-s", "0.2"], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    _started(producer, "Ctrl-C to stop")
+    time.sleep(1.5)
+    producer.send_signal(signal.SIGTERM)
+    time.sleep(2)
+    assert producer.poll() is None, "the first signal stopped the producer instead of ending its input"
+    producer.send_signal(signal.SIGTERM)
+    log = producer.communicate(timeout=60)[0]
+    assert producer.returncode == 130 and "kept in" in log, log[-2000:]
+    kept = Outbox(tmp_path / "spool", 1 << 30).head(1 << 20)
+    ends = [m for m in kept if (CONTROL_HEADER, END_OF_INPUT) in m.headers]
+    assert ends and kept[-len(ends):] == ends and any(m.topic.endswith("events") and m.value for m in kept)
 
 
 def test_pod_labels_make_the_container_a_tenant(shared_data: Path) -> None:

@@ -1,0 +1,162 @@
+"""Live sources behind one small interface: ``events()`` until ``stop()``.
+
+Why: the command line used to open NVML, dcgm-exporter and bpftrace itself, and told a source
+to stop through a SIGINT handler that ``produce`` read back with ``signal.getsignal``. Here each
+source is opened in one place (``open_live``), says what it samples, yields events until it is
+stopped or its duration ends, and releases what it opened. Whoever runs it only decides when
+to call ``stop()`` (the CLI: on the first SIGINT or SIGTERM).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from producers.nvml import NvmlSampler, NvmlUnavailable
+from producers.periodic import Sampler, sample_forever
+from schemas.events import Event
+
+if TYPE_CHECKING:
+    from producers.ebpf import EbpfProbe
+
+__all__ = ["LIVE_SOURCES", "LiveSettings", "LiveSource", "SourceUnavailable", "open_live", "open_nvml"]
+
+LIVE_SOURCES = ("nvml", "dcgm", "ebpf")
+
+
+class SourceUnavailable(Exception):
+    """A live source that cannot run here; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """What the live sources need (the CLI's ``--node-id``, ``--period-s``, ``--duration-s``, ``--url``…)."""
+
+    node_id: str
+    period_s: float = 1.0
+    duration_s: float | None = None  # None: until stop()
+    dcgm_url: str | None = None
+    dcgm_sla: str = "Bronze"
+    ebpf_sample_every: int = 16
+    libcuda: Path | None = None  # None: found where the loader finds it, if anywhere
+
+
+class LiveSource(Protocol):
+    #: what it does, for a person ("sampling 2 GPU(s) via NVML every 1 s")
+    what: str
+
+    def events(self) -> Iterator[Event]:
+        """Events as they are sampled, until ``stop()`` or the duration; then what it opened is released."""
+        ...
+
+    def stop(self) -> None:
+        """End the input soon (safe from a signal handler or another thread); what was sampled is kept."""
+        ...
+
+
+class _Sampled:
+    """A sampler read on a drift-free grid of ``period_s`` (NVML, dcgm-exporter)."""
+
+    def __init__(self, sampler: Sampler, what: str, s: LiveSettings, close: Callable[[], None]) -> None:
+        self.sampler, self.what, self.settings, self._close = sampler, what, s, close
+        self._stop = threading.Event()
+
+    def events(self) -> Iterator[Event]:
+        s = self.settings
+        ticks = None if s.duration_s is None else max(1, int(s.duration_s / s.period_s))
+        try:
+            for ev in sample_forever(self.sampler, s.period_s, ticks):
+                yield ev
+                if self._stop.is_set():
+                    return
+        finally:
+            self._close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class _Traced:
+    """bpftrace's page faults (and CUDA launches), attributed to GPUs through NVML where it works."""
+
+    def __init__(self, probe: EbpfProbe, what: str, s: LiveSettings, nvml: NvmlSampler | None,
+                 say: Callable[[str], None]) -> None:
+        self.probe, self.what, self.settings, self.nvml, self.say = probe, what, s, nvml, say
+
+    def events(self) -> Iterator[Event]:
+        timer = None
+        if self.settings.duration_s is not None:
+            timer = threading.Timer(self.settings.duration_s, self.probe.stop)
+            timer.daemon = True
+            timer.start()
+        try:
+            yield from self.probe.events()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self.nvml is not None:
+                self.nvml.close()
+            self.say(self.probe.summary())
+
+    def stop(self) -> None:
+        self.probe.stop()
+
+
+def open_nvml(node_id: str) -> NvmlSampler:
+    """This node's GPUs through NVML, opened; raises NvmlUnavailable saying why not."""
+    sampler = NvmlSampler(node_id)
+    sampler.open()
+    return sampler
+
+
+def open_live(name: str, s: LiveSettings, nvml: NvmlSampler | None = None,
+              say: Callable[[str], None] = print) -> LiveSource:
+    """The live source ``name`` (one of ``LIVE_SOURCES``), opened and checked now, so that a source that
+    cannot run is one clear ``SourceUnavailable`` before anything starts. ``nvml``: a sampler already
+    opened (by ``--source auto``), used instead of opening another. ``say`` tells a person what happens."""
+    if name == "nvml":
+        if nvml is None:
+            try:
+                nvml = open_nvml(s.node_id)
+            except NvmlUnavailable as exc:
+                raise SourceUnavailable(str(exc)) from None
+        return _Sampled(nvml, f"sampling {len(nvml.devices)} GPU(s) via NVML every {s.period_s:g} s", s, nvml.close)
+    if name == "dcgm":
+        from producers.dcgm import DcgmScraper, DcgmUnavailable
+
+        if not s.dcgm_url:
+            raise SourceUnavailable("--source dcgm needs --url (or GPUCOST_DCGM_URL), e.g. http://host:9400/metrics")
+        dcgm = DcgmScraper(s.dcgm_url, s.node_id, sla=s.dcgm_sla)
+        try:
+            dcgm.fetch()  # reachable now, or one clear error
+        except DcgmUnavailable as exc:
+            raise SourceUnavailable(str(exc)) from None
+        return _Sampled(dcgm, f"sampling dcgm-exporter at {s.dcgm_url} every {s.period_s:g} s", s, lambda: None)
+    if name == "ebpf":
+        return _open_ebpf(s, nvml, say)
+    raise ValueError(f"unknown live source {name!r}; the live sources are {', '.join(LIVE_SOURCES)}")
+
+
+def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]) -> LiveSource:
+    from producers.ebpf import EbpfProbe, EbpfUnavailable, find_libcuda
+
+    if nvml is None:
+        try:
+            nvml = open_nvml(s.node_id)  # to name the GPUs a migrating process uses
+        except NvmlUnavailable:
+            say("no NVML here: NUMA migrations and CUDA launches are counted, not attributed to GPUs")
+    libcuda = s.libcuda or find_libcuda()
+    if libcuda is not None and not libcuda.is_file():
+        raise SourceUnavailable(f"--libcuda {libcuda} is not a file")
+    probe = EbpfProbe(s.node_id, sample_every=s.ebpf_sample_every, gpus_of=None if nvml is None else nvml.gpus_of,
+                      libcuda=libcuda)
+    try:
+        probe.start()
+    except EbpfUnavailable as exc:
+        raise SourceUnavailable(str(exc)) from None
+    what = (f"tracing user page faults (1 in {s.ebpf_sample_every})"
+            + (f" and CUDA launches in {libcuda}" if libcuda else " (no libcuda here: no CUDA launches)")
+            + " with bpftrace")
+    return _Traced(probe, what, s, nvml, say)
