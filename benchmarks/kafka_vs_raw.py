@@ -15,9 +15,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from benchmarks.common import Result
-from gpucost.kafka_settings import KafkaSettings
-from gpucost.publish import create_topics, publish
-from gpucost.worker import INPUTS, Worker
+from gpucost.kafka.publish import create_topics, publish
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.worker import INPUTS, Worker
 from producers.simulate import FleetSpec, simulate
 from streams.settings import AuditSettings
 

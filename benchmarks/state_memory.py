@@ -82,8 +82,8 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
     """(bytes of one GPU's whole state, bytes the worker wrote per GPU per live poll, CPU ms per poll)."""
     from aiokafka import TopicPartition
 
-    from gpucost.kafka_settings import KafkaSettings
-    from gpucost.worker import Worker, _Owned
+    from gpucost.kafka.settings import KafkaSettings
+    from gpucost.kafka.worker import Worker, _Owned
     from streams.settings import AuditSettings
     from tests.fake_kafka import Message, RecordingProducer
 

@@ -19,13 +19,12 @@ import argparse
 import asyncio
 import json
 from collections import Counter
-
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
 from gpucost.config import KAFKA_ENV_PREFIX, environment
-from gpucost.kafka_settings import KafkaSettings
+from gpucost.kafka.settings import KafkaSettings
 
 
 async def team_totals(client_options: dict[str, Any], topic: str, group: str,

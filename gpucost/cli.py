@@ -27,10 +27,10 @@ from pydantic import ValidationError
 
 from gpucost.config import FLAG_FIELDS, KAFKA_ENV_PREFIX, ConfigError, environment, load_settings
 from gpucost.embedded import Item, RunStats, run_embedded
-from gpucost.kafka_settings import KafkaSettings
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.signing import Keyring, Signer
+from gpucost.kafka.worker import StateError
 from gpucost.report import format_table, summary
-from gpucost.signing import Keyring, Signer
-from gpucost.worker import StateError
 from producers.live import LIVE_SOURCES, LiveSettings, LiveSource, SourceUnavailable, open_live, open_nvml
 from producers.nvml import NvmlSampler, NvmlUnavailable
 from producers.replay import input_files, read_batches, read_inputs
@@ -444,7 +444,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
         for path in write_json_schemas(args.schemas_out):
             print(path)
         return 0
-    from gpucost.publish import create_topics
+    from gpucost.kafka.publish import create_topics
 
     if args.action == "create":
         created = asyncio.run(create_topics(kafka))
@@ -468,7 +468,7 @@ def _replay_events(files: list[Path], rejected: list[tuple[Rejected, str, str]])
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from gpucost.publish import Stopped, create_topics, publish, publish_dead_letters
+    from gpucost.kafka.publish import Stopped, create_topics, publish, publish_dead_letters
 
     kafka = _kafka(args)
     rejected: list[tuple[Rejected, str, str]] = []
@@ -489,7 +489,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     try:
         asyncio.run(create_topics(kafka))
     except KafkaConnectionError as exc:  # a node's producer must not stop sampling because the broker is away
-        logging.getLogger("gpucost.publish").warning("cannot reach Kafka to create the topics (%s); publishing "
+        logging.getLogger("gpucost.kafka.publish").warning("cannot reach Kafka to create the topics (%s); publishing "
                                                      "anyway, buffered until the broker is back", exc)
 
     async def main() -> Counter[str]:
@@ -532,8 +532,8 @@ def _stop_on_signals(live: LiveSource | None = None) -> asyncio.Event:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from gpucost.publish import create_topics
-    from gpucost.worker import Worker
+    from gpucost.kafka.publish import create_topics
+    from gpucost.kafka.worker import Worker
 
     kafka, settings = _kafka(args), _settings(args)
     if args.max_batch < 1:
@@ -556,7 +556,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    from sinks.kafka_sink import run_kafka_sink
+    from gpucost.kafka.sink import run_kafka_sink
 
     kafka = _kafka(args)
     if args.compact_min_files == 1 or args.compact_min_files < 0:
@@ -580,8 +580,8 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
+    from gpucost.kafka.sink import JOURNAL
     from sinks.compact import compact
-    from sinks.kafka_sink import JOURNAL
     from sinks.parquet import Journal
 
     if args.min_files < 2:

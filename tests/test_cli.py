@@ -10,7 +10,7 @@ import pytest
 
 from gpucost.cli import main
 from gpucost.config import load_settings
-from gpucost.kafka_settings import KafkaSettings
+from gpucost.kafka.settings import KafkaSettings
 from sinks.views import connect
 from streams.settings import AuditSettings
 

@@ -16,16 +16,16 @@ from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gpucost.kafka.sink
 import sinks.compact
-import sinks.kafka_sink
 from gpucost.cli import main
+from gpucost.kafka.sink import JOURNAL, run_kafka_sink
 from producers.simulate import FleetSpec, simulate
 from schemas.blocks import expand
 from schemas.codec import encode_event
-from sinks.compact import STAGING, compact, partition_folders
-from sinks.kafka_sink import JOURNAL, run_kafka_sink
-from sinks.lock import OutputBusyError, OutputLock
 from schemas.records import kind_of
+from sinks.compact import STAGING, compact, partition_folders
+from sinks.lock import OutputBusyError, OutputLock
 from sinks.parquet import Journal, ParquetSink
 from sinks.views import connect
 from streams.audit import Auditor
@@ -191,7 +191,7 @@ def test_an_unreadable_file_leaves_its_folder_as_it_is(tmp_path: Path) -> None:
     assert stats.partitions == len(due) > 0
 
 
-def run_sink(out: Path, per_poll: int, min_files: int, monkeypatch: pytest.MonkeyPatch) -> sinks.kafka_sink.SinkStats:
+def run_sink(out: Path, per_poll: int, min_files: int, monkeypatch: pytest.MonkeyPatch) -> gpucost.kafka.sink.SinkStats:
     """The sink over ``RECORDS`` as its topics would hold them, ``per_poll`` a poll, flushing after each."""
     offsets: Counter[str] = Counter()
     polls = []
@@ -204,9 +204,9 @@ def run_sink(out: Path, per_poll: int, min_files: int, monkeypatch: pytest.Monke
             offsets[kind] += 1
         polls.append(dict(poll))
     monkeypatch.setattr(ScriptedConsumer, "polls", polls)
-    monkeypatch.setattr(sinks.kafka_sink, "AIOKafkaConsumer", ScriptedConsumer)
+    monkeypatch.setattr(gpucost.kafka.sink, "AIOKafkaConsumer", ScriptedConsumer)
 
-    async def main() -> sinks.kafka_sink.SinkStats:
+    async def main() -> gpucost.kafka.sink.SinkStats:
         ScriptedConsumer.done = asyncio.Event()
         return await run_kafka_sink({}, {k: f"t.{k}" for k in VIEWS}, out, "g", ScriptedConsumer.done,
                                     flush_interval_s=0, compact_min_files=min_files)
@@ -228,14 +228,14 @@ def test_the_sink_compacts_as_it_goes_and_writes_each_record_once(tmp_path: Path
 def test_the_sink_merges_a_few_files_at_a_time_and_within_its_budget(tmp_path: Path, monkeypatch, caplog) -> None:
     """A sink that finds many files (an old sink's) merges them a few at a time, over several commits."""
     write_as_flushes(tmp_path, list(range(0, len(RECORDS), 10)))  # what a sink without compaction left
-    monkeypatch.setattr(sinks.kafka_sink, "COMPACT_MAX_FILES", 3)
+    monkeypatch.setattr(gpucost.kafka.sink, "COMPACT_MAX_FILES", 3)
     before = max(len(part_files(f)) for f in partition_folders(tmp_path))
     with caplog.at_level("INFO", logger="gpucost.compact"):
         stats = run_sink(tmp_path, 25, 2, monkeypatch)
     merges = [int(r.getMessage().split(": ")[1].split(" files")[0]) for r in caplog.records]
     assert merges and max(merges) == 3 and sum(merges) == stats.compacted_files
     assert stats.compacted_files > before  # the fullest folder took more than one round
-    monkeypatch.setattr(sinks.kafka_sink, "COMPACT_BUDGET_S", 0.0)  # nothing begun after a commit
+    monkeypatch.setattr(gpucost.kafka.sink, "COMPACT_BUDGET_S", 0.0)  # nothing begun after a commit
     assert run_sink(tmp_path / "other", 25, 2, monkeypatch).compacted_files == 0
 
 

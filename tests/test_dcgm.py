@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucost.outbox import Outbox
+from gpucost.kafka.outbox import Outbox
 from producers.dcgm import DcgmScraper, scrape_to_events
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from sinks.views import connect

@@ -22,19 +22,18 @@ import duckdb
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from gpucost.routing import Router
-from gpucost.signing import Signer, parse_keys
-from gpucost.worker import INPUTS
+from gpucost.kafka.routing import Router
+from gpucost.kafka.signing import Signer, parse_keys
+from gpucost.kafka.sink import JOURNAL, run_kafka_sink
+from gpucost.kafka.worker import INPUTS
 from producers.replay import input_files
 from schemas.codec import Rejected, decode_line
 from schemas.events import Event
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from schemas.records import OUTPUT_KINDS
-from sinks.kafka_sink import JOURNAL, run_kafka_sink
+from schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from sinks.views import connect
 from tests.conftest import FAULT_LINES, ROOT, Broker
-from tests.test_kafka import (Deployment, assert_same_parquet, embedded_counts, run_to_completion,
-                              wait_for)
+from tests.test_kafka import Deployment, assert_same_parquet, embedded_counts, run_to_completion, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 

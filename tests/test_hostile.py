@@ -18,19 +18,19 @@ from aiokafka.errors import MessageSizeTooLargeError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost import worker as worker_module
 from gpucost.cli import main
-from gpucost.kafka_settings import KafkaSettings
-from gpucost.publish import split_batch
+from gpucost.kafka import worker as worker_module
+from gpucost.kafka.publish import split_batch
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.signing import Keyring, Signer, parse_keys
+from gpucost.kafka.sink import _record
+from gpucost.kafka.worker import Worker, _Owned, restored
 from gpucost.report import format_table
-from gpucost.signing import Keyring, Signer, parse_keys
-from gpucost.worker import Worker, _Owned, restored
 from schemas.blocks import expand
 from schemas.codec import decode_line
 from schemas.events import Price, TenantBinding
 from schemas.records import OUTPUT_KINDS, CostRecord, DeadLetter, IdleIndexRecord
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
-from sinks.kafka_sink import _record
 from streams.audit import Auditor
 from streams.scope import price_mac
 from streams.settings import AuditSettings
@@ -170,8 +170,8 @@ def test_the_sink_refuses_a_record_it_cannot_store(micro_usd: int) -> None:
 def test_the_sink_writes_only_what_a_worker_signed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One unsigned cost record on the cost topic reached the Parquet as $1,000,000.07. A worker with an
     output key signs every record it publishes; a sink with that keyring dead-letters anything else."""
-    import sinks.kafka_sink
-    from sinks.kafka_sink import run_kafka_sink
+    import gpucost.kafka.sink
+    from gpucost.kafka.sink import run_kafka_sink
     from tests.fake_kafka import ScriptedConsumer
 
     output_key = f"worker-out {(b'w' * 32).hex()}"
@@ -197,9 +197,9 @@ def test_the_sink_writes_only_what_a_worker_signed(tmp_path: Path, monkeypatch: 
         for offset, m in enumerate(messages):
             m.offset = offset
     monkeypatch.setattr(ScriptedConsumer, "polls", [polls])
-    monkeypatch.setattr(sinks.kafka_sink, "AIOKafkaConsumer", ScriptedConsumer)
+    monkeypatch.setattr(gpucost.kafka.sink, "AIOKafkaConsumer", ScriptedConsumer)
 
-    async def sink() -> sinks.kafka_sink.SinkStats:
+    async def sink() -> gpucost.kafka.sink.SinkStats:
         ScriptedConsumer.done = asyncio.Event()
         topics = {kind: KafkaSettings().topic(kind) for kind in OUTPUT_KINDS}
         return await run_kafka_sink({}, topics, tmp_path / "pq", "g", ScriptedConsumer.done, flush_interval_s=0,

@@ -8,7 +8,7 @@ from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBat
 from pydantic import ValidationError
 
 from gpucost.cli import ConfigError, _add_kafka, _kafka
-from gpucost.kafka_settings import KafkaSettings
+from gpucost.kafka.settings import KafkaSettings
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}  # Kafka's record batch attribute
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.kafka_settings import KafkaSettings
-from gpucost.outbox import Message, Outbox
-from gpucost.publish import Stopped, publish
+from gpucost.kafka.outbox import Message, Outbox
+from gpucost.kafka.publish import Stopped, publish
+from gpucost.kafka.settings import KafkaSettings
 from producers.simulate import FleetSpec, simulate
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hypothesis import given
 
-from gpucost.routing import Router, duplicate_letter
+from gpucost.kafka.routing import Router, duplicate_letter
 from schemas.events import Event
 from schemas.records import Output
 from streams.audit import Auditor

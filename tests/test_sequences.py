@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.sequences import MalformedSequence, SeenSequences, parse_sequence
+from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
 
 
 @given(st.lists(st.integers(1, 60), max_size=200), st.integers(0, 200))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.signing import SigningKey, KEY_ID_HEADER, SIGNATURE_HEADER, Keyring, Signer, parse_keys
+from gpucost.kafka.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Keyring, Signer, SigningKey, parse_keys
 from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 
 LINE = b'{"kind":"gpu_sample","node_id":"node-a","gpu_uuid":"GPU-1"}'

@@ -7,15 +7,15 @@ import json
 import re
 from collections import Counter, defaultdict
 
-from aiokafka import TopicPartition
 import pytest
+from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucost.kafka_settings import KafkaSettings
-from gpucost.routing import Router
-from gpucost.sequences import SeenSequences
-from gpucost.worker import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, Worker, _Owned, restored
+from gpucost.kafka.routing import Router
+from gpucost.kafka.sequences import SeenSequences
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.worker import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, Worker, _Owned, restored
 from producers.simulate import FleetSpec, simulate
 from schemas.blocks import expand
 from schemas.codec import encode_event
@@ -114,7 +114,7 @@ def test_output_partitions_are_the_default_partitioners(key: bytes, partitions: 
     """Records are batched per partition by hand: each key must land where ``send(key=…)`` put it."""
     from aiokafka.partitioner import DefaultPartitioner
 
-    from gpucost.worker import _key_slot
+    from gpucost.kafka.worker import _key_slot
 
     every = list(range(partitions))
     assert _key_slot(key, partitions) == DefaultPartitioner()(key, every, every)

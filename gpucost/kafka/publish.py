@@ -17,10 +17,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from gpucost.kafka_settings import KafkaSettings
-from gpucost.outbox import Message, Outbox
-from gpucost.routing import Router, duplicate_letter
-from gpucost.signing import Signer
+from gpucost.kafka.outbox import Message, Outbox
+from gpucost.kafka.routing import Router, duplicate_letter
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.signing import Signer
 from schemas.codec import Rejected, encode_event, raw_text
 from schemas.events import Event
 from schemas.records import DeadLetter
@@ -28,7 +28,7 @@ from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode
 
 __all__ = ["Stopped", "create_topics", "default_spool", "publish", "publish_dead_letters", "split_batch"]
 
-log = logging.getLogger("gpucost.publish")
+log = logging.getLogger("gpucost.kafka.publish")
 
 
 async def create_topics(kafka: KafkaSettings) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 __all__ = ["Message", "Outbox"]
 
-log = logging.getLogger("gpucost.outbox")
+log = logging.getLogger("gpucost.kafka.outbox")
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ import duckdb
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
-from gpucost.signing import Keyring, Verdict
-from schemas.records import DeadLetter, OUTPUT_KINDS
+from gpucost.kafka.signing import Keyring, Verdict
+from schemas.records import OUTPUT_KINDS, DeadLetter
 from sinks.compact import CompactError, compact, part_files, partition_folders
 from sinks.lock import OutputLock
 from sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries

@@ -29,9 +29,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from gpucost.kafka_settings import KafkaSettings
-from gpucost.sequences import MalformedSequence, SeenSequences, parse_sequence
-from gpucost.signing import Keyring, Signer, SigningKey, Verdict
+from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.signing import Keyring, Signer, SigningKey, Verdict
 from schemas.blocks import expand
 from schemas.codec import raw_text
 from schemas.records import DeadLetter, Output, kind_of
@@ -42,7 +42,7 @@ from streams.settings import AuditSettings
 
 __all__ = ["INPUTS", "Restored", "STATE_VERSION", "StateError", "restored", "state_topic_suffix", "Worker"]
 
-log = logging.getLogger("gpucost.worker")
+log = logging.getLogger("gpucost.kafka.worker")
 INPUTS = ("events", "mem_access")
 #: key of the record, beside the per-key states, holding the partition's next input offset: it is
 #: committed in the same transaction as the states, so the two never disagree
