@@ -18,8 +18,8 @@ from benchmarks.common import Result
 from gpucost.kafka.publish import create_topics, publish
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.worker import INPUTS, Worker
-from producers.simulate import FleetSpec, simulate
-from streams.settings import AuditSettings
+from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.streams.settings import AuditSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 

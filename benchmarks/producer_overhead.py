@@ -43,7 +43,7 @@ REAL_GPUS = 16
 
 
 def nvml_cpu_per_round(shared_data: Path, rounds: int = 2000) -> float | None:
-    from producers.nvml import NvmlSampler
+    from gpucost.producers.nvml import NvmlSampler
     from tests.fake_nvml import FakeState, fake_pynvml, parse
 
     path = shared_data / "nvidia-smi" / CAPTURE
@@ -160,7 +160,7 @@ class Probed:
 def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any] = _Producer) -> Probed | str:
     """A program run with and without a probe (``attach()`` starts one) attached system-wide,
     alternated; or why it could not be measured."""
-    from producers.ebpf import EbpfUnavailable, ensure_tracing
+    from gpucost.producers.ebpf import EbpfUnavailable, ensure_tracing
 
     try:
         ensure_tracing()

@@ -9,7 +9,7 @@ distinct days, at a thirtieth of the generation time.
 
 The Kafka sink writes a file per kind and date at each flush, so the same records are also
 queried as it leaves them before compaction (one file per 2-minute flush), and again after
-``sinks.compact`` has merged them, which is timed too.
+``gpucost.sinks.compact`` has merged them, which is timed too.
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ import duckdb
 import pyarrow.parquet as pq
 
 from benchmarks.common import Result
-from schemas.arrow import ARROW_SCHEMAS
-from sinks.compact import compact
-from sinks.views import connect
+from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.sinks.compact import compact
+from gpucost.sinks.views import connect
 
 QUERY = "SELECT date, team, sum(cost_micro_usd) AS micro_usd FROM cost GROUP BY ALL ORDER BY ALL"
 NS = 1_000_000_000
@@ -137,7 +137,7 @@ def run(gpus: int = 1000, days: int = 30, repeat: int = 5, flushes: int = 720) -
     files, before, took, after_files, after = sink_files(gpus, days, flushes, repeat)
     rows_out += [(f"as the Kafka sink flushes them, one file every {24 * 60 // flushes} min, before compaction",
                   f"{before * 1000:,.0f} ms median of {repeat} ({files:,} files)"),
-                 ("the same after `sinks.compact` merged them (what the sink and `gpucost compact` do)",
+                 ("the same after `gpucost.sinks.compact` merged them (what the sink and `gpucost compact` do)",
                   f"{after * 1000:,.0f} ms median of {repeat} ({after_files:,} files; the compaction took "
                   f"{took:,.1f} s)")]
     return Result("4. Query latency", f"cost per team per day over {days} days × {gpus:,} GPUs in < 1 s, in the "

@@ -18,8 +18,8 @@ import duckdb
 from benchmarks.common import Result, timed
 from gpucost.cli import main as gpucost
 from gpucost.embedded import run_embedded
-from producers.replay import input_files, read_batches, read_inputs
-from streams.settings import AuditSettings
+from gpucost.producers.replay import input_files, read_batches, read_inputs
+from gpucost.streams.settings import AuditSettings
 from tests.recompute import parquet_source, recompute_sql
 
 RUNS = 3

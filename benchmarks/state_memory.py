@@ -34,7 +34,7 @@ def _rss_bytes() -> int:
 def _samples(gpus: int, ts_ns: int, interval_s: float) -> list[Any]:
     """One GPU sample and one process sample per GPU at ``ts_ns`` (built without validation: millions
     of them, all valid)."""
-    from schemas.events import GpuSample, ProcessSample
+    from gpucost.schemas.events import GpuSample, ProcessSample
 
     util = float((ts_ns - T0) // (60 * NS) % 100)
     out: list[Any] = []
@@ -51,9 +51,9 @@ def _samples(gpus: int, ts_ns: int, interval_s: float) -> list[Any]:
 
 def child(gpus: int, panes: int = 72 * 60 + 3) -> int:
     """Build the state of ``gpus`` GPUs over ``panes`` panes; the growth of resident memory, in bytes."""
-    from schemas.events import TenantBinding
-    from streams.audit import Auditor
-    from streams.settings import AuditSettings
+    from gpucost.schemas.events import TenantBinding
+    from gpucost.streams.audit import Auditor
+    from gpucost.streams.settings import AuditSettings
 
     gc.collect()
     before = _rss_bytes()
@@ -70,7 +70,7 @@ def child(gpus: int, panes: int = 72 * 60 + 3) -> int:
 
 def _lines(gpus: int, ts_ns: int, interval_s: float) -> dict[bytes, list[bytes]]:
     """``_samples`` as JSON lines, by GPU: what a worker reads."""
-    from schemas.codec import encode_event
+    from gpucost.schemas.codec import encode_event
 
     out: dict[bytes, list[bytes]] = {}
     for event in _samples(gpus, ts_ns, interval_s):
@@ -84,7 +84,7 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
 
     from gpucost.kafka.settings import KafkaSettings
     from gpucost.kafka.worker import Worker, _Owned
-    from streams.settings import AuditSettings
+    from gpucost.streams.settings import AuditSettings
     from tests.fake_kafka import Message, RecordingProducer
 
     worker, producer = Worker(KafkaSettings(), AuditSettings(), group="bench"), RecordingProducer()

@@ -30,21 +30,21 @@ from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer
 from gpucost.kafka.worker import StateError
+from gpucost.producers.live import LIVE_SOURCES, LiveSettings, LiveSource, SourceUnavailable, open_live, open_nvml
+from gpucost.producers.nvml import NvmlSampler, NvmlUnavailable
+from gpucost.producers.replay import input_files, read_batches, read_inputs
+from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.report import format_table, summary
-from producers.live import LIVE_SOURCES, LiveSettings, LiveSource, SourceUnavailable, open_live, open_nvml
-from producers.nvml import NvmlSampler, NvmlUnavailable
-from producers.replay import input_files, read_batches, read_inputs
-from producers.simulate import FleetSpec, simulate
-from schemas.arrow import events_table
-from schemas.codec import Rejected, decode_line, encode_event, explain, raw_text
-from schemas.events import Event, Price
-from schemas.records import OUTPUT_KINDS
-from sinks.compact import CompactError
-from sinks.lock import OutputBusyError, OutputLock
-from sinks.parquet import SinkWriteError
-from sinks.views import query, read_only_problem, views_sql
-from streams.scope import PRICE_SCOPE, price_mac
-from streams.settings import AuditSettings
+from gpucost.schemas.arrow import events_table
+from gpucost.schemas.codec import Rejected, decode_line, encode_event, explain, raw_text
+from gpucost.schemas.events import Event, Price
+from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.sinks.compact import CompactError
+from gpucost.sinks.lock import OutputBusyError, OutputLock
+from gpucost.sinks.parquet import SinkWriteError
+from gpucost.sinks.views import query, read_only_problem, views_sql
+from gpucost.streams.scope import PRICE_SCOPE, price_mac
+from gpucost.streams.settings import AuditSettings
 
 T = TypeVar("T")
 
@@ -410,7 +410,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_prices(args: argparse.Namespace) -> int:
-    """Sign each price line with the authority's key (``streams.scope.price_mac``); any other line is an error."""
+    """Sign each price line with the authority's key (``gpucost.streams.scope.price_mac``); any other line is an error."""
     signer = _load_keys(Signer.from_file, args.signing_key_file)
     if signer.key.nodes is not None and PRICE_SCOPE not in signer.key.nodes:
         raise ConfigError(f"key {signer.key.key_id!r} may not sign prices: its node list needs {PRICE_SCOPE} (or *)")
@@ -439,7 +439,7 @@ def cmd_views(args: argparse.Namespace) -> int:
 def cmd_topics(args: argparse.Namespace) -> int:
     kafka = _kafka(args)
     if args.action == "schemas":
-        from schemas.json_schemas import write_json_schemas
+        from gpucost.schemas.json_schemas import write_json_schemas
 
         for path in write_json_schemas(args.schemas_out):
             print(path)
@@ -450,7 +450,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
         created = asyncio.run(create_topics(kafka))
         print(f"created {len(created)} topic(s): {', '.join(created) or 'none missing'}")
         return 0
-    from schemas.topics import topic_specs
+    from gpucost.schemas.topics import topic_specs
 
     rows = [(kafka.topic(t.suffix), t.key, "compact" if t.compacted else "delete",
              1 if t.single_partition else kafka.partitions, t.value) for t in topic_specs()]
@@ -581,8 +581,8 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
 def cmd_compact(args: argparse.Namespace) -> int:
     from gpucost.kafka.sink import JOURNAL
-    from sinks.compact import compact
-    from sinks.parquet import Journal
+    from gpucost.sinks.compact import compact
+    from gpucost.sinks.parquet import Journal
 
     if args.min_files < 2:
         raise UsageError(f"--min-files must be at least 2, got {args.min_files}")

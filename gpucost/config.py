@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from schemas.codec import explain
-from streams.settings import AuditSettings
+from gpucost.schemas.codec import explain
+from gpucost.streams.settings import AuditSettings
 
 __all__ = ["AUDIT_ENV_PREFIX", "ConfigError", "FLAG_FIELDS", "KAFKA_ENV_PREFIX", "environment", "load_settings"]
 

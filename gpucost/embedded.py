@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from producers.replay import LineBatch, RowBatch
-from schemas.blocks import ClosedPanes, Outputs
-from schemas.events import Event
-from schemas.records import DeadLetter
-from sinks.parquet import ParquetSink
-from streams.audit import Auditor
-from streams.settings import AuditSettings
+from gpucost.producers.replay import LineBatch, RowBatch
+from gpucost.schemas.blocks import ClosedPanes, Outputs
+from gpucost.schemas.events import Event
+from gpucost.schemas.records import DeadLetter
+from gpucost.sinks.parquet import ParquetSink
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 
 __all__ = ["Item", "RunStats", "run_embedded"]
 

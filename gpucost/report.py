@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucost.embedded import RunStats
-from sinks.views import connect
+from gpucost.sinks.views import connect
 
 __all__ = ["format_table", "printable", "summary"]
 

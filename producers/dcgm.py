@@ -16,8 +16,8 @@ from urllib.error import URLError
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas.codec import explain
-from schemas.events import Event, GpuSample, ProcessSample, TenantBinding
+from gpucost.schemas.codec import explain
+from gpucost.schemas.events import Event, GpuSample, ProcessSample, TenantBinding
 
 __all__ = ["DcgmUnavailable", "DcgmScraper", "container_pid", "scrape_to_events"]
 

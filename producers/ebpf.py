@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from schemas.codec import explain
-from schemas.events import EbpfTrace, Event, MemAccess, NumaEvent
+from gpucost.schemas.codec import explain
+from gpucost.schemas.events import EbpfTrace, Event, MemAccess, NumaEvent
 
 __all__ = ["EbpfUnavailable", "EbpfProbe", "ensure_tracing", "find_libcuda", "numa_cost", "numa_distances"]
 

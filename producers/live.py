@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from producers.nvml import NvmlSampler, NvmlUnavailable
-from producers.periodic import Sampler, sample_forever
-from schemas.events import Event
+from gpucost.producers.nvml import NvmlSampler, NvmlUnavailable
+from gpucost.producers.periodic import Sampler, sample_forever
+from gpucost.schemas.events import Event
 
 if TYPE_CHECKING:
-    from producers.ebpf import EbpfProbe
+    from gpucost.producers.ebpf import EbpfProbe
 
 __all__ = ["LIVE_SOURCES", "LiveSettings", "LiveSource", "SourceUnavailable", "open_live", "open_nvml"]
 
@@ -124,7 +124,7 @@ def open_live(name: str, s: LiveSettings, nvml: NvmlSampler | None = None,
                 raise SourceUnavailable(str(exc)) from None
         return _Sampled(nvml, f"sampling {len(nvml.devices)} GPU(s) via NVML every {s.period_s:g} s", s, nvml.close)
     if name == "dcgm":
-        from producers.dcgm import DcgmScraper, DcgmUnavailable
+        from gpucost.producers.dcgm import DcgmScraper, DcgmUnavailable
 
         if not s.dcgm_url:
             raise SourceUnavailable("--source dcgm needs --url (or GPUCOST_DCGM_URL), e.g. http://host:9400/metrics")
@@ -140,7 +140,7 @@ def open_live(name: str, s: LiveSettings, nvml: NvmlSampler | None = None,
 
 
 def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]) -> LiveSource:
-    from producers.ebpf import EbpfProbe, EbpfUnavailable, find_libcuda
+    from gpucost.producers.ebpf import EbpfProbe, EbpfUnavailable, find_libcuda
 
     if nvml is None:
         try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from schemas.events import Event, GpuSample, ProcessSample
+from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
 __all__ = ["NvmlUnavailable", "NvmlSampler"]
 

@@ -5,7 +5,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from schemas.events import Event
+from gpucost.schemas.events import Event
 
 __all__ = ["Sampler", "sample_forever"]
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas.codec import present_fields
+from gpucost.schemas.codec import present_fields
 
 __all__ = ["SUFFIXES", "RowBatch", "LineBatch", "input_files", "read_inputs", "read_batches"]
 

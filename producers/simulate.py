@@ -16,8 +16,8 @@ from decimal import Decimal
 
 import numpy as np
 
-from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
-                            ProcessSample, TenantBinding)
+from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
+                                    TenantBinding)
 
 __all__ = ["FleetSpec", "GPU_MODELS", "simulate"]
 

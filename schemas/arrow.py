@@ -1,7 +1,7 @@
 """Arrow schemas of the output records, derived from the pydantic models' declared types.
 
 Derived from declarations (never from data), so each field is written down once, in
-``schemas.records``; every Parquet file of a kind has exactly this schema.
+``gpucost.schemas.records``; every Parquet file of a kind has exactly this schema.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Annotated, Union, get_args, get_origin
 import pyarrow as pa
 from pydantic import BaseModel
 
-from schemas.events import EVENT_MODELS, EbpfTrace, Event
-from schemas.records import OUTPUT_KINDS
+from gpucost.schemas.events import EVENT_MODELS, EbpfTrace, Event
+from gpucost.schemas.records import OUTPUT_KINDS
 
 __all__ = ["arrow_schema", "ARROW_SCHEMAS", "to_table", "EVENT_SCHEMA", "events_table"]
 

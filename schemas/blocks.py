@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, Output, R, computed_from
+from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, Output, R, computed_from
 
 __all__ = ["ClosedPanes", "Outputs", "expand"]
 

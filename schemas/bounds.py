@@ -4,7 +4,7 @@ Why: the batch path checks whole columns with numpy instead of building a model 
 row those checks accept is never validated again. Were its ranges written by hand a second time,
 a bound tightened on a model would leave the batch path accepting what the row path refuses,
 with no test failing. Here the checks are derived from the ``Field(ge=…, lt=…, max_length=…)``
-of ``schemas.events``, so a bound is declared once and both paths enforce it.
+of ``gpucost.schemas.events``, so a bound is declared once and both paths enforce it.
 """
 from __future__ import annotations
 

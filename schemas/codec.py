@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from schemas.events import EVENT_MODELS, Event
+from gpucost.schemas.events import EVENT_MODELS, Event
 
 __all__ = ["REASONS", "Rejected", "decode_line", "decode_object", "encode_event", "explain", "present_fields",
            "raw_text", "reason_of"]

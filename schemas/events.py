@@ -2,7 +2,7 @@
 
 Validation rejects what cannot be true, with a reason a person can act on. Values that
 feed money are also exposed normalised to integers (``interval_ms``, ``*_cp`` = hundredths
-of a percent), computed once per event from the wire text (see ``schemas.exact``).
+of a percent), computed once per event from the wire text (see ``gpucost.schemas.exact``).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas.ebpf import decode_trace_event, encode_trace_event, TraceEvent
-from schemas.exact import round_scaled
+from gpucost.schemas.ebpf import TraceEvent, decode_trace_event, encode_trace_event
+from gpucost.schemas.exact import round_scaled
 
 __all__ = [
     "TS_MIN_NS", "TS_MAX_NS", "RESERVED_TEAMS", "TENANT_FIELDS", "GpuSample", "ProcessSample", "MemAccess",
@@ -204,7 +204,7 @@ class Price(_Event):
     ts_ns: TsNs
     usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, decimal_places=6, strict=False,
                                                allow_inf_nan=False)]
-    #: the price authority's key and HMAC (``streams.scope.price_mac``): a worker with a keyring takes
+    #: the price authority's key and HMAC (``gpucost.streams.scope.price_mac``): a worker with a keyring takes
     #: only prices signed by a key that may sign prices, whichever node's producer relays them
     key_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     signature: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
 from typing import Any
 
-from schemas.ebpf import TRACE_EVENT_SIZE
-from schemas.events import EVENT_MODELS
-from schemas.records import OUTPUT_KINDS
+from gpucost.schemas.ebpf import TRACE_EVENT_SIZE
+from gpucost.schemas.events import EVENT_MODELS
+from gpucost.schemas.records import OUTPUT_KINDS
 
 __all__ = ["write_json_schemas"]
 

@@ -75,7 +75,7 @@ class CostRecord(_Record):
 class DeadLetter(_Record):
     """An input the pipeline could not use: why, and the raw text to fix and replay it."""
 
-    reason: str  # one of schemas.codec.REASONS
+    reason: str  # one of gpucost.schemas.codec.REASONS
     detail: str
     kind: str | None
     source: str

@@ -9,7 +9,7 @@ listed the old files and opens one after the swap fails with "file not found" in
 counting a row twice. What a compaction that died leaves sits only under ``.compact``, which
 is invisible to the views and removed by the next one.
 
-The caller must be the output directory's only writer (``sinks.lock.OutputLock``).
+The caller must be the output directory's only writer (``gpucost.sinks.lock.OutputLock``).
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas.arrow import ARROW_SCHEMAS
-from schemas.records import OUTPUT_KINDS
-from sinks.parquet import PART_RE, ParquetSink, fsync_dir
+from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.sinks.parquet import PART_RE, ParquetSink, fsync_dir
 
 __all__ = ["STAGING", "CompactError", "CompactStats", "compact", "part_files", "partition_folders"]
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from sinks.parquet import SinkWriteError
+from gpucost.sinks.parquet import SinkWriteError
 
 __all__ = ["LOCK", "OutputBusyError", "OutputLock"]
 

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from schemas.arrow import to_table
-from schemas.blocks import ClosedPanes
-from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, OUTPUT_KINDS, kind_of
+from gpucost.schemas.arrow import to_table
+from gpucost.schemas.blocks import ClosedPanes
+from gpucost.schemas.records import OUTPUT_KINDS, CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, kind_of
 
 __all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "fsync_dir", "partition_date",
            "remove_stale_temporaries"]

@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.arrow import ARROW_SCHEMAS
 
 __all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "views_sql", "connect", "query", "read_only_problem"]
 

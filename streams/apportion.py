@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.arrow import ARROW_SCHEMAS
-from schemas.exact import div_half_even, micro_usd_per_hour, ratios
-from schemas.events import TENANT_FIELDS
-from schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
-from streams.money import split_in_order
-from streams.panes import PaneColumns, PaneTotals
-from streams.tables import Tenant
+from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.events import TENANT_FIELDS
+from gpucost.schemas.exact import div_half_even, micro_usd_per_hour, ratios
+from gpucost.schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
+from gpucost.streams.money import split_in_order
+from gpucost.streams.panes import PaneColumns, PaneTotals
+from gpucost.streams.tables import Tenant
 
 __all__ = ["Weights", "apportion", "apportion_many"]
 

@@ -13,19 +13,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.blocks import ClosedPanes, Outputs
-from schemas.codec import Rejected, encode_event, raw_text
-from schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price,
-                            ProcessSample, TenantBinding)
-from schemas.records import DeadLetter, Output
-from streams.apportion import Weights, apportion, apportion_many
-from streams.columnar import ingest_batch, ingest_lines
-from streams.idle_index import IdleIndex
-from streams.mae import Mae
-from streams.panes import GpuPanes, PaneColumns, PaneTotals
-from streams.scope import Scope, decode_in_scope
-from streams.settings import AuditSettings
-from streams.tables import BindingTable, PriceTable
+from gpucost.schemas.blocks import ClosedPanes, Outputs
+from gpucost.schemas.codec import Rejected, encode_event, raw_text
+from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
+                                    TenantBinding)
+from gpucost.schemas.records import DeadLetter, Output
+from gpucost.streams.apportion import Weights, apportion, apportion_many
+from gpucost.streams.columnar import ingest_batch, ingest_lines
+from gpucost.streams.idle_index import IdleIndex
+from gpucost.streams.mae import Mae
+from gpucost.streams.panes import GpuPanes, PaneColumns, PaneTotals
+from gpucost.streams.scope import Scope, decode_in_scope
+from gpucost.streams.settings import AuditSettings
+from gpucost.streams.tables import BindingTable, PriceTable
 
 __all__ = ["Auditor"]
 
@@ -129,8 +129,8 @@ class Auditor:
 
     def ingest_batch(self, batch: pa.RecordBatch, source: Callable[[int], str]) -> Outputs:
         """``ingest`` of every row of an Arrow batch of ``EVENT_SCHEMA`` (row ``i`` labelled ``source(i)``):
-        the same outputs and state, an order of magnitude faster (``streams.columnar``). Closed
-        panes' records come as blocks of columns; ``schemas.blocks.expand`` makes them records."""
+        the same outputs and state, an order of magnitude faster (``gpucost.streams.columnar``). Closed
+        panes' records come as blocks of columns; ``gpucost.schemas.blocks.expand`` makes them records."""
         return ingest_batch(self, batch, source)
 
     def ingest_lines(self, lines: Sequence[bytes], source: Callable[[int], str], scope: Scope | None = None

@@ -30,19 +30,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from schemas.arrow import EVENT_SCHEMA
-from schemas.blocks import ClosedPanes, Outputs
-from schemas.bounds import field_bounds
-from schemas.codec import Rejected, decode_line, present_fields, raw_text
-from schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
-from schemas.exact import round_float
-from schemas.records import Output
-from streams.panes import PaneColumns, PaneTotals, jump, objects, overlaps
-from streams.scope import Scope, decode_in_scope
-from streams.tables import UNATTRIBUTED, Tenant
+from gpucost.schemas.arrow import EVENT_SCHEMA
+from gpucost.schemas.blocks import ClosedPanes, Outputs
+from gpucost.schemas.bounds import field_bounds
+from gpucost.schemas.codec import Rejected, decode_line, present_fields, raw_text
+from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
+from gpucost.schemas.exact import round_float
+from gpucost.schemas.records import Output
+from gpucost.streams.panes import PaneColumns, PaneTotals, jump, objects, overlaps
+from gpucost.streams.scope import Scope, decode_in_scope
+from gpucost.streams.tables import UNATTRIBUTED, Tenant
 
 if TYPE_CHECKING:
-    from streams.audit import Auditor
+    from gpucost.streams.audit import Auditor
 
 __all__ = ["ingest_batch", "ingest_lines", "exact_round"]
 
@@ -156,7 +156,7 @@ def _parsed(lines: Sequence[bytes], idx: list[int], block: bytes | None = None) 
 
 
 def exact_round(values: np.ndarray, scale: int) -> np.ndarray:
-    """``schemas.exact.round_scaled`` of each float, vectorised.
+    """``gpucost.schemas.exact.round_scaled`` of each float, vectorised.
 
     ``values · scale`` in binary is within 1e-6 of the decimal the float stands for (values
     here are at most 3.6e6 once scaled), so away from a half the nearest integer is the
@@ -226,7 +226,7 @@ class _Batch:
 
     def _valid(self, model: type[Event], columns: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
         """Rows whose every field of ``model`` is within the bounds the model declares (present, if the
-        field is required): the checks are read from the model (``schemas.bounds``), never written here."""
+        field is required): the checks are read from the model (``gpucost.schemas.bounds``), never written here."""
         ok = np.ones(self.n, dtype=bool)
         for name in model.model_fields:
             if name != "kind":
@@ -343,7 +343,7 @@ class _Batch:
             self._scoped()
 
     def _scoped(self) -> None:
-        """Rows of the hot kinds taken so far that their message may not carry (``streams.scope``): dead
+        """Rows of the hot kinds taken so far that their message may not carry (``gpucost.streams.scope``): dead
         letters, the reason given by ``Scope.check`` itself (rows decoded one by one were checked there)."""
         assert self.scope is not None
         key, nodes = self.scope.key, self.scope.nodes
@@ -470,7 +470,7 @@ class _Batch:
             return upto, high, before
 
         def watermarks(moves: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int | None]]:
-            """``running`` over the rows that ``moves``, with the jump rule (``streams.panes.jump``), and each
+            """``running`` over the rows that ``moves``, with the jump rule (``gpucost.streams.panes.jump``), and each
             GPU's pending jump after the batch where it may have one. Only a GPU with a row further than
             ``max_jump_ns`` ahead of the maximum before it, or a pending jump in the state, can differ from the
             plain running maximum: those few go row by row, in arrival order."""
@@ -532,7 +532,7 @@ class _Batch:
     def _refusals(self, rows: np.ndarray, group: np.ndarray, pane: np.ndarray, late: np.ndarray,
                   names: list[str], starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The on-time rows refused as duplicates (their (GPU, kind, pid, ts_ns) an earlier on-time row, or an
-        open pane of the state, holds) and as overlaps (``streams.panes.overlaps``).
+        open pane of the state, holds) and as overlaps (``gpucost.streams.panes.overlaps``).
 
         An overlap depends on which earlier samples were taken, so it is decided in arrival order; but only
         where it can occur: a (GPU, kind, pid, pane) with two distinct times closer than three quarters of

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from schemas.arrow import ARROW_SCHEMAS
-from schemas.exact import ratios
-from schemas.records import IdleIndexRecord, computed
-from streams.panes import PaneColumns, PaneTotals
-from streams.settings import AuditSettings
+from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.exact import ratios
+from gpucost.schemas.records import IdleIndexRecord, computed
+from gpucost.streams.panes import PaneColumns, PaneTotals
+from gpucost.streams.settings import AuditSettings
 
 __all__ = ["IdleIndex"]
 

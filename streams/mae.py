@@ -10,9 +10,9 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from schemas.events import MemAccess
-from schemas.records import MaeRecord, computed
-from streams.settings import AuditSettings
+from gpucost.schemas.events import MemAccess
+from gpucost.schemas.records import MaeRecord, computed
+from gpucost.streams.settings import AuditSettings
 
 __all__ = ["entropy_bits", "l2_estimate", "Mae"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from schemas.events import GpuSample, NumaEvent, ProcessSample
-from streams.settings import AuditSettings
-from streams.tables import Tenant
+from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
+from gpucost.streams.settings import AuditSettings
+from gpucost.streams.tables import Tenant
 
 __all__ = ["pane_start_ns", "overlaps", "jump", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes", "objects"]
 

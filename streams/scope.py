@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.codec import Rejected, decode_line
-from schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
+from gpucost.schemas.codec import Rejected, decode_line
+from gpucost.schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
 
 __all__ = ["PRICE_SCOPE", "Scope", "decode_in_scope", "price_mac"]
 

@@ -7,13 +7,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas.events import TENANT_FIELDS, Price, TenantBinding
+from gpucost.schemas.events import TENANT_FIELDS, Price, TenantBinding
 
 __all__ = ["Tenant", "UNATTRIBUTED", "BindingTable", "PriceTable"]
 
 
 class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):  # type: ignore[misc]
-    """A binding's tenant fields (``schemas.events.TENANT_FIELDS``, declared once, on the binding)."""
+    """A binding's tenant fields (``gpucost.schemas.events.TENANT_FIELDS``, declared once, on the binding)."""
 
     __slots__ = ()
 

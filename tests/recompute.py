@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streams.settings import AuditSettings
+from gpucost.streams.settings import AuditSettings
 
 __all__ = ["json_source", "parquet_source", "recompute_sql"]
 

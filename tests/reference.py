@@ -12,9 +12,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from schemas.events import (Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                            TenantBinding)
-from streams.settings import AuditSettings
+from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
+from gpucost.streams.settings import AuditSettings
 
 IDLE = "idle"
 

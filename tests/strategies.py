@@ -5,9 +5,8 @@ from decimal import Decimal
 
 from hypothesis import strategies as st
 
-from schemas.events import (Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                            TenantBinding)
-from streams.settings import AuditSettings
+from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
+from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
 BASE_NS = 1_767_571_200 * NS

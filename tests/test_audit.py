@@ -9,14 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pytest import approx
 
-from schemas.blocks import expand
-from schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
-from schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
-from schemas.records import Output
-from streams.audit import Auditor
-from streams.panes import PaneColumns, PaneTotals, TenantTotals
-from streams.settings import AuditSettings
-from streams.tables import Tenant
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
+from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, Output
+from gpucost.streams.audit import Auditor
+from gpucost.streams.panes import PaneColumns, PaneTotals, TenantTotals
+from gpucost.streams.settings import AuditSettings
+from gpucost.streams.tables import Tenant
 from tests.reference import reference
 from tests.strategies import BASE_NS, settings_st, streams
 

@@ -12,14 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucost.embedded import run_embedded
-from producers.replay import read_inputs
-from producers.simulate import FleetSpec, simulate
-from schemas.codec import REASONS, Rejected, decode_line, encode_event
-from schemas.events import EVENT_MODELS, GpuSample, Price, TenantBinding
-from schemas.records import CostRecord, DeadLetter
-from streams.audit import Auditor
-from sinks.views import connect
-from streams.settings import AuditSettings
+from gpucost.producers.replay import read_inputs
+from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.schemas.codec import REASONS, Rejected, decode_line, encode_event
+from gpucost.schemas.events import EVENT_MODELS, GpuSample, Price, TenantBinding
+from gpucost.schemas.records import CostRecord, DeadLetter
+from gpucost.sinks.views import connect
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
 

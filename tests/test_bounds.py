@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from producers.simulate import FleetSpec, simulate
-from schemas.blocks import expand
-from schemas.bounds import field_bounds
-from schemas.codec import encode_event
-from schemas.events import EVENT_MODELS
-from schemas.records import DeadLetter
-from streams.audit import Auditor
-from streams.settings import AuditSettings
+from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.bounds import field_bounds
+from gpucost.schemas.codec import encode_event
+from gpucost.schemas.events import EVENT_MODELS
+from gpucost.schemas.records import DeadLetter
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 from tests.test_columnar import closing_at
 
 #: one valid event of each kind the fleet simulator makes, as a JSON object

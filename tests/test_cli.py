@@ -11,8 +11,8 @@ import pytest
 from gpucost.cli import main
 from gpucost.config import load_settings
 from gpucost.kafka.settings import KafkaSettings
-from sinks.views import connect
-from streams.settings import AuditSettings
+from gpucost.sinks.views import connect
+from gpucost.streams.settings import AuditSettings
 
 SMALL = ["--gpus", "2", "--hours", "2", "--interval-s", "30"]
 
@@ -149,7 +149,7 @@ def test_views_sql_works_in_a_plain_duckdb(capsys: pytest.CaptureFixture[str], e
 
 
 def test_empty_views_have_the_schema_columns(tmp_path: Path) -> None:
-    from schemas.arrow import ARROW_SCHEMAS
+    from gpucost.schemas.arrow import ARROW_SCHEMAS
 
     con = connect(tmp_path)
     for kind, schema in ARROW_SCHEMAS.items():
@@ -172,8 +172,8 @@ def test_bad_environment_number_is_a_usage_error(capsys: pytest.CaptureFixture[s
 
 
 def test_json_schemas_cover_every_kind_with_its_wire_fields(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from schemas.events import EVENT_MODELS
-    from schemas.records import OUTPUT_KINDS
+    from gpucost.schemas.events import EVENT_MODELS
+    from gpucost.schemas.records import OUTPUT_KINDS
 
     assert main(["topics", "schemas", "--schemas-out", str(tmp_path)]) == 0
     for group, models in (("event", EVENT_MODELS), ("record", OUTPUT_KINDS)):

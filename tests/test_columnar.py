@@ -16,17 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.simulate import FleetSpec, simulate
-from schemas.arrow import EVENT_SCHEMA, events_table
-from schemas.blocks import expand
-from schemas.events import TS_MAX_NS, TS_MIN_NS, Event, GpuSample, ProcessSample
-from schemas.exact import round_scaled
-from schemas.records import Output
-from streams.audit import Auditor
-from schemas.codec import encode_event, present_fields
-from streams import columnar
-from streams.columnar import exact_round
-from streams.settings import AuditSettings
+from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.schemas.arrow import EVENT_SCHEMA, events_table
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import encode_event, present_fields
+from gpucost.schemas.events import TS_MAX_NS, TS_MIN_NS, Event, GpuSample, ProcessSample
+from gpucost.schemas.exact import round_scaled
+from gpucost.schemas.records import Output
+from gpucost.streams import columnar
+from gpucost.streams.audit import Auditor
+from gpucost.streams.columnar import exact_round
+from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS, settings_st, streams
 
 #: one field of a valid row, changed so that the row is refused (or, for some, still taken)

@@ -17,19 +17,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpucost.kafka.sink
-import sinks.compact
+import gpucost.sinks.compact
 from gpucost.cli import main
 from gpucost.kafka.sink import JOURNAL, run_kafka_sink
-from producers.simulate import FleetSpec, simulate
-from schemas.blocks import expand
-from schemas.codec import encode_event
-from schemas.records import kind_of
-from sinks.compact import STAGING, compact, partition_folders
-from sinks.lock import OutputBusyError, OutputLock
-from sinks.parquet import Journal, ParquetSink
-from sinks.views import connect
-from streams.audit import Auditor
-from streams.settings import AuditSettings
+from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import encode_event
+from gpucost.schemas.records import kind_of
+from gpucost.sinks.compact import STAGING, compact, partition_folders
+from gpucost.sinks.lock import OutputBusyError, OutputLock
+from gpucost.sinks.parquet import Journal, ParquetSink
+from gpucost.sinks.views import connect
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message, ScriptedConsumer
 
 NS = 1_000_000_000
@@ -134,9 +134,9 @@ def _die_at(out: str, step: str) -> None:
     if step == "writing":
         ParquetSink.flush = die  # type: ignore[method-assign]
     elif step == "swapping":
-        sinks.compact._exchange = die  # type: ignore[attr-defined]
+        gpucost.sinks.compact._exchange = die  # type: ignore[attr-defined]
     else:  # swapped, the old files not yet removed
-        sinks.compact.fsync_dir = die  # type: ignore[attr-defined]
+        gpucost.sinks.compact.fsync_dir = die  # type: ignore[attr-defined]
     compact(Path(out))
 
 
@@ -291,7 +291,7 @@ def test_gpucost_query_runs_a_query_again_when_compaction_swapped_its_files(tmp_
                                                                            fails: int) -> None:
     write_as_flushes(tmp_path, [10])
     tries = iter([_Vanishing(tmp_path, fails)] * 3)
-    monkeypatch.setattr("sinks.views.connect", lambda out: next(tries))
+    monkeypatch.setattr("gpucost.sinks.views.connect", lambda out: next(tries))
     rc = main(["query", "--out", str(tmp_path), "SELECT count(*) FROM cost", "--format", "csv"])
     out, err = capsys.readouterr()
     if fails < 3:  # the third failure in a row is reported

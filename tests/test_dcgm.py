@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpucost.kafka.outbox import Outbox
-from producers.dcgm import DcgmScraper, scrape_to_events
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT
-from sinks.views import connect
+from gpucost.producers.dcgm import DcgmScraper, scrape_to_events
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
+from gpucost.sinks.views import connect
 from tests.conftest import ROOT
 
 NS = 1_000_000_000
@@ -171,8 +171,8 @@ def test_a_live_producer_ends_its_input_on_the_first_signal_and_stops_on_the_sec
 
 def test_pod_labels_make_the_container_a_tenant(shared_data: Path) -> None:
     """The same real scrape with dcgm-exporter's Kubernetes labels added, as its pod mapping does."""
-    from producers.dcgm import container_pid
-    from schemas.events import GpuSample, ProcessSample, TenantBinding
+    from gpucost.producers.dcgm import container_pid
+    from gpucost.schemas.events import GpuSample, ProcessSample, TenantBinding
 
     text = metric_text(shared_data, SCRAPES[0])
     labelled = re.sub(r'(DCGM_FI_\w+\{)', r'\1namespace="ml-team",pod="trainer-0",container="torch",', text)

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from gpucost.cli import _replay_events
-from schemas.arrow import EVENT_SCHEMA
-from sinks.views import connect
-from streams.settings import AuditSettings
+from gpucost.schemas.arrow import EVENT_SCHEMA
+from gpucost.sinks.views import connect
+from gpucost.streams.settings import AuditSettings
 from tests.conftest import ROOT
 from tests.recompute import json_source, recompute_sql
 
@@ -122,7 +122,7 @@ def test_parquet_layout_and_schema(fleet) -> None:
     _, out, _ = fleet
     import pyarrow.parquet as pq
 
-    from schemas.arrow import ARROW_SCHEMAS
+    from gpucost.schemas.arrow import ARROW_SCHEMAS
 
     for kind in ("idle_index", "mae", "cost"):
         files = sorted((out / kind).glob("date=*/part-*.parquet"))

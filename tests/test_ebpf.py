@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.ebpf import EbpfProbe, EbpfUnavailable, ensure_tracing, find_libcuda, numa_distances
-from schemas.codec import decode_line, encode_event
+from gpucost.producers.ebpf import EbpfProbe, EbpfUnavailable, ensure_tracing, find_libcuda, numa_distances
+from gpucost.schemas.codec import decode_line, encode_event
 from tests.conftest import ROOT
 
 PAGES = 300
@@ -119,7 +119,7 @@ def test_gpucost_run_traces_page_faults(toucher: Path, tmp_path: Path, capsys: p
     import threading
 
     from gpucost.cli import main
-    from sinks.views import connect
+    from gpucost.sinks.views import connect
 
     try:
         ensure_tracing()
@@ -160,7 +160,7 @@ def test_numa_migrations_become_events_for_each_gpu_of_the_process() -> None:
 
 
 def test_nvml_names_the_gpus_of_a_process(shared_data: Path) -> None:
-    from producers.nvml import NvmlSampler
+    from gpucost.producers.nvml import NvmlSampler
     from tests.fake_nvml import FakeState, fake_pynvml, parse
 
     path = shared_data / "nvidia-smi" / "linux-x86_64__nvidia-h200__590.48.01.txt"

@@ -26,12 +26,12 @@ from gpucost.kafka.routing import Router
 from gpucost.kafka.signing import Signer, parse_keys
 from gpucost.kafka.sink import JOURNAL, run_kafka_sink
 from gpucost.kafka.worker import INPUTS
-from producers.replay import input_files
-from schemas.codec import Rejected, decode_line
-from schemas.events import Event
-from schemas.records import OUTPUT_KINDS
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT
-from sinks.views import connect
+from gpucost.producers.replay import input_files
+from gpucost.schemas.codec import Rejected, decode_line
+from gpucost.schemas.events import Event
+from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
+from gpucost.sinks.views import connect
 from tests.conftest import FAULT_LINES, ROOT, Broker
 from tests.test_kafka import Deployment, assert_same_parquet, embedded_counts, run_to_completion, wait_for
 

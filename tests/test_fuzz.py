@@ -14,14 +14,14 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from producers.dcgm import DcgmScraper
-from producers.ebpf import EbpfProbe
-from schemas.codec import REASONS, Rejected, decode_line
-from schemas.ebpf import TRACE_EVENT_SIZE, decode_trace_event
-from schemas.events import EVENT_MODELS, Event
-from sinks.parquet import ParquetSink
-from streams.audit import Auditor
-from streams.settings import AuditSettings
+from gpucost.producers.dcgm import DcgmScraper
+from gpucost.producers.ebpf import EbpfProbe
+from gpucost.schemas.codec import REASONS, Rejected, decode_line
+from gpucost.schemas.ebpf import TRACE_EVENT_SIZE, decode_trace_event
+from gpucost.schemas.events import EVENT_MODELS, Event
+from gpucost.sinks.parquet import ParquetSink
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 
 CORPUS = Path(__file__).parent / "corpus"
 NS = 1_000_000_000

@@ -26,14 +26,14 @@ from gpucost.kafka.signing import Keyring, Signer, parse_keys
 from gpucost.kafka.sink import _record
 from gpucost.kafka.worker import Worker, _Owned, restored
 from gpucost.report import format_table
-from schemas.blocks import expand
-from schemas.codec import decode_line
-from schemas.events import Price, TenantBinding
-from schemas.records import OUTPUT_KINDS, CostRecord, DeadLetter, IdleIndexRecord
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
-from streams.audit import Auditor
-from streams.scope import price_mac
-from streams.settings import AuditSettings
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import decode_line
+from gpucost.schemas.events import Price, TenantBinding
+from gpucost.schemas.records import OUTPUT_KINDS, CostRecord, DeadLetter, IdleIndexRecord
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
+from gpucost.streams.audit import Auditor
+from gpucost.streams.scope import price_mac
+from gpucost.streams.settings import AuditSettings
 from tests.conftest import HOSTILE_LINES
 from tests.fake_kafka import Message, RecordingProducer
 from tests.test_worker import LINES
@@ -467,7 +467,7 @@ def test_both_paths_refuse_what_a_message_may_not_carry(picks: list[tuple[int, i
                                                         nodes: frozenset[str] | None) -> None:
     """Lines of several GPUs in a message of one: the batch path (here, 130+ lines) refuses exactly the
     lines, and for the reasons, the row path refuses (a mutation of either check fails this)."""
-    from streams.scope import Scope
+    from gpucost.streams.scope import Scope
 
     keys = list(LINES)
     lines = [LINES[keys[k]][i % len(LINES[keys[k]])] for k, i in picks]

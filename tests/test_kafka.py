@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from sinks.views import connect, query
+from gpucost.sinks.views import connect, query
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -215,7 +215,7 @@ def test_sink_killed_mid_stream_writes_each_row_once(deployment: Deployment, rec
     assert_same_parquet(d.out, embedded)
 
 
-from tests.test_dcgm import exporter, expected  # noqa: E402,F401  (the exporter fixture serves a real scrape)
+from tests.test_dcgm import expected, exporter  # noqa: E402,F401  (the exporter fixture serves a real scrape)
 
 
 def test_live_source_is_published_while_it_runs(deployment: Deployment, exporter: tuple[str, str]) -> None:

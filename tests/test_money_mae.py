@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.mae import entropy_bits, l2_estimate
-from schemas.exact import div_half_even
-from streams.money import split_in_order
-from streams.settings import DEFAULT_L2_CALIBRATION
+from gpucost.schemas.exact import div_half_even
+from gpucost.streams.mae import entropy_bits, l2_estimate
+from gpucost.streams.money import split_in_order
+from gpucost.streams.settings import DEFAULT_L2_CALIBRATION
 from tests.reference import split
 
 

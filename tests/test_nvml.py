@@ -6,9 +6,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from producers.nvml import NvmlSampler, NvmlUnavailable
-from producers.periodic import sample_forever
-from schemas.events import GpuSample, ProcessSample
+from gpucost.producers.nvml import NvmlSampler, NvmlUnavailable
+from gpucost.producers.periodic import sample_forever
+from gpucost.schemas.events import GpuSample, ProcessSample
 from tests.fake_nvml import FakeState, fake_pynvml, parse
 
 NS = 1_000_000_000
@@ -123,7 +123,7 @@ def test_gpucost_run_audits_the_nvml_source(shared_data: Path, tmp_path: Path, m
     import sys
 
     from gpucost.cli import main
-    from sinks.views import connect
+    from gpucost.sinks.views import connect
 
     cap = parse(capture_path(shared_data, CAPTURES[1]), "load")
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(FakeState(cap, now_us=10**9)))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpucost.kafka.outbox import Message, Outbox
 from gpucost.kafka.publish import Stopped, publish
 from gpucost.kafka.settings import KafkaSettings
-from producers.simulate import FleetSpec, simulate
+from gpucost.producers.simulate import FleetSpec, simulate
 
 
 def msg(i: int) -> Message:

@@ -8,11 +8,11 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.events import GpuSample
-from streams import idle_index
-from streams.idle_index import IdleIndex, _Window
-from streams.panes import GpuPanes, PaneTotals, pane_start_ns
-from streams.settings import AuditSettings
+from gpucost.schemas.events import GpuSample
+from gpucost.streams import idle_index
+from gpucost.streams.idle_index import IdleIndex, _Window
+from gpucost.streams.panes import GpuPanes, PaneTotals, pane_start_ns
+from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
 P = 60 * NS

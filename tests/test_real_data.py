@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from gpucost.embedded import run_embedded
-from producers.replay import read_inputs
-from sinks.views import connect
-from streams.settings import AuditSettings
+from gpucost.producers.replay import read_inputs
+from gpucost.sinks.views import connect
+from gpucost.streams.settings import AuditSettings
 
 pytestmark = pytest.mark.slow
 NS = 1_000_000_000

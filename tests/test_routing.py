@@ -4,10 +4,10 @@ from __future__ import annotations
 from hypothesis import given
 
 from gpucost.kafka.routing import Router, duplicate_letter
-from schemas.events import Event
-from schemas.records import Output
-from streams.audit import Auditor
-from streams.settings import AuditSettings
+from gpucost.schemas.events import Event
+from gpucost.schemas.records import Output
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 from tests.strategies import settings_st, streams
 from tests.test_audit import run, tabulate
 

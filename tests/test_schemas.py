@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.codec import Rejected, decode_line, encode_event
-from schemas.ebpf import decode_trace_event
-from schemas.arrow import ARROW_SCHEMAS
-from schemas.events import EVENT_MODELS, TENANT_FIELDS, GpuSample, TenantBinding
-from schemas.exact import round_scaled
-from schemas.records import CostRecord, MaeRecord, computed
-from streams.tables import Tenant
+from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.codec import Rejected, decode_line, encode_event
+from gpucost.schemas.ebpf import decode_trace_event
+from gpucost.schemas.events import EVENT_MODELS, TENANT_FIELDS, GpuSample, TenantBinding
+from gpucost.schemas.exact import round_scaled
+from gpucost.schemas.records import CostRecord, MaeRecord, computed
+from gpucost.streams.tables import Tenant
 from tests.strategies import streams
 
 GOOD = {"kind": "gpu_sample", "node_id": "n1", "gpu_uuid": "GPU-1", "gpu_model": "NVIDIA H100",

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucost.kafka.signing import KEY_ID_HEADER, SIGNATURE_HEADER, Keyring, Signer, SigningKey, parse_keys
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 
 LINE = b'{"kind":"gpu_sample","node_id":"node-a","gpu_uuid":"GPU-1"}'
 
@@ -59,7 +59,7 @@ def test_unsigned_unknown_and_foreign_node(tmp_path: Path) -> None:
     signer = signer_of(a, tmp_path)
     assert isinstance(ring.check(b"GPU-1", LINE, dict(signer.headers(b"GPU-1", LINE))), SigningKey)
     # a key limited to node-a signing node-b's events: the signature holds, the events are refused one by
-    # one, on what the pipeline decoded (streams.scope; tests/test_hostile.py)
+    # one, on what the pipeline decoded (gpucost.streams.scope; tests/test_hostile.py)
     forged = LINE.replace(b"node-a", b"node-b")
     signed_by = ring.check(b"GPU-1", forged, dict(signer.headers(b"GPU-1", forged)))
     assert isinstance(signed_by, SigningKey) and signed_by.nodes == frozenset({"node-a"})

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.simulate import FleetSpec, simulate
-from schemas.blocks import ClosedPanes, Outputs, expand
-from schemas.codec import encode_event
-from sinks.parquet import ParquetSink, SinkWriteError
-from streams.audit import Auditor
-from streams.settings import AuditSettings
+from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.schemas.blocks import ClosedPanes, Outputs, expand
+from gpucost.schemas.codec import encode_event
+from gpucost.sinks.parquet import ParquetSink, SinkWriteError
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
 # two GPUs for 3 h across midnight UTC: records of two dates, in blocks that hold both

@@ -16,13 +16,13 @@ from gpucost.kafka.routing import Router
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.worker import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, Worker, _Owned, restored
-from producers.simulate import FleetSpec, simulate
-from schemas.blocks import expand
-from schemas.codec import encode_event
-from schemas.records import CostRecord, DeadLetter, IdleIndexRecord
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
-from streams.audit import Auditor
-from streams.settings import AuditSettings
+from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import encode_event
+from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message, RecordingProducer
 
 AUDIT = AuditSettings()

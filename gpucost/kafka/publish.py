@@ -21,10 +21,10 @@ from gpucost.kafka.outbox import Message, Outbox
 from gpucost.kafka.routing import Router, duplicate_letter
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
-from schemas.codec import Rejected, encode_event, raw_text
-from schemas.events import Event
-from schemas.records import DeadLetter
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
+from gpucost.schemas.codec import Rejected, encode_event, raw_text
+from gpucost.schemas.events import Event
+from gpucost.schemas.records import DeadLetter
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
 
 __all__ = ["Stopped", "create_topics", "default_spool", "publish", "publish_dead_letters", "split_batch"]
 

@@ -11,9 +11,10 @@ topic once, as the embedded auditor would dead-letter it, rather than once per G
 """
 from __future__ import annotations
 
-from schemas.codec import encode_event
-from schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
-from schemas.records import DeadLetter
+from gpucost.schemas.codec import encode_event
+from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
+                                    TenantBinding)
+from gpucost.schemas.records import DeadLetter
 
 __all__ = ["Route", "Router", "duplicate_letter"]
 

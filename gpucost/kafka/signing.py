@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.topics import CONTROL_HEADER, SEQUENCE_HEADER
-from streams.scope import PRICE_SCOPE
+from gpucost.schemas.topics import CONTROL_HEADER, SEQUENCE_HEADER
+from gpucost.streams.scope import PRICE_SCOPE
 
 __all__ = ["KEY_ID_HEADER", "SIGNATURE_HEADER", "SigningKey", "Signer", "Keyring", "Verdict", "parse_keys"]
 
@@ -85,7 +85,7 @@ class Signer:
 
 @dataclass(frozen=True)
 class Verdict:
-    reason: str  # a dead-letter reason of schemas.codec.REASONS
+    reason: str  # a dead-letter reason of gpucost.schemas.codec.REASONS
     detail: str
 
 
@@ -124,7 +124,7 @@ class Keyring:
 
     def check(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> Verdict | SigningKey:
         """The key that signed the message, or why it is refused. Which nodes the key may speak for is
-        checked on the decoded events (``streams.scope``), not here: one parser decides."""
+        checked on the decoded events (``gpucost.streams.scope``), not here: one parser decides."""
         self._maybe_reload()
         key_id, signature = headers.get(KEY_ID_HEADER), headers.get(SIGNATURE_HEADER)
         if key_id is None or signature is None:

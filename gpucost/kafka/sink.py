@@ -7,7 +7,7 @@ start-up or seen since the last commit, are dropped by each kind's natural key. 
 never writes a row twice, and the keys held stay bounded by what one flush interval brings.
 
 A flush makes a file per kind and date, so after a commit, with the journal empty, a folder
-that has gained ``compact_min_files`` files is compacted (``sinks.compact``) in a thread while
+that has gained ``compact_min_files`` files is compacted (``gpucost.sinks.compact``) in a thread while
 the loop waits: nothing is written into a folder while it is swapped.
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from gpucost.kafka.signing import Keyring, Verdict
-from schemas.records import OUTPUT_KINDS, DeadLetter
-from sinks.compact import CompactError, compact, part_files, partition_folders
-from sinks.lock import OutputLock
-from sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries
+from gpucost.schemas.records import OUTPUT_KINDS, DeadLetter
+from gpucost.sinks.compact import CompactError, compact, part_files, partition_folders
+from gpucost.sinks.lock import OutputLock
+from gpucost.sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries
 
 __all__ = ["DEDUPE_KEYS", "JOURNAL", "SinkStats", "written_keys", "run_kafka_sink"]
 

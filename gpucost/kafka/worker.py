@@ -32,13 +32,13 @@ from aiokafka.partitioner import murmur2
 from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer, SigningKey, Verdict
-from schemas.blocks import expand
-from schemas.codec import raw_text
-from schemas.records import DeadLetter, Output, kind_of
-from schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
-from streams.audit import Auditor
-from streams.scope import Scope
-from streams.settings import AuditSettings
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import raw_text
+from gpucost.schemas.records import DeadLetter, Output, kind_of
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
+from gpucost.streams.audit import Auditor
+from gpucost.streams.scope import Scope
+from gpucost.streams.settings import AuditSettings
 
 __all__ = ["INPUTS", "Restored", "STATE_VERSION", "StateError", "restored", "state_topic_suffix", "Worker"]
 
