@@ -384,35 +384,10 @@ class _Batch:
         self._count("mem_access", len(rows))
         if not len(rows):
             return
-        mae = self.a.mae
-        address = self.address[rows]
-        lo, span = mae.lo, mae.span
-        inside = address >= np.uint64(lo) if lo + span >= 1 << 64 else (
-            (address >= np.uint64(lo)) & (address < np.uint64(lo + span)))
-        bins = np.full(len(rows), -1, np.int64)
-        if span * mae.bins < 1 << 64:
-            bins[inside] = ((address[inside] - np.uint64(lo)) * np.uint64(mae.bins) // np.uint64(span)).astype(np.int64)
-        else:
-            bins[inside] = [(int(a) - lo) * mae.bins // span for a in address[inside].tolist()]
+        bins = self.a.mae.bins_of(self.address[rows])
         for key, members in self._processes(rows).items():
-            self._mae_process(key, rows[members], bins[members])
-
-    def _mae_process(self, key: tuple[str, int], rows: np.ndarray, bins: np.ndarray) -> None:
-        """One process's addresses, in arrival order, through its tumbling windows."""
-        mae, pos = self.a.mae, 0
-        while pos < len(rows):
-            window = mae.window_of(key, int(self.ts[rows[pos]]))
-            take = min(len(rows) - pos, mae.window - window.taken)
-            part = bins[pos:pos + take]
-            values, counts = np.unique(part[part >= 0], return_counts=True)
-            for b, c in zip(values.tolist(), counts.tolist()):
-                window.counts[b] = window.counts.get(b, 0) + c
-            window.out_of_range += int(np.count_nonzero(part < 0))
-            window.taken += take
-            window.last_ts_ns = int(self.ts[rows[pos + take - 1]])
-            pos += take
-            if window.taken == mae.window:
-                self.emit(int(rows[pos - 1]), [mae.complete(key)])
+            for at, record in self.a.mae.update_many(key, self.ts[rows[members]], bins[members]):
+                self.emit(int(rows[members[at]]), [record])
 
     # --- panes -----------------------------------------------------------------------------------
 
@@ -605,11 +580,11 @@ class _Batch:
             members = groups[key]
             stop = int(np.searchsorted(rows[members], before_row))
             part = members[done[key]:stop]
-            history = a.bindings.history(*key)
-            if len(part) and history:
-                ids = np.array([index.setdefault(t, len(index)) for _, t in history], np.int64)
-                at = np.searchsorted(np.array([t for t, _ in history], np.int64), self.ts[rows[part]], "right") - 1
-                out[part] = np.where(at >= 0, ids[at], 0)
+            if len(part):
+                tenants, at = a.bindings.lookup_many(*key, self.ts[rows[part]])
+                if tenants:
+                    ids = np.array([index.setdefault(t, len(index)) for t in tenants], np.int64)
+                    out[part] = np.where(at >= 0, ids[at], 0)
             done[key] = stop
 
         rest = []

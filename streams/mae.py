@@ -10,6 +10,8 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from gpucost.schemas.events import MemAccess
 from gpucost.schemas.records import MaeRecord, computed
 from gpucost.streams.settings import AuditSettings
@@ -60,20 +62,21 @@ class Mae:
         self.table = settings.l2_calibration
         self._open: dict[tuple[str, int], _Window] = {}
 
-    def window_of(self, key: tuple[str, int], first_ts_ns: int) -> _Window:
+    def _window_of(self, key: tuple[str, int], first_ts_ns: int) -> _Window:
         """The process's open window, opened at ``first_ts_ns`` if it has none."""
         win = self._open.get(key)
         if win is None:
             win = self._open[key] = _Window(first_ts_ns)
         return win
 
-    def complete(self, key: tuple[str, int]) -> MaeRecord:
+    def _complete(self, key: tuple[str, int]) -> MaeRecord:
         """Close the process's full window."""
         return self._record(key, self._open.pop(key))
 
     def update(self, ev: MemAccess) -> MaeRecord | None:
+        """The row entry: one address; the window's record if it completed it."""
         key = (ev.node_id, ev.pid)
-        win = self.window_of(key, ev.ts_ns)
+        win = self._window_of(key, ev.ts_ns)
         offset = ev.address - self.lo
         if 0 <= offset < self.span:
             b = offset * self.bins // self.span
@@ -82,7 +85,39 @@ class Mae:
             win.out_of_range += 1
         win.taken += 1
         win.last_ts_ns = ev.ts_ns
-        return self.complete(key) if win.taken == self.window else None
+        return self._complete(key) if win.taken == self.window else None
+
+    def bins_of(self, address: np.ndarray) -> np.ndarray:
+        """The bin of each address (uint64), -1 out of range: ``update``'s binning, over a column."""
+        lo, span = self.lo, self.span
+        inside = address >= np.uint64(lo) if lo + span >= 1 << 64 else (
+            (address >= np.uint64(lo)) & (address < np.uint64(lo + span)))
+        bins = np.full(len(address), -1, np.int64)
+        if span * self.bins < 1 << 64:
+            bins[inside] = ((address[inside] - np.uint64(lo)) * np.uint64(self.bins) // np.uint64(span)).astype(np.int64)
+        else:  # the product would wrap in 64 bits
+            bins[inside] = [(int(a) - lo) * self.bins // span for a in address[inside].tolist()]
+        return bins
+
+    def update_many(self, key: tuple[str, int], ts_ns: np.ndarray, bins: np.ndarray) -> list[tuple[int, MaeRecord]]:
+        """The batch entry: one process's addresses in arrival order, as their times and ``bins_of``.
+        Returns each completed window's record with the position of the address that completed it:
+        the records ``update`` would return, address by address."""
+        out, pos = [], 0
+        while pos < len(bins):
+            window = self._window_of(key, int(ts_ns[pos]))
+            take = min(len(bins) - pos, self.window - window.taken)
+            part = bins[pos:pos + take]
+            values, counts = np.unique(part[part >= 0], return_counts=True)
+            for b, c in zip(values.tolist(), counts.tolist()):
+                window.counts[b] = window.counts.get(b, 0) + c
+            window.out_of_range += int(np.count_nonzero(part < 0))
+            window.taken += take
+            window.last_ts_ns = int(ts_ns[pos + take - 1])
+            pos += take
+            if window.taken == self.window:
+                out.append((pos - 1, self._complete(key)))
+        return out
 
     def finish(self) -> list[MaeRecord]:
         """End of a finite input: one record for each partial window."""

@@ -72,16 +72,18 @@ class BindingTable:
             if at > 1:
                 self._by_proc[key] = history[at - 1:]
 
-    def history(self, node_id: str, pid: int) -> list[tuple[int, Tenant]]:
-        """The process's bindings in ``ts_ns`` order (empty if none)."""
-        return self._by_proc.get((node_id, pid), [])
-
     def lookup(self, node_id: str, pid: int, ts_ns: int) -> Tenant:
-        history = self.history(node_id, pid)
-        if not history:
-            return UNATTRIBUTED
+        """The row entry: the process's tenant as of ``ts_ns`` (``UNATTRIBUTED`` before its first binding)."""
+        history = self._by_proc.get((node_id, pid), [])
         i = bisect_right(history, ts_ns, key=lambda h: h[0])
         return history[i - 1][1] if i else UNATTRIBUTED
+
+    def lookup_many(self, node_id: str, pid: int, ts_ns: np.ndarray) -> tuple[list[Tenant], np.ndarray]:
+        """The batch entry: the process's tenants, in the order of its bindings, and for each of ``ts_ns``
+        the index of the one in force then (-1: none yet, ``UNATTRIBUTED``), as ``lookup`` finds them."""
+        history = self._by_proc.get((node_id, pid), [])
+        starts = np.array([ts for ts, _ in history], np.int64)
+        return [t for _, t in history], np.searchsorted(starts, ts_ns, "right") - 1
 
     def to_state(self) -> list[Any]:
         return [[n, p, [[ts, list(t)] for ts, t in h]] for (n, p), h in self._by_proc.items()]
