@@ -21,9 +21,10 @@ import gc
 import io
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -36,13 +37,44 @@ from gpucost.schemas.bounds import field_bounds
 from gpucost.schemas.codec import Rejected, decode_line, present_fields, raw_text
 from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
 from gpucost.schemas.exact import round_float
-from gpucost.schemas.records import Output
-from gpucost.streams.panes import PaneColumns, PaneTotals, jump, objects, overlaps
+from gpucost.schemas.records import DeadLetter, Output
+from gpucost.streams.mae import Mae
+from gpucost.streams.panes import GpuPanes, PaneColumns, PaneTotals, jump, objects, overlaps
 from gpucost.streams.scope import Scope, decode_in_scope
-from gpucost.streams.tables import UNATTRIBUTED, Tenant
+from gpucost.streams.settings import AuditSettings
+from gpucost.streams.tables import UNATTRIBUTED, BindingTable, Tenant
 
-if TYPE_CHECKING:
-    from gpucost.streams.audit import Auditor
+
+class RowPath(Protocol):
+    """What the batch path asks of the row path (``gpucost.streams.audit.Auditor``), named here so that
+    this module does not import it (audit calls this one): the operators whose state both paths keep,
+    and the row entries used for what is rare in a batch (tables, dead letters, closing panes)."""
+
+    settings: AuditSettings
+    clock: Callable[[], int] | None
+    counts: Counter[str]
+    panes: GpuPanes
+    mae: Mae
+    bindings: BindingTable
+
+    def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]: ...
+
+    def reject(self, why: Rejected, raw: str, source: str) -> DeadLetter: ...
+
+    def future_letter(self, event: Event, raw: str | bytes | None, source: str, now: int) -> DeadLetter: ...
+
+    def late_letter(self, event: Any, raw: str | bytes | None, source: str, watermark: int | None) -> DeadLetter: ...
+
+    def duplicate_letter(self, event: Any, raw: str | bytes | None, source: str) -> DeadLetter: ...
+
+    def overlap_letter(self, event: Any, raw: str | bytes | None, source: str) -> DeadLetter: ...
+
+    def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]: ...
+
+    def prices_now(self, gpu_models: np.ndarray, pane_starts_ns: np.ndarray) -> list[Decimal | None]: ...
+
+    def close_many(self, panes: PaneColumns, prices: list[Decimal | None],
+                   cuts: Sequence[int] = ()) -> list[ClosedPanes | None]: ...
 
 __all__ = ["ingest_batch", "ingest_lines", "exact_round"]
 
@@ -61,7 +93,7 @@ FEW_CLOSES = 16
 FEW_LINES = 128
 
 
-def ingest_batch(auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[int], str]) -> "Outputs":
+def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str]) -> "Outputs":
     """``auditor.ingest`` of every row of ``batch`` (``EVENT_SCHEMA``), in order; row ``i`` is labelled ``source(i)``.
 
     A batch whose columns are not typed as ``EVENT_SCHEMA`` says goes row by row.
@@ -71,7 +103,7 @@ def ingest_batch(auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[in
     return _Batch(auditor, batch, source).run()
 
 
-def ingest_lines(auditor: "Auditor", lines: Sequence[bytes], source: Callable[[int], str],
+def ingest_lines(auditor: RowPath, lines: Sequence[bytes], source: Callable[[int], str],
                  scope: Scope | None = None) -> "Outputs":
     """``auditor.ingest`` of each JSON line, in order, through the batch path: Arrow's JSON reader
     (in C, typed by ``EVENT_SCHEMA``) fills the columns.
@@ -190,7 +222,7 @@ def _runs(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _Batch:
     """One batch's columns as numpy arrays, and the outputs it yields, each tagged with its row."""
 
-    def __init__(self, auditor: "Auditor", batch: pa.RecordBatch, source: Callable[[int], str],
+    def __init__(self, auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str],
                  lines: Sequence[bytes] | None = None, scope: Scope | None = None) -> None:
         self.a, self.batch, self.source, self.lines, self.scope = auditor, batch, source, lines, scope
         self.n = batch.num_rows

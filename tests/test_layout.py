@@ -41,3 +41,46 @@ def test_the_code_imports_the_folders_only_as_gpucost_modules() -> None:
                      else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
             found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in bare]
     assert not found, found
+
+
+def _modules() -> dict[str, Path]:
+    """Every installed module's dotted name and file."""
+    out = {}
+    for package, folder in [("gpucost", "gpucost"), *((k, v) for k, v in CONFIG["package-dir"].items())]:
+        for path in (ROOT / folder).glob("*.py"):
+            out[f"{package}.{path.stem}".removesuffix(".__init__")] = path
+        if package == "gpucost":
+            for path in (ROOT / folder).glob("*/*.py"):
+                if path.parent.name not in {"schemas", "streams", "sinks", "producers"}:
+                    out[f"gpucost.{path.parent.name}.{path.stem}".removesuffix(".__init__")] = path
+    return out
+
+
+def test_no_import_circle_in_the_project() -> None:
+    """Counting every import, also those inside functions and under TYPE_CHECKING: a circle means two
+    modules that cannot be understood, or changed, apart."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                       if isinstance(node, ast.ImportFrom) and node.module else [])
+            deps |= {t for t in targets if t in modules and t != name}
+        graph[name] = deps
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            assert state.get(dep) != 1, "import circle: " + " → ".join(path[path.index(dep):] + [node, dep]) \
+                if dep in path else f"import circle: {node} → {dep}"
+            if dep not in state:
+                visit(dep, [*path, node])
+        state[node] = 2
+
+    assert len(modules) > 40
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
