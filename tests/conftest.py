@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import secrets
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -76,10 +79,28 @@ def make_certificate(folder: Path, password: str) -> tuple[Path, Path]:
     return keystore, pem
 
 
+def free_ports(n: int, rnd: random.Random | None = None) -> int:
+    """The first of ``n`` consecutive ports nothing listens on now (the broker takes PORT to PORT+3:
+    plaintext, controller, TLS, SASL), so that two test sessions on one host never collide."""
+    rnd = rnd or random.Random()
+    for _ in range(200):
+        base = rnd.randrange(20_000, 60_000)
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + n):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports found on 127.0.0.1")
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """One real Kafka broker for the whole test session, started by the project's own script."""
-    port = int(os.environ.get("GPUCOST_TEST_KAFKA_PORT", "19392"))
+    # GPUCOST_TEST_KAFKA_PORT pins it (and PORT+1..PORT+3); otherwise a free block of four
+    port = int(os.environ.get("GPUCOST_TEST_KAFKA_PORT") or free_ports(4))
     tls = tmp_path_factory.mktemp("tls")
     keystore, pem = make_certificate(tls, password := secrets.token_hex(12))
     broker = Broker(port, pem, "gpucost-test", secrets.token_hex(12), {})

@@ -42,3 +42,18 @@ def test_a_compression_kafka_does_not_know_is_refused_with_the_choices() -> None
     _add_kafka(p)
     with pytest.raises(ConfigError, match="compression"):
         _kafka(p.parse_args(["--compression", "brotli"]))
+
+
+def test_the_test_broker_takes_a_block_of_ports_nothing_listens_on() -> None:
+    """Two test sessions on one host must not share a broker port: a block with a port in use is passed over."""
+    import random
+    import socket
+
+    from tests.conftest import free_ports
+
+    first = free_ports(4, random.Random(5))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first + 2))
+        taken.listen()
+        second = free_ports(4, random.Random(5))  # the same first candidate, now with a port in use
+    assert second != first and not second <= first + 2 < second + 4
