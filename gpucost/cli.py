@@ -74,10 +74,11 @@ def _add_out(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"{what} (env GPUCOST_OUT; default ./{DEFAULT_OUT})")
 
 
-def _add_settings(p: argparse.ArgumentParser) -> None:
+def _add_settings(p: argparse.ArgumentParser, writes_out: bool = True) -> None:
     p.add_argument("--config", type=Path, default=os.environ.get("GPUCOST_CONFIG"),
                    help="TOML file of audit settings (env GPUCOST_CONFIG)")
-    p.add_argument("--overwrite", action="store_true", help="replace output already in --out")
+    if writes_out:
+        p.add_argument("--overwrite", action="store_true", help="replace output already in --out")
     g = p.add_argument_group("audit settings (each also env GPUCOST_<NAME>, e.g. GPUCOST_PANE_S)")
     for name in FLAG_FIELDS:
         info = AuditSettings.model_fields[name]
@@ -215,14 +216,14 @@ def _parser() -> argparse.ArgumentParser:
     _env_flag(work, "--output-signing-key-file", "GPUCOST_OUTPUT_SIGNING_KEY_FILE", Path, None,
               "sign every published record with the one key in this file, for sinks and billing consumers to "
               "verify (unset: unsigned)")
-    _add_settings(work)
+    _add_settings(work, writes_out=False)
     _add_kafka(work)
 
     sink = sub.add_parser("sink", help="consume the output topics into Parquet (each record once)")
     _add_out(sink, "output directory (appended to)")
     sink.add_argument("--group", default=_env("GPUCOST_SINK_GROUP", "gpucost-sink"),
                       help="consumer group (env GPUCOST_SINK_GROUP; default gpucost-sink)")
-    sink.add_argument("--flush-interval-s", type=float, default=2.0, help="seconds between file flushes")
+    sink.add_argument("--flush-interval-s", type=float, default=2.0, help="seconds between file flushes (default 2)")
     _env_flag(sink, "--retry-s", "GPUCOST_SINK_RETRY_S", float, "5",
               "while the output cannot be written, retry this often")
     _env_flag(sink, "--compact-min-files", "GPUCOST_SINK_COMPACT_MIN_FILES", int, "64",
@@ -243,6 +244,8 @@ def _parser() -> argparse.ArgumentParser:
 def _output(out: Path, overwrite: bool, holder: str) -> Iterator[None]:
     """``out`` emptied of earlier output (only with ``overwrite``), this process its only writer meanwhile:
     a sink writing there is never overwritten under its feet."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a directory; choose a directory for the output")
     with OutputLock(out, holder):
         existing = [out / k for k in OUTPUT_KINDS if (out / k).exists()]
         if existing and not overwrite:
@@ -386,8 +389,7 @@ def _jsonable(value: object) -> object:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    if not args.out.is_dir():
-        raise UsageError(f"output directory {args.out} does not exist; run `gpucost run` or `gpucost replay` first")
+    _written(args.out)
     if not args.unsafe and (problem := read_only_problem(args.sql)) is not None:
         raise UsageError(problem)
     try:
@@ -431,7 +433,14 @@ def cmd_prices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _written(out: Path) -> None:
+    """``out`` is an output directory to read, or a usage error saying how to make one."""
+    if not out.is_dir():
+        raise UsageError(f"output directory {out} does not exist; run `gpucost run` or `gpucost replay` first")
+
+
 def cmd_views(args: argparse.Namespace) -> int:
+    _written(args.out)
     print(views_sql(args.out), end="")
     return 0
 
@@ -624,6 +633,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpucost: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`| head -1`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit fails no more
+        return 141
 
 
 if __name__ == "__main__":

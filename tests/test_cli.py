@@ -222,3 +222,33 @@ def test_dead_letters_can_be_fixed_and_replayed(capsys: pytest.CaptureFixture[st
                        ).fetchone() == (3,)
     rc, _, err = cli(capsys, "query", "--out", str(tmp_path / "b"), "--format", "lines", "SELECT 1, 2")
     assert rc == 2 and "one column" in err
+
+
+def test_what_a_new_user_tripped_over(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """views of a directory that is not there, --out naming a file, help that offers what does nothing."""
+    rc, out, err = cli(capsys, "views", "--out", str(tmp_path / "nowhere"))
+    assert rc == 2 and "does not exist" in err and not out
+    (tmp_path / "a-file").write_text("x")
+    rc, _, err = cli(capsys, "replay", str(tmp_path / "a-file"), "--out", str(tmp_path / "a-file"))
+    assert rc == 2 and "is a file, not a directory" in err
+    for command, offered in (("worker", False), ("run", True), ("replay", True)):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert ("--overwrite" in capsys.readouterr().out) == offered, command
+    with pytest.raises(SystemExit):
+        main(["sink", "--help"])
+    assert "file flushes (default 2)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_output_cut_short_by_its_reader_is_no_error(tmp_path: Path) -> None:
+    """`gpucost query … | head -1` ended in a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "out").mkdir()
+    piped = subprocess.run(f"{sys.executable} -m gpucost.cli query --out {tmp_path / 'out'} --format csv "
+                           "'SELECT * FROM range(3000000)' | head -1", shell=True, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert piped.stdout == "range\n" and "Traceback" not in piped.stderr and "Error" not in piped.stderr, piped.stderr

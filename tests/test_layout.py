@@ -84,3 +84,8 @@ def test_no_import_circle_in_the_project() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [])
+
+
+def test_the_license_is_an_spdx_expression() -> None:
+    """A license table made setuptools warn three times at every install."""
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "Apache-2.0"
