@@ -147,14 +147,15 @@ def _parser() -> argparse.ArgumentParser:
     _add_out(run, "output directory")
     _add_settings(run)
 
-    sim = sub.add_parser("simulate", help="write a simulated fleet's events as JSON Lines")
+    sim = sub.add_parser("simulate", help="write a simulated fleet's events as JSON Lines or Parquet")
     _add_fleet(sim)
     sim.add_argument("--out", type=Path, required=True, help="directory for events-NNNNN.jsonl (or .parquet)")
+    sim.add_argument("--overwrite", action="store_true", help="replace the event files already in --out")
     sim.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl",
                      help="JSON Lines (the wire form), or Parquet with one column per wire field")
 
-    rep = sub.add_parser("replay", help="run recorded JSON Lines events through the pipeline")
-    rep.add_argument("input", type=Path, nargs="+", help="JSON Lines files or directories")
+    rep = sub.add_parser("replay", help="run recorded events (JSON Lines or Parquet) through the pipeline")
+    rep.add_argument("input", type=Path, nargs="+", help="JSON Lines or Parquet files, or directories of them")
     _add_out(rep, "output directory")
     _add_settings(rep)
 
@@ -346,6 +347,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     spec = _fleet(args)
     args.out.mkdir(parents=True, exist_ok=True)
+    earlier = sorted(args.out.glob("events-*.*"))
+    if earlier and not args.overwrite:  # a second fleet beside the first would replay as one, mostly refused
+        raise UsageError(f"{args.out} already holds simulated events ({earlier[0].name}…); pass --overwrite to "
+                         "replace them, or choose another --out")
+    for path in earlier:
+        path.unlink()
     events, files, n = simulate(spec), 0, 0
     while chunk := list(itertools.islice(events, SIM_LINES_PER_FILE)):
         path = args.out / f"events-{files:05d}.{args.format}"
@@ -365,7 +372,8 @@ def _files(paths: list[Path]) -> list[Path]:
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
     if not files:
-        raise UsageError(f"no event files (*.jsonl, *.ndjson, *.json, *.gz) in {', '.join(map(str, paths))}")
+        raise UsageError(f"no event files (*.jsonl, *.ndjson, *.json, their .gz, *.parquet) in "
+                         f"{', '.join(map(str, paths))}")
     return files
 
 

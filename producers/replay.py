@@ -10,21 +10,33 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpucost.schemas.codec import present_fields
+from gpucost.schemas.records import OUTPUT_KINDS
 
 __all__ = ["SUFFIXES", "RowBatch", "LineBatch", "input_files", "read_inputs", "read_batches"]
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".parquet")
 
 
+def _is_output(relative: Path) -> bool:
+    """A path inside gpucost's own output (``KIND/date=…/…``), or hidden (a temporary, a lock):
+    never input, though an output directory may sit inside an input one."""
+    parts = relative.parts
+    return any(part.startswith(".") for part in parts) or any(
+        kind in OUTPUT_KINDS and following.startswith("date=") for kind, following in zip(parts, parts[1:]))
+
+
 def input_files(paths: list[Path]) -> list[Path]:
-    """The files to replay: each file as given, each directory's event files by name (recursive).
+    """The files to replay: each file as given, each directory's event files by name (recursive),
+    leaving out gpucost's own output found inside one (an earlier run's ``--out`` under the input
+    was read as events: every record a dead letter).
 
     Raises FileNotFoundError naming the first path that does not exist.
     """
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = [p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)]
+            found = [p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)
+                     and not _is_output(p.relative_to(path))]
             files.extend(sorted(found, key=lambda p: p.relative_to(path).as_posix()))
         elif path.is_file():
             files.append(path)

@@ -252,3 +252,33 @@ def test_output_cut_short_by_its_reader_is_no_error(tmp_path: Path) -> None:
                            "'SELECT * FROM range(3000000)' | head -1", shell=True, cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
     assert piped.stdout == "range\n" and "Traceback" not in piped.stderr and "Error" not in piped.stderr, piped.stderr
+
+
+def test_an_earlier_output_inside_the_input_is_not_replayed(capsys: pytest.CaptureFixture[str], events: Path,
+                                                             tmp_path: Path) -> None:
+    """An earlier run's --out under the input directory was read as events: 178 unknown_kind dead letters."""
+    import shutil
+
+    mixed = tmp_path / "in"
+    shutil.copytree(events, mixed)
+    assert cli(capsys, "replay", str(mixed), "--out", str(mixed / "old-out"))[0] == 0
+    assert cli(capsys, "replay", str(mixed), "--out", str(tmp_path / "again"))[0] == 0
+    assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "alone"))[0] == 0
+    for view in ("cost", "idle_index", "mae", "dlq"):
+        sql = f"SELECT * EXCLUDE (date) FROM {view} ORDER BY ALL"
+        assert connect(tmp_path / "again").execute(sql).fetchall() == connect(tmp_path / "alone").execute(sql).fetchall()
+
+
+def test_simulate_refuses_to_add_a_second_fleet_to_a_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """JSON then Parquet into one folder left both, and a replay of it gave 708 dead letters."""
+    assert cli(capsys, "simulate", *SMALL, "--out", str(tmp_path))[0] == 0
+    rc, _, err = cli(capsys, "simulate", *SMALL, "--format", "parquet", "--out", str(tmp_path))
+    assert rc == 2 and "already holds simulated events" in err and "--overwrite" in err
+    assert cli(capsys, "simulate", *SMALL, "--format", "parquet", "--out", str(tmp_path), "--overwrite")[0] == 0
+    assert {p.suffix for p in tmp_path.iterdir()} == {".parquet"}
+
+
+def test_a_table_shows_null_as_null(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "o").mkdir()
+    rc, out, _ = cli(capsys, "query", "--out", str(tmp_path / "o"), "SELECT NULL AS a, '' AS b")
+    assert rc == 0 and out.splitlines()[2].split() == ["NULL"]
