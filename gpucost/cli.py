@@ -322,6 +322,13 @@ class _Signals:
                 signal.signal(sig, handler)
 
 
+def _source_counts(live: LiveSource | None) -> None:
+    """What the live source could not turn into events, so that a run never hides it behind a warning."""
+    if live is not None and +live.counts:
+        print("gpucost: the source counted " + ", ".join(f"{k} {v:,}" for k, v in sorted(live.counts.items()) if v),
+              file=sys.stderr)
+
+
 def _interrupt() -> None:
     raise KeyboardInterrupt
 
@@ -341,6 +348,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         read_inputs(_files(args.prices)) if args.prices else [], ((ev, source) for ev in live.events()))
     with _Signals(live, _interrupt).installed(), _output(args.out, args.overwrite, "gpucost run"):
         stats = run_embedded(items, settings, args.out)
+    _source_counts(live)
     return _finish(args.out, stats)
 
 
@@ -519,9 +527,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
     try:
         sent = asyncio.run(main())
     except Stopped:
+        _source_counts(live)
         print("gpucost: producer stopped; anything not yet acknowledged is in the spool and goes first next time",
               file=sys.stderr)
         return 130
+    _source_counts(live)
     if rejected:
         asyncio.run(publish_dead_letters(rejected, kafka))
     print(f"published to {kafka.bootstrap}: " + ", ".join(f"{t}: {n:,} messages" for t, n in sorted(sent.items()))

@@ -12,6 +12,7 @@ import math
 import urllib.request
 import zlib
 from collections import Counter
+from typing import Any
 from urllib.error import URLError
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpucost.schemas.codec import explain
 from gpucost.schemas.events import Event, GpuSample, ProcessSample, TenantBinding
 
-__all__ = ["DcgmUnavailable", "DcgmScraper", "container_pid", "scrape_to_events"]
+__all__ = ["DcgmUnavailable", "DcgmScraper", "container_pid", "scrape_to_events", "unclaimed_pid"]
 
 log = logging.getLogger("gpucost.dcgm")
 MIB = 1 << 20
@@ -42,18 +43,49 @@ def container_pid(namespace: str, pod: str, container: str) -> int:
     return SYNTHETIC_PID_BASE | (zlib.crc32(f"{namespace}/{pod}/{container}".encode()) & 0x7FFFFFFF)
 
 
+def unclaimed_pid(device: str) -> int:
+    """The synthetic process that stands for a device's busy time no pod claims (no binding: unattributed)."""
+    return SYNTHETIC_PID_BASE | (zlib.crc32(f"unclaimed/{device}".encode()) & 0x7FFFFFFF)
+
+
+def _families(text: str, counts: Counter[str]) -> list[Any]:
+    """The scrape's metric families; a text one bad line spoils is read again line by line, each
+    line that cannot be read counted (``line_unparseable``), so that one line never costs the scrape."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError:
+        pass
+    families = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            families += text_string_to_metric_families(line + "\n")
+        except ValueError:
+            counts["line_unparseable"] += 1
+    if not families:
+        raise ValueError("no line of it is a Prometheus sample")
+    return families
+
+
 def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str,
                      counts: Counter[str] | None = None, sla: str = "Bronze") -> list[Event]:
-    """One GPU sample per ``UUID`` in the scrape (the last value of each field wins).
+    """One GPU sample per device in the scrape (the last value of each field wins): per ``UUID``, or
+    with MIG per instance (``UUID`` and ``GPU_I_ID``, named ``UUID/GI-<id>``, model ``<model> MIG
+    <GPU_I_PROFILE>``), the parent GPU then not billed itself (its power and temperature go to its
+    instances), as the NVML source bills MIG instances.
 
-    Where dcgm-exporter maps GPUs to Kubernetes pods (labels ``namespace``, ``pod``,
-    ``container``), the container owns the GPU: a tenant binding (team = namespace, app = pod,
-    tier = container, the given SLA) and a process sample with the GPU's utilisation, under
-    a synthetic pid, follow each GPU sample.
+    Where dcgm-exporter maps devices to Kubernetes pods (labels ``namespace``, ``pod``,
+    ``container``), the container owns the device: a tenant binding (team = namespace, app = pod,
+    tier = container, the given SLA), once per container and scrape however many devices it owns,
+    and a process sample with the device's utilisation, under a synthetic pid, follow the GPU
+    sample. A busy device no pod claims gets the same process sample under a pid of its own with
+    no binding: its busy time is billed to ``unattributed``, never counted as idle.
     """
     counts = counts if counts is not None else Counter()
     gpus: dict[str, dict[str, object]] = {}
-    for family in text_string_to_metric_families(text):
+    parents_of_instances: set[str] = set()
+    for family in _families(text, counts):
         for sample in family.samples:
             uuid = sample.labels.get("UUID")
             if not sample.name.startswith("DCGM_FI_"):
@@ -61,8 +93,13 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
             if not uuid:
                 counts["sample_without_uuid"] += 1
                 continue
-            gpu = gpus.setdefault(uuid, {})
-            gpu["model"] = sample.labels.get("modelName", "unknown")
+            instance, profile = sample.labels.get("GPU_I_ID"), sample.labels.get("GPU_I_PROFILE")
+            device = f"{uuid}/GI-{instance}" if instance else uuid
+            if instance:
+                parents_of_instances.add(uuid)
+            gpu = gpus.setdefault(device, {})
+            gpu["parent"] = uuid if instance else None
+            gpu["model"] = sample.labels.get("modelName", "unknown") + (f" MIG {profile}" if instance and profile else "")
             if sample.labels.get("pod") and sample.labels.get("namespace"):
                 gpu["owner"] = (sample.labels["namespace"], sample.labels["pod"], sample.labels.get("container", ""))
             gpu["node"] = sample.labels.get("Hostname") or sample.labels.get("hostname") or default_node
@@ -71,18 +108,27 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
                 counts[f"blank:{sample.name}"] += 1
             else:
                 gpu[sample.name] = value
+    for uuid in parents_of_instances & set(gpus):  # a MIG parent: its time is its instances'
+        parent = gpus.pop(uuid)
+        counts["mig_parent_not_billed"] += 1
+        for g in gpus.values():
+            if g["parent"] == uuid:
+                for field in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"):
+                    if field in parent:
+                        g.setdefault(field, parent[field])
     out: list[Event] = []
-    for uuid, g in sorted(gpus.items()):
+    bound: set[int] = set()  # containers bound in this scrape: one binding each, however many devices
+    for device, g in sorted(gpus.items()):
         try:
-            out += _gpu_events(uuid, g, ts_ns, interval_s, counts, sla)
+            out += _gpu_events(device, g, ts_ns, interval_s, counts, sla, bound)
         except ValueError as exc:  # a value no GPU can have (negative memory, a 'pod' with ':'): counted
             counts["gpu_sample_invalid"] += 1
-            log.warning("dcgm: GPU %s skipped this scrape: %s", uuid, explain(exc))
+            log.warning("dcgm: GPU %s skipped this scrape: %s", device, explain(exc))
     return out
 
 
 def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, counts: Counter[str],
-                sla: str) -> list[Event]:
+                sla: str, bound: set[int]) -> list[Event]:
     sm = g.get("DCGM_FI_DEV_GPU_UTIL")
     if sm is None and "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in g:
         sm = float(g["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]) * 100  # type: ignore[arg-type]
@@ -106,13 +152,19 @@ def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, 
     owner = g.get("owner")
     if owner is not None:
         namespace, pod, container = owner  # type: ignore[misc]
-        pid, sample_gpu = container_pid(namespace, pod, container), gpu
-        out.append(TenantBinding(node_id=sample_gpu.node_id, pid=pid, ts_ns=ts_ns, team=namespace, env="",
-                                 app=pod, tier=container, sla=sla))  # type: ignore[arg-type]
-        out.append(ProcessSample(node_id=sample_gpu.node_id, gpu_uuid=uuid, pid=pid, ts_ns=ts_ns,
-                                 interval_s=interval_s, sm_util_pct=sample_gpu.sm_util_pct,
-                                 mem_bw_util_pct=sample_gpu.mem_bw_util_pct,
-                                 mem_used_bytes=sample_gpu.mem_used_bytes))
+        pid = container_pid(namespace, pod, container)
+        if pid not in bound:
+            bound.add(pid)
+            out.append(TenantBinding(node_id=gpu.node_id, pid=pid, ts_ns=ts_ns, team=namespace, env="",
+                                     app=pod, tier=container, sla=sla))  # type: ignore[arg-type]
+    elif gpu.sm_util_pct > 0:
+        pid = unclaimed_pid(uuid)
+        counts["busy_unclaimed"] += 1
+    else:
+        return out
+    out.append(ProcessSample(node_id=gpu.node_id, gpu_uuid=uuid, pid=pid, ts_ns=ts_ns, interval_s=interval_s,
+                             sm_util_pct=gpu.sm_util_pct, mem_bw_util_pct=gpu.mem_bw_util_pct,
+                             mem_used_bytes=gpu.mem_used_bytes))
     return out
 
 

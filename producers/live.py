@@ -9,6 +9,7 @@ to call ``stop()`` (the CLI: on the first SIGINT or SIGTERM).
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,9 @@ class LiveSettings:
 class LiveSource(Protocol):
     #: what it does, for a person ("sampling 2 GPU(s) via NVML every 1 s")
     what: str
+    #: the source's own counters (NVML readings not supported, failed scrapes, unreadable lines, lost
+    #: page faults…): what it could not turn into events, for the run's summary
+    counts: Counter[str]
 
     def events(self) -> Iterator[Event]:
         """Events as they are sampled, until ``stop()`` or the duration; then what it opened is released."""
@@ -61,6 +65,7 @@ class _Sampled:
 
     def __init__(self, sampler: Sampler, what: str, s: LiveSettings, close: Callable[[], None]) -> None:
         self.sampler, self.what, self.settings, self._close = sampler, what, s, close
+        self.counts: Counter[str] = getattr(sampler, "counts", Counter())
         self._stop = threading.Event()
 
     def events(self) -> Iterator[Event]:
@@ -84,6 +89,7 @@ class _Traced:
     def __init__(self, probe: EbpfProbe, what: str, s: LiveSettings, nvml: NvmlSampler | None,
                  say: Callable[[str], None]) -> None:
         self.probe, self.what, self.settings, self.nvml, self.say = probe, what, s, nvml, say
+        self.counts = probe.counts
 
     def events(self) -> Iterator[Event]:
         timer = None

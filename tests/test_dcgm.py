@@ -1,6 +1,7 @@
 """The dcgm-exporter source against real scrapes (L4, T4, L40S, vGPU A100), served on 127.0.0.1."""
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import re
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpucost.kafka.outbox import Outbox
-from gpucost.producers.dcgm import DcgmScraper, scrape_to_events
+from gpucost.producers.dcgm import DcgmScraper, scrape_to_events, unclaimed_pid
+from gpucost.schemas.events import GpuSample, ProcessSample, TenantBinding
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from gpucost.sinks.views import connect
 from tests.conftest import ROOT
@@ -52,8 +54,14 @@ def expected(text: str) -> dict[str, dict[str, object]]:
 def test_every_gpu_of_the_scrape_with_its_values(shared_data: Path, name: str) -> None:
     text = metric_text(shared_data, name)
     want = expected(text)
-    got = {e.gpu_uuid: e for e in scrape_to_events(text, T0, 1.0, "fallback-node")}
+    events = scrape_to_events(text, T0, 1.0, "fallback-node")
+    got = {e.gpu_uuid: e for e in events if isinstance(e, GpuSample)}
     assert set(got) == set(want) and got
+    # a busy GPU no pod claims: a process of its own, with no binding, carries its busy time (unattributed)
+    unclaimed = {e.gpu_uuid: e for e in events if isinstance(e, ProcessSample) and e.pid == unclaimed_pid(e.gpu_uuid)}
+    assert set(unclaimed) == {u for u, w in want.items() if w["DCGM_FI_DEV_GPU_UTIL"] > 0 and "pod" not in w["_labels"]}
+    assert all(e.sm_util_pct == got[u].sm_util_pct for u, e in unclaimed.items())
+    assert not [e for e in events if isinstance(e, TenantBinding) and e.pid in {p.pid for p in unclaimed.values()}]
     for uuid, w in want.items():
         e, labels = got[uuid], w["_labels"]
         assert e.gpu_model == labels["modelName"] and e.node_id == labels.get("Hostname", labels.get("hostname"))
@@ -81,7 +89,15 @@ def test_blank_sentinels_count_as_missing(shared_data: Path) -> None:
 
 @pytest.fixture
 def exporter(shared_data: Path) -> Iterator[tuple[str, str]]:
-    text = metric_text(shared_data, SCRAPES[0]).encode()
+    text = metric_text(shared_data, SCRAPES[0])
+    with serving(text) as url:
+        yield url, text
+
+
+@contextlib.contextmanager
+def serving(metrics: str) -> Iterator[str]:
+    """``metrics`` served as an exporter's /metrics on 127.0.0.1; yields its URL."""
+    text = metrics.encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
@@ -95,8 +111,10 @@ def exporter(shared_data: Path) -> Iterator[tuple[str, str]]:
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics", text.decode()
-    server.shutdown()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
 
 
 def test_scraper_reads_the_exporter_over_http(exporter: tuple[str, str]) -> None:
@@ -186,3 +204,95 @@ def test_pod_labels_make_the_container_a_tenant(shared_data: Path) -> None:
     assert (proc.gpu_uuid, proc.sm_util_pct, proc.mem_used_bytes) == (gpu.gpu_uuid, gpu.sm_util_pct, gpu.mem_used_bytes)
     assert events.index(binding) < events.index(proc)  # bound before its sample, as the as-of join needs
     assert [e for e in scrape_to_events(text, T0, 1.0, "n") if not isinstance(e, GpuSample)] == []  # no labels: no tenant
+
+
+def _t4(shared_data: Path) -> str:
+    return metric_text(shared_data, "t4-ericsson-ccd.md")  # GPU_UTIL 91, no pod labels
+
+
+def _two_gpus(text: str) -> str:
+    """The scrape with a second GPU: each sample line again, under another UUID."""
+    second = re.sub(r'UUID="[^"]*"', 'UUID="GPU-second"', "\n".join(ln for ln in text.splitlines()
+                                                                     if ln.startswith("DCGM_FI_")))
+    return text + second + "\n"
+
+
+def _billed(events_at: list[list[object]], price_model: str = "default") -> dict[str, int]:
+    """µ$ per team of these scrapes (one a second) at $3.60 an hour, through the row path."""
+    from gpucost.schemas.events import Price
+    from gpucost.schemas.records import CostRecord, DeadLetter
+    from gpucost.streams.audit import Auditor
+    from gpucost.streams.settings import AuditSettings
+
+    auditor = Auditor(AuditSettings())
+    out = auditor.update(Price(gpu_model=price_model, ts_ns=T0 - NS, usd_per_gpu_hour="3.6"))
+    for events in events_at:
+        for e in events:
+            out += auditor.update(e)  # type: ignore[arg-type]
+    out += auditor.finish()
+    assert not [o for o in out if isinstance(o, DeadLetter)], [o for o in out if isinstance(o, DeadLetter)][:3]
+    teams: Counter[str] = Counter()
+    for r in out:
+        if isinstance(r, CostRecord):
+            teams[r.team] += r.cost_micro_usd
+    return dict(teams)
+
+
+def test_a_busy_gpu_no_pod_claims_is_billed_as_busy_not_idle(shared_data: Path) -> None:
+    """The T4 at 91 % with no pod labels was billed wholly to idle."""
+    text = _t4(shared_data)
+    teams = _billed([scrape_to_events(text, T0 + k * NS, 1.0, "n") for k in range(120)])
+    total = sum(teams.values())
+    assert total == 120 * 1000  # 120 s at $3.60/h: 1,000 µ$ a second
+    assert set(teams) == {"idle", "unattributed"} and teams["unattributed"] == round(total * 0.91)
+
+
+def test_a_pod_on_several_gpus_is_bound_once_a_scrape(shared_data: Path) -> None:
+    """One binding per GPU, same node, pid and time: all but one dead-lettered duplicate at every scrape."""
+    text = re.sub(r'(DCGM_FI_\w+\{)', r'\1namespace="ml",pod="trainer-0",container="torch",', _two_gpus(_t4(shared_data)))
+    scrapes = [scrape_to_events(text, T0 + k * NS, 1.0, "n") for k in range(120)]
+    assert all(sum(isinstance(e, TenantBinding) for e in s) == 1 for s in scrapes)
+    assert sum(isinstance(e, ProcessSample) for e in scrapes[0]) == 2
+    teams = _billed(scrapes)  # and no dead letter at all
+    assert teams["ml"] == round(2 * 120 * 1000 * 0.91)
+
+
+def test_one_bad_line_costs_that_line_only(shared_data: Path) -> None:
+    """A scrape plus one garbage line gave no event and no dead letter, only a warning."""
+    text = _t4(shared_data)
+    counts: Counter[str] = Counter()
+    spoiled = text.replace("\nDCGM_FI_DEV_GPU_TEMP", "\nthis is { not prometheus\nDCGM_FI_DEV_GPU_TEMP", 1)
+    assert spoiled != text
+    assert scrape_to_events(spoiled, T0, 1.0, "n", counts) == scrape_to_events(text, T0, 1.0, "n")
+    assert counts["line_unparseable"] == 1
+
+
+def test_mig_instances_are_billed_devices_each_with_its_pod(shared_data: Path) -> None:
+    """Grouped by UUID alone, two MIG instances gave one sample and only the second pod's binding."""
+    base = [ln for ln in _t4(shared_data).splitlines() if ln.startswith("DCGM_FI_")]
+    lines = list(base)  # the parent GPU's own lines (power, temperature…), as the exporter writes them
+    for gi, pod in (("1", "a"), ("2", "b")):
+        lines += [re.sub(r'(DCGM_FI_\w+\{)', rf'\1GPU_I_ID="{gi}",GPU_I_PROFILE="1g.5gb",namespace="ns-{pod}",'
+                         rf'pod="{pod}",container="c",', ln) for ln in base]
+    events = scrape_to_events("\n".join(lines) + "\n", T0, 1.0, "n")
+    gpus = [e for e in events if isinstance(e, GpuSample)]
+    uuid = re.search(r'UUID="([^"]*)"', base[0])[1]  # type: ignore[index]
+    assert sorted(g.gpu_uuid for g in gpus) == [f"{uuid}/GI-1", f"{uuid}/GI-2"]  # the parent is not billed too
+    assert {g.gpu_model for g in gpus} == {"Tesla T4 MIG 1g.5gb"} and all(g.power_w > 0 for g in gpus)
+    assert sorted(b.team for b in events if isinstance(b, TenantBinding)) == ["ns-a", "ns-b"]
+    teams = _billed([scrape_to_events("\n".join(lines) + "\n", T0 + k * NS, 1.0, "n") for k in range(120)],
+                    price_model="default")
+    assert teams["ns-a"] == teams["ns-b"] > 0
+
+
+def test_a_run_says_what_its_source_counted(shared_data: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A scrape's unreadable line and its unclaimed busy GPU reach the run's summary, not only a log line."""
+    from gpucost.cli import main
+
+    spoiled = _t4(shared_data).replace("\nDCGM_FI_DEV_GPU_TEMP", "\nthis is { not prometheus\nDCGM_FI_DEV_GPU_TEMP", 1)
+    with serving(spoiled) as url:
+        assert main(["run", "--source", "dcgm", "--url", url, "--period-s", "0.05", "--duration-s", "0.3",
+                     "--out", str(tmp_path)]) == 0
+    counted = re.search(r"the source counted (.*)", capsys.readouterr().err)
+    assert counted and "busy_unclaimed" in counted[1] and re.search(r"line_unparseable \d", counted[1])

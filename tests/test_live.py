@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 from gpucost.producers.live import LiveSettings, _Sampled, _Traced
@@ -16,6 +17,7 @@ class _Probe:
 
     def __init__(self) -> None:
         self.stopped = threading.Event()
+        self.counts: Counter[str] = Counter()
 
     def events(self) -> Iterator[Event]:
         while not self.stopped.wait(0.02):
