@@ -1,22 +1,74 @@
-"""The deployment files: the compose file parses, and every gpucost command in it is one the CLI accepts."""
+"""The deployment files, checked for what can be checked without a Docker engine: the compose file
+parses, every gpucost command in it is one the CLI accepts, and the image provides what the services
+assume (their volumes' mount points writable by its user, a home for the spool, the package folders)."""
 from __future__ import annotations
+
+import re
+import tomllib
 
 import yaml
 
 from gpucost.cli import _parser
 from tests.conftest import ROOT
 
+COMPOSE = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
+DOCKERFILE = (ROOT / "compose" / "Dockerfile").read_text()
+
+
+def _gpucost_args(service: dict) -> list[str]:
+    entry = service.get("entrypoint") or ["gpucost"]
+    assert entry[0] == "gpucost"
+    return [*entry[1:], *service["command"]]
+
 
 def test_compose_services_run_valid_gpucost_commands() -> None:
-    doc = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
-    services = doc["services"]
-    assert {"kafka", "topics", "producer", "worker", "sink"} <= set(services)
+    services = COMPOSE["services"]
+    assert {"kafka", "topics", "producer", "worker", "sink", "producer-nvml", "query"} <= set(services)
     parser = _parser()
     for name, service in services.items():
         if name == "kafka":
             continue
         assert service["build"]["dockerfile"] == "compose/Dockerfile"
         assert service["environment"]["GPUCOST_KAFKA_BOOTSTRAP"] == "kafka:9092"
-        args = parser.parse_args(service["command"])  # exits (fails the test) on an invalid command
-        assert args.command == service["command"][0]
-    assert (ROOT / "compose" / "Dockerfile").read_text().count("COPY") >= 6
+        args = parser.parse_args(_gpucost_args(service))  # exits (fails the test) on an invalid command
+        assert args.command == _gpucost_args(service)[0]
+
+
+def test_the_image_copies_every_package_folder_it_installs() -> None:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    copied = set(re.findall(r"^COPY (\S+) \1$", DOCKERFILE, re.M))
+    assert copied == {"gpucost", *setuptools["package-dir"].values()}
+
+
+def test_every_mount_point_exists_in_the_image_and_belongs_to_its_user() -> None:
+    """Run as `nobody`, the image had neither /data (the sink's volume) nor a home for the producer's spool."""
+    user = re.findall(r"^USER (\S+)$", DOCKERFILE, re.M)[-1]
+    assert user not in {"root", "0", "nobody"}
+    made = set(re.findall(r"mkdir -p ([^&\n]+)", DOCKERFILE)[0].split())
+    owned = re.search(rf"chown -R {user} ([^&\n]+)", DOCKERFILE)
+    assert owned, "the mount points are not given to the image's user"
+    state = re.search(r"^ENV XDG_STATE_HOME=(\S+)$", DOCKERFILE, re.M)
+    assert state and state[1] in made  # the producer's spool: $XDG_STATE_HOME/gpucost
+    for service in COMPOSE["services"].values():
+        if "build" not in service:
+            continue
+        for volume in service.get("volumes", []):
+            target = volume.split(":")[1]
+            assert any(m == target or m.startswith(target + "/") for m in made), target
+            assert any(target == o or target.startswith(o + "/") for o in owned[1].split()), target
+        if "--out" in (args := _gpucost_args(service)):
+            out = args[args.index("--out") + 1]
+            assert any(out.startswith(v.split(":")[1]) for v in service["volumes"]), f"{out} is in no volume"
+
+
+def test_the_build_context_leaves_out_what_the_image_does_not_need() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", ".hypothesis"} <= set(ignored)
+
+
+def test_the_nvml_producer_gets_the_gpus_and_the_analyst_reads_only() -> None:
+    nvml, query = COMPOSE["services"]["producer-nvml"], COMPOSE["services"]["query"]
+    (device,) = nvml["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "utility" in device["capabilities"]  # libnvidia-ml: NVML
+    assert _gpucost_args(nvml)[:3] == ["produce", "--source", "nvml"]
+    assert all(v.endswith(":ro") for v in query["volumes"])
