@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow.parquet as pq
@@ -346,8 +346,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     live = _live(args, source, nvml) if source in LIVE_SOURCES else None
     items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec)) if live is None else itertools.chain(
         read_inputs(_files(args.prices)) if args.prices else [], ((ev, source) for ev in live.events()))
-    with _Signals(live, _interrupt).installed(), _output(args.out, args.overwrite, "gpucost run"):
-        stats = run_embedded(items, settings, args.out)
+    with _Signals(live, _interrupt).installed(), _output(args.out, args.overwrite, "gpucost run"), \
+            _progress("run", unit=" events") as bar:
+        stats = run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)))
     _source_counts(live)
     return _finish(args.out, stats)
 
@@ -388,14 +389,19 @@ def _files(paths: list[Path]) -> list[Path]:
 def cmd_replay(args: argparse.Namespace) -> int:
     settings = _settings(args)
     files = _files(args.input)
-    from tqdm import tqdm
-
     total = sum(f.stat().st_size for f in files)
-    with _output(args.out, args.overwrite, "gpucost replay"), \
-            tqdm(total=total, unit="B", unit_scale=True, disable=not sys.stderr.isatty(), desc="replay") as bar:
+    with _output(args.out, args.overwrite, "gpucost replay"), _progress("replay", total=total, unit="B") as bar:
         stats = run_embedded(read_batches(files), settings, args.out,
                              on_batch=lambda b: bar.update(sum(item.nbytes for item in b)))  # type: ignore[union-attr]
     return _finish(args.out, stats)
+
+
+def _progress(desc: str, unit: str, total: int | None = None) -> Any:
+    """A progress bar on stderr when it is a terminal (nothing otherwise): replay by bytes read, run by
+    events taken."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, unit_scale=True, disable=not sys.stderr.isatty(), desc=desc)
 
 
 def _jsonable(value: object) -> object:

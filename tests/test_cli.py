@@ -282,3 +282,18 @@ def test_a_table_shows_null_as_null(capsys: pytest.CaptureFixture[str], tmp_path
     (tmp_path / "o").mkdir()
     rc, out, _ = cli(capsys, "query", "--out", str(tmp_path / "o"), "SELECT NULL AS a, '' AS b")
     assert rc == 0 and out.splitlines()[2].split() == ["NULL"]
+
+
+def test_run_shows_its_progress_on_a_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    """As replay does: events taken so far, on stderr, only when stderr is a terminal."""
+    import re
+
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    rc, out, err = cli(capsys, "run", *SMALL, "--out", str(tmp_path / "o"))
+    shown = re.findall(r"run: ([\d.]+)(k?) events", err)
+    (processed,) = re.findall(r"processed ([\d,]+) inputs", out)
+    value, kilo = shown[-1]
+    assert rc == 0 and float(value) * (1000 if kilo else 1) == pytest.approx(int(processed.replace(",", "")), rel=5e-3)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+    assert "events/s" not in cli(capsys, "run", *SMALL, "--out", str(tmp_path / "p"))[2]
