@@ -86,6 +86,34 @@ def _add_settings(p: argparse.ArgumentParser, writes_out: bool = True) -> None:
                        help=f"{info.description} (default {info.default})".replace("%", "%%"))
 
 
+def _add_metrics(p: argparse.ArgumentParser) -> None:
+    _env_flag(p, "--metrics-address", "GPUCOST_METRICS_ADDRESS", str, None,
+              "serve Prometheus metrics at /metrics and a health check at /healthz on HOST:PORT (unset: off)")
+
+
+@contextmanager
+def _metrics(address: str | None, collect: Callable[[], Any], health: Any) -> Iterator[None]:
+    """The metrics server of a long-running command, for as long as it runs (nothing without an address)."""
+    if address is None:
+        yield
+        return
+    from gpucost.metrics import MetricsServer
+
+    try:
+        server = MetricsServer(address, collect, health)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot serve metrics on {address}: {exc.strerror}; choose another --metrics-address"
+                         ) from None
+    print(f"gpucost: metrics at http://{address.rpartition(':')[0] or '0.0.0.0'}:{server.port}/metrics",
+          file=sys.stderr)
+    try:
+        yield
+    finally:
+        server.close()
+
+
 def _add_kafka(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Kafka (each also env GPUCOST_KAFKA_<NAME>, e.g. GPUCOST_KAFKA_BOOTSTRAP)")
     for name, info in KafkaSettings.model_fields.items():
@@ -201,6 +229,7 @@ def _parser() -> argparse.ArgumentParser:
               "sign every message with the one key in this file, '<key_id> <secret hex> [nodes]' (unset: unsigned)")
     _add_fleet(prod)
     _add_live(prod)
+    _add_metrics(prod)
     _add_kafka(prod)
 
     work = sub.add_parser("worker", help="run a worker: input topics → operators → output topics, exactly once")
@@ -218,6 +247,7 @@ def _parser() -> argparse.ArgumentParser:
               "sign every published record with the one key in this file, for sinks and billing consumers to "
               "verify (unset: unsigned)")
     _add_settings(work, writes_out=False)
+    _add_metrics(work)
     _add_kafka(work)
 
     sink = sub.add_parser("sink", help="consume the output topics into Parquet (each record once)")
@@ -232,6 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     _env_flag(sink, "--verify-keys", "GPUCOST_SINK_VERIFY_KEYS", Path, None,
               "write only records signed by a key in this keyring file (the workers' output keys); others are "
               "dead-lettered (unset: no verification)")
+    _add_metrics(sink)
     _add_kafka(sink)
 
     squash = sub.add_parser("compact", help="merge the small Parquet files of an output directory, atomically")
@@ -499,7 +530,7 @@ def _replay_events(files: list[Path], rejected: list[tuple[Rejected, str, str]])
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from gpucost.kafka.publish import Stopped, create_topics, publish, publish_dead_letters
+    from gpucost.kafka.publish import ProducerStats, Stopped, create_topics, publish, publish_dead_letters
 
     kafka = _kafka(args)
     rejected: list[tuple[Rejected, str, str]] = []
@@ -527,8 +558,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
         """Stopped now (the second signal, or the first without a live source), what the broker has not
         acknowledged is kept in the spool."""
         stop = _stop_on_signals(live)
-        return await publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s,
-                             signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20)), stop=stop)
+        stats = ProducerStats(source=live.counts if live is not None else Counter())
+        with _metrics(args.metrics_address, stats.metrics, stats.health):
+            return await publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s,
+                                 signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20)),
+                                 stop=stop, stats=stats)
 
     try:
         sent = asyncio.run(main())
@@ -581,7 +615,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         stop = _stop_on_signals()
         worker = Worker(kafka, settings, args.group, args.session_timeout_s, max_batch=args.max_batch, keyring=keyring,
                         output_signer=signer)
-        await worker.run(stop)
+        with _metrics(args.metrics_address, worker.metrics, worker.health):
+            await worker.run(stop)
         print(f"worker stopped after {worker.processed:,} input messages", file=sys.stderr)
 
     asyncio.run(main())
@@ -589,7 +624,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    from gpucost.kafka.sink import run_kafka_sink
+    from gpucost.kafka.sink import SinkStats, run_kafka_sink
 
     kafka = _kafka(args)
     if args.compact_min_files == 1 or args.compact_min_files < 0:
@@ -600,9 +635,11 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = _stop_on_signals()
-        stats = await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS},
-                                     args.out, args.group, stop, args.flush_interval_s, args.retry_s,
-                                     args.compact_min_files, keyring)
+        stats = SinkStats()
+        with _metrics(args.metrics_address, stats.metrics, stats.health):
+            await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS}, args.out,
+                                 args.group, stop, args.flush_interval_s, args.retry_s, args.compact_min_files,
+                                 keyring, stats)
         print(f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
               f"duplicates dropped {dict(stats.duplicates)}, unverified {stats.unverified:,}, "
               f"small files merged {stats.compacted_files:,}",

@@ -307,6 +307,10 @@ class GpuPanes:
             last = max(max_ts, finished._pending.get(gpu, max_ts))
             self._max_ts[gpu] = pane_start_ns(last, self.pane_ns) + self.pane_ns + self.lateness_ns
 
+    def open_count(self) -> int:
+        """Panes open (counted, not yet billed), over every GPU."""
+        return sum(len(panes) for panes in self._open.values())
+
     def largest_watermark(self) -> int | None:
         """The largest watermark of any GPU here (None: no GPU yet)."""
         return max(self._max_ts.values()) - self.lateness_ns if self._max_ts else None

@@ -72,3 +72,12 @@ def test_the_nvml_producer_gets_the_gpus_and_the_analyst_reads_only() -> None:
     assert device["driver"] == "nvidia" and "utility" in device["capabilities"]  # libnvidia-ml: NVML
     assert _gpucost_args(nvml)[:3] == ["produce", "--source", "nvml"]
     assert all(v.endswith(":ro") for v in query["volumes"])
+
+
+def test_worker_and_sink_are_checked_through_their_health_endpoint() -> None:
+    for name in ("worker", "sink"):
+        service = COMPOSE["services"][name]
+        port = service["environment"]["GPUCOST_METRICS_ADDRESS"].rpartition(":")[2]
+        probe = " ".join(service["healthcheck"]["test"])
+        assert f"127.0.0.1:{port}/healthz" in probe
+        assert "--metrics-address" in " ".join(_parser()._subparsers._group_actions[0].choices[name].format_help().split())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from gpucost.sinks.views import connect, query
 from tests.conftest import ROOT
+from tests.test_metrics import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns")]
@@ -140,15 +142,33 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     bad = d.tmp / "bad.jsonl"
     bad.write_text('{"kind": "gpu_sample", "sm_util_pct": \n')  # a torn line among the recorded files
     d.gpucost("produce", "--source", "replay", str(events), str(bad))
-    d.worker("worker")
-    d.sink()
-    run_to_completion(d, embedded)
+    d.worker("worker", "--metrics-address", "127.0.0.1:0")
+    d.spawn("sink", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0.5",
+            "--metrics-address", "127.0.0.1:0")
+    counts = embedded_counts(embedded)
+    wait_for("the sink to hold every record", lambda: all(d.rows(v) >= n for v, n in counts.items()), 240, d.tmp)
+    # what the worker and the sink say they did, scraped as Prometheus would, is what the Parquet holds
+    worker, sink = (scrape(metrics_port(d.tmp / f"{name}.log")) for name in ("worker", "sink"))
+    d.stop()
     assert_same_parquet(d.out, embedded, dead_letters=1)
+    assert worker[("gpucost_worker_records_total", (("kind", "cost"),))] == counts["cost"]
+    assert sink[("gpucost_sink_records_written_total", (("kind", "cost"),))] == counts["cost"]
+    assert worker[("gpucost_worker_transactions_total", (("outcome", "committed"),))] > 0
     (reason, source), = connect(d.out).execute("SELECT reason, source FROM dlq").fetchall()
     assert reason == "malformed_json" and source == f"{bad}:1"
     totals, records, _ = billing_totals(d)
     assert totals == embedded_team_totals(embedded)
     assert records == embedded_counts(embedded)["cost"]
+
+
+def metrics_port(log: Path) -> int:
+    """The port a command started with --metrics-address HOST:0 says it serves on."""
+    for _ in range(100):
+        found = re.search(r"metrics at http://[^:]+:(\d+)/metrics", log.read_text())
+        if found:
+            return int(found[1])
+        time.sleep(0.1)
+    raise AssertionError(f"{log.name} names no metrics port")
 
 
 def test_two_workers_one_killed_mid_stream(deployment: Deployment, recorded: tuple[Path, Path]) -> None:

@@ -11,22 +11,25 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from prometheus_client.core import Metric
 
 from gpucost.kafka.outbox import Message, Outbox
 from gpucost.kafka.routing import Router, duplicate_letter
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
+from gpucost.metrics import Health, counter, gauge
 from gpucost.schemas.codec import Rejected, encode_event, raw_text
 from gpucost.schemas.events import Event
 from gpucost.schemas.records import DeadLetter
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
 
-__all__ = ["Stopped", "create_topics", "default_spool", "publish", "publish_dead_letters", "split_batch"]
+__all__ = ["ProducerStats", "Stopped", "create_topics", "default_spool", "publish", "publish_dead_letters", "split_batch"]
 
 log = logging.getLogger("gpucost.kafka.publish")
 
@@ -85,6 +88,31 @@ def _pump(events: Iterable[Event], loop: asyncio.AbstractEventLoop, queue: "asyn
 
 
 _DONE = object()
+
+
+@dataclass
+class ProducerStats:
+    """What ``publish`` has done so far, kept up to date as it runs: for ``--metrics-address``."""
+
+    sent: Counter[str] = field(default_factory=Counter)  # messages acknowledged, by topic suffix
+    outbox: Outbox | None = None  # the messages waiting for the broker
+    source: Counter[str] = field(default_factory=Counter)  # the live source's own counters
+    health: Health = field(default_factory=Health)
+
+    def metrics(self) -> list[Metric]:
+        """What ``gpucost produce --metrics-address`` serves (docs/operations.md, "Metrics")."""
+        box = self.outbox
+        spool = box.spool.stat().st_size if box is not None and box.spool.exists() else 0
+        return [
+            counter("gpucost_producer_messages_sent", "messages the broker acknowledged, by topic", self.sent,
+                    "topic"),
+            gauge("gpucost_producer_outbox_messages", "messages waiting for the broker", 0 if box is None else len(box)),
+            gauge("gpucost_producer_outbox_memory_bytes", "bytes of waiting messages held in memory",
+                  0 if box is None else box.memory_bytes),
+            gauge("gpucost_producer_spool_bytes", "bytes of the spool file (waiting messages on disk)", spool),
+            counter("gpucost_source_not_taken", "what the live source counted and did not turn into events, "
+                    "by what", dict(self.source), "what"),
+        ]
 
 
 class Stopped(Exception):
@@ -175,7 +203,8 @@ def default_spool(kafka: KafkaSettings, source: str) -> Path:
 
 async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: bool = True,
                   flush_interval_s: float = 1.0, signer: Signer | None = None, spool: Path | None = None,
-                  buffer_bytes: int = 64 << 20, stop: asyncio.Event | None = None) -> Counter[str]:
+                  buffer_bytes: int = 64 << 20, stop: asyncio.Event | None = None,
+                  stats: ProducerStats | None = None) -> Counter[str]:
     """Route, batch and send every event; per key, order is kept. Returns messages sent per topic.
 
     A key's batch is sent when it holds ``batch_events`` events or has waited
@@ -192,10 +221,11 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
     for an unreachable broker for ever.
     """
     stop = stop if stop is not None else asyncio.Event()
+    stats = stats if stats is not None else ProducerStats()
     spool = spool if spool is not None else default_spool(kafka, "produce")
     spool.parent.mkdir(parents=True, exist_ok=True)
-    outbox = Outbox(spool, buffer_bytes)
-    sent: Counter[str] = Counter()
+    outbox = stats.outbox = Outbox(spool, buffer_bytes)
+    sent = stats.sent
     buffers: dict[tuple[str, str], list[str]] = {}
     wake, done = asyncio.Event(), asyncio.Event()
     session, numbers = uuid.uuid4().hex[:16], Counter[tuple[str, str]]()
@@ -241,7 +271,9 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                 raise Stopped
             try:
                 item = await asyncio.wait_for(queue.get(), timeout=flush_interval_s)
+                stats.health.beat()
             except TimeoutError:
+                stats.health.beat()
                 item = []
             if item is _DONE:
                 break

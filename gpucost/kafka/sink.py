@@ -22,9 +22,11 @@ from typing import Any
 
 import duckdb
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client.core import Metric
 from pydantic import BaseModel, ValidationError
 
 from gpucost.kafka.signing import Keyring, Verdict
+from gpucost.metrics import Health, counter
 from gpucost.schemas.records import OUTPUT_KINDS, DeadLetter
 from gpucost.sinks.compact import CompactError, compact, part_files, partition_folders
 from gpucost.sinks.lock import OutputLock
@@ -51,6 +53,25 @@ class SinkStats:
     undecodable: int = 0
     unverified: int = 0  # records whose signature did not verify: dead-lettered, never written as their kind
     compacted_files: int = 0  # small files merged away
+    compactions: int = 0  # partition folders compacted
+    files_written: int = 0  # Parquet files flushed (before compaction)
+    health: Health = field(default_factory=Health)
+
+    def metrics(self) -> list[Metric]:
+        """What ``gpucost sink --metrics-address`` serves (docs/operations.md, "Metrics")."""
+        return [
+            counter("gpucost_sink_records_consumed", "records read from the output topics", self.consumed),
+            counter("gpucost_sink_records_written", "records written to Parquet, by kind", self.written, "kind"),
+            counter("gpucost_sink_duplicates", "records read again and dropped (written once), by kind",
+                    self.duplicates, "kind"),
+            counter("gpucost_sink_records_unverified", "records whose signature did not verify (dead-lettered)",
+                    self.unverified),
+            counter("gpucost_sink_records_undecodable", "records that are no record of their kind (dead-lettered)",
+                    self.undecodable),
+            counter("gpucost_sink_files_written", "Parquet files flushed (before compaction)", self.files_written),
+            counter("gpucost_sink_compactions", "partition folders compacted", self.compactions),
+            counter("gpucost_sink_files_merged", "small files merged away by compaction", self.compacted_files),
+        ]
 
 
 JOURNAL = ".sink-journal"  # under the output directory
@@ -119,8 +140,8 @@ async def _flush(sink: ParquetSink, stop: asyncio.Event, retry_s: float) -> None
 
 async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path,
                          group_id: str, stop: asyncio.Event, flush_interval_s: float = 2.0,
-                         retry_s: float = 5.0, compact_min_files: int = 64, keyring: Keyring | None = None
-                         ) -> SinkStats:
+                         retry_s: float = 5.0, compact_min_files: int = 64, keyring: Keyring | None = None,
+                         stats: SinkStats | None = None) -> SinkStats:
     """Consume ``topics`` (kind → topic name) until ``stop`` is set; flush, then commit.
 
     If the output cannot be written (disk full, permissions), nothing more is consumed and
@@ -130,16 +151,17 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
     one of its keys (the workers' output keys) are written as their kind; any other is
     dead-lettered with the reason (``unsigned``, ``unknown_key``, ``bad_signature``): an output
     topic anyone can write to must not reach the bill. Raises ``OutputBusyError`` while another
-    process writes to ``out_dir``.
+    process writes to ``out_dir``. ``stats`` (a fresh one if not given) is kept up to date as it runs,
+    for ``--metrics-address``.
     """
     with OutputLock(out_dir, "gpucost sink"):
         return await _run(consumer_options, topics, out_dir, group_id, stop, flush_interval_s, retry_s,
-                          compact_min_files, keyring)
+                          compact_min_files, keyring, stats if stats is not None else SinkStats())
 
 
 async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path, group_id: str,
                stop: asyncio.Event, flush_interval_s: float, retry_s: float, compact_min_files: int,
-               keyring: Keyring | None) -> SinkStats:
+               keyring: Keyring | None, stats: SinkStats) -> SinkStats:
     if stale := remove_stale_temporaries(out_dir):
         log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
     read: dict[str, int] = {}  # "topic:partition" → the next offset, of what this sink has read
@@ -149,7 +171,6 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
     seen = written_keys(out_dir, files)
     kind_of_topic = {t: k for k, t in topics.items()}
     sink = ParquetSink(out_dir, journal=journal)
-    stats = SinkStats()
     # files per partition folder since it was last compacted: what earlier sinks left counts too
     fresh = Counter({f: len(part_files(f.iterdir())) for f in partition_folders(out_dir)})
     consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
@@ -168,6 +189,7 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
         """Compact the folders that gained enough files, once the journal needs none of them."""
         nonlocal compact_min_files
         fresh.update(f.parent for f in sink.files_written)
+        stats.files_written += len(sink.files_written)
         sink.files_written.clear()
         if not compact_min_files or again:
             return
@@ -187,12 +209,14 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
                 return
             fresh[folder] = done.small_left.get(folder, 0)  # its small files left: due again if still too many
             stats.compacted_files += done.files_merged
+            stats.compactions += 1
 
     await consumer.start()
     try:
         last_flush, dirty = time.monotonic(), False
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+            stats.health.beat()
             for tp, messages in batches.items():
                 for m in messages:
                     read[_part(tp)] = m.offset + 1
@@ -225,6 +249,7 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
                 last_flush, dirty = time.monotonic(), False
         await _flush(sink, stop, retry_s)
         await commit()
+        stats.files_written += len(sink.files_written)
     finally:
         await consumer.stop()
     return stats

@@ -28,10 +28,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.partitioner import murmur2
+from prometheus_client.core import Metric
 
 from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer, SigningKey, Verdict
+from gpucost.metrics import Health, counter, gauge
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import raw_text
 from gpucost.schemas.records import DeadLetter, Output, kind_of
@@ -243,6 +245,13 @@ class Worker(ConsumerRebalanceListener):
         #: why taking assigned partitions failed (a state it cannot restore…); without this the worker
         #: would fetch those partitions for ever, never owning them
         self._failed: Exception | None = None
+        #: committed work, for ``metrics``: records published by kind, dead letters by reason, transactions
+        #: committed and aborted, bytes of state written
+        self.records_out: Counter[str] = Counter()
+        self.dead_letters: Counter[str] = Counter()
+        self.transactions: Counter[str] = Counter()
+        self.state_bytes_written = 0
+        self.health = Health()
 
     # --- partition ownership -------------------------------------------------------------
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -446,14 +455,31 @@ class Worker(ConsumerRebalanceListener):
                           gpu_uuid=None)
 
     async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
+        try:
+            await self._transaction(tp, messages)
+        except BaseException:
+            self.transactions["aborted"] += 1
+            raise
+        self.transactions["committed"] += 1
+
+    async def _transaction(self, tp: TopicPartition, messages: list[Any]) -> None:
         owned = self.owned[tp]
         producer = owned.producer
         state_topic = self.kafka.topic(state_topic_suffix(self.inputs[tp.topic]))
+        out: Counter[str] = Counter()
+        letters: Counter[str] = Counter()
+        state_bytes = 0
         async with producer.transaction():
             touched: set[str] = set()
-            sent = await self._send_records(producer, self._apply(owned, messages, touched))
+            records = self._apply(owned, messages, touched)
+            for record in records:
+                out[kind_of(record)] += 1
+                if isinstance(record, DeadLetter):
+                    letters[record.reason] += 1
+            sent = await self._send_records(producer, records)
             for key in sorted(touched):
                 for state_key, value in _state_records(owned, key):
+                    state_bytes += len(state_key) + len(value or b"")
                     sent.append(await producer.send(state_topic, value, key=state_key, partition=tp.partition))
             next_offset = messages[-1].offset + 1
             sent.append(await producer.send(state_topic, _json({"v": STATE_VERSION, "next_offset": next_offset}),
@@ -466,6 +492,9 @@ class Worker(ConsumerRebalanceListener):
             # also committed to the group, for lag monitoring; restarts use the progress record
             await producer.send_offsets_to_transaction({tp: next_offset}, self.group)
         self.processed += len(messages)
+        self.records_out.update(out)  # counted once committed: what consumers can read
+        self.dead_letters.update(letters)
+        self.state_bytes_written += state_bytes
 
     async def _send_records(self, producer: AIOKafkaProducer, records: list[Output]) -> list[asyncio.Future[Any]]:
         """Each record to its topic, keyed as the topic contract says, in batches per partition:
@@ -527,7 +556,9 @@ class Worker(ConsumerRebalanceListener):
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=500, max_records=self.max_batch)
+                self.health.beat()
                 if self._failed is not None:
+                    self.health.failure = f"cannot take its partitions: {self._failed}"
                     raise self._failed
                 async with self._lock:
                     # partitions are independent (each has its own state and transactional producer), so
@@ -543,3 +574,38 @@ class Worker(ConsumerRebalanceListener):
             await consumer.stop()
             for owned in self.owned.values():
                 await owned.producer.stop()
+
+    def metrics(self) -> list[Metric]:
+        """What ``gpucost worker --metrics-address`` serves (docs/operations.md, "Metrics")."""
+        owned = dict(self.owned)
+        now_ns = time.time_ns()
+        lag_s, behind, panes, gpus = {}, {}, 0, 0
+        for tp, o in owned.items():
+            auditors = list(o.auditors.values())
+            marks = [m for m in (a.panes.largest_watermark() for a in auditors) if m is not None]
+            name = f"{tp.topic}[{tp.partition}]"
+            if marks:
+                lag_s[name] = (now_ns - max(marks)) / 1e9
+            panes += sum(a.panes.open_count() for a in auditors)
+            gpus += len(auditors)
+            high = self.consumer.highwater(tp) if self.consumer is not None else None
+            if high is not None:
+                behind[name] = max(0, high - o.next_offset)
+        return [
+            counter("gpucost_worker_input_messages", "input messages applied and committed", self.processed),
+            counter("gpucost_worker_records", "records published, by kind", self.records_out, "kind"),
+            counter("gpucost_worker_dead_letters", "dead letters published, by reason", self.dead_letters, "reason"),
+            counter("gpucost_worker_refused_messages", "messages refused before any auditor (and re-deliveries "
+                    "skipped), by reason", dict(self.counts), "reason"),
+            counter("gpucost_worker_transactions", "transactions, by outcome", self.transactions, "outcome"),
+            counter("gpucost_worker_state_bytes_written", "bytes of state written to the state topics",
+                    self.state_bytes_written),
+            gauge("gpucost_worker_partitions", "input partitions owned", len(owned)),
+            gauge("gpucost_worker_keys", "keys (GPUs, processes) held", gpus),
+            gauge("gpucost_worker_open_panes", "panes open, not yet billed", panes),
+            gauge("gpucost_worker_event_time_lag_seconds", "wall clock minus the largest watermark, per partition",
+                  lag_s, "partition"),
+            gauge("gpucost_worker_consumer_lag_messages", "input messages not yet applied, per partition", behind,
+                  "partition"),
+        ]
+

@@ -1,0 +1,114 @@
+"""The pipeline's own metrics and health, served over HTTP by the long-running commands.
+
+Why: platform teams run gpucost continuously, and a worker that only logs says nothing after its
+partition assignment until it stops. ``gpucost produce``, ``worker`` and ``sink`` take
+``--metrics-address HOST:PORT`` (env ``GPUCOST_METRICS_ADDRESS``; off when unset) and serve
+Prometheus text at ``/metrics`` and ``/healthz`` (200 ``ok``, or 503 with the reason).
+
+The figures are read from the component when scraped (its counters, its outbox, its auditors),
+never kept twice; names follow Prometheus' conventions (``gpucost_…_total`` for counters, units
+in the name). Each component's metrics are described in ``docs/operations.md``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
+
+__all__ = ["Health", "MetricsServer", "counter", "gauge", "parse_address"]
+
+
+def counter(name: str, doc: str, values: Mapping[Any, float] | float, label: str | None = None) -> Metric:
+    """A counter family: one value, or one per ``label`` value (``name`` without ``_total``)."""
+    family = CounterMetricFamily(name, doc, labels=[label] if label else None)
+    if label is None:
+        family.add_metric([], float(values))  # type: ignore[arg-type]
+    else:
+        for key, value in sorted(dict(values).items()):  # type: ignore[arg-type]
+            family.add_metric([str(key)], float(value))
+    return family
+
+
+def gauge(name: str, doc: str, values: Mapping[Any, float] | float, label: str | None = None) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=[label] if label else None)
+    if label is None:
+        family.add_metric([], float(values))  # type: ignore[arg-type]
+    else:
+        for key, value in sorted(dict(values).items()):  # type: ignore[arg-type]
+            family.add_metric([str(key)], float(value))
+    return family
+
+
+class Health:
+    """Alive while the component's loop keeps beating: a loop stalled past ``stall_s`` (a hung broker
+    call, a dead event loop) or a recorded failure makes ``/healthz`` answer 503 with the reason."""
+
+    def __init__(self, stall_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stall_s, self.clock = stall_s, clock
+        self.last_beat = clock()
+        self.failure: str | None = None
+
+    def beat(self) -> None:
+        self.last_beat = self.clock()
+
+    def problem(self) -> str | None:
+        if self.failure is not None:
+            return self.failure
+        idle = self.clock() - self.last_beat
+        return f"the main loop has not run for {idle:.0f} s" if idle > self.stall_s else None
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``:9464`` for every interface) as a bind address; a ValueError says what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"metrics address {address!r} is not HOST:PORT (e.g. 0.0.0.0:9464, or 127.0.0.1:0 "
+                         "for any free port)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args: object) -> None:  # a scrape every 15 s is not news
+        pass
+
+
+class MetricsServer:
+    """``/metrics`` from ``collect`` and ``/healthz`` from ``health``, in a daemon thread."""
+
+    def __init__(self, address: str, collect: Callable[[], Iterable[Metric]], health: Health) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+
+        class _Collector:
+            def collect(self) -> Iterable[Metric]:
+                return list(collect())
+
+        registry.register(_Collector())  # type: ignore[arg-type]
+
+        def app(environ: dict[str, Any], respond: Callable[..., Any]) -> list[bytes]:
+            path = environ.get("PATH_INFO", "/")
+            if path == "/healthz":
+                problem = health.problem()
+                respond("200 OK" if problem is None else "503 Service Unavailable",
+                        [("Content-Type", "text/plain; charset=utf-8")])
+                return [b"ok\n" if problem is None else f"{problem}\n".encode()]
+            if path != "/metrics":
+                respond("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"/metrics or /healthz\n"]
+            respond("200 OK", [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
+            return [generate_latest(registry)]
+
+        host, port = parse_address(address)
+        self._server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Quiet)
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

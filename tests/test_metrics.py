@@ -1,0 +1,87 @@
+"""The pipeline's own metrics, scraped over HTTP and read with Prometheus' text parser, against what the
+component did (recounted from what it published), and its health check."""
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections import Counter
+
+import pytest
+from aiokafka import TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.worker import IDLE_PREFIX, Worker, _Owned
+from gpucost.metrics import Health, MetricsServer, parse_address
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
+from gpucost.streams.settings import AuditSettings
+from tests.fake_kafka import Message, RecordingProducer
+from tests.test_worker import BAD, LINES
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_a_worker_serves_what_it_committed() -> None:
+    worker, producer = Worker(KafkaSettings(), AuditSettings(), group="g"), RecordingProducer()
+    tp = TopicPartition("gpucost.events", 0)
+    worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    messages = []
+    for key, lines in LINES.items():  # every GPU's lines, one bad line among them, each key ended
+        messages += [Message(key, b"\n".join([*lines[:50], BAD[0], *lines[50:]]), len(messages)),
+                     Message(key, b"", len(messages) + 1, [(CONTROL_HEADER, END_OF_INPUT)])]
+    for i in range(0, len(messages), 3):
+        asyncio.run(worker._process(tp, messages[i:i + 3]))
+    server = MetricsServer("127.0.0.1:0", worker.metrics, worker.health)
+    try:
+        got = scrape(server.port)
+    finally:
+        server.close()
+    # recounted from what the worker published and wrote
+    kinds = Counter(m.topic.removeprefix("gpucost.") for m in producer.published)
+    reasons = Counter(json.loads(m.value)["reason"] for m in producer.published if m.topic == "gpucost.dlq")
+    state = sum(len(k) + len(v or b"") for t in producer.transactions for _, k, v in t if not k.startswith(b"\x00next"))
+    assert got[("gpucost_worker_input_messages_total", ())] == len(messages)
+    assert {k: got[("gpucost_worker_records_total", (("kind", k),))] for k in kinds} == kinds
+    assert kinds["cost"] > 0 and reasons["malformed_json"] == len(LINES)
+    assert {r: got[("gpucost_worker_dead_letters_total", (("reason", r),))] for r in reasons} == reasons
+    assert got[("gpucost_worker_transactions_total", (("outcome", "committed"),))] == len(producer.transactions)
+    assert got[("gpucost_worker_state_bytes_written_total", ())] == state > 0
+    assert got[("gpucost_worker_partitions", ())] == 1
+    assert got[("gpucost_worker_open_panes", ())] == 0  # every key ended: every pane billed
+    assert any(k.startswith(IDLE_PREFIX) for t in producer.transactions for _, k, _ in t)
+
+
+def test_health_says_why_it_fails() -> None:
+    clock = [0.0]
+    health = Health(stall_s=60, clock=lambda: clock[0])
+    server = MetricsServer("127.0.0.1:0", lambda: [], health)
+
+    def check() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    try:
+        assert check() == (200, "ok\n")
+        clock[0] = 61.0
+        assert check() == (503, "the main loop has not run for 61 s\n")
+        health.beat()
+        assert check()[0] == 200
+        health.failure = "cannot take its partitions: a state of version 99"
+        assert check() == (503, "cannot take its partitions: a state of version 99\n")
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("address", ["9464", "host:port", "127.0.0.1:70000", ""])
+def test_a_bad_metrics_address_is_refused_with_an_example(address: str) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_address(address)
