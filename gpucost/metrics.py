@@ -24,25 +24,23 @@ from prometheus_client.exposition import ThreadingWSGIServer
 __all__ = ["Health", "MetricsServer", "counter", "gauge", "parse_address"]
 
 
-def counter(name: str, doc: str, values: Mapping[Any, float] | float, label: str | None = None) -> Metric:
-    """A counter family: one value, or one per ``label`` value (``name`` without ``_total``)."""
-    family = CounterMetricFamily(name, doc, labels=[label] if label else None)
+def _family(kind: type, name: str, doc: str, values: Mapping[Any, float] | float, label: str | None) -> Metric:
+    family = kind(name, doc, labels=[label] if label else None)
     if label is None:
         family.add_metric([], float(values))  # type: ignore[arg-type]
     else:
         for key, value in sorted(dict(values).items()):  # type: ignore[arg-type]
             family.add_metric([str(key)], float(value))
     return family
+
+
+def counter(name: str, doc: str, values: Mapping[Any, float] | float, label: str | None = None) -> Metric:
+    """A counter family: one value, or one per ``label`` value (``name`` without ``_total``)."""
+    return _family(CounterMetricFamily, name, doc, values, label)
 
 
 def gauge(name: str, doc: str, values: Mapping[Any, float] | float, label: str | None = None) -> Metric:
-    family = GaugeMetricFamily(name, doc, labels=[label] if label else None)
-    if label is None:
-        family.add_metric([], float(values))  # type: ignore[arg-type]
-    else:
-        for key, value in sorted(dict(values).items()):  # type: ignore[arg-type]
-            family.add_metric([str(key)], float(value))
-    return family
+    return _family(GaugeMetricFamily, name, doc, values, label)
 
 
 class Health:
