@@ -35,6 +35,11 @@ def _value(v: float) -> float | None:
     return None if math.isnan(v) or math.isinf(v) or abs(v) >= SENTINEL_MIN else v
 
 
+def _pct(ratio: object) -> float | None:
+    """A profiling ratio (0–1) as a percentage, clamped as the exporter's rounding may pass 1."""
+    return None if ratio is None else min(100.0, max(0.0, float(ratio) * 100))  # type: ignore[arg-type]
+
+
 SYNTHETIC_PID_BASE = 1 << 31  # above any Linux pid (at most 2^22): never mistaken for a real process
 
 
@@ -147,7 +152,9 @@ def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, 
         power_w=float(g.get("DCGM_FI_DEV_POWER_USAGE", 0.0)),  # type: ignore[arg-type]
         temp_c=float(g.get("DCGM_FI_DEV_GPU_TEMP", 0.0)),  # type: ignore[arg-type]
         pcie_tx_bytes_s=None if tx is None else int(tx),  # type: ignore[call-overload]
-        pcie_rx_bytes_s=None if rx is None else int(rx))  # type: ignore[call-overload]
+        pcie_rx_bytes_s=None if rx is None else int(rx),  # type: ignore[call-overload]
+        tensor_active_pct=_pct(g.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")),
+        dram_active_pct=_pct(g.get("DCGM_FI_PROF_DRAM_ACTIVE")))
     out: list[Event] = [gpu]
     owner = g.get("owner")
     if owner is not None:

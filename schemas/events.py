@@ -94,6 +94,10 @@ class GpuSample(_Sample):
     temp_c: Annotated[float, Field(ge=-60, le=200, allow_inf_nan=False)]
     pcie_tx_bytes_s: NonNegBytes | None = None
     pcie_rx_bytes_s: NonNegBytes | None = None
+    #: from DCGM profiling or NVML GPM where the GPU has them: the share of time the tensor pipes, and the
+    #: DRAM interface, were active (METRICS, "Efficiency"; read by the efficiency operators, not the bill)
+    tensor_active_pct: Pct | None = None
+    dram_active_pct: Pct | None = None
 
     @model_validator(mode="after")
     def _used_within_total(self) -> "GpuSample":

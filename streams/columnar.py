@@ -334,7 +334,8 @@ class _Batch:
                      "pcie_tx_bytes_s", "pcie_rx_bytes_s"):
             columns[name] = self._ints(name)
         columns["address"] = self._ints("address", np.uint64)
-        for name in ("interval_s", "sm_util_pct", "mem_bw_util_pct", "power_w", "temp_c"):
+        for name in ("interval_s", "sm_util_pct", "mem_bw_util_pct", "power_w", "temp_c", "tensor_active_pct",
+                     "dram_active_pct"):
             columns[name] = self._floats(name)
         self.ts, pid = columns["ts_ns"][0], columns["pid"][0]
         self.pid = np.where(self.code == GPU, -1, pid)  # the duplicate key's pid of a GPU sample

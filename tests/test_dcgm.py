@@ -71,6 +71,9 @@ def test_every_gpu_of_the_scrape_with_its_values(shared_data: Path, name: str) -
         assert e.mem_total_bytes == int(total) << 20 > 0
         assert e.power_w == w.get("DCGM_FI_DEV_POWER_USAGE", 0.0) and e.temp_c == w.get("DCGM_FI_DEV_GPU_TEMP", 0.0)
         assert e.pcie_tx_bytes_s == (int(w["DCGM_FI_PROF_PCIE_TX_BYTES"]) if "DCGM_FI_PROF_PCIE_TX_BYTES" in w else None)
+        for field, metric in (("tensor_active_pct", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+                              ("dram_active_pct", "DCGM_FI_PROF_DRAM_ACTIVE")):  # profiling ratios, as percent
+            assert getattr(e, field) == (pytest.approx(min(100.0, w[metric] * 100)) if metric in w else None)
 
 
 def test_blank_sentinels_count_as_missing(shared_data: Path) -> None:
