@@ -174,6 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_fleet(run)
     _add_out(run, "output directory")
     _add_settings(run)
+    _add_metrics(run)
 
     sim = sub.add_parser("simulate", help="write a simulated fleet's events as JSON Lines or Parquet")
     _add_fleet(sim)
@@ -377,9 +378,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     live = _live(args, source, nvml) if source in LIVE_SOURCES else None
     items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec)) if live is None else itertools.chain(
         read_inputs(_files(args.prices)) if args.prices else [], ((ev, source) for ev in live.events()))
+    stats = RunStats(source=live.counts if live is not None else Counter())
     with _Signals(live, _interrupt).installed(), _output(args.out, args.overwrite, "gpucost run"), \
-            _progress("run", unit=" events") as bar:
-        stats = run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)))
+            _progress("run", unit=" events") as bar, _metrics(args.metrics_address, stats.metrics, stats.health):
+        run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats)
     _source_counts(live)
     return _finish(args.out, stats)
 

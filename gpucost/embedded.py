@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.core import Metric
+
+from gpucost.metrics import Health, counter
 from gpucost.producers.replay import LineBatch, RowBatch
 from gpucost.schemas.blocks import ClosedPanes, Outputs
-from gpucost.schemas.events import Event
+from gpucost.schemas.events import EVENT_MODELS, Event
 from gpucost.schemas.records import DeadLetter
 from gpucost.sinks.parquet import ParquetSink
 from gpucost.streams.audit import Auditor
@@ -27,21 +30,41 @@ __all__ = ["Item", "RunStats", "run_embedded"]
 #: label; or batches of Parquet rows or JSON lines, which take the batch path
 Item = tuple[Event | str | bytes | dict[str, Any], str] | RowBatch | LineBatch
 _BATCH = 2048
+#: a batch is handed over after this long even if not full: a live source's events (a few a second)
+#: are then written, shown and counted as they come, not after minutes
+_BATCH_S = 1.0
 _DONE = object()
 
 
 @dataclass
 class RunStats:
+    """What a run did; kept up to date while it runs (``run_embedded``), for ``--metrics-address``."""
+
     inputs: int = 0
     dead_letters: Counter[str] = field(default_factory=Counter)
-    counts: Counter[str] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)  # the auditor's: events taken by kind, and more
     rows: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    source: Counter[str] = field(default_factory=Counter)  # a live source's own counters
+    health: Health = field(default_factory=Health)
+
+    def metrics(self) -> list[Metric]:
+        """What ``gpucost run --metrics-address`` serves (docs/operations.md, "Metrics")."""
+        return [
+            counter("gpucost_run_inputs", "inputs read (events, lines or rows)", self.inputs),
+            counter("gpucost_run_events", "events taken, by kind", {k: v for k, v in self.counts.items()
+                                                                    if k in EVENT_MODELS}, "kind"),
+            counter("gpucost_run_dead_letters", "dead letters, by reason", self.dead_letters, "reason"),
+            counter("gpucost_run_rows_written", "rows written to Parquet, by kind", dict(self.rows), "kind"),
+            counter("gpucost_source_not_taken", "what the live source counted and did not turn into events, "
+                    "by what", dict(self.source), "what"),
+        ]
 
 
 def _batches(items: Iterable[Item], q: "queue.Queue[object]", failure: list[BaseException]) -> None:
     try:
         batch: list[Item] = []
+        since = time.monotonic()
         for item in items:
             if isinstance(item, (RowBatch, LineBatch)):  # already a batch: sent alone
                 if batch:
@@ -50,9 +73,9 @@ def _batches(items: Iterable[Item], q: "queue.Queue[object]", failure: list[Base
                 batch = []
                 continue
             batch.append(item)
-            if len(batch) == _BATCH:
+            if len(batch) == _BATCH or time.monotonic() - since >= _BATCH_S:
                 q.put(batch)
-                batch = []
+                batch, since = [], time.monotonic()
         q.put(batch)
     except BaseException as exc:  # handed to the consumer, which re-raises it
         failure.append(exc)
@@ -82,8 +105,9 @@ def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:
 
 
 def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
-                 on_batch: Callable[[list[Item]], None] | None = None) -> RunStats:
-    """Run every item through the audit and write the records; returns what happened."""
+                 on_batch: Callable[[list[Item]], None] | None = None, stats: RunStats | None = None) -> RunStats:
+    """Run every item through the audit and write the records; returns what happened (``stats``, if given,
+    is the one kept up to date as it runs)."""
     start = time.perf_counter()
     q: "queue.Queue[object]" = queue.Queue(maxsize=4)
     failure: list[BaseException] = []
@@ -91,8 +115,10 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     producer.start()
     auditor = Auditor(settings, time.time_ns)
     sink = ParquetSink(out_dir)
-    stats = RunStats()
+    stats = stats if stats is not None else RunStats()
+    stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
     for batch in _drain(q):
+        stats.health.beat()
         n, records = _audit(auditor, batch)
         stats.inputs += n
         for record in records:
@@ -110,7 +136,6 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     for record in auditor.finish():
         sink.write(record)
     sink.flush()
-    stats.counts = auditor.counts
     stats.rows = dict(sink.rows_written)
     stats.seconds = time.perf_counter() - start
     return stats

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpucost.embedded import RunStats, run_embedded
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.worker import IDLE_PREFIX, Worker, _Owned
 from gpucost.metrics import Health, MetricsServer, parse_address
+from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
+from gpucost.sinks.views import connect
 from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message, RecordingProducer
 from tests.test_worker import BAD, LINES
@@ -85,3 +91,40 @@ def test_health_says_why_it_fails() -> None:
 def test_a_bad_metrics_address_is_refused_with_an_example(address: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_address(address)
+
+
+def test_an_embedded_run_serves_what_it_wrote(tmp_path: Path) -> None:
+    """`gpucost run --metrics-address`: events by kind recounted from the input, rows and dead letters from
+    the Parquet, scraped while the server runs."""
+    events = list(simulate(FleetSpec(gpus=2, hours=1, interval_s=10)))
+    items = [(e, "sim") for e in events] + [(b'{"kind": "gpu_sample"', "bad")]
+    stats = RunStats()
+    server = MetricsServer("127.0.0.1:0", stats.metrics, stats.health)
+    try:
+        run_embedded(items, AuditSettings(), tmp_path, stats=stats)
+        got = scrape(server.port)
+    finally:
+        server.close()
+    con = connect(tmp_path)
+    kinds = Counter(e.kind for e in events)
+    assert {k: got[("gpucost_run_events_total", (("kind", k),))] for k in kinds} == kinds
+    for view in ("cost", "idle_index", "mae", "dlq"):
+        assert got[("gpucost_run_rows_written_total", (("kind", view),))] == \
+            con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]
+    assert got[("gpucost_run_dead_letters_total", (("reason", "malformed_json"),))] == 1
+    assert got[("gpucost_run_inputs_total", ())] == len(items)
+
+
+def test_a_live_source_is_audited_as_it_comes_not_after_a_full_batch(tmp_path: Path) -> None:
+    """A slow source (a few events a second) used to be handed over 2,048 items at a time: minutes behind."""
+    events = list(simulate(FleetSpec(gpus=1, hours=0.1, interval_s=10)))[:12]
+    seen: list[float] = []
+    started = time.monotonic()
+
+    def slow() -> Iterator[tuple[object, str]]:
+        for e in events:
+            time.sleep(0.25)
+            yield e, "live"
+
+    run_embedded(slow(), AuditSettings(), tmp_path, on_batch=lambda b: seen.append(time.monotonic() - started))
+    assert len(seen) >= 2 and seen[0] < 2.0  # the first events audited a second or so after they came
