@@ -471,12 +471,7 @@ class Worker(ConsumerRebalanceListener):
         state_bytes = 0
         async with producer.transaction():
             touched: set[str] = set()
-            records = self._apply(owned, messages, touched)
-            for record in records:
-                out[kind_of(record)] += 1
-                if isinstance(record, DeadLetter):
-                    letters[record.reason] += 1
-            sent = await self._send_records(producer, records)
+            sent = await self._send_records(producer, self._apply(owned, messages, touched), out, letters)
             for key in sorted(touched):
                 for state_key, value in _state_records(owned, key):
                     state_bytes += len(state_key) + len(value or b"")
@@ -496,15 +491,21 @@ class Worker(ConsumerRebalanceListener):
         self.dead_letters.update(letters)
         self.state_bytes_written += state_bytes
 
-    async def _send_records(self, producer: AIOKafkaProducer, records: list[Output]) -> list[asyncio.Future[Any]]:
+    async def _send_records(self, producer: AIOKafkaProducer, records: list[Output], kinds: Counter[str],
+                            reasons: Counter[str]) -> list[asyncio.Future[Any]]:
         """Each record to its topic, keyed as the topic contract says, in batches per partition:
         one ``send`` per record took a fifth of the worker's time. The partition is the one
         ``send(key=…)`` would choose (the default partitioner: murmur2 of the key; an output
-        topic's partitions are read once), and each partition's records keep their order."""
+        topic's partitions are read once), and each partition's records keep their order.
+        ``kinds`` and ``reasons`` count what was sent, by kind and by dead-letter reason."""
         batches: dict[tuple[str, int], Any] = {}
         sent: list[asyncio.Future[Any]] = []
         for record in records:
-            topic, key = self.kafka.topic(kind_of(record)), output_key(record)
+            kind = kind_of(record)
+            kinds[kind] += 1
+            if kind == "dlq":
+                reasons[record.reason] += 1  # type: ignore[union-attr]
+            topic, key = self.kafka.topic(kind), output_key(record)
             partitions = self._partitions.get(topic)
             if partitions is None:
                 partitions = self._partitions[topic] = sorted(await producer.partitions_for(topic))
