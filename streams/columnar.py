@@ -82,6 +82,7 @@ GPU, PROC, NUMA, MEM = 0, 1, 2, 3
 _KINDS = {"gpu_sample": GPU, "process_sample": PROC, "numa_event": NUMA, "mem_access": MEM}
 _KIND_NAMES = list(_KINDS)
 _HOT = (GpuSample, ProcessSample, NumaEvent, MemAccess)  # the models of those kinds
+_HOT_FIELDS = sorted({name for model in _HOT for name in model.model_fields} - {"kind"})
 _NONE = np.iinfo(np.int64).min  # "no watermark yet"
 _PID_SPAN = 1 << 32
 #: fewer closing panes than this in a batch are closed one by one, as records; more, as blocks of columns
@@ -325,18 +326,21 @@ class _Batch:
         kind_codes = np.array([_KINDS.get(k, -1) for k in kinds.dictionary.to_pylist()] + [-1], dtype=np.int8)
         self.code = kind_codes[np.asarray(pc.fill_null(kinds.indices, len(kind_codes) - 1).to_numpy(
             zero_copy_only=False))]
-        self.gpu, self.gpu_names, gpu_len = self._ident("gpu_uuid")
-        self.node, self.node_names, node_len = self._ident("node_id")
-        self.model, self.model_names, model_len = self._ident("gpu_model")
-        columns = {"gpu_uuid": (gpu_len, self.gpu >= 0), "node_id": (node_len, self.node >= 0),
-                   "gpu_model": (model_len, self.model >= 0)}
-        for name in ("ts_ns", "pid", "mem_used_bytes", "mem_total_bytes", "hops", "latency_weight",
-                     "pcie_tx_bytes_s", "pcie_rx_bytes_s"):
-            columns[name] = self._ints(name)
-        columns["address"] = self._ints("address", np.uint64)
-        for name in ("interval_s", "sm_util_pct", "mem_bw_util_pct", "power_w", "temp_c", "tensor_active_pct",
-                     "dram_active_pct"):
-            columns[name] = self._floats(name)
+        # every field of the hot kinds, loaded as its column of the event schema holds it: text as codes
+        # into the batch's distinct values (their lengths checked), numbers as they are
+        columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        idents: dict[str, tuple[np.ndarray, list[str]]] = {}
+        for name in _HOT_FIELDS:
+            arrow = EVENT_SCHEMA.field(name).type
+            if pa.types.is_string(arrow):
+                codes, values, length = self._ident(name)
+                idents[name], columns[name] = (codes, values), (length, codes >= 0)
+            elif pa.types.is_floating(arrow):
+                columns[name] = self._floats(name)
+            else:
+                columns[name] = self._ints(name, np.uint64 if pa.types.is_unsigned_integer(arrow) else np.int64)
+        (self.gpu, self.gpu_names), (self.node, self.node_names), (self.model, self.model_names) = (
+            idents["gpu_uuid"], idents["node_id"], idents["gpu_model"])
         self.ts, pid = columns["ts_ns"][0], columns["pid"][0]
         self.pid = np.where(self.code == GPU, -1, pid)  # the duplicate key's pid of a GPU sample
         self.address = columns["address"][0]
