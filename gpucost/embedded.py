@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from gpucost.metrics import Health, counter
+from gpucost.metrics import Health, counter, source_counts
 from gpucost.producers.replay import LineBatch, RowBatch
 from gpucost.schemas.blocks import ClosedPanes, Outputs
 from gpucost.schemas.events import EVENT_MODELS, Event
@@ -56,8 +56,7 @@ class RunStats:
                                                                     if k in EVENT_MODELS}, "kind"),
             counter("gpucost_run_dead_letters", "dead letters, by reason", self.dead_letters, "reason"),
             counter("gpucost_run_rows_written", "rows written to Parquet, by kind", dict(self.rows), "kind"),
-            counter("gpucost_source_not_taken", "what the live source counted and did not turn into events, "
-                    "by what", dict(self.source), "what"),
+            source_counts(self.source),
         ]
 
 

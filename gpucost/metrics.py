@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 
-__all__ = ["Health", "MetricsServer", "counter", "gauge", "parse_address"]
+__all__ = ["Health", "MetricsServer", "counter", "gauge", "parse_address", "source_counts"]
 
 
 def _family(kind: type, name: str, doc: str, values: Mapping[Any, float] | float, label: str | None) -> Metric:
@@ -41,6 +41,12 @@ def counter(name: str, doc: str, values: Mapping[Any, float] | float, label: str
 
 def gauge(name: str, doc: str, values: Mapping[Any, float] | float, label: str | None = None) -> Metric:
     return _family(GaugeMetricFamily, name, doc, values, label)
+
+
+def source_counts(counts: Mapping[str, int]) -> Metric:
+    """A live source's own counters (``produce`` and ``run`` serve them alike)."""
+    return counter("gpucost_source_not_taken", "what the live source counted and did not turn into events, by "
+                   "what", dict(counts), "what")
 
 
 class Health:

@@ -23,7 +23,7 @@ from gpucost.kafka.outbox import Message, Outbox
 from gpucost.kafka.routing import Router, duplicate_letter
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
-from gpucost.metrics import Health, counter, gauge
+from gpucost.metrics import Health, counter, gauge, source_counts
 from gpucost.schemas.codec import Rejected, encode_event, raw_text
 from gpucost.schemas.events import Event
 from gpucost.schemas.records import DeadLetter
@@ -110,8 +110,7 @@ class ProducerStats:
             gauge("gpucost_producer_outbox_memory_bytes", "bytes of waiting messages held in memory",
                   0 if box is None else box.memory_bytes),
             gauge("gpucost_producer_spool_bytes", "bytes of the spool file (waiting messages on disk)", spool),
-            counter("gpucost_source_not_taken", "what the live source counted and did not turn into events, "
-                    "by what", dict(self.source), "what"),
+            source_counts(self.source),
         ]
 
 

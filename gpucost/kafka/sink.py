@@ -185,12 +185,16 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
             for keys in seen.values():
                 keys.clear()
 
-    async def compact_fresh() -> None:
-        """Compact the folders that gained enough files, once the journal needs none of them."""
-        nonlocal compact_min_files
+    def take_written() -> None:
+        """The files flushed since last asked: counted, and each one more in its folder."""
         fresh.update(f.parent for f in sink.files_written)
         stats.files_written += len(sink.files_written)
         sink.files_written.clear()
+
+    async def compact_fresh() -> None:
+        """Compact the folders that gained enough files, once the journal needs none of them."""
+        nonlocal compact_min_files
+        take_written()
         if not compact_min_files or again:
             return
         started = time.monotonic()
@@ -249,7 +253,7 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
                 last_flush, dirty = time.monotonic(), False
         await _flush(sink, stop, retry_s)
         await commit()
-        stats.files_written += len(sink.files_written)
+        take_written()
     finally:
         await consumer.stop()
     return stats
