@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow.parquet as pq
 from aiokafka.errors import KafkaConnectionError
+from prometheus_client.core import Metric
 from pydantic import ValidationError
 
 from gpucost.config import FLAG_FIELDS, KAFKA_ENV_PREFIX, ConfigError, environment, load_settings
@@ -30,6 +31,7 @@ from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer
 from gpucost.kafka.worker import StateError
+from gpucost.metrics import Health, MetricsServer
 from gpucost.producers.live import LIVE_SOURCES, LiveSettings, LiveSource, SourceUnavailable, open_live, open_nvml
 from gpucost.producers.nvml import NvmlSampler, NvmlUnavailable
 from gpucost.producers.replay import input_files, read_batches, read_inputs
@@ -92,13 +94,11 @@ def _add_metrics(p: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def _metrics(address: str | None, collect: Callable[[], Any], health: Any) -> Iterator[None]:
+def _metrics(address: str | None, collect: Callable[[], Iterable[Metric]], health: Health) -> Iterator[None]:
     """The metrics server of a long-running command, for as long as it runs (nothing without an address)."""
     if address is None:
         yield
         return
-    from gpucost.metrics import MetricsServer
-
     try:
         server = MetricsServer(address, collect, health)
     except ValueError as exc:
