@@ -52,7 +52,7 @@ class RunStats:
         """What ``gpucost run --metrics-address`` serves (docs/operations.md, "Metrics")."""
         return [
             counter("gpucost_run_inputs", "inputs read (events, lines or rows)", self.inputs),
-            counter("gpucost_run_events", "events taken, by kind", {k: v for k, v in self.counts.items()
+            counter("gpucost_run_events", "events taken, by kind", {k: v for k, v in dict(self.counts).items()
                                                                     if k in EVENT_MODELS}, "kind"),
             counter("gpucost_run_dead_letters", "dead letters, by reason", self.dead_letters, "reason"),
             counter("gpucost_run_rows_written", "rows written to Parquet, by kind", dict(self.rows), "kind"),

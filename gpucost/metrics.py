@@ -6,7 +6,9 @@ partition assignment until it stops. ``gpucost produce``, ``worker`` and ``sink`
 Prometheus text at ``/metrics`` and ``/healthz`` (200 ``ok``, or 503 with the reason).
 
 The figures are read from the component when scraped (its counters, its outbox, its auditors),
-never kept twice; names follow Prometheus' conventions (``gpucost_…_total`` for counters, units
+never kept twice. The scrape runs in the server's thread while the component changes them, so each
+collection is copied in one step (``dict(…)``, ``list(…)``: no other thread runs meanwhile) before
+it is iterated; names follow Prometheus' conventions (``gpucost_…_total`` for counters, units
 in the name). Each component's metrics are described in ``docs/operations.md``.
 """
 from __future__ import annotations

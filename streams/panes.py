@@ -309,7 +309,7 @@ class GpuPanes:
 
     def open_count(self) -> int:
         """Panes open (counted, not yet billed), over every GPU."""
-        return sum(len(panes) for panes in self._open.values())
+        return sum(map(len, list(self._open.values())))  # list(): one step, should another thread ask
 
     def largest_watermark(self) -> int | None:
         """The largest watermark of any GPU here (None: no GPU yet)."""
