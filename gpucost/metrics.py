@@ -1,7 +1,7 @@
 """The pipeline's own metrics and health, served over HTTP by the long-running commands.
 
 Why: platform teams run gpucost continuously, and a worker that only logs says nothing after its
-partition assignment until it stops. ``gpucost produce``, ``worker`` and ``sink`` take
+partition assignment until it stops. ``gpucost produce``, ``worker``, ``sink`` and ``run`` take
 ``--metrics-address HOST:PORT`` (env ``GPUCOST_METRICS_ADDRESS``; off when unset) and serve
 Prometheus text at ``/metrics`` and ``/healthz`` (200 ``ok``, or 503 with the reason).
 
