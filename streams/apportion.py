@@ -14,7 +14,7 @@ from gpucost.schemas.events import TENANT_FIELDS
 from gpucost.schemas.exact import div_half_even, micro_usd_per_hour, ratios
 from gpucost.schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
 from gpucost.streams.money import split_in_order
-from gpucost.streams.panes import PaneColumns, PaneTotals
+from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.tables import Tenant
 
 __all__ = ["Weights", "apportion", "apportion_many"]

@@ -22,7 +22,8 @@ from gpucost.streams.apportion import Weights, apportion, apportion_many
 from gpucost.streams.columnar import ingest_batch, ingest_lines
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.mae import Mae
-from gpucost.streams.panes import GpuPanes, PaneColumns, PaneTotals
+from gpucost.streams.pane_totals import PaneColumns, PaneTotals
+from gpucost.streams.panes import GpuPanes
 from gpucost.streams.scope import Scope, decode_in_scope
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import BindingTable, PriceTable

@@ -23,7 +23,7 @@ import pyarrow as pa
 from gpucost.schemas.arrow import ARROW_SCHEMAS
 from gpucost.schemas.exact import ratios
 from gpucost.schemas.records import IdleIndexRecord, computed
-from gpucost.streams.panes import PaneColumns, PaneTotals
+from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["IdleIndex"]

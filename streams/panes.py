@@ -2,21 +2,31 @@
 
 A GPU's watermark is the largest ``ts_ns`` seen for it minus the allowed lateness; pane
 ``[s, e)`` closes once the watermark reaches ``e``. An event whose pane has closed is late.
+
+``GpuPanes`` has a row entry (``is_late``, ``admit``, ``add_*``, ``advance``: one event) and a
+batch entry (``judge_many`` then ``add_many``: a batch's rows as columns), over the same state;
+the batch entry decides every row as the row entry would in arrival order
+(``tests/test_operator_entries.py`` holds them to it).
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from bisect import insort
 from typing import Any
 
 import numpy as np
 
 from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
+from gpucost.streams.pane_totals import PaneColumns, PaneRows, PaneTotals, Verdicts, nearest_gap, objects
+from gpucost.streams.runs import Levels, runs
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import Tenant
 
-__all__ = ["pane_start_ns", "overlaps", "jump", "TenantTotals", "PaneTotals", "PaneColumns", "GpuPanes", "objects"]
+__all__ = ["pane_start_ns", "overlaps", "jump", "KINDS", "GpuPanes"]
+
+#: the kinds of event a pane counts, by their code in ``PaneRows.kind``
+KINDS = ("gpu_sample", "process_sample", "numa_event")
+GPU, PROC, NUMA = range(len(KINDS))
+_NONE = np.iinfo(np.int64).min  # no time yet
 
 
 def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
@@ -29,154 +39,6 @@ def overlaps(gap_ns: Any, interval_ms: Any) -> Any:
     its own interval (METRICS.md: one sampler per device): a second sampler's, which would bill the
     device's time twice. Exact in integers: 4·gap < 3·interval; of ints, or elementwise of int64 arrays."""
     return 4 * gap_ns < 3_000_000 * interval_ms
-
-
-@dataclass
-class TenantTotals:
-    tenant: Tenant
-    sm: int = 0  # Σ sm_util (1/100 %) · interval_ms over the tenant's process samples
-    bw: int = 0  # Σ mem_bw_util (1/100 %) · interval_ms
-    numa: int = 0  # Σ hops · latency_weight over the tenant's NUMA events
-
-
-@dataclass
-class PaneTotals:
-    gpu_uuid: str
-    pane_start_ns: int
-    pane_end_ns: int
-    node_id: str | None = None  # from GPU samples; None when the pane has none
-    gpu_model: str | None = None
-    covered_ms: int = 0
-    idle_ms: int = 0
-    tenant_events: int = 0
-    tenants: dict[str, TenantTotals] = field(default_factory=dict)
-    #: the sorted ``ts_ns`` of every event counted in this pane, by (kind, pid) (pid -1 for GPU samples):
-    #: a second event at one of them is a duplicate, a sample near one an overlap. Bounded: only open
-    #: panes are kept.
-    seen: dict[tuple[str, int], list[int]] = field(default_factory=dict)
-    seen_count: int = field(default=0, compare=False)
-    #: ``seen`` as ``to_state`` wrote it, and its size then: ``seen`` only grows, so an unchanged size is an
-    #: unchanged set (a live worker writes every open pane at every poll; most have not changed since). The
-    #: default, of no size, is never handed out: its list is shared.
-    _seen_state: tuple[int, list[Any]] = field(default=(-1, []), init=False, repr=False, compare=False)
-
-    def holds(self, kind: str, pid: int, ts_ns: int) -> bool:
-        times = self.seen.get((kind, pid), ())
-        at = bisect_left(times, ts_ns)
-        return at < len(times) and times[at] == ts_ns
-
-    def nearest_gap(self, kind: str, pid: int, ts_ns: int) -> int | None:
-        """How far ``ts_ns`` lies from the nearest counted time of (kind, pid) here (None: none yet)."""
-        times = self.seen.get((kind, pid), ())
-        at = bisect_left(times, ts_ns)
-        near = [abs(times[k] - ts_ns) for k in (at - 1, at) if 0 <= k < len(times)]
-        return min(near) if near else None
-
-    def remember(self, kind: str, pid: int, ts_ns: int) -> None:
-        insort(self.seen.setdefault((kind, pid), []), ts_ns)
-        self.seen_count += 1
-
-    def tenant(self, tenant: Tenant, key: str | None = None) -> TenantTotals:
-        """The tenant's totals in this pane (``key``: its key, when the caller has it already)."""
-        key = tenant.key if key is None else key
-        totals = self.tenants.get(key)
-        if totals is None:
-            totals = self.tenants[key] = TenantTotals(tenant)
-        return totals
-
-    def to_state(self) -> list[Any]:
-        """The ``seen`` keys as ``[kind, pid, [gaps…]]``: each source's times as gaps from the pane's
-        start, then from each other. A live worker writes the open panes at every poll, and a
-        sample a second spelled out in full nanoseconds was most of a GPU's state."""
-        tenants = [[list(t.tenant), t.sm, t.bw, t.numa] for t in self.tenants.values()]
-        if self._seen_state[0] != self.seen_count:
-            self._seen_state = self.seen_count, [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
-                                                 for (kind, pid), ts in sorted(self.seen.items())]
-        seen = self._seen_state[1]
-        return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
-                self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen]
-
-    @classmethod
-    def from_state(cls, s: list[Any]) -> "PaneTotals":
-        pane = cls(*s[:8])
-        for tenant, sm, bw, numa in s[8]:
-            t = Tenant(*tenant)
-            pane.tenants[t.key] = TenantTotals(t, sm, bw, numa)
-        for kind, pid, when in s[9]:
-            if isinstance(when, int):  # a state written before the gaps: one (kind, pid, ts_ns) each
-                pane.remember(kind, pid, when)
-                continue
-            ts = pane.pane_start_ns
-            for gap in when:
-                ts += gap
-                pane.remember(kind, pid, ts)
-        return pane
-
-
-@dataclass
-class PaneColumns:
-    """Closing panes as columns, and their tenants' totals as rows sorted by pane, then tenant key:
-    what the batch path closes without a ``PaneTotals`` per pane. Names and tenants are ``object``
-    arrays, as are the tenants' totals, Python integers: a pane's cost split multiplies them past
-    64 bits."""
-
-    gpu_uuid: np.ndarray
-    pane_start_ns: np.ndarray
-    pane_end_ns: np.ndarray
-    node_id: np.ndarray  # None where the pane had no GPU sample
-    gpu_model: np.ndarray
-    covered_ms: np.ndarray
-    idle_ms: np.ndarray
-    tenant_events: np.ndarray
-    t_pane: np.ndarray  # the pane of each tenant row
-    t_key: np.ndarray
-    t_tenant: np.ndarray
-    t_sm: np.ndarray
-    t_bw: np.ndarray
-    t_numa: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.gpu_uuid)
-
-    @classmethod
-    def of(cls, panes: list[PaneTotals]) -> "PaneColumns":
-        tenants = [(j, key, t) for j, p in enumerate(panes) for key, t in sorted(p.tenants.items())]
-        ints = [np.array([getattr(p, f) for p in panes], np.int64)
-                for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events")]
-        return cls(objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
-                   objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
-                   objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
-                   *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")))
-
-    @classmethod
-    def concat(cls, parts: list["PaneColumns"]) -> "PaneColumns":
-        offsets = np.cumsum([0] + [len(p) for p in parts]).tolist()
-        return cls(**{f: np.concatenate([getattr(p, f) + o if f == "t_pane" else getattr(p, f)
-                                         for p, o in zip(parts, offsets)]) for f in cls.__dataclass_fields__})
-
-    def totals(self) -> list[PaneTotals]:
-        """Each pane as a ``PaneTotals`` (its ``seen`` keys left empty: it is closing)."""
-        panes = [PaneTotals(*values) for values in zip(
-            self.gpu_uuid.tolist(), self.pane_start_ns.tolist(), self.pane_end_ns.tolist(), self.node_id.tolist(),
-            self.gpu_model.tolist(), self.covered_ms.tolist(), self.idle_ms.tolist(), self.tenant_events.tolist())]
-        for j, key, tenant, sm, bw, numa in zip(self.t_pane.tolist(), self.t_key.tolist(), self.t_tenant.tolist(),
-                                                self.t_sm.tolist(), self.t_bw.tolist(), self.t_numa.tolist()):
-            panes[j].tenants[key] = TenantTotals(tenant, sm, bw, numa)
-        return panes
-
-    def take(self, idx: np.ndarray) -> "PaneColumns":
-        """The panes at ``idx``, in that order, with their tenant rows."""
-        lo = np.searchsorted(self.t_pane, idx, "left")
-        count = np.searchsorted(self.t_pane, idx, "right") - lo
-        rows = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-        return PaneColumns(**{f: (np.repeat(np.arange(len(idx)), count) if f == "t_pane" else
-                                  getattr(self, f)[rows if f.startswith("t_") else idx])
-                              for f in self.__dataclass_fields__})
-
-
-def objects(values: Iterable[Any]) -> np.ndarray:
-    """An ``object`` array of the values, tuples kept whole (``np.array`` would make them a dimension)."""
-    return np.fromiter(values, object)
 
 
 def _first(current: str | None, value: str) -> str:
@@ -219,25 +81,12 @@ class GpuPanes:
         max_ts = self._max_ts.get(gpu_uuid)
         return None if max_ts is None else max_ts - self.lateness_ns
 
-    def max_ts(self, gpu_uuid: str) -> int | None:
-        return self._max_ts.get(gpu_uuid)
-
-    def pending(self, gpu_uuid: str) -> int | None:
-        return self._pending.get(gpu_uuid)
-
-    def set_max_ts(self, gpu_uuid: str, ts_ns: int, pending: int | None) -> None:
+    def _set_max_ts(self, gpu_uuid: str, ts_ns: int, pending: int | None) -> None:
         self._max_ts[gpu_uuid] = ts_ns
         if pending is None:
             self._pending.pop(gpu_uuid, None)
         else:
             self._pending[gpu_uuid] = pending
-
-    def open_panes(self, gpu_uuid: str) -> dict[int, PaneTotals]:
-        """The GPU's open panes by start (a batch operator takes them out as they close)."""
-        return self._open.get(gpu_uuid, {})
-
-    def keep_open(self, pane: PaneTotals) -> None:
-        self._open.setdefault(pane.gpu_uuid, {})[pane.pane_start_ns] = pane
 
     def is_late(self, gpu_uuid: str, ts_ns: int) -> bool:
         wm = self.watermark(gpu_uuid)
@@ -292,7 +141,7 @@ class GpuPanes:
         before = self._max_ts.get(gpu_uuid)
         max_ts, pending = jump(before, self._pending.get(gpu_uuid), ts_ns, self.max_jump_ns)
         assert max_ts is not None
-        self.set_max_ts(gpu_uuid, max_ts, pending)
+        self._set_max_ts(gpu_uuid, max_ts, pending)
         if before is not None and max_ts <= before:
             return []
         wm = max_ts - self.lateness_ns
@@ -355,3 +204,268 @@ class GpuPanes:
             pane = PaneTotals.from_state(s)
             panes._open.setdefault(pane.gpu_uuid, {})[pane.pane_start_ns] = pane
         return panes
+
+    # --- the batch entry -------------------------------------------------------------------------
+
+    def judge_many(self, rows: PaneRows) -> Verdicts:
+        """Each row late, a duplicate or an overlap, as ``is_late`` and ``admit`` decide it row by row in
+        arrival order; and the watermarks the accepted rows leave. Changes nothing here (``add_many`` does).
+        Late rows' watermarks: ``watermarks_before``."""
+        pane_ns, lateness_ns, max_jump_ns = self.pane_ns, self.lateness_ns, self.max_jump_ns
+        names, starts, ends, ts = rows.names, rows.starts, rows.ends, rows.ts_ns
+        group = rows.group
+        pane = ts - ts % pane_ns
+        # each GPU's running maximum from where the state left it; its largest may be a pending jump
+        max0 = np.array([self._max_ts.get(name, _NONE) for name in names], np.int64)
+        pending0 = {j: self._pending[name] for j, name in enumerate(names) if name in self._pending}
+        levels = Levels(np.concatenate([ts, max0[max0 != _NONE], np.array(list(pending0.values()), np.int64)]),
+                         len(names))
+        width = levels.width
+        key0 = np.arange(len(names)) * width + np.where(max0 == _NONE, 0, levels.of(max0))
+
+        def running(effective: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Each row's running maximum key over ``effective`` (``upto``; ``_NONE``: moves nothing), that
+            maximum as a time (``high``), and the maximum before the row (``before``)."""
+            upto = np.maximum(np.maximum.accumulate(group * width + np.where(effective == _NONE, 0,
+                                                                             levels.of(effective))),
+                              key0[group]) if len(ts) else np.zeros(0, np.int64)
+            at_level = upto - group * width
+            high = np.where(at_level > 0, levels.time(np.maximum(at_level, 1)), _NONE)
+            before = np.empty_like(high)
+            before[1:] = high[:-1]
+            before[starts] = max0
+            return upto, high, before
+
+        def watermarks(moves: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int | None]]:
+            """``running`` over the rows that ``moves``, with the jump rule (``jump``), and each GPU's pending
+            jump after the batch where it may have one. Only a GPU with a row further than ``max_jump_ns``
+            ahead of the maximum before it, or a pending jump in the state, can differ from the plain running
+            maximum: those few go row by row, in arrival order."""
+            effective = np.where(moves, ts, _NONE)
+            upto, high, before = running(effective)
+            ahead = moves & (before != _NONE) & (ts > before + max_jump_ns)
+            pending: dict[int, int | None] = {}
+            for j in sorted(set(group[ahead].tolist()) | set(pending0)):
+                top, held = (None if max0[j] == _NONE else int(max0[j])), pending0.get(j)
+                for p in range(int(starts[j]), int(ends[j])):
+                    if moves[p]:  # a late row lies below ``top``: ``jump`` leaves both as they are
+                        top, held = jump(top, held, int(ts[p]), max_jump_ns)
+                    effective[p] = _NONE if top is None else top
+                pending[j] = held
+            if pending:
+                upto, high, before = running(effective)
+            return upto, high, before, pending
+
+        # a refused row moves no watermark. A late row cannot (it lies below it); a duplicate or an overlap
+        # can (it may lie above, or confirm a jump), so the watermarks are taken again without the refused
+        # rows until they agree: each round settles at least the next row in arrival order, and a batch
+        # where no refused row lies above the maximum before it takes one
+        moves = np.ones(len(ts), bool)
+        while True:
+            upto, high, before, pending = watermarks(moves)
+            late = pane + pane_ns + lateness_ns <= before
+            dup, overlap = self._refusals(rows, group, pane, late)
+            settled = ~(dup | overlap)
+            if np.array_equal(settled, moves) or moves.all() and not (~settled & (ts > before)).any():
+                return Verdicts(late, dup, overlap, before, levels, upto, high, pending)
+            moves = settled
+
+    def watermarks_before(self, verdicts: Verdicts, positions: np.ndarray) -> list[int]:
+        """The watermark each row at ``positions`` met (where it is late: what its dead letter names)."""
+        return (verdicts.before[positions] - self.lateness_ns).tolist()  # type: ignore[no-any-return]
+
+    def _refusals(self, rows: PaneRows, group: np.ndarray, pane: np.ndarray, late: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """The on-time rows refused as duplicates (their (GPU, kind, pid, ts_ns) an earlier on-time row, or an
+        open pane here, holds) and as overlaps (``overlaps``).
+
+        An overlap depends on which earlier samples were taken, so it is decided in arrival order; but only
+        where it can occur: a (GPU, kind, pid, pane) with two distinct times closer than three quarters of
+        the larger of their intervals (no pair of neighbours that close, no pair at all), or one an open
+        pane holds counted times of. Those few go one by one, as ``admit`` does (``_in_order``)."""
+        n = len(rows.ts_ns)
+        dup, overlap = np.zeros(n, bool), np.zeros(n, bool)
+        on_time = np.flatnonzero(~late)
+        who = _who(group[on_time], rows.kind[on_time].astype(np.int64), rows.pid[on_time])
+        ts = rows.ts_ns[on_time]
+        order = np.lexsort((ts, who))  # stable: equal keys stay in arrival order
+        who, ts, where = who[order], ts[order], on_time[order]
+        same = who[1:] == who[:-1]
+        dup[where[1:][same & (ts[1:] == ts[:-1])]] = True
+        # neighbouring distinct times, each with the largest interval of the rows at it
+        firsts, _ = runs(who, ts)
+        interval = np.maximum.reduceat(rows.interval_ms[where], firsts) if len(firsts) else np.zeros(0, np.int64)
+        w, t, in_pane = who[firsts], ts[firsts], pane[where[firsts]]
+        near = ((w[1:] == w[:-1]) & (in_pane[1:] == in_pane[:-1]) & overlaps(t[1:] - t[:-1], np.maximum(
+            interval[1:], interval[:-1])) & (rows.kind[where[firsts[1:]]] != NUMA))
+        suspect: set[tuple[int, int]] = set(zip(w[1:][near].tolist(), in_pane[1:][near].tolist()))
+        for j, name in enumerate(rows.names):
+            span = slice(int(rows.starts[j]), int(rows.ends[j]))
+            for start, open_pane in self._open.get(name, {}).items():
+                for p in (np.flatnonzero((pane[span] == start) & ~late[span]) + rows.starts[j]).tolist():
+                    kind, pid = KINDS[rows.kind[p]], int(rows.pid[p])
+                    if rows.kind[p] != NUMA and (kind, pid) in open_pane.seen:
+                        suspect.add((_who(j, int(rows.kind[p]), pid), start))
+                    elif open_pane.holds(kind, pid, int(rows.ts_ns[p])):
+                        dup[p] = True
+        if suspect:
+            members: dict[tuple[int, int], list[int]] = {}
+            for k, p in zip(who.tolist(), where.tolist()):
+                if (k, int(pane[p])) in suspect:
+                    members.setdefault((k, int(pane[p])), []).append(p)
+            for (k, start), positions in members.items():
+                self._in_order(rows, sorted(positions), rows.names[k >> 35], start, dup, overlap)
+        return dup, overlap
+
+    def _in_order(self, rows: PaneRows, positions: list[int], gpu: str, start: int, dup: np.ndarray,
+                  overlap: np.ndarray) -> None:
+        """Duplicates and overlaps of one (GPU, kind, pid, pane)'s on-time rows, in arrival order, as
+        ``admit`` decides them (on a copy of the pane's counted times: nothing here changes)."""
+        key = (KINDS[rows.kind[positions[0]]], int(rows.pid[positions[0]]))
+        held = self._open.get(gpu, {}).get(start)
+        times = list(held.seen.get(key, ())) if held is not None else []
+        for p in positions:
+            ts = int(rows.ts_ns[p])
+            gap = nearest_gap(times, ts)
+            dup[p], overlap[p] = gap == 0, gap is not None and gap > 0 and overlaps(gap, int(rows.interval_ms[p]))
+            if gap != 0 and not overlap[p]:
+                insort(times, ts)
+
+    def add_many(self, rows: PaneRows, verdicts: Verdicts, tenant_of: np.ndarray, tenants: list[Tenant]
+                 ) -> tuple[np.ndarray, PaneColumns]:
+        """The accepted rows summed into their panes (``tenant_of``: each process sample's and NUMA event's
+        tenant, an index into ``tenants``), the watermarks moved; returns the panes that close, and for
+        each the batch row that closes it (``PaneRows.row``), in no particular order."""
+        acc = np.flatnonzero(verdicts.accepted)
+        group, pane = rows.group[acc], rows.ts_ns[acc] - rows.ts_ns[acc] % self.pane_ns
+        order = np.lexsort((pane, group))  # by GPU, pane, then arrival
+        at, group, pane = acc[order], group[order], pane[order]
+        firsts, lasts = runs(group, pane)
+        kind = rows.kind[at]
+        is_gpu = kind == GPU
+        interval = rows.interval_ms[at]
+
+        def per_pane(values: np.ndarray, reduce: np.ufunc = np.add) -> list[int]:
+            return reduce.reduceat(values, firsts).tolist() if len(at) else []
+
+        covered = per_pane(np.where(is_gpu, interval, 0))
+        idle = per_pane(np.where(is_gpu & (rows.sm_cp[at] < self.idle_threshold_cp), interval, 0))
+        gpu_rows = per_pane(is_gpu.astype(np.int64))
+
+        # (pane, tenant) sums of the process samples and NUMA events, in order of first arrival
+        t_at = np.flatnonzero(~is_gpu)
+        seg = np.repeat(np.arange(len(firsts)), lasts - firsts)[t_at]
+        tenant = tenant_of[at[t_at]]
+        t_order = np.lexsort((tenant, seg))
+        t_at, seg, tenant = t_at[t_order], seg[t_order], tenant[t_order]
+        t_firsts, _ = runs(seg, tenant)
+        t_pos = at[t_at]
+        t_pane, t_who = seg[t_firsts], tenant[t_firsts]
+        t_sums = [np.zeros(0, np.int64)] * 3
+        t_first = np.zeros(0, np.int64)
+        if len(t_at):
+            is_proc = kind[t_at] == PROC
+            t_sums = [np.add.reduceat(v, t_firsts) for v in (
+                np.where(is_proc, rows.sm_cp[t_pos] * interval[t_at], 0),
+                np.where(is_proc, rows.bw_cp[t_pos] * interval[t_at], 0),
+                np.where(is_proc, 0, rows.numa[t_pos]))]
+            t_first = np.minimum.reduceat(rows.row[t_pos], t_firsts)
+
+        # the smallest node and model name of each pane's GPU samples (a GPU that reports two names
+        # in one pane gets the same one whatever the order), by rank among the batch's names
+        node_by_rank, model_by_rank = sorted(rows.node_names), sorted(rows.model_names)
+        big = max(len(node_by_rank), len(model_by_rank))
+        # rank of each batch name, and `big` at index -1 (no name)
+        node_rank, model_rank = (np.array([*np.argsort(np.argsort(np.array(v, dtype=object))).tolist(), big])
+                                 for v in (rows.node_names, rows.model_names))
+        node_min = per_pane(np.where(is_gpu, node_rank[rows.node[at]], big), np.minimum)
+        model_min = per_pane(np.where(is_gpu, model_rank[rows.model[at]], big), np.minimum)
+        group_k, starts_k = group[firsts], pane[firsts]  # each pane's GPU and start
+        at_rows = np.array(self._close_rows(rows, verdicts, group_k, starts_k) if len(at) else [], np.int64)
+        keys = [t.key for t in tenants]
+        tenant_events = lasts - firsts - np.array(gpu_rows, np.int64)
+
+        # a pane held open here, or that stays open, goes through its PaneTotals; the others, new panes
+        # that close within the batch (nearly all of a replay's), straight to columns
+        slow = at_rows < 0
+        by_gpu = np.searchsorted(group_k, np.arange(len(rows.names) + 1))  # each GPU's panes, in start order
+        untouched: dict[str, list[int]] = {}  # open panes that took no row here
+        for j, name in enumerate(rows.names):
+            held = list(self._open.get(name, ()))
+            if held:  # a few panes: found by bisection among the GPU's panes here, which are in start order
+                here, wanted = starts_k[by_gpu[j]:by_gpu[j + 1]], np.array(held, np.int64)
+                found = np.searchsorted(here, wanted)
+                hit = found < len(here)
+                hit[hit] = here[found[hit]] == wanted[hit]
+                slow[by_gpu[j] + found[hit]] = True
+                untouched[name] = [start for start, h in zip(held, hit.tolist()) if not h]
+        fast = np.flatnonzero(~slow)
+        by_tenant: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        for k in np.flatnonzero(slow[t_pane]).tolist():
+            by_tenant.setdefault(int(t_pane[k]), []).append(
+                (int(t_first[k]), int(t_who[k]), *(int(v[k]) for v in t_sums)))  # type: ignore[arg-type]
+
+        closes: list[tuple[int, PaneTotals]] = []
+        for k in np.flatnonzero(slow).tolist():
+            first, last, name, start = int(firsts[k]), int(lasts[k]), rows.names[int(group_k[k])], int(starts_k[k])
+            kept = self._open.get(name, {})
+            totals = kept.pop(start, None) or PaneTotals(name, start, start + self.pane_ns)
+            if gpu_rows[k]:
+                node, model = node_by_rank[node_min[k]], model_by_rank[model_min[k]]
+                totals.node_id = node if totals.node_id is None else min(node, totals.node_id)
+                totals.gpu_model = model if totals.gpu_model is None else min(model, totals.gpu_model)
+            totals.covered_ms += covered[k]
+            totals.idle_ms += idle[k]
+            totals.tenant_events += int(tenant_events[k])
+            for _, tn, sm, bw, numa in sorted(by_tenant.get(k, ())):
+                t = totals.tenant(tenants[tn], keys[tn])
+                t.sm += sm
+                t.bw += bw
+                t.numa += numa
+            if at_rows[k] >= 0:
+                closes.append((int(at_rows[k]), totals))
+                continue
+            members = at[first:last]
+            for code, pid, ts in zip(rows.kind[members].tolist(), rows.pid[members].tolist(),
+                                     rows.ts_ns[members].tolist()):
+                totals.remember(KINDS[code], pid, ts)
+            self._open.setdefault(name, {})[start] = totals
+        for j, name in enumerate(rows.names):  # open panes that took no row here may close too
+            idle_panes = untouched.get(name, [])
+            for start, row in zip(idle_panes, self._close_rows(rows, verdicts, np.full(len(idle_panes), j),
+                                                               np.array(idle_panes, np.int64))):
+                if row >= 0:
+                    closes.append((row, self._open[name].pop(start)))
+        for j, name in enumerate(rows.names):
+            self._set_max_ts(name, int(verdicts.high[rows.ends[j] - 1]), verdicts.pending.get(j))
+
+        position = np.full(len(firsts), -1, np.int64)
+        position[fast] = np.arange(len(fast))
+        tenant_rows = np.flatnonzero(~slow[t_pane])
+        key_rank = np.argsort(np.argsort(np.array(keys, dtype=object))) if keys else np.zeros(0, np.int64)
+        tenant_rows = tenant_rows[np.lexsort((key_rank[t_who[tenant_rows]], position[t_pane[tenant_rows]]))]
+        who = t_who[tenant_rows]
+        no_name = [None] * (big + 1)  # a rank of `big`: the pane had no GPU sample
+        columns = PaneColumns(
+            objects(rows.names)[group_k[fast]], starts_k[fast], starts_k[fast] + self.pane_ns,
+            objects(node_by_rank + no_name)[np.array(node_min, np.int64)[fast]],
+            objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
+            np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],
+            position[t_pane[tenant_rows]], objects(keys)[who], objects(tenants)[who],
+            *(v[tenant_rows].astype(object) for v in t_sums))
+        return (np.concatenate([at_rows[fast], np.array([row for row, _ in closes], np.int64)]),
+                PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]))
+
+    def _close_rows(self, rows: PaneRows, verdicts: Verdicts, group_of: np.ndarray, start: np.ndarray) -> list[int]:
+        """For panes of these GPUs (indices into ``rows.names``) and starts, the batch row whose watermark first
+        reaches the pane's end plus the lateness (the row that closes it), or -1 if none does."""
+        target = group_of * verdicts.levels.width + verdicts.levels.of(start + self.pane_ns + self.lateness_ns)
+        k = np.searchsorted(verdicts.upto, target)
+        last = len(rows.row) - 1
+        return np.where(k < rows.ends[group_of], rows.row[np.minimum(k, last)], -1).tolist()  # type: ignore
+
+
+def _who(gpu: Any, code: Any, pid: Any) -> Any:
+    """(GPU, kind, pid) in one integer, of ints or of int64 arrays: 2 bits of kind, 33 of pid + 1, and the
+    GPU's index above (a batch holds far fewer than the 2^28 GPUs that would overflow)."""
+    return (gpu << 35) | (code << 33) | (pid + 1)

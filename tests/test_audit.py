@@ -13,7 +13,7 @@ from gpucost.schemas.blocks import expand
 from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
 from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, Output
 from gpucost.streams.audit import Auditor
-from gpucost.streams.panes import PaneColumns, PaneTotals, TenantTotals
+from gpucost.streams.pane_totals import PaneColumns, PaneTotals, TenantTotals
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import Tenant
 from tests.reference import reference

@@ -12,10 +12,13 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.schemas.events import MemAccess, TenantBinding
+from gpucost.schemas.events import GpuSample, MemAccess, NumaEvent, ProcessSample, TenantBinding
 from gpucost.streams.mae import Mae
+from gpucost.streams.pane_totals import PaneRows, PaneTotals
+from gpucost.streams.panes import KINDS, GpuPanes
 from gpucost.streams.settings import AuditSettings
-from gpucost.streams.tables import UNATTRIBUTED, BindingTable
+from gpucost.streams.tables import UNATTRIBUTED, BindingTable, Tenant
+from tests.strategies import NS
 
 T0 = 1_736_121_600 * 10**9
 
@@ -66,3 +69,120 @@ def test_binding_lookup_many_is_lookup_time_by_time(bindings: list[tuple[int, st
     tenants, at = table.lookup_many("n", 1, T0 + np.array(times, np.int64))
     assert [UNATTRIBUTED if i < 0 else tenants[i] for i in at.tolist()] == [table.lookup("n", 1, T0 + t) for t in times]
     assert table.lookup_many("n", 2, T0 + np.array(times, np.int64))[0] == []  # another process has none
+
+
+TENANTS = [UNATTRIBUTED, Tenant.named("a"), Tenant.named("b")]
+
+
+def pane_rows(events: list[GpuSample | ProcessSample | NumaEvent], first_row: int) -> PaneRows:
+    """The events as ``GpuPanes.add_many`` takes them: by GPU (in order of first appearance), then arrival."""
+    gpus = list(dict.fromkeys(e.gpu_uuid for e in events))
+    order = sorted(range(len(events)), key=lambda i: (gpus.index(events[i].gpu_uuid), i))
+    ev = [events[i] for i in order]
+    ends = np.cumsum([sum(e.gpu_uuid == g for e in ev) for g in gpus]).astype(np.int64)
+    nodes, models = sorted({e.node_id for e in ev}), sorted({e.gpu_model for e in ev if isinstance(e, GpuSample)})
+
+    def ints(values: list[int]) -> np.ndarray:
+        return np.array(values, np.int64)
+
+    sample = [isinstance(e, (GpuSample, ProcessSample)) for e in ev]
+    return PaneRows(
+        first_row + ints(order), gpus, np.r_[0, ends[:-1]].astype(np.int64), ends, ints([KINDS.index(e.kind) for e in ev]),
+        ints([-1 if isinstance(e, GpuSample) else e.pid for e in ev]), ints([e.ts_ns for e in ev]),
+        ints([e.interval_ms if s else 0 for e, s in zip(ev, sample)]),
+        ints([e.sm_util_cp if s else 0 for e, s in zip(ev, sample)]),
+        ints([e.mem_bw_util_cp if s else 0 for e, s in zip(ev, sample)]),
+        ints([e.hops * e.latency_weight if isinstance(e, NumaEvent) else 0 for e in ev]),
+        ints([nodes.index(e.node_id) for e in ev]), nodes,
+        ints([models.index(e.gpu_model) if isinstance(e, GpuSample) else -1 for e in ev]), models)
+
+
+@st.composite
+def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[GpuSample | ProcessSample | NumaEvent]]:
+    """Each source (GPU, kind, pid) a run of events 0 to 10 s apart on a 2.5 s grid (0: a re-send, a
+    duplicate; closer than three quarters of the interval: an overlap), a few far ahead (jumps); they
+    arrive after random delays, some past the lateness. Times meet pane ends, and pane ends plus the
+    lateness, exactly; utilisation lies at and around the idle threshold."""
+    settings = AuditSettings(pane_s=60, lateness_s=draw(st.sampled_from([0, 60])),
+                             max_jump_s=draw(st.sampled_from([30, 600])), idle_threshold_pct=5)
+    step = st.sampled_from([0, 1, 2, 2, 4]).map(lambda k: k * 2_500_000_000)
+    pct = st.sampled_from([0.0, 4.99, 5.0, 5.01, 50.0])
+    interval = st.sampled_from([1.0, 5.0, 10.0])
+    events: list[GpuSample | ProcessSample | NumaEvent] = []
+    for gpu in ["GPU-0", "GPU-1"][:draw(st.integers(1, 2))]:
+        node = f"node-{gpu[-1]}"
+        for kind, pid in [("gpu_sample", -1), *((k, p) for k in KINDS[1:] for p in (1, 2))]:
+            ts = T0 + draw(step)
+            for _ in range(draw(st.integers(0, 12))):
+                ts += draw(step) + draw(st.sampled_from([0] * 19 + [3600 * NS]))
+                if kind == "gpu_sample":
+                    events.append(GpuSample(node_id=node, gpu_uuid=gpu, gpu_model=draw(st.sampled_from(["H100", "H200"])),
+                                            ts_ns=ts, interval_s=draw(interval), sm_util_pct=draw(pct),
+                                            mem_bw_util_pct=draw(pct), mem_used_bytes=1, mem_total_bytes=2,
+                                            power_w=100.0, temp_c=40.0))
+                elif kind == "process_sample":
+                    events.append(ProcessSample(node_id=node, gpu_uuid=gpu, pid=pid, ts_ns=ts, interval_s=draw(interval),
+                                                sm_util_pct=draw(pct), mem_bw_util_pct=draw(pct), mem_used_bytes=1))
+                else:
+                    events.append(NumaEvent(node_id=node, gpu_uuid=gpu, pid=pid, ts_ns=ts, hops=draw(st.integers(0, 3)),
+                                            latency_weight=draw(st.integers(0, 40))))
+    delay = st.sampled_from([0, 0, 0, 1, 4, 16, 40]).map(lambda k: k * 2_500_000_000)  # up to 100 s
+    arrival = [e.ts_ns + draw(delay) for e in events]
+    return settings, [e for _, _, e in sorted(zip(arrival, draw(st.permutations(range(len(events)))), events))]
+
+
+def closed(pane: PaneTotals) -> tuple[object, ...]:
+    """A closed pane's totals (what is billed; its counted times are dropped once it closes)."""
+    return (pane.gpu_uuid, pane.pane_start_ns, pane.node_id, pane.gpu_model, pane.covered_ms, pane.idle_ms,
+            pane.tenant_events, sorted((k, t.sm, t.bw, t.numa) for k, t in pane.tenants.items()))
+
+
+def normalised_panes(panes: GpuPanes) -> str:
+    state = panes.to_state()
+    state["open"] = sorted([*p[:8], sorted(p[8]), p[9]] for p in state["open"])
+    return json.dumps(state, sort_keys=True)
+
+
+@given(gpu_keyed(), st.data())
+def test_panes_batch_entry_is_the_row_entry_event_by_event(
+        case: tuple[AuditSettings, list[GpuSample | ProcessSample | NumaEvent]], data: st.DataObject) -> None:
+    """Late, duplicate and overlapping rows, the panes closed (by which row) and the state left: the
+    same through ``judge_many``/``add_many`` over random cuts as through the row entry, event by event."""
+    settings, events = case
+    tenant_of = [TENANTS[e.pid % len(TENANTS)] if not isinstance(e, GpuSample) else None for e in events]
+    by_row, by_batch = GpuPanes(settings), GpuPanes(settings)
+    want_verdicts, want_closes = [], []
+    for i, e in enumerate(events):
+        if by_row.is_late(e.gpu_uuid, e.ts_ns):
+            want_verdicts.append((i, "late", by_row.watermark(e.gpu_uuid)))
+            continue
+        refused = by_row.admit(e)
+        if refused is not None:
+            want_verdicts.append((i, refused, None))
+            continue
+        if isinstance(e, GpuSample):
+            by_row.add_gpu_sample(e)
+        elif isinstance(e, ProcessSample):
+            by_row.add_process_sample(e, tenant_of[i])
+        else:
+            by_row.add_numa_event(e, tenant_of[i])
+        want_closes += [(i, closed(p)) for p in by_row.advance(e.gpu_uuid, e.ts_ns)]
+
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(events)), max_size=4)))
+    got_verdicts, got_closes = [], []
+    for lo, hi in zip([0, *cuts], [*cuts, len(events)]):
+        if lo == hi:
+            continue
+        rows = pane_rows(events[lo:hi], lo)
+        verdicts = by_batch.judge_many(rows)
+        late = np.flatnonzero(verdicts.late)
+        got_verdicts += [(int(rows.row[p]), "late", w) for p, w in zip(late, by_batch.watermarks_before(verdicts, late))]
+        got_verdicts += [(int(rows.row[p]), why, None) for why, mask in (("duplicate", verdicts.duplicate),
+                                                                          ("overlap", verdicts.overlap))
+                         for p in np.flatnonzero(mask)]
+        tenants = [tenant_of[r] or UNATTRIBUTED for r in rows.row.tolist()]
+        at, columns = by_batch.add_many(rows, verdicts, np.array([TENANTS.index(t) for t in tenants], np.int64), TENANTS)
+        got_closes += [(int(r), closed(p)) for r, p in zip(at.tolist(), columns.totals())]
+    assert sorted(got_verdicts) == sorted(want_verdicts)
+    assert sorted(got_closes, key=repr) == sorted(want_closes, key=repr)
+    assert normalised_panes(by_batch) == normalised_panes(by_row)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from gpucost.schemas.events import GpuSample
 from gpucost.streams import idle_index
 from gpucost.streams.idle_index import IdleIndex, _Window
-from gpucost.streams.panes import GpuPanes, PaneTotals, pane_start_ns
+from gpucost.streams.pane_totals import PaneTotals
+from gpucost.streams.panes import GpuPanes, pane_start_ns
 from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000

@@ -1,0 +1,102 @@
+"""JSON Lines into Arrow: a batch of event lines as one record batch of ``EVENT_SCHEMA``, Arrow's
+reader doing the work where it reads a line as Python's ``json`` would, Python the rest."""
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
+
+from gpucost.schemas.arrow import EVENT_SCHEMA
+from gpucost.schemas.codec import decode_line
+from gpucost.schemas.events import GpuSample, MemAccess, NumaEvent, ProcessSample
+
+__all__ = ["read_lines", "COLUMN_MODELS"]
+
+#: the models the batch path reads as columns (``gpucost.streams.columnar``); the others go one by one
+COLUMN_MODELS = (GpuSample, ProcessSample, NumaEvent, MemAccess)
+
+
+def read_lines(lines: Sequence[bytes]) -> pa.RecordBatch:
+    """One row of ``EVENT_SCHEMA`` per JSON line, in order, read by Arrow's JSON reader (in C).
+
+    The reader takes a few things Python's ``json`` refuses (invalid UTF-8, nesting deeper than
+    Python's recursion limit, two objects on one line), so such lines, and any line the reader
+    refuses, are read by Python: a valid event of a hot kind as its wire values, anything else as
+    an empty row, which the batch path decodes again from its line (the row path's dead letter).
+    """
+    block: bytes | None = b"\n".join(lines)
+    assert block is not None
+    if block.count(b"{") == len(lines) and b"[" not in block and _BOM not in block and _utf8(block) \
+            and not _LONG_DIGITS.search(block):
+        plain = list(range(len(lines)))  # one object per line, nothing nested: every line is plain
+    else:
+        block, plain = None, [i for i, line in enumerate(lines) if line.count(b"{") == 1 and b"[" not in line
+                              and not line.startswith(_BOM) and _utf8(line) and not _LONG_DIGITS.search(line)]
+    pieces = _parsed(lines, plain, block)
+    if len(pieces) == 1 and len(pieces[0][0]) == len(lines):  # Arrow read every line, in order (a live poll)
+        table = pieces[0][1]
+    else:
+        table = _with_the_others(lines, pieces)
+    return table.combine_chunks().to_batches()[0]
+
+
+def _with_the_others(lines: Sequence[bytes], pieces: list[tuple[list[int], pa.Table]]) -> pa.Table:
+    """One row per line, in order: Arrow's rows where it read the line; the other lines as Python
+    reads them, a valid event of a hot kind as its wire values (so that its columns hold what the
+    model holds), anything else as an empty row that ``_Batch`` decodes again from the line."""
+    taken = [i for idx, _ in pieces for i in idx]
+    where = np.full(len(lines), -1, np.int64)
+    where[taken] = np.arange(len(taken))
+    wire = []
+    for i in np.flatnonzero(where < 0).tolist():
+        event = decode_line(lines[i])
+        if isinstance(event, COLUMN_MODELS):
+            where[i] = len(taken) + len(wire)
+            wire.append(event.to_wire())
+    where[where < 0] = len(taken) + len(wire)
+    tables = [t for _, t in pieces] + [pa.Table.from_pylist(wire + [{"kind": ""}], schema=EVENT_SCHEMA)]
+    return pa.concat_tables(tables, promote_options="permissive").take(pa.array(where))
+
+
+_BOM = b"\xef\xbb\xbf"
+#: a run of digits longer than Python's int conversion takes (4,300): Python's ``json`` refuses such a
+#: line, Arrow's reader took it, so such lines go to the one-by-one decode, where Python's ``json`` decides
+_LONG_DIGITS = re.compile(rb"[0-9]{4300}")
+_CORES = os.cpu_count() or 1
+_JSON_OPTIONS = pa_json.ParseOptions(explicit_schema=EVENT_SCHEMA, unexpected_field_behavior="ignore")
+
+
+def _utf8(line: bytes) -> bool:
+    try:
+        line.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _parsed(lines: Sequence[bytes], idx: list[int], block: bytes | None = None) -> list[tuple[list[int], pa.Table]]:
+    """The lines at ``idx`` as tables of one row per line, halving around the lines the reader refuses
+    (``block``: those lines joined, when the caller has them)."""
+    if not idx:
+        return []
+    if block is None:
+        block = b"\n".join(lines[i] for i in idx)
+    try:
+        # in blocks, one per core, that Arrow parses side by side (twice as fast on two cores); a block
+        # must hold the longest line whole
+        size = max(len(block) // _CORES + 1, max(len(lines[i]) for i in idx) + 1, 1 << 16)
+        table = pa_json.read_json(io.BytesIO(block), parse_options=_JSON_OPTIONS,
+                                  read_options=pa_json.ReadOptions(use_threads=True, block_size=size))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        table = None
+    if table is not None and table.num_rows == len(idx):
+        return [(idx, table)]
+    if len(idx) == 1:
+        return []
+    half = len(idx) // 2
+    return _parsed(lines, idx[:half]) + _parsed(lines, idx[half:])

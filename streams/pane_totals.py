@@ -1,0 +1,214 @@
+"""What ``GpuPanes`` takes and hands out: the totals it keeps per (GPU, pane) and hands, as objects or
+as columns, to the operators that close them (idle index, cost split); its batch entry's rows, and
+what it decides of them."""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpucost.streams.runs import Levels
+from gpucost.streams.tables import Tenant
+
+__all__ = ["TenantTotals", "PaneTotals", "PaneColumns", "PaneRows", "Verdicts", "objects", "nearest_gap"]
+
+
+def nearest_gap(times: list[int], ts_ns: int) -> int | None:
+    """How far ``ts_ns`` lies from the nearest of the sorted ``times`` (None: there are none)."""
+    at = bisect_left(times, ts_ns)
+    near = [abs(times[k] - ts_ns) for k in (at - 1, at) if 0 <= k < len(times)]
+    return min(near) if near else None
+
+
+@dataclass
+class TenantTotals:
+    tenant: Tenant
+    sm: int = 0  # Σ sm_util (1/100 %) · interval_ms over the tenant's process samples
+    bw: int = 0  # Σ mem_bw_util (1/100 %) · interval_ms
+    numa: int = 0  # Σ hops · latency_weight over the tenant's NUMA events
+
+
+@dataclass
+class PaneTotals:
+    gpu_uuid: str
+    pane_start_ns: int
+    pane_end_ns: int
+    node_id: str | None = None  # from GPU samples; None when the pane has none
+    gpu_model: str | None = None
+    covered_ms: int = 0
+    idle_ms: int = 0
+    tenant_events: int = 0
+    tenants: dict[str, TenantTotals] = field(default_factory=dict)
+    #: the sorted ``ts_ns`` of every event counted in this pane, by (kind, pid) (pid -1 for GPU samples):
+    #: a second event at one of them is a duplicate, a sample near one an overlap. Bounded: only open
+    #: panes are kept.
+    seen: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    seen_count: int = field(default=0, compare=False)
+    #: ``seen`` as ``to_state`` wrote it, and its size then: ``seen`` only grows, so an unchanged size is an
+    #: unchanged set (a live worker writes every open pane at every poll; most have not changed since). The
+    #: default, of no size, is never handed out: its list is shared.
+    _seen_state: tuple[int, list[Any]] = field(default=(-1, []), init=False, repr=False, compare=False)
+
+    def holds(self, kind: str, pid: int, ts_ns: int) -> bool:
+        times = self.seen.get((kind, pid), ())
+        at = bisect_left(times, ts_ns)
+        return at < len(times) and times[at] == ts_ns
+
+    def nearest_gap(self, kind: str, pid: int, ts_ns: int) -> int | None:
+        """How far ``ts_ns`` lies from the nearest counted time of (kind, pid) here (None: none yet)."""
+        return nearest_gap(self.seen.get((kind, pid), []), ts_ns)
+
+    def remember(self, kind: str, pid: int, ts_ns: int) -> None:
+        insort(self.seen.setdefault((kind, pid), []), ts_ns)
+        self.seen_count += 1
+
+    def tenant(self, tenant: Tenant, key: str | None = None) -> TenantTotals:
+        """The tenant's totals in this pane (``key``: its key, when the caller has it already)."""
+        key = tenant.key if key is None else key
+        totals = self.tenants.get(key)
+        if totals is None:
+            totals = self.tenants[key] = TenantTotals(tenant)
+        return totals
+
+    def to_state(self) -> list[Any]:
+        """The ``seen`` keys as ``[kind, pid, [gaps…]]``: each source's times as gaps from the pane's
+        start, then from each other. A live worker writes the open panes at every poll, and a
+        sample a second spelled out in full nanoseconds was most of a GPU's state."""
+        tenants = [[list(t.tenant), t.sm, t.bw, t.numa] for t in self.tenants.values()]
+        if self._seen_state[0] != self.seen_count:
+            self._seen_state = self.seen_count, [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
+                                                 for (kind, pid), ts in sorted(self.seen.items())]
+        seen = self._seen_state[1]
+        return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
+                self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen]
+
+    @classmethod
+    def from_state(cls, s: list[Any]) -> "PaneTotals":
+        pane = cls(*s[:8])
+        for tenant, sm, bw, numa in s[8]:
+            t = Tenant(*tenant)
+            pane.tenants[t.key] = TenantTotals(t, sm, bw, numa)
+        for kind, pid, when in s[9]:
+            if isinstance(when, int):  # a state written before the gaps: one (kind, pid, ts_ns) each
+                pane.remember(kind, pid, when)
+                continue
+            ts = pane.pane_start_ns
+            for gap in when:
+                ts += gap
+                pane.remember(kind, pid, ts)
+        return pane
+
+
+@dataclass
+class PaneColumns:
+    """Closing panes as columns, and their tenants' totals as rows sorted by pane, then tenant key:
+    what the batch path closes without a ``PaneTotals`` per pane. Names and tenants are ``object``
+    arrays, as are the tenants' totals, Python integers: a pane's cost split multiplies them past
+    64 bits."""
+
+    gpu_uuid: np.ndarray
+    pane_start_ns: np.ndarray
+    pane_end_ns: np.ndarray
+    node_id: np.ndarray  # None where the pane had no GPU sample
+    gpu_model: np.ndarray
+    covered_ms: np.ndarray
+    idle_ms: np.ndarray
+    tenant_events: np.ndarray
+    t_pane: np.ndarray  # the pane of each tenant row
+    t_key: np.ndarray
+    t_tenant: np.ndarray
+    t_sm: np.ndarray
+    t_bw: np.ndarray
+    t_numa: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.gpu_uuid)
+
+    @classmethod
+    def of(cls, panes: list[PaneTotals]) -> "PaneColumns":
+        tenants = [(j, key, t) for j, p in enumerate(panes) for key, t in sorted(p.tenants.items())]
+        ints = [np.array([getattr(p, f) for p in panes], np.int64)
+                for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events")]
+        return cls(objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
+                   objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
+                   objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
+                   *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")))
+
+    @classmethod
+    def concat(cls, parts: list["PaneColumns"]) -> "PaneColumns":
+        offsets = np.cumsum([0] + [len(p) for p in parts]).tolist()
+        return cls(**{f: np.concatenate([getattr(p, f) + o if f == "t_pane" else getattr(p, f)
+                                         for p, o in zip(parts, offsets)]) for f in cls.__dataclass_fields__})
+
+    def totals(self) -> list[PaneTotals]:
+        """Each pane as a ``PaneTotals`` (its ``seen`` keys left empty: it is closing)."""
+        panes = [PaneTotals(*values) for values in zip(
+            self.gpu_uuid.tolist(), self.pane_start_ns.tolist(), self.pane_end_ns.tolist(), self.node_id.tolist(),
+            self.gpu_model.tolist(), self.covered_ms.tolist(), self.idle_ms.tolist(), self.tenant_events.tolist())]
+        for j, key, tenant, sm, bw, numa in zip(self.t_pane.tolist(), self.t_key.tolist(), self.t_tenant.tolist(),
+                                                self.t_sm.tolist(), self.t_bw.tolist(), self.t_numa.tolist()):
+            panes[j].tenants[key] = TenantTotals(tenant, sm, bw, numa)
+        return panes
+
+    def take(self, idx: np.ndarray) -> "PaneColumns":
+        """The panes at ``idx``, in that order, with their tenant rows."""
+        lo = np.searchsorted(self.t_pane, idx, "left")
+        count = np.searchsorted(self.t_pane, idx, "right") - lo
+        rows = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
+        return PaneColumns(**{f: (np.repeat(np.arange(len(idx)), count) if f == "t_pane" else
+                                  getattr(self, f)[rows if f.startswith("t_") else idx])
+                              for f in self.__dataclass_fields__})
+
+
+def objects(values: Iterable[Any]) -> np.ndarray:
+    """An ``object`` array of the values, tuples kept whole (``np.array`` would make them a dimension)."""
+    return np.fromiter(values, object)
+
+
+@dataclass
+class PaneRows:
+    """The batch entry's input: a batch's valid GPU-keyed rows as columns, grouped by GPU (GPU ``j`` of
+    ``names`` holds rows ``starts[j]`` to ``ends[j]``), each GPU's rows in arrival order."""
+
+    row: np.ndarray  # each row's position in its batch: the arrival order across GPUs
+    names: list[str]
+    starts: np.ndarray
+    ends: np.ndarray
+    kind: np.ndarray  # code into KINDS
+    pid: np.ndarray  # -1 for a GPU sample (its duplicate key's pid)
+    ts_ns: np.ndarray
+    interval_ms: np.ndarray  # 0 for a NUMA event
+    sm_cp: np.ndarray
+    bw_cp: np.ndarray
+    numa: np.ndarray  # a NUMA event's hops · latency_weight, else 0
+    node: np.ndarray  # code into node_names (-1: none)
+    node_names: list[str]
+    model: np.ndarray  # code into model_names (-1: none)
+    model_names: list[str]
+
+    @property
+    def group(self) -> np.ndarray:
+        """Each row's GPU, as its index in ``names``."""
+        return np.repeat(np.arange(len(self.starts)), self.ends - self.starts)
+
+
+@dataclass
+class Verdicts:
+    """What ``GpuPanes.judge_many`` decided of each row of a ``PaneRows``, and the running watermarks that
+    ``add_many`` closes panes by."""
+
+    late: np.ndarray
+    duplicate: np.ndarray
+    overlap: np.ndarray
+    before: np.ndarray  # each row's GPU's largest ts_ns before it (the int64 minimum: none)
+    levels: Levels
+    upto: np.ndarray  # the running maximum up to each row, as a key: GPU · width + level
+    high: np.ndarray  # that maximum as a time
+    pending: dict[int, int | None]  # by GPU index, the pending jump after the batch where there may be one
+
+    @property
+    def accepted(self) -> np.ndarray:
+        return ~(self.late | self.duplicate | self.overlap)
