@@ -53,6 +53,10 @@ def test_a_worker_serves_what_it_committed() -> None:
     reasons = Counter(json.loads(m.value)["reason"] for m in producer.published if m.topic == "gpucost.dlq")
     state = sum(len(k) + len(v or b"") for t in producer.transactions for _, k, v in t if not k.startswith(b"\x00next"))
     assert got[("gpucost_worker_input_messages_total", ())] == len(messages)
+    # every line of a known kind was taken but those dead-lettered
+    sent = Counter(json.loads(line)["kind"] for lines in LINES.values() for line in lines)
+    sent.subtract(json.loads(m.value)["kind"] for m in producer.published if m.topic == "gpucost.dlq")
+    assert {k: got.get(("gpucost_worker_events_total", (("kind", k),)), 0) for k in +sent} == +sent
     assert {k: got[("gpucost_worker_records_total", (("kind", k),))] for k in kinds} == kinds
     assert kinds["cost"] > 0 and reasons["malformed_json"] == len(LINES)
     assert {r: got[("gpucost_worker_dead_letters_total", (("reason", r),))] for r in reasons} == reasons

@@ -36,6 +36,7 @@ from gpucost.kafka.signing import Keyring, Signer, SigningKey, Verdict
 from gpucost.metrics import Health, counter, gauge
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import raw_text
+from gpucost.schemas.events import EVENT_MODELS
 from gpucost.schemas.records import DeadLetter, Output, kind_of
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
 from gpucost.streams.audit import Auditor
@@ -249,6 +250,7 @@ class Worker(ConsumerRebalanceListener):
         #: committed and aborted, bytes of state written
         self.records_out: Counter[str] = Counter()
         self.dead_letters: Counter[str] = Counter()
+        self.events_in: Counter[str] = Counter()  # events taken by the auditors, by kind, once committed
         self.transactions: Counter[str] = Counter()
         self.state_bytes_written = 0
         self.health = Health()
@@ -332,7 +334,7 @@ class Worker(ConsumerRebalanceListener):
         return restored(self.audit, latest)
 
     # --- processing ----------------------------------------------------------------------
-    def _apply(self, owned: _Owned, messages: list[Any], touched: set[str]) -> list[Output]:
+    def _apply(self, owned: _Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
         """The outputs of a partition's messages, each key's in the order of its messages.
 
         A key's data messages are queued and go through the batch path together when the
@@ -362,7 +364,10 @@ class Worker(ConsumerRebalanceListener):
                 return f"{source}#{numbered[i - (ends[c - 1] if c else 0)][0]}"
 
             lines = [line for _, numbered in chunks for _, line in numbered]
-            out.extend(expand(owned.auditors[key].ingest_lines(lines, label, scope)))  # records, for their JSON
+            auditor = owned.auditors[key]
+            before = [auditor.counts[kind] for kind in EVENT_MODELS]
+            out.extend(expand(auditor.ingest_lines(lines, label, scope)))  # records, for their JSON
+            taken.update({kind: auditor.counts[kind] - n for kind, n in zip(EVENT_MODELS, before)})
 
         for message in messages:
             source = f"{message.topic}[{message.partition}]@{message.offset}"
@@ -468,10 +473,11 @@ class Worker(ConsumerRebalanceListener):
         state_topic = self.kafka.topic(state_topic_suffix(self.inputs[tp.topic]))
         out: Counter[str] = Counter()
         letters: Counter[str] = Counter()
+        taken: Counter[str] = Counter()  # events the auditors took, by kind
         state_bytes = 0
         async with producer.transaction():
             touched: set[str] = set()
-            sent = await self._send_records(producer, self._apply(owned, messages, touched), out, letters)
+            sent = await self._send_records(producer, self._apply(owned, messages, touched, taken), out, letters)
             for key in sorted(touched):
                 for state_key, value in _state_records(owned, key):
                     state_bytes += len(state_key) + len(value or b"")
@@ -489,6 +495,7 @@ class Worker(ConsumerRebalanceListener):
         self.processed += len(messages)
         self.records_out.update(out)  # counted once committed: what consumers can read
         self.dead_letters.update(letters)
+        self.events_in.update(+taken)
         self.state_bytes_written += state_bytes
 
     async def _send_records(self, producer: AIOKafkaProducer, records: list[Output], kinds: Counter[str],
@@ -594,6 +601,8 @@ class Worker(ConsumerRebalanceListener):
                 behind[name] = max(0, high - o.next_offset)
         return [
             counter("gpucost_worker_input_messages", "input messages applied and committed", self.processed),
+            counter("gpucost_worker_events", "events taken (counted in a pane, a window or a table), by kind",
+                    self.events_in, "kind"),
             counter("gpucost_worker_records", "records published, by kind", self.records_out, "kind"),
             counter("gpucost_worker_dead_letters", "dead letters published, by reason", self.dead_letters, "reason"),
             counter("gpucost_worker_refused_messages", "messages refused before any auditor (and re-deliveries "
