@@ -10,17 +10,17 @@ from __future__ import annotations
 import logging
 import math
 import urllib.request
-import zlib
 from collections import Counter
 from typing import Any
 from urllib.error import URLError
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpucost.producers.synthetic import container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
 from gpucost.schemas.events import Event, GpuSample, ProcessSample, TenantBinding
 
-__all__ = ["DcgmUnavailable", "DcgmScraper", "container_pid", "scrape_to_events", "unclaimed_pid"]
+__all__ = ["DcgmUnavailable", "DcgmScraper", "scrape_to_events"]
 
 log = logging.getLogger("gpucost.dcgm")
 MIB = 1 << 20
@@ -38,19 +38,6 @@ def _value(v: float) -> float | None:
 def _pct(ratio: object) -> float | None:
     """A profiling ratio (0–1) as a percentage, clamped as the exporter's rounding may pass 1."""
     return None if ratio is None else min(100.0, max(0.0, float(ratio) * 100))  # type: ignore[arg-type]
-
-
-SYNTHETIC_PID_BASE = 1 << 31  # above any Linux pid (at most 2^22): never mistaken for a real process
-
-
-def container_pid(namespace: str, pod: str, container: str) -> int:
-    """A stable process id standing for a Kubernetes container, for its binding and samples."""
-    return SYNTHETIC_PID_BASE | (zlib.crc32(f"{namespace}/{pod}/{container}".encode()) & 0x7FFFFFFF)
-
-
-def unclaimed_pid(device: str) -> int:
-    """The synthetic process that stands for a device's busy time no pod claims (no binding: unattributed)."""
-    return SYNTHETIC_PID_BASE | (zlib.crc32(f"unclaimed/{device}".encode()) & 0x7FFFFFFF)
 
 
 def _families(text: str, counts: Counter[str]) -> list[Any]:

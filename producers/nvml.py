@@ -3,6 +3,12 @@
 The NVML module is injected (``pynvml`` by default), so tests run against a fake with the
 same function names and error codes. With MIG enabled, the MIG instances (each with its
 own UUID) are what tenants use and get billed; the parent GPU is not sampled.
+
+Where the GPU supports GPM (Hopper and later: ``nvmlGpmQueryDeviceSupport``), each device's GPM
+counters are read every period, between the previous sample and this one: tensor and DRAM
+activity for every device (``tensor_active_pct``, ``dram_active_pct``), and for a MIG
+instance, which has no utilisation counters of its own, its utilisation too (GPM per GPU
+instance, ``nvmlGpmMigSampleGet``).
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from gpucost.producers.synthetic import unclaimed_pid
 from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
 __all__ = ["NvmlUnavailable", "NvmlSampler"]
@@ -30,6 +37,13 @@ class NvmlUnavailable(Exception):
         self.reason = reason
 
 
+#: the GPM metrics read, by what they fill. ``busy``: % of time any kernel ran, as the ``gpu`` of
+#: ``nvmlDeviceGetUtilizationRates`` is; ``tensor``: % of time any tensor pipe was active; ``dram``: DRAM
+#: bandwidth used, % of the most (a MIG instance's memory utilisation as well)
+GPM_METRICS = {"busy": "NVML_GPM_METRIC_GRAPHICS_UTIL", "tensor": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+               "dram": "NVML_GPM_METRIC_DRAM_BW_UTIL"}
+
+
 @dataclass
 class _Device:
     handle: Any
@@ -37,6 +51,9 @@ class _Device:
     name: str
     parent: Any | None  # the physical GPU of a MIG instance, for its power and temperature
     last_seen_us: int = 0  # newest per-process sample already read, so none is counted twice
+    gpu_instance: int | None = None  # a MIG instance's GPU instance, whose GPM counters it reads
+    gpm: list[Any] | None = None  # two GPM sample buffers, the older first, where GPM is supported
+    gpm_shared: bool = False  # its GPU instance holds other compute instances: its GPM is theirs too
 
 
 def _text(value: str | bytes) -> str:
@@ -72,6 +89,63 @@ class NvmlSampler:
                                                 _text(nv.nvmlDeviceGetName(mig)), handle))
             else:
                 self.devices.append(_Device(handle, _text(nv.nvmlDeviceGetUUID(handle)), name, None))
+        for dev in self.devices:
+            self._open_gpm(dev)
+        instances = Counter((id(d.parent), d.gpu_instance) for d in self.devices if d.gpu_instance is not None)
+        for dev in self.devices:
+            dev.gpm_shared = instances[(id(dev.parent), dev.gpu_instance)] > 1
+
+    def _open_gpm(self, dev: _Device) -> None:
+        """GPM sample buffers for the device, and its first sample, where its GPU supports GPM."""
+        nv = self.nvml
+        try:
+            if not nv.nvmlGpmQueryDeviceSupport(dev.parent if dev.parent is not None else dev.handle).isSupportedDevice:
+                return
+            if dev.parent is not None:
+                dev.gpu_instance = int(nv.nvmlDeviceGetGpuInstanceId(dev.handle))
+            gpm = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+            self._gpm_sample(dev, gpm[1])
+        except (nv.NVMLError, AttributeError) as exc:  # AttributeError: a pynvml without GPM
+            self.counts["gpm_unavailable"] += 1
+            log.warning("%s (%s): no GPM counters (%s)", dev.uuid, dev.name, exc)
+            return
+        dev.gpm = gpm
+
+    def _gpm_sample(self, dev: _Device, buffer: Any) -> None:
+        nv = self.nvml
+        if dev.gpu_instance is None:
+            nv.nvmlGpmSampleGet(dev.handle, buffer)
+        else:
+            nv.nvmlGpmMigSampleGet(dev.parent, dev.gpu_instance, buffer)
+
+    def _gpm_read(self, dev: _Device) -> dict[str, float]:
+        """The GPM metrics between the device's previous GPM sample and one taken now, in % (those
+        NVML could compute; none without GPM)."""
+        if dev.gpm is None:
+            return {}
+        nv = self.nvml
+        older, newer = dev.gpm
+        try:
+            self._gpm_sample(dev, older)  # the older buffer takes the new sample
+            dev.gpm = [newer, older]
+            get = nv.c_nvmlGpmMetricsGet_t()
+            get.version = nv.NVML_GPM_METRICS_GET_VERSION
+            get.numMetrics = len(GPM_METRICS)
+            get.sample1, get.sample2 = newer, older
+            for i, metric in enumerate(GPM_METRICS.values()):
+                get.metrics[i].metricId = getattr(nv, metric)
+            nv.nvmlGpmMetricsGet(get)
+        except nv.NVMLError as exc:
+            self.counts["gpm_failed"] += 1
+            log.warning("%s (%s): GPM read failed (%s)", dev.uuid, dev.name, exc)
+            return {}
+        out = {}
+        for i, name in enumerate(GPM_METRICS):
+            if get.metrics[i].nvmlReturn == nv.NVML_SUCCESS:
+                out[name] = round(min(100.0, max(0.0, float(get.metrics[i].value))), 2)
+            else:
+                self.counts[f"gpm_not_supported:{name}"] += 1
+        return out
 
     def gpus_of(self, pid: int) -> list[str]:
         """The devices a process runs on now, from NVML's running-process lists."""
@@ -120,7 +194,13 @@ class NvmlSampler:
     def _sample_device(self, dev: _Device, ts_ns: int, interval_s: float) -> list[Event]:
         nv, h = self.nvml, dev.handle
         physical = dev.parent if dev.parent is not None else h
+        gpm = self._gpm_read(dev)
         util = self._optional(dev, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        if util is None and "busy" in gpm and "dram" in gpm:
+            if dev.gpm_shared:  # one GPU instance's counters cannot say which of its compute instances was busy
+                self.counts["gpm_shared_instance"] += 1
+            else:
+                util = _Util(gpm["busy"], gpm["dram"])
         mem = nv.nvmlDeviceGetMemoryInfo(h)
         power_mw = self._optional(dev, "power", lambda: nv.nvmlDeviceGetPowerUsage(physical))
         temp = self._optional(dev, "temperature",
@@ -137,16 +217,35 @@ class NvmlSampler:
                 mem_total_bytes=int(mem.total), power_w=0.0 if power_mw is None else power_mw / 1000,
                 temp_c=0.0 if temp is None else float(temp),
                 pcie_tx_bytes_s=None if tx is None else int(tx) * 1024,  # NVML reports KB/s
-                pcie_rx_bytes_s=None if rx is None else int(rx) * 1024))
-        return out + self._processes(dev, ts_ns, interval_s)
+                pcie_rx_bytes_s=None if rx is None else int(rx) * 1024,
+                tensor_active_pct=gpm.get("tensor"), dram_active_pct=gpm.get("dram")))
+        processes, per_process = self._processes(dev, ts_ns, interval_s)
+        if out and not per_process and out[0].sm_util_pct > 0:
+            processes = self._claimed(out[0], processes)  # type: ignore[arg-type]
+        return out + processes
 
-    def _processes(self, dev: _Device, ts_ns: int, interval_s: float) -> list[Event]:
-        """Per-process utilisation since the last read (mean of NVML's samples) and memory."""
+    def _claimed(self, gpu: GpuSample, processes: list[ProcessSample]) -> list[ProcessSample]:
+        """A busy device without per-process utilisation (a MIG instance): its utilisation goes to its one
+        running process, or, with none or several, to a synthetic process no binding names (billed
+        ``unattributed``), as the dcgm source does; otherwise the busy time would be billed as idle."""
+        util = {"sm_util_pct": gpu.sm_util_pct, "mem_bw_util_pct": gpu.mem_bw_util_pct}
+        if len(processes) == 1:
+            return [processes[0].model_copy(update=util)]
+        self.counts["busy_unclaimed"] += 1
+        return processes + [ProcessSample(node_id=gpu.node_id, gpu_uuid=gpu.gpu_uuid, pid=unclaimed_pid(gpu.gpu_uuid),
+                                          ts_ns=gpu.ts_ns, interval_s=gpu.interval_s, mem_used_bytes=0, **util)]
+
+    def _processes(self, dev: _Device, ts_ns: int, interval_s: float) -> tuple[list[ProcessSample], bool]:
+        """Per-process utilisation since the last read (mean of NVML's samples) and memory; and whether
+        the device has per-process utilisation at all (MIG instances have none)."""
         nv = self.nvml
+        per_process = True
         try:
             samples = nv.nvmlDeviceGetProcessUtilization(dev.handle, dev.last_seen_us)
-        except (nv.NVMLError_NotFound, nv.NVMLError_NotSupported):
-            samples = []  # NOT_FOUND: no sample newer than last_seen
+        except nv.NVMLError_NotFound:
+            samples = []  # no sample newer than last_seen
+        except nv.NVMLError_NotSupported:
+            samples, per_process = [], False
         util: dict[int, list[tuple[int, int]]] = {}
         for s in samples:
             if s.timeStamp > dev.last_seen_us or dev.last_seen_us == 0:
@@ -154,7 +253,7 @@ class NvmlSampler:
         if samples:
             dev.last_seen_us = max(dev.last_seen_us, max(int(s.timeStamp) for s in samples))
         memory = {int(p.pid): int(p.usedGpuMemory or 0) for p in nv.nvmlDeviceGetComputeRunningProcesses(dev.handle)}
-        out: list[Event] = []
+        out: list[ProcessSample] = []
         for pid in sorted(set(util) | set(memory)):
             readings = util.get(pid, [])  # a running process without a sample used no SM this period
             sm = sum(r[0] for r in readings) / len(readings) if readings else 0.0
@@ -162,4 +261,12 @@ class NvmlSampler:
             out.append(ProcessSample(node_id=self.node_id, gpu_uuid=dev.uuid, pid=pid, ts_ns=ts_ns,
                                      interval_s=interval_s, sm_util_pct=round(min(sm, 100.0), 2),
                                      mem_bw_util_pct=round(min(bw, 100.0), 2), mem_used_bytes=memory.get(pid, 0)))
-        return out
+        return out, per_process
+
+
+@dataclass
+class _Util:
+    """GPM's readings in the shape of ``nvmlDeviceGetUtilizationRates``' answer."""
+
+    gpu: float
+    memory: float

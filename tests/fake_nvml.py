@@ -5,6 +5,7 @@ Same function names, and pynvml's own error classes and constants; values are pa
 """
 from __future__ import annotations
 
+import ctypes
 import re
 import types
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ class Capture:
     gpu_uuid: str
     name: str
     mig: list[tuple[str, str]]  # (profile, uuid)
+    mig_instance: list[tuple[int, int]]  # each MIG device's (GPU instance, compute instance): CIs may share a GI
+    mig_processes: dict[int, tuple[int, int]]  # pid → the (GI, CI) it runs in, from the process table
     dmon: list[dict[str, int | None]]
     pmon: list[tuple[int, int | None, int | None]]  # (pid, sm %, mem %), None for '-'
     apps: dict[int, int]  # pid → MiB
@@ -52,11 +55,14 @@ def parse(path: Path, phase: str) -> Capture:
             pmon.append((int(cols[1]), None if cols[3] == "-" else int(cols[3]), None if cols[4] == "-" else int(cols[4])))
     apps = {int(m[0]): int(m[1]) for m in re.findall(r", (\d+), [^,]+, (\d+) MiB", s[f"{phase} :: query-compute-apps (per-process)"])}
     q = s[f"{phase} :: query (-q)"]
+    instances = [(int(g), int(c)) for g, c in re.findall(r"GPU Instance ID\s+: (\d+)\s+Compute Instance ID\s+: (\d+)", q)]
+    table = s[f"{phase} :: nvidia-smi (default table)"]
+    placed = {int(pid): (int(g), int(c)) for g, c, pid in re.findall(r"^\|\s+0\s+(\d+)\s+(\d+)\s+(\d+)\s+C\s", table, re.M)}
     fb = re.search(r"FB Memory Usage\s+Total\s+: (\d+) MiB\s+Reserved\s+: \d+ MiB\s+Used\s+: (\d+) MiB", q)
     tx = re.search(r"Tx Throughput\s+: (\d+) KB/s", q)
     rx = re.search(r"Rx Throughput\s+: (\d+) KB/s", q)
     assert fb and tx and rx
-    return Capture(gpu[2], gpu[1], mig, dmon, pmon, apps, int(fb[1]), int(fb[2]), int(tx[1]), int(rx[1]))
+    return Capture(gpu[2], gpu[1], mig, instances, placed, dmon, pmon, apps, int(fb[1]), int(fb[2]), int(tx[1]), int(rx[1]))
 
 
 @dataclass
@@ -77,13 +83,17 @@ class FakeState:
     unsupported: set[str] = field(default_factory=set)
     lost_after_calls: int | None = None
     calls: int = 0
+    #: GPM, where the GPU supports it (None: it does not): per source ("gpu0", or a GPU instance id) the
+    #: (busy, tensor, dram) % that ``nvmlGpmMetricsGet`` gives over a period ending at each tick
+    gpm: dict[Any, list[tuple[float, float, float]]] | None = None
+    gpm_unsupported: set[str] = field(default_factory=set)  # GPM metric constants answered NOT_SUPPORTED
 
 
 def fake_pynvml(state: FakeState) -> types.ModuleType:
     """A module with pynvml's errors and constants and these fakes for its functions."""
     mod = types.ModuleType("pynvml")
     for name in dir(pynvml):
-        if name.startswith(("NVMLError", "NVML_")):
+        if name.startswith(("NVMLError", "NVML_", "c_nvmlGpm")):
             setattr(mod, name, getattr(pynvml, name))
     cap = state.capture
     per_cycle = max(1, len({p for p, _, _ in cap.pmon}))
@@ -108,6 +118,8 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
         return f"mig{j}"
 
     def process_utilization(h: Any, last_seen_us: int) -> list[Sample]:
+        if state.mig_enabled:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)  # NVML: not supported on MIG-enabled GPUs
         out = []
         for i, (pid, sm, mem) in enumerate(cap.pmon):
             ts = 1_000_000 * (1 + i // per_cycle)
@@ -116,6 +128,49 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
         if not out:
             raise err(pynvml.NVML_ERROR_NOT_FOUND)
         return out
+
+    gpm_samples: dict[int, tuple[Any, int]] = {}  # a GPM sample buffer's address → (source, tick) it holds
+
+    def gpm_alloc() -> Any:
+        address = 0x1000 + 16 * len(gpm_samples)
+        gpm_samples[address] = (None, -1)
+        return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlGpmSample_t)
+
+    def gpm_take(source: Any, buffer: Any) -> None:
+        if state.gpm is None or source not in state.gpm:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED if state.gpm is None else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpm_samples[ctypes.cast(buffer, ctypes.c_void_p).value] = (source, state.tick)  # type: ignore[index]
+
+    def gpm_metrics(get: Any) -> Any:
+        """Values of the later sample's source and tick; two samples of different sources are NVML's error."""
+        (a, _), (b, tick) = (gpm_samples[ctypes.cast(p, ctypes.c_void_p).value] for p in (get.sample1, get.sample2))
+        if a is None or a != b or get.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        assert state.gpm is not None
+        rows = state.gpm[b]
+        values = dict(zip(("NVML_GPM_METRIC_GRAPHICS_UTIL", "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+                           "NVML_GPM_METRIC_DRAM_BW_UTIL"), rows[tick % len(rows)]))
+        for i in range(get.numMetrics):
+            name = next((n for n in values if getattr(pynvml, n) == get.metrics[i].metricId), None)
+            if name is None or name in state.gpm_unsupported:
+                get.metrics[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            else:
+                get.metrics[i].nvmlReturn, get.metrics[i].value = pynvml.NVML_SUCCESS, values[name]
+        return get
+
+    def mig_parent_only(h: Any, call: Any) -> Any:
+        if h != "gpu0":
+            raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a GPM sample of a MIG instance is taken on its parent
+        return call()
+
+    mod.nvmlGpmQueryDeviceSupport = lambda h: mig_parent_only(h, lambda: types.SimpleNamespace(
+        isSupportedDevice=int(state.gpm is not None)))
+    mod.nvmlGpmSampleAlloc = gpm_alloc
+    mod.nvmlGpmSampleFree = lambda buffer: None
+    mod.nvmlGpmSampleGet = lambda h, buffer: mig_parent_only(h, lambda: gpm_take("gpu0", buffer))
+    mod.nvmlGpmMigSampleGet = lambda h, gi, buffer: mig_parent_only(h, lambda: gpm_take(gi, buffer))
+    mod.nvmlGpmMetricsGet = gpm_metrics
+    mod.nvmlDeviceGetGpuInstanceId = lambda h: cap.mig_instance[int(h[3:])][0]
 
     row = lambda: cap.dmon[state.tick % len(cap.dmon)]  # noqa: E731
     mod.nvmlInit = init
@@ -137,5 +192,6 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
                                                           if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else cap.rx_kb_s)[1]
     mod.nvmlDeviceGetProcessUtilization = process_utilization
     mod.nvmlDeviceGetComputeRunningProcesses = lambda h: [
-        types.SimpleNamespace(pid=p, usedGpuMemory=mib << 20) for p, mib in cap.apps.items()] if h == "gpu0" else []
+        types.SimpleNamespace(pid=p, usedGpuMemory=mib << 20) for p, mib in cap.apps.items()
+        if (h == "gpu0") != state.mig_enabled and (h == "gpu0" or cap.mig_processes.get(p) == cap.mig_instance[int(h[3:])])]
     return mod

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpucost.kafka.outbox import Outbox
-from gpucost.producers.dcgm import DcgmScraper, scrape_to_events, unclaimed_pid
+from gpucost.producers.dcgm import DcgmScraper, scrape_to_events
+from gpucost.producers.synthetic import unclaimed_pid
 from gpucost.schemas.events import GpuSample, ProcessSample, TenantBinding
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from gpucost.sinks.views import connect
@@ -192,7 +193,7 @@ def test_a_live_producer_ends_its_input_on_the_first_signal_and_stops_on_the_sec
 
 def test_pod_labels_make_the_container_a_tenant(shared_data: Path) -> None:
     """The same real scrape with dcgm-exporter's Kubernetes labels added, as its pod mapping does."""
-    from gpucost.producers.dcgm import container_pid
+    from gpucost.producers.synthetic import container_pid
     from gpucost.schemas.events import GpuSample, ProcessSample, TenantBinding
 
     text = metric_text(shared_data, SCRAPES[0])

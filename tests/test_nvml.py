@@ -5,9 +5,12 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpucost.producers.nvml import NvmlSampler, NvmlUnavailable
 from gpucost.producers.periodic import sample_forever
+from gpucost.producers.synthetic import unclaimed_pid
 from gpucost.schemas.events import GpuSample, ProcessSample
 from tests.fake_nvml import FakeState, fake_pynvml, parse
 
@@ -75,6 +78,76 @@ def test_mig_instances_are_the_billed_devices(shared_data: Path) -> None:
     events = sampler.sample(T0, 1.0)
     assert not any(isinstance(e, GpuSample) for e in events)  # MIG has no utilisation counters here …
     assert sampler.counts["gpu_sample_skipped"] == 5  # … which is counted, never guessed
+
+
+MIG_CAPTURES = ["linux-x86_64__nvidia-h100-mig__590.48.01.txt", "linux-x86_64__nvidia-h200-mig__590.48.01.txt"]
+pct = st.one_of(st.just(0.0), st.floats(0, 100), st.floats(100, 120))  # GPM can read past 100 %
+gpm_rows = st.lists(st.tuples(pct, pct, pct), min_size=3, max_size=3)
+
+
+@pytest.mark.parametrize("name", MIG_CAPTURES)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # shared_data: a path, never changed
+@given(data=st.data())
+def test_gpm_bills_each_mig_instance_from_its_own_counters(shared_data: Path, name: str, data: st.DataObject) -> None:
+    """Each MIG instance's sample carries its GPU instance's GPM readings over the period just ended; an
+    instance whose GPU instance holds other compute instances is skipped and counted (its counters are
+    theirs too); a busy instance's time goes to its one process, or else to a synthetic unclaimed one."""
+    cap = parse(capture_path(shared_data, name), "load")
+    if data.draw(st.booleans(), "move a process"):  # a single process in an instance, as no capture has
+        pid = min(cap.mig_processes)
+        cap.mig_processes = {**cap.mig_processes, pid: data.draw(st.sampled_from(cap.mig_instance), "to")}
+    state = FakeState(cap, mig_enabled=True, gpm={gi: data.draw(gpm_rows, f"GI {gi}") for gi, _ in cap.mig_instance})
+    sampler = opened(state)
+    for tick in (1, 2):
+        state.tick = tick
+        events = sampler.sample(T0 + tick * NS, 1.0)
+        gpus = {e.gpu_uuid: e for e in events if isinstance(e, GpuSample)}
+        shared = 0
+        for (profile, uuid), (gi, ci) in zip(cap.mig, cap.mig_instance):
+            if [g for g, _ in cap.mig_instance].count(gi) > 1:
+                shared += 1
+                assert uuid not in gpus
+                continue
+            busy, tensor, dram = (min(v, 100.0) for v in state.gpm[gi][tick])  # type: ignore[index]
+            gpu = gpus[uuid]
+            assert gpu.gpu_model == f"{cap.name} MIG {profile}"
+            assert [gpu.sm_util_pct, gpu.mem_bw_util_pct, gpu.tensor_active_pct, gpu.dram_active_pct] == pytest.approx(
+                [busy, dram, tensor, dram], abs=0.005)  # to 1/100 %
+            procs = {e.pid: e for e in events if isinstance(e, ProcessSample) and e.gpu_uuid == uuid}
+            running = {p for p, at in cap.mig_processes.items() if at == (gi, ci)}
+            assert set(procs) - running <= {unclaimed_pid(uuid)}
+            claimed = procs.get(next(iter(running))) if len(running) == 1 else procs.get(unclaimed_pid(uuid))
+            if gpu.sm_util_pct == 0:
+                assert unclaimed_pid(uuid) not in procs and all(p.sm_util_pct == 0 for p in procs.values())
+            else:
+                assert claimed is not None
+                assert (claimed.sm_util_pct, claimed.mem_bw_util_pct) == (gpu.sm_util_pct, gpu.mem_bw_util_pct)
+                assert sum(p.sm_util_pct for p in procs.values()) == gpu.sm_util_pct  # the others: memory, 0 %
+        assert sampler.counts["gpm_shared_instance"] == tick * shared
+    assert not any(e.gpu_uuid == cap.gpu_uuid for e in events)  # the parent is never billed as well
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_gpm_adds_tensor_and_dram_activity_to_a_whole_gpu(shared_data: Path, name: str) -> None:
+    cap = parse(capture_path(shared_data, name), "load")
+    state = FakeState(cap, gpm={"gpu0": [(1.0, 2.0, 3.0), (99.5, 41.25, 63.126)]},
+                      gpm_unsupported=set())
+    sampler = opened(state)
+    state.tick = 1
+    (gpu,) = [e for e in sampler.sample(T0, 1.0) if isinstance(e, GpuSample)]
+    # utilisation stays NVML's own (the dmon row); GPM adds what it alone has
+    assert (gpu.sm_util_pct, gpu.mem_bw_util_pct) == (cap.dmon[1]["sm"], cap.dmon[1]["mem"])
+    assert (gpu.tensor_active_pct, gpu.dram_active_pct) == (41.25, 63.13)
+    state.gpm_unsupported, state.tick = {"NVML_GPM_METRIC_ANY_TENSOR_UTIL"}, 0
+    (gpu,) = [e for e in sampler.sample(T0 + NS, 1.0) if isinstance(e, GpuSample)]
+    assert (gpu.tensor_active_pct, gpu.dram_active_pct) == (None, 3.0)
+    assert sampler.counts["gpm_not_supported:tensor"] == 1
+
+
+def test_without_gpm_the_fields_are_absent_and_a_mig_instance_is_skipped(shared_data: Path) -> None:
+    cap = parse(capture_path(shared_data, CAPTURES[0]), "load")
+    (gpu,) = [e for e in opened(FakeState(cap)).sample(T0, 1.0) if isinstance(e, GpuSample)]
+    assert (gpu.tensor_active_pct, gpu.dram_active_pct) == (None, None)
 
 
 def test_unsupported_pcie_and_a_gpu_falling_off_the_bus(shared_data: Path) -> None:

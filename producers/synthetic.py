@@ -1,0 +1,21 @@
+"""Synthetic process ids, for sources that see a device's busy time but not the processes behind it
+(dcgm-exporter, NVML under MIG): stable across scrapes and restarts, above any Linux pid (at most
+2^22), so never mistaken for a real process."""
+from __future__ import annotations
+
+import zlib
+
+__all__ = ["SYNTHETIC_PID_BASE", "container_pid", "unclaimed_pid"]
+
+SYNTHETIC_PID_BASE = 1 << 31
+
+
+def container_pid(namespace: str, pod: str, container: str) -> int:
+    """A stable process id standing for a Kubernetes container, for its binding and samples."""
+    return SYNTHETIC_PID_BASE | (zlib.crc32(f"{namespace}/{pod}/{container}".encode()) & 0x7FFFFFFF)
+
+
+def unclaimed_pid(device: str) -> int:
+    """The synthetic process that stands for a device's busy time no process or pod claims (no binding:
+    billed to ``unattributed``)."""
+    return SYNTHETIC_PID_BASE | (zlib.crc32(f"unclaimed/{device}".encode()) & 0x7FFFFFFF)
