@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gpucost.cli import _replay_events
+from gpucost.kafka.commands import replay_events
 from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.sinks.views import connect
 from gpucost.streams.settings import AuditSettings
@@ -158,5 +158,5 @@ def test_a_bad_parquet_row_is_dead_lettered_as_json(tmp_path: Path) -> None:
     (reason, raw, source), = connect(tmp_path / "out").execute("SELECT reason, raw, source FROM dlq").fetchall()
     assert reason == "out_of_range" and json.loads(raw) == row and source.endswith("bad.parquet#1")
     rejected: list = []  # the producer's path (`produce --source replay`) keeps it the same way
-    assert list(_replay_events([tmp_path / "events" / "bad.parquet"], rejected)) == []
+    assert list(replay_events([tmp_path / "events" / "bad.parquet"], rejected)) == []
     assert [(r.reason, json.loads(raw)) for r, _, raw in rejected] == [("out_of_range", row)]

@@ -7,8 +7,10 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from pydantic import ValidationError
 
-from gpucost.cli import ConfigError, _add_kafka, _kafka
+from gpucost.cli import _add_kafka
+from gpucost.config import ConfigError
 from gpucost.kafka.settings import KafkaSettings
+from gpucost.wiring import kafka_settings
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}  # Kafka's record batch attribute
 
@@ -41,7 +43,7 @@ def test_a_compression_kafka_does_not_know_is_refused_with_the_choices() -> None
     p = argparse.ArgumentParser()
     _add_kafka(p)
     with pytest.raises(ConfigError, match="compression"):
-        _kafka(p.parse_args(["--compression", "brotli"]))
+        kafka_settings(p.parse_args(["--compression", "brotli"]))
 
 
 def test_the_test_broker_takes_a_block_of_ports_nothing_listens_on() -> None:

@@ -1,0 +1,188 @@
+"""The commands that need no broker: run, simulate, replay, query, views, prices, compact."""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import decimal
+import itertools
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow.parquet as pq
+
+from gpucost.config import ConfigError
+from gpucost.embedded import Item, RunStats, run_embedded
+from gpucost.kafka.signing import Signer
+from gpucost.producers.live import LIVE_SOURCES, open_nvml
+from gpucost.producers.nvml import NvmlUnavailable
+from gpucost.producers.replay import read_batches, read_inputs
+from gpucost.producers.simulate import simulate
+from gpucost.report import format_table, summary
+from gpucost.schemas.arrow import events_table
+from gpucost.schemas.codec import Rejected, decode_line, encode_event
+from gpucost.schemas.events import Price
+from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.sinks.lock import OutputLock
+from gpucost.sinks.views import query, read_only_problem, views_sql
+from gpucost.streams.scope import PRICE_SCOPE, price_mac
+from gpucost.wiring import (Signals, UsageError, audit_settings, event_files, fleet_spec, interrupt, invoked_as,
+                            live_source, load_keys, metrics_served, output_dir, say_source_counts)
+
+__all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_views", "cmd_prices", "cmd_compact"]
+
+SIM_LINES_PER_FILE = 1_000_000
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings, spec = audit_settings(args), fleet_spec(args)
+    source, nvml = args.source, None
+    if source == "auto":
+        try:
+            nvml, source = open_nvml(args.node_id), "nvml"
+        except NvmlUnavailable as exc:
+            source = "simulate"
+            print(f"gpucost: NVML is not available ({exc.reason}); running the simulated fleet: {spec.gpus} GPUs, "
+                  f"{spec.hours:g} h, seed {spec.seed}", file=sys.stderr)
+    live = live_source(args, source, nvml) if source in LIVE_SOURCES else None
+    items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec)) if live is None else itertools.chain(
+        read_inputs(event_files(args.prices)) if args.prices else [], ((ev, source) for ev in live.events()))
+    stats = RunStats(source=live.counts if live is not None else Counter())
+    with Signals(live, interrupt).installed(), output_dir(args.out, args.overwrite, "gpucost run"), \
+            _progress("run", unit=" events") as bar, metrics_served(args.metrics_address, stats.metrics, stats.health):
+        run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats)
+    say_source_counts(live)
+    return _finish(args.out, stats)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    spec = fleet_spec(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    earlier = sorted(args.out.glob("events-*.*"))
+    if earlier and not args.overwrite:  # a second fleet beside the first would replay as one, mostly refused
+        raise UsageError(f"{args.out} already holds simulated events ({earlier[0].name}…); pass --overwrite to "
+                         "replace them, or choose another --out")
+    for path in earlier:
+        path.unlink()
+    events, files, n = simulate(spec), 0, 0
+    while chunk := list(itertools.islice(events, SIM_LINES_PER_FILE)):
+        path = args.out / f"events-{files:05d}.{args.format}"
+        if args.format == "parquet":
+            pq.write_table(events_table(chunk), path, compression="zstd")
+        else:
+            path.write_text("".join(encode_event(ev) + "\n" for ev in chunk))
+        files, n = files + 1, n + len(chunk)
+    print(f"wrote {n:,} events to {files} file(s) in {args.out}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    settings = audit_settings(args)
+    files = event_files(args.input)
+    total = sum(f.stat().st_size for f in files)
+    with output_dir(args.out, args.overwrite, "gpucost replay"), _progress("replay", total=total, unit="B") as bar:
+        stats = run_embedded(read_batches(files), settings, args.out,
+                             on_batch=lambda b: bar.update(sum(item.nbytes for item in b)))  # type: ignore[union-attr]
+    return _finish(args.out, stats)
+
+
+def _finish(out: Path, stats: RunStats) -> int:
+    print(summary(out, stats))
+    print(f"\noutput: {out}/{{idle_index,mae,cost,dlq}}/date=YYYY-MM-DD/*.parquet; "
+          f"try: {invoked_as()} query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
+    return 0
+
+
+def _progress(desc: str, unit: str, total: int | None = None) -> Any:
+    """A progress bar on stderr when it is a terminal (nothing otherwise): replay by bytes read, run by
+    events taken."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, unit_scale=True, disable=not sys.stderr.isatty(), desc=desc)
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, (decimal.Decimal, dt.date, dt.datetime)):
+        return str(value)
+    return value
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    _written(args.out)
+    if not args.unsafe and (problem := read_only_problem(args.sql)) is not None:
+        raise UsageError(problem)
+    try:
+        columns, rows = query(args.out, args.sql, confined=not args.unsafe)
+    except duckdb.Error as exc:
+        raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
+    if args.format == "lines" and len(columns) != 1:
+        raise UsageError(f"--format lines needs a query of one column, this one has {len(columns)}: {columns}")
+    if args.format == "lines":
+        sys.stdout.writelines(f"{r[0]}\n" for r in rows)
+    elif args.format == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    elif args.format == "json":
+        print(json.dumps([{c: _jsonable(v) for c, v in zip(columns, r)} for r in rows], indent=1))
+    else:
+        print(format_table(columns, rows))
+    return 0
+
+
+def cmd_prices(args: argparse.Namespace) -> int:
+    """Sign each price line with the authority's key (``gpucost.streams.scope.price_mac``); any other line is an error."""
+    signer = load_keys(Signer.from_file, args.signing_key_file)
+    if signer.key.nodes is not None and PRICE_SCOPE not in signer.key.nodes:
+        raise ConfigError(f"key {signer.key.key_id!r} may not sign prices: its node list needs {PRICE_SCOPE} (or *)")
+    out = []
+    for path in event_files(args.files):
+        for n, line in enumerate(path.read_bytes().splitlines(), 1):
+            if not line.strip():
+                continue
+            event = decode_line(line)
+            if not isinstance(event, Price):
+                why = event.detail if isinstance(event, Rejected) else f"a {event.kind}, not a price"
+                raise UsageError(f"{path}:{n}: {why}")
+            unsigned = event.model_copy(update={"key_id": None, "signature": None})
+            signed = unsigned.model_copy(update={"key_id": signer.key.key_id,
+                                                 "signature": price_mac(signer.key.secret, unsigned)})
+            out.append(encode_event(signed))
+    sys.stdout.write("".join(f"{line}\n" for line in out))
+    return 0
+
+
+def _written(out: Path) -> None:
+    """``out`` is an output directory to read, or a usage error saying how to make one."""
+    if not out.is_dir():
+        raise UsageError(f"output directory {out} does not exist; run `gpucost run` or `gpucost replay` first")
+
+
+def cmd_views(args: argparse.Namespace) -> int:
+    _written(args.out)
+    print(views_sql(args.out), end="")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from gpucost.kafka.sink import JOURNAL
+    from gpucost.sinks.compact import compact
+    from gpucost.sinks.parquet import Journal
+
+    if args.min_files < 2:
+        raise UsageError(f"--min-files must be at least 2, got {args.min_files}")
+    if not any((args.out / k).is_dir() for k in OUTPUT_KINDS):
+        raise UsageError(f"{args.out} holds no gpucost output; give the sink's or a run's --out")
+    with OutputLock(args.out, "gpucost compact"):
+        pending, _ = Journal(args.out / JOURNAL, dict).pending()  # a sink that died before committing needs these
+        stats = compact(args.out, args.min_files, exclude=pending)
+    print(f"compacted {stats.partitions:,} partition(s): {stats.files_merged:,} files → {stats.files_written:,} "
+          f"({stats.rows:,} rows)")
+    for folder, why in stats.skipped.items():
+        print(f"left as it is: {folder}: {why}", file=sys.stderr)
+    return 0

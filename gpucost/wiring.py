@@ -1,0 +1,184 @@
+"""What the commands share: usage errors, the output directory, settings from flags, the live source,
+signals (handled here and nowhere else), the metrics server and key files."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import signal
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from prometheus_client.core import Metric
+from pydantic import ValidationError
+
+from gpucost.config import FLAG_FIELDS, KAFKA_ENV_PREFIX, ConfigError, environment, load_settings
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.metrics import Health, MetricsServer
+from gpucost.producers.live import LiveSettings, LiveSource, SourceUnavailable, open_live
+from gpucost.producers.nvml import NvmlSampler
+from gpucost.producers.replay import input_files
+from gpucost.producers.simulate import FleetSpec
+from gpucost.schemas.codec import explain
+from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.sinks.lock import OutputLock
+from gpucost.streams.settings import AuditSettings
+
+__all__ = ["UsageError", "Signals", "output_dir", "audit_settings", "fleet_spec", "invoked_as", "event_files",
+           "live_source", "say_source_counts", "interrupt", "metrics_served", "kafka_settings", "load_keys",
+           "stop_on_signals"]
+
+T = TypeVar("T")
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line, exit status 2."""
+
+
+@contextmanager
+def output_dir(out: Path, overwrite: bool, holder: str) -> Iterator[None]:
+    """``out`` emptied of earlier output (only with ``overwrite``), this process its only writer meanwhile:
+    a sink writing there is never overwritten under its feet."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a directory; choose a directory for the output")
+    with OutputLock(out, holder):
+        existing = [out / k for k in OUTPUT_KINDS if (out / k).exists()]
+        if existing and not overwrite:
+            raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in existing)}); "
+                             "pass --overwrite to replace it, or choose another --out")
+        for path in existing:
+            shutil.rmtree(path)
+        yield
+
+
+def audit_settings(args: argparse.Namespace) -> AuditSettings:
+    return load_settings(args.config, **{f: getattr(args, f) for f in FLAG_FIELDS})
+
+
+def fleet_spec(args: argparse.Namespace) -> FleetSpec:
+    try:
+        return FleetSpec(gpus=args.gpus, hours=args.hours, seed=args.seed, interval_s=args.interval_s)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def invoked_as() -> str:
+    """How the user invoked gpucost (e.g. .venv/bin/gpucost), for hints they can paste."""
+    return sys.argv[0] if Path(sys.argv[0]).name == "gpucost" else "gpucost"
+
+
+def event_files(paths: list[Path]) -> list[Path]:
+    """The event files to read, or a usage error naming what is missing."""
+    try:
+        files = input_files(paths)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    if not files:
+        raise UsageError(f"no event files (*.jsonl, *.ndjson, *.json, their .gz, *.parquet) in "
+                         f"{', '.join(map(str, paths))}")
+    return files
+
+
+def live_source(args: argparse.Namespace, source: str, nvml: NvmlSampler | None = None) -> LiveSource:
+    """The live source of ``--source``, opened now (or one clear usage error); it says what it does."""
+    settings = LiveSettings(node_id=args.node_id, period_s=args.period_s, duration_s=args.duration_s,
+                            dcgm_url=args.url, dcgm_sla=args.dcgm_sla, ebpf_sample_every=args.ebpf_sample_every,
+                            libcuda=args.libcuda)
+    try:
+        live = open_live(source, settings, nvml, say=lambda text: print(f"gpucost: {text}", file=sys.stderr))
+    except SourceUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    print(f"gpucost: {live.what}" + (f" for {args.duration_s:g} s" if args.duration_s is not None
+                                     else "; Ctrl-C to stop and write the results"), file=sys.stderr)
+    return live
+
+
+class Signals:
+    """SIGINT and SIGTERM, handled here and nowhere else: the first ends a live source's input cleanly
+    (what it sampled is still written or delivered); the next, or the first when nothing is live, stops
+    now (``stop_now``)."""
+
+    def __init__(self, live: LiveSource | None, stop_now: Callable[[], None]) -> None:
+        self.live, self.stop_now, self.received = live, stop_now, 0
+
+    def __call__(self, *_: object) -> None:
+        self.received += 1
+        if self.received == 1 and self.live is not None:
+            self.live.stop()
+        else:
+            self.stop_now()
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """For a synchronous run (an event loop's: ``stop_on_signals``)."""
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def say_source_counts(live: LiveSource | None) -> None:
+    """What the live source could not turn into events, so that a run never hides it behind a warning."""
+    if live is not None and +live.counts:
+        print("gpucost: the source counted " + ", ".join(f"{k} {v:,}" for k, v in sorted(live.counts.items()) if v),
+              file=sys.stderr)
+
+
+def interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def metrics_served(address: str | None, collect: Callable[[], Iterable[Metric]], health: Health) -> Iterator[None]:
+    """The metrics server of a long-running command, for as long as it runs (nothing without an address)."""
+    if address is None:
+        yield
+        return
+    try:
+        server = MetricsServer(address, collect, health)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot serve metrics on {address}: {exc.strerror}; choose another --metrics-address"
+                         ) from None
+    print(f"gpucost: metrics at http://{address.rpartition(':')[0] or '0.0.0.0'}:{server.port}/metrics",
+          file=sys.stderr)
+    try:
+        yield
+    finally:
+        server.close()
+
+
+def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    flags = {n: getattr(args, f"kafka_{n}") for n in KafkaSettings.model_fields}
+    try:
+        return KafkaSettings(**{**environment(KafkaSettings, KAFKA_ENV_PREFIX),
+                                **{k: v for k, v in flags.items() if v is not None}})
+    except ValidationError as exc:
+        raise ConfigError(f"invalid Kafka setting: {explain(exc)}") from None
+
+
+def load_keys(load: Callable[[Path], T], path: Path) -> T:
+    try:
+        return load(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the key file {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def stop_on_signals(live: LiveSource | None = None) -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (by the second, when the first ends ``live``'s input): the async
+    commands (producer, worker, sink) stop cleanly on it."""
+    stop = asyncio.Event()
+    signals = Signals(live, stop.set)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, signals)
+    return stop
