@@ -10,6 +10,7 @@ import json
 import os
 import random
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -102,6 +103,20 @@ def test_broker_unavailable_for_30_s(deployment: Deployment, kafka_broker: Broke
            embedded)
 
 
+def _until(process: subprocess.Popen[str], text: str, timeout_s: float) -> str:
+    """The process's output up to the first line holding ``text`` (or all of it, at its end or the timeout)."""
+    assert process.stdout is not None
+    out, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not select.select([process.stdout], [], [], 0.5)[0]:
+            continue
+        line = process.stdout.readline()
+        out.append(line)
+        if not line or text in line:
+            break
+    return "".join(out)
+
+
 def test_producer_stopped_while_the_broker_is_unreachable(deployment: Deployment,
                                                           recorded: tuple[Path, Path]) -> None:
     """Started with no broker: it buffers and keeps going; stopped, it spools; the next run delivers it."""
@@ -111,10 +126,12 @@ def test_producer_stopped_while_the_broker_is_unreachable(deployment: Deployment
     away = {**d.env, "GPUCOST_KAFKA_BOOTSTRAP": "127.0.0.1:1"}  # nothing listens there
     first = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "produce", "--source", "replay", str(events)],
                              cwd=ROOT, env=away, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(8)
+    started = time.monotonic()
+    seen = _until(first, "cannot deliver", timeout_s=60)  # buffering (a loaded host may take a while to say so)
+    time.sleep(max(0.0, started + 8 - time.monotonic()))  # and all of its input read: 8 s is ample for 130,815 events
     assert first.poll() is None, "the producer gave up on an unreachable broker"
     first.send_signal(signal.SIGTERM)
-    log = first.communicate(timeout=60)[0]
+    log = seen + first.communicate(timeout=60)[0]
     assert first.returncode == 130 and "cannot deliver" in log and "kept in" in log, log[-3000:]
     assert (d.tmp / "spool").stat().st_size > 0
     (d.tmp / "empty.jsonl").write_text("")

@@ -20,12 +20,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucost.cli import main
-from gpucost.kafka import worker as worker_module
+from gpucost.kafka import state as state_module
 from gpucost.kafka.publish import split_batch
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer, parse_keys
 from gpucost.kafka.sink import _record
-from gpucost.kafka.worker import Worker, _Owned, restored
+from gpucost.kafka.state import restored
+from gpucost.kafka.worker import Worker, _Owned
 from gpucost.report import format_table
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import decode_line
@@ -61,7 +62,7 @@ def expected_micro_usd(lines: list[bytes]) -> int:
 
 def apply(worker: Worker, messages: list[Message], owned: _Owned | None = None) -> tuple[list, _Owned]:
     owned = owned or _Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
-    return worker._apply(owned, messages, set()), owned
+    return worker._apply(owned, messages, set(), Counter()), owned
 
 
 def billed(out: list) -> int:
@@ -354,7 +355,7 @@ def test_a_state_over_the_message_limit_is_split_and_a_refused_delivery_aborts(m
     assert max(len(v or b"") for v in latest.values()) <= 300 << 10 < sum(len(v or b"") for v in latest.values())
     assert restored(AUDIT, latest).auditors[KEY.decode()].to_state() == owned.auditors[KEY.decode()].to_state()
     # a record the broker refuses aborts the transaction and stops the worker, offsets uncommitted
-    monkeypatch.setattr(worker_module, "STATE_CHUNK_BYTES", 4 << 20)
+    monkeypatch.setattr(state_module, "STATE_CHUNK_BYTES", 4 << 20)
     with pytest.raises(MessageSizeTooLargeError):
         asyncio.run(worker._process(TP, [Message(KEY, b"\n".join(LINES[KEY][200:400]), 1)]))
     assert producer.aborted == 1 and len(producer.transactions) == 1

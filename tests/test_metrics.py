@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpucost.embedded import RunStats, run_embedded
 from gpucost.kafka.settings import KafkaSettings
-from gpucost.kafka.worker import IDLE_PREFIX, Worker, _Owned
+from gpucost.kafka.state import IDLE_PREFIX
+from gpucost.kafka.worker import Worker, _Owned
 from gpucost.metrics import Health, MetricsServer, parse_address
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT

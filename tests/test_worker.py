@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from gpucost.kafka.routing import Router
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
-from gpucost.kafka.worker import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, Worker, _Owned, restored
+from gpucost.kafka.state import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, restored
+from gpucost.kafka.worker import Worker, _Owned
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
@@ -98,7 +99,7 @@ def test_a_poll_gives_each_key_its_messages_outputs_in_order(messages: list[Mess
     key_at = {m.offset: m.key for m in messages}
     got: dict[bytes, list] = defaultdict(list)
     for i in range(0, len(messages), polls_of):  # the messages as several polls
-        for record in worker._apply(owned, messages[i:i + polls_of], set()):
+        for record in worker._apply(owned, messages[i:i + polls_of], set(), Counter()):
             if isinstance(record, DeadLetter):  # source: topic[partition]@offset#line
                 got[key_at[int(record.source.split("@")[1].split("#")[0])]].append(record)
             else:
@@ -242,20 +243,22 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     clock = [0.0]
     worker.monotonic = lambda: clock[0]
     owned = _Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
-    out = worker._apply(owned, [Message(gone, b"\n".join(first), 0, [(SEQUENCE_HEADER, b"s:1")])], set())
+    out = worker._apply(owned, [Message(gone, b"\n".join(first), 0, [(SEQUENCE_HEADER, b"s:1")])], set(),
+                        Counter())
     assert {r.pane_start_ns for r in out if isinstance(r, IdleIndexRecord)} < panes  # the last ones stay open
     # another key 20 min ahead in event time, but the silent one was heard from a moment ago: only behind
     clock[0] = AUDIT.idle_timeout_s - 1
     touched: set[str] = set()
-    out += worker._apply(owned, [Message(other, b"\n".join(LINES[other]), 1)], touched)
+    out += worker._apply(owned, [Message(other, b"\n".join(LINES[other]), 1)], touched, Counter())
     assert gone.decode() not in touched
     clock[0] = AUDIT.idle_timeout_s  # and now silent in both times
-    out += worker._apply(owned, [Message(other, b"\n".join(LINES[other][-1:]), 2)], touched)
+    out += worker._apply(owned, [Message(other, b"\n".join(LINES[other][-1:]), 2)], touched, Counter())
     mine = [r for r in out if getattr(r, "gpu_uuid", None) == gone.decode()]
     assert {r.pane_start_ns for r in mine if isinstance(r, IdleIndexRecord)} == panes
     assert sum(r.cost_micro_usd for r in mine if isinstance(r, CostRecord)) == want
     assert gone.decode() in touched and owned.auditors[gone.decode()].counts["silent_closes"] > 0
-    again = worker._apply(owned, [Message(gone, b"\n".join(first), 3, [(SEQUENCE_HEADER, b"s2:1")])], set())
+    again = worker._apply(owned, [Message(gone, b"\n".join(first), 3, [(SEQUENCE_HEADER, b"s2:1")])], set(),
+                          Counter())
     assert not [r for r in again if isinstance(r, CostRecord)]
     samples = sum(1 for line in first if b'"gpu_sample"' in line or b'"process_sample"' in line)
     assert Counter(r.reason for r in again if isinstance(r, DeadLetter) and r.kind in (
@@ -267,5 +270,5 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     assert owned.auditors[gone.decode()].idle.to_state()
     touched = set()
     clock[0] += AUDIT.idle_timeout_s
-    worker._apply(owned, [Message(other, b"\n".join(later), 4)], touched)
+    worker._apply(owned, [Message(other, b"\n".join(later), 4)], touched, Counter())
     assert gone.decode() in touched and owned.auditors[gone.decode()].idle.to_state() == {}
