@@ -16,9 +16,9 @@ from urllib.error import URLError
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpucost.producers.synthetic import container_pid, unclaimed_pid
+from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
-from gpucost.schemas.events import Event, GpuSample, ProcessSample, TenantBinding
+from gpucost.schemas.events import Event, GpuSample, TenantBinding
 
 __all__ = ["DcgmUnavailable", "DcgmScraper", "scrape_to_events"]
 
@@ -156,9 +156,7 @@ def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, 
         counts["busy_unclaimed"] += 1
     else:
         return out
-    out.append(ProcessSample(node_id=gpu.node_id, gpu_uuid=uuid, pid=pid, ts_ns=ts_ns, interval_s=interval_s,
-                             sm_util_pct=gpu.sm_util_pct, mem_bw_util_pct=gpu.mem_bw_util_pct,
-                             mem_used_bytes=gpu.mem_used_bytes))
+    out.append(busy_as(gpu, pid, gpu.mem_used_bytes))
     return out
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from gpucost.producers.synthetic import unclaimed_pid
+from gpucost.producers.synthetic import busy_as, unclaimed_pid
 from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
 __all__ = ["NvmlUnavailable", "NvmlSampler"]
@@ -228,12 +228,10 @@ class NvmlSampler:
         """A busy device without per-process utilisation (a MIG instance): its utilisation goes to its one
         running process, or, with none or several, to a synthetic process no binding names (billed
         ``unattributed``), as the dcgm source does; otherwise the busy time would be billed as idle."""
-        util = {"sm_util_pct": gpu.sm_util_pct, "mem_bw_util_pct": gpu.mem_bw_util_pct}
         if len(processes) == 1:
-            return [processes[0].model_copy(update=util)]
+            return [busy_as(gpu, processes[0].pid, processes[0].mem_used_bytes)]
         self.counts["busy_unclaimed"] += 1
-        return processes + [ProcessSample(node_id=gpu.node_id, gpu_uuid=gpu.gpu_uuid, pid=unclaimed_pid(gpu.gpu_uuid),
-                                          ts_ns=gpu.ts_ns, interval_s=gpu.interval_s, mem_used_bytes=0, **util)]
+        return processes + [busy_as(gpu, unclaimed_pid(gpu.gpu_uuid), 0)]  # its processes hold the memory
 
     def _processes(self, dev: _Device, ts_ns: int, interval_s: float) -> tuple[list[ProcessSample], bool]:
         """Per-process utilisation since the last read (mean of NVML's samples) and memory; and whether

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import zlib
 
-__all__ = ["SYNTHETIC_PID_BASE", "container_pid", "unclaimed_pid"]
+from gpucost.schemas.events import GpuSample, ProcessSample
+
+__all__ = ["SYNTHETIC_PID_BASE", "container_pid", "unclaimed_pid", "busy_as"]
 
 SYNTHETIC_PID_BASE = 1 << 31
 
@@ -19,3 +21,11 @@ def unclaimed_pid(device: str) -> int:
     """The synthetic process that stands for a device's busy time no process or pod claims (no binding:
     billed to ``unattributed``)."""
     return SYNTHETIC_PID_BASE | (zlib.crc32(f"unclaimed/{device}".encode()) & 0x7FFFFFFF)
+
+
+def busy_as(gpu: GpuSample, pid: int, mem_used_bytes: int) -> ProcessSample:
+    """The device's sample as a process sample of ``pid``: its utilisation, so that its busy time is billed
+    to whoever ``pid`` stands for (a pod's container, the one process on a MIG instance, or no one)."""
+    return ProcessSample(node_id=gpu.node_id, gpu_uuid=gpu.gpu_uuid, pid=pid, ts_ns=gpu.ts_ns,
+                         interval_s=gpu.interval_s, sm_util_pct=gpu.sm_util_pct, mem_bw_util_pct=gpu.mem_bw_util_pct,
+                         mem_used_bytes=mem_used_bytes)
