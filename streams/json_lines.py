@@ -29,11 +29,11 @@ def read_lines(lines: Sequence[bytes]) -> pa.RecordBatch:
     refuses, are read by Python: a valid event of a hot kind as its wire values, anything else as
     an empty row, which the batch path decodes again from its line (the row path's dead letter).
     """
-    block: bytes | None = b"\n".join(lines)
-    assert block is not None
-    if block.count(b"{") == len(lines) and b"[" not in block and _BOM not in block and _utf8(block) \
-            and not _LONG_DIGITS.search(block):
-        plain = list(range(len(lines)))  # one object per line, nothing nested: every line is plain
+    joined = b"\n".join(lines)
+    block: bytes | None  # the lines joined, when every one is plain
+    if joined.count(b"{") == len(lines) and b"[" not in joined and _BOM not in joined and _utf8(joined) \
+            and not _LONG_DIGITS.search(joined):
+        block, plain = joined, list(range(len(lines)))  # one object per line, nothing nested: every line is plain
     else:
         block, plain = None, [i for i, line in enumerate(lines) if line.count(b"{") == 1 and b"[" not in line
                               and not line.startswith(_BOM) and _utf8(line) and not _LONG_DIGITS.search(line)]

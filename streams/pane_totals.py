@@ -6,6 +6,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -189,9 +190,9 @@ class PaneRows:
     model: np.ndarray  # code into model_names (-1: none)
     model_names: list[str]
 
-    @property
+    @cached_property
     def group(self) -> np.ndarray:
-        """Each row's GPU, as its index in ``names``."""
+        """Each row's GPU, as its index in ``names`` (both halves of the batch entry read it)."""
         return np.repeat(np.arange(len(self.starts)), self.ends - self.starts)
 
 
