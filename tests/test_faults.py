@@ -215,6 +215,42 @@ def test_sink_dies_between_rename_and_commit(deployment: Deployment, recorded: t
     assert (d.out / JOURNAL).read_text().split() == [], "the journal outlived the commit"
 
 
+def test_sink_dies_between_commit_and_clearing_its_journal(deployment: Deployment, recorded: tuple[Path, Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything the journal lists is behind the last commit and nothing more arrives: the restarted sink
+    has nothing to read, and must still see that it is past the journal (by its partitions' positions), so
+    that it stops holding those files' keys and compacts again. It once waited for a record on every
+    partition the journal named, which a finished or quiet topic never sends."""
+    events, embedded = recorded
+    d = deployment
+    d.gpucost("produce", "--source", "replay", str(events))
+    d.worker("worker")
+    want = embedded_counts(embedded)
+
+    async def until_all_read() -> None:
+        stop = asyncio.Event()
+        sink = asyncio.create_task(run_kafka_sink(
+            {"bootstrap_servers": d.bootstrap}, {k: f"{d.prefix}{k}" for k in OUTPUT_KINDS}, d.out,
+            f"{d.app_id}-sink", stop, flush_interval_s=0.5, compact_min_files=0))
+        deadline = time.monotonic() + 240
+        while not all(d.rows(v) >= n for v, n in want.items()):
+            assert not sink.done() and time.monotonic() < deadline, "the first sink stopped or fell behind"
+            await asyncio.sleep(0.2)
+        stop.set()
+        await sink  # its last commit covers every record read
+
+    monkeypatch.setattr("gpucost.sinks.parquet.Journal.clear", lambda self: None)  # killed before each clear
+    asyncio.run(until_all_read())
+    monkeypatch.undo()
+    assert (d.out / JOURNAL).read_text().split(), "the journal was cleared after all"
+    sink = d.spawn("sink-after", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0")
+    wait_for("the restarted sink to see it is past the journal", lambda: not (d.out / JOURNAL).read_text().split(),
+             60, d.tmp)
+    assert sink.poll() is None, "the restarted sink stopped"
+    d.stop()
+    assert_same_parquet(d.out, embedded)
+
+
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     if os.geteuid() != 0:

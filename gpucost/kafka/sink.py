@@ -22,6 +22,7 @@ from typing import Any
 
 import duckdb
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 from prometheus_client.core import Metric
 from pydantic import BaseModel, ValidationError
 
@@ -178,8 +179,14 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
 
     async def commit() -> None:
         await consumer.commit()  # what the journal lists is now behind the committed offsets …
-        mine = {_part(tp) for tp in consumer.assignment()}
-        if all(read.get(part, 0) >= offset for part, offset in again.items() if part in mine):
+        mine = set()
+        for tp in consumer.assignment():
+            mine.add(part := _part(tp))
+            try:  # a partition with nothing new since the last commit: its position is that commit
+                read[part] = max(read.get(part, 0), await consumer.position(tp))
+            except IllegalStateError:  # taken away by a rebalance meanwhile
+                mine.discard(part)
+        if mine and all(read.get(part, 0) >= offset for part, offset in again.items() if part in mine):
             again.clear()  # … and, once past what was read twice, neither it nor the keys are needed
             journal.clear()
             for keys in seen.values():
@@ -251,6 +258,13 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
                 await commit()  # … before the offsets that produced them are committed
                 await compact_fresh()
                 last_flush, dirty = time.monotonic(), False
+            elif again and not dirty and consumer.assignment():
+                # what the journal lists may already be behind the commit on quiet partitions: it would
+                # otherwise wait for each of them to bring a record (and compaction with it)
+                try:
+                    await commit()
+                except (CommitFailedError, IllegalStateError) as exc:  # a rebalance: tried again on the next poll
+                    log.info("commit while past the journal failed, tried again: %s", exc)
         await _flush(sink, stop, retry_s)
         await commit()
         take_written()
