@@ -13,8 +13,8 @@ from gpucost.streams.settings import AuditSettings
 
 __all__ = ["AUDIT_ENV_PREFIX", "ConfigError", "FLAG_FIELDS", "KAFKA_ENV_PREFIX", "environment", "load_settings"]
 
-#: settings that have a command-line flag (``--pane-s`` for ``pane_s``); the table is file-only
-FLAG_FIELDS = tuple(f for f in AuditSettings.model_fields if f != "l2_calibration")
+#: settings that have a command-line flag (``--pane-s`` for ``pane_s``); the tables are file-only
+FLAG_FIELDS = tuple(f for f in AuditSettings.model_fields if f not in ("l2_calibration", "peak_tops"))
 
 
 #: ``GPUCOST_PANE_S`` sets ``pane_s``; ``GPUCOST_KAFKA_BOOTSTRAP`` sets the Kafka ``bootstrap``
@@ -36,7 +36,7 @@ class ConfigError(Exception):
 
 
 def load_settings(config_file: Path | None = None, **flags: Any) -> AuditSettings:
-    """Defaults, then the file, then ``GPUCOST_<FIELD>`` (the table only from the file), then the flags."""
+    """Defaults, then the file, then ``GPUCOST_<FIELD>`` (the tables only from the file), then the flags."""
     file_values: dict[str, Any] = {}
     if config_file is not None:
         try:

@@ -99,6 +99,12 @@ class GpuSample(_Sample):
     tensor_active_pct: Pct | None = None
     dram_active_pct: Pct | None = None
 
+    @cached_property
+    def power_mw(self) -> int:
+        """``power_w`` in integer milliwatts, rounded once, half-even from its decimal text (the health
+        audit's energy is exact in µJ from here on)."""
+        return round_scaled(self.power_w, 1000)
+
     @model_validator(mode="after")
     def _used_within_total(self) -> "GpuSample":
         if self.mem_used_bytes > self.mem_total_bytes:

@@ -254,10 +254,13 @@ class _Batch:
         self.interval_ms = np.zeros(self.n, np.int64)
         self.sm_cp = np.zeros(self.n, np.int64)
         self.bw_cp = np.zeros(self.n, np.int64)
+        self.power_mw = np.zeros(self.n, np.int64)
         if sample.any():
             for out, name, scale in ((self.interval_ms, "interval_s", 1000), (self.sm_cp, "sm_util_pct", 100),
                                      (self.bw_cp, "mem_bw_util_pct", 100)):
                 out[sample] = exact_round(columns[name][0][sample], scale)
+        if (gpu := (self.code == GPU) & valid[GpuSample]).any():
+            self.power_mw[gpu] = exact_round(columns["power_w"][0][gpu], 1000)
         # the models' cross-field validators: _Sample._interval_not_zero, GpuSample._used_within_total
         used, total = columns["mem_used_bytes"][0], columns["mem_total_bytes"][0]
         gpu_row = valid[GpuSample] & (self.interval_ms > 0) & (used <= total)
@@ -278,6 +281,8 @@ class _Batch:
                 if isinstance(event, (GpuSample, ProcessSample)):
                     self.interval_ms[i], self.sm_cp[i], self.bw_cp[i] = (
                         event.interval_ms, event.sm_util_cp, event.mem_bw_util_cp)
+                if isinstance(event, GpuSample):
+                    self.power_mw[i] = event.power_mw
             else:
                 self.table_events.append((i, event))
         if self.scope is not None:
@@ -341,7 +346,7 @@ class _Batch:
         starts, ends = runs(self.gpu[rows])
         pane_rows = PaneRows(rows, [self.gpu_names[c] for c in self.gpu[rows][starts].tolist()], starts, ends,
                              self.code[rows], self.pid[rows], self.ts[rows], self.interval_ms[rows], self.sm_cp[rows],
-                             self.bw_cp[rows], self.numa_w[rows], self.node[rows], self.node_names, self.model[rows],
+                             self.bw_cp[rows], self.power_mw[rows], self.numa_w[rows], self.node[rows], self.node_names, self.model[rows],
                              self.model_names)
         verdicts = a.panes.judge_many(pane_rows)
         late_at = np.flatnonzero(verdicts.late)

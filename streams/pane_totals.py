@@ -43,6 +43,9 @@ class PaneTotals:
     idle_ms: int = 0
     tenant_events: int = 0
     tenants: dict[str, TenantTotals] = field(default_factory=dict)
+    energy_uj: int = 0  # Σ power_mw · interval_ms over the GPU samples (mW · ms = µJ): the health audit's
+    busy_cp_ms: int = 0  # Σ sm_util_cp · interval_ms over the GPU samples
+    placed: int = 0  # process samples of a tenant other than ``unattributed``: the pane is allocated
     #: the sorted ``ts_ns`` of every event counted in this pane, by (kind, pid) (pid -1 for GPU samples):
     #: a second event at one of them is a duplicate, a sample near one an overlap. Bounded: only open
     #: panes are kept.
@@ -84,11 +87,14 @@ class PaneTotals:
                                                  for (kind, pid), ts in sorted(self.seen.items())]
         seen = self._seen_state[1]
         return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
-                self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen]
+                self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen, self.energy_uj, self.busy_cp_ms,
+                self.placed]
 
     @classmethod
     def from_state(cls, s: list[Any]) -> "PaneTotals":
         pane = cls(*s[:8])
+        if len(s) > 10:  # a state written before the health audit has none of these
+            pane.energy_uj, pane.busy_cp_ms, pane.placed = s[10:13]
         for tenant, sm, bw, numa in s[8]:
             t = Tenant(*tenant)
             pane.tenants[t.key] = TenantTotals(t, sm, bw, numa)
@@ -118,6 +124,9 @@ class PaneColumns:
     covered_ms: np.ndarray
     idle_ms: np.ndarray
     tenant_events: np.ndarray
+    energy_uj: np.ndarray
+    busy_cp_ms: np.ndarray
+    placed: np.ndarray
     t_pane: np.ndarray  # the pane of each tenant row
     t_key: np.ndarray
     t_tenant: np.ndarray
@@ -132,7 +141,8 @@ class PaneColumns:
     def of(cls, panes: list[PaneTotals]) -> "PaneColumns":
         tenants = [(j, key, t) for j, p in enumerate(panes) for key, t in sorted(p.tenants.items())]
         ints = [np.array([getattr(p, f) for p in panes], np.int64)
-                for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events")]
+                for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events", "energy_uj",
+                          "busy_cp_ms", "placed")]
         return cls(objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
                    objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
                    objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
@@ -146,9 +156,11 @@ class PaneColumns:
 
     def totals(self) -> list[PaneTotals]:
         """Each pane as a ``PaneTotals`` (its ``seen`` keys left empty: it is closing)."""
-        panes = [PaneTotals(*values) for values in zip(
-            self.gpu_uuid.tolist(), self.pane_start_ns.tolist(), self.pane_end_ns.tolist(), self.node_id.tolist(),
-            self.gpu_model.tolist(), self.covered_ms.tolist(), self.idle_ms.tolist(), self.tenant_events.tolist())]
+        panes = [PaneTotals(*values[:8], energy_uj=values[8], busy_cp_ms=values[9], placed=values[10])
+                 for values in zip(self.gpu_uuid.tolist(), self.pane_start_ns.tolist(), self.pane_end_ns.tolist(),
+                                   self.node_id.tolist(), self.gpu_model.tolist(), self.covered_ms.tolist(),
+                                   self.idle_ms.tolist(), self.tenant_events.tolist(), self.energy_uj.tolist(),
+                                   self.busy_cp_ms.tolist(), self.placed.tolist())]
         for j, key, tenant, sm, bw, numa in zip(self.t_pane.tolist(), self.t_key.tolist(), self.t_tenant.tolist(),
                                                 self.t_sm.tolist(), self.t_bw.tolist(), self.t_numa.tolist()):
             panes[j].tenants[key] = TenantTotals(tenant, sm, bw, numa)
@@ -184,6 +196,7 @@ class PaneRows:
     interval_ms: np.ndarray  # 0 for a NUMA event
     sm_cp: np.ndarray
     bw_cp: np.ndarray
+    power_mw: np.ndarray  # a GPU sample's power, else 0
     numa: np.ndarray  # a NUMA event's hops · latency_weight, else 0
     node: np.ndarray  # code into node_names (-1: none)
     node_names: list[str]

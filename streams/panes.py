@@ -19,7 +19,7 @@ from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
 from gpucost.streams.pane_totals import PaneColumns, PaneRows, PaneTotals, Verdicts, nearest_gap, objects
 from gpucost.streams.runs import Levels, runs
 from gpucost.streams.settings import AuditSettings
-from gpucost.streams.tables import Tenant
+from gpucost.streams.tables import UNATTRIBUTED, Tenant
 
 __all__ = ["pane_start_ns", "overlaps", "jump", "KINDS", "GpuPanes"]
 
@@ -123,10 +123,13 @@ class GpuPanes:
         pane.covered_ms += s.interval_ms
         if s.sm_util_cp < self.idle_threshold_cp:
             pane.idle_ms += s.interval_ms
+        pane.energy_uj += s.power_mw * s.interval_ms
+        pane.busy_cp_ms += s.sm_util_cp * s.interval_ms
 
     def add_process_sample(self, s: ProcessSample, tenant: Tenant) -> None:
         pane = self._pane(s.gpu_uuid, s.ts_ns)
         pane.tenant_events += 1
+        pane.placed += tenant != UNATTRIBUTED
         totals = pane.tenant(tenant)
         totals.sm += s.sm_util_cp * s.interval_ms
         totals.bw += s.mem_bw_util_cp * s.interval_ms
@@ -350,6 +353,10 @@ class GpuPanes:
 
         covered = per_pane(np.where(is_gpu, interval, 0))
         idle = per_pane(np.where(is_gpu & (rows.sm_cp[at] < self.idle_threshold_cp), interval, 0))
+        energy = per_pane(np.where(is_gpu, rows.power_mw[at] * interval, 0))
+        busy = per_pane(np.where(is_gpu, rows.sm_cp[at] * interval, 0))
+        unattributed = tenants.index(UNATTRIBUTED) if UNATTRIBUTED in tenants else -1
+        placed = per_pane(((kind == PROC) & (tenant_of[at] != unattributed)).astype(np.int64))
         gpu_rows = per_pane(is_gpu.astype(np.int64))
 
         # (pane, tenant) sums of the process samples and NUMA events, in order of first arrival
@@ -416,6 +423,9 @@ class GpuPanes:
                 totals.gpu_model = model if totals.gpu_model is None else min(model, totals.gpu_model)
             totals.covered_ms += covered[k]
             totals.idle_ms += idle[k]
+            totals.energy_uj += energy[k]
+            totals.busy_cp_ms += busy[k]
+            totals.placed += placed[k]
             totals.tenant_events += int(tenant_events[k])
             for _, tn, sm, bw, numa in sorted(by_tenant.get(k, ())):
                 t = totals.tenant(tenants[tn], keys[tn])
@@ -451,7 +461,7 @@ class GpuPanes:
             objects(node_by_rank + no_name)[np.array(node_min, np.int64)[fast]],
             objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
             np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],
-            position[t_pane[tenant_rows]], objects(keys)[who], objects(tenants)[who],
+            *(np.array(v, np.int64)[fast] for v in (energy, busy, placed)), position[t_pane[tenant_rows]], objects(keys)[who], objects(tenants)[who],
             *(v[tenant_rows].astype(object) for v in t_sums))
         return (np.concatenate([at_rows[fast], np.array([row for row, _ in closes], np.int64)]),
                 PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]))

@@ -5,15 +5,23 @@ exactly what it passes. The command line layers file, environment and flags over
 (``gpucost.config.load_settings``)."""
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION"]
+__all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION", "DEFAULT_PEAK_TOPS"]
 
 DEFAULT_L2_CALIBRATION: tuple[tuple[float, float], ...] = ((2.1, 8.3), (5.7, 41.9), (7.9, 127.4))
+#: dense FP16 tensor TFLOPS from the vendors' datasheets, by the text a ``gpu_model`` contains (the longest
+#: key it contains, case-insensitively, wins); ``default`` for a model none matches
+DEFAULT_PEAK_TOPS: dict[str, Decimal] = {"H100": Decimal(989), "H200": Decimal(989), "A100": Decimal(312),
+                                         "L40S": Decimal(362), "L4": Decimal(121), "T4": Decimal(65),
+                                         "default": Decimal(100)}
 Weight = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
+Ratio = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
+PositiveDecimal = Annotated[Decimal, Field(gt=0, le=10**9, allow_inf_nan=False)]
 
 
 class AuditSettings(BaseModel):
@@ -43,12 +51,49 @@ class AuditSettings(BaseModel):
         "a GPU silent while its partition's watermark moved this far past a pane's end has that pane closed"
         " (the worker's rule)"))] = 900
     l2_calibration: tuple[tuple[float, float], ...] = DEFAULT_L2_CALIBRATION
+    # --- the health audit (METRICS.md, "Health audit") -------------------------------------------
+    health_window_h: Annotated[int, Field(ge=1, le=24 * 31, description=(
+        "health audit window H, hours (a multiple of the pane)"))] = 1
+    admission_h: Annotated[int, Field(ge=0, le=24 * 366, description=(
+        "hours of windows each covered ≥ pass_coverage before a new GPU is in service (0: at once)"))] = 48
+    excellent_kw_per_tops: Annotated[Ratio, Field(description="grade excellent: kW/TOPS below this …")] = \
+        Decimal("0.18")
+    excellent_sched_deviation: Annotated[Ratio, Field(description="… and scheduling deviation below this")] = \
+        Decimal("0.021")
+    good_kw_per_tops: Annotated[Ratio, Field(description="grade good: kW/TOPS at most this …")] = Decimal("0.25")
+    good_sched_deviation: Annotated[Ratio, Field(description="… and scheduling deviation at most this")] = \
+        Decimal("0.045")
+    pass_sched_deviation: Annotated[Ratio, Field(description=(
+        "a window fails its audit above this scheduling deviation"))] = Decimal("0.05")
+    pass_coverage: Annotated[Ratio, Field(description=(
+        "a window fails its audit below this coverage (and does not count towards admission)"))] = Decimal("0.95")
+    readmit_passes: Annotated[int, Field(ge=1, le=10_000, description=(
+        "consecutive passed windows that bring a removed GPU back in service"))] = 2
+    peak_tops: dict[str, PositiveDecimal] = Field(default_factory=lambda: dict(DEFAULT_PEAK_TOPS))
 
-    @field_validator("alpha", "beta", "gamma", mode="before")
+    @field_validator("alpha", "beta", "gamma", "excellent_kw_per_tops", "excellent_sched_deviation",
+                     "good_kw_per_tops", "good_sched_deviation", "pass_sched_deviation", "pass_coverage",
+                     mode="before")
     @classmethod
     def _exact_decimal(cls, value: object) -> object:
-        # read α, β, γ as the decimals written, never through a binary float
+        # read weights and thresholds as the decimals written, never through a binary float
         return Decimal(repr(value)) if isinstance(value, float) else value
+
+    @field_validator("peak_tops", mode="before")
+    @classmethod
+    def _exact_table(cls, table: object) -> object:
+        if isinstance(table, dict):
+            return {k: Decimal(repr(v)) if isinstance(v, float) else v for k, v in table.items()}
+        return table
+
+    @field_validator("peak_tops")
+    @classmethod
+    def _has_default(cls, table: dict[str, Decimal]) -> dict[str, Decimal]:
+        if "default" not in table:
+            raise ValueError("the peak_tops table needs a 'default' entry, used for a gpu_model no key matches")
+        if any(not key.strip() for key in table):
+            raise ValueError("a peak_tops key is empty: it would match every gpu_model")
+        return table
 
     @field_validator("l2_calibration")
     @classmethod
@@ -68,6 +113,10 @@ class AuditSettings(BaseModel):
             raise ValueError(f"window_h ({self.window_h} h) must be at least one pane ({self.pane_s} s)")
         if self.mae_hi <= self.mae_lo:
             raise ValueError(f"mae_hi ({self.mae_hi}) must be greater than mae_lo ({self.mae_lo})")
+        if (self.health_window_h * 3600) % self.pane_s:
+            fits = self.pane_s // math.gcd(3600, self.pane_s)
+            raise ValueError(f"health_window_h ({self.health_window_h} h) must be a whole number of panes "
+                             f"({self.pane_s} s): set it to a multiple of {fits}")
         return self
 
     def ns(self, seconds_field: str) -> int:
@@ -83,6 +132,10 @@ class AuditSettings(BaseModel):
     @property
     def window_ns(self) -> int:
         return self.window_h * 3_600_000_000_000
+
+    @property
+    def health_window_ns(self) -> int:
+        return self.health_window_h * 3_600_000_000_000
 
     @property
     def idle_threshold_cp(self) -> int:

@@ -20,8 +20,11 @@ WEIGHTS = [("0.6", "0.3", "0.1"), ("1", "0", "0"), ("0", "1", "0"), ("0", "0", "
 @st.composite
 def settings_st(draw: st.DrawFn) -> AuditSettings:
     alpha, beta, gamma = map(Decimal, draw(st.sampled_from(WEIGHTS)))
+    pane_s = draw(st.sampled_from([60, 420, 600]))  # 420: an idle window that is not a whole number of panes
     return AuditSettings(
-        pane_s=draw(st.sampled_from([60, 420, 600])),  # 420: a window that is not a whole number of panes
+        pane_s=pane_s,
+        health_window_h=7 if pane_s == 420 else draw(st.sampled_from([1, 2])),  # H a whole number of panes
+        admission_h=draw(st.sampled_from([0, 1, 2])),
         lateness_s=draw(st.sampled_from([0, 120, 600])),
         max_jump_s=draw(st.sampled_from([30, 300, 86_400])),  # 30: most gaps of these streams are jumps
         window_h=1,  # streams span up to 3 h, so the window really slides

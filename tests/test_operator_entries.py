@@ -92,6 +92,7 @@ def pane_rows(events: list[GpuSample | ProcessSample | NumaEvent], first_row: in
         ints([e.interval_ms if s else 0 for e, s in zip(ev, sample)]),
         ints([e.sm_util_cp if s else 0 for e, s in zip(ev, sample)]),
         ints([e.mem_bw_util_cp if s else 0 for e, s in zip(ev, sample)]),
+        ints([e.power_mw if isinstance(e, GpuSample) else 0 for e in ev]),
         ints([e.hops * e.latency_weight if isinstance(e, NumaEvent) else 0 for e in ev]),
         ints([nodes.index(e.node_id) for e in ev]), nodes,
         ints([models.index(e.gpu_model) if isinstance(e, GpuSample) else -1 for e in ev]), models)
@@ -111,7 +112,7 @@ def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[GpuSample | ProcessS
     events: list[GpuSample | ProcessSample | NumaEvent] = []
     for gpu in ["GPU-0", "GPU-1"][:draw(st.integers(1, 2))]:
         node = f"node-{gpu[-1]}"
-        for kind, pid in [("gpu_sample", -1), *((k, p) for k in KINDS[1:] for p in (1, 2))]:
+        for kind, pid in [("gpu_sample", -1), *((k, p) for k in KINDS[1:] for p in (1, 2, 3))]:
             ts = T0 + draw(step)
             for _ in range(draw(st.integers(0, 12))):
                 ts += draw(step) + draw(st.sampled_from([0] * 19 + [3600 * NS]))
@@ -119,7 +120,8 @@ def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[GpuSample | ProcessS
                     events.append(GpuSample(node_id=node, gpu_uuid=gpu, gpu_model=draw(st.sampled_from(["H100", "H200"])),
                                             ts_ns=ts, interval_s=draw(interval), sm_util_pct=draw(pct),
                                             mem_bw_util_pct=draw(pct), mem_used_bytes=1, mem_total_bytes=2,
-                                            power_w=100.0, temp_c=40.0))
+                                            power_w=draw(st.sampled_from([0.0, 61.0005, 350.25, 700.0])),
+                                            temp_c=40.0))
                 elif kind == "process_sample":
                     events.append(ProcessSample(node_id=node, gpu_uuid=gpu, pid=pid, ts_ns=ts, interval_s=draw(interval),
                                                 sm_util_pct=draw(pct), mem_bw_util_pct=draw(pct), mem_used_bytes=1))
@@ -134,7 +136,7 @@ def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[GpuSample | ProcessS
 def closed(pane: PaneTotals) -> tuple[object, ...]:
     """A closed pane's totals (what is billed; its counted times are dropped once it closes)."""
     return (pane.gpu_uuid, pane.pane_start_ns, pane.node_id, pane.gpu_model, pane.covered_ms, pane.idle_ms,
-            pane.tenant_events, sorted((k, t.sm, t.bw, t.numa) for k, t in pane.tenants.items()))
+            pane.tenant_events, pane.energy_uj, pane.busy_cp_ms, pane.placed, sorted((k, t.sm, t.bw, t.numa) for k, t in pane.tenants.items()))
 
 
 def normalised_panes(panes: GpuPanes) -> str:
