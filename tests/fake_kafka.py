@@ -87,6 +87,7 @@ class ScriptedConsumer:
 
     def __init__(self, *topics: str, **options: Any) -> None:
         self._polls = iter(type(self).polls)
+        self._next: dict[TopicPartition, int] = {}  # what ``position`` answers: after the last message handed out
 
     async def start(self) -> None:
         pass
@@ -102,7 +103,13 @@ class ScriptedConsumer:
         if poll is None:
             type(self).done.set()
             return {}
+        for tp, messages in poll.items():
+            if messages:
+                self._next[tp] = messages[-1].offset + 1
         return poll
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self._next.get(tp, 0)
 
     async def commit(self) -> None:
         pass
