@@ -104,15 +104,16 @@ def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:
 
 
 def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
-                 on_batch: Callable[[list[Item]], None] | None = None, stats: RunStats | None = None) -> RunStats:
+                 on_batch: Callable[[list[Item]], None] | None = None, stats: RunStats | None = None,
+                 audit_key: bytes | None = None) -> RunStats:
     """Run every item through the audit and write the records; returns what happened (``stats``, if given,
-    is the one kept up to date as it runs)."""
+    is the one kept up to date as it runs). ``audit_key`` signs the health records."""
     start = time.perf_counter()
     q: "queue.Queue[object]" = queue.Queue(maxsize=4)
     failure: list[BaseException] = []
     producer = threading.Thread(target=_batches, args=(items, q, failure), name="source", daemon=True)
     producer.start()
-    auditor = Auditor(settings, time.time_ns)
+    auditor = Auditor(settings, time.time_ns, audit_key)
     sink = ParquetSink(out_dir)
     stats = stats if stats is not None else RunStats()
     stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs

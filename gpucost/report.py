@@ -33,6 +33,18 @@ _BY_TEAM = """
 SELECT team, sum(cost_micro_usd) AS micro_usd, printf('%.2f', sum(cost_micro_usd) / 1e6) AS usd,
        printf('%.1f%%', 100.0 * sum(cost_micro_usd) / nullif(sum(sum(cost_micro_usd)) OVER (), 0)) AS share
 FROM cost GROUP BY team ORDER BY micro_usd DESC, team"""
+_GRADES = """
+SELECT grade, count(*) AS windows, count(*) FILTER (WHERE passed) AS passed,
+       printf('%.1f%%', 100.0 * count(*) / sum(count(*)) OVER ()) AS share
+FROM health GROUP BY grade ORDER BY array_position(['excellent', 'good', 'needs_optimisation', 'idle'], grade)"""
+#: each GPU's breaker state after its latest window, for those not in service
+_OUT_OF_SERVICE = """
+SELECT * FROM (
+  SELECT gpu_uuid, arg_max(node_id, window_start_ns) AS node_id, arg_max(breaker_state, window_start_ns) AS state,
+         epoch_ms(max(window_end_ns) // 1000000) AS as_of,
+         arg_max(array_to_string(fail_reasons, ','), window_start_ns) AS last_fail_reasons
+  FROM health GROUP BY gpu_uuid)
+WHERE state <> 'in_service' ORDER BY array_position(['removed', 'observation', 'probation'], state), gpu_uuid"""
 
 
 def summary(out_dir: Path, stats: RunStats) -> str:
@@ -47,6 +59,14 @@ def summary(out_dir: Path, stats: RunStats) -> str:
     res = con.execute(_BY_TEAM)
     parts.append("\nCost by team (idle = cost of time no tenant used):\n"
                  + format_table([d[0] for d in res.description], res.fetchall()))
+    res = con.execute(_GRADES)
+    graded = res.fetchall()
+    if graded:
+        parts.append("\nHealth audit windows by grade:\n" + format_table([d[0] for d in res.description], graded))
+        res = con.execute(_OUT_OF_SERVICE)
+        out = res.fetchall()
+        parts.append(f"\nGPUs not in service ({len(out)}; removed and probation leave service discovery):\n"
+                     + format_table([d[0] for d in res.description], out) if out else "\nEvery GPU is in service.")
     (unpriced,) = con.execute("SELECT count(DISTINCT (gpu_uuid, pane_start_ns)) FROM cost WHERE unpriced").fetchone()
     if unpriced:
         parts.append(f"\n{unpriced:,} GPU-panes had no price (model unpriced, no 'default'): billed 0 µ$")

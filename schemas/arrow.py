@@ -32,6 +32,8 @@ def _arrow_field(name: str, annotation: object) -> pa.Field:
         (annotation,) = args
     if get_origin(annotation) is Annotated:  # constraints (ge, lt, …) do not change the storage type
         annotation = get_args(annotation)[0]
+    if get_origin(annotation) is list and get_args(annotation)[0] in _SCALARS:
+        return pa.field(name, pa.list_(_SCALARS[get_args(annotation)[0]]), nullable=nullable)
     if annotation not in _SCALARS:
         raise TypeError(f"field {name}: no Arrow type declared for {annotation!r}")
     return pa.field(name, _SCALARS[annotation], nullable=nullable)

@@ -8,21 +8,22 @@ worker's JSON, the tests).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, Output, R, computed_from
+from gpucost.schemas.records import CostRecord, HealthRecord, IdleIndexRecord, Output, R, computed_from
 
 __all__ = ["ClosedPanes", "Outputs", "expand"]
 
 
 @dataclass(frozen=True)
 class ClosedPanes:
-    """Idle-index records (one per pane) and cost records (``cost_rows[j]`` of them for pane ``j``).
+    """Idle-index records (one per pane), cost records (``cost_rows[j]`` of them for pane ``j``) and the
+    health records whose windows the panes close (``health``: the pane ``j`` that closes each, ascending).
 
     ``prices`` are the cost records' ``usd_per_gpu_hour`` as the price events gave them:
     Arrow's decimal column holds the same values at six places, whose JSON would differ.
@@ -32,22 +33,29 @@ class ClosedPanes:
     cost: pa.Table
     prices: list[Decimal | None]
     cost_rows: np.ndarray
+    health: list[tuple[int, HealthRecord]] = field(default_factory=list)
 
     def slice(self, lo: int, hi: int) -> "ClosedPanes":
         """The records of panes ``lo`` to ``hi`` (in idle-index records)."""
         at = np.concatenate([[0], np.cumsum(self.cost_rows)]).tolist()
         return ClosedPanes(self.idle.slice(lo, hi - lo), self.cost.slice(at[lo], at[hi] - at[lo]),
-                           self.prices[at[lo]:at[hi]], self.cost_rows[lo:hi])
+                           self.prices[at[lo]:at[hi]], self.cost_rows[lo:hi],
+                           [(j - lo, record) for j, record in self.health if lo <= j < hi])
 
-    def records(self) -> list[IdleIndexRecord | CostRecord]:
-        """The records in the row path's order: each pane's idle index, then its cost records."""
+    def records(self) -> list[IdleIndexRecord | CostRecord | HealthRecord]:
+        """The records in the row path's order: each pane's idle index, its cost records, then the health
+        records of the windows it closes."""
         idle = _records(IdleIndexRecord, self.idle, {})
         cost = _records(CostRecord, self.cost, {"usd_per_gpu_hour": self.prices})
-        out: list[IdleIndexRecord | CostRecord] = []
+        health: dict[int, list[HealthRecord]] = {}
+        for j, record in self.health:
+            health.setdefault(j, []).append(record)
+        out: list[IdleIndexRecord | CostRecord | HealthRecord] = []
         at = 0
-        for record, n in zip(idle, self.cost_rows.tolist()):
+        for j, (record, n) in enumerate(zip(idle, self.cost_rows.tolist())):
             out.append(record)
             out += cost[at:at + n]
+            out += health.get(j, [])
             at += n
         return out
 
@@ -62,10 +70,9 @@ def _records(cls: type[R], table: pa.Table, given: dict[str, Sequence[Any]]) -> 
     return [computed_from(cls, dict(zip(names, values))) for values in zip(*columns)]
 
 
-def expand(outputs: Iterable[IdleIndexRecord | MaeRecord | CostRecord | DeadLetter | ClosedPanes]
-           ) -> list[IdleIndexRecord | MaeRecord | CostRecord | DeadLetter]:
+def expand(outputs: Iterable[Output | ClosedPanes]) -> list[Output]:
     """Outputs with every block replaced by its records, in place."""
-    out: list[IdleIndexRecord | MaeRecord | CostRecord | DeadLetter] = []
+    out: list[Output] = []
     for item in outputs:
         if isinstance(item, ClosedPanes):
             out += item.records()

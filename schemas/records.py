@@ -8,7 +8,8 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
+__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "GRADES", "FAIL_REASONS", "BREAKER_STATES",
+           "UNHASHED", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
            "record_id", "record_ids", "IDLE_TENANT", "computed", "computed_from"]
 
 IDLE_TENANT = "idle"
@@ -72,6 +73,41 @@ class CostRecord(_Record):
     revision: Int64
 
 
+class HealthRecord(_Record):
+    """One GPU's health audit window (METRICS.md, "Health audit"): its figures, grade, audit verdict and
+    breaker state after it, with a hash of all that and, with an audit key, the hash's signature."""
+
+    gpu_uuid: str
+    node_id: str
+    gpu_model: str
+    window_start_ns: Int64
+    window_end_ns: Int64
+    covered_ms: Int64
+    idle_ms: Int64
+    energy_uj: Int64
+    mean_power_w: float
+    effective_tops: float
+    kw_per_tops: float | None  # None: no busy time, nothing to grade on efficiency
+    sched_deviation: float
+    idle_index_72h: float
+    coverage: float
+    grade: str  # one of GRADES
+    entitlement: float
+    passed: bool
+    fail_reasons: list[str]  # of FAIL_REASONS, in that order
+    windows_skipped: Int64
+    breaker_state: str  # one of BREAKER_STATES
+    snapshot_sha256: str
+    signature: str | None
+
+
+GRADES = ("excellent", "good", "needs_optimisation", "idle")
+FAIL_REASONS = ("grade", "sched_deviation", "coverage")
+BREAKER_STATES = ("probation", "in_service", "observation", "removed")
+#: what the snapshot hash leaves out: itself, and the signature of it
+UNHASHED = ("snapshot_sha256", "signature")
+
+
 class DeadLetter(_Record):
     """An input the pipeline could not use: why, and the raw text to fix and replay it."""
 
@@ -89,11 +125,12 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "idle_index": IdleIndexRecord,
     "mae": MaeRecord,
     "cost": CostRecord,
+    "health": HealthRecord,
     "dlq": DeadLetter,
 }
 _KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
 #: one record the pipeline publishes
-Output = IdleIndexRecord | MaeRecord | CostRecord | DeadLetter
+Output = IdleIndexRecord | MaeRecord | CostRecord | HealthRecord | DeadLetter
 
 
 def kind_of(record: BaseModel) -> str:

@@ -23,7 +23,8 @@ from pydantic import BaseModel
 
 from gpucost.schemas.arrow import to_table
 from gpucost.schemas.blocks import ClosedPanes
-from gpucost.schemas.records import OUTPUT_KINDS, CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, kind_of
+from gpucost.schemas.records import (OUTPUT_KINDS, CostRecord, DeadLetter, HealthRecord, IdleIndexRecord, MaeRecord,
+                                     kind_of)
 
 __all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "fsync_dir", "partition_date",
            "remove_stale_temporaries"]
@@ -52,6 +53,8 @@ def partition_date(record: BaseModel) -> str:
         ts_ns: int | None = record.pane_start_ns
     elif isinstance(record, MaeRecord):
         ts_ns = record.first_ts_ns
+    elif isinstance(record, HealthRecord):
+        ts_ns = record.window_start_ns
     elif isinstance(record, DeadLetter):
         ts_ns = record.ts_ns
     else:
@@ -173,6 +176,8 @@ class ParquetSink:
                 keys.append(key)
         for key in keys:
             self._write_full(key)
+        for _, record in block.health:
+            self.write(record)
 
     def write_table(self, kind: str, date: str, table: pa.Table) -> None:
         """Rows of one partition as they are, in ``kind``'s schema (compaction's merged files)."""

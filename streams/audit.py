@@ -20,6 +20,7 @@ from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, Numa
 from gpucost.schemas.records import DeadLetter, Output
 from gpucost.streams.apportion import Weights, apportion, apportion_many
 from gpucost.streams.columnar import ingest_batch, ingest_lines
+from gpucost.streams.health import HealthAudit
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.mae import Mae
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
@@ -51,12 +52,15 @@ class Auditor:
     (the pure tests) there is no such check.
     """
 
-    def __init__(self, settings: AuditSettings, clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, settings: AuditSettings, clock: Callable[[], int] | None = None,
+                 audit_key: bytes | None = None) -> None:
         self.settings = settings
         self.clock = clock
+        self.audit_key = audit_key  # signs the health records (METRICS.md: HMAC of their hash); None: unsigned
         self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
         self.panes = GpuPanes(settings)
         self.idle = IdleIndex(settings)
+        self.health = HealthAudit(settings, audit_key)
         self.mae = Mae(settings)
         self.bindings = BindingTable()
         self.prices = PriceTable()
@@ -173,19 +177,21 @@ class Auditor:
         come. A GPU silent for longer than the idle window loses its window too (``IdleIndex.expire``).
         METRICS.md exempts this rule from cross-path equality: it depends on what shares the partition."""
         closed = self.panes.close_silent(watermark_ns, self.settings.idle_timeout_ns)
-        out = []
+        out: list[Output] = []
         if closed:
             self.counts["silent_closes"] += len(closed)
             out = self.close(closed)
+        out += self.health.close_silent(watermark_ns, self.settings.idle_timeout_ns)
         self.idle.expire(watermark_ns)
         return out
 
     def finish(self) -> list[Output]:
-        """End of a finite input: close every pane and every MAE window."""
-        return self.close(self.panes.close_all()) + list(self.mae.finish())
+        """End of a finite input: close every pane, every health window and every MAE window."""
+        return self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())
 
     def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]:
-        """The records of closed panes, at ``prices`` (one per pane) or else the prices in force now."""
+        """The records of closed panes, at ``prices`` (one per pane) or else the prices in force now: each
+        pane's idle index, its cost split, then the health records of the windows it closes."""
         out: list[Output] = []
         for i, pane in enumerate(panes):
             idle = self.idle.on_close(pane)
@@ -198,6 +204,7 @@ class Auditor:
             if price is None:
                 self.counts["unpriced_panes"] += 1
             out.extend(apportion(pane, price, self.weights))
+            out.extend(self.health.on_close(pane, idle.idle_ms_72h, idle.covered_ms_72h))
         return out
 
     def prices_now(self, gpu_models: np.ndarray, pane_starts_ns: np.ndarray) -> list[Decimal | None]:
@@ -221,7 +228,10 @@ class Auditor:
             self.counts["unpriced_panes"] += unpriced
         if not len(panes):
             return [None] * (len(bounds) - 1)
-        block = ClosedPanes(self.idle.close_many(panes), *apportion_many(panes, prices, self.weights))
+        idle = self.idle.close_many(panes)
+        health = self.health.close_many(panes, idle.column("idle_ms_72h").to_numpy(),
+                                        idle.column("covered_ms_72h").to_numpy())
+        block = ClosedPanes(idle, *apportion_many(panes, prices, self.weights), health=health)
         return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
 
     def successor(self) -> "Auditor":
@@ -229,8 +239,9 @@ class Auditor:
         watermark of each GPU stands at the end of the last pane closed, so that the same input sent
         again (a second ``produce`` of a file, signed messages copied back into the topic) is late and
         dead-lettered, never billed twice, while later panes open as usual."""
-        nxt = Auditor(self.settings, self.clock)
+        nxt = Auditor(self.settings, self.clock, self.audit_key)
         nxt.panes.resume_after(self.panes)
+        nxt.health.resume_after(self.health)
         return nxt
 
     def prune(self) -> None:
@@ -245,13 +256,15 @@ class Auditor:
         """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the
         idle windows, which a changelog writes apart, only when they changed)."""
         return {"panes": self.panes.to_state(), **({"idle": self.idle.to_state()} if idle else {}),
-                "mae": self.mae.to_state(), "bindings": self.bindings.to_state(),
+                "mae": self.mae.to_state(), "health": self.health.to_state(), "bindings": self.bindings.to_state(),
                 "prices": self.prices.to_state(), "counts": dict(self.counts)}
 
     @classmethod
-    def from_state(cls, settings: AuditSettings, state: dict[str, Any],
-                   clock: Callable[[], int] | None = None) -> "Auditor":
-        auditor = cls(settings, clock)
+    def from_state(cls, settings: AuditSettings, state: dict[str, Any], clock: Callable[[], int] | None = None,
+                   audit_key: bytes | None = None) -> "Auditor":
+        auditor = cls(settings, clock, audit_key)
+        if "health" in state:  # a state written before the health audit starts its GPUs afresh
+            auditor.health = HealthAudit.from_state(state["health"], settings, audit_key)
         auditor.panes = GpuPanes.from_state(state["panes"], settings)
         auditor.idle = IdleIndex.from_state(state["idle"], settings)
         auditor.mae = Mae.from_state(state["mae"], settings)

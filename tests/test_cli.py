@@ -44,9 +44,15 @@ def test_run_audits_a_simulated_fleet_and_says_so(capsys: pytest.CaptureFixture[
     con = connect(tmp_path / "o")
     (total,) = con.execute("SELECT sum(pane_cost_micro_usd) FROM (SELECT DISTINCT gpu_uuid, pane_start_ns, "
                            "pane_cost_micro_usd FROM cost)").fetchone()
-    listed = sum(int(line.split()[1]) for line in out.split("Cost by team")[1].splitlines()[3:] if line.strip()
-                 and line.split()[1].isdigit())
+    table = out.split("Cost by team")[1].split("\n\n")[0]  # up to the next section
+    listed = sum(int(line.split()[1]) for line in table.splitlines()[3:] if line.strip() and line.split()[1].isdigit())
     assert listed == total > 0
+    # the grade table's windows add up to the health records, and every GPU not in service is listed
+    grades = out.split("Health audit windows by grade:")[1].split("\n\n")[0].splitlines()[3:]
+    assert sum(int(line.split()[1]) for line in grades) == con.execute("SELECT count(*) FROM health").fetchone()[0] > 0
+    out_of_service = {g for (g,) in con.execute("SELECT gpu_uuid FROM health GROUP BY gpu_uuid "
+                                                "HAVING arg_max(breaker_state, window_start_ns) <> 'in_service'").fetchall()}
+    assert out_of_service == {g for g in out.split("not in service")[1].split() if g.startswith("GPU-")}
 
 
 def test_missing_input_is_one_clear_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

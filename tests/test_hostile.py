@@ -24,7 +24,7 @@ from gpucost.kafka import state as state_module
 from gpucost.kafka.publish import split_batch
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer, parse_keys
-from gpucost.kafka.sink import _record
+from gpucost.kafka.sink import output_record
 from gpucost.kafka.state import restored
 from gpucost.kafka.worker import Worker, _Owned
 from gpucost.report import format_table
@@ -161,7 +161,7 @@ def test_the_sink_refuses_a_record_it_cannot_store(micro_usd: int) -> None:
                         b'"busy_fraction":0,"usd_per_gpu_hour":null,"pane_cost_micro_usd":0,"cost_micro_usd":0,'
                         b'"unpriced":true,"revision":0}')
     record["cost_micro_usd"] = micro_usd
-    got = _record("cost", json.dumps(record).encode(), "t.cost[0]@0")
+    got = output_record("cost", json.dumps(record).encode(), "t.cost[0]@0")
     fits = -(1 << 63) <= micro_usd < 1 << 63
     assert isinstance(got, CostRecord) == fits
     assert fits or (isinstance(got, DeadLetter) and got.reason == "bad_output")

@@ -33,7 +33,7 @@ from gpucost.sinks.compact import CompactError, compact, part_files, partition_f
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries
 
-__all__ = ["DEDUPE_KEYS", "JOURNAL", "SinkStats", "written_keys", "run_kafka_sink"]
+__all__ = ["DEDUPE_KEYS", "JOURNAL", "SinkStats", "written_keys", "output_record", "output_refusal", "run_kafka_sink"]
 
 log = logging.getLogger("gpucost.sink")
 
@@ -42,6 +42,7 @@ DEDUPE_KEYS: dict[str, tuple[str, ...]] = {
     "cost": ("record_id",),
     "idle_index": ("gpu_uuid", "pane_start_ns"),
     "mae": ("node_id", "pid", "first_ts_ns"),
+    "health": ("gpu_uuid", "window_start_ns"),
     "dlq": ("source", "reason"),
 }
 
@@ -97,7 +98,7 @@ def _part(tp: TopicPartition) -> str:
     return f"{tp.topic}:{tp.partition}"
 
 
-def _record(kind: str, value: bytes, source: str, refused: Verdict | None = None) -> BaseModel:
+def output_record(kind: str, value: bytes, source: str, refused: Verdict | None = None) -> BaseModel:
     """The record a message of ``kind``'s topic holds, or the dead letter saying why it is not one:
     ``refused`` (its signature did not verify), or ``bad_output`` (not a record of its kind)."""
     raw = value.decode("utf-8", "backslashreplace")
@@ -111,7 +112,7 @@ def _record(kind: str, value: bytes, source: str, refused: Verdict | None = None
                           kind=kind, source=source, raw=raw, ts_ns=None, gpu_uuid=None)
 
 
-def _refused(keyring: Keyring | None, message: Any) -> Verdict | None:
+def output_refusal(keyring: Keyring | None, message: Any) -> Verdict | None:
     """Why a message of an output topic is not the worker's (None: it is, or nothing is verified)."""
     if keyring is None:
         return None
@@ -235,8 +236,8 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
                     dirty = True
                     source = f"{tp.topic}[{tp.partition}]@{m.offset}"
                     kind = kind_of_topic[tp.topic]
-                    refused = _refused(keyring, m)
-                    rec = _record(kind, m.value or b"", source, refused)
+                    refused = output_refusal(keyring, m)
+                    rec = output_record(kind, m.value or b"", source, refused)
                     if refused is not None:
                         stats.unverified += 1
                         kind = "dlq"

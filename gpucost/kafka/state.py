@@ -121,8 +121,9 @@ class Restored:
     next_offset: int | None
 
 
-def restored(audit: AuditSettings, latest: dict[bytes, bytes | None]) -> Restored:
-    """Every key's state, from the latest value of each state record (a compacted state topic's view)."""
+def restored(audit: AuditSettings, latest: dict[bytes, bytes | None], audit_key: bytes | None = None) -> Restored:
+    """Every key's state, from the latest value of each state record (a compacted state topic's view);
+    ``audit_key`` signs the health records of the auditors restored."""
     latest = _joined(latest)
     progress = latest.pop(PROGRESS_KEY, None)
     if progress is not None:
@@ -141,7 +142,7 @@ def restored(audit: AuditSettings, latest: dict[bytes, bytes | None]) -> Restore
             # version 0 maps GPUs to their windows, which are lists (a GPU may be called "v")
             versioned = "v" in windows and isinstance(windows.get("idle"), dict)
             st["audit"]["idle"] = _read_version(IDLE_PREFIX + key.encode(), windows)["idle"] if versioned else windows
-    return Restored({k: Auditor.from_state(audit, st["audit"], time.time_ns) for k, st in states.items()},
+    return Restored({k: Auditor.from_state(audit, st["audit"], time.time_ns, audit_key) for k, st in states.items()},
                     {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()},
                     {k: st["owner"] for k, st in states.items() if st.get("owner") is not None},
                     progress)

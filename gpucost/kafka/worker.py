@@ -99,8 +99,10 @@ def _message_problem(key: bytes | None, headers: dict[str, bytes]) -> str | None
 
 class Worker(ConsumerRebalanceListener):
     def __init__(self, kafka: KafkaSettings, audit: AuditSettings, group: str, session_timeout_s: float = 30.0,
-                 max_batch: int = 200, keyring: Keyring | None = None, output_signer: Signer | None = None) -> None:
+                 max_batch: int = 200, keyring: Keyring | None = None, output_signer: Signer | None = None,
+                 audit_key: bytes | None = None) -> None:
         self.kafka, self.audit, self.group = kafka, audit, group
+        self.audit_key = audit_key  # signs the health records' snapshot hashes
         self.keyring = keyring  # when set, only messages signed by one of its keys are applied
         #: when set, every published record is signed with it, for sinks and billing consumers to verify
         self.output_signer = output_signer
@@ -206,7 +208,7 @@ class Worker(ConsumerRebalanceListener):
                         latest[m.key] = m.value
         finally:
             await reader.stop()
-        return restored(self.audit, latest)
+        return restored(self.audit, latest, self.audit_key)
 
     # --- processing ----------------------------------------------------------------------
     def _apply(self, owned: _Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
@@ -279,7 +281,7 @@ class Worker(ConsumerRebalanceListener):
             owned.heard[key] = self.monotonic()
             auditor = owned.auditors.get(key)
             if auditor is None:
-                auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns)
+                auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns, self.audit_key)
             if signer is None:
                 scope = Scope(key)
             else:

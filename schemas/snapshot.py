@@ -1,0 +1,65 @@
+"""The health record's seal: a SHA-256 of its figures as canonical JSON, and an HMAC of that hash.
+
+Why here, apart from the operator: the operator seals each record as it publishes it, and
+``gpucost health verify`` checks a snapshot file with the very same functions, so the two can
+never hash differently. The canonical form is METRICS.md's: Python's ``json.dumps`` with sorted
+keys, no spaces and ``ensure_ascii=False``, floats as Python writes them, UTF-8.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gpucost.schemas.records import UNHASHED
+
+__all__ = ["canonical_json", "snapshot_sha256", "signature_of", "sealed", "seal_problems"]
+
+
+def canonical_json(fields: Mapping[str, Any]) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def snapshot_sha256(fields: Mapping[str, Any]) -> str:
+    """The hash of every field but the seal's own (``UNHASHED``)."""
+    return hashlib.sha256(canonical_json({k: v for k, v in fields.items() if k not in UNHASHED})).hexdigest()
+
+
+def signature_of(digest: str, secret: bytes) -> str:
+    """HMAC-SHA256 of the hash's ASCII text with the audit key."""
+    return hmac.new(secret, digest.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def sealed(fields: dict[str, Any], secret: bytes | None) -> dict[str, Any]:
+    """``fields`` with ``snapshot_sha256`` and ``signature`` (None without a key) added, last."""
+    digest = snapshot_sha256(fields)
+    fields["snapshot_sha256"] = digest
+    fields["signature"] = None if secret is None else signature_of(digest, secret)
+    return fields
+
+
+def seal_problems(fields: Mapping[str, Any], secrets: Mapping[str, bytes] | None) -> tuple[list[str], str | None]:
+    """What is wrong with a record's seal (nothing: it holds), and the id of the key that signed it.
+
+    ``secrets`` (key id → secret) None checks the hash only; given, the signature must be one of
+    theirs. Each problem says what to do about it."""
+    problems: list[str] = []
+    digest = snapshot_sha256(fields)
+    if fields.get("snapshot_sha256") != digest:
+        problems.append(f"snapshot_sha256 is {fields.get('snapshot_sha256')!r} but the figures hash to {digest!r}: "
+                        "a figure was changed after the record was published")
+    if secrets is None:
+        return problems, None
+    signature = fields.get("signature")
+    if not isinstance(signature, str):
+        problems.append("the record is unsigned: the worker that published it had no audit key")
+        return problems, None
+    claimed = fields.get("snapshot_sha256")
+    for key_id, secret in secrets.items():
+        if isinstance(claimed, str) and claimed.isascii() and hmac.compare_digest(signature,
+                                                                                 signature_of(claimed, secret)):
+            return problems, key_id
+    problems.append("the signature matches none of the keys given: it was signed with another key, or altered")
+    return problems, None
