@@ -10,7 +10,8 @@ from pathlib import Path
 
 from aiokafka.errors import KafkaConnectionError
 
-from gpucost.commands import cmd_compact, cmd_prices, cmd_query, cmd_replay, cmd_run, cmd_simulate, cmd_views
+from gpucost.commands import (cmd_compact, cmd_discovery, cmd_health, cmd_prices, cmd_query, cmd_replay, cmd_run,
+                              cmd_simulate, cmd_views)
 from gpucost.config import FLAG_FIELDS, ConfigError
 from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
 from gpucost.kafka.settings import KafkaSettings
@@ -48,6 +49,9 @@ def _add_settings(p: argparse.ArgumentParser, writes_out: bool = True) -> None:
                    help="TOML file of audit settings (env GPUCOST_CONFIG)")
     if writes_out:
         p.add_argument("--overwrite", action="store_true", help="replace output already in --out")
+    _env_flag(p, "--audit-key-file", "GPUCOST_AUDIT_KEY_FILE", Path, None,
+              "sign every health record's snapshot hash with the one key in this file, '<key_id> <secret hex>' "
+              "(unset: health records unsigned)")
     g = p.add_argument_group("audit settings (each also env GPUCOST_<NAME>, e.g. GPUCOST_PANE_S)")
     for name in FLAG_FIELDS:
         info = AuditSettings.model_fields[name]
@@ -203,6 +207,42 @@ def _parser() -> argparse.ArgumentParser:
     _add_metrics(sink)
     _add_kafka(sink)
 
+    disc = sub.add_parser("discovery", help="the nodes in service as a Prometheus file_sd file, from the health "
+                                            "records (removed or probation GPUs take their node out)")
+    _env_flag(disc, "--file-sd", "GPUCOST_FILE_SD", Path, None, "the file_sd JSON file to keep (replaced atomically)")
+    disc.add_argument("--out", type=Path, default=_env("GPUCOST_DISCOVERY_OUT", None),
+                      help="read the health view of this output directory once (env GPUCOST_DISCOVERY_OUT; unset: "
+                           "follow the Kafka health topic, and publish each node's entry to the discovery topic)")
+    _env_flag(disc, "--target-port", "GPUCOST_DISCOVERY_PORT", int, None,
+              "each target is node:PORT, the exporter Prometheus should scrape (unset: the node name alone)")
+    disc.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
+                      help="a label for every target group (repeatable)")
+    _env_flag(disc, "--verify-keys", "GPUCOST_DISCOVERY_VERIFY_KEYS", Path, None,
+              "apply only health records signed by a key in this keyring file (the workers' output keys)")
+    _add_kafka(disc)
+
+    health = sub.add_parser("health", help="health snapshots for admission: write a GPU's latest, or verify one")
+    hsub = health.add_subparsers(dest="health_command", required=True)
+    snap = hsub.add_parser("snapshot", help="write a GPU's latest health record, with its device, as a JSON file")
+    snap.add_argument("--gpu", required=True, help="the GPU's UUID")
+    _add_out(snap, "output directory holding the health records")
+    snap.add_argument("--file", type=Path, default=Path("health-snapshot.json"),
+                      help="the snapshot file to write (default ./health-snapshot.json)")
+    ver = hsub.add_parser("verify", help="check a snapshot's hash, device and (with --key-file) signature; exit 1 if "
+                                         "it fails, saying why")
+    ver.add_argument("file", type=Path, help="a snapshot, or an OTLP JSON export (then: does it cover --admission-h?)")
+    _env_flag(ver, "--key-file", "GPUCOST_AUDIT_KEY_FILE", Path, None,
+              "the audit key(s) the signature must be one of, '<key_id> <secret hex>' per line (unset: hash only)")
+    _env_flag(ver, "--admission-h", "GPUCOST_ADMISSION_H", int, "48",
+              "hours an OTLP export must cover without a gap, up to each GPU's latest window")
+    otlp = hsub.add_parser("export-otlp", help="the health figures as OpenTelemetry metrics (OTLP/HTTP protobuf), "
+                                                "each point at its window's event time")
+    _add_out(otlp, "output directory holding the health records")
+    _env_flag(otlp, "--endpoint", "GPUCOST_OTLP_ENDPOINT", str, None,
+              "the receiver's OTLP/HTTP metrics URL, e.g. http://collector:4318/v1/metrics")
+    otlp.add_argument("--json", type=Path, help="also write the request as OTLP JSON to this file")
+    otlp.add_argument("--gpu", help="one GPU's windows only")
+
     squash = sub.add_parser("compact", help="merge the small Parquet files of an output directory, atomically")
     _add_out(squash, "output directory")
     squash.add_argument("--min-files", type=int, default=2,
@@ -212,7 +252,8 @@ def _parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "query": cmd_query,
             "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
-            "sink": cmd_sink, "compact": cmd_compact, "prices": cmd_prices}
+            "sink": cmd_sink, "compact": cmd_compact, "prices": cmd_prices, "health": cmd_health,
+            "discovery": cmd_discovery}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

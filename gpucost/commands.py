@@ -17,8 +17,12 @@ import duckdb
 import pyarrow.parquet as pq
 
 from gpucost.config import ConfigError
+from gpucost.discovery import from_output, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
-from gpucost.kafka.signing import Signer
+from gpucost.health import read_json, snapshot_of, snapshot_problems
+from gpucost.kafka.commands import follow_discovery
+from gpucost.kafka.signing import Signer, parse_keys
+from gpucost.otlp import admission_coverage, coverage_report, export_request, post, read_requests, to_json
 from gpucost.producers.live import LIVE_SOURCES, open_nvml
 from gpucost.producers.nvml import NvmlUnavailable
 from gpucost.producers.replay import read_batches, read_inputs
@@ -27,14 +31,15 @@ from gpucost.report import format_table, summary
 from gpucost.schemas.arrow import events_table
 from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.events import Price
-from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.schemas.records import OUTPUT_KINDS, HealthRecord
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.views import query, read_only_problem, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
-from gpucost.wiring import (Signals, UsageError, audit_settings, event_files, fleet_spec, interrupt, invoked_as,
-                            live_source, load_keys, metrics_served, output_dir, say_source_counts)
+from gpucost.wiring import (Signals, UsageError, audit_key, audit_settings, event_files, fleet_spec, interrupt,
+                            invoked_as, live_source, load_keys, metrics_served, output_dir, say_source_counts)
 
-__all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_views", "cmd_prices", "cmd_compact"]
+__all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_health", "cmd_discovery", "cmd_views", "cmd_prices",
+           "cmd_compact"]
 
 SIM_LINES_PER_FILE = 1_000_000
 
@@ -55,7 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats = RunStats(source=live.counts if live is not None else Counter())
     with Signals(live, interrupt).installed(), output_dir(args.out, args.overwrite, "gpucost run"), \
             _progress("run", unit=" events") as bar, metrics_served(args.metrics_address, stats.metrics, stats.health):
-        run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats)
+        run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats,
+                     audit_key=audit_key(args))
     say_source_counts(live)
     return _finish(args.out, stats)
 
@@ -86,14 +92,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     files = event_files(args.input)
     total = sum(f.stat().st_size for f in files)
     with output_dir(args.out, args.overwrite, "gpucost replay"), _progress("replay", total=total, unit="B") as bar:
-        stats = run_embedded(read_batches(files), settings, args.out,
+        stats = run_embedded(read_batches(files), settings, args.out, audit_key=audit_key(args),
                              on_batch=lambda b: bar.update(sum(item.nbytes for item in b)))  # type: ignore[union-attr]
     return _finish(args.out, stats)
 
 
 def _finish(out: Path, stats: RunStats) -> int:
     print(summary(out, stats))
-    print(f"\noutput: {out}/{{idle_index,mae,cost,dlq}}/date=YYYY-MM-DD/*.parquet; "
+    print(f"\noutput: {out}/{{idle_index,mae,cost,health,dlq}}/date=YYYY-MM-DD/*.parquet; "
           f"try: {invoked_as()} query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
     return 0
 
@@ -161,6 +167,100 @@ def _written(out: Path) -> None:
     """``out`` is an output directory to read, or a usage error saying how to make one."""
     if not out.is_dir():
         raise UsageError(f"output directory {out} does not exist; run `gpucost run` or `gpucost replay` first")
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """``health snapshot``: a GPU's latest record to a file; ``health verify``: check one (exit 1 if it fails)."""
+    if args.health_command == "snapshot":
+        _written(args.out)
+        doc = snapshot_of(args.out, args.gpu)
+        if doc is None:
+            raise UsageError(f"no health record of GPU {args.gpu!r} under {args.out}; list them with: "
+                             f"{invoked_as()} query --out {args.out} \"SELECT DISTINCT gpu_uuid FROM health\"")
+        args.file.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+        record = doc["record"]
+        print(f"{args.file}: GPU {args.gpu}, window ending {record['window_end_ns']}, grade {record['grade']}, "
+              f"breaker {record['breaker_state']}, {'signed' if record['signature'] else 'unsigned'}")
+        return 0
+    if args.health_command == "export-otlp":
+        return _export_otlp(args)
+    if _is_otlp(args.file):
+        try:
+            ok, lines = coverage_report(admission_coverage(read_requests(args.file)), args.admission_h)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"{args.file}: OTLP export, {'covers' if ok else 'does NOT cover'} {args.admission_h} h for every GPU",
+              *(f"- {line}" for line in lines or ["no gpucost.health.coverage points at all"]), sep="\n")
+        return 0 if ok else 1
+    secrets = None
+    if args.key_file is not None:
+        secrets = {k.key_id: k.secret for k in load_keys(lambda p: parse_keys(p.read_text(), str(p)),
+                                                         args.key_file).values()}
+    try:
+        doc = read_json(args.file)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    problems, signer = snapshot_problems(doc, secrets)
+    if problems:
+        print(f"{args.file}: FAILS verification", *(f"- {p}" for p in problems), sep="\n")
+        return 1
+    how = f"hash and signature (key {signer!r})" if signer else "hash only; pass --key-file to check the signature"
+    print(f"{args.file}: verified, {how}. GPU {doc['device']['gpu_uuid']} on {doc['device']['node_id']}, "
+          f"grade {doc['record']['grade']}, breaker {doc['record']['breaker_state']}")
+    return 0
+
+
+def _is_otlp(path: Path) -> bool:
+    """Whether a file to verify is an OTLP JSON export rather than a snapshot (its first bytes say)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    return b'"resourceMetrics"' in head or b'"resource_metrics"' in head
+
+
+def _export_otlp(args: argparse.Namespace) -> int:
+    """The health records under ``--out`` as OTLP metrics: POSTed to ``--endpoint``, and/or as JSON to ``--json``."""
+    _written(args.out)
+    if args.endpoint is None and args.json is None:
+        raise UsageError("say where to: --endpoint http://HOST:4318/v1/metrics (env GPUCOST_OTLP_ENDPOINT), "
+                         "--json FILE, or both")
+    where = "" if args.gpu is None else f" WHERE gpu_uuid = '{args.gpu.replace(chr(39), chr(39) * 2)}'"
+    columns, rows = query(args.out, f"SELECT * EXCLUDE (date) FROM health{where} ORDER BY gpu_uuid, window_start_ns")
+    request = export_request(HealthRecord.model_validate(dict(zip(columns, row))) for row in rows)
+    if args.json is not None:
+        args.json.write_text(json.dumps(to_json(request)) + "\n")
+    if args.endpoint is not None:
+        try:
+            post(args.endpoint, request)
+        except RuntimeError as exc:
+            raise UsageError(str(exc)) from None
+    print(f"{len(rows):,} health window(s) exported as OTLP metrics"
+          + (f" to {args.endpoint}" if args.endpoint else "") + (f", JSON in {args.json}" if args.json else ""))
+    return 0
+
+
+def cmd_discovery(args: argparse.Namespace) -> int:
+    """The nodes in service as a Prometheus file_sd file: once from ``--out``, or following the health topic."""
+    if args.file_sd is None:
+        raise UsageError("say where to write the file_sd JSON: --file-sd FILE (or GPUCOST_FILE_SD)")
+    if bad := [label for label in args.label if "=" not in label]:
+        raise UsageError(f"--label takes NAME=VALUE, got {bad[0]!r}")
+    labels = dict(label.split("=", 1) for label in args.label)
+    if args.out is None:
+        return follow_discovery(args, labels)
+    _written(args.out)
+    sd = from_output(args.out)
+    try:
+        groups = sd.file_sd(args.target_port, labels)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    write_file_sd(args.file_sd, groups)
+    out = sorted(set(sd.nodes()) - set(sd.in_service()))
+    print(f"{args.file_sd}: {len(groups)} node(s) in service of {len(sd.nodes())}"
+          + (f"; out: {', '.join(out)}" if out else ""))
+    return 0
 
 
 def cmd_views(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from gpucost.config import FLAG_FIELDS, KAFKA_ENV_PREFIX, ConfigError, environment, load_settings
 from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.signing import Signer
 from gpucost.metrics import Health, MetricsServer
 from gpucost.producers.live import LiveSettings, LiveSource, SourceUnavailable, open_live
 from gpucost.producers.nvml import NvmlSampler
@@ -52,6 +53,12 @@ def output_dir(out: Path, overwrite: bool, holder: str) -> Iterator[None]:
         for path in existing:
             shutil.rmtree(path)
         yield
+
+
+def audit_key(args: argparse.Namespace) -> bytes | None:
+    """The secret of ``--audit-key-file`` (the key-file format of message signing), or None."""
+    path = getattr(args, "audit_key_file", None)
+    return None if path is None else load_keys(Signer.from_file, path).key.secret
 
 
 def audit_settings(args: argparse.Namespace) -> AuditSettings:

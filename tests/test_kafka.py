@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -15,16 +16,19 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from gpucost.discovery import from_output
 from gpucost.sinks.views import connect, query
 from tests.conftest import ROOT
 from tests.test_metrics import scrape
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
-VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns")]
+VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns"),
+         ("health", "gpu_uuid, window_start_ns")]
 
 
 class Deployment:
@@ -149,6 +153,14 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     wait_for("the sink to hold every record", lambda: all(d.rows(v) >= n for v, n in counts.items()), 240, d.tmp)
     # what the worker and the sink say they did, scraped as Prometheus would, is what the Parquet holds
     worker, sink = (scrape(metrics_port(d.tmp / f"{name}.log")) for name in ("worker", "sink"))
+    # service discovery from the health topic: the file and the node entries the embedded records give
+    sd_file = d.tmp / "gpus.json"
+    d.spawn("discovery", "discovery", "--file-sd", str(sd_file), "--target-port", "9400", "--label", "job=gpu")
+    expected = from_output(embedded)
+    wait_for("the discovery file", sd_file.exists, 60, d.tmp)
+    assert json.loads(sd_file.read_text()) == expected.file_sd(9400, {"job": "gpu"}), "the first file written"
+    entries = topic_values(d, "discovery")
+    assert {n: e["in_service"] for n, e in entries.items()} == {n: n in expected.in_service() for n in expected.nodes()}
     d.stop()
     assert_same_parquet(d.out, embedded, dead_letters=1)
     assert worker[("gpucost_worker_records_total", (("kind", "cost"),))] == counts["cost"]
@@ -159,6 +171,26 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     totals, records, _ = billing_totals(d)
     assert totals == embedded_team_totals(embedded)
     assert records == embedded_counts(embedded)["cost"]
+
+
+def topic_values(d: Deployment, kind: str) -> dict[str, Any]:
+    """The latest JSON value of each key of a topic, read from its start to its end."""
+    async def read() -> dict[str, Any]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=d.bootstrap, isolation_level="read_committed",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(f"{d.prefix}{kind}", p) for p in range(4)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends, out = await consumer.end_offsets(tps), {}
+            while any([await consumer.position(tp) < ends[tp] for tp in tps]):
+                for messages in (await consumer.getmany(timeout_ms=500)).values():
+                    out.update({m.key.decode(): json.loads(m.value) for m in messages})
+            return out
+        finally:
+            await consumer.stop()
+    return asyncio.run(read())
 
 
 def metrics_port(log: Path) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiokafka.errors import KafkaConnectionError
 
+from gpucost.discovery import run_kafka_discovery
 from gpucost.kafka.signing import Keyring, Signer
 from gpucost.producers.live import LiveSource
 from gpucost.producers.replay import read_inputs
@@ -20,10 +21,11 @@ from gpucost.report import format_table
 from gpucost.schemas.codec import Rejected, decode_line, raw_text
 from gpucost.schemas.events import Event
 from gpucost.schemas.records import OUTPUT_KINDS
-from gpucost.wiring import (UsageError, audit_settings, event_files, fleet_spec, kafka_settings, live_source, load_keys,
-                            metrics_served, say_source_counts, stop_on_signals)
+from gpucost.streams.discovery import ServiceDiscovery
+from gpucost.wiring import (UsageError, audit_key, audit_settings, event_files, fleet_spec, kafka_settings, live_source,
+                            load_keys, metrics_served, say_source_counts, stop_on_signals)
 
-__all__ = ["cmd_topics", "cmd_produce", "cmd_worker", "cmd_sink", "replay_events"]
+__all__ = ["cmd_topics", "cmd_produce", "cmd_worker", "cmd_sink", "follow_discovery", "replay_events"]
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -123,7 +125,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         await create_topics(kafka)
         stop = stop_on_signals()
         worker = Worker(kafka, settings, args.group, args.session_timeout_s, max_batch=args.max_batch, keyring=keyring,
-                        output_signer=signer)
+                        output_signer=signer, audit_key=audit_key(args))
         with metrics_served(args.metrics_address, worker.metrics, worker.health):
             await worker.run(stop)
         print(f"worker stopped after {worker.processed:,} input messages", file=sys.stderr)
@@ -155,4 +157,20 @@ def cmd_sink(args: argparse.Namespace) -> int:
               file=sys.stderr)
 
     asyncio.run(main())
+    return 0
+
+
+def follow_discovery(args: argparse.Namespace, labels: dict[str, str]) -> int:
+    """``gpucost discovery`` without ``--out``: follow the health topic until SIGINT/SIGTERM."""
+    kafka = kafka_settings(args)
+    keyring = load_keys(Keyring, args.verify_keys) if args.verify_keys else None
+    try:
+        ServiceDiscovery().file_sd(args.target_port, labels)  # refuses a label Prometheus would
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+    async def follow() -> None:
+        stop = stop_on_signals()
+        await run_kafka_discovery(kafka, args.file_sd, args.target_port, labels, stop, keyring)
+    asyncio.run(follow())
     return 0

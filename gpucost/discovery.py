@@ -1,0 +1,111 @@
+"""``gpucost discovery``: the nodes in service as a Prometheus ``file_sd`` file, kept up to date.
+
+From an output directory (the ``health`` view, once) or from the ``health`` topic (as it
+grows): each GPU's latest breaker state decides its node (``gpucost.streams.discovery``). The
+file is replaced atomically (written beside it, fsynced, renamed), so Prometheus never reads
+half of one. From Kafka, each node whose entry changes is also published, keyed by node, to the
+compacted ``discovery`` topic, and the file is first written only once the consumer has read
+the topic up to where it stood at start: a half-read topic would list nodes that are out.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.signing import Keyring
+from gpucost.kafka.sink import output_record, output_refusal
+from gpucost.schemas.records import DeadLetter, HealthRecord
+from gpucost.sinks.parquet import fsync_dir
+from gpucost.sinks.views import query
+from gpucost.streams.discovery import ServiceDiscovery
+
+__all__ = ["write_file_sd", "from_output", "run_kafka_discovery"]
+
+log = logging.getLogger("gpucost.discovery")
+
+
+def write_file_sd(path: Path, groups: list[dict[str, Any]]) -> None:
+    """``groups`` as the file Prometheus reads, replacing it atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(groups, fh, indent=2)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def from_output(out_dir: Path) -> ServiceDiscovery:
+    """Service discovery as of every GPU's latest ``health`` record under ``out_dir``."""
+    columns, rows = query(out_dir, "SELECT * FROM health QUALIFY row_number() OVER "
+                                   "(PARTITION BY gpu_uuid ORDER BY window_start_ns DESC) = 1", confined=False)
+    sd = ServiceDiscovery()
+    for row in rows:
+        values = dict(zip(columns, row))
+        values.pop("date", None)
+        sd.update(HealthRecord.model_validate(values))
+    return sd
+
+
+async def run_kafka_discovery(kafka: KafkaSettings, file_sd: Path, port: int | None, labels: dict[str, str],
+                              stop: asyncio.Event, keyring: Keyring | None = None,
+                              counts: dict[str, int] | None = None) -> ServiceDiscovery:
+    """Follow the ``health`` topic from its start until ``stop``; keep ``file_sd`` and the ``discovery``
+    topic up to date. A message that is not a health record the workers signed (with ``keyring``) is
+    counted under ``counts['refused']`` and logged with its reason, never applied."""
+    counts = counts if counts is not None else {}
+    counts.setdefault("records", 0)
+    counts.setdefault("refused", 0)
+    counts.setdefault("writes", 0)
+    sd = ServiceDiscovery()
+    topic = kafka.topic("health")
+    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, isolation_level="read_committed")
+    producer = AIOKafkaProducer(**kafka.producer_options(), enable_idempotence=True)
+    await consumer.start()
+    await producer.start()
+    try:
+        if topic not in await consumer.topics():  # also fetches the cluster's metadata
+            raise RuntimeError(f"topic {topic} does not exist; create the topics first (gpucost topics create)")
+        parts = [TopicPartition(topic, p) for p in sorted(await producer.partitions_for(topic))]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        caught_up, written = not any(ends.values()), None
+        changed: set[str] = set()
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=500)
+            for tp, messages in batches.items():
+                for m in messages:
+                    record = output_record("health", m.value or b"", f"{tp.topic}[{tp.partition}]@{m.offset}",
+                                           output_refusal(keyring, m))
+                    if isinstance(record, DeadLetter):
+                        counts["refused"] += 1
+                        log.warning("%s: %s (%s); not applied", record.source, record.reason, record.detail)
+                        continue
+                    counts["records"] += 1
+                    changed |= sd.update(record)  # type: ignore[arg-type]
+            if not caught_up:
+                caught_up = all([await consumer.position(tp) >= ends[tp] for tp in parts])
+            if changed and caught_up:
+                for node in sorted(changed):
+                    await producer.send_and_wait(kafka.topic("discovery"), json.dumps(sd.entry(node)).encode(),
+                                                 key=node.encode())
+                changed.clear()
+            groups = sd.file_sd(port, labels)
+            if caught_up and groups != written:
+                write_file_sd(file_sd, groups)
+                written = groups
+                counts["writes"] += 1
+                log.info("%s: %d node(s) in service of %d", file_sd, len(groups), len(sd.nodes()))
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    return sd
