@@ -57,6 +57,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
         ahead[gpu] = [t for t in ahead[gpu] if t > max_ts[gpu]]
 
     samples: dict[tuple, list[int]] = defaultdict(list)  # accepted sample times by (GPU, kind, pid, pane)
+    stored: dict[tuple[str, int], dict[int, tuple]] = defaultdict(dict)  # each process's bindings taken, by ts_ns
     out: list[str | None] = []
     for ev in events:
         key: tuple | None = None
@@ -78,6 +79,13 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
                 advance(ev.gpu_uuid, ev.ts_ns)
         elif isinstance(ev, TenantBinding):
             key = ("b", ev.node_id, ev.pid, ev.ts_ns)
+            held = stored[(ev.node_id, ev.pid)]
+            tenant = (ev.team, ev.env, ev.app, ev.tier, ev.sla, ev.git_commit, ev.ci_pipeline_id)
+            if held and ev.ts_ns > max(held) and held[max(held)] == tenant:
+                out.append(None)  # repeats, later, the tenant in force: changes nothing, refused for nothing
+                continue
+            if key not in taken:
+                held[ev.ts_ns] = tenant
         elif isinstance(ev, Price):
             key = ("p", ev.gpu_model, ev.ts_ns)
         if verdict is None and key in taken:
