@@ -14,7 +14,7 @@ from gpucost.streams.settings import AuditSettings
 __all__ = ["AUDIT_ENV_PREFIX", "ConfigError", "FLAG_FIELDS", "KAFKA_ENV_PREFIX", "environment", "load_settings"]
 
 #: settings that have a command-line flag (``--pane-s`` for ``pane_s``); the tables are file-only
-FLAG_FIELDS = tuple(f for f in AuditSettings.model_fields if f not in ("l2_calibration", "peak_tops"))
+FLAG_FIELDS = tuple(f for f in AuditSettings.model_fields if f not in ("l2_calibration", "peak_tops", "sla_tiers"))
 
 
 #: ``GPUCOST_PANE_S`` sets ``pane_s``; ``GPUCOST_KAFKA_BOOTSTRAP`` sets the Kafka ``bootstrap``

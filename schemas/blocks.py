@@ -15,14 +15,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from gpucost.schemas.records import CostRecord, HealthRecord, IdleIndexRecord, Output, R, computed_from
+from gpucost.schemas.records import (CostRecord, HealthRecord, IdleIndexRecord, Output, QuotaRecord, R, ReclaimRecord,
+                                     computed_from)
 
 __all__ = ["ClosedPanes", "Outputs", "expand"]
 
 
 @dataclass(frozen=True)
 class ClosedPanes:
-    """Idle-index records (one per pane), cost records (``cost_rows[j]`` of them for pane ``j``) and the
+    """Idle-index records (one per pane), cost records (``cost_rows[j]`` of them for pane ``j``), quota
+    records (``quota_rows[j]``), reclaim triggers (``reclaim``: each with its pane ``j``, ascending) and the
     health records whose windows the panes close (``health``: the pane ``j`` that closes each, ascending).
 
     ``prices`` are the cost records' ``usd_per_gpu_hour`` as the price events gave them:
@@ -33,30 +35,37 @@ class ClosedPanes:
     cost: pa.Table
     prices: list[Decimal | None]
     cost_rows: np.ndarray
+    quota: pa.Table
+    quota_rows: np.ndarray
+    reclaim: list[tuple[int, ReclaimRecord]] = field(default_factory=list)
     health: list[tuple[int, HealthRecord]] = field(default_factory=list)
 
     def slice(self, lo: int, hi: int) -> "ClosedPanes":
         """The records of panes ``lo`` to ``hi`` (in idle-index records)."""
         at = np.concatenate([[0], np.cumsum(self.cost_rows)]).tolist()
+        qt = np.concatenate([[0], np.cumsum(self.quota_rows)]).tolist()
         return ClosedPanes(self.idle.slice(lo, hi - lo), self.cost.slice(at[lo], at[hi] - at[lo]),
-                           self.prices[at[lo]:at[hi]], self.cost_rows[lo:hi],
+                           self.prices[at[lo]:at[hi]], self.cost_rows[lo:hi], self.quota.slice(qt[lo], qt[hi] - qt[lo]),
+                           self.quota_rows[lo:hi], [(j - lo, r) for j, r in self.reclaim if lo <= j < hi],
                            [(j - lo, record) for j, record in self.health if lo <= j < hi])
 
-    def records(self) -> list[IdleIndexRecord | CostRecord | HealthRecord]:
-        """The records in the row path's order: each pane's idle index, its cost records, then the health
-        records of the windows it closes."""
+    def records(self) -> list[Output]:
+        """The records in the row path's order: each pane's idle index, its cost records, its quota records,
+        the reclaim triggers it fires, then the health records of the windows it closes."""
         idle = _records(IdleIndexRecord, self.idle, {})
         cost = _records(CostRecord, self.cost, {"usd_per_gpu_hour": self.prices})
-        health: dict[int, list[HealthRecord]] = {}
-        for j, record in self.health:
-            health.setdefault(j, []).append(record)
-        out: list[IdleIndexRecord | CostRecord | HealthRecord] = []
-        at = 0
-        for j, (record, n) in enumerate(zip(idle, self.cost_rows.tolist())):
+        quota = _records(QuotaRecord, self.quota, {})
+        after: dict[int, list[Output]] = {}
+        for j, record in [*self.reclaim, *self.health]:  # sorted by pane, stably: each pane's triggers first
+            after.setdefault(j, []).append(record)
+        out: list[Output] = []
+        at = qt = 0
+        for j, (record, n, q) in enumerate(zip(idle, self.cost_rows.tolist(), self.quota_rows.tolist())):
             out.append(record)
             out += cost[at:at + n]
-            out += health.get(j, [])
-            at += n
+            out += quota[qt:qt + q]
+            out += after.get(j, [])
+            at, qt = at + n, qt + q
         return out
 
 

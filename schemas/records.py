@@ -8,7 +8,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "GRADES", "FAIL_REASONS", "BREAKER_STATES",
+__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "QuotaRecord", "ReclaimRecord", "trigger_id", "GRADES", "FAIL_REASONS", "BREAKER_STATES",
            "UNHASHED", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
            "record_id", "record_ids", "IDLE_TENANT", "computed", "computed_from"]
 
@@ -101,6 +101,41 @@ class HealthRecord(_Record):
     signature: str | None
 
 
+class QuotaRecord(_Record):
+    """A tenant's quota scale on a GPU for one pane (METRICS.md, "SLA tiers"; the seed's calcQuotaScale)."""
+
+    gpu_uuid: str
+    pane_start_ns: Int64
+    tenant_key: str
+    team: str
+    sla: str
+    util_pct: float
+    idle_run_ms: Int64
+    quota_scale: float
+
+
+class ReclaimRecord(_Record):
+    """A tenant idle on a GPU for its tier's duration: the GPU may be reclaimed by ``deadline_ns``.
+    ``trigger_id`` (a hash of GPU, tenant key and run start) names the trigger for whoever acts on it,
+    so that acting twice on one trigger can be refused."""
+
+    trigger_id: str
+    gpu_uuid: str
+    node_id: str
+    gpu_model: str
+    tenant_key: str
+    team: str
+    env: str | None
+    app: str | None
+    tier: str | None
+    sla: str
+    run_start_ns: Int64
+    trigger_ns: Int64
+    idle_run_ms: Int64
+    deadline_ns: Int64
+    usd_per_gpu_hour: Decimal | None
+
+
 GRADES = ("excellent", "good", "needs_optimisation", "idle")
 FAIL_REASONS = ("grade", "sched_deviation", "coverage")
 BREAKER_STATES = ("probation", "in_service", "observation", "removed")
@@ -126,11 +161,13 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "mae": MaeRecord,
     "cost": CostRecord,
     "health": HealthRecord,
+    "quota": QuotaRecord,
+    "reclaim": ReclaimRecord,
     "dlq": DeadLetter,
 }
 _KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
 #: one record the pipeline publishes
-Output = IdleIndexRecord | MaeRecord | CostRecord | HealthRecord | DeadLetter
+Output = IdleIndexRecord | MaeRecord | CostRecord | HealthRecord | QuotaRecord | ReclaimRecord | DeadLetter
 
 
 def kind_of(record: BaseModel) -> str:
@@ -178,3 +215,8 @@ def record_ids(panes: Sequence[tuple[str, int]], pane_of: Iterable[int], tenant_
     heads = [f"{gpu_uuid}\x1f{pane_start_ns}\x1f".encode() for gpu_uuid, pane_start_ns in panes]
     tails = {key: f"{key}\x1f{revision}".encode() for key in set(tenant_keys)}
     return [blake2b(heads[j] + tails[key], digest_size=16).hexdigest() for j, key in zip(pane_of, tenant_keys)]
+
+
+def trigger_id(gpu_uuid: str, tenant_key: str, run_start_ns: int) -> str:
+    """A reclaim trigger's id: the same idle run gives the same id on every path and every replay."""
+    return blake2b(f"{gpu_uuid}\x1f{tenant_key}\x1f{run_start_ns}".encode(), digest_size=16).hexdigest()

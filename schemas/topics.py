@@ -39,6 +39,9 @@ _SPECS = (
     TopicSpec("mae", "node_id/pid", "one MaeRecord as JSON"),
     TopicSpec("cost", "gpu_uuid", "one CostRecord as JSON: what billing systems consume"),
     TopicSpec("health", "gpu_uuid", "one HealthRecord as JSON: a GPU's audit window, grade and breaker state"),
+    TopicSpec("quota", "gpu_uuid", "one QuotaRecord as JSON: a tenant's quota scale on a GPU, per pane"),
+    TopicSpec("reclaim", "gpu_uuid", "one ReclaimRecord as JSON: an idle tenant's GPU may be reclaimed (act once "
+                                     "per trigger_id)"),
     TopicSpec("discovery", "node_id", "the node's service-discovery entry as JSON (written by gpucost discovery)",
               compacted=True),
     TopicSpec("dlq", "gpu_uuid, node_id/pid or source", "one DeadLetter as JSON"),

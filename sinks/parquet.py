@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from gpucost.schemas.arrow import to_table
 from gpucost.schemas.blocks import ClosedPanes
 from gpucost.schemas.records import (OUTPUT_KINDS, CostRecord, DeadLetter, HealthRecord, IdleIndexRecord, MaeRecord,
-                                     kind_of)
+                                     QuotaRecord, ReclaimRecord, kind_of)
 
 __all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "fsync_dir", "partition_date",
            "remove_stale_temporaries"]
@@ -55,6 +55,10 @@ def partition_date(record: BaseModel) -> str:
         ts_ns = record.first_ts_ns
     elif isinstance(record, HealthRecord):
         ts_ns = record.window_start_ns
+    elif isinstance(record, QuotaRecord):
+        ts_ns = record.pane_start_ns
+    elif isinstance(record, ReclaimRecord):
+        ts_ns = record.trigger_ns
     elif isinstance(record, DeadLetter):
         ts_ns = record.ts_ns
     else:
@@ -165,7 +169,7 @@ class ParquetSink:
         """All of the block buffered first, then any file it fills written: a file that cannot be
         written leaves every record of the block buffered."""
         keys = []
-        for kind, table in (("idle_index", block.idle), ("cost", block.cost)):
+        for kind, table in (("idle_index", block.idle), ("cost", block.cost), ("quota", block.quota)):
             day = table.column("pane_start_ns").to_numpy() // _NS_PER_DAY
             days = np.unique(day).tolist()
             for d in days:
@@ -176,7 +180,7 @@ class ParquetSink:
                 keys.append(key)
         for key in keys:
             self._write_full(key)
-        for _, record in block.health:
+        for _, record in [*block.reclaim, *block.health]:
             self.write(record)
 
     def write_table(self, kind: str, date: str, table: pa.Table) -> None:

@@ -1,4 +1,5 @@
-"""DuckDB views over the Parquet output: ``idle_index``, ``mae``, ``cost``, ``health``, ``dlq``.
+"""DuckDB views over the Parquet output: one per output kind (``idle_index``, ``mae``, ``cost``, ``health``,
+``quota``, ``reclaim``, ``dlq``).
 
 ``views_sql(dir)`` is the SQL an analyst can paste into any DuckDB; ``connect(dir)`` opens
 an in-memory DuckDB with exactly those views. A kind with no file yet gets an empty view
@@ -17,7 +18,8 @@ from gpucost.schemas.arrow import ARROW_SCHEMAS
 __all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "views_sql", "connect", "query", "read_only_problem"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
-_DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "health": "DATE", "dlq": "VARCHAR"}
+_DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "health": "DATE", "quota": "DATE", "reclaim": "DATE",
+              "dlq": "VARCHAR"}
 
 
 def _sql_type(t: pa.DataType) -> str:

@@ -27,6 +27,7 @@ from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.panes import GpuPanes
 from gpucost.streams.scope import Scope, decode_in_scope
 from gpucost.streams.settings import AuditSettings
+from gpucost.streams.sla import SlaOperator
 from gpucost.streams.tables import BindingTable, PriceTable
 
 __all__ = ["Auditor"]
@@ -60,6 +61,7 @@ class Auditor:
         self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
         self.panes = GpuPanes(settings)
         self.idle = IdleIndex(settings)
+        self.sla = SlaOperator(settings)
         self.health = HealthAudit(settings, audit_key)
         self.mae = Mae(settings)
         self.bindings = BindingTable()
@@ -204,6 +206,9 @@ class Auditor:
             if price is None:
                 self.counts["unpriced_panes"] += 1
             out.extend(apportion(pane, price, self.weights))
+            quotas, triggers = self.sla.on_close(pane, price)
+            out.extend(quotas)
+            out.extend(triggers)
             out.extend(self.health.on_close(pane, idle.idle_ms_72h, idle.covered_ms_72h))
         return out
 
@@ -231,7 +236,8 @@ class Auditor:
         idle = self.idle.close_many(panes)
         health = self.health.close_many(panes, idle.column("idle_ms_72h").to_numpy(),
                                         idle.column("covered_ms_72h").to_numpy())
-        block = ClosedPanes(idle, *apportion_many(panes, prices, self.weights), health=health)
+        block = ClosedPanes(idle, *apportion_many(panes, prices, self.weights), *self.sla.close_many(panes, prices),
+                            health=health)
         return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
 
     def successor(self) -> "Auditor":
@@ -256,13 +262,15 @@ class Auditor:
         """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the
         idle windows, which a changelog writes apart, only when they changed)."""
         return {"panes": self.panes.to_state(), **({"idle": self.idle.to_state()} if idle else {}),
-                "mae": self.mae.to_state(), "health": self.health.to_state(), "bindings": self.bindings.to_state(),
+                "mae": self.mae.to_state(), "sla": self.sla.to_state(), "health": self.health.to_state(), "bindings": self.bindings.to_state(),
                 "prices": self.prices.to_state(), "counts": dict(self.counts)}
 
     @classmethod
     def from_state(cls, settings: AuditSettings, state: dict[str, Any], clock: Callable[[], int] | None = None,
                    audit_key: bytes | None = None) -> "Auditor":
         auditor = cls(settings, clock, audit_key)
+        if "sla" in state:  # a state written before the SLA tiers starts its runs afresh
+            auditor.sla = SlaOperator.from_state(state["sla"], settings)
         if "health" in state:  # a state written before the health audit starts its GPUs afresh
             auditor.health = HealthAudit.from_state(state["health"], settings, audit_key)
         auditor.panes = GpuPanes.from_state(state["panes"], settings)

@@ -30,6 +30,7 @@ class TenantTotals:
     sm: int = 0  # Σ sm_util (1/100 %) · interval_ms over the tenant's process samples
     bw: int = 0  # Σ mem_bw_util (1/100 %) · interval_ms
     numa: int = 0  # Σ hops · latency_weight over the tenant's NUMA events
+    samples: int = 0  # the tenant's process samples (an SLA idle run needs the tenant present, even at 0 %)
 
 
 @dataclass
@@ -81,7 +82,7 @@ class PaneTotals:
         """The ``seen`` keys as ``[kind, pid, [gaps…]]``: each source's times as gaps from the pane's
         start, then from each other. A live worker writes the open panes at every poll, and a
         sample a second spelled out in full nanoseconds was most of a GPU's state."""
-        tenants = [[list(t.tenant), t.sm, t.bw, t.numa] for t in self.tenants.values()]
+        tenants = [[list(t.tenant), t.sm, t.bw, t.numa, t.samples] for t in self.tenants.values()]
         if self._seen_state[0] != self.seen_count:
             self._seen_state = self.seen_count, [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
                                                  for (kind, pid), ts in sorted(self.seen.items())]
@@ -95,9 +96,9 @@ class PaneTotals:
         pane = cls(*s[:8])
         if len(s) > 10:  # a state written before the health audit has none of these
             pane.energy_uj, pane.busy_cp_ms, pane.placed = s[10:13]
-        for tenant, sm, bw, numa in s[8]:
+        for tenant, *sums in s[8]:  # a state written before the SLA tiers has no sample count
             t = Tenant(*tenant)
-            pane.tenants[t.key] = TenantTotals(t, sm, bw, numa)
+            pane.tenants[t.key] = TenantTotals(t, *sums)
         for kind, pid, when in s[9]:
             if isinstance(when, int):  # a state written before the gaps: one (kind, pid, ts_ns) each
                 pane.remember(kind, pid, when)
@@ -133,6 +134,7 @@ class PaneColumns:
     t_sm: np.ndarray
     t_bw: np.ndarray
     t_numa: np.ndarray
+    t_samples: np.ndarray
 
     def __len__(self) -> int:
         return len(self.gpu_uuid)
@@ -146,7 +148,8 @@ class PaneColumns:
         return cls(objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
                    objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
                    objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
-                   *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")))
+                   *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")),
+                   np.array([t.samples for _, _, t in tenants], np.int64))
 
     @classmethod
     def concat(cls, parts: list["PaneColumns"]) -> "PaneColumns":
@@ -161,9 +164,10 @@ class PaneColumns:
                                    self.node_id.tolist(), self.gpu_model.tolist(), self.covered_ms.tolist(),
                                    self.idle_ms.tolist(), self.tenant_events.tolist(), self.energy_uj.tolist(),
                                    self.busy_cp_ms.tolist(), self.placed.tolist())]
-        for j, key, tenant, sm, bw, numa in zip(self.t_pane.tolist(), self.t_key.tolist(), self.t_tenant.tolist(),
-                                                self.t_sm.tolist(), self.t_bw.tolist(), self.t_numa.tolist()):
-            panes[j].tenants[key] = TenantTotals(tenant, sm, bw, numa)
+        for j, key, tenant, sm, bw, numa, samples in zip(
+                self.t_pane.tolist(), self.t_key.tolist(), self.t_tenant.tolist(), self.t_sm.tolist(),
+                self.t_bw.tolist(), self.t_numa.tolist(), self.t_samples.tolist()):
+            panes[j].tenants[key] = TenantTotals(tenant, sm, bw, numa, samples)
         return panes
 
     def take(self, idx: np.ndarray) -> "PaneColumns":

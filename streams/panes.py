@@ -131,6 +131,7 @@ class GpuPanes:
         pane.tenant_events += 1
         pane.placed += tenant != UNATTRIBUTED
         totals = pane.tenant(tenant)
+        totals.samples += 1
         totals.sm += s.sm_util_cp * s.interval_ms
         totals.bw += s.mem_bw_util_cp * s.interval_ms
 
@@ -368,14 +369,14 @@ class GpuPanes:
         t_firsts, _ = runs(seg, tenant)
         t_pos = at[t_at]
         t_pane, t_who = seg[t_firsts], tenant[t_firsts]
-        t_sums = [np.zeros(0, np.int64)] * 3
+        t_sums = [np.zeros(0, np.int64)] * 4
         t_first = np.zeros(0, np.int64)
         if len(t_at):
             is_proc = kind[t_at] == PROC
             t_sums = [np.add.reduceat(v, t_firsts) for v in (
                 np.where(is_proc, rows.sm_cp[t_pos] * interval[t_at], 0),
                 np.where(is_proc, rows.bw_cp[t_pos] * interval[t_at], 0),
-                np.where(is_proc, 0, rows.numa[t_pos]))]
+                np.where(is_proc, 0, rows.numa[t_pos]), is_proc.astype(np.int64))]
             t_first = np.minimum.reduceat(rows.row[t_pos], t_firsts)
 
         # the smallest node and model name of each pane's GPU samples (a GPU that reports two names
@@ -407,7 +408,7 @@ class GpuPanes:
                 slow[by_gpu[j] + found[hit]] = True
                 untouched[name] = [start for start, h in zip(held, hit.tolist()) if not h]
         fast = np.flatnonzero(~slow)
-        by_tenant: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        by_tenant: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
         for k in np.flatnonzero(slow[t_pane]).tolist():
             by_tenant.setdefault(int(t_pane[k]), []).append(
                 (int(t_first[k]), int(t_who[k]), *(int(v[k]) for v in t_sums)))  # type: ignore[arg-type]
@@ -427,11 +428,12 @@ class GpuPanes:
             totals.busy_cp_ms += busy[k]
             totals.placed += placed[k]
             totals.tenant_events += int(tenant_events[k])
-            for _, tn, sm, bw, numa in sorted(by_tenant.get(k, ())):
+            for _, tn, sm, bw, numa, samples in sorted(by_tenant.get(k, ())):
                 t = totals.tenant(tenants[tn], keys[tn])
                 t.sm += sm
                 t.bw += bw
                 t.numa += numa
+                t.samples += samples
             if at_rows[k] >= 0:
                 closes.append((int(at_rows[k]), totals))
                 continue
@@ -462,7 +464,7 @@ class GpuPanes:
             objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
             np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],
             *(np.array(v, np.int64)[fast] for v in (energy, busy, placed)), position[t_pane[tenant_rows]], objects(keys)[who], objects(tenants)[who],
-            *(v[tenant_rows].astype(object) for v in t_sums))
+            *(v[tenant_rows].astype(object) for v in t_sums[:3]), t_sums[3][tenant_rows].astype(np.int64))
         return (np.concatenate([at_rows[fast], np.array([row for row, _ in closes], np.int64)]),
                 PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]))
 

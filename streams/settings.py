@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION", "DEFAULT_PEAK_TOPS"]
+__all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION", "DEFAULT_PEAK_TOPS", "SlaTier", "DEFAULT_SLA_TIERS"]
 
 DEFAULT_L2_CALIBRATION: tuple[tuple[float, float], ...] = ((2.1, 8.3), (5.7, 41.9), (7.9, 127.4))
 #: dense FP16 tensor TFLOPS from the vendors' datasheets, by the text a ``gpu_model`` contains (the longest
@@ -20,6 +20,36 @@ DEFAULT_PEAK_TOPS: dict[str, Decimal] = {"H100": Decimal(989), "H200": Decimal(9
                                          "L40S": Decimal(362), "L4": Decimal(121), "T4": Decimal(65),
                                          "default": Decimal(100)}
 Weight = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
+
+
+class SlaTier(BaseModel):
+    """One SLA tier (METRICS.md, "SLA tiers"): a tenant is idle in a pane when its utilisation is below
+    ``threshold_pct`` (0: when it is exactly 0); an idle run of ``duration_s`` triggers a reclaim, to be
+    acted on within ``max_idle_s`` of the run's start; ``quota_base`` scales its quota."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    threshold_pct: Annotated[Decimal, Field(ge=0, le=100, decimal_places=2, allow_inf_nan=False)]
+    duration_s: Annotated[int, Field(ge=1, le=366 * 86_400)]
+    max_idle_s: Annotated[int, Field(ge=1, le=366 * 86_400)]
+    quota_base: Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
+
+    @field_validator("threshold_pct", "quota_base", mode="before")
+    @classmethod
+    def _exact(cls, value: object) -> object:
+        return Decimal(repr(value)) if isinstance(value, float) else value
+
+    @property
+    def threshold_cp(self) -> int:
+        return int(self.threshold_pct * 100)
+
+
+#: the seed's tiers, keyed by a binding's ``sla``
+DEFAULT_SLA_TIERS: dict[str, SlaTier] = {
+    "Gold": SlaTier(threshold_pct=Decimal(5), duration_s=720, max_idle_s=900, quota_base=Decimal("1.0")),
+    "Silver": SlaTier(threshold_pct=Decimal(10), duration_s=180, max_idle_s=300, quota_base=Decimal("0.8")),
+    "Bronze": SlaTier(threshold_pct=Decimal(0), duration_s=60, max_idle_s=90, quota_base=Decimal("0.5")),
+}
 Ratio = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
 PositiveDecimal = Annotated[Decimal, Field(gt=0, le=10**9, allow_inf_nan=False)]
 
@@ -70,6 +100,7 @@ class AuditSettings(BaseModel):
     readmit_passes: Annotated[int, Field(ge=1, le=10_000, description=(
         "consecutive passed windows that bring a removed GPU back in service"))] = 2
     peak_tops: dict[str, PositiveDecimal] = Field(default_factory=lambda: dict(DEFAULT_PEAK_TOPS))
+    sla_tiers: dict[str, SlaTier] = Field(default_factory=lambda: dict(DEFAULT_SLA_TIERS))
 
     @field_validator("alpha", "beta", "gamma", "excellent_kw_per_tops", "excellent_sched_deviation",
                      "good_kw_per_tops", "good_sched_deviation", "pass_sched_deviation", "pass_coverage",

@@ -39,7 +39,7 @@ _LINES = [encode_event(e).encode() for e in simulate(replace(FleetSpec(gpus=2, h
 _auditor = Auditor(AuditSettings())
 RECORDS = expand(_auditor.ingest_lines([*_LINES, b"{not json", b'{"kind": "gpu_sample"}'], lambda i: f"f:{i}")
                  + _auditor.finish())
-VIEWS = ("idle_index", "cost", "mae", "health", "dlq")
+VIEWS = ("idle_index", "cost", "mae", "health", "quota", "reclaim", "dlq")
 
 
 def write_as_flushes(out: Path, cuts: list[int]) -> None:

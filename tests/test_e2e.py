@@ -124,7 +124,7 @@ def test_parquet_layout_and_schema(fleet) -> None:
 
     from gpucost.schemas.arrow import ARROW_SCHEMAS
 
-    for kind in ("idle_index", "mae", "cost", "health"):
+    for kind in ("idle_index", "mae", "cost", "health", "quota", "reclaim"):
         files = sorted((out / kind).glob("date=*/part-*.parquet"))
         assert files, kind
         for f in files:

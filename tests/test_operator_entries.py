@@ -136,7 +136,8 @@ def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[GpuSample | ProcessS
 def closed(pane: PaneTotals) -> tuple[object, ...]:
     """A closed pane's totals (what is billed; its counted times are dropped once it closes)."""
     return (pane.gpu_uuid, pane.pane_start_ns, pane.node_id, pane.gpu_model, pane.covered_ms, pane.idle_ms,
-            pane.tenant_events, pane.energy_uj, pane.busy_cp_ms, pane.placed, sorted((k, t.sm, t.bw, t.numa) for k, t in pane.tenants.items()))
+            pane.tenant_events, pane.energy_uj, pane.busy_cp_ms, pane.placed,
+            sorted((k, t.sm, t.bw, t.numa, t.samples) for k, t in pane.tenants.items()))
 
 
 def normalised_panes(panes: GpuPanes) -> str:

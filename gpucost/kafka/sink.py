@@ -43,6 +43,8 @@ DEDUPE_KEYS: dict[str, tuple[str, ...]] = {
     "idle_index": ("gpu_uuid", "pane_start_ns"),
     "mae": ("node_id", "pid", "first_ts_ns"),
     "health": ("gpu_uuid", "window_start_ns"),
+    "quota": ("gpu_uuid", "pane_start_ns", "tenant_key"),
+    "reclaim": ("trigger_id",),
     "dlq": ("source", "reason"),
 }
 

@@ -1,0 +1,203 @@
+"""SLA tiers in action: per GPU and tenant, idle runs, reclaim triggers and the quota scale.
+
+METRICS.md, "SLA tiers". The operator sees each closed pane that has GPU samples, each GPU's in
+ascending order. A tenant (with a tier: its binding's ``sla`` in the tier table) is idle in a
+pane when its process samples' ``Σ sm_util_cp · interval_ms`` over the pane's ``covered_ms`` is
+below its tier's threshold (compared as integers: ``Σ < threshold_cp · covered_ms``; a threshold of
+0 means "is 0"). An idle run is the tenant's consecutive panes of the GPU, each idle; a pane of the
+GPU without the tenant, with it busy, or a pane index skipped (no GPU sample there) ends it. The
+pane where the run first reaches the tier's duration emits one ``reclaim`` record; every pane emits
+a ``quota`` record per tenant with a tier.
+
+State: per (GPU, tenant) idle in the GPU's latest closed pane, the run's start and length. A
+tenant absent from a GPU's latest pane has none.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import astuple, dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.exact import ratios
+from gpucost.schemas.records import QuotaRecord, ReclaimRecord, computed, trigger_id
+from gpucost.streams.pane_totals import PaneColumns, PaneTotals
+from gpucost.streams.settings import AuditSettings, SlaTier
+from gpucost.streams.tables import Tenant
+
+__all__ = ["SlaOperator", "quota_scale"]
+
+
+def quota_scale(tier: SlaTier, idle_run_ms: int, sm: int, covered_ms: int) -> float:
+    """The seed's ``calcQuotaScale``: ``base · (0.3 + 0.7 · e^(−idle_s / 300))`` while idle, else
+    ``base · min(1.5, 1 + 0.5 · avg_util)``. In float64 (METRICS.md: to 1e-12), by one formula on every
+    path, so both give the same bits."""
+    base = float(tier.quota_base)
+    if idle_run_ms > 0:
+        return base * (0.3 + 0.7 * math.exp(-(idle_run_ms / 1000) / 300))
+    return base * min(1.5, 1 + 0.5 * float(Fraction(sm, 10_000 * covered_ms)))
+
+
+@dataclass
+class _Run:
+    start_ns: int
+    panes: int
+    last_k: int  # the pane index of its latest pane
+
+
+class SlaOperator:
+    """Row entry ``on_close`` (one closed pane), batch entry ``close_many`` (a block), over one state."""
+
+    def __init__(self, settings: AuditSettings) -> None:
+        self.tiers = settings.sla_tiers
+        self.pane_ns = settings.pane_ns
+        self.pane_ms = self.pane_ns // 1_000_000
+        self._runs: dict[str, dict[str, _Run]] = {}  # GPU → tenant key → its idle run
+
+    def _idle(self, tier: SlaTier, sm: int, covered_ms: int) -> bool:
+        threshold = tier.threshold_cp
+        return sm < threshold * covered_ms if threshold else sm == 0
+
+    # --- the row entry ---------------------------------------------------------------------------
+
+    def on_close(self, pane: PaneTotals, price: Decimal | None) -> tuple[list[QuotaRecord], list[ReclaimRecord]]:
+        """A closed pane with GPU samples in: its tenants' quota records and the reclaim triggers, by tenant key."""
+        assert pane.node_id is not None and pane.gpu_model is not None
+        k = pane.pane_start_ns // self.pane_ns
+        before = self._runs.pop(pane.gpu_uuid, {})
+        runs: dict[str, _Run] = {}
+        quotas, triggers = [], []
+        for key, t in sorted(pane.tenants.items()):
+            tier = self.tiers.get(t.tenant.sla) if t.samples else None
+            if tier is None:
+                continue
+            idle_run_ms = 0
+            if self._idle(tier, t.sm, pane.covered_ms):
+                run = before.get(key)
+                run = _Run(run.start_ns, run.panes + 1, k) if run is not None and run.last_k == k - 1 else \
+                    _Run(pane.pane_start_ns, 1, k)
+                runs[key] = run
+                idle_run_ms = run.panes * self.pane_ms
+                if idle_run_ms >= tier.duration_s * 1000 > idle_run_ms - self.pane_ms:
+                    triggers.append(self._trigger(pane, t.tenant, key, run.start_ns, idle_run_ms, tier, price))
+            quotas.append(computed(
+                QuotaRecord, gpu_uuid=pane.gpu_uuid, pane_start_ns=pane.pane_start_ns, tenant_key=key,
+                team=t.tenant.team, sla=t.tenant.sla, util_pct=float(Fraction(t.sm, 100 * pane.covered_ms)),
+                idle_run_ms=idle_run_ms, quota_scale=quota_scale(tier, idle_run_ms, t.sm, pane.covered_ms)))
+        if runs:
+            self._runs[pane.gpu_uuid] = runs
+        return quotas, triggers
+
+    def _trigger(self, pane: Any, tenant: Tenant, key: str, start_ns: int, idle_run_ms: int, tier: SlaTier,
+                 price: Decimal | None) -> ReclaimRecord:
+        return computed(
+            ReclaimRecord, trigger_id=trigger_id(pane.gpu_uuid, key, start_ns), gpu_uuid=pane.gpu_uuid,
+            node_id=pane.node_id, gpu_model=pane.gpu_model, tenant_key=key, team=tenant.team, env=tenant.env,
+            app=tenant.app, tier=tenant.tier, sla=tenant.sla, run_start_ns=start_ns, trigger_ns=pane.pane_end_ns,
+            idle_run_ms=idle_run_ms, deadline_ns=start_ns + tier.max_idle_s * 1_000_000_000, usd_per_gpu_hour=price)
+
+    # --- the batch entry -------------------------------------------------------------------------
+
+    def close_many(self, panes: PaneColumns, prices: list[Decimal | None]
+                   ) -> tuple[pa.Table, np.ndarray, list[tuple[int, ReclaimRecord]]]:
+        """``on_close`` of closed panes with GPU samples (each GPU's in ascending order) at once: the quota
+        records as a table in the row entry's order, their count per pane, and each trigger with its pane.
+
+        The runs are found with numpy: the tenant rows sorted by (GPU, tenant key, pane); a row continues
+        the run of the row before it when both are idle, of one (GPU, tenant), and a pane apart; the first
+        row of a (GPU, tenant) continues the run the state holds when that run ended in the pane before."""
+        tiers = [self.tiers.get(t.sla) for t in panes.t_tenant.tolist()]
+        rows = np.flatnonzero(np.array([tier is not None for tier in tiers], bool) & (panes.t_samples > 0))
+        pane = panes.t_pane[rows]
+        gpu = panes.gpu_uuid[pane].astype(str)
+        key = panes.t_key[rows].astype(str)
+        k = panes.pane_start_ns[pane] // self.pane_ns
+        sm, covered = panes.t_sm[rows], panes.covered_ms[pane]
+        row_tiers = [tiers[r] for r in rows.tolist()]
+        threshold = np.array([t.threshold_cp for t in row_tiers], np.int64)  # type: ignore[union-attr]
+        sm_o, covered_o = sm.astype(object), covered.astype(object)
+        idle = np.where(threshold > 0, sm_o < threshold.astype(object) * covered_o, sm_o == 0).astype(bool)
+
+        order = np.lexsort((k, key, gpu))
+        g, kk, ii, ko = gpu[order], key[order], idle[order], k[order]
+        at = np.arange(len(order))
+        first = np.ones(len(order), bool)
+        first[1:] = (g[1:] != g[:-1]) | (kk[1:] != kk[:-1])
+        cont = np.zeros(len(order), bool)
+        cont[1:] = ~first[1:] & ii[1:] & ii[:-1] & (ko[1:] == ko[:-1] + 1)
+        carried = np.zeros(len(order), bool)  # a group's first row continuing the run the state holds
+        carried_panes, carried_start = np.zeros(len(order), np.int64), np.zeros(len(order), np.int64)
+        for j in np.flatnonzero(first & ii).tolist():
+            run = self._runs.get(g[j], {}).get(kk[j])
+            if run is not None and run.last_k == int(ko[j]) - 1:
+                carried[j], carried_panes[j], carried_start[j] = True, run.panes, run.start_ns
+        # each row's run's first row here: the last row at or before it that opens a run (every group's
+        # first row does: it starts a run, or carries one in)
+        run_first = np.maximum.accumulate(np.where(~cont | carried, at, 0)) if len(order) else at
+        panes_in_run = at - run_first + 1 + carried_panes[run_first]
+        run_start = np.where(carried[run_first], carried_start[run_first], panes.pane_start_ns[pane[order]][run_first]
+                             if len(order) else 0)
+        idle_run_ms = np.where(ii, panes_in_run * self.pane_ms, 0)
+        duration_ms = np.array([t.duration_s * 1000 for t in row_tiers], np.int64)[order]  # type: ignore[union-attr]
+        fires = ii & (idle_run_ms >= duration_ms) & (idle_run_ms - self.pane_ms < duration_ms)
+
+        # the state: each (GPU, tenant) idle in its GPU's latest pane here; GPUs with no pane here keep theirs
+        latest_k = _last_by(panes.gpu_uuid.astype(str), panes.pane_start_ns // self.pane_ns)
+        for name in latest_k:
+            self._runs.pop(name, None)
+        last_row = np.flatnonzero(np.append(first[1:], True)) if len(order) else np.zeros(0, np.int64)
+        for j in last_row.tolist():
+            if ii[j] and int(ko[j]) == latest_k[g[j]]:
+                self._runs.setdefault(g[j], {})[kk[j]] = _Run(int(run_start[j]), int(panes_in_run[j]), int(ko[j]))
+
+        back = np.empty(len(order), np.int64)
+        back[order] = np.arange(len(order))  # each row's place in ``order``
+        run_ms = idle_run_ms[back]
+        tenants = panes.t_tenant[rows]
+        quota = [quota_scale(t, ms, s, c) for t, ms, s, c in  # type: ignore[arg-type]
+                 zip(row_tiers, run_ms.tolist(), sm.tolist(), covered.tolist())]
+        table = pa.table([pa.array(panes.gpu_uuid[pane], pa.string()), panes.pane_start_ns[pane],
+                          pa.array(key, pa.string()), pa.array([t.team for t in tenants], pa.string()),
+                          pa.array([t.sla for t in tenants], pa.string()),
+                          ratios(sm_o, covered_o * 100), run_ms, np.array(quota, np.float64)],
+                         schema=ARROW_SCHEMAS["quota"])
+        triggers = []
+        for j in np.flatnonzero(fires).tolist():
+            r = int(order[j])
+            p = int(pane[r])
+            triggers.append((p, self._trigger(_PaneView(panes, p), tenants[r], key[r], int(run_start[j]), int(idle_run_ms[j]),
+                                              row_tiers[r], prices[p])))  # type: ignore[arg-type]
+        triggers.sort(key=lambda t: (t[0], t[1].tenant_key))
+        return table, np.bincount(pane, minlength=len(panes)), triggers
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        return {g: {key: list(astuple(run)) for key, run in runs.items()} for g, runs in self._runs.items()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "SlaOperator":
+        op = cls(settings)
+        op._runs = {g: {key: _Run(*run) for key, run in runs.items()} for g, runs in state.items()}
+        return op
+
+
+class _PaneView:
+    """One pane of a ``PaneColumns``, with the attributes a trigger reads."""
+
+    def __init__(self, panes: PaneColumns, j: int) -> None:
+        self.gpu_uuid, self.node_id, self.gpu_model = panes.gpu_uuid[j], panes.node_id[j], panes.gpu_model[j]
+        self.pane_end_ns = int(panes.pane_end_ns[j])
+
+
+def _last_by(names: np.ndarray, ks: np.ndarray) -> dict[str, int]:
+    """Each distinct name's largest k."""
+    latest: dict[str, int] = {}
+    for name, k in zip(names.tolist(), ks.tolist()):
+        latest[name] = max(latest.get(name, k), k)
+    return latest

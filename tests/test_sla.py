@@ -1,0 +1,266 @@
+"""SLA tiers against an independent recomputation from the raw events.
+
+DuckDB sums each tenant's process samples per (GPU, pane) and each pane's covered time; a plain
+loop written from METRICS.md's text finds the idle runs, the triggers and the quota scale. Scripts
+put runs just under and just over each tier's duration, Bronze's "= 0 %" against 0.01 %, a tenant
+leaving mid-run, and tenants of different tiers sharing a GPU; a property test draws them. Both
+paths are checked.
+"""
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpucost.cli import main
+from gpucost.schemas.arrow import events_table
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import decode_line, encode_event
+from gpucost.schemas.events import Event, GpuSample, Price, ProcessSample, TenantBinding
+from gpucost.schemas.records import Output, QuotaRecord, ReclaimRecord
+from gpucost.sinks.views import connect
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
+
+NS = 1_000_000_000
+T0 = 1_767_571_200 * NS
+P_S = 60
+#: the tenants: pid → (team, sla)
+TENANTS = {1: ("gold-team", "Gold"), 2: ("silver-team", "Silver"), 3: ("bronze-team", "Bronze")}
+TIERS = {"Gold": (Fraction(5), 720, 900, 1.0), "Silver": (Fraction(10), 180, 300, 0.8),
+         "Bronze": (Fraction(0), 60, 90, 0.5)}  # threshold %, duration s, max idle s, quota base: METRICS.md
+
+
+def fleet(scripts: dict[str, dict[int, list[float | None]]], gaps: dict[str, set[int]] | None = None) -> list[Event]:
+    """Per GPU, per tenant pid, its SM % in each pane (None: absent). Every pane has a GPU sample, but for the
+    panes of ``gaps``, which have no event of the GPU at all."""
+    events: list[Event] = [Price(gpu_model="H100", ts_ns=T0 - NS, usd_per_gpu_hour=Decimal("2.5"))]
+    for gpu in scripts:
+        for pid, (team, sla) in TENANTS.items():
+            events.append(TenantBinding(node_id=f"n-{gpu}", pid=pid, ts_ns=T0, team=team, env="prod", app="a",
+                                        tier="P1", sla=sla))
+    panes = max(len(s) for per in scripts.values() for s in per.values())
+    for p in range(panes):
+        ts = T0 + p * P_S * NS + 7 * NS
+        for gpu, per in scripts.items():
+            if p in (gaps or {}).get(gpu, ()):
+                continue
+            events.append(GpuSample(node_id=f"n-{gpu}", gpu_uuid=gpu, gpu_model="H100", ts_ns=ts, interval_s=60.0,
+                                    sm_util_pct=50.0, mem_bw_util_pct=5.0, mem_used_bytes=1, mem_total_bytes=2,
+                                    power_w=300.0, temp_c=50.0))
+            for pid, utils in per.items():
+                if p < len(utils) and utils[p] is not None:
+                    # two samples, of 20 s and 40 s: the tenant's utilisation is their time-weighted mean
+                    for shift, interval, util in ((1, 20.0, utils[p]), (31, 40.0, utils[p])):  # 30 s apart: no overlap
+                        events.append(ProcessSample(node_id=f"n-{gpu}", gpu_uuid=gpu, pid=pid,
+                                                    ts_ns=ts + shift * NS, interval_s=interval,
+                                                    sm_util_pct=util, mem_bw_util_pct=1.0, mem_used_bytes=1))
+    return events
+
+
+REFERENCE_SQL = f"""
+WITH covered AS (
+  SELECT gpu_uuid, ts_ns - ts_ns % {P_S * NS} AS pane, sum(CAST(round(interval_s * 1000) AS BIGINT)) AS covered
+  FROM ev WHERE kind = 'gpu_sample' GROUP BY ALL),
+tenant AS (
+  SELECT gpu_uuid, pid, ts_ns - ts_ns % {P_S * NS} AS pane,
+         sum(CAST(round(sm_util_pct * 100) AS BIGINT) * CAST(round(interval_s * 1000) AS BIGINT)) AS sm
+  FROM ev WHERE kind = 'process_sample' GROUP BY ALL)
+SELECT t.gpu_uuid, t.pid, t.pane, t.sm, c.covered FROM tenant t JOIN covered c USING (gpu_uuid, pane)
+ORDER BY t.gpu_uuid, t.pid, t.pane
+"""
+
+
+def reference(events: list[Event]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The quota and reclaim records' fields, from the raw events alone."""
+    con = duckdb.connect()
+    con.register("ev", events_table(events))
+    quotas, reclaims = [], []
+    runs: dict[tuple[str, int], tuple[int, int, int]] = {}  # (gpu, pid) → (run start, panes, last pane)
+    for gpu, pid, pane, sm, covered in con.execute(REFERENCE_SQL).fetchall():
+        team, sla = TENANTS[pid]
+        threshold, duration_s, max_idle_s, base = TIERS[sla]
+        util = Fraction(sm, covered)  # centi-percent
+        idle = util < threshold * 100 if threshold else util == 0
+        start, n, last = runs.get((gpu, pid), (pane, 0, None))
+        if not idle:
+            runs.pop((gpu, pid), None)
+            run_ms = 0
+        else:
+            if last != pane - P_S * NS:  # not the pane right after the run's last: a new run
+                start, n = pane, 0
+            runs[(gpu, pid)] = (start, n + 1, pane)
+            run_ms = (n + 1) * P_S * 1000
+            if run_ms >= duration_s * 1000 > run_ms - P_S * 1000:
+                reclaims.append({"gpu_uuid": gpu, "team": team, "sla": sla, "run_start_ns": start,
+                                 "trigger_ns": pane + P_S * NS, "idle_run_ms": run_ms,
+                                 "deadline_ns": start + max_idle_s * NS, "usd_per_gpu_hour": Decimal("2.5")})
+        scale = base * (0.3 + 0.7 * math.exp(-(run_ms / 1000) / 300)) if run_ms else \
+            base * min(1.5, 1 + 0.5 * float(util / 10_000))
+        quotas.append({"gpu_uuid": gpu, "pane_start_ns": pane, "team": team, "sla": sla,
+                       "util_pct": float(util / 100), "idle_run_ms": run_ms, "quota_scale": scale})
+    return (sorted(quotas, key=lambda q: (q["gpu_uuid"], q["pane_start_ns"], q["team"])),
+            sorted(reclaims, key=lambda r: (r["gpu_uuid"], r["trigger_ns"], r["team"])))
+
+
+#: each path's SLA state after its last run, by path name
+STATES: dict[str, Any] = {}
+
+
+def by_rows(events: list[Event]) -> list[Output]:
+    auditor = Auditor(AuditSettings(lateness_s=0))
+    out = [r for e in events for r in auditor.update(e)]
+    STATES["rows"] = auditor.sla.to_state()
+    return out + auditor.finish()
+
+
+def by_batches(events: list[Event]) -> list[Output]:
+    auditor = Auditor(AuditSettings(lateness_s=0))
+    lines = [encode_event(e).encode() for e in events]
+    half = len(lines) // 2
+    out = expand(auditor.ingest_lines(lines[:half], str))
+    out += expand(auditor.ingest_batch(events_table([decode_line(x) for x in lines[half:]]).to_batches()[0], str))
+    STATES["batches"] = auditor.sla.to_state()
+    return out + auditor.finish()
+
+
+def published(records: list[Output]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    quotas = [{"gpu_uuid": q.gpu_uuid, "pane_start_ns": q.pane_start_ns, "team": q.team, "sla": q.sla,
+               "util_pct": q.util_pct, "idle_run_ms": q.idle_run_ms, "quota_scale": q.quota_scale}
+              for q in records if isinstance(q, QuotaRecord)]
+    reclaims = []
+    for r in records:
+        if isinstance(r, ReclaimRecord):
+            assert r.node_id == f"n-{r.gpu_uuid}" and r.tenant_key.startswith(f"{r.team}:prod:a:P1:{r.sla}")
+            reclaims.append({"gpu_uuid": r.gpu_uuid, "team": r.team, "sla": r.sla, "run_start_ns": r.run_start_ns,
+                             "trigger_ns": r.trigger_ns, "idle_run_ms": r.idle_run_ms, "deadline_ns": r.deadline_ns,
+                             "usd_per_gpu_hour": r.usd_per_gpu_hour})
+    return (sorted(quotas, key=lambda q: (q["gpu_uuid"], q["pane_start_ns"], q["team"])),
+            sorted(reclaims, key=lambda r: (r["gpu_uuid"], r["trigger_ns"], r["team"])))
+
+
+IDLE, BUSY = 1.0, 40.0  # 1 % is idle for Gold (< 5 %) and Silver (< 10 %), busy for Bronze (= 0 %)
+SCRIPTS: dict[str, dict[int, list[float | None]]] = {
+    # Gold idle 11 panes (660 s: just under 720 s), busy, then 12 (just over): one trigger
+    "G0": {1: [IDLE] * 11 + [BUSY] + [IDLE] * 12 + [BUSY]},
+    # Silver 2 panes (under 180 s), busy, 3 (at): one; Bronze at 0.01 % never idle, at 0 % idle at once
+    "G1": {2: [IDLE, IDLE, BUSY, IDLE, IDLE, IDLE, IDLE], 3: [0.01] * 4 + [0.0] * 3},
+    # the Gold tenant leaves mid-run (absent one pane) and comes back idle: the run starts again
+    "G2": {1: [IDLE] * 8 + [None] + [IDLE] * 12, 2: [BUSY] * 21},
+    # three tiers on one GPU, all idle
+    "G3": {1: [0.0] * 13, 2: [0.0] * 13, 3: [0.0] * 13},
+    # the GPU itself reports nothing for one pane (index 6) in the Gold tenant's idle run: the run starts again
+    "G4": {1: [IDLE] * 6 + [None] + [IDLE] * 11},
+}
+GAPS = {"G4": {6}}
+
+
+@pytest.mark.parametrize("path", [by_rows, by_batches], ids=["rows", "batches"])
+def test_quota_and_reclaim_are_the_raw_events_recomputed(path: Any) -> None:
+    events = fleet(SCRIPTS, GAPS)
+    got, want = published(path(events)), reference(events)
+    assert got == want
+    fired = {(r["gpu_uuid"], r["sla"], r["idle_run_ms"]) for r in got[1]}
+    # Gold at 12 panes (not 11), Silver at 3 (not 2), Bronze at once at 0 % (never at 0.01 %), Gold again after
+    # coming back (12 panes after the gap), each tier on G3
+    assert fired == {("G0", "Gold", 720_000), ("G1", "Silver", 180_000), ("G1", "Bronze", 60_000),
+                     ("G2", "Gold", 720_000), ("G3", "Gold", 720_000), ("G3", "Silver", 180_000),
+                     ("G3", "Bronze", 60_000)}, "G4's runs of 6 and 11 idle panes around its gap fire nothing"
+    assert sum(1 for r in got[1] if r["gpu_uuid"] == "G0") == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.dictionaries(st.sampled_from(["G0", "G1"]),
+                       st.dictionaries(st.sampled_from(sorted(TENANTS)),
+                                       st.lists(st.sampled_from([None, 0.0, 0.01, 4.99, 5.0, 9.99, 10.0, 40.0]),
+                                                min_size=1, max_size=16), min_size=1),
+                       min_size=1),
+       st.sets(st.integers(0, 15), max_size=3))
+def test_random_tenants_recomputed_on_both_paths(scripts: dict[str, dict[int, list[float | None]]],
+                                                 gaps: set[int]) -> None:
+    events = fleet(scripts, {"G0": gaps})
+    want = reference(events)
+    assert published(by_rows(events)) == want
+    assert published(by_batches(events)) == want
+    assert STATES["rows"] == STATES["batches"], "the paths left different runs"
+
+
+# --- acting on triggers ---------------------------------------------------------------------------
+
+class Webhook:
+    """A receiver that answers 503 to the first ``fail`` attempts of each trigger, 400 to those of ``refuse``,
+    then 200; it keeps every body it accepted, with its Idempotency-Key."""
+
+    def __init__(self, fail: int, refuse: frozenset[str] = frozenset()) -> None:
+        import http.server
+        import threading
+        self.accepted: list[tuple[str, dict[str, Any]]] = []
+        self.attempts: dict[str, int] = {}
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the http.server name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                key = self.headers["Idempotency-Key"]
+                hook.attempts[key] = hook.attempts.get(key, 0) + 1
+                status = 400 if key in refuse else 503 if hook.attempts[key] <= fail else 200
+                if status == 200:
+                    hook.accepted.append((key, body))
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/reclaim"
+
+
+def test_each_trigger_reaches_the_webhook_once_through_failures_and_restarts(tmp_path: Path) -> None:
+    from gpucost.embedded import run_embedded
+    from gpucost.producers.replay import read_inputs
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(encode_event(e) + "\n" for e in fleet(SCRIPTS, GAPS)))
+    out = tmp_path / "out"
+    run_embedded(read_inputs([events]), AuditSettings(lateness_s=0), out)
+    triggers = dict(connect(out).execute("SELECT trigger_id, gpu_uuid FROM reclaim").fetchall())
+    assert len(triggers) == 7
+    refused = frozenset([sorted(triggers)[0]])
+    hook = Webhook(fail=2, refuse=refused)
+    ledger, actions = tmp_path / "ledger", tmp_path / "actions.jsonl"
+    argv = ["reclaim", "--out", str(out), "--webhook", hook.url, "--ledger", str(ledger),
+            "--actions-file", str(actions)]
+    try:
+        assert main(argv) == 0
+        assert main(argv) == 0  # run again: the ledger holds every trigger, nothing is sent twice
+    finally:
+        hook.server.shutdown()
+    accepted = [key for key, _ in hook.accepted]
+    assert sorted(accepted) == sorted(set(triggers) - refused), "a trigger delivered twice, or not at all"
+    assert all(hook.attempts[k] == 3 for k in accepted) and hook.attempts[min(refused)] == 1
+    assert {body["trigger_id"]: body["gpu_uuid"] for _, body in hook.accepted} == {
+        k: g for k, g in triggers.items() if k not in refused}
+    written = [json.loads(line) for line in actions.read_text().splitlines()]
+    assert {w["trigger_id"]: w["outcome"] for w in written} == {
+        k: "refused" if k in refused else "delivered" for k in triggers}
+    assert len(written) == len(triggers)
+
+
+def test_a_dry_run_says_what_it_would_do_and_does_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpucost.embedded import run_embedded
+    from gpucost.producers.replay import read_inputs
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(encode_event(e) + "\n" for e in fleet(SCRIPTS, GAPS)))
+    run_embedded(read_inputs([events]), AuditSettings(lateness_s=0), tmp_path / "out")
+    assert main(["reclaim", "--out", str(tmp_path / "out"), "--dry-run", "--ledger", str(tmp_path / "ledger")]) == 0
+    assert capsys.readouterr().out.count("would reclaim:") == 7
+    assert not (tmp_path / "ledger").exists()
