@@ -10,8 +10,8 @@ from pathlib import Path
 
 from aiokafka.errors import KafkaConnectionError
 
-from gpucost.commands import (cmd_compact, cmd_discovery, cmd_health, cmd_prices, cmd_query, cmd_replay, cmd_run,
-                              cmd_simulate, cmd_views)
+from gpucost.commands import (cmd_compact, cmd_discovery, cmd_health, cmd_prices, cmd_query, cmd_reclaim, cmd_replay,
+                              cmd_run, cmd_simulate, cmd_views)
 from gpucost.config import FLAG_FIELDS, ConfigError
 from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
 from gpucost.kafka.settings import KafkaSettings
@@ -129,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_out(rep, "output directory")
     _add_settings(rep)
 
-    qry = sub.add_parser("query", help="run SQL over the views idle_index, mae, cost, dlq")
+    qry = sub.add_parser("query", help="run SQL over the views idle_index, mae, cost, health, quota, reclaim, dlq")
     qry.add_argument("sql")
     qry.add_argument("--format", choices=["table", "csv", "json", "lines"], default="table",
                      help="lines: one value per line, of a one-column query (e.g. dead letters' raw text to replay)")
@@ -221,6 +221,23 @@ def _parser() -> argparse.ArgumentParser:
               "apply only health records signed by a key in this keyring file (the workers' output keys)")
     _add_kafka(disc)
 
+    recl = sub.add_parser("reclaim", help="act on reclaim triggers once each: POST them to a webhook and/or write "
+                                          "them to a file (from the Kafka reclaim topic, or once from --out)")
+    recl.add_argument("--out", type=Path, default=_env("GPUCOST_RECLAIM_OUT", None),
+                      help="act on the reclaim view of this output directory once (env GPUCOST_RECLAIM_OUT; unset: "
+                           "follow the Kafka reclaim topic)")
+    _env_flag(recl, "--webhook", "GPUCOST_RECLAIM_WEBHOOK", str, None,
+              "POST each action as JSON here, with Idempotency-Key: <trigger_id>; retried until a 2xx")
+    _env_flag(recl, "--actions-file", "GPUCOST_RECLAIM_ACTIONS_FILE", Path, None,
+              "append each action, with its outcome, to this JSON Lines file")
+    _env_flag(recl, "--ledger", "GPUCOST_RECLAIM_LEDGER", Path, "reclaim-ledger.txt",
+              "the trigger ids already acted on (never acted on again)")
+    recl.add_argument("--dry-run", action="store_true", help="print what would be done; act on nothing, commit nothing")
+    _env_flag(recl, "--group", "GPUCOST_RECLAIM_GROUP", str, "gpucost-reclaim", "the Kafka consumer group")
+    _env_flag(recl, "--verify-keys", "GPUCOST_RECLAIM_VERIFY_KEYS", Path, None,
+              "act only on triggers signed by a key in this keyring file (the workers' output keys)")
+    _add_kafka(recl)
+
     health = sub.add_parser("health", help="health snapshots for admission: write a GPU's latest, or verify one")
     hsub = health.add_subparsers(dest="health_command", required=True)
     snap = hsub.add_parser("snapshot", help="write a GPU's latest health record, with its device, as a JSON file")
@@ -253,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
 COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "query": cmd_query,
             "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
             "sink": cmd_sink, "compact": cmd_compact, "prices": cmd_prices, "health": cmd_health,
-            "discovery": cmd_discovery}
+            "discovery": cmd_discovery, "reclaim": cmd_reclaim}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

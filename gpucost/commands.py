@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import datetime as dt
 import decimal
@@ -20,13 +21,15 @@ from gpucost.config import ConfigError
 from gpucost.discovery import from_output, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.health import read_json, snapshot_of, snapshot_problems
-from gpucost.kafka.commands import follow_discovery
+from gpucost.kafka.commands import follow_discovery, follow_reclaim
 from gpucost.kafka.signing import Signer, parse_keys
 from gpucost.otlp import admission_coverage, coverage_report, export_request, post, read_requests, to_json
 from gpucost.producers.live import LIVE_SOURCES, open_nvml
 from gpucost.producers.nvml import NvmlUnavailable
 from gpucost.producers.replay import read_batches, read_inputs
 from gpucost.producers.simulate import simulate
+from gpucost.reclaim import Ledger, Reclaimer
+from gpucost.reclaim import from_output as reclaim_from_output
 from gpucost.report import format_table, summary
 from gpucost.schemas.arrow import events_table
 from gpucost.schemas.codec import Rejected, decode_line, encode_event
@@ -38,8 +41,8 @@ from gpucost.streams.scope import PRICE_SCOPE, price_mac
 from gpucost.wiring import (Signals, UsageError, audit_key, audit_settings, event_files, fleet_spec, interrupt,
                             invoked_as, live_source, load_keys, metrics_served, output_dir, say_source_counts)
 
-__all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_health", "cmd_discovery", "cmd_views", "cmd_prices",
-           "cmd_compact"]
+__all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_health", "cmd_discovery", "cmd_reclaim",
+           "cmd_views", "cmd_prices", "cmd_compact"]
 
 SIM_LINES_PER_FILE = 1_000_000
 
@@ -99,7 +102,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _finish(out: Path, stats: RunStats) -> int:
     print(summary(out, stats))
-    print(f"\noutput: {out}/{{idle_index,mae,cost,health,dlq}}/date=YYYY-MM-DD/*.parquet; "
+    print(f"\noutput: {out}/{{idle_index,mae,cost,health,quota,reclaim,dlq}}/date=YYYY-MM-DD/*.parquet; "
           f"try: {invoked_as()} query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
     return 0
 
@@ -260,6 +263,19 @@ def cmd_discovery(args: argparse.Namespace) -> int:
     out = sorted(set(sd.nodes()) - set(sd.in_service()))
     print(f"{args.file_sd}: {len(groups)} node(s) in service of {len(sd.nodes())}"
           + (f"; out: {', '.join(out)}" if out else ""))
+    return 0
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    """Act on the reclaim triggers once each: from ``--out`` once, or following the reclaim topic."""
+    if args.webhook is None and args.actions_file is None and not args.dry_run:
+        raise UsageError("say how to act: --webhook URL, --actions-file FILE (or both), or --dry-run")
+    reclaimer = Reclaimer(None if args.dry_run else Ledger(args.ledger), args.webhook, args.actions_file, args.dry_run)
+    if args.out is None:
+        return follow_reclaim(args, reclaimer)
+    _written(args.out)
+    asyncio.run(reclaimer.act(reclaim_from_output(args.out)))
+    print(", ".join(f"{k}: {v:,}" for k, v in reclaimer.counts.items()))
     return 0
 
 

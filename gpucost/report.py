@@ -37,6 +37,12 @@ _GRADES = """
 SELECT grade, count(*) AS windows, count(*) FILTER (WHERE passed) AS passed,
        printf('%.1f%%', 100.0 * count(*) / sum(count(*)) OVER ()) AS share
 FROM health GROUP BY grade ORDER BY array_position(['excellent', 'good', 'needs_optimisation', 'idle'], grade)"""
+#: what reclaiming each trigger's GPU would free: its price, per hour (a trigger of an unpriced GPU frees nothing known)
+_RECLAIMS = """
+SELECT sla AS tier, count(*) AS triggers, count(DISTINCT gpu_uuid) AS gpus,
+       sum(coalesce(usd_per_gpu_hour, 0) * 1000000)::BIGINT AS micro_usd_per_hour,
+       printf('%.2f', sum(coalesce(usd_per_gpu_hour, 0))) AS usd_per_hour
+FROM reclaim GROUP BY sla ORDER BY array_position(['Gold', 'Silver', 'Bronze'], sla), sla"""
 #: each GPU's breaker state after its latest window, for those not in service
 _OUT_OF_SERVICE = """
 SELECT * FROM (
@@ -67,6 +73,11 @@ def summary(out_dir: Path, stats: RunStats) -> str:
         out = res.fetchall()
         parts.append(f"\nGPUs not in service ({len(out)}; removed and probation leave service discovery):\n"
                      + format_table([d[0] for d in res.description], out) if out else "\nEvery GPU is in service.")
+    res = con.execute(_RECLAIMS)
+    triggers = res.fetchall()
+    if triggers:
+        parts.append("\nReclaim triggers by SLA tier (GPUs held idle past the tier's tolerance):\n"
+                     + format_table([d[0] for d in res.description], triggers))
     (unpriced,) = con.execute("SELECT count(DISTINCT (gpu_uuid, pane_start_ns)) FROM cost WHERE unpriced").fetchone()
     if unpriced:
         parts.append(f"\n{unpriced:,} GPU-panes had no price (model unpriced, no 'default'): billed 0 µ$")

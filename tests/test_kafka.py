@@ -25,10 +25,12 @@ from gpucost.discovery import from_output
 from gpucost.sinks.views import connect, query
 from tests.conftest import ROOT
 from tests.test_metrics import scrape
+from tests.test_sla import Webhook
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns"),
-         ("health", "gpu_uuid, window_start_ns")]
+         ("health", "gpu_uuid, window_start_ns"), ("quota", "gpu_uuid, pane_start_ns, tenant_key"),
+         ("reclaim", "trigger_id")]
 
 
 class Deployment:
@@ -161,6 +163,17 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     assert json.loads(sd_file.read_text()) == expected.file_sd(9400, {"job": "gpu"}), "the first file written"
     entries = topic_values(d, "discovery")
     assert {n: e["in_service"] for n, e in entries.items()} == {n: n in expected.in_service() for n in expected.nodes()}
+    # the reclaim consumer: each trigger of the embedded run reaches the webhook once, through 503s
+    triggers = {t for (t,) in connect(embedded).execute("SELECT trigger_id FROM reclaim").fetchall()}
+    hook = Webhook(fail=1)
+    try:
+        d.spawn("reclaim", "reclaim", "--webhook", hook.url, "--ledger", str(d.tmp / "ledger"), "--group",
+                f"{d.app_id}-reclaim")
+        wait_for("every trigger at the webhook", lambda: len(hook.accepted) >= len(triggers), 120, d.tmp)
+        time.sleep(1)  # nothing more may come
+    finally:
+        hook.server.shutdown()
+    assert sorted(k for k, _ in hook.accepted) == sorted(triggers) and triggers
     d.stop()
     assert_same_parquet(d.out, embedded, dead_letters=1)
     assert worker[("gpucost_worker_records_total", (("kind", "cost"),))] == counts["cost"]

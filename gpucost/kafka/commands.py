@@ -17,6 +17,7 @@ from gpucost.kafka.signing import Keyring, Signer
 from gpucost.producers.live import LiveSource
 from gpucost.producers.replay import read_inputs
 from gpucost.producers.simulate import simulate
+from gpucost.reclaim import Reclaimer, run_kafka_reclaim
 from gpucost.report import format_table
 from gpucost.schemas.codec import Rejected, decode_line, raw_text
 from gpucost.schemas.events import Event
@@ -25,7 +26,7 @@ from gpucost.streams.discovery import ServiceDiscovery
 from gpucost.wiring import (UsageError, audit_key, audit_settings, event_files, fleet_spec, kafka_settings, live_source,
                             load_keys, metrics_served, say_source_counts, stop_on_signals)
 
-__all__ = ["cmd_topics", "cmd_produce", "cmd_worker", "cmd_sink", "follow_discovery", "replay_events"]
+__all__ = ["cmd_topics", "cmd_produce", "cmd_worker", "cmd_sink", "follow_discovery", "follow_reclaim", "replay_events"]
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -173,4 +174,16 @@ def follow_discovery(args: argparse.Namespace, labels: dict[str, str]) -> int:
         stop = stop_on_signals()
         await run_kafka_discovery(kafka, args.file_sd, args.target_port, labels, stop, keyring)
     asyncio.run(follow())
+    return 0
+
+
+def follow_reclaim(args: argparse.Namespace, reclaimer: Reclaimer) -> int:
+    """``gpucost reclaim`` without ``--out``: follow the reclaim topic until SIGINT/SIGTERM."""
+    kafka = kafka_settings(args)
+    keyring = load_keys(Keyring, args.verify_keys) if args.verify_keys else None
+
+    async def follow() -> None:
+        await run_kafka_reclaim(kafka, args.group, reclaimer, stop_on_signals(), keyring)
+    asyncio.run(follow())
+    print(", ".join(f"{k}: {v:,}" for k, v in reclaimer.counts.items()), file=sys.stderr)
     return 0

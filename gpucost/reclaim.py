@@ -1,0 +1,178 @@
+"""``gpucost reclaim``: act on reclaim triggers, once each. The example consumer of the reclaim topic.
+
+Each trigger becomes one action (a JSON object): POSTed to a webhook with the header
+``Idempotency-Key: <trigger_id>``, and/or appended to a JSON Lines file. Delivery is at least
+once from the topic (offsets are committed after the actions they produced), and exactly once
+to the receiver: every delivered ``trigger_id`` goes to a ledger, fsynced, before its offset is
+committed, and a trigger the ledger holds is never sent again (a restart between the two reads it
+again). A webhook answer of 429, 5xx or no answer is retried with backoff, for as long as it takes
+(the consumer does not move past an undelivered trigger); any other 4xx is a trigger the receiver
+refuses: logged, written to the file as refused, counted, and passed.
+
+How a Kubernetes operator acts on it: on each action, cordon ``node_id`` (``kubectl cordon``), and
+evict the pods of ``tenant_key``'s workload on ``gpu_uuid`` once ``deadline_ns`` has passed if the
+tenant is still idle (its quota records say); answer 2xx only once the action is recorded, and
+use the ``Idempotency-Key`` to answer a repeat with what the first one did.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.signing import Keyring
+from gpucost.kafka.sink import output_record, output_refusal
+from gpucost.schemas.records import DeadLetter, ReclaimRecord
+from gpucost.sinks.views import query
+
+__all__ = ["action_of", "Ledger", "Reclaimer", "RETRYABLE", "from_output", "run_kafka_reclaim"]
+
+log = logging.getLogger("gpucost.reclaim")
+
+#: webhook answers worth trying again (and no answer at all)
+RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def action_of(record: ReclaimRecord) -> dict[str, Any]:
+    """What a receiver is told: reclaim this GPU from this tenant, and why."""
+    return {"action": "reclaim", "trigger_id": record.trigger_id, "gpu_uuid": record.gpu_uuid,
+            "node_id": record.node_id, "gpu_model": record.gpu_model, "tenant_key": record.tenant_key,
+            "team": record.team, "sla": record.sla, "idle_since_ns": record.run_start_ns,
+            "triggered_ns": record.trigger_ns, "idle_run_ms": record.idle_run_ms, "deadline_ns": record.deadline_ns,
+            "usd_per_gpu_hour": None if record.usd_per_gpu_hour is None else str(record.usd_per_gpu_hour)}
+
+
+class Ledger:
+    """The trigger ids already acted on, kept in a file (one per line, each fsynced as it is added)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.done = set(path.read_text().split())
+        except FileNotFoundError:
+            self.done = set()
+
+    def add(self, trigger_id: str) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(f"{trigger_id}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.done.add(trigger_id)
+
+
+@dataclass
+class Reclaimer:
+    """Acts on triggers: ``webhook`` (a URL) and/or ``actions_file`` (JSON Lines); ``dry_run`` only says what it
+    would do. ``counts``: ``delivered``, ``already_done``, ``refused``, ``retries``."""
+
+    ledger: Ledger | None
+    webhook: str | None = None
+    actions_file: Path | None = None
+    dry_run: bool = False
+    timeout_s: float = 10.0
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("delivered", "already_done", "refused", "retries"), 0))
+
+    async def act(self, records: Iterable[ReclaimRecord], stop: asyncio.Event | None = None) -> None:
+        """Each trigger once, in order; returns when all are delivered (or ``stop`` is set mid-way: then
+        raises ``asyncio.CancelledError``, and the offsets of what is left must not be committed)."""
+        for record in records:
+            if self.ledger is not None and record.trigger_id in self.ledger.done:
+                self.counts["already_done"] += 1
+                continue
+            action = action_of(record)
+            if self.dry_run:
+                print(f"would reclaim: {json.dumps(action)}")
+                continue
+            outcome = "delivered"
+            if self.webhook is not None:
+                outcome = await self._post(action, stop)
+            if self.actions_file is not None:
+                with open(self.actions_file, "a") as fh:
+                    fh.write(json.dumps({**action, "outcome": outcome}) + "\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            if self.ledger is not None:
+                self.ledger.add(record.trigger_id)
+            self.counts[outcome] += 1
+
+    async def _post(self, action: dict[str, Any], stop: asyncio.Event | None) -> str:
+        body = json.dumps(action).encode()
+        wait = self.backoff_s
+        while True:
+            status, why = await asyncio.to_thread(self._send, body, action["trigger_id"])
+            if status is not None and 200 <= status < 300:
+                return "delivered"
+            if status is not None and status not in RETRYABLE:
+                log.error("the webhook refused trigger %s: %s; recorded as refused, not retried",
+                          action["trigger_id"], why)
+                return "refused"
+            self.counts["retries"] += 1
+            log.warning("trigger %s not delivered (%s); trying again in %.1f s", action["trigger_id"], why, wait)
+            if stop is not None and stop.is_set():
+                raise asyncio.CancelledError("stopped with a trigger undelivered")
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self.max_backoff_s)
+
+    def _send(self, body: bytes, trigger_id: str) -> tuple[int | None, str]:
+        assert self.webhook is not None
+        request = urllib.request.Request(self.webhook, data=body, method="POST", headers={
+            "Content-Type": "application/json", "Idempotency-Key": trigger_id})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+                answer.read()
+                return answer.status, f"{answer.status}"
+        except urllib.error.HTTPError as exc:
+            return exc.code, f"{exc.code} {exc.reason}"
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+            return None, f"no answer: {exc}"
+
+
+def from_output(out_dir: Path) -> list[ReclaimRecord]:
+    """The reclaim triggers under ``out_dir``, in the order they fired."""
+    columns, rows = query(out_dir, "SELECT * EXCLUDE (date) FROM reclaim ORDER BY trigger_ns, gpu_uuid, tenant_key")
+    return [ReclaimRecord.model_validate(dict(zip(columns, row))) for row in rows]
+
+
+async def run_kafka_reclaim(kafka: KafkaSettings, group: str, reclaimer: Reclaimer, stop: asyncio.Event,
+                            keyring: Keyring | None = None) -> None:
+    """Follow the reclaim topic as consumer group ``group`` until ``stop``: act on each poll's triggers, then
+    commit its offsets (never with ``dry_run``). With ``keyring``, a message the workers did not sign is
+    logged with its reason and counted (``unverified``), never acted on."""
+    consumer = AIOKafkaConsumer(kafka.topic("reclaim"), **kafka.client_options(), group_id=group,
+                                enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed")
+    reclaimer.counts.setdefault("unverified", 0)
+    await consumer.start()
+    try:
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=500)
+            records = []
+            for tp, messages in batches.items():
+                for m in messages:
+                    source = f"{tp.topic}[{tp.partition}]@{m.offset}"
+                    record = output_record("reclaim", m.value or b"", source, output_refusal(keyring, m))
+                    if isinstance(record, DeadLetter):
+                        reclaimer.counts["unverified"] += 1
+                        log.warning("%s: %s (%s); not acted on", source, record.reason, record.detail)
+                        continue
+                    records.append(record)
+            try:
+                await reclaimer.act(records, stop)  # type: ignore[arg-type]
+            except asyncio.CancelledError:
+                return  # stopped mid-way: what is left is read again by the next run
+            if batches and not reclaimer.dry_run:
+                await consumer.commit()
+    finally:
+        await consumer.stop()
