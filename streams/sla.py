@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import astuple, dataclass
 from decimal import Decimal
-from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -35,12 +35,20 @@ __all__ = ["SlaOperator", "quota_scale"]
 
 def quota_scale(tier: SlaTier, idle_run_ms: int, sm: int, covered_ms: int) -> float:
     """The seed's ``calcQuotaScale``: ``base · (0.3 + 0.7 · e^(−idle_s / 300))`` while idle, else
-    ``base · min(1.5, 1 + 0.5 · avg_util)``. In float64 (METRICS.md: to 1e-12), by one formula on every
-    path, so both give the same bits."""
+    ``base · min(1.5, 1 + 0.5 · avg_util)``, ``avg_util`` the exact ratio rounded once. In float64
+    (METRICS.md: to 1e-12); the batch entry does the same operations elementwise (IEEE's, which numpy and
+    Python round alike) and takes the exponential from ``_decay`` too, so both paths give the same bits."""
     base = float(tier.quota_base)
     if idle_run_ms > 0:
-        return base * (0.3 + 0.7 * math.exp(-(idle_run_ms / 1000) / 300))
-    return base * min(1.5, 1 + 0.5 * float(Fraction(sm, 10_000 * covered_ms)))
+        return base * _decay(idle_run_ms)
+    return base * min(1.5, 1 + 0.5 * (sm / (10_000 * covered_ms)))  # int / int: correctly rounded
+
+
+@lru_cache(maxsize=4096)
+def _decay(idle_run_ms: int) -> float:
+    """``0.3 + 0.7 · e^(−idle_s / 300)``: by ``math.exp`` alone (a vectorised exponential may differ in the
+    last bit); a run's length is a multiple of the pane, so few values recur."""
+    return 0.3 + 0.7 * math.exp(-(idle_run_ms / 1000) / 300)
 
 
 @dataclass
@@ -87,7 +95,7 @@ class SlaOperator:
                     triggers.append(self._trigger(pane, t.tenant, key, run.start_ns, idle_run_ms, tier, price))
             quotas.append(computed(
                 QuotaRecord, gpu_uuid=pane.gpu_uuid, pane_start_ns=pane.pane_start_ns, tenant_key=key,
-                team=t.tenant.team, sla=t.tenant.sla, util_pct=float(Fraction(t.sm, 100 * pane.covered_ms)),
+                team=t.tenant.team, sla=t.tenant.sla, util_pct=t.sm / (100 * pane.covered_ms),
                 idle_run_ms=idle_run_ms, quota_scale=quota_scale(tier, idle_run_ms, t.sm, pane.covered_ms)))
         if runs:
             self._runs[pane.gpu_uuid] = runs
@@ -159,12 +167,13 @@ class SlaOperator:
         back[order] = np.arange(len(order))  # each row's place in ``order``
         run_ms = idle_run_ms[back]
         tenants = panes.t_tenant[rows]
-        quota = [quota_scale(t, ms, s, c) for t, ms, s, c in  # type: ignore[arg-type]
-                 zip(row_tiers, run_ms.tolist(), sm.tolist(), covered.tolist())]
+        base = np.array([float(t.quota_base) for t in row_tiers], np.float64)  # type: ignore[union-attr]
+        decay = np.array([_decay(ms) if ms else 0.0 for ms in run_ms.tolist()], np.float64)
+        quota = np.where(run_ms > 0, base * decay, base * np.minimum(1.5, 1 + 0.5 * ratios(sm, covered * 10_000)))
         table = pa.table([pa.array(panes.gpu_uuid[pane], pa.string()), panes.pane_start_ns[pane],
                           pa.array(key, pa.string()), pa.array([t.team for t in tenants], pa.string()),
                           pa.array([t.sla for t in tenants], pa.string()),
-                          ratios(sm_o, covered_o * 100), run_ms, np.array(quota, np.float64)],
+                          ratios(sm_o, covered_o * 100), run_ms, quota],
                          schema=ARROW_SCHEMAS["quota"])
         triggers = []
         for j in np.flatnonzero(fires).tolist():
@@ -197,7 +206,8 @@ class _PaneView:
 
 def _last_by(names: np.ndarray, ks: np.ndarray) -> dict[str, int]:
     """Each distinct name's largest k."""
-    latest: dict[str, int] = {}
-    for name, k in zip(names.tolist(), ks.tolist()):
-        latest[name] = max(latest.get(name, k), k)
-    return latest
+    if not len(names):
+        return {}
+    order = np.lexsort((ks, names))
+    last = np.append(names[order][1:] != names[order][:-1], True)
+    return dict(zip(names[order][last].tolist(), ks[order][last].tolist()))
