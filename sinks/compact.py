@@ -9,6 +9,12 @@ listed the old files and opens one after the swap fails with "file not found" in
 counting a row twice. What a compaction that died leaves sits only under ``.compact``, which
 is invisible to the views and removed by the next one.
 
+The swapped-out folder is not deleted at once: it is moved to ``OUT/.compact-retired`` and
+deleted by a compaction at least ``RETIRE_S`` later. A reader that opened the old folder just
+before the swap is still listing it; deleting its files under it made such a listing return
+only the files that survive the swap (hard links), whose paths the new folder also holds, so
+the query read part of the rows without an error (seen once in the test suite, 515 of 782).
+
 The caller must be the output directory's only writer (``gpucost.sinks.lock.OutputLock``).
 """
 from __future__ import annotations
@@ -17,6 +23,7 @@ import ctypes
 import logging
 import os
 import shutil
+import time
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,11 +37,13 @@ from gpucost.schemas.arrow import ARROW_SCHEMAS
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.parquet import PART_RE, ParquetSink, fsync_dir
 
-__all__ = ["STAGING", "CompactError", "CompactStats", "compact", "part_files", "partition_folders"]
+__all__ = ["STAGING", "RETIRED", "RETIRE_S", "CompactError", "CompactStats", "compact", "part_files", "partition_folders"]
 
 log = logging.getLogger("gpucost.compact")
 
 STAGING = ".compact"  # under the output directory; outside every kind's folder, so no view globs it
+RETIRED = ".compact-retired"  # swapped-out folders, until RETIRE_S has passed (outside every view too)
+RETIRE_S = 10.0
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 _CORES = os.cpu_count() or 1
@@ -140,7 +149,9 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
     _exchange(staged, folder)
     fsync_dir(folder.parent)
     fsync_dir(staged.parent)
-    shutil.rmtree(staged)  # the old files, now outside every view
+    retired = out_dir / RETIRED / str(time.time_ns()) / kind
+    retired.mkdir(parents=True)
+    os.rename(staged, retired / folder.name)  # the old files, outside every view; deleted once no listing can hold them
     rows = sum(sizes[p] for p in small)
     stats.small_left[folder] = len(later) + (rows % file_rows > 0)
     stats.partitions += 1
@@ -161,6 +172,7 @@ def compact(out_dir: Path, min_files: int = 2, file_rows: int = 1 << 20, folders
     if min_files < 2:
         raise ValueError(f"min_files must be at least 2 (merging fewer files changes nothing), got {min_files}")
     shutil.rmtree(out_dir / STAGING, ignore_errors=True)  # what a compaction that died left, never visible
+    _drop_retired(out_dir)
     held = {p.parent for p in exclude}
     stats = CompactStats()
     try:
@@ -172,3 +184,11 @@ def compact(out_dir: Path, min_files: int = 2, file_rows: int = 1 << 20, folders
     finally:
         shutil.rmtree(out_dir / STAGING, ignore_errors=True)
     return stats
+
+
+def _drop_retired(out_dir: Path) -> None:
+    """Delete the swapped-out folders retired ``RETIRE_S`` or more ago."""
+    now = time.time_ns()
+    for batch in sorted((out_dir / RETIRED).glob("*")):
+        if batch.name.isdigit() and now - int(batch.name) >= RETIRE_S * 1e9:
+            shutil.rmtree(batch, ignore_errors=True)

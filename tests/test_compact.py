@@ -24,7 +24,7 @@ from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.records import kind_of
-from gpucost.sinks.compact import STAGING, compact, partition_folders
+from gpucost.sinks.compact import RETIRED, STAGING, compact, partition_folders
 from gpucost.sinks.lock import OutputBusyError, OutputLock
 from gpucost.sinks.parquet import Journal, ParquetSink
 from gpucost.sinks.views import connect
@@ -126,6 +126,26 @@ def test_a_reader_sees_every_row_exactly_once_while_folders_are_swapped(tmp_path
     assert results, "the reader never completed a query"
     assert set(results) == {(total, money)}
     assert all("No such file" in e or "No files found" in e or "not found" in e.lower() for e in errors), errors
+
+
+def test_a_swapped_out_folder_outlives_any_listing_that_began_before_the_swap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its files stay (under ``RETIRED``, outside every view) for ``RETIRE_S``: a reader that opened the old folder
+    just before the swap lists all of it, rather than only the hard links the swap kept (a silent partial read)."""
+    write_as_flushes(tmp_path, list(range(0, len(RECORDS), max(1, len(RECORDS) // 30))))
+    before = {p.name for f in partition_folders(tmp_path) for p in part_files(f)}
+    before_rows = rows(tmp_path)
+    assert compact(tmp_path, 2, file_rows=50).partitions > 0
+    first = {p.relative_to(tmp_path / RETIRED).parts[0] for p in (tmp_path / RETIRED).rglob("*.parquet")}
+    kept = {p.name for p in (tmp_path / RETIRED).rglob("*.parquet")}
+    assert first and kept <= before, "the old files were deleted at the swap"
+    assert rows(tmp_path) == before_rows  # and the views read none of them
+    compact(tmp_path, 2, file_rows=90)  # at once: within RETIRE_S, they stay
+    assert first <= {p.name for p in (tmp_path / RETIRED).iterdir()}
+    monkeypatch.setattr(gpucost.sinks.compact, "RETIRE_S", 0)
+    compact(tmp_path, 2, file_rows=130)
+    assert not first & {p.name for p in (tmp_path / RETIRED).iterdir()}, "retired folders never go"
+    assert rows(tmp_path) == before_rows
 
 
 def _die_at(out: str, step: str) -> None:
