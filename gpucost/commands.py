@@ -34,9 +34,9 @@ from gpucost.report import format_table, summary
 from gpucost.schemas.arrow import events_table
 from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.events import Price
-from gpucost.schemas.records import OUTPUT_KINDS, HealthRecord
+from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.lock import OutputLock
-from gpucost.sinks.views import query, read_only_problem, views_sql
+from gpucost.sinks.views import query, read_only_problem, sql_string, view_records, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
 from gpucost.wiring import (Signals, UsageError, audit_key, audit_settings, event_files, fleet_spec, interrupt,
                             invoked_as, live_source, load_keys, metrics_served, output_dir, say_source_counts)
@@ -229,9 +229,9 @@ def _export_otlp(args: argparse.Namespace) -> int:
     if args.endpoint is None and args.json is None:
         raise UsageError("say where to: --endpoint http://HOST:4318/v1/metrics (env GPUCOST_OTLP_ENDPOINT), "
                          "--json FILE, or both")
-    where = "" if args.gpu is None else f" WHERE gpu_uuid = '{args.gpu.replace(chr(39), chr(39) * 2)}'"
-    columns, rows = query(args.out, f"SELECT * EXCLUDE (date) FROM health{where} ORDER BY gpu_uuid, window_start_ns")
-    request = export_request(HealthRecord.model_validate(dict(zip(columns, row))) for row in rows)
+    where = "" if args.gpu is None else f"WHERE gpu_uuid = {sql_string(args.gpu)}"
+    records = view_records(args.out, "health", f"{where} ORDER BY gpu_uuid, window_start_ns")
+    request = export_request(records)
     if args.json is not None:
         args.json.write_text(json.dumps(to_json(request)) + "\n")
     if args.endpoint is not None:
@@ -239,7 +239,7 @@ def _export_otlp(args: argparse.Namespace) -> int:
             post(args.endpoint, request)
         except RuntimeError as exc:
             raise UsageError(str(exc)) from None
-    print(f"{len(rows):,} health window(s) exported as OTLP metrics"
+    print(f"{len(records):,} health window(s) exported as OTLP metrics"
           + (f" to {args.endpoint}" if args.endpoint else "") + (f", JSON in {args.json}" if args.json else ""))
     return 0
 

@@ -21,9 +21,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
-from gpucost.schemas.records import DeadLetter, HealthRecord
+from gpucost.schemas.records import DeadLetter
 from gpucost.sinks.parquet import fsync_dir
-from gpucost.sinks.views import query
+from gpucost.sinks.views import view_records
 from gpucost.streams.discovery import ServiceDiscovery
 
 __all__ = ["write_file_sd", "from_output", "run_kafka_discovery"]
@@ -45,13 +45,10 @@ def write_file_sd(path: Path, groups: list[dict[str, Any]]) -> None:
 
 def from_output(out_dir: Path) -> ServiceDiscovery:
     """Service discovery as of every GPU's latest ``health`` record under ``out_dir``."""
-    columns, rows = query(out_dir, "SELECT * FROM health QUALIFY row_number() OVER "
-                                   "(PARTITION BY gpu_uuid ORDER BY window_start_ns DESC) = 1", confined=False)
     sd = ServiceDiscovery()
-    for row in rows:
-        values = dict(zip(columns, row))
-        values.pop("date", None)
-        sd.update(HealthRecord.model_validate(values))
+    for record in view_records(out_dir, "health", "QUALIFY row_number() OVER (PARTITION BY gpu_uuid "
+                                                  "ORDER BY window_start_ns DESC) = 1"):
+        sd.update(record)
     return sd
 
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from gpucost.schemas.codec import explain
 from gpucost.schemas.records import HealthRecord
 from gpucost.schemas.snapshot import seal_problems
-from gpucost.sinks.views import query
+from gpucost.sinks.views import sql_string, view_records
 
 __all__ = ["SNAPSHOT_KIND", "fingerprint", "snapshot_of", "snapshot_problems", "read_json"]
 
@@ -31,19 +31,15 @@ def fingerprint(gpu_uuid: str, gpu_model: str, node_id: str) -> str:
 
 def snapshot_of(out_dir: Path, gpu_uuid: str) -> dict[str, Any] | None:
     """The snapshot of ``gpu_uuid``'s latest ``health`` record under ``out_dir`` (None: it has none)."""
-    columns, rows = query(out_dir, "SELECT * EXCLUDE (date) FROM health WHERE gpu_uuid = $gpu "
-                                   "ORDER BY window_start_ns DESC LIMIT 1".replace("$gpu", _quoted(gpu_uuid)))
-    if not rows:
+    found = view_records(out_dir, "health", f"WHERE gpu_uuid = {sql_string(gpu_uuid)} ORDER BY window_start_ns DESC "
+                                            "LIMIT 1")
+    if not found:
         return None
-    record = HealthRecord.model_validate(dict(zip(columns, rows[0])))
+    record = found[0]
     return {"kind": SNAPSHOT_KIND, "timestamp_ns": record.window_end_ns,
             "device": {"gpu_uuid": record.gpu_uuid, "gpu_model": record.gpu_model, "node_id": record.node_id,
                        "fingerprint": fingerprint(record.gpu_uuid, record.gpu_model, record.node_id)},
             "record": record.model_dump(mode="json")}
-
-
-def _quoted(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def snapshot_problems(doc: Any, secrets: dict[str, bytes] | None) -> tuple[list[str], str | None]:

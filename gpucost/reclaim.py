@@ -33,7 +33,7 @@ from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
 from gpucost.schemas.records import DeadLetter, ReclaimRecord
-from gpucost.sinks.views import query
+from gpucost.sinks.views import view_records
 
 __all__ = ["action_of", "Ledger", "Reclaimer", "RETRYABLE", "from_output", "run_kafka_reclaim"]
 
@@ -142,8 +142,7 @@ class Reclaimer:
 
 def from_output(out_dir: Path) -> list[ReclaimRecord]:
     """The reclaim triggers under ``out_dir``, in the order they fired."""
-    columns, rows = query(out_dir, "SELECT * EXCLUDE (date) FROM reclaim ORDER BY trigger_ns, gpu_uuid, tenant_key")
-    return [ReclaimRecord.model_validate(dict(zip(columns, row))) for row in rows]
+    return view_records(out_dir, "reclaim", "ORDER BY trigger_ns, gpu_uuid, tenant_key")
 
 
 async def run_kafka_reclaim(kafka: KafkaSettings, group: str, reclaimer: Reclaimer, stop: asyncio.Event,

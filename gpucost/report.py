@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucost.embedded import RunStats
+from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import connect
 
 __all__ = ["format_table", "printable", "summary"]
@@ -33,10 +34,10 @@ _BY_TEAM = """
 SELECT team, sum(cost_micro_usd) AS micro_usd, printf('%.2f', sum(cost_micro_usd) / 1e6) AS usd,
        printf('%.1f%%', 100.0 * sum(cost_micro_usd) / nullif(sum(sum(cost_micro_usd)) OVER (), 0)) AS share
 FROM cost GROUP BY team ORDER BY micro_usd DESC, team"""
-_GRADES = """
+_GRADES = f"""
 SELECT grade, count(*) AS windows, count(*) FILTER (WHERE passed) AS passed,
        printf('%.1f%%', 100.0 * count(*) / sum(count(*)) OVER ()) AS share
-FROM health GROUP BY grade ORDER BY array_position(['excellent', 'good', 'needs_optimisation', 'idle'], grade)"""
+FROM health GROUP BY grade ORDER BY array_position({list(GRADES)}, grade)"""
 #: what reclaiming each trigger's GPU would free: its price, per hour (a trigger of an unpriced GPU frees nothing known)
 _RECLAIMS = """
 SELECT sla AS tier, count(*) AS triggers, count(DISTINCT gpu_uuid) AS gpus,

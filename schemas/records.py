@@ -8,8 +8,8 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "QuotaRecord", "ReclaimRecord", "trigger_id", "GRADES", "FAIL_REASONS", "BREAKER_STATES",
-           "UNHASHED", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
+__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "QuotaRecord", "ReclaimRecord", "trigger_id",
+           "GRADES", "FAIL_REASONS", "UNHASHED", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
            "record_id", "record_ids", "IDLE_TENANT", "computed", "computed_from"]
 
 IDLE_TENANT = "idle"
@@ -96,7 +96,7 @@ class HealthRecord(_Record):
     passed: bool
     fail_reasons: list[str]  # of FAIL_REASONS, in that order
     windows_skipped: Int64
-    breaker_state: str  # one of BREAKER_STATES
+    breaker_state: str  # probation, in_service, observation or removed
     snapshot_sha256: str
     signature: str | None
 
@@ -138,7 +138,6 @@ class ReclaimRecord(_Record):
 
 GRADES = ("excellent", "good", "needs_optimisation", "idle")
 FAIL_REASONS = ("grade", "sched_deviation", "coverage")
-BREAKER_STATES = ("probation", "in_service", "observation", "removed")
 #: what the snapshot hash leaves out: itself, and the signature of it
 UNHASHED = ("snapshot_sha256", "signature")
 

@@ -14,8 +14,10 @@ import duckdb
 import pyarrow as pa
 
 from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.records import OUTPUT_KINDS
 
-__all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "views_sql", "connect", "query", "read_only_problem"]
+__all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "views_sql", "connect", "query", "read_only_problem",
+           "sql_string", "view_records"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "health": "DATE", "quota": "DATE", "reclaim": "DATE",
@@ -65,6 +67,19 @@ def confine(con: duckdb.DuckDBPyConnection, out_dir: Path) -> duckdb.DuckDBPyCon
 
 #: a query that lists a file a compaction then swaps away fails with "No such file": it is run again
 QUERY_ATTEMPTS = 3
+
+
+def sql_string(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def view_records(out_dir: Path, kind: str, clause: str = "") -> list[Any]:
+    """The records of ``kind``'s view under ``out_dir`` (``clause``: what follows ``FROM kind``), as its model's
+    objects: what the commands that act on published records read back."""
+    columns, rows = query(out_dir, f"SELECT * EXCLUDE (date) FROM {kind} {clause}")
+    model = OUTPUT_KINDS[kind]
+    return [model.model_validate(dict(zip(columns, row))) for row in rows]
 
 
 def query(out_dir: Path, sql: str, confined: bool = True,

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from gpucost.schemas.records import FAIL_REASONS, HealthRecord, computed_from
+from gpucost.schemas.records import FAIL_REASONS, GRADES, HealthRecord, computed_from
 from gpucost.schemas.snapshot import sealed
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.runs import runs
@@ -31,7 +31,7 @@ from gpucost.streams.settings import AuditSettings
 
 __all__ = ["HealthAudit", "peak_tops", "grade_of", "ENTITLEMENT", "Breaker"]
 
-ENTITLEMENT = {"excellent": 1.25, "good": 1.0, "needs_optimisation": 0.75, "idle": 1.0}
+ENTITLEMENT = dict(zip(GRADES, (1.25, 1.0, 0.75, 1.0)))
 
 
 def peak_tops(table: dict[str, Any], gpu_model: str) -> Any:
@@ -243,7 +243,3 @@ class HealthAudit:
         audit._open = {g: _Window(*w) for g, w in state["open"].items()}
         audit._breakers = {g: Breaker(*b) for g, b in state["breakers"].items()}
         return audit
-
-    def states(self) -> dict[str, str]:
-        """Each GPU's breaker state now."""
-        return {g: b.state for g, b in self._breakers.items()}
