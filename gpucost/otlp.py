@@ -100,7 +100,10 @@ def read_requests(path: Path) -> list[ExportMetricsServiceRequest]:
     for doc in docs:
         if not isinstance(doc, dict) or "resourceMetrics" not in doc and "resource_metrics" not in doc:
             raise ValueError(f"{path} is not an OTLP JSON metrics export (no resourceMetrics)")
-        out.append(json_format.ParseDict(doc, ExportMetricsServiceRequest(), ignore_unknown_fields=True))
+        try:
+            out.append(json_format.ParseDict(doc, ExportMetricsServiceRequest(), ignore_unknown_fields=True))
+        except json_format.ParseError as exc:  # a field of the wrong type, say
+            raise ValueError(f"{path} is not a valid OTLP JSON metrics export: {exc}") from None
     return out
 
 

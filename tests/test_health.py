@@ -502,3 +502,18 @@ def test_verify_tells_whether_an_otlp_export_covers_admission_without_a_gap(tmp_
     gapped.write_text(json.dumps(doc) + "\n")  # and as JSON Lines, as a collector's file exporter writes
     assert main(["health", "verify", str(gapped), "--admission-h", str(windows - 4)]) == 0
     assert main(["health", "verify", str(gapped), "--admission-h", str(windows - 3)]) == 1
+
+
+@pytest.mark.parametrize("text", [
+    '{"resourceMetrics": [{"scopeMetrics": 5}]}', '{"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"gauge": '
+    '{"dataPoints": [{"timeUnixNano": "soon"}]}}]}]}]}', '{"resourceMetrics": []}\n{"resourceMetrics": ', '[1, 2]',
+    '{"kind": "gpucost.health_snapshot/1", "record": {"gpu_uuid": 7}}', "\x00\xff not json"])
+def test_verify_refuses_a_malformed_file_in_one_line(tmp_path: Path, text: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Hostile or broken files to verify: a usage error or a failed verification, said in words, never a traceback."""
+    path = tmp_path / "file.json"
+    path.write_text(text, errors="surrogateescape")
+    rc = main(["health", "verify", str(path)])
+    out, err = capsys.readouterr()
+    assert rc in (1, 2) and "Traceback" not in out + err
+    assert ("error:" in err and err.count("\n") == 1) if rc == 2 else "FAILS verification" in out
