@@ -54,7 +54,10 @@ def one_day(con: duckdb.DuckDBPyConnection, gpus: int, path: Path, row_group: in
                0.3 AS t_share, 0.3 AS b_share, 0.0 AS l_share, 0.27 AS weight, 0.5 AS busy_fraction,
                3.99::DECIMAL(18,6) AS usd_per_gpu_hour, c AS pane_cost_micro_usd,
                CASE WHEN t = 0 THEN c // 2 ELSE c // (2 * tenants) END AS cost_micro_usd,
-               false AS unpriced, 0 AS revision
+               false AS unpriced, 0 AS revision,
+               (CASE WHEN t = 0 THEN 0 ELSE 3000000 END)::DECIMAL(38,0) AS t_num,
+               (CASE WHEN t = 0 THEN 0 ELSE 2000000 END)::DECIMAL(38,0) AS b_num, 0::DECIMAL(38,0) AS l_num,
+               (3000000 * tenants)::DECIMAL(38,0) AS busy_num, 60000 AS covered_ms
         FROM parties ORDER BY {sort}""")
     columns = ", ".join(ARROW_SCHEMAS["cost"].names)
     con.execute(f"COPY (SELECT {columns} FROM day) TO '{path}' "

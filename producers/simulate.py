@@ -59,6 +59,13 @@ class FleetSpec:
     max_delay_s: float = 30.0
     addresses_per_hour: int = 192
     unbound_fraction: float = 0.1
+    #: the power model (``_Gpu.events``): a GPU sample's watts are ``idle_power_w`` plus these times the sum of
+    #: its processes' SM %, their memory-bandwidth %, and the tick's NUMA Σ hops · latency_weight per ms, plus
+    #: noise: known coefficients, which ``gpucost fit-weights`` must recover (tests/test_fit.py)
+    idle_power_w: float = 70.0
+    watts_per_sm_pct: float = 3.0
+    watts_per_bw_pct: float = 1.5
+    watt_ms_per_numa: float = 20_000.0
 
     def __post_init__(self) -> None:
         for name in ("gpus", "gpus_per_node"):
@@ -167,15 +174,13 @@ class _Gpu:
             sm = [_pct(j.sm_base * load + rng.normal(0, 4)) for j in active]
             bw = [_pct(j.bw_base * load + rng.normal(0, 3)) for j in active]
             used = sum(int(2 * GIB + j.sm_base * 0.6 * GIB) for j in active)
-            out.append(GpuSample(
-                node_id=self.node_id, gpu_uuid=self.uuid, gpu_model=self.model, ts_ns=ts,
-                interval_s=interval, sm_util_pct=_pct(sum(sm) + abs(rng.normal(0, 0.8))),
-                mem_bw_util_pct=_pct(sum(bw) + abs(rng.normal(0, 0.5))),
-                mem_used_bytes=min(used, self.mem_total), mem_total_bytes=self.mem_total,
-                power_w=round(70 + 6.3 * sum(sm) + float(rng.normal(0, 3)), 1) if active else 69.5,
-                temp_c=round(31 + 0.4 * sum(sm) / max(1, len(active)), 1),
-                pcie_tx_bytes_s=int(rng.integers(0, 10**6)) * max(1, len(active)),
-                pcie_rx_bytes_s=int(rng.integers(0, 10**6)) * max(1, len(active))))
+            # the GPU sample's draws first (their order fixes every later draw), its power once the tick's NUMA
+            # events are known
+            gpu_sm, gpu_bw = (_pct(sum(sm) + abs(rng.normal(0, 0.8))), _pct(sum(bw) + abs(rng.normal(0, 0.5))))
+            noise = float(rng.normal(0, 3)) if active else 0.0
+            pcie = [int(rng.integers(0, 10**6)) * max(1, len(active)) for _ in range(2)]
+            hopper = "H100" in self.model or "H200" in self.model  # GPM / DCGM profiling: tensor and DRAM activity
+            numa = 0
             for j, s, b in zip(active, sm, bw):
                 out.append(ProcessSample(
                     node_id=self.node_id, gpu_uuid=self.uuid, pid=j.pid, ts_ns=ts + 1_000_000,
@@ -185,13 +190,26 @@ class _Gpu:
                     out.append(NumaEvent(
                         node_id=self.node_id, gpu_uuid=self.uuid, pid=j.pid, ts_ns=ts + 2_000_000,
                         hops=int(rng.integers(0, 3)), latency_weight=int(rng.integers(1, 50))))
+                    numa += out[-1].hops * out[-1].latency_weight
                 if rng.random() < addr_p:
                     out.extend(MemAccess(node_id=self.node_id, pid=j.pid, ts_ns=ts + 3_000_000 + k,
                                          address=self._address(j)) for k in range(16))
-                if rng.random() < 0.002:
+                if rng.random() < 0.002:  # a batched GEMM seen by the cuBLAS uprobes: 2·m·n·k·batch FLOPs
+                    x = int(rng.integers(0, 1 << 62))
+                    dims = [256 * (1 + (x >> shift) % 32) for shift in (0, 5, 10)]  # m, n, k
                     out.append(EbpfTrace(
                         node_id=self.node_id, pid=j.pid, gpu_uuid=self.uuid, ts_ns=ts + 4_000_000,
-                        sm_util_pct=int(s), flops_64b=int(rng.integers(0, 1 << 62))))
+                        sm_util_pct=int(s), flops_64b=2 * math.prod(dims) * (1 + (x >> 15) % 64), trace_source="blas"))
+            power = (spec.idle_power_w + spec.watts_per_sm_pct * sum(sm) + spec.watts_per_bw_pct * sum(bw)
+                     + spec.watt_ms_per_numa * numa / (interval * 1000) + noise)
+            out.insert(0, GpuSample(
+                node_id=self.node_id, gpu_uuid=self.uuid, gpu_model=self.model, ts_ns=ts,
+                interval_s=interval, sm_util_pct=gpu_sm, mem_bw_util_pct=gpu_bw,
+                mem_used_bytes=min(used, self.mem_total), mem_total_bytes=self.mem_total,
+                power_w=round(min(10_000.0, max(0.0, power)), 1), temp_c=round(31 + 0.4 * sum(sm) / max(1, len(active)), 1),
+                pcie_tx_bytes_s=pcie[0], pcie_rx_bytes_s=pcie[1],
+                tensor_active_pct=_pct(0.55 * gpu_sm) if hopper else None,
+                dram_active_pct=_pct(0.9 * gpu_bw) if hopper else None))
             # mostly prompt; 2 % of ticks arrive late by up to max_delay_s (within the lateness)
             delay = int(rng.uniform(0, spec.max_delay_s) * NS) if rng.random() < 0.02 else 0
             for ev in out:

@@ -14,11 +14,12 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from gpucost.schemas.events import EVENT_MODELS, EbpfTrace, Event
-from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.schemas.records import OUTPUT_KINDS, Wide
 
-__all__ = ["arrow_schema", "ARROW_SCHEMAS", "to_table", "EVENT_SCHEMA", "events_table"]
+__all__ = ["WIDE_TYPE", "arrow_schema", "ARROW_SCHEMAS", "to_table", "EVENT_SCHEMA", "events_table"]
 
 PRICE_TYPE = pa.decimal128(18, 6)
+WIDE_TYPE = pa.decimal128(38, 0)  # an integer field marked ``Wide``
 _SCALARS: dict[type, pa.DataType] = {
     int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), Decimal: PRICE_TYPE,
 }
@@ -41,7 +42,8 @@ def _arrow_field(name: str, annotation: object) -> pa.Field:
 
 @cache
 def arrow_schema(model: type[BaseModel]) -> pa.Schema:
-    return pa.schema([_arrow_field(n, f.annotation) for n, f in model.model_fields.items()])
+    return pa.schema([pa.field(n, WIDE_TYPE, nullable=False) if Wide in f.metadata else _arrow_field(n, f.annotation)
+                      for n, f in model.model_fields.items()])
 
 
 ARROW_SCHEMAS: dict[str, pa.Schema] = {k: arrow_schema(m) for k, m in OUTPUT_KINDS.items()}
@@ -57,12 +59,13 @@ def _event_schema() -> pa.Schema:
 
     Derived from the event models like the output schemas. Exceptions, by what the wire
     carries: ``kind`` and ``sla`` are text, ``address`` is unsigned 64-bit, and
-    ``ebpf_trace`` travels as its ``trace_hex``.
+    ``ebpf_trace`` travels as its ``trace_hex`` (and ``trace_source``).
     """
     fields: dict[str, pa.Field] = {"kind": pa.field("kind", pa.string(), nullable=False)}
     for model in EVENT_MODELS.values():
         if model is EbpfTrace:
             fields.setdefault("trace_hex", pa.field("trace_hex", pa.string()))
+            fields.setdefault("trace_source", pa.field("trace_source", pa.string()))
             continue
         for name, info in model.model_fields.items():
             if name in fields or name == "kind":

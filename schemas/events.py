@@ -18,7 +18,7 @@ from gpucost.schemas.exact import round_scaled
 
 __all__ = [
     "TS_MIN_NS", "TS_MAX_NS", "RESERVED_TEAMS", "TENANT_FIELDS", "GpuSample", "ProcessSample", "MemAccess",
-    "NumaEvent", "EbpfTrace", "skeleton", "TenantBinding", "Price", "Event", "EVENT_MODELS", "GPU_KEYED",
+    "NumaEvent", "TRACE_SOURCES", "EbpfTrace", "skeleton", "TenantBinding", "Price", "Event", "EVENT_MODELS", "GPU_KEYED",
 ]
 
 TS_MIN_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
@@ -100,6 +100,15 @@ class GpuSample(_Sample):
     dram_active_pct: Pct | None = None
 
     @cached_property
+    def tensor_active_cp(self) -> int | None:
+        """``tensor_active_pct`` in hundredths of a percent, rounded once (None: not measured)."""
+        return None if self.tensor_active_pct is None else round_scaled(self.tensor_active_pct, 100)
+
+    @cached_property
+    def dram_active_cp(self) -> int | None:
+        return None if self.dram_active_pct is None else round_scaled(self.dram_active_pct, 100)
+
+    @cached_property
     def power_mw(self) -> int:
         """``power_w`` in integer milliwatts, rounded once, half-even from its decimal text (the health
         audit's energy is exact in µJ from here on)."""
@@ -137,8 +146,14 @@ class NumaEvent(_Event):
     latency_weight: Annotated[int, Field(ge=0, lt=2**32)]
 
 
+#: what an ``ebpf_trace``'s ``flops_64b`` counts: threads launched (``launch``, the kernel-launch probe) or
+#: the floating-point operations of one BLAS call (``blas``, the cuBLAS uprobes); only ``blas`` enters EFU
+TRACE_SOURCES = ("launch", "blas")
+
+
 class EbpfTrace(_Event):
-    """The 40-byte ``trace_event``; on the wire as ``trace_hex`` (80 hex digits) plus ``node_id``."""
+    """The 40-byte ``trace_event``; on the wire as ``trace_hex`` (80 hex digits) plus ``node_id``, and
+    ``trace_source`` outside the struct (its layout is the seed's; absent means ``launch``)."""
 
     kind: Literal["ebpf_trace"] = "ebpf_trace"
     node_id: Ident
@@ -147,6 +162,7 @@ class EbpfTrace(_Event):
     ts_ns: TsNs
     sm_util_pct: Annotated[int, Field(ge=0, le=100)]
     flops_64b: Annotated[int, Field(ge=0, lt=2**64)]
+    trace_source: Literal["launch", "blas"] = "launch"
 
     @model_validator(mode="before")
     @classmethod
@@ -162,13 +178,15 @@ class EbpfTrace(_Event):
             ev = decode_trace_event(blob)
             return {"kind": data.get("kind", "ebpf_trace"), "node_id": data.get("node_id"),
                     "pid": ev.pid, "gpu_uuid": ev.gpu_uuid, "ts_ns": ev.timestamp_ns,
-                    "sm_util_pct": ev.sm_util_pct, "flops_64b": ev.flops_64b}
+                    "sm_util_pct": ev.sm_util_pct, "flops_64b": ev.flops_64b,
+                    **({"trace_source": data["trace_source"]} if "trace_source" in data else {})}
         return data
 
     def to_wire(self) -> dict[str, Any]:
         blob = encode_trace_event(
             TraceEvent(self.pid, self.gpu_uuid, self.ts_ns, self.sm_util_pct, self.flops_64b))
-        return {"kind": self.kind, "node_id": self.node_id, "trace_hex": blob.hex()}
+        return {"kind": self.kind, "node_id": self.node_id, "trace_hex": blob.hex(),
+                **({"trace_source": self.trace_source} if self.trace_source != "launch" else {})}
 
 
 TenantField = Annotated[str, Field(max_length=256)]

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucost.schemas.ebpf import TRACE_EVENT_SIZE
-from gpucost.schemas.events import EVENT_MODELS
+from gpucost.schemas.events import EVENT_MODELS, TRACE_SOURCES
 from gpucost.schemas.records import OUTPUT_KINDS
 
 __all__ = ["write_json_schemas"]
@@ -20,6 +20,9 @@ EBPF_TRACE_WIRE: dict[str, Any] = {
         "trace_hex": {"type": "string", "pattern": f"^[0-9a-fA-F]{{{2 * TRACE_EVENT_SIZE}}}$",
                       "description": "packed little-endian {u32 pid; u8 gpu_uuid[16]; u64 timestamp_ns; "
                                      "u32 sm_util_pct; u64 flops_64b}"},
+        "trace_source": {"enum": list(TRACE_SOURCES), "default": TRACE_SOURCES[0],
+                         "description": "what flops_64b counts: threads launched (launch) or one BLAS call's "
+                                        "floating-point operations (blas)"},
     },
 }
 

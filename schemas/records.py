@@ -9,13 +9,22 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "QuotaRecord", "ReclaimRecord", "trigger_id",
-           "GRADES", "FAIL_REASONS", "UNHASHED", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
-           "record_id", "record_ids", "IDLE_TENANT", "computed", "computed_from"]
+           "EfficiencyRecord", "DIAGNOSES", "GRADES", "FAIL_REASONS", "UNHASHED", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
+           "record_id", "record_ids", "IDLE_TENANT", "Wide", "computed", "computed_from"]
 
 IDLE_TENANT = "idle"
 #: every integer column is a Parquet int64: a record from an output topic with a larger one (2^70 µ$, say)
 #: is not a record of its kind, and the sink dead-letters it rather than dying on it at every restart
 Int64 = Annotated[int, Field(ge=-(1 << 63), lt=1 << 63)]
+
+
+class Wide:
+    """Marks an integer field that may pass 64 bits (a sum of products over a pane): stored as a
+    DECIMAL(38, 0) column (``gpucost.schemas.arrow``), exact to 10^38."""
+
+
+#: an exact non-negative integer of up to 38 digits
+WideInt = Annotated[int, Field(ge=0, lt=10**38), Wide]
 
 
 class _Record(BaseModel):
@@ -71,6 +80,15 @@ class CostRecord(_Record):
     cost_micro_usd: Int64
     unpriced: bool
     revision: Int64
+    #: the exact integers the split was made of (METRICS.md, "What-if"): the tenant's Σ sm_util_cp · interval_ms,
+    #: Σ mem_bw_util_cp · interval_ms and Σ hops · latency_weight (0 for idle), the pane's Σ sm_util_cp ·
+    #: interval_ms over all its process samples, and its covered time: a bill under other prices, weights or
+    #: idle policy is recomputed from these alone, to the µ$
+    t_num: WideInt
+    b_num: WideInt
+    l_num: WideInt
+    busy_num: WideInt
+    covered_ms: Int64
 
 
 class HealthRecord(_Record):
@@ -99,6 +117,28 @@ class HealthRecord(_Record):
     breaker_state: str  # probation, in_service, observation or removed
     snapshot_sha256: str
     signature: str | None
+
+
+class EfficiencyRecord(_Record):
+    """Operator-level efficiency of one GPU pane (``pid`` 0) or of one process with BLAS traces on it
+    (METRICS.md, "Efficiency"). ``flops`` is the exact sum rounded once to a float (it can pass 2^63);
+    ``covered_ms`` and ``peak_tops`` are what ``efu`` was taken against, so that a view can turn it into
+    effective TFLOP-hours (``unit_cost``)."""
+
+    gpu_uuid: str
+    node_id: str
+    gpu_model: str
+    pane_start_ns: Int64
+    pid: Int64
+    flops: float
+    efu: float | None
+    efu_source: str | None  # flops, tensor_active, or None
+    bw_util: float
+    delta_bw: float
+    bw_source: str  # dram_active or mem_bw_util
+    diagnosis: str  # one of DIAGNOSES
+    covered_ms: Int64
+    peak_tops: float
 
 
 class QuotaRecord(_Record):
@@ -137,6 +177,7 @@ class ReclaimRecord(_Record):
 
 
 GRADES = ("excellent", "good", "needs_optimisation", "idle")
+DIAGNOSES = ("idle", "compute_bound", "memory_bound", "latency_bound")
 FAIL_REASONS = ("grade", "sched_deviation", "coverage")
 #: what the snapshot hash leaves out: itself, and the signature of it
 UNHASHED = ("snapshot_sha256", "signature")
@@ -162,11 +203,13 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "health": HealthRecord,
     "quota": QuotaRecord,
     "reclaim": ReclaimRecord,
+    "efficiency": EfficiencyRecord,
     "dlq": DeadLetter,
 }
 _KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
 #: one record the pipeline publishes
-Output = IdleIndexRecord | MaeRecord | CostRecord | HealthRecord | QuotaRecord | ReclaimRecord | DeadLetter
+Output = (IdleIndexRecord | MaeRecord | CostRecord | HealthRecord | QuotaRecord | ReclaimRecord | EfficiencyRecord
+          | DeadLetter)
 
 
 def kind_of(record: BaseModel) -> str:

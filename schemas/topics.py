@@ -42,6 +42,8 @@ _SPECS = (
     TopicSpec("quota", "gpu_uuid", "one QuotaRecord as JSON: a tenant's quota scale on a GPU, per pane"),
     TopicSpec("reclaim", "gpu_uuid", "one ReclaimRecord as JSON: an idle tenant's GPU may be reclaimed (act once "
                                      "per trigger_id)"),
+    TopicSpec("efficiency", "gpu_uuid", "one EfficiencyRecord as JSON: a GPU's (pid 0) or a process's EFU, ΔBW "
+                                        "and diagnosis, per pane"),
     TopicSpec("discovery", "node_id", "the node's service-discovery entry as JSON (written by gpucost discovery)",
               compacted=True),
     TopicSpec("dlq", "gpu_uuid, node_id/pid or source", "one DeadLetter as JSON"),

@@ -23,8 +23,8 @@ from pydantic import BaseModel
 
 from gpucost.schemas.arrow import to_table
 from gpucost.schemas.blocks import ClosedPanes
-from gpucost.schemas.records import (OUTPUT_KINDS, CostRecord, DeadLetter, HealthRecord, IdleIndexRecord, MaeRecord,
-                                     QuotaRecord, ReclaimRecord, kind_of)
+from gpucost.schemas.records import (OUTPUT_KINDS, CostRecord, DeadLetter, EfficiencyRecord, HealthRecord,
+                                     IdleIndexRecord, MaeRecord, QuotaRecord, ReclaimRecord, kind_of)
 
 __all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "fsync_dir", "partition_date",
            "remove_stale_temporaries"]
@@ -55,7 +55,7 @@ def partition_date(record: BaseModel) -> str:
         ts_ns = record.first_ts_ns
     elif isinstance(record, HealthRecord):
         ts_ns = record.window_start_ns
-    elif isinstance(record, QuotaRecord):
+    elif isinstance(record, (QuotaRecord, EfficiencyRecord)):
         ts_ns = record.pane_start_ns
     elif isinstance(record, ReclaimRecord):
         ts_ns = record.trigger_ns
@@ -169,7 +169,8 @@ class ParquetSink:
         """All of the block buffered first, then any file it fills written: a file that cannot be
         written leaves every record of the block buffered."""
         keys = []
-        for kind, table in (("idle_index", block.idle), ("cost", block.cost), ("quota", block.quota)):
+        for kind, table in (("idle_index", block.idle), ("cost", block.cost), ("quota", block.quota),
+                            ("efficiency", block.efficiency)):
             day = table.column("pane_start_ns").to_numpy() // _NS_PER_DAY
             days = np.unique(day).tolist()
             for d in days:

@@ -1,5 +1,5 @@
 """DuckDB views over the Parquet output: one per output kind (``idle_index``, ``mae``, ``cost``, ``health``,
-``quota``, ``reclaim``, ``dlq``).
+``quota``, ``reclaim``, ``efficiency``, ``dlq``), and ``unit_cost`` over ``cost`` and ``efficiency``.
 
 ``views_sql(dir)`` is the SQL an analyst can paste into any DuckDB; ``connect(dir)`` opens
 an in-memory DuckDB with exactly those views. A kind with no file yet gets an empty view
@@ -7,6 +7,7 @@ of the right columns and types, so queries work before the first record arrives.
 """
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ __all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "views_sql", "co
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "health": "DATE", "quota": "DATE", "reclaim": "DATE",
-              "dlq": "VARCHAR"}
+              "efficiency": "DATE", "dlq": "VARCHAR"}
 
 
 def _sql_type(t: pa.DataType) -> str:
@@ -44,13 +45,32 @@ def _view(out_dir: Path, kind: str) -> str:
             f"hive_partitioning = true, hive_types = {{'date': {_DATE_TYPE[kind]}}});")
 
 
-def views_sql(out_dir: Path) -> str:
-    return "\n".join(_view(out_dir, kind) for kind in ARROW_SCHEMAS) + "\n"
+#: the seed's unit cost, ``(C_total + C_opex) / TFLOPS_effective``, per GPU model and day (METRICS.md, "Efficiency"):
+#: the day's billed µ$ plus the opex rate times its GPU-hours, over its effective TFLOP-hours (EFU × peak × hours, of
+#: the GPU rows with an EFU; ``gpu_hours_without_efu`` says how much time had none, so no number is read as
+#: more than it is)
+_UNIT_COST = """CREATE OR REPLACE VIEW unit_cost AS
+WITH c AS (SELECT gpu_model, date, sum(cost_micro_usd) AS cost_micro_usd FROM cost GROUP BY ALL),
+e AS (SELECT gpu_model, date, sum(covered_ms) / 3.6e6 AS gpu_hours,
+             sum(efu * peak_tops * covered_ms) / 3.6e6 AS effective_tflop_hours,
+             coalesce(sum(covered_ms) FILTER (WHERE efu IS NULL), 0) / 3.6e6 AS gpu_hours_without_efu
+      FROM efficiency WHERE pid = 0 GROUP BY ALL)
+SELECT gpu_model, date, cost_micro_usd, gpu_hours, CAST({opex} AS DOUBLE) * gpu_hours AS opex_usd,
+       effective_tflop_hours, gpu_hours_without_efu,
+       (cost_micro_usd / 1e6 + CAST({opex} AS DOUBLE) * gpu_hours) / nullif(effective_tflop_hours, 0)
+         AS usd_per_effective_tflop_hour
+FROM c JOIN e USING (gpu_model, date);"""
 
 
-def connect(out_dir: Path) -> duckdb.DuckDBPyConnection:
+def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
+    """Every kind's view, and ``unit_cost`` at the opex rate given (USD per GPU-hour)."""
+    views = [_view(out_dir, kind) for kind in ARROW_SCHEMAS]
+    return "\n".join([*views, _UNIT_COST.format(opex=Decimal(opex_usd_per_gpu_hour))]) + "\n"
+
+
+def connect(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
-    con.execute(views_sql(out_dir))
+    con.execute(views_sql(out_dir, opex_usd_per_gpu_hour))
     return con
 
 
@@ -82,8 +102,8 @@ def view_records(out_dir: Path, kind: str, clause: str = "") -> list[Any]:
     return [model.model_validate(dict(zip(columns, row))) for row in rows]
 
 
-def query(out_dir: Path, sql: str, confined: bool = True,
-          attempts: int = QUERY_ATTEMPTS) -> tuple[list[str], list[tuple[Any, ...]]]:
+def query(out_dir: Path, sql: str, confined: bool = True, attempts: int = QUERY_ATTEMPTS,
+          opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The columns and rows of ``sql`` over the views of ``out_dir`` (``confined`` to its files).
 
     A sink compacts while it runs: the views list the files, and a file merged away between the
@@ -92,7 +112,7 @@ def query(out_dir: Path, sql: str, confined: bool = True,
     """
     for attempt in range(1, attempts + 1):
         try:
-            con = connect(out_dir)
+            con = connect(out_dir, opex_usd_per_gpu_hour)
             res = (confine(con, out_dir) if confined else con).execute(sql)
             return [d[0] for d in res.description] if res.description else [], res.fetchall()
         except duckdb.IOException as exc:

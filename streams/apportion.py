@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.arrow import ARROW_SCHEMAS, WIDE_TYPE
 from gpucost.schemas.events import TENANT_FIELDS
 from gpucost.schemas.exact import div_half_even, micro_usd_per_hour, ratios
 from gpucost.schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
@@ -17,7 +17,7 @@ from gpucost.streams.money import split_in_order
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.tables import Tenant
 
-__all__ = ["Weights", "apportion", "apportion_many"]
+__all__ = ["Weights", "apportion", "apportion_many", "tenant_weights"]
 
 MS_PER_HOUR = 3_600_000
 FULL_UTIL_CP = 100 * 100  # 100 % in hundredths of a percent
@@ -52,12 +52,9 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
 
     tenants = sorted(pane.tenants.items())  # by tenant key
     sm_all = sum(t.sm for _, t in tenants)
-    bw_all = sum(t.bw for _, t in tenants)
-    numa_all = sum(t.numa for _, t in tenants)
-    t_den, b_den, l_den = sm_all or 1, bw_all or 1, numa_all or 1
+    t_den, b_den, l_den = _denominators(pane)
     scale = weights.denominator * t_den * b_den * l_den  # w_i = W[i] / scale
-    big_w = [weights.alpha * t.sm * b_den * l_den + weights.beta * t.bw * t_den * l_den
-             + weights.gamma * t.numa * t_den * b_den for _, t in tenants]
+    big_w = tenant_weights(pane, weights)
     w_all = sum(big_w)
     if w_all == 0:
         busy_n, busy_d = 0, 1
@@ -74,20 +71,35 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
                                                       pane.pane_start_ns, pane.pane_end_ns)
     busy = busy_n / busy_d
 
-    def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float, micro_usd: int) -> CostRecord:
+    def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float, micro_usd: int,
+               sums: tuple[int, int, int]) -> CostRecord:
         return computed_from(CostRecord, {  # in the model's field order
             "record_id": record_id(gpu_uuid, start_ns, key, 0), "gpu_uuid": gpu_uuid, "node_id": node_id,
             "gpu_model": gpu_model, "pane_start_ns": start_ns, "pane_end_ns": end_ns, "tenant_key": key,
             **dict(zip(TENANT_FIELDS, tenant)), "t_share": t, "b_share": b, "l_share": l_, "weight": weight,
             "busy_fraction": busy, "usd_per_gpu_hour": usd_per_gpu_hour, "pane_cost_micro_usd": cost,
-            "cost_micro_usd": micro_usd, "unpriced": unpriced, "revision": 0})
+            "cost_micro_usd": micro_usd, "unpriced": unpriced, "revision": 0, "t_num": sums[0], "b_num": sums[1],
+            "l_num": sums[2], "busy_num": sm_all, "covered_ms": pane.covered_ms})
 
     idle = Tenant.named(IDLE_TENANT)
-    out = [record(IDLE_TENANT, idle, 0.0, 0.0, 0.0, 0.0, split[0])]
+    out = [record(IDLE_TENANT, idle, 0.0, 0.0, 0.0, 0.0, split[0], (0, 0, 0))]
     # int / int is correctly rounded in Python: the same floats as the exact fractions give
-    out += [record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, w / scale, micro_usd)
+    out += [record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, w / scale, micro_usd, (t.sm, t.bw, t.numa))
             for (k, t), w, micro_usd in zip(tenants, big_w, split[1:])]
     return out
+
+
+def _denominators(pane: PaneTotals) -> tuple[int, int, int]:
+    """The pane's component totals T, B, L, a zero total counted as 1 (its component is 0 for everyone)."""
+    return (sum(t.sm for t in pane.tenants.values()) or 1, sum(t.bw for t in pane.tenants.values()) or 1,
+            sum(t.numa for t in pane.tenants.values()) or 1)
+
+
+def tenant_weights(pane: PaneTotals, weights: Weights) -> list[int]:
+    """Each tenant's weight ``w_i`` (tenants by key) times ``D·T·B·L``: integers over one denominator."""
+    t_den, b_den, l_den = _denominators(pane)
+    return [weights.alpha * t.sm * b_den * l_den + weights.beta * t.bw * t_den * l_den
+            + weights.gamma * t.numa * t_den * b_den for _, t in sorted(pane.tenants.items())]
 
 
 def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: Weights
@@ -172,6 +184,10 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
         "cost_micro_usd": micro_usd.astype(np.int64),
         "unpriced": np.array([price is None for price in prices], bool)[pane_of],
         "revision": np.zeros(n, np.int64),
+        **{name: pa.array(values, WIDE_TYPE) for name, values in (
+            ("t_num", per_tenant(sm, 0)), ("b_num", per_tenant(bw, 0)), ("l_num", per_tenant(numa, 0)),
+            ("busy_num", sm_all[pane_of]))},
+        "covered_ms": panes.covered_ms[pane_of],
     }
     table = pa.table(list(columns.values()), schema=ARROW_SCHEMAS["cost"])
     return table, [prices[j] for j in pane_list], parties

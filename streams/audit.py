@@ -20,6 +20,7 @@ from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, Numa
 from gpucost.schemas.records import DeadLetter, Output
 from gpucost.streams.apportion import Weights, apportion, apportion_many
 from gpucost.streams.columnar import ingest_batch, ingest_lines
+from gpucost.streams.efficiency import Efficiency
 from gpucost.streams.health import HealthAudit
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.mae import Mae
@@ -34,7 +35,7 @@ __all__ = ["Auditor"]
 
 
 
-def _device(event: GpuSample | ProcessSample | NumaEvent) -> str:
+def _device(event: GpuSample | ProcessSample | NumaEvent | EbpfTrace) -> str:
     """The device a GPU-keyed event speaks for, as a dead letter names it."""
     return f"GPU {event.gpu_uuid}" + ("" if isinstance(event, GpuSample) else f" pid {event.pid}")
 
@@ -44,13 +45,15 @@ class Auditor:
 
     ``counts`` tallies accepted events by kind, each dead-letter reason, ``unbilled``
     (process samples and NUMA events in a pane without any GPU sample, so with no covered
-    time to bill) and ``unpriced_panes``. ``ebpf_trace`` events are validated and counted;
-    METRICS.md defines no published figure from them yet.
+    time to bill) and ``unpriced_panes``.
 
     ``clock`` (epoch ns) is the only use of processing time, and only to refuse: an event
     more than ``max_future_s`` ahead of it is dead-lettered (``future_timestamp``), since
     accepting it would move its GPU's watermark past every true event. Without a clock
     (the pure tests) there is no such check.
+
+    ``ebpf_trace`` events are judged late like the GPU-keyed kinds but move no watermark; a ``blas``
+    trace's FLOPs join its pane for the efficiency records.
     """
 
     def __init__(self, settings: AuditSettings, clock: Callable[[], int] | None = None,
@@ -63,6 +66,7 @@ class Auditor:
         self.idle = IdleIndex(settings)
         self.sla = SlaOperator(settings)
         self.health = HealthAudit(settings, audit_key)
+        self.efficiency = Efficiency(settings)
         self.mae = Mae(settings)
         self.bindings = BindingTable()
         self.prices = PriceTable()
@@ -74,6 +78,10 @@ class Auditor:
             return [self.future_letter(event, raw, source, now)]
         if isinstance(event, (GpuSample, ProcessSample, NumaEvent)):
             return self._gpu_keyed(event, raw, source)
+        if isinstance(event, EbpfTrace):
+            if self.panes.is_late(event.gpu_uuid, event.ts_ns):
+                return [self.late_letter(event, raw, source, self.panes.watermark(event.gpu_uuid))]
+            self.panes.add_trace(event)
         if isinstance(event, MemAccess):
             self.counts[event.kind] += 1
             rec = self.mae.update(event)
@@ -102,7 +110,7 @@ class Auditor:
                           f"ts_ns {event.ts_ns} is {(event.ts_ns - now) / 1e9:.0f} s ahead of this "
                           f"worker's clock (allowed: {self.settings.max_future_s} s); fix the node's clock")
 
-    def late_letter(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None, source: str,
+    def late_letter(self, event: GpuSample | ProcessSample | NumaEvent | EbpfTrace, raw: str | bytes | None, source: str,
                     watermark: int | None) -> DeadLetter:
         return self._dead("late", event, raw, source, f"pane of ts_ns {event.ts_ns} closed: GPU "
                                                       f"{event.gpu_uuid}'s watermark is {watermark} ns")
@@ -208,6 +216,7 @@ class Auditor:
             out.extend(apportion(pane, price, self.weights))
             quotas, triggers = self.sla.on_close(pane, price)
             out.extend(quotas)
+            out.extend(self.efficiency.on_close(pane))
             out.extend(triggers)
             out.extend(self.health.on_close(pane, idle.idle_ms_72h, idle.covered_ms_72h))
         return out
@@ -236,8 +245,9 @@ class Auditor:
         idle = self.idle.close_many(panes)
         health = self.health.close_many(panes, idle.column("idle_ms_72h").to_numpy(),
                                         idle.column("covered_ms_72h").to_numpy())
-        block = ClosedPanes(idle, *apportion_many(panes, prices, self.weights), *self.sla.close_many(panes, prices),
-                            health=health)
+        quota, quota_rows, reclaim = self.sla.close_many(panes, prices)
+        block = ClosedPanes(idle, *apportion_many(panes, prices, self.weights), quota, quota_rows,
+                            *self.efficiency.close_many(panes), reclaim=reclaim, health=health)
         return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
 
     def successor(self) -> "Auditor":

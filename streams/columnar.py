@@ -29,13 +29,14 @@ from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.schemas.blocks import ClosedPanes, Outputs
 from gpucost.schemas.bounds import field_bounds
 from gpucost.schemas.codec import Rejected, decode_line, present_fields, raw_text
-from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
+from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
+                                    TenantBinding)
 from gpucost.schemas.exact import round_float
 from gpucost.schemas.records import DeadLetter, Output
 from gpucost.streams.json_lines import COLUMN_MODELS, read_lines
 from gpucost.streams.mae import Mae
 from gpucost.streams.pane_totals import PaneColumns, PaneRows, PaneTotals
-from gpucost.streams.panes import GPU, KINDS, NUMA, PROC, GpuPanes
+from gpucost.streams.panes import GPU, KINDS, NUMA, PROC, TRACE, GpuPanes
 from gpucost.streams.runs import runs
 from gpucost.streams.scope import Scope, decode_in_scope
 from gpucost.streams.settings import AuditSettings
@@ -255,12 +256,18 @@ class _Batch:
         self.sm_cp = np.zeros(self.n, np.int64)
         self.bw_cp = np.zeros(self.n, np.int64)
         self.power_mw = np.zeros(self.n, np.int64)
+        self.tensor_cp, self.dram_cp = np.full(self.n, -1, np.int64), np.full(self.n, -1, np.int64)
+        self.flops: dict[int, int] = {}  # each blas trace's flops_64b, by row
+        self._gpu_code: dict[str, int] | None = None  # gpu_names' codes, once a trace names a GPU
         if sample.any():
             for out, name, scale in ((self.interval_ms, "interval_s", 1000), (self.sm_cp, "sm_util_pct", 100),
                                      (self.bw_cp, "mem_bw_util_pct", 100)):
                 out[sample] = exact_round(columns[name][0][sample], scale)
         if (gpu := (self.code == GPU) & valid[GpuSample]).any():
             self.power_mw[gpu] = exact_round(columns["power_w"][0][gpu], 1000)
+            for out, name in ((self.tensor_cp, "tensor_active_pct"), (self.dram_cp, "dram_active_pct")):
+                measured = gpu & columns[name][1]
+                out[measured] = exact_round(columns[name][0][measured], 100)
         # the models' cross-field validators: _Sample._interval_not_zero, GpuSample._used_within_total
         used, total = columns["mem_used_bytes"][0], columns["mem_total_bytes"][0]
         gpu_row = valid[GpuSample] & (self.interval_ms > 0) & (used <= total)
@@ -283,10 +290,29 @@ class _Batch:
                         event.interval_ms, event.sm_util_cp, event.mem_bw_util_cp)
                 if isinstance(event, GpuSample):
                     self.power_mw[i] = event.power_mw
+                    self.tensor_cp[i], self.dram_cp[i] = (-1 if v is None else v for v in (
+                        event.tensor_active_cp, event.dram_active_cp))
+            elif isinstance(event, EbpfTrace):  # always here: the packed struct is decoded row by row
+                self._trace(i, event)
             else:
                 self.table_events.append((i, event))
         if self.scope is not None:
             self._scoped()
+
+    def _trace(self, i: int, event: EbpfTrace) -> None:
+        """Row ``i`` is this trace: a GPU-keyed row that ``GpuPanes`` judges late but that moves no watermark."""
+        if self._gpu_code is None:
+            self._gpu_code = {name: code for code, name in enumerate(self.gpu_names)}
+        code = self._gpu_code.get(event.gpu_uuid)
+        if code is None:
+            code = self._gpu_code[event.gpu_uuid] = len(self.gpu_names)
+            self.gpu_names.append(event.gpu_uuid)
+        for name in ("code", "gpu", "ts", "pid"):  # columns read from Arrow without a copy are read-only
+            if not getattr(self, name).flags.writeable:
+                setattr(self, name, getattr(self, name).copy())
+        self.ok[i], self.code[i], self.gpu[i], self.ts[i], self.pid[i] = True, TRACE, code, event.ts_ns, event.pid
+        if event.trace_source == "blas":
+            self.flops[i] = event.flops_64b
 
     def _scoped(self) -> None:
         """Rows of the hot kinds taken so far that their message may not carry (``gpucost.streams.scope``): dead
@@ -341,13 +367,14 @@ class _Batch:
         """The GPU-keyed rows through ``GpuPanes``' batch entry: its verdicts become dead letters, the
         accepted rows' tenants are joined (bindings applied in arrival order), then every close."""
         a = self.a
-        rows = np.flatnonzero(self.ok & (self.code <= NUMA))
+        rows = np.flatnonzero(self.ok & (self.code <= TRACE))
         rows = rows[np.argsort(self.gpu[rows], kind="stable")]  # by GPU, then in arrival order
         starts, ends = runs(self.gpu[rows])
         pane_rows = PaneRows(rows, [self.gpu_names[c] for c in self.gpu[rows][starts].tolist()], starts, ends,
                              self.code[rows], self.pid[rows], self.ts[rows], self.interval_ms[rows], self.sm_cp[rows],
-                             self.bw_cp[rows], self.power_mw[rows], self.numa_w[rows], self.node[rows], self.node_names, self.model[rows],
-                             self.model_names)
+                             self.bw_cp[rows], self.power_mw[rows], self.tensor_cp[rows], self.dram_cp[rows],
+                             self.numa_w[rows], self.node[rows], self.node_names, self.model[rows], self.model_names,
+                             {p: self.flops[i] for p, i in enumerate(rows.tolist()) if i in self.flops})
         verdicts = a.panes.judge_many(pane_rows)
         late_at = np.flatnonzero(verdicts.late)
         watermark = dict(zip(rows[late_at].tolist(), a.panes.watermarks_before(verdicts, late_at)))
@@ -357,7 +384,7 @@ class _Batch:
         accepted = verdicts.accepted
         for code, kind in enumerate(KINDS):
             self._count(kind, int(np.count_nonzero(accepted & (pane_rows.kind == code))))
-        tenant_rows = np.sort(rows[accepted & (pane_rows.kind != GPU)])
+        tenant_rows = np.sort(rows[accepted & np.isin(pane_rows.kind, (PROC, NUMA))])
         tenant_of = np.full(self.n, -1, np.int64)
         tenant_of[tenant_rows] = self._tenants(tenant_rows)
         self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants))
@@ -399,7 +426,7 @@ class _Batch:
     def _apply_in_order(self, at_rows: np.ndarray, closing: PaneColumns) -> None:
         """Closes and prices in arrival order: a price reaches only the closes after it.
 
-        eBPF traces change nothing a close reads, so they go first. Each pane takes the price in
+        Each pane takes the price in
         force at its closing row; then every pane closes in one ``Auditor.close_many``, whose
         records come as blocks cut at each price and wherever another output of the batch lies
         between two closes, so that expanding each block where it stands gives the row path's order.

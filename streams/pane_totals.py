@@ -14,7 +14,7 @@ import numpy as np
 from gpucost.streams.runs import Levels
 from gpucost.streams.tables import Tenant
 
-__all__ = ["TenantTotals", "PaneTotals", "PaneColumns", "PaneRows", "Verdicts", "objects", "nearest_gap"]
+__all__ = ["TenantTotals", "PaneTotals", "EFFICIENCY_SUMS", "PaneColumns", "PaneRows", "Verdicts", "objects", "nearest_gap"]
 
 
 def nearest_gap(times: list[int], ts_ns: int) -> int | None:
@@ -47,6 +47,15 @@ class PaneTotals:
     energy_uj: int = 0  # Σ power_mw · interval_ms over the GPU samples (mW · ms = µJ): the health audit's
     busy_cp_ms: int = 0  # Σ sm_util_cp · interval_ms over the GPU samples
     placed: int = 0  # process samples of a tenant other than ``unattributed``: the pane is allocated
+    #: the efficiency operator's sums over the GPU samples (METRICS.md, "Efficiency"): Σ mem_bw_util_cp · ms,
+    #: and Σ tensor_active_cp · ms, Σ dram_active_cp · ms with the ms of the samples that carry each
+    bw_cp_ms: int = 0
+    tensor_cp_ms: int = 0
+    tensor_ms: int = 0
+    dram_cp_ms: int = 0
+    dram_ms: int = 0
+    #: Σ flops_64b of the pane's ``blas`` traces, by pid (launch traces count threads, not FLOPs: never here)
+    flops: dict[int, int] = field(default_factory=dict)
     #: the sorted ``ts_ns`` of every event counted in this pane, by (kind, pid) (pid -1 for GPU samples):
     #: a second event at one of them is a duplicate, a sample near one an overlap. Bounded: only open
     #: panes are kept.
@@ -89,13 +98,17 @@ class PaneTotals:
         seen = self._seen_state[1]
         return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
                 self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen, self.energy_uj, self.busy_cp_ms,
-                self.placed]
+                self.placed, *(getattr(self, f) for f in EFFICIENCY_SUMS), sorted(self.flops.items())]
 
     @classmethod
     def from_state(cls, s: list[Any]) -> "PaneTotals":
         pane = cls(*s[:8])
         if len(s) > 10:  # a state written before the health audit has none of these
             pane.energy_uj, pane.busy_cp_ms, pane.placed = s[10:13]
+        if len(s) > 13:  # nor one written before the efficiency operator these
+            for name, value in zip(EFFICIENCY_SUMS, s[13:18]):
+                setattr(pane, name, value)
+            pane.flops = {pid: flops for pid, flops in s[18]}
         for tenant, *sums in s[8]:  # a state written before the SLA tiers has no sample count
             t = Tenant(*tenant)
             pane.tenants[t.key] = TenantTotals(t, *sums)
@@ -108,6 +121,10 @@ class PaneTotals:
                 ts += gap
                 pane.remember(kind, pid, ts)
         return pane
+
+
+#: the efficiency operator's sums a pane keeps (``PaneTotals``, ``PaneColumns``: one integer each)
+EFFICIENCY_SUMS = ("bw_cp_ms", "tensor_cp_ms", "tensor_ms", "dram_cp_ms", "dram_ms")
 
 
 @dataclass
@@ -128,6 +145,11 @@ class PaneColumns:
     energy_uj: np.ndarray
     busy_cp_ms: np.ndarray
     placed: np.ndarray
+    bw_cp_ms: np.ndarray
+    tensor_cp_ms: np.ndarray
+    tensor_ms: np.ndarray
+    dram_cp_ms: np.ndarray
+    dram_ms: np.ndarray
     t_pane: np.ndarray  # the pane of each tenant row
     t_key: np.ndarray
     t_tenant: np.ndarray
@@ -135,6 +157,9 @@ class PaneColumns:
     t_bw: np.ndarray
     t_numa: np.ndarray
     t_samples: np.ndarray
+    f_pane: np.ndarray  # the pane of each (pane, pid) with blas traces, sorted by pane then pid
+    f_pid: np.ndarray
+    f_flops: np.ndarray  # Python integers (a sum of u64 can pass 64 bits)
 
     def __len__(self) -> int:
         return len(self.gpu_uuid)
@@ -144,40 +169,49 @@ class PaneColumns:
         tenants = [(j, key, t) for j, p in enumerate(panes) for key, t in sorted(p.tenants.items())]
         ints = [np.array([getattr(p, f) for p in panes], np.int64)
                 for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events", "energy_uj",
-                          "busy_cp_ms", "placed")]
+                          "busy_cp_ms", "placed", *EFFICIENCY_SUMS)]
+        flops = [(j, pid, n) for j, p in enumerate(panes) for pid, n in sorted(p.flops.items())]
         return cls(objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
                    objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
                    objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
                    *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")),
-                   np.array([t.samples for _, _, t in tenants], np.int64))
+                   np.array([t.samples for _, _, t in tenants], np.int64), np.array([j for j, _, _ in flops], np.int64),
+                   np.array([pid for _, pid, _ in flops], np.int64), objects(n for _, _, n in flops))
 
     @classmethod
     def concat(cls, parts: list["PaneColumns"]) -> "PaneColumns":
         offsets = np.cumsum([0] + [len(p) for p in parts]).tolist()
-        return cls(**{f: np.concatenate([getattr(p, f) + o if f == "t_pane" else getattr(p, f)
+        return cls(**{f: np.concatenate([getattr(p, f) + o if f in ("t_pane", "f_pane") else getattr(p, f)
                                          for p, o in zip(parts, offsets)]) for f in cls.__dataclass_fields__})
 
     def totals(self) -> list[PaneTotals]:
         """Each pane as a ``PaneTotals`` (its ``seen`` keys left empty: it is closing)."""
-        panes = [PaneTotals(*values[:8], energy_uj=values[8], busy_cp_ms=values[9], placed=values[10])
+        panes = [PaneTotals(*values[:8], energy_uj=values[8], busy_cp_ms=values[9], placed=values[10],
+                            **dict(zip(EFFICIENCY_SUMS, values[11:])))
                  for values in zip(self.gpu_uuid.tolist(), self.pane_start_ns.tolist(), self.pane_end_ns.tolist(),
                                    self.node_id.tolist(), self.gpu_model.tolist(), self.covered_ms.tolist(),
                                    self.idle_ms.tolist(), self.tenant_events.tolist(), self.energy_uj.tolist(),
-                                   self.busy_cp_ms.tolist(), self.placed.tolist())]
+                                   self.busy_cp_ms.tolist(), self.placed.tolist(),
+                                   *(getattr(self, f).tolist() for f in EFFICIENCY_SUMS))]
         for j, key, tenant, sm, bw, numa, samples in zip(
                 self.t_pane.tolist(), self.t_key.tolist(), self.t_tenant.tolist(), self.t_sm.tolist(),
                 self.t_bw.tolist(), self.t_numa.tolist(), self.t_samples.tolist()):
             panes[j].tenants[key] = TenantTotals(tenant, sm, bw, numa, samples)
+        for j, pid, flops in zip(self.f_pane.tolist(), self.f_pid.tolist(), self.f_flops.tolist()):
+            panes[j].flops[pid] = flops
         return panes
 
     def take(self, idx: np.ndarray) -> "PaneColumns":
-        """The panes at ``idx``, in that order, with their tenant rows."""
-        lo = np.searchsorted(self.t_pane, idx, "left")
-        count = np.searchsorted(self.t_pane, idx, "right") - lo
-        rows = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-        return PaneColumns(**{f: (np.repeat(np.arange(len(idx)), count) if f == "t_pane" else
-                                  getattr(self, f)[rows if f.startswith("t_") else idx])
-                              for f in self.__dataclass_fields__})
+        """The panes at ``idx``, in that order, with their tenant rows and FLOPs rows."""
+        out = {}
+        for prefix in ("t_", "f_"):
+            of = getattr(self, prefix + "pane")
+            lo = np.searchsorted(of, idx, "left")
+            count = np.searchsorted(of, idx, "right") - lo
+            rows = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
+            out.update({f: np.repeat(np.arange(len(idx)), count) if f == prefix + "pane" else getattr(self, f)[rows]
+                        for f in self.__dataclass_fields__ if f.startswith(prefix)})
+        return PaneColumns(**{f: out[f] if f in out else getattr(self, f)[idx] for f in self.__dataclass_fields__})
 
 
 def objects(values: Iterable[Any]) -> np.ndarray:
@@ -201,11 +235,14 @@ class PaneRows:
     sm_cp: np.ndarray
     bw_cp: np.ndarray
     power_mw: np.ndarray  # a GPU sample's power, else 0
+    tensor_cp: np.ndarray  # a GPU sample's tensor_active_cp, else -1 (not measured)
+    dram_cp: np.ndarray  # a GPU sample's dram_active_cp, else -1
     numa: np.ndarray  # a NUMA event's hops · latency_weight, else 0
     node: np.ndarray  # code into node_names (-1: none)
     node_names: list[str]
     model: np.ndarray  # code into model_names (-1: none)
     model_names: list[str]
+    flops: dict[int, int]  # by position here, each ``blas`` trace's flops_64b (launch traces: absent)
 
     @cached_property
     def group(self) -> np.ndarray:

@@ -15,17 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
-from gpucost.streams.pane_totals import PaneColumns, PaneRows, PaneTotals, Verdicts, nearest_gap, objects
+from gpucost.schemas.events import EbpfTrace, GpuSample, NumaEvent, ProcessSample
+from gpucost.streams.pane_totals import (EFFICIENCY_SUMS, PaneColumns, PaneRows, PaneTotals, Verdicts, nearest_gap,
+                                         objects)
 from gpucost.streams.runs import Levels, runs
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, Tenant
 
 __all__ = ["pane_start_ns", "overlaps", "jump", "KINDS", "GpuPanes"]
 
-#: the kinds of event a pane counts, by their code in ``PaneRows.kind``
-KINDS = ("gpu_sample", "process_sample", "numa_event")
-GPU, PROC, NUMA = range(len(KINDS))
+#: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark: METRICS.md)
+KINDS = ("gpu_sample", "process_sample", "numa_event", "ebpf_trace")
+GPU, PROC, NUMA, TRACE = range(len(KINDS))
 _NONE = np.iinfo(np.int64).min  # no time yet
 
 
@@ -125,6 +126,13 @@ class GpuPanes:
             pane.idle_ms += s.interval_ms
         pane.energy_uj += s.power_mw * s.interval_ms
         pane.busy_cp_ms += s.sm_util_cp * s.interval_ms
+        pane.bw_cp_ms += s.mem_bw_util_cp * s.interval_ms
+        if s.tensor_active_pct is not None:  # the field first: most GPUs have none, and its cp is a cached property
+            pane.tensor_cp_ms += s.tensor_active_cp * s.interval_ms  # type: ignore[operator]
+            pane.tensor_ms += s.interval_ms
+        if s.dram_active_pct is not None:
+            pane.dram_cp_ms += s.dram_active_cp * s.interval_ms  # type: ignore[operator]
+            pane.dram_ms += s.interval_ms
 
     def add_process_sample(self, s: ProcessSample, tenant: Tenant) -> None:
         pane = self._pane(s.gpu_uuid, s.ts_ns)
@@ -134,6 +142,13 @@ class GpuPanes:
         totals.samples += 1
         totals.sm += s.sm_util_cp * s.interval_ms
         totals.bw += s.mem_bw_util_cp * s.interval_ms
+
+    def add_trace(self, e: EbpfTrace) -> None:
+        """An on-time trace: a ``blas`` call's FLOPs join its process's in the pane (opening it if need be); a
+        ``launch`` trace counts threads, which no figure reads. Neither moves the watermark."""
+        if e.trace_source == "blas":
+            flops = self._pane(e.gpu_uuid, e.ts_ns).flops
+            flops[e.pid] = flops.get(e.pid, 0) + e.flops_64b
 
     def add_numa_event(self, e: NumaEvent, tenant: Tenant) -> None:
         pane = self._pane(e.gpu_uuid, e.ts_ns)
@@ -264,13 +279,14 @@ class GpuPanes:
         # can (it may lie above, or confirm a jump), so the watermarks are taken again without the refused
         # rows until they agree: each round settles at least the next row in arrival order, and a batch
         # where no refused row lies above the maximum before it takes one
-        moves = np.ones(len(ts), bool)
+        can_move = rows.kind != TRACE
+        moves = can_move
         while True:
             upto, high, before, pending = watermarks(moves)
             late = pane + pane_ns + lateness_ns <= before
             dup, overlap = self._refusals(rows, group, pane, late)
-            settled = ~(dup | overlap)
-            if np.array_equal(settled, moves) or moves.all() and not (~settled & (ts > before)).any():
+            settled = can_move & ~(dup | overlap)
+            if np.array_equal(settled, moves) or moves is can_move and not (can_move & ~settled & (ts > before)).any():
                 return Verdicts(late, dup, overlap, before, levels, upto, high, pending)
             moves = settled
 
@@ -286,10 +302,12 @@ class GpuPanes:
         An overlap depends on which earlier samples were taken, so it is decided in arrival order; but only
         where it can occur: a (GPU, kind, pid, pane) with two distinct times closer than three quarters of
         the larger of their intervals (no pair of neighbours that close, no pair at all), or one an open
-        pane holds counted times of. Those few go one by one, as ``admit`` does (``_in_order``)."""
+        pane holds counted times of. Those few go one by one, as ``admit`` does (``_in_order``).
+        Traces are neither: a process makes many calls a nanosecond apart."""
         n = len(rows.ts_ns)
         dup, overlap = np.zeros(n, bool), np.zeros(n, bool)
-        on_time = np.flatnonzero(~late)
+        checked = ~late & (rows.kind != TRACE)
+        on_time = np.flatnonzero(checked)
         who = _who(group[on_time], rows.kind[on_time].astype(np.int64), rows.pid[on_time])
         ts = rows.ts_ns[on_time]
         order = np.lexsort((ts, who))  # stable: equal keys stay in arrival order
@@ -306,7 +324,7 @@ class GpuPanes:
         for j, name in enumerate(rows.names):
             span = slice(int(rows.starts[j]), int(rows.ends[j]))
             for start, open_pane in self._open.get(name, {}).items():
-                for p in (np.flatnonzero((pane[span] == start) & ~late[span]) + rows.starts[j]).tolist():
+                for p in (np.flatnonzero((pane[span] == start) & checked[span]) + rows.starts[j]).tolist():
                     kind, pid = KINDS[rows.kind[p]], int(rows.pid[p])
                     if rows.kind[p] != NUMA and (kind, pid) in open_pane.seen:
                         suspect.add((_who(j, int(rows.kind[p]), pid), start))
@@ -340,14 +358,17 @@ class GpuPanes:
         """The accepted rows summed into their panes (``tenant_of``: each process sample's and NUMA event's
         tenant, an index into ``tenants``), the watermarks moved; returns the panes that close, and for
         each the batch row that closes it (``PaneRows.row``), in no particular order."""
-        acc = np.flatnonzero(verdicts.accepted)
+        blas = np.zeros(len(rows.kind), bool)
+        blas[list(rows.flops)] = True
+        acc = np.flatnonzero(verdicts.accepted & ((rows.kind != TRACE) | blas))  # a launch trace sums nothing
         group, pane = rows.group[acc], rows.ts_ns[acc] - rows.ts_ns[acc] % self.pane_ns
         order = np.lexsort((pane, group))  # by GPU, pane, then arrival
         at, group, pane = acc[order], group[order], pane[order]
         firsts, lasts = runs(group, pane)
         kind = rows.kind[at]
-        is_gpu = kind == GPU
+        is_gpu, is_trace = kind == GPU, kind == TRACE
         interval = rows.interval_ms[at]
+        seg_all = np.repeat(np.arange(len(firsts)), lasts - firsts)  # each accepted row's pane here
 
         def per_pane(values: np.ndarray, reduce: np.ufunc = np.add) -> list[int]:
             return reduce.reduceat(values, firsts).tolist() if len(at) else []
@@ -359,10 +380,21 @@ class GpuPanes:
         unattributed = tenants.index(UNATTRIBUTED) if UNATTRIBUTED in tenants else -1
         placed = per_pane(((kind == PROC) & (tenant_of[at] != unattributed)).astype(np.int64))
         gpu_rows = per_pane(is_gpu.astype(np.int64))
+        trace_rows = per_pane(is_trace.astype(np.int64))
+        tensor, dram = rows.tensor_cp[at], rows.dram_cp[at]
+        has_tensor, has_dram = is_gpu & (tensor >= 0), is_gpu & (dram >= 0)
+        sums = dict(zip(EFFICIENCY_SUMS, (per_pane(v) for v in (
+            np.where(is_gpu, rows.bw_cp[at] * interval, 0), np.where(has_tensor, tensor * interval, 0),
+            np.where(has_tensor, interval, 0), np.where(has_dram, dram * interval, 0),
+            np.where(has_dram, interval, 0)))))
+        flops: dict[int, dict[int, int]] = {}  # pane here → pid → Σ flops, in Python integers
+        for k, p in zip(seg_all[is_trace].tolist(), at[is_trace].tolist()):
+            by_pid = flops.setdefault(k, {})
+            by_pid[int(rows.pid[p])] = by_pid.get(int(rows.pid[p]), 0) + rows.flops[p]
 
         # (pane, tenant) sums of the process samples and NUMA events, in order of first arrival
-        t_at = np.flatnonzero(~is_gpu)
-        seg = np.repeat(np.arange(len(firsts)), lasts - firsts)[t_at]
+        t_at = np.flatnonzero(~is_gpu & ~is_trace)
+        seg = seg_all[t_at]
         tenant = tenant_of[at[t_at]]
         t_order = np.lexsort((tenant, seg))
         t_at, seg, tenant = t_at[t_order], seg[t_order], tenant[t_order]
@@ -391,7 +423,7 @@ class GpuPanes:
         group_k, starts_k = group[firsts], pane[firsts]  # each pane's GPU and start
         at_rows = np.array(self._close_rows(rows, verdicts, group_k, starts_k) if len(at) else [], np.int64)
         keys = [t.key for t in tenants]
-        tenant_events = lasts - firsts - np.array(gpu_rows, np.int64)
+        tenant_events = lasts - firsts - np.array(gpu_rows, np.int64) - np.array(trace_rows, np.int64)
 
         # a pane held open here, or that stays open, goes through its PaneTotals; the others, new panes
         # that close within the batch (nearly all of a replay's), straight to columns
@@ -427,6 +459,10 @@ class GpuPanes:
             totals.energy_uj += energy[k]
             totals.busy_cp_ms += busy[k]
             totals.placed += placed[k]
+            for field, values in sums.items():
+                setattr(totals, field, getattr(totals, field) + values[k])
+            for pid, n in flops.get(k, {}).items():
+                totals.flops[pid] = totals.flops.get(pid, 0) + n
             totals.tenant_events += int(tenant_events[k])
             for _, tn, sm, bw, numa, samples in sorted(by_tenant.get(k, ())):
                 t = totals.tenant(tenants[tn], keys[tn])
@@ -440,7 +476,8 @@ class GpuPanes:
             members = at[first:last]
             for code, pid, ts in zip(rows.kind[members].tolist(), rows.pid[members].tolist(),
                                      rows.ts_ns[members].tolist()):
-                totals.remember(KINDS[code], pid, ts)
+                if code != TRACE:
+                    totals.remember(KINDS[code], pid, ts)
             self._open.setdefault(name, {})[start] = totals
         for j, name in enumerate(rows.names):  # open panes that took no row here may close too
             idle_panes = untouched.get(name, [])
@@ -449,7 +486,8 @@ class GpuPanes:
                 if row >= 0:
                     closes.append((row, self._open[name].pop(start)))
         for j, name in enumerate(rows.names):
-            self._set_max_ts(name, int(verdicts.high[rows.ends[j] - 1]), verdicts.pending.get(j))
+            if (high := int(verdicts.high[rows.ends[j] - 1])) != _NONE:  # a GPU of traces alone has no time yet
+                self._set_max_ts(name, high, verdicts.pending.get(j))
 
         position = np.full(len(firsts), -1, np.int64)
         position[fast] = np.arange(len(fast))
@@ -458,13 +496,18 @@ class GpuPanes:
         tenant_rows = tenant_rows[np.lexsort((key_rank[t_who[tenant_rows]], position[t_pane[tenant_rows]]))]
         who = t_who[tenant_rows]
         no_name = [None] * (big + 1)  # a rank of `big`: the pane had no GPU sample
+        f_rows = sorted((int(position[k]), pid, n) for k, by_pid in flops.items() if not slow[k]
+                        for pid, n in by_pid.items())
         columns = PaneColumns(
             objects(rows.names)[group_k[fast]], starts_k[fast], starts_k[fast] + self.pane_ns,
             objects(node_by_rank + no_name)[np.array(node_min, np.int64)[fast]],
             objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
             np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],
-            *(np.array(v, np.int64)[fast] for v in (energy, busy, placed)), position[t_pane[tenant_rows]], objects(keys)[who], objects(tenants)[who],
-            *(v[tenant_rows].astype(object) for v in t_sums[:3]), t_sums[3][tenant_rows].astype(np.int64))
+            *(np.array(v, np.int64)[fast] for v in (energy, busy, placed, *sums.values())),
+            position[t_pane[tenant_rows]], objects(keys)[who], objects(tenants)[who],
+            *(v[tenant_rows].astype(object) for v in t_sums[:3]), t_sums[3][tenant_rows].astype(np.int64),
+            np.array([k for k, _, _ in f_rows], np.int64), np.array([pid for _, pid, _ in f_rows], np.int64),
+            objects(n for _, _, n in f_rows))
         return (np.concatenate([at_rows[fast], np.array([row for row, _ in closes], np.int64)]),
                 PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]))
 

@@ -100,11 +100,18 @@ class AuditSettings(BaseModel):
     readmit_passes: Annotated[int, Field(ge=1, le=10_000, description=(
         "consecutive passed windows that bring a removed GPU back in service"))] = 2
     peak_tops: dict[str, PositiveDecimal] = Field(default_factory=lambda: dict(DEFAULT_PEAK_TOPS))
+    # --- efficiency (METRICS.md, "Efficiency"): the roofline diagnosis -----------------------------
+    compute_bound_efu: Annotated[Ratio, Field(description="a pane is compute_bound at an EFU of at least this")] = \
+        Decimal("0.5")
+    memory_bound_bw: Annotated[Ratio, Field(description=(
+        "… else memory_bound at a bandwidth utilisation of at least this, else latency_bound"))] = Decimal("0.5")
+    opex_usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, allow_inf_nan=False, description=(
+        "operating cost per GPU-hour (power, space, staff) that unit_cost adds to the bill"))] = Decimal(0)
     sla_tiers: dict[str, SlaTier] = Field(default_factory=lambda: dict(DEFAULT_SLA_TIERS))
 
     @field_validator("alpha", "beta", "gamma", "excellent_kw_per_tops", "excellent_sched_deviation",
                      "good_kw_per_tops", "good_sched_deviation", "pass_sched_deviation", "pass_coverage",
-                     mode="before")
+                     "compute_bound_efu", "memory_bound_bw", "opex_usd_per_gpu_hour", mode="before")
     @classmethod
     def _exact_decimal(cls, value: object) -> object:
         # read weights and thresholds as the decimals written, never through a binary float

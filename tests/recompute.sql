@@ -93,3 +93,43 @@ CREATE TABLE want_mae AS
   h AS (SELECT bins.node_id, bins.pid, bins.win, -sum(c / w.n * log2(c / w.n)) AS mae_bits
         FROM bins JOIN w USING (node_id, pid, win) GROUP BY ALL)
   SELECT w.*, coalesce(h.mae_bits, 0) AS mae_bits FROM w LEFT JOIN h USING (node_id, pid, win);
+
+-- efficiency: the blas traces' packed struct decoded here from its hex ({u32 pid; u8 gpu_uuid[16]; u64 timestamp_ns;
+-- u32 sm_util_pct; u64 flops_64b}, little-endian), the means of the GPU samples that carry each field
+CREATE MACRO byte_at(h, k) AS substr(h, 2 * k + 1, 2);
+CREATE MACRO le4(h, k) AS ('0x' || byte_at(h, k + 3) || byte_at(h, k + 2) || byte_at(h, k + 1) || byte_at(h, k))::UBIGINT;
+CREATE MACRO le8(h, k) AS ('0x' || byte_at(h, k + 7) || byte_at(h, k + 6) || byte_at(h, k + 5) || byte_at(h, k + 4)
+                            || byte_at(h, k + 3) || byte_at(h, k + 2) || byte_at(h, k + 1) || byte_at(h, k))::UBIGINT;
+CREATE TABLE blas AS SELECT
+    'GPU-' || lower(substr(trace_hex, 9, 8) || '-' || substr(trace_hex, 17, 4) || '-' || substr(trace_hex, 21, 4) || '-'
+                    || substr(trace_hex, 25, 4) || '-' || substr(trace_hex, 29, 12)) AS gpu_uuid,
+    le4(trace_hex, 0) AS pid, le8(trace_hex, 20) AS ts_ns, CAST(le8(trace_hex, 32) AS HUGEINT) AS flops
+  FROM ev WHERE kind = 'ebpf_trace' AND trace_source = 'blas';
+CREATE TABLE peaks AS SELECT * FROM (VALUES {peaks}) p(key, tops);
+
+CREATE TABLE want_efficiency AS
+  WITH s AS (SELECT *, half_even(interval_s * 1000) AS ms FROM ev WHERE kind = 'gpu_sample'),
+  g AS (SELECT gpu_uuid, ts_ns - ts_ns % {pane_ns} AS pane_start_ns, min(gpu_model) AS gpu_model, sum(ms) AS covered_ms,
+               sum(half_even(sm_util_pct * 100) * ms) AS busy, sum(half_even(mem_bw_util_pct * 100) * ms) AS bw,
+               sum(half_even(tensor_active_pct * 100) * ms) AS tensor, sum(ms) FILTER (WHERE tensor_active_pct IS NOT NULL) AS tensor_ms,
+               sum(half_even(dram_active_pct * 100) * ms) AS dram, sum(ms) FILTER (WHERE dram_active_pct IS NOT NULL) AS dram_ms
+        FROM s GROUP BY ALL),
+  gp AS (SELECT g.*, coalesce((SELECT tops FROM peaks WHERE key <> 'default' AND contains(lower(g.gpu_model), lower(key))
+                              ORDER BY length(key) DESC, key LIMIT 1), (SELECT tops FROM peaks WHERE key = 'default')) AS peak,
+                CASE WHEN dram_ms > 0 THEN dram / (10000.0 * dram_ms) ELSE bw / (10000.0 * covered_ms) END AS bw_util,
+                CASE WHEN dram_ms > 0 THEN 'dram_active' ELSE 'mem_bw_util' END AS bw_source
+         FROM g),
+  f AS (SELECT gpu_uuid, ts_ns - ts_ns % {pane_ns} AS pane_start_ns, pid, sum(flops) AS flops FROM blas GROUP BY ALL),
+  rows AS (
+    SELECT gp.*, 0 AS pid, t.flops,
+           CASE WHEN t.flops IS NOT NULL THEN t.flops / (peak * 1e9 * covered_ms)
+                WHEN tensor_ms > 0 THEN tensor / (10000.0 * tensor_ms) END AS efu,
+           CASE WHEN t.flops IS NOT NULL THEN 'flops' WHEN tensor_ms > 0 THEN 'tensor_active' END AS efu_source
+    FROM gp LEFT JOIN (SELECT gpu_uuid, pane_start_ns, sum(flops) AS flops FROM f GROUP BY ALL) t USING (gpu_uuid, pane_start_ns)
+    UNION ALL
+    SELECT gp.*, f.pid, f.flops, f.flops / (peak * 1e9 * covered_ms), 'flops'
+    FROM gp JOIN f USING (gpu_uuid, pane_start_ns) WHERE f.pid > 0)
+  SELECT gpu_uuid, pane_start_ns, pid, coalesce(flops, 0) AS flops, efu, efu_source, bw_util, 1 - bw_util AS delta_bw,
+         bw_source, CASE WHEN busy = 0 THEN 'idle' WHEN efu >= {compute_bound_efu} THEN 'compute_bound'
+                         WHEN bw_util >= {memory_bound_bw} THEN 'memory_bound' ELSE 'latency_bound' END AS diagnosis
+  FROM rows;

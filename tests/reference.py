@@ -12,7 +12,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
+from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
+                                    TenantBinding)
 from gpucost.streams.settings import AuditSettings
 
 IDLE = "idle"
@@ -62,10 +63,13 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
     for ev in events:
         key: tuple | None = None
         verdict = None
-        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent)):
+        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)):
             pane_end = (ev.ts_ns // s.pane_ns + 1) * s.pane_ns
             if ev.gpu_uuid in max_ts and pane_end <= max_ts[ev.gpu_uuid] - s.lateness_ns:
                 out.append("late")
+                continue
+            if isinstance(ev, EbpfTrace):  # never a duplicate (calls come nanoseconds apart), moves no watermark
+                out.append(None)
                 continue
             pid = None if isinstance(ev, GpuSample) else ev.pid
             key = (ev.kind, ev.gpu_uuid, pid, ev.ts_ns)
@@ -128,12 +132,22 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         return t if t is not None else ("unattributed", None, None, None, None, None, None)
 
     P = s.pane_ns
-    panes: dict[tuple[str, int], dict] = defaultdict(lambda: {"covered": 0, "idle": 0, "nodes": set(),
-                                                               "models": set(), "t": defaultdict(lambda: [0, 0, 0])})
+    panes: dict[tuple[str, int], dict] = defaultdict(lambda: {
+        "covered": 0, "idle": 0, "nodes": set(), "models": set(), "t": defaultdict(lambda: [0, 0, 0]),
+        "busy": 0, "bw": 0, "tensor": [0, 0], "dram": [0, 0], "flops": defaultdict(int)})
     for ev in kept:
-        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent)):
+        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)):
             pane = panes[(ev.gpu_uuid, ev.ts_ns // P * P)]
+        if isinstance(ev, EbpfTrace) and ev.trace_source == "blas":
+            pane["flops"][ev.pid] += ev.flops_64b
         if isinstance(ev, GpuSample):
+            pane["busy"] += cp(ev.sm_util_pct) * ms(ev.interval_s)
+            pane["bw"] += cp(ev.mem_bw_util_pct) * ms(ev.interval_s)
+            for name in ("tensor", "dram"):
+                value = getattr(ev, f"{name}_active_pct")
+                if value is not None:
+                    pane[name][0] += cp(value) * ms(ev.interval_s)
+                    pane[name][1] += ms(ev.interval_s)
             pane["covered"] += ms(ev.interval_s)
             pane["idle"] += ms(ev.interval_s) if cp(ev.sm_util_pct) < int(s.idle_threshold_pct * 100) else 0
             pane["nodes"].add(ev.node_id)
@@ -147,6 +161,7 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
 
     idle: dict[tuple[str, int], tuple] = {}
     cost: dict[tuple[str, int, str], tuple] = {}
+    efficiency: dict[tuple[str, int, int], tuple] = {}
     W = s.window_ns
     a, b, g = Fraction(s.alpha), Fraction(s.beta), Fraction(s.gamma)
     for (gpu, start), p in panes.items():
@@ -175,6 +190,7 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         for t in p["t"]:
             cost[(gpu, start, keys[t])] = (money[keys[t]], C, *map(float, share[t]), float(w[t]), float(u),
                                            price is None)
+        efficiency.update(_efficiency(gpu, start, p, model, s))
 
     mae = []
     by_proc: dict[tuple[str, int], list[MemAccess]] = defaultdict(list)
@@ -191,4 +207,41 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
             pr = counts[counts > 0] / max(1, len(inside))
             bits = float(-(pr * np.log2(pr)).sum()) if inside else 0.0
             mae.append((node, pid, chunk[0].ts_ns, chunk[-1].ts_ns, len(inside), len(chunk) - len(inside), bits))
-    return {"idle": idle, "cost": cost, "mae": sorted(mae), **{reason: said.count(reason) for reason in ("late", "duplicate", "overlap")}}
+    return {"idle": idle, "cost": cost, "mae": sorted(mae), "efficiency": efficiency, **{reason: said.count(reason) for reason in ("late", "duplicate", "overlap")}}
+
+
+def _peak(table: dict[str, Decimal], model: str) -> Fraction:
+    """METRICS.md's peak table: the longest key the model name contains, case-insensitively; else default."""
+    keys = sorted((k for k in table if k != "default" and k.lower() in model.lower()), key=lambda k: (-len(k), k))
+    return Fraction(table[keys[0] if keys else "default"])
+
+
+def _efficiency(gpu: str, start: int, p: dict, model: str, s: AuditSettings) -> dict[tuple[str, int, int], tuple]:
+    """METRICS.md, "Efficiency", read straight: the GPU row (pid 0), then one per pid with blas traces."""
+    peak = _peak(s.peak_tops, model)
+    full = peak * 10**12 * Fraction(p["covered"], 1000)  # FLOPs the peak does in the covered time
+    if p["dram"][1]:
+        bw, bw_source = Fraction(p["dram"][0], 100 * p["dram"][1]) / 100, "dram_active"
+    else:
+        bw, bw_source = Fraction(p["bw"], 100 * p["covered"]) / 100, "mem_bw_util"
+
+    def diagnose(efu: Fraction | None) -> str:
+        if p["busy"] == 0:
+            return "idle"
+        if efu is not None and efu >= Fraction(s.compute_bound_efu):
+            return "compute_bound"
+        return "memory_bound" if bw >= Fraction(s.memory_bound_bw) else "latency_bound"
+
+    efu: Fraction | None = None
+    source = None
+    if p["flops"]:
+        efu, source = sum(p["flops"].values()) / full, "flops"
+    elif p["tensor"][1]:
+        efu, source = Fraction(p["tensor"][0], 100 * p["tensor"][1]) / 100, "tensor_active"
+    rows = {(gpu, start, 0): (float(sum(p["flops"].values())), None if efu is None else float(efu), source,
+                              float(bw), float(1 - bw), bw_source, diagnose(efu))}
+    for pid, flops in p["flops"].items():
+        if pid:
+            rows[(gpu, start, pid)] = (float(flops), float(flops / full), "flops", float(bw), float(1 - bw),
+                                       bw_source, diagnose(flops / full))
+    return rows

@@ -1,11 +1,13 @@
 """Hypothesis strategies: random fleets' event streams and the settings to audit them with."""
 from __future__ import annotations
 
+import uuid
 from decimal import Decimal
 
 from hypothesis import strategies as st
 
-from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample, TenantBinding
+from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
+                                    TenantBinding)
 from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
@@ -50,7 +52,9 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
     # mostly whole seconds, so events land exactly on pane ends and watermarks; some at any ns
     ts = st.one_of(st.integers(0, span_ns // NS).map(lambda x: BASE_NS + x * NS),
                    st.integers(BASE_NS, BASE_NS + span_ns))
-    gpus = [(f"GPU-{i}", f"node-{i % 2}", draw(st.sampled_from(MODELS))) for i in range(draw(st.integers(1, 3)))]
+    # UUIDs as NVML gives them: an eBPF trace carries its GPU as the UUID's 16 bytes
+    gpus = [(f"GPU-{uuid.UUID(int=i)}", f"node-{i % 2}", draw(st.sampled_from(MODELS)))
+            for i in range(draw(st.integers(1, 3)))]
     pids = [1, 2, 3, 4]
     head: list[Event] = []
     for node in {n for _, n, _ in gpus}:
@@ -68,10 +72,18 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
 
     body: list[Event] = []
     for gpu, node, model in gpus:
+        profiled = draw(st.booleans())  # DCGM profiling or GPM: tensor and DRAM activity on most samples
         for _ in range(draw(st.integers(0, 40))):
+            tensor, dram = (draw(st.one_of(st.none(), pct)) if profiled else None for _ in range(2))
             body.append(GpuSample(node_id=node, gpu_uuid=gpu, gpu_model=model, ts_ns=draw(ts),
                                   interval_s=draw(interval), sm_util_pct=draw(pct), mem_bw_util_pct=draw(pct),
-                                  mem_used_bytes=1, mem_total_bytes=2, power_w=100.0, temp_c=40.0))
+                                  mem_used_bytes=1, mem_total_bytes=2, power_w=100.0, temp_c=40.0,
+                                  tensor_active_pct=tensor, dram_active_pct=dram))
+        for _ in range(draw(st.integers(0, 8))):  # BLAS calls (FLOPs, past 2^63 too) and kernel launches
+            body.append(EbpfTrace(node_id=node, gpu_uuid=gpu, pid=draw(st.sampled_from([0, *pids])), ts_ns=draw(ts),
+                                  sm_util_pct=draw(st.integers(0, 100)), trace_source=draw(st.sampled_from(
+                                      ["blas", "launch"])), flops_64b=draw(st.one_of(
+                                          st.integers(0, 10**15), st.integers(0, (1 << 64) - 1)))))
         for _ in range(draw(st.integers(0, 40))):
             body.append(ProcessSample(node_id=node, gpu_uuid=gpu, pid=draw(st.sampled_from(pids)), ts_ns=draw(ts),
                                       interval_s=draw(interval), sm_util_pct=draw(pct),

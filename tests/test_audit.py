@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from pytest import approx
 
 from gpucost.schemas.blocks import expand
-from gpucost.schemas.events import Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
-from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord, Output
+from gpucost.schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
+from gpucost.schemas.records import CostRecord, DeadLetter, EfficiencyRecord, IdleIndexRecord, MaeRecord, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals, TenantTotals
 from gpucost.streams.settings import AuditSettings
@@ -40,9 +40,12 @@ def tabulate(outs: list[Output]) -> dict[str, object]:
             for r in outs if isinstance(r, CostRecord)}
     mae = sorted((r.node_id, r.pid, r.first_ts_ns, r.last_ts_ns, r.n, r.out_of_range, r.mae_bits)
                  for r in outs if isinstance(r, MaeRecord))
+    efficiency = {(r.gpu_uuid, r.pane_start_ns, r.pid): (r.flops, r.efu, r.efu_source, r.bw_util, r.delta_bw,
+                                                         r.bw_source, r.diagnosis)
+                  for r in outs if isinstance(r, EfficiencyRecord)}
     refused = {reason: sum(1 for r in outs if isinstance(r, DeadLetter) and r.reason == reason)
                for reason in ("late", "duplicate", "overlap")}
-    return {"idle": idle, "cost": cost, "mae": mae, **refused}
+    return {"idle": idle, "cost": cost, "mae": mae, "efficiency": efficiency, **refused}
 
 
 def assert_same(got: dict, want: dict) -> None:
@@ -56,6 +59,12 @@ def assert_same(got: dict, want: dict) -> None:
         g = got["cost"][k]
         assert (g[0], g[1], g[7]) == (w[0], w[1], w[7]), k  # µ$ exactly, and the unpriced flag
         assert g[2:7] == approx(w[2:7], abs=1e-12), k
+    assert got["efficiency"].keys() == want["efficiency"].keys()
+    for k, w in want["efficiency"].items():  # floats to 1e-12 relative (METRICS.md), the labels exactly
+        g = got["efficiency"][k]
+        assert (g[2], g[5], g[6], g[1] is None) == (w[2], w[5], w[6], w[1] is None), k
+        assert [v for v in g[:5] if isinstance(v, float)] == approx([v for v in w[:5] if isinstance(v, float)],
+                                                                    rel=1e-12, abs=0), k
     assert len(got["mae"]) == len(want["mae"])
     for g, w in zip(got["mae"], want["mae"]):
         assert g[:6] == w[:6]
@@ -82,7 +91,7 @@ def test_every_pane_bills_exactly_its_cost(events: list[Event], s: AuditSettings
 
 
 def _lane(ev: Event) -> object:
-    if isinstance(ev, (GpuSample, ProcessSample, NumaEvent)):
+    if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)):
         return ev.gpu_uuid
     if isinstance(ev, MemAccess):
         return (ev.node_id, ev.pid)

@@ -39,7 +39,7 @@ _LINES = [encode_event(e).encode() for e in simulate(replace(FleetSpec(gpus=2, h
 _auditor = Auditor(AuditSettings())
 RECORDS = expand(_auditor.ingest_lines([*_LINES, b"{not json", b'{"kind": "gpu_sample"}'], lambda i: f"f:{i}")
                  + _auditor.finish())
-VIEWS = ("idle_index", "cost", "mae", "health", "quota", "reclaim", "dlq")
+VIEWS = ("idle_index", "cost", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
 
 
 def write_as_flushes(out: Path, cuts: list[int]) -> None:
@@ -312,7 +312,7 @@ def test_gpucost_query_runs_a_query_again_when_compaction_swapped_its_files(tmp_
                                                                            fails: int) -> None:
     write_as_flushes(tmp_path, [10])
     tries = iter([_Vanishing(tmp_path, fails)] * 3)
-    monkeypatch.setattr("gpucost.sinks.views.connect", lambda out: next(tries))
+    monkeypatch.setattr("gpucost.sinks.views.connect", lambda *args: next(tries))
     rc = main(["query", "--out", str(tmp_path), "SELECT count(*) FROM cost", "--format", "csv"])
     out, err = capsys.readouterr()
     if fails < 3:  # the third failure in a row is reported

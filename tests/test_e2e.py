@@ -118,13 +118,35 @@ def test_mae_matches_sql(fleet) -> None:
     assert lo < 3 and hi > 7
 
 
+def test_efficiency_matches_sql(fleet) -> None:
+    """EFU, ΔBW and the diagnosis of every GPU pane and every process with BLAS traces, recomputed in SQL from
+    the raw events (the traces' packed structs decoded in SQL): the same rows, floats to 1e-12 relative."""
+    _, _, con = fleet
+    n_want, n_got = con.execute("SELECT (SELECT count(*) FROM want_efficiency), (SELECT count(*) FROM efficiency)"
+                                ).fetchone()
+    assert n_want == n_got > 3 * 70 * 60
+    bad = con.execute("""
+        SELECT count(*) FROM want_efficiency w FULL JOIN efficiency g USING (gpu_uuid, pane_start_ns, pid)
+        WHERE g.flops IS DISTINCT FROM w.flops::DOUBLE OR g.efu_source IS DISTINCT FROM w.efu_source
+           OR g.bw_source IS DISTINCT FROM w.bw_source OR g.diagnosis IS DISTINCT FROM w.diagnosis
+           OR (g.efu IS NULL) <> (w.efu IS NULL) OR abs(g.efu - w.efu) > 1e-12 * abs(w.efu)
+           OR abs(g.bw_util - w.bw_util) > 1e-12 * abs(w.bw_util) OR abs(g.delta_bw - w.delta_bw) > 1e-12
+           OR g.bw_util IS NULL OR w.bw_util IS NULL""").fetchone()
+    assert bad == (0,)
+    # panes with BLAS traces and panes without, and processes with rows of their own (this fleet has no Hopper GPU,
+    # so no tensor or DRAM activity: tests/test_audit.py's random fleets cover those against the reference)
+    sources = con.execute("SELECT DISTINCT coalesce(efu_source, '-') || '/' || bw_source FROM efficiency").fetchall()
+    assert {s for (s,) in sources} == {"flops/mem_bw_util", "-/mem_bw_util"}
+    assert con.execute("SELECT count(*) FROM efficiency WHERE pid > 0").fetchone()[0] > 0
+
+
 def test_parquet_layout_and_schema(fleet) -> None:
     _, out, _ = fleet
     import pyarrow.parquet as pq
 
     from gpucost.schemas.arrow import ARROW_SCHEMAS
 
-    for kind in ("idle_index", "mae", "cost", "health", "quota", "reclaim"):
+    for kind in ("idle_index", "mae", "cost", "health", "quota", "reclaim", "efficiency"):
         files = sorted((out / kind).glob("date=*/part-*.parquet"))
         assert files, kind
         for f in files:

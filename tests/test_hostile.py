@@ -159,7 +159,7 @@ def test_the_sink_refuses_a_record_it_cannot_store(micro_usd: int) -> None:
                         b'"pane_end_ns":60,"tenant_key":"t","team":"t","env":null,"app":null,"tier":null,"sla":null,'
                         b'"git_commit":null,"ci_pipeline_id":null,"t_share":0,"b_share":0,"l_share":0,"weight":0,'
                         b'"busy_fraction":0,"usd_per_gpu_hour":null,"pane_cost_micro_usd":0,"cost_micro_usd":0,'
-                        b'"unpriced":true,"revision":0}')
+                        b'"unpriced":true,"revision":0,"t_num":0,"b_num":0,"l_num":0,"busy_num":0,"covered_ms":60}')
     record["cost_micro_usd"] = micro_usd
     got = output_record("cost", json.dumps(record).encode(), "t.cost[0]@0")
     fits = -(1 << 63) <= micro_usd < 1 << 63

@@ -30,7 +30,7 @@ from tests.test_sla import Webhook
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns"),
          ("health", "gpu_uuid, window_start_ns"), ("quota", "gpu_uuid, pane_start_ns, tenant_key"),
-         ("reclaim", "trigger_id")]
+         ("reclaim", "trigger_id"), ("efficiency", "gpu_uuid, pane_start_ns, pid")]
 
 
 class Deployment:

@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.schemas.events import GpuSample, MemAccess, NumaEvent, ProcessSample, TenantBinding
+from gpucost.schemas.events import EbpfTrace, GpuSample, MemAccess, NumaEvent, ProcessSample, TenantBinding
 from gpucost.streams.mae import Mae
 from gpucost.streams.pane_totals import PaneRows, PaneTotals
 from gpucost.streams.panes import KINDS, GpuPanes
@@ -74,7 +74,10 @@ def test_binding_lookup_many_is_lookup_time_by_time(bindings: list[tuple[int, st
 TENANTS = [UNATTRIBUTED, Tenant.named("a"), Tenant.named("b")]
 
 
-def pane_rows(events: list[GpuSample | ProcessSample | NumaEvent], first_row: int) -> PaneRows:
+Keyed = GpuSample | ProcessSample | NumaEvent | EbpfTrace
+
+
+def pane_rows(events: list[Keyed], first_row: int) -> PaneRows:
     """The events as ``GpuPanes.add_many`` takes them: by GPU (in order of first appearance), then arrival."""
     gpus = list(dict.fromkeys(e.gpu_uuid for e in events))
     order = sorted(range(len(events)), key=lambda i: (gpus.index(events[i].gpu_uuid), i))
@@ -93,24 +96,29 @@ def pane_rows(events: list[GpuSample | ProcessSample | NumaEvent], first_row: in
         ints([e.sm_util_cp if s else 0 for e, s in zip(ev, sample)]),
         ints([e.mem_bw_util_cp if s else 0 for e, s in zip(ev, sample)]),
         ints([e.power_mw if isinstance(e, GpuSample) else 0 for e in ev]),
+        *(ints([-1 if not isinstance(e, GpuSample) or getattr(e, f) is None else getattr(e, f) for e in ev])
+          for f in ("tensor_active_cp", "dram_active_cp")),
         ints([e.hops * e.latency_weight if isinstance(e, NumaEvent) else 0 for e in ev]),
         ints([nodes.index(e.node_id) for e in ev]), nodes,
-        ints([models.index(e.gpu_model) if isinstance(e, GpuSample) else -1 for e in ev]), models)
+        ints([models.index(e.gpu_model) if isinstance(e, GpuSample) else -1 for e in ev]), models,
+        {p: e.flops_64b for p, e in enumerate(ev) if isinstance(e, EbpfTrace) and e.trace_source == "blas"})
 
 
 @st.composite
-def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[GpuSample | ProcessSample | NumaEvent]]:
+def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[Keyed]]:
     """Each source (GPU, kind, pid) a run of events 0 to 10 s apart on a 2.5 s grid (0: a re-send, a
     duplicate; closer than three quarters of the interval: an overlap), a few far ahead (jumps); they
     arrive after random delays, some past the lateness. Times meet pane ends, and pane ends plus the
-    lateness, exactly; utilisation lies at and around the idle threshold."""
+    lateness, exactly; utilisation lies at and around the idle threshold. Traces (BLAS calls and kernel
+    launches) come at the same times, some repeated: they are never duplicates and move no watermark."""
     settings = AuditSettings(pane_s=60, lateness_s=draw(st.sampled_from([0, 60])),
                              max_jump_s=draw(st.sampled_from([30, 600])), idle_threshold_pct=5)
     step = st.sampled_from([0, 1, 2, 2, 4]).map(lambda k: k * 2_500_000_000)
     pct = st.sampled_from([0.0, 4.99, 5.0, 5.01, 50.0])
     interval = st.sampled_from([1.0, 5.0, 10.0])
-    events: list[GpuSample | ProcessSample | NumaEvent] = []
-    for gpu in ["GPU-0", "GPU-1"][:draw(st.integers(1, 2))]:
+    events: list[Keyed] = []
+    for gpu in ["GPU-00000000-0000-0000-0000-000000000000", "GPU-00000000-0000-0000-0000-000000000001"][
+            :draw(st.integers(1, 2))]:
         node = f"node-{gpu[-1]}"
         for kind, pid in [("gpu_sample", -1), *((k, p) for k in KINDS[1:] for p in (1, 2, 3))]:
             ts = T0 + draw(step)
@@ -121,10 +129,15 @@ def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[GpuSample | ProcessS
                                             ts_ns=ts, interval_s=draw(interval), sm_util_pct=draw(pct),
                                             mem_bw_util_pct=draw(pct), mem_used_bytes=1, mem_total_bytes=2,
                                             power_w=draw(st.sampled_from([0.0, 61.0005, 350.25, 700.0])),
-                                            temp_c=40.0))
+                                            temp_c=40.0, tensor_active_pct=draw(st.sampled_from([None, 0.0, 50.005])),
+                                            dram_active_pct=draw(st.sampled_from([None, 12.5]))))
                 elif kind == "process_sample":
                     events.append(ProcessSample(node_id=node, gpu_uuid=gpu, pid=pid, ts_ns=ts, interval_s=draw(interval),
                                                 sm_util_pct=draw(pct), mem_bw_util_pct=draw(pct), mem_used_bytes=1))
+                elif kind == "ebpf_trace":
+                    events.append(EbpfTrace(node_id=node, gpu_uuid=gpu, pid=pid, ts_ns=ts, sm_util_pct=50,
+                                            trace_source=draw(st.sampled_from(["blas", "launch"])),
+                                            flops_64b=draw(st.sampled_from([0, 7, (1 << 64) - 1]))))
                 else:
                     events.append(NumaEvent(node_id=node, gpu_uuid=gpu, pid=pid, ts_ns=ts, hops=draw(st.integers(0, 3)),
                                             latency_weight=draw(st.integers(0, 40))))
@@ -136,19 +149,20 @@ def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[GpuSample | ProcessS
 def closed(pane: PaneTotals) -> tuple[object, ...]:
     """A closed pane's totals (what is billed; its counted times are dropped once it closes)."""
     return (pane.gpu_uuid, pane.pane_start_ns, pane.node_id, pane.gpu_model, pane.covered_ms, pane.idle_ms,
-            pane.tenant_events, pane.energy_uj, pane.busy_cp_ms, pane.placed,
+            pane.tenant_events, pane.energy_uj, pane.busy_cp_ms, pane.placed, pane.bw_cp_ms, pane.tensor_cp_ms,
+            pane.tensor_ms, pane.dram_cp_ms, pane.dram_ms, sorted(pane.flops.items()),
             sorted((k, t.sm, t.bw, t.numa, t.samples) for k, t in pane.tenants.items()))
 
 
 def normalised_panes(panes: GpuPanes) -> str:
     state = panes.to_state()
-    state["open"] = sorted([*p[:8], sorted(p[8]), p[9]] for p in state["open"])
+    state["open"] = sorted([*p[:8], sorted(p[8]), *p[9:]] for p in state["open"])
     return json.dumps(state, sort_keys=True)
 
 
 @given(gpu_keyed(), st.data())
 def test_panes_batch_entry_is_the_row_entry_event_by_event(
-        case: tuple[AuditSettings, list[GpuSample | ProcessSample | NumaEvent]], data: st.DataObject) -> None:
+        case: tuple[AuditSettings, list[Keyed]], data: st.DataObject) -> None:
     """Late, duplicate and overlapping rows, the panes closed (by which row) and the state left: the
     same through ``judge_many``/``add_many`` over random cuts as through the row entry, event by event."""
     settings, events = case
@@ -158,6 +172,9 @@ def test_panes_batch_entry_is_the_row_entry_event_by_event(
     for i, e in enumerate(events):
         if by_row.is_late(e.gpu_uuid, e.ts_ns):
             want_verdicts.append((i, "late", by_row.watermark(e.gpu_uuid)))
+            continue
+        if isinstance(e, EbpfTrace):
+            by_row.add_trace(e)
             continue
         refused = by_row.admit(e)
         if refused is not None:

@@ -151,7 +151,8 @@ def test_round_scaled_digit_path_equals_the_decimal_path(value: float, scale: in
     record_id="0" * 32, gpu_uuid=g, node_id="n", gpu_model="H100", pane_start_ns=t, pane_end_ns=t + 60, tenant_key="k",
     team="k", env=None, app="a", tier=None, sla="Gold", git_commit=None, ci_pipeline_id="7", t_share=u, b_share=0.0,
     l_share=1.0, weight=u, busy_fraction=u, usd_per_gpu_hour=None if c % 2 else Decimal(c) / 100,
-    pane_cost_micro_usd=c, cost_micro_usd=c // 2, unpriced=bool(c % 2), revision=0),
+    pane_cost_micro_usd=c, cost_micro_usd=c // 2, unpriced=bool(c % 2), revision=0, t_num=c * 10**20, b_num=c,
+    l_num=0, busy_num=c * 10**20 + 1, covered_ms=60_000),
     st.text(min_size=1), st.integers(0, 2**62), st.integers(0, 10**12), st.floats(0, 1)))
 def test_computed_records_equal_validated_ones(values: dict[str, object]) -> None:
     built, validated = computed(CostRecord, **values), CostRecord(**values)

@@ -45,6 +45,7 @@ DEDUPE_KEYS: dict[str, tuple[str, ...]] = {
     "health": ("gpu_uuid", "window_start_ns"),
     "quota": ("gpu_uuid", "pane_start_ns", "tenant_key"),
     "reclaim": ("trigger_id",),
+    "efficiency": ("gpu_uuid", "pane_start_ns", "pid"),
     "dlq": ("source", "reason"),
 }
 
