@@ -6,12 +6,13 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from aiokafka.errors import KafkaConnectionError
 
-from gpucost.commands import (cmd_compact, cmd_discovery, cmd_health, cmd_prices, cmd_query, cmd_reclaim, cmd_replay,
-                              cmd_run, cmd_simulate, cmd_views)
+from gpucost.commands import (IDLE_POLICIES, cmd_compact, cmd_discovery, cmd_fit_weights, cmd_health, cmd_prices,
+                              cmd_query, cmd_reclaim, cmd_replay, cmd_run, cmd_simulate, cmd_views, cmd_whatif)
 from gpucost.config import FLAG_FIELDS, ConfigError
 from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
 from gpucost.kafka.settings import KafkaSettings
@@ -59,6 +60,24 @@ def _add_settings(p: argparse.ArgumentParser, writes_out: bool = True) -> None:
                        help=f"{info.description} (default {info.default})".replace("%", "%%"))
 
 
+def _add_opex(p: argparse.ArgumentParser) -> None:
+    """The audit setting ``opex_usd_per_gpu_hour`` (the same environment variable), for the commands that only read."""
+    info = AuditSettings.model_fields["opex_usd_per_gpu_hour"]
+    _env_flag(p, "--opex-usd-per-gpu-hour", "GPUCOST_OPEX_USD_PER_GPU_HOUR", _decimal, str(info.default),
+              f"{info.description}, in view unit_cost")
+
+
+def _decimal(text: str) -> Decimal:
+    """A non-negative decimal flag, exactly as written."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {text!r}")
+    return value
+
+
 def _add_metrics(p: argparse.ArgumentParser) -> None:
     _env_flag(p, "--metrics-address", "GPUCOST_METRICS_ADDRESS", str, None,
               "serve Prometheus metrics at /metrics and a health check at /healthz on HOST:PORT (unset: off)")
@@ -86,6 +105,9 @@ def _add_live(p: argparse.ArgumentParser) -> None:
     _env_flag(p, "--libcuda", "GPUCOST_LIBCUDA", Path, None,
               "with --source ebpf: the CUDA driver library whose kernel launches and allocations to probe "
               "(unset: libcuda.so.1 from the linker cache, if the node has one)")
+    _env_flag(p, "--libcublas", "GPUCOST_LIBCUBLAS", Path, None,
+              "with --source ebpf: the cuBLAS library whose GEMM calls to probe for their FLOPs (unset: the newest "
+              "libcublas.so.N from the linker cache, if the node has one)")
     p.add_argument("--prices", type=Path, nargs="+", default=[],
                    help="JSON Lines of price (and tenant_binding) events, read before a live source")
     p.add_argument("--duration-s", type=float, default=None,
@@ -129,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_out(rep, "output directory")
     _add_settings(rep)
 
-    qry = sub.add_parser("query", help="run SQL over the views idle_index, mae, cost, health, quota, reclaim, dlq")
+    qry = sub.add_parser("query", help="run SQL over the views idle_index, mae, cost, health, quota, reclaim, "
+                                       "efficiency, dlq and unit_cost")
     qry.add_argument("sql")
     qry.add_argument("--format", choices=["table", "csv", "json", "lines"], default="table",
                      help="lines: one value per line, of a one-column query (e.g. dead letters' raw text to replay)")
@@ -137,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="run any statement with DuckDB's full file access (by default: SELECT or EXPLAIN only, "
                           "reading files under --out only)")
     _add_out(qry, "directory holding the output to query")
+    _add_opex(qry)
 
     prices = sub.add_parser("prices", help="price authority: sign price events so workers with a keyring take them")
     price_sub = prices.add_subparsers(dest="action", required=True)
@@ -148,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
 
     views = sub.add_parser("views", help="print the CREATE VIEW statements for use in any DuckDB")
     _add_out(views, "directory holding the output")
+    _add_opex(views)
 
     topics = sub.add_parser("topics", help="the Kafka topic contract: create the topics, or write JSON Schemas")
     topics.add_argument("action", choices=["create", "list", "schemas"])
@@ -260,6 +285,23 @@ def _parser() -> argparse.ArgumentParser:
     otlp.add_argument("--json", type=Path, help="also write the request as OTLP JSON to this file")
     otlp.add_argument("--gpu", help="one GPU's windows only")
 
+    fit = sub.add_parser("fit-weights", help="fit α, β, γ to the GPUs' power over recorded events (METRICS.md, "
+                                             "Weights fit): prints them with R² and writes a settings snippet")
+    fit.add_argument("input", type=Path, nargs="+", help="JSON Lines or Parquet event files, or directories of them")
+    fit.add_argument("--write", type=Path, help="write the snippet to this TOML file (default: print it)")
+    _add_settings(fit, writes_out=False)
+
+    what = sub.add_parser("whatif", help="bill the published cost records again under other prices, weights or idle "
+                                         "policy: per team, base µ$, scenario µ$, difference (exact, from --out alone)")
+    _add_out(what, "output directory holding the cost records")
+    what.add_argument("--prices", type=Path, nargs="+", default=[],
+                      help="JSON Lines of price events in force instead of the records' own prices")
+    what.add_argument("--idle-policy", choices=IDLE_POLICIES, default="separate",
+                      help="separate: idle is its own party (as billed); share: each pane's idle µ$ go to its tenants "
+                           "by weight")
+    what.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    _add_settings(what, writes_out=False)
+
     squash = sub.add_parser("compact", help="merge the small Parquet files of an output directory, atomically")
     _add_out(squash, "output directory")
     squash.add_argument("--min-files", type=int, default=2,
@@ -270,7 +312,7 @@ def _parser() -> argparse.ArgumentParser:
 COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "query": cmd_query,
             "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
             "sink": cmd_sink, "compact": cmd_compact, "prices": cmd_prices, "health": cmd_health,
-            "discovery": cmd_discovery, "reclaim": cmd_reclaim}
+            "discovery": cmd_discovery, "reclaim": cmd_reclaim, "fit-weights": cmd_fit_weights, "whatif": cmd_whatif}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

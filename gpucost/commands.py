@@ -1,4 +1,4 @@
-"""The commands that need no broker: run, simulate, replay, query, views, prices, compact."""
+"""The commands that need no broker: run, simulate, replay, query, views, prices, compact, fit-weights, whatif."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from gpucost.config import ConfigError
 from gpucost.discovery import from_output, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
+from gpucost.fit import RESOURCES, fit_weights, pane_features
 from gpucost.health import read_json, snapshot_of, snapshot_problems
 from gpucost.kafka.commands import follow_discovery, follow_reclaim
 from gpucost.kafka.signing import Signer, parse_keys
@@ -38,11 +39,12 @@ from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.views import query, read_only_problem, sql_string, view_records, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
+from gpucost.whatif import IDLE_POLICIES, Scenario, bills
 from gpucost.wiring import (Signals, UsageError, audit_key, audit_settings, event_files, fleet_spec, interrupt,
                             invoked_as, live_source, load_keys, metrics_served, output_dir, say_source_counts)
 
 __all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_health", "cmd_discovery", "cmd_reclaim",
-           "cmd_views", "cmd_prices", "cmd_compact"]
+           "cmd_views", "cmd_prices", "cmd_compact", "cmd_fit_weights", "cmd_whatif", "IDLE_POLICIES"]
 
 SIM_LINES_PER_FILE = 1_000_000
 
@@ -66,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats,
                      audit_key=audit_key(args))
     say_source_counts(live)
-    return _finish(args.out, stats)
+    return _finish(args.out, stats, settings.opex_usd_per_gpu_hour)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -97,12 +99,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with output_dir(args.out, args.overwrite, "gpucost replay"), _progress("replay", total=total, unit="B") as bar:
         stats = run_embedded(read_batches(files), settings, args.out, audit_key=audit_key(args),
                              on_batch=lambda b: bar.update(sum(item.nbytes for item in b)))  # type: ignore[union-attr]
-    return _finish(args.out, stats)
+    return _finish(args.out, stats, settings.opex_usd_per_gpu_hour)
 
 
-def _finish(out: Path, stats: RunStats) -> int:
-    print(summary(out, stats))
-    print(f"\noutput: {out}/{{idle_index,mae,cost,health,quota,reclaim,dlq}}/date=YYYY-MM-DD/*.parquet; "
+def _finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) -> int:
+    print(summary(out, stats, opex_usd_per_gpu_hour))
+    print(f"\noutput: {out}/{{idle_index,mae,cost,health,quota,reclaim,efficiency,dlq}}/date=YYYY-MM-DD/*.parquet; "
           f"try: {invoked_as()} query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
     return 0
 
@@ -126,7 +128,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     if not args.unsafe and (problem := read_only_problem(args.sql)) is not None:
         raise UsageError(problem)
     try:
-        columns, rows = query(args.out, args.sql, confined=not args.unsafe)
+        columns, rows = query(args.out, args.sql, confined=not args.unsafe,
+                              opex_usd_per_gpu_hour=args.opex_usd_per_gpu_hour)
     except duckdb.Error as exc:
         raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
     if args.format == "lines" and len(columns) != 1:
@@ -279,9 +282,63 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _price_events(files: list[Path]) -> list[Price]:
+    """The price events of JSON Lines files; any other line is a usage error naming it."""
+    prices = []
+    for path in event_files(files):
+        for n, line in enumerate(path.read_bytes().splitlines(), 1):
+            if line.strip():
+                event = decode_line(line)
+                if not isinstance(event, Price):
+                    why = event.detail if isinstance(event, Rejected) else f"a {event.kind}, not a price"
+                    raise UsageError(f"{path}:{n}: {why}")
+                prices.append(event)
+    return prices
+
+
+def cmd_fit_weights(args: argparse.Namespace) -> int:
+    settings = audit_settings(args)
+    try:
+        fit = fit_weights(pane_features(event_files(args.input), settings))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"panes used: {fit.panes:,}   R² = {fit.r2:.4f}   idle draw {fit.intercept_w:.1f} W")
+    for name, resource, slope in zip(("alpha", "beta", "gamma"), RESOURCES, fit.slopes.tolist()):
+        value = fit.weights[name]
+        print(f"{name:5} = {value if value is not None else 'not estimated: ' + fit.why_not[name]}"
+              f"   (power slope on {resource}: {slope:.6g})")
+    if args.write is not None:
+        args.write.write_text(fit.snippet())
+        print(f"settings written to {args.write}; use it with --config {args.write}")
+    else:
+        print("\n" + fit.snippet(), end="")
+    return 0
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    _written(args.out)
+    s = audit_settings(args)  # the scenario's weights: --alpha/--beta/--gamma, else the config and environment's
+    try:
+        scenario = Scenario.of(s.alpha, s.beta, s.gamma, prices=_price_events(args.prices) if args.prices else (),
+                               idle_policy=args.idle_policy)
+        rows = bills(args.out, scenario)
+    except (ValueError, decimal.InvalidOperation) as exc:
+        raise UsageError(str(exc)) from None
+    columns = ["team", "base_micro_usd", "scenario_micro_usd", "difference_micro_usd"]
+    table = [[b.team, b.base_micro_usd, b.scenario_micro_usd, b.difference_micro_usd] for b in rows]
+    table.append(["(total)", *(sum(r[i] for r in table) for i in (1, 2, 3))])
+    if args.format == "json":
+        print(json.dumps([dict(zip(columns, r)) for r in table], indent=1))
+    elif args.format == "csv":
+        csv.writer(sys.stdout).writerows([columns, *table])
+    else:
+        print(format_table(columns, [[t, *(f"{v:,}" for v in vs)] for t, *vs in table]))
+    return 0
+
+
 def cmd_views(args: argparse.Namespace) -> int:
     _written(args.out)
-    print(views_sql(args.out), end="")
+    print(views_sql(args.out, args.opex_usd_per_gpu_hour), end="")
     return 0
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,12 @@ SELECT grade, count(*) AS windows, count(*) FILTER (WHERE passed) AS passed,
        printf('%.1f%%', 100.0 * count(*) / sum(count(*)) OVER ()) AS share
 FROM health GROUP BY grade ORDER BY array_position({list(GRADES)}, grade)"""
 #: what reclaiming each trigger's GPU would free: its price, per hour (a trigger of an unpriced GPU frees nothing known)
+_UNIT_COST = """
+SELECT gpu_model, round(sum(gpu_hours), 1) AS gpu_hours, round(sum(effective_tflop_hours), 1) AS eff_tflop_hours,
+       round(sum(gpu_hours_without_efu), 1) AS hours_no_efu,
+       printf('%.4f', (sum(cost_micro_usd) / 1e6 + sum(opex_usd)) / nullif(sum(effective_tflop_hours), 0))
+         AS usd_per_eff_tflop_hour
+FROM unit_cost GROUP BY gpu_model ORDER BY gpu_model"""
 _RECLAIMS = """
 SELECT sla AS tier, count(*) AS triggers, count(DISTINCT gpu_uuid) AS gpus,
        sum(coalesce(usd_per_gpu_hour, 0) * 1000000)::BIGINT AS micro_usd_per_hour,
@@ -54,8 +61,8 @@ SELECT * FROM (
 WHERE state <> 'in_service' ORDER BY array_position(['removed', 'observation', 'probation'], state), gpu_uuid"""
 
 
-def summary(out_dir: Path, stats: RunStats) -> str:
-    con = connect(out_dir)
+def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
+    con = connect(out_dir, opex_usd_per_gpu_hour)
     parts = []
     rate = stats.inputs / stats.seconds if stats.seconds else 0.0
     parts.append(f"processed {stats.inputs:,} inputs in {stats.seconds:.1f} s ({rate:,.0f}/s); "
@@ -79,6 +86,11 @@ def summary(out_dir: Path, stats: RunStats) -> str:
     if triggers:
         parts.append("\nReclaim triggers by SLA tier (GPUs held idle past the tier's tolerance):\n"
                      + format_table([d[0] for d in res.description], triggers))
+    res = con.execute(_UNIT_COST)
+    units = res.fetchall()
+    if units:
+        parts.append(f"\nUnit cost by GPU model (billed µ$ + opex {opex_usd_per_gpu_hour} USD/GPU-h, over effective "
+                     "TFLOP-hours: EFU × peak × hours):\n" + format_table([d[0] for d in res.description], units))
     (unpriced,) = con.execute("SELECT count(DISTINCT (gpu_uuid, pane_start_ns)) FROM cost WHERE unpriced").fetchone()
     if unpriced:
         parts.append(f"\n{unpriced:,} GPU-panes had no price (model unpriced, no 'default'): billed 0 µ$")

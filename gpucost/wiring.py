@@ -93,7 +93,7 @@ def live_source(args: argparse.Namespace, source: str, nvml: NvmlSampler | None 
     """The live source of ``--source``, opened now (or one clear usage error); it says what it does."""
     settings = LiveSettings(node_id=args.node_id, period_s=args.period_s, duration_s=args.duration_s,
                             dcgm_url=args.url, dcgm_sla=args.dcgm_sla, ebpf_sample_every=args.ebpf_sample_every,
-                            libcuda=args.libcuda)
+                            libcuda=args.libcuda, libcublas=args.libcublas)
     try:
         live = open_live(source, settings, nvml, say=lambda text: print(f"gpucost: {text}", file=sys.stderr))
     except SourceUnavailable as exc:

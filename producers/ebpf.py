@@ -1,5 +1,6 @@
 """The eBPF source: user page-fault addresses per process (for MAE), NUMA migrations, and,
-where the node has ``libcuda``, CUDA kernel launches and allocations (uprobes).
+where the node has ``libcuda``, CUDA kernel launches and allocations (uprobes), and where it has
+``libcublas``, each GEMM call's FLOPs (uprobes on the cuBLAS entry points, ``BLAS_CALLS``).
 
 Real kernel probes through bpftrace (Debian's package): one short program whose output is
 read here. bpftrace was chosen over bcc because it needs no compiler or kernel headers on the
@@ -36,7 +37,8 @@ from typing import IO
 from gpucost.schemas.codec import explain
 from gpucost.schemas.events import EbpfTrace, Event, MemAccess, NumaEvent
 
-__all__ = ["EbpfUnavailable", "EbpfProbe", "ensure_tracing", "find_libcuda", "numa_cost", "numa_distances"]
+__all__ = ["BLAS_CALLS", "EbpfUnavailable", "EbpfProbe", "ensure_tracing", "find_libcuda", "find_libcublas", "numa_cost",
+           "numa_distances"]
 
 log = logging.getLogger("gpucost.ebpf")
 TRACEFS = Path("/sys/kernel/tracing")
@@ -56,20 +58,34 @@ def numa_distances(root: Path = Path("/sys/devices/system/node")) -> dict[tuple[
     return out
 
 
+#: the cuBLAS entry points probed, each with the stack slot of its batch count: ``m, n, k`` are arguments 3 to 5 of
+#: every one (registers); an argument past the sixth is on the stack, argument 6 + N in 8-byte slot N above the
+#: return address (x86-64 calling convention). bpftrace names only slots 0 to 9 (``sarg0``…``sarg9``), so the slot
+#: is read from the stack pointer. None: one matrix product per call. FLOPs = 2·m·n·k·batch.
+#: cuDNN and cublasLt describe their shapes in opaque descriptors (cudnnTensorDescriptor_t, cublasLtMatrixLayout_t),
+#: which a probe would have to follow into the library's private structs: left out.
+BLAS_CALLS: dict[str, int | None] = {
+    "cublasSgemm_v2": None, "cublasDgemm_v2": None, "cublasHgemm": None, "cublasGemmEx": None,
+    "cublasGemmStridedBatchedEx": 14,  # (…, strideC, int batchCount, computeType, algo): argument 20
+    "cublasSgemmStridedBatched": 11,  # (…, ldc, long long strideC, int batchCount): argument 17
+}
+
 MAP_KEYS = 65_536  # per map: at the default 100 ms drain, 655,360 samples/s before any is lost
 
 
-def _program(sample_every: int, command: bool, libcuda: Path | None = None, drain_ms: int = 100) -> str:
+def _program(sample_every: int, command: bool, libcuda: Path | None = None, drain_ms: int = 100,
+             libcublas: Path | None = None) -> str:
     target = "/pid == cpid/" if command else ""
     address = "((struct bpf_perf_event_data *)ctx)->addr"
-    drained = ["a"] + (["k"] if libcuda is not None else [])  # the double-buffered maps: addresses, launches
+    # the double-buffered maps: addresses, launches, GEMM calls
+    drained = ["a"] + (["k"] if libcuda is not None else []) + (["g"] if libcublas is not None else [])
 
     def switch(n: int) -> str:
         return " ".join(f"print(@{m}{n}); clear(@{m}{n});" for m in drained)
 
     # the kernel's running counts, printed after the maps; @sampled last, as the end of a drain
     totals = ("print(@launched); print(@allocs); print(@alloc_bytes); " if libcuda is not None else "") + \
-        "print(@sampled);"
+        ("print(@gemms); " if libcublas is not None else "") + "print(@sampled);"
     program = (
         f"software:page-faults:{sample_every} {target} {{\n"
         f"  if (@epoch == 0) {{ @a0[pid, nsecs, cpu] = {address}; }} else {{ @a1[pid, nsecs, cpu] = {address}; }}\n"
@@ -100,6 +116,14 @@ def _program(sample_every: int, command: bool, libcuda: Path | None = None, drai
             "  @launched = count();\n}\n"
             f"uprobe:{libcuda}:cuMemAlloc_v2 {target} {{ @allocs = count(); @alloc_bytes = sum(arg1); }}\n"
         )
+    if libcublas is not None:  # a GEMM call's shape into the maps, as a launch's
+        for name, batch in BLAS_CALLS.items():
+            count = "1" if batch is None else f'*(int32 *)(reg("sp") + {8 * (batch + 1)})'  # a C int, its slot's low half
+            shape = f"(arg3, arg4, arg5, (uint64){count})"  # one tuple type for every probe
+            program += (
+                f"uprobe:{libcublas}:{name} {target} {{\n"
+                f"  if (@epoch == 0) {{ @g0[pid, nsecs, cpu] = {shape}; }} else {{ @g1[pid, nsecs, cpu] = {shape}; }}\n"
+                "  @gemms = count();\n}\n")
     return program
 
 
@@ -116,6 +140,22 @@ def find_libcuda(listing: str | None = None) -> Path | None:
         if name.startswith("libcuda.so.1 ") and "x86-64" in name:
             return Path(path)
     return None
+
+
+def find_libcublas(listing: str | None = None) -> Path | None:
+    """The node's 64-bit cuBLAS (``libcublas.so.N``, the newest N; not cublasLt) in the dynamic linker's cache."""
+    if listing is None:
+        try:
+            listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+    found = []
+    for line in listing.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        soname = name.split(" ")[0]
+        if soname.startswith("libcublas.so.") and soname[13:].isdigit() and "x86-64" in name:
+            found.append((int(soname[13:]), Path(path)))
+    return max(found)[1] if found else None
 
 
 def ensure_tracing() -> None:
@@ -147,12 +187,17 @@ class EbpfProbe:
     only measure of work a launch shows (FLOPs are not observable from it), and
     ``sm_util_pct`` is 0 (a launch carries no utilisation; NVML reports that). Allocations
     (``cuMemAlloc_v2``) have no field in the struct: they are counted, with their bytes.
+
+    With ``libcublas``, each GEMM call (``BLAS_CALLS``) becomes a ``trace_source = blas`` trace whose
+    ``flops_64b`` is the call's FLOPs, 2·m·n·k·batch. A call runs on one GPU, the one its handle was made
+    on, which the probe cannot see: a process on exactly one GPU gets the trace; on several, the call is
+    counted (``cublas_call_ambiguous``) rather than its FLOPs billed to each GPU, or guessed.
     """
 
     def __init__(self, node_id: str, sample_every: int = 16, command: list[str] | None = None,
                  gpus_of: Callable[[int], list[str]] | None = None,
                  distances: dict[tuple[int, int], int] | None = None, libcuda: Path | None = None,
-                 drain_ms: int = 100, map_keys: int = MAP_KEYS) -> None:
+                 drain_ms: int = 100, map_keys: int = MAP_KEYS, libcublas: Path | None = None) -> None:
         if sample_every < 1:
             raise ValueError(f"sample_every must be ≥ 1, got {sample_every}")
         if drain_ms < 1 or map_keys < 1:
@@ -167,7 +212,7 @@ class EbpfProbe:
         self._totals_before: dict[str, int] = {}  # … as of the previous drain
         self.gpus_of = gpus_of
         self.distances = distances if distances is not None else numa_distances()
-        self.libcuda = libcuda
+        self.libcuda, self.libcublas = libcuda, libcublas
         self.counts: Counter[str] = Counter()
         self.proc: subprocess.Popen[str] | None = None
         self.output: IO[str] | None = None  # what the probe prints
@@ -183,8 +228,9 @@ class EbpfProbe:
             return []
 
     def _parse(self, line: str) -> list[Event]:
-        # "@a0[pid, nsecs, cpu]: address" (a sampled fault), "@k1[pid, nsecs, cpu]: (gridX, …, blockZ)" (a launch)
-        if line[:1] == "@" and line[1:2] in ("a", "k") and line[2:4] in ("0[", "1["):
+        # "@a0[pid, nsecs, cpu]: address" (a sampled fault), "@k1[pid, nsecs, cpu]: (gridX, …, blockZ)" (a launch),
+        # "@g0[pid, nsecs, cpu]: (m, n, k, batch)" (a GEMM call)
+        if line[:1] == "@" and line[1:2] in ("a", "k", "g") and line[2:4] in ("0[", "1["):
             key, sep, value = line[4:].partition("]: ")
             if not sep:
                 raise ValueError("no ']: ' after the key")
@@ -194,10 +240,12 @@ class EbpfProbe:
                 return []
             pid_text, ts_text, _cpu = key.split(", ")
             pid, ts_ns = int(pid_text), int(ts_text) + self._epoch_offset_ns
-            self._drained[entry] = (self._access(pid, ts_ns, int(value)) if line[1] == "a"
-                                    else self._launch(pid, ts_ns, value.strip().strip("()").split(", ")))
+            values = value.strip().strip("()").split(", ")
+            self._drained[entry] = (self._access(pid, ts_ns, int(value)) if line[1] == "a" else
+                                    self._launch(pid, ts_ns, values) if line[1] == "k" else
+                                    self._gemm(pid, ts_ns, values))
             return []
-        if line.startswith(("@launched: ", "@allocs: ", "@alloc_bytes: ")):  # the kernel's running counts
+        if line.startswith(("@launched: ", "@allocs: ", "@alloc_bytes: ", "@gemms: ")):  # the kernel's running counts
             name, _, value = line.partition(": ")
             self._totals[name[1:]] = int(value)
             return []
@@ -209,7 +257,8 @@ class EbpfProbe:
             self._settle(self._totals_before)
             self._totals_before = dict(self._totals)
             for name, total in (("mem_access_sampled", "sampled"), ("cuda_launch_seen", "launched"),
-                                ("cuda_alloc", "allocs"), ("cuda_alloc_bytes", "alloc_bytes")):
+                                ("cuda_alloc", "allocs"), ("cuda_alloc_bytes", "alloc_bytes"),
+                                ("cublas_call_seen", "gemms")):
                 self.counts[name] = self._totals.get(total, 0)  # running totals: set, not added
             return drained
         if line.startswith(("@epoch: ", "@draining: ")):
@@ -250,10 +299,29 @@ class EbpfProbe:
         self.counts["cuda_launch_unresolved"] += not events
         return events
 
+    def _gemm(self, pid: int, ts_ns: int, shape: list[str]) -> list[Event]:
+        """One GEMM call: (m, n, k, batch), each a C ``int`` the register or stack slot holds in its low 32 bits."""
+        if len(shape) != 4:
+            raise ValueError(f"a GEMM call has 4 dimensions, got {len(shape)}")
+        m, n, k, batch = (int(v) & 0xFFFFFFFF for v in shape)
+        self.counts["cublas_call"] += 1
+        flops = 2 * m * n * k * batch
+        if max(m, n, k, batch) >= 1 << 31 or flops >= 1 << 64:  # a negative int: the call itself fails
+            self.counts["cublas_call_invalid"] += 1
+            return []
+        gpus = self.gpus_of(pid) if self.gpus_of is not None else []
+        if len(gpus) != 1:
+            self.counts["cublas_call_unresolved" if not gpus else "cublas_call_ambiguous"] += 1
+            return []
+        self.counts["ebpf_trace"] += 1
+        return [EbpfTrace(node_id=self.node_id, pid=pid, gpu_uuid=gpus[0], ts_ns=ts_ns, sm_util_pct=0,
+                          flops_64b=flops, trace_source="blas")]
+
     def _settle(self, before: dict[str, int]) -> None:
         """What the kernel took (``before``: its counts as of a drain now printed) that never arrived."""
         self.counts["mem_access_lost"] = max(0, before.get("sampled", 0) - self.counts["mem_access"])
         self.counts["cuda_launch_lost"] = max(0, before.get("launched", 0) - self.counts["cuda_launch"])
+        self.counts["cublas_call_lost"] = max(0, before.get("gemms", 0) - self.counts["cublas_call"])
 
     def summary(self) -> str:
         """What the kernel took and what arrived, for the end of a run; a loss says what to do."""
@@ -265,11 +333,17 @@ class EbpfProbe:
             text += f"; {c['cuda_launch_seen']:,} CUDA launches, {c['cuda_launch']:,} reported"
             if c["cuda_launch_lost"]:
                 text += f", {c['cuda_launch_lost']:,} LOST ({advice})"
+        if self.libcublas is not None:
+            text += f"; {c['cublas_call_seen']:,} cuBLAS GEMM calls, {c['cublas_call']:,} reported"
+            if c["cublas_call_lost"]:
+                text += f", {c['cublas_call_lost']:,} LOST ({advice})"
+            if c["cublas_call_ambiguous"]:
+                text += f", {c['cublas_call_ambiguous']:,} of processes on several GPUs (FLOPs not attributed)"
         return text
 
     def start(self) -> None:
         ensure_tracing()
-        program = _program(self.sample_every, self.command is not None, self.libcuda, self.drain_ms)
+        program = _program(self.sample_every, self.command is not None, self.libcuda, self.drain_ms, self.libcublas)
         argv = ["bpftrace", "-B", "line", "-e", program]
         # bpftrace's nsecs is CLOCK_MONOTONIC, as is time.monotonic_ns(): one offset to the epoch
         self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()

@@ -42,6 +42,7 @@ class LiveSettings:
     dcgm_sla: str = "Bronze"
     ebpf_sample_every: int = 16
     libcuda: Path | None = None  # None: found where the loader finds it, if anywhere
+    libcublas: Path | None = None  # likewise
 
 
 class LiveSource(Protocol):
@@ -146,23 +147,25 @@ def open_live(name: str, s: LiveSettings, nvml: NvmlSampler | None = None,
 
 
 def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]) -> LiveSource:
-    from gpucost.producers.ebpf import EbpfProbe, EbpfUnavailable, find_libcuda
+    from gpucost.producers.ebpf import EbpfProbe, EbpfUnavailable, find_libcublas, find_libcuda
 
     if nvml is None:
         try:
             nvml = open_nvml(s.node_id)  # to name the GPUs a migrating process uses
         except NvmlUnavailable:
             say("no NVML here: NUMA migrations and CUDA launches are counted, not attributed to GPUs")
-    libcuda = s.libcuda or find_libcuda()
-    if libcuda is not None and not libcuda.is_file():
-        raise SourceUnavailable(f"--libcuda {libcuda} is not a file")
+    libcuda, libcublas = s.libcuda or find_libcuda(), s.libcublas or find_libcublas()
+    for flag, lib in (("--libcuda", libcuda), ("--libcublas", libcublas)):
+        if lib is not None and not lib.is_file():
+            raise SourceUnavailable(f"{flag} {lib} is not a file")
     probe = EbpfProbe(s.node_id, sample_every=s.ebpf_sample_every, gpus_of=None if nvml is None else nvml.gpus_of,
-                      libcuda=libcuda)
+                      libcuda=libcuda, libcublas=libcublas)
     try:
         probe.start()
     except EbpfUnavailable as exc:
         raise SourceUnavailable(str(exc)) from None
     what = (f"tracing user page faults (1 in {s.ebpf_sample_every})"
             + (f" and CUDA launches in {libcuda}" if libcuda else " (no libcuda here: no CUDA launches)")
+            + (f" and GEMM FLOPs in {libcublas}" if libcublas else " (no libcublas here: no FLOPs)")
             + " with bpftrace")
     return _Traced(probe, what, s, nvml, say)

@@ -1,6 +1,7 @@
 """The eBPF source with real kernel probes: a program that touches a known number of pages."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucost.producers.ebpf import EbpfProbe, EbpfUnavailable, ensure_tracing, find_libcuda, numa_distances
+from gpucost.producers.ebpf import (EbpfProbe, EbpfUnavailable, ensure_tracing, find_libcublas, find_libcuda,
+                                    numa_distances)
 from gpucost.schemas.codec import decode_line, encode_event
 from tests.conftest import ROOT
 
@@ -173,17 +175,22 @@ def test_nvml_names_the_gpus_of_a_process(shared_data: Path) -> None:
     assert sampler.gpus_of(1) == []
 
 
+def stand_in(folder: Path, library: str, source: str, program: str) -> tuple[Path, Path]:
+    """A stand-in library ``library`` built from ``tests/c/<source>.c`` and ``tests/c/<program>.c``, a program that
+    loads it with dlopen and calls it (skipped without a C compiler)."""
+    if shutil.which("cc") is None:
+        pytest.skip(f"no C compiler to build the stand-in {library}")
+    lib, exe = folder / library, folder / program
+    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", str(lib), str(ROOT / "tests" / "c" / f"{source}.c")],
+                   check=True)
+    subprocess.run(["cc", "-O0", "-o", str(exe), str(ROOT / "tests" / "c" / f"{program}.c"), "-ldl"], check=True)
+    return lib, exe
+
+
 @pytest.fixture(scope="module")
 def cuda_program(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A stand-in libcuda.so.1 (the two entry points the probe hooks) and a program that calls it."""
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler to build the stand-in CUDA library")
-    folder = tmp_path_factory.mktemp("cuda")
-    lib, exe = folder / "libcuda.so.1", folder / "launch_kernels"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", str(lib), str(ROOT / "tests" / "c" / "fake_libcuda.c")],
-                   check=True)
-    subprocess.run(["cc", "-O0", "-o", str(exe), str(ROOT / "tests" / "c" / "launch_kernels.c"), "-ldl"], check=True)
-    return lib, exe
+    return stand_in(tmp_path_factory.mktemp("cuda"), "libcuda.so.1", "fake_libcuda", "launch_kernels")
 
 
 @pytest.mark.parametrize("launches, drain_ms", [(7, 100), (20_000, 2)])
@@ -224,3 +231,62 @@ def test_find_libcuda_takes_the_64_bit_driver_from_the_linker_cache() -> None:
 """
     assert find_libcuda(listing) == Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1")
     assert find_libcuda("\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6\n") is None
+
+
+@pytest.fixture(scope="module")
+def blas_program(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A stand-in libcublas.so (the GEMM entry points the probe hooks, with cuBLAS's signatures) and a program
+    that calls it through dlopen."""
+    return stand_in(tmp_path_factory.mktemp("cublas"), "libcublas.so.12", "fake_libcublas", "call_blas")
+
+
+def gemm_flops(i: int) -> list[int]:
+    """Call i's FLOPs, 2·m·n·k·batch, of each entry point in the order call_blas.c calls them."""
+    shapes = [(i + 1, 2, 3, 1), (4, i + 1, 5, 1), (6, 7, i + 1, 1), (i + 2, 3, 4, 1), (2, 3, 4, i + 1),
+              (5, 6, 7, i + 2)]
+    return [2 * m * n * k * b for m, n, k, b in shapes]
+
+
+@pytest.mark.parametrize("calls, drain_ms", [(5, 100), (4_000, 2)])
+def test_cublas_gemm_calls_become_flops_traces(blas_program: tuple[Path, Path], calls: int, drain_ms: int) -> None:
+    """Real uprobes on the six GEMM entry points, called by a real program: every call's FLOPs, in call order,
+    batch counts read from the stack (arguments 17 and 20)."""
+    lib, exe = blas_program
+    try:
+        ensure_tracing()
+    except EbpfUnavailable as exc:
+        pytest.skip(f"this machine does not allow eBPF: {exc}")
+    gpu = "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    probe = EbpfProbe("node-b", sample_every=1 << 20, command=[str(exe), str(lib), str(calls)],
+                      gpus_of=lambda pid: [gpu], distances={}, libcublas=lib, drain_ms=drain_ms)
+    probe.start()
+    traces = [e for e in probe.events() if e.kind == "ebpf_trace"]
+    assert [e.flops_64b for e in traces] == [f for i in range(calls) for f in gemm_flops(i)]
+    assert {(e.trace_source, e.gpu_uuid) for e in traces} == {("blas", gpu)}
+    assert probe.counts["cublas_call"] == probe.counts["cublas_call_seen"] == 6 * calls
+    assert probe.counts["cublas_call_lost"] == 0
+    assert drain_ms == 100 or probe.counts["drains"] > 2
+    assert "cuBLAS GEMM calls" in probe.summary()
+    for e in traces:  # the seed's 40-byte struct, and the source beside it
+        assert decode_line(encode_event(e)) == e and json.loads(encode_event(e))["trace_source"] == "blas"
+
+
+def test_a_gemm_of_a_process_on_several_gpus_is_counted_not_guessed() -> None:
+    probe = EbpfProbe("node-b", gpus_of=lambda pid: ["GPU-a", "GPU-b"] if pid == 7 else [], distances={},
+                      libcublas=Path("/lib/libcublas.so.12"))
+    for line in ("@g0[7, 100, 0]: (2, 3, 4, 1)", "@g0[8, 101, 0]: (2, 3, 4, 1)", "@g0[7, 102, 1]: (-1, 3, 4, 1)",
+                 "@gemms: 3", "@sampled: 0"):
+        assert probe.parse(line) == []
+    assert (probe.counts["cublas_call_ambiguous"], probe.counts["cublas_call_unresolved"],
+            probe.counts["cublas_call_invalid"]) == (1, 1, 1)
+
+
+def test_find_libcublas_takes_the_newest_64_bit_cublas_not_cublaslt() -> None:
+    listing = """\tlibcublasLt.so.12 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcublasLt.so.12
+\tlibcublas.so.11 (libc6,x86-64) => /usr/local/cuda-11/lib64/libcublas.so.11
+\tlibcublas.so.12 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcublas.so.12
+\tlibcublas.so.12 (libc6) => /usr/lib/i386-linux-gnu/libcublas.so.12
+\tlibcublas.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcublas.so
+"""
+    assert find_libcublas(listing) == Path("/usr/lib/x86_64-linux-gnu/libcublas.so.12")
+    assert find_libcublas("\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6\n") is None

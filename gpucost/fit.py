@@ -1,0 +1,140 @@
+"""α, β, γ fitted from power instead of guessed (METRICS.md, "Weights fit").
+
+Per GPU pane with covered time, the pane's mean power is regressed on ``[1, T, B, L]``: T and B the
+process samples' Σ SM % · ms and Σ memory-bandwidth % · ms over the covered ms, L their NUMA Σ hops ·
+latency_weight over the covered ms. The three slopes are held non-negative (a resource cannot lower
+the power it draws); the intercept, the GPU's idle draw, is free. Each resource's weight is its mean
+share of the dynamic power it explains, ``c_T·mean(T) : c_B·mean(B) : c_L·mean(L)``, normalised.
+
+The panes are the pipeline's own: the events go through an ``Auditor`` as ``gpucost replay`` takes
+them (late, duplicate and overlapping events refused as in billing), and each closing pane's sums are
+read before anything is priced.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+
+from gpucost.producers.replay import LineBatch, RowBatch, input_files, read_batches
+from gpucost.schemas.blocks import ClosedPanes
+from gpucost.schemas.records import Output
+from gpucost.streams.audit import Auditor
+from gpucost.streams.pane_totals import PaneColumns, PaneTotals
+from gpucost.streams.settings import AuditSettings
+
+__all__ = ["Features", "Fit", "pane_features", "fit_weights", "nnls"]
+
+RESOURCES = ("T", "B", "L")
+
+
+@dataclass(frozen=True)
+class Features:
+    """One row per pane with covered time: its mean power (W) and T, B, L."""
+
+    power_w: np.ndarray
+    x: np.ndarray  # (panes, 3): T (SM %), B (memory-bandwidth %), L (Σ hops · latency_weight per ms)
+
+
+class _Panes(Auditor):
+    """An auditor that keeps each closing pane's features and publishes nothing."""
+
+    def __init__(self, settings: AuditSettings) -> None:
+        super().__init__(settings)
+        self.rows: list[np.ndarray] = []
+
+    def close(self, panes: list[PaneTotals], prices: Sequence[Decimal | None] | None = None) -> list[Output]:
+        if panes:
+            self.close_many(PaneColumns.of(panes), [])
+        return []
+
+    def close_many(self, panes: PaneColumns, prices: Sequence[Decimal | None],
+                   cuts: Sequence[int] = ()) -> list[ClosedPanes | None]:
+        covered = panes.covered_ms.astype(np.float64)
+        sums = [np.bincount(panes.t_pane, weights=values.astype(np.float64), minlength=len(panes))
+                for values in (panes.t_sm, panes.t_bw, panes.t_numa)]
+        kept = covered > 0
+        with np.errstate(divide="ignore", invalid="ignore"):  # panes without covered time are dropped here
+            self.rows.append(np.column_stack([panes.energy_uj / covered / 1000, sums[0] / 100 / covered,
+                                              sums[1] / 100 / covered, sums[2] / covered])[kept])
+        return [None] * (len(cuts) + 1)
+
+
+def pane_features(paths: Iterable[Path], settings: AuditSettings) -> Features:
+    """Every pane's features, from event files (or directories of them) as ``gpucost replay`` reads them."""
+    panes = _Panes(settings)
+    for item in read_batches(input_files(list(paths))):
+        if isinstance(item, RowBatch):
+            panes.ingest_batch(item.batch, item.label)
+        elif isinstance(item, LineBatch):
+            panes.ingest_lines(item.lines, item.label)
+    panes.finish()
+    rows = np.concatenate(panes.rows) if panes.rows else np.zeros((0, 4))
+    return Features(rows[:, 0], rows[:, 1:])
+
+
+def nnls(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """Least squares of ``y`` on ``[1, x]`` with the slopes ≥ 0: the intercept and slopes. Exhaustive over
+    which slopes are 0 (three columns: eight solves), which is exact where an iterative solver stops near."""
+    best: tuple[float, float, np.ndarray] | None = None
+    for free in itertools.chain.from_iterable(itertools.combinations(range(x.shape[1]), k)
+                                              for k in range(x.shape[1] + 1)):
+        design = np.column_stack([np.ones(len(y)), x[:, list(free)]])
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        if (coef[1:] < 0).any():
+            continue
+        residual = float(((design @ coef - y) ** 2).sum())
+        if best is None or residual < best[0]:
+            slopes = np.zeros(x.shape[1])
+            slopes[list(free)] = coef[1:]
+            best = (residual, float(coef[0]), slopes)
+    assert best is not None  # the intercept alone always qualifies
+    return best[1], best[2]
+
+
+@dataclass(frozen=True)
+class Fit:
+    panes: int
+    intercept_w: float
+    slopes: np.ndarray  # W per unit of T, B, L
+    r2: float
+    weights: dict[str, Decimal | None]  # alpha, beta, gamma to 6 places (None: cannot be estimated)
+    why_not: dict[str, str]  # for a weight that cannot be estimated, why
+
+    def snippet(self) -> str:
+        """The weights as lines of a ``--config`` file."""
+        lines = [f"# fitted by gpucost fit-weights from {self.panes} panes, R² = {self.r2:.4f}"]
+        for name, value in self.weights.items():
+            lines.append(f"{name} = {value}" if value is not None else
+                         f"# {name}: not estimated ({self.why_not[name]}); keep the one you have")
+        return "\n".join(lines) + "\n"
+
+
+def fit_weights(features: Features) -> Fit:
+    """The regression, R² and the weights it gives (METRICS.md); a resource that never varies in the
+    input (no NUMA events at all, say) has no weight estimated rather than one invented."""
+    x, y = features.x, features.power_w
+    if len(y) < 5:
+        raise ValueError(f"{len(y)} panes with covered time: at least 5 are needed to fit four coefficients")
+    varies = np.ptp(x, axis=0) > 0
+    names = ("alpha", "beta", "gamma")
+    why_not = {n: f"{r} is the same in every pane" + (" (no NUMA events)" if r == "L" and not x[:, 2].any() else "")
+               for n, r, v in zip(names, RESOURCES, varies) if not v}
+    intercept, slopes = nnls(x[:, varies], y)
+    full = np.zeros(3)
+    full[varies] = slopes
+    fitted = intercept + x @ full
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1 - float(((y - fitted) ** 2).sum()) / total if total else 1.0
+    explained = full * x.mean(axis=0)
+    if explained.sum() <= 0:
+        raise ValueError("no resource explains any of the power (every slope fitted 0): the weights cannot be "
+                         "estimated from this input")
+    shares = explained / explained.sum()
+    weights = {n: None if n in why_not else Decimal(repr(float(share))).quantize(Decimal("0.000001"))
+               for n, share in zip(names, shares)}
+    return Fit(len(y), intercept, full, r2, weights, why_not)
