@@ -13,6 +13,7 @@ instance, ``nvmlGpmMigSampleGet``).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,10 +142,13 @@ class NvmlSampler:
             return {}
         out = {}
         for i, name in enumerate(GPM_METRICS):
-            if get.metrics[i].nvmlReturn == nv.NVML_SUCCESS:
-                out[name] = round(min(100.0, max(0.0, float(get.metrics[i].value))), 2)
-            else:
+            value = float(get.metrics[i].value)
+            if get.metrics[i].nvmlReturn != nv.NVML_SUCCESS:
                 self.counts[f"gpm_not_supported:{name}"] += 1
+            elif not math.isfinite(value):  # a NaN would otherwise clamp to 0 %: not measured, and said so
+                self.counts[f"gpm_not_finite:{name}"] += 1
+            else:
+                out[name] = round(min(100.0, max(0.0, value)), 2)
         return out
 
     def gpus_of(self, pid: int) -> list[str]:

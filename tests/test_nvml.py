@@ -1,6 +1,8 @@
 """The NVML producer against a fake NVML serving real nvidia-smi captures (H100, H200, H200 MIG)."""
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import pynvml
@@ -142,6 +144,12 @@ def test_gpm_adds_tensor_and_dram_activity_to_a_whole_gpu(shared_data: Path, nam
     (gpu,) = [e for e in sampler.sample(T0 + NS, 1.0) if isinstance(e, GpuSample)]
     assert (gpu.tensor_active_pct, gpu.dram_active_pct) == (None, 3.0)
     assert sampler.counts["gpm_not_supported:tensor"] == 1
+    # a reading NVML computes as NaN or infinite is not a measurement: left out and counted, never 0 %
+    state.gpm_unsupported, state.gpm["gpu0"][1] = set(), (50.0, math.nan, math.inf)  # type: ignore[index]
+    state.tick = 1
+    (gpu,) = [e for e in sampler.sample(T0 + 2 * NS, 1.0) if isinstance(e, GpuSample)]
+    assert (gpu.tensor_active_pct, gpu.dram_active_pct) == (None, None)
+    assert (sampler.counts["gpm_not_finite:tensor"], sampler.counts["gpm_not_finite:dram"]) == (1, 1)
 
 
 def test_without_gpm_the_fields_are_absent_and_a_mig_instance_is_skipped(shared_data: Path) -> None:
