@@ -324,6 +324,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         rows = bills(args.out, scenario)
     except (ValueError, decimal.InvalidOperation) as exc:
         raise UsageError(str(exc)) from None
+    except duckdb.BinderException as exc:  # cost records written before they carried their numerators
+        raise UsageError(f"the cost records in {args.out} lack the numerators a what-if needs (t_num, b_num, l_num, "
+                         f"busy_num, covered_ms: written by a gpucost before them); replay their events with this "
+                         f"one first ({str(exc).splitlines()[0]})") from None
     columns = ["team", "base_micro_usd", "scenario_micro_usd", "difference_micro_usd"]
     table = [[b.team, b.base_micro_usd, b.scenario_micro_usd, b.difference_micro_usd] for b in rows]
     table.append(["(total)", *(sum(r[i] for r in table) for i in (1, 2, 3))])

@@ -9,6 +9,7 @@ from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from gpucost.producers.simulate import GPU_MODELS, FleetSpec, simulate
@@ -126,6 +127,13 @@ def test_bad_inputs_are_usage_errors(billed: tuple[Path, Path, Path], tmp_path: 
     assert proc.returncode == 2 and "not a price" in proc.stderr and "notprices.jsonl:1" in proc.stderr
     proc = gpucost("whatif", "--out", str(tmp_path / "nothing"), check=False)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+    # cost records of a gpucost from before the numerators: said so, not a traceback
+    older = tmp_path / "older" / "cost" / "date=2025-01-06"
+    older.mkdir(parents=True)
+    table = pq.read_table(next((out / "cost").glob("date=*/*.parquet")))
+    pq.write_table(table.drop_columns(["t_num", "b_num", "l_num", "busy_num", "covered_ms"]), older / "part-0.parquet")
+    proc = gpucost("whatif", "--out", str(tmp_path / "older"), check=False)
+    assert proc.returncode == 2 and "lack the numerators" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_tie_in_sharing_idle_goes_to_the_smaller_tenant_key() -> None:
