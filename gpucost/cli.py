@@ -11,9 +11,11 @@ from pathlib import Path
 
 from aiokafka.errors import KafkaConnectionError
 
-from gpucost.commands import (IDLE_POLICIES, cmd_compact, cmd_discovery, cmd_fit_weights, cmd_health, cmd_prices,
-                              cmd_query, cmd_reclaim, cmd_replay, cmd_run, cmd_simulate, cmd_views, cmd_whatif)
+from gpucost.commands import (IDLE_POLICIES, cmd_compact, cmd_discovery, cmd_export, cmd_fit_weights, cmd_health,
+                              cmd_prices, cmd_query, cmd_reclaim, cmd_replay, cmd_run, cmd_simulate, cmd_views,
+                              cmd_whatif)
 from gpucost.config import FLAG_FIELDS, ConfigError
+from gpucost.focus import FORMATS
 from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.state import StateError
@@ -302,6 +304,20 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--format", choices=["table", "csv", "json"], default="table")
     _add_settings(what, writes_out=False)
 
+    export = sub.add_parser("export", help="the cost records in a standard other tools read")
+    export_sub = export.add_subparsers(dest="export_format", required=True)
+    focus = export_sub.add_parser("focus", help="a month of cost records as a FinOps FOCUS 1.2 Cost and Usage file "
+                                                "(exact decimal costs)")
+    focus.add_argument("file", type=Path, help="the file to write")
+    _add_out(focus, "output directory holding the cost records")
+    focus.add_argument("--month", required=True, help="the billing period, YYYY-MM (UTC)")
+    focus.add_argument("--format", choices=FORMATS, default="csv")
+    focus.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    _env_flag(focus, "--provider", "GPUCOST_FOCUS_PROVIDER", str, "gpucost",
+              "ProviderName, PublisherName and InvoiceIssuerName: who runs the fleet")
+    _env_flag(focus, "--billing-account", "GPUCOST_FOCUS_BILLING_ACCOUNT", str, "gpucost",
+              "BillingAccountId and BillingAccountName")
+
     squash = sub.add_parser("compact", help="merge the small Parquet files of an output directory, atomically")
     _add_out(squash, "output directory")
     squash.add_argument("--min-files", type=int, default=2,
@@ -312,7 +328,8 @@ def _parser() -> argparse.ArgumentParser:
 COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "query": cmd_query,
             "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
             "sink": cmd_sink, "compact": cmd_compact, "prices": cmd_prices, "health": cmd_health,
-            "discovery": cmd_discovery, "reclaim": cmd_reclaim, "fit-weights": cmd_fit_weights, "whatif": cmd_whatif}
+            "discovery": cmd_discovery, "reclaim": cmd_reclaim, "fit-weights": cmd_fit_weights, "whatif": cmd_whatif,
+            "export": cmd_export}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""The commands that need no broker: run, simulate, replay, query, views, prices, compact, fit-weights, whatif."""
+"""The commands that need no broker: run, simulate, replay, query, views, prices, compact, fit-weights, whatif,
+export."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ from gpucost.config import ConfigError
 from gpucost.discovery import from_output, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.fit import RESOURCES, fit_weights, pane_features
+from gpucost.focus import MONTH, export_focus
 from gpucost.health import read_json, snapshot_of, snapshot_problems
 from gpucost.kafka.commands import follow_discovery, follow_reclaim
 from gpucost.kafka.signing import Signer, parse_keys
@@ -44,7 +46,7 @@ from gpucost.wiring import (Signals, UsageError, audit_key, audit_settings, even
                             invoked_as, live_source, load_keys, metrics_served, output_dir, say_source_counts)
 
 __all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_health", "cmd_discovery", "cmd_reclaim",
-           "cmd_views", "cmd_prices", "cmd_compact", "cmd_fit_weights", "cmd_whatif", "IDLE_POLICIES"]
+           "cmd_views", "cmd_prices", "cmd_compact", "cmd_fit_weights", "cmd_whatif", "cmd_export", "IDLE_POLICIES"]
 
 SIM_LINES_PER_FILE = 1_000_000
 
@@ -337,6 +339,22 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         csv.writer(sys.stdout).writerows([columns, *table])
     else:
         print(format_table(columns, [[t, *(f"{v:,}" for v in vs)] for t, *vs in table]))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``gpucost export focus``: the month's cost records as a FOCUS 1.2 Cost and Usage file."""
+    _written(args.out)
+    if not MONTH.match(args.month):
+        raise UsageError(f"--month {args.month!r} is not YYYY-MM")
+    if args.file.exists() and not args.overwrite:
+        raise UsageError(f"{args.file} exists; pass --overwrite to replace it")
+    try:
+        rows = export_focus(args.out, args.month, args.file, args.format, args.provider, args.billing_account)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {rows:,} FOCUS 1.2 rows of {args.month} to {args.file}"
+          + ("" if rows else f" (no cost record of {args.month} in {args.out})"))
     return 0
 
 

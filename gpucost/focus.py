@@ -1,0 +1,78 @@
+"""The cost records as a FinOps FOCUS 1.2 Cost and Usage dataset (METRICS.md, "FOCUS export").
+
+One row per cost record of the month (per GPU, pane and tenant, idle rows included), written by
+DuckDB from the ``cost`` view: no record passes through a float. Costs are the µ$ as decimals
+(``DECIMAL(38, 6)``, exact); the quantities are the party's GPU-hours, its share of the pane's
+covered time (its µ$ over the pane's, or for an unpriced pane its share of the split).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpucost.sinks.views import connect, sql_string
+
+__all__ = ["FORMATS", "MONTH", "focus_sql", "export_focus"]
+
+FORMATS = ("csv", "parquet")
+MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+#: the tenant fields a row's Tags carry
+_TAGS = ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id")
+
+
+def focus_sql(month: str, provider: str, billing_account: str, iso_text: bool) -> str:
+    """The SELECT over the ``cost`` view giving ``month``'s rows (``iso_text``: times as ISO 8601 text, for CSV)."""
+    if not MONTH.match(month):
+        raise ValueError(f"month {month!r} is not YYYY-MM")
+
+    def when(column: str) -> str:
+        return f"strftime({column}, '%Y-%m-%dT%H:%M:%SZ')" if iso_text else column
+
+    usd = "CAST(CAST(cost_micro_usd AS DECIMAL(38, 6)) * 0.000001 AS DECIMAL(38, 6))"  # exact: µ$ · 10^-6
+    tags = ", ".join(f"{f} := {f}" for f in _TAGS)
+    provider, account = sql_string(provider), sql_string(billing_account)
+    return f"""
+WITH c0 AS (
+  SELECT *, make_timestamp(pane_start_ns // 1000) AS ps, make_timestamp(pane_end_ns // 1000) AS pe,
+         sum(weight) FILTER (WHERE tenant_key <> 'idle') OVER (PARTITION BY gpu_uuid, pane_start_ns) AS w_all
+  FROM cost WHERE strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') = {sql_string(month)}),
+c AS (
+  SELECT *, date_trunc('month', ps) AS bs,
+         CAST(CAST(covered_ms AS DECIMAL(38, 12)) / 3600000 * CASE
+           WHEN pane_cost_micro_usd > 0 THEN CAST(cost_micro_usd AS DECIMAL(38, 12)) / pane_cost_micro_usd
+           WHEN tenant_key = 'idle' THEN 1 - CAST(busy_fraction AS DECIMAL(38, 12))
+           ELSE coalesce(CAST(busy_fraction * weight / nullif(w_all, 0) AS DECIMAL(38, 12)), 0) END
+           AS DECIMAL(38, 12)) AS gpu_hours
+  FROM c0)
+SELECT
+  {usd} AS BilledCost, {usd} AS EffectiveCost, {usd} AS ListCost, {usd} AS ContractedCost,
+  'USD' AS BillingCurrency,
+  {account} AS BillingAccountId, {account} AS BillingAccountName,
+  {when('bs')} AS BillingPeriodStart, {when("bs + INTERVAL 1 MONTH")} AS BillingPeriodEnd,
+  {when('ps')} AS ChargePeriodStart, {when('pe')} AS ChargePeriodEnd,
+  CASE WHEN revision > 0 THEN 'Adjustment' ELSE 'Usage' END AS ChargeCategory, NULL::VARCHAR AS ChargeClass,
+  CASE WHEN tenant_key = 'idle' THEN 'Idle GPU time on ' ELSE 'GPU time on ' END || gpu_model AS ChargeDescription,
+  'Usage-Based' AS ChargeFrequency,
+  gpu_hours AS ConsumedQuantity, 'GPU-Hours' AS ConsumedUnit, gpu_hours AS PricingQuantity, 'GPU-Hours' AS PricingUnit,
+  usd_per_gpu_hour AS ListUnitPrice, usd_per_gpu_hour AS ContractedUnitPrice, 'Standard' AS PricingCategory,
+  'gpucost-' || strftime(bs, '%Y-%m') AS InvoiceId, {provider} AS InvoiceIssuerName,
+  {provider} AS ProviderName, {provider} AS PublisherName,
+  gpu_uuid AS ResourceId, node_id || '/' || gpu_uuid AS ResourceName, 'GPU' AS ResourceType,
+  'Compute' AS ServiceCategory, 'Other (Compute)' AS ServiceSubcategory, 'GPU compute' AS ServiceName,
+  gpu_model AS SkuId, team AS SubAccountId, team AS SubAccountName,
+  to_json(struct_pack({tags})) AS Tags,
+  record_id AS x_RecordId, tenant_key AS x_TenantKey
+FROM c ORDER BY ps, gpu_uuid, tenant_key"""
+
+
+def export_focus(out_dir: Path, month: str, dest: Path, fmt: str = "csv", provider: str = "gpucost",
+                 billing_account: str = "gpucost") -> int:
+    """Write ``month``'s cost records of ``out_dir`` as FOCUS rows to ``dest``; the number of rows."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    con = connect(out_dir)
+    sql = focus_sql(month, provider, billing_account, iso_text=fmt == "csv")
+    options = "FORMAT CSV, HEADER" if fmt == "csv" else "FORMAT PARQUET, COMPRESSION zstd"
+    con.execute(f"COPY ({sql}) TO {sql_string(str(dest))} ({options})")
+    (rows,) = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()  # type: ignore[misc]
+    return int(rows)
