@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import socket
 import sys
@@ -12,8 +13,8 @@ from pathlib import Path
 from aiokafka.errors import KafkaConnectionError
 
 from gpucost.commands import (IDLE_POLICIES, cmd_compact, cmd_discovery, cmd_export, cmd_fit_weights, cmd_health,
-                              cmd_prices, cmd_query, cmd_reclaim, cmd_replay, cmd_run, cmd_simulate, cmd_views,
-                              cmd_whatif)
+                              cmd_prices, cmd_query, cmd_reclaim, cmd_replay, cmd_report, cmd_run, cmd_simulate,
+                              cmd_views, cmd_whatif)
 from gpucost.config import FLAG_FIELDS, ConfigError
 from gpucost.focus import FORMATS
 from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
@@ -78,6 +79,13 @@ def _decimal(text: str) -> Decimal:
     if not value.is_finite() or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {text!r}")
     return value
+
+
+def _date(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
 
 
 def _add_metrics(p: argparse.ArgumentParser) -> None:
@@ -304,6 +312,13 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--format", choices=["table", "csv", "json"], default="table")
     _add_settings(what, writes_out=False)
 
+    rep_html = sub.add_parser("report", help="the output as one self-contained HTML page of plots (cost by team, "
+                                             "idle share, an idle heatmap, health, reclaims, MAE, dead letters)")
+    _add_out(rep_html, "output directory holding the records")
+    rep_html.add_argument("--html", type=Path, required=True, help="the HTML file to write")
+    rep_html.add_argument("--since", type=_date, help="first UTC date to show, YYYY-MM-DD (default: the first)")
+    rep_html.add_argument("--until", type=_date, help="last UTC date to show, YYYY-MM-DD (default: the last)")
+
     export = sub.add_parser("export", help="the cost records in a standard other tools read")
     export_sub = export.add_subparsers(dest="export_format", required=True)
     focus = export_sub.add_parser("focus", help="a month of cost records as a FinOps FOCUS 1.2 Cost and Usage file "
@@ -329,7 +344,7 @@ COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "que
             "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
             "sink": cmd_sink, "compact": cmd_compact, "prices": cmd_prices, "health": cmd_health,
             "discovery": cmd_discovery, "reclaim": cmd_reclaim, "fit-weights": cmd_fit_weights, "whatif": cmd_whatif,
-            "export": cmd_export}
+            "export": cmd_export, "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,9 +46,10 @@ from gpucost.wiring import (Signals, UsageError, audit_key, audit_settings, even
                             invoked_as, live_source, load_keys, metrics_served, output_dir, say_source_counts)
 
 __all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_health", "cmd_discovery", "cmd_reclaim",
-           "cmd_views", "cmd_prices", "cmd_compact", "cmd_fit_weights", "cmd_whatif", "cmd_export", "IDLE_POLICIES"]
+           "cmd_views", "cmd_prices", "cmd_compact", "cmd_fit_weights", "cmd_whatif", "cmd_export", "cmd_report", "IDLE_POLICIES"]
 
 SIM_LINES_PER_FILE = 1_000_000
+REPORT = "report.html"  # what run and replay leave beside their output
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -105,7 +106,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) -> int:
+    from gpucost.report_html import build_report
+
     print(summary(out, stats, opex_usd_per_gpu_hour))
+    (out / REPORT).write_text(build_report(out), encoding="utf-8")
+    print(f"\nreport: {out / REPORT} (plots of all of the above; open it in a browser)")
     print(f"\noutput: {out}/{{idle_index,mae,cost,health,quota,reclaim,efficiency,dlq}}/date=YYYY-MM-DD/*.parquet; "
           f"try: {invoked_as()} query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
     return 0
@@ -355,6 +360,19 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(f"wrote {rows:,} FOCUS 1.2 rows of {args.month} to {args.file}"
           + ("" if rows else f" (no cost record of {args.month} in {args.out})"))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``gpucost report``: the output as one self-contained HTML page of plots."""
+    from gpucost.report_html import build_report
+
+    _written(args.out)
+    if args.since and args.until and args.since > args.until:
+        raise UsageError(f"--since {args.since} is after --until {args.until}")
+    page = build_report(args.out, args.since, args.until)
+    args.html.write_text(page, encoding="utf-8")
+    print(f"wrote {args.html} ({len(page.encode()) / 1e6:.1f} MB, self-contained: open it in any browser)")
     return 0
 
 
