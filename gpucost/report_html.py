@@ -129,6 +129,7 @@ def _kind(sql: str) -> str:
 def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | None = None) -> str:
     """The page: every figure of ``PLOTS`` and the team table, over ``out_dir``'s views between the dates."""
     con = connect(out_dir)
+    con.execute("SET enable_progress_bar = false")  # its bar on stderr would interleave with the command's output
     parts = []
     for k, plot in enumerate(PLOTS):
         rows = con.execute(plot.sql.format(where=_where(_kind(plot.sql), since, until))).fetchall()
