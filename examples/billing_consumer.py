@@ -5,7 +5,11 @@ The pattern every billing system should follow:
   * drop any record whose ``record_id`` was already counted: the pipeline may re-deliver a
     record after a crash, always byte-identical and with the same id, never a different one;
   * keep the seen ids (and the totals) durably next to your committed offsets, in one
-    transaction of your own database. This example keeps them in memory.
+    transaction of your own database. This example keeps them in memory;
+  * add every record, revisions included: a late event within the revision horizon publishes
+    records with ``revision`` > 0 whose ``cost_micro_usd`` is the *difference* from that party's
+    previous total (negative when a late binding moved its samples to another team), so the sum
+    over every record is the revised bill (docs/definitions.md, "Late data become revisions").
 
     python examples/billing_consumer.py --bootstrap 127.0.0.1:19092 --topic gpucost.cost --idle-exit-s 10
 
@@ -28,11 +32,12 @@ from gpucost.kafka.settings import KafkaSettings
 
 
 async def team_totals(client_options: dict[str, Any], topic: str, group: str,
-                      idle_exit_s: float) -> tuple[Counter[str], int, int]:
+                      idle_exit_s: float) -> tuple[Counter[str], int, int, Counter[str]]:
     consumer = AIOKafkaConsumer(topic, **client_options, group_id=group, auto_offset_reset="earliest",
                                 enable_auto_commit=False, isolation_level="read_committed")
     await consumer.start()
     totals: Counter[str] = Counter()
+    adjustments: Counter[str] = Counter()  # of the totals, what revisions added: shown, never applied twice
     seen: set[str] = set()
     duplicates = 0
     try:
@@ -48,11 +53,13 @@ async def team_totals(client_options: dict[str, Any], topic: str, group: str,
                         continue
                     seen.add(record["record_id"])
                     totals[record["team"]] += record["cost_micro_usd"]
+                    if record["revision"]:
+                        adjustments[record["team"]] += record["cost_micro_usd"]
             if batches:
                 await consumer.commit()
     finally:
         await consumer.stop()
-    return totals, len(seen), duplicates
+    return totals, len(seen), duplicates, adjustments
 
 
 def main() -> None:
@@ -64,10 +71,11 @@ def main() -> None:
     args = p.parse_args()
     kafka = KafkaSettings(**{**environment(KafkaSettings, KAFKA_ENV_PREFIX),
                              **({"bootstrap": args.bootstrap} if args.bootstrap else {})})
-    totals, records, duplicates = asyncio.run(team_totals(kafka.client_options(), args.topic, args.group,
+    totals, records, duplicates, adjustments = asyncio.run(team_totals(kafka.client_options(), args.topic, args.group,
                                                           args.idle_exit_s))
     print(json.dumps({"micro_usd_by_team": dict(sorted(totals.items())), "records": records,
-                      "duplicates_dropped": duplicates}, indent=1))
+                      "duplicates_dropped": duplicates,
+                      "revision_adjustments_micro_usd_by_team": dict(sorted(adjustments.items()))}, indent=1))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,12 @@ SELECT sla AS tier, count(*) AS triggers, count(DISTINCT gpu_uuid) AS gpus,
        sum(coalesce(usd_per_gpu_hour, 0) * 1000000)::BIGINT AS micro_usd_per_hour,
        printf('%.2f', sum(coalesce(usd_per_gpu_hour, 0))) AS usd_per_hour
 FROM reclaim GROUP BY sla ORDER BY array_position(['Gold', 'Silver', 'Bronze'], sla), sla"""
+#: what late data changed, per team: the adjustments of revised panes (revision > 0) against the bill as first published
+_REVISIONS = """
+SELECT team, count(DISTINCT (gpu_uuid, pane_start_ns)) AS panes_revised, count(*) AS records,
+       sum(cost_micro_usd) AS adjustment_micro_usd,
+       (SELECT sum(cost_micro_usd) FROM cost_as_first_published f WHERE f.team = c.team) AS first_published_micro_usd
+FROM cost c WHERE revision > 0 GROUP BY team ORDER BY team"""
 #: each GPU's breaker state after its latest window, for those not in service
 _OUT_OF_SERVICE = """
 SELECT * FROM (
@@ -86,6 +92,13 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
     if triggers:
         parts.append("\nReclaim triggers by SLA tier (GPUs held idle past the tier's tolerance):\n"
                      + format_table([d[0] for d in res.description], triggers))
+    res = con.execute(_REVISIONS)
+    revised = res.fetchall()
+    if revised:
+        late = ", ".join(f"{k.split(':', 1)[1]}: {v:,}" for k, v in sorted(stats.counts.items())
+                         if k.startswith("revised_by_late:"))
+        parts.append(f"\nRevisions: late events and bindings within the horizon adjusted the bill ({late}):\n"
+                     + format_table([d[0] for d in res.description], revised))
     res = con.execute(_UNIT_COST)
     units = res.fetchall()
     if units:

@@ -42,6 +42,9 @@ class IdleIndexRecord(_Record):
     idle_ms_72h: Int64
     covered_ms_72h: Int64
     idle_index_72h: float
+    #: 0 when first published; a late event within the revision horizon re-publishes the pane with its
+    #: revision number (METRICS.md, "Late data become revisions")
+    revision: Int64
 
 
 class MaeRecord(_Record):

@@ -1,5 +1,6 @@
 """DuckDB views over the Parquet output: one per output kind (``idle_index``, ``mae``, ``cost``, ``health``,
-``quota``, ``reclaim``, ``efficiency``, ``dlq``), and ``unit_cost`` over ``cost`` and ``efficiency``.
+``quota``, ``reclaim``, ``efficiency``, ``dlq``), the bill as first published and as revised, and ``unit_cost``
+over ``cost`` and ``efficiency``.
 
 ``views_sql(dir)`` is the SQL an analyst can paste into any DuckDB; ``connect(dir)`` opens
 an in-memory DuckDB with exactly those views. A kind with no file yet gets an empty view
@@ -62,10 +63,25 @@ SELECT gpu_model, date, cost_micro_usd, gpu_hours, CAST({opex} AS DOUBLE) * gpu_
 FROM c JOIN e USING (gpu_model, date);"""
 
 
+#: late data as revisions (METRICS.md): the bill as first published (each pane's revision 0), and as revised: per
+#: (GPU, pane, party) the sum of its differences as ``cost_micro_usd``, its latest record's other values, and how
+#: many records it took (a party a late binding emptied stays, at 0 µ$ and shares 0); each pane's latest idle record
+_REVISED = """CREATE OR REPLACE VIEW cost_as_first_published AS SELECT * FROM cost WHERE revision = 0;
+CREATE OR REPLACE VIEW cost_as_revised AS
+SELECT c.* REPLACE (s.total AS cost_micro_usd), s.records
+FROM cost c JOIN (SELECT gpu_uuid, pane_start_ns, tenant_key, sum(cost_micro_usd) AS total, max(revision) AS latest,
+                         count(*) AS records FROM cost GROUP BY ALL) s
+  ON c.gpu_uuid = s.gpu_uuid AND c.pane_start_ns = s.pane_start_ns AND c.tenant_key = s.tenant_key
+ AND c.revision = s.latest;
+CREATE OR REPLACE VIEW idle_index_as_revised AS
+SELECT * FROM idle_index QUALIFY revision = max(revision) OVER (PARTITION BY gpu_uuid, pane_start_ns);"""
+
+
 def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
-    """Every kind's view, and ``unit_cost`` at the opex rate given (USD per GPU-hour)."""
+    """Every kind's view, the revised bill's (``cost_as_first_published``, ``cost_as_revised``,
+    ``idle_index_as_revised``) and ``unit_cost`` at the opex rate given (USD per GPU-hour)."""
     views = [_view(out_dir, kind) for kind in ARROW_SCHEMAS]
-    return "\n".join([*views, _UNIT_COST.format(opex=Decimal(opex_usd_per_gpu_hour))]) + "\n"
+    return "\n".join([*views, _REVISED, _UNIT_COST.format(opex=Decimal(opex_usd_per_gpu_hour))]) + "\n"
 
 
 def connect(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> duckdb.DuckDBPyConnection:

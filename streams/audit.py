@@ -25,7 +25,8 @@ from gpucost.streams.health import HealthAudit
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.mae import Mae
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
-from gpucost.streams.panes import GpuPanes
+from gpucost.streams.panes import GpuPanes, pane_start_ns
+from gpucost.streams.revisions import Revisions, differences
 from gpucost.streams.scope import Scope, decode_in_scope
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.sla import SlaOperator
@@ -54,6 +55,12 @@ class Auditor:
 
     ``ebpf_trace`` events are judged late like the GPU-keyed kinds but move no watermark; a ``blas``
     trace's FLOPs join its pane for the efficiency records.
+
+    Late data within the revision horizon revise closed panes (``gpucost.streams.revisions``): the event is
+    taken (counted under its kind and ``revised_by_late``), the pane recomputed, and the records that changed
+    published as differences with the pane's next revision number. A binding re-attributes the samples it
+    covers in open panes as well as closed ones, so a process's tenant is its binding as of each sample's
+    time, whatever order they arrive in.
     """
 
     def __init__(self, settings: AuditSettings, clock: Callable[[], int] | None = None,
@@ -68,6 +75,7 @@ class Auditor:
         self.health = HealthAudit(settings, audit_key)
         self.efficiency = Efficiency(settings)
         self.mae = Mae(settings)
+        self.revisions = Revisions(settings)
         self.bindings = BindingTable()
         self.prices = PriceTable()
         self.counts: Counter[str] = Counter()
@@ -87,6 +95,8 @@ class Auditor:
             rec = self.mae.update(event)
             return [rec] if rec is not None else []
         if isinstance(event, TenantBinding):
+            reached = self.revisions.touched_by(event.node_id, event.pid, event.ts_ns) if self.revisions.enabled else []
+            before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
             taken = self.bindings.update(event)
             if taken == "duplicate":
                 return [self._dead("duplicate", event, raw, source,
@@ -95,6 +105,17 @@ class Auditor:
             if taken == "unchanged":
                 self.counts["binding_unchanged"] += 1
                 return []
+            self.counts[event.kind] += 1
+            out: list[Output] = []
+            for gpu, start in reached:
+                if (gpu, start) in before:
+                    out += self._republish(gpu, start, before[(gpu, start)])
+                else:
+                    self.panes.retenant(self.revisions.totals(gpu, start, self.bindings))
+            if out:
+                self.counts["revised_by_late"] += 1
+                self.counts[f"revised_by_late:{event.kind}"] += 1
+            return out
         elif isinstance(event, Price):
             if not self.prices.update(event):
                 return [self._dead("duplicate", event, raw, source,
@@ -163,7 +184,11 @@ class Auditor:
                    source: str) -> list[Output]:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
-            return [self.late_letter(event, raw, source, self.panes.watermark(gpu))]
+            watermark = self.panes.watermark(gpu)
+            if self.revisions.reaches(pane_start_ns(event.ts_ns, self.settings.pane_ns) + self.settings.pane_ns,
+                                      watermark):
+                return self._revise(event, raw, source)
+            return [self.late_letter(event, raw, source, watermark)]
         refused = self.panes.admit(event)
         if refused == "duplicate":
             return [self.duplicate_letter(event, raw, source)]
@@ -178,7 +203,48 @@ class Auditor:
                 self.panes.add_process_sample(event, tenant)
             else:
                 self.panes.add_numa_event(event, tenant)
-        return self.close(self.panes.advance(gpu, event.ts_ns))
+        if self.revisions.enabled:
+            self.revisions.log(event)
+        out = self.close(self.panes.advance(gpu, event.ts_ns))
+        if self.revisions.enabled:
+            self.revisions.prune(gpu, self.panes.watermark(gpu))
+        return out
+
+    def _revise(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
+                source: str) -> list[Output]:
+        """A late event within the horizon: checked against its closed pane (``duplicate``, ``overlap``), taken
+        into it, and the pane's changed records published (``_republish``)."""
+        refused = self.revisions.refusal(event)
+        if refused == "duplicate":
+            return [self.duplicate_letter(event, raw, source)]
+        if refused == "overlap":
+            return [self.overlap_letter(event, raw, source)]  # type: ignore[arg-type]  # never of a NUMA event
+        start = pane_start_ns(event.ts_ns, self.settings.pane_ns)
+        before = self.revisions.totals(event.gpu_uuid, start, self.bindings)
+        self.revisions.log(event)
+        self.counts[event.kind] += 1
+        self.counts["revised_by_late"] += 1
+        self.counts[f"revised_by_late:{event.kind}"] += 1
+        return self._republish(event.gpu_uuid, start, before)
+
+    def _republish(self, gpu: str, start: int, before: PaneTotals) -> list[Output]:
+        """A closed pane recomputed from its rows (``before``: as last published): its cost records that
+        changed, as differences, and its idle record if its idle or covered time changed, all with the pane's
+        next revision number (0 if it is published for the first time). Nothing if nothing changed."""
+        after = self.revisions.totals(gpu, start, self.bindings)
+        held = self.revisions.held(gpu, start)
+        if held.revision is None and after.gpu_model is not None:  # billed for the first time: priced now
+            held.price = self.prices.lookup(after.gpu_model, start)
+        old = apportion(before, held.price, self.weights) if held.revision is not None else []
+        revision = 0 if held.revision is None else held.revision + 1
+        out: list[Output] = list(differences(old, apportion(after, held.price, self.weights), revision))
+        if after.node_id is not None and after.gpu_model is not None and (
+                held.revision is None or (before.idle_ms, before.covered_ms) != (after.idle_ms, after.covered_ms)):
+            out.insert(0, self.idle.revise(gpu, after.node_id, after.gpu_model, start, after.idle_ms,
+                                           after.covered_ms, revision))
+        if out:
+            held.revision = revision
+        return out
 
     def close_silent(self, watermark_ns: int) -> list[Output]:
         """The records of panes that ``settings.idle_timeout_s`` of event time has passed by: a GPU that went
@@ -191,6 +257,8 @@ class Auditor:
         if closed:
             self.counts["silent_closes"] += len(closed)
             out = self.close(closed)
+            for gpu in {p.gpu_uuid for p in closed}:
+                self.revisions.prune(gpu, self.panes.watermark(gpu))
         out += self.health.close_silent(watermark_ns, self.settings.idle_timeout_ns)
         self.idle.expire(watermark_ns)
         return out
@@ -207,10 +275,12 @@ class Auditor:
             idle = self.idle.on_close(pane)
             if idle is None:
                 self.counts["unbilled"] += pane.tenant_events
+                self.revisions.hold(pane.gpu_uuid, pane.pane_start_ns, None, False)
                 continue
             out.append(idle)
             assert pane.gpu_model is not None
             price = self.prices.lookup(pane.gpu_model, pane.pane_start_ns) if prices is None else prices[i]
+            self.revisions.hold(pane.gpu_uuid, pane.pane_start_ns, price, True)
             if price is None:
                 self.counts["unpriced_panes"] += 1
             out.extend(apportion(pane, price, self.weights))
@@ -234,6 +304,10 @@ class Auditor:
         billed = np.not_equal(panes.node_id, None) & np.not_equal(panes.gpu_model, None)
         for events in panes.tenant_events[~billed].tolist():
             self.counts["unbilled"] += events
+        if self.revisions.enabled:
+            for gpu, start, price, ok in zip(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist(), prices,
+                                             billed.tolist()):
+                self.revisions.hold(gpu, start, price if ok else None, ok)
         bounds = np.concatenate([[0], np.cumsum(billed)])[[0, *cuts, len(panes)]].tolist()
         if not billed.all():
             panes = panes.take(np.flatnonzero(billed))
@@ -256,6 +330,7 @@ class Auditor:
         again (a second ``produce`` of a file, signed messages copied back into the topic) is late and
         dead-lettered, never billed twice, while later panes open as usual."""
         nxt = Auditor(self.settings, self.clock, self.audit_key)
+        nxt.revisions = self.revisions  # what a late event, or the same input again, is checked against
         nxt.panes.resume_after(self.panes)
         nxt.health.resume_after(self.health)
         return nxt
@@ -266,13 +341,14 @@ class Auditor:
         its node ever ran."""
         floor = self.panes.earliest_on_time_ns()
         if floor is not None:
-            self.bindings.prune(floor)
+            self.bindings.prune(floor - self.settings.revision_horizon_ns)  # a revision looks bindings up too
 
     def to_state(self, idle: bool = True) -> dict[str, Any]:
         """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the
         idle windows, which a changelog writes apart, only when they changed)."""
         return {"panes": self.panes.to_state(), **({"idle": self.idle.to_state()} if idle else {}),
                 "mae": self.mae.to_state(), "sla": self.sla.to_state(), "health": self.health.to_state(), "bindings": self.bindings.to_state(),
+                **({"revisions": self.revisions.to_state()} if self.revisions.enabled else {}),
                 "prices": self.prices.to_state(), "counts": dict(self.counts)}
 
     @classmethod
@@ -287,6 +363,8 @@ class Auditor:
         auditor.idle = IdleIndex.from_state(state["idle"], settings)
         auditor.mae = Mae.from_state(state["mae"], settings)
         auditor.bindings = BindingTable.from_state(state["bindings"])
+        if "revisions" in state:  # a state written before revisions (or with none) keeps nothing to revise
+            auditor.revisions = Revisions.from_state(state["revisions"], settings)
         auditor.prices = PriceTable.from_state(state["prices"])
         auditor.counts = Counter(state["counts"])
         return auditor

@@ -37,6 +37,7 @@ from gpucost.streams.json_lines import COLUMN_MODELS, read_lines
 from gpucost.streams.mae import Mae
 from gpucost.streams.pane_totals import PaneColumns, PaneRows, PaneTotals
 from gpucost.streams.panes import GPU, KINDS, NUMA, PROC, TRACE, GpuPanes
+from gpucost.streams.revisions import Revisions
 from gpucost.streams.runs import runs
 from gpucost.streams.scope import Scope, decode_in_scope
 from gpucost.streams.settings import AuditSettings
@@ -54,6 +55,9 @@ class RowPath(Protocol):
     panes: GpuPanes
     mae: Mae
     bindings: BindingTable
+    revisions: Revisions
+
+    def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]: ...
 
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]: ...
 
@@ -78,6 +82,10 @@ __all__ = ["ingest_batch", "ingest_lines", "exact_round"]
 
 MEM = len(KINDS)  # the codes of the kinds GpuPanes counts (``KINDS``), and this one
 _KINDS = {name: code for code, name in enumerate((*KINDS, "mem_access"))}
+_BINDING, _NO_KIND = 126, 127  # a binding, and a row of no kind, to ``revising_rows``
+_NONE_TS = np.iinfo(np.int64).min // 2  # no time yet (halved: the lateness is taken off it)
+#: a batch with more rows that may revise than this goes row by row (a replay of a shuffled file)
+MANY_REVISING = 64
 _HOT_FIELDS = sorted({name for model in COLUMN_MODELS for name in model.model_fields} - {"kind"})
 _PID_SPAN = 1 << 32
 #: fewer closing panes than this in a batch are closed one by one, as records; more, as blocks of columns
@@ -96,7 +104,7 @@ def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
     """
     if any(f.name in EVENT_SCHEMA.names and f.type != EVENT_SCHEMA.field(f.name).type for f in batch.schema):
         return [out for i, row in enumerate(batch.to_pylist()) for out in auditor.ingest(present_fields(row), source(i))]
-    return _Batch(auditor, batch, source).run()
+    return _in_segments(auditor, batch, source)
 
 
 def ingest_lines(auditor: RowPath, lines: Sequence[bytes], source: Callable[[int], str],
@@ -106,7 +114,67 @@ def ingest_lines(auditor: RowPath, lines: Sequence[bytes], source: Callable[[int
     stands: the same dead letter as the row path). Fewer than ``FEW_LINES`` lines take the row path."""
     if len(lines) < FEW_LINES or not lines:
         return [out for i, line in enumerate(lines) for out in auditor.ingest(line, source(i), scope)]
-    return _Batch(auditor, read_lines(lines), source, lines, scope).run()
+    return _in_segments(auditor, read_lines(lines), source, lines, scope)
+
+
+def _in_segments(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str],
+                 lines: Sequence[bytes] | None = None, scope: Scope | None = None) -> "Outputs":
+    """The batch, cut at each row that may revise a closed pane (``revising_rows``): those rows go through the
+    row path, the stretches between them through the batch path. A revision happens at its row, between
+    the closes before it and those after, which one pass over the batch's columns could not keep in order;
+    late data are rare, so the cuts are few. A batch of more than ``MANY_REVISING`` such rows goes row by row."""
+    cuts = revising_rows(auditor, batch) if auditor.revisions.enabled else []
+    if not cuts:
+        return _Batch(auditor, batch, source, lines, scope).run()
+
+    def row(i: int) -> bytes | dict[str, Any]:
+        return lines[i] if lines is not None else present_fields(batch.slice(i, 1).to_pylist()[0])
+
+    if len(cuts) > MANY_REVISING:
+        return [out for i in range(batch.num_rows) for out in auditor.ingest(row(i), source(i), scope)]
+    out: Outputs = []
+    lo = 0
+    for cut in [*cuts, batch.num_rows]:
+        if cut > lo:
+            out += _Batch(auditor, batch.slice(lo, cut - lo), lambda i, lo=lo: source(lo + i),  # type: ignore[misc]
+                          None if lines is None else lines[lo:cut], scope).run()
+        if cut < batch.num_rows:
+            out += auditor.ingest(row(cut), source(cut), scope)
+        lo = cut + 1
+    return out
+
+
+def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
+    """The rows that may revise a closed pane: a GPU sample, process sample or NUMA event whose pane ends
+    at or before its GPU's watermark, and a binding older than the largest watermark, each taken against
+    watermarks that count every earlier row of the batch (so at or above the true ones: no row that does
+    revise is missed); and rows of no readable kind, which the batch path decodes one by one."""
+    n = batch.num_rows
+    kinds = pc.dictionary_encode(batch.column("kind")) if "kind" in batch.schema.names else None
+    if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
+        return []
+    codes = np.array([_KINDS.get(k, -1) if k != "tenant_binding" else _BINDING for k in kinds.dictionary.to_pylist()]
+                     + [_NO_KIND], np.int8)
+    code = codes[np.asarray(pc.fill_null(kinds.indices, len(codes) - 1).to_numpy(zero_copy_only=False))]
+    ts_col = batch.column("ts_ns")
+    has_ts = np.asarray(pc.is_valid(ts_col).to_numpy(zero_copy_only=False), bool)
+    ts = np.asarray(pc.fill_null(ts_col, 0).to_numpy(zero_copy_only=False), np.int64)
+    gpus = pc.dictionary_encode(batch.column("gpu_uuid"))
+    gpu = np.asarray(pc.fill_null(gpus.indices, -1).to_numpy(zero_copy_only=False), np.int64)
+    keyed = (code <= NUMA) & (code >= 0) & has_ts & (gpu >= 0)
+    latest = auditor.panes.latest_ns()
+    settings = auditor.settings
+    lateness, pane_ns = settings.lateness_ns, settings.pane_ns
+    late = np.zeros(n, bool)
+    for j, name in enumerate(gpus.dictionary.to_pylist()):
+        at = np.flatnonzero(keyed & (gpu == j))
+        if len(at):
+            high = np.maximum.accumulate(np.maximum(ts[at], latest.get(name, _NONE_TS)))
+            late[at] = ts[at] - ts[at] % pane_ns + pane_ns <= high - lateness
+    moved = np.maximum.accumulate(np.where(keyed, ts, _NONE_TS)) if n else np.zeros(0, np.int64)
+    largest = np.maximum(moved, max(latest.values(), default=_NONE_TS))
+    binding = (code == _BINDING) & has_ts & (ts < largest - lateness)
+    return np.flatnonzero(late | binding | (code == _NO_KIND)).tolist()
 
 
 def exact_round(values: np.ndarray, scale: int) -> np.ndarray:
@@ -388,6 +456,10 @@ class _Batch:
         tenant_of = np.full(self.n, -1, np.int64)
         tenant_of[tenant_rows] = self._tenants(tenant_rows)
         self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants))
+        if a.revisions.enabled:
+            a.revisions.log_many(pane_rows, accepted)
+            for name in pane_rows.names:
+                a.revisions.prune(name, a.panes.watermark(name))
 
     def _tenants(self, rows: np.ndarray) -> np.ndarray:
         """The tenant (an index into ``self.tenants``) of each row, as of its time, among the bindings
@@ -414,7 +486,10 @@ class _Batch:
             if not isinstance(event, TenantBinding):
                 rest.append((i, event))
                 continue
-            if (event.node_id, event.pid) in groups:
+            # with revisions, a binding covers the samples of its time whenever they came (the row path
+            # re-attributes those that came first), so the batch's rows are joined after all its bindings;
+            # none of them reaches a closed pane (``revising_rows`` cut the batch at any that might)
+            if (event.node_id, event.pid) in groups and not a.revisions.enabled:
                 resolve((event.node_id, event.pid), i)
             self.emit(i, a.update(event, self._raw(i), self.source(i)))
         self.table_events = rest

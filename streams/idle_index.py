@@ -40,39 +40,108 @@ class _Window:
     ``panes`` is None). A ring whose panes all left the window is a list again; a state is written in
     the one form its panes call for, whatever form held them (``to_state``)."""
 
-    __slots__ = ("n", "panes", "idle", "covered", "last", "idle_sum", "covered_sum")
+    __slots__ = ("n", "keep", "left", "panes", "idle", "covered", "last", "idle_sum", "covered_sum")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, keep: int = 0) -> None:
         self.n = n
+        #: the revision horizon in panes: the panes that left the window within the last ``keep`` panes stay in
+        #: ``left`` (k → (idle, covered), none of 0), so that the window ending at any pane a revision can reach
+        #: is known (``sums_ending``)
+        self.keep = keep
+        self.left: dict[int, tuple[int, int]] = {}
         self.panes: dict[int, tuple[int, int]] | None = {}
         self.idle = self.covered = array("I")
         self.last: int | None = None
         self.idle_sum = 0
         self.covered_sum = 0
 
+    def _leave(self, k: int, idle_ms: int, covered_ms: int) -> None:
+        if self.keep and (idle_ms or covered_ms):
+            self.left[k] = (idle_ms, covered_ms)
+
+    def _forget_left(self) -> None:
+        if self.left and self.last is not None:
+            floor = self.last - self.n - self.keep
+            self.left = {k: v for k, v in self.left.items() if k > floor}
+
     def roll(self, k: int, idle_ms: int, covered_ms: int) -> None:
         """Pane ``k`` (the newest so far) in; the panes that leave the window out."""
         n = self.n
         if self.last is None or k - self.last >= n:  # nothing before stays
+            if self.keep and self.last is not None:
+                for held, idle, covered in self._in_window():
+                    self._leave(held, idle, covered)
             self.panes, self.idle, self.covered = {}, array("I"), array("I")
             self.idle_sum = self.covered_sum = 0
         if self.panes is not None:
             while self.panes and (oldest := next(iter(self.panes))) <= k - n:
                 idle, covered = self.panes.pop(oldest)
+                self._leave(oldest, idle, covered)
                 self.idle_sum -= idle
                 self.covered_sum -= covered
             self.panes[k] = (idle_ms, covered_ms)
             self.idle_sum += idle_ms
             self.covered_sum += covered_ms
             self.last = k
+            self._forget_left()
             if len(self.panes) > SPARSE_PANES:
                 self._ring()
             return
         assert self.last is not None
         for gone in range(self.last + 1, k):  # panes without GPU samples: their slots empty out
+            self._leave(gone - n, self.idle[gone % n], self.covered[gone % n])
             self._put(gone % n, 0, 0)
+        self._leave(k - n, self.idle[k % n], self.covered[k % n])
         self._put(k % n, idle_ms, covered_ms)
         self.last = k
+        self._forget_left()
+
+    def _entry(self, k: int) -> tuple[int, int]:
+        """Pane ``k``'s (idle, covered), for ``k`` in the window ``(last − n, last]``."""
+        if self.panes is not None:
+            return self.panes.get(k, (0, 0))
+        return self.idle[k % self.n], self.covered[k % self.n]
+
+    def sums_ending(self, k: int) -> tuple[int, int]:
+        """The window's sums ending at pane ``k`` (``(k − n, k]``), for ``k`` at most ``keep`` panes before
+        ``last`` or after it: the window now, less its panes after ``k``, plus those that left it since
+        (or, for a ``k`` that left the window itself, the panes that left, alone)."""
+        if self.last is None:
+            return 0, 0
+        last, n = self.last, self.n
+        if k >= last:
+            gone = [self._entry(j) for j in range(last - n + 1, min(k - n, last) + 1)]
+            return self.idle_sum - sum(i for i, _ in gone), self.covered_sum - sum(c for _, c in gone)
+        if k <= last - n:  # the whole window ending at k has left (a horizon longer than the window)
+            back = [v for j, v in self.left.items() if k - n < j <= k]
+            return sum(i for i, _ in back), sum(c for _, c in back)
+        after = [self._entry(j) for j in range(k + 1, last + 1)]
+        back = [v for j, v in self.left.items() if k - n < j <= last - n]
+        return (self.idle_sum - sum(i for i, _ in after) + sum(i for i, _ in back),
+                self.covered_sum - sum(c for _, c in after) + sum(c for _, c in back))
+
+    def revise(self, k: int, idle_ms: int, covered_ms: int) -> tuple[int, int]:
+        """Pane ``k``'s figures as a revision has them (a pane not in the window yet rolls in); the window's
+        sums ending at ``k`` then."""
+        if self.last is None or k > self.last:
+            self.roll(k, idle_ms, covered_ms)
+            return self.idle_sum, self.covered_sum
+        if k <= self.last - self.n:  # left the window already (a horizon longer than the window)
+            self._leave(k, idle_ms, covered_ms)
+            return self.sums_ending(k)
+        before = self._entry(k)
+        self.idle_sum += idle_ms - before[0]
+        self.covered_sum += covered_ms - before[1]
+        if self.panes is not None:
+            self.panes[k] = (idle_ms, covered_ms)
+            self.panes = dict(sorted(self.panes.items()))  # ``roll`` drops the oldest first
+        else:
+            try:
+                self.idle[k % self.n], self.covered[k % self.n] = idle_ms, covered_ms
+            except OverflowError:
+                self.idle, self.covered = array("Q", self.idle), array("Q", self.covered)
+                self.idle[k % self.n], self.covered[k % self.n] = idle_ms, covered_ms
+        return self.sums_ending(k)
 
     def _ring(self) -> None:
         """The panes as a ring (4-byte slots, 8 where a pane needs more)."""
@@ -97,7 +166,9 @@ class _Window:
         if self.panes is not None and not fresh and len(self.panes) + len(ks) > SPARSE_PANES:
             self._ring()
         # few panes starting afresh, panes added to a list, a ring of 64-bit slots: roll's own path
-        one_by_one = len(ks) <= SPARSE_PANES if fresh else self.panes is not None or self.idle.typecode != "I"
+        # (and with a revision horizon: ``roll`` keeps the panes that leave)
+        one_by_one = self.keep > 0 or (len(ks) <= SPARSE_PANES if fresh else self.panes is not None
+                                       or self.idle.typecode != "I")
         if one_by_one or max(int(idle_ms.max()), int(covered_ms.max())) >> 32:
             sums = []  # a few panes, a ring of 64-bit slots, or a pane past 32 bits (forged data): one by one
             for k, idle, covered in zip(ks.tolist(), idle_ms.tolist(), covered_ms.tolist()):
@@ -147,17 +218,21 @@ class _Window:
 
     def to_state(self) -> list[Any]:
         held = self._in_window()
+        left = [[k, *v] for k, v in self.left.items()] if self.left else []
         if len(held) <= SPARSE_PANES:
-            return ["panes", self.last, self.idle_sum, self.covered_sum, [list(p) for p in held]]
+            return ["panes", self.last, self.idle_sum, self.covered_sum, [list(p) for p in held], *([left] if left else [])]
         wide = max(int(np.asarray(self.idle).max()), int(np.asarray(self.covered).max())) >> 32
         idle, covered = (array("Q" if wide else "I", ring) for ring in (self.idle, self.covered))
         return [idle.typecode, self.last, self.idle_sum, self.covered_sum,
-                base64.b64encode(idle.tobytes()).decode(), base64.b64encode(covered.tobytes()).decode()]
+                base64.b64encode(idle.tobytes()).decode(), base64.b64encode(covered.tobytes()).decode(),
+                *([left] if left else [])]
 
     @classmethod
-    def from_state(cls, state: list[Any], n: int) -> "_Window":
-        window = cls(n)
+    def from_state(cls, state: list[Any], n: int, keep: int = 0) -> "_Window":
+        window = cls(n, keep)
         form, window.last, window.idle_sum, window.covered_sum = state[:4]
+        rest = 5 if form == "panes" else 6
+        window.left = {k: (idle, covered) for k, idle, covered in (state[rest] if len(state) > rest else [])}
         if form == "panes":
             window.panes = {k: (idle, covered) for k, idle, covered in state[4]}
             return window
@@ -173,6 +248,7 @@ class IdleIndex:
         self.pane_ns = settings.pane_ns
         self.window_ns = settings.window_ns
         self.slots = -(-self.window_ns // self.pane_ns)  # panes with start in (s − W, s]: ⌈W / P⌉ of them
+        self.keep = -(-settings.revision_horizon_ns // self.pane_ns)  # panes a revision can reach back
         self._gpus: dict[str, _Window] = {}
         #: changes to the windows so far (a pane rolled in, a window expired): the windows are most of a
         #: GPU's state and change only then, so a changelog writes them again only when this moved
@@ -189,7 +265,19 @@ class IdleIndex:
             IdleIndexRecord, gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
             pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns,
             idle_ms=pane.idle_ms, covered_ms=pane.covered_ms, idle_ms_72h=window.idle_sum,
-            covered_ms_72h=window.covered_sum, idle_index_72h=window.idle_sum / window.covered_sum)
+            covered_ms_72h=window.covered_sum, idle_index_72h=window.idle_sum / window.covered_sum, revision=0)
+
+    def revise(self, gpu_uuid: str, node_id: str, gpu_model: str, pane_start_ns: int, idle_ms: int, covered_ms: int,
+               revision: int) -> IdleIndexRecord:
+        """A closed pane's figures changed by late data: its record again, with its revision number, its 72 h
+        sums over the GPU's closed panes as known now. Later panes' records are not revised, but their
+        windows hold the new figures from now on."""
+        idle_72h, covered_72h = self._window(gpu_uuid).revise(pane_start_ns // self.pane_ns, idle_ms, covered_ms)
+        self.rolls += 1
+        return computed(
+            IdleIndexRecord, gpu_uuid=gpu_uuid, node_id=node_id, gpu_model=gpu_model, pane_start_ns=pane_start_ns,
+            pane_end_ns=pane_start_ns + self.pane_ns, idle_ms=idle_ms, covered_ms=covered_ms, idle_ms_72h=idle_72h,
+            covered_ms_72h=covered_72h, idle_index_72h=idle_72h / covered_72h, revision=revision)
 
     def close_many(self, panes: PaneColumns) -> pa.Table:
         """``on_close`` of panes that all have GPU samples (each GPU's in ascending order), as columns:
@@ -205,7 +293,8 @@ class IdleIndex:
             idle_72h[members], covered_72h[members] = window.roll_many(
                 ks[members], panes.idle_ms[members], panes.covered_ms[members])
         return pa.table([panes.gpu_uuid, panes.node_id, panes.gpu_model, panes.pane_start_ns, panes.pane_end_ns,
-                         panes.idle_ms, panes.covered_ms, idle_72h, covered_72h, ratios(idle_72h, covered_72h)],
+                         panes.idle_ms, panes.covered_ms, idle_72h, covered_72h, ratios(idle_72h, covered_72h),
+                         np.zeros(len(panes), np.int64)],
                         schema=ARROW_SCHEMAS["idle_index"])
 
     def expire(self, watermark_ns: int) -> None:
@@ -222,7 +311,7 @@ class IdleIndex:
     def _window(self, gpu_uuid: str) -> _Window:
         window = self._gpus.get(gpu_uuid)
         if window is None:
-            window = self._gpus[gpu_uuid] = _Window(self.slots)
+            window = self._gpus[gpu_uuid] = _Window(self.slots, self.keep)
         return window
 
     def to_state(self) -> dict[str, Any]:
@@ -231,5 +320,5 @@ class IdleIndex:
     @classmethod
     def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "IdleIndex":
         index = cls(settings)
-        index._gpus = {g: _Window.from_state(s, index.slots) for g, s in state.items()}
+        index._gpus = {g: _Window.from_state(s, index.slots, index.keep) for g, s in state.items()}
         return index

@@ -155,6 +155,20 @@ class GpuPanes:
         pane.tenant_events += 1
         pane.tenant(tenant).numa += e.hops * e.latency_weight
 
+    def latest_ns(self) -> dict[str, int]:
+        """Each GPU's largest ``ts_ns`` taken, a pending jump included: no watermark here is past it less
+        the lateness, whatever the GPU's next events (a bound for ``gpucost.streams.columnar``'s cuts)."""
+        return {gpu: max(ts, self._pending.get(gpu, ts)) for gpu, ts in self._max_ts.items()}
+
+    def is_open(self, gpu_uuid: str, pane_start_ns: int) -> bool:
+        return pane_start_ns in self._open.get(gpu_uuid, {})
+
+    def retenant(self, recomputed: PaneTotals) -> None:
+        """An open pane's tenants as ``recomputed`` has them (a binding arrived after samples it covers:
+        ``gpucost.streams.revisions``); its GPU sums and counted times stay."""
+        pane = self._open[recomputed.gpu_uuid][recomputed.pane_start_ns]
+        pane.tenants, pane.placed = recomputed.tenants, recomputed.placed
+
     def advance(self, gpu_uuid: str, ts_ns: int) -> list[PaneTotals]:
         """Take ``ts_ns`` into the GPU's watermark (``jump``); return the panes that closed, oldest first."""
         before = self._max_ts.get(gpu_uuid)

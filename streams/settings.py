@@ -80,6 +80,9 @@ class AuditSettings(BaseModel):
     idle_timeout_s: Annotated[int, Field(ge=1, le=366 * 86_400, description=(
         "a GPU silent while its partition's watermark moved this far past a pane's end has that pane closed"
         " (the worker's rule)"))] = 900
+    revision_horizon_s: Annotated[int, Field(ge=0, le=31 * 86_400, description=(
+        "a late event for a pane closed at most this long (event time) before its GPU's watermark revises "
+        "the pane's records instead of being dead-lettered late; 0: no revisions"))] = 6 * 3600
     l2_calibration: tuple[tuple[float, float], ...] = DEFAULT_L2_CALIBRATION
     # --- the health audit (METRICS.md, "Health audit") -------------------------------------------
     health_window_h: Annotated[int, Field(ge=1, le=24 * 31, description=(
@@ -165,6 +168,7 @@ class AuditSettings(BaseModel):
     lateness_ns = property(lambda self: self.ns("lateness_s"), doc="allowed lateness in ns")
     idle_timeout_ns = property(lambda self: self.ns("idle_timeout_s"), doc="a silent GPU's timeout in ns")
     max_jump_ns = property(lambda self: self.ns("max_jump_s"), doc="the largest one-event watermark jump in ns")
+    revision_horizon_ns = property(lambda self: self.ns("revision_horizon_s"), doc="the revision horizon R in ns")
     max_future_ns = property(lambda self: self.ns("max_future_s"), doc="the clock skew refused, in ns")
 
     @property

@@ -20,7 +20,9 @@ WEIGHTS = [("0.6", "0.3", "0.1"), ("1", "0", "0"), ("0", "1", "0"), ("0", "0", "
 
 
 @st.composite
-def settings_st(draw: st.DrawFn) -> AuditSettings:
+def settings_st(draw: st.DrawFn, revisions: bool = False) -> AuditSettings:
+    """Random settings; without ``revisions``, late data are dead letters (the reference's rule), with them
+    the revision horizon is drawn too (0, shorter than the streams, or all of them)."""
     alpha, beta, gamma = map(Decimal, draw(st.sampled_from(WEIGHTS)))
     pane_s = draw(st.sampled_from([60, 420, 600]))  # 420: an idle window that is not a whole number of panes
     return AuditSettings(
@@ -34,6 +36,7 @@ def settings_st(draw: st.DrawFn) -> AuditSettings:
         mae_window=draw(st.sampled_from([8, 50])),
         mae_bins=draw(st.sampled_from([4, 256])),
         mae_hi=draw(st.sampled_from([1 << 16, 1 << 32])),
+        revision_horizon_s=draw(st.sampled_from([0, 600, 3600, 6 * 3600])) if revisions else 0,
     )
 
 # utilisation with up to 3 decimals, so rounding to 1/100 % is exercised; zero often

@@ -29,13 +29,16 @@ def run(events: list[Event], s: AuditSettings) -> list[Output]:
 
 
 def tabulate(outs: list[Output]) -> dict[str, object]:
-    keys = [(r.gpu_uuid, r.pane_start_ns, getattr(r, "tenant_key", None))
+    def revised(r: IdleIndexRecord | CostRecord) -> tuple[int, ...]:
+        return (r.revision,) if r.revision else ()  # the reference publishes no revisions: its keys have none
+
+    keys = [(r.gpu_uuid, r.pane_start_ns, getattr(r, "tenant_key", None), r.revision)
             for r in outs if isinstance(r, (IdleIndexRecord, CostRecord))]
-    assert len(keys) == len(set(keys)), "a (GPU, pane) was published twice"
-    idle = {(r.gpu_uuid, r.pane_start_ns): (r.node_id, r.gpu_model, r.idle_ms, r.covered_ms, r.idle_ms_72h,
+    assert len(keys) == len(set(keys)), "a (GPU, pane) was published twice in one revision"
+    idle = {(r.gpu_uuid, r.pane_start_ns, *revised(r)): (r.node_id, r.gpu_model, r.idle_ms, r.covered_ms, r.idle_ms_72h,
                                             r.covered_ms_72h, r.idle_index_72h)
             for r in outs if isinstance(r, IdleIndexRecord)}
-    cost = {(r.gpu_uuid, r.pane_start_ns, r.tenant_key): (r.cost_micro_usd, r.pane_cost_micro_usd, r.t_share,
+    cost = {(r.gpu_uuid, r.pane_start_ns, r.tenant_key, *revised(r)): (r.cost_micro_usd, r.pane_cost_micro_usd, r.t_share,
                                                           r.b_share, r.l_share, r.weight, r.busy_fraction, r.unpriced)
             for r in outs if isinstance(r, CostRecord)}
     mae = sorted((r.node_id, r.pid, r.first_ts_ns, r.last_ts_ns, r.n, r.out_of_range, r.mae_bits)
@@ -98,7 +101,7 @@ def _lane(ev: Event) -> object:
     return None  # bindings and prices stay in front
 
 
-@given(streams(), settings_st(), st.randoms(use_true_random=False))
+@given(streams(), settings_st(revisions=True), st.randoms(use_true_random=False))
 def test_results_do_not_depend_on_how_gpus_interleave(events: list[Event], s: AuditSettings,
                                                       rnd: random.Random) -> None:
     head = [e for e in events if _lane(e) is None]
@@ -114,7 +117,7 @@ def test_results_do_not_depend_on_how_gpus_interleave(events: list[Event], s: Au
     assert tabulate(run(shuffled, s)) == tabulate(run(events, s))
 
 
-@given(streams(), settings_st(), st.floats(0, 1))
+@given(streams(), settings_st(revisions=True), st.floats(0, 1))
 def test_state_round_trip_mid_stream_changes_nothing(events: list[Event], s: AuditSettings, at: float) -> None:
     cut = int(len(events) * at)
     first = Auditor(s)

@@ -32,7 +32,8 @@ def good_lines() -> list[str]:
 def bad_lines(good: list[str]) -> list[tuple[bytes, str]]:
     """(line, expected reason): the catalogue of realistic ways an input line goes wrong."""
     gpu = json.loads(next(line for line in good if '"gpu_sample"' in line))
-    late = {**gpu, "ts_ns": gpu["ts_ns"] + 60 * NS}  # an early pane, sent after hours of later data
+    # a pane before the data, sent after 4 h of them: its end lies past the 6 h revision horizon of the watermark
+    late = {**gpu, "ts_ns": gpu["ts_ns"] - 3 * 3600 * NS}
     return [
         (b'{"kind": "gpu_sample", "node_id": ', "malformed_json"),  # torn write
         (b"\xff\xfe not utf-8 \x00", "malformed_json"),

@@ -93,7 +93,7 @@ Case = tuple[AuditSettings, list[Any], list[int], int | None, list[bool]]
 def cases(draw: st.DrawFn, form: str) -> Case:
     """Settings, the inputs (Parquet rows or JSON lines), where batches end, the clock, and before
     which batches the state is restored from its JSON."""
-    s = draw(settings_st())
+    s = draw(settings_st(revisions=True))
     events: list[Event] = draw(streams())
     rows = events_table(events).to_pylist() if events else []
     if draw(st.booleans()):  # on a 30 s grid: events fall on pane ends and on each other's ts_ns

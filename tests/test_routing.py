@@ -32,7 +32,7 @@ def keyed_run(events: list[Event], s: AuditSettings) -> list[Output]:
     return out
 
 
-@given(streams(), settings_st())
+@given(streams(), settings_st(revisions=True))
 def test_per_key_auditors_equal_the_embedded_auditor(events: list[Event], s: AuditSettings) -> None:
     assert tabulate(keyed_run(events, s)) == tabulate(run(events, s))
 

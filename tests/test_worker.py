@@ -231,7 +231,7 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     """A GPU taken off the fleet sends no end of input: its open panes close once another key of its
     partition has moved ``idle_timeout_s`` of event time past their end (METRICS.md) and nothing of it
     came for that long on the worker's clock, billed as an end of input would have billed them; its own
-    events for them later are late, never billed twice."""
+    events for them later are duplicates (of what the revision horizon keeps), never billed twice."""
     gone, other = list(LINES)[:2]
     start = min(json.loads(line)["ts_ns"] for line in LINES[gone] if b'"gpu_sample"' in line)
     first = [line for line in LINES[gone] if json.loads(line)["ts_ns"] < start + 10 * 60 * 10**9]
@@ -262,7 +262,7 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     assert not [r for r in again if isinstance(r, CostRecord)]
     samples = sum(1 for line in first if b'"gpu_sample"' in line or b'"process_sample"' in line)
     assert Counter(r.reason for r in again if isinstance(r, DeadLetter) and r.kind in (
-        "gpu_sample", "process_sample")) == Counter({"late": samples})  # (its prices and bindings: duplicate)
+        "gpu_sample", "process_sample")) == Counter({"duplicate": samples})  # (its prices and bindings: too)
     # and once the partition has moved a whole idle window past its last pane, its window goes too
     sample = json.loads(next(line for line in LINES[other] if b'"gpu_sample"' in line))
     later = [json.dumps(dict(sample, ts_ns=start + (AUDIT.window_h * 3600 + 3600 + k) * 10**9)).encode()

@@ -1,0 +1,303 @@
+"""Late data become revisions (METRICS.md, "Late data become revisions"): what the audit keeps of each GPU's
+panes for the revision horizon ``R``, and the difference records a recomputation publishes.
+
+Why a log of rows, not the pane sums: a late binding moves a process's samples from one tenant to another,
+and only the samples say which (a binding can start mid-pane). So every accepted GPU sample, process sample
+and NUMA event of a pane that is open, or closed within ``R`` of its GPU's watermark, is kept here as one row
+of integers (``LOG``; 41 bytes, against the ~1 KB of the JSON event), and a pane is recomputed from its rows
+and the bindings in force: that is "a recomputation over all events in event-time order" by construction, and
+what duplicate and overlap checks of a late event need. Beyond ``R`` rows are dropped, so the state per GPU
+is bounded by ``R`` and the sampling rate (BENCHMARKS.md gives the bytes).
+
+``Revisions`` has a row entry (``log``) and a batch entry (``log_many``) over the same log; the rest is
+read when a late event or a late binding arrives, which is rare, so it goes one event at a time.
+"""
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
+from gpucost.schemas.records import CostRecord, record_id
+from gpucost.streams.pane_totals import PaneRows, PaneTotals, TenantTotals, nearest_gap
+from gpucost.streams.panes import GPU, KINDS, NUMA, PROC, overlaps
+from gpucost.streams.settings import AuditSettings
+from gpucost.streams.tables import UNATTRIBUTED, BindingTable
+
+__all__ = ["LOG", "Held", "Revisions", "differences"]
+
+#: one accepted GPU-keyed event as the log keeps it: its pane's start, time, kind (``panes.KINDS``), pid (-1
+#: for a GPU sample), node and model (indices into the GPU's names), and the integers the pane sums
+LOG = np.dtype([("pane", "<i8"), ("ts", "<i8"), ("kind", "i1"), ("pid", "<i8"), ("node", "<i4"), ("model", "<i4"),
+                ("interval", "<i8"), ("sm", "<i4"), ("bw", "<i4"), ("numa", "<i8")], align=False)
+
+
+@dataclass
+class Held:
+    """A closed pane within the horizon: the price it was billed at (fixed at its first publication: prices
+    do not revise) and its revision number (None: never published, having had no GPU sample)."""
+
+    price: Decimal | None = None
+    revision: int | None = None
+
+
+class _GpuLog:
+    """One GPU's rows: numpy chunks (one per batch), rows of the row entry pending, and the names they index."""
+
+    __slots__ = ("names", "index", "chunks", "pending", "oldest")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.chunks: list[np.ndarray] = []
+        self.pending: list[tuple[int, ...]] = []
+        self.oldest: int | None = None  # the earliest pane start of any row: pruning does nothing until it is passed
+
+    def took(self, pane_start_ns: int) -> None:
+        if self.oldest is None or pane_start_ns < self.oldest:
+            self.oldest = pane_start_ns
+
+    def name(self, value: str | None) -> int:
+        if value is None:
+            return -1
+        at = self.index.get(value)
+        if at is None:
+            at = self.index[value] = len(self.names)
+            self.names.append(value)
+        return at
+
+    def rows(self) -> np.ndarray:
+        """Every row, as one array (the chunks and pending rows joined, once)."""
+        if self.pending:
+            self.chunks.append(np.array(self.pending, LOG))
+            self.pending = []
+        if len(self.chunks) != 1:
+            self.chunks = [np.concatenate(self.chunks) if self.chunks else np.zeros(0, LOG)]
+        return self.chunks[0]
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks) + len(self.pending) * LOG.itemsize
+
+
+class Revisions:
+    """The log of every GPU's open and recently closed panes, and the closed panes ``Held``."""
+
+    def __init__(self, settings: AuditSettings) -> None:
+        self.horizon_ns = settings.revision_horizon_ns
+        self.pane_ns = settings.pane_ns
+        self.idle_threshold_cp = settings.idle_threshold_cp
+        self._logs: dict[str, _GpuLog] = {}
+        self._held: dict[str, dict[int, Held]] = {}
+        self._held_oldest: dict[str, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.horizon_ns > 0
+
+    def reaches(self, pane_end_ns: int, watermark_ns: int | None) -> bool:
+        """Whether a closed pane ending at ``pane_end_ns`` is within the horizon of its GPU's watermark."""
+        return self.enabled and watermark_ns is not None and watermark_ns - pane_end_ns <= self.horizon_ns
+
+    # --- the log: a row entry and a batch entry ------------------------------------------------------
+
+    def log(self, e: GpuSample | ProcessSample | NumaEvent) -> None:
+        """The row entry: an accepted event joins its pane's rows."""
+        log = self._logs.setdefault(e.gpu_uuid, _GpuLog())
+        pane = e.ts_ns - e.ts_ns % self.pane_ns
+        if isinstance(e, GpuSample):
+            row = (pane, e.ts_ns, GPU, -1, log.name(e.node_id), log.name(e.gpu_model), e.interval_ms, e.sm_util_cp,
+                   e.mem_bw_util_cp, 0)
+        elif isinstance(e, ProcessSample):
+            row = (pane, e.ts_ns, PROC, e.pid, log.name(e.node_id), -1, e.interval_ms, e.sm_util_cp,
+                   e.mem_bw_util_cp, 0)
+        else:
+            row = (pane, e.ts_ns, NUMA, e.pid, log.name(e.node_id), -1, 0, 0, 0, e.hops * e.latency_weight)
+        log.pending.append(row)
+        log.took(pane)
+
+    def log_many(self, rows: PaneRows, accepted: np.ndarray) -> None:
+        """The batch entry: a batch's accepted GPU samples, process samples and NUMA events join their panes' rows."""
+        keep = accepted & (rows.kind <= NUMA)
+        for j, name in enumerate(rows.names):
+            at = np.flatnonzero(keep[rows.starts[j]:rows.ends[j]]) + rows.starts[j]
+            if not len(at):
+                continue
+            log = self._logs.setdefault(name, _GpuLog())
+            # the names the rows use, registered in the order the row entry meets them (node, then model)
+            span = len(rows.node_names)
+            model = np.where((rows.kind[at] == GPU) & (rows.model[at] >= 0), rows.model[at], -1)  # a GPU sample's alone
+            seen = np.column_stack([rows.node[at], np.where(model >= 0, model + span, -1)]).ravel()
+            used, first = np.unique(seen[seen >= 0], return_index=True)
+            codes = np.full(span + len(rows.model_names) + 1, -1, np.int32)  # by batch code; -1 (none) last
+            for code in used[np.argsort(first)].tolist():
+                codes[code] = log.name(rows.node_names[code] if code < span else rows.model_names[code - span])
+            node_codes, model_codes = codes[:span].tolist() + [-1], codes[span:-1].tolist() + [-1]
+            node_codes, model_codes = np.array(node_codes, np.int32), np.array(model_codes, np.int32)
+            chunk = np.zeros(len(at), LOG)
+            ts = rows.ts_ns[at]
+            chunk["pane"], chunk["ts"], chunk["kind"], chunk["pid"] = ts - ts % self.pane_ns, ts, rows.kind[at], rows.pid[at]
+            chunk["node"], chunk["model"] = node_codes[rows.node[at]], model_codes[model]
+            chunk["interval"], chunk["sm"], chunk["bw"], chunk["numa"] = (
+                rows.interval_ms[at], rows.sm_cp[at], rows.bw_cp[at], rows.numa[at])
+            if log.pending:
+                log.rows()
+            log.chunks.append(chunk)
+            log.took(int(chunk["pane"].min()))
+
+    def hold(self, gpu_uuid: str, pane_start_ns: int, price: Decimal | None, billed: bool) -> None:
+        """A pane closed: billed at ``price`` (revision 0), or, with no GPU sample, not yet published."""
+        if self.enabled:
+            self._held.setdefault(gpu_uuid, {})[pane_start_ns] = Held(price, 0) if billed else Held()
+            self._held_oldest[gpu_uuid] = min(self._held_oldest.get(gpu_uuid, pane_start_ns), pane_start_ns)
+
+    def held(self, gpu_uuid: str, pane_start_ns: int) -> Held:
+        """The closed pane's record (a closed pane that had no event at all gets one now)."""
+        self._held_oldest[gpu_uuid] = min(self._held_oldest.get(gpu_uuid, pane_start_ns), pane_start_ns)
+        return self._held.setdefault(gpu_uuid, {}).setdefault(pane_start_ns, Held())
+
+    def prune(self, gpu_uuid: str, watermark_ns: int | None) -> None:
+        """Forget the GPU's panes that ended more than the horizon before its watermark."""
+        if watermark_ns is None:
+            return
+        floor = watermark_ns - self.horizon_ns - self.pane_ns  # a pane starting before this ended beyond R
+        held = self._held.get(gpu_uuid)
+        if held and self._held_oldest[gpu_uuid] < floor:
+            held = self._held[gpu_uuid] = {s: h for s, h in held.items() if s >= floor}
+            self._held_oldest[gpu_uuid] = min(held, default=floor)
+        log = self._logs.get(gpu_uuid)
+        if log is not None and log.oldest is not None and log.oldest < floor:
+            rows = log.rows()
+            kept = rows[rows["pane"] >= floor]
+            log.chunks, log.oldest = [kept], int(kept["pane"].min()) if len(kept) else None
+
+    # --- what a late event meets -------------------------------------------------------------------
+
+    def _pane_rows(self, gpu_uuid: str, pane_start_ns: int) -> tuple[np.ndarray, list[str]]:
+        log = self._logs.get(gpu_uuid)
+        if log is None:
+            return np.zeros(0, LOG), []
+        rows = log.rows()
+        return rows[rows["pane"] == pane_start_ns], log.names
+
+    def refusal(self, e: GpuSample | ProcessSample | NumaEvent) -> str | None:
+        """``duplicate`` or ``overlap`` for a late event against its closed pane's rows, as ``GpuPanes.admit``
+        judges an on-time one against an open pane; None if it is taken."""
+        rows, _ = self._pane_rows(e.gpu_uuid, e.ts_ns - e.ts_ns % self.pane_ns)
+        pid = -1 if isinstance(e, GpuSample) else e.pid
+        same = rows[(rows["kind"] == KINDS.index(e.kind)) & (rows["pid"] == pid)]
+        gap = nearest_gap(sorted(same["ts"].tolist()), e.ts_ns)
+        if gap == 0:
+            return "duplicate"
+        if gap is not None and not isinstance(e, NumaEvent) and overlaps(gap, e.interval_ms):
+            return "overlap"
+        return None
+
+    def touched_by(self, node_id: str, pid: int, ts_ns: int) -> list[tuple[str, int]]:
+        """(GPU, pane start) of every logged pane with a row of process ``(node_id, pid)`` at or after
+        ``ts_ns``: the panes a binding of that time may re-attribute, by GPU then pane (whatever order the GPUs
+        came in: the records they revise come in this order)."""
+        out = []
+        for gpu, log in sorted(self._logs.items()):
+            node = log.index.get(node_id)
+            if node is None:
+                continue
+            rows = log.rows()
+            hit = rows[(rows["node"] == node) & (rows["pid"] == pid) & (rows["kind"] != GPU) & (rows["ts"] >= ts_ns)]
+            out += [(gpu, int(s)) for s in np.unique(hit["pane"]).tolist()]
+        return out
+
+    def totals(self, gpu_uuid: str, pane_start_ns: int, bindings: BindingTable) -> PaneTotals:
+        """The pane recomputed from its rows, each process row's tenant as of its time among ``bindings``:
+        the sums the idle index and the cost split read (not the health or efficiency sums, which do not revise)."""
+        rows, names = self._pane_rows(gpu_uuid, pane_start_ns)
+        pane = PaneTotals(gpu_uuid, pane_start_ns, pane_start_ns + self.pane_ns)
+        gpu = rows[rows["kind"] == GPU]
+        if len(gpu):
+            pane.node_id = min(names[n] for n in set(gpu["node"].tolist()))
+            pane.gpu_model = min(names[m] for m in set(gpu["model"].tolist()))
+            interval = gpu["interval"].astype(object)
+            pane.covered_ms = int(interval.sum())
+            pane.idle_ms = int(interval[gpu["sm"] < self.idle_threshold_cp].sum())
+            pane.busy_cp_ms = int((gpu["sm"].astype(object) * interval).sum())
+        tenant_rows = rows[rows["kind"] != GPU]
+        pane.tenant_events = len(tenant_rows)
+        sums: dict[str, TenantTotals] = {}
+        for kind, pid, node, ts, interval, sm, bw, numa in zip(*(tenant_rows[f].tolist() for f in (
+                "kind", "pid", "node", "ts", "interval", "sm", "bw", "numa"))):
+            tenant = bindings.lookup(names[node], pid, ts)
+            t = sums.get(tenant.key)
+            if t is None:
+                t = sums[tenant.key] = TenantTotals(tenant)
+            if kind == PROC:
+                t.sm += sm * interval
+                t.bw += bw * interval
+                t.samples += 1
+                pane.placed += tenant != UNATTRIBUTED
+            else:
+                t.numa += numa
+        pane.tenants = dict(sorted(sums.items()))
+        return pane
+
+    # --- state ----------------------------------------------------------------------------------
+
+    def nbytes(self, gpu_uuid: str) -> int:
+        """The log's bytes for one GPU (the benchmark's figure; ``Held`` adds a few dozen per pane)."""
+        log = self._logs.get(gpu_uuid)
+        return 0 if log is None else log.nbytes()
+
+    def to_state(self) -> dict[str, Any]:
+        return {"logs": {g: [log.names, base64.b64encode(log.rows().tobytes()).decode()]
+                         for g, log in sorted(self._logs.items())},
+                "held": {g: [[s, None if h.price is None else str(h.price), h.revision] for s, h in sorted(held.items())]
+                         for g, held in sorted(self._held.items())}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "Revisions":
+        revisions = cls(settings)
+        for gpu, (names, data) in state["logs"].items():
+            log = revisions._logs[gpu] = _GpuLog()
+            for name in names:
+                log.name(name)
+            log.chunks = [np.frombuffer(base64.b64decode(data), LOG).copy()]
+            if len(log.chunks[0]):
+                log.oldest = int(log.chunks[0]["pane"].min())
+        revisions._held = {g: {s: Held(None if p is None else Decimal(p), r) for s, p, r in held}
+                           for g, held in state["held"].items()}
+        revisions._held_oldest = {g: min(held) for g, held in revisions._held.items() if held}
+        return revisions
+
+
+def differences(old: list[CostRecord], new: list[CostRecord], revision: int) -> list[CostRecord]:
+    """The records a recomputation publishes: one for every party whose record changed in any value or that
+    is new, its ``cost_micro_usd`` the difference from its previous total, its other fields the new values;
+    a closing record of −(its total), shares 0, for a party left with nothing. Empty if nothing changed.
+    ``old`` and ``new`` are one pane's records (``apportion``), ``old`` empty if it was never published."""
+    before = {r.tenant_key: r for r in old}
+    after = {r.tenant_key: r for r in new}
+    out = []
+    for key, r in after.items():
+        was = before.get(key)
+        values = r.model_dump(exclude={"record_id", "revision"})
+        if was is not None and was.model_dump(exclude={"record_id", "revision"}) == values:
+            continue
+        out.append(r.model_copy(update={
+            "record_id": record_id(r.gpu_uuid, r.pane_start_ns, key, revision), "revision": revision,
+            "cost_micro_usd": r.cost_micro_usd - (0 if was is None else was.cost_micro_usd)}))
+    if not out and before.keys() <= after.keys():
+        return []
+    pane = new[0] if new else None
+    for key, was in before.items():
+        if key in after:
+            continue
+        closing = {"record_id": record_id(was.gpu_uuid, was.pane_start_ns, key, revision), "revision": revision,
+                   "cost_micro_usd": -was.cost_micro_usd, "t_share": 0.0, "b_share": 0.0, "l_share": 0.0,
+                   "weight": 0.0, "t_num": 0, "b_num": 0, "l_num": 0}
+        if pane is not None:
+            closing.update({f: getattr(pane, f) for f in ("busy_fraction", "pane_cost_micro_usd", "usd_per_gpu_hour",
+                                                          "unpriced", "busy_num", "covered_ms")})
+        out.append(was.model_copy(update=closing))
+    return sorted(out, key=lambda r: (r.tenant_key != "idle", r.tenant_key))
