@@ -41,7 +41,7 @@ def _month(out: Path, gpus: int, days: int) -> int:
                    'NVIDIA H100 80GB HBM3' AS gpu_model, {T0 + d * DAY_NS} + m * {60 * NS} AS pane_start_ns,
                    {T0 + d * DAY_NS} + (m + 1) * {60 * NS} AS pane_end_ns, (hash(g, m, {d}) % 60001)::BIGINT AS idle_ms,
                    60000::BIGINT AS covered_ms, 0::BIGINT AS idle_ms_72h, 0::BIGINT AS covered_ms_72h,
-                   (hash(g, {d}) % 1000) / 1000.0 AS idle_index_72h
+                   (hash(g, {d}) % 1000) / 1000.0 AS idle_index_72h, 0::BIGINT AS revision
             FROM range({gpus}) r(g), range(1440) s(m)))
             TO '{out}/idle_index/date={date}/part-00000.parquet' (FORMAT PARQUET, COMPRESSION zstd)""")
     shutil.rmtree(out / "seed")

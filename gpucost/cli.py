@@ -132,6 +132,8 @@ def _add_fleet(p: argparse.ArgumentParser) -> None:
         ("--hours", float, "GPUCOST_SIM_HOURS", d.hours, "hours of fleet time"),
         ("--seed", int, "GPUCOST_SIM_SEED", d.seed, "random seed"),
         ("--interval-s", float, "GPUCOST_SIM_INTERVAL_S", d.interval_s, "sampling period, seconds"),
+        ("--late-binding-fraction", float, "GPUCOST_SIM_LATE_BINDING_FRACTION", d.late_binding_fraction,
+         "share of jobs whose binding arrives after their first samples (revisions)"),
     ]:
         p.add_argument(flag, type=kind, default=_env(env, str(default)), help=f"{what} (env {env}; default {default})")
 

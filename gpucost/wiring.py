@@ -67,7 +67,8 @@ def audit_settings(args: argparse.Namespace) -> AuditSettings:
 
 def fleet_spec(args: argparse.Namespace) -> FleetSpec:
     try:
-        return FleetSpec(gpus=args.gpus, hours=args.hours, seed=args.seed, interval_s=args.interval_s)
+        return FleetSpec(gpus=args.gpus, hours=args.hours, seed=args.seed, interval_s=args.interval_s,
+                         late_binding_fraction=args.late_binding_fraction)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

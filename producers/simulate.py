@@ -57,6 +57,10 @@ class FleetSpec:
     # clock never refuses its events as future_timestamp
     start_ns: int = 1_736_121_600 * NS
     max_delay_s: float = 30.0
+    #: jobs whose binding reaches the node after their first samples (as Kubernetes labels often do), by up to
+    #: ``late_binding_max_s``: their revisions re-attribute what was counted ``unattributed`` meanwhile
+    late_binding_fraction: float = 0.1
+    late_binding_max_s: float = 1800.0
     addresses_per_hour: int = 192
     unbound_fraction: float = 0.1
     #: the power model (``_Gpu.events``): a GPU sample's watts are ``idle_power_w`` plus these times the sum of
@@ -75,6 +79,8 @@ class FleetSpec:
             raise ValueError(f"hours must be in (0, 8784], got {self.hours}")
         if not 0.001 <= self.interval_s <= 3600:
             raise ValueError(f"interval_s must be in [0.001, 3600], got {self.interval_s}")
+        if not 0 <= self.late_binding_fraction <= 1:
+            raise ValueError(f"late_binding_fraction must be in [0, 1], got {self.late_binding_fraction}")
 
     @property
     def end_ns(self) -> int:
@@ -136,6 +142,10 @@ class _Gpu:
             t = max(j.end_ns for j in jobs) + int(gap_h * HOUR_NS)
         return jobs
 
+    def _binding_delay(self, job: _Job) -> int:
+        late = int(job.git_commit[:4], 16) < 65536 * self.spec.late_binding_fraction
+        return int(job.git_commit[4:10], 16) % max(1, int(self.spec.late_binding_max_s)) * NS + NS if late else 0
+
     def _address(self, job: _Job) -> int:
         rng = self.rng
         if job.pattern == "stream":
@@ -165,8 +175,9 @@ class _Gpu:
                     bound.add(j.pid)
                     assert j.tenant is not None
                     team, env, app, tier, sla = j.tenant
-                    # published before the process's first sample, with no delay
-                    heapq.heappush(pending, (ts - NS, seq, TenantBinding(
+                    # published before the process's first sample, with no delay; or, for some jobs (chosen from
+                    # their commit's digits, so that no random draw moves), late
+                    heapq.heappush(pending, (ts - NS + self._binding_delay(j), seq, TenantBinding(
                         node_id=self.node_id, pid=j.pid, ts_ns=j.start_ns, team=team, env=env, app=app,
                         tier=tier, sla=sla, git_commit=j.git_commit, ci_pipeline_id=j.ci_pipeline_id)))
                     seq += 1

@@ -42,3 +42,12 @@ def recompute_sql(source: str, s: AuditSettings) -> str:
     for name, value in params.items():
         sql = sql.replace("{" + name + "}", str(value))
     return sql
+
+
+#: the pipeline's bill as revised (``cost_as_revised``), less the parties a late binding emptied: what a run with every
+#: event on time publishes, to hold against ``want_cost`` (a party the recomputation has not must be such an empty one)
+REVISED_COST = """CREATE OR REPLACE TEMP VIEW revised_cost AS
+SELECT g.* FROM cost_as_revised g
+WHERE EXISTS (SELECT 1 FROM want_cost w WHERE (w.gpu_uuid, w.pane_start_ns, w.tenant_key)
+                                             = (g.gpu_uuid, g.pane_start_ns, g.tenant_key))
+   OR NOT (g.revision > 0 AND g.cost_micro_usd = 0 AND g.t_num = 0 AND g.b_num = 0 AND g.l_num = 0)"""

@@ -17,7 +17,7 @@ from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.sinks.views import connect
 from gpucost.streams.settings import AuditSettings
 from tests.conftest import ROOT
-from tests.recompute import json_source, recompute_sql
+from tests.recompute import REVISED_COST, json_source, recompute_sql
 
 pytestmark = pytest.mark.slow
 NS = 1_000_000_000
@@ -66,11 +66,15 @@ def test_idle_index_matches_sql(fleet) -> None:
 
 
 def test_cost_matches_sql_to_the_micro_dollar(fleet) -> None:
+    """The bill as revised against the recomputation in event time: the simulated fleet's late bindings revised
+    it (their sum of differences is what SQL's as-of join gives at once)."""
     _, _, con = fleet
-    n_want, n_got = con.execute("SELECT (SELECT count(*) FROM want_cost), (SELECT count(*) FROM cost)").fetchone()
-    assert n_want == n_got
+    con.execute(REVISED_COST)
+    n_want, n_got, revised = con.execute("SELECT (SELECT count(*) FROM want_cost), (SELECT count(*) FROM revised_cost), "
+                                         "(SELECT count(*) FROM cost WHERE revision > 0)").fetchone()
+    assert n_want == n_got and revised > 0
     bad = con.execute("""
-        SELECT count(*) FROM want_cost w FULL JOIN cost g USING (gpu_uuid, pane_start_ns, tenant_key)
+        SELECT count(*) FROM want_cost w FULL JOIN revised_cost g USING (gpu_uuid, pane_start_ns, tenant_key)
         WHERE g.pane_cost_micro_usd IS DISTINCT FROM w.c OR g.unpriced IS DISTINCT FROM w.unpriced
            OR abs(g.cost_micro_usd - w.exact_cost) >= 1 + 1e-6 OR g.cost_micro_usd IS NULL OR w.c IS NULL
            OR abs(g.t_share - w.t_share) > 1e-12 OR abs(g.b_share - w.b_share) > 1e-12
@@ -84,8 +88,8 @@ def test_every_pane_bills_exactly_its_cost(fleet) -> None:
     _, _, con = fleet
     rows = con.execute("""
         SELECT count(*), count(*) FILTER (WHERE billed <> c), count(*) FILTER (WHERE idles <> 1), sum(c)
-        FROM (SELECT gpu_uuid, pane_start_ns, sum(cost_micro_usd) AS billed, any_value(pane_cost_micro_usd) AS c,
-                     count(*) FILTER (WHERE tenant_key = 'idle') AS idles
+        FROM (SELECT gpu_uuid, pane_start_ns, sum(cost_micro_usd) AS billed, arg_max(pane_cost_micro_usd, revision) AS c,
+                     count(*) FILTER (WHERE tenant_key = 'idle' AND revision = 0) AS idles
               FROM cost GROUP BY ALL)""").fetchone()
     panes, wrong_sum, wrong_idle, total = rows
     assert panes > 0 and wrong_sum == 0 and wrong_idle == 0 and total > 0

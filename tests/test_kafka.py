@@ -129,17 +129,19 @@ def run_to_completion(d: Deployment, embedded: Path, timeout_s: float = 240) -> 
     d.stop()
 
 
-def billing_totals(d: Deployment) -> tuple[dict[str, int], int, int]:
+def billing_totals(d: Deployment) -> tuple[dict[str, int], int, int, dict[str, int]]:
     spec = importlib.util.spec_from_file_location("billing_consumer", ROOT / "examples" / "billing_consumer.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    totals, records, dups = asyncio.run(module.team_totals({"bootstrap_servers": d.bootstrap}, f"{d.prefix}cost", f"{d.app_id}-bill", 3.0))
-    return dict(totals), records, dups
+    totals, records, dups, adjustments = asyncio.run(module.team_totals({"bootstrap_servers": d.bootstrap},
+                                                                        f"{d.prefix}cost", f"{d.app_id}-bill", 3.0))
+    return dict(totals), records, dups, dict(adjustments)
 
 
-def embedded_team_totals(embedded: Path) -> dict[str, int]:
-    return dict(connect(embedded).execute("SELECT team, sum(cost_micro_usd)::BIGINT FROM cost GROUP BY team").fetchall())
+def embedded_team_totals(embedded: Path, where: str = "true") -> dict[str, int]:
+    return dict(connect(embedded).execute(f"SELECT team, sum(cost_micro_usd)::BIGINT FROM cost WHERE {where} "
+                                          "GROUP BY team").fetchall())
 
 
 def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
@@ -181,9 +183,11 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     assert worker[("gpucost_worker_transactions_total", (("outcome", "committed"),))] > 0
     (reason, source), = connect(d.out).execute("SELECT reason, source FROM dlq").fetchall()
     assert reason == "malformed_json" and source == f"{bad}:1"
-    totals, records, _ = billing_totals(d)
+    totals, records, _, adjustments = billing_totals(d)
     assert totals == embedded_team_totals(embedded)
     assert records == embedded_counts(embedded)["cost"]
+    # the simulated fleet's late bindings revised the bill: the consumer applied the same adjustments
+    assert adjustments == embedded_team_totals(embedded, "revision > 0") and adjustments
 
 
 def topic_values(d: Deployment, kind: str) -> dict[str, Any]:
@@ -233,7 +237,7 @@ def test_two_workers_one_killed_mid_stream(deployment: Deployment, recorded: tup
     d.worker("worker-a-restarted")
     run_to_completion(d, embedded)
     assert_same_parquet(d.out, embedded)
-    totals, records, duplicates = billing_totals(d)
+    totals, records, duplicates, _ = billing_totals(d)
     assert totals == embedded_team_totals(embedded) and records == expected
     # the killed worker's open transaction was aborted: a read_committed consumer sees no record twice
     assert duplicates == 0
