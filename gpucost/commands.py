@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with Signals(live, interrupt).installed(), output_dir(args.out, args.overwrite, "gpucost run"), \
             _progress("run", unit=" events") as bar, metrics_served(args.metrics_address, stats.metrics, stats.health):
         run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats,
-                     audit_key=audit_key(args))
+                     audit_key=audit_key(args), live=live is not None)
     say_source_counts(live)
     return _finish(args.out, stats, settings.opex_usd_per_gpu_hour)
 

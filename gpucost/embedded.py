@@ -87,6 +87,38 @@ def _drain(q: "queue.Queue[object]") -> Iterator[list[Item]]:
         yield batch  # type: ignore[misc]
 
 
+@dataclass
+class _Silence:
+    """The GPUs a run has not heard from: ``Auditor.close_silent`` against the run's largest watermark, of the
+    GPUs whose largest event time has not moved for ``settings.idle_timeout_s`` of the clock as well as of
+    event time (the Kafka worker's two-clock rule, per GPU here as it is per key there: a replay reads one
+    file after another, so a later file's GPUs lie far behind in event time while being read)."""
+
+    timeout_s: float
+    forget: bool
+    monotonic: Callable[[], float]
+    latest: dict[str, int] = field(default_factory=dict)  # each GPU's largest event time when last looked at
+    heard: dict[str, float] = field(default_factory=dict)  # when it last moved, by the clock
+    looked: float = float("-inf")
+
+    def close(self, auditor: Auditor) -> Outputs:
+        now = self.monotonic()
+        if now - self.looked < min(1.0, self.timeout_s):  # a look costs a pass over the GPUs: once a second
+            return []
+        self.looked = now
+        latest = auditor.panes.latest_ns()
+        for gpu, ts in latest.items():
+            if self.latest.get(gpu) != ts:
+                self.latest[gpu], self.heard[gpu] = ts, now
+        for gpu in self.latest.keys() - latest.keys():  # forgotten
+            del self.latest[gpu], self.heard[gpu]
+        quiet = {gpu for gpu, at in self.heard.items() if now - at >= self.timeout_s}
+        largest = auditor.panes.largest_watermark()
+        if not quiet or largest is None:
+            return []
+        return auditor.close_silent(largest, quiet, self.forget)  # type: ignore[return-value]
+
+
 def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:
     """The inputs a batch holds, and its outputs: a batch of JSON lines or Parquet rows takes the batch path."""
     if len(batch) == 1 and isinstance(batch[0], RowBatch):
@@ -105,9 +137,11 @@ def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:
 
 def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
                  on_batch: Callable[[list[Item]], None] | None = None, stats: RunStats | None = None,
-                 audit_key: bytes | None = None) -> RunStats:
+                 audit_key: bytes | None = None, live: bool = False,
+                 monotonic: Callable[[], float] = time.monotonic) -> RunStats:
     """Run every item through the audit and write the records; returns what happened (``stats``, if given,
-    is the one kept up to date as it runs). ``audit_key`` signs the health records."""
+    is the one kept up to date as it runs). ``audit_key`` signs the health records. The panes of GPUs gone
+    silent close as they go (``_Silence``); a ``live`` source's GPUs gone for good are forgotten too."""
     start = time.perf_counter()
     q: "queue.Queue[object]" = queue.Queue(maxsize=4)
     failure: list[BaseException] = []
@@ -117,9 +151,11 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     sink = ParquetSink(out_dir)
     stats = stats if stats is not None else RunStats()
     stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
+    silence = _Silence(settings.idle_timeout_s, live, monotonic)
     for batch in _drain(q):
         stats.health.beat()
         n, records = _audit(auditor, batch)
+        records += silence.close(auditor)
         stats.inputs += n
         for record in records:
             if isinstance(record, ClosedPanes):

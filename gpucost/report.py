@@ -110,6 +110,12 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
     if stats.counts.get("unbilled"):
         parts.append(f"{stats.counts['unbilled']:,} process/NUMA events fell in panes without a GPU sample "
                      "(no covered time to bill)")
+    if stats.counts.get("binding_past_horizon"):
+        parts.append(f"{stats.counts['binding_past_horizon']:,} bindings started more than the revision horizon "
+                     "back: panes they cover beyond it, if any, stay as billed (raise --revision-horizon-s)")
+    if stats.counts.get("silent_closes"):
+        parts.append(f"{stats.counts['silent_closes']:,} panes of GPUs gone silent closed before the end of the "
+                     f"input; {stats.counts.get('forgotten_gpus', 0):,} GPUs gone for good forgotten")
     dead = sum(stats.dead_letters.values())
     detail = ", ".join(f"{r}: {n:,}" for r, n in sorted(stats.dead_letters.items()))
     parts.append(f"\ndead letters: {dead:,}" + (f" ({detail}); see the dlq view" if dead else ""))

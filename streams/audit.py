@@ -6,7 +6,7 @@ disagree. No I/O, no clock: the only inputs are the events and the settings.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -95,19 +95,25 @@ class Auditor:
             rec = self.mae.update(event)
             return [rec] if rec is not None else []
         if isinstance(event, TenantBinding):
-            reached = self.revisions.touched_by(event.node_id, event.pid, event.ts_ns) if self.revisions.enabled else []
-            before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
-            taken = self.bindings.update(event)
-            if taken == "duplicate":
+            verdict = self.bindings.verdict(event)
+            if verdict == "duplicate":
                 return [self._dead("duplicate", event, raw, source,
                                    f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
                                    "was already taken; the first one stays in force")]
-            if taken == "unchanged":
+            if verdict == "unchanged":
                 self.counts["binding_unchanged"] += 1
                 return []
+            reached = self.revisions.touched_by(event.node_id, event.pid, event.ts_ns) if self.revisions.enabled \
+                else None
+            before = {p: self.revisions.totals(*p, self.bindings) for p in reached or () if not self.panes.is_open(*p)}
+            self.bindings.update(event)
             self.counts[event.kind] += 1
+            largest = self.panes.largest_watermark()
+            if reached is not None and largest is not None and \
+                    event.ts_ns + self.settings.revision_horizon_ns + self.settings.pane_ns < largest:
+                self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
             out: list[Output] = []
-            for gpu, start in reached:
+            for gpu, start in reached or ():
                 if (gpu, start) in before:
                     out += self._republish(gpu, start, before[(gpu, start)])
                 else:
@@ -185,8 +191,8 @@ class Auditor:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
             watermark = self.panes.watermark(gpu)
-            if self.revisions.reaches(pane_start_ns(event.ts_ns, self.settings.pane_ns) + self.settings.pane_ns,
-                                      watermark):
+            end = pane_start_ns(event.ts_ns, self.settings.pane_ns) + self.settings.pane_ns
+            if self.revisions.reaches(end, watermark) and not self.panes.before_forgotten(end):
                 return self._revise(event, raw, source)
             return [self.late_letter(event, raw, source, watermark)]
         refused = self.panes.admit(event)
@@ -246,21 +252,37 @@ class Auditor:
             held.revision = revision
         return out
 
-    def close_silent(self, watermark_ns: int) -> list[Output]:
+    def close_silent(self, watermark_ns: int, only: Container[str] | None = None, forget: bool = True
+                     ) -> list[Output]:
         """The records of panes that ``settings.idle_timeout_s`` of event time has passed by: a GPU that went
-        silent (taken off the fleet, its node down) while ``watermark_ns``, its partition's largest, moved
-        on. Without this its last panes would stay open, unbilled, until an end of input that may never
-        come. A GPU silent for longer than the idle window loses its window too (``IdleIndex.expire``).
-        METRICS.md exempts this rule from cross-path equality: it depends on what shares the partition."""
-        closed = self.panes.close_silent(watermark_ns, self.settings.idle_timeout_ns)
+        silent (taken off the fleet, its node down) while ``watermark_ns``, the largest of its partition
+        (Kafka) or run (embedded), moved on; of the GPUs in ``only``, if given (those the caller has not
+        heard from for a while). Without this its last panes would stay open, unbilled, until an end of
+        input that may never come. A GPU silent for longer than the idle window loses its window
+        (``IdleIndex.expire``); one silent for the idle window or the revision horizon, whichever is longer,
+        past the timeout is forgotten (``GpuPanes.forget``; unless ``forget`` is false: a finite replay of
+        one file after another, whose later files start back in time), so that the state does not grow
+        with every GPU the fleet ever had. METRICS.md exempts this rule from cross-path equality: it
+        depends on what shares the partition."""
+        timeout = self.settings.idle_timeout_ns
+        closed = self.panes.close_silent(watermark_ns, timeout, only)
         out: list[Output] = []
         if closed:
             self.counts["silent_closes"] += len(closed)
             out = self.close(closed)
             for gpu in {p.gpu_uuid for p in closed}:
                 self.revisions.prune(gpu, self.panes.watermark(gpu))
-        out += self.health.close_silent(watermark_ns, self.settings.idle_timeout_ns)
-        self.idle.expire(watermark_ns)
+        out += self.health.close_silent(watermark_ns, timeout, only)
+        self.idle.expire(watermark_ns, only)
+        if not forget:
+            return out
+        forgotten = self.panes.forget(watermark_ns - timeout - max(self.settings.window_ns,
+                                                                   self.settings.revision_horizon_ns), only)
+        for gpu in forgotten:
+            self.revisions.drop(gpu)
+            self.sla.drop(gpu)
+        if forgotten:
+            self.counts["forgotten_gpus"] += len(forgotten)
         return out
 
     def finish(self) -> list[Output]:

@@ -166,11 +166,14 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     settings = auditor.settings
     lateness, pane_ns = settings.lateness_ns, settings.pane_ns
     late = np.zeros(n, bool)
-    for j, name in enumerate(gpus.dictionary.to_pylist()):
-        at = np.flatnonzero(keyed & (gpu == j))
-        if len(at):
-            high = np.maximum.accumulate(np.maximum(ts[at], latest.get(name, _NONE_TS)))
-            late[at] = ts[at] - ts[at] % pane_ns + pane_ns <= high - lateness
+    at = np.flatnonzero(keyed)
+    at = at[np.argsort(gpu[at], kind="stable")]  # by GPU, then in arrival order: one slice per GPU
+    names = gpus.dictionary.to_pylist()
+    firsts, lasts = runs(gpu[at])
+    for lo, hi in zip(firsts.tolist(), lasts.tolist()):
+        mine = at[lo:hi]
+        high = np.maximum.accumulate(np.maximum(ts[mine], latest.get(names[gpu[mine[0]]], _NONE_TS)))
+        late[mine] = ts[mine] - ts[mine] % pane_ns + pane_ns <= high - lateness
     moved = np.maximum.accumulate(np.where(keyed, ts, _NONE_TS)) if n else np.zeros(0, np.int64)
     largest = np.maximum(moved, max(latest.values(), default=_NONE_TS))
     binding = (code == _BINDING) & has_ts & (ts < largest - lateness)

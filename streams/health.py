@@ -16,6 +16,7 @@ both paths, and any re-computation, give the same bits, which the snapshot hash 
 """
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import astuple, dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -186,11 +187,13 @@ class HealthAudit:
         """End of a finite input: every open window closes, in GPU order."""
         return [self._close(gpu) for gpu in sorted(self._open)]
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int) -> list[HealthRecord]:
-        """The open windows of GPUs gone silent: those that ended ``idle_timeout_ns`` or more before
-        ``watermark_ns`` (a later pane of their GPU would have closed them already)."""
+    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str] | None = None
+                     ) -> list[HealthRecord]:
+        """The open windows of GPUs gone silent (of those in ``only``, if given): those that ended
+        ``idle_timeout_ns`` or more before ``watermark_ns`` (a later pane of their GPU would have closed them)."""
         return [self._close(gpu) for gpu in sorted(self._open)
-                if self._open[gpu].start_ns + self.window_ns + idle_timeout_ns <= watermark_ns]
+                if self._open[gpu].start_ns + self.window_ns + idle_timeout_ns <= watermark_ns
+                and (only is None or gpu in only)]
 
     def resume_after(self, finished: "HealthAudit") -> None:
         """The breakers of ``finished`` (whose windows all closed): a GPU's service history outlives its input."""

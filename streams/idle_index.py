@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 from array import array
+from collections.abc import Container
 from typing import Any
 
 import numpy as np
@@ -297,12 +298,13 @@ class IdleIndex:
                          np.zeros(len(panes), np.int64)],
                         schema=ARROW_SCHEMAS["idle_index"])
 
-    def expire(self, watermark_ns: int) -> None:
-        """Drop the windows whose every pane lies more than the window behind ``watermark_ns``: a GPU gone
-        silent that long holds nothing a later pane of it would sum (a pane that far ahead starts a
-        window afresh), and its ring would otherwise stay for good."""
+    def expire(self, watermark_ns: int, only: Container[str] | None = None) -> None:
+        """Drop the windows whose every pane lies more than the window behind ``watermark_ns`` (of the GPUs in
+        ``only``, if given): a GPU gone silent that long holds nothing a later pane of it would sum (a pane
+        that far ahead starts a window afresh), and its ring would otherwise stay for good."""
         gone = [g for g, w in self._gpus.items()
-                if w.last is not None and (w.last + 1) * self.pane_ns + self.window_ns <= watermark_ns]
+                if w.last is not None and (w.last + 1) * self.pane_ns + self.window_ns <= watermark_ns
+                and (only is None or g in only)]
         for g in gone:
             del self._gpus[g]
         if gone:

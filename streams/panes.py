@@ -11,6 +11,7 @@ the batch entry decides every row as the row entry would in arrival order
 from __future__ import annotations
 
 from bisect import insort
+from collections.abc import Container
 from typing import Any
 
 import numpy as np
@@ -77,12 +78,22 @@ class GpuPanes:
         self._max_ts: dict[str, int] = {}
         self._pending: dict[str, int] = {}  # each GPU's pending jump (``jump``)
         self._open: dict[str, dict[int, PaneTotals]] = {}
+        #: the largest ``max_ts`` of the GPUs forgotten (``forget``): every GPU not known here starts from it
+        self._forgotten: int | None = None
 
     def watermark(self, gpu_uuid: str) -> int | None:
-        max_ts = self._max_ts.get(gpu_uuid)
+        max_ts = self._max_ts.get(gpu_uuid, self._forgotten)
         return None if max_ts is None else max_ts - self.lateness_ns
 
+    def before_forgotten(self, pane_end_ns: int) -> bool:
+        """Whether a pane ending at ``pane_end_ns`` was closed for the GPUs forgotten (``forget``): of any GPU,
+        such a pane is never revised, since a GPU forgotten and back holds nothing to check an event
+        against, and the pane may have been billed."""
+        return self._forgotten is not None and pane_end_ns <= self._forgotten - self.lateness_ns
+
     def _set_max_ts(self, gpu_uuid: str, ts_ns: int, pending: int | None) -> None:
+        if pending is None and ts_ns == self._forgotten and gpu_uuid not in self._max_ts:
+            return  # still at the floor: nothing of its own to keep (both entries take this path)
         self._max_ts[gpu_uuid] = ts_ns
         if pending is None:
             self._pending.pop(gpu_uuid, None)
@@ -171,7 +182,7 @@ class GpuPanes:
 
     def advance(self, gpu_uuid: str, ts_ns: int) -> list[PaneTotals]:
         """Take ``ts_ns`` into the GPU's watermark (``jump``); return the panes that closed, oldest first."""
-        before = self._max_ts.get(gpu_uuid)
+        before = self._max_ts.get(gpu_uuid, self._forgotten)
         max_ts, pending = jump(before, self._pending.get(gpu_uuid), ts_ns, self.max_jump_ns)
         assert max_ts is not None
         self._set_max_ts(gpu_uuid, max_ts, pending)
@@ -188,6 +199,7 @@ class GpuPanes:
         for gpu, max_ts in finished._max_ts.items():
             last = max(max_ts, finished._pending.get(gpu, max_ts))
             self._max_ts[gpu] = pane_start_ns(last, self.pane_ns) + self.pane_ns + self.lateness_ns
+        self._forgotten = finished._forgotten
 
     def open_count(self) -> int:
         """Panes open (counted, not yet billed), over every GPU."""
@@ -197,12 +209,15 @@ class GpuPanes:
         """The largest watermark of any GPU here (None: no GPU yet)."""
         return max(self._max_ts.values()) - self.lateness_ns if self._max_ts else None
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int) -> list[PaneTotals]:
+    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str] | None = None
+                     ) -> list[PaneTotals]:
         """The open panes whose end lies ``idle_timeout_ns`` or more behind ``watermark_ns`` (another GPU's:
-        this one has gone silent), closed, each GPU's oldest first. Each such GPU's watermark moves to
-        the end of its last pane closed, so that an event for one of them is late."""
+        this one has gone silent), closed, each GPU's oldest first (of the GPUs in ``only``, if given). Each
+        such GPU's watermark moves to the end of its last pane closed, so that an event for one of them is late."""
         out = []
         for gpu in sorted(self._open):
+            if only is not None and gpu not in only:
+                continue
             panes = self._open[gpu]
             closing = sorted(start for start, p in panes.items() if p.pane_end_ns + idle_timeout_ns <= watermark_ns)
             if closing:
@@ -211,6 +226,19 @@ class GpuPanes:
                 if not panes:
                     del self._open[gpu]
         return out
+
+    def forget(self, watermark_ns: int, only: Container[str] | None = None) -> list[str]:
+        """Drop the GPUs without an open pane whose watermark is at or before ``watermark_ns`` (of those in
+        ``only``, if given): gone from the fleet (``Auditor.close_silent``). Their largest ``max_ts`` becomes the floor every GPU not known
+        here starts from, so that any event of a pane they had billed is late, never billed twice, while
+        one GPU's ``max_ts`` is all that is kept however many GPUs come and go. Returns them."""
+        gone = sorted(gpu for gpu, max_ts in self._max_ts.items()
+                      if gpu not in self._open and (only is None or gpu in only) and max(max_ts, self._pending.get(gpu, max_ts)) - self.lateness_ns
+                      <= watermark_ns)
+        for gpu in gone:
+            top = max(self._max_ts.pop(gpu), self._pending.pop(gpu, 0))
+            self._forgotten = top if self._forgotten is None else max(self._forgotten, top)
+        return gone
 
     def earliest_on_time_ns(self) -> int | None:
         """The earliest time an event that is not late may carry, over every GPU (None: no GPU yet)."""
@@ -226,6 +254,7 @@ class GpuPanes:
 
     def to_state(self) -> dict[str, Any]:
         return {"max_ts": self._max_ts, **({"pending": self._pending} if self._pending else {}),
+                **({"forgotten": self._forgotten} if self._forgotten is not None else {}),
                 "open": [p.to_state() for panes in self._open.values() for p in panes.values()]}
 
     @classmethod
@@ -233,6 +262,7 @@ class GpuPanes:
         panes = cls(settings)
         panes._max_ts = dict(state["max_ts"])
         panes._pending = dict(state.get("pending", {}))
+        panes._forgotten = state.get("forgotten")
         for s in state["open"]:
             pane = PaneTotals.from_state(s)
             panes._open.setdefault(pane.gpu_uuid, {})[pane.pane_start_ns] = pane
@@ -249,7 +279,8 @@ class GpuPanes:
         group = rows.group
         pane = ts - ts % pane_ns
         # each GPU's running maximum from where the state left it; its largest may be a pending jump
-        max0 = np.array([self._max_ts.get(name, _NONE) for name in names], np.int64)
+        floor = _NONE if self._forgotten is None else self._forgotten
+        max0 = np.array([self._max_ts.get(name, floor) for name in names], np.int64)
         pending0 = {j: self._pending[name] for j, name in enumerate(names) if name in self._pending}
         levels = Levels(np.concatenate([ts, max0[max0 != _NONE], np.array(list(pending0.values()), np.int64)]),
                          len(names))

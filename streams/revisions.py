@@ -174,6 +174,12 @@ class Revisions:
             kept = rows[rows["pane"] >= floor]
             log.chunks, log.oldest = [kept], int(kept["pane"].min()) if len(kept) else None
 
+    def drop(self, gpu_uuid: str) -> None:
+        """Forget a GPU gone from the fleet (``GpuPanes.forget``): no event of it revises any more."""
+        self._logs.pop(gpu_uuid, None)
+        self._held.pop(gpu_uuid, None)
+        self._held_oldest.pop(gpu_uuid, None)
+
     # --- what a late event meets -------------------------------------------------------------------
 
     def _pane_rows(self, gpu_uuid: str, pane_start_ns: int) -> tuple[np.ndarray, list[str]]:

@@ -101,6 +101,10 @@ class SlaOperator:
             self._runs[pane.gpu_uuid] = runs
         return quotas, triggers
 
+    def drop(self, gpu_uuid: str) -> None:
+        """Forget a GPU gone from the fleet (``GpuPanes.forget``): a pane of it later starts its runs afresh."""
+        self._runs.pop(gpu_uuid, None)
+
     def _trigger(self, pane: Any, tenant: Tenant, key: str, start_ns: int, idle_run_ms: int, tier: SlaTier,
                  price: Decimal | None) -> ReclaimRecord:
         return computed(

@@ -45,24 +45,25 @@ class BindingTable:
     def __init__(self) -> None:
         self._by_proc: dict[tuple[str, int], list[tuple[int, Tenant]]] = {}
 
-    def update(self, b: TenantBinding) -> str:
-        """Take a binding: ``taken``; ``duplicate`` (no change) if the process has one from the same
-        instant; ``unchanged`` (no change) if it repeats, later, the tenant of the process's latest
-        binding, which changes no lookup (a source that re-sends a pod's binding at every scrape would
-        otherwise grow the table, and the state, by one entry a second). O(1) when bindings arrive
+    def verdict(self, b: TenantBinding) -> str:
+        """What ``update`` would make of a binding, changing nothing: ``taken``; ``duplicate`` if the process
+        has one from the same instant; ``unchanged`` if it repeats, later, the tenant of the process's
+        latest binding, which changes no lookup (a source that re-sends a pod's binding at every scrape
+        would otherwise grow the table, and the state, by one entry a second). O(1) when bindings arrive
         in time order, as they do."""
-        tenant = Tenant.of(b)
-        history = self._by_proc.setdefault((b.node_id, b.pid), [])
+        history = self._by_proc.get((b.node_id, b.pid))
         if not history or b.ts_ns > history[-1][0]:
-            if history and history[-1][1] == tenant:
-                return "unchanged"
-            history.append((b.ts_ns, tenant))
-            return "taken"
+            return "unchanged" if history and history[-1][1] == Tenant.of(b) else "taken"
         at = bisect_right(history, b.ts_ns, key=lambda h: h[0])
-        if at and history[at - 1][0] == b.ts_ns:
-            return "duplicate"  # the first one wins, whatever order a re-send arrives in
-        history.insert(at, (b.ts_ns, tenant))
-        return "taken"
+        return "duplicate" if at and history[at - 1][0] == b.ts_ns else "taken"  # the first one wins
+
+    def update(self, b: TenantBinding) -> str:
+        """Take a binding if ``verdict`` says ``taken``; returns the verdict (the other two change nothing)."""
+        verdict = self.verdict(b)
+        if verdict == "taken":
+            history = self._by_proc.setdefault((b.node_id, b.pid), [])
+            insort(history, (b.ts_ns, Tenant.of(b)), key=lambda h: h[0])
+        return verdict
 
     def prune(self, floor_ns: int) -> None:
         """Forget what no lookup at or after ``floor_ns`` can return: each process's bindings before

@@ -272,3 +272,15 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     clock[0] += AUDIT.idle_timeout_s
     worker._apply(owned, [Message(other, b"\n".join(later), 4)], touched, Counter())
     assert gone.decode() in touched and owned.auditors[gone.decode()].idle.to_state() == {}
+    # a GPU silent for the window and the horizon past the timeout is forgotten: nothing of it kept but the floor
+    # its key's events are judged against, so that what it was billed for, sent again, is late, not billed again
+    assert AUDIT.window_h * 3600 >= AUDIT.revision_horizon_s
+    auditor = owned.auditors[gone.decode()]
+    assert auditor.counts["forgotten_gpus"] == 1
+    state = auditor.to_state()
+    assert gone.decode() not in json.dumps({k: v for k, v in state.items() if k != "health"})
+    again = worker._apply(owned, [Message(gone, b"\n".join(first), 5, [(SEQUENCE_HEADER, b"s3:1")])], set(),
+                          Counter())
+    assert not [r for r in again if isinstance(r, (CostRecord, IdleIndexRecord))]
+    assert Counter(r.reason for r in again if isinstance(r, DeadLetter) and r.kind in (
+        "gpu_sample", "process_sample")) == Counter({"late": samples})
