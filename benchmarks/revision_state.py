@@ -9,15 +9,19 @@ revisions off (``revision_horizon_s = 0``): the ratio says what the horizon mult
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from benchmarks.common import Result
+
+if TYPE_CHECKING:
+    from gpucost.streams.audit import Auditor
 
 NS = 1_000_000_000
 T0 = 1_736_121_600 * NS
 
 
-def _state(horizon_s: int, interval_s: int, hours: float) -> tuple[int, int, int]:
-    """(log bytes, revision state JSON bytes, whole state JSON bytes) of one GPU after ``hours`` of samples."""
+def _fed(horizon_s: int, interval_s: int, hours: float) -> Auditor:
+    """An auditor fed ``hours`` of one GPU's samples (and its one process's)."""
     from gpucost.schemas.events import GpuSample, ProcessSample, TenantBinding
     from gpucost.streams.audit import Auditor
     from gpucost.streams.settings import AuditSettings
@@ -33,9 +37,31 @@ def _state(horizon_s: int, interval_s: int, hours: float) -> tuple[int, int, int
         auditor.update(ProcessSample.model_construct(
             node_id="node-0", gpu_uuid="GPU-0", pid=1000, ts_ns=ts + 1, interval_s=float(interval_s),
             sm_util_pct=util, mem_bw_util_pct=10.0, mem_used_bytes=1))
+    return auditor
+
+
+def _json_bytes(state: object) -> int:
+    return len(json.dumps(state, separators=(",", ":")))
+
+
+def _state(horizon_s: int, interval_s: int, hours: float) -> tuple[int, int, int]:
+    """(log bytes, revision state JSON bytes, whole state JSON bytes) of one GPU after ``hours`` of samples."""
+    auditor = _fed(horizon_s, interval_s, hours)
     state = auditor.to_state()
-    revisions = len(json.dumps(state.get("revisions", {}), separators=(",", ":")))
-    return auditor.revisions.nbytes("GPU-0"), revisions, len(json.dumps(state, separators=(",", ":")))
+    return auditor.revisions.nbytes("GPU-0"), _json_bytes(state.get("revisions", {})), _json_bytes(state)
+
+
+def _forgotten(interval_s: int, hours: float) -> tuple[int, int]:
+    """The whole state's JSON bytes with the GPU live, and once it has gone silent and been forgotten: another
+    GPU's watermark an hour past the idle window (or horizon) and the timeout after its last pane."""
+    auditor = _fed(21_600, interval_s, hours)
+    live = _json_bytes(auditor.to_state())
+    s = auditor.settings
+    watermark = auditor.panes.largest_watermark()
+    assert watermark is not None
+    auditor.close_silent(watermark + s.idle_timeout_ns + max(s.window_ns, s.revision_horizon_ns) + 3600 * NS)
+    assert auditor.counts["forgotten_gpus"] == 1
+    return live, _json_bytes(auditor.to_state())
 
 
 def run(horizons_h: tuple[int, ...] = (6, 24), intervals_s: tuple[int, ...] = (1, 10)) -> Result:
@@ -48,6 +74,9 @@ def run(horizons_h: tuple[int, ...] = (6, 24), intervals_s: tuple[int, ...] = (1
                          f"{log / 1024:,.0f} KiB of rows; {revision_json / 1024:,.0f} KiB as JSON; the whole state "
                          f"{whole / 1024:,.0f} KiB against {baseline / 1024:,.0f} KiB without revisions "
                          f"({whole / baseline:.1f}×)"))
+    live, left = _forgotten(10, 7)
+    rows.append(("a GPU gone for good (10 s, 6 h horizon)", f"its key's state {live / 1024:,.0f} KiB while it ran; "
+                 f"{left:,} bytes once forgotten (the floor, its bindings, prices, breaker and counts)"))
     return Result("7. Revision state per GPU", "a figure: bounded by the horizon and the sampling rate", None, rows, ["One GPU, one process: a GPU sample and a process sample per interval, for the "
                                "horizon plus an hour. Rows are 41 bytes each (``streams/revisions.py``, ``LOG``); "
                                "closed panes add a few dozen bytes each for their price and revision number.",
