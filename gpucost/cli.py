@@ -21,6 +21,7 @@ from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.state import StateError
 from gpucost.producers.simulate import FleetSpec
+from gpucost.schemas.events import SLAS
 from gpucost.sinks.compact import CompactError
 from gpucost.sinks.lock import OutputBusyError
 from gpucost.sinks.parquet import SinkWriteError
@@ -118,6 +119,12 @@ def _add_live(p: argparse.ArgumentParser) -> None:
     _env_flag(p, "--libcublas", "GPUCOST_LIBCUBLAS", Path, None,
               "with --source ebpf: the cuBLAS library whose GEMM calls to probe for their FLOPs (unset: the newest "
               "libcublas.so.N from the linker cache, if the node has one)")
+    p.add_argument("--attribution", choices=["environ", "none"], default=_env("GPUCOST_ATTRIBUTION", "environ"),
+                   help="with a live source: bind each GPU process to a tenant from its environment (GPUCOST_TEAM…, "
+                        "GIT_COMMIT, CI_PIPELINE_ID, Slurm's job variables) ahead of its first sample; 'none': only "
+                        "bindings given (env GPUCOST_ATTRIBUTION; default environ)")
+    p.add_argument("--attribution-sla", choices=SLAS, default=_env("GPUCOST_ATTRIBUTION_SLA", "Bronze"),
+                   help="the SLA of a process whose environment names none (env GPUCOST_ATTRIBUTION_SLA; default Bronze)")
     p.add_argument("--prices", type=Path, nargs="+", default=[],
                    help="JSON Lines of price (and tenant_binding) events, read before a live source")
     p.add_argument("--duration-s", type=float, default=None,

@@ -42,8 +42,9 @@ from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.views import query, read_only_problem, sql_string, view_records, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
 from gpucost.whatif import IDLE_POLICIES, Scenario, bills
-from gpucost.wiring import (Signals, UsageError, audit_key, audit_settings, event_files, fleet_spec, interrupt,
-                            invoked_as, live_source, load_keys, metrics_served, output_dir, say_source_counts)
+from gpucost.wiring import (Signals, UsageError, attributed, audit_key, audit_settings, event_files, fleet_spec,
+                            given_bindings, interrupt, invoked_as, live_source, load_keys, metrics_served, output_dir,
+                            say_source_counts)
 
 __all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_health", "cmd_discovery", "cmd_reclaim",
            "cmd_views", "cmd_prices", "cmd_compact", "cmd_fit_weights", "cmd_whatif", "cmd_export", "cmd_report", "IDLE_POLICIES"]
@@ -63,8 +64,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"gpucost: NVML is not available ({exc.reason}); running the simulated fleet: {spec.gpus} GPUs, "
                   f"{spec.hours:g} h, seed {spec.seed}", file=sys.stderr)
     live = live_source(args, source, nvml) if source in LIVE_SOURCES else None
+    given = given_bindings(event_files(args.prices)) if args.prices and live is not None else []
     items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec)) if live is None else itertools.chain(
-        read_inputs(event_files(args.prices)) if args.prices else [], ((ev, source) for ev in live.events()))
+        read_inputs(event_files(args.prices)) if args.prices else [],
+        ((ev, source) for ev in attributed(args, live, given)))
     stats = RunStats(source=live.counts if live is not None else Counter())
     with Signals(live, interrupt).installed(), output_dir(args.out, args.overwrite, "gpucost run"), \
             _progress("run", unit=" events") as bar, metrics_served(args.metrics_address, stats.metrics, stats.health):

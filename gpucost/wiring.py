@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import shutil
 import signal
 import sys
@@ -19,18 +20,20 @@ from gpucost.config import FLAG_FIELDS, KAFKA_ENV_PREFIX, ConfigError, environme
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
 from gpucost.metrics import Health, MetricsServer
+from gpucost.producers.attribution import Attribution, AttributionSettings, ProcessEnvironment
 from gpucost.producers.live import LiveSettings, LiveSource, SourceUnavailable, open_live
 from gpucost.producers.nvml import NvmlSampler
-from gpucost.producers.replay import input_files
+from gpucost.producers.replay import input_files, read_inputs
 from gpucost.producers.simulate import FleetSpec
-from gpucost.schemas.codec import explain
+from gpucost.schemas.codec import decode_line, explain
+from gpucost.schemas.events import Event, TenantBinding
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.lock import OutputLock
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["UsageError", "Signals", "output_dir", "audit_settings", "fleet_spec", "invoked_as", "event_files",
            "live_source", "say_source_counts", "interrupt", "metrics_served", "kafka_settings", "load_keys",
-           "stop_on_signals"]
+           "stop_on_signals", "attributed", "given_bindings"]
 
 T = TypeVar("T")
 
@@ -102,6 +105,23 @@ def live_source(args: argparse.Namespace, source: str, nvml: NvmlSampler | None 
     print(f"gpucost: {live.what}" + (f" for {args.duration_s:g} s" if args.duration_s is not None
                                      else "; Ctrl-C to stop and write the results"), file=sys.stderr)
     return live
+
+
+def attributed(args: argparse.Namespace, live: LiveSource, given: Iterable[TenantBinding] = (),
+               before: Iterable[Event] = ()) -> Iterator[Event]:
+    """``before`` (a reference file's events), then the live source's, each GPU process's first event preceded
+    by the binding found for it at the source (``--attribution``; none for a process ``given`` or ``before``
+    binds), counted with the source's own counters."""
+    events = itertools.chain(before, live.events())
+    if args.attribution == "none":
+        return events
+    settings = AttributionSettings(sla=args.attribution_sla)
+    return Attribution([ProcessEnvironment(settings, live.counts)], settings, given, live.counts).bind(events)
+
+
+def given_bindings(files: list[Path]) -> list[TenantBinding]:
+    """The bindings a ``--prices`` file gives: they outrank any found at the source (``attributed``)."""
+    return [e for e in (decode_line(line) for line, _ in read_inputs(files)) if isinstance(e, TenantBinding)]
 
 
 class Signals:

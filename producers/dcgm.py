@@ -150,7 +150,7 @@ def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, 
         if pid not in bound:
             bound.add(pid)
             out.append(TenantBinding(node_id=gpu.node_id, pid=pid, ts_ns=ts_ns, team=namespace, env="",
-                                     app=pod, tier=container, sla=sla))  # type: ignore[arg-type]
+                                     app=pod, tier=container, sla=sla, origin="dcgm"))  # type: ignore[arg-type]
     elif gpu.sm_util_pct > 0:
         pid = unclaimed_pid(uuid)
         counts["busy_unclaimed"] += 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import types
 from decimal import Decimal
 from functools import cache
-from typing import Annotated, Union, get_args, get_origin
+from typing import Annotated, Literal, Union, get_args, get_origin
 
 import pyarrow as pa
 from pydantic import BaseModel
@@ -33,6 +33,8 @@ def _arrow_field(name: str, annotation: object) -> pa.Field:
         (annotation,) = args
     if get_origin(annotation) is Annotated:  # constraints (ge, lt, …) do not change the storage type
         annotation = get_args(annotation)[0]
+    if get_origin(annotation) is Literal and all(isinstance(a, str) for a in get_args(annotation)):
+        annotation = str  # one of some words (an SLA, an origin): text
     if get_origin(annotation) is list and get_args(annotation)[0] in _SCALARS:
         return pa.field(name, pa.list_(_SCALARS[get_args(annotation)[0]]), nullable=nullable)
     if annotation not in _SCALARS:
@@ -58,7 +60,7 @@ def _event_schema() -> pa.Schema:
     """Every wire field of every input kind, nullable (a row holds one event), ``kind`` first.
 
     Derived from the event models like the output schemas. Exceptions, by what the wire
-    carries: ``kind`` and ``sla`` are text, ``address`` is unsigned 64-bit, and
+    carries: ``kind`` is text, ``address`` is unsigned 64-bit, and
     ``ebpf_trace`` travels as its ``trace_hex`` (and ``trace_source``).
     """
     fields: dict[str, pa.Field] = {"kind": pa.field("kind", pa.string(), nullable=False)}
@@ -72,8 +74,6 @@ def _event_schema() -> pa.Schema:
                 continue
             if name == "address":
                 fields[name] = pa.field(name, pa.uint64())
-            elif name == "sla":
-                fields[name] = pa.field(name, pa.string())
             else:
                 fields[name] = _arrow_field(name, info.annotation).with_nullable(True)
     return pa.schema(list(fields.values()))

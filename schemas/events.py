@@ -9,7 +9,7 @@ from __future__ import annotations
 import unicodedata
 from decimal import Decimal
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,7 +18,8 @@ from gpucost.schemas.exact import round_scaled
 
 __all__ = [
     "TS_MIN_NS", "TS_MAX_NS", "RESERVED_TEAMS", "TENANT_FIELDS", "GpuSample", "ProcessSample", "MemAccess",
-    "NumaEvent", "TRACE_SOURCES", "EbpfTrace", "skeleton", "TenantBinding", "Price", "Event", "EVENT_MODELS", "GPU_KEYED",
+    "NumaEvent", "TRACE_SOURCES", "EbpfTrace", "skeleton", "Sla", "SLAS", "Origin", "TenantBinding", "Price", "Event",
+    "EVENT_MODELS", "GPU_KEYED",
 ]
 
 TS_MIN_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
@@ -190,6 +191,11 @@ class EbpfTrace(_Event):
 
 
 TenantField = Annotated[str, Field(max_length=256)]
+Sla = Literal["Gold", "Silver", "Bronze"]
+SLAS: tuple[str, ...] = get_args(Sla)
+#: where a binding was found (``gpucost.producers.attribution``, ``gpucost.producers.dcgm``); a binding
+#: without one was given (a file, another system)
+Origin = Literal["environ", "slurm", "dcgm"]
 
 
 class TenantBinding(_Event):
@@ -201,9 +207,10 @@ class TenantBinding(_Event):
     env: TenantField
     app: TenantField
     tier: TenantField
-    sla: Literal["Gold", "Silver", "Bronze"]
+    sla: Sla
     git_commit: TenantField | None = None
     ci_pipeline_id: TenantField | None = None
+    origin: Origin | None = None
 
     @field_validator("team", "env", "app", "tier", "git_commit", "ci_pipeline_id")
     @classmethod
@@ -222,8 +229,9 @@ class TenantBinding(_Event):
 
 
 #: what a binding says of a process, in order: the tenant's fields, which cost records repeat after
-#: their ``tenant_key`` (the rest of a binding says which process, and from when)
-TENANT_FIELDS: tuple[str, ...] = tuple(f for f in TenantBinding.model_fields if f not in ("kind", "node_id", "pid", "ts_ns"))
+#: their ``tenant_key`` (the rest of a binding says which process, from when, and where it was found)
+TENANT_FIELDS: tuple[str, ...] = tuple(f for f in TenantBinding.model_fields
+                                       if f not in ("kind", "node_id", "pid", "ts_ns", "origin"))
 
 
 class Price(_Event):

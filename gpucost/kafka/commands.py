@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import logging
 import sys
 from collections import Counter
@@ -23,8 +22,8 @@ from gpucost.schemas.codec import Rejected, decode_line, raw_text
 from gpucost.schemas.events import Event
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.streams.discovery import ServiceDiscovery
-from gpucost.wiring import (UsageError, audit_key, audit_settings, event_files, fleet_spec, kafka_settings, live_source,
-                            load_keys, metrics_served, say_source_counts, stop_on_signals)
+from gpucost.wiring import (UsageError, attributed, audit_key, audit_settings, event_files, fleet_spec, kafka_settings,
+                            live_source, load_keys, metrics_served, say_source_counts, stop_on_signals)
 
 __all__ = ["cmd_topics", "cmd_produce", "cmd_worker", "cmd_sink", "follow_discovery", "follow_reclaim", "replay_events"]
 
@@ -76,7 +75,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     else:
         reference = replay_events(event_files(args.prices), rejected) if args.prices else iter(())
         live = live_source(args, args.source)
-        events = itertools.chain(reference, live.events())
+        events = attributed(args, live, before=reference)
     signer = load_keys(Signer.from_file, args.signing_key_file) if args.signing_key_file else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

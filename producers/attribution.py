@@ -1,0 +1,193 @@
+"""Who a process belongs to, found where the process runs, and published ahead of its first sample.
+
+A live source sees pids (NVML's process lists, eBPF); a cost record needs a tenant. Without this a
+node's processes are ``unattributed`` unless someone hands in a bindings file or dcgm-exporter
+knows their pod. ``Attribution`` wraps a live source's events: for each real pid it has not yet
+attributed (or whose process changed: a pid reused, told by the process's start time), it asks the
+binding sources in precedence order and emits the first binding found just before the event, so
+the binding is never late. Bindings the stream already carries (a bindings file, dcgm-exporter's
+pods) outrank every discovered one: a process one of them binds is never re-bound here.
+
+Sources: ``ProcessEnvironment`` (``/proc/<pid>/environ``: ``GPUCOST_*`` variables, ``GIT_COMMIT``,
+``CI_PIPELINE_ID``, and Slurm's job variables by the rule in ``SLURM``). docs/sources.md,
+"Attribution at the source", is the user's account.
+"""
+from __future__ import annotations
+
+import pwd
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from gpucost.producers.synthetic import SYNTHETIC_PID_BASE
+from gpucost.schemas.events import SLAS, Event, TenantBinding
+
+__all__ = ["AttributionSettings", "BindingSource", "ProcessEnvironment", "Attribution", "VARIABLES", "start_ticks"]
+
+#: each binding field and the environment variables that give it, first set wins. The Slurm rule:
+#: the job's account is its team, its partition its app, its job id its pipeline (a job is one run,
+#: as a pipeline is); a ``GPUCOST_*`` variable, where set, wins over Slurm's
+VARIABLES: Mapping[str, tuple[str, ...]] = {
+    "team": ("GPUCOST_TEAM", "SLURM_JOB_ACCOUNT"),
+    "env": ("GPUCOST_ENV",),
+    "app": ("GPUCOST_APP", "SLURM_JOB_PARTITION"),
+    "tier": ("GPUCOST_TIER",),
+    "sla": ("GPUCOST_SLA",),
+    "git_commit": ("GPUCOST_GIT_COMMIT", "GIT_COMMIT"),
+    "ci_pipeline_id": ("GPUCOST_CI_PIPELINE_ID", "CI_PIPELINE_ID", "SLURM_JOB_ID"),
+}
+SLURM = frozenset(v for names in VARIABLES.values() for v in names if v.startswith("SLURM_"))
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    """What discovery needs (``--attribution`` and the variables' names: docs/operations.md)."""
+
+    variables: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(VARIABLES))
+    sla: str = "Bronze"  # a process whose variables name no SLA, or not one of SLAS
+    proc: Path = Path("/proc")
+    #: how often (event time) a pid already attributed is looked at again, for a new process behind it
+    recheck_ns: int = 1_000_000_000
+
+
+class BindingSource(Protocol):
+    """One place a process's tenant can be read from; ``Attribution`` asks each in precedence order."""
+
+    #: recorded as the binding's ``origin`` (the source may name a finer one: ``slurm``)
+    origin: str
+    #: what it could not read, for the run's summary (``environ_unreadable``…)
+    counts: Counter[str]
+
+    def binding(self, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
+        """The process's binding from ``ts_ns`` on, or None if this source does not know it."""
+        ...
+
+
+def start_ticks(proc: Path, pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), which tells a
+    pid reused by a new process from the old one; None if there is no such process."""
+    try:
+        stat = (proc / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces or ')': split after the last one
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+class ProcessEnvironment:
+    """Bindings from a process's environment (``/proc/<pid>/environ``, read once per process)."""
+
+    origin = "environ"
+
+    def __init__(self, settings: AttributionSettings, counts: Counter[str] | None = None) -> None:
+        self.settings = settings
+        self.counts: Counter[str] = Counter() if counts is None else counts
+
+    def _environ(self, pid: int) -> dict[str, str] | None:
+        try:
+            raw = (self.settings.proc / str(pid) / "environ").read_bytes()
+        except FileNotFoundError:
+            self.counts["environ_gone"] += 1  # ended between its sample and now
+            return None
+        except OSError:  # not ours to read (another user's, without CAP_SYS_PTRACE), or not a file
+            self.counts["environ_unreadable"] += 1
+            return None
+        out = {}
+        for entry in raw.split(b"\0"):
+            name, sep, value = entry.partition(b"=")
+            if sep:
+                out[name.decode(errors="replace")] = value.decode(errors="replace")
+        return out
+
+    def _user(self, pid: int) -> str | None:
+        """The name of the process's owner, the team of a process whose variables name none."""
+        try:
+            uid = (self.settings.proc / str(pid)).stat().st_uid
+            return pwd.getpwuid(uid).pw_name
+        except (OSError, KeyError):
+            return None
+
+    def binding(self, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
+        environ = self._environ(pid)
+        if environ is None:
+            return None
+        found: dict[str, str] = {}
+        used: set[str] = set()
+        for name, variables in self.settings.variables.items():
+            variable = next((v for v in variables if environ.get(v)), None)
+            if variable is not None:
+                found[name] = environ[variable]
+                used.add(variable)
+        if not found:
+            self.counts["environ_untagged"] += 1  # none of the variables: left to the sources below, or unattributed
+            return None
+        team = found.get("team") or self._user(pid)
+        if team is None:
+            self.counts["environ_no_team"] += 1
+            return None
+        sla = found.get("sla", self.settings.sla)
+        try:
+            return TenantBinding(node_id=node_id, pid=pid, ts_ns=ts_ns, team=team, env=found.get("env", ""),
+                                 app=found.get("app", ""), tier=found.get("tier", ""),
+                                 sla=sla if sla in SLAS else self.settings.sla, git_commit=found.get("git_commit"),
+                                 ci_pipeline_id=found.get("ci_pipeline_id"),
+                                 origin="slurm" if used & SLURM else self.origin)
+        except ValidationError:  # a value no tenant key can hold (a ':', too long, a reserved team): not fatal
+            self.counts["environ_invalid"] += 1
+            return None
+
+
+class Attribution:
+    """Bindings for the pids of a live source's events, from ``sources`` in precedence order."""
+
+    def __init__(self, sources: Iterable[BindingSource], settings: AttributionSettings,
+                 given: Iterable[TenantBinding] = (), counts: Counter[str] | None = None) -> None:
+        self.sources = list(sources)
+        self.settings = settings
+        self.counts: Counter[str] = Counter() if counts is None else counts  # a live source's, to be said with them
+        #: the processes a binding in the stream (a file, dcgm-exporter) binds: never re-bound here
+        self._given: set[tuple[str, int]] = {(b.node_id, b.pid) for b in given}
+        #: per process: its start time when last looked at, and when (event time) that was
+        self._seen: dict[tuple[str, int], tuple[int | None, int]] = {}
+
+    def bind(self, events: Iterable[Event]) -> Iterator[Event]:
+        """``events``, each preceded by the binding its process was found to have, if it is the first event
+        of that process (or of a new process behind its pid)."""
+        for event in events:
+            if isinstance(event, TenantBinding):
+                self._given.add((event.node_id, event.pid))
+            else:
+                pid = getattr(event, "pid", None)
+                if pid is not None and pid < SYNTHETIC_PID_BASE:
+                    found = self._discover(event.node_id, pid, event.ts_ns)  # type: ignore[attr-defined]
+                    if found is not None:
+                        yield found
+            yield event
+
+    def _discover(self, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
+        key = (node_id, pid)
+        seen = self._seen.get(key)
+        if key in self._given or (seen is not None and ts_ns - seen[1] < self.settings.recheck_ns):
+            return None
+        start = start_ticks(self.settings.proc, pid)
+        self._seen[key] = (start, ts_ns)
+        if start is None:
+            self.counts["process_gone"] += 1
+            return None
+        if seen is not None and seen[0] == start:
+            return None  # the same process, already attributed (or found in no source)
+        for source in self.sources:
+            found = source.binding(node_id, pid, ts_ns)
+            if found is not None:
+                self.counts[f"bound:{found.origin}"] += 1
+                return found
+        self.counts["unattributed"] += 1
+        return None
