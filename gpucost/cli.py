@@ -94,6 +94,12 @@ def _add_metrics(p: argparse.ArgumentParser) -> None:
               "serve Prometheus metrics at /metrics and a health check at /healthz on HOST:PORT (unset: off)")
 
 
+def _add_cost_series(p: argparse.ArgumentParser) -> None:
+    _env_flag(p, "--cost-series", "GPUCOST_COST_SERIES", int, "2000",
+              "with --metrics-address: the most label sets each cost counter keeps; further cost is counted under "
+              "team _other")
+
+
 def _add_kafka(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Kafka (each also env GPUCOST_KAFKA_<NAME>, e.g. GPUCOST_KAFKA_BOOTSTRAP)")
     for name, info in KafkaSettings.model_fields.items():
@@ -157,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_out(run, "output directory")
     _add_settings(run)
     _add_metrics(run)
+    _add_cost_series(run)
 
     sim = sub.add_parser("simulate", help="write a simulated fleet's events as JSON Lines or Parquet")
     _add_fleet(sim)
@@ -249,6 +256,7 @@ def _parser() -> argparse.ArgumentParser:
               "write only records signed by a key in this keyring file (the workers' output keys); others are "
               "dead-lettered (unset: no verification)")
     _add_metrics(sink)
+    _add_cost_series(sink)
     _add_kafka(sink)
 
     disc = sub.add_parser("discovery", help="the nodes in service as a Prometheus file_sd file, from the health "

@@ -19,6 +19,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 from gpucost.config import ConfigError
+from gpucost.cost_metrics import CostMetrics
 from gpucost.discovery import from_output, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.fit import RESOURCES, fit_weights, pane_features
@@ -68,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec)) if live is None else itertools.chain(
         read_inputs(event_files(args.prices)) if args.prices else [],
         ((ev, source) for ev in attributed(args, live, given)))
-    stats = RunStats(source=live.counts if live is not None else Counter())
+    stats = RunStats(source=live.counts if live is not None else Counter(), cost=CostMetrics(args.cost_series))
     with Signals(live, interrupt).installed(), output_dir(args.out, args.overwrite, "gpucost run"), \
             _progress("run", unit=" events") as bar, metrics_served(args.metrics_address, stats.metrics, stats.health):
         run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats,

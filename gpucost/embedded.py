@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
+from gpucost.cost_metrics import CostMetrics
 from gpucost.metrics import Health, counter, source_counts
 from gpucost.producers.replay import LineBatch, RowBatch
 from gpucost.schemas.blocks import ClosedPanes, Outputs
@@ -47,6 +48,7 @@ class RunStats:
     seconds: float = 0.0
     source: Counter[str] = field(default_factory=Counter)  # a live source's own counters
     health: Health = field(default_factory=Health)
+    cost: CostMetrics = field(default_factory=CostMetrics)  # the cost written, for Prometheus
 
     def metrics(self) -> list[Metric]:
         """What ``gpucost run --metrics-address`` serves (docs/operations.md, "Metrics")."""
@@ -57,6 +59,7 @@ class RunStats:
             counter("gpucost_run_dead_letters", "dead letters, by reason", self.dead_letters, "reason"),
             counter("gpucost_run_rows_written", "rows written to Parquet, by kind", dict(self.rows), "kind"),
             source_counts(self.source),
+            *self.cost.metrics(),
         ]
 
 
@@ -148,8 +151,8 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     producer = threading.Thread(target=_batches, args=(items, q, failure), name="source", daemon=True)
     producer.start()
     auditor = Auditor(settings, time.time_ns, audit_key)
-    sink = ParquetSink(out_dir)
     stats = stats if stats is not None else RunStats()
+    sink = ParquetSink(out_dir, on_published=stats.cost.observe)
     stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
     silence = _Silence(settings.idle_timeout_s, live, monotonic)
     for batch in _drain(q):

@@ -143,8 +143,10 @@ class ParquetSink:
     # one row group per file of up to 1 Mi rows: a month × 1,000 GPUs of cost records is queried per team and
     # day in 0.5 s instead of 0.9 s with 128 Ki-row groups (BENCHMARKS.md, benchmark 4)
     def __init__(self, out_dir: Path, file_rows: int = 1 << 20, row_group_rows: int = 1 << 20,
-                 journal: Journal | None = None, first_part: int = 0) -> None:
+                 journal: Journal | None = None, first_part: int = 0,
+                 on_published: Callable[[str, pa.Table], None] | None = None) -> None:
         self.out_dir = out_dir
+        self.on_published = on_published  # each file's rows (kind, table) once it is in place: cost metrics
         self.first_part = first_part  # no file gets a lower number
         self.file_rows = file_rows
         self.row_group_rows = row_group_rows
@@ -248,6 +250,8 @@ class ParquetSink:
             tmp.unlink(missing_ok=True)
             raise self._error(final.parent, exc) from exc
         written, rest = min(whole.num_rows, self.file_rows), whole.slice(self.file_rows)
+        if self.on_published is not None:
+            self.on_published(kind, whole.slice(0, written))
         if rest.num_rows:
             self._buffers[(kind, date)] = [rest]
             self._rows[(kind, date)] = rest.num_rows

@@ -26,7 +26,7 @@ def test_compose_services_run_valid_gpucost_commands() -> None:
     assert {"kafka", "topics", "producer", "worker", "sink", "producer-nvml", "query"} <= set(services)
     parser = _parser()
     for name, service in services.items():
-        if name == "kafka":
+        if "build" not in service:  # Kafka, Prometheus, Grafana: images of their own
             continue
         assert service["build"]["dockerfile"] == "compose/Dockerfile"
         assert service["environment"]["GPUCOST_KAFKA_BOOTSTRAP"] == "kafka:9092"
@@ -81,3 +81,22 @@ def test_worker_and_sink_are_checked_through_their_health_endpoint() -> None:
         probe = " ".join(service["healthcheck"]["test"])
         assert f"127.0.0.1:{port}/healthz" in probe
         assert "--metrics-address" in " ".join(_parser()._subparsers._group_actions[0].choices[name].format_help().split())
+
+
+def test_prometheus_scrapes_every_service_that_serves_metrics_and_grafana_gets_the_dashboards() -> None:
+    prometheus = yaml.safe_load((ROOT / "compose" / "prometheus.yml").read_text())
+    (job,) = prometheus["scrape_configs"]
+    (dns,) = job["dns_sd_configs"]
+    serving = {name for name, s in COMPOSE["services"].items() if "build" in s and "profiles" not in s
+               and _gpucost_args(s)[0] in ("produce", "worker", "sink")}  # the long-running commands, up by default
+    assert set(dns["names"]) == serving
+    assert {str(dns["port"])} == {COMPOSE["services"][n]["environment"]["GPUCOST_METRICS_ADDRESS"].rpartition(":")[2]
+                                  for n in serving}
+    mounts = dict(v.rsplit(":", 2)[:2] for v in COMPOSE["services"]["grafana"]["volumes"])
+    provider = yaml.safe_load((ROOT / "compose" / "grafana" / "provisioning" / "dashboards" / "gpucost.yml").read_text())
+    (path,) = {p["options"]["path"] for p in provider["providers"]}
+    source = next(host for host, target in mounts.items() if target == path)
+    assert sorted((ROOT / "compose" / source).glob("*.json")), "the dashboards folder Grafana mounts is empty"
+    (datasource,) = yaml.safe_load((ROOT / "compose" / "grafana" / "provisioning" / "datasources" /
+                                    "prometheus.yml").read_text())["datasources"]
+    assert datasource["url"] == "http://prometheus:9090" and "prometheus" in COMPOSE["services"]

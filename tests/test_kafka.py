@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,12 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     assert_same_parquet(d.out, embedded, dead_letters=1)
     assert worker[("gpucost_worker_records_total", (("kind", "cost"),))] == counts["cost"]
     assert sink[("gpucost_sink_records_written_total", (("kind", "cost"),))] == counts["cost"]
+    # the sink's cost counters, charged less credited per team, are the embedded run's bill
+    net: Counter[str] = Counter()
+    for (name, labels), value in sink.items():
+        if name in ("gpucost_cost_micro_usd_total", "gpucost_cost_credit_micro_usd_total"):
+            net[dict(labels)["team"]] += int(value) if name == "gpucost_cost_micro_usd_total" else -int(value)
+    assert {t: v for t, v in net.items() if v} == {t: v for t, v in embedded_team_totals(embedded).items() if v}
     assert worker[("gpucost_worker_transactions_total", (("outcome", "committed"),))] > 0
     (reason, source), = connect(d.out).execute("SELECT reason, source FROM dlq").fetchall()
     assert reason == "malformed_json" and source == f"{bad}:1"

@@ -15,14 +15,18 @@ import pytest
 from aiokafka import TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpucost.cost_metrics import OTHER_TEAM, CostMetrics
 from gpucost.embedded import RunStats, run_embedded
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.state import IDLE_PREFIX
 from gpucost.kafka.worker import Worker, _Owned
 from gpucost.metrics import Health, MetricsServer, parse_address
 from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.schemas.arrow import to_table
+from gpucost.schemas.records import CostRecord
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from gpucost.sinks.views import connect
+from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message, RecordingProducer
 from tests.test_worker import BAD, LINES
@@ -133,3 +137,54 @@ def test_a_live_source_is_audited_as_it_comes_not_after_a_full_batch(tmp_path: P
 
     run_embedded(slow(), AuditSettings(), tmp_path, on_batch=lambda b: seen.append(time.monotonic() - started))
     assert len(seen) >= 2 and seen[0] < 2.0  # the first events audited a second or so after they came
+
+
+def test_an_embedded_run_serves_the_cost_it_wrote_to_the_micro_dollar(tmp_path: Path) -> None:
+    """The cost counters against SQL over the Parquet: per label set, charged = Σ positive records and credited
+    = −Σ negative ones (revisions, from late bindings), so charged − credited is the bill; idle by model and
+    node; reclaim triggers; GPUs by their latest health record's grade and breaker state."""
+    events = list(simulate(FleetSpec(gpus=4, hours=3, interval_s=10, late_binding_fraction=0.5)))
+    stats = RunStats()
+    server = MetricsServer("127.0.0.1:0", stats.metrics, stats.health)
+    try:
+        run_embedded([(e, "sim") for e in events], AuditSettings(), tmp_path, stats=stats)
+        got = scrape(server.port)
+    finally:
+        server.close()
+    con = connect(tmp_path)
+    labels = ("team", "env", "app", "sla", "gpu_model")
+
+    def series(name: str) -> dict[tuple[str, ...], float]:
+        return {tuple(dict(key)[k] for k in labels): v for (n, key), v in got.items() if n == name}
+
+    for name, sign in (("gpucost_cost_micro_usd_total", ">"), ("gpucost_cost_credit_micro_usd_total", "<")):
+        want = {tuple(r[:-1]): float(abs(r[-1])) for r in con.execute(
+            f"SELECT {', '.join(f'coalesce({c}, {chr(39)}{chr(39)})' for c in labels)}, sum(cost_micro_usd) FROM cost "
+            f"WHERE cost_micro_usd {sign} 0 GROUP BY ALL").fetchall()}
+        assert series(name) == want, name
+    assert series("gpucost_cost_credit_micro_usd_total"), "no revision credited anything: the case is not made"
+    idle = {(dict(k)["gpu_model"], dict(k)["node"]): v for (n, k), v in got.items()
+            if n == "gpucost_idle_cost_micro_usd_total"}
+    assert idle == {(m, node): float(c) for m, node, c in con.execute(
+        "SELECT gpu_model, node_id, sum(cost_micro_usd) FROM cost WHERE team = 'idle' GROUP BY ALL").fetchall()}
+    triggers = {(dict(k)["sla"], dict(k)["team"]): v for (n, k), v in got.items()
+                if n == "gpucost_reclaim_triggers_total"}
+    assert triggers == {(sla, team): float(c) for sla, team, c in con.execute(
+        "SELECT coalesce(sla, ''), team, count(*) FROM reclaim GROUP BY ALL").fetchall()}
+    gpus = {(dict(k)["grade"], dict(k)["breaker_state"]): v for (n, k), v in got.items() if n == "gpucost_gpus"}
+    assert gpus and gpus == {(g, s): float(c) for g, s, c in con.execute(
+        "SELECT grade, state, count(*) FROM (SELECT gpu_uuid, arg_max(grade, window_end_ns) AS grade, "
+        "arg_max(breaker_state, window_end_ns) AS state FROM health GROUP BY gpu_uuid) GROUP BY ALL").fetchall()}
+
+
+def test_past_the_cap_cost_is_folded_under_other_and_the_total_stays() -> None:
+    auditor = Auditor(AuditSettings())
+    records = [r for e in simulate(FleetSpec(gpus=2, hours=2, interval_s=10)) for r in auditor.update(e)]
+    cost = [r for r in records + auditor.finish() if isinstance(r, CostRecord)]
+    whole, capped = CostMetrics(), CostMetrics(max_series=2)
+    for m in (whole, capped):
+        m.observe("cost", to_table("cost", cost))
+    assert len(capped.charged) <= 2 + len({r.gpu_model for r in cost}) and capped.folded > 0
+    assert {k for k in capped.charged if k[0] == OTHER_TEAM}
+    assert sum(capped.charged.values()) == sum(whole.charged.values()) == sum(r.cost_micro_usd for r in cost
+                                                                              if r.cost_micro_usd > 0)

@@ -135,6 +135,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
+    from gpucost.cost_metrics import CostMetrics
     from gpucost.kafka.sink import SinkStats, run_kafka_sink
 
     kafka = kafka_settings(args)
@@ -146,7 +147,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = stop_on_signals()
-        stats = SinkStats()
+        stats = SinkStats(cost=CostMetrics(args.cost_series))
         with metrics_served(args.metrics_address, stats.metrics, stats.health):
             await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS}, args.out,
                                  args.group, stop, args.flush_interval_s, args.retry_s, args.compact_min_files,
