@@ -130,7 +130,8 @@ def _add_live(p: argparse.ArgumentParser) -> None:
                         "GIT_COMMIT, CI_PIPELINE_ID, Slurm's job variables) ahead of its first sample; 'none': only "
                         "bindings given (env GPUCOST_ATTRIBUTION; default environ)")
     p.add_argument("--attribution-sla", choices=SLAS, default=_env("GPUCOST_ATTRIBUTION_SLA", "Bronze"),
-                   help="the SLA of a process whose environment names none (env GPUCOST_ATTRIBUTION_SLA; default Bronze)")
+                   help="the SLA of a process whose environment names none (env GPUCOST_ATTRIBUTION_SLA; "
+                        "default Bronze)")
     p.add_argument("--prices", type=Path, nargs="+", default=[],
                    help="JSON Lines of price (and tenant_binding) events, read before a live source")
     p.add_argument("--duration-s", type=float, default=None,

@@ -69,7 +69,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec)) if live is None else itertools.chain(
         read_inputs(event_files(args.prices)) if args.prices else [],
         ((ev, source) for ev in attributed(args, live, given)))
-    stats = RunStats(source=live.counts if live is not None else Counter(), cost=CostMetrics(args.cost_series))
+    stats = RunStats(source=live.counts if live is not None else Counter(),
+                     cost=CostMetrics(args.cost_series) if args.metrics_address else None)
     with Signals(live, interrupt).installed(), output_dir(args.out, args.overwrite, "gpucost run"), \
             _progress("run", unit=" events") as bar, metrics_served(args.metrics_address, stats.metrics, stats.health):
         run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats,

@@ -24,18 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpucost.metrics import labelled
+
 __all__ = ["CostMetrics", "COST_LABELS", "OTHER_TEAM"]
 
 COST_LABELS = ("team", "env", "app", "sla", "gpu_model")
 OTHER_TEAM = "_other"
 IDLE_TEAM = "idle"
-
-
-def _family(kind: type, name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, ...], float]) -> Metric:
-    family = kind(name, doc, labels=list(labels))
-    for key, value in sorted(values.items()):
-        family.add_metric(list(key), float(value))
-    return family
 
 
 class CostMetrics:
@@ -90,16 +85,17 @@ class CostMetrics:
     def metrics(self) -> list[Metric]:
         grades = Counter((grade, state) for _, grade, state in list(self._latest.values()))
         return [
-            _family(CounterMetricFamily, "gpucost_cost_micro_usd", "µ$ charged by the cost records written",
+            labelled(CounterMetricFamily, "gpucost_cost_micro_usd", "µ$ charged by the cost records written",
                     COST_LABELS, dict(self.charged)),
-            _family(CounterMetricFamily, "gpucost_cost_credit_micro_usd", "µ$ credited back by revisions (negative "
-                    "differences, as positive amounts): the bill is charged − credited", COST_LABELS, dict(self.credited)),
-            _family(CounterMetricFamily, "gpucost_idle_cost_micro_usd", "µ$ of idle GPU time (the idle party)",
+            labelled(CounterMetricFamily, "gpucost_cost_credit_micro_usd", "µ$ credited back by revisions (negative "
+                    "differences, as positive amounts): the bill is charged − credited", COST_LABELS,
+                    dict(self.credited)),
+            labelled(CounterMetricFamily, "gpucost_idle_cost_micro_usd", "µ$ of idle GPU time (the idle party)",
                     ("gpu_model", "node"), dict(self.idle)),
-            _family(CounterMetricFamily, "gpucost_reclaim_triggers", "reclaim triggers written", ("sla", "team"),
+            labelled(CounterMetricFamily, "gpucost_reclaim_triggers", "reclaim triggers written", ("sla", "team"),
                     dict(self.triggers)),
-            _family(GaugeMetricFamily, "gpucost_gpus", "GPUs by the grade and breaker state of their latest health "
+            labelled(GaugeMetricFamily, "gpucost_gpus", "GPUs by the grade and breaker state of their latest health "
                     "record", ("grade", "breaker_state"), dict(grades)),
-            _family(CounterMetricFamily, "gpucost_cost_series_folded", "cost record groups counted under team "
+            labelled(CounterMetricFamily, "gpucost_cost_series_folded", "cost record groups counted under team "
                     f"{OTHER_TEAM!r}: past the cap on label sets", (), {(): self.folded}),
         ]

@@ -48,7 +48,7 @@ class RunStats:
     seconds: float = 0.0
     source: Counter[str] = field(default_factory=Counter)  # a live source's own counters
     health: Health = field(default_factory=Health)
-    cost: CostMetrics = field(default_factory=CostMetrics)  # the cost written, for Prometheus
+    cost: CostMetrics | None = None  # the cost written, for Prometheus (None: not served, not counted)
 
     def metrics(self) -> list[Metric]:
         """What ``gpucost run --metrics-address`` serves (docs/operations.md, "Metrics")."""
@@ -59,7 +59,7 @@ class RunStats:
             counter("gpucost_run_dead_letters", "dead letters, by reason", self.dead_letters, "reason"),
             counter("gpucost_run_rows_written", "rows written to Parquet, by kind", dict(self.rows), "kind"),
             source_counts(self.source),
-            *self.cost.metrics(),
+            *(self.cost.metrics() if self.cost is not None else []),
         ]
 
 
@@ -152,7 +152,7 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     producer.start()
     auditor = Auditor(settings, time.time_ns, audit_key)
     stats = stats if stats is not None else RunStats()
-    sink = ParquetSink(out_dir, on_published=stats.cost.observe)
+    sink = ParquetSink(out_dir, on_published=None if stats.cost is None else stats.cost.observe)
     stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
     silence = _Silence(settings.idle_timeout_s, live, monotonic)
     for batch in _drain(q):

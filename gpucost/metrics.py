@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -23,17 +23,22 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 
-__all__ = ["Health", "MetricsServer", "counter", "gauge", "parse_address", "source_counts"]
+__all__ = ["Health", "MetricsServer", "counter", "gauge", "labelled", "parse_address", "source_counts"]
+
+
+def labelled(kind: type, name: str, doc: str, labels: Sequence[str], values: Mapping[tuple[Any, ...], float]
+             ) -> Metric:
+    """A family of ``kind`` (a counter or gauge family) with one value per tuple of ``labels``' values."""
+    family = kind(name, doc, labels=list(labels))
+    for key, value in sorted(dict(values).items()):
+        family.add_metric([str(k) for k in key], float(value))
+    return family
 
 
 def _family(kind: type, name: str, doc: str, values: Mapping[Any, float] | float, label: str | None) -> Metric:
-    family = kind(name, doc, labels=[label] if label else None)
     if label is None:
-        family.add_metric([], float(values))  # type: ignore[arg-type]
-    else:
-        for key, value in sorted(dict(values).items()):  # type: ignore[arg-type]
-            family.add_metric([str(key)], float(value))
-    return family
+        return labelled(kind, name, doc, (), {(): float(values)})  # type: ignore[arg-type]
+    return labelled(kind, name, doc, (label,), {(k,): v for k, v in dict(values).items()})  # type: ignore[arg-type]
 
 
 def counter(name: str, doc: str, values: Mapping[Any, float] | float, label: str | None = None) -> Metric:

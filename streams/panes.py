@@ -229,15 +229,17 @@ class GpuPanes:
 
     def forget(self, watermark_ns: int, only: Container[str] | None = None) -> list[str]:
         """Drop the GPUs without an open pane whose watermark is at or before ``watermark_ns`` (of those in
-        ``only``, if given): gone from the fleet (``Auditor.close_silent``). Their largest ``max_ts`` becomes the floor every GPU not known
-        here starts from, so that any event of a pane they had billed is late, never billed twice, while
-        one GPU's ``max_ts`` is all that is kept however many GPUs come and go. Returns them."""
-        gone = sorted(gpu for gpu, max_ts in self._max_ts.items()
-                      if gpu not in self._open and (only is None or gpu in only) and max(max_ts, self._pending.get(gpu, max_ts)) - self.lateness_ns
-                      <= watermark_ns)
+        ``only``, if given): gone from the fleet (``Auditor.close_silent``). Their largest ``max_ts`` becomes
+        the floor every GPU not known here starts from, so that any event of a pane they had billed is late,
+        never billed twice, while one GPU's ``max_ts`` is all that is kept however many GPUs come and go.
+        Returns them."""
+        tops = {gpu: max(max_ts, self._pending.get(gpu, max_ts)) for gpu, max_ts in self._max_ts.items()
+                if gpu not in self._open and (only is None or gpu in only)}
+        gone = sorted(gpu for gpu, top in tops.items() if top - self.lateness_ns <= watermark_ns)
         for gpu in gone:
-            top = max(self._max_ts.pop(gpu), self._pending.pop(gpu, 0))
-            self._forgotten = top if self._forgotten is None else max(self._forgotten, top)
+            del self._max_ts[gpu]
+            self._pending.pop(gpu, None)
+            self._forgotten = tops[gpu] if self._forgotten is None else max(self._forgotten, tops[gpu])
         return gone
 
     def earliest_on_time_ns(self) -> int | None:

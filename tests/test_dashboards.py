@@ -12,6 +12,7 @@ import re
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from gpucost.cost_metrics import CostMetrics
 from gpucost.embedded import RunStats
 from gpucost.kafka.publish import ProducerStats
 from gpucost.kafka.settings import KafkaSettings
@@ -35,8 +36,8 @@ class _Families:
 def exported() -> dict[str, set[str]]:
     """Each metric name a scrape of any component shows (its ``# TYPE`` lines: a counter as ``…_total``), with
     the label names its family declares."""
-    families = [*RunStats().metrics(), *Worker(KafkaSettings(), AuditSettings(), group="g").metrics(),
-                *SinkStats().metrics(), *ProducerStats().metrics()]
+    families = [*RunStats(cost=CostMetrics()).metrics(), *SinkStats(cost=CostMetrics()).metrics(),
+                *Worker(KafkaSettings(), AuditSettings(), group="g").metrics(), *ProducerStats().metrics()]
     registry = CollectorRegistry()
     registry.register(_Families(families))  # type: ignore[arg-type]
     typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", generate_latest(registry).decode(), re.M))

@@ -144,7 +144,7 @@ def test_an_embedded_run_serves_the_cost_it_wrote_to_the_micro_dollar(tmp_path: 
     = −Σ negative ones (revisions, from late bindings), so charged − credited is the bill; idle by model and
     node; reclaim triggers; GPUs by their latest health record's grade and breaker state."""
     events = list(simulate(FleetSpec(gpus=4, hours=3, interval_s=10, late_binding_fraction=0.5)))
-    stats = RunStats()
+    stats = RunStats(cost=CostMetrics())
     server = MetricsServer("127.0.0.1:0", stats.metrics, stats.health)
     try:
         run_embedded([(e, "sim") for e in events], AuditSettings(), tmp_path, stats=stats)

@@ -147,7 +147,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = stop_on_signals()
-        stats = SinkStats(cost=CostMetrics(args.cost_series))
+        stats = SinkStats(cost=CostMetrics(args.cost_series) if args.metrics_address else None)
         with metrics_served(args.metrics_address, stats.metrics, stats.health):
             await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS}, args.out,
                                  args.group, stop, args.flush_interval_s, args.retry_s, args.compact_min_files,

@@ -62,7 +62,7 @@ class SinkStats:
     compactions: int = 0  # partition folders compacted
     files_written: int = 0  # Parquet files flushed (before compaction)
     health: Health = field(default_factory=Health)
-    cost: CostMetrics = field(default_factory=CostMetrics)  # the cost written, for Prometheus
+    cost: CostMetrics | None = None  # the cost written, for Prometheus (None: not served, not counted)
 
     def metrics(self) -> list[Metric]:
         """What ``gpucost sink --metrics-address`` serves (docs/operations.md, "Metrics")."""
@@ -78,7 +78,7 @@ class SinkStats:
             counter("gpucost_sink_files_written", "Parquet files flushed (before compaction)", self.files_written),
             counter("gpucost_sink_compactions", "partition folders compacted", self.compactions),
             counter("gpucost_sink_files_merged", "small files merged away by compaction", self.compacted_files),
-            *self.cost.metrics(),
+            *(self.cost.metrics() if self.cost is not None else []),
         ]
 
 
@@ -178,7 +178,7 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
     files, again = journal.pending()
     seen = written_keys(out_dir, files)
     kind_of_topic = {t: k for k, t in topics.items()}
-    sink = ParquetSink(out_dir, journal=journal, on_published=stats.cost.observe)
+    sink = ParquetSink(out_dir, journal=journal, on_published=None if stats.cost is None else stats.cost.observe)
     # files per partition folder since it was last compacted: what earlier sinks left counts too
     fresh = Counter({f: len(part_files(f.iterdir())) for f in partition_folders(out_dir)})
     consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
