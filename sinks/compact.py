@@ -3,11 +3,24 @@
 The Kafka sink writes a file per kind and date at every flush: tens of thousands a day, and
 DuckDB pays per file (BENCHMARKS.md, benchmark 4). A partition folder is rebuilt beside the
 output (``OUT/.compact/KIND/date=D``: the merged files, plus hard links to every other entry)
-and exchanged with the live folder in one ``renameat2(RENAME_EXCHANGE)``. A reader therefore
-sees either every old file or the merged ones, never both and never neither; a query that
-listed the old files and opens one after the swap fails with "file not found" instead of
-counting a row twice. What a compaction that died leaves sits only under ``.compact``, which
-is invisible to the views and removed by the next one.
+and exchanged with the live folder in one ``renameat2(RENAME_EXCHANGE)``. What a compaction
+that died leaves sits only under ``.compact``, which is invisible to the views and removed by
+the next one.
+
+A query listing a folder while it is swapped must read each row once or fail, never read part
+of them. DuckDB lists a folder by ``readdir`` on the folder it opened, then ``stat``s each name
+by path, skipping without a word a name that no longer resolves (its ``LocalFileSystem::ListFiles``),
+and reads the files in name order. So a listing begun before a swap and stat-ed after it sees
+the old names, of which only those still in the new folder count. The merged files therefore
+take the names of the first small files they replace, in order: merged file ``i`` holds rows of
+small files ``i`` and later only (each small file has fewer than ``file_rows`` rows), and a merge
+is done only when it leaves fewer files, so the last small file's name is gone after the swap.
+A listing that straddles the swap then reads the old folder whole, or reads a merged file (which
+holds only rows of names it has not yet opened) and then fails opening a name that is gone
+("No such file"), or skipped the gone names and reads the merged files, which hold their rows; a
+name read at the size it was listed with, before the swap, fails on its footer. Numbering the
+merged files after every old file instead (as this did until a test caught a wrong sum under
+load) let a listing that skipped the gone names miss their rows.
 
 The swapped-out folder is not deleted at once: it is moved to ``OUT/.compact-retired`` and
 deleted by a compaction at least ``RETIRE_S`` later. A reader that opened the old folder just
@@ -130,15 +143,20 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
             small, later = small[:max_files], small[max_files:]
         else:
             later = []
+        if -(-sum(sizes[p] for p in small) // file_rows) >= len(small):
+            return  # merging would leave as many files, and keep the last one's name (see the module's docstring)
         shutil.rmtree(staged, ignore_errors=True)
         staged.mkdir(parents=True)
         for entry in sorted(set(entries) - set(small)):
             os.link(entry, staged / entry.name)  # full files and anything else stay, under their own names
-        # numbered after every old file: a name a reader listed before the swap never holds other rows after it
+        # numbered after every old file while written, so no name collides with a link; then named as the small
+        # files they replace, in order (a listing that straddles the swap: see the module's docstring)
         writer = ParquetSink(out_dir / STAGING, file_rows=file_rows, first_part=_number(parts[-1]) + 1)
         for table in _tables(small, ARROW_SCHEMAS[kind]):
             writer.write_table(kind, date, table)  # written as each file fills: memory bounded by a file, not a folder
         writer.flush()
+        for merged, replaced in zip(writer.files_written, small):
+            os.rename(merged, staged / replaced.name)
     except (pa.ArrowException, ValueError) as exc:  # cut short, not Parquet, or columns of another kind
         stats.skipped[where] = f"a file is not a readable {kind} file: {exc}"
         return

@@ -8,6 +8,7 @@ of the right columns and types, so queries work before the first record arrives.
 """
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ import pyarrow as pa
 
 from gpucost.schemas.arrow import ARROW_SCHEMAS
 from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.sinks.compact import RETIRED
 
-__all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "views_sql", "connect", "query", "read_only_problem",
-           "sql_string", "view_records"]
+__all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "swaps", "views_sql", "connect", "query",
+           "read_only_problem", "sql_string", "view_records"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "health": "DATE", "quota": "DATE", "reclaim": "DATE",
@@ -101,8 +103,17 @@ def confine(con: duckdb.DuckDBPyConnection, out_dir: Path) -> duckdb.DuckDBPyCon
     return con
 
 
-#: a query that lists a file a compaction then swaps away fails with "No such file": it is run again
+#: a query that a compaction's swap fails (sinks/compact.py) is run again, up to this many times in all
 QUERY_ATTEMPTS = 3
+
+
+def swaps(out_dir: Path) -> frozenset[str]:
+    """What tells compactions apart: each swap retires the old folder under a name of its own, so a
+    query during which this changed may have read across a swap."""
+    try:
+        return frozenset(os.listdir(out_dir / RETIRED))
+    except OSError:
+        return frozenset()
 
 
 def sql_string(text: str) -> str:
@@ -122,17 +133,21 @@ def query(out_dir: Path, sql: str, confined: bool = True, attempts: int = QUERY_
           opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The columns and rows of ``sql`` over the views of ``out_dir`` (``confined`` to its files).
 
-    A sink compacts while it runs: the views list the files, and a file merged away between the
-    listing and the read fails with "No such file". Its rows are in the merged file, which the
-    next listing finds, so the query is run again, up to ``attempts`` times; any other error is raised.
+    A sink compacts while it runs, and a query whose listing straddles a folder's swap fails
+    (never reads part of the rows: sinks/compact.py): with "No such file" for a file merged away,
+    or with an unreadable footer for a name read at the size it had before the swap. The next
+    listing finds the merged files, so such a query is run again, up to ``attempts`` times; an
+    error with no swap during the query is raised.
     """
     for attempt in range(1, attempts + 1):
+        before = swaps(out_dir)
         try:
             con = connect(out_dir, opex_usd_per_gpu_hour)
             res = (confine(con, out_dir) if confined else con).execute(sql)
             return [d[0] for d in res.description] if res.description else [], res.fetchall()
-        except duckdb.IOException as exc:
-            if attempt == attempts or "No such file" not in str(exc):
+        except duckdb.Error as exc:
+            gone = isinstance(exc, duckdb.IOException) and "No such file" in str(exc)
+            if attempt == attempts or not (gone or swaps(out_dir) != before):
                 raise
     raise AssertionError("attempts must be at least 1")
 
