@@ -98,6 +98,8 @@ class ProducerStats:
     outbox: Outbox | None = None  # the messages waiting for the broker
     source: Counter[str] = field(default_factory=Counter)  # the live source's own counters
     health: Health = field(default_factory=Health)
+    input_ended: bool = False  # the source was read to its end (a replay; a live source never ends)
+    outage_since: float | None = None  # monotonic time of the first failed delivery of an ongoing outage
 
     def metrics(self) -> list[Metric]:
         """What ``gpucost produce --metrics-address`` serves (docs/operations.md, "Metrics")."""
@@ -110,6 +112,7 @@ class ProducerStats:
             gauge("gpucost_producer_outbox_memory_bytes", "bytes of waiting messages held in memory",
                   0 if box is None else box.memory_bytes),
             gauge("gpucost_producer_spool_bytes", "bytes of the spool file (waiting messages on disk)", spool),
+            gauge("gpucost_producer_input_ended", "1 once the source was read to its end", int(self.input_ended)),
             source_counts(self.source),
         ]
 
@@ -120,7 +123,7 @@ class Stopped(Exception):
 
 
 async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, done: asyncio.Event,
-                   sent: Counter[str]) -> None:
+                   stats: ProducerStats) -> None:
     """Send the outbox's oldest messages, in order, until ``done`` and empty; ride out broker outages.
 
     After a failed attempt the producer is replaced (a new idempotent session) and everything
@@ -128,7 +131,7 @@ async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, do
     the first time is a duplicate the workers dead-letter, never a second bill.
     """
     producer: AIOKafkaProducer | None = None
-    backoff, outage_since = 0.5, None
+    backoff = 0.5
     try:
         while True:
             head = outbox.head(2000)
@@ -151,18 +154,19 @@ async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, do
                 results = [exc]
             ok = next((i for i, r in enumerate(results) if isinstance(r, BaseException)), len(head))
             for m in head[:ok]:
-                sent[m.topic.removeprefix(kafka.topic_prefix)] += 1
+                stats.sent[m.topic.removeprefix(kafka.topic_prefix)] += 1
             outbox.pop(ok)
             if ok == len(head):
-                if outage_since is not None:
+                if stats.outage_since is not None:
                     log.warning("broker reachable again after %.0f s; %d message(s) still waiting",
-                                time.monotonic() - outage_since, len(outbox))
-                backoff, outage_since = 0.5, None
+                                time.monotonic() - stats.outage_since, len(outbox))
+                backoff, stats.outage_since = 0.5, None
                 continue
-            if outage_since is None:
-                outage_since = time.monotonic()
+            if stats.outage_since is None:
+                stats.outage_since = time.monotonic()
                 log.warning("cannot deliver to %s (%s); buffering: %d message(s) waiting, %d bytes in memory, "
-                            "retrying", kafka.bootstrap, results[ok], len(outbox), outbox.memory_bytes)
+                            "retrying%s", kafka.bootstrap, results[ok], len(outbox), outbox.memory_bytes,
+                            "; input read to its end" if stats.input_ended else "")
             if producer is not None:
                 await _stop_quietly(producer)
                 producer = None
@@ -260,7 +264,7 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
     halt = threading.Event()
     pump = threading.Thread(target=_pump, args=(events, asyncio.get_running_loop(), queue, flush_interval_s / 2, halt),
                             name="source", daemon=True)
-    deliverer = asyncio.create_task(_deliver(outbox, kafka, wake, done, sent))
+    deliverer = asyncio.create_task(_deliver(outbox, kafka, wake, done, stats))
     pump.start()
     try:
         router = Router()
@@ -305,6 +309,10 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                 send(topic, key, b"", headers=[(CONTROL_HEADER, END_OF_INPUT)])
         done.set()
         wake.set()
+        stats.input_ended = True
+        if stats.outage_since is not None:  # said, so an operator knows stopping now loses nothing: it is spooled
+            log.warning("input read to its end; %d message(s) wait for %s, still unreachable (stopped now, they "
+                        "are kept in the spool)", len(outbox), kafka.bootstrap)
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([deliverer, stopped], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
