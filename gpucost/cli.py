@@ -20,6 +20,8 @@ from gpucost.focus import FORMATS
 from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.state import StateError
+from gpucost.producers.attribution import ATTRIBUTION_SOURCES
+from gpucost.producers.kubernetes import LABELS, KubernetesSettings
 from gpucost.producers.simulate import FleetSpec
 from gpucost.schemas.events import SLAS
 from gpucost.sinks.compact import CompactError
@@ -107,6 +109,25 @@ def _add_kafka(p: argparse.ArgumentParser) -> None:
                        help=f"{info.description} (default {info.default})")
 
 
+def _attribution(text: str) -> tuple[str, ...]:
+    """``--attribution``'s sources, in their precedence (a pod's binding before an environment's), or ()."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if names == {"none"}:
+        return ()
+    if not names or not names <= set(ATTRIBUTION_SOURCES):
+        raise argparse.ArgumentTypeError(f"{text!r}: name 'none', or one or more of "
+                                         f"{', '.join(ATTRIBUTION_SOURCES)}, separated by commas")
+    return tuple(n for n in ATTRIBUTION_SOURCES if n in names)
+
+
+def _kube_label(text: str) -> tuple[str, tuple[str, ...]]:
+    name, sep, keys = text.partition("=")
+    found = tuple(k for k in keys.split(",") if k)
+    if not sep or name not in LABELS or not found:
+        raise argparse.ArgumentTypeError(f"{text!r}: write FIELD=KEY[,KEY…] with FIELD one of {', '.join(LABELS)}")
+    return name, found
+
+
 def _add_live(p: argparse.ArgumentParser) -> None:
     """Flags of the live sources (nvml, dcgm, ebpf), shared by run and produce."""
     p.add_argument("--url", default=os.environ.get("GPUCOST_DCGM_URL"),
@@ -125,10 +146,29 @@ def _add_live(p: argparse.ArgumentParser) -> None:
     _env_flag(p, "--libcublas", "GPUCOST_LIBCUBLAS", Path, None,
               "with --source ebpf: the cuBLAS library whose GEMM calls to probe for their FLOPs (unset: the newest "
               "libcublas.so.N from the linker cache, if the node has one)")
-    p.add_argument("--attribution", choices=["environ", "none"], default=_env("GPUCOST_ATTRIBUTION", "environ"),
-                   help="with a live source: bind each GPU process to a tenant from its environment (GPUCOST_TEAM…, "
-                        "GIT_COMMIT, CI_PIPELINE_ID, Slurm's job variables) ahead of its first sample; 'none': only "
-                        "bindings given (env GPUCOST_ATTRIBUTION; default environ)")
+    p.add_argument("--attribution", type=_attribution, default=_env("GPUCOST_ATTRIBUTION", "environ"),
+                   help="with a live source: where each GPU process's tenant is found, ahead of its first sample: "
+                        "'environ' (GPUCOST_TEAM…, GIT_COMMIT, CI_PIPELINE_ID, Slurm's job variables), 'kubernetes' "
+                        "(its pod's labels), both as 'kubernetes,environ' (a pod's binding first), or 'none' (only "
+                        "bindings given) (env GPUCOST_ATTRIBUTION; default environ)")
+    g = p.add_argument_group("Kubernetes attribution (with --attribution kubernetes: docs/operations.md)")
+    _env_flag(g, "--kube-pods-url", "GPUCOST_KUBE_PODS_URL", str, None,
+              "a URL answering a PodList of this node's pods, with the service account's token (unset: the API "
+              "server the pod runs under, pods of --kube-node)")
+    _env_flag(g, "--kube-node", "NODE_NAME", str, None, "this node's name in Kubernetes (the Downward API's "
+              "spec.nodeName)")
+    _env_flag(g, "--kube-token-file", "GPUCOST_KUBE_TOKEN_FILE", Path, str(KubernetesSettings.token_file),
+              "a bearer token for the pods' URL (a pod's service account's, by default), sent where the file exists")
+    _env_flag(g, "--kube-ca-file", "GPUCOST_KUBE_CA_FILE", Path, str(KubernetesSettings.ca_file),
+              "the CA that signed the pods' URL's certificate (the cluster's, by default), where the file exists")
+    _env_flag(g, "--kube-pod-resources", "GPUCOST_KUBE_POD_RESOURCES", Path,
+              str(KubernetesSettings.pod_resources), "the kubelet's pod-resources socket, which tells the pod a GPU "
+              "was given to")
+    g.add_argument("--kube-label", type=_kube_label, action="append", metavar="FIELD=KEY[,KEY…]",
+                   default=[_kube_label(v) for v in os.environ.get("GPUCOST_KUBE_LABELS", "").split()],
+                   help="the pod label or annotation keys that give a binding field, first set wins; again for each "
+                        "field (env GPUCOST_KUBE_LABELS, space-separated; default: "
+                        + "; ".join(f"{k}={','.join(v)}" for k, v in LABELS.items()) + ")")
     p.add_argument("--attribution-sla", choices=SLAS, default=_env("GPUCOST_ATTRIBUTION_SLA", "Bronze"),
                    help="the SLA of a process whose environment names none (env GPUCOST_ATTRIBUTION_SLA; "
                         "default Bronze)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import shutil
 import signal
@@ -20,7 +21,8 @@ from gpucost.config import FLAG_FIELDS, KAFKA_ENV_PREFIX, ConfigError, environme
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
 from gpucost.metrics import Health, MetricsServer
-from gpucost.producers.attribution import Attribution, AttributionSettings, ProcessEnvironment
+from gpucost.producers.attribution import Attribution, AttributionSettings, BindingSource, ProcessEnvironment
+from gpucost.producers.kubernetes import KubernetesPods, KubernetesSettings
 from gpucost.producers.live import LiveSettings, LiveSource, SourceUnavailable, open_live
 from gpucost.producers.nvml import NvmlSampler
 from gpucost.producers.replay import input_files, read_inputs
@@ -113,10 +115,29 @@ def attributed(args: argparse.Namespace, live: LiveSource, given: Iterable[Tenan
     by the binding found for it at the source (``--attribution``; none for a process ``given`` or ``before``
     binds), counted with the source's own counters."""
     events = itertools.chain(before, live.events())
-    if args.attribution == "none":
+    if not args.attribution:
         return events
     settings = AttributionSettings(sla=args.attribution_sla)
-    return Attribution([ProcessEnvironment(settings, live.counts)], settings, given, live.counts).bind(events)
+    sources: list[BindingSource] = []
+    for name in args.attribution:  # in their precedence (``ATTRIBUTION_SOURCES``)
+        if name == "kubernetes":
+            sources.append(KubernetesPods(kubernetes_settings(args), settings, live.counts))
+        else:
+            sources.append(ProcessEnvironment(settings, live.counts))
+    return Attribution(sources, settings, given, live.counts).bind(events)
+
+
+def kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings:
+    """``--kube-*``: where a node's pods and the GPUs the kubelet gave them are read."""
+    settings = KubernetesSettings(pods_url=args.kube_pods_url, node_name=args.kube_node,
+                                  pod_resources=Path(args.kube_pod_resources))
+    settings = dataclasses.replace(settings, **{f: Path(v) for f in ("token_file", "ca_file")
+                                                if (v := getattr(args, f"kube_{f}")) is not None})
+    try:
+        settings.url()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return dataclasses.replace(settings, labels={**settings.labels, **dict(args.kube_label)})
 
 
 def given_bindings(files: list[Path]) -> list[TenantBinding]:

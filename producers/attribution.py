@@ -8,9 +8,11 @@ binding sources in precedence order and emits the first binding found just befor
 the binding is never late. Bindings the stream already carries (a bindings file, dcgm-exporter's
 pods) outrank every discovered one: a process one of them binds is never re-bound here.
 
-Sources: ``ProcessEnvironment`` (``/proc/<pid>/environ``: ``GPUCOST_*`` variables, ``GIT_COMMIT``,
-``CI_PIPELINE_ID``, and Slurm's job variables by the rule in ``SLURM``). docs/sources.md,
-"Attribution at the source", is the user's account.
+Sources, in their precedence: ``gpucost.producers.kubernetes.KubernetesPods`` (the process's pod and
+its labels), then ``ProcessEnvironment`` (``/proc/<pid>/environ``: ``GPUCOST_*`` variables,
+``GIT_COMMIT``, ``CI_PIPELINE_ID``, and Slurm's job variables by the rule in ``SLURM``). A source that
+may know later (a pod not yet listed) answers ``LATER``, and the process is looked at again every
+``recheck_ns`` until one binds it. docs/sources.md, "Attribution at the source", is the user's account.
 """
 from __future__ import annotations
 
@@ -26,7 +28,12 @@ from pydantic import ValidationError
 from gpucost.producers.synthetic import SYNTHETIC_PID_BASE
 from gpucost.schemas.events import SLAS, Event, TenantBinding
 
-__all__ = ["AttributionSettings", "BindingSource", "ProcessEnvironment", "Attribution", "VARIABLES", "start_ticks"]
+__all__ = ["ATTRIBUTION_SOURCES", "AttributionSettings", "BindingSource", "LATER", "Later", "ProcessEnvironment",
+           "Attribution", "VARIABLES", "start_ticks"]
+
+#: the binding sources ``--attribution`` may name, in their precedence: a pod's labels are the platform's word
+#: on who runs it, set where the workload is deployed; a process's environment can be set by whoever starts it
+ATTRIBUTION_SOURCES: tuple[str, ...] = ("kubernetes", "environ")
 
 #: each binding field and the environment variables that give it, first set wins. The Slurm rule:
 #: the job's account is its team, its partition its app, its job id its pipeline (a job is one run,
@@ -54,6 +61,16 @@ class AttributionSettings:
     recheck_ns: int = 1_000_000_000
 
 
+class Later:
+    """A source's answer that it does not know the process yet but may later (``LATER``, its one value)."""
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER = Later()
+
+
 class BindingSource(Protocol):
     """One place a process's tenant can be read from; ``Attribution`` asks each in precedence order."""
 
@@ -62,8 +79,9 @@ class BindingSource(Protocol):
     #: what it could not read, for the run's summary (``environ_unreadable``…)
     counts: Counter[str]
 
-    def binding(self, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
-        """The process's binding from ``ts_ns`` on, or None if this source does not know it."""
+    def binding(self, node_id: str, pid: int, ts_ns: int, gpu_uuid: str | None) -> TenantBinding | Later | None:
+        """The process's binding from ``ts_ns`` on (``gpu_uuid``: the GPU the event is of, if it is of one),
+        None if this source does not know it, ``LATER`` if it may later."""
         ...
 
 
@@ -115,7 +133,7 @@ class ProcessEnvironment:
         except (OSError, KeyError):
             return None
 
-    def binding(self, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
+    def binding(self, node_id: str, pid: int, ts_ns: int, gpu_uuid: str | None) -> TenantBinding | None:
         environ = self._environ(pid)
         if environ is None:
             return None
@@ -155,8 +173,9 @@ class Attribution:
         self.counts: Counter[str] = Counter() if counts is None else counts  # a live source's, to be said with them
         #: the processes a binding in the stream (a file, dcgm-exporter) binds: never re-bound here
         self._given: set[tuple[str, int]] = {(b.node_id, b.pid) for b in given}
-        #: per process: its start time when last looked at, and when (event time) that was
-        self._seen: dict[tuple[str, int], tuple[int | None, int]] = {}
+        #: per process: its start time when last looked at, when (event time) that was, and whether it is settled
+        #: (bound, or no source may bind it later)
+        self._seen: dict[tuple[str, int], tuple[int | None, int, bool]] = {}
 
     def bind(self, events: Iterable[Event]) -> Iterator[Event]:
         """``events``, each preceded by the binding its process was found to have, if it is the first event
@@ -167,27 +186,35 @@ class Attribution:
             else:
                 pid = getattr(event, "pid", None)
                 if pid is not None and pid < SYNTHETIC_PID_BASE:
-                    found = self._discover(event.node_id, pid, event.ts_ns)  # type: ignore[attr-defined]
+                    found = self._discover(event.node_id, pid, event.ts_ns,  # type: ignore[attr-defined]
+                                           getattr(event, "gpu_uuid", None))
                     if found is not None:
                         yield found
             yield event
 
-    def _discover(self, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
+    def _discover(self, node_id: str, pid: int, ts_ns: int, gpu_uuid: str | None) -> TenantBinding | None:
         key = (node_id, pid)
         seen = self._seen.get(key)
         if key in self._given or (seen is not None and ts_ns - seen[1] < self.settings.recheck_ns):
             return None
         start = start_ticks(self.settings.proc, pid)
-        self._seen[key] = (start, ts_ns)
+        same = seen is not None and seen[0] == start
         if start is None:
+            self._seen[key] = (start, ts_ns, True)
             self.counts["process_gone"] += 1
             return None
-        if seen is not None and seen[0] == start:
-            return None  # the same process, already attributed (or found in no source)
+        if same and seen[2]:  # type: ignore[index]
+            self._seen[key] = (start, ts_ns, True)
+            return None  # the same process, already attributed (or found in no source that may know it later)
+        later = False
         for source in self.sources:
-            found = source.binding(node_id, pid, ts_ns)
-            if found is not None:
+            found = source.binding(node_id, pid, ts_ns, gpu_uuid)
+            if isinstance(found, TenantBinding):
+                self._seen[key] = (start, ts_ns, True)
                 self.counts[f"bound:{found.origin}"] += 1
                 return found
-        self.counts["unattributed"] += 1
+            later |= found is LATER
+        self._seen[key] = (start, ts_ns, not later)
+        if not same:
+            self.counts["unattributed"] += 1  # once a process, however often it is looked at again
         return None

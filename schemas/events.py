@@ -193,9 +193,9 @@ class EbpfTrace(_Event):
 TenantField = Annotated[str, Field(max_length=256)]
 Sla = Literal["Gold", "Silver", "Bronze"]
 SLAS: tuple[str, ...] = get_args(Sla)
-#: where a binding was found (``gpucost.producers.attribution``, ``gpucost.producers.dcgm``); a binding
+#: where a binding was found (``gpucost.producers.attribution``, ``.kubernetes``, ``.dcgm``); a binding
 #: without one was given (a file, another system)
-Origin = Literal["environ", "slurm", "dcgm"]
+Origin = Literal["environ", "slurm", "kubernetes", "dcgm"]
 
 
 class TenantBinding(_Event):

@@ -1,0 +1,311 @@
+"""Who a GPU process belongs to on a Kubernetes node: its pod, and the pod's labels.
+
+A process is mapped to its pod through its cgroup (``/proc/<pid>/cgroup`` names the pod's UID and
+the container's id under every cgroup driver and runtime a kubelet uses). Where it names none (a
+process in a cgroup namespace of its own, a runtime that hides it), the pod the kubelet gave the
+process's GPU to answers instead, from the kubelet's pod-resources API (``List`` of the
+``v1.PodResourcesLister`` service on its Unix socket, as dcgm-exporter reads it; the service is
+declared in ``podresources.proto``). The pod's labels and annotations, listed from the API server
+(or the kubelet), give the tenant by configurable keys (``LABELS``); a pod without them is its
+namespace's, as dcgm-exporter's pods are.
+
+Nothing here is fatal: what cannot be read is counted and, where it may be there later (the API
+server away, a pod not yet listed), ``LATER`` asks ``Attribution`` to look again. docs/sources.md,
+"Kubernetes", is the user's account; docs/operations.md has the DaemonSet's RBAC and mounts.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import os
+import re
+import ssl
+import tempfile
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from pydantic import ValidationError
+
+from gpucost.producers.attribution import LATER, AttributionSettings, Later
+from gpucost.schemas.events import SLAS, TenantBinding
+
+__all__ = ["KubernetesSettings", "KubernetesPods", "LABELS", "Pod", "cgroup_pod", "pod_resources_api", "pods_from",
+           "list_pods", "list_pod_devices"]
+
+log = logging.getLogger("gpucost.kubernetes")
+
+#: each binding field and the pod label or annotation keys that give it, first set wins (labels before
+#: annotations). A pod none of them names a team of is its namespace's; with no app, its pod's name; with
+#: no tier, its container's name (dcgm-exporter's rule, so both sources bill a pod alike)
+LABELS: Mapping[str, tuple[str, ...]] = {
+    "team": ("gpucost.io/team", "team"),
+    "env": ("gpucost.io/env", "env", "environment"),
+    "app": ("gpucost.io/app", "app.kubernetes.io/name", "app"),
+    "tier": ("gpucost.io/tier", "tier"),
+    "sla": ("gpucost.io/sla",),
+    "git_commit": ("gpucost.io/git-commit",),
+    "ci_pipeline_id": ("gpucost.io/ci-pipeline-id",),
+}
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_STATIC = "kubernetes.io/config.mirror"  # on a static pod's mirror: the UID the kubelet runs it under
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """Where the node's pods and devices are read (``--kube-*`` flags: docs/operations.md)."""
+
+    #: a URL answering a ``PodList`` of this node's pods; None: the API server the pod runs under
+    #: (``KUBERNETES_SERVICE_HOST``), its pods on ``node_name``
+    pods_url: str | None = None
+    node_name: str | None = None  # the Downward API's spec.nodeName, as NODE_NAME
+    token_file: Path = SERVICE_ACCOUNT / "token"  # sent as a bearer token, where it exists
+    ca_file: Path = SERVICE_ACCOUNT / "ca.crt"  # the API server's CA, where it exists
+    pod_resources: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(LABELS))
+    #: the device plugin resources that are GPUs (prefixes: a MIG profile is ``nvidia.com/mig-1g.10gb``)
+    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-")
+    #: the least event time between two listings of the pods (or devices) for something not found in the last
+    refresh_ns: int = 10_000_000_000
+    timeout_s: float = 5.0
+
+    def url(self) -> str:
+        """The pods' URL, or a ValueError that says what to set."""
+        if self.pods_url:
+            return self.pods_url
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host or not self.node_name:
+            raise ValueError("Kubernetes attribution needs the node's pods: set --kube-pods-url "
+                             "(GPUCOST_KUBE_PODS_URL), or run in a pod (KUBERNETES_SERVICE_HOST) with NODE_NAME "
+                             "from the Downward API")
+        selector = urllib.parse.quote(f"spec.nodeName={self.node_name}")
+        return f"https://{host}:{port}/api/v1/pods?fieldSelector={selector}"
+
+
+@dataclass(frozen=True)
+class Pod:
+    uid: str
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    containers: Mapping[str, str]  # container id (no runtime prefix) → container name
+
+
+# a pod's UID (a static pod's is its config's 32-digit hash)
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32})")
+_CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
+
+
+def cgroup_pod(text: str) -> tuple[str, str | None] | None:
+    """The pod UID and container id a ``/proc/<pid>/cgroup`` names, or None for a process in no pod.
+
+    cgroupfs puts a container at ``kubepods/<qos>/pod<uid>/<id>``; systemd at
+    ``kubepods-<qos>-pod<uid_with_underscores>.slice/<runtime>-<id>.scope`` (``cri-containerd-``,
+    ``crio-``, ``docker-``); cgroup v2 has one line, v1 one per controller, alike for this."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        pod = _POD_UID.search(path)
+        if pod is not None:
+            container = _CONTAINER_ID.search(path)
+            return pod.group(1).replace("_", "-"), container.group(1) if container else None
+    return None
+
+
+def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
+    """The pods of a ``PodList`` (the API server's or the kubelet's ``/pods``), by UID; an item without
+    a UID, name or namespace is counted (``kube_pod_invalid``) and left out."""
+    items = doc.get("items") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise ValueError("not a PodList: no 'items' list")
+    pods = {}
+    for item in items:
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
+        if not all(isinstance(v, str) and v for v in (uid, namespace, name)):
+            counts["kube_pod_invalid"] += 1
+            continue
+        status = item.get("status") if isinstance(item.get("status"), dict) else {}
+        containers = {}
+        for c in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
+            if isinstance(c, dict) and isinstance(c.get("containerID"), str) and isinstance(c.get("name"), str):
+                containers[c["containerID"].rpartition("://")[2]] = c["name"]
+        pods[uid] = Pod(uid=uid, namespace=namespace, name=name, labels=_strings(meta.get("labels")),
+                        annotations=_strings(meta.get("annotations")), containers=containers)
+    return pods
+
+
+def _strings(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def list_pods(settings: KubernetesSettings) -> object:
+    """The node's ``PodList``, as JSON (an ``OSError`` or ``ValueError`` where it cannot be had)."""
+    url = settings.url()
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if settings.token_file.exists():
+        request.add_header("Authorization", f"Bearer {settings.token_file.read_text().strip()}")
+    context = None
+    if url.startswith("https:"):
+        context = ssl.create_default_context(cafile=str(settings.ca_file) if settings.ca_file.exists() else None)
+    with urllib.request.urlopen(request, timeout=settings.timeout_s, context=context) as response:
+        return json.load(response)
+
+
+@functools.cache
+def pod_resources_api() -> ModuleType:
+    """The messages of ``podresources.proto``, compiled on first use (grpcio-tools), so the one
+    declaration serves the client here and the tests' server."""
+    try:
+        from grpc_tools import protoc
+    except ImportError as exc:
+        raise ImportError("the kubelet's pod-resources API needs grpcio and grpcio-tools: "
+                          "pip install 'gpucost[kubernetes]'") from exc
+    proto = Path(__file__).with_name("podresources.proto")
+    with tempfile.TemporaryDirectory() as out:
+        if protoc.main(["protoc", f"-I{proto.parent}", f"--python_out={out}", proto.name]) != 0:
+            raise ImportError(f"cannot compile {proto} (a damaged installation: reinstall gpucost)")
+        spec = importlib.util.spec_from_file_location("gpucost_podresources_pb2", Path(out) / "podresources_pb2.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def list_pod_devices(settings: KubernetesSettings) -> dict[str, list[tuple[str, str, str]]]:
+    """Each GPU device id the kubelet allocated, and the (namespace, pod, container) it went to (more
+    than one where a GPU is shared by time-slicing); a ``grpc.RpcError`` where the kubelet cannot answer."""
+    import grpc
+
+    api = pod_resources_api()
+    service = api.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    with grpc.insecure_channel(f"unix://{settings.pod_resources}") as channel:
+        call = channel.unary_unary(f"/{service.full_name}/List",
+                                   request_serializer=api.ListPodResourcesRequest.SerializeToString,
+                                   response_deserializer=api.ListPodResourcesResponse.FromString)
+        response = call(api.ListPodResourcesRequest(), timeout=settings.timeout_s)
+    owners: dict[str, list[tuple[str, str, str]]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                if devices.resource_name.startswith(settings.gpu_resources):
+                    for device in devices.device_ids:
+                        owners.setdefault(device, []).append((pod.namespace, pod.name, container.name))
+    return owners
+
+
+class KubernetesPods:
+    """Bindings from a process's pod (``BindingSource``, origin ``kubernetes``)."""
+
+    origin = "kubernetes"
+
+    def __init__(self, settings: KubernetesSettings, attribution: AttributionSettings,
+                 counts: Counter[str] | None = None,
+                 pods: Callable[[KubernetesSettings], object] = list_pods,
+                 devices: Callable[[KubernetesSettings], dict[str, list[tuple[str, str, str]]]] = list_pod_devices
+                 ) -> None:
+        self.settings, self.attribution = settings, attribution
+        self.counts: Counter[str] = Counter() if counts is None else counts
+        self._list_pods, self._list_devices = pods, devices
+        self._pods: dict[str, Pod] = {}
+        self._named: dict[tuple[str, str], Pod] = {}
+        self._devices: dict[str, list[tuple[str, str, str]]] = {}
+        self._pods_at: int | None = None  # event time of the last listing (tried), pods and devices
+        self._devices_at: int | None = None
+        self._devices_failed = False
+
+    def binding(self, node_id: str, pid: int, ts_ns: int, gpu_uuid: str | None) -> TenantBinding | Later | None:
+        try:
+            text = (self.attribution.proc / str(pid) / "cgroup").read_text(errors="replace")
+        except OSError:
+            self.counts["kube_cgroup_unreadable"] += 1
+            return None
+        where = cgroup_pod(text)
+        if where is not None:
+            pod = self._pod(where[0], ts_ns)
+            if pod is None:
+                return LATER  # listed later (or the API server is away): looked at again
+            return self._binding(pod, pod.containers.get(where[1] or "", ""), node_id, pid, ts_ns)
+        if gpu_uuid is None:
+            return None  # not in a pod, and no GPU to ask the kubelet about: a process of the node's own
+        owners = self._owners(gpu_uuid, ts_ns)
+        if owners is None:
+            return LATER
+        if len(owners) != 1:
+            self.counts["kube_gpu_shared" if owners else "kube_gpu_unallocated"] += 1
+            return None  # shared by time-slicing: which pod the process is in, only its cgroup can tell
+        namespace, name, container = owners[0]
+        pod = self._named.get((namespace, name)) or self._relisted_by_name(namespace, name, ts_ns)
+        if pod is None:
+            return LATER
+        return self._binding(pod, container, node_id, pid, ts_ns)
+
+    def _due(self, last: int | None, ts_ns: int) -> bool:
+        return last is None or ts_ns - last >= self.settings.refresh_ns
+
+    def _relist(self, ts_ns: int) -> bool:
+        """Whether the pods were listed now (not too soon after the last time, and answered)."""
+        if not self._due(self._pods_at, ts_ns):
+            return False
+        self._pods_at = ts_ns
+        try:
+            pods = pods_from(self._list_pods(self.settings), self.counts)
+        except (OSError, ValueError) as exc:  # unreachable, refused, not JSON, not a PodList
+            if not self.counts["kube_pods_unavailable"]:
+                log.warning("cannot list the node's pods (%s); their processes wait unattributed and are looked at "
+                            "again (check --kube-pods-url and the service account's RBAC: docs/operations.md)", exc)
+            self.counts["kube_pods_unavailable"] += 1
+            return False
+        # a static pod's processes run under its own UID, which its mirror in the API server keeps as an annotation
+        self._pods = pods | {p.annotations[_STATIC]: p for p in pods.values() if p.annotations.get(_STATIC)}
+        self._named = {(p.namespace, p.name): p for p in pods.values()}
+        return True
+
+    def _pod(self, uid: str, ts_ns: int) -> Pod | None:
+        if uid not in self._pods and self._relist(ts_ns) and uid not in self._pods:
+            self.counts["kube_pod_unknown"] += 1  # counted once a listing, not at every look
+        return self._pods.get(uid)
+
+    def _relisted_by_name(self, namespace: str, name: str, ts_ns: int) -> Pod | None:
+        if self._relist(ts_ns) and (namespace, name) not in self._named:
+            self.counts["kube_pod_unknown"] += 1
+        return self._named.get((namespace, name))
+
+    def _owners(self, gpu_uuid: str, ts_ns: int) -> list[tuple[str, str, str]] | None:
+        if gpu_uuid not in self._devices and self._due(self._devices_at, ts_ns):
+            self._devices_at = ts_ns
+            try:
+                self._devices, self._devices_failed = self._list_devices(self.settings), False
+            except Exception as exc:  # grpc.RpcError, or grpc itself missing: counted, said once
+                if not self.counts["kube_pod_resources_unavailable"]:
+                    log.warning("cannot ask the kubelet which pod holds a GPU (%s: %s); check the pod-resources "
+                                "socket mount (--kube-pod-resources, docs/operations.md)", type(exc).__name__, exc)
+                self.counts["kube_pod_resources_unavailable"] += 1
+                self._devices_failed = True
+        return None if self._devices_failed else self._devices.get(gpu_uuid, [])
+
+    def _binding(self, pod: Pod, container: str, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
+        found = {}
+        for name, keys in self.settings.labels.items():
+            value = next((tags[k] for tags in (pod.labels, pod.annotations) for k in keys if tags.get(k)), None)
+            if value is not None:
+                found[name] = value
+        sla = found.get("sla", self.attribution.sla)
+        try:
+            return TenantBinding(node_id=node_id, pid=pid, ts_ns=ts_ns, team=found.get("team", pod.namespace),
+                                 env=found.get("env", ""), app=found.get("app", pod.name),
+                                 tier=found.get("tier", container), sla=sla if sla in SLAS else self.attribution.sla,
+                                 git_commit=found.get("git_commit"), ci_pipeline_id=found.get("ci_pipeline_id"),
+                                 origin=self.origin)
+        except ValidationError:  # a label no tenant key can hold (a ':', a reserved team): not fatal
+            self.counts["kube_labels_invalid"] += 1
+            return None
