@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from pathlib import Path
 
 import yaml
 
@@ -100,3 +101,31 @@ def test_prometheus_scrapes_every_service_that_serves_metrics_and_grafana_gets_t
     (datasource,) = yaml.safe_load((ROOT / "compose" / "grafana" / "provisioning" / "datasources" /
                                     "prometheus.yml").read_text())["datasources"]
     assert datasource["url"] == "http://prometheus:9090" and "prometheus" in COMPOSE["services"]
+
+
+def test_the_kubernetes_producer_has_what_attribution_needs() -> None:
+    """The DaemonSet of compose/kubernetes: a command the CLI accepts, with pods first; the node's pid namespace;
+    the kubelet's pod-resources socket where the flag's default looks; the node's name from the Downward API;
+    and a service account that may list pods, which the binding names."""
+    manifest = (ROOT / "compose" / "kubernetes" / "producer.yaml").read_text()
+    docs = {d["kind"]: d for d in yaml.safe_load_all(manifest)}
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = _parser().parse_args(container["args"])
+    assert args.command == "produce" and args.source == "nvml" and args.attribution == ("kubernetes", "environ")
+    assert pod["hostPID"] is True and container["securityContext"]["runAsUser"] == 0
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    socket = Path(args.kube_pod_resources)  # the default: the manifest sets no flag for it
+    (name,) = [n for n, m in mounts.items() if socket.parent == Path(m["mountPath"])]
+    assert volumes[name]["hostPath"]["path"] == str(socket.parent) and mounts[name]["readOnly"]
+    state = re.search(r"^ENV XDG_STATE_HOME=(\S+)$", DOCKERFILE, re.M)
+    assert state and any(m["mountPath"] == state[1] for m in mounts.values())  # the spool outlives the pod
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    (rule,) = docs["ClusterRole"]["rules"]
+    assert rule["resources"] == ["pods"] and {"get", "list"} <= set(rule["verbs"])
+    (subject,) = docs["ClusterRoleBinding"]["subjects"]
+    assert (subject["name"], subject["namespace"]) == (pod["serviceAccountName"],
+                                                       docs["DaemonSet"]["metadata"]["namespace"])
+    assert "[kubernetes]" in re.search(r"^RUN pip install (.+)$", DOCKERFILE, re.M)[1]  # grpcio for the socket
