@@ -7,8 +7,17 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-__all__ = ["Result", "machine", "timed", "median_time"]
+import duckdb
+
+from gpucost.embedded import run_embedded
+from gpucost.producers.replay import read_batches
+from gpucost.streams.settings import AuditSettings
+from tests.recompute import parquet_source, recompute_sql
+
+__all__ = ["Result", "machine", "timed", "median_time", "embedded_and_duckdb"]
 
 
 @dataclass
@@ -49,3 +58,17 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 
 def median_time(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(timed(fn)[0] for _ in range(repeat))
+
+
+def embedded_and_duckdb(files: list[Path], settings: AuditSettings, work: Path, runs: int
+                        ) -> tuple[list[tuple[float, Any]], list[float], duckdb.DuckDBPyConnection]:
+    """The embedded replay of ``files`` (its Parquet written under ``work``) and DuckDB's recomputation of
+    them (tests/recompute.sql), ``runs`` times each, alternated (one run of either moved by ±10 % on these
+    VMs): each replay's seconds and stats, each recomputation's seconds, and the last DuckDB connection."""
+    embedded, sql = [], []
+    con = duckdb.connect()
+    for i in range(runs):
+        embedded.append(timed(lambda: run_embedded(read_batches(files), settings, work / f"out-{i}")))
+        con = duckdb.connect()
+        sql.append(timed(lambda: con.execute(recompute_sql(parquet_source(files), settings)))[0])
+    return embedded, sql, con

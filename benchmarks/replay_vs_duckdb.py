@@ -13,14 +13,11 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-import duckdb
-
-from benchmarks.common import Result, timed
+from benchmarks.common import Result, embedded_and_duckdb, timed
 from gpucost.cli import main as gpucost
 from gpucost.embedded import run_embedded
 from gpucost.producers.replay import input_files, read_batches, read_inputs
 from gpucost.streams.settings import AuditSettings
-from tests.recompute import parquet_source, recompute_sql
 
 RUNS = 3
 
@@ -41,13 +38,7 @@ def run(gpus: int, hours: float, interval_s: float) -> Result:
             inputs[form] = input_files([work / form])
         settings = AuditSettings()
         files = inputs["parquet"]
-        # the two sides of the ratio three times each, alternated, and their medians: one run of
-        # each moved by ±10 % on these VMs
-        embedded, sql = [], []
-        for i in range(RUNS):
-            embedded.append(timed(lambda: run_embedded(read_batches(files), settings, work / f"out-{i}")))
-            con = duckdb.connect()
-            sql.append(timed(lambda: con.execute(recompute_sql(parquet_source(files), settings)))[0])
+        embedded, sql, con = embedded_and_duckdb(files, settings, work, RUNS)  # medians of the two sides, below
         embedded_s, stats = statistics.median(s for s, _ in embedded), embedded[0][1]
         sql_s = statistics.median(sql)
         row_s, row_stats = timed(lambda: run_embedded(read_inputs(files), settings, work / "out-rows"))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from gpucost.schemas.arrow import ARROW_SCHEMAS, WIDE_TYPE
+from gpucost.schemas.arrow import ARROW_SCHEMAS, wide_array
 from gpucost.schemas.events import TENANT_FIELDS
 from gpucost.schemas.exact import div_half_even, micro_usd_per_hour, ratios
 from gpucost.schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
@@ -184,7 +184,7 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
         "cost_micro_usd": micro_usd.astype(np.int64),
         "unpriced": np.array([price is None for price in prices], bool)[pane_of],
         "revision": np.zeros(n, np.int64),
-        **{name: pa.array(values, WIDE_TYPE) for name, values in (
+        **{name: wide_array(values) for name, values in (
             ("t_num", per_tenant(sm, 0)), ("b_num", per_tenant(bw, 0)), ("l_num", per_tenant(numa, 0)),
             ("busy_num", sm_all[pane_of]))},
         "covered_ms": panes.covered_ms[pane_of],

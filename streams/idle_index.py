@@ -167,16 +167,17 @@ class _Window:
         if self.panes is not None and not fresh and len(self.panes) + len(ks) > SPARSE_PANES:
             self._ring()
         # few panes starting afresh, panes added to a list, a ring of 64-bit slots: roll's own path
-        # (and with a revision horizon: ``roll`` keeps the panes that leave)
-        one_by_one = self.keep > 0 or (len(ks) <= SPARSE_PANES if fresh else self.panes is not None
-                                       or self.idle.typecode != "I")
+        one_by_one = len(ks) <= SPARSE_PANES if fresh else self.panes is not None or self.idle.typecode != "I"
         if one_by_one or max(int(idle_ms.max()), int(covered_ms.max())) >> 32:
             sums = []  # a few panes, a ring of 64-bit slots, or a pane past 32 bits (forged data): one by one
             for k, idle, covered in zip(ks.tolist(), idle_ms.tolist(), covered_ms.tolist()):
                 self.roll(k, idle, covered)
                 sums.append((self.idle_sum, self.covered_sum))
             return np.array([i for i, _ in sums], np.int64), np.array([c for _, c in sums], np.int64)
-        if fresh:  # an empty ring, as roll makes
+        if fresh:  # an empty ring, as roll makes (what was in the window left it)
+            if self.keep and self.last is not None:
+                for held, idle, covered in self._in_window():
+                    self._leave(held, idle, covered)
             self.panes, self.idle, self.covered = None, array("I", bytes(4 * n)), array("I", bytes(4 * n))
             self.idle_sum = self.covered_sum = 0
             self.last = first - 1
@@ -185,6 +186,11 @@ class _Window:
         leaving = np.arange(last - n + 1, max(min(last, newest - n), last - n) + 1)  # earlier panes that leave
         arriving = np.arange(max(last, newest - n) + 1, newest + 1)  # slots the new panes' range takes over
         kept = ks > newest - n
+        if self.keep:  # with a revision horizon, the panes that leave the window are kept a while (as roll does)
+            old = [np.frombuffer(ring, np.uint32)[leaving % n].astype(np.int64) for ring in (self.idle, self.covered)]
+            for source_ks, idle, covered in ((leaving, *old), (ks[~kept], idle_ms[~kept], covered_ms[~kept])):
+                held = (source_ks > newest - n - self.keep) & ((idle != 0) | (covered != 0))
+                self.left.update(zip(source_ks[held].tolist(), zip(idle[held].tolist(), covered[held].tolist())))
         sums = []
         for ring, new, total in ((self.idle, idle_ms, self.idle_sum), (self.covered, covered_ms, self.covered_sum)):
             slots = np.frombuffer(ring, np.uint32)  # a view: written in place
@@ -195,6 +201,7 @@ class _Window:
             slots[arriving % n] = 0
             slots[ks[kept] % n] = new[kept]
         self.last = newest
+        self._forget_left()
         self.idle_sum, self.covered_sum = int(sums[0][-1]), int(sums[1][-1])
         return sums[0], sums[1]
 
@@ -286,10 +293,12 @@ class IdleIndex:
         ks = panes.pane_start_ns // self.pane_ns
         self.rolls += len(panes)
         idle_72h, covered_72h = np.zeros(len(panes), np.int64), np.zeros(len(panes), np.int64)
-        by_gpu: dict[str, list[int]] = {}
-        for i, gpu in enumerate(panes.gpu_uuid):
-            by_gpu.setdefault(gpu, []).append(i)
-        for gpu, members in by_gpu.items():
+        codes = pa.array(panes.gpu_uuid, pa.string()).dictionary_encode()  # each GPU, in order of first pane
+        of = codes.indices.to_numpy()
+        order = np.argsort(of, kind="stable")  # each GPU's panes together, in their order
+        bounds = np.searchsorted(of[order], np.arange(len(codes.dictionary) + 1)).tolist()
+        for j, gpu in enumerate(codes.dictionary.to_pylist()):
+            members = order[bounds[j]:bounds[j + 1]]
             window = self._window(gpu)
             idle_72h[members], covered_72h[members] = window.roll_many(
                 ks[members], panes.idle_ms[members], panes.covered_ms[members])

@@ -123,15 +123,22 @@ class SlaOperator:
         The runs are found with numpy: the tenant rows sorted by (GPU, tenant key, pane); a row continues
         the run of the row before it when both are idle, of one (GPU, tenant), and a pane apart; the first
         row of a (GPU, tenant) continues the run the state holds when that run ended in the pane before."""
-        tiers = [self.tiers.get(t.sla) for t in panes.t_tenant.tolist()]
-        rows = np.flatnonzero(np.array([tier is not None for tier in tiers], bool) & (panes.t_samples > 0))
+        # each tenant row's tenant among the few distinct ones, whose tier's figures are taken from there
+        distinct: dict[Tenant, int] = {}
+        codes = np.array([distinct.setdefault(t, len(distinct)) for t in panes.t_tenant.tolist()], np.int64)
+        who = list(distinct)
+        tier_of = [self.tiers.get(t.sla) for t in who]
+        tiered = np.array([tier is not None for tier in tier_of], bool)
+        rows = np.flatnonzero(tiered[codes] & (panes.t_samples > 0)) if len(codes) else np.zeros(0, np.int64)
         pane = panes.t_pane[rows]
         gpu = panes.gpu_uuid[pane].astype(str)
         key = panes.t_key[rows].astype(str)
         k = panes.pane_start_ns[pane] // self.pane_ns
         sm, covered = panes.t_sm[rows], panes.covered_ms[pane]
-        row_tiers = [tiers[r] for r in rows.tolist()]
-        threshold = np.array([t.threshold_cp for t in row_tiers], np.int64)  # type: ignore[union-attr]
+        code = codes[rows]
+        figures = [(t.threshold_cp, t.duration_s * 1000, float(t.quota_base)) if t is not None else (0, 0, 0.0)
+                   for t in tier_of]
+        threshold = np.array([f[0] for f in figures], np.int64)[code]
         sm_o, covered_o = sm.astype(object), covered.astype(object)
         idle = np.where(threshold > 0, sm_o < threshold.astype(object) * covered_o, sm_o == 0).astype(bool)
 
@@ -155,7 +162,7 @@ class SlaOperator:
         run_start = np.where(carried[run_first], carried_start[run_first], panes.pane_start_ns[pane[order]][run_first]
                              if len(order) else 0)
         idle_run_ms = np.where(ii, panes_in_run * self.pane_ms, 0)
-        duration_ms = np.array([t.duration_s * 1000 for t in row_tiers], np.int64)[order]  # type: ignore[union-attr]
+        duration_ms = np.array([f[1] for f in figures], np.int64)[code][order]
         fires = ii & (idle_run_ms >= duration_ms) & (idle_run_ms - self.pane_ms < duration_ms)
 
         # the state: each (GPU, tenant) idle in its GPU's latest pane here; GPUs with no pane here keep theirs
@@ -170,21 +177,23 @@ class SlaOperator:
         back = np.empty(len(order), np.int64)
         back[order] = np.arange(len(order))  # each row's place in ``order``
         run_ms = idle_run_ms[back]
-        tenants = panes.t_tenant[rows]
-        base = np.array([float(t.quota_base) for t in row_tiers], np.float64)  # type: ignore[union-attr]
-        decay = np.array([_decay(ms) if ms else 0.0 for ms in run_ms.tolist()], np.float64)
+        base = np.array([f[2] for f in figures], np.float64)[code]
+        lengths, length_of = np.unique(run_ms, return_inverse=True)  # a run's length is a multiple of the pane
+        decay = np.array([_decay(ms) if ms else 0.0 for ms in lengths.tolist()], np.float64)[length_of]
         quota = np.where(run_ms > 0, base * decay, base * np.minimum(1.5, 1 + 0.5 * ratios(sm, covered * 10_000)))
         table = pa.table([pa.array(panes.gpu_uuid[pane], pa.string()), panes.pane_start_ns[pane],
-                          pa.array(key, pa.string()), pa.array([t.team for t in tenants], pa.string()),
-                          pa.array([t.sla for t in tenants], pa.string()),
+                          pa.array(key, pa.string()), pa.array([t.team for t in who], pa.string()).take(code),
+                          pa.array([t.sla for t in who], pa.string()).take(code),
                           ratios(sm_o, covered_o * 100), run_ms, quota],
                          schema=ARROW_SCHEMAS["quota"])
         triggers = []
         for j in np.flatnonzero(fires).tolist():
             r = int(order[j])
             p = int(pane[r])
-            triggers.append((p, self._trigger(_PaneView(panes, p), tenants[r], key[r], int(run_start[j]), int(idle_run_ms[j]),
-                                              row_tiers[r], prices[p])))  # type: ignore[arg-type]
+            tier = tier_of[code[r]]
+            assert tier is not None  # only tiered rows are here
+            triggers.append((p, self._trigger(_PaneView(panes, p), who[code[r]], key[r], int(run_start[j]),
+                                              int(idle_run_ms[j]), tier, prices[p])))
         triggers.sort(key=lambda t: (t[0], t[1].tenant_key))
         return table, np.bincount(pane, minlength=len(panes)), triggers
 

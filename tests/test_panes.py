@@ -72,17 +72,18 @@ def test_idle_window_survives_panes_beyond_32_bits() -> None:
 @given(st.integers(1, 12), st.lists(st.lists(st.tuples(
     st.sampled_from([1, 1, 1, 2, 3, 11, 12, 13, 25]), st.integers(0, 50), st.integers(0, 50),
     st.sampled_from([0, 0, 0, 0, 1 << 33])), min_size=1, max_size=6), min_size=1, max_size=6),
-       st.sampled_from([0, 3, 64]))
+       st.sampled_from([0, 3, 64]), st.sampled_from([0, 0, 1, 4, 30]))
 def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list[list[tuple[int, int, int, int]]],
-                                                             sparse_panes: int) -> None:
-    """Sums after each pane and the state left behind, over gaps shorter and longer than the window, a
-    pane past 32 bits, and windows held as lists and as rings (``SPARSE_PANES``)."""
+                                                             sparse_panes: int, keep: int) -> None:
+    """Sums after each pane and the state left behind (with a revision horizon: the panes that left the window
+    and are kept), over gaps shorter and longer than the window, a pane past 32 bits, and windows held as lists
+    and as rings (``SPARSE_PANES``)."""
     with patch.object(idle_index, "SPARSE_PANES", sparse_panes):
-        roll_both(n, calls)
+        roll_both(n, calls, keep)
 
 
-def roll_both(n: int, calls: list[list[tuple[int, int, int, int]]]) -> None:
-    one, many = _Window(n), _Window(n)
+def roll_both(n: int, calls: list[list[tuple[int, int, int, int]]], keep: int = 0) -> None:
+    one, many = _Window(n, keep), _Window(n, keep)
     k = 0
     all_ks: list[int] = []
     all_idle: list[int] = []
@@ -107,7 +108,7 @@ def roll_both(n: int, calls: list[list[tuple[int, int, int, int]]]) -> None:
         assert many.to_state() == one.to_state()
         brute = [(k, i, c) for k, i, c in zip(all_ks, all_idle, all_covered) if k > k_last - n]
         assert (one.idle_sum, one.covered_sum) == (sum(i for _, i, _ in brute), sum(c for _, _, c in brute))
-        restored = _Window.from_state(json.loads(json.dumps(one.to_state())), n)
+        restored = _Window.from_state(json.loads(json.dumps(one.to_state())), n, keep)
         assert restored.to_state() == one.to_state()
 
 

@@ -5,11 +5,13 @@ import json
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.arrow import ARROW_SCHEMAS, WIDE_TYPE, wide_array
 from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.ebpf import decode_trace_event
 from gpucost.schemas.events import EVENT_MODELS, TENANT_FIELDS, GpuSample, TenantBinding
@@ -184,3 +186,14 @@ def test_the_tenant_fields_are_the_bindings_and_cost_records_repeat_them_in_orde
     for names in (list(CostRecord.model_fields), ARROW_SCHEMAS["cost"].names):
         at = names.index("tenant_key") + 1
         assert tuple(names[at:at + len(TENANT_FIELDS)]) == TENANT_FIELDS
+
+
+@given(st.lists(st.one_of(st.integers(0, 2**63 - 1), st.integers(0, 10**38 - 1)), max_size=30), st.booleans())
+def test_a_wide_column_holds_each_integer_exactly_whichever_way_it_is_built(values: list[int], as_int64: bool) -> None:
+    """Through int64 where every value fits, one by one past 64 bits: the same decimals as Python's integers."""
+    array = np.array(values, object)
+    if as_int64 and all(v < 2**63 for v in values):
+        array = array.astype(np.int64)
+    column = wide_array(array)
+    assert column.type == WIDE_TYPE and [int(d) for d in column.to_pylist()] == values
+    assert column.equals(pa.array(values, WIDE_TYPE))
