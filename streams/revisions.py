@@ -150,9 +150,21 @@ class Revisions:
 
     def hold(self, gpu_uuid: str, pane_start_ns: int, price: Decimal | None, billed: bool) -> None:
         """A pane closed: billed at ``price`` (revision 0), or, with no GPU sample, not yet published."""
-        if self.enabled:
-            self._held.setdefault(gpu_uuid, {})[pane_start_ns] = Held(price, 0) if billed else Held()
-            self._held_oldest[gpu_uuid] = min(self._held_oldest.get(gpu_uuid, pane_start_ns), pane_start_ns)
+        self.hold_many([gpu_uuid], [pane_start_ns], [price], [billed])
+
+    def hold_many(self, gpu_uuids: list[str], pane_starts_ns: list[int], prices: list[Decimal | None],
+                  billed: list[bool]) -> None:
+        """The batch entry: ``hold`` of each closed pane."""
+        if not self.enabled:
+            return
+        held_of, oldest = self._held, self._held_oldest
+        for gpu, start, price, ok in zip(gpu_uuids, pane_starts_ns, prices, billed):
+            held = held_of.get(gpu)
+            if held is None:
+                held = held_of[gpu] = {}
+            if start < oldest.get(gpu, start + 1):
+                oldest[gpu] = start
+            held[start] = Held(price, 0) if ok else Held()
 
     def held(self, gpu_uuid: str, pane_start_ns: int) -> Held:
         """The closed pane's record (a closed pane that had no event at all gets one now)."""

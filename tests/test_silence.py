@@ -66,7 +66,9 @@ def churn(draw: st.DrawFn) -> tuple[AuditSettings, list[Event], list[Event], lis
     arrival = list(in_time)
     samples = [e for e in in_time if isinstance(e, (GpuSample, ProcessSample))]
     for e in draw(st.lists(st.sampled_from(samples), max_size=8, unique_by=id)) if samples else []:
-        at = draw(st.one_of(st.integers(in_time.index(e) + 1, len(arrival)), st.just(len(arrival))))  # soon, or last
+        # soon after the original, or last: after it in ``arrival``, which earlier copies made longer (a copy put
+        # before its original moved the watermark first, and made a later event of the input rightly late)
+        at = draw(st.one_of(st.integers(arrival.index(e) + 1, len(arrival)), st.just(len(arrival))))
         arrival.insert(at, e)
     looks = sorted(draw(st.lists(st.integers(1, len(arrival)), max_size=40, unique=True)))
     return s, in_time, arrival, looks
