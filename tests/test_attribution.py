@@ -44,9 +44,12 @@ def children() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     envs = {"tagged": TAGGED, "slurm": SLURM, "commit_only": COMMIT_ONLY, "untagged": {},
             "bad": {"GPUCOST_TEAM": "a:b"}}
-    procs = {name: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=base | env)
+    procs = {name: subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
+                                    env=base | env, stdout=subprocess.PIPE)
              for name, env in envs.items()}
     try:
+        for p in procs.values():  # each has run its own program: read between fork and exec, a child's environment
+            assert p.stdout is not None and p.stdout.readline() == b"up\n"  # is still its parent's
         yield procs
     finally:
         for p in procs.values():
