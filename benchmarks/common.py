@@ -66,7 +66,6 @@ def embedded_and_duckdb(files: list[Path], settings: AuditSettings, work: Path, 
     them (tests/recompute.sql), ``runs`` times each, alternated (one run of either moved by ±10 % on these
     VMs): each replay's seconds and stats, each recomputation's seconds, and the last DuckDB connection."""
     embedded, sql = [], []
-    con = duckdb.connect()
     for i in range(runs):
         embedded.append(timed(lambda: run_embedded(read_batches(files), settings, work / f"out-{i}")))
         con = duckdb.connect()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import itertools
 import shutil
 import signal
@@ -22,7 +21,7 @@ from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
 from gpucost.metrics import Health, MetricsServer
 from gpucost.producers.attribution import Attribution, AttributionSettings, BindingSource, ProcessEnvironment
-from gpucost.producers.kubernetes import KubernetesPods, KubernetesSettings
+from gpucost.producers.kubernetes import LABELS, KubernetesPods, KubernetesSettings
 from gpucost.producers.live import LiveSettings, LiveSource, SourceUnavailable, open_live
 from gpucost.producers.nvml import NvmlSampler
 from gpucost.producers.replay import input_files, read_inputs
@@ -130,14 +129,14 @@ def attributed(args: argparse.Namespace, live: LiveSource, given: Iterable[Tenan
 def kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings:
     """``--kube-*``: where a node's pods and the GPUs the kubelet gave them are read."""
     settings = KubernetesSettings(pods_url=args.kube_pods_url, node_name=args.kube_node,
-                                  pod_resources=Path(args.kube_pod_resources))
-    settings = dataclasses.replace(settings, **{f: Path(v) for f in ("token_file", "ca_file")
-                                                if (v := getattr(args, f"kube_{f}")) is not None})
+                                  token_file=Path(args.kube_token_file), ca_file=Path(args.kube_ca_file),
+                                  pod_resources=Path(args.kube_pod_resources),
+                                  labels={**LABELS, **dict(args.kube_label)})
     try:
         settings.url()
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    return dataclasses.replace(settings, labels={**settings.labels, **dict(args.kube_label)})
+    return settings
 
 
 def given_bindings(files: list[Path]) -> list[TenantBinding]:

@@ -29,7 +29,7 @@ from gpucost.producers.synthetic import SYNTHETIC_PID_BASE
 from gpucost.schemas.events import SLAS, Event, TenantBinding
 
 __all__ = ["ATTRIBUTION_SOURCES", "AttributionSettings", "BindingSource", "LATER", "Later", "ProcessEnvironment",
-           "Attribution", "VARIABLES", "start_ticks"]
+           "Attribution", "VARIABLES", "first_set", "start_ticks", "tenant_binding"]
 
 #: the binding sources ``--attribution`` may name, in their precedence: a pod's labels are the platform's word
 #: on who runs it, set where the workload is deployed; a process's environment can be set by whoever starts it
@@ -85,6 +85,34 @@ class BindingSource(Protocol):
         ...
 
 
+def first_set(fields: Mapping[str, tuple[str, ...]], *tags: Mapping[str, str]) -> tuple[dict[str, str], set[str]]:
+    """Each field's value from the first of its keys set (non-empty) in ``tags``, the first mapping searched
+    whole before the next; and the keys that gave them."""
+    found, used = {}, set()
+    for name, keys in fields.items():
+        hit = next(((t[k], k) for t in tags for k in keys if t.get(k)), None)
+        if hit is not None:
+            found[name] = hit[0]
+            used.add(hit[1])
+    return found, used
+
+
+def tenant_binding(node_id: str, pid: int, ts_ns: int, fields: Mapping[str, str], settings: AttributionSettings,
+                   origin: str, counts: Counter[str], invalid: str) -> TenantBinding | None:
+    """The binding of ``fields`` (``team`` among them; ``env``, ``app``, ``tier`` empty where absent; an SLA not one
+    of ``SLAS`` is ``settings.sla``), or None, counted as ``invalid``, for a value no tenant key can hold (a ':',
+    too long, a reserved team): a source's data, never fatal."""
+    sla = fields.get("sla", settings.sla)
+    try:
+        return TenantBinding(node_id=node_id, pid=pid, ts_ns=ts_ns, team=fields["team"], env=fields.get("env", ""),
+                             app=fields.get("app", ""), tier=fields.get("tier", ""),
+                             sla=sla if sla in SLAS else settings.sla, git_commit=fields.get("git_commit"),
+                             ci_pipeline_id=fields.get("ci_pipeline_id"), origin=origin)  # type: ignore[arg-type]
+    except ValidationError:
+        counts[invalid] += 1
+        return None
+
+
 def start_ticks(proc: Path, pid: int) -> int | None:
     """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), which tells a
     pid reused by a new process from the old one; None if there is no such process."""
@@ -137,13 +165,7 @@ class ProcessEnvironment:
         environ = self._environ(pid)
         if environ is None:
             return None
-        found: dict[str, str] = {}
-        used: set[str] = set()
-        for name, variables in self.settings.variables.items():
-            variable = next((v for v in variables if environ.get(v)), None)
-            if variable is not None:
-                found[name] = environ[variable]
-                used.add(variable)
+        found, used = first_set(self.settings.variables, environ)
         if not found:
             self.counts["environ_untagged"] += 1  # none of the variables: left to the sources below, or unattributed
             return None
@@ -151,16 +173,8 @@ class ProcessEnvironment:
         if team is None:
             self.counts["environ_no_team"] += 1
             return None
-        sla = found.get("sla", self.settings.sla)
-        try:
-            return TenantBinding(node_id=node_id, pid=pid, ts_ns=ts_ns, team=team, env=found.get("env", ""),
-                                 app=found.get("app", ""), tier=found.get("tier", ""),
-                                 sla=sla if sla in SLAS else self.settings.sla, git_commit=found.get("git_commit"),
-                                 ci_pipeline_id=found.get("ci_pipeline_id"),
-                                 origin="slurm" if used & SLURM else self.origin)
-        except ValidationError:  # a value no tenant key can hold (a ':', too long, a reserved team): not fatal
-            self.counts["environ_invalid"] += 1
-            return None
+        return tenant_binding(node_id, pid, ts_ns, {**found, "team": team}, self.settings,
+                              "slurm" if used & SLURM else self.origin, self.counts, "environ_invalid")
 
 
 class Attribution:

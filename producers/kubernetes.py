@@ -26,15 +26,13 @@ import tempfile
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from pydantic import ValidationError
-
-from gpucost.producers.attribution import LATER, AttributionSettings, Later
-from gpucost.schemas.events import SLAS, TenantBinding
+from gpucost.producers.attribution import LATER, AttributionSettings, Later, first_set, tenant_binding
+from gpucost.schemas.events import TenantBinding
 
 __all__ = ["KubernetesSettings", "KubernetesPods", "LABELS", "Pod", "cgroup_pod", "pod_resources_api", "pods_from",
            "list_pods", "list_pod_devices"]
@@ -209,13 +207,9 @@ class KubernetesPods:
     origin = "kubernetes"
 
     def __init__(self, settings: KubernetesSettings, attribution: AttributionSettings,
-                 counts: Counter[str] | None = None,
-                 pods: Callable[[KubernetesSettings], object] = list_pods,
-                 devices: Callable[[KubernetesSettings], dict[str, list[tuple[str, str, str]]]] = list_pod_devices
-                 ) -> None:
+                 counts: Counter[str] | None = None) -> None:
         self.settings, self.attribution = settings, attribution
         self.counts: Counter[str] = Counter() if counts is None else counts
-        self._list_pods, self._list_devices = pods, devices
         self._pods: dict[str, Pod] = {}
         self._named: dict[tuple[str, str], Pod] = {}
         self._devices: dict[str, list[tuple[str, str, str]]] = {}
@@ -258,7 +252,7 @@ class KubernetesPods:
             return False
         self._pods_at = ts_ns
         try:
-            pods = pods_from(self._list_pods(self.settings), self.counts)
+            pods = pods_from(list_pods(self.settings), self.counts)
         except (OSError, ValueError) as exc:  # unreachable, refused, not JSON, not a PodList
             if not self.counts["kube_pods_unavailable"]:
                 log.warning("cannot list the node's pods (%s); their processes wait unattributed and are looked at "
@@ -284,7 +278,7 @@ class KubernetesPods:
         if gpu_uuid not in self._devices and self._due(self._devices_at, ts_ns):
             self._devices_at = ts_ns
             try:
-                self._devices, self._devices_failed = self._list_devices(self.settings), False
+                self._devices, self._devices_failed = list_pod_devices(self.settings), False
             except Exception as exc:  # grpc.RpcError, or grpc itself missing: counted, said once
                 if not self.counts["kube_pod_resources_unavailable"]:
                     log.warning("cannot ask the kubelet which pod holds a GPU (%s: %s); check the pod-resources "
@@ -294,18 +288,6 @@ class KubernetesPods:
         return None if self._devices_failed else self._devices.get(gpu_uuid, [])
 
     def _binding(self, pod: Pod, container: str, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
-        found = {}
-        for name, keys in self.settings.labels.items():
-            value = next((tags[k] for tags in (pod.labels, pod.annotations) for k in keys if tags.get(k)), None)
-            if value is not None:
-                found[name] = value
-        sla = found.get("sla", self.attribution.sla)
-        try:
-            return TenantBinding(node_id=node_id, pid=pid, ts_ns=ts_ns, team=found.get("team", pod.namespace),
-                                 env=found.get("env", ""), app=found.get("app", pod.name),
-                                 tier=found.get("tier", container), sla=sla if sla in SLAS else self.attribution.sla,
-                                 git_commit=found.get("git_commit"), ci_pipeline_id=found.get("ci_pipeline_id"),
-                                 origin=self.origin)
-        except ValidationError:  # a label no tenant key can hold (a ':', a reserved team): not fatal
-            self.counts["kube_labels_invalid"] += 1
-            return None
+        found, _ = first_set(self.settings.labels, pod.labels, pod.annotations)  # a label before an annotation
+        return tenant_binding(node_id, pid, ts_ns, {"team": pod.namespace, "app": pod.name, "tier": container, **found},
+                              self.attribution, self.origin, self.counts, "kube_labels_invalid")

@@ -159,9 +159,8 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
 
     scale = weights.denominator * t_den * b_den * l_den
     # each party's tenant among the few distinct ones (idle last), whose columns are taken from there
-    distinct: dict[Tenant, int] = {}
-    code = per_tenant(np.array([distinct.setdefault(t, len(distinct)) for t in panes.t_tenant], np.int64)[rows],
-                      len(distinct))
+    codes, distinct = panes.distinct_tenants
+    code = per_tenant(codes[rows], len(distinct))
     who = [*distinct, Tenant.named(IDLE_TENANT)]
     keys = np.array([t.key for t in distinct] + [IDLE_TENANT], object)[code].tolist()
     gpu, starts, pane_list = panes.gpu_uuid, panes.pane_start_ns.tolist(), pane_of.tolist()

@@ -326,8 +326,10 @@ class Auditor:
         billed = np.not_equal(panes.node_id, None) & np.not_equal(panes.gpu_model, None)
         for events in panes.tenant_events[~billed].tolist():
             self.counts["unbilled"] += events
-        self.revisions.hold_many(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist(),
-                                 [price if ok else None for price, ok in zip(prices, billed.tolist())], billed.tolist())
+        if self.revisions.enabled:
+            self.revisions.hold_many(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist(),
+                                     [price if ok else None for price, ok in zip(prices, billed.tolist())],
+                                     billed.tolist())
         bounds = np.concatenate([[0], np.cumsum(billed)])[[0, *cuts, len(panes)]].tolist()
         if not billed.all():
             panes = panes.take(np.flatnonzero(billed))

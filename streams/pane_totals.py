@@ -164,6 +164,14 @@ class PaneColumns:
     def __len__(self) -> int:
         return len(self.gpu_uuid)
 
+    @cached_property
+    def distinct_tenants(self) -> tuple[np.ndarray, list[Tenant]]:
+        """Each tenant row's tenant as its index among the distinct ones, and those, in order of their first
+        row: the few tenants whose columns the cost split and the SLA operator take per row from there."""
+        distinct: dict[Tenant, int] = {}
+        codes = np.array([distinct.setdefault(t, len(distinct)) for t in self.t_tenant.tolist()], np.int64)
+        return codes, list(distinct)
+
     @classmethod
     def of(cls, panes: list[PaneTotals]) -> "PaneColumns":
         tenants = [(j, key, t) for j, p in enumerate(panes) for key, t in sorted(p.tenants.items())]

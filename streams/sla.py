@@ -123,10 +123,7 @@ class SlaOperator:
         The runs are found with numpy: the tenant rows sorted by (GPU, tenant key, pane); a row continues
         the run of the row before it when both are idle, of one (GPU, tenant), and a pane apart; the first
         row of a (GPU, tenant) continues the run the state holds when that run ended in the pane before."""
-        # each tenant row's tenant among the few distinct ones, whose tier's figures are taken from there
-        distinct: dict[Tenant, int] = {}
-        codes = np.array([distinct.setdefault(t, len(distinct)) for t in panes.t_tenant.tolist()], np.int64)
-        who = list(distinct)
+        codes, who = panes.distinct_tenants  # each tier's figures are taken per distinct tenant
         tier_of = [self.tiers.get(t.sla) for t in who]
         tiered = np.array([tier is not None for tier in tier_of], bool)
         rows = np.flatnonzero(tiered[codes] & (panes.t_samples > 0)) if len(codes) else np.zeros(0, np.int64)
