@@ -273,3 +273,60 @@ def test_a_live_nvml_run_bills_the_pod_the_kubelet_gave_the_gpu(children: list[s
         "WHERE team <> 'idle' GROUP BY ALL").fetchall())
     assert set(billed) == {"search/ranker/c0ffee1"}, billed  # every process, the tagged one too: the pod wins
     assert live.counts["bound:kubernetes"] == len(children)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
+_meta = st.fixed_dictionaries({}, optional={"uid": _json | st.uuids().map(str) | st.just(""),
+                                            "namespace": _json | st.sampled_from(["ns", ""]),
+                                            "name": _json | st.sampled_from(["p", ""]), "labels": _json,
+                                            "annotations": _json})
+_item = _json | st.fixed_dictionaries({"metadata": _meta | _json}, optional={"status": _json})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_json, st.fixed_dictionaries({"items": st.lists(_item, max_size=6)})))
+def test_a_hostile_pod_list_is_refused_or_counted_never_fatal(doc: object) -> None:
+    """Whatever a pods URL answers: not a PodList is a ValueError (counted by the source, never fatal); in a
+    PodList, an item without a string UID, namespace and name is counted and left out, and labels that are not
+    strings are dropped."""
+    counts: Counter[str] = Counter()
+    items = doc.get("items") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        with pytest.raises(ValueError):
+            pods_from(doc, counts)
+        return
+    pods = pods_from(doc, counts)
+
+    def valid(item: object) -> bool:
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        fields = ("uid", "namespace", "name")
+        return isinstance(meta, dict) and all(isinstance(meta.get(f), str) and meta[f] for f in fields)
+    good = [i for i in items if valid(i)]
+    assert counts["kube_pod_invalid"] == len(items) - len(good)
+    assert set(pods) == {i["metadata"]["uid"] for i in good}
+    for pod in pods.values():
+        assert all(isinstance(k, str) and isinstance(v, str) for tags in (pod.labels, pod.annotations)
+                   for k, v in tags.items())
+
+
+def test_labels_no_tenant_can_hold_and_a_garbled_kubelet_answer_are_counted_not_billed(tmp_path: Path) -> None:
+    """A team label with the key separator, a team label naming a reserved party (the idle one), and a kubelet
+    whose answer is not its message: no binding, each counted, nothing raised."""
+    node = FakeNode(tmp_path, [FakePod("ns", "colon", [FakeContainer("c", {GPU: ["GPU-1"]})],
+                                       labels={"gpucost.io/team": "a:b"}),
+                               FakePod("ns", "reserved", [FakeContainer("c", {GPU: ["GPU-2"]})],
+                                       labels={"gpucost.io/team": "idle"})])
+    proc = tmp_path / "proc"
+    for pid, pod in enumerate(node.pods, 31):
+        _proc(proc, pid, pod.cgroup(pod.containers[0]))
+    _proc(proc, 33, "0::/\n")  # in no pod: asks the kubelet about its GPU
+    settings_ = AttributionSettings(proc=proc)
+    node.response = lambda: b"\xff\xff\xff not a ListPodResourcesResponse"  # type: ignore[method-assign]
+    with node.serving() as url:
+        pods = KubernetesPods(_settings(node, url), settings_)
+        out = list(Attribution([pods], settings_).bind([_sample(31, "GPU-1", 0), _sample(32, "GPU-2", 0),
+                                                        _sample(33, "GPU-9", 0)]))
+    assert not [e for e in out if isinstance(e, TenantBinding)]
+    assert pods.counts["kube_labels_invalid"] == 2 and pods.counts["kube_pod_resources_unavailable"] == 1
