@@ -284,3 +284,35 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     assert not [r for r in again if isinstance(r, (CostRecord, IdleIndexRecord))]
     assert Counter(r.reason for r in again if isinstance(r, DeadLetter) and r.kind in (
         "gpu_sample", "process_sample")) == Counter({"late": samples})
+
+
+def test_where_partitions_begin_is_asked_for_new_ones_and_a_kept_one_whose_state_is_gone() -> None:
+    """A partition kept across a rebalance knows its next offset, so where it begins is not asked (the
+    consumer's connection answers only after its open fetch); if its state was read again and holds no
+    progress (a state topic made anew), it is asked then, and the partition starts from its beginning."""
+    new, kept, gone = (TopicPartition("t.events", p) for p in range(3))
+    asked: list[list[TopicPartition]] = []
+    seeks: dict[TopicPartition, int] = {}
+
+    class Consumer:
+        async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+            asked.append(sorted(tps))
+            return {tp: 100 + tp.partition for tp in tps}
+
+        def seek(self, tp: TopicPartition, offset: int) -> None:
+            seeks[tp] = offset
+
+    worker = Worker(KafkaSettings(topic_prefix="t."), AuditSettings(), group="g")
+    worker.consumer = Consumer()  # type: ignore[assignment]
+    worker._parked = {kept: _Owned(RecordingProducer(), {}, {}, 7), gone: _Owned(RecordingProducer(), {}, {}, 9)}
+
+    async def own(tp: TopicPartition, parked: _Owned | None = None) -> _Owned:
+        if tp == kept:
+            assert parked is not None
+            return parked
+        return _Owned(RecordingProducer(), {}, {}, -1)  # never processed, or its state gone
+
+    worker._own = own  # type: ignore[method-assign]
+    asyncio.run(worker._take([new, kept, gone]))
+    assert asked == [[new], [gone]]
+    assert seeks == {new: 100, kept: 7, gone: 102}

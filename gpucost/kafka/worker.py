@@ -31,7 +31,7 @@ from prometheus_client.core import Metric
 from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer, SigningKey, Verdict
-from gpucost.kafka.state import PROGRESS_KEY, Restored, progress_record, restored, state_records
+from gpucost.kafka.state import PROGRESS_KEY, progress_record, restored, state_records
 from gpucost.metrics import Health, counter, gauge
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import raw_text
@@ -73,6 +73,9 @@ class _Owned:
     #: seen, counts as seen at ``since``
     heard: dict[str, float] = field(default_factory=dict)
     since: float = field(default_factory=time.monotonic)
+    #: the offset of the partition's state partition just past the last record this owner knows it holds
+    #: (restored, or written by its own committed transactions): any record from there on is another owner's
+    state_end: int = 0
 
 
 #: a Kafka key gpucost writes is a GPU UUID or ``node_id/pid``; a gpucost header is a short token
@@ -109,6 +112,11 @@ class Worker(ConsumerRebalanceListener):
         self.session_timeout_s = session_timeout_s
         self.max_batch = max_batch
         self.owned: dict[TopicPartition, _Owned] = {}
+        #: partitions revoked by the rebalance under way, with their state: aiokafka's eager protocol revokes
+        #: every partition, and most come back to the member that had them
+        self._parked: dict[TopicPartition, _Owned] = {}
+        #: partitions taken, by how: ``restored`` from the state topic, or ``kept`` across a rebalance
+        self.taken: Counter[str] = Counter()
         self.consumer: AIOKafkaConsumer | None = None
         self.inputs = {kafka.topic(s): s for s in INPUTS}
         self.processed = 0
@@ -139,6 +147,7 @@ class Worker(ConsumerRebalanceListener):
                 owned = self.owned.pop(tp, None)
                 if owned is not None:
                     await owned.producer.stop()
+                    self._parked[tp] = owned  # its state, until the assignment says whether it comes back
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
@@ -151,12 +160,31 @@ class Worker(ConsumerRebalanceListener):
     async def _take(self, assigned: list[TopicPartition]) -> None:
         """Own each newly assigned partition. Each takes a fencing producer and a state restore, a
         few broker round trips apiece, and a rebalance waits for all: they run side by side, and
-        beside the one question of where the partitions begin (for those never processed)."""
+        beside the one question of where the partitions begin (for those that may never have been
+        processed; not for those kept, whose next offset is known, since the consumer's connection
+        answers it only after the fetch it holds open)."""
         assert self.consumer is not None
+        parked, self._parked = self._parked, {}
         fresh = [tp for tp in assigned if tp not in self.owned]
-        beginnings, *taken = await asyncio.gather(self.consumer.beginning_offsets(fresh),
-                                                  *(self._own(tp) for tp in fresh), return_exceptions=True)
+        unknown = [tp for tp in fresh if tp not in parked]
+
+        async def where_unknown_begin() -> dict[TopicPartition, int]:
+            assert self.consumer is not None
+            return await self.consumer.beginning_offsets(unknown) if unknown else {}
+
+        beginnings, *taken = await asyncio.gather(where_unknown_begin(),
+                                                  *(self._own(tp, parked.get(tp)) for tp in fresh),
+                                                  return_exceptions=True)
         failure = next((t for t in [beginnings, *taken] if isinstance(t, BaseException)), None)
+        if failure is None:
+            assert isinstance(beginnings, dict)
+            # a kept partition read again, its state gone (a state topic made anew): rare, asked on its own
+            if missing := [tp for tp, o in zip(fresh, taken) if isinstance(o, _Owned) and o.next_offset < 0
+                           and tp not in beginnings]:
+                try:
+                    beginnings.update(await self.consumer.beginning_offsets(missing))
+                except Exception as exc:
+                    failure = exc
         if failure is not None:
             for t in taken:
                 if isinstance(t, _Owned):
@@ -169,32 +197,59 @@ class Worker(ConsumerRebalanceListener):
                 owned.next_offset = beginnings[tp]
             self.owned[tp] = owned
             self.consumer.seek(tp, owned.next_offset)
-            log.info("owns %s[%d]: %d keys restored", tp.topic, tp.partition, len(owned.auditors))
+            log.info("owns %s[%d]: %d keys %s", tp.topic, tp.partition, len(owned.auditors),
+                     "kept" if tp in parked else "restored")
 
-    async def _own(self, tp: TopicPartition) -> _Owned:
+    async def _own(self, tp: TopicPartition, parked: _Owned | None = None) -> _Owned:
+        """Own ``tp``: a producer that fences any earlier owner, and the partition's state. The state of
+        ``parked`` (this worker's own, from before the rebalance) is kept if no record was written to the
+        state partition since its last: each applied batch writes one, so nobody else applied any."""
         producer = AIOKafkaProducer(**self.kafka.producer_options(), acks="all",
                                     transactional_id=f"{self.group}-{tp.topic}-{tp.partition}",
                                     max_request_size=8 << 20, max_batch_size=1 << 20, linger_ms=5)
-        await producer.start()  # init_transactions: fences the previous owner, aborts its open batch
+        # init_transactions: fences the previous owner and settles its open batch, so that what the state
+        # partition holds is final when it is read below
+        await producer.start()
         try:
-            state = await self._restore(tp)
+            if parked is not None:
+                newer, first, end = await self._read_state(tp, parked.state_end)
+                # nothing written since, nor deleted by retention (nor the topic made again)
+                if not newer and first <= parked.state_end <= end:
+                    self.taken["kept"] += 1
+                    parked.producer = producer
+                    return parked
+                log.info("%s[%d] was written by another owner since this worker had it: its state is read again",
+                         tp.topic, tp.partition)
+            latest, _, end = await self._read_state(tp)
+            state = restored(self.audit, latest, self.audit_key)
         except BaseException:
             await producer.stop()
             raise
+        self.taken["restored"] += 1
+        never_processed = -1
         return _Owned(producer, state.auditors, state.sequences,
-                      -1 if state.next_offset is None else state.next_offset, state.owners)  # -1: never processed
+                      never_processed if state.next_offset is None else state.next_offset, state.owners, state_end=end)
 
-    async def _restore(self, tp: TopicPartition) -> Restored:
-        """The committed state of every key of this input partition, and the next offset to apply."""
+    async def _read_state(self, tp: TopicPartition, since: int = 0) -> tuple[dict[bytes, bytes | None], int, int]:
+        """The latest committed value of each key in the state partition of input partition ``tp``, from
+        offset ``since`` (or its first, if later) to its end; and its first and end offsets."""
         state_tp = TopicPartition(self.kafka.topic(state_topic_suffix(self.inputs[tp.topic])), tp.partition)
+        # fetch.max.wait.ms short: the reader stops once at the end, and stopping waits for the fetch in flight,
+        # which the broker holds that long where there is nothing to read (the default 0.5 s, per partition taken)
         reader = AIOKafkaConsumer(**self.kafka.client_options(), isolation_level="read_committed",
-                                  enable_auto_commit=False)
+                                  enable_auto_commit=False, fetch_max_wait_ms=10)
         await reader.start()
         try:
+            # assigned first, which asks for the topic's metadata (an offset asked before it is known is asked
+            # again after retry.backoff.ms), and positioned at once: an assigned partition with no position is
+            # fetched at its end, a fetch the broker holds for fetch.max.wait.ms before a later seek takes effect
             reader.assign([state_tp])
+            await reader.seek_to_beginning(state_tp)
+            first = await reader.position(state_tp)
             # read_committed: the end is the last stable offset, so an open batch of a dead owner is never read
             end = (await reader.end_offsets([state_tp]))[state_tp]
-            reader.seek(state_tp, (await reader.beginning_offsets([state_tp]))[state_tp])
+            if since > first:
+                reader.seek(state_tp, since)
             latest: dict[bytes, bytes | None] = {}
             idle_polls = 0
             while await reader.position(state_tp) < end:
@@ -208,7 +263,7 @@ class Worker(ConsumerRebalanceListener):
                         latest[m.key] = m.value
         finally:
             await reader.stop()
-        return restored(self.audit, latest, self.audit_key)
+        return latest, first, end
 
     # --- processing ----------------------------------------------------------------------
     def _apply(self, owned: _Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
@@ -362,14 +417,15 @@ class Worker(ConsumerRebalanceListener):
                     state_bytes += len(state_key) + len(value or b"")
                     sent.append(await producer.send(state_topic, value, key=state_key, partition=tp.partition))
             next_offset = messages[-1].offset + 1
-            sent.append(await producer.send(state_topic, progress_record(next_offset), key=PROGRESS_KEY,
-                                            partition=tp.partition))
+            progress = await producer.send(state_topic, progress_record(next_offset), key=PROGRESS_KEY,
+                                           partition=tp.partition)
             # every delivery is awaited inside the transaction: one the broker refused (a record over its
             # size limit, say) raises here, which aborts the transaction and stops the worker, rather
             # than committing the offsets without it
-            await asyncio.gather(*sent)
+            await asyncio.gather(*sent, progress)
             # also committed to the group, for lag monitoring; restarts use the progress record
             await producer.send_offsets_to_transaction({tp: next_offset}, self.group)
+        owned.state_end = progress.result().offset + 1  # the batch's last state record, now committed
         self.processed += len(messages)
         self.records_out.update(out)  # counted once committed: what consumers can read
         self.dead_letters.update(letters)
@@ -488,6 +544,8 @@ class Worker(ConsumerRebalanceListener):
             counter("gpucost_worker_transactions", "transactions, by outcome", self.transactions, "outcome"),
             counter("gpucost_worker_state_bytes_written", "bytes of state written to the state topics",
                     self.state_bytes_written),
+            counter("gpucost_worker_partitions_taken", "input partitions taken, by how: state restored from its "
+                    "topic, or kept across a rebalance", self.taken, "how"),
             gauge("gpucost_worker_partitions", "input partitions owned", len(owned)),
             gauge("gpucost_worker_keys", "keys (GPUs, processes) held", gpus),
             gauge("gpucost_worker_open_panes", "panes open, not yet billed", panes),
