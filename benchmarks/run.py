@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks import (kafka_vs_raw, output_heavy, producer_overhead, query_latency, replay_vs_duckdb, report_build,
-                        revision_state, state_memory)
+from benchmarks import (kafka_vs_raw, output_heavy, producer_overhead, query_latency, rebalance, replay_vs_duckdb,
+                        report_build, revision_state, state_memory)
 from benchmarks.common import Result, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ SHARED_DATA = Path(os.environ.get("GPUCOST_SHARED_DATA", ROOT.parent / "shared" 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small inputs: a smoke test, not figures to publish")
-    p.add_argument("--only", type=int, nargs="+", choices=range(1, 9), help="run only these benchmarks")
+    p.add_argument("--only", type=int, nargs="+", choices=range(1, 10), help="run only these benchmarks")
     p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md", help="where to write the results")
     args = p.parse_args(argv)
     q = args.quick
@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         6: lambda: report_build.run(gpus=20 if q else 1000, days=2 if q else 30),
         7: lambda: revision_state.run(horizons_h=(1,) if q else (6, 24), intervals_s=(10,) if q else (1, 10)),
         8: lambda: output_heavy.run(SHARED_DATA),
+        9: lambda: rebalance.run(sizes=(16, 64) if q else (64, 256, 1024), rebalance_gpus=16 if q else 256,
+                                 gpus=2 if q else 32, hours=2 if q else 24),
     }
     results: list[Result] = []
     for n in args.only or sorted(runs):

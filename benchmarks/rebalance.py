@@ -1,0 +1,346 @@
+"""9. Restore, rebalance and scale-out of Kafka workers on a local broker.
+
+- **Restore time against state size.** Each input partition's state topic partition holds the state
+  of its keys (a GPU with 72 h of panes is about 47 KB); a worker that takes the partition reads it
+  all. Timed for a partition of N such GPUs, written straight to the state topic.
+- **A rebalance that leaves a worker its partitions.** aiokafka revokes every partition at each
+  rebalance. Worker A owns all four partitions (N GPUs each); worker B, a process of its own,
+  joins; A gets two back. A's pause (revoked until it owns its two again), and the part of it A
+  spent taking them, are timed with the state kept, and with the state read again, as every
+  rebalance did before (``_Rereading``: the same worker, its parked state dropped).
+- **Scale-out.** The same input messages through one worker process and through two (topics and
+  a consumer group of their own each run, 4 partitions per topic), alternated: input events/s from
+  the group's first commit to its last, polled from the group's committed offsets, and the CPU
+  the workers and the broker used meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from benchmarks.common import Result
+from benchmarks.state_memory import NS, T0, _samples
+from gpucost.kafka.publish import create_topics, publish
+from gpucost.kafka.sequences import SeenSequences
+from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.state import PROGRESS_KEY, progress_record, restored, state_records
+from gpucost.kafka.worker import INPUTS, Worker, state_topic_suffix
+from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTITIONS = 4
+KEY = "GPU-000000"
+
+
+def gpu_state() -> list[tuple[bytes, bytes | None]]:
+    """The state records of one GPU with 72 h of panes (one process on it), keyed ``KEY``."""
+    auditor = Auditor(AuditSettings())
+    for k in range(72 * 60 + 3):
+        for event in _samples(1, T0 + k * 60 * NS, 60.0):
+            auditor.update(event)
+    return state_records(KEY, auditor, SeenSequences(), None, {})
+
+
+async def write_state(kafka: KafkaSettings, partition: int, gpus: int, records: list[tuple[bytes, bytes | None]],
+                      first: int = 0) -> int:
+    """``gpus`` copies of ``records`` (GPUs ``first``…) in the events state partition ``partition``, and the
+    progress of an input never applied; the bytes written."""
+    producer = AIOKafkaProducer(**kafka.producer_options(), max_request_size=8 << 20, linger_ms=20)
+    await producer.start()
+    written = 0
+    try:
+        topic = kafka.topic(state_topic_suffix("events"))
+        for g in range(first, first + gpus):
+            name = f"GPU-{g:06d}".encode()
+            for key, value in records:
+                k = key.replace(KEY.encode(), name)
+                written += len(k) + len(value or b"")
+                await producer.send(topic, value, key=k, partition=partition)
+        await producer.send(topic, progress_record(0), key=PROGRESS_KEY, partition=partition)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return written
+
+
+async def restore_s(kafka: KafkaSettings, partition: int) -> tuple[float, int]:
+    """Seconds to read the events state partition ``partition`` and rebuild its keys, as a new owner does."""
+    worker = Worker(kafka, AuditSettings(), group="bench-restore")
+    start = time.perf_counter()
+    latest, _, _ = await worker._read_state(TopicPartition(kafka.topic("events"), partition))
+    keys = len(restored(worker.audit, latest).auditors)
+    return time.perf_counter() - start, keys
+
+
+class _Paused(Worker):
+    """A worker that notes how long each rebalance kept it from its partitions: from the revocation
+    to owning what it was assigned."""
+
+    revoked_at: float | None = None
+    taken_at: float | None = None
+    pauses: list[float]  # revoked until owning again
+    takes: list[float]  # taking the partitions assigned (producers, state), within each pause
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.revoked_at = time.perf_counter()
+        await super().on_partitions_revoked(revoked)
+
+    async def _take(self, assigned: list[TopicPartition]) -> None:
+        started = time.perf_counter()
+        await super()._take(assigned)
+        self.taken_at = time.perf_counter()
+        self.takes.append(self.taken_at - started)
+        if self.revoked_at is not None:
+            self.pauses.append(self.taken_at - self.revoked_at)
+
+
+class _Rereading(_Paused):
+    """As every rebalance did before: a revoked partition's state is dropped and read again."""
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await super().on_partitions_revoked(revoked)
+        self._parked.clear()
+
+
+async def _until(check: Any, tasks: list[asyncio.Task[None]], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        for task in tasks:
+            if task.done():
+                task.result()
+        if time.monotonic() > deadline:
+            raise TimeoutError("the workers did not settle")
+        await asyncio.sleep(0.02)
+
+
+def _worker_process(kafka: KafkaSettings, group: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": kafka.bootstrap, "GPUCOST_KAFKA_PARTITIONS": str(PARTITIONS),
+           "GPUCOST_KAFKA_TOPIC_PREFIX": kafka.topic_prefix}
+    return subprocess.Popen([sys.executable, "-m", "gpucost.cli", "worker", "--group", group, "--session-timeout-s",
+                             "10"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def rebalance_pause(kafka: KafkaSettings, cls: type[_Paused]) -> tuple[float, float, dict[str, int]]:
+    """A owns every partition; B (a process of its own, as in a deployment) joins. A's pause at that
+    rebalance, the part of it A took to own its partitions, and how A took its partitions."""
+    group = f"bench-rebalance-{time.time_ns()}"
+    a = cls(kafka, AuditSettings(), group, session_timeout_s=10)
+    a.pauses, a.takes = [], []
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(a.run(stop))]
+    total = len(INPUTS) * PARTITIONS
+    await _until(lambda: len(a.owned) == total, tasks)
+    b = _worker_process(kafka, group)
+    try:
+        await _until(lambda: bool(a.pauses) and len(a.owned) == total // 2, tasks)
+    finally:
+        b.terminate()
+        b.wait(timeout=60)
+        stop.set()
+        await asyncio.gather(*tasks)
+    return a.pauses[-1], a.takes[-1], dict(a.taken)
+
+
+async def _committed(admin: AIOKafkaAdminClient, group: str) -> int:
+    return sum(o.offset for o in (await admin.list_consumer_group_offsets(group)).values() if o.offset > 0)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ScaleRun:
+    workers: int
+    rate: float  # input events/s from the group's settling (every worker a member) to its last commit
+    settled_s: float  # from the processes' start to the group's settling
+    workers_cores: float  # the workers' CPU seconds per second, from the settling to the last commit
+    broker_cores: float  # the broker's
+
+
+async def _settled(admin: AIOKafkaAdminClient, group: str, members: int) -> bool:
+    """Whether ``group`` is stable with ``members`` members (no rebalance under way or to come)."""
+    (response,) = await admin.describe_consumer_groups([group])
+    state, joined = response.groups[0][2], response.groups[0][5]
+    return bool(state == "Stable" and len(joined) == members)
+
+
+async def scale_out(kafka: KafkaSettings, workers: int, messages: int, events: int, broker: int) -> ScaleRun:
+    """``workers`` worker processes in a new group until every input message is committed, timed from
+    the moment the group holds them all: the first worker to join would otherwise run alone until the
+    others' join, and the rebalance that follows would count against them."""
+    group = f"bench-scale-{workers}-{time.time_ns()}"
+    admin = AIOKafkaAdminClient(**kafka.client_options())
+    await admin.start()
+    procs = [_worker_process(kafka, group) for _ in range(workers)]
+
+    def cpu() -> tuple[float, float]:
+        return sum(_cpu_s(p.pid) for p in procs), _cpu_s(broker)
+
+    try:
+        start, settled = time.perf_counter(), None
+        spawned = start, 0, cpu()
+        while (done := await _committed(admin, group)) < messages:
+            if time.perf_counter() - start > 600:
+                raise TimeoutError(f"{workers} worker(s) committed {done:,} of {messages:,} input messages in 600 s")
+            if settled is None and await _settled(admin, group, workers):
+                settled = time.perf_counter(), done, cpu()
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a worker process exited")
+            await asyncio.sleep(0.05)
+        end, (w1, b1) = time.perf_counter(), cpu()
+        # an input applied before the group settled (--quick's) is timed from the processes' start
+        at, first, (w0, b0) = settled or spawned
+        return ScaleRun(workers, events * (messages - first) / messages / (end - at), at - start,
+                        (w1 - w0) / (end - at), (b1 - b0) / (end - at))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=60)
+        await admin.close()
+
+
+async def _input(kafka: KafkaSettings) -> dict[TopicPartition, list[Any]]:
+    """Every message of the input topics, by partition."""
+    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(kafka.topic(t), p) for t in INPUTS for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        out: dict[TopicPartition, list[Any]] = {tp: [] for tp in tps}
+        while sum(map(len, out.values())) < sum(ends.values()):
+            for tp, batch in (await consumer.getmany(timeout_ms=500, max_records=5000)).items():
+                out[tp] += batch
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def copy_input(messages: dict[TopicPartition, list[Any]], source: KafkaSettings, to: KafkaSettings) -> None:
+    """The input topics' messages, as they are, into ``to``'s: each run gets topics of its own, since the
+    state topics are named by the prefix, not by the group (a new group would find the input applied)."""
+    await create_topics(to)
+    producer = AIOKafkaProducer(**to.producer_options(), max_request_size=8 << 20, linger_ms=20)
+    await producer.start()
+    try:
+        for tp, batch in messages.items():
+            topic = to.topic(tp.topic.removeprefix(source.topic_prefix))
+            for m in batch:
+                await producer.send(topic, m.value, key=m.key, partition=tp.partition, headers=list(m.headers))
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def run(sizes: tuple[int, ...], rebalance_gpus: int, gpus: int, hours: float, pairs: int = 2,
+        port: int = 19710) -> Result:
+    data = Path(tempfile.mkdtemp(prefix="gpucost-bench-rebalance-"))
+    env = {**os.environ, "GPUCOST_KAFKA_PORT": str(port), "GPUCOST_KAFKA_DATA": str(data)}
+    subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "start"], env=env, check=True, capture_output=True)
+    try:
+        bootstrap = f"127.0.0.1:{port}"
+        broker = int((data / "kafka.pid").read_text())
+        records = gpu_state()
+        per_gpu = sum(len(k) + len(v or b"") for k, v in records)
+
+        async def restores() -> list[tuple[int, float, int]]:
+            out = []
+            for n in sizes:
+                kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"restore{n}.", partitions=PARTITIONS)
+                await create_topics(kafka)
+                await write_state(kafka, 0, n, records)
+                times = [await restore_s(kafka, 0) for _ in range(3)]
+                out.append((n, statistics.median(t for t, _ in times), times[0][1]))
+            return out
+
+        async def rebalances() -> list[tuple[str, float, float, dict[str, int]]]:
+            kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix="rebalance.", partitions=PARTITIONS)
+            await create_topics(kafka)
+            for p in range(PARTITIONS):
+                await write_state(kafka, p, rebalance_gpus, records, first=p * rebalance_gpus)
+            out = []
+            for _ in range(pairs):
+                for name, cls in (("kept", _Paused), ("read again", _Rereading)):
+                    out.append((name, *await rebalance_pause(kafka, cls)))
+            return out
+
+        async def scaling() -> tuple[int, int, list[int], list[ScaleRun]]:
+            source = KafkaSettings(bootstrap=bootstrap, topic_prefix="scale.", partitions=PARTITIONS)
+            await create_topics(source)
+            await publish(simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=10)), source, spool=data / "spool")
+            inputs = await _input(source)
+            messages = sum(map(len, inputs.values()))
+            by_partition = [sum(m.value.count(b"\n") + 1 for m in inputs[TopicPartition(source.topic(t), p)] if m.value)
+                            for t in INPUTS for p in range(PARTITIONS)]
+            runs = []
+            for i in range(pairs):
+                for workers in (1, 2):
+                    kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"scale{i}x{workers}.",
+                                          partitions=PARTITIONS)
+                    await copy_input(inputs, source, kafka)
+                    runs.append(await scale_out(kafka, workers, messages, sum(by_partition), broker))
+            return messages, sum(by_partition), by_partition, runs
+
+        restored_by_size = asyncio.run(restores())
+        pauses = asyncio.run(rebalances())
+        messages, events, by_partition, runs = asyncio.run(scaling())
+    finally:
+        subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "stop"], env=env, capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+    (n0, t0, _), (n1, t1, _) = restored_by_size[0], restored_by_size[-1]
+    slope_ms = (t1 - t0) / (n1 - n0) * 1000
+    kept, again = (statistics.median(p for name, p, _, _ in pauses if (name == "kept") == k) for k in (True, False))
+    kept_take, again_take = (statistics.median(t for name, _, t, _ in pauses if (name == "kept") == k)
+                             for k in (True, False))
+    one, two = (statistics.median(r.rate for r in runs if r.workers == n) for n in (1, 2))
+    speedup = two / one
+    rows = [(f"restore of a partition of {n:,} GPUs with 72 h of panes ({n * per_gpu / 1e6:,.1f} MB of state)",
+             f"{t:.2f} s ({keys:,} keys; median of 3)") for n, t, keys in restored_by_size]
+    rows += [
+        ("restore time per GPU (slope)", f"{slope_ms:.2f} ms, {per_gpu / 1e3 / slope_ms:,.0f} MB/s of state"),
+        (f"rebalance: A's pause when B joins, A keeping 2 of its 4 partitions of {rebalance_gpus:,} GPUs each "
+         f"(median of {pairs}, alternated)", f"kept: {kept:.2f} s; read again (before): {again:.2f} s"),
+        ("… of which A's taking its partitions (fencing producers, state)",
+         f"kept: {kept_take:.3f} s; read again (before): {again_take:.3f} s ({again_take / kept_take:.1f}×)"),
+        ("… how A took its partitions, over all runs",
+         "; ".join(f"{name}: {dict(taken)}" for name, _, _, taken in pauses)),
+        (f"scale-out input: {gpus} GPUs × {hours:g} h at 10 s", f"{events:,} events in {messages:,} messages, "
+                                                                f"{PARTITIONS} partitions per input topic"),
+        ("… events per input partition (events, then mem_access)", ", ".join(f"{n:,}" for n in by_partition)),
+    ]
+    for n in (1, 2):
+        of_n = [r for r in runs if r.workers == n]
+        rows.append((f"{n} worker process{'es' if n > 1 else ''}, from the group's settling to the last commit",
+                     f"{statistics.median(r.rate for r in of_n):,.0f} events/s (runs: "
+                     + ", ".join(f"{r.rate:,.0f}" for r in of_n) + ")"))
+    rows.append(("speed-up of two workers (the target's measure)", f"{speedup:.2f}×"))
+    for n in (1, 2):
+        of_n = [r for r in runs if r.workers == n]
+        rows.append((f"… {n} worker process{'es' if n > 1 else ''}: settled after; cores busy, workers + broker",
+                     "; ".join(f"{r.settled_s:.1f} s, {r.workers_cores:.2f} + {r.broker_cores:.2f}" for r in of_n)))
+    return Result(
+        "9. Restore, rebalance and scale-out", "a worker keeping a partition across a rebalance does not read it "
+        "again; two workers on 4 partitions ≥ 1.7× one", speedup >= 1.7 and kept_take < again_take, rows,
+        [f"{os.cpu_count()} cores run the broker, the workers and this harness together.",
+         "Restores read the state partition from its first offset to its end (read_committed) and rebuild every "
+         "key's operators from the latest value of each of its records."])
+
