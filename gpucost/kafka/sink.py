@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from gpucost.sinks.compact import CompactError, compact, part_files, partition_f
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries
 
-__all__ = ["DEDUPE_KEYS", "JOURNAL", "SinkStats", "written_keys", "output_record", "output_refusal", "run_kafka_sink"]
+__all__ = ["DEDUPE_KEYS", "JOURNAL", "Resumed", "SinkStats", "resume", "written_keys", "output_record",
+           "output_refusal", "run_kafka_sink"]
 
 log = logging.getLogger("gpucost.sink")
 
@@ -98,6 +100,31 @@ def written_keys(out_dir: Path, files: list[Path]) -> dict[str, set[tuple[object
         keys[kind] = set(con.execute(f"SELECT {', '.join(cols)} FROM read_parquet(?)", [of_kind]).fetchall()
                          ) if of_kind else set()
     return keys
+
+
+@dataclass
+class Resumed:
+    """What a sink starting on an output directory takes from the sinks before it: only what the
+    journal lists, so its start-up and memory follow the last flush, not all the output."""
+
+    journal: Journal
+    #: per partition, the offset below which the journal's records may be read again
+    again: dict[str, int]
+    #: the natural keys of the records in the journal's files, by kind: dropped if read again
+    seen: dict[str, set[tuple[object, ...]]]
+    #: files per partition folder since it was last compacted (what earlier sinks left counts too)
+    fresh: Counter[Path]
+
+
+def resume(out_dir: Path, offsets: Callable[[], dict[str, int]]) -> Resumed:
+    """Start on ``out_dir``: remove what a sink that died mid-write left hidden, and read what it may have
+    written and not committed. ``offsets`` gives the offsets read so far, for the journal's new entries."""
+    if stale := remove_stale_temporaries(out_dir):
+        log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
+    journal = Journal(out_dir / JOURNAL, offsets)
+    files, again = journal.pending()
+    return Resumed(journal, again, written_keys(out_dir, files),
+                   Counter({f: len(part_files(f.iterdir())) for f in partition_folders(out_dir)}))
 
 
 def _part(tp: TopicPartition) -> str:
@@ -170,17 +197,11 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
 async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path, group_id: str,
                stop: asyncio.Event, flush_interval_s: float, retry_s: float, compact_min_files: int,
                keyring: Keyring | None, stats: SinkStats) -> SinkStats:
-    if stale := remove_stale_temporaries(out_dir):
-        log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
     read: dict[str, int] = {}  # "topic:partition" → the next offset, of what this sink has read
-    journal = Journal(out_dir / JOURNAL, lambda: dict(read))
-    # what a sink that died may have written and not committed, and up to where it will be read again
-    files, again = journal.pending()
-    seen = written_keys(out_dir, files)
+    resumed = resume(out_dir, lambda: dict(read))
+    journal, again, seen, fresh = resumed.journal, resumed.again, resumed.seen, resumed.fresh
     kind_of_topic = {t: k for k, t in topics.items()}
     sink = ParquetSink(out_dir, journal=journal, on_published=None if stats.cost is None else stats.cost.observe)
-    # files per partition folder since it was last compacted: what earlier sinks left counts too
-    fresh = Counter({f: len(part_files(f.iterdir())) for f in partition_folders(out_dir)})
     consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
                                 auto_offset_reset="earliest", isolation_level="read_committed")
 
