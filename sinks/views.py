@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from gpucost.schemas.arrow import ARROW_SCHEMAS
 from gpucost.schemas.records import OUTPUT_KINDS
-from gpucost.sinks.compact import RETIRED
+from gpucost.sinks.compact import RETIRED, STAGING
 
-__all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "swaps", "views_sql", "connect", "query",
+__all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "straddled", "swaps", "views_sql", "connect", "query",
            "read_only_problem", "sql_string", "view_records"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
@@ -107,13 +107,26 @@ def confine(con: duckdb.DuckDBPyConnection, out_dir: Path) -> duckdb.DuckDBPyCon
 QUERY_ATTEMPTS = 3
 
 
-def swaps(out_dir: Path) -> frozenset[str]:
-    """What tells compactions apart: each swap retires the old folder under a name of its own, so a
-    query during which this changed may have read across a swap."""
+def _names(folder: Path) -> list[str]:
     try:
-        return frozenset(os.listdir(out_dir / RETIRED))
+        return os.listdir(folder)
     except OSError:
-        return frozenset()
+        return []
+
+
+def swaps(out_dir: Path) -> frozenset[str]:
+    """What tells compactions apart: each swap retires the old folder under a name of its own, and the
+    folders being compacted now are staged (``STAGING/KIND/date=D``) from before their swap until
+    after it. A query may have read across a swap if this changed while it ran, or if it began while a
+    folder was staged (``straddled``): its swap may have fallen at any moment in between."""
+    staged = {f"{STAGING}/{kind}/{name}" for kind in _names(out_dir / STAGING) for name in
+              _names(out_dir / STAGING / kind)}
+    return frozenset(_names(out_dir / RETIRED)) | staged
+
+
+def straddled(out_dir: Path, before: frozenset[str]) -> bool:
+    """Whether a query that began when ``swaps`` said ``before`` may have read across a swap."""
+    return swaps(out_dir) != before or any(name.startswith(f"{STAGING}/") for name in before)
 
 
 def sql_string(text: str) -> str:
@@ -147,7 +160,7 @@ def query(out_dir: Path, sql: str, confined: bool = True, attempts: int = QUERY_
             return [d[0] for d in res.description] if res.description else [], res.fetchall()
         except duckdb.Error as exc:
             gone = isinstance(exc, duckdb.IOException) and "No such file" in str(exc)
-            if attempt == attempts or not (gone or swaps(out_dir) != before):
+            if attempt == attempts or not (gone or straddled(out_dir, before)):
                 raise
     raise AssertionError("attempts must be at least 1")
 
