@@ -145,6 +145,10 @@ def test_producer_stopped_while_the_broker_is_unreachable(deployment: Deployment
     report("producer stopped, no broker", events_in(events), d, embedded)
 
 
+def cost_files(out: Path) -> list[Path]:
+    return list(out.glob("cost/date=*/part-*.parquet"))
+
+
 def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
     events, embedded = recorded
     d = deployment
@@ -154,16 +158,18 @@ def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path,
     rnd = random.Random(int(os.environ.get("GPUCOST_FAULT_SEED", "7")))  # when each kill falls
     kills = mid_write = 0
     while kills < 4 and d.rows("cost") < want:
-        before = d.rows("cost")
         victim = d.spawn(f"sink-{kills}", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink",
                          "--flush-interval-s", "0.1")
-        deadline = time.monotonic() + 60
-        # killed once it has written a share of what is left, drawn at random: somewhere in the middle of
-        # writing, however fast this machine writes (a fixed delay after its first file let a fast sink finish)
-        target = before + max(1, int((want - before) * rnd.uniform(0.05, 0.6)))
-        while d.rows("cost") < target and victim.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(rnd.random() * 0.02)
+        # killed once it has published a few files, how many drawn at random: somewhere in the middle of writing,
+        # however fast this machine writes. Files are counted, not rows: a query of the rows takes long enough
+        # under load for a fast sink to finish meanwhile (as a fixed delay after its first file let it)
+        seen = len(cost_files(d.out))
+        target, deadline = seen + rnd.randint(1, 4), time.monotonic() + 60  # 60 s for its start-up
+        while (n := len(cost_files(d.out))) < target and victim.poll() is None and time.monotonic() < deadline:
+            if n != seen:  # publishing: 5 s for each next file, so a sink that wrote everything is not waited on
+                seen, deadline = n, time.monotonic() + 5
+            time.sleep(0.002)
+        time.sleep(rnd.random() * 0.01)
         mid_write += d.rows("cost") < want
         victim.send_signal(signal.SIGKILL)
         victim.wait()
