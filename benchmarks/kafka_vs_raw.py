@@ -50,6 +50,7 @@ class Through:
     """One worker's run over the input, in seconds from its first poll."""
 
     owned_s: float  # every input partition owned: group joined, producers fenced, state restored
+    began_s: float  # the first batch begun
     first_s: float  # the first batch applied
     end_s: float  # every input message applied
     after_first: float  # the share of the messages applied after the first batch
@@ -60,6 +61,7 @@ class _Timed(Worker):
     its event loop is busy while a batch runs, so a watcher beside it would note both late."""
 
     owned_at: float | None = None
+    began_at: float | None = None
     first_at: float | None = None
     first_messages = 0
 
@@ -69,6 +71,7 @@ class _Timed(Worker):
             self.owned_at = time.perf_counter()
 
     async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
+        self.began_at = self.began_at or time.perf_counter()
         await super()._process(tp, messages)
         if self.first_at is None:
             self.first_at, self.first_messages = time.perf_counter(), self.processed
@@ -87,8 +90,9 @@ async def through_worker(kafka: KafkaSettings, messages: int) -> Through:
     end = time.perf_counter()
     stop.set()
     await task
-    owned, first = worker.owned_at or end, worker.first_at or end
-    return Through(owned - start, first - start, end - start, (messages - worker.first_messages) / messages)
+    owned, began, first = worker.owned_at or end, worker.began_at or end, worker.first_at or end
+    return Through(owned - start, began - start, first - start, end - start,
+                   (messages - worker.first_messages) / messages)
 
 
 async def _input_messages(kafka: KafkaSettings) -> int:

@@ -44,6 +44,7 @@ class RecordingProducer:
         self.published: list[Message] = []
         self.aborted = 0
         self.max_message_bytes = max_message_bytes
+        self.offset = -1  # of the last record sent with ``send``, as the broker numbers a partition's records
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -59,7 +60,8 @@ class RecordingProducer:
         if value is not None and len(value) + len(key) > self.max_message_bytes:
             return _delivered(MessageSizeTooLargeError(f"{len(value):,} bytes"))
         self.transactions[-1].append((topic, key, value))
-        return _delivered(offset=sum(len(t) for t in self.transactions) - 1)
+        self.offset += 1
+        return _delivered(offset=self.offset)
 
     async def partitions_for(self, topic: str) -> set[int]:
         return {0}

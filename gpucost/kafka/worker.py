@@ -226,9 +226,8 @@ class Worker(ConsumerRebalanceListener):
             await producer.stop()
             raise
         self.taken["restored"] += 1
-        never_processed = -1
-        return _Owned(producer, state.auditors, state.sequences,
-                      never_processed if state.next_offset is None else state.next_offset, state.owners, state_end=end)
+        next_offset = -1 if state.next_offset is None else state.next_offset  # -1: never processed
+        return _Owned(producer, state.auditors, state.sequences, next_offset, state.owners, state_end=end)
 
     async def _read_state(self, tp: TopicPartition, since: int = 0) -> tuple[dict[bytes, bytes | None], int, int]:
         """The latest committed value of each key in the state partition of input partition ``tp``, from
