@@ -10,7 +10,14 @@ against the same programs without it, alternated so that both see the same machi
 - the same with only the kernel's page-fault counter attached (a BPF program that never
   runs): the part of the cost any sampler of page faults pays, whatever its program does;
 - a real program, ``gpucost replay`` of a simulated fleet (Python, numpy, Arrow: a data job
-  that allocates and frees all the time), for what a workload that is not all faults sees.
+  that allocates and frees all the time), for what a workload that is not all faults sees;
+- kernel launches and allocations through the tests' stand-in ``libcuda``, with the CUDA
+  probes: bare (the cost per call), and in ``benchmarks/c/gpu_shaped.c``, a program shaped like
+  a GPU job (its page faults at allocation, then steps of launches against an emulated
+  device), once with large kernels (GPU-bound, as training is) and once with small ones
+  (launch-bound, as a decoder without CUDA graphs is);
+- each against the same kernel events with a BPF program that does nothing attached (the
+  floor: what the kernel's perf event or uprobe costs before any program of ours runs).
 """
 from __future__ import annotations
 
@@ -39,6 +46,12 @@ LAUNCHES = 200_000
 REPEAT = 9  # runs with and without the probe, alternated: one run's spread here is about 3.5 %
 REAL_REPEAT = 7  # … of the real program
 CUDA_REPEAT = 5  # … of the launches, whose cost is far above the noise
+#: the GPU-shaped programs: (what, host MiB written at start-up, steps, launches per step, µs of device time a kernel,
+#: runs a side). The GPU-bound one's cost is near the noise, so it gets the most runs.
+GPU_SHAPED = [("large kernels (GPU-bound, as a training step is): 512 MiB of host memory at start-up, 40 steps of "
+               "500 launches of 100 µs", 512, 40, 500, 100, 9),
+              ("small kernels (launch-bound, as a decoder without CUDA graphs is): 64 MiB at start-up, 40 steps of "
+               "2,000 launches of 8 µs", 64, 40, 2000, 8, 5)]
 REAL_GPUS = 16
 
 
@@ -107,13 +120,14 @@ class _Producer:
         shutil.rmtree(self.out, ignore_errors=True)
 
 
-class _CounterOnly:
-    """The kernel's page-fault counter with a BPF program that never runs (one fault in 2^31): what
-    sampling page faults costs before any program of ours runs."""
+class _Floor:
+    """bpftrace with a program of empty probes: what the kernel's events cost before any program of
+    ours runs. The page-fault counter's program never runs (one fault in 2^31); a uprobe's runs and
+    does nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, program: str = f"software:page-faults:{2**31 - 1} {{ }}") -> None:
         self.counts: Counter[str] = Counter()
-        self.proc = subprocess.Popen(["bpftrace", "-e", f"software:page-faults:{2**31 - 1} {{ }}"],
+        self.proc = subprocess.Popen(["bpftrace", "-e", program],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.output = self.proc.stdout
 
@@ -216,7 +230,7 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
     for passes, what in [(1, "nothing but page faults (the bound)"),
                          (16, "16 passes over its memory per mapping (faults about half its time; the verdict)")]:
         for attach, how in [(_Producer, "under the producer (1 in 16 reported)"),
-                            (_CounterOnly, "only the kernel's page-fault counter attached (a BPF program that "
+                            (_Floor, "only the kernel's page-fault counter attached (a BPF program that "
                                            "never runs)")]:
             eb = under_probe([str(fault_loop), "64", "40", str(passes)], attach=attach)
             if isinstance(eb, str):
@@ -257,19 +271,55 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
                  "faults. The real program's runs without the probe spread over "
                  f"{(max(real.base_runs) - min(real.base_runs)) / real.base_s:.0%} of their median here: read its "
                  "measured slowdown against that.")
-    # the CUDA probes, on the tests' stand-in libcuda.so.1 called by a program as CUDA programs do
-    lib = _build([ROOT / "tests" / "c" / "fake_libcuda.c"], "libcuda.so.1", "-shared", "-fPIC")
-    launcher = _build([ROOT / "tests" / "c" / "launch_kernels.c"], "launch_kernels", "-ldl")
-    eb = under_probe([str(launcher), str(lib), str(LAUNCHES)], repeat=CUDA_REPEAT, attach=lambda: _Producer(lib))
-    if isinstance(eb, str):
-        notes.append(f"eBPF, CUDA probes: not measured here: {eb}")
-    else:
-        rows += [(f"{LAUNCHES:,} kernel launches and allocations (stand-in libcuda): no probe",
-                  f"{eb.base_s * 1000:,.0f} ms (median)"),
-                 ("… under the producer, with its CUDA probes", f"{eb.probed_s * 1000:,.0f} ms (median), "
-                  f"{eb.counts['cuda_launch']:,} launches reported over the {CUDA_REPEAT} runs; "
-                  f"{(eb.probed_s - eb.base_s) / LAUNCHES * 1e6:,.2f} µs per launch and allocation{_cpu(eb)}")]
+    _cuda(rows, notes)
     return met
+
+
+def _cuda(rows: list[tuple[str, str]], notes: list[str]) -> None:
+    """The CUDA probes, on the tests' stand-in libcuda.so.1 called as CUDA programs call it: bare launches and
+    allocations, then the GPU-shaped programs, each under the producer and under empty uprobes."""
+    lib = _build([ROOT / "tests" / "c" / "fake_libcuda.c"], "libcuda.so.1", "-shared", "-fPIC")
+
+    def empty() -> _Floor:
+        return _Floor(f"uprobe:{lib}:cuLaunchKernel {{ }} uprobe:{lib}:cuMemAlloc_v2 {{ }}")
+
+    launcher = _build([ROOT / "tests" / "c" / "launch_kernels.c"], "launch_kernels", "-ldl")
+    probed = [under_probe([str(launcher), str(lib), str(LAUNCHES)], repeat=CUDA_REPEAT, attach=attach)
+              for attach in (lambda: _Producer(lib), empty)]
+    if isinstance(probed[0], str) or isinstance(probed[1], str):
+        notes.append(f"eBPF, CUDA probes: not measured here: {probed[0]}")
+        return
+    eb, floor = probed
+    rows += [(f"{LAUNCHES:,} kernel launches and allocations (stand-in libcuda): no probe",
+              f"{eb.base_s * 1000:,.0f} ms (median)"),
+             ("… under the producer, with its CUDA probes", f"{eb.probed_s * 1000:,.0f} ms (median), "
+              f"{eb.counts['cuda_launch']:,} launches reported over the {CUDA_REPEAT} runs; "
+              f"{(eb.probed_s - eb.base_s) / LAUNCHES * 1e6:,.2f} µs per launch and allocation{_cpu(eb)}"),
+             ("… only the two uprobes attached (a BPF program that does nothing)",
+              f"{floor.probed_s * 1000:,.0f} ms (median); {(floor.probed_s - floor.base_s) / LAUNCHES * 1e6:,.2f} µs "
+              "per launch and allocation")]
+    hit_us = (floor.probed_s - floor.base_s) / LAUNCHES / 2 * 1e6
+    notes.append(f"A uprobe hit costs the calling thread {hit_us:,.1f} µs here before any program of ours runs (the "
+                 "two empty uprobes' row, per call). The GPU-shaped program emulates its device: a launch returns at "
+                 "once and queues its kernel's time, a step waits for the queue, so its steps take the longer of "
+                 "launching and the kernels. A job slows by the probes' cost per launch only where launching, with "
+                 "that cost added, outlasts its kernels: a GPU-bound job pays for its start-up page faults alone.")
+    gpu_shaped = _build([ROOT / "benchmarks" / "c" / "gpu_shaped.c"], "gpu_shaped", "-ldl")
+    for what, host_mib, steps, launches, kernel_us, repeat in GPU_SHAPED:
+        argv = [str(gpu_shaped), str(lib), str(host_mib), str(steps), str(launches), str(kernel_us)]
+        runs = [under_probe(argv, repeat=repeat, attach=attach) for attach in (lambda: _Producer(lib), empty)]
+        assert not isinstance(runs[0], str) and not isinstance(runs[1], str)  # the probes attached just before
+        eb, floor = runs
+        device_s = steps * launches * kernel_us / 1e6
+        rows += [(f"GPU-shaped program, {what}: no probe", f"{eb.base_s * 1000:,.0f} ms (median of {repeat}: "
+                  f"{_spread(eb.base_runs)}; {device_s * 1000:,.0f} ms of it the device's), {eb.faults:,} page "
+                  f"faults, {steps * launches / eb.base_s:,.0f} launches a second"),
+                 ("… under the producer, with its CUDA probes",
+                  f"{eb.probed_s * 1000:,.0f} ms (median){_events(eb)}; slowdown {eb.slowdown * 100:+.1f} % "
+                  f"(pairs: {_pairs(eb)}){_cpu(eb)}"),
+                 ("… only the two uprobes attached (a BPF program that does nothing)",
+                  f"{floor.probed_s * 1000:,.0f} ms (median); slowdown {floor.slowdown * 100:+.1f} % "
+                  f"(pairs: {_pairs(floor)})")]
 
 
 def _pairs(eb: Probed) -> str:
