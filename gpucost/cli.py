@@ -46,6 +46,11 @@ def _env_flag(p: argparse.ArgumentParser, flag: str, env: str, kind: type, defau
                    help=f"{what} (env {env}; default {shown})".replace("%", "%%"))
 
 
+def _library(value: str) -> Path | str | None:
+    """A library's path, ``auto`` (where the linker cache has it) or ``none`` (not probed)."""
+    return None if value == "none" else value if value == "auto" else Path(value)
+
+
 def _add_out(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--out", type=Path, default=Path(_env("GPUCOST_OUT", DEFAULT_OUT)),
                    help=f"{what} (env GPUCOST_OUT; default ./{DEFAULT_OUT})")
@@ -140,12 +145,13 @@ def _add_live(p: argparse.ArgumentParser) -> None:
                    help="sampling period of a live source (env GPUCOST_PERIOD_S; default 1.0)")
     p.add_argument("--ebpf-sample-every", type=int, default=_env("GPUCOST_EBPF_SAMPLE_EVERY", "16"),
                    help="with --source ebpf: report 1 page fault in N (env GPUCOST_EBPF_SAMPLE_EVERY; default 16)")
-    _env_flag(p, "--libcuda", "GPUCOST_LIBCUDA", Path, None,
-              "with --source ebpf: the CUDA driver library whose kernel launches and allocations to probe "
-              "(unset: libcuda.so.1 from the linker cache, if the node has one)")
-    _env_flag(p, "--libcublas", "GPUCOST_LIBCUBLAS", Path, None,
-              "with --source ebpf: the cuBLAS library whose GEMM calls to probe for their FLOPs (unset: the newest "
-              "libcublas.so.N from the linker cache, if the node has one)")
+    _env_flag(p, "--libcuda", "GPUCOST_LIBCUDA", _library, "none",
+              "with --source ebpf: probe the kernel launches and allocations of this CUDA driver library, or of "
+              "libcuda.so.1 from the linker cache with 'auto' ('none': not probed, as a uprobe on every launch can "
+              "double a launch-bound program's time, and launches enter no figure)")
+    _env_flag(p, "--libcublas", "GPUCOST_LIBCUBLAS", _library, "auto",
+              "with --source ebpf: the cuBLAS library whose GEMM calls to probe for their FLOPs ('auto': the "
+              "newest libcublas.so.N from the linker cache, if the node has one; 'none': not probed)")
     p.add_argument("--attribution", type=_attribution, default=_env("GPUCOST_ATTRIBUTION", "environ"),
                    help="with a live source: where each GPU process's tenant is found, ahead of its first sample: "
                         "'environ' (GPUCOST_TEAM…, GIT_COMMIT, CI_PIPELINE_ID, Slurm's job variables), 'kubernetes' "

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from gpucost.producers.nvml import NvmlSampler, NvmlUnavailable
 from gpucost.producers.periodic import Sampler, sample_forever
@@ -41,8 +41,11 @@ class LiveSettings:
     dcgm_url: str | None = None
     dcgm_sla: str = "Bronze"
     ebpf_sample_every: int = 16
-    libcuda: Path | None = None  # None: found where the loader finds it, if anywhere
-    libcublas: Path | None = None  # likewise
+    #: the libraries probed: "auto", where the loader finds them (if anywhere); None, not probed. Kernel launches
+    #: are not probed unless asked for: a uprobe per launch can double a launch-bound program's time, for traces
+    #: that enter no figure, while a GEMM call's FLOPs are EFU's input
+    libcuda: Path | Literal["auto"] | None = None
+    libcublas: Path | Literal["auto"] | None = "auto"
 
 
 class LiveSource(Protocol):
@@ -154,7 +157,8 @@ def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], N
             nvml = open_nvml(s.node_id)  # to name the GPUs a migrating process uses
         except NvmlUnavailable:
             say("no NVML here: NUMA migrations and CUDA launches are counted, not attributed to GPUs")
-    libcuda, libcublas = s.libcuda or find_libcuda(), s.libcublas or find_libcublas()
+    libcuda = find_libcuda() if s.libcuda == "auto" else s.libcuda
+    libcublas = find_libcublas() if s.libcublas == "auto" else s.libcublas
     for flag, lib in (("--libcuda", libcuda), ("--libcublas", libcublas)):
         if lib is not None and not lib.is_file():
             raise SourceUnavailable(f"{flag} {lib} is not a file")
@@ -165,7 +169,10 @@ def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], N
     except EbpfUnavailable as exc:
         raise SourceUnavailable(str(exc)) from None
     what = (f"tracing user page faults (1 in {s.ebpf_sample_every})"
-            + (f" and CUDA launches in {libcuda}" if libcuda else " (no libcuda here: no CUDA launches)")
-            + (f" and GEMM FLOPs in {libcublas}" if libcublas else " (no libcublas here: no FLOPs)")
+            + (f" and CUDA launches in {libcuda}" if libcuda else
+               " (CUDA launches not probed: --libcuda auto or PATH)" if s.libcuda is None else
+               " (no libcuda here: no CUDA launches)")
+            + (f" and GEMM FLOPs in {libcublas}" if libcublas else
+               " (GEMM calls not probed: no FLOPs)" if s.libcublas is None else " (no libcublas here: no FLOPs)")
             + " with bpftrace")
     return _Traced(probe, what, s, nvml, say)

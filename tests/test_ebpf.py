@@ -138,6 +138,7 @@ def test_gpucost_run_traces_page_faults(toucher: Path, tmp_path: Path, capsys: p
         stop.set()
     err = capsys.readouterr().err
     assert rc == 0 and "tracing user page faults" in err
+    assert "CUDA launches not probed" in err  # only asked for (--libcuda): a uprobe per launch is costly
     # every sample the kernel took is reported or counted as lost (the toucher loop may outrun the drains)
     summary = re.search(r"([\d,]+) page faults sampled, ([\d,]+) reported(?:, ([\d,]+) LOST)?", err)
     assert summary, err
@@ -220,6 +221,27 @@ def test_cuda_launches_become_trace_events(cuda_program: tuple[Path, Path], laun
     for e in traces:
         assert len(bytes.fromhex(e.to_wire()["trace_hex"])) == 40
         assert decode_line(encode_event(e)) == e
+
+
+def test_launches_are_probed_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A uprobe on every launch doubled a launch-bound program's time (BENCHMARKS.md, benchmark 5), for traces
+    that enter no figure: unset, ``--libcuda`` probes nothing, even on a node whose linker cache has the driver;
+    ``auto`` looks there, a path names the library, and so does the environment variable. cuBLAS, whose calls
+    feed EFU, is looked for unless ``none``."""
+    from gpucost.cli import _parser
+
+    def libraries(*flags: str) -> tuple[object, object]:
+        args = _parser().parse_args(["run", "--source", "ebpf", *flags])
+        return args.libcuda, args.libcublas
+
+    for name in ("GPUCOST_LIBCUDA", "GPUCOST_LIBCUBLAS"):
+        monkeypatch.delenv(name, raising=False)
+    assert libraries() == (None, "auto")  # GEMM calls feed EFU: probed where the node has cuBLAS
+    assert libraries("--libcuda", "auto", "--libcublas", "none") == ("auto", None)
+    assert libraries("--libcuda", "/opt/cuda/libcuda.so.1")[0] == Path("/opt/cuda/libcuda.so.1")
+    monkeypatch.setenv("GPUCOST_LIBCUDA", "auto")
+    monkeypatch.setenv("GPUCOST_LIBCUBLAS", "none")
+    assert libraries() == ("auto", None)
 
 
 def test_find_libcuda_takes_the_64_bit_driver_from_the_linker_cache() -> None:
