@@ -17,7 +17,7 @@ from gpucost.producers.replay import read_batches
 from gpucost.streams.settings import AuditSettings
 from tests.recompute import parquet_source, recompute_sql
 
-__all__ = ["Result", "machine", "timed", "median_time", "embedded_and_duckdb"]
+__all__ = ["Result", "machine", "timed", "median_time", "embedded_and_duckdb", "rss_bytes"]
 
 
 @dataclass
@@ -71,3 +71,9 @@ def embedded_and_duckdb(files: list[Path], settings: AuditSettings, work: Path, 
         con = duckdb.connect()
         sql.append(timed(lambda: con.execute(recompute_sql(parquet_source(files), settings)))[0])
     return embedded, sql, con
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * 4096

@@ -32,7 +32,7 @@ from aiokafka import TopicPartition
 
 from benchmarks.common import Result
 from benchmarks.kafka_vs_raw import through_worker
-from benchmarks.rebalance import PARTITIONS, _input, copy_input
+from benchmarks.rebalance import PARTITIONS, copy_input, read_input
 from gpucost.embedded import run_embedded
 from gpucost.kafka.publish import create_topics, publish
 from gpucost.kafka.settings import KafkaSettings
@@ -110,7 +110,7 @@ def run(gpus: int, hours: float, runs: int = 3, port: int = 19740) -> Result:
         async def setup() -> dict[TopicPartition, list[Any]]:
             await create_topics(source)
             await publish(simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=10)), source, spool=data / "spool")
-            return await _input(source)
+            return await read_input(source)
 
         inputs = asyncio.run(setup())
         count = {t: (sum(len(b) for tp, b in inputs.items() if tp.topic == source.topic(t)),

@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from benchmarks.common import Result
-from benchmarks.state_memory import NS, T0, _samples
+from benchmarks.state_memory import NS, T0, samples
 from gpucost.kafka.publish import create_topics, publish
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
@@ -50,7 +50,7 @@ def gpu_state() -> list[tuple[bytes, bytes | None]]:
     """The state records of one GPU with 72 h of panes (one process on it), keyed ``KEY``."""
     auditor = Auditor(AuditSettings())
     for k in range(72 * 60 + 3):
-        for event in _samples(1, T0 + k * 60 * NS, 60.0):
+        for event in samples(1, T0 + k * 60 * NS, 60.0):
             auditor.update(event)
     return state_records(KEY, auditor, SeenSequences(), None, {})
 
@@ -217,7 +217,7 @@ async def scale_out(kafka: KafkaSettings, workers: int, messages: int, events: i
         await admin.close()
 
 
-async def _input(kafka: KafkaSettings) -> dict[TopicPartition, list[Any]]:
+async def read_input(kafka: KafkaSettings) -> dict[TopicPartition, list[Any]]:
     """Every message of the input topics, by partition."""
     consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
@@ -286,7 +286,7 @@ def run(sizes: tuple[int, ...], rebalance_gpus: int, gpus: int, hours: float, pa
             source = KafkaSettings(bootstrap=bootstrap, topic_prefix="scale.", partitions=PARTITIONS)
             await create_topics(source)
             await publish(simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=10)), source, spool=data / "spool")
-            inputs = await _input(source)
+            inputs = await read_input(source)
             messages = sum(map(len, inputs.values()))
             by_partition = [sum(m.value.count(b"\n") + 1 for m in inputs[TopicPartition(source.topic(t), p)] if m.value)
                             for t in INPUTS for p in range(PARTITIONS)]

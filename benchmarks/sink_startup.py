@@ -22,9 +22,8 @@ from pathlib import Path
 
 import duckdb
 
-from benchmarks.common import Result
+from benchmarks.common import Result, rss_bytes
 from benchmarks.query_latency import NS, one_day
-from benchmarks.state_memory import _rss_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 FLUSH_ROWS = 2 * 60  # a 2-minute flush of 1 GPU's panes, times the GPUs: the journal's one file
@@ -57,14 +56,14 @@ def child(out: Path, side: str) -> dict[str, float]:
     """One side's start-up over ``out``: seconds, resident memory growth, keys held."""
     from gpucost.kafka.sink import resume, written_keys
 
-    before = _rss_bytes()
+    before = rss_bytes()
     start = time.perf_counter()
     if side == "journal":
         keys = resume(out, dict).seen
     else:  # every key on disk, as the sink did before its journal
         keys = written_keys(out, sorted(out.glob("*/date=*/part-*.parquet")))
     took = time.perf_counter() - start
-    return {"s": took, "rss": _rss_bytes() - before, "keys": sum(map(len, keys.values()))}
+    return {"s": took, "rss": rss_bytes() - before, "keys": sum(map(len, keys.values()))}
 
 
 def _measure(out: Path, side: str) -> dict[str, float]:

@@ -19,19 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Result
+from benchmarks.common import Result, rss_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = 1_000_000_000
 T0 = 1_736_121_600 * NS
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * 4096
-
-
-def _samples(gpus: int, ts_ns: int, interval_s: float) -> list[Any]:
+def samples(gpus: int, ts_ns: int, interval_s: float) -> list[Any]:
     """One GPU sample and one process sample per GPU at ``ts_ns`` (built without validation: millions
     of them, all valid)."""
     from gpucost.schemas.events import GpuSample, ProcessSample
@@ -56,24 +51,24 @@ def child(gpus: int, panes: int = 72 * 60 + 3) -> int:
     from gpucost.streams.settings import AuditSettings
 
     gc.collect()
-    before = _rss_bytes()
+    before = rss_bytes()
     auditor = Auditor(AuditSettings())
     for g in range(gpus):
         auditor.update(TenantBinding(node_id=f"node-{g // 8}", pid=1000 + g, ts_ns=T0, team="team", env="prod",
                                      app="app", tier="online", sla="Gold"))
     for k in range(panes):
-        for event in _samples(gpus, T0 + k * 60 * NS, 60.0):
+        for event in samples(gpus, T0 + k * 60 * NS, 60.0):
             auditor.update(event)
     gc.collect()
-    return _rss_bytes() - before
+    return rss_bytes() - before
 
 
 def _lines(gpus: int, ts_ns: int, interval_s: float) -> dict[bytes, list[bytes]]:
-    """``_samples`` as JSON lines, by GPU: what a worker reads."""
+    """``samples`` as JSON lines, by GPU: what a worker reads."""
     from gpucost.schemas.codec import encode_event
 
     out: dict[bytes, list[bytes]] = {}
-    for event in _samples(gpus, ts_ns, interval_s):
+    for event in samples(gpus, ts_ns, interval_s):
         out.setdefault(event.gpu_uuid.encode(), []).append(encode_event(event).encode())
     return out
 
