@@ -293,11 +293,10 @@ class IdleIndex:
         ks = panes.pane_start_ns // self.pane_ns
         self.rolls += len(panes)
         idle_72h, covered_72h = np.zeros(len(panes), np.int64), np.zeros(len(panes), np.int64)
-        codes = pa.array(panes.gpu_uuid, pa.string()).dictionary_encode()  # each GPU, in order of first pane
-        of = codes.indices.to_numpy()
+        of, gpus = panes.gpus
         order = np.argsort(of, kind="stable")  # each GPU's panes together, in their order
-        bounds = np.searchsorted(of[order], np.arange(len(codes.dictionary) + 1)).tolist()
-        for j, gpu in enumerate(codes.dictionary.to_pylist()):
+        bounds = np.searchsorted(of[order], np.arange(len(gpus) + 1)).tolist()
+        for j, gpu in enumerate(gpus):
             members = order[bounds[j]:bounds[j + 1]]
             window = self._window(gpu)
             idle_72h[members], covered_72h[members] = window.roll_many(

@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from gpucost.streams.runs import Levels
 from gpucost.streams.tables import Tenant
@@ -171,6 +172,14 @@ class PaneColumns:
         distinct: dict[Tenant, int] = {}
         codes = np.array([distinct.setdefault(t, len(distinct)) for t in self.t_tenant.tolist()], np.int64)
         return codes, list(distinct)
+
+    @cached_property
+    def gpus(self) -> tuple[np.ndarray, list[str]]:
+        """Each pane's GPU as its index among the distinct ones, and those, in order of their first pane: how
+        the idle index, the health audit and the SLA operator group panes by GPU (Arrow's hash, not a sort of
+        strings)."""
+        encoded = pa.array(self.gpu_uuid, pa.string()).dictionary_encode()
+        return encoded.indices.to_numpy().astype(np.int64), encoded.dictionary.to_pylist()
 
     @classmethod
     def of(cls, panes: list[PaneTotals]) -> "PaneColumns":

@@ -128,8 +128,10 @@ class SlaOperator:
         tiered = np.array([tier is not None for tier in tier_of], bool)
         rows = np.flatnonzero(tiered[codes] & (panes.t_samples > 0)) if len(codes) else np.zeros(0, np.int64)
         pane = panes.t_pane[rows]
-        gpu = panes.gpu_uuid[pane].astype(str)
-        key = panes.t_key[rows].astype(str)
+        gpu_of, gpu_names = panes.gpus
+        gpu = gpu_of[pane]  # grouped by codes, not by sorting strings
+        key = panes.t_key[rows]
+        key_of = pa.array(key, pa.string()).dictionary_encode().indices.to_numpy()
         k = panes.pane_start_ns[pane] // self.pane_ns
         sm, covered = panes.t_sm[rows], panes.covered_ms[pane]
         code = codes[rows]
@@ -139,17 +141,17 @@ class SlaOperator:
         sm_o, covered_o = sm.astype(object), covered.astype(object)
         idle = np.where(threshold > 0, sm_o < threshold.astype(object) * covered_o, sm_o == 0).astype(bool)
 
-        order = np.lexsort((k, key, gpu))
+        order = np.lexsort((k, key_of, gpu))
         g, kk, ii, ko = gpu[order], key[order], idle[order], k[order]
-        at = np.arange(len(order))
         first = np.ones(len(order), bool)
-        first[1:] = (g[1:] != g[:-1]) | (kk[1:] != kk[:-1])
+        first[1:] = (g[1:] != g[:-1]) | (key_of[order][1:] != key_of[order][:-1])
+        at = np.arange(len(order))
         cont = np.zeros(len(order), bool)
         cont[1:] = ~first[1:] & ii[1:] & ii[:-1] & (ko[1:] == ko[:-1] + 1)
         carried = np.zeros(len(order), bool)  # a group's first row continuing the run the state holds
         carried_panes, carried_start = np.zeros(len(order), np.int64), np.zeros(len(order), np.int64)
         for j in np.flatnonzero(first & ii).tolist():
-            run = self._runs.get(g[j], {}).get(kk[j])
+            run = self._runs.get(gpu_names[g[j]], {}).get(kk[j])
             if run is not None and run.last_k == int(ko[j]) - 1:
                 carried[j], carried_panes[j], carried_start[j] = True, run.panes, run.start_ns
         # each row's run's first row here: the last row at or before it that opens a run (every group's
@@ -163,13 +165,16 @@ class SlaOperator:
         fires = ii & (idle_run_ms >= duration_ms) & (idle_run_ms - self.pane_ms < duration_ms)
 
         # the state: each (GPU, tenant) idle in its GPU's latest pane here; GPUs with no pane here keep theirs
-        latest_k = _last_by(panes.gpu_uuid.astype(str), panes.pane_start_ns // self.pane_ns)
+        latest = np.full(len(gpu_names), np.iinfo(np.int64).min)
+        np.maximum.at(latest, gpu_of, panes.pane_start_ns // self.pane_ns)
+        latest_k = dict(zip(gpu_names, latest.tolist()))
         for name in latest_k:
             self._runs.pop(name, None)
         last_row = np.flatnonzero(np.append(first[1:], True)) if len(order) else np.zeros(0, np.int64)
         for j in last_row.tolist():
-            if ii[j] and int(ko[j]) == latest_k[g[j]]:
-                self._runs.setdefault(g[j], {})[kk[j]] = _Run(int(run_start[j]), int(panes_in_run[j]), int(ko[j]))
+            name = gpu_names[g[j]]
+            if ii[j] and int(ko[j]) == latest_k[name]:
+                self._runs.setdefault(name, {})[kk[j]] = _Run(int(run_start[j]), int(panes_in_run[j]), int(ko[j]))
 
         back = np.empty(len(order), np.int64)
         back[order] = np.arange(len(order))  # each row's place in ``order``
@@ -212,12 +217,3 @@ class _PaneView:
     def __init__(self, panes: PaneColumns, j: int) -> None:
         self.gpu_uuid, self.node_id, self.gpu_model = panes.gpu_uuid[j], panes.node_id[j], panes.gpu_model[j]
         self.pane_end_ns = int(panes.pane_end_ns[j])
-
-
-def _last_by(names: np.ndarray, ks: np.ndarray) -> dict[str, int]:
-    """Each distinct name's largest k."""
-    if not len(names):
-        return {}
-    order = np.lexsort((ks, names))
-    last = np.append(names[order][1:] != names[order][:-1], True)
-    return dict(zip(names[order][last].tolist(), ks[order][last].tolist()))
