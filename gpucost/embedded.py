@@ -92,16 +92,19 @@ def _drain(q: "queue.Queue[object]") -> Iterator[list[Item]]:
 
 @dataclass
 class _Silence:
-    """The GPUs a run has not heard from: ``Auditor.close_silent`` against the run's largest watermark, of the
-    GPUs whose largest event time has not moved for ``settings.idle_timeout_s`` of the clock as well as of
-    event time (the Kafka worker's two-clock rule, per GPU here as it is per key there: a replay reads one
-    file after another, so a later file's GPUs lie far behind in event time while being read)."""
+    """The GPUs and processes a run has not heard from: ``Auditor.close_silent`` against the run's largest
+    watermark, of the GPUs whose largest event time has not moved for ``settings.idle_timeout_s`` of the clock
+    as well as of event time (the Kafka worker's two-clock rule, per GPU here as it is per key there: a replay
+    reads one file after another, so a later file's GPUs lie far behind in event time while being read); and
+    likewise of the processes whose open MAE window's last address has not moved, against the largest of the
+    run's watermarks and addresses."""
 
     timeout_s: float
     forget: bool
     monotonic: Callable[[], float]
-    latest: dict[str, int] = field(default_factory=dict)  # each GPU's largest event time when last looked at
-    heard: dict[str, float] = field(default_factory=dict)  # when it last moved, by the clock
+    #: each GPU's largest event time, or each process's last address, when last looked at
+    latest: dict[str | tuple[str, int], int] = field(default_factory=dict)
+    heard: dict[str | tuple[str, int], float] = field(default_factory=dict)  # when it last moved, by the clock
     looked: float = float("-inf")
 
     def close(self, auditor: Auditor) -> Outputs:
@@ -109,17 +112,22 @@ class _Silence:
         if now - self.looked < min(1.0, self.timeout_s):  # a look costs a pass over the GPUs: once a second
             return []
         self.looked = now
-        latest = auditor.panes.latest_ns()
-        for gpu, ts in latest.items():
-            if self.latest.get(gpu) != ts:
-                self.latest[gpu], self.heard[gpu] = ts, now
-        for gpu in self.latest.keys() - latest.keys():  # forgotten
-            del self.latest[gpu], self.heard[gpu]
-        quiet = {gpu for gpu, at in self.heard.items() if now - at >= self.timeout_s}
-        largest = auditor.panes.largest_watermark()
-        if not quiet or largest is None:
+        latest: dict[str | tuple[str, int], int] = {**auditor.panes.latest_ns(), **auditor.mae.latest_ns()}
+        for key, ts in latest.items():
+            if self.latest.get(key) != ts:
+                self.latest[key], self.heard[key] = ts, now
+        for key in self.latest.keys() - latest.keys():  # forgotten, or its window closed
+            del self.latest[key], self.heard[key]
+        quiet = {key for key, at in self.heard.items() if now - at >= self.timeout_s}
+        if not quiet:
             return []
-        return auditor.close_silent(largest, quiet, self.forget)  # type: ignore[return-value]
+        out: Outputs = []
+        gpus, processes = {k for k in quiet if isinstance(k, str)}, {k for k in quiet if isinstance(k, tuple)}
+        if gpus and (largest := auditor.panes.largest_watermark()) is not None:
+            out += auditor.close_silent(largest, gpus, self.forget)
+        if processes and (largest := auditor.latest_ns()) is not None:
+            out += auditor.close_silent(largest, processes, self.forget)
+        return out
 
 
 def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:

@@ -116,6 +116,9 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
     if stats.counts.get("silent_closes"):
         parts.append(f"{stats.counts['silent_closes']:,} panes of GPUs gone silent closed before the end of the "
                      f"input; {stats.counts.get('forgotten_gpus', 0):,} GPUs gone for good forgotten")
+    if stats.counts.get("mae_silent_closes"):
+        parts.append(f"{stats.counts['mae_silent_closes']:,} MAE windows of processes gone silent published "
+                     "partial before the end of the input")
     dead = sum(stats.dead_letters.values())
     detail = ", ".join(f"{r}: {n:,}" for r, n in sorted(stats.dead_letters.items()))
     parts.append(f"\ndead letters: {dead:,}" + (f" ({detail}); see the dlq view" if dead else ""))

@@ -252,14 +252,15 @@ class Auditor:
             held.revision = revision
         return out
 
-    def close_silent(self, watermark_ns: int, only: Container[str] | None = None, forget: bool = True
-                     ) -> list[Output]:
+    def close_silent(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None,
+                     forget: bool = True) -> list[Output]:
         """The records of panes that ``settings.idle_timeout_s`` of event time has passed by: a GPU that went
         silent (taken off the fleet, its node down) while ``watermark_ns``, the largest of its partition
         (Kafka) or run (embedded), moved on; of the GPUs in ``only``, if given (those the caller has not
         heard from for a while). Without this its last panes would stay open, unbilled, until an end of
-        input that may never come. A GPU silent for longer than the idle window loses its window
-        (``IdleIndex.expire``); one silent for the idle window or the revision horizon, whichever is longer,
+        input that may never come. The same for the MAE windows of processes gone silent (``(node_id, pid)``
+        in ``only``): each partial window is published as at an end of input. A GPU silent for longer than
+        the idle window loses its window (``IdleIndex.expire``); one silent for the idle window or the revision horizon, whichever is longer,
         past the timeout is forgotten (``GpuPanes.forget``; unless ``forget`` is false: a finite replay of
         one file after another, whose later files start back in time), so that the state does not grow
         with every GPU the fleet ever had. METRICS.md exempts this rule from cross-path equality: it
@@ -273,6 +274,9 @@ class Auditor:
             for gpu in {p.gpu_uuid for p in closed}:
                 self.revisions.prune(gpu, self.panes.watermark(gpu))
         out += self.health.close_silent(watermark_ns, timeout, only)
+        if windows := self.mae.close_silent(watermark_ns, timeout, only):
+            self.counts["mae_silent_closes"] += len(windows)
+            out += windows
         self.idle.expire(watermark_ns, only)
         if not forget:
             return out
@@ -284,6 +288,13 @@ class Auditor:
         if forgotten:
             self.counts["forgotten_gpus"] += len(forgotten)
         return out
+
+    def latest_ns(self) -> int | None:
+        """The largest event time here that a silent close is measured against: the largest watermark of a
+        GPU, or, where there is none (a process's addresses alone: a Kafka key of ``mem_access``), the last
+        address of an open MAE window."""
+        watermark, addresses = self.panes.largest_watermark(), self.mae.latest_ns().values()
+        return max([*([] if watermark is None else [watermark]), *addresses], default=None)
 
     def finish(self) -> list[Output]:
         """End of a finite input: close every pane, every health window and every MAE window."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -124,6 +124,20 @@ class Mae:
         out = [self._record(k, self._open[k]) for k in sorted(self._open)]
         self._open.clear()
         return out
+
+    def latest_ns(self) -> dict[tuple[str, int], int]:
+        """Each process with an open window, and the time of its last address."""
+        return {key: win.last_ts_ns for key, win in self._open.items()}
+
+    def close_silent(self, watermark_ns: int, idle_timeout_ns: int,
+                     only: Container[tuple[str, int]] | None = None) -> list[MaeRecord]:
+        """The partial windows of processes gone silent (of those in ``only``, if given): whose last address
+        lies ``idle_timeout_ns`` or more behind ``watermark_ns``, as at the end of their input. A live run has
+        no end of input, and a process that exits sends none: without this its last window would never be
+        published, and its pid, reused by a later process, would carry the window on into that one's."""
+        gone = [key for key in sorted(self._open) if self._open[key].last_ts_ns + idle_timeout_ns <= watermark_ns
+                and (only is None or key in only)]
+        return [self._complete(key) for key in gone]
 
     def _record(self, key: tuple[str, int], win: _Window) -> MaeRecord:
         bits = entropy_bits(win.counts.values())

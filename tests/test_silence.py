@@ -8,6 +8,8 @@ run that closes silent GPUs' panes, forgets GPUs gone for good and meets some ev
 from __future__ import annotations
 
 import json
+import math
+import random
 from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
@@ -19,7 +21,7 @@ from hypothesis import strategies as st
 from gpucost.embedded import run_embedded
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
-from gpucost.schemas.events import Event, GpuSample, Price, ProcessSample, TenantBinding
+from gpucost.schemas.events import Event, GpuSample, MemAccess, Price, ProcessSample, TenantBinding
 from gpucost.schemas.records import CostRecord, DeadLetter, Output
 from gpucost.sinks.views import connect
 from gpucost.streams import columnar
@@ -191,3 +193,49 @@ def test_a_live_run_closes_and_forgets_a_gpu_gone_and_a_replay_of_file_after_fil
     in_time = run_embedded([(price, "x")] + [(e, "x") for e in sorted(gone + stays + later, key=lambda e: e.ts_ns)],
                            s, tmp_path / "in-time", monotonic=lambda: 0.0)
     assert costs(tmp_path / "files") == costs(tmp_path / "in-time") and not in_time.dead_letters
+
+
+def _windows(addresses: list[MemAccess], width: int) -> list[tuple[int, int, int, float]]:
+    """A process's MAE windows by brute force: (first_ts_ns, last_ts_ns, n, bits) of each run of ``width``
+    addresses in order, the last one partial (every address here falls in the default range)."""
+    out = []
+    for lo in range(0, len(addresses), width):
+        part = addresses[lo:lo + width]
+        counts = Counter(a.address * 256 >> 32 for a in part)
+        bits = -sum(c / len(part) * math.log2(c / len(part)) for c in counts.values())
+        out.append((part[0].ts_ns, part[-1].ts_ns, len(part), bits))
+    return out
+
+
+def test_a_process_gone_silent_has_its_partial_mae_window_published_and_its_pid_reused_starts_afresh(
+        tmp_path: Path) -> None:
+    """A live run has no end of input, and a process that exits sends none: a process silent for
+    ``idle_timeout_s`` in event time and on the clock has its partial MAE window published then, as at an end of
+    input; a later process given the same pid starts a window of its own instead of filling the dead one's. The
+    run's clock stopped, the same input cuts the two processes' addresses into windows as one stream."""
+    s = AuditSettings(idle_timeout_s=300, mae_window=64)
+    rng = random.Random(7)
+
+    def access(pid: int, t_ms: int) -> MemAccess:
+        return MemAccess(node_id="node-0", pid=pid, ts_ns=BASE_NS + t_ms * 1_000_000, address=rng.randrange(1 << 32))
+
+    exited = [access(7, i * 1000) for i in range(100)]  # 100 s, then exits
+    reused = [access(7, 7_200_000 + i * 1000) for i in range(40)]  # two hours later, another process: pid 7 again
+    busy = [access(9, i * 500) for i in range(3 * 3600 * 2)]  # the node's clock: an address every 0.5 s for 3 h
+    events = [(e, "ebpf") for e in sorted(exited + reused + busy, key=lambda e: e.ts_ns)]
+
+    def windows(out: Path, pid: int) -> list[tuple[int, int, int, float]]:
+        return [(first, last, n, round(bits, 9)) for first, last, n, bits in connect(out).execute(
+            "SELECT first_ts_ns, last_ts_ns, n, mae_bits FROM mae WHERE pid = ? "
+            "ORDER BY first_ts_ns", [pid]).fetchall()]
+
+    def rounded(ws: list[tuple[int, int, int, float]]) -> list[tuple[int, int, int, float]]:
+        return [(first, last, n, round(bits, 9)) for first, last, n, bits in ws]
+
+    live = run_embedded(events, s, tmp_path / "live", live=True, monotonic=_tick(s.idle_timeout_s))
+    assert windows(tmp_path / "live", 7) == rounded(_windows(exited, 64) + _windows(reused, 64))
+    assert live.counts["mae_silent_closes"] == 2  # each of pid 7's last windows: the node went on without it
+    stopped = run_embedded(events, s, tmp_path / "stopped", monotonic=lambda: 0.0)
+    assert windows(tmp_path / "stopped", 7) == rounded(_windows(exited + reused, 64))
+    assert stopped.counts["mae_silent_closes"] == 0
+    assert windows(tmp_path / "live", 9) == windows(tmp_path / "stopped", 9) == rounded(_windows(busy, 64))

@@ -15,16 +15,18 @@ from hypothesis import strategies as st
 from gpucost.kafka.routing import Router
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
-from gpucost.kafka.state import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, restored
+from gpucost.kafka.state import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, restored, state_records
 from gpucost.kafka.worker import Worker, _Owned
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
-from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord
+from gpucost.schemas.events import MemAccess
+from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord, MaeRecord
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message, RecordingProducer
+from tests.strategies import BASE_NS, NS
 
 AUDIT = AuditSettings()
 BAD = [b'{"kind":"gpu_sample"', b'{"kind":"mystery"}', b"\xff\xfe", b'{"kind":"gpu_sample","ts_ns":-1}']
@@ -225,6 +227,40 @@ def test_a_key_ended_and_begun_again_in_one_poll_writes_its_new_idle_windows() -
     new = owned.auditors[key.decode()]
     assert new is not old and new.idle.rolls == rolls_written > 0  # what makes the case
     assert restored(AUDIT, latest).auditors[key.decode()].to_state() == new.to_state()
+
+
+def test_a_process_gone_silent_has_its_mae_window_published_once_its_partition_moves_on() -> None:
+    """A ``mem_access`` key is one process: when it exits it sends no end of input, and its partial window would
+    stay in the worker and its state for good. Once another process of its partition has moved ``idle_timeout_s``
+    of event time past its last address, and nothing of it came for that long on the clock, the window is
+    published as at an end of input, and written as closed; the same pid's next address starts a new window."""
+    def lines(pid: int, start_s: int, count: int, step_ms: int) -> list[bytes]:
+        return [encode_event(MemAccess(node_id="node-0", pid=pid, ts_ns=BASE_NS + start_s * NS + i * step_ms * 10**6,
+                                       address=(i * 2654435761) % (1 << 32))).encode() for i in range(count)]
+
+    exited, busy = b"node-0/7", b"node-0/9"
+    audit = AuditSettings(mae_window=64)
+    worker = Worker(KafkaSettings(), audit, group="g")
+    clock = [0.0]
+    worker.monotonic = lambda: clock[0]
+    owned = _Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
+    out = worker._apply(owned, [Message(exited, b"\n".join(lines(7, 0, 100, 1000)), 0)], set(), Counter())
+    assert [r.n for r in out if isinstance(r, MaeRecord)] == [64]  # the 36 after it: an open window
+    # the other process an hour ahead in event time, but the first heard from a moment ago: only behind
+    clock[0] = audit.idle_timeout_s - 1
+    touched: set[str] = set()
+    out = worker._apply(owned, [Message(busy, b"\n".join(lines(9, 3600, 10, 1000)), 1)], touched, Counter())
+    assert not [r for r in out if isinstance(r, MaeRecord)] and exited.decode() not in touched
+    clock[0] = audit.idle_timeout_s  # and now silent in both times
+    out = worker._apply(owned, [Message(busy, b"\n".join(lines(9, 3610, 1, 1000)), 2)], touched, Counter())
+    closed = [r for r in out if isinstance(r, MaeRecord)]
+    assert [(r.pid, r.n, r.first_ts_ns, r.last_ts_ns) for r in closed] == [
+        (7, 36, BASE_NS + 64 * NS, BASE_NS + 99 * NS)]
+    assert exited.decode() in touched and owned.auditors[exited.decode()].counts["mae_silent_closes"] == 1
+    state = dict(state_records(exited.decode(), owned.auditors[exited.decode()], SeenSequences(), None, {}))
+    assert restored(audit, state).auditors[exited.decode()].mae.latest_ns() == {}  # written closed
+    again = worker._apply(owned, [Message(exited, b"\n".join(lines(7, 7200, 64, 1000)), 3)], set(), Counter())
+    assert [(r.n, r.first_ts_ns) for r in again if isinstance(r, MaeRecord)] == [(64, BASE_NS + 7200 * NS)]
 
 
 def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on() -> None:

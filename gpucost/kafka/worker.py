@@ -359,8 +359,9 @@ class Worker(ConsumerRebalanceListener):
         return out + self._close_silent(owned, touched)
 
     def _close_silent(self, owned: _Owned, touched: set[str]) -> list[Output]:
-        """Close the panes of the partition's silent GPUs (``Auditor.close_silent``) against the largest
-        watermark of any key of the partition.
+        """Close the panes of the partition's silent GPUs, and the MAE windows of its silent processes
+        (``Auditor.close_silent``), against the largest watermark of any key of the partition (a process's
+        key: the last address of its open window, ``Auditor.latest_ns``).
 
         Silent means in both times: ``idle_timeout_s`` of event time behind the partition's largest
         watermark, and no message applied for ``idle_timeout_s`` of this worker's clock. Event time alone
@@ -368,7 +369,7 @@ class Worker(ConsumerRebalanceListener):
         producer batches each key's events, so in a replay one key's watermark runs hours ahead of
         another's. The clock only holds a close back; which panes close, and their records, come from
         the keys' states."""
-        watermarks = {key: w for key, a in owned.auditors.items() if (w := a.panes.largest_watermark()) is not None}
+        watermarks = {key: w for key, a in owned.auditors.items() if (w := a.latest_ns()) is not None}
         if not watermarks:
             return []
         largest, out, now = max(watermarks.values()), [], self.monotonic()
