@@ -307,9 +307,11 @@ def _cuda(rows: list[tuple[str, str]], notes: list[str]) -> None:
     gpu_shaped = _build([ROOT / "benchmarks" / "c" / "gpu_shaped.c"], "gpu_shaped", "-ldl")
     for what, host_mib, steps, launches, kernel_us, repeat in GPU_SHAPED:
         argv = [str(gpu_shaped), str(lib), str(host_mib), str(steps), str(launches), str(kernel_us)]
-        runs = [under_probe(argv, repeat=repeat, attach=attach) for attach in (lambda: _Producer(lib), empty)]
-        assert not isinstance(runs[0], str) and not isinstance(runs[1], str)  # the probes attached just before
-        eb, floor = runs
+        runs = [under_probe(argv, repeat=repeat, attach=attach)
+                for attach in (lambda: _Producer(lib), _Producer, empty)]
+        assert not any(isinstance(r, str) for r in runs)  # the probes attached just before
+        eb, default, floor = runs
+        assert isinstance(eb, Probed) and isinstance(default, Probed) and isinstance(floor, Probed)
         device_s = steps * launches * kernel_us / 1e6
         rows += [(f"GPU-shaped program, {what}: no probe", f"{eb.base_s * 1000:,.0f} ms (median of {repeat}: "
                   f"{_spread(eb.base_runs)}; {device_s * 1000:,.0f} ms of it the device's), {eb.faults:,} page "
@@ -317,6 +319,9 @@ def _cuda(rows: list[tuple[str, str]], notes: list[str]) -> None:
                  ("… under the producer, with its CUDA probes",
                   f"{eb.probed_s * 1000:,.0f} ms (median){_events(eb)}; slowdown {eb.slowdown * 100:+.1f} % "
                   f"(pairs: {_pairs(eb)}){_cpu(eb)}"),
+                 ("… under the producer as it runs by default (launches not probed: no `--libcuda`)",
+                  f"{default.probed_s * 1000:,.0f} ms (median); slowdown {default.slowdown * 100:+.1f} % "
+                  f"(pairs: {_pairs(default)})"),
                  ("… only the two uprobes attached (a BPF program that does nothing)",
                   f"{floor.probed_s * 1000:,.0f} ms (median); slowdown {floor.slowdown * 100:+.1f} % "
                   f"(pairs: {_pairs(floor)})")]
