@@ -177,6 +177,27 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     finally:
         hook.server.shutdown()
     assert sorted(k for k, _ in hook.accepted) == sorted(triggers) and triggers
+    # another reclaimer, SIGKILLed once the receiver has taken two triggers, then restarted on its ledger: no
+    # trigger is lost, and one is sent again at most (the kill between the receiver's answer and the ledger's
+    # fsync), with the same Idempotency-Key and body, which is how the receiver knows it
+    hook = Webhook(fail=1)
+    try:
+        reclaim = ["reclaim", "--webhook", hook.url, "--ledger", str(d.tmp / "ledger-killed"), "--group",
+                   f"{d.app_id}-reclaim-killed"]
+        victim = d.spawn("reclaim-killed", *reclaim)
+        wait_for("two triggers at the webhook", lambda: len(hook.accepted) >= 2, 120, d.tmp)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        assert len({k for k, _ in hook.accepted}) < len(triggers), "the kill came too late to test anything"
+        d.spawn("reclaim-restarted", *reclaim)
+        wait_for("every trigger at the webhook again", lambda: {k for k, _ in hook.accepted} >= triggers, 120,
+                 d.tmp)
+        time.sleep(1)  # nothing more may come
+    finally:
+        hook.server.shutdown()
+    assert {k for k, _ in hook.accepted} == triggers and len(hook.accepted) <= len(triggers) + 1
+    firsts = {k: body for k, body in reversed(hook.accepted)}
+    assert all(body == firsts[k] for k, body in hook.accepted)
     d.stop()
     assert_same_parquet(d.out, embedded, dead_letters=1)
     assert worker[("gpucost_worker_records_total", (("kind", "cost"),))] == counts["cost"]
