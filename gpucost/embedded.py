@@ -119,15 +119,11 @@ class _Silence:
         for key in self.latest.keys() - latest.keys():  # forgotten, or its window closed
             del self.latest[key], self.heard[key]
         quiet = {key for key, at in self.heard.items() if now - at >= self.timeout_s}
-        if not quiet:
+        largest = auditor.panes.largest_watermark()  # None: no GPU, only processes' addresses
+        largest = auditor.latest_ns() if largest is None else largest
+        if not quiet or largest is None:
             return []
-        out: Outputs = []
-        gpus, processes = {k for k in quiet if isinstance(k, str)}, {k for k in quiet if isinstance(k, tuple)}
-        if gpus and (largest := auditor.panes.largest_watermark()) is not None:
-            out += auditor.close_silent(largest, gpus, self.forget)
-        if processes and (largest := auditor.latest_ns()) is not None:
-            out += auditor.close_silent(largest, processes, self.forget)
-        return out
+        return auditor.close_silent(largest, quiet, self.forget)  # type: ignore[return-value]
 
 
 def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:

@@ -259,9 +259,10 @@ class Auditor:
         (Kafka) or run (embedded), moved on; of the GPUs in ``only``, if given (those the caller has not
         heard from for a while). Without this its last panes would stay open, unbilled, until an end of
         input that may never come. The same for the MAE windows of processes gone silent (``(node_id, pid)``
-        in ``only``): each partial window is published as at an end of input. A GPU silent for longer than
-        the idle window loses its window (``IdleIndex.expire``); one silent for the idle window or the revision horizon, whichever is longer,
-        past the timeout is forgotten (``GpuPanes.forget``; unless ``forget`` is false: a finite replay of
+        in ``only``), against the later of ``watermark_ns`` and the last address of any open window: each
+        partial window is published as at an end of input. A GPU silent for longer than the idle window loses
+        its window (``IdleIndex.expire``); one silent for the idle window or the revision horizon, whichever is
+        longer, past the timeout is forgotten (``GpuPanes.forget``; unless ``forget`` is false: a finite replay of
         one file after another, whose later files start back in time), so that the state does not grow
         with every GPU the fleet ever had. METRICS.md exempts this rule from cross-path equality: it
         depends on what shares the partition."""
@@ -274,7 +275,7 @@ class Auditor:
             for gpu in {p.gpu_uuid for p in closed}:
                 self.revisions.prune(gpu, self.panes.watermark(gpu))
         out += self.health.close_silent(watermark_ns, timeout, only)
-        if windows := self.mae.close_silent(watermark_ns, timeout, only):
+        if windows := self.mae.close_silent(max([watermark_ns, *self.mae.latest_ns().values()]), timeout, only):
             self.counts["mae_silent_closes"] += len(windows)
             out += windows
         self.idle.expire(watermark_ns, only)

@@ -158,7 +158,7 @@ class HealthAudit:
         record with the pane whose close emits it, as ``on_close`` of that pane would."""
         if not len(panes):
             return []
-        gpus, codes = panes.gpus
+        gpus, names = panes.gpus  # each pane's GPU, as an index into names
         window = panes.pane_start_ns // self.window_ns
         order = np.lexsort((np.arange(len(panes)), window, gpus))  # by GPU, window, then as they came
         gpu_of, window = gpus[order], window[order]
@@ -170,7 +170,7 @@ class HealthAudit:
         out: list[tuple[int, HealthRecord]] = []
         for r, (lo, hi) in enumerate(zip(firsts.tolist(), lasts.tolist())):
             first, last = int(order[lo]), int(order[hi - 1])
-            gpu = codes[gpu_of[lo]]
+            gpu = names[gpu_of[lo]]
             window_open = self._open.get(gpu)
             if window_open is not None and window_open.start_ns != int(window[lo]) * self.window_ns:
                 out.append((first, self._close(gpu)))  # closed by the first pane of a later window

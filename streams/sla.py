@@ -142,9 +142,9 @@ class SlaOperator:
         idle = np.where(threshold > 0, sm_o < threshold.astype(object) * covered_o, sm_o == 0).astype(bool)
 
         order = np.lexsort((k, key_of, gpu))
-        g, kk, ii, ko = gpu[order], key[order], idle[order], k[order]
+        g, kk, kc, ii, ko = gpu[order], key[order], key_of[order], idle[order], k[order]
         first = np.ones(len(order), bool)
-        first[1:] = (g[1:] != g[:-1]) | (key_of[order][1:] != key_of[order][:-1])
+        first[1:] = (g[1:] != g[:-1]) | (kc[1:] != kc[:-1])
         at = np.arange(len(order))
         cont = np.zeros(len(order), bool)
         cont[1:] = ~first[1:] & ii[1:] & ii[:-1] & (ko[1:] == ko[:-1] + 1)
