@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -149,6 +150,25 @@ def cost_files(out: Path) -> list[Path]:
     return list(out.glob("cost/date=*/part-*.parquet"))
 
 
+class CostRows:
+    """The cost rows in the sink's published files, from each file's footer (read once a file): far
+    cheaper than a query, so it can be looked at between two of a sink's flushes."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.rows: dict[Path, int] = {}
+
+    def __call__(self) -> int:
+        files = cost_files(self.out)
+        for f in files:
+            if f not in self.rows:
+                try:
+                    self.rows[f] = pq.read_metadata(f).num_rows
+                except OSError:  # merged away by a compaction meanwhile
+                    self.rows[f] = 0
+        return sum(self.rows[f] for f in files)
+
+
 def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
     events, embedded = recorded
     d = deployment
@@ -157,17 +177,21 @@ def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path,
     want = embedded_counts(embedded)["cost"]
     rnd = random.Random(int(os.environ.get("GPUCOST_FAULT_SEED", "7")))  # when each kill falls
     kills = mid_write = 0
+    written = CostRows(d.out)
     while kills < 4 and d.rows("cost") < want:
         victim = d.spawn(f"sink-{kills}", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink",
                          "--flush-interval-s", "0.1")
-        # killed once it has published a few files, how many drawn at random: somewhere in the middle of writing,
-        # however fast this machine writes. Files are counted, not rows: a query of the rows takes long enough
-        # under load for a fast sink to finish meanwhile (as a fixed delay after its first file let it)
-        seen = len(cost_files(d.out))
-        target, deadline = seen + rnd.randint(1, 4), time.monotonic() + 60  # 60 s for its start-up
+        # killed once it has published a few files, how many drawn at random, or half of the rows left, whichever
+        # comes first: somewhere in the middle of writing, however fast this machine writes (a sink drawing 4
+        # files once finished all there was before its fourth). Files and their footers are counted, not rows
+        # queried: a query takes long enough under load for a fast sink to finish meanwhile
+        seen, rows = len(cost_files(d.out)), written()
+        target, half, deadline = seen + rnd.randint(1, 4), rows + (want - rows) // 2, time.monotonic() + 60
         while (n := len(cost_files(d.out))) < target and victim.poll() is None and time.monotonic() < deadline:
             if n != seen:  # publishing: 5 s for each next file, so a sink that wrote everything is not waited on
                 seen, deadline = n, time.monotonic() + 5
+                if written() >= half:
+                    break
             time.sleep(0.002)
         time.sleep(rnd.random() * 0.01)
         mid_write += d.rows("cost") < want
