@@ -34,6 +34,31 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.section(title)
             for line in lines:
                 terminalreporter.write_line(line)
+
+
+@pytest.fixture(params=[None, 0], ids=["revisions-default", "revisions-off"])
+def horizon(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> "AuditSettings":
+    """The configuration a hostile-input test attacks: the default (a 6 h revision horizon) and revisions off.
+
+    A guarantee that holds only with a feature off does not hold, so every attack runs in both. It sets
+    ``GPUCOST_REVISION_HORIZON_S`` for what runs through the command line, and returns the settings for
+    what a test drives directly; ``horizon_label`` names it in the suite's summary lines.
+    """
+    from gpucost.streams.settings import AuditSettings
+
+    if request.param is None:
+        monkeypatch.delenv("GPUCOST_REVISION_HORIZON_S", raising=False)
+        return AuditSettings()
+    monkeypatch.setenv("GPUCOST_REVISION_HORIZON_S", str(request.param))
+    return AuditSettings(revision_horizon_s=request.param)
+
+
+def horizon_label(settings_: "AuditSettings") -> str:
+    """``R=6h`` or ``R=0``, for a summary line of the hostile-input suite."""
+    seconds = settings_.revision_horizon_s
+    return f"R={seconds // 3600}h" if seconds and seconds % 3600 == 0 else f"R={seconds}"
+
+
 SHARED_DATA = Path(os.environ.get("GPUCOST_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
