@@ -91,37 +91,13 @@ class Auditor:
                 return [self.late_letter(event, raw, source, self.panes.watermark(event.gpu_uuid))]
             self.panes.add_trace(event)
         if isinstance(event, MemAccess):
+            if not self.mae.admit(event):
+                return [self.resent_letter(event, raw, source, self.mae.mark(event))]
             self.counts[event.kind] += 1
             rec = self.mae.update(event)
             return [rec] if rec is not None else []
         if isinstance(event, TenantBinding):
-            verdict = self.bindings.verdict(event)
-            if verdict == "duplicate":
-                return [self._dead("duplicate", event, raw, source,
-                                   f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
-                                   "was already taken; the first one stays in force")]
-            if verdict == "unchanged":
-                self.counts["binding_unchanged"] += 1
-                return []
-            reached = self.revisions.touched_by(event.node_id, event.pid, event.ts_ns) if self.revisions.enabled \
-                else None
-            before = {p: self.revisions.totals(*p, self.bindings) for p in reached or () if not self.panes.is_open(*p)}
-            self.bindings.update(event)
-            self.counts[event.kind] += 1
-            largest = self.panes.largest_watermark()
-            if reached is not None and largest is not None and \
-                    event.ts_ns + self.settings.revision_horizon_ns + self.settings.pane_ns < largest:
-                self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
-            out: list[Output] = []
-            for gpu, start in reached or ():
-                if (gpu, start) in before:
-                    out += self._republish(gpu, start, before[(gpu, start)])
-                else:
-                    self.panes.retenant(self.revisions.totals(gpu, start, self.bindings))
-            if out:
-                self.counts["revised_by_late"] += 1
-                self.counts[f"revised_by_late:{event.kind}"] += 1
-            return out
+            return self._binding(event, raw, source)
         elif isinstance(event, Price):
             if not self.prices.update(event):
                 return [self._dead("duplicate", event, raw, source,
@@ -131,6 +107,44 @@ class Auditor:
             raise TypeError(f"not an event: {event!r}")
         self.counts[event.kind] += 1
         return []
+
+    def _binding(self, event: TenantBinding, raw: str | bytes | None, source: str) -> list[Output]:
+        """A binding, joined as of each sample's event time whatever order they came in: it re-attributes the
+        process's logged samples at or after its ``ts_ns`` in open panes (with revisions off too), and in closed
+        panes within the horizon (revisions). One that repeats an instant already bound is a ``duplicate``;
+        one older than the horizon that reaches no pane kept here could change only panes beyond it, and is
+        ``late`` (METRICS.md, "Late data become revisions"): either way it changes nothing."""
+        verdict = self.bindings.verdict(event)
+        if verdict == "duplicate":
+            return [self._dead("duplicate", event, raw, source,
+                               f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
+                               "was already taken; the first one stays in force")]
+        if verdict == "unchanged":
+            self.counts["binding_unchanged"] += 1
+            return []
+        reached = [p for p in self.revisions.touched_by(event.node_id, event.pid, event.ts_ns)
+                   if self.revisions.enabled or self.panes.is_open(*p)]
+        largest = self.panes.largest_watermark()
+        if largest is not None and event.ts_ns + self.settings.revision_horizon_ns + self.settings.pane_ns < largest:
+            if not reached:
+                return [self._dead("late", event, raw, source,
+                                   f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} reaches "
+                                   f"no pane within the revision horizon ({self.settings.revision_horizon_s} s) of "
+                                   f"the watermark {largest} ns: the panes it covers are billed for good")]
+            self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
+        before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
+        self.bindings.update(event)
+        self.counts[event.kind] += 1
+        out: list[Output] = []
+        for gpu, start in reached:
+            if (gpu, start) in before:
+                out += self._republish(gpu, start, before[(gpu, start)])
+            else:
+                self.panes.retenant(self.revisions.totals(gpu, start, self.bindings))
+        if out:
+            self.counts["revised_by_late"] += 1
+            self.counts[f"revised_by_late:{event.kind}"] += 1
+        return out
 
     def future_letter(self, event: Event, raw: str | bytes | None, source: str, now: int) -> DeadLetter:
         return self._dead("future_timestamp", event, raw, source,
@@ -147,6 +161,13 @@ class Auditor:
         return self._dead("duplicate", event, raw, source,
                           f"a {event.kind} of {_device(event)} at ts_ns {event.ts_ns} was already "
                           "counted; the first one is billed, this one is not")
+
+    def resent_letter(self, event: MemAccess, raw: str | bytes | None, source: str, mark_ns: int) -> DeadLetter:
+        """The ``duplicate`` dead letter of an address ``Mae.admit`` refused, its process's mark ``mark_ns``."""
+        return self._dead("duplicate", event, raw, source,
+                          f"a mem_access of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} is not after "
+                          f"the last address taken for this process (ts_ns {mark_ns}): a process's addresses come "
+                          "in time order, so it was sent again; it is counted in no window")
 
     def overlap_letter(self, event: GpuSample | ProcessSample, raw: str | bytes | None, source: str) -> DeadLetter:
         return self._dead("overlap", event, raw, source,
@@ -209,11 +230,9 @@ class Auditor:
                 self.panes.add_process_sample(event, tenant)
             else:
                 self.panes.add_numa_event(event, tenant)
-        if self.revisions.enabled:
-            self.revisions.log(event)
+        self.revisions.log(event)  # with revisions off too: a late binding re-attributes open panes' samples
         out = self.close(self.panes.advance(gpu, event.ts_ns))
-        if self.revisions.enabled:
-            self.revisions.prune(gpu, self.panes.watermark(gpu))
+        self.revisions.prune(gpu, self.panes.watermark(gpu))
         return out
 
     def _revise(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
@@ -283,6 +302,8 @@ class Auditor:
             return out
         forgotten = self.panes.forget(watermark_ns - timeout - max(self.settings.window_ns,
                                                                    self.settings.revision_horizon_ns), only)
+        self.mae.forget(watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns),
+                        only)
         for gpu in forgotten:
             self.revisions.drop(gpu)
             self.sla.drop(gpu)
@@ -360,11 +381,17 @@ class Auditor:
 
     def successor(self) -> "Auditor":
         """What stays of a key once its finite input ended (after ``finish``): a fresh auditor whose
-        watermark of each GPU stands at the end of the last pane closed, so that the same input sent
-        again (a second ``produce`` of a file, signed messages copied back into the topic) is late and
-        dead-lettered, never billed twice, while later panes open as usual."""
+        watermark of each GPU stands at the end of the last pane closed, so that later panes open as usual,
+        and which keeps everything the same input sent again (a second ``produce`` of a file, signed messages
+        copied back into the topic) is checked against (METRICS.md, "Re-sent input"): the revision log (samples
+        and NUMA events), the bindings and prices (a binding or price of an instant already taken), and each
+        process's last address (``Mae.resume_after``). It is then a ``duplicate`` or ``late``, never billed or
+        attributed again; a re-sent binding once met an empty table, was taken as new, and moved every logged
+        pane of its process to its tenant, recomputed against no binding at all."""
         nxt = Auditor(self.settings, self.clock, self.audit_key)
         nxt.revisions = self.revisions  # what a late event, or the same input again, is checked against
+        nxt.bindings, nxt.prices = self.bindings, self.prices
+        nxt.mae.resume_after(self.mae)
         nxt.panes.resume_after(self.panes)
         nxt.health.resume_after(self.health)
         return nxt
@@ -382,7 +409,7 @@ class Auditor:
         idle windows, which a changelog writes apart, only when they changed)."""
         return {"panes": self.panes.to_state(), **({"idle": self.idle.to_state()} if idle else {}),
                 "mae": self.mae.to_state(), "sla": self.sla.to_state(), "health": self.health.to_state(), "bindings": self.bindings.to_state(),
-                **({"revisions": self.revisions.to_state()} if self.revisions.enabled else {}),
+                "revisions": self.revisions.to_state(),
                 "prices": self.prices.to_state(), "counts": dict(self.counts)}
 
     @classmethod

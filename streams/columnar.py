@@ -71,6 +71,8 @@ class RowPath(Protocol):
 
     def overlap_letter(self, event: Any, raw: str | bytes | None, source: str) -> DeadLetter: ...
 
+    def resent_letter(self, event: Any, raw: str | bytes | None, source: str, mark_ns: int) -> DeadLetter: ...
+
     def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]: ...
 
     def prices_now(self, gpu_models: np.ndarray, pane_starts_ns: np.ndarray) -> list[Decimal | None]: ...
@@ -123,7 +125,7 @@ def _in_segments(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
     row path, the stretches between them through the batch path. A revision happens at its row, between
     the closes before it and those after, which one pass over the batch's columns could not keep in order;
     late data are rare, so the cuts are few. A batch of more than ``MANY_REVISING`` such rows goes row by row."""
-    cuts = revising_rows(auditor, batch) if auditor.revisions.enabled else []
+    cuts = revising_rows(auditor, batch)
     if not cuts:
         return _Batch(auditor, batch, source, lines, scope).run()
 
@@ -146,7 +148,8 @@ def _in_segments(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
 
 def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     """The rows that may revise a closed pane: a GPU sample, process sample or NUMA event whose pane ends
-    at or before its GPU's watermark, and a binding older than the largest watermark, each taken against
+    at or before its GPU's watermark, and a binding older than the largest watermark (or than the revision
+    horizon and a pane before it, where it may be late), each taken against
     watermarks that count every earlier row of the batch (so at or above the true ones: no row that does
     revise is missed); and rows of no readable kind, which the batch path decodes one by one."""
     n = batch.num_rows
@@ -176,7 +179,8 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
         late[mine] = ts[mine] - ts[mine] % pane_ns + pane_ns <= high - lateness
     moved = np.maximum.accumulate(np.where(keyed, ts, _NONE_TS)) if n else np.zeros(0, np.int64)
     largest = np.maximum(moved, max(latest.values(), default=_NONE_TS))
-    binding = (code == _BINDING) & has_ts & (ts < largest - lateness)
+    horizon = settings.revision_horizon_ns + pane_ns  # older than this, a binding may be late (``Auditor._binding``)
+    binding = (code == _BINDING) & has_ts & ((ts < largest - lateness) | (ts < largest - horizon))
     return np.flatnonzero(late | binding | (code == _NO_KIND)).tolist()
 
 
@@ -424,12 +428,19 @@ class _Batch:
 
     def _mae(self) -> None:
         rows = np.flatnonzero(self.ok & (self.code == MEM))
-        self._count("mem_access", len(rows))
         if not len(rows):
             return
-        bins = self.a.mae.bins_of(self.address[rows])
+        mae = self.a.mae
+        bins = mae.bins_of(self.address[rows])
         for key, members in self._processes(rows).items():
-            for at, record in self.a.mae.update_many(key, self.ts[rows[members]], bins[members]):
+            taken, marks = mae.admit_many(key, self.ts[rows[members]], self.address[rows[members]])
+            if not taken.all():  # sent again (``Mae.admit``)
+                mark = dict(zip(rows[members].tolist(), marks.tolist()))
+                self._letters(rows[members[~taken]],
+                              lambda i, e: self.a.resent_letter(e, self._raw(i), self.source(i), mark[i]))
+                members = members[taken]
+            self._count("mem_access", len(members))
+            for at, record in mae.update_many(key, self.ts[rows[members]], bins[members], self.address[rows[members]]):
                 self.emit(int(rows[members[at]]), [record])
 
     # --- panes -----------------------------------------------------------------------------------
@@ -459,45 +470,30 @@ class _Batch:
         tenant_of = np.full(self.n, -1, np.int64)
         tenant_of[tenant_rows] = self._tenants(tenant_rows)
         self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants))
-        if a.revisions.enabled:
-            a.revisions.log_many(pane_rows, accepted)
-            for name in pane_rows.names:
-                a.revisions.prune(name, a.panes.watermark(name))
+        a.revisions.log_many(pane_rows, accepted)  # with revisions off too: bindings re-attribute open panes
+        for name in pane_rows.names:
+            a.revisions.prune(name, a.panes.watermark(name))
 
     def _tenants(self, rows: np.ndarray) -> np.ndarray:
-        """The tenant (an index into ``self.tenants``) of each row, as of its time, among the bindings
-        that arrived before it; applies the batch's bindings, in arrival order, on the way."""
+        """The tenant (an index into ``self.tenants``) of each row, as of its time, among the bindings before the
+        batch and the batch's own, which it applies first, in arrival order: a binding covers the samples of
+        its time whenever they came (the row path re-attributes those that came first), and none of the
+        batch's reaches a closed pane or is late (``revising_rows`` cut the batch at any that might)."""
         a = self.a
-        index: dict[Tenant, int] = {UNATTRIBUTED: 0}
-        out = np.zeros(len(rows), np.int64)
-        groups = self._processes(rows)
-        done = dict.fromkeys(groups, 0)
-
-        def resolve(key: tuple[str, int], before_row: int) -> None:
-            members = groups[key]
-            stop = int(np.searchsorted(rows[members], before_row))
-            part = members[done[key]:stop]
-            if len(part):
-                tenants, at = a.bindings.lookup_many(*key, self.ts[rows[part]])
-                if tenants:
-                    ids = np.array([index.setdefault(t, len(index)) for t in tenants], np.int64)
-                    out[part] = np.where(at >= 0, ids[at], 0)
-            done[key] = stop
-
         rest = []
         for i, event in self.table_events:
-            if not isinstance(event, TenantBinding):
+            if isinstance(event, TenantBinding):
+                self.emit(i, a.update(event, self._raw(i), self.source(i)))
+            else:
                 rest.append((i, event))
-                continue
-            # with revisions, a binding covers the samples of its time whenever they came (the row path
-            # re-attributes those that came first), so the batch's rows are joined after all its bindings;
-            # none of them reaches a closed pane (``revising_rows`` cut the batch at any that might)
-            if (event.node_id, event.pid) in groups and not a.revisions.enabled:
-                resolve((event.node_id, event.pid), i)
-            self.emit(i, a.update(event, self._raw(i), self.source(i)))
         self.table_events = rest
-        for key in groups:
-            resolve(key, self.n)
+        index: dict[Tenant, int] = {UNATTRIBUTED: 0}
+        out = np.zeros(len(rows), np.int64)
+        for key, members in self._processes(rows).items():
+            tenants, at = a.bindings.lookup_many(*key, self.ts[rows[members]])
+            if tenants:
+                ids = np.array([index.setdefault(t, len(index)) for t in tenants], np.int64)
+                out[members] = np.where(at >= 0, ids[at], 0)
         self.tenants = sorted(index, key=index.__getitem__)
         return out
 

@@ -59,6 +59,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
 
     samples: dict[tuple, list[int]] = defaultdict(list)  # accepted sample times by (GPU, kind, pid, pane)
     stored: dict[tuple[str, int], dict[int, tuple]] = defaultdict(dict)  # each process's bindings taken, by ts_ns
+    addresses: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)  # each process's taken, in order
     out: list[str | None] = []
     for ev in events:
         key: tuple | None = None
@@ -92,6 +93,12 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
                 held[ev.ts_ns] = tenant
         elif isinstance(ev, Price):
             key = ("p", ev.gpu_model, ev.ts_ns)
+        elif isinstance(ev, MemAccess):  # a process's addresses come in time order: one not after the last is re-sent
+            before = addresses[(ev.node_id, ev.pid)]
+            if before and (ev.ts_ns < max(t for t, _ in before) or (ev.ts_ns, ev.address) in before):
+                verdict = "duplicate"
+            else:
+                before.append((ev.ts_ns, ev.address))
         if verdict is None and key in taken:
             verdict = "duplicate"
         if verdict is None and key is not None:

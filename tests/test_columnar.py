@@ -73,9 +73,10 @@ def normalised(auditor: Auditor) -> dict[str, Any]:
     for pane in state["panes"]["open"]:
         pane[8].sort(key=json.dumps)
     state["panes"]["open"].sort(key=lambda p: (p[0], p[1]))
-    for window in state["mae"]:
+    for window in state["mae"]["open"]:
         window[2].sort()
-    state["mae"].sort(key=json.dumps)
+    state["mae"]["open"].sort(key=json.dumps)
+    state["mae"]["last"].sort(key=json.dumps)
     state["bindings"].sort(key=json.dumps)
     return state
 
