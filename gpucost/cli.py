@@ -27,6 +27,7 @@ from gpucost.schemas.events import SLAS
 from gpucost.sinks.compact import CompactError
 from gpucost.sinks.lock import OutputBusyError
 from gpucost.sinks.parquet import SinkWriteError
+from gpucost.streams.discovery import TARGET_PORT
 from gpucost.streams.settings import AuditSettings
 from gpucost.wiring import UsageError
 
@@ -312,12 +313,17 @@ def _parser() -> argparse.ArgumentParser:
     disc.add_argument("--out", type=Path, default=_env("GPUCOST_DISCOVERY_OUT", None),
                       help="read the health view of this output directory once (env GPUCOST_DISCOVERY_OUT; unset: "
                            "follow the Kafka health topic, and publish each node's entry to the discovery topic)")
-    _env_flag(disc, "--target-port", "GPUCOST_DISCOVERY_PORT", int, None,
-              "each target is node:PORT, the exporter Prometheus should scrape (unset: the node name alone)")
+    _env_flag(disc, "--target-port", "GPUCOST_DISCOVERY_PORT", int, str(TARGET_PORT),
+              "each target is node:PORT, the exporter Prometheus should scrape (9400: the DCGM exporter's port); "
+              "a node whose name is not a host name or a routable IP address is left out")
     disc.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
                       help="a label for every target group (repeatable)")
     _env_flag(disc, "--verify-keys", "GPUCOST_DISCOVERY_VERIFY_KEYS", Path, None,
-              "apply only health records signed by a key in this keyring file (the workers' output keys)")
+              "apply only health messages signed by a key in this keyring file (the workers' output keys; the "
+              "Kafka topic only)")
+    _env_flag(disc, "--audit-keys", "GPUCOST_DISCOVERY_AUDIT_KEYS", Path, None,
+              "count only health records whose hash holds and whose signature is by a key in this file (the audit "
+              "keys, as for health verify --key-file); others are refused and counted")
     _add_kafka(disc)
 
     recl = sub.add_parser("reclaim", help="act on reclaim triggers once each: POST them to a webhook and/or write "

@@ -20,11 +20,11 @@ import pyarrow.parquet as pq
 
 from gpucost.config import ConfigError
 from gpucost.cost_metrics import CostMetrics
-from gpucost.discovery import from_output, write_file_sd
+from gpucost.discovery import from_output, refusals, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.fit import RESOURCES, fit_weights, pane_features
 from gpucost.focus import MONTH, export_focus
-from gpucost.health import read_json, snapshot_of, snapshot_problems
+from gpucost.health import audit_secrets, read_json, snapshot_of, snapshot_problems
 from gpucost.kafka.commands import follow_discovery, follow_reclaim
 from gpucost.kafka.signing import Signer, parse_keys
 from gpucost.otlp import admission_coverage, coverage_report, export_request, post, read_requests, to_json
@@ -266,10 +266,15 @@ def cmd_discovery(args: argparse.Namespace) -> int:
     if bad := [label for label in args.label if "=" not in label]:
         raise UsageError(f"--label takes NAME=VALUE, got {bad[0]!r}")
     labels = dict(label.split("=", 1) for label in args.label)
+    secrets = load_keys(audit_secrets, args.audit_keys) if args.audit_keys else None
     if args.out is None:
-        return follow_discovery(args, labels)
+        return follow_discovery(args, labels, secrets)
+    if args.verify_keys is not None:
+        raise UsageError("--verify-keys checks the signatures of Kafka messages, and an output directory has none: "
+                         "pass --audit-keys FILE (the audit keys) to verify each health record's hash and signature")
     _written(args.out)
-    sd = from_output(args.out)
+    refused: Counter[str] = Counter()
+    sd = from_output(args.out, secrets, refused)
     try:
         groups = sd.file_sd(args.target_port, labels)
     except ValueError as exc:
@@ -278,6 +283,8 @@ def cmd_discovery(args: argparse.Namespace) -> int:
     out = sorted(set(sd.nodes()) - set(sd.in_service()))
     print(f"{args.file_sd}: {len(groups)} node(s) in service of {len(sd.nodes())}"
           + (f"; out: {', '.join(out)}" if out else ""))
+    if said := refusals(refused, sd):
+        print(f"gpucost: discovery: {said}", file=sys.stderr)
     return 0
 
 
