@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import socket
@@ -29,6 +30,7 @@ from gpucost.sinks.lock import OutputBusyError
 from gpucost.sinks.parquet import SinkWriteError
 from gpucost.streams.discovery import TARGET_PORT
 from gpucost.streams.settings import AuditSettings
+from gpucost.webhook import WebhookSettings
 from gpucost.wiring import UsageError
 
 __all__ = ["main"]
@@ -332,7 +334,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="act on the reclaim view of this output directory once (env GPUCOST_RECLAIM_OUT; unset: "
                            "follow the Kafka reclaim topic)")
     _env_flag(recl, "--webhook", "GPUCOST_RECLAIM_WEBHOOK", str, None,
-              "POST each action as JSON here, with Idempotency-Key: <trigger_id>; retried until a 2xx")
+              "POST each action as JSON here (http or https), with Idempotency-Key: <trigger_id>; retried until a "
+              "2xx, up to --max-attempts")
     _env_flag(recl, "--actions-file", "GPUCOST_RECLAIM_ACTIONS_FILE", Path, None,
               "append each action, with its outcome, to this JSON Lines file")
     _env_flag(recl, "--ledger", "GPUCOST_RECLAIM_LEDGER", Path, "reclaim-ledger.txt",
@@ -341,6 +344,11 @@ def _parser() -> argparse.ArgumentParser:
     _env_flag(recl, "--group", "GPUCOST_RECLAIM_GROUP", str, "gpucost-reclaim", "the Kafka consumer group")
     _env_flag(recl, "--verify-keys", "GPUCOST_RECLAIM_VERIFY_KEYS", Path, None,
               "act only on triggers signed by a key in this keyring file (the workers' output keys)")
+    bounds = recl.add_argument_group("each webhook attempt's bounds and the retries (a redirect is a failed attempt, "
+                                     "never followed)")
+    for f in dataclasses.fields(WebhookSettings):
+        _env_flag(bounds, f"--{f.name.replace('_', '-')}", f"GPUCOST_RECLAIM_{f.name.upper()}", type(f.default),
+                  str(f.default), f.metadata["help"])
     _add_kafka(recl)
 
     health = sub.add_parser("health", help="health snapshots for admission: write a GPU's latest, or verify one")

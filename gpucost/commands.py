@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import dataclasses
 import datetime as dt
 import decimal
 import itertools
@@ -42,6 +43,7 @@ from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.views import query, read_only_problem, sql_string, view_records, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
+from gpucost.webhook import WebhookSettings, url_problem
 from gpucost.whatif import IDLE_POLICIES, Scenario, bills
 from gpucost.wiring import (Signals, UsageError, attributed, audit_key, audit_settings, event_files, fleet_spec,
                             given_bindings, interrupt, invoked_as, live_source, load_keys, metrics_served, output_dir,
@@ -292,7 +294,14 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
     """Act on the reclaim triggers once each: from ``--out`` once, or following the reclaim topic."""
     if args.webhook is None and args.actions_file is None and not args.dry_run:
         raise UsageError("say how to act: --webhook URL, --actions-file FILE (or both), or --dry-run")
-    reclaimer = Reclaimer(None if args.dry_run else Ledger(args.ledger), args.webhook, args.actions_file, args.dry_run)
+    if args.webhook is not None and (problem := url_problem(args.webhook)):
+        raise UsageError(f"--webhook {args.webhook!r}: {problem}")
+    try:
+        settings = WebhookSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(WebhookSettings)})
+    except ValueError as exc:
+        raise UsageError(f"{exc}; see gpucost reclaim --help") from None
+    reclaimer = Reclaimer(None if args.dry_run else Ledger(args.ledger), args.webhook, args.actions_file, args.dry_run,
+                          settings)
     if args.out is None:
         return follow_reclaim(args, reclaimer)
     _written(args.out)
