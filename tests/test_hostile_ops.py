@@ -15,7 +15,6 @@ import http.server
 import json
 import re
 import shutil
-import socket
 import socketserver
 import threading
 import time
