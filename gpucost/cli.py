@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import socket
@@ -27,7 +28,9 @@ from gpucost.schemas.events import SLAS
 from gpucost.sinks.compact import CompactError
 from gpucost.sinks.lock import OutputBusyError
 from gpucost.sinks.parquet import SinkWriteError
+from gpucost.streams.discovery import TARGET_PORT
 from gpucost.streams.settings import AuditSettings
+from gpucost.webhook import WebhookSettings
 from gpucost.wiring import UsageError
 
 __all__ = ["main"]
@@ -312,12 +315,17 @@ def _parser() -> argparse.ArgumentParser:
     disc.add_argument("--out", type=Path, default=_env("GPUCOST_DISCOVERY_OUT", None),
                       help="read the health view of this output directory once (env GPUCOST_DISCOVERY_OUT; unset: "
                            "follow the Kafka health topic, and publish each node's entry to the discovery topic)")
-    _env_flag(disc, "--target-port", "GPUCOST_DISCOVERY_PORT", int, None,
-              "each target is node:PORT, the exporter Prometheus should scrape (unset: the node name alone)")
+    _env_flag(disc, "--target-port", "GPUCOST_DISCOVERY_PORT", int, str(TARGET_PORT),
+              "each target is node:PORT, the exporter Prometheus should scrape (9400: the DCGM exporter's port); "
+              "a node whose name is not a host name or a routable IP address is left out")
     disc.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
                       help="a label for every target group (repeatable)")
     _env_flag(disc, "--verify-keys", "GPUCOST_DISCOVERY_VERIFY_KEYS", Path, None,
-              "apply only health records signed by a key in this keyring file (the workers' output keys)")
+              "apply only health messages signed by a key in this keyring file (the workers' output keys; the "
+              "Kafka topic only)")
+    _env_flag(disc, "--audit-keys", "GPUCOST_DISCOVERY_AUDIT_KEYS", Path, None,
+              "count only health records whose hash holds and whose signature is by a key in this file (the audit "
+              "keys, as for health verify --key-file); others are refused and counted")
     _add_kafka(disc)
 
     recl = sub.add_parser("reclaim", help="act on reclaim triggers once each: POST them to a webhook and/or write "
@@ -326,7 +334,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="act on the reclaim view of this output directory once (env GPUCOST_RECLAIM_OUT; unset: "
                            "follow the Kafka reclaim topic)")
     _env_flag(recl, "--webhook", "GPUCOST_RECLAIM_WEBHOOK", str, None,
-              "POST each action as JSON here, with Idempotency-Key: <trigger_id>; retried until a 2xx")
+              "POST each action as JSON here (http or https), with Idempotency-Key: <trigger_id>; retried until a "
+              "2xx, up to --max-attempts")
     _env_flag(recl, "--actions-file", "GPUCOST_RECLAIM_ACTIONS_FILE", Path, None,
               "append each action, with its outcome, to this JSON Lines file")
     _env_flag(recl, "--ledger", "GPUCOST_RECLAIM_LEDGER", Path, "reclaim-ledger.txt",
@@ -335,6 +344,11 @@ def _parser() -> argparse.ArgumentParser:
     _env_flag(recl, "--group", "GPUCOST_RECLAIM_GROUP", str, "gpucost-reclaim", "the Kafka consumer group")
     _env_flag(recl, "--verify-keys", "GPUCOST_RECLAIM_VERIFY_KEYS", Path, None,
               "act only on triggers signed by a key in this keyring file (the workers' output keys)")
+    bounds = recl.add_argument_group("each webhook attempt's bounds and the retries (a redirect is a failed attempt, "
+                                     "never followed)")
+    for f in dataclasses.fields(WebhookSettings):
+        _env_flag(bounds, f"--{f.name.replace('_', '-')}", f"GPUCOST_RECLAIM_{f.name.upper()}", type(f.default),
+                  str(f.default), f.metadata["help"])
     _add_kafka(recl)
 
     health = sub.add_parser("health", help="health snapshots for admission: write a GPU's latest, or verify one")

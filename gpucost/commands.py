@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import dataclasses
 import datetime as dt
 import decimal
 import itertools
@@ -20,11 +21,11 @@ import pyarrow.parquet as pq
 
 from gpucost.config import ConfigError
 from gpucost.cost_metrics import CostMetrics
-from gpucost.discovery import from_output, write_file_sd
+from gpucost.discovery import from_output, refusals, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.fit import RESOURCES, fit_weights, pane_features
 from gpucost.focus import MONTH, export_focus
-from gpucost.health import read_json, snapshot_of, snapshot_problems
+from gpucost.health import audit_secrets, read_json, snapshot_of, snapshot_problems
 from gpucost.kafka.commands import follow_discovery, follow_reclaim
 from gpucost.kafka.signing import Signer, parse_keys
 from gpucost.otlp import admission_coverage, coverage_report, export_request, post, read_requests, to_json
@@ -42,6 +43,7 @@ from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.views import query, read_only_problem, sql_string, view_records, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
+from gpucost.webhook import WebhookSettings, url_problem
 from gpucost.whatif import IDLE_POLICIES, Scenario, bills
 from gpucost.wiring import (Signals, UsageError, attributed, audit_key, audit_settings, event_files, fleet_spec,
                             given_bindings, interrupt, invoked_as, live_source, load_keys, metrics_served, output_dir,
@@ -266,10 +268,15 @@ def cmd_discovery(args: argparse.Namespace) -> int:
     if bad := [label for label in args.label if "=" not in label]:
         raise UsageError(f"--label takes NAME=VALUE, got {bad[0]!r}")
     labels = dict(label.split("=", 1) for label in args.label)
+    secrets = load_keys(audit_secrets, args.audit_keys) if args.audit_keys else None
     if args.out is None:
-        return follow_discovery(args, labels)
+        return follow_discovery(args, labels, secrets)
+    if args.verify_keys is not None:
+        raise UsageError("--verify-keys checks the signatures of Kafka messages, and an output directory has none: "
+                         "pass --audit-keys FILE (the audit keys) to verify each health record's hash and signature")
     _written(args.out)
-    sd = from_output(args.out)
+    refused: Counter[str] = Counter()
+    sd = from_output(args.out, secrets, refused)
     try:
         groups = sd.file_sd(args.target_port, labels)
     except ValueError as exc:
@@ -278,6 +285,8 @@ def cmd_discovery(args: argparse.Namespace) -> int:
     out = sorted(set(sd.nodes()) - set(sd.in_service()))
     print(f"{args.file_sd}: {len(groups)} node(s) in service of {len(sd.nodes())}"
           + (f"; out: {', '.join(out)}" if out else ""))
+    if said := refusals(refused, sd):
+        print(f"gpucost: discovery: {said}", file=sys.stderr)
     return 0
 
 
@@ -285,7 +294,14 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
     """Act on the reclaim triggers once each: from ``--out`` once, or following the reclaim topic."""
     if args.webhook is None and args.actions_file is None and not args.dry_run:
         raise UsageError("say how to act: --webhook URL, --actions-file FILE (or both), or --dry-run")
-    reclaimer = Reclaimer(None if args.dry_run else Ledger(args.ledger), args.webhook, args.actions_file, args.dry_run)
+    if args.webhook is not None and (problem := url_problem(args.webhook)):
+        raise UsageError(f"--webhook {args.webhook!r}: {problem}")
+    try:
+        settings = WebhookSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(WebhookSettings)})
+    except ValueError as exc:
+        raise UsageError(f"{exc}; see gpucost reclaim --help") from None
+    reclaimer = Reclaimer(None if args.dry_run else Ledger(args.ledger), args.webhook, args.actions_file, args.dry_run,
+                          settings)
     if args.out is None:
         return follow_reclaim(args, reclaimer)
     _written(args.out)

@@ -6,6 +6,11 @@ file is replaced atomically (written beside it, fsynced, renamed), so Prometheus
 half of one. From Kafka, each node whose entry changes is also published, keyed by node, to the
 compacted ``discovery`` topic, and the file is first written only once the consumer has read
 the topic up to where it stood at start: a half-read topic would list nodes that are out.
+
+With audit keys, a record counts only if its seal holds (``gpucost.health.seal_refusal``, the
+check ``gpucost health verify`` makes): a node's state comes from its GPUs' verified records
+alone, so a forged "excellent" record cannot put a removed node back. Every record refused, and
+every node whose name is no scrape target (``target_problem``), is counted by reason and said.
 """
 from __future__ import annotations
 
@@ -13,11 +18,14 @@ import asyncio
 import json
 import logging
 import os
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from gpucost.health import seal_refusal
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
@@ -26,7 +34,7 @@ from gpucost.sinks.parquet import fsync_dir
 from gpucost.sinks.views import view_records
 from gpucost.streams.discovery import ServiceDiscovery
 
-__all__ = ["write_file_sd", "from_output", "run_kafka_discovery"]
+__all__ = ["write_file_sd", "from_output", "refusals", "run_kafka_discovery"]
 
 log = logging.getLogger("gpucost.discovery")
 
@@ -43,22 +51,48 @@ def write_file_sd(path: Path, groups: list[dict[str, Any]]) -> None:
     fsync_dir(path.parent)
 
 
-def from_output(out_dir: Path) -> ServiceDiscovery:
-    """Service discovery as of every GPU's latest ``health`` record under ``out_dir``."""
+def _refusal(fields: Mapping[str, Any], secrets: Mapping[str, bytes] | None, refused: Counter[str]) -> str | None:
+    """Why a health record (its fields as written) may not move discovery, counted in ``refused`` (None: it
+    may; without ``secrets`` every record may)."""
+    why = None if secrets is None else seal_refusal(fields, secrets)
+    if why is not None:
+        refused[why] += 1
+    return why
+
+
+def from_output(out_dir: Path, secrets: Mapping[str, bytes] | None = None,
+                refused: Counter[str] | None = None) -> ServiceDiscovery:
+    """Service discovery as of every GPU's latest ``health`` record under ``out_dir``; with ``secrets`` (the
+    audit keys), as of its latest record that verifies, every record checked and each refused counted in
+    ``refused`` by reason."""
+    refused = refused if refused is not None else Counter()
     sd = ServiceDiscovery()
-    for record in view_records(out_dir, "health", "QUALIFY row_number() OVER (PARTITION BY gpu_uuid "
-                                                  "ORDER BY window_start_ns DESC) = 1"):
-        sd.update(record)
+    latest = "QUALIFY row_number() OVER (PARTITION BY gpu_uuid ORDER BY window_start_ns DESC) = 1"
+    for record in view_records(out_dir, "health", latest if secrets is None else "ORDER BY window_start_ns"):
+        if _refusal(record.model_dump(mode="json"), secrets, refused) is None:
+            sd.update(record)
     return sd
 
 
-async def run_kafka_discovery(kafka: KafkaSettings, file_sd: Path, port: int | None, labels: dict[str, str],
+def refusals(refused: Mapping[str, int], sd: ServiceDiscovery) -> str | None:
+    """One line saying what was refused, by reason (None: nothing was)."""
+    targets = Counter(sd.refused_targets().values())
+    parts = [f"{sum(counts.values()):,} {what} ({', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))})"
+             for what, counts in (("health record(s) that do not verify", refused),
+                                  ("node(s) whose name is no scrape target", targets)) if counts]
+    return f"refused {' and '.join(parts)}; left out" if parts else None
+
+
+async def run_kafka_discovery(kafka: KafkaSettings, file_sd: Path, port: int, labels: dict[str, str],
                               stop: asyncio.Event, keyring: Keyring | None = None,
-                              counts: dict[str, int] | None = None) -> ServiceDiscovery:
+                              counts: dict[str, int] | None = None, secrets: Mapping[str, bytes] | None = None,
+                              refused: Counter[str] | None = None) -> ServiceDiscovery:
     """Follow the ``health`` topic from its start until ``stop``; keep ``file_sd`` and the ``discovery``
     topic up to date. A message that is not a health record the workers signed (with ``keyring``) is
-    counted under ``counts['refused']`` and logged with its reason, never applied."""
+    counted under ``counts['refused']`` and logged with its reason, never applied; with ``secrets`` (the
+    audit keys), a record whose seal does not verify likewise, counted in ``refused`` by reason."""
     counts = counts if counts is not None else {}
+    refused = refused if refused is not None else Counter()
     counts.setdefault("records", 0)
     counts.setdefault("refused", 0)
     counts.setdefault("writes", 0)
@@ -81,11 +115,14 @@ async def run_kafka_discovery(kafka: KafkaSettings, file_sd: Path, port: int | N
             batches = await consumer.getmany(timeout_ms=500)
             for tp, messages in batches.items():
                 for m in messages:
-                    record = output_record("health", m.value or b"", f"{tp.topic}[{tp.partition}]@{m.offset}",
-                                           output_refusal(keyring, m))
+                    source = f"{tp.topic}[{tp.partition}]@{m.offset}"
+                    record = output_record("health", m.value or b"", source, output_refusal(keyring, m))
                     if isinstance(record, DeadLetter):
                         counts["refused"] += 1
-                        log.warning("%s: %s (%s); not applied", record.source, record.reason, record.detail)
+                        log.warning("%s: %s (%s); not applied", source, record.reason, record.detail)
+                        continue
+                    if why := _refusal(json.loads(m.value), secrets, refused):  # the fields as written
+                        log.warning("%s: the health record's seal does not verify (%s); not applied", source, why)
                         continue
                     counts["records"] += 1
                     changed |= sd.update(record)  # type: ignore[arg-type]
@@ -102,6 +139,8 @@ async def run_kafka_discovery(kafka: KafkaSettings, file_sd: Path, port: int | N
                 written = groups
                 counts["writes"] += 1
                 log.info("%s: %d node(s) in service of %d", file_sd, len(groups), len(sd.nodes()))
+                if said := refusals(refused, sd):
+                    log.warning("%s", said)
     finally:
         await consumer.stop()
         await producer.stop()

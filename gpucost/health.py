@@ -3,23 +3,27 @@
 ``gpucost health snapshot`` writes a GPU's latest ``health`` record with the device it speaks
 for (UUID, model, node, and a fingerprint of the three); ``gpucost health verify`` recomputes
 the record's hash and, given the audit keys, its signature, and says what is wrong. The seal
-is ``gpucost.schemas.snapshot``'s, the one the operator applied when it published the record.
+is ``gpucost.schemas.snapshot``'s, the one the operator applied when it published the record;
+``gpucost discovery --audit-keys`` checks every record it counts with it too (``seal_refusal``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from gpucost.kafka.signing import parse_keys
 from gpucost.schemas.codec import explain
 from gpucost.schemas.records import HealthRecord
-from gpucost.schemas.snapshot import seal_problems
+from gpucost.schemas.snapshot import seal_faults, seal_problems
 from gpucost.sinks.views import sql_string, view_records
 
-__all__ = ["SNAPSHOT_KIND", "fingerprint", "snapshot_of", "snapshot_problems", "read_json"]
+__all__ = ["SNAPSHOT_KIND", "audit_secrets", "fingerprint", "seal_refusal", "snapshot_of", "snapshot_problems",
+           "read_json"]
 
 SNAPSHOT_KIND = "gpucost.health_snapshot/1"
 
@@ -27,6 +31,18 @@ SNAPSHOT_KIND = "gpucost.health_snapshot/1"
 def fingerprint(gpu_uuid: str, gpu_model: str, node_id: str) -> str:
     """The device a record speaks for, as one hash: UUID, model and node, unit-separated."""
     return hashlib.sha256("\x1f".join((gpu_uuid, gpu_model, node_id)).encode()).hexdigest()
+
+
+def audit_secrets(path: Path) -> dict[str, bytes]:
+    """The audit keys of a key file (``<key_id> <secret hex>`` lines) by id: what a seal's signature is checked
+    against. Raises ``OSError`` or ``ValueError`` (naming the file and line)."""
+    return {k.key_id: k.secret for k in parse_keys(path.read_text(), str(path)).values()}
+
+
+def seal_refusal(fields: Mapping[str, Any], secrets: Mapping[str, bytes]) -> str | None:
+    """Why a health record, its fields as written, may not count: the first of ``seal_faults``' reasons
+    (``altered``, ``unsigned``, ``bad_signature``), or None when its hash and signature hold."""
+    return next(iter(seal_faults(fields, secrets)[0]), None)
 
 
 def snapshot_of(out_dir: Path, gpu_uuid: str) -> dict[str, Any] | None:

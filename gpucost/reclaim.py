@@ -5,9 +5,12 @@ Each trigger becomes one action (a JSON object): POSTed to a webhook with the he
 once from the topic (offsets are committed after the actions they produced), and exactly once
 to the receiver: every delivered ``trigger_id`` goes to a ledger, fsynced, before its offset is
 committed, and a trigger the ledger holds is never sent again (a restart between the two reads it
-again). A webhook answer of 429, 5xx or no answer is retried with backoff, for as long as it takes
-(the consumer does not move past an undelivered trigger); any other 4xx is a trigger the receiver
-refuses: logged, written to the file as refused, counted, and passed.
+again). Each attempt is bounded in time and bytes, and a redirect is never followed
+(``gpucost.webhook``). An answer of 408, 425, 429, 5xx or a redirect, or no complete answer, is
+a failed attempt, retried with back-off up to ``max_attempts``; then the trigger is recorded as
+failed: logged, written to the file as failed, counted, and passed, but not ledgered, so acting
+again on the same output tries it again. Any other 4xx is a trigger the receiver refuses: logged,
+written to the file as refused, counted, ledgered and passed.
 
 How a Kubernetes operator acts on it: on each action, cordon ``node_id`` (``kubectl cordon``), and
 evict the pods of ``tenant_key``'s workload on ``gpu_uuid`` once ``deadline_ns`` has passed if the
@@ -20,8 +23,6 @@ import asyncio
 import json
 import logging
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
 from gpucost.schemas.records import DeadLetter, ReclaimRecord
 from gpucost.sinks.views import view_records
+from gpucost.webhook import WebhookSettings, post
 
 __all__ = ["action_of", "Ledger", "Reclaimer", "RETRYABLE", "from_output", "run_kafka_reclaim"]
 
@@ -73,21 +75,19 @@ class Ledger:
 @dataclass
 class Reclaimer:
     """Acts on triggers: ``webhook`` (a URL) and/or ``actions_file`` (JSON Lines); ``dry_run`` only says what it
-    would do. ``counts``: ``delivered``, ``already_done``, ``refused``, ``retries``."""
+    would do. ``counts``: ``delivered``, ``already_done``, ``refused``, ``failed``, ``retries``."""
 
     ledger: Ledger | None
     webhook: str | None = None
     actions_file: Path | None = None
     dry_run: bool = False
-    timeout_s: float = 10.0
-    backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
+    settings: WebhookSettings = field(default_factory=WebhookSettings)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("delivered", "already_done", "refused", "retries"), 0))
+        ("delivered", "already_done", "refused", "failed", "retries"), 0))
 
     async def act(self, records: Iterable[ReclaimRecord], stop: asyncio.Event | None = None) -> None:
-        """Each trigger once, in order; returns when all are delivered (or ``stop`` is set mid-way: then
-        raises ``asyncio.CancelledError``, and the offsets of what is left must not be committed)."""
+        """Each trigger once, in order; returns when each is delivered, refused or failed (or ``stop`` is set
+        mid-way: then raises ``asyncio.CancelledError``, and the offsets of what is left must not be committed)."""
         for record in records:
             if self.ledger is not None and record.trigger_id in self.ledger.done:
                 self.counts["already_done"] += 1
@@ -104,40 +104,38 @@ class Reclaimer:
                     fh.write(json.dumps({**action, "outcome": outcome}) + "\n")
                     fh.flush()
                     os.fsync(fh.fileno())
-            if self.ledger is not None:
+            if self.ledger is not None and outcome != "failed":
                 self.ledger.add(record.trigger_id)
             self.counts[outcome] += 1
 
     async def _post(self, action: dict[str, Any], stop: asyncio.Event | None) -> str:
-        body = json.dumps(action).encode()
-        wait = self.backoff_s
-        while True:
-            status, why = await asyncio.to_thread(self._send, body, action["trigger_id"])
+        """``delivered``, ``refused`` or, once ``max_attempts`` have failed, ``failed``."""
+        body, key, s = json.dumps(action).encode(), action["trigger_id"], self.settings
+        wait, why = s.backoff_s, ""
+        for attempt in range(1, s.max_attempts + 1):
+            try:
+                answer = await post(self.webhook or "", body, {"Content-Type": "application/json",
+                                                               "Idempotency-Key": key}, s)
+            except ValueError as exc:
+                log.error("trigger %r cannot be sent: %s; recorded as refused", key, exc)
+                return "refused"
+            status, why = answer.status, answer.why
             if status is not None and 200 <= status < 300:
                 return "delivered"
-            if status is not None and status not in RETRYABLE:
-                log.error("the webhook refused trigger %s: %s; recorded as refused, not retried",
-                          action["trigger_id"], why)
+            if status is not None and status >= 400 and status not in RETRYABLE:
+                log.error("the webhook refused trigger %s: %s; recorded as refused, not retried", key, why)
                 return "refused"
-            self.counts["retries"] += 1
-            log.warning("trigger %s not delivered (%s); trying again in %.1f s", action["trigger_id"], why, wait)
-            if stop is not None and stop.is_set():
-                raise asyncio.CancelledError("stopped with a trigger undelivered")
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, self.max_backoff_s)
-
-    def _send(self, body: bytes, trigger_id: str) -> tuple[int | None, str]:
-        assert self.webhook is not None
-        request = urllib.request.Request(self.webhook, data=body, method="POST", headers={
-            "Content-Type": "application/json", "Idempotency-Key": trigger_id})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
-                answer.read()
-                return answer.status, f"{answer.status}"
-        except urllib.error.HTTPError as exc:
-            return exc.code, f"{exc.code} {exc.reason}"
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-            return None, f"no answer: {exc}"
+            if attempt < s.max_attempts:
+                self.counts["retries"] += 1
+                log.warning("trigger %s not delivered (attempt %d of %d: %s); trying again in %.1f s", key,
+                            attempt, s.max_attempts, why, wait)
+                if stop is not None and stop.is_set():
+                    raise asyncio.CancelledError("stopped with a trigger undelivered")
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, s.max_backoff_s)
+        log.error("trigger %s not delivered in %d attempt(s), the last: %s; recorded as failed, not ledgered", key,
+                  s.max_attempts, why)
+        return "failed"
 
 
 def from_output(out_dir: Path) -> list[ReclaimRecord]:

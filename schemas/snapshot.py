@@ -15,7 +15,7 @@ from typing import Any
 
 from gpucost.schemas.records import UNHASHED
 
-__all__ = ["canonical_json", "snapshot_sha256", "signature_of", "sealed", "seal_problems"]
+__all__ = ["canonical_json", "snapshot_sha256", "signature_of", "sealed", "seal_faults", "seal_problems"]
 
 
 def canonical_json(fields: Mapping[str, Any]) -> bytes:
@@ -40,26 +40,33 @@ def sealed(fields: dict[str, Any], secret: bytes | None) -> dict[str, Any]:
     return fields
 
 
-def seal_problems(fields: Mapping[str, Any], secrets: Mapping[str, bytes] | None) -> tuple[list[str], str | None]:
-    """What is wrong with a record's seal (nothing: it holds), and the id of the key that signed it.
+def seal_faults(fields: Mapping[str, Any], secrets: Mapping[str, bytes] | None) -> tuple[dict[str, str], str | None]:
+    """What is wrong with a record's seal, by reason (none: it holds), and the id of the key that signed it.
 
-    ``secrets`` (key id → secret) None checks the hash only; given, the signature must be one of
-    theirs. Each problem says what to do about it."""
-    problems: list[str] = []
+    The reasons, each with what to do about it: ``altered`` (the figures do not hash to
+    ``snapshot_sha256``), ``unsigned`` and ``bad_signature`` (by none of ``secrets``, or changed).
+    ``secrets`` (key id → secret) None checks the hash only; given, the signature must be one of theirs."""
+    faults: dict[str, str] = {}
     digest = snapshot_sha256(fields)
     if fields.get("snapshot_sha256") != digest:
-        problems.append(f"snapshot_sha256 is {fields.get('snapshot_sha256')!r} but the figures hash to {digest!r}: "
-                        "a figure was changed after the record was published")
+        faults["altered"] = (f"snapshot_sha256 is {fields.get('snapshot_sha256')!r} but the figures hash to "
+                             f"{digest!r}: a figure was changed after the record was published")
     if secrets is None:
-        return problems, None
+        return faults, None
     signature = fields.get("signature")
     if not isinstance(signature, str):
-        problems.append("the record is unsigned: the worker that published it had no audit key")
-        return problems, None
+        faults["unsigned"] = "the record is unsigned: the worker that published it had no audit key"
+        return faults, None
     claimed = fields.get("snapshot_sha256")
-    for key_id, secret in secrets.items():
-        if isinstance(claimed, str) and claimed.isascii() and hmac.compare_digest(signature,
-                                                                                 signature_of(claimed, secret)):
-            return problems, key_id
-    problems.append("the signature matches none of the keys given: it was signed with another key, or altered")
-    return problems, None
+    if isinstance(claimed, str) and claimed.isascii() and signature.isascii():  # compare_digest takes ASCII only
+        for key_id, secret in secrets.items():
+            if hmac.compare_digest(signature, signature_of(claimed, secret)):
+                return faults, key_id
+    faults["bad_signature"] = "the signature matches none of the keys given: it was signed with another key, or altered"
+    return faults, None
+
+
+def seal_problems(fields: Mapping[str, Any], secrets: Mapping[str, bytes] | None) -> tuple[list[str], str | None]:
+    """``seal_faults``' explanations, for a person to read."""
+    faults, signer = seal_faults(fields, secrets)
+    return list(faults.values()), signer

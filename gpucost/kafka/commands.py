@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aiokafka.errors import KafkaConnectionError
 
-from gpucost.discovery import run_kafka_discovery
+from gpucost.discovery import refusals, run_kafka_discovery
 from gpucost.kafka.signing import Keyring, Signer
 from gpucost.producers.live import LiveSource
 from gpucost.producers.replay import read_inputs
@@ -161,19 +161,26 @@ def cmd_sink(args: argparse.Namespace) -> int:
     return 0
 
 
-def follow_discovery(args: argparse.Namespace, labels: dict[str, str]) -> int:
-    """``gpucost discovery`` without ``--out``: follow the health topic until SIGINT/SIGTERM."""
+def follow_discovery(args: argparse.Namespace, labels: dict[str, str], secrets: dict[str, bytes] | None) -> int:
+    """``gpucost discovery`` without ``--out``: follow the health topic until SIGINT/SIGTERM (``secrets``: the
+    audit keys each record's seal must verify with)."""
     kafka = kafka_settings(args)
     keyring = load_keys(Keyring, args.verify_keys) if args.verify_keys else None
     try:
-        ServiceDiscovery().file_sd(args.target_port, labels)  # refuses a label Prometheus would
+        ServiceDiscovery().file_sd(args.target_port, labels)  # refuses a label or port Prometheus would
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    counts: dict[str, int] = {}
+    refused: Counter[str] = Counter()
 
-    async def follow() -> None:
-        stop = stop_on_signals()
-        await run_kafka_discovery(kafka, args.file_sd, args.target_port, labels, stop, keyring)
-    asyncio.run(follow())
+    async def follow() -> ServiceDiscovery:
+        return await run_kafka_discovery(kafka, args.file_sd, args.target_port, labels, stop_on_signals(), keyring,
+                                         counts, secrets, refused)
+    sd = asyncio.run(follow())
+    print(f"discovery stopped: {counts['records']:,} health record(s) applied, {counts['refused']:,} message(s) "
+          f"refused, the file written {counts['writes']:,} time(s)", file=sys.stderr)
+    if said := refusals(refused, sd):
+        print(f"gpucost: discovery: {said}", file=sys.stderr)
     return 0
 
 
