@@ -51,6 +51,8 @@ def _said(err: str) -> str:
 #: names)
 ATTACKS = [
     ("COPY over a cost file", "COPY (SELECT 1 AS x) TO '{bill}' (FORMAT parquet)", "not COPY;"),
+    ("COPY over a cost file in place", "COPY (SELECT 1 AS x) TO '{bill}' (FORMAT parquet, USE_TMP_FILE false)",
+     "not COPY;"),
     ("EXPLAIN COPY", "EXPLAIN COPY (SELECT 1 AS x) TO '{bill}' (FORMAT parquet)", "COPY in EXPLAIN;"),
     ("EXPLAIN ANALYZE COPY", "EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{bill}' (FORMAT parquet)",
      "COPY in EXPLAIN ANALYZE;"),
