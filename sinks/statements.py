@@ -56,6 +56,8 @@ _COMMENT = duckdb.token_type.comment
 def read_only_problem(sql: str) -> str | None:
     """Why ``sql`` is not read-only (or cannot be parsed), in one line naming what was refused, or None."""
     try:
+        if not duckdb.extract_statements(sql):
+            return "the query holds no statement: write one, e.g. SELECT count(*) FROM cost"
         refused = _refused(sql, "")
     except duckdb.Error as exc:
         return f"the query does not parse: {exc}".replace("\n", " ")

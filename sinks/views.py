@@ -176,5 +176,7 @@ def _run(out_dir: Path, sql: str, confined: bool,
     """One attempt of ``query``: the connection is opened here, on the thread that runs the query."""
     con = connect(out_dir, opex_usd_per_gpu_hour)
     res = (confine(con, out_dir) if confined else con).execute(sql)
+    if res is None:  # no statement: nothing to describe or fetch
+        return [], []
     return [d[0] for d in res.description] if res.description else [], res.fetchall()
 

@@ -173,6 +173,16 @@ def test_analysts_keep_every_read_and_nothing_is_written(out: Path, horizon: Aud
                          "no file written OK")
 
 
+@pytest.mark.parametrize("sql", ["", " ;; -- nothing\n"])
+def test_a_query_of_no_statement_is_a_usage_error_not_a_traceback(sql: str, out: Path, horizon: AuditSettings,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["query", "--out", str(out), sql])
+    err = capsys.readouterr().err
+    HOSTILE_LINES.append(f"query: no statement {sql!r} {horizon_label(horizon)} | exit {rc} | {_said(err)}")
+    assert rc == 2 and err.startswith("gpucost: error: ") and err.count("\n") == 1
+    assert main(["query", "--unsafe", "--out", str(out), sql]) == 0
+
+
 def test_without_landlock_the_query_is_refused_not_run_unguarded(out: Path, horizon: AuditSettings,
                                                                  capsys: pytest.CaptureFixture[str],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
