@@ -41,7 +41,9 @@ from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.events import Price
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.lock import OutputLock
-from gpucost.sinks.views import query, read_only_problem, sql_string, view_records, views_sql
+from gpucost.sinks.landlock import WritesNotRefused
+from gpucost.sinks.statements import read_only_problem
+from gpucost.sinks.views import query, sql_string, view_records, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
 from gpucost.webhook import WebhookSettings, url_problem
 from gpucost.whatif import IDLE_POLICIES, Scenario, bills
@@ -142,9 +144,9 @@ def cmd_query(args: argparse.Namespace) -> int:
     if not args.unsafe and (problem := read_only_problem(args.sql)) is not None:
         raise UsageError(problem)
     try:
-        columns, rows = query(args.out, args.sql, confined=not args.unsafe,
+        columns, rows = query(args.out, args.sql, confined=not args.unsafe, read_only=not args.unsafe,
                               opex_usd_per_gpu_hour=args.opex_usd_per_gpu_hour)
-    except duckdb.Error as exc:
+    except (duckdb.Error, WritesNotRefused) as exc:
         raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
     if args.format == "lines" and len(columns) != 1:
         raise UsageError(f"--format lines needs a query of one column, this one has {len(columns)}: {columns}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,10 @@ import pyarrow as pa
 from gpucost.schemas.arrow import ARROW_SCHEMAS
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.compact import RETIRED, STAGING
+from gpucost.sinks.landlock import without_writes
 
-__all__ = ["READ_ONLY_STATEMENTS", "QUERY_ATTEMPTS", "confine", "straddled", "swaps", "views_sql", "connect", "query",
-           "read_only_problem", "sql_string", "view_records"]
+__all__ = ["QUERY_ATTEMPTS", "confine", "straddled", "swaps", "views_sql", "connect", "query", "sql_string",
+           "view_records"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "health": "DATE", "quota": "DATE", "reclaim": "DATE",
@@ -93,11 +95,14 @@ def connect(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> duckd
 
 
 def confine(con: duckdb.DuckDBPyConnection, out_dir: Path) -> duckdb.DuckDBPyConnection:
-    """``con`` reading files under ``out_dir`` only, its configuration locked: a query cannot read
+    """``con`` reading files under ``out_dir`` only, spilling nowhere (no ``temp_directory``: DuckDB's
+    default is ``.tmp`` in the working directory), its configuration locked: a query cannot read
     ``/etc/passwd``, attach a database, install an extension or widen its own access (what ``gpucost
-    query`` hands an analyst's SQL to)."""
+    query`` hands an analyst's SQL to). Writes inside ``out_dir`` stay possible here: ``query``'s
+    ``read_only`` is what refuses them."""
     folder = f"{out_dir.resolve().as_posix()}/".replace("'", "''")
     con.execute(f"SET allowed_directories = ['{folder}']")
+    con.execute("SET temp_directory = ''")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
@@ -143,8 +148,10 @@ def view_records(out_dir: Path, kind: str, clause: str = "") -> list[Any]:
 
 
 def query(out_dir: Path, sql: str, confined: bool = True, attempts: int = QUERY_ATTEMPTS,
-          opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """The columns and rows of ``sql`` over the views of ``out_dir`` (``confined`` to its files).
+          opex_usd_per_gpu_hour: Decimal = Decimal(0),
+          read_only: bool = False) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The columns and rows of ``sql`` over the views of ``out_dir`` (``confined`` to its files; ``read_only``:
+    each attempt on a thread whose file writes the kernel refuses, ``landlock.without_writes``).
 
     A sink compacts while it runs, and a query whose listing straddles a folder's swap fails
     (never reads part of the rows: sinks/compact.py): with "No such file" for a file merged away,
@@ -152,12 +159,11 @@ def query(out_dir: Path, sql: str, confined: bool = True, attempts: int = QUERY_
     listing finds the merged files, so such a query is run again, up to ``attempts`` times; an
     error with no swap during the query is raised.
     """
+    once = partial(_run, out_dir, sql, confined, opex_usd_per_gpu_hour)
     for attempt in range(1, attempts + 1):
         before = swaps(out_dir)
         try:
-            con = connect(out_dir, opex_usd_per_gpu_hour)
-            res = (confine(con, out_dir) if confined else con).execute(sql)
-            return [d[0] for d in res.description] if res.description else [], res.fetchall()
+            return without_writes(once) if read_only else once()
         except duckdb.Error as exc:
             gone = isinstance(exc, duckdb.IOException) and "No such file" in str(exc)
             if attempt == attempts or not (gone or straddled(out_dir, before)):
@@ -165,16 +171,12 @@ def query(out_dir: Path, sql: str, confined: bool = True, attempts: int = QUERY_
     raise AssertionError("attempts must be at least 1")
 
 
-#: what a sandboxed query may be: reading only (COPY … TO would still write under the output directory)
-READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+def _run(out_dir: Path, sql: str, confined: bool,
+         opex_usd_per_gpu_hour: Decimal) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """One attempt of ``query``: the connection is opened here, on the thread that runs the query."""
+    con = connect(out_dir, opex_usd_per_gpu_hour)
+    res = (confine(con, out_dir) if confined else con).execute(sql)
+    if res is None:  # no statement: nothing to describe or fetch
+        return [], []
+    return [d[0] for d in res.description] if res.description else [], res.fetchall()
 
-
-def read_only_problem(sql: str) -> str | None:
-    """Why ``sql`` is not a read-only query (or cannot be parsed), or None."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        return f"the query does not parse: {exc}".replace("\n", " ")
-    kinds = sorted({s.type.name for s in statements if s.type not in READ_ONLY_STATEMENTS})
-    return (f"only SELECT and EXPLAIN may run here, not {', '.join(kinds)}; pass --unsafe to run anything"
-            if kinds else None)
