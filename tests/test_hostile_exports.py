@@ -121,6 +121,13 @@ def read_csv(path_or_bytes: Path | bytes) -> tuple[bytes, list[dict[str, str]]]:
     return raw, list(csv.DictReader(io.StringIO(raw.decode(), newline="")))
 
 
+def unquoted(raw: bytes, rows: list[dict[str, str]], columns: tuple[str, ...]) -> list[str]:
+    """Text cells of ``columns`` the file does not hold quoted (as a spreadsheet splitting on ';' needs them)."""
+    text = raw.decode()
+    cells = {row[c] for row in rows for c in columns if row[c]}
+    return sorted(c for c in cells if '"' + c.replace('"', '""') + '"' not in text)
+
+
 def formulas(rows: list[dict[str, str]]) -> list[str]:
     """Cells a spreadsheet would run: beginning with a formula character, and not a number."""
     return [c for row in rows for c in [*row.values(), *row] if c.startswith(FORMULA_START) and not is_number(c)]
@@ -139,6 +146,7 @@ def test_focus_csv_cells_reach_a_spreadsheet_as_text(replayed: Path, horizon: Au
                          f"cells prefixed ' {prefixed:,}, formulas left {len(formulas(rows)):,}, NUL bytes "
                          f"{raw.count(0):,}")
     assert raw.count(0) == 0 and formulas(rows) == []
+    assert unquoted(raw, rows, ("SubAccountId", "SkuId", "ResourceName", "x_TenantKey", "Tags")) == []
     assert prefixed and {r["x_RecordId"] for r in rows} == set(stored)  # the case is made; every record, once
     for row in rows:
         record = stored[row["x_RecordId"]]
@@ -166,6 +174,7 @@ def test_query_and_whatif_csv_cells_reach_a_spreadsheet_as_text(replayed: Path, 
                          f"{raw.count(0) + what_raw.count(0):,}")
     assert raw.count(0) == what_raw.count(0) == 0 and formulas(rows) == formulas(what) == []
     assert {r["record_id"] for r in rows} == set(stored)
+    assert unquoted(raw, rows, ("team", "env", "app", "gpu_model", "node_id")) == []
     for row in rows:
         record = stored[row["record_id"]]
         for field in ("team", "env", "app", "gpu_model", "node_id"):
