@@ -104,10 +104,17 @@ def _add_metrics(p: argparse.ArgumentParser) -> None:
               "serve Prometheus metrics at /metrics and a health check at /healthz on HOST:PORT (unset: off)")
 
 
+def _series_cap(text: str) -> int:
+    """A cap on a metric family's label sets: its one ``_other`` series needs room, so at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, got {text!r}")
+    return int(text)
+
+
 def _add_cost_series(p: argparse.ArgumentParser) -> None:
-    _env_flag(p, "--cost-series", "GPUCOST_COST_SERIES", int, "2000",
-              "with --metrics-address: the most label sets each cost counter keeps; further cost is counted under "
-              "team _other")
+    _env_flag(p, "--cost-series", "GPUCOST_COST_SERIES", _series_cap, "2000",
+              "with --metrics-address: the most label sets each cost metric family keeps (cost, credit, idle cost, "
+              "reclaim triggers, GPUs), its _other series included; the rest is counted in that series")
 
 
 def _add_kafka(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import dataclasses
 import datetime as dt
 import decimal
@@ -21,6 +20,7 @@ import pyarrow.parquet as pq
 
 from gpucost.config import ConfigError
 from gpucost.cost_metrics import CostMetrics
+from gpucost.csv_cells import write_rows
 from gpucost.discovery import from_output, refusals, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.fit import RESOURCES, fit_weights, pane_features
@@ -153,9 +153,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.format == "lines":
         sys.stdout.writelines(f"{r[0]}\n" for r in rows)
     elif args.format == "csv":
-        writer = csv.writer(sys.stdout)
-        writer.writerow(columns)
-        writer.writerows(rows)
+        write_rows(sys.stdout, columns, rows)
     elif args.format == "json":
         print(json.dumps([{c: _jsonable(v) for c, v in zip(columns, r)} for r in rows], indent=1))
     else:
@@ -364,7 +362,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([dict(zip(columns, r)) for r in table], indent=1))
     elif args.format == "csv":
-        csv.writer(sys.stdout).writerows([columns, *table])
+        write_rows(sys.stdout, columns, table)
     else:
         print(format_table(columns, [[t, *(f"{v:,}" for v in vs)] for t, *vs in table]))
     return 0

@@ -3,13 +3,15 @@
 One row per cost record of the month (per GPU, pane and tenant, idle rows included), written by
 DuckDB from the ``cost`` view: no record passes through a float. Costs are the µ$ as decimals
 (``DECIMAL(38, 6)``, exact); the quantities are the party's GPU-hours, its share of the pane's
-covered time (its µ$ over the pane's, or for an unpriced pane its share of the split).
+covered time (its µ$ over the pane's, or for an unpriced pane its share of the split). The Parquet holds
+every name as the records do; the CSV's text cells are made safe for a spreadsheet (``gpucost.csv_cells``).
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from gpucost.csv_cells import copy_csv
 from gpucost.sinks.views import connect, sql_string
 
 __all__ = ["FORMATS", "MONTH", "focus_sql", "export_focus"]
@@ -72,7 +74,8 @@ def export_focus(out_dir: Path, month: str, dest: Path, fmt: str = "csv", provid
         raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     con = connect(out_dir)
     sql = focus_sql(month, provider, billing_account, iso_text=fmt == "csv")
-    options = "FORMAT CSV, HEADER" if fmt == "csv" else "FORMAT PARQUET, COMPRESSION zstd"
-    con.execute(f"COPY ({sql}) TO {sql_string(str(dest))} ({options})")
-    (rows,) = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()  # type: ignore[misc]
+    if fmt == "csv":  # names from input reach a spreadsheet as text, never as a formula (gpucost.csv_cells)
+        return copy_csv(con, sql, dest)
+    (rows,) = con.execute(f"COPY ({sql}) TO {sql_string(str(dest))} (FORMAT PARQUET, COMPRESSION zstd)"
+                          ).fetchone()  # type: ignore[misc]
     return int(rows)

@@ -23,7 +23,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 
-__all__ = ["Health", "MetricsServer", "counter", "gauge", "labelled", "parse_address", "source_counts"]
+__all__ = ["OTHER", "BoundedSeries", "Health", "MetricsServer", "counter", "gauge", "labelled", "parse_address",
+           "source_counts"]
+
+#: every label of a family's overflow series: the label sets past its cap, summed
+OTHER = "_other"
 
 
 def labelled(kind: type, name: str, doc: str, labels: Sequence[str], values: Mapping[tuple[Any, ...], float]
@@ -33,6 +37,29 @@ def labelled(kind: type, name: str, doc: str, labels: Sequence[str], values: Map
     for key, value in sorted(dict(values).items()):
         family.add_metric([str(k) for k in key], float(value))
     return family
+
+
+class BoundedSeries(dict[tuple[str, ...], float]):
+    """One family's values by label set, never more than ``cap`` label sets, its overflow series among them.
+
+    Why one rule for every family whose labels come from input (team, env, app, SLA, GPU model, node,
+    grade): each new label value is a series Prometheus keeps for good and this process keeps until it
+    stops, so a name invented per message (a hostile binding, a forged record) would grow both without
+    end. Past the cap a label set is counted in the series whose every label is ``_other``: sums over the
+    family stay right, only the breakdown is lost, and ``folded`` says how often that happened.
+    """
+
+    def __init__(self, cap: int, width: int) -> None:
+        super().__init__()
+        self.cap, self.overflow, self.folded = cap, (OTHER,) * width, 0
+
+    def add(self, key: tuple[str, ...], amount: float) -> tuple[str, ...]:
+        """Add ``amount`` to ``key``'s series, or to the overflow series once the cap is reached; the key used."""
+        if key not in self and key != self.overflow and len(self) + 1 + (self.overflow not in self) > self.cap:
+            self.folded += 1
+            key = self.overflow
+        self[key] = self.get(key, 0) + amount
+        return key
 
 
 def _family(kind: type, name: str, doc: str, values: Mapping[Any, float] | float, label: str | None) -> Metric:

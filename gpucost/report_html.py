@@ -37,6 +37,18 @@ class Plot:
     figure: Callable[[list[tuple[Any, ...]]], go.Figure]
 
 
+def _plotly_text(value: Any) -> Any:
+    """``value`` as Plotly shows it literally: a string with ``&``, ``<`` and ``>`` as entities, anything else as it is.
+
+    Why: Plotly reads the text of a figure (trace names, categories and their ticks, hover text, titles)
+    as its own small HTML: a team named ``<a href="https://…">ads</a>`` would be a live link in the
+    legend, ``<b>x</b>`` bold, ``<br>`` a line break. It turns ``&lt;``, ``&gt;`` and ``&amp;`` back into
+    the characters, so escaped they show as written. Every value a query gives passes through here before it
+    reaches a figure (``build_report``): each name from input, whatever figure and field it lands in.
+    """
+    return html.escape(value, quote=False) if isinstance(value, str) else value
+
+
 def _stacked(rows: list[tuple[Any, ...]]) -> go.Figure:
     """Rows (t, series, value): one bar trace per series, stacked."""
     fig = go.Figure()
@@ -132,7 +144,8 @@ def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | N
     con.execute("SET enable_progress_bar = false")  # its bar on stderr would interleave with the command's output
     parts = []
     for k, plot in enumerate(PLOTS):
-        rows = con.execute(plot.sql.format(where=_where(_kind(plot.sql), since, until))).fetchall()
+        rows = [tuple(map(_plotly_text, r)) for r in con.execute(plot.sql.format(
+            where=_where(_kind(plot.sql), since, until))).fetchall()]
         fig = plot.figure(rows)
         fig.update_layout(title=plot.title, height=420 if plot.id != "idle-heatmap" else max(420, 18 * len(
             {r[0] for r in rows}) + 160), margin={"t": 60})

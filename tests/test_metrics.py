@@ -184,7 +184,7 @@ def test_past_the_cap_cost_is_folded_under_other_and_the_total_stays() -> None:
     whole, capped = CostMetrics(), CostMetrics(max_series=2)
     for m in (whole, capped):
         m.observe("cost", to_table("cost", cost))
-    assert len(capped.charged) <= 2 + len({r.gpu_model for r in cost}) and capped.folded > 0
+    assert len(capped.charged) <= 2 and capped.charged.folded > 0  # the _other series among the 2, whatever the models
     assert {k for k in capped.charged if k[0] == OTHER_TEAM}
     assert sum(capped.charged.values()) == sum(whole.charged.values()) == sum(r.cost_micro_usd for r in cost
                                                                               if r.cost_micro_usd > 0)
