@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
+from gpucost.output_files import write_whole
 from gpucost.schemas.records import DeadLetter
-from gpucost.sinks.parquet import fsync_dir
 from gpucost.sinks.views import view_records
 from gpucost.streams.discovery import ServiceDiscovery
 
@@ -33,14 +32,7 @@ log = logging.getLogger("gpucost.discovery")
 
 def write_file_sd(path: Path, groups: list[dict[str, Any]]) -> None:
     """``groups`` as the file Prometheus reads, replacing it atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(groups, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_whole(path, json.dumps(groups, indent=2) + "\n", "--file-sd")
 
 
 def from_output(out_dir: Path) -> ServiceDiscovery:
