@@ -21,7 +21,8 @@ __all__ = ["check_writable", "made_folder", "write_whole"]
 
 
 def check_writable(path: Path, flag: str) -> None:
-    """A usage error unless a file can be written at ``path`` (the argument of ``flag``)."""
+    """A usage error unless a file can be written at ``path`` (the argument of ``flag``): a folder that exists,
+    where this process may make a file."""
     where = path.parent
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a directory; give the path of a file to write, such as "
@@ -31,6 +32,12 @@ def check_writable(path: Path, flag: str) -> None:
                          "choose another path")
     if not where.is_dir():
         raise UsageError(f"{flag} {path}: {where} is a file, not a folder; choose a path in a folder")
+    tmp = _beside(path)
+    try:  # the one sure test of a folder's permissions, read-only mounts and the like: making a file there
+        tmp.open("w").close()
+    except OSError as exc:
+        raise UsageError(_cannot(path, flag, exc)) from None
+    tmp.unlink()
 
 
 def made_folder(path: Path, flag: str) -> None:
@@ -48,7 +55,7 @@ def write_whole(path: Path, content: str | bytes | Callable[[Path], None], flag:
     """``content`` (text as UTF-8, bytes, or a function that writes the file at the path it is given) into
     ``path``, replacing it whole; a usage error, and no file left beside it, when that cannot be done."""
     check_writable(path, flag)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _beside(path)
     try:
         if callable(content):
             content(tmp)
@@ -59,8 +66,16 @@ def write_whole(path: Path, content: str | bytes | Callable[[Path], None], flag:
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot write it ({exc.strerror or exc}); choose a path you may write, "
-                         "on a disk with room") from None
+        raise UsageError(_cannot(path, flag, exc)) from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()  # nothing left of a failed write (after the rename there is nothing to remove)
+
+
+def _beside(path: Path) -> Path:
+    """The temporary file ``path`` is written to: hidden, in its folder, of this process."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _cannot(path: Path, flag: str, exc: OSError) -> str:
+    return f"{flag} {path}: cannot write it ({exc.strerror or exc}); choose a path you may write, on a disk with room"
