@@ -71,12 +71,12 @@ _BOM = b"\xef\xbb\xbf"
 #: a run of digits longer than Python's int conversion takes (4,300): Python's ``json`` refuses such a
 #: line, Arrow's reader took it, so such lines go to the one-by-one decode, where Python's ``json`` decides
 _LONG_DIGITS = re.compile(rb"[0-9]{4300}")
-#: a UTF-16 surrogate escape (``\\ud800``): the reader refuses a lone one, and a line of them would cost a
-#: refused read each; Python's ``json`` decides these lines (a pair, as in an emoji, is read there exactly)
+#: a UTF-16 surrogate escape (``\\ud800``): the reader refuses a lone one, and such lines would spend a batch's
+#: refused reads; Python's ``json`` decides them unread (a pair, as in an emoji, is read there exactly)
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 #: refused reads of one batch at most: enough to find a bad line or two by halving, after which the lines
 #: not yet read go to Python's ``json`` (a refused read costs a fixed ~0.2 ms, the row path ~10 µs a line:
-#: without a bound, a batch of bad lines cost two reads a line, 90 times what a good line costs)
+#: without a bound, a batch of bad lines cost two reads a line, 70 to 170 times a good line)
 REFUSED_READS = 8
 _CORES = os.cpu_count() or 1
 _JSON_OPTIONS = pa_json.ParseOptions(explicit_schema=EVENT_SCHEMA, unexpected_field_behavior="ignore")
