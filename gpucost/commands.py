@@ -28,7 +28,9 @@ from gpucost.focus import MONTH, export_focus
 from gpucost.health import audit_secrets, read_json, snapshot_of, snapshot_problems
 from gpucost.kafka.commands import follow_discovery, follow_reclaim
 from gpucost.kafka.signing import Signer, parse_keys
-from gpucost.otlp import admission_coverage, coverage_report, export_request, post, read_requests, to_json
+from gpucost.output_files import check_writable, made_folder, write_whole
+from gpucost.otlp import (admission_coverage, coverage_report, export_request, is_otlp_export, post, read_requests,
+                          to_json)
 from gpucost.producers.live import LIVE_SOURCES, open_nvml
 from gpucost.producers.nvml import NvmlUnavailable
 from gpucost.producers.replay import read_batches, read_inputs
@@ -59,7 +61,7 @@ REPORT = "report.html"  # what run and replay leave beside their output
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    settings, spec = audit_settings(args), fleet_spec(args)
+    settings, spec, key = audit_settings(args), fleet_spec(args), audit_key(args)  # refused before --out is made
     source, nvml = args.source, None
     if source == "auto":
         try:
@@ -78,38 +80,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     with Signals(live, interrupt).installed(), output_dir(args.out, args.overwrite, "gpucost run"), \
             _progress("run", unit=" events") as bar, metrics_served(args.metrics_address, stats.metrics, stats.health):
         run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats,
-                     audit_key=audit_key(args), live=live is not None)
+                     audit_key=key, live=live is not None)
     say_source_counts(live)
     return _finish(args.out, stats, settings.opex_usd_per_gpu_hour)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     spec = fleet_spec(args)
-    args.out.mkdir(parents=True, exist_ok=True)
+    made_folder(args.out, "--out")
     earlier = sorted(args.out.glob("events-*.*"))
     if earlier and not args.overwrite:  # a second fleet beside the first would replay as one, mostly refused
         raise UsageError(f"{args.out} already holds simulated events ({earlier[0].name}…); pass --overwrite to "
                          "replace them, or choose another --out")
     for path in earlier:
         path.unlink()
-    events, files, n = simulate(spec), 0, 0
-    while chunk := list(itertools.islice(events, SIM_LINES_PER_FILE)):
-        path = args.out / f"events-{files:05d}.{args.format}"
-        if args.format == "parquet":
-            pq.write_table(events_table(chunk), path, compression="zstd")
-        else:
-            path.write_text("".join(encode_event(ev) + "\n" for ev in chunk))
-        files, n = files + 1, n + len(chunk)
-    print(f"wrote {n:,} events to {files} file(s) in {args.out}")
+    events, written, n = simulate(spec), [], 0
+    try:
+        while chunk := list(itertools.islice(events, SIM_LINES_PER_FILE)):
+            written.append(args.out / f"events-{len(written):05d}.{args.format}")
+            write_whole(written[-1], "".join(encode_event(ev) + "\n" for ev in chunk) if args.format == "jsonl" else
+                        lambda tmp, c=chunk: pq.write_table(events_table(c), tmp, compression="zstd"), "--out")
+            n += len(chunk)
+    except UsageError:
+        for path in written:  # a fleet in part would replay as a shorter one
+            path.unlink(missing_ok=True)
+        raise
+    print(f"wrote {n:,} events to {len(written)} file(s) in {args.out}")
     return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    settings = audit_settings(args)
+    settings, key = audit_settings(args), audit_key(args)  # refused before --out is made
     files = event_files(args.input)
     total = sum(f.stat().st_size for f in files)
     with output_dir(args.out, args.overwrite, "gpucost replay"), _progress("replay", total=total, unit="B") as bar:
-        stats = run_embedded(read_batches(files), settings, args.out, audit_key=audit_key(args),
+        stats = run_embedded(read_batches(files), settings, args.out, audit_key=key,
                              on_batch=lambda b: bar.update(sum(item.nbytes for item in b)))  # type: ignore[union-attr]
     return _finish(args.out, stats, settings.opex_usd_per_gpu_hour)
 
@@ -167,26 +172,22 @@ def cmd_prices(args: argparse.Namespace) -> int:
     if signer.key.nodes is not None and PRICE_SCOPE not in signer.key.nodes:
         raise ConfigError(f"key {signer.key.key_id!r} may not sign prices: its node list needs {PRICE_SCOPE} (or *)")
     out = []
-    for path in event_files(args.files):
-        for n, line in enumerate(path.read_bytes().splitlines(), 1):
-            if not line.strip():
-                continue
-            event = decode_line(line)
-            if not isinstance(event, Price):
-                why = event.detail if isinstance(event, Rejected) else f"a {event.kind}, not a price"
-                raise UsageError(f"{path}:{n}: {why}")
-            unsigned = event.model_copy(update={"key_id": None, "signature": None})
-            signed = unsigned.model_copy(update={"key_id": signer.key.key_id,
-                                                 "signature": price_mac(signer.key.secret, unsigned)})
-            out.append(encode_event(signed))
+    for event in _price_events(args.files):
+        unsigned = event.model_copy(update={"key_id": None, "signature": None})
+        signed = unsigned.model_copy(update={"key_id": signer.key.key_id,
+                                             "signature": price_mac(signer.key.secret, unsigned)})
+        out.append(encode_event(signed))
     sys.stdout.write("".join(f"{line}\n" for line in out))
     return 0
 
 
-def _written(out: Path) -> None:
-    """``out`` is an output directory to read, or a usage error saying how to make one."""
+def _written(out: Path, holding: bool = False) -> None:
+    """``out`` is an output directory to read (``holding``: with gpucost output in it), or a usage error."""
     if not out.is_dir():
-        raise UsageError(f"output directory {out} does not exist; run `gpucost run` or `gpucost replay` first")
+        raise UsageError(f"output directory {out} {'is a file' if out.exists() else 'does not exist'}; give the "
+                         "--out of a gpucost run, replay or sink, or run `gpucost run` or `gpucost replay` first")
+    if holding and not any((out / k).is_dir() for k in OUTPUT_KINDS):  # a wrong folder: no empty result
+        raise UsageError(f"{out} holds no gpucost output; give the --out of a gpucost run, replay or sink")
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -197,18 +198,18 @@ def cmd_health(args: argparse.Namespace) -> int:
         if doc is None:
             raise UsageError(f"no health record of GPU {args.gpu!r} under {args.out}; list them with: "
                              f"{invoked_as()} query --out {args.out} \"SELECT DISTINCT gpu_uuid FROM health\"")
-        args.file.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+        write_whole(args.file, json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "--file")
         record = doc["record"]
         print(f"{args.file}: GPU {args.gpu}, window ending {record['window_end_ns']}, grade {record['grade']}, "
               f"breaker {record['breaker_state']}, {'signed' if record['signature'] else 'unsigned'}")
         return 0
     if args.health_command == "export-otlp":
         return _export_otlp(args)
-    if _is_otlp(args.file):
+    if is_otlp_export(args.file):
         try:
             ok, lines = coverage_report(admission_coverage(read_requests(args.file)), args.admission_h)
         except ValueError as exc:
-            raise UsageError(str(exc)) from None
+            raise UsageError(f"{exc}; give the JSON of gpucost health export-otlp --json, or a collector's") from None
         print(f"{args.file}: OTLP export, {'covers' if ok else 'does NOT cover'} {args.admission_h} h for every GPU",
               *(f"- {line}" for line in lines or ["no gpucost.health.coverage points at all"]), sep="\n")
         return 0 if ok else 1
@@ -230,16 +231,6 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_otlp(path: Path) -> bool:
-    """Whether a file to verify is an OTLP JSON export rather than a snapshot (its first bytes say)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    return b'"resourceMetrics"' in head or b'"resource_metrics"' in head
-
-
 def _export_otlp(args: argparse.Namespace) -> int:
     """The health records under ``--out`` as OTLP metrics: POSTed to ``--endpoint``, and/or as JSON to ``--json``."""
     _written(args.out)
@@ -247,10 +238,15 @@ def _export_otlp(args: argparse.Namespace) -> int:
         raise UsageError("say where to: --endpoint http://HOST:4318/v1/metrics (env GPUCOST_OTLP_ENDPOINT), "
                          "--json FILE, or both")
     where = "" if args.gpu is None else f"WHERE gpu_uuid = {sql_string(args.gpu)}"
+    if args.json is not None:
+        check_writable(args.json, "--json")
     records = view_records(args.out, "health", f"{where} ORDER BY gpu_uuid, window_start_ns")
+    if not records:  # an empty export would read as GPUs with no audited time
+        raise UsageError(f"no health record{'' if args.gpu is None else ' of GPU ' + repr(args.gpu)} under "
+                         f"{args.out}; give the --out of a gpucost run, replay or sink that audited GPUs")
     request = export_request(records)
     if args.json is not None:
-        args.json.write_text(json.dumps(to_json(request)) + "\n")
+        write_whole(args.json, json.dumps(to_json(request)) + "\n", "--json")
     if args.endpoint is not None:
         try:
             post(args.endpoint, request)
@@ -311,7 +307,7 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
 
 
 def _price_events(files: list[Path]) -> list[Price]:
-    """The price events of JSON Lines files; any other line is a usage error naming it."""
+    """The price events of JSON Lines files; any other line, or none at all, is a usage error naming it."""
     prices = []
     for path in event_files(files):
         for n, line in enumerate(path.read_bytes().splitlines(), 1):
@@ -319,13 +315,17 @@ def _price_events(files: list[Path]) -> list[Price]:
                 event = decode_line(line)
                 if not isinstance(event, Price):
                     why = event.detail if isinstance(event, Rejected) else f"a {event.kind}, not a price"
-                    raise UsageError(f"{path}:{n}: {why}")
+                    raise UsageError(f"{path}:{n}: {why}; give JSON Lines of price events only")
                 prices.append(event)
+    if not prices:  # an empty file would bill or sign nothing new, and say so nowhere
+        raise UsageError(f"no price event in {', '.join(map(str, files))}; give JSON Lines of price events")
     return prices
 
 
 def cmd_fit_weights(args: argparse.Namespace) -> int:
     settings = audit_settings(args)
+    if args.write is not None:
+        check_writable(args.write, "--write")
     try:
         fit = fit_weights(pane_features(event_files(args.input), settings))
     except ValueError as exc:
@@ -336,7 +336,7 @@ def cmd_fit_weights(args: argparse.Namespace) -> int:
         print(f"{name:5} = {value if value is not None else 'not estimated: ' + fit.why_not[name]}"
               f"   (power slope on {resource}: {slope:.6g})")
     if args.write is not None:
-        args.write.write_text(fit.snippet())
+        write_whole(args.write, fit.snippet(), "--write")
         print(f"settings written to {args.write}; use it with --config {args.write}")
     else:
         print("\n" + fit.snippet(), end="")
@@ -388,17 +388,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``gpucost report``: the output as one self-contained HTML page of plots."""
     from gpucost.report_html import build_report
 
-    _written(args.out)
+    _written(args.out, holding=True)
     if args.since and args.until and args.since > args.until:
         raise UsageError(f"--since {args.since} is after --until {args.until}")
+    check_writable(args.html, "--html")
     page = build_report(args.out, args.since, args.until)
-    args.html.write_text(page, encoding="utf-8")
+    write_whole(args.html, page, "--html")
     print(f"wrote {args.html} ({len(page.encode()) / 1e6:.1f} MB, self-contained: open it in any browser)")
     return 0
 
 
 def cmd_views(args: argparse.Namespace) -> int:
-    _written(args.out)
+    _written(args.out, holding=True)
     print(views_sql(args.out, args.opex_usd_per_gpu_hour), end="")
     return 0
 
@@ -410,8 +411,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
     if args.min_files < 2:
         raise UsageError(f"--min-files must be at least 2, got {args.min_files}")
-    if not any((args.out / k).is_dir() for k in OUTPUT_KINDS):
-        raise UsageError(f"{args.out} holds no gpucost output; give the sink's or a run's --out")
+    _written(args.out, holding=True)
     with OutputLock(args.out, "gpucost compact"):
         pending, _ = Journal(args.out / JOURNAL, dict).pending()  # a sink that died before committing needs these
         stats = compact(args.out, args.min_files, exclude=pending)

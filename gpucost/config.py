@@ -43,8 +43,10 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> AuditSetting
             file_values = tomllib.loads(config_file.read_text())
         except OSError as exc:
             raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:  # binary; nested too deeply
+            why = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            raise ConfigError(f"config file {config_file} is not valid TOML: {why}; write settings as name = value "
+                              "lines, such as pane_s = 60 (docs/operations.md, Configuration)") from None
         unknown = sorted(set(file_values) - set(AuditSettings.model_fields))
         if unknown:
             raise ConfigError(f"config file {config_file}: unknown setting(s) {', '.join(unknown)}; "

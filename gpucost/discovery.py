@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,8 +28,8 @@ from gpucost.health import seal_refusal
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
+from gpucost.output_files import write_whole
 from gpucost.schemas.records import DeadLetter
-from gpucost.sinks.parquet import fsync_dir
 from gpucost.sinks.views import view_records
 from gpucost.streams.discovery import ServiceDiscovery
 
@@ -41,14 +40,7 @@ log = logging.getLogger("gpucost.discovery")
 
 def write_file_sd(path: Path, groups: list[dict[str, Any]]) -> None:
     """``groups`` as the file Prometheus reads, replacing it atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(groups, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_whole(path, json.dumps(groups, indent=2) + "\n", "--file-sd")
 
 
 def _refusal(fields: Mapping[str, Any], secrets: Mapping[str, bytes] | None, refused: Counter[str]) -> str | None:

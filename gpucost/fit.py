@@ -119,7 +119,8 @@ def fit_weights(features: Features) -> Fit:
     input (no NUMA events at all, say) has no weight estimated rather than one invented."""
     x, y = features.x, features.power_w
     if len(y) < 5:
-        raise ValueError(f"{len(y)} panes with covered time: at least 5 are needed to fit four coefficients")
+        raise ValueError(f"{len(y)} panes with covered time: at least 5 are needed to fit four coefficients; "
+                         "give event files with gpu_sample lines of more panes")
     varies = np.ptp(x, axis=0) > 0
     names = ("alpha", "beta", "gamma")
     why_not = {n: f"{r} is the same in every pane" + (" (no NUMA events)" if r == "L" and not x[:, 2].any() else "")

@@ -81,8 +81,15 @@ def snapshot_problems(doc: Any, secrets: dict[str, bytes] | None) -> tuple[list[
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file, or a ``ValueError`` that says which and why."""
+    """A JSON file, or a ``ValueError`` that says which, why, and what to give instead (a file nested too
+    deeply for Python's parser, too)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read {path} as JSON: {exc}") from None
+        return json.loads(path.read_bytes())
+    except OSError as exc:
+        why = exc.strerror
+    except RecursionError:
+        why = "not valid JSON: nested too deeply"
+    except ValueError as exc:  # includes UnicodeDecodeError
+        why = f"not valid JSON: {exc}"
+    raise ValueError(f"cannot read {path}: {why}; give a file written by gpucost health snapshot (or an OTLP "
+                     "JSON export)")

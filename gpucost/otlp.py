@@ -89,13 +89,31 @@ def post(endpoint: str, request: ExportMetricsServiceRequest, attempts: int = 4,
         time.sleep(0.2 * 2 ** attempt)
 
 
+def is_otlp_export(path: Path) -> bool:
+    """Whether a file is an OTLP JSON export rather than a health snapshot (its first bytes say); False where
+    it cannot be read, for the snapshot's reader to say why."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return b'"resourceMetrics"' in head or b'"resource_metrics"' in head
+
+
 def read_requests(path: Path) -> list[ExportMetricsServiceRequest]:
     """An OTLP JSON export: one JSON document, or one request per line. ``ValueError`` says what is wrong."""
-    text = path.read_text()
     try:
-        docs = [json.loads(text)]
-    except ValueError:
-        docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+        text = path.read_text()
+        try:
+            docs = [json.loads(text)]
+        except ValueError:
+            docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not an OTLP JSON metrics export: nested too deeply") from None
+    except ValueError as exc:  # includes UnicodeDecodeError
+        raise ValueError(f"{path} is not an OTLP JSON metrics export: {exc}") from None
     out = []
     for doc in docs:
         if not isinstance(doc, dict) or "resourceMetrics" not in doc and "resource_metrics" not in doc:

@@ -109,7 +109,8 @@ def whatif(records: list[dict[str, Any]], scenario: Scenario) -> list[CostRecord
 
 
 def bills(out_dir: Path, scenario: Scenario) -> list[TeamBill]:
-    """Per team, what the published records bill and what ``scenario`` bills, in µ$ (teams by name)."""
+    """Per team, what the published records bill and what ``scenario`` bills, in µ$ (teams by name); a
+    ``ValueError`` where ``out_dir`` holds no cost record (not a zero bill: nothing was billed there)."""
     base: dict[str, int] = defaultdict(int)
     new: dict[str, int] = defaultdict(int)
     for records in cost_panes(out_dir):
@@ -117,4 +118,7 @@ def bills(out_dir: Path, scenario: Scenario) -> list[TeamBill]:
             base[r["team"]] += r["cost_micro_usd"]
         for again in whatif(records, scenario):
             new[again.team] += again.cost_micro_usd
+    if not base:
+        raise ValueError(f"{out_dir} holds no cost records to bill again; give the --out of a gpucost run, replay "
+                         "or sink that billed GPU time")
     return [TeamBill(team, base[team], new[team]) for team in sorted(base.keys() | new.keys())]

@@ -218,6 +218,9 @@ def load_keys(load: Callable[[Path], T], path: Path) -> T:
         return load(path)
     except OSError as exc:
         raise ConfigError(f"cannot read the key file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"the key file {path} is not text; give a file of '<key_id> <secret hex>' lines "
+                          "(docs/security.md)") from None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -31,10 +31,16 @@ __all__ = ["cmd_topics", "cmd_produce", "cmd_worker", "cmd_sink", "follow_discov
 def cmd_topics(args: argparse.Namespace) -> int:
     kafka = kafka_settings(args)
     if args.action == "schemas":
+        from gpucost.output_files import made_folder
         from gpucost.schemas.json_schemas import write_json_schemas
 
-        for path in write_json_schemas(args.schemas_out):
-            print(path)
+        made_folder(args.schemas_out, "--schemas-out")
+        try:
+            written = write_json_schemas(args.schemas_out)
+        except OSError as exc:
+            raise UsageError(f"--schemas-out {args.schemas_out}: cannot write a schema there ({exc.strerror}); "
+                             "choose a folder you may write in, on a disk with room") from None
+        print(*written, sep="\n")
         return 0
     from gpucost.kafka.publish import create_topics
 
