@@ -3,8 +3,6 @@ export."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
 import datetime as dt
 import decimal
 import itertools
@@ -21,40 +19,31 @@ import pyarrow.parquet as pq
 from gpucost.config import ConfigError
 from gpucost.cost_metrics import CostMetrics
 from gpucost.csv_cells import write_rows
-from gpucost.discovery import from_output, refusals, write_file_sd
 from gpucost.embedded import Item, RunStats, run_embedded
 from gpucost.fit import RESOURCES, fit_weights, pane_features
-from gpucost.focus import MONTH, export_focus
-from gpucost.health import audit_secrets, read_json, snapshot_of, snapshot_problems
-from gpucost.kafka.commands import follow_discovery, follow_reclaim
-from gpucost.kafka.signing import Signer, parse_keys
+from gpucost.focus import MONTH, cost_months, export_focus
+from gpucost.kafka.signing import Signer
 from gpucost.output_files import check_writable, made_folder, write_whole
-from gpucost.otlp import (admission_coverage, coverage_report, export_request, is_otlp_export, post, read_requests,
-                          to_json)
 from gpucost.producers.live import LIVE_SOURCES, open_nvml
 from gpucost.producers.nvml import NvmlUnavailable
 from gpucost.producers.replay import read_batches, read_inputs
 from gpucost.producers.simulate import simulate
-from gpucost.reclaim import Ledger, Reclaimer
-from gpucost.reclaim import from_output as reclaim_from_output
 from gpucost.report import format_table, summary
 from gpucost.schemas.arrow import events_table
 from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.events import Price
-from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.landlock import WritesNotRefused
 from gpucost.sinks.statements import read_only_problem
-from gpucost.sinks.views import query, sql_string, view_records, views_sql
+from gpucost.sinks.views import query, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
-from gpucost.webhook import WebhookSettings, url_problem
 from gpucost.whatif import IDLE_POLICIES, Scenario, bills
 from gpucost.wiring import (Signals, UsageError, attributed, audit_key, audit_settings, event_files, fleet_spec,
                             given_bindings, interrupt, invoked_as, live_source, load_keys, metrics_served, output_dir,
-                            say_source_counts)
+                            output_to_read, say_source_counts)
 
-__all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_health", "cmd_discovery", "cmd_reclaim",
-           "cmd_views", "cmd_prices", "cmd_compact", "cmd_fit_weights", "cmd_whatif", "cmd_export", "cmd_report", "IDLE_POLICIES"]
+__all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_views", "cmd_prices", "cmd_compact",
+           "cmd_fit_weights", "cmd_whatif", "cmd_export", "cmd_report", "IDLE_POLICIES"]
 
 SIM_LINES_PER_FILE = 1_000_000
 REPORT = "report.html"  # what run and replay leave beside their output
@@ -145,7 +134,7 @@ def _jsonable(value: object) -> object:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    _written(args.out)
+    output_to_read(args.out, holding=True)
     if not args.unsafe and (problem := read_only_problem(args.sql)) is not None:
         raise UsageError(problem)
     try:
@@ -178,131 +167,6 @@ def cmd_prices(args: argparse.Namespace) -> int:
                                              "signature": price_mac(signer.key.secret, unsigned)})
         out.append(encode_event(signed))
     sys.stdout.write("".join(f"{line}\n" for line in out))
-    return 0
-
-
-def _written(out: Path, holding: bool = False) -> None:
-    """``out`` is an output directory to read (``holding``: with gpucost output in it), or a usage error."""
-    if not out.is_dir():
-        raise UsageError(f"output directory {out} {'is a file' if out.exists() else 'does not exist'}; give the "
-                         "--out of a gpucost run, replay or sink, or run `gpucost run` or `gpucost replay` first")
-    if holding and not any((out / k).is_dir() for k in OUTPUT_KINDS):  # a wrong folder: no empty result
-        raise UsageError(f"{out} holds no gpucost output; give the --out of a gpucost run, replay or sink")
-
-
-def cmd_health(args: argparse.Namespace) -> int:
-    """``health snapshot``: a GPU's latest record to a file; ``health verify``: check one (exit 1 if it fails)."""
-    if args.health_command == "snapshot":
-        _written(args.out)
-        doc = snapshot_of(args.out, args.gpu)
-        if doc is None:
-            raise UsageError(f"no health record of GPU {args.gpu!r} under {args.out}; list them with: "
-                             f"{invoked_as()} query --out {args.out} \"SELECT DISTINCT gpu_uuid FROM health\"")
-        write_whole(args.file, json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "--file")
-        record = doc["record"]
-        print(f"{args.file}: GPU {args.gpu}, window ending {record['window_end_ns']}, grade {record['grade']}, "
-              f"breaker {record['breaker_state']}, {'signed' if record['signature'] else 'unsigned'}")
-        return 0
-    if args.health_command == "export-otlp":
-        return _export_otlp(args)
-    if is_otlp_export(args.file):
-        try:
-            ok, lines = coverage_report(admission_coverage(read_requests(args.file)), args.admission_h)
-        except ValueError as exc:
-            raise UsageError(f"{exc}; give the JSON of gpucost health export-otlp --json, or a collector's") from None
-        print(f"{args.file}: OTLP export, {'covers' if ok else 'does NOT cover'} {args.admission_h} h for every GPU",
-              *(f"- {line}" for line in lines or ["no gpucost.health.coverage points at all"]), sep="\n")
-        return 0 if ok else 1
-    secrets = None
-    if args.key_file is not None:
-        secrets = {k.key_id: k.secret for k in load_keys(lambda p: parse_keys(p.read_text(), str(p)),
-                                                         args.key_file).values()}
-    try:
-        doc = read_json(args.file)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    problems, signer = snapshot_problems(doc, secrets)
-    if problems:
-        print(f"{args.file}: FAILS verification", *(f"- {p}" for p in problems), sep="\n")
-        return 1
-    how = f"hash and signature (key {signer!r})" if signer else "hash only; pass --key-file to check the signature"
-    print(f"{args.file}: verified, {how}. GPU {doc['device']['gpu_uuid']} on {doc['device']['node_id']}, "
-          f"grade {doc['record']['grade']}, breaker {doc['record']['breaker_state']}")
-    return 0
-
-
-def _export_otlp(args: argparse.Namespace) -> int:
-    """The health records under ``--out`` as OTLP metrics: POSTed to ``--endpoint``, and/or as JSON to ``--json``."""
-    _written(args.out)
-    if args.endpoint is None and args.json is None:
-        raise UsageError("say where to: --endpoint http://HOST:4318/v1/metrics (env GPUCOST_OTLP_ENDPOINT), "
-                         "--json FILE, or both")
-    where = "" if args.gpu is None else f"WHERE gpu_uuid = {sql_string(args.gpu)}"
-    if args.json is not None:
-        check_writable(args.json, "--json")
-    records = view_records(args.out, "health", f"{where} ORDER BY gpu_uuid, window_start_ns")
-    if not records:  # an empty export would read as GPUs with no audited time
-        raise UsageError(f"no health record{'' if args.gpu is None else ' of GPU ' + repr(args.gpu)} under "
-                         f"{args.out}; give the --out of a gpucost run, replay or sink that audited GPUs")
-    request = export_request(records)
-    if args.json is not None:
-        write_whole(args.json, json.dumps(to_json(request)) + "\n", "--json")
-    if args.endpoint is not None:
-        try:
-            post(args.endpoint, request)
-        except RuntimeError as exc:
-            raise UsageError(str(exc)) from None
-    print(f"{len(records):,} health window(s) exported as OTLP metrics"
-          + (f" to {args.endpoint}" if args.endpoint else "") + (f", JSON in {args.json}" if args.json else ""))
-    return 0
-
-
-def cmd_discovery(args: argparse.Namespace) -> int:
-    """The nodes in service as a Prometheus file_sd file: once from ``--out``, or following the health topic."""
-    if args.file_sd is None:
-        raise UsageError("say where to write the file_sd JSON: --file-sd FILE (or GPUCOST_FILE_SD)")
-    if bad := [label for label in args.label if "=" not in label]:
-        raise UsageError(f"--label takes NAME=VALUE, got {bad[0]!r}")
-    labels = dict(label.split("=", 1) for label in args.label)
-    secrets = load_keys(audit_secrets, args.audit_keys) if args.audit_keys else None
-    if args.out is None:
-        return follow_discovery(args, labels, secrets)
-    if args.verify_keys is not None:
-        raise UsageError("--verify-keys checks the signatures of Kafka messages, and an output directory has none: "
-                         "pass --audit-keys FILE (the audit keys) to verify each health record's hash and signature")
-    _written(args.out)
-    refused: Counter[str] = Counter()
-    sd = from_output(args.out, secrets, refused)
-    try:
-        groups = sd.file_sd(args.target_port, labels)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    write_file_sd(args.file_sd, groups)
-    out = sorted(set(sd.nodes()) - set(sd.in_service()))
-    print(f"{args.file_sd}: {len(groups)} node(s) in service of {len(sd.nodes())}"
-          + (f"; out: {', '.join(out)}" if out else ""))
-    if said := refusals(refused, sd):
-        print(f"gpucost: discovery: {said}", file=sys.stderr)
-    return 0
-
-
-def cmd_reclaim(args: argparse.Namespace) -> int:
-    """Act on the reclaim triggers once each: from ``--out`` once, or following the reclaim topic."""
-    if args.webhook is None and args.actions_file is None and not args.dry_run:
-        raise UsageError("say how to act: --webhook URL, --actions-file FILE (or both), or --dry-run")
-    if args.webhook is not None and (problem := url_problem(args.webhook)):
-        raise UsageError(f"--webhook {args.webhook!r}: {problem}")
-    try:
-        settings = WebhookSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(WebhookSettings)})
-    except ValueError as exc:
-        raise UsageError(f"{exc}; see gpucost reclaim --help") from None
-    reclaimer = Reclaimer(None if args.dry_run else Ledger(args.ledger), args.webhook, args.actions_file, args.dry_run,
-                          settings)
-    if args.out is None:
-        return follow_reclaim(args, reclaimer)
-    _written(args.out)
-    asyncio.run(reclaimer.act(reclaim_from_output(args.out)))
-    print(", ".join(f"{k}: {v:,}" for k, v in reclaimer.counts.items()))
     return 0
 
 
@@ -344,7 +208,7 @@ def cmd_fit_weights(args: argparse.Namespace) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    _written(args.out)
+    output_to_read(args.out)
     s = audit_settings(args)  # the scenario's weights: --alpha/--beta/--gamma, else the config and environment's
     try:
         scenario = Scenario.of(s.alpha, s.beta, s.gamma, prices=_price_events(args.prices) if args.prices else (),
@@ -369,18 +233,26 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """``gpucost export focus``: the month's cost records as a FOCUS 1.2 Cost and Usage file."""
-    _written(args.out)
+    """``gpucost export focus``: the month's cost records as a FOCUS 1.2 Cost and Usage file, written whole; a
+    month with no cost record is an error, not an empty file."""
+    output_to_read(args.out, holding=True)
     if not MONTH.match(args.month):
         raise UsageError(f"--month {args.month!r} is not YYYY-MM")
     if args.file.exists() and not args.overwrite:
         raise UsageError(f"{args.file} exists; pass --overwrite to replace it")
-    try:
-        rows = export_focus(args.out, args.month, args.file, args.format, args.provider, args.billing_account)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    print(f"wrote {rows:,} FOCUS 1.2 rows of {args.month} to {args.file}"
-          + ("" if rows else f" (no cost record of {args.month} in {args.out})"))
+    rows = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal rows
+        try:
+            rows = export_focus(args.out, args.month, tmp, args.format, args.provider, args.billing_account)
+        except (ValueError, duckdb.Error) as exc:
+            raise UsageError(f"FILE {args.file}: {exc}".replace("\n", " ")) from None
+        if not rows:
+            raise UsageError(f"no cost record of {args.month} in {args.out}; nothing written (its months: "
+                             f"{', '.join(cost_months(args.out)) or 'none'})")
+    write_whole(args.file, write, "FILE")
+    print(f"wrote {rows:,} FOCUS 1.2 rows of {args.month} to {args.file}")
     return 0
 
 
@@ -388,7 +260,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``gpucost report``: the output as one self-contained HTML page of plots."""
     from gpucost.report_html import build_report
 
-    _written(args.out, holding=True)
+    output_to_read(args.out, holding=True)
     if args.since and args.until and args.since > args.until:
         raise UsageError(f"--since {args.since} is after --until {args.until}")
     check_writable(args.html, "--html")
@@ -399,7 +271,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_views(args: argparse.Namespace) -> int:
-    _written(args.out, holding=True)
+    output_to_read(args.out, holding=True)
     print(views_sql(args.out, args.opex_usd_per_gpu_hour), end="")
     return 0
 
@@ -411,7 +283,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
     if args.min_files < 2:
         raise UsageError(f"--min-files must be at least 2, got {args.min_files}")
-    _written(args.out, holding=True)
+    output_to_read(args.out, holding=True)
     with OutputLock(args.out, "gpucost compact"):
         pending, _ = Journal(args.out / JOURNAL, dict).pending()  # a sink that died before committing needs these
         stats = compact(args.out, args.min_files, exclude=pending)

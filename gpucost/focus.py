@@ -14,7 +14,7 @@ from pathlib import Path
 from gpucost.csv_cells import copy_csv
 from gpucost.sinks.views import connect, sql_string
 
-__all__ = ["FORMATS", "MONTH", "focus_sql", "export_focus"]
+__all__ = ["FORMATS", "MONTH", "cost_months", "focus_sql", "export_focus"]
 
 FORMATS = ("csv", "parquet")
 MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
@@ -79,3 +79,11 @@ def export_focus(out_dir: Path, month: str, dest: Path, fmt: str = "csv", provid
     (rows,) = con.execute(f"COPY ({sql}) TO {sql_string(str(dest))} (FORMAT PARQUET, COMPRESSION zstd)"
                           ).fetchone()  # type: ignore[misc]
     return int(rows)
+
+
+def cost_months(out_dir: Path) -> list[str]:
+    """The months (YYYY-MM, UTC) that hold cost records in ``out_dir``, in order: what an export of another month
+    can be told to pick instead."""
+    rows = connect(out_dir).execute("SELECT DISTINCT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') AS m "
+                                    "FROM cost ORDER BY m").fetchall()
+    return [m for (m,) in rows]

@@ -33,7 +33,7 @@ from gpucost.sinks.lock import OutputLock
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["UsageError", "Signals", "output_dir", "audit_settings", "fleet_spec", "invoked_as", "event_files",
-           "live_source", "say_source_counts", "interrupt", "metrics_served", "kafka_settings", "load_keys",
+           "output_to_read", "live_source", "say_source_counts", "interrupt", "metrics_served", "kafka_settings", "load_keys",
            "stop_on_signals", "attributed", "given_bindings"]
 
 T = TypeVar("T")
@@ -57,6 +57,15 @@ def output_dir(out: Path, overwrite: bool, holder: str) -> Iterator[None]:
         for path in existing:
             shutil.rmtree(path)
         yield
+
+
+def output_to_read(out: Path, holding: bool = False) -> None:
+    """``out`` is an output directory to read (``holding``: with gpucost output in it), or a usage error."""
+    if not out.is_dir():
+        raise UsageError(f"output directory {out} {'is a file' if out.exists() else 'does not exist'}; give the "
+                         "--out of a gpucost run, replay or sink, or run `gpucost run` or `gpucost replay` first")
+    if holding and not any((out / k).is_dir() for k in OUTPUT_KINDS):  # a wrong folder: no empty result
+        raise UsageError(f"{out} holds no gpucost output; give the --out of a gpucost run, replay or sink")
 
 
 def audit_key(args: argparse.Namespace) -> bytes | None:

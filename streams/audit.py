@@ -14,15 +14,16 @@ import numpy as np
 import pyarrow as pa
 
 from gpucost.schemas.blocks import ClosedPanes, Outputs
-from gpucost.schemas.codec import Rejected, encode_event, raw_text
+from gpucost.schemas.codec import Rejected, raw_text
 from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
                                     TenantBinding)
-from gpucost.schemas.records import DeadLetter, Output
+from gpucost.schemas.records import Output
 from gpucost.streams.apportion import Weights, apportion, apportion_many
 from gpucost.streams.columnar import ingest_batch, ingest_lines
 from gpucost.streams.efficiency import Efficiency
 from gpucost.streams.health import HealthAudit
 from gpucost.streams.idle_index import IdleIndex
+from gpucost.streams.letters import DeadLetters
 from gpucost.streams.mae import Mae
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.panes import GpuPanes, pane_start_ns
@@ -36,12 +37,7 @@ __all__ = ["Auditor"]
 
 
 
-def _device(event: GpuSample | ProcessSample | NumaEvent | EbpfTrace) -> str:
-    """The device a GPU-keyed event speaks for, as a dead letter names it."""
-    return f"GPU {event.gpu_uuid}" + ("" if isinstance(event, GpuSample) else f" pid {event.pid}")
-
-
-class Auditor:
+class Auditor(DeadLetters):
     """Routes each event to the operator that owns it and collects what closes.
 
     ``counts`` tallies accepted events by kind, each dead-letter reason, ``unbilled``
@@ -89,10 +85,12 @@ class Auditor:
         if isinstance(event, EbpfTrace):
             if self.panes.is_late(event.gpu_uuid, event.ts_ns):
                 return [self.late_letter(event, raw, source, self.panes.watermark(event.gpu_uuid))]
-            self.panes.add_trace(event)
+            if not self.panes.add_trace(event):
+                return [self.duplicate_letter(event, raw, source)]
         if isinstance(event, MemAccess):
-            if not self.mae.admit(event):
-                return [self.resent_letter(event, raw, source, self.mae.mark(event))]
+            if (why := self.mae.admit(event)) is not None:
+                latest = self.mae.taken.latest((event.node_id, event.pid))
+                return [self.address_letter(event, raw, source, why, latest)]
             self.counts[event.kind] += 1
             rec = self.mae.update(event)
             return [rec] if rec is not None else []
@@ -112,8 +110,9 @@ class Auditor:
         """A binding, joined as of each sample's event time whatever order they came in: it re-attributes the
         process's logged samples at or after its ``ts_ns`` in open panes (with revisions off too), and in closed
         panes within the horizon (revisions). One that repeats an instant already bound is a ``duplicate``;
-        one older than the horizon that reaches no pane kept here could change only panes beyond it, and is
-        ``late`` (METRICS.md, "Late data become revisions"): either way it changes nothing."""
+        one older than the horizon (behind the watermark of its node's GPUs: a later node's bindings, replayed
+        after an earlier node's events, are not late) that reaches no pane kept here could change only panes
+        beyond it, and is ``late`` (METRICS.md, "Late data become revisions"): either way it changes nothing."""
         verdict = self.bindings.verdict(event)
         if verdict == "duplicate":
             return [self._dead("duplicate", event, raw, source,
@@ -124,13 +123,15 @@ class Auditor:
             return []
         reached = [p for p in self.revisions.touched_by(event.node_id, event.pid, event.ts_ns)
                    if self.revisions.enabled or self.panes.is_open(*p)]
-        largest = self.panes.largest_watermark()
-        if largest is not None and event.ts_ns + self.settings.revision_horizon_ns + self.settings.pane_ns < largest:
+        watermarks = [w for gpu in self.revisions.gpus_of(event.node_id)
+                      if (w := self.panes.watermark(gpu)) is not None]
+        node_ns = max(watermarks, default=None)  # how far its node's GPUs have gone: a replay of one node after another
+        if node_ns is not None and event.ts_ns + self.settings.revision_horizon_ns + self.settings.pane_ns < node_ns:
             if not reached:
                 return [self._dead("late", event, raw, source,
                                    f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} reaches "
                                    f"no pane within the revision horizon ({self.settings.revision_horizon_s} s) of "
-                                   f"the watermark {largest} ns: the panes it covers are billed for good")]
+                                   f"its node's watermark {node_ns} ns: the panes it covers are billed for good")]
             self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
         before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
         self.bindings.update(event)
@@ -145,41 +146,6 @@ class Auditor:
             self.counts["revised_by_late"] += 1
             self.counts[f"revised_by_late:{event.kind}"] += 1
         return out
-
-    def future_letter(self, event: Event, raw: str | bytes | None, source: str, now: int) -> DeadLetter:
-        return self._dead("future_timestamp", event, raw, source,
-                          f"ts_ns {event.ts_ns} is {(event.ts_ns - now) / 1e9:.0f} s ahead of this "
-                          f"worker's clock (allowed: {self.settings.max_future_s} s); fix the node's clock")
-
-    def late_letter(self, event: GpuSample | ProcessSample | NumaEvent | EbpfTrace, raw: str | bytes | None, source: str,
-                    watermark: int | None) -> DeadLetter:
-        return self._dead("late", event, raw, source, f"pane of ts_ns {event.ts_ns} closed: GPU "
-                                                      f"{event.gpu_uuid}'s watermark is {watermark} ns")
-
-    def duplicate_letter(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
-                         source: str) -> DeadLetter:
-        return self._dead("duplicate", event, raw, source,
-                          f"a {event.kind} of {_device(event)} at ts_ns {event.ts_ns} was already "
-                          "counted; the first one is billed, this one is not")
-
-    def resent_letter(self, event: MemAccess, raw: str | bytes | None, source: str, mark_ns: int) -> DeadLetter:
-        """The ``duplicate`` dead letter of an address ``Mae.admit`` refused, its process's mark ``mark_ns``."""
-        return self._dead("duplicate", event, raw, source,
-                          f"a mem_access of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} is not after "
-                          f"the last address taken for this process (ts_ns {mark_ns}): a process's addresses come "
-                          "in time order, so it was sent again; it is counted in no window")
-
-    def overlap_letter(self, event: GpuSample | ProcessSample, raw: str | bytes | None, source: str) -> DeadLetter:
-        return self._dead("overlap", event, raw, source,
-                          f"a {event.kind} of {_device(event)} lies within three quarters of its "
-                          f"{event.interval_ms} ms interval of one already counted in its pane: a second sampler "
-                          "of this device would bill its time twice; run one sampler per device")
-
-    def _dead(self, reason: str, event: Event, raw: str | bytes | None, source: str, detail: str) -> DeadLetter:
-        self.counts[reason] += 1
-        return DeadLetter(reason=reason, detail=detail, kind=event.kind, source=source,
-                          raw=encode_event(event) if raw is None else raw_text(raw), ts_ns=event.ts_ns,
-                          gpu_uuid=getattr(event, "gpu_uuid", None))
 
     def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]:
         """Take one raw line: a dead letter if it is not a valid event, or not one ``scope`` lets its
@@ -200,12 +166,6 @@ class Auditor:
                      ) -> Outputs:
         """``ingest`` of each JSON line (line ``i`` labelled ``source(i)``), through the batch path."""
         return ingest_lines(self, lines, source, scope)
-
-    def reject(self, why: Rejected, raw: str, source: str) -> DeadLetter:
-        """The dead letter of an input refused before it was decoded, counted under its reason."""
-        self.counts[why.reason] += 1
-        return DeadLetter(reason=why.reason, detail=why.detail, kind=why.kind, source=source, raw=raw,
-                          ts_ns=None, gpu_uuid=None)
 
     def _gpu_keyed(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
                    source: str) -> list[Output]:
@@ -385,7 +345,7 @@ class Auditor:
         and which keeps everything the same input sent again (a second ``produce`` of a file, signed messages
         copied back into the topic) is checked against (METRICS.md, "Re-sent input"): the revision log (samples
         and NUMA events), the bindings and prices (a binding or price of an instant already taken), and each
-        process's last address (``Mae.resume_after``). It is then a ``duplicate`` or ``late``, never billed or
+        process's addresses taken (``Mae.resume_after``). It is then a ``duplicate`` or ``late``, never billed or
         attributed again; a re-sent binding once met an empty table, was taken as new, and moved every logged
         pane of its process to its tenant, recomputed against no binding at all."""
         nxt = Auditor(self.settings, self.clock, self.audit_key)

@@ -33,6 +33,7 @@ from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, Numa
                                     TenantBinding)
 from gpucost.schemas.exact import round_float
 from gpucost.schemas.records import DeadLetter, Output
+from gpucost.streams.addresses import DUPLICATE
 from gpucost.streams.json_lines import COLUMN_MODELS, read_lines
 from gpucost.streams.mae import Mae
 from gpucost.streams.pane_totals import PaneColumns, PaneRows, PaneTotals
@@ -71,7 +72,8 @@ class RowPath(Protocol):
 
     def overlap_letter(self, event: Any, raw: str | bytes | None, source: str) -> DeadLetter: ...
 
-    def resent_letter(self, event: Any, raw: str | bytes | None, source: str, mark_ns: int) -> DeadLetter: ...
+    def address_letter(self, event: Any, raw: str | bytes | None, source: str, reason: str,
+                       latest_ns: int | None) -> DeadLetter: ...
 
     def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]: ...
 
@@ -433,14 +435,14 @@ class _Batch:
         mae = self.a.mae
         bins = mae.bins_of(self.address[rows])
         for key, members in self._processes(rows).items():
-            taken, marks = mae.admit_many(key, self.ts[rows[members]], self.address[rows[members]])
-            if not taken.all():  # sent again (``Mae.admit``)
-                mark = dict(zip(rows[members].tolist(), marks.tolist()))
-                self._letters(rows[members[~taken]],
-                              lambda i, e: self.a.resent_letter(e, self._raw(i), self.source(i), mark[i]))
-                members = members[taken]
+            codes, latest = mae.taken.verdicts_many(key, self.ts[rows[members]], self.address[rows[members]])
+            if codes.any():  # sent again, or too far back to tell (``gpucost.streams.addresses``)
+                why = dict(zip(rows[members].tolist(), zip(codes.tolist(), latest.tolist())))
+                self._letters(rows[members[codes > 0]], lambda i, e: self.a.address_letter(
+                    e, self._raw(i), self.source(i), "duplicate" if why[i][0] == DUPLICATE else "late", why[i][1]))
+                members = members[codes == 0]
             self._count("mem_access", len(members))
-            for at, record in mae.update_many(key, self.ts[rows[members]], bins[members], self.address[rows[members]]):
+            for at, record in mae.update_many(key, self.ts[rows[members]], bins[members]):
                 self.emit(int(rows[members[at]]), [record])
 
     # --- panes -----------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Memory-access entropy per process over tumbling windows of W addresses.
 
 State per process is the histogram of the current window only (its non-empty bins), so
-memory is bounded by min(W, B) counts per live process, and the process's last address taken
-(its time and the addresses taken at that time), which re-sent input is checked against.
+memory is bounded by min(W, B) counts per live process, and the addresses it took lately, which
+re-sent input is checked against (``gpucost.streams.addresses``).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 
 from gpucost.schemas.events import MemAccess
 from gpucost.schemas.records import MaeRecord, computed
+from gpucost.streams.addresses import TakenAddresses
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["entropy_bits", "l2_estimate", "Mae"]
@@ -55,12 +56,8 @@ class _Window:
 class Mae:
     """Addresses of each ``(node_id, pid)`` in arrival order, cut every W addresses.
 
-    Re-sent input (METRICS.md, "Re-sent input"): a producer sends a process's addresses in time order, and a
-    Kafka key (``node/pid``) keeps that order, so an address stamped before the last one taken for its process,
-    or at the same instant with an address already taken then, is input sent again. It is refused
-    (``admit``) rather than counted into a window a second time: two sends of an input give the windows of one.
-    Each process's mark is kept while its state is (``forget``: as long as a GPU's panes are), across ends of
-    input (``resume_after``)."""
+    An address sent again is refused (``admit``, ``gpucost.streams.addresses``) before it reaches a window: two
+    sends of an input give the windows of one."""
 
     def __init__(self, settings: AuditSettings) -> None:
         self.window = settings.mae_window
@@ -69,8 +66,7 @@ class Mae:
         self.span = settings.mae_hi - settings.mae_lo
         self.table = settings.l2_calibration
         self._open: dict[tuple[str, int], _Window] = {}
-        #: each process's last address taken: its ``ts_ns``, and the addresses taken at that instant
-        self._last: dict[tuple[str, int], tuple[int, set[int]]] = {}
+        self.taken = TakenAddresses(settings.address_keep_ns)
 
     def _window_of(self, key: tuple[str, int], first_ts_ns: int) -> _Window:
         """The process's open window, opened at ``first_ts_ns`` if it has none."""
@@ -83,50 +79,14 @@ class Mae:
         """Close the process's full window."""
         return self._record(key, self._open.pop(key))
 
-    def admit(self, ev: MemAccess) -> bool:
-        """Whether the address is new: stamped after its process's last one taken, or at that instant with an
-        address not taken then (False: input sent again, which ``update`` must not see)."""
-        last = self._last.get((ev.node_id, ev.pid))
-        return last is None or ev.ts_ns > last[0] or (ev.ts_ns == last[0] and ev.address not in last[1])
-
-    def admit_many(self, key: tuple[str, int], ts_ns: np.ndarray, address: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The batch entry of ``admit``: which of one process's addresses (in arrival order) are new, as
-        ``admit`` then ``update`` of each would find them, and for each the mark it met (the ``ts_ns`` of the
-        last address taken before it; a refused one's dead letter names it). A process whose times rise past
-        its mark is the usual case, decided at once; any other goes address by address."""
-        last = self._last.get(key)
-        marks = np.empty(len(ts_ns), np.int64)
-        if len(ts_ns) and (last is None or int(ts_ns[0]) > last[0]) and bool(np.all(ts_ns[1:] > ts_ns[:-1])):
-            return np.ones(len(ts_ns), bool), marks
-        taken = np.zeros(len(ts_ns), bool)
-        mark, seen = (last[0], set(last[1])) if last is not None else (None, set())
-        for i, (ts, addr) in enumerate(zip(ts_ns.tolist(), address.tolist())):
-            if mark is not None:
-                marks[i] = mark
-            if mark is None or ts > mark:
-                mark, seen = ts, {addr}
-            elif ts == mark and addr not in seen:
-                seen.add(addr)
-            else:
-                continue
-            taken[i] = True
-        return taken, marks
-
-    def mark(self, ev: MemAccess) -> int:
-        """The ``ts_ns`` of the last address taken for ``ev``'s process (that ``admit`` refused ``ev`` against)."""
-        return self._last[(ev.node_id, ev.pid)][0]
-
-    def _mark(self, key: tuple[str, int], ts_ns: int, address: int) -> None:
-        last = self._last.get(key)
-        if last is not None and last[0] == ts_ns:
-            last[1].add(address)
-        else:
-            self._last[key] = (ts_ns, {address})
+    def admit(self, ev: MemAccess) -> str | None:
+        """Why the address may not be counted (``duplicate``, ``late``: ``TakenAddresses.verdict``), or None."""
+        return self.taken.verdict((ev.node_id, ev.pid), ev.ts_ns, ev.address)
 
     def update(self, ev: MemAccess) -> MaeRecord | None:
         """The row entry: one address that ``admit`` let in; the window's record if it completed it."""
         key = (ev.node_id, ev.pid)
-        self._mark(key, ev.ts_ns, ev.address)
+        self.taken.take(key, ev.ts_ns, ev.address)
         win = self._window_of(key, ev.ts_ns)
         offset = ev.address - self.lo
         if 0 <= offset < self.span:
@@ -150,15 +110,10 @@ class Mae:
             bins[inside] = [(int(a) - lo) * self.bins // span for a in address[inside].tolist()]
         return bins
 
-    def update_many(self, key: tuple[str, int], ts_ns: np.ndarray, bins: np.ndarray, address: np.ndarray
-                    ) -> list[tuple[int, MaeRecord]]:
-        """The batch entry: one process's addresses that ``admit_many`` let in, in arrival order, as their times,
-        ``bins_of`` and the addresses. Returns each completed window's record with the position of the address
+    def update_many(self, key: tuple[str, int], ts_ns: np.ndarray, bins: np.ndarray) -> list[tuple[int, MaeRecord]]:
+        """The batch entry: one process's addresses in arrival order that ``TakenAddresses.verdicts_many`` took,
+        as their times and ``bins_of``. Returns each completed window's record with the position of the address
         that completed it: the records ``update`` would return, address by address."""
-        if len(ts_ns):  # admitted times never fall: the last is the mark
-            last, mark = int(ts_ns[-1]), self._last.get(key)
-            at_last = set(address[ts_ns == last].tolist())
-            self._last[key] = (last, mark[1] | at_last if mark is not None and mark[0] == last else at_last)
         out, pos = [], 0
         while pos < len(bins):
             window = self._window_of(key, int(ts_ns[pos]))
@@ -196,17 +151,13 @@ class Mae:
         return [self._complete(key) for key in gone]
 
     def resume_after(self, finished: "Mae") -> None:
-        """After an end of input: keep each process's mark, so the same addresses sent again are refused."""
-        self._last = finished._last
+        """After an end of input: keep the addresses taken, so the same ones sent again are refused."""
+        self.taken = finished.taken
 
     def forget(self, floor_ns: int, only: Container[tuple[str, int]] | None = None) -> None:
-        """Drop the marks of processes (of those in ``only``, if given) with no open window whose last address
-        is before ``floor_ns``: the state keeps no process it will not hear from again (``Auditor.close_silent``
-        forgets a GPU's panes at the same age)."""
-        gone = [key for key, (ts, _) in self._last.items()
-                if ts < floor_ns and key not in self._open and (only is None or key in only)]
-        for key in gone:
-            del self._last[key]
+        """Forget the addresses taken of processes (of those in ``only``) with no open window, silent since
+        before ``floor_ns`` (``Auditor.close_silent`` forgets a GPU's panes at the same age)."""
+        self.taken.forget(floor_ns, self._open, only)
 
     def _record(self, key: tuple[str, int], win: _Window) -> MaeRecord:
         bits = entropy_bits(win.counts.values())
@@ -218,15 +169,15 @@ class Mae:
     def to_state(self) -> dict[str, list[Any]]:
         return {"open": [[n, p, list(w.counts.items()), w.taken, w.out_of_range, w.first_ts_ns, w.last_ts_ns]
                          for (n, p), w in self._open.items()],
-                "last": [[n, p, ts, sorted(addresses)] for (n, p), (ts, addresses) in self._last.items()]}
+                "taken": self.taken.to_state()}
 
     @classmethod
     def from_state(cls, state: dict[str, list[Any]] | list[Any], settings: AuditSettings) -> "Mae":
-        """``state`` as ``to_state`` writes it, or a list of open windows (a state written before the marks:
-        its processes start with none)."""
+        """``state`` as ``to_state`` writes it, or a list of open windows (a state written before the addresses
+        taken were kept: its processes start with none)."""
         mae = cls(settings)
         if isinstance(state, dict):
-            mae._last = {(n, p): (ts, set(addresses)) for n, p, ts, addresses in state["last"]}
+            mae.taken = TakenAddresses.from_state(state["taken"], mae.taken.keep_ns)
             state = state["open"]
         for n, p, counts, taken, oor, first, last in state:
             w = _Window(first)

@@ -154,12 +154,17 @@ class GpuPanes:
         totals.sm += s.sm_util_cp * s.interval_ms
         totals.bw += s.mem_bw_util_cp * s.interval_ms
 
-    def add_trace(self, e: EbpfTrace) -> None:
-        """An on-time trace: a ``blas`` call's FLOPs join its process's in the pane (opening it if need be); a
-        ``launch`` trace counts threads, which no figure reads. Neither moves the watermark."""
+    def add_trace(self, e: EbpfTrace) -> bool:
+        """An on-time trace: a ``blas`` call's FLOPs join its process's in the pane (opening it if need be), unless
+        the pane holds a call of that process at that ``ts_ns`` already (False: input sent again, a
+        ``duplicate``); a ``launch`` trace counts threads, which no figure reads. Neither moves the watermark."""
         if e.trace_source == "blas":
-            flops = self._pane(e.gpu_uuid, e.ts_ns).flops
-            flops[e.pid] = flops.get(e.pid, 0) + e.flops_64b
+            pane = self._pane(e.gpu_uuid, e.ts_ns)
+            if pane.holds(e.kind, e.pid, e.ts_ns):
+                return False
+            pane.remember(e.kind, e.pid, e.ts_ns)
+            pane.flops[e.pid] = pane.flops.get(e.pid, 0) + e.flops_64b
+        return True
 
     def add_numa_event(self, e: NumaEvent, tenant: Tenant) -> None:
         pane = self._pane(e.gpu_uuid, e.ts_ns)
@@ -350,10 +355,14 @@ class GpuPanes:
         where it can occur: a (GPU, kind, pid, pane) with two distinct times closer than three quarters of
         the larger of their intervals (no pair of neighbours that close, no pair at all), or one an open
         pane holds counted times of. Those few go one by one, as ``admit`` does (``_in_order``).
-        Traces are neither: a process makes many calls a nanosecond apart."""
+        Traces are never overlaps (a process makes many calls a nanosecond apart); a ``blas`` trace at the
+        ``ts_ns`` of an earlier one of its process is a duplicate (its FLOPs would count twice), a ``launch``
+        trace never (it sums nothing)."""
         n = len(rows.ts_ns)
         dup, overlap = np.zeros(n, bool), np.zeros(n, bool)
-        checked = ~late & (rows.kind != TRACE)
+        blas = np.zeros(n, bool)
+        blas[list(rows.flops)] = True
+        checked = ~late & ((rows.kind != TRACE) | blas)
         on_time = np.flatnonzero(checked)
         who = _who(group[on_time], rows.kind[on_time].astype(np.int64), rows.pid[on_time])
         ts = rows.ts_ns[on_time]
@@ -366,14 +375,14 @@ class GpuPanes:
         interval = np.maximum.reduceat(rows.interval_ms[where], firsts) if len(firsts) else np.zeros(0, np.int64)
         w, t, in_pane = who[firsts], ts[firsts], pane[where[firsts]]
         near = ((w[1:] == w[:-1]) & (in_pane[1:] == in_pane[:-1]) & overlaps(t[1:] - t[:-1], np.maximum(
-            interval[1:], interval[:-1])) & (rows.kind[where[firsts[1:]]] != NUMA))
+            interval[1:], interval[:-1])) & (rows.kind[where[firsts[1:]]] < NUMA))
         suspect: set[tuple[int, int]] = set(zip(w[1:][near].tolist(), in_pane[1:][near].tolist()))
         for j, name in enumerate(rows.names):
             span = slice(int(rows.starts[j]), int(rows.ends[j]))
             for start, open_pane in self._open.get(name, {}).items():
                 for p in (np.flatnonzero((pane[span] == start) & checked[span]) + rows.starts[j]).tolist():
                     kind, pid = KINDS[rows.kind[p]], int(rows.pid[p])
-                    if rows.kind[p] != NUMA and (kind, pid) in open_pane.seen:
+                    if rows.kind[p] < NUMA and (kind, pid) in open_pane.seen:
                         suspect.add((_who(j, int(rows.kind[p]), pid), start))
                     elif open_pane.holds(kind, pid, int(rows.ts_ns[p])):
                         dup[p] = True
@@ -523,8 +532,7 @@ class GpuPanes:
             members = at[first:last]
             for code, pid, ts in zip(rows.kind[members].tolist(), rows.pid[members].tolist(),
                                      rows.ts_ns[members].tolist()):
-                if code != TRACE:
-                    totals.remember(KINDS[code], pid, ts)
+                totals.remember(KINDS[code], pid, ts)  # a sample's, a NUMA event's or a blas call's
             self._open.setdefault(name, {})[start] = totals
         for j, name in enumerate(rows.names):  # open panes that took no row here may close too
             idle_panes = untouched.get(name, [])

@@ -228,6 +228,11 @@ class Revisions:
             out += [(gpu, int(s)) for s in np.unique(hit["pane"]).tolist()]
         return out
 
+    def gpus_of(self, node_id: str) -> list[str]:
+        """The GPUs whose log has ever held a row of node ``node_id`` (until the GPU is forgotten): whose
+        watermarks say how far a binding of that node lies behind."""
+        return [gpu for gpu, log in self._logs.items() if node_id in log.index]
+
     def totals(self, gpu_uuid: str, pane_start_ns: int, bindings: BindingTable) -> PaneTotals:
         """The pane recomputed from its rows, each process row's tenant as of its time among ``bindings``:
         the sums the idle index and the cost split read (not the health or efficiency sums, which do not revise)."""

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpucost.schemas.codec import Rejected, decode_line
 from gpucost.schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
 
-__all__ = ["PRICE_SCOPE", "Scope", "decode_in_scope", "price_mac"]
+__all__ = ["PRICE_SCOPE", "Scope", "claimed_node", "decode_in_scope", "price_mac"]
 
 #: the entry of a key's node list that lets it sign prices (``*`` lets it too)
 PRICE_SCOPE = "@prices"
@@ -90,3 +90,19 @@ def decode_in_scope(line: str | bytes | dict[str, Any], scope: Scope | None) -> 
     if isinstance(event, Rejected) or scope is None:
         return event
     return scope.check(event) or event
+
+
+def claimed_node(key: str, node: str, lines: Iterable[bytes]) -> bool:
+    """Whether a message keyed ``key``, signed by a key limited to ``node``, makes ``node`` the key's owner: it
+    does only if one of its events names that node and is of that key (a GPU-keyed event of the GPU, an address
+    of the process). A message that names no node, a price alone, or another key's events establishes nothing:
+    the first key to sign any message of a GPU once took it, and refused its own node's events as ``wrong_key``."""
+    for line in lines:
+        event = decode_line(line)
+        if getattr(event, "node_id", None) != node:
+            continue
+        if isinstance(event, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)) and event.gpu_uuid == key:
+            return True
+        if isinstance(event, MemAccess) and f"{event.node_id}/{event.pid}" == key:
+            return True
+    return False

@@ -69,8 +69,11 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
             if ev.gpu_uuid in max_ts and pane_end <= max_ts[ev.gpu_uuid] - s.lateness_ns:
                 out.append("late")
                 continue
-            if isinstance(ev, EbpfTrace):  # never a duplicate (calls come nanoseconds apart), moves no watermark
-                out.append(None)
+            if isinstance(ev, EbpfTrace):  # moves no watermark; a blas call sent again would count its FLOPs twice
+                again = ev.trace_source == "blas" and ("t", ev.gpu_uuid, ev.pid, ev.ts_ns) in taken
+                if ev.trace_source == "blas":
+                    taken.add(("t", ev.gpu_uuid, ev.pid, ev.ts_ns))
+                out.append("duplicate" if again else None)
                 continue
             pid = None if isinstance(ev, GpuSample) else ev.pid
             key = (ev.kind, ev.gpu_uuid, pid, ev.ts_ns)
@@ -93,9 +96,11 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
                 held[ev.ts_ns] = tenant
         elif isinstance(ev, Price):
             key = ("p", ev.gpu_model, ev.ts_ns)
-        elif isinstance(ev, MemAccess):  # a process's addresses come in time order: one not after the last is re-sent
+        elif isinstance(ev, MemAccess):  # an address taken before is sent again; one too far back cannot be told
             before = addresses[(ev.node_id, ev.pid)]
-            if before and (ev.ts_ns < max(t for t, _ in before) or (ev.ts_ns, ev.address) in before):
+            if before and ev.ts_ns < max(t for t, _ in before) - max(s.revision_horizon_ns, s.lateness_ns):
+                verdict = "late"
+            elif (ev.ts_ns, ev.address) in before:
                 verdict = "duplicate"
             else:
                 before.append((ev.ts_ns, ev.address))

@@ -253,7 +253,7 @@ def test_output_cut_short_by_its_reader_is_no_error(tmp_path: Path) -> None:
 
     from tests.conftest import ROOT
 
-    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "cost").mkdir(parents=True)  # an output as a sink leaves it before its first file
     piped = subprocess.run(f"{sys.executable} -m gpucost.cli query --out {tmp_path / 'out'} --format csv "
                            "'SELECT * FROM range(3000000)' | head -1", shell=True, cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
@@ -285,7 +285,7 @@ def test_simulate_refuses_to_add_a_second_fleet_to_a_folder(capsys: pytest.Captu
 
 
 def test_a_table_shows_null_as_null(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "cost").mkdir(parents=True)
     rc, out, _ = cli(capsys, "query", "--out", str(tmp_path / "o"), "SELECT NULL AS a, '' AS b")
     assert rc == 0 and out.splitlines()[2].split() == ["NULL"]
 

@@ -76,7 +76,7 @@ def normalised(auditor: Auditor) -> dict[str, Any]:
     for window in state["mae"]["open"]:
         window[2].sort()
     state["mae"]["open"].sort(key=json.dumps)
-    state["mae"]["last"].sort(key=json.dumps)
+    state["mae"]["taken"].sort(key=json.dumps)
     state["bindings"].sort(key=json.dumps)
     return state
 

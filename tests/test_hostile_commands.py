@@ -148,6 +148,8 @@ WRITES_FROM_OUTPUT = {
     "health snapshot --file": ["health", "snapshot", "--gpu", "{gpu}", "--out", "{out}", "--file"],
     "health export-otlp --json": ["health", "export-otlp", "--out", "{out}", "--json"],
     "discovery --file-sd": ["discovery", "--out", "{out}", "--file-sd"],
+    "export focus FILE": ["export", "focus", "--month", "2025-01", "--out", "{out}", "--format", "csv"],
+    "reclaim --actions-file": ["reclaim", "--out", "{out}", "--actions-file"],
 }
 EMPTY_OUT = {"a folder of other files": "{tmp}/foreign", "an empty folder": "{tmp}/emptydir"}
 READS_OUTPUT = {
@@ -155,6 +157,9 @@ READS_OUTPUT = {
     "report --out": ["report", "--html", "{tmp}/r.html", "--out"],
     "views --out": ["views", "--out"],
     "health export-otlp --out": ["health", "export-otlp", "--json", "{tmp}/o.json", "--out"],
+    "query --out": ["query", "SELECT 1", "--out"],
+    "export focus --out": ["export", "focus", "{tmp}/f.csv", "--month", "2025-01", "--out"],
+    "reclaim --out": ["reclaim", "--dry-run", "--out"],
 }
 OUTPUT_CASES = [
     *((f"{cmd} {where}", [*argv, path], path) for cmd, argv in WRITES_FROM_OUTPUT.items()
@@ -162,6 +167,8 @@ OUTPUT_CASES = [
     *((f"{cmd} {where}", [*argv, path], path) for cmd, argv in READS_OUTPUT.items() for where, path in EMPTY_OUT.items()),
     ("whatif --out of dead letters only", ["whatif", "--out", "{dlq}"], "{dlq}"),
     ("whatif --prices a 0-byte file", ["whatif", "--out", "{out}", "--prices", "{tmp}/empty.jsonl"], "empty.jsonl"),
+    ("export focus of a month without cost", ["export", "focus", "{tmp}/f.csv", "--month", "1999-01", "--out", "{out}"],
+     "1999-01"),
 ]
 CASES = [
     *((f"fit-weights --write {where}", ["fit-weights", "{events}", "--write", path], path)

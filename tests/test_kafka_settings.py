@@ -7,7 +7,7 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from pydantic import ValidationError
 
-from gpucost.cli import _add_kafka
+from gpucost.flags import add_kafka
 from gpucost.config import ConfigError
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.wiring import kafka_settings
@@ -41,7 +41,7 @@ def test_a_compression_kafka_does_not_know_is_refused_with_the_choices() -> None
     with pytest.raises(ValidationError, match="zstd"):
         KafkaSettings(compression="brotli")
     p = argparse.ArgumentParser()
-    _add_kafka(p)
+    add_kafka(p)
     with pytest.raises(ConfigError, match="compression"):
         kafka_settings(p.parse_args(["--compression", "brotli"]))
 

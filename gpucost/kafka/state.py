@@ -26,8 +26,10 @@ PART_PREFIX = b"\x00part\x00"
 STATE_CHUNK_BYTES = 256 << 10
 #: the layout of the state records, written in each as ``"v"``. Version 0 (no ``"v"``; the idle windows
 #: a bare map, the progress a bare number) is the same layout unmarked, and is read. A record of a
-#: later version is refused: a newer gpucost wrote it, and this one would restore it wrongly.
-STATE_VERSION = 1
+#: later version is refused: a newer gpucost wrote it, and this one would restore it wrongly. Version 2 adds each
+#: process's addresses taken (``Mae.to_state``) and the log of open panes with revisions off; versions 0 and 1 are
+#: read, their processes starting with no addresses taken.
+STATE_VERSION = 2
 
 
 class StateError(RuntimeError):

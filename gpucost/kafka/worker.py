@@ -39,7 +39,7 @@ from gpucost.schemas.events import EVENT_MODELS
 from gpucost.schemas.records import DeadLetter, Output, kind_of
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
 from gpucost.streams.audit import Auditor
-from gpucost.streams.scope import Scope
+from gpucost.streams.scope import Scope, claimed_node
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["INPUTS", "state_topic_suffix", "Worker"]
@@ -339,8 +339,9 @@ class Worker(ConsumerRebalanceListener):
             if signer is None:
                 scope = Scope(key)
             else:
-                if owned.owners.get(key) is None and signer.nodes is not None and len(signer.nodes) == 1:
-                    owned.owners[key] = next(iter(signer.nodes))  # the first node to speak for a key owns it
+                if owned.owners.get(key) is None and signer.nodes is not None and len(signer.nodes) == 1 and \
+                        claimed_node(key, node := next(iter(signer.nodes)), (line for _, line in lines)):
+                    owned.owners[key] = node  # the first node whose own events of the key it signs owns it
                 assert self.keyring is not None
                 price_keys = self.keyring.price_keys
                 scope = Scope(key, signer.nodes, price_keys, signer.key_id in price_keys)
