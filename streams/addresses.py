@@ -3,10 +3,13 @@
 MAE windows count a process's addresses in arrival order, with no pane to close and no watermark, so nothing
 else says that an address came before: without this, the same input sent twice filled every window twice.
 Per process ``(node_id, pid)`` it keeps the latest ``ts_ns`` taken and every ``(ts_ns, address)`` taken within
-``keep_ns`` of it (the longer of the revision horizon and the allowed lateness, as a GPU keeps its panes'
-events). An address identical to one kept is a ``duplicate``; one further back than ``keep_ns`` cannot be told
-from input sent again and is ``late``; any other is taken, whatever order it came in (a tick delayed by the
-network is not refused). State per process: the addresses of ``keep_ns`` of its time.
+``keep_ns`` of it: the allowed lateness, not the revision horizon, because MAE windows are never revised (like
+an ``ebpf_trace``, an address later than the lateness has nothing to revise), and because keeping the horizon's
+6 h of addresses made a busy process's state megabytes, rewritten at every Kafka poll. An address identical to
+one kept is a ``duplicate``; one further back than ``keep_ns`` cannot be told from input sent again and is
+``late``; any other is taken, whatever order it came in (a tick delayed by the network is not refused). State
+per process: the addresses of ``keep_ns`` of its time (at 50 addresses/s and 120 s, 6,000 pairs, ~0.2 MiB of
+JSON).
 """
 from __future__ import annotations
 

@@ -109,10 +109,12 @@ class Auditor(DeadLetters):
     def _binding(self, event: TenantBinding, raw: str | bytes | None, source: str) -> list[Output]:
         """A binding, joined as of each sample's event time whatever order they came in: it re-attributes the
         process's logged samples at or after its ``ts_ns`` in open panes (with revisions off too), and in closed
-        panes within the horizon (revisions). One that repeats an instant already bound is a ``duplicate``;
-        one older than the horizon (behind the watermark of its node's GPUs: a later node's bindings, replayed
-        after an earlier node's events, are not late) that reaches no pane kept here could change only panes
-        beyond it, and is ``late`` (METRICS.md, "Late data become revisions"): either way it changes nothing."""
+        panes within the horizon (revisions). One that repeats an instant already bound is a ``duplicate``.
+        One that governs only time beyond the horizon (the process was bound again later, and that later binding
+        too is older than the horizon, judged against the watermark of its node's GPUs: a later node's bindings,
+        replayed after an earlier node's events, are not late) and reaches no pane kept here could change only
+        panes beyond it, and is ``late`` (METRICS.md, "Late data become revisions"). One with no later binding
+        still governs the samples its process sends from now on, however old it is: it is taken."""
         verdict = self.bindings.verdict(event)
         if verdict == "duplicate":
             return [self._dead("duplicate", event, raw, source,
@@ -126,12 +128,15 @@ class Auditor(DeadLetters):
         watermarks = [w for gpu in self.revisions.gpus_of(event.node_id)
                       if (w := self.panes.watermark(gpu)) is not None]
         node_ns = max(watermarks, default=None)  # how far its node's GPUs have gone: a replay of one node after another
-        if node_ns is not None and event.ts_ns + self.settings.revision_horizon_ns + self.settings.pane_ns < node_ns:
-            if not reached:
+        beyond = self.settings.revision_horizon_ns + self.settings.pane_ns
+        if node_ns is not None and event.ts_ns + beyond < node_ns:
+            ends_ns = self.bindings.next_after(event.node_id, event.pid, event.ts_ns)
+            if not reached and ends_ns is not None and ends_ns + beyond < node_ns:
                 return [self._dead("late", event, raw, source,
-                                   f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} reaches "
-                                   f"no pane within the revision horizon ({self.settings.revision_horizon_s} s) of "
-                                   f"its node's watermark {node_ns} ns: the panes it covers are billed for good")]
+                                   f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns}, "
+                                   f"superseded at ts_ns {ends_ns}, reaches no pane within the revision horizon "
+                                   f"({self.settings.revision_horizon_s} s) of its node's watermark {node_ns} ns: "
+                                   "the panes it covers are billed for good")]
             self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
         before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
         self.bindings.update(event)

@@ -49,7 +49,7 @@ class DeadLetters:
             return self._dead(reason, event, raw, source, f"{what} to address {event.address} was already counted; "
                                                           "the first one is in its window, this one is not")
         return self._dead(reason, event, raw, source,
-                          f"{what} is more than {self.settings.address_keep_ns // 10**9} s behind the latest "
+                          f"{what} is more than {self.settings.lateness_s} s (the allowed lateness) behind the latest "
                           "address taken "
                           f"for this process (ts_ns {latest_ns}): it cannot be told from input sent again, and is "
                           "counted in no window")

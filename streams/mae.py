@@ -66,7 +66,7 @@ class Mae:
         self.span = settings.mae_hi - settings.mae_lo
         self.table = settings.l2_calibration
         self._open: dict[tuple[str, int], _Window] = {}
-        self.taken = TakenAddresses(settings.address_keep_ns)
+        self.taken = TakenAddresses(settings.lateness_ns)
 
     def _window_of(self, key: tuple[str, int], first_ts_ns: int) -> _Window:
         """The process's open window, opened at ``first_ts_ns`` if it has none."""

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucost.schemas.codec import Rejected, decode_line
-from gpucost.schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
+from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
+                                     TenantBinding)
 
 __all__ = ["PRICE_SCOPE", "Scope", "claimed_node", "decode_in_scope", "price_mac"]
 
@@ -95,8 +96,10 @@ def decode_in_scope(line: str | bytes | dict[str, Any], scope: Scope | None) -> 
 def claimed_node(key: str, node: str, lines: Iterable[bytes]) -> bool:
     """Whether a message keyed ``key``, signed by a key limited to ``node``, makes ``node`` the key's owner: it
     does only if one of its events names that node and is of that key (a GPU-keyed event of the GPU, an address
-    of the process). A message that names no node, a price alone, or another key's events establishes nothing:
-    the first key to sign any message of a GPU once took it, and refused its own node's events as ``wrong_key``."""
+    of the process) or is a binding of that node (the router sends a node's bindings on its GPUs' keys, often
+    before their first sample). A message that names no node, a price alone, or another key's events
+    establishes nothing: the first key to sign any message of a GPU once took it, and refused its own node's
+    events as ``wrong_key``."""
     for line in lines:
         event = decode_line(line)
         if getattr(event, "node_id", None) != node:
@@ -104,5 +107,7 @@ def claimed_node(key: str, node: str, lines: Iterable[bytes]) -> bool:
         if isinstance(event, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)) and event.gpu_uuid == key:
             return True
         if isinstance(event, MemAccess) and f"{event.node_id}/{event.pid}" == key:
+            return True
+        if isinstance(event, TenantBinding) and "/" not in key:
             return True
     return False

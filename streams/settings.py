@@ -170,10 +170,6 @@ class AuditSettings(BaseModel):
     max_jump_ns = property(lambda self: self.ns("max_jump_s"), doc="the largest one-event watermark jump in ns")
     revision_horizon_ns = property(lambda self: self.ns("revision_horizon_s"), doc="the revision horizon R in ns")
     max_future_ns = property(lambda self: self.ns("max_future_s"), doc="the clock skew refused, in ns")
-    address_keep_ns = property(lambda self: max(self.revision_horizon_ns, self.lateness_ns),
-                               doc="how far behind its process's latest an address is checked against those taken, "
-                                   "not refused late (gpucost.streams.addresses), in ns")
-
     @property
     def window_ns(self) -> int:
         return self.window_h * 3_600_000_000_000

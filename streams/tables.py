@@ -65,6 +65,13 @@ class BindingTable:
             insort(history, (b.ts_ns, Tenant.of(b)), key=lambda h: h[0])
         return verdict
 
+    def next_after(self, node_id: str, pid: int, ts_ns: int) -> int | None:
+        """The ``ts_ns`` of the process's first binding kept after ``ts_ns`` (None: none), which ends the span a
+        binding at ``ts_ns`` governs (``Auditor._binding`` asks whether that span lies beyond the horizon)."""
+        history = self._by_proc.get((node_id, pid), [])
+        at = bisect_right(history, ts_ns, key=lambda h: h[0])
+        return history[at][0] if at < len(history) else None
+
     def prune(self, floor_ns: int) -> None:
         """Forget what no lookup at or after ``floor_ns`` can return: each process's bindings before
         its last one at or before the floor."""

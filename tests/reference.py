@@ -98,7 +98,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
             key = ("p", ev.gpu_model, ev.ts_ns)
         elif isinstance(ev, MemAccess):  # an address taken before is sent again; one too far back cannot be told
             before = addresses[(ev.node_id, ev.pid)]
-            if before and ev.ts_ns < max(t for t, _ in before) - max(s.revision_horizon_ns, s.lateness_ns):
+            if before and ev.ts_ns < max(t for t, _ in before) - s.lateness_ns:
                 verdict = "late"
             elif (ev.ts_ns, ev.address) in before:
                 verdict = "duplicate"
