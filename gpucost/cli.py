@@ -11,7 +11,7 @@ from pathlib import Path
 from aiokafka.errors import KafkaConnectionError
 
 from gpucost.commands import (IDLE_POLICIES, cmd_compact, cmd_export, cmd_fit_weights, cmd_prices, cmd_query,
-                              cmd_replay, cmd_report, cmd_run, cmd_simulate, cmd_views, cmd_whatif)
+                              cmd_replay, cmd_report, cmd_simulate, cmd_views, cmd_whatif)
 from gpucost.config import ConfigError
 from gpucost.focus import FORMATS
 from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
@@ -22,8 +22,9 @@ from gpucost.sinks.lock import OutputBusyError
 from gpucost.sinks.parquet import SinkWriteError
 from gpucost.streams.discovery import TARGET_PORT
 from gpucost.webhook import WebhookSettings
-from gpucost.flags import (add_cost_series, add_fleet, add_kafka, add_live, add_metrics, add_opex, add_out,
-                           add_settings, date_arg, env_default, env_flag)
+from gpucost.flags import (add_compact, add_cost_series, add_fleet, add_kafka, add_live, add_metrics, add_opex,
+                           add_log_format, add_out, add_publication, add_settings, date_arg, env_default, env_flag)
+from gpucost.run import cmd_run
 from gpucost.wiring import UsageError
 
 __all__ = ["main"]
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     add_fleet(run)
     add_out(run, "output directory")
     add_settings(run)
+    add_publication(run)
+    add_log_format(run)
     add_metrics(run)
     add_cost_series(run)
 
@@ -55,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("input", type=Path, nargs="+", help="JSON Lines or Parquet files, or directories of them")
     add_out(rep, "output directory")
     add_settings(rep)
+    add_log_format(rep)
 
     qry = sub.add_parser("query", help="run SQL over the views idle_index, mae, cost, health, quota, reclaim, "
                                        "efficiency, dlq and unit_cost")
@@ -129,8 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     sink.add_argument("--flush-interval-s", type=float, default=2.0, help="seconds between file flushes (default 2)")
     env_flag(sink, "--retry-s", "GPUCOST_SINK_RETRY_S", float, "5",
               "while the output cannot be written, retry this often")
-    env_flag(sink, "--compact-min-files", "GPUCOST_SINK_COMPACT_MIN_FILES", int, "64",
-              "merge a partition's small files once it has gained this many (0: never)")
+    add_compact(sink, "GPUCOST_SINK_COMPACT_MIN_FILES")
     env_flag(sink, "--verify-keys", "GPUCOST_SINK_VERIFY_KEYS", Path, None,
               "write only records signed by a key in this keyring file (the workers' output keys); others are "
               "dead-lettered (unset: no verification)")

@@ -8,25 +8,20 @@ import decimal
 import itertools
 import json
 import sys
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pyarrow.parquet as pq
 
 from gpucost.config import ConfigError
-from gpucost.cost_metrics import CostMetrics
 from gpucost.csv_cells import write_rows
-from gpucost.embedded import Item, RunStats, run_embedded
+from gpucost.embedded import RunStats, run_embedded
+from gpucost.progress import Progress
 from gpucost.fit import RESOURCES, fit_weights, pane_features
 from gpucost.focus import MONTH, cost_months, export_focus
 from gpucost.kafka.signing import Signer
 from gpucost.output_files import check_writable, made_folder, write_whole
-from gpucost.producers.live import LIVE_SOURCES, open_nvml
-from gpucost.producers.nvml import NvmlUnavailable
-from gpucost.producers.replay import read_batches, read_inputs
+from gpucost.producers.replay import read_batches
 from gpucost.producers.simulate import simulate
 from gpucost.report import format_table, summary
 from gpucost.schemas.arrow import events_table
@@ -38,40 +33,14 @@ from gpucost.sinks.statements import read_only_problem
 from gpucost.sinks.views import query, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
 from gpucost.whatif import IDLE_POLICIES, Scenario, bills
-from gpucost.wiring import (Signals, UsageError, attributed, audit_key, audit_settings, event_files, fleet_spec,
-                            given_bindings, interrupt, invoked_as, live_source, load_keys, metrics_served, output_dir,
-                            output_to_read, say_source_counts)
+from gpucost.wiring import (UsageError, audit_key, audit_settings, event_files, fleet_spec, invoked_as, load_keys,
+                            output_dir, output_to_read)
 
-__all__ = ["cmd_run", "cmd_simulate", "cmd_replay", "cmd_query", "cmd_views", "cmd_prices", "cmd_compact",
-           "cmd_fit_weights", "cmd_whatif", "cmd_export", "cmd_report", "IDLE_POLICIES"]
+__all__ = ["cmd_simulate", "cmd_replay", "cmd_query", "cmd_views", "cmd_prices", "cmd_compact",
+           "cmd_fit_weights", "cmd_whatif", "cmd_export", "cmd_report", "finish", "IDLE_POLICIES"]
 
 SIM_LINES_PER_FILE = 1_000_000
 REPORT = "report.html"  # what run and replay leave beside their output
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    settings, spec, key = audit_settings(args), fleet_spec(args), audit_key(args)  # refused before --out is made
-    source, nvml = args.source, None
-    if source == "auto":
-        try:
-            nvml, source = open_nvml(args.node_id), "nvml"
-        except NvmlUnavailable as exc:
-            source = "simulate"
-            print(f"gpucost: NVML is not available ({exc.reason}); running the simulated fleet: {spec.gpus} GPUs, "
-                  f"{spec.hours:g} h, seed {spec.seed}", file=sys.stderr)
-    live = live_source(args, source, nvml) if source in LIVE_SOURCES else None
-    given = given_bindings(event_files(args.prices)) if args.prices and live is not None else []
-    items: Iterator[Item] = ((ev, "simulate") for ev in simulate(spec)) if live is None else itertools.chain(
-        read_inputs(event_files(args.prices)) if args.prices else [],
-        ((ev, source) for ev in attributed(args, live, given)))
-    stats = RunStats(source=live.counts if live is not None else Counter(),
-                     cost=CostMetrics(args.cost_series) if args.metrics_address else None)
-    with Signals(live, interrupt).installed(), output_dir(args.out, args.overwrite, "gpucost run"), \
-            _progress("run", unit=" events") as bar, metrics_served(args.metrics_address, stats.metrics, stats.health):
-        run_embedded(items, settings, args.out, on_batch=lambda b: bar.update(len(b)), stats=stats,
-                     audit_key=key, live=live is not None)
-    say_source_counts(live)
-    return _finish(args.out, stats, settings.opex_usd_per_gpu_hour)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -102,13 +71,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     settings, key = audit_settings(args), audit_key(args)  # refused before --out is made
     files = event_files(args.input)
     total = sum(f.stat().st_size for f in files)
-    with output_dir(args.out, args.overwrite, "gpucost replay"), _progress("replay", total=total, unit="B") as bar:
+    with output_dir(args.out, args.overwrite, "gpucost replay"), \
+            Progress("replay", "bytes", total=total, log_format=args.log_format) as bar:
         stats = run_embedded(read_batches(files), settings, args.out, audit_key=key,
                              on_batch=lambda b: bar.update(sum(item.nbytes for item in b)))  # type: ignore[union-attr]
-    return _finish(args.out, stats, settings.opex_usd_per_gpu_hour)
+    return finish(args.out, stats, settings.opex_usd_per_gpu_hour)
 
 
-def _finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) -> int:
+def finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) -> int:
     from gpucost.report_html import build_report
 
     print(summary(out, stats, opex_usd_per_gpu_hour))
@@ -117,14 +87,6 @@ def _finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) 
     print(f"\noutput: {out}/{{idle_index,mae,cost,health,quota,reclaim,efficiency,dlq}}/date=YYYY-MM-DD/*.parquet; "
           f"try: {invoked_as()} query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")
     return 0
-
-
-def _progress(desc: str, unit: str, total: int | None = None) -> Any:
-    """A progress bar on stderr when it is a terminal (nothing otherwise): replay by bytes read, run by
-    events taken."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit=unit, unit_scale=True, disable=not sys.stderr.isatty(), desc=desc)
 
 
 def _jsonable(value: object) -> object:

@@ -18,6 +18,7 @@ from prometheus_client.core import Metric
 from gpucost.cost_metrics import CostMetrics
 from gpucost.metrics import Health, counter, source_counts
 from gpucost.producers.replay import LineBatch, RowBatch
+from gpucost.publication import Publication
 from gpucost.schemas.blocks import ClosedPanes, Outputs
 from gpucost.schemas.events import EVENT_MODELS, Event
 from gpucost.schemas.records import DeadLetter
@@ -63,31 +64,52 @@ class RunStats:
         ]
 
 
-def _batches(items: Iterable[Item], q: "queue.Queue[object]", failure: list[BaseException]) -> None:
+def _feed(items: Iterable[Item], q: "queue.Queue[object]", failure: list[BaseException]) -> None:
+    """The source's thread: each item into the queue as it comes (the queue's bound is the back-pressure)."""
     try:
-        batch: list[Item] = []
-        since = time.monotonic()
         for item in items:
-            if isinstance(item, (RowBatch, LineBatch)):  # already a batch: sent alone
-                if batch:
-                    q.put(batch)
-                q.put([item])
-                batch = []
-                continue
-            batch.append(item)
-            if len(batch) == _BATCH or time.monotonic() - since >= _BATCH_S:
-                q.put(batch)
-                batch, since = [], time.monotonic()
-        q.put(batch)
+            q.put(item)
     except BaseException as exc:  # handed to the consumer, which re-raises it
         failure.append(exc)
     finally:
         q.put(_DONE)
 
 
-def _drain(q: "queue.Queue[object]") -> Iterator[list[Item]]:
-    while (batch := q.get()) is not _DONE:
-        yield batch  # type: ignore[misc]
+def _drain(q: "queue.Queue[object]", wait_s: Callable[[], float | None]) -> Iterator[list[Item]]:
+    """The items in batches of up to ``_BATCH``, a batch handed on once ``_BATCH_S`` passes with it unfilled
+    (a live source's few events a second are taken as they come, and a source gone quiet holds back none);
+    a Parquet or JSON Lines batch alone; and an empty batch whenever ``wait_s()`` (None: no limit) passes with
+    nothing, so that a run whose publication is due publishes however quiet its source."""
+    carried: object = None  # an item taken past a full batch: the next one's first
+    while True:
+        item, carried = carried, None
+        if item is None:
+            try:
+                item = q.get(timeout=wait_s())
+            except queue.Empty:
+                yield []
+                continue
+        batch: list[Item] = []
+        limit = wait_s()
+        deadline = time.monotonic() + (_BATCH_S if limit is None else min(_BATCH_S, limit))
+        while item is not _DONE and not isinstance(item, (RowBatch, LineBatch)) and len(batch) < _BATCH:
+            batch.append(item)  # type: ignore[arg-type]
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                try:
+                    item = q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    item = None
+                    break
+        if batch:
+            yield batch
+        if item is _DONE:
+            return
+        if isinstance(item, (RowBatch, LineBatch)):
+            yield [item]
+        else:
+            carried = item
 
 
 @dataclass
@@ -145,23 +167,28 @@ def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:
 def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
                  on_batch: Callable[[list[Item]], None] | None = None, stats: RunStats | None = None,
                  audit_key: bytes | None = None, live: bool = False,
-                 monotonic: Callable[[], float] = time.monotonic) -> RunStats:
+                 monotonic: Callable[[], float] = time.monotonic, publication: Publication | None = None,
+                 auditor: Auditor | None = None) -> RunStats:
     """Run every item through the audit and write the records; returns what happened (``stats``, if given,
     is the one kept up to date as it runs). ``audit_key`` signs the health records. The panes of GPUs gone
-    silent close as they go (``_Silence``); a ``live`` source's GPUs gone for good are forgotten too."""
+    silent close as they go (``_Silence``); a ``live`` source's GPUs gone for good are forgotten too. With a
+    ``publication``, records are published as it says, each time with a checkpoint, and the run goes on from
+    ``auditor`` (restored from one) after ``stats.inputs`` inputs; without, they are written at the end (or as
+    files fill), as a replay wants."""
     start = time.perf_counter()
-    q: "queue.Queue[object]" = queue.Queue(maxsize=4)
+    q: "queue.Queue[object]" = queue.Queue(maxsize=4 * _BATCH)
     failure: list[BaseException] = []
-    producer = threading.Thread(target=_batches, args=(items, q, failure), name="source", daemon=True)
+    producer = threading.Thread(target=_feed, args=(items, q, failure), name="source", daemon=True)
     producer.start()
-    auditor = Auditor(settings, time.time_ns, audit_key)
+    auditor = auditor if auditor is not None else Auditor(settings, time.time_ns, audit_key)
     stats = stats if stats is not None else RunStats()
-    sink = ParquetSink(out_dir, on_published=None if stats.cost is None else stats.cost.observe)
+    sink = ParquetSink(out_dir, on_published=None if stats.cost is None else stats.cost.observe,
+                       hold=publication is not None)
     stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
     silence = _Silence(settings.idle_timeout_s, live, monotonic)
-    for batch in _drain(q):
+    for batch in _drain(q, lambda: None if publication is None else publication.wait_s()):
         stats.health.beat()
-        n, records = _audit(auditor, batch)
+        n, records = _audit(auditor, batch) if batch else (0, [])
         records += silence.close(auditor)
         stats.inputs += n
         for record in records:
@@ -171,14 +198,19 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
             if isinstance(record, DeadLetter):
                 stats.dead_letters[record.reason] += 1
             sink.write(record)
-        if on_batch is not None:
+        if publication is not None and publication.due(sink):
+            publication.publish(sink, auditor, stats.inputs)
+        if on_batch is not None and batch:
             on_batch(batch)
     producer.join()
     if failure:
         raise failure[0]
     for record in auditor.finish():
         sink.write(record)
-    sink.flush()
+    if publication is None:
+        sink.flush()
+    else:  # a live source stopped goes on, as a Kafka key after its end of input, above what it closed
+        publication.publish(sink, auditor.successor() if live else auditor, stats.inputs, finished=not live)
     stats.rows = dict(sink.rows_written)
     stats.seconds = time.perf_counter() - start
     return stats

@@ -17,6 +17,7 @@ from gpucost.producers.kubernetes import LABELS, KubernetesSettings
 from gpucost.producers.simulate import FleetSpec
 from gpucost.schemas.events import SLAS
 from gpucost.streams.settings import AuditSettings
+from gpucost.wiring import UsageError
 
 __all__ = ["add_cost_series", "add_fleet", "add_kafka", "add_live", "add_metrics", "add_opex", "add_out",
            "add_settings", "date_arg", "env_default", "env_flag"]
@@ -83,6 +84,42 @@ def date_arg(text: str) -> dt.date:
         return dt.date.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
+
+
+def _positive_s(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def add_compact(p: argparse.ArgumentParser, env: str) -> None:
+    env_flag(p, "--compact-min-files", env, int, "64",
+             "merge a partition's small files once it has gained this many (0: never)")
+
+
+def compact_min_files(args: argparse.Namespace) -> int:
+    """``--compact-min-files``: 0 (never) or at least 2, since merging one file changes nothing."""
+    if args.compact_min_files == 1 or args.compact_min_files < 0:
+        raise UsageError(f"--compact-min-files must be 0 (never) or at least 2, got {args.compact_min_files}")
+    return int(args.compact_min_files)
+
+
+def add_log_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-format", choices=["text", "json"], default=env_default("GPUCOST_LOG_FORMAT", "text"),
+                   help="off a terminal, a progress line a minute: key=value words, or one JSON object a line "
+                        "(env GPUCOST_LOG_FORMAT; default text)")
+
+
+def add_publication(p: argparse.ArgumentParser) -> None:
+    """How a continuous run publishes: ``gpucost.publication``."""
+    env_flag(p, "--publish-delay-s", "GPUCOST_PUBLISH_DELAY_S", _positive_s, "60",
+             "publish the records of closed panes, with a checkpoint of the run's state, this often: the most a "
+             "record waits to reach the Parquet, and the most input a kill loses")
+    add_compact(p, "GPUCOST_RUN_COMPACT_MIN_FILES")
 
 
 def add_metrics(p: argparse.ArgumentParser) -> None:

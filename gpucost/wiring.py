@@ -29,6 +29,7 @@ from gpucost.producers.simulate import FleetSpec
 from gpucost.schemas.codec import decode_line, explain
 from gpucost.schemas.events import Event, TenantBinding
 from gpucost.schemas.records import OUTPUT_KINDS
+from gpucost.sinks.checkpoint import CHECKPOINT
 from gpucost.sinks.lock import OutputLock
 from gpucost.streams.settings import AuditSettings
 
@@ -44,18 +45,23 @@ class UsageError(Exception):
 
 
 @contextmanager
-def output_dir(out: Path, overwrite: bool, holder: str) -> Iterator[None]:
+def output_dir(out: Path, overwrite: bool, holder: str, resumable: bool = False) -> Iterator[None]:
     """``out`` emptied of earlier output (only with ``overwrite``), this process its only writer meanwhile:
-    a sink writing there is never overwritten under its feet."""
+    a sink writing there is never overwritten under its feet. ``resumable``: output with a run's checkpoint
+    (``gpucost.sinks.checkpoint``) is kept, for the run to go on from."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a directory; choose a directory for the output")
     with OutputLock(out, holder):
         existing = [out / k for k in OUTPUT_KINDS if (out / k).exists()]
+        if resumable and not overwrite and (out / CHECKPOINT).is_file():
+            yield
+            return
         if existing and not overwrite:
             raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in existing)}); "
                              "pass --overwrite to replace it, or choose another --out")
         for path in existing:
             shutil.rmtree(path)
+        (out / CHECKPOINT).unlink(missing_ok=True)
         yield
 
 

@@ -12,6 +12,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from gpucost.schemas.blocks import ClosedPanes
 from gpucost.schemas.records import (OUTPUT_KINDS, CostRecord, DeadLetter, EfficiencyRecord, HealthRecord,
                                      IdleIndexRecord, MaeRecord, QuotaRecord, ReclaimRecord, kind_of)
 
-__all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "fsync_dir", "partition_date",
+__all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "Staged", "fsync_dir", "partition_date",
            "remove_stale_temporaries"]
 
 PART_RE = re.compile(r"part-(\d+)\.parquet$")
@@ -133,6 +134,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A file written and fsynced under its hidden temporary name, not yet renamed into place."""
+
+    kind: str
+    table: pa.Table
+    tmp: Path
+    final: Path
+
+
 class ParquetSink:
     """Buffers records per (kind, date) and writes a file when a buffer fills or on flush.
 
@@ -144,8 +155,11 @@ class ParquetSink:
     # day in 0.5 s instead of 0.9 s with 128 Ki-row groups (BENCHMARKS.md, benchmark 4)
     def __init__(self, out_dir: Path, file_rows: int = 1 << 20, row_group_rows: int = 1 << 20,
                  journal: Journal | None = None, first_part: int = 0,
-                 on_published: Callable[[str, pa.Table], None] | None = None) -> None:
+                 on_published: Callable[[str, pa.Table], None] | None = None, hold: bool = False) -> None:
         self.out_dir = out_dir
+        #: buffer until ``stage_all``, never writing a file when a buffer fills: a checkpointed run publishes
+        #: only files its checkpoint names (``gpucost.checkpoint``)
+        self.hold = hold
         self.on_published = on_published  # each file's rows (kind, table) once it is in place: cost metrics
         self.first_part = first_part  # no file gets a lower number
         self.file_rows = file_rows
@@ -193,8 +207,47 @@ class ParquetSink:
         self._write_full((kind, date))
 
     def _write_full(self, key: tuple[str, str]) -> None:
-        while self._rows.get(key, 0) >= self.file_rows:
+        while not self.hold and self._rows.get(key, 0) >= self.file_rows:
             self._write_file(*key)
+
+    @property
+    def buffered_rows(self) -> int:
+        return sum(self._rows.values())
+
+    def stage_all(self) -> list[Staged]:
+        """Every buffered row into fsynced temporaries, files of at most ``file_rows`` rows, and the buffers
+        emptied: what a checkpoint names before ``publish`` renames them into place. If one cannot be written,
+        none is kept and every row stays buffered."""
+        staged: list[Staged] = []
+        numbers: dict[Path, int] = {}  # the next part number of each folder, past the files staged here
+        try:
+            for kind, date in sorted(key for key, parts in self._buffers.items() if parts):
+                whole = self._whole(kind, date)
+                for lo in range(0, whole.num_rows, self.file_rows):
+                    folder = self.out_dir / kind / f"date={date}"
+                    table = whole.slice(lo, self.file_rows)
+                    tmp, final = self._stage_file(folder, table, numbers.get(folder))
+                    numbers[folder] = int(PART_RE.search(final.name).group(1)) + 1  # type: ignore[union-attr]
+                    staged.append(Staged(kind, table, tmp, final))
+        except SinkWriteError:
+            for done in staged:
+                done.tmp.unlink(missing_ok=True)
+            raise
+        self._buffers.clear()
+        self._rows.clear()
+        return staged
+
+    def publish(self, staged: list[Staged]) -> None:
+        """Staged files renamed into place, in order, and counted. A rename that fails leaves its temporary (and
+        those after it) where it is: the checkpoint that names them renames them on the next start."""
+        for done in staged:
+            try:
+                os.replace(done.tmp, done.final)
+            except OSError as exc:
+                raise self._error(done.final.parent, exc) from exc
+            self._published(done.kind, done.table, done.final)
+        for folder in {done.final.parent for done in staged}:
+            fsync_dir(folder)
 
     def flush(self) -> None:
         """Every buffer to files. Arrow encodes and compresses them side by side (it lets go of the
@@ -217,18 +270,25 @@ class ParquetSink:
         if self._buffers.get((kind, date)):
             self._publish(kind, date, *self._stage(kind, date))
 
+    def _whole(self, kind: str, date: str) -> pa.Table:
+        return pa.concat_tables([to_table(kind, p) if isinstance(p, list) else p for p in self._buffers[(kind, date)]])
+
     def _stage(self, kind: str, date: str) -> tuple[pa.Table, Path, Path]:
         """The buffer's first ``file_rows`` rows written and fsynced under a hidden temporary name;
         returns the whole buffer as one table, that name and the file's final name."""
-        parts = self._buffers[(kind, date)]
-        whole = pa.concat_tables([to_table(kind, p) if isinstance(p, list) else p for p in parts])
-        table = whole.slice(0, self.file_rows)
-        folder = self.out_dir / kind / f"date={date}"
+        whole = self._whole(kind, date)
+        return whole, *self._stage_file(self.out_dir / kind / f"date={date}", whole.slice(0, self.file_rows))
+
+    def _stage_file(self, folder: Path, table: pa.Table, number: int | None = None) -> tuple[Path, Path]:
+        """``table`` written and fsynced as the temporary of the folder's next part (``number``, or past the
+        highest file there and ``first_part``); returns the temporary and the final name."""
         tmp: Path | None = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            taken = [int(m.group(1)) for p in folder.iterdir() if (m := PART_RE.match(p.name))]
-            final = folder / f"part-{max(max(taken, default=-1) + 1, self.first_part):05d}.parquet"
+            if number is None:
+                taken = [int(m.group(1)) for p in folder.iterdir() if (m := PART_RE.match(p.name))]
+                number = max(max(taken, default=-1) + 1, self.first_part)
+            final = folder / f"part-{number:05d}.parquet"
             tmp = folder / f".{final.name}.tmp"
             pq.write_table(table, tmp, row_group_size=self.row_group_rows, compression="zstd")
             with open(tmp, "rb+") as fh:
@@ -237,7 +297,7 @@ class ParquetSink:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)  # give the space back; readers never saw it
             raise self._error(folder, exc) from exc
-        return whole, tmp, final
+        return tmp, final
 
     def _publish(self, kind: str, date: str, whole: pa.Table, tmp: Path, final: Path) -> None:
         """A staged file into place (its journal entry first), and its rows out of the buffer."""
@@ -249,16 +309,19 @@ class ParquetSink:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise self._error(final.parent, exc) from exc
-        written, rest = min(whole.num_rows, self.file_rows), whole.slice(self.file_rows)
-        if self.on_published is not None:
-            self.on_published(kind, whole.slice(0, written))
+        rest = whole.slice(self.file_rows)
+        self._published(kind, whole.slice(0, self.file_rows), final)
         if rest.num_rows:
             self._buffers[(kind, date)] = [rest]
             self._rows[(kind, date)] = rest.num_rows
         else:
             del self._buffers[(kind, date)]
             del self._rows[(kind, date)]
-        self.rows_written[kind] += written
+
+    def _published(self, kind: str, table: pa.Table, final: Path) -> None:
+        if self.on_published is not None:
+            self.on_published(kind, table)
+        self.rows_written[kind] += table.num_rows
         self.files_written.append(final)
 
     @staticmethod

@@ -12,6 +12,7 @@ from pathlib import Path
 from aiokafka.errors import KafkaConnectionError
 
 from gpucost.discovery import refusals, run_kafka_discovery
+from gpucost.flags import compact_min_files
 from gpucost.kafka.signing import Keyring, Signer
 from gpucost.producers.live import LiveSource
 from gpucost.producers.replay import read_inputs
@@ -145,8 +146,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     from gpucost.kafka.sink import SinkStats, run_kafka_sink
 
     kafka = kafka_settings(args)
-    if args.compact_min_files == 1 or args.compact_min_files < 0:
-        raise UsageError(f"--compact-min-files must be 0 (never) or at least 2, got {args.compact_min_files}")
+    min_files = compact_min_files(args)
     keyring = load_keys(Keyring, args.verify_keys) if args.verify_keys else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
@@ -156,7 +156,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
         stats = SinkStats(cost=CostMetrics(args.cost_series) if args.metrics_address else None)
         with metrics_served(args.metrics_address, stats.metrics, stats.health):
             await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS}, args.out,
-                                 args.group, stop, args.flush_interval_s, args.retry_s, args.compact_min_files,
+                                 args.group, stop, args.flush_interval_s, args.retry_s, min_files,
                                  keyring, stats)
         print(f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
               f"duplicates dropped {dict(stats.duplicates)}, unverified {stats.unverified:,}, "
