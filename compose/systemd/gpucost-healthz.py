@@ -2,10 +2,10 @@
 reason on stderr.
 
 gpucost-run-healthz.service runs this every minute with gpucost-run.service's environment, and restarts
-the run when it fails. It asks ``/healthz`` at ``GPUCOST_METRICS_ADDRESS`` (an address on every interface
-is asked on the loopback), which answers 200, or 503 with the reason once the run's loop has not moved
-for 60 s (gpucost.metrics.Health). It asks up to ATTEMPTS times, PAUSE_S apart, so that a run that is
-starting (a refused connection) or busy for a moment is not taken for a dead one.
+the run when it fails. It asks ``/healthz`` at ``GPUCOST_METRICS_ADDRESS`` (on Linux, an address on every
+interface, 0.0.0.0 or [::], reaches this host), which answers 200, or 503 with the reason once the run's
+loop has not moved for 60 s (gpucost.metrics.Health). It asks up to ATTEMPTS times, PAUSE_S apart, so that
+a run that is starting (a refused connection) or busy for a moment is not taken for a dead one.
 
 usage: gpucost-healthz.py [ATTEMPTS]
 """
@@ -21,12 +21,10 @@ import urllib.request
 from gpucost.metrics import parse_address
 
 ATTEMPTS, PAUSE_S, TIMEOUT_S = 3, 10.0, 5.0
-LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 def healthz_url(address: str) -> str:
     host, port = parse_address(address)
-    host = LOOPBACK.get(host, host)
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/healthz"
 
 
