@@ -22,6 +22,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from gpucost.cli import main
+from gpucost.cost_metrics import CostMetrics
+from gpucost.embedded import RunStats
 from gpucost.report import IDLE_WORDS
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect
 from tests.conftest import ROOT
@@ -164,6 +166,9 @@ def test_idle_is_worded_once_everywhere(fleet: tuple[Path, str]) -> None:
     for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "gpucost").glob("*.py"),
                  *(ROOT / "compose" / "grafana" / "dashboards").glob("*.json")]:
         assert "no tenant used" not in path.read_text(), path
+    # the Prometheus family behind the dashboards' idle panels says it in its help text
+    (idle,) = [f for f in RunStats(cost=CostMetrics()).metrics() if f.name == "gpucost_idle_cost_micro_usd"]
+    assert "unused capacity" in idle.documentation
     # every dashboard panel about idle cost says what it is
     for board in (ROOT / "compose" / "grafana" / "dashboards").glob("*.json"):
         for panel in json.loads(board.read_text())["panels"]:
