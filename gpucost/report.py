@@ -1,6 +1,7 @@
 """Plain-text tables and the end-of-run summary, read back through the DuckDB views."""
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
@@ -79,10 +80,32 @@ FROM cost c WHERE revision > 0 GROUP BY team ORDER BY team"""
 _OUT_OF_SERVICE = """
 SELECT * FROM (
   SELECT gpu_uuid, arg_max(node_id, window_start_ns) AS node_id, arg_max(breaker_state, window_start_ns) AS state,
-         epoch_ms(max(window_end_ns) // 1000000) AS as_of,
+         epoch_ms(max(window_end_ns) // 1000000) AS as_of_utc,
          arg_max(array_to_string(fail_reasons, ','), window_start_ns) AS last_fail_reasons
   FROM health GROUP BY gpu_uuid)
 WHERE state <> 'in_service' ORDER BY array_position(['removed', 'observation', 'probation'], state), gpu_uuid"""
+
+
+#: the period the output covers: the event time of the first and last pane of its cost and idle records
+_PERIOD = ("SELECT min(s), max(e) FROM (SELECT pane_start_ns AS s, pane_end_ns AS e FROM cost {where} "
+           "UNION ALL SELECT pane_start_ns, pane_end_ns FROM idle_index {where})")
+
+
+def period_covered(con: Any, where: str = "") -> str:
+    """The period covered, in event time (UTC, to the minute), or that there is none: a figure means little
+    until it says over when (``where``: a date filter both views take)."""
+    bounds = con.execute(_PERIOD.format(where=where)).fetchone()
+    if bounds is None or bounds[0] is None:
+        return "Period covered: none (no cost or idle index records)"
+    start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M") for ns in bounds)
+    return f"Period covered: {start} UTC to {end} UTC (event time of the first and last pane)"
+
+
+def _table(con: Any, sql: str, none: str) -> str:
+    """``sql``'s result as a table, or ``none`` where it has no row: an empty table reads as a broken one."""
+    res = con.execute(sql)
+    rows = res.fetchall()
+    return format_table([d[0] for d in res.description], rows) if rows else none
 
 
 def _service(con: Any) -> str:
@@ -106,13 +129,10 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
     rate = stats.inputs / stats.seconds if stats.seconds else 0.0
     parts.append(f"processed {stats.inputs:,} inputs in {stats.seconds:.1f} s ({rate:,.0f}/s); "
                  + ", ".join(f"{k}: {v:,}" for k, v in sorted(stats.rows.items())) + " rows written")
-    res = con.execute(_MOST_IDLE)
+    parts.append(period_covered(con))
     parts.append("\nGPUs with the highest 72 h idle index (share of their last 72 h of samples below the idle "
-                 "threshold):\n"
-                 + format_table([d[0] for d in res.description], res.fetchall()))
-    res = con.execute(_BY_TEAM)
-    parts.append(f"\nCost by team over the run ({IDLE_WORDS}):\n"
-                 + format_table([d[0] for d in res.description], res.fetchall()))
+                 "threshold):\n" + _table(con, _MOST_IDLE, "no idle index records"))
+    parts.append(f"\nCost by team over the run ({IDLE_WORDS}):\n" + _table(con, _BY_TEAM, "no cost records"))
     res = con.execute(_GRADES)
     graded = res.fetchall()
     if graded:

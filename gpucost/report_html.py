@@ -17,7 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from gpucost.report import IDLE_WORDS
+from gpucost.report import IDLE_WORDS, period_covered
 from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import connect
 
@@ -130,19 +130,6 @@ PLOTS = (
          "reason", "inputs refused", "no dead letters"),
 )
 
-#: the period the page covers: the event time of the first and last pane of its cost and idle records
-_PERIOD = ("SELECT min(s), max(e) FROM (SELECT pane_start_ns AS s, pane_end_ns AS e FROM cost {where} "
-           "UNION ALL SELECT pane_start_ns, pane_end_ns FROM idle_index {where})")
-
-
-def _period(bounds: tuple[Any, ...] | None) -> str:
-    """The period covered, in event time (UTC, to the minute), or that there is none."""
-    if bounds is None or bounds[0] is None:
-        return "Period covered: none (no cost or idle index records)"
-    start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M") for ns in bounds)
-    return f"Period covered: {start} UTC to {end} UTC (event time of the first and last pane)"
-
-
 def team_table_sql(where: str) -> str:
     """The figures behind the cost plots, per team: µ$, USD, share of the total, and panes."""
     return ("SELECT team, sum(cost_micro_usd) AS micro_usd, count(*) AS records, "
@@ -186,7 +173,7 @@ def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | N
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in res.fetchall())
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     span = " to ".join(d.isoformat() for d in (since, until) if d) or "all dates"
-    period = _period(con.execute(_PERIOD.format(where=_where("cost", since, until))).fetchone())
+    period = period_covered(con, _where("cost", since, until))
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>gpucost report</title><style>"
             "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"

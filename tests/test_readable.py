@@ -81,6 +81,7 @@ def test_the_page_says_the_period_it_covers(fleet: tuple[Path, str]) -> None:
     start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
                   for ns in (min(s for s, _ in panes), max(e for _, e in panes)))
     assert f"Period covered: {start} UTC to {end} UTC" in (out / "report.html").read_text()
+    assert f"Period covered: {start} UTC to {end} UTC" in fleet[1]  # the run's summary says it too
 
 
 def test_a_section_with_no_data_says_so_instead_of_an_empty_plot(fleet: tuple[Path, str], tmp_path: Path) -> None:
@@ -89,7 +90,9 @@ def test_a_section_with_no_data_says_so_instead_of_an_empty_plot(fleet: tuple[Pa
     assert "no dead letters" in page and "dead-letters" not in plots(page)
     # nothing but dead letters: every other section says what it lacks, and the one figure drawn still gets its script
     (tmp_path / "bad.jsonl").write_text('not json\n{"kind": "gpu_sample"}\n')
-    assert run("replay", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o"))[0] == 0
+    rc, text, _ = run("replay", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o"))
+    assert rc == 0 and "no cost records" in text and "no idle index records" in text  # the summary, likewise
+    assert "team  micro_usd" not in text
     page = (tmp_path / "o" / "report.html").read_text()
     assert list(plots(page)) == ["dead-letters"]
     assert "no cost records" in page and "no reclaim triggers" in page and "Period covered: none" in page
