@@ -7,14 +7,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from gpucost.embedded import RunStats
 from gpucost.schemas.records import GRADES
-from gpucost.streams.discovery import OUT_OF_SERVICE
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
+from gpucost.streams.discovery import OUT_OF_SERVICE
 
-__all__ = ["IDLE_WORDS", "format_table", "printable", "summary"]
+__all__ = ["IDLE_WORDS", "format_table", "period_covered", "printable", "summary"]
 
-#: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Idle"): the cost of the GPUs'
+#: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"): the cost of the GPUs'
 #: capacity no tenant's process used, each pane's 1 − busy fraction
 IDLE_WORDS = "idle = cost of unused capacity"
 
@@ -91,7 +93,7 @@ _PERIOD = ("SELECT min(s), max(e) FROM (SELECT pane_start_ns AS s, pane_end_ns A
            "UNION ALL SELECT pane_start_ns, pane_end_ns FROM idle_index {where})")
 
 
-def period_covered(con: Any, where: str = "") -> str:
+def period_covered(con: duckdb.DuckDBPyConnection, where: str = "") -> str:
     """The period covered, in event time (UTC, to the minute), or that there is none: a figure means little
     until it says over when (``where``: a date filter both views take)."""
     bounds = con.execute(_PERIOD.format(where=where)).fetchone()
@@ -101,14 +103,14 @@ def period_covered(con: Any, where: str = "") -> str:
     return f"Period covered: {start} UTC to {end} UTC (event time of the first and last pane)"
 
 
-def _table(con: Any, sql: str, none: str) -> str:
+def _table(con: duckdb.DuckDBPyConnection, sql: str, none: str) -> str:
     """``sql``'s result as a table, or ``none`` where it has no row: an empty table reads as a broken one."""
     res = con.execute(sql)
     rows = res.fetchall()
     return format_table([d[0] for d in res.description], rows) if rows else none
 
 
-def _service(con: Any) -> str:
+def _service(con: duckdb.DuckDBPyConnection) -> str:
     """The GPUs out of service discovery (removed, probation) apart from those under observation, which stay in it:
     one count would call a warned GPU out of service."""
     res = con.execute(_OUT_OF_SERVICE)
