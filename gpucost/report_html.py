@@ -154,6 +154,7 @@ def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | N
     con = connect(out_dir)
     con.execute("SET enable_progress_bar = false")  # its bar on stderr would interleave with the command's output
     parts: list[str] = []
+    script = False
     for plot in PLOTS:
         rows = [tuple(map(_plotly_text, r)) for r in con.execute(plot.sql.format(
             where=_where(_kind(plot.sql), since, until))).fetchall()]
@@ -164,10 +165,10 @@ def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | N
         fig = plot.figure(rows)
         fig.update_layout(title=plot.title, height=420 if plot.id != "idle-heatmap" else max(420, 18 * len(
             {r[0] for r in rows}) + 160), margin={"t": 60}, xaxis_title=plot.x_title, yaxis_title=plot.y_title)
-        drawn = sum("plotly-graph-div" in p for p in parts)  # the first figure drawn carries the script
         parts.append(f"<section><p>{html.escape(plot.about)}</p>"
-                     + fig.to_html(full_html=False, include_plotlyjs=drawn == 0, div_id=plot.id,
+                     + fig.to_html(full_html=False, include_plotlyjs=not script, div_id=plot.id,
                                    config={"displaylogo": False, "responsive": True}) + "</section>")
+        script = True  # the first figure drawn carries the script, whichever it is
     res = con.execute(team_table_sql(_where("cost", since, until)))
     columns = [d[0] for d in res.description]
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in res.fetchall())
