@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     qry.add_argument("--unsafe", action="store_true",
                      help="run any statement with DuckDB's full file access (by default: SELECT or EXPLAIN only, "
                           "reading files under --out only)")
+    qry.add_argument("--raw-times", action="store_true",
+                     help="show event times (the records' *_ns columns) as the integer nanoseconds stored, not as "
+                          "ISO-8601 UTC (env GPUCOST_QUERY_RAW_TIMES=1)")
     add_out(qry, "directory holding the output to query")
     add_opex(qry)
 

@@ -32,6 +32,7 @@ from gpucost.sinks.landlock import WritesNotRefused
 from gpucost.sinks.statements import read_only_problem
 from gpucost.sinks.views import query, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
+from gpucost.times import raw_times_env, readable_times
 from gpucost.whatif import IDLE_POLICIES, Scenario, bills
 from gpucost.wiring import (UsageError, audit_key, audit_settings, event_files, fleet_spec, invoked_as, load_keys,
                             output_dir, output_to_read)
@@ -104,6 +105,11 @@ def cmd_query(args: argparse.Namespace) -> int:
                               opex_usd_per_gpu_hour=args.opex_usd_per_gpu_hour)
     except (duckdb.Error, WritesNotRefused) as exc:
         raise UsageError(f"query failed: {exc}".replace("\n", " ")) from None
+    try:
+        raw = args.raw_times or raw_times_env()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    rows = rows if raw else readable_times(columns, rows)
     if args.format == "lines" and len(columns) != 1:
         raise UsageError(f"--format lines needs a query of one column, this one has {len(columns)}: {columns}")
     if args.format == "lines":

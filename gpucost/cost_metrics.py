@@ -8,7 +8,7 @@ serve these beside their own metrics at ``--metrics-address`` (docs/operations.m
   ``unattributed`` included, so the series sum to what the GPUs cost.
 - ``gpucost_cost_credit_micro_usd_total{…}``: µ$ credited back by revisions (a revision's negative
   differences, as positive amounts). A counter only rises, so the bill in Prometheus is charged − credited.
-- ``gpucost_idle_cost_micro_usd_total{gpu_model, node}``: the idle party's µ$.
+- ``gpucost_idle_cost_micro_usd_total{gpu_model, node}``: the idle party's µ$: idle = cost of unused capacity.
 - ``gpucost_reclaim_triggers_total{sla, team}``; ``gpucost_gpus{grade, breaker_state}``: GPUs by the grade
   and breaker state of their latest health record.
 
@@ -82,7 +82,7 @@ class CostMetrics:
             (self.credited, labelled(CounterMetricFamily, "gpucost_cost_credit_micro_usd", "µ$ credited back by "
                                      "revisions (negative differences, as positive amounts): the bill is charged − "
                                      "credited", COST_LABELS, dict(self.credited))),
-            (self.idle, labelled(CounterMetricFamily, "gpucost_idle_cost_micro_usd", "µ$ of idle GPU time (the idle "
+            (self.idle, labelled(CounterMetricFamily, "gpucost_idle_cost_micro_usd", "µ$ of unused capacity (the idle "
                                  "party)", ("gpu_model", "node"), dict(self.idle))),
             (self.triggers, labelled(CounterMetricFamily, "gpucost_reclaim_triggers", "reclaim triggers written",
                                      ("sla", "team"), dict(self.triggers))),

@@ -1,16 +1,24 @@
 """Plain-text tables and the end-of-run summary, read back through the DuckDB views."""
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from gpucost.embedded import RunStats
 from gpucost.schemas.records import GRADES
-from gpucost.sinks.views import connect
+from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
+from gpucost.streams.discovery import OUT_OF_SERVICE
 
-__all__ = ["format_table", "printable", "summary"]
+__all__ = ["IDLE_WORDS", "format_table", "period_covered", "printable", "summary"]
+
+#: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"): the cost of the GPUs'
+#: capacity no tenant's process used, each pane's 1 − busy fraction
+IDLE_WORDS = "idle = cost of unused capacity"
 
 
 def printable(text: str) -> str:
@@ -39,32 +47,82 @@ _GRADES = f"""
 SELECT grade, count(*) AS windows, count(*) FILTER (WHERE passed) AS passed,
        printf('%.1f%%', 100.0 * count(*) / sum(count(*)) OVER ()) AS share
 FROM health GROUP BY grade ORDER BY array_position({list(GRADES)}, grade)"""
-#: what reclaiming each trigger's GPU would free: its price, per hour (a trigger of an unpriced GPU frees nothing known)
-_UNIT_COST = """
-SELECT gpu_model, round(sum(gpu_hours), 1) AS gpu_hours, round(sum(effective_tflop_hours), 1) AS eff_tflop_hours,
-       round(sum(gpu_hours_without_efu), 1) AS hours_no_efu,
-       printf('%.4f', (sum(cost_micro_usd) / 1e6 + sum(opex_usd)) / nullif(sum(effective_tflop_hours), 0))
-         AS usd_per_eff_tflop_hour
-FROM unit_cost GROUP BY gpu_model ORDER BY gpu_model"""
+#: per GPU model and EFU source (never two sources in one figure), over the whole run; n/a below the minimum of work
+_UNIT_COST = f"""
+SELECT gpu_model, coalesce(efu_source, 'none') AS efu_source, round(sum(gpu_hours), 1) AS gpu_hours,
+       round(sum(effective_tflop_hours), 1) AS eff_tflop_hours,
+       coalesce(printf('%.4f', {unit_cost_sql("efu_source", "sum(cost_micro_usd)", "sum(opex_usd)",
+                                              "sum(effective_tflop_hours)")}), 'n/a') AS usd_per_eff_tflop_hour
+FROM unit_cost GROUP BY gpu_model, efu_source ORDER BY gpu_model, efu_source NULLS LAST"""
+#: what the triggers put at stake, per tier and over all tiers ('all tiers'): each GPU counted once, at its price at
+#: its latest trigger (a trigger of an unpriced GPU frees nothing known), and the union of the idle runs up to their
+#: triggers per GPU (two tenants idle on one GPU at once hold one GPU-hour, not two)
 _RECLAIMS = """
-SELECT sla AS tier, count(*) AS triggers, count(DISTINCT gpu_uuid) AS gpus,
-       sum(coalesce(usd_per_gpu_hour, 0) * 1000000)::BIGINT AS micro_usd_per_hour,
-       printf('%.2f', sum(coalesce(usd_per_gpu_hour, 0))) AS usd_per_hour
-FROM reclaim GROUP BY sla ORDER BY array_position(['Gold', 'Silver', 'Bronze'], sla), sla"""
+WITH r AS (SELECT sla AS tier, gpu_uuid, run_start_ns AS s, trigger_ns AS e, usd_per_gpu_hour AS usd FROM reclaim
+           UNION ALL SELECT 'all tiers', gpu_uuid, run_start_ns, trigger_ns, usd_per_gpu_hour FROM reclaim),
+o AS (SELECT *, max(e) OVER (PARTITION BY tier, gpu_uuid ORDER BY s, e
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM r),
+i AS (SELECT *, sum(CASE WHEN reach >= s THEN 0 ELSE 1 END) OVER (PARTITION BY tier, gpu_uuid ORDER BY s, e
+                                                                ROWS UNBOUNDED PRECEDING) AS island FROM o),
+u AS (SELECT tier, sum(e - s) AS ns FROM (SELECT tier, min(s) AS s, max(e) AS e FROM i GROUP BY tier, gpu_uuid, island)
+      GROUP BY tier),
+g AS (SELECT tier, gpu_uuid, count(*) AS triggers, arg_max(coalesce(usd, 0), e) AS usd FROM r GROUP BY ALL)
+SELECT tier, sum(triggers) AS triggers, count(*) AS gpus, printf('%.2f', any_value(u.ns) / 3.6e12) AS idle_gpu_hours,
+       CAST(sum(usd * 1000000) AS BIGINT) AS micro_usd_per_hour, printf('%.2f', sum(usd)) AS usd_per_hour
+FROM g JOIN u USING (tier) GROUP BY tier
+ORDER BY tier = 'all tiers', array_position(['Gold', 'Silver', 'Bronze'], tier), tier"""
 #: what late data changed, per team: the adjustments of revised panes (revision > 0) against the bill as first published
 _REVISIONS = """
 SELECT team, count(DISTINCT (gpu_uuid, pane_start_ns)) AS panes_revised, count(*) AS records,
        sum(cost_micro_usd) AS adjustment_micro_usd,
        (SELECT sum(cost_micro_usd) FROM cost_as_first_published f WHERE f.team = c.team) AS first_published_micro_usd
 FROM cost c WHERE revision > 0 GROUP BY team ORDER BY team"""
-#: each GPU's breaker state after its latest window, for those not in service
+#: each GPU's breaker state after its latest window, for those not plainly in service: removed and probation leave
+#: service discovery, observation (one failed window) stays in it
 _OUT_OF_SERVICE = """
 SELECT * FROM (
   SELECT gpu_uuid, arg_max(node_id, window_start_ns) AS node_id, arg_max(breaker_state, window_start_ns) AS state,
-         epoch_ms(max(window_end_ns) // 1000000) AS as_of,
+         epoch_ms(max(window_end_ns) // 1000000) AS as_of_utc,
          arg_max(array_to_string(fail_reasons, ','), window_start_ns) AS last_fail_reasons
   FROM health GROUP BY gpu_uuid)
 WHERE state <> 'in_service' ORDER BY array_position(['removed', 'observation', 'probation'], state), gpu_uuid"""
+
+
+#: the period the output covers: the event time of the first and last pane of its cost and idle records
+_PERIOD = ("SELECT min(s), max(e) FROM (SELECT pane_start_ns AS s, pane_end_ns AS e FROM cost {where} "
+           "UNION ALL SELECT pane_start_ns, pane_end_ns FROM idle_index {where})")
+
+
+def period_covered(con: duckdb.DuckDBPyConnection, where: str = "") -> str:
+    """The period covered, in event time (UTC, to the minute), or that there is none: a figure means little
+    until it says over when (``where``: a date filter both views take)."""
+    bounds = con.execute(_PERIOD.format(where=where)).fetchone()
+    if bounds is None or bounds[0] is None:
+        return "Period covered: none (no cost or idle index records)"
+    start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M") for ns in bounds)
+    return f"Period covered: {start} UTC to {end} UTC (event time of the first and last pane)"
+
+
+def _table(con: duckdb.DuckDBPyConnection, sql: str, none: str) -> str:
+    """``sql``'s result as a table, or ``none`` where it has no row: an empty table reads as a broken one."""
+    res = con.execute(sql)
+    rows = res.fetchall()
+    return format_table([d[0] for d in res.description], rows) if rows else none
+
+
+def _service(con: duckdb.DuckDBPyConnection) -> str:
+    """The GPUs out of service discovery (removed, probation) apart from those under observation, which stay in it:
+    one count would call a warned GPU out of service."""
+    res = con.execute(_OUT_OF_SERVICE)
+    columns, rows = [d[0] for d in res.description], res.fetchall()
+    out = [r for r in rows if r[2] in OUT_OF_SERVICE]
+    watched = [r for r in rows if r[2] not in OUT_OF_SERVICE]
+    text = (f"\nGPUs out of service ({len(out)}; removed or in probation, left out of service discovery):\n"
+            + format_table(columns, out) if out else "\nNo GPU is out of service (none removed or in probation).")
+    if watched:
+        text += (f"\n\nGPUs under observation ({len(watched)}; failed their last audit, still in service):\n"
+                 + format_table(columns, watched))
+    return text
 
 
 def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
@@ -73,24 +131,21 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
     rate = stats.inputs / stats.seconds if stats.seconds else 0.0
     parts.append(f"processed {stats.inputs:,} inputs in {stats.seconds:.1f} s ({rate:,.0f}/s); "
                  + ", ".join(f"{k}: {v:,}" for k, v in sorted(stats.rows.items())) + " rows written")
-    res = con.execute(_MOST_IDLE)
-    parts.append("\nGPUs most idle over the last 72 h:\n"
-                 + format_table([d[0] for d in res.description], res.fetchall()))
-    res = con.execute(_BY_TEAM)
-    parts.append("\nCost by team (idle = cost of time no tenant used):\n"
-                 + format_table([d[0] for d in res.description], res.fetchall()))
+    parts.append(period_covered(con))
+    parts.append("\nGPUs with the highest 72 h idle index (share of their last 72 h of samples below the idle "
+                 "threshold):\n" + _table(con, _MOST_IDLE, "no idle index records"))
+    parts.append(f"\nCost by team over the run ({IDLE_WORDS}):\n" + _table(con, _BY_TEAM, "no cost records"))
     res = con.execute(_GRADES)
     graded = res.fetchall()
     if graded:
-        parts.append("\nHealth audit windows by grade:\n" + format_table([d[0] for d in res.description], graded))
-        res = con.execute(_OUT_OF_SERVICE)
-        out = res.fetchall()
-        parts.append(f"\nGPUs not in service ({len(out)}; removed and probation leave service discovery):\n"
-                     + format_table([d[0] for d in res.description], out) if out else "\nEvery GPU is in service.")
+        parts.append("\nHealth audit windows (one per GPU and audit hour) by grade:\n"
+                     + format_table([d[0] for d in res.description], graded))
+        parts.append(_service(con))
     res = con.execute(_RECLAIMS)
     triggers = res.fetchall()
     if triggers:
-        parts.append("\nReclaim triggers by SLA tier (GPUs held idle past the tier's tolerance):\n"
+        parts.append("\nReclaim triggers by SLA tier (tenants idle on a GPU for the tier's duration; each GPU counted "
+                     "once: idle GPU-hours are the union of its idle runs, $ at stake per hour its price):\n"
                      + format_table([d[0] for d in res.description], triggers))
     res = con.execute(_REVISIONS)
     revised = res.fetchall()
@@ -102,8 +157,10 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
     res = con.execute(_UNIT_COST)
     units = res.fetchall()
     if units:
-        parts.append(f"\nUnit cost by GPU model (billed µ$ + opex {opex_usd_per_gpu_hour} USD/GPU-h, over effective "
-                     "TFLOP-hours: EFU × peak × hours):\n" + format_table([d[0] for d in res.description], units))
+        parts.append(f"\nUnit cost by GPU model and EFU source (billed µ$ + opex {opex_usd_per_gpu_hour} USD/GPU-h, "
+                     "over effective TFLOP-hours: EFU × peak × hours; n/a with no EFU or under "
+                     f"{MIN_EFFECTIVE_TFLOP_HOURS} effective TFLOP-hour):\n"
+                     + format_table([d[0] for d in res.description], units))
     (unpriced,) = con.execute("SELECT count(DISTINCT (gpu_uuid, pane_start_ns)) FROM cost WHERE unpriced").fetchone()
     if unpriced:
         parts.append(f"\n{unpriced:,} GPU-panes had no price (model unpriced, no 'default'): billed 0 µ$")

@@ -22,8 +22,8 @@ from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.compact import RETIRED, STAGING
 from gpucost.sinks.landlock import without_writes
 
-__all__ = ["QUERY_ATTEMPTS", "confine", "straddled", "swaps", "views_sql", "connect", "query", "sql_string",
-           "view_records"]
+__all__ = ["MIN_EFFECTIVE_TFLOP_HOURS", "QUERY_ATTEMPTS", "confine", "straddled", "swaps", "views_sql", "connect",
+           "query", "sql_string", "unit_cost_sql", "view_records"]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
 _DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "health": "DATE", "quota": "DATE", "reclaim": "DATE",
@@ -50,21 +50,41 @@ def _view(out_dir: Path, kind: str) -> str:
             f"hive_partitioning = true, hive_types = {{'date': {_DATE_TYPE[kind]}}});")
 
 
-#: the seed's unit cost, ``(C_total + C_opex) / TFLOPS_effective``, per GPU model and day (METRICS.md, "Efficiency"):
-#: the day's billed µ$ plus the opex rate times its GPU-hours, over its effective TFLOP-hours (EFU × peak × hours, of
-#: the GPU rows with an EFU; ``gpu_hours_without_efu`` says how much time had none, so no number is read as
-#: more than it is)
+#: the least effective work a unit cost rests on, in effective TFLOP-hours (EFU × peak TFLOPS × hours): below it
+#: ``usd_per_effective_tflop_hour`` is NULL (n/a), not a quotient of a few traced calls (0.08 effective TFLOP-hours
+#: of an A100 gave $4,018 per TFLOP-hour); one is an H100 at its dense FP16 peak for 3.6 s, or a T4 at 10 % EFU
+#: for 9 min (docs/definitions.md, "Unit cost")
+MIN_EFFECTIVE_TFLOP_HOURS = Decimal(1)
+
+#: the seed's unit cost, ``(C_total + C_opex) / TFLOPS_effective``, per GPU model, day and EFU source (METRICS.md,
+#: "Efficiency"). Each pane's billed µ$ (revisions included) goes with its GPU row's ``efu_source``: FLOPs counted
+#: and ``tensor_active`` measure different things (7e-5 against 0.17 on one GPU), so one figure never mixes them;
+#: panes with no EFU (or no efficiency record) are the rows whose ``efu_source`` is NULL, with no unit cost
 _UNIT_COST = """CREATE OR REPLACE VIEW unit_cost AS
-WITH c AS (SELECT gpu_model, date, sum(cost_micro_usd) AS cost_micro_usd FROM cost GROUP BY ALL),
-e AS (SELECT gpu_model, date, sum(covered_ms) / 3.6e6 AS gpu_hours,
-             sum(efu * peak_tops * covered_ms) / 3.6e6 AS effective_tflop_hours,
-             coalesce(sum(covered_ms) FILTER (WHERE efu IS NULL), 0) / 3.6e6 AS gpu_hours_without_efu
-      FROM efficiency WHERE pid = 0 GROUP BY ALL)
-SELECT gpu_model, date, cost_micro_usd, gpu_hours, CAST({opex} AS DOUBLE) * gpu_hours AS opex_usd,
-       effective_tflop_hours, gpu_hours_without_efu,
-       (cost_micro_usd / 1e6 + CAST({opex} AS DOUBLE) * gpu_hours) / nullif(effective_tflop_hours, 0)
-         AS usd_per_effective_tflop_hour
-FROM c JOIN e USING (gpu_model, date);"""
+WITH c AS (SELECT gpu_uuid, pane_start_ns, any_value(gpu_model) AS gpu_model, any_value(date) AS date,
+                  sum(cost_micro_usd) AS cost_micro_usd, arg_max(covered_ms, revision) AS covered_ms
+           FROM cost GROUP BY gpu_uuid, pane_start_ns),
+e AS (SELECT gpu_uuid, pane_start_ns, gpu_model, date, efu_source, covered_ms,
+             efu * peak_tops * covered_ms / 3.6e6 AS effective_tflop_hours
+      FROM efficiency WHERE pid = 0),
+p AS (SELECT coalesce(c.gpu_model, e.gpu_model) AS gpu_model, coalesce(c.date, e.date) AS date, e.efu_source,
+             coalesce(c.cost_micro_usd, 0) AS cost_micro_usd, coalesce(e.covered_ms, c.covered_ms) AS covered_ms,
+             e.effective_tflop_hours
+      FROM c FULL JOIN e USING (gpu_uuid, pane_start_ns)),
+g AS (SELECT gpu_model, date, efu_source, CAST(sum(cost_micro_usd) AS BIGINT) AS cost_micro_usd,
+             sum(covered_ms) / 3.6e6 AS gpu_hours, coalesce(sum(effective_tflop_hours), 0) AS effective_tflop_hours
+      FROM p GROUP BY ALL)
+SELECT gpu_model, date, efu_source, cost_micro_usd, gpu_hours, CAST({opex} AS DOUBLE) * gpu_hours AS opex_usd,
+       effective_tflop_hours,
+       {unit} AS usd_per_effective_tflop_hour
+FROM g;"""
+
+
+def unit_cost_sql(source: str, cost_micro_usd: str, opex_usd: str, tflop_hours: str) -> str:
+    """The SQL of a unit cost, USD per effective TFLOP-hour, from SQL expressions of its parts: NULL (n/a) with no
+    EFU source or below ``MIN_EFFECTIVE_TFLOP_HOURS``. One rule for the view's days and the summary's totals."""
+    return (f"CASE WHEN {source} IS NOT NULL AND {tflop_hours} >= {MIN_EFFECTIVE_TFLOP_HOURS} "
+            f"THEN ({cost_micro_usd} / 1e6 + {opex_usd}) / {tflop_hours} END")
 
 
 #: late data as revisions (METRICS.md): the bill as first published (each pane's revision 0), and as revised: per
@@ -85,7 +105,8 @@ def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str
     """Every kind's view, the revised bill's (``cost_as_first_published``, ``cost_as_revised``,
     ``idle_index_as_revised``) and ``unit_cost`` at the opex rate given (USD per GPU-hour)."""
     views = [_view(out_dir, kind) for kind in ARROW_SCHEMAS]
-    return "\n".join([*views, _REVISED, _UNIT_COST.format(opex=Decimal(opex_usd_per_gpu_hour))]) + "\n"
+    return "\n".join([*views, _REVISED, _UNIT_COST.format(opex=Decimal(opex_usd_per_gpu_hour), unit=unit_cost_sql(
+        "efu_source", "cost_micro_usd", "opex_usd", "effective_tflop_hours"))]) + "\n"
 
 
 def connect(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> duckdb.DuckDBPyConnection:

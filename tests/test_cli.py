@@ -39,7 +39,7 @@ def test_run_audits_a_simulated_fleet_and_says_so(capsys: pytest.CaptureFixture[
     rc, out, err = cli(capsys, "run", *SMALL, "--out", str(tmp_path / "o"))
     assert rc == 0
     assert "running the simulated fleet" in err
-    assert "GPUs most idle" in out and "Cost by team" in out
+    assert "GPUs with the highest 72 h idle index" in out and "Cost by team" in out
     # the summary's total equals the sum of every pane's cost in the Parquet
     con = connect(tmp_path / "o")
     (total,) = con.execute("SELECT sum(pane_cost_micro_usd) FROM (SELECT DISTINCT gpu_uuid, pane_start_ns, "
@@ -47,12 +47,14 @@ def test_run_audits_a_simulated_fleet_and_says_so(capsys: pytest.CaptureFixture[
     table = out.split("Cost by team")[1].split("\n\n")[0]  # up to the next section
     listed = sum(int(line.split()[1]) for line in table.splitlines()[3:] if line.strip() and line.split()[1].isdigit())
     assert listed == total > 0
-    # the grade table's windows add up to the health records, and every GPU not in service is listed
-    grades = out.split("Health audit windows by grade:")[1].split("\n\n")[0].splitlines()[3:]
+    # the grade table's windows add up to the health records, and every GPU out of service is listed
+    grades = out.split("by grade:")[1].split("\n\n")[0].splitlines()[3:]
     assert sum(int(line.split()[1]) for line in grades) == con.execute("SELECT count(*) FROM health").fetchone()[0] > 0
     out_of_service = {g for (g,) in con.execute("SELECT gpu_uuid FROM health GROUP BY gpu_uuid "
-                                                "HAVING arg_max(breaker_state, window_start_ns) <> 'in_service'").fetchall()}
-    assert out_of_service == {g for g in out.split("not in service")[1].split() if g.startswith("GPU-")}
+                                                "HAVING arg_max(breaker_state, window_start_ns) IN ('removed', "
+                                                "'probation')").fetchall()}
+    listed = out.split("GPUs out of service")[1].split("\n\n")[0] if "GPUs out of service" in out else ""
+    assert out_of_service == {g for g in listed.split() if g.startswith("GPU-")}
 
 
 def test_missing_input_is_one_clear_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
