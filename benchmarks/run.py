@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import (kafka_vs_raw, output_heavy, peers, producer_overhead, query_latency, rebalance,
-                        replay_vs_duckdb, report_build, revision_state, sink_startup, state_memory)
+                        replay_vs_duckdb, report_build, revision_state, sink_startup, soak, state_memory)
 from benchmarks.common import Result, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ SHARED_DATA = Path(os.environ.get("GPUCOST_SHARED_DATA", ROOT.parent / "shared" 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small inputs: a smoke test, not figures to publish")
-    p.add_argument("--only", type=int, nargs="+", choices=range(1, 12), help="run only these benchmarks")
+    p.add_argument("--only", type=int, nargs="+", choices=range(1, 13), help="run only these benchmarks")
     p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md", help="where to write the results")
     args = p.parse_args(argv)
     q = args.quick
@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
                                  gpus=2 if q else 32, hours=2 if q else 24),
         10: lambda: sink_startup.run(gpus=20 if q else 100, days=(1, 3) if q else (1, 10)),
         11: lambda: peers.run(gpus=2 if q else 32, hours=2 if q else 24, runs=1 if q else 3),
+        12: lambda: soak.run(gpus=2 if q else 8, days=7, kills=1 if q else 3, delay_s=0.5 if q else 0.2,
+                             compact_min_files=8 if q else 64),
     }
     results: list[Result] = []
     for n in args.only or sorted(runs):

@@ -56,8 +56,10 @@ def output_dir(out: Path, overwrite: bool, holder: str, resumable: bool = False)
         if resumable and not overwrite and (out / CHECKPOINT).is_file():
             yield
             return
-        if existing and not overwrite:
-            raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in existing)}); "
+        # a folder holding only the temporaries of a run killed in its first publication holds no output
+        holding = [p for p in existing if next(p.glob("date=*/part-*.parquet"), None) is not None]
+        if holding and not overwrite:
+            raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in holding)}); "
                              "pass --overwrite to replace it, or choose another --out")
         for path in existing:
             shutil.rmtree(path)

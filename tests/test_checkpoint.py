@@ -56,7 +56,7 @@ def test_a_kill_between_steps_of_a_publication_loses_and_repeats_nothing(tmp_pat
     monkeypatch.setenv("GPUCOST_REVISION_HORIZON_S", str(horizon_s))
     want = rows(whole_run(tmp_path))
     out = tmp_path / "killed"
-    for call in (3, 7):
+    for call in (1, 3, 7):  # the first publication too: no checkpoint yet, only temporaries
         with monkeypatch.context() as patched:
             kill_at(patched, owner, step, call)
             with pytest.raises(Killed):
