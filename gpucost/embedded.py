@@ -171,7 +171,8 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
                  auditor: Auditor | None = None) -> RunStats:
     """Run every item through the audit and write the records; returns what happened (``stats``, if given,
     is the one kept up to date as it runs). ``audit_key`` signs the health records. The panes of GPUs gone
-    silent close as they go (``_Silence``); a ``live`` source's GPUs gone for good are forgotten too. With a
+    silent close as they go (``_Silence``); a ``live`` source's GPUs gone for good are forgotten too, as are
+    those of a run with a ``publication`` (a continuous run reads in event-time order, as a live source). With a
     ``publication``, records are published as it says, each time with a checkpoint, and the run goes on from
     ``auditor`` (restored from one) after ``stats.inputs`` inputs; without, they are written at the end (or as
     files fill), as a replay wants."""
@@ -185,7 +186,7 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     sink = ParquetSink(out_dir, on_published=None if stats.cost is None else stats.cost.observe,
                        hold=publication is not None)
     stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
-    silence = _Silence(settings.idle_timeout_s, live, monotonic)
+    silence = _Silence(settings.idle_timeout_s, live or publication is not None, monotonic)
     for batch in _drain(q, lambda: None if publication is None else publication.wait_s()):
         stats.health.beat()
         n, records = _audit(auditor, batch) if batch else (0, [])

@@ -62,6 +62,7 @@ class Publication:
         """Every record buffered into place with a checkpoint of ``auditor`` after ``inputs`` inputs (the
         module's three steps), then the compaction that became due."""
         staged = sink.stage_all()
+        auditor.prune()  # bindings nothing can reach any more: the state stays bounded, as a worker's does
         save(self.out_dir, Checkpoint(self.settings, self.source, inputs, finished, auditor.to_state(),
                                       self.prices_sha256).staging(self.out_dir, staged))
         sink.publish(staged)

@@ -77,8 +77,8 @@ def test_a_run_killed_at_random_moments_ends_with_the_records_of_one_never_kille
     total = sum(1 for _ in simulate(FleetSpec(gpus=3, hours=30, seed=7)))
     killed, rng, kills = tmp_path / "killed", random.Random(horizon_s), []
     for target in sorted(rng.sample(range(total // 10, total * 9 // 10), 4)):
-        run = start(killed, horizon_s)
-        while run.poll() is None and inputs_checkpointed(killed)[0] < target:
+        run, before = start(killed, horizon_s), inputs_checkpointed(killed)[0]
+        while run.poll() is None and inputs_checkpointed(killed)[0] < max(target, before + 1):  # one more, at least
             time.sleep(0.002)
         time.sleep(rng.uniform(0, 0.05))
         run.send_signal(signal.SIGKILL)
