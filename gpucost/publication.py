@@ -69,6 +69,7 @@ class Publication:
         self.last = self.monotonic()
         self.published += 1
         self.fresh.update(s.final.parent for s in staged)
+        sink.files_written.clear()  # counted in ``fresh``: kept, the list grew by a few paths a publication, for a year
         self._compact(sink)
 
     def _compact(self, sink: ParquetSink) -> None:

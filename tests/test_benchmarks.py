@@ -47,3 +47,12 @@ def test_the_gpu_shaped_program_waits_for_its_emulated_device(tmp_path: Path) ->
     # a thousand times as many launches of no device time: the launches alone, far under the 0.2 s
     assert seconds(10, 50_000, 0) < device_s + 1.0
     assert subprocess.run([str(exe), str(lib)], capture_output=True).returncode == 2  # its usage, not a crash
+
+
+def test_the_quick_soak_ends_with_the_records_of_the_recomputation(tmp_path: Path) -> None:
+    """Benchmark 12 on two GPUs, killed once: its records checks hold (its memory figures are for the page)."""
+    out = tmp_path / "BENCHMARKS.md"
+    assert main(["--quick", "--only", "12", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| cost parties off the recomputation | 0 |" in text and "| idle panes off the recomputation | 0 |" in text
+    assert "killed 1 times" in text
