@@ -45,14 +45,21 @@ def cmd_topics(args: argparse.Namespace) -> int:
     from gpucost.kafka.publish import create_topics
 
     if args.action == "create":
+        from gpucost.kafka.retention import retention_warnings
+
         created = asyncio.run(create_topics(kafka))
         print(f"created {len(created)} topic(s): {', '.join(created) or 'none missing'}")
+        for warning in asyncio.run(retention_warnings(kafka)):
+            print(f"gpucost: warning: {warning}", file=sys.stderr)
         return 0
     from gpucost.schemas.topics import topic_specs
 
+    from gpucost.kafka.retention import topic_config
+
     rows = [(kafka.topic(t.suffix), t.key, "compact" if t.compacted else "delete",
-             1 if t.single_partition else kafka.partitions, t.value) for t in topic_specs()]
-    print(format_table(["topic", "key", "cleanup", "partitions", "value"], rows))
+             1 if t.single_partition else kafka.partitions, topic_config(t, kafka).get("retention.ms", "broker's"),
+             t.value) for t in topic_specs()]
+    print(format_table(["topic", "key", "cleanup", "partitions", "retention_ms", "value"], rows))
     return 0
 
 

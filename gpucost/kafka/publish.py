@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from prometheus_client.core import Metric
 
 from gpucost.kafka.outbox import Message, Outbox
+from gpucost.kafka.retention import topic_config
 from gpucost.kafka.routing import Router, duplicate_letter
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
@@ -45,9 +46,8 @@ async def create_topics(kafka: KafkaSettings) -> list[str]:
             name = kafka.topic(spec.suffix)
             if name in existing:
                 continue
-            config = {"cleanup.policy": "compact"} if spec.compacted else {"cleanup.policy": "delete"}
             new.append(NewTopic(name, 1 if spec.single_partition else kafka.partitions, kafka.replication,
-                                topic_configs=config))
+                                topic_configs=topic_config(spec, kafka)))
         if new:
             try:
                 await admin.create_topics(new)
