@@ -48,8 +48,8 @@ def documented(schema: dict[str, Any], group: str, name: str) -> dict[str, Any]:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": f"https://github.com/gpucost/gpucost/schemas/v{SCHEMA_VERSION}/{group}.{name}.schema.json",
             "x-gpucost-schema-version": SCHEMA_VERSION, **schema, "properties": properties,
-            "description": schema.get("description") or f"gpucost {group} {name!r}, wire format version "
-                                                        f"{SCHEMA_VERSION}; each figure is defined in docs/definitions.md"}
+            "description": schema.get("description") or (f"gpucost {group} {name!r}, wire format version "
+                                                         f"{SCHEMA_VERSION}; each figure: docs/definitions.md")}
 
 
 def write_json_schemas(out_dir: Path) -> list[Path]:

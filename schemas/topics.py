@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TopicSpec", "topic_specs", "CONTROL_HEADER", "END_OF_INPUT", "SEQUENCE_HEADER", "encode_batch",
+__all__ = ["TopicSpec", "topic_specs", "CONTROL_HEADER", "CLOSED", "END_OF_INPUT", "SEQUENCE_HEADER", "encode_batch",
            "output_key"]
 
 #: a message with this header and an empty value is a control message, not data
 CONTROL_HEADER = "gpucost-control"
 #: "this key's finite input is complete": close every pane and window it holds
 END_OF_INPUT = b"end-of-input"
+#: the control value of a closed marker on the cost topic: "every record of panes ending at or before
+#: ``final_through_ns`` from this input partition is published, and none will be revised"
+#: (``gpucost.kafka.closing``; docs/definitions.md, "When a bill is final")
+CLOSED = b"closed"
 #: ``<producer session>:<n>``, n = 1, 2, … per key and session: a message the broker holds twice (a
 #: re-send after an unanswered attempt, a spool sent again) is applied once
 SEQUENCE_HEADER = "gpucost-seq"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -117,3 +118,26 @@ def test_topics_create_keeps_output_records_400_days_and_names_an_existing_topic
     assert asyncio.run(retention([f"{forever}cost"])) == {f"{forever}cost": "-1"}
     refused = create(forever, GPUCOST_KAFKA_OUTPUT_RETENTION_DAYS="0")
     assert refused.returncode == 2 and "output_retention_days" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def section(page: str, heading: str) -> str:
+    text = (ROOT / "docs" / page).read_text()
+    assert f"\n{heading}\n" in text, f"docs/{page} has no section {heading!r}"
+    body = text.split(f"\n{heading}\n", 1)[1]
+    level = heading.split(" ", 1)[0]
+    return re.split(rf"\n{level} |\n#{{1,{len(level) - 1}}} ", body, maxsplit=1)[0]
+
+
+def test_the_docs_say_the_retention_what_to_do_after_an_outage_the_stop_order_and_when_a_bill_is_final() -> None:
+    retention = section("operations.md", "### Retention, and after an outage")
+    assert "400 days" in retention and "GPUCOST_KAFKA_OUTPUT_RETENTION_DAYS" in retention
+    assert "After an outage of a billing consumer" in retention and "lost_to_retention" in retention
+    order = section("operations.md", "### Restart, failover and stop order")
+    stop = order.split("**Stop order**", 1)[1]
+    steps = [stop.index(w) for w in ("1. the producers", "2. the workers", "3. the sink")]
+    assert steps == sorted(steps) and "caught up" in stop and "--session-timeout-s" in order
+    lag = section("operations.md", "### Lag, and the end of a finite input")
+    assert "gpucost_worker_group_lag_messages" in lag and "GPUCOST_LAG_INTERVAL_S" in lag
+    final = section("definitions.md", "## When a bill is final")
+    assert "final_through_ns" in final and "gpucost-control: closed" in final and "every partition of the cost" in final
+    assert "GPUCOST_PROGRESS_S" in (ROOT / "docs" / "operations.md").read_text()

@@ -99,6 +99,7 @@ class ProducerStats:
     source: Counter[str] = field(default_factory=Counter)  # the live source's own counters
     health: Health = field(default_factory=Health)
     input_ended: bool = False  # the source was read to its end (a replay; a live source never ends)
+    events_read: int = 0  # events taken from the source so far, for the progress line
     outage_since: float | None = None  # monotonic time of the first failed delivery of an ongoing outage
 
     def metrics(self) -> list[Metric]:
@@ -284,6 +285,7 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                 raise item
             if deliverer.done():
                 deliverer.result()  # re-raise what stopped it
+            stats.events_read += len(item)  # type: ignore[arg-type]
             for ev in item:  # type: ignore[attr-defined]
                 for topic, key, routed in router.route(ev):
                     if topic == "dlq":
