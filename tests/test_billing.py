@@ -202,3 +202,49 @@ def test_produce_shows_progress_lines_off_a_terminal_and_a_bar_on_one(kafka_boot
     assert "produce:" in text and "events" in text and "\r" in text and "gpucost produce:" not in text
     assert f"produce: {events / 1000:.2f}k events" in text, text[-500:]  # tqdm writes 8,912 as 8.91k
     assert Counter(text)["\n"] <= 3
+
+
+def test_a_billing_consumer_away_longer_than_the_retention_is_told_which_records_it_lost(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Retention deletes records read or not: the example compares its committed offset with the first one
+    Kafka still holds, and names the gap rather than billing short in silence."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+
+    topic, group = f"lost{os.getpid()}.cost", f"bill-{os.getpid()}"
+
+    def record(n: int) -> bytes:
+        return json.dumps({"record_id": f"r{n}", "team": f"team-{n}", "cost_micro_usd": 10 ** n, "revision": 0,
+                           "pane_start_ns": 1_736_121_600 * 10**9}).encode()
+
+    async def send(numbers: range, delete_before: int | None = None) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            if delete_before is None:
+                await admin.create_topics([NewTopic(topic, 1, 1)])
+            for n in numbers:
+                await producer.send_and_wait(topic, record(n), key=b"GPU-1", partition=0)
+            if delete_before is not None:  # what a short retention does while the consumer is away
+                await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(delete_before)})
+        finally:
+            await producer.stop()
+            await admin.close()
+
+    def bill() -> tuple[dict, str]:
+        ran = subprocess.run([sys.executable, "-c", WITHOUT_GPUCOST, str(ROOT / "examples" / "billing_consumer.py"),
+                              "--bootstrap", kafka_bootstrap, "--topic", topic, "--group", group, "--idle-exit-s", "2"],
+                             cwd=tmp_path, text=True, capture_output=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        return json.loads(ran.stdout), ran.stderr
+
+    asyncio.run(send(range(0, 3)))  # offsets 0, 1, 2
+    first, _ = bill()
+    assert first["records"] == 3 and first["lost_to_retention"] == {}
+    asyncio.run(send(range(3, 6), delete_before=5))  # offsets 3, 4, 5; 3 and 4 deleted unread
+    second, said = bill()
+    assert second["lost_to_retention"] == {"0": {"committed": 3, "first_held": 5}}
+    assert f"{topic}[0]: offsets 3..4 were deleted by retention" in said
+    assert second["micro_usd_by_team"] == {"team-5": 10 ** 5} and second["records"] == 1
