@@ -52,9 +52,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
         for warning in asyncio.run(retention_warnings(kafka)):
             print(f"gpucost: warning: {warning}", file=sys.stderr)
         return 0
-    from gpucost.schemas.topics import topic_specs
-
     from gpucost.kafka.retention import topic_config
+    from gpucost.schemas.topics import topic_specs
 
     rows = [(kafka.topic(t.suffix), t.key, "compact" if t.compacted else "delete",
              1 if t.single_partition else kafka.partitions, topic_config(t, kafka).get("retention.ms", "broker's"),
