@@ -248,3 +248,24 @@ def test_a_billing_consumer_away_longer_than_the_retention_is_told_which_records
     assert second["lost_to_retention"] == {"0": {"committed": 3, "first_held": 5}}
     assert f"{topic}[0]: offsets 3..4 were deleted by retention" in said
     assert second["micro_usd_by_team"] == {"team-5": 10 ** 5} and second["records"] == 1
+
+
+def test_a_broker_that_does_not_answer_the_lag_question_never_stops_the_worker(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The lag is a report: its clients failing to start (no broker there) is logged and tried again, and the
+    task ends cleanly when the worker stops."""
+    from gpucost.kafka.lag import GroupLag
+    from gpucost.kafka.settings import KafkaSettings
+
+    async def scenario() -> GroupLag:
+        lag = GroupLag(KafkaSettings(bootstrap="127.0.0.1:1"), "g", ["t.events"], lambda: 0, interval_s=0.2)
+        stop = asyncio.Event()
+        task = asyncio.create_task(lag.run(stop))
+        await asyncio.sleep(1.5)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        return lag
+
+    lag = asyncio.run(scenario())
+    assert lag.lag == {} and not lag.caught_up
+    assert sum("cannot read the group's lag" in r.getMessage() for r in caplog.records) >= 2

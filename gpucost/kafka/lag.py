@@ -64,22 +64,26 @@ class GroupLag:
                      "a finite input is processed in full", self.group, len(partitions), sum(ends.values()))
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Refresh until ``stop``; a broker that does not answer leaves the last figures and is asked again."""
-        admin = AIOKafkaAdminClient(**self.kafka.client_options())
-        reader = AIOKafkaConsumer(**self.kafka.client_options(), enable_auto_commit=False)  # ends only: no group
-        await admin.start()
-        await reader.start()
+        """Refresh until ``stop``. A broker that does not answer (or refuses: an ACL) leaves the last figures, is
+        logged, and is asked again with new clients: the lag is a report, and never stops the worker."""
+        clients: tuple[AIOKafkaAdminClient, AIOKafkaConsumer] | None = None
         try:
             while not stop.is_set():
                 try:
-                    await self.refresh(admin, reader)
-                except KafkaError as exc:
+                    if clients is None:
+                        clients = (AIOKafkaAdminClient(**self.kafka.client_options()),
+                                   AIOKafkaConsumer(**self.kafka.client_options(), enable_auto_commit=False))
+                        await clients[0].start()
+                        await clients[1].start()
+                    await self.refresh(*clients)
+                except (KafkaError, OSError) as exc:
                     log.warning("cannot read the group's lag (%s); asked again in %g s", exc, self.interval_s)
+                    await _close(clients)
+                    clients = None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.interval_s)
         finally:
-            await reader.stop()
-            await admin.close()
+            await _close(clients)
 
     def metrics(self) -> list[Metric]:
         return [gauge("gpucost_worker_group_lag_messages", "input messages the group has not committed, per "
@@ -87,3 +91,12 @@ class GroupLag:
                       "partition"),
                 gauge("gpucost_worker_group_caught_up", "1 when the group has committed every input partition to "
                       "its end", int(self.caught_up))]
+
+
+async def _close(clients: tuple[AIOKafkaAdminClient, AIOKafkaConsumer] | None) -> None:
+    """Close both clients, whatever state a failed start left them in."""
+    if clients is not None:
+        with contextlib.suppress(KafkaError, OSError):
+            await clients[1].stop()
+        with contextlib.suppress(KafkaError, OSError):
+            await clients[0].close()
