@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     env_flag(prod, "--spool", "GPUCOST_SPOOL", Path, None,
               "file where messages wait, past --buffer-mb, while the broker is unreachable; a later run sends "
               "what it holds first (unset: ~/.local/state/gpucost/<topic prefix>produce.spool)")
+    env_flag(prod, "--progress-s", "GPUCOST_PROGRESS_S", float, "60",
+              "off a terminal, write a progress line (events read, messages acknowledged, waiting) on stderr this "
+              "often, and at the end; on a terminal a bar shows it")
     env_flag(prod, "--buffer-mb", "GPUCOST_BUFFER_MB", float, "64",
               "memory for messages not yet acknowledged, before spilling to the spool")
     env_flag(prod, "--signing-key-file", "GPUCOST_SIGNING_KEY_FILE", Path, None,
@@ -119,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     env_flag(work, "--max-batch", "GPUCOST_MAX_BATCH", int, "200",
               "input messages per poll at most, each partition's share applied in one transaction: fewer "
               "commit sooner, more cost less per event")
+    env_flag(work, "--lag-interval-s", "GPUCOST_LAG_INTERVAL_S", float, "5",
+              "ask the broker this often for the group's lag on every input partition (a dead worker's too), "
+              "and say 'caught up' once a finite input is committed to its end")
     env_flag(work, "--verify-keys", "GPUCOST_VERIFY_KEYS", Path, None,
               "apply only messages signed by a key in this keyring file (re-read when it changes); others are "
               "dead-lettered (unset: no verification)")

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TopicSpec", "topic_specs", "CONTROL_HEADER", "END_OF_INPUT", "SEQUENCE_HEADER", "encode_batch",
+__all__ = ["TopicSpec", "topic_specs", "CONTROL_HEADER", "CLOSED", "END_OF_INPUT", "SEQUENCE_HEADER", "encode_batch",
            "output_key"]
 
 #: a message with this header and an empty value is a control message, not data
 CONTROL_HEADER = "gpucost-control"
 #: "this key's finite input is complete": close every pane and window it holds
 END_OF_INPUT = b"end-of-input"
+#: the control value of a closed marker on the cost topic: "every record of panes ending at or before
+#: ``final_through_ns`` from this input partition is published, and none will be revised"
+#: (``gpucost.kafka.closing``; docs/definitions.md, "When a bill is final")
+CLOSED = b"closed"
 #: ``<producer session>:<n>``, n = 1, 2, … per key and session: a message the broker holds twice (a
 #: re-send after an unanswered attempt, a spool sent again) is applied once
 SEQUENCE_HEADER = "gpucost-seq"
@@ -26,6 +30,9 @@ class TopicSpec:
     value: str
     compacted: bool = False
     single_partition: bool = False
+    #: an output topic: kept ``output_retention_days`` (``KafkaSettings``), not the broker's default 7 days,
+    #: so that a billing consumer offline for a week still finds every record
+    output: bool = False
 
 
 _SPECS = (
@@ -35,18 +42,20 @@ _SPECS = (
     TopicSpec("mem_access", "node_id/pid", "JSON Lines: mem_access of that process, in arrival order"),
     TopicSpec("bindings", "node_id/pid/ts_ns", "one tenant_binding (the durable record)", compacted=True),
     TopicSpec("prices", "gpu_model/ts_ns", "one price (the durable record)", compacted=True, single_partition=True),
-    TopicSpec("idle_index", "gpu_uuid", "one IdleIndexRecord as JSON"),
-    TopicSpec("mae", "node_id/pid", "one MaeRecord as JSON"),
-    TopicSpec("cost", "gpu_uuid", "one CostRecord as JSON: what billing systems consume"),
-    TopicSpec("health", "gpu_uuid", "one HealthRecord as JSON: a GPU's audit window, grade and breaker state"),
-    TopicSpec("quota", "gpu_uuid", "one QuotaRecord as JSON: a tenant's quota scale on a GPU, per pane"),
+    TopicSpec("idle_index", "gpu_uuid", "one IdleIndexRecord as JSON", output=True),
+    TopicSpec("mae", "node_id/pid", "one MaeRecord as JSON", output=True),
+    TopicSpec("cost", "gpu_uuid", "one CostRecord as JSON: what billing systems consume", output=True),
+    TopicSpec("health", "gpu_uuid", "one HealthRecord as JSON: a GPU's audit window, grade and breaker state",
+              output=True),
+    TopicSpec("quota", "gpu_uuid", "one QuotaRecord as JSON: a tenant's quota scale on a GPU, per pane",
+              output=True),
     TopicSpec("reclaim", "gpu_uuid", "one ReclaimRecord as JSON: an idle tenant's GPU may be reclaimed (act once "
-                                     "per trigger_id)"),
+                                     "per trigger_id)", output=True),
     TopicSpec("efficiency", "gpu_uuid", "one EfficiencyRecord as JSON: a GPU's (pid 0) or a process's EFU, ΔBW "
-                                        "and diagnosis, per pane"),
+                                        "and diagnosis, per pane", output=True),
     TopicSpec("discovery", "node_id", "the node's service-discovery entry as JSON (written by gpucost discovery)",
               compacted=True),
-    TopicSpec("dlq", "gpu_uuid, node_id/pid or source", "one DeadLetter as JSON"),
+    TopicSpec("dlq", "gpu_uuid, node_id/pid or source", "one DeadLetter as JSON", output=True),
     TopicSpec("state.events", "gpu_uuid", "the worker's committed Auditor state of that GPU (null: finished)",
               compacted=True),
     TopicSpec("state.mem_access", "node_id/pid", "the worker's committed Auditor state of that process",

@@ -214,6 +214,11 @@ class GpuPanes:
         """The largest watermark of any GPU here (None: no GPU yet)."""
         return max(self._max_ts.values()) - self.lateness_ns if self._max_ts else None
 
+    def smallest_watermark(self) -> int | None:
+        """The smallest watermark of any GPU here (None: no GPU, or every one forgotten): what holds back the
+        time up to which no record of these GPUs can be revised (``gpucost.kafka.closing``)."""
+        return min(self._max_ts.values()) - self.lateness_ns if self._max_ts else None
+
     def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str] | None = None
                      ) -> list[PaneTotals]:
         """The open panes whose end lies ``idle_timeout_ns`` or more behind ``watermark_ns`` (another GPU's:

@@ -147,11 +147,17 @@ def kafka_bootstrap(kafka_broker: Broker) -> str:
     return kafka_broker.bootstrap
 
 
+def record_fleet(base: Path, *fleet: str) -> tuple[Path, Path]:
+    """A simulated fleet's events (``gpucost simulate`` with the flags ``fleet``) under ``base``, and the
+    embedded run's output for them."""
+    for args in (["simulate", *fleet, "--out", str(base / "events")],
+                 ["replay", str(base / "events"), "--out", str(base / "embedded")]):
+        subprocess.run([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, check=True, capture_output=True)
+    return base / "events", base / "embedded"
+
+
 @pytest.fixture(scope="session")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A simulated fleet's events, and the embedded run's output for them."""
-    base = tmp_path_factory.mktemp("recorded")
-    for args in (["simulate", "--gpus", "3", "--hours", "74", "--interval-s", "20", "--seed", "11", "--out",
-                  str(base / "events")], ["replay", str(base / "events"), "--out", str(base / "embedded")]):
-        subprocess.run([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, check=True, capture_output=True)
-    return base / "events", base / "embedded"
+    return record_fleet(tmp_path_factory.mktemp("recorded"), "--gpus", "3", "--hours", "74", "--interval-s", "20",
+                        "--seed", "11")

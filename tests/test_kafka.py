@@ -134,6 +134,7 @@ def billing_totals(d: Deployment) -> tuple[dict[str, int], int, int, dict[str, i
     spec = importlib.util.spec_from_file_location("billing_consumer", ROOT / "examples" / "billing_consumer.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     totals, records, dups, adjustments = asyncio.run(module.team_totals({"bootstrap_servers": d.bootstrap},
                                                                         f"{d.prefix}cost", f"{d.app_id}-bill", 3.0))
@@ -218,9 +219,9 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     assert adjustments == embedded_team_totals(embedded, "revision > 0") and adjustments
 
 
-def topic_values(d: Deployment, kind: str) -> dict[str, Any]:
-    """The latest JSON value of each key of a topic, read from its start to its end."""
-    async def read() -> dict[str, Any]:
+def topic_messages(d: Deployment, kind: str) -> list[Any]:
+    """Every committed message of a topic, read from its start to its end, each partition in order."""
+    async def read() -> list[Any]:
         consumer = AIOKafkaConsumer(bootstrap_servers=d.bootstrap, isolation_level="read_committed",
                                     enable_auto_commit=False)
         await consumer.start()
@@ -228,14 +229,19 @@ def topic_values(d: Deployment, kind: str) -> dict[str, Any]:
             tps = [TopicPartition(f"{d.prefix}{kind}", p) for p in range(4)]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
-            ends, out = await consumer.end_offsets(tps), {}
+            ends, out = await consumer.end_offsets(tps), []
             while any([await consumer.position(tp) < ends[tp] for tp in tps]):
                 for messages in (await consumer.getmany(timeout_ms=500)).values():
-                    out.update({m.key.decode(): json.loads(m.value) for m in messages})
+                    out += messages
             return out
         finally:
             await consumer.stop()
     return asyncio.run(read())
+
+
+def topic_values(d: Deployment, kind: str) -> dict[str, Any]:
+    """The latest JSON value of each key of a topic, read from its start to its end."""
+    return {m.key.decode(): json.loads(m.value) for m in topic_messages(d, kind)}
 
 
 def metrics_port(log: Path) -> int:

@@ -39,6 +39,8 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_a_worker_serves_what_it_committed() -> None:
+    from gpucost.kafka.closing import is_control
+
     worker, producer = Worker(KafkaSettings(), AuditSettings(), group="g"), RecordingProducer()
     tp = TopicPartition("gpucost.events", 0)
     worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
@@ -54,7 +56,9 @@ def test_a_worker_serves_what_it_committed() -> None:
     finally:
         server.close()
     # recounted from what the worker published and wrote
-    kinds = Counter(m.topic.removeprefix("gpucost.") for m in producer.published)
+    kinds = Counter(m.topic.removeprefix("gpucost.") for m in producer.published if not is_control(m.headers))
+    markers = [m for m in producer.published if is_control(m.headers)]
+    assert got[("gpucost_worker_closed_markers_total", ())] == len(markers) > 0
     reasons = Counter(json.loads(m.value)["reason"] for m in producer.published if m.topic == "gpucost.dlq")
     state = sum(len(k) + len(v or b"") for t in producer.transactions for _, k, v in t if not k.startswith(b"\x00next"))
     assert got[("gpucost_worker_input_messages_total", ())] == len(messages)

@@ -46,14 +46,20 @@ def cmd_topics(args: argparse.Namespace) -> int:
     from gpucost.kafka.publish import create_topics
 
     if args.action == "create":
+        from gpucost.kafka.retention import retention_warnings
+
         created = asyncio.run(create_topics(kafka))
         print(f"created {len(created)} topic(s): {', '.join(created) or 'none missing'}")
+        for warning in asyncio.run(retention_warnings(kafka)):
+            print(f"gpucost: warning: {warning}", file=sys.stderr)
         return 0
+    from gpucost.kafka.retention import topic_config
     from gpucost.schemas.topics import topic_specs
 
     rows = [(kafka.topic(t.suffix), t.key, "compact" if t.compacted else "delete",
-             1 if t.single_partition else kafka.partitions, t.value) for t in topic_specs()]
-    print(format_table(["topic", "key", "cleanup", "partitions", "value"], rows))
+             1 if t.single_partition else kafka.partitions, topic_config(t, kafka).get("retention.ms", "broker's"),
+             t.value) for t in topic_specs()]
+    print(format_table(["topic", "key", "cleanup", "partitions", "retention_ms", "value"], rows))
     return 0
 
 
@@ -67,9 +73,12 @@ def replay_events(files: list[Path], rejected: list[tuple[Rejected, str, str]]) 
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
+    from gpucost.kafka.progress import ProduceProgress
     from gpucost.kafka.publish import ProducerStats, Stopped, create_topics, publish, publish_dead_letters
 
     kafka = kafka_settings(args)
+    if not args.progress_s > 0:
+        raise UsageError(f"--progress-s must be more than 0 seconds, got {args.progress_s}")
     rejected: list[tuple[Rejected, str, str]] = []
     events: Iterator[Event]
     live: LiveSource | None = None
@@ -96,10 +105,16 @@ def cmd_produce(args: argparse.Namespace) -> int:
         acknowledged is kept in the spool."""
         stop = stop_on_signals(live)
         stats = ProducerStats(source=live.counts if live is not None else Counter())
-        with metrics_served(args.metrics_address, stats.metrics, stats.health):
-            return await publish(events, kafka, end_of_input=args.end_of_input, flush_interval_s=args.flush_interval_s,
-                                 signer=signer, spool=args.spool, buffer_bytes=int(args.buffer_mb * (1 << 20)),
-                                 stop=stop, stats=stats)
+        progress, finished = ProduceProgress(stats, args.progress_s), asyncio.Event()
+        shown = asyncio.create_task(progress.run(finished))
+        try:
+            with metrics_served(args.metrics_address, stats.metrics, stats.health):
+                return await publish(events, kafka, end_of_input=args.end_of_input,
+                                     flush_interval_s=args.flush_interval_s, signer=signer, spool=args.spool,
+                                     buffer_bytes=int(args.buffer_mb * (1 << 20)), stop=stop, stats=stats)
+        finally:
+            finished.set()
+            await shown
 
     try:
         sent = asyncio.run(main())
@@ -117,12 +132,15 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from gpucost.kafka.lag import GroupLag
     from gpucost.kafka.publish import create_topics
     from gpucost.kafka.worker import Worker
 
     kafka, settings = kafka_settings(args), audit_settings(args)
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be at least 1 message, got {args.max_batch}")
+    if not args.lag_interval_s > 0:
+        raise UsageError(f"--lag-interval-s must be more than 0 seconds, got {args.lag_interval_s}")
     keyring = load_keys(Keyring, args.verify_keys) if args.verify_keys else None
     signer = load_keys(Signer.from_file, args.output_signing_key_file) if args.output_signing_key_file else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -133,8 +151,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         stop = stop_on_signals()
         worker = Worker(kafka, settings, args.group, args.session_timeout_s, max_batch=args.max_batch, keyring=keyring,
                         output_signer=signer, audit_key=audit_key(args))
-        with metrics_served(args.metrics_address, worker.metrics, worker.health):
-            await worker.run(stop)
+        lag = GroupLag(kafka, args.group, list(worker.inputs), lambda: worker.ends_applied, args.lag_interval_s)
+        with metrics_served(args.metrics_address, lambda: [*worker.metrics(), *lag.metrics()], worker.health):
+            watch = asyncio.create_task(lag.run(stop))
+            try:
+                await worker.run(stop)
+            finally:
+                stop.set()
+                await watch
         print(f"worker stopped after {worker.processed:,} input messages", file=sys.stderr)
 
     asyncio.run(main())

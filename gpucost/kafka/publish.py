@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from prometheus_client.core import Metric
 
 from gpucost.kafka.outbox import Message, Outbox
+from gpucost.kafka.retention import topic_config
 from gpucost.kafka.routing import Router, duplicate_letter
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
@@ -45,9 +46,8 @@ async def create_topics(kafka: KafkaSettings) -> list[str]:
             name = kafka.topic(spec.suffix)
             if name in existing:
                 continue
-            config = {"cleanup.policy": "compact"} if spec.compacted else {"cleanup.policy": "delete"}
             new.append(NewTopic(name, 1 if spec.single_partition else kafka.partitions, kafka.replication,
-                                topic_configs=config))
+                                topic_configs=topic_config(spec, kafka)))
         if new:
             try:
                 await admin.create_topics(new)
@@ -99,6 +99,7 @@ class ProducerStats:
     source: Counter[str] = field(default_factory=Counter)  # the live source's own counters
     health: Health = field(default_factory=Health)
     input_ended: bool = False  # the source was read to its end (a replay; a live source never ends)
+    events_read: int = 0  # events taken from the source so far, for the progress line
     outage_since: float | None = None  # monotonic time of the first failed delivery of an ongoing outage
 
     def metrics(self) -> list[Metric]:
@@ -284,6 +285,7 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                 raise item
             if deliverer.done():
                 deliverer.result()  # re-raise what stopped it
+            stats.events_read += len(item)  # type: ignore[arg-type]
             for ev in item:  # type: ignore[attr-defined]
                 for topic, key, routed in router.route(ev):
                     if topic == "dlq":

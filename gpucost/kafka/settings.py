@@ -29,6 +29,9 @@ class KafkaSettings(BaseModel):
         "largest input message a producer sends, before compression: a batch is cut to fit, an event "
         "that cannot fit is dead-lettered (oversized). Keep it under the topic's max.message.bytes "
         "(Kafka's default 1 MiB)"))] = 900_000
+    output_retention_days: Annotated[int, Field(ge=-1, le=36_500, description=(
+        "days the output topics (cost, idle_index, …, dlq) keep their records, set by `topics create`: "
+        "a billing consumer offline for longer misses records; -1 keeps them for ever"))] = 400
     compression: Annotated[Literal["zstd", "lz4", "snappy", "gzip", "none"],
                            Field(description="compression of what gpucost produces: zstd, lz4, snappy, gzip or "
                                              "none (consumers must support it)")] = "zstd"
@@ -53,11 +56,18 @@ class KafkaSettings(BaseModel):
         if not sasl and self.sasl_mechanism:
             raise ValueError(f"sasl_mechanism is set but security_protocol is {self.security_protocol}; "
                              "use SASL_PLAINTEXT or SASL_SSL")
+        if self.output_retention_days == 0:
+            raise ValueError("output_retention_days 0 would delete every output record at once; give days "
+                             "(default 400), or -1 to keep them for ever")
         for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name} {path} is not a readable file")
         return self
+
+    def output_retention_ms(self) -> int:
+        """``retention.ms`` of the output topics: Kafka's -1 is for ever."""
+        return -1 if self.output_retention_days < 0 else self.output_retention_days * 86_400_000
 
     def topic(self, suffix: str) -> str:
         return f"{self.topic_prefix}{suffix}"

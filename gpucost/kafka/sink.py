@@ -28,6 +28,7 @@ from prometheus_client.core import Metric
 from pydantic import BaseModel, ValidationError
 
 from gpucost.cost_metrics import CostMetrics
+from gpucost.kafka.closing import is_control
 from gpucost.kafka.signing import Keyring, Verdict
 from gpucost.metrics import Health, counter
 from gpucost.schemas.records import OUTPUT_KINDS, DeadLetter
@@ -263,6 +264,8 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
                     dirty = True
                     source = f"{tp.topic}[{tp.partition}]@{m.offset}"
                     kind = kind_of_topic[tp.topic]
+                    if is_control(m.headers):  # a closed marker, for billing consumers: not a record
+                        continue
                     refused = output_refusal(keyring, m)
                     rec = output_record(kind, m.value or b"", source, refused)
                     if refused is not None:

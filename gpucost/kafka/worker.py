@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.partitioner import murmur2
 from prometheus_client.core import Metric
 
+from gpucost.kafka.closing import moved_on, send_markers
 from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer, SigningKey, Verdict
@@ -76,6 +77,8 @@ class _Owned:
     #: the offset of the partition's state partition just past the last record this owner knows it holds
     #: (restored, or written by its own committed transactions): any record from there on is another owner's
     state_end: int = 0
+    #: the ``final_through_ns`` of the last closed marker this owner committed (None: none yet)
+    closed_through: int | None = None
 
 
 #: a Kafka key gpucost writes is a GPU UUID or ``node_id/pid``; a gpucost header is a short token
@@ -138,6 +141,8 @@ class Worker(ConsumerRebalanceListener):
         self.events_in: Counter[str] = Counter()  # events taken by the auditors, by kind, once committed
         self.transactions: Counter[str] = Counter()
         self.state_bytes_written = 0
+        self.markers_sent = 0  # closed markers committed to the cost topic's partitions
+        self.ends_applied = 0  # ends of input applied: a finite input's end, for ``gpucost.kafka.lag``
         self.health = Health()
 
     # --- partition ownership -------------------------------------------------------------
@@ -346,6 +351,7 @@ class Worker(ConsumerRebalanceListener):
                 price_keys = self.keyring.price_keys
                 scope = Scope(key, signer.nodes, price_keys, signer.key_id in price_keys)
             if headers.get(CONTROL_HEADER) == END_OF_INPUT:
+                self.ends_applied += 1
                 flush(key)
                 # finished: its panes close, and what follows starts afresh above the watermark it reached, so
                 # that the same input produced again is late, never billed twice
@@ -411,6 +417,12 @@ class Worker(ConsumerRebalanceListener):
         async with producer.transaction():
             touched: set[str] = set()
             sent = await self._send_records(producer, self._apply(owned, messages, touched, taken), out, letters)
+            final = None if self.inputs[tp.topic] != "events" else moved_on(
+                owned.auditors.values(), self.audit.revision_horizon_ns, owned.closed_through)
+            markers = [] if final is None else await send_markers(  # after the records: read after them
+                producer, self.kafka.topic("cost"), tp.topic, tp.partition, final, self.audit.revision_horizon_ns,
+                self.output_signer)
+            sent += markers
             for key in sorted(touched):
                 sequences = owned.sequences.get(key, SeenSequences())
                 for state_key, value in state_records(key, owned.auditors[key], sequences, owned.owners.get(key),
@@ -427,6 +439,9 @@ class Worker(ConsumerRebalanceListener):
             # also committed to the group, for lag monitoring; restarts use the progress record
             await producer.send_offsets_to_transaction({tp: next_offset}, self.group)
         owned.state_end = progress.result().offset + 1  # the batch's last state record, now committed
+        if final is not None:
+            owned.closed_through = final
+            self.markers_sent += len(markers)
         self.processed += len(messages)
         self.records_out.update(out)  # counted once committed: what consumers can read
         self.dead_letters.update(letters)
@@ -523,6 +538,8 @@ class Worker(ConsumerRebalanceListener):
         owned = dict(self.owned)
         now_ns = time.time_ns()
         lag_s, behind, panes, gpus = {}, {}, 0, 0
+        final = {f"{tp.topic}[{tp.partition}]": o.closed_through / 1e9 for tp, o in owned.items()
+                 if o.closed_through is not None}
         for tp, o in owned.items():
             auditors = list(o.auditors.values())
             marks = [m for m in (a.panes.largest_watermark() for a in auditors) if m is not None]
@@ -543,16 +560,22 @@ class Worker(ConsumerRebalanceListener):
             counter("gpucost_worker_refused_messages", "messages refused before any auditor (and re-deliveries "
                     "skipped), by reason", dict(self.counts), "reason"),
             counter("gpucost_worker_transactions", "transactions, by outcome", self.transactions, "outcome"),
+            counter("gpucost_worker_closed_markers", "closed markers committed (one per cost partition each time an "
+                    "input partition's final hour moves on)", self.markers_sent),
             counter("gpucost_worker_state_bytes_written", "bytes of state written to the state topics",
                     self.state_bytes_written),
             counter("gpucost_worker_partitions_taken", "input partitions taken, by how: state restored from its "
                     "topic, or kept across a rebalance", self.taken, "how"),
             gauge("gpucost_worker_partitions", "input partitions owned", len(owned)),
+            gauge("gpucost_worker_owns", "1 for each input partition this worker owns", {
+                f"{tp.topic}[{tp.partition}]": 1 for tp in owned}, "partition"),
             gauge("gpucost_worker_keys", "keys (GPUs, processes) held", gpus),
             gauge("gpucost_worker_open_panes", "panes open, not yet billed", panes),
             gauge("gpucost_worker_event_time_lag_seconds", "wall clock minus the largest watermark, per partition",
                   lag_s, "partition"),
             gauge("gpucost_worker_consumer_lag_messages", "input messages not yet applied, per partition", behind,
                   "partition"),
+            gauge("gpucost_worker_final_through_seconds", "the last closed marker committed, per input partition: "
+                  "records of panes ending at or before it are final (Unix seconds)", final, "partition"),
         ]
 
