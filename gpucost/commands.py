@@ -83,7 +83,11 @@ def finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) -
     from gpucost.report_html import build_report
 
     print(summary(out, stats, opex_usd_per_gpu_hour))
-    (out / REPORT).write_text(build_report(out), encoding="utf-8")
+    try:
+        write_whole(out / REPORT, build_report(out), "--out")
+    except UsageError as exc:  # every record is in place: only the page is missing
+        raise UsageError(f"{exc}; every record is written: build the page later with `{invoked_as()} report "
+                         f"--out {out} --html FILE`") from None
     print(f"\nreport: {out / REPORT} (plots of all of the above; open it in a browser)")
     print(f"\noutput: {out}/{{idle_index,mae,cost,health,quota,reclaim,efficiency,dlq}}/date=YYYY-MM-DD/*.parquet; "
           f"try: {invoked_as()} query --out {out} \"SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team\"")

@@ -4,6 +4,7 @@ The same ``Auditor`` the Kafka workers run; the queue gives the source back-pres
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -64,15 +65,26 @@ class RunStats:
         ]
 
 
-def _feed(items: Iterable[Item], q: "queue.Queue[object]", failure: list[BaseException]) -> None:
-    """The source's thread: each item into the queue as it comes (the queue's bound is the back-pressure)."""
+def _feed(items: Iterable[Item], q: "queue.Queue[object]", failure: list[BaseException],
+          stopped: threading.Event) -> None:
+    """The source's thread: each item into the queue as it comes (the queue's bound is the back-pressure), until
+    the input ends or the run has ``stopped`` (an interrupted run's thread once died at interpreter exit inside
+    native code, and the process aborted)."""
     try:
         for item in items:
-            q.put(item)
+            while not stopped.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if stopped.is_set():
+                return
     except BaseException as exc:  # handed to the consumer, which re-raises it
         failure.append(exc)
     finally:
-        q.put(_DONE)
+        with contextlib.suppress(queue.Full):
+            q.put(_DONE, timeout=0.1 if stopped.is_set() else None)
 
 
 def _drain(q: "queue.Queue[object]", wait_s: Callable[[], float | None]) -> Iterator[list[Item]]:
@@ -179,39 +191,44 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     start = time.perf_counter()
     q: "queue.Queue[object]" = queue.Queue(maxsize=4 * _BATCH)
     failure: list[BaseException] = []
-    producer = threading.Thread(target=_feed, args=(items, q, failure), name="source", daemon=True)
+    stopped = threading.Event()
+    producer = threading.Thread(target=_feed, args=(items, q, failure, stopped), name="source", daemon=True)
     producer.start()
-    auditor = auditor if auditor is not None else Auditor(settings, time.time_ns, audit_key)
-    stats = stats if stats is not None else RunStats()
-    sink = ParquetSink(out_dir, on_published=None if stats.cost is None else stats.cost.observe,
-                       hold=publication is not None)
-    stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
-    silence = _Silence(settings.idle_timeout_s, live or publication is not None, monotonic)
-    for batch in _drain(q, lambda: None if publication is None else publication.wait_s()):
-        stats.health.beat()
-        n, records = _audit(auditor, batch) if batch else (0, [])
-        records += silence.close(auditor)
-        stats.inputs += n
-        for record in records:
-            if isinstance(record, ClosedPanes):
-                sink.write_block(record)
-                continue
-            if isinstance(record, DeadLetter):
-                stats.dead_letters[record.reason] += 1
+    try:
+        auditor = auditor if auditor is not None else Auditor(settings, time.time_ns, audit_key)
+        stats = stats if stats is not None else RunStats()
+        sink = ParquetSink(out_dir, on_published=None if stats.cost is None else stats.cost.observe,
+                           hold=publication is not None)
+        stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
+        silence = _Silence(settings.idle_timeout_s, live or publication is not None, monotonic)
+        for batch in _drain(q, lambda: None if publication is None else publication.wait_s()):
+            stats.health.beat()
+            n, records = _audit(auditor, batch) if batch else (0, [])
+            records += silence.close(auditor)
+            stats.inputs += n
+            for record in records:
+                if isinstance(record, ClosedPanes):
+                    sink.write_block(record)
+                    continue
+                if isinstance(record, DeadLetter):
+                    stats.dead_letters[record.reason] += 1
+                sink.write(record)
+            if publication is not None and publication.due(sink):
+                publication.publish(sink, auditor, stats.inputs)
+            if on_batch is not None:
+                on_batch(batch)  # an empty one too: progress lines go on while a source is quiet
+        producer.join()
+        if failure:
+            raise failure[0]
+        for record in auditor.finish():
             sink.write(record)
-        if publication is not None and publication.due(sink):
-            publication.publish(sink, auditor, stats.inputs)
-        if on_batch is not None and batch:
-            on_batch(batch)
-    producer.join()
-    if failure:
-        raise failure[0]
-    for record in auditor.finish():
-        sink.write(record)
-    if publication is None:
-        sink.flush()
-    else:  # a live source stopped goes on, as a Kafka key after its end of input, above what it closed
-        publication.publish(sink, auditor.successor() if live else auditor, stats.inputs, finished=not live)
-    stats.rows = dict(sink.rows_written)
-    stats.seconds = time.perf_counter() - start
-    return stats
+        if publication is None:
+            sink.flush()
+        else:  # a live source stopped goes on, as a Kafka key after its end of input, above what it closed
+            publication.publish(sink, auditor.successor() if live else auditor, stats.inputs, finished=not live)
+        stats.rows = dict(sink.rows_written)
+        stats.seconds = time.perf_counter() - start
+        return stats
+    finally:  # an interrupted run stops its source thread before the interpreter exits
+        stopped.set()
+        producer.join(timeout=2.0)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpucost.sinks.checkpoint import Checkpoint, CheckpointError, load, resume, save
+from gpucost.sinks.checkpoint import CHECKPOINT, Checkpoint, CheckpointError, load, resume, save
 from gpucost.sinks.compact import CompactError, compact
-from gpucost.sinks.parquet import ParquetSink
+from gpucost.sinks.parquet import ParquetSink, SinkWriteError
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 
@@ -60,17 +60,34 @@ class Publication:
 
     def publish(self, sink: ParquetSink, auditor: Auditor, inputs: int, finished: bool = False) -> None:
         """Every record buffered into place with a checkpoint of ``auditor`` after ``inputs`` inputs (the
-        module's three steps), then the compaction that became due."""
-        staged = sink.stage_all()
+        module's three steps), then the compaction that became due. A checkpoint that cannot be written (a full
+        disk) is a ``SinkWriteError``: nothing of this publication is visible, and the previous checkpoint
+        stands."""
+        self.published += 1
+        staged = sink.stage_all(self.published)
         auditor.prune()  # bindings nothing can reach any more: the state stays bounded, as a worker's does
-        save(self.out_dir, Checkpoint(self.settings, self.source, inputs, finished, auditor.to_state(),
-                                      self.prices_sha256).staging(self.out_dir, staged))
+        checkpoint = Checkpoint(self.settings, self.source, inputs, finished, auditor.to_state(), self.prices_sha256,
+                                publication=self.published).staging(self.out_dir, staged)
+        try:
+            save(self.out_dir, checkpoint)
+        except OSError as exc:
+            for done in staged:
+                done.tmp.unlink(missing_ok=True)
+            raise SinkWriteError(f"cannot write the checkpoint in {self.out_dir}: {exc.strerror or exc} (free "
+                                 "space or fix the permissions, then start the run again: it goes on from the "
+                                 "last checkpoint)") from None
         sink.publish(staged)
         self.last = self.monotonic()
-        self.published += 1
         self.fresh.update(s.final.parent for s in staged)
         sink.files_written.clear()  # counted in ``fresh``: kept, the list grew by a few paths a publication, for a year
         self._compact(sink)
+
+    def count_files(self) -> None:
+        """Each partition folder's files as they are (a run started again goes on counting toward compaction
+        from what earlier lives left: a run restarted more often than it compacts once piled files up)."""
+        for folder in self.out_dir.glob("*/date=*"):
+            if folder.is_dir():
+                self.fresh[folder] = sum(1 for _ in folder.glob("part-*.parquet"))
 
     def _compact(self, sink: ParquetSink) -> None:
         if not self.compact_min_files:
@@ -92,22 +109,45 @@ def resumed(publication: Publication, settings: AuditSettings, audit_key: bytes 
             clock: Callable[[], int]) -> tuple[Auditor, Checkpoint] | None:
     """The auditor and checkpoint a run over ``publication.out_dir`` goes on from (its publication finished, its
     stray temporaries removed), or None where the output has no checkpoint. Raises ``CheckpointError`` where the
-    checkpoint's run finished, or read another source or billed with other settings: going on would mix two
-    runs in one output."""
-    checkpoint = load(publication.out_dir)
+    checkpoint cannot be read (nothing is changed then), or where its run finished, read another source or
+    billed with other settings (its own publication is finished first): going on would mix two runs in one
+    output."""
+    where = publication.out_dir
+    checkpoint = load(where)
     if checkpoint is None:
         return None
-    where = publication.out_dir
+    try:
+        auditor = Auditor.from_state(settings, checkpoint.state, clock, audit_key)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise CheckpointError(f"the checkpoint {where / CHECKPOINT} holds a state this gpucost cannot read ({exc!r}); "
+                              "pass --overwrite to start the run afresh") from None
+    resume(where, checkpoint)
+    publication.published = checkpoint.publication
+    publication.count_files()
     if checkpoint.finished:
         raise CheckpointError(f"the run whose output {where} holds has finished (its input ended); pass "
                               "--overwrite to start again, or choose another --out")
     if checkpoint.source != publication.source:
-        raise CheckpointError(f"the run whose output {where} holds read {checkpoint.source}, not "
-                              f"{publication.source}; run with the same source to go on, or pass --overwrite")
-    if checkpoint.settings != publication.settings:
-        changed = sorted(k for k in checkpoint.settings.keys() | publication.settings.keys()
-                         if checkpoint.settings.get(k) != publication.settings.get(k))
+        changed = sorted(k for k in checkpoint.source.keys() | publication.source.keys()
+                         if checkpoint.source.get(k) != publication.source.get(k))
+        raise CheckpointError(f"the run whose output {where} holds read another source ({', '.join(changed)} "
+                              "differ); run with the same source to go on, or pass --overwrite")
+    changed = _settings_changed(checkpoint.settings, settings)
+    if changed:
         raise CheckpointError(f"the run whose output {where} holds billed with other settings ({', '.join(changed)} "
                               "differ); run with the same settings to go on, or pass --overwrite")
-    resume(where, checkpoint)
-    return Auditor.from_state(settings, checkpoint.state, clock, audit_key), checkpoint
+    return auditor, checkpoint
+
+
+#: settings that change no record (the opex rate is added by the ``unit_cost`` view, at query time)
+_NOT_BILLED = {"opex_usd_per_gpu_hour"}
+
+
+def _settings_changed(recorded: dict[str, Any], settings: AuditSettings) -> list[str]:
+    """The settings that bill otherwise than the recorded ones: compared as values (0.60 is 0.6), not as text."""
+    try:
+        before = AuditSettings.model_validate(recorded)
+    except ValueError:
+        return ["all"]
+    return sorted(k for k in AuditSettings.model_fields if k not in _NOT_BILLED
+                  and getattr(before, k) != getattr(settings, k))

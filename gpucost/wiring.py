@@ -61,9 +61,9 @@ def output_dir(out: Path, overwrite: bool, holder: str, resumable: bool = False)
         if holding and not overwrite:
             raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in holding)}); "
                              "pass --overwrite to replace it, or choose another --out")
+        (out / CHECKPOINT).unlink(missing_ok=True)  # first: a kill midway leaves no checkpoint of missing output
         for path in existing:
             shutil.rmtree(path)
-        (out / CHECKPOINT).unlink(missing_ok=True)
         yield
 
 

@@ -53,6 +53,7 @@ class Checkpoint:
     prices_sha256: str | None = None  # of the ``--prices`` file read first: not read again while unchanged
     #: (temporary, final) of each file published with this checkpoint, relative to the output directory
     publishing: list[tuple[str, str]] = field(default_factory=list)
+    publication: int = 0  # how many publications the run has made, this one included: its temporaries' tag
 
     def staging(self, out_dir: Path, staged: list[Staged]) -> "Checkpoint":
         self.publishing = [(s.tmp.relative_to(out_dir).as_posix(), s.final.relative_to(out_dir).as_posix())
@@ -71,8 +72,15 @@ def save(out_dir: Path, checkpoint: Checkpoint) -> None:
     fsync_dir(out_dir)
 
 
+#: each field's type, checked before anything is done with a checkpoint (a wrong one is refused in one line)
+_FIELDS: dict[str, type | tuple[type, ...]] = {"settings": dict, "source": dict, "inputs": int, "finished": bool,
+                                               "state": dict, "prices_sha256": (str, type(None)),
+                                               "publishing": list, "publication": int}
+
+
 def load(out_dir: Path) -> Checkpoint | None:
-    """The output directory's checkpoint, None if it has none."""
+    """The output directory's checkpoint, None if it has none; ``CheckpointError`` if it is not one this
+    gpucost wrote, whole and of the right types."""
     path = out_dir / CHECKPOINT
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -85,25 +93,34 @@ def load(out_dir: Path) -> Checkpoint | None:
         raise CheckpointError(f"the checkpoint {path} has layout {data.get('v') if isinstance(data, dict) else '?'}"
                               f"; this gpucost reads {VERSION}: run the gpucost that wrote it, or pass --overwrite")
     del data["v"]
-    try:
-        checkpoint = Checkpoint(**data)
-    except TypeError as exc:
-        raise CheckpointError(f"the checkpoint {path} is not one gpucost wrote ({exc}); pass --overwrite") from None
-    checkpoint.publishing = [(str(tmp), str(final)) for tmp, final in checkpoint.publishing]
+    wrong = sorted(set(_FIELDS) ^ set(data)) + sorted(
+        k for k, kind in _FIELDS.items() if k in data and (not isinstance(data[k], kind) or (
+            kind is int and (isinstance(data[k], bool) or data[k] < 0))))
+    pairs = data.get("publishing")
+    if isinstance(pairs, list) and not all(isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p)
+                                           for p in pairs):
+        wrong.append("publishing")
+    if wrong:
+        raise CheckpointError(f"the checkpoint {path} is not one gpucost wrote ({', '.join(wrong)} missing, "
+                              "unknown or of the wrong type); pass --overwrite to start the run afresh")
+    checkpoint = Checkpoint(**data)
+    checkpoint.publishing = [(tmp, final) for tmp, final in data["publishing"]]
     return checkpoint
 
 
 def resume(out_dir: Path, checkpoint: Checkpoint) -> int:
     """Finish the publication the checkpoint names (a kill came between it and the renames) and remove every
-    other temporary (a publication whose checkpoint was never written); returns the files renamed."""
-    renamed = 0
-    for tmp, final in checkpoint.publishing:
-        source, target = out_dir / tmp, out_dir / final
+    other temporary (a publication whose checkpoint was never written); returns the files renamed. Every name
+    is checked before anything is renamed."""
+    pairs = [(out_dir / tmp, out_dir / final) for tmp, final in checkpoint.publishing]
+    for (source, target), (_, final) in zip(pairs, checkpoint.publishing):
         if ".." in Path(final).parts or Path(final).is_absolute() or not PART_RE.search(final) or \
-                source != target.parent / f".{target.name}.tmp":
+                source != target.parent / f".{target.name}.{checkpoint.publication}.tmp":
             raise CheckpointError(f"the checkpoint {out_dir / CHECKPOINT} names {final!r}, not a file of this "
                                   "output; pass --overwrite to start the run afresh")
-        if source.is_file():
+    renamed = 0
+    for source, target in pairs:
+        if source.is_file() and not target.exists():
             os.replace(source, target)
             fsync_dir(target.parent)
             renamed += 1

@@ -41,8 +41,9 @@ class SinkWriteError(OSError):
 
 
 def remove_stale_temporaries(out_dir: Path) -> int:
-    """Delete the temporary files of a writer that died mid-file (never visible to readers)."""
-    stale = list(out_dir.glob("*/date=*/.part-*.parquet.tmp"))
+    """Delete the temporary files of a writer that died mid-file (never visible to readers): ``.part-N.parquet.tmp``,
+    or ``.part-N.parquet.P.tmp`` of a run's publication ``P`` (``ParquetSink.stage_all``)."""
+    stale = list(out_dir.glob("*/date=*/.part-*.parquet.tmp")) + list(out_dir.glob("*/date=*/.part-*.parquet.*.tmp"))
     for path in stale:
         path.unlink(missing_ok=True)
     return len(stale)
@@ -214,10 +215,12 @@ class ParquetSink:
     def buffered_rows(self) -> int:
         return sum(self._rows.values())
 
-    def stage_all(self) -> list[Staged]:
+    def stage_all(self, publication: int) -> list[Staged]:
         """Every buffered row into fsynced temporaries, files of at most ``file_rows`` rows, and the buffers
-        emptied: what a checkpoint names before ``publish`` renames them into place. If one cannot be written,
-        none is kept and every row stays buffered."""
+        emptied: what a checkpoint names before ``publish`` renames them into place. The temporaries' names hold
+        ``publication``, so that those of a publication killed before its checkpoint are never taken for those
+        an earlier checkpoint names (compaction may have freed the same part number meanwhile). If one cannot
+        be written, none is kept and every row stays buffered."""
         staged: list[Staged] = []
         numbers: dict[Path, int] = {}  # the next part number of each folder, past the files staged here
         try:
@@ -226,7 +229,7 @@ class ParquetSink:
                 for lo in range(0, whole.num_rows, self.file_rows):
                     folder = self.out_dir / kind / f"date={date}"
                     table = whole.slice(lo, self.file_rows)
-                    tmp, final = self._stage_file(folder, table, numbers.get(folder))
+                    tmp, final = self._stage_file(folder, table, numbers.get(folder), f".{publication}")
                     numbers[folder] = int(PART_RE.search(final.name).group(1)) + 1  # type: ignore[union-attr]
                     staged.append(Staged(kind, table, tmp, final))
         except SinkWriteError:
@@ -279,7 +282,8 @@ class ParquetSink:
         whole = self._whole(kind, date)
         return whole, *self._stage_file(self.out_dir / kind / f"date={date}", whole.slice(0, self.file_rows))
 
-    def _stage_file(self, folder: Path, table: pa.Table, number: int | None = None) -> tuple[Path, Path]:
+    def _stage_file(self, folder: Path, table: pa.Table, number: int | None = None, tag: str = ""
+                    ) -> tuple[Path, Path]:
         """``table`` written and fsynced as the temporary of the folder's next part (``number``, or past the
         highest file there and ``first_part``); returns the temporary and the final name."""
         tmp: Path | None = None
@@ -289,7 +293,7 @@ class ParquetSink:
                 taken = [int(m.group(1)) for p in folder.iterdir() if (m := PART_RE.match(p.name))]
                 number = max(max(taken, default=-1) + 1, self.first_part)
             final = folder / f"part-{number:05d}.parquet"
-            tmp = folder / f".{final.name}.tmp"
+            tmp = folder / f".{final.name}{tag}.tmp"
             pq.write_table(table, tmp, row_group_size=self.row_group_rows, compression="zstd")
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())

@@ -4,18 +4,21 @@ between any two of its steps, made to happen here by raising where the step woul
 resume refuses what would mix two runs; compaction keeps a partition's files few. Default horizon and R = 0."""
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import gpucost.publication
+import gpucost.wiring
 from gpucost.cli import main
 from gpucost.embedded import run_embedded
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.publication import Publication
+from gpucost.sinks.checkpoint import Checkpoint
 from gpucost.sinks.parquet import ParquetSink
 from gpucost.streams.settings import AuditSettings
 from tests.test_live_run import HORIZONS, rows
@@ -120,3 +123,145 @@ def test_compaction_keeps_a_partitions_files_few(tmp_path: Path) -> None:
     assert folders and max(len(list(f.glob("part-*.parquet"))) for f in folders) <= 4
     assert main([*RUN, "--out", str(tmp_path / "never"), "--compact-min-files", "0"]) == 0
     assert max(len(list(f.glob("part-*.parquet"))) for f in (tmp_path / "never").glob("*/date=*")) > 4
+
+
+def kill_after_save(monkeypatch: pytest.MonkeyPatch, when: Callable[[Checkpoint], bool]) -> None:
+    """The checkpoint is written, then the process dies before renaming what it names, when ``when`` says."""
+    real = gpucost.publication.save
+
+    def save(out_dir: Path, checkpoint: Checkpoint) -> None:
+        real(out_dir, checkpoint)
+        if when(checkpoint):
+            raise Killed
+
+    monkeypatch.setattr(gpucost.publication, "save", save)
+
+
+@HORIZONS
+def test_a_kill_after_the_last_checkpoint_still_publishes_its_files(tmp_path: Path, monkeypatch, capsys,
+                                                                    horizon_s: int) -> None:
+    """Killed between the finishing checkpoint and its renames: a restart once refused ('has finished') and the
+    run's last records never appeared. It now renames them into place, then says the run has finished."""
+    monkeypatch.setenv("GPUCOST_REVISION_HORIZON_S", str(horizon_s))
+    want = rows(whole_run(tmp_path))
+    out = tmp_path / "killed"
+    with monkeypatch.context() as patched:
+        kill_after_save(patched, lambda checkpoint: checkpoint.finished)
+        with pytest.raises(Killed):
+            main([*RUN, "--out", str(out)])
+    capsys.readouterr()
+    assert main([*RUN, "--out", str(out)]) == 2 and "has finished" in capsys.readouterr().err
+    assert rows(out) == want and not list(out.glob("*/date=*/.*.tmp"))
+
+
+@HORIZONS
+@pytest.mark.parametrize("call", [2, 3, 4, 5])
+def test_a_kill_before_a_checkpoint_after_compaction_freed_a_name_repeats_nothing(
+        tmp_path: Path, monkeypatch, horizon_s: int, call: int) -> None:
+    """With a merge every two files, compaction frees the part number the last checkpoint named; a publication
+    killed before its checkpoint staged a temporary of that number, which the restart took for the checkpoint's
+    and renamed into place: up to 287 rows twice. Temporaries now carry their publication's number."""
+    monkeypatch.setenv("GPUCOST_REVISION_HORIZON_S", str(horizon_s))
+    argv = [*RUN, "--compact-min-files", "2"]
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "killed"
+    with monkeypatch.context() as patched:
+        kill_at(patched, gpucost.publication, "save", call)
+        with pytest.raises(Killed):
+            main([*argv, "--out", str(out)])
+    assert main([*argv, "--out", str(out)]) == 0
+    assert rows(out) == rows(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("edit", [{"inputs": "x"}, {"inputs": -5}, {"inputs": None}, {"state": []}, {"state": {}},
+                                  {"state": {"panes": "x"}}, {"publishing": 5}, {"publishing": [["a"]]},
+                                  {"settings": []}, {"finished": "no"}, {"publication": True}])
+def test_a_checkpoint_of_wrong_types_is_refused_in_one_line_and_changes_nothing(tmp_path: Path, monkeypatch,
+                                                                                capsys, edit: dict) -> None:
+    out = tmp_path / "out"
+    with monkeypatch.context() as patched:
+        kill_after_save(patched, lambda checkpoint: checkpoint.publication == 3)  # its files still to rename
+        with pytest.raises(Killed):
+            main([*RUN, "--out", str(out)])
+    path = out / ".checkpoint.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    capsys.readouterr()
+    assert main([*RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--overwrite" in err, err
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_run_goes_on_later(tmp_path: Path, monkeypatch,
+                                                                                   capsys) -> None:
+    want = rows(whole_run(tmp_path))
+    out = tmp_path / "full"
+    real, calls = gpucost.publication.save, [0]
+
+    def full(out_dir: Path, checkpoint: Checkpoint) -> None:
+        calls[0] += 1
+        if calls[0] == 4:
+            raise OSError(28, "No space left on device")
+        real(out_dir, checkpoint)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(gpucost.publication, "save", full)
+        capsys.readouterr()
+        assert main([*RUN, "--out", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left" in err and "Traceback" not in err
+    assert main([*RUN, "--out", str(out)]) == 0 and rows(out) == want
+
+
+def test_an_overwrite_killed_midway_never_resumes_from_the_old_checkpoint(tmp_path: Path, monkeypatch,
+                                                                          capsys) -> None:
+    """``--overwrite`` once deleted the output first and the checkpoint last: killed in between, the next start
+    resumed from a checkpoint whose records were gone (328 idle rows lost, no word)."""
+    out = tmp_path / "out"
+    with monkeypatch.context() as patched:
+        kill_at(patched, ParquetSink, "publish", 5)
+        with pytest.raises(Killed):
+            main([*RUN, "--out", str(out)])
+    with monkeypatch.context() as patched:
+        kill_at(patched, gpucost.wiring.shutil, "rmtree", 2)
+        with pytest.raises(Killed):
+            main([*RUN, "--out", str(out), "--overwrite"])
+    capsys.readouterr()
+    assert main([*RUN, "--out", str(out)]) == 2 and "already holds gpucost output" in capsys.readouterr().err
+
+
+def test_lives_too_short_to_compact_still_compact(tmp_path: Path, monkeypatch) -> None:
+    """Each life publishes twice and is killed: files published by earlier lives count toward compaction (a
+    run restarted more often than it compacted once piled files up without bound: here 8 files after 4 lives)."""
+    argv = [*RUN[:6], "48", *RUN[7:], "--compact-min-files", "4", "--out", str(tmp_path)]
+    for _ in range(4):
+        with monkeypatch.context() as patched:
+            kill_at(patched, ParquetSink, "publish", 3)
+            with pytest.raises(Killed):
+                main(argv)
+    assert max(len(list(f.glob("part-*.parquet"))) for f in tmp_path.glob("*/date=*")) <= 4
+
+
+def test_the_same_settings_spelled_otherwise_resume(tmp_path: Path, monkeypatch, capsys) -> None:
+    """0.60 is 0.6; the opex rate bills nothing (the unit_cost view adds it at query time)."""
+    out = tmp_path / "out"
+    with monkeypatch.context() as patched:
+        kill_at(patched, ParquetSink, "publish", 4)
+        with pytest.raises(Killed):
+            main([*RUN, "--out", str(out)])
+    alpha = f"{AuditSettings().alpha}0"
+    assert main([*RUN, "--out", str(out), "--alpha", alpha, "--opex-usd-per-gpu-hour", "0.35"]) == 0
+    assert "going on from the checkpoint" in capsys.readouterr().err
+
+
+def test_progress_goes_on_while_the_source_is_quiet(tmp_path: Path) -> None:
+    settings, released, calls = AuditSettings(), threading.Event(), []
+
+    def source() -> Iterator[tuple[object, str]]:
+        yield from ((ev, "simulate") for ev in simulate(FleetSpec(gpus=1, hours=1, seed=1)))
+        released.wait(1.5)
+
+    publication = Publication(tmp_path, 0.2, settings.model_dump(mode="json"), {"source": "test"})
+    run_embedded(source(), settings, tmp_path, on_batch=calls.append, publication=publication, live=True)
+    assert sum(1 for batch in calls if not batch) >= 3  # the progress bar was told every time a publication fell due
