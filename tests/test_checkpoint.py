@@ -231,16 +231,17 @@ def test_an_overwrite_killed_midway_never_resumes_from_the_old_checkpoint(tmp_pa
     assert main([*RUN, "--out", str(out)]) == 2 and "already holds gpucost output" in capsys.readouterr().err
 
 
-def test_lives_too_short_to_compact_still_compact(tmp_path: Path, monkeypatch) -> None:
-    """Each life publishes twice and is killed: files published by earlier lives count toward compaction (a
-    run restarted more often than it compacted once piled files up without bound: here 8 files after 4 lives)."""
-    argv = [*RUN[:6], "48", *RUN[7:], "--compact-min-files", "4", "--out", str(tmp_path)]
-    for _ in range(4):
+def test_a_restarted_run_counts_the_files_earlier_lives_left_toward_compaction(tmp_path: Path, monkeypatch) -> None:
+    """A life that never compacts leaves many small files; the next life, compacting at 4, merges them at its
+    first publication. It once counted only its own files, so a run restarted more often than it compacted
+    piled files up without bound."""
+    for min_files, call in (("0", 9), ("4", 2)):
         with monkeypatch.context() as patched:
-            kill_at(patched, ParquetSink, "publish", 3)
+            kill_at(patched, ParquetSink, "publish", call)
             with pytest.raises(Killed):
-                main(argv)
-    assert max(len(list(f.glob("part-*.parquet"))) for f in tmp_path.glob("*/date=*")) <= 4
+                main([*RUN, "--compact-min-files", min_files, "--out", str(tmp_path)])
+        most = max(len(list(f.glob("part-*.parquet"))) for f in tmp_path.glob("*/date=*"))
+        assert most > 4 if min_files == "0" else most <= 4
 
 
 def test_the_same_settings_spelled_otherwise_resume(tmp_path: Path, monkeypatch, capsys) -> None:
