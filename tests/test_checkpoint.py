@@ -43,6 +43,14 @@ def kill_at(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, call: int
     monkeypatch.setattr(owner, name, step)
 
 
+def killed_midway(monkeypatch: pytest.MonkeyPatch, out: Path, publication: int) -> None:
+    """``RUN`` into ``out``, killed between the checkpoint and the renames of its ``publication``-th publication."""
+    with monkeypatch.context() as patched:
+        kill_at(patched, ParquetSink, "publish", publication)
+        with pytest.raises(Killed):
+            main([*RUN, "--out", str(out)])
+
+
 def whole_run(tmp_path: Path) -> Path:
     assert main([*RUN, "--out", str(tmp_path / "whole")]) == 0
     return tmp_path / "whole"
@@ -99,10 +107,7 @@ def test_records_reach_the_parquet_while_a_quiet_source_waits(tmp_path: Path, ho
 
 def test_a_resume_refuses_what_would_mix_two_runs(tmp_path: Path, monkeypatch, capsys) -> None:
     out = tmp_path / "out"
-    with monkeypatch.context() as patched:
-        kill_at(patched, ParquetSink, "publish", 4)
-        with pytest.raises(Killed):
-            main([*RUN, "--out", str(out)])
+    killed_midway(monkeypatch, out, 4)
     capsys.readouterr()
     for argv, words in (([*RUN[:4], "3", *RUN[5:]], "read"), ([*RUN, "--pane-s", "30"], "pane_s"),):
         assert main([*argv, "--out", str(out)]) == 2
@@ -219,10 +224,7 @@ def test_an_overwrite_killed_midway_never_resumes_from_the_old_checkpoint(tmp_pa
     """``--overwrite`` once deleted the output first and the checkpoint last: killed in between, the next start
     resumed from a checkpoint whose records were gone (328 idle rows lost, no word)."""
     out = tmp_path / "out"
-    with monkeypatch.context() as patched:
-        kill_at(patched, ParquetSink, "publish", 5)
-        with pytest.raises(Killed):
-            main([*RUN, "--out", str(out)])
+    killed_midway(monkeypatch, out, 5)
     with monkeypatch.context() as patched:
         kill_at(patched, gpucost.wiring.shutil, "rmtree", 2)
         with pytest.raises(Killed):
@@ -247,10 +249,7 @@ def test_a_restarted_run_counts_the_files_earlier_lives_left_toward_compaction(t
 def test_the_same_settings_spelled_otherwise_resume(tmp_path: Path, monkeypatch, capsys) -> None:
     """0.60 is 0.6; the opex rate bills nothing (the unit_cost view adds it at query time)."""
     out = tmp_path / "out"
-    with monkeypatch.context() as patched:
-        kill_at(patched, ParquetSink, "publish", 4)
-        with pytest.raises(Killed):
-            main([*RUN, "--out", str(out)])
+    killed_midway(monkeypatch, out, 4)
     alpha = f"{AuditSettings().alpha}0"
     assert main([*RUN, "--out", str(out), "--alpha", alpha, "--opex-usd-per-gpu-hour", "0.35"]) == 0
     assert "going on from the checkpoint" in capsys.readouterr().err
