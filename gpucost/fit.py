@@ -7,13 +7,14 @@ the power it draws); the intercept, the GPU's idle draw, is free. Each resource'
 share of the dynamic power it explains, ``c_T·mean(T) : c_B·mean(B) : c_L·mean(L)``, normalised.
 
 The panes are the pipeline's own: the events go through an ``Auditor`` as ``gpucost replay`` takes
-them (late, duplicate and overlapping events refused as in billing), and each closing pane's sums are
-read before anything is priced.
+them (late, duplicate and overlapping events refused as in billing, late ones within the revision horizon
+taken into their panes), and each pane's sums are read through ``Auditor.on_closed`` as it closes and again
+whenever a revision changes it, so the fit sees every pane as it finally stands.
 """
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -21,10 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from gpucost.producers.replay import LineBatch, RowBatch, input_files, read_batches
-from gpucost.schemas.blocks import ClosedPanes
-from gpucost.schemas.records import Output
 from gpucost.streams.audit import Auditor
-from gpucost.streams.pane_totals import PaneColumns, PaneTotals
+from gpucost.streams.pane_totals import PaneColumns
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["Features", "Fit", "pane_features", "fit_weights", "nnls"]
@@ -40,40 +39,39 @@ class Features:
     x: np.ndarray  # (panes, 3): T (SM %), B (memory-bandwidth %), L (Σ hops · latency_weight per ms)
 
 
-class _Panes(Auditor):
-    """An auditor that keeps each closing pane's features and publishes nothing."""
+class _Panes:
+    """Each closed pane's features, by (GPU, pane start): a revision of a pane replaces its row, so the fit sees
+    every pane as it finally stands (``Auditor.on_closed`` is called on every close path, revisions included)."""
 
-    def __init__(self, settings: AuditSettings) -> None:
-        super().__init__(settings)
-        self.rows: list[np.ndarray] = []
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, int], np.ndarray] = {}
 
-    def close(self, panes: list[PaneTotals], prices: Sequence[Decimal | None] | None = None) -> list[Output]:
-        if panes:
-            self.close_many(PaneColumns.of(panes), [])
-        return []
-
-    def close_many(self, panes: PaneColumns, prices: Sequence[Decimal | None],
-                   cuts: Sequence[int] = ()) -> list[ClosedPanes | None]:
+    def __call__(self, panes: PaneColumns) -> None:
         covered = panes.covered_ms.astype(np.float64)
         sums = [np.bincount(panes.t_pane, weights=values.astype(np.float64), minlength=len(panes))
                 for values in (panes.t_sm, panes.t_bw, panes.t_numa)]
-        kept = covered > 0
-        with np.errstate(divide="ignore", invalid="ignore"):  # panes without covered time are dropped here
-            self.rows.append(np.column_stack([panes.energy_uj / covered / 1000, sums[0] / 100 / covered,
-                                              sums[1] / 100 / covered, sums[2] / covered])[kept])
-        return [None] * (len(cuts) + 1)
+        with np.errstate(divide="ignore", invalid="ignore"):  # panes without covered time are dropped below
+            rows = np.column_stack([panes.energy_uj / covered / 1000, sums[0] / 100 / covered,
+                                    sums[1] / 100 / covered, sums[2] / covered])
+        for key, row, kept in zip(zip(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist()), rows,
+                                  (covered > 0).tolist()):
+            if kept:
+                self.rows[key] = row
+            else:
+                self.rows.pop(key, None)
 
 
 def pane_features(paths: Iterable[Path], settings: AuditSettings) -> Features:
     """Every pane's features, from event files (or directories of them) as ``gpucost replay`` reads them."""
-    panes = _Panes(settings)
+    panes, auditor = _Panes(), Auditor(settings)
+    auditor.on_closed = panes
     for item in read_batches(input_files(list(paths))):
         if isinstance(item, RowBatch):
-            panes.ingest_batch(item.batch, item.label)
+            auditor.ingest_batch(item.batch, item.label)
         elif isinstance(item, LineBatch):
-            panes.ingest_lines(item.lines, item.label)
-    panes.finish()
-    rows = np.concatenate(panes.rows) if panes.rows else np.zeros((0, 4))
+            auditor.ingest_lines(item.lines, item.label)
+    auditor.finish()
+    rows = np.stack([panes.rows[k] for k in sorted(panes.rows)]) if panes.rows else np.zeros((0, 4))
     return Features(rows[:, 0], rows[:, 1:])
 
 

@@ -75,6 +75,10 @@ class Auditor(DeadLetters):
         self.bindings = BindingTable()
         self.prices = PriceTable()
         self.counts: Counter[str] = Counter()
+        #: called with every pane as it closes and again each time a revision changes it, whichever path
+        #: closed it (``close``, ``close_many``, ``_republish``): the one hook for a reader of closed panes (the
+        #: weights fit), so that none can miss a revised pane by overriding one path
+        self.on_closed: Callable[[PaneColumns], None] | None = None
 
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]:
         """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
@@ -234,6 +238,8 @@ class Auditor(DeadLetters):
                                            after.covered_ms, revision))
         if out:
             held.revision = revision
+        if self.on_closed is not None:
+            self.on_closed(PaneColumns.of([after]))
         return out
 
     def close_silent(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None,
@@ -291,6 +297,8 @@ class Auditor(DeadLetters):
         """The records of closed panes, at ``prices`` (one per pane) or else the prices in force now: each
         pane's idle index, its cost split, then the health records of the windows it closes."""
         out: list[Output] = []
+        if panes and self.on_closed is not None:
+            self.on_closed(PaneColumns.of(panes))
         for i, pane in enumerate(panes):
             idle = self.idle.on_close(pane)
             if idle is None:
@@ -321,6 +329,8 @@ class Auditor(DeadLetters):
         """``close`` of many panes at once, at the prices ``prices_now`` gave when each would have
         closed: the records of the panes between two ``cuts`` as one block of columns (None if
         none of them had GPU samples). Each GPU's panes must come in ascending order."""
+        if len(panes) and self.on_closed is not None:
+            self.on_closed(panes)
         billed = np.not_equal(panes.node_id, None) & np.not_equal(panes.gpu_model, None)
         for events in panes.tenant_events[~billed].tolist():
             self.counts["unbilled"] += events
@@ -359,6 +369,7 @@ class Auditor(DeadLetters):
         nxt.mae.resume_after(self.mae)
         nxt.panes.resume_after(self.panes)
         nxt.health.resume_after(self.health)
+        nxt.on_closed = self.on_closed
         return nxt
 
     def prune(self) -> None:

@@ -31,9 +31,11 @@ from gpucost.streams.tables import UNATTRIBUTED, BindingTable
 __all__ = ["LOG", "Held", "Revisions", "differences"]
 
 #: one accepted GPU-keyed event as the log keeps it: its pane's start, time, kind (``panes.KINDS``), pid (-1
-#: for a GPU sample), node and model (indices into the GPU's names), and the integers the pane sums
+#: for a GPU sample), node and model (indices into the GPU's names), and the integers the pane sums; ``extra``
+#: is a NUMA event's hops · latency_weight and a GPU sample's energy, power_mw · interval_ms (µJ; the weights
+#: fit reads a revised pane's power)
 LOG = np.dtype([("pane", "<i8"), ("ts", "<i8"), ("kind", "i1"), ("pid", "<i8"), ("node", "<i4"), ("model", "<i4"),
-                ("interval", "<i8"), ("sm", "<i4"), ("bw", "<i4"), ("numa", "<i8")], align=False)
+                ("interval", "<i8"), ("sm", "<i4"), ("bw", "<i4"), ("extra", "<i8")], align=False)
 
 
 @dataclass
@@ -110,7 +112,7 @@ class Revisions:
         pane = e.ts_ns - e.ts_ns % self.pane_ns
         if isinstance(e, GpuSample):
             row = (pane, e.ts_ns, GPU, -1, log.name(e.node_id), log.name(e.gpu_model), e.interval_ms, e.sm_util_cp,
-                   e.mem_bw_util_cp, 0)
+                   e.mem_bw_util_cp, e.power_mw * e.interval_ms)
         elif isinstance(e, ProcessSample):
             row = (pane, e.ts_ns, PROC, e.pid, log.name(e.node_id), -1, e.interval_ms, e.sm_util_cp,
                    e.mem_bw_util_cp, 0)
@@ -141,8 +143,9 @@ class Revisions:
             ts = rows.ts_ns[at]
             chunk["pane"], chunk["ts"], chunk["kind"], chunk["pid"] = ts - ts % self.pane_ns, ts, rows.kind[at], rows.pid[at]
             chunk["node"], chunk["model"] = node_codes[rows.node[at]], model_codes[model]
-            chunk["interval"], chunk["sm"], chunk["bw"], chunk["numa"] = (
-                rows.interval_ms[at], rows.sm_cp[at], rows.bw_cp[at], rows.numa[at])
+            chunk["interval"], chunk["sm"], chunk["bw"], chunk["extra"] = (
+                rows.interval_ms[at], rows.sm_cp[at], rows.bw_cp[at],
+                rows.numa[at] + rows.power_mw[at].astype(np.int64) * rows.interval_ms[at])
             if log.pending:
                 log.rows()
             log.chunks.append(chunk)
@@ -235,7 +238,8 @@ class Revisions:
 
     def totals(self, gpu_uuid: str, pane_start_ns: int, bindings: BindingTable) -> PaneTotals:
         """The pane recomputed from its rows, each process row's tenant as of its time among ``bindings``:
-        the sums the idle index and the cost split read (not the health or efficiency sums, which do not revise)."""
+        the sums the idle index, the cost split and the weights fit read (not the other health or efficiency sums,
+        which do not revise)."""
         rows, names = self._pane_rows(gpu_uuid, pane_start_ns)
         pane = PaneTotals(gpu_uuid, pane_start_ns, pane_start_ns + self.pane_ns)
         gpu = rows[rows["kind"] == GPU]
@@ -246,11 +250,12 @@ class Revisions:
             pane.covered_ms = int(interval.sum())
             pane.idle_ms = int(interval[gpu["sm"] < self.idle_threshold_cp].sum())
             pane.busy_cp_ms = int((gpu["sm"].astype(object) * interval).sum())
+            pane.energy_uj = int(gpu["extra"].astype(object).sum())
         tenant_rows = rows[rows["kind"] != GPU]
         pane.tenant_events = len(tenant_rows)
         sums: dict[str, TenantTotals] = {}
         for kind, pid, node, ts, interval, sm, bw, numa in zip(*(tenant_rows[f].tolist() for f in (
-                "kind", "pid", "node", "ts", "interval", "sm", "bw", "numa"))):
+                "kind", "pid", "node", "ts", "interval", "sm", "bw", "extra"))):
             tenant = bindings.lookup(names[node], pid, ts)
             t = sums.get(tenant.key)
             if t is None:
