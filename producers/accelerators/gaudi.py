@@ -108,8 +108,8 @@ def parse_csv(text: str) -> Parsed:
     """``hl-smi -Q timestamp,name,bus_id,utilization.aip,power.draw,memory.used,memory.total,temperature.aip -f csv``."""
     out = Parsed()
     rows = list(csv.reader(io.StringIO("\n".join(body(text))), skipinitialspace=True))
-    if not rows:
-        out.reject("hl-smi CSV: empty")
+    if len(rows) < 2:
+        out.reject("hl-smi CSV: no device rows")
         return out
     header = []
     for col in rows[0]:
