@@ -225,3 +225,17 @@ def test_hl_smi(shared_data: Path) -> None:
     oc = _by_id(parse(_read(shared_data, "intel-gaudi/hl-smi_2x_hl-225_1.17.1_oc-logs.txt"))[1].samples)
     assert (oc["0000:b4:00.0"].power_w, oc["0000:b4:00.0"].temperature_c) == (85, 28)  # lines 15-16
     assert oc["0000:4d:00.0"].ts_ns is None  # no log prefix: no time
+
+
+def test_capture_times_do_not_depend_on_the_local_zone(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        [t8, *_] = parse(_read(shared_data, "google-tpu/tpu-info_v6e_streaming_readme-0.14.2.txt"))[1].samples
+        [g, _] = parse(_read(shared_data, "intel-gaudi/hl-smi_log_gaudi2_hl-225_1.18.0.txt"))[1].samples
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert t8.ts_ns == 1753354859 * 10**9  # line 6: 2025-07-24 11:00:59 UTC
+    assert g.ts_ns == 1730868027_352_000_000  # line 9: 2024-11-06 04:40:27.352, read as UTC
