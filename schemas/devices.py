@@ -13,14 +13,18 @@ memory are never counted twice; a partition row carries its own busy fraction an
 from __future__ import annotations
 
 import json
+import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 from gpucost.schemas.exact import round_scaled
 
 __all__ = ["ProcessUsage", "DeviceSample", "Parsed", "UnitError", "to_bytes", "to_watts", "to_pct", "number",
-           "sample_json"]
+           "sample_json", "platforms", "platform_for"]
 
 # Binary units are what the tools print as MiB/GiB; plain "MB"/"GB" are SI unless a parser
 # knows its tool means binary (amd-smi does) and passes the binary unit instead.
@@ -129,3 +133,22 @@ def sample_json(sample: DeviceSample) -> str:
             f'"power_w":{_num(sample.power_w)},"mem_used_bytes":{json.dumps(sample.mem_used_bytes)},'
             f'"mem_total_bytes":{json.dumps(sample.mem_total_bytes)},'
             f'"temperature_c":{_num(sample.temperature_c)},"processes":{procs}}}')
+
+
+@lru_cache(maxsize=1)
+def platforms() -> dict[str, dict[str, Any]]:
+    """The platform table (``platforms.toml`` beside this module): peak dense TFLOPS, GB/s, TDP per part."""
+    with (Path(__file__).parent / "platforms.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def platform_for(model: str | None) -> tuple[str, dict[str, Any]] | None:
+    """The table row of a tool's model name (exact name or alias, or an alias prefix such as an Alveo
+    shell ``xilinx_u280_gen3x16_…``); None for an unknown or unreported model, never a guess."""
+    if not model:
+        return None
+    for name, row in platforms().items():
+        names = [name, *row.get("aliases", [])]
+        if model in names or any(model.startswith(a + "_") for a in names):
+            return name, row
+    return None

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpucost.cli import main
 from gpucost.producers.accelerators import amd_exporter, xbutil
 from gpucost.producers.accelerators.detect import FORMATS, parse
-from gpucost.schemas.devices import UnitError, to_bytes, to_pct, to_watts
+from gpucost.schemas.devices import UnitError, platform_for, platforms, to_bytes, to_pct, to_watts
 
 FIELDS = ["vendor", "model", "device_id", "parent_id", "ts_ns", "busy_pct", "power_w", "mem_used_bytes",
           "mem_total_bytes", "temperature_c", "processes"]
@@ -149,3 +149,23 @@ def test_cli_forced_format_and_errors(shared_data: Path, tmp_path: Path, capsys:
     assert main(["devices", str(tpu), "--input-format", "tpu-info", "--format", "text"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("vendor\tmodel") and len(out) == 1 + 8
+
+
+def test_platform_table_rows_cite_sources_and_never_zero() -> None:
+    table = platforms()
+    wanted = {"H100", "H200", "B200", "A100", "L4", "L40S", "MI300X", "MI325X", "Trn1", "Trn2", "Inf2", "TPU v4",
+              "TPU v5e", "TPU v5p", "TPU v6e", "Gaudi 2", "Gaudi 3", "Alveo U280", "Alveo U55C"}
+    assert set(table) == wanted
+    for name, row in table.items():
+        assert row["source"].strip(), name
+        figures = {k: v for k, v in row.items() if k not in ("aliases", "source")}
+        assert "mem_bw_gbps" in figures and all(v > 0 for v in figures.values()), name
+
+
+@pytest.mark.parametrize(("model", "row"), [("HL-225", "Gaudi 2"), ("TPU v6e", "TPU v6e"), ("TPU v4", "TPU v4"),
+                                           ("Trainium2", "Trn2"), ("xilinx_u280_gen3x16_xdma_base_1", "Alveo U280"),
+                                           ("Inferentia", None), ("Arcturus GL-XL [Instinct MI100]", None),
+                                           (None, None), ("H1000", None)])
+def test_platform_lookup_never_guesses(model: str | None, row: str | None) -> None:
+    found = platform_for(model)
+    assert (found[0] if found else None) == row
