@@ -58,7 +58,8 @@ EXPECTED = {
     "google-tpu/tpu-info_process_readme-0.14.2.txt": ("tpu-info", 8, 0),
     "google-tpu/tpu-info_v4_rich_readme-0.1.0.txt": ("tpu-info", 4, 0),
     "google-tpu/tpu-info_v6e_static_readme-0.14.2.txt": ("tpu-info", 4, 0),
-    "google-tpu/tpu-info_v6e_streaming_readme-0.14.2.txt": ("tpu-info", 4, 4),  # lines 14-17: /dev/vfio/0-3 vs ids 8, 9, 12, 13
+    # lines 14-17: chips /dev/vfio/0-3 against runtime ids 8, 9, 12, 13 (lines 23-26): PIDs not joined
+    "google-tpu/tpu-info_v6e_streaming_readme-0.14.2.txt": ("tpu-info", 4, 4),
     "intel-gaudi/hl-smi_2x_hl-225_1.17.1_oc-logs.txt": ("hl-smi", 2, 0),
     "intel-gaudi/hl-smi_log_gaudi2_hl-225_1.18.0.txt": ("hl-smi", 2, 0),
 }

@@ -169,3 +169,12 @@ def test_platform_table_rows_cite_sources_and_never_zero() -> None:
 def test_platform_lookup_never_guesses(model: str | None, row: str | None) -> None:
     found = platform_for(model)
     assert (found[0] if found else None) == row
+
+
+def test_exporter_prefers_gfx_activity_and_junction_whatever_the_order() -> None:
+    for lines in (['gpu_usage{gpu_id="0"} 10', 'gpu_gfx_activity{gpu_id="0"} 20',
+                   'gpu_edge_temperature{gpu_id="0"} 40', 'gpu_junction_temperature{gpu_id="0"} 50'],
+                  ['gpu_gfx_activity{gpu_id="0"} 20', 'gpu_usage{gpu_id="0"} 10',
+                   'gpu_junction_temperature{gpu_id="0"} 50', 'gpu_edge_temperature{gpu_id="0"} 40']):
+        [s] = amd_exporter.parse("\n".join(lines) + "\n").samples
+        assert (s.busy_pct, s.temperature_c) == (20, 50)

@@ -23,12 +23,12 @@ _FIELDS = {"gpu_power_usage": "power_w", "gpu_gfx_activity": "busy_pct", "gpu_us
            "gpu_used_vram": "mem_used_bytes", "gpu_total_vram": "mem_total_bytes",
            "gpu_total_memory": "mem_total_bytes", "gpu_junction_temperature": "temperature_c",
            "gpu_edge_temperature": "temperature_c", "gpu_clock": ""}
+_RANK = {name: rank for rank, name in enumerate(_FIELDS)}  # of two metrics for one field, the earlier wins
 _SHARED = ("power_w", "temperature_c", "mem_used_bytes", "mem_total_bytes")
 
 
 def _label(labels: dict[str, str], *names: str) -> str | None:
-    value = next((labels[n] for n in names if labels.get(n) not in (None, "", "xxxx")), None)
-    return value
+    return next((labels[n] for n in names if labels.get(n) not in (None, "", "xxxx")), None)
 
 
 def _convert(field: str, value: Decimal) -> object:
@@ -45,6 +45,7 @@ def parse(text: str) -> Parsed:
     """One sample per GPU (or partition, and its socket) found in the scrape (no time: a scrape has none)."""
     out = Parsed()
     devices: dict[str, dict[str, object]] = {}
+    ranks: dict[tuple[str, str], int] = {}
     for name, labels, value in series(text, out, set(_FIELDS)):
         gpu_id = _label(labels, "gpu_id")
         ident = _label(labels, "GPU_UUID", "gpu_uuid", "SERIAL_NUMBER", "serial_number") or (
@@ -59,10 +60,11 @@ def parse(text: str) -> Parsed:
         row = devices.setdefault(ident, {"model": _label(labels, "card_model")})
         if partition:
             row["parent_id"] = _label(labels, "serial_number") or f"socket{int(str(gpu_id)) - int(part)}"
-        if _FIELDS[name] and _FIELDS[name] not in row:
-            got = guarded(out, name, lambda: _convert(_FIELDS[name], value))
+        field = _FIELDS[name]
+        if field and _RANK[name] < ranks.get((ident, field), len(_RANK)):
+            got = guarded(out, name, lambda: _convert(field, value))
             if got is not None:
-                row[_FIELDS[name]] = got
+                row[field], ranks[ident, field] = got, _RANK[name]
     sockets: dict[str, dict[str, object]] = {}
     for row in devices.values():
         if row.get("parent_id") is not None:  # the socket carries what its partitions repeat
@@ -71,10 +73,6 @@ def parse(text: str) -> Parsed:
                 if k in row:
                     socket.setdefault(k, row.pop(k))
     devices.update(sockets)
-    for ident, row in devices.items():
-        out.samples.append(DeviceSample(VENDOR, row.get("model"), ident, row.get("parent_id"),  # type: ignore[arg-type]
-                                        busy_pct=row.get("busy_pct"), power_w=row.get("power_w"),  # type: ignore[arg-type]
-                                        mem_used_bytes=row.get("mem_used_bytes"),  # type: ignore[arg-type]
-                                        mem_total_bytes=row.get("mem_total_bytes"),  # type: ignore[arg-type]
-                                        temperature_c=row.get("temperature_c")))  # type: ignore[arg-type]
+    for ident, row in devices.items():  # row holds DeviceSample fields only: model, parent_id, readings
+        out.samples.append(DeviceSample(vendor=VENDOR, device_id=ident, **row))  # type: ignore[arg-type]
     return out

@@ -10,12 +10,11 @@ device ``gpu<N>.xcp<n>`` whose parent ``gpu<N>`` alone carries power, temperatur
 """
 from __future__ import annotations
 
-import json
 import re
 from decimal import Decimal
 from typing import Any
 
-from gpucost.producers.accelerators.capture import body, guarded, is_missing
+from gpucost.producers.accelerators.capture import body, guarded, is_missing, json_body
 from gpucost.schemas.devices import (DeviceSample, Parsed, ProcessUsage, UnitError, number, to_bytes, to_pct,
                                      to_watts)
 
@@ -59,6 +58,7 @@ def _monitor(lines: list[str], out: Parsed) -> None:
     """``amd-smi monitor``: a GPU table, optionally followed by ``PROCESS INFO:`` and its table."""
     header: list[str] = []
     procs: dict[str, list[ProcessUsage]] = {}
+    has_procs = any(line.strip() == "PROCESS INFO:" for line in lines)
     rows: list[dict[str, str]] = []
     for line in lines:
         if not line.strip() or line.strip() == "PROCESS INFO:":
@@ -85,8 +85,7 @@ def _monitor(lines: list[str], out: Parsed) -> None:
                                 mem_used_bytes=_size(row.get("VRAM_USED", "N/A")),
                                 mem_total_bytes=_size(row.get("VRAM_TOTAL", "N/A")),
                                 temperature_c=_temp(row.get("GPU_TEMP", "N/A")),
-                                processes=tuple(procs.get(row["GPU"], ())) if procs or "PROCESS" in "".join(lines)
-                                else None)
+                                processes=tuple(procs.get(row["GPU"], ())) if has_procs else None)
         got = guarded(out, "amd-smi monitor row", sample)
         if got is not None:
             out.samples.append(got)
@@ -224,15 +223,7 @@ def _json_gpu(entry: dict[str, Any], out: Parsed) -> None:
 def parse_json(text: str) -> Parsed:
     """amd-smi ``--json`` output: a list of ``{"gpu": N, ...}`` objects."""
     out = Parsed()
-    try:
-        data = json.loads("\n".join(body(text)))
-    except json.JSONDecodeError as exc:
-        out.reject(f"amd-smi JSON: not valid JSON ({exc.msg} at line {exc.lineno})")
-        return out
-    if not isinstance(data, list):
-        out.reject("amd-smi JSON: expected a list of GPU objects")
-        return out
-    for entry in data:
+    for entry in json_body(text, out, "amd-smi", list, "a list of GPU objects") or []:
         if not isinstance(entry, dict) or "gpu" not in entry:
             out.reject("amd-smi JSON: an entry without 'gpu'")
             continue

@@ -1,13 +1,14 @@
 """What every accelerator parser shares: the capture's body, table cells, "not reported" markers."""
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import TypeVar
 
 from gpucost.schemas.devices import Parsed, UnitError
 
-__all__ = ["body", "is_missing", "pipe_rows", "guarded"]
+__all__ = ["body", "is_missing", "pipe_rows", "guarded", "json_body"]
 
 T = TypeVar("T")
 _MISSING = {"", "N/A", "NA", "n/a", "None", "-"}
@@ -42,3 +43,16 @@ def guarded(out: Parsed, reason: str, read: Callable[[], T]) -> T | None:
     except (UnitError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         out.reject(f"{reason}: {exc}")
         return None
+
+
+def json_body(text: str, out: Parsed, tool: str, kind: type[T], expected: str) -> T | None:
+    """The capture's JSON when it is a ``kind``; otherwise None, counted with what was wrong."""
+    try:
+        data = json.loads("\n".join(body(text)))
+    except json.JSONDecodeError as exc:
+        out.reject(f"{tool} JSON: not valid JSON ({exc.msg} at line {exc.lineno})")
+        return None
+    if not isinstance(data, kind):
+        out.reject(f"{tool} JSON: expected {expected}")
+        return None
+    return data

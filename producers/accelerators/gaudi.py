@@ -13,7 +13,6 @@ import io
 import re
 from datetime import datetime, timezone
 
-
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, pipe_rows
 from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, UnitError, number, to_bytes, to_pct, to_watts
 
@@ -105,7 +104,8 @@ _CSV = {"utilization.aip": "busy", "power.draw": "power", "memory.used": "used",
 
 
 def parse_csv(text: str) -> Parsed:
-    """``hl-smi -Q timestamp,name,bus_id,utilization.aip,power.draw,memory.used,memory.total,temperature.aip -f csv``."""
+    """``hl-smi -Q timestamp,name,bus_id,utilization.aip,power.draw,memory.used,memory.total,temperature.aip
+    -f csv``: one sample per row."""
     out = Parsed()
     rows = list(csv.reader(io.StringIO("\n".join(body(text))), skipinitialspace=True))
     if len(rows) < 2:

@@ -7,11 +7,10 @@ under ``system`` with no GPU named, so they cannot be put on a device: each is c
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
-from gpucost.producers.accelerators.capture import body, guarded, is_missing
+from gpucost.producers.accelerators.capture import guarded, is_missing, json_body
 from gpucost.schemas.devices import DeviceSample, Parsed, number, to_bytes, to_pct, to_watts
 
 __all__ = ["parse"]
@@ -43,18 +42,11 @@ def _card(name: str, card: dict[str, Any]) -> DeviceSample:
                         mem_total_bytes=None if total is None else to_bytes(total, "B"),
                         temperature_c=None if temp is None else number(temp))
 
+
 def parse(text: str) -> Parsed:
     """Every ``cardN`` as one sample (the capture has no time)."""
     out = Parsed()
-    try:
-        data = json.loads("\n".join(body(text)))
-    except json.JSONDecodeError as exc:
-        out.reject(f"rocm-smi JSON: not valid JSON ({exc.msg} at line {exc.lineno})")
-        return out
-    if not isinstance(data, dict):
-        out.reject("rocm-smi JSON: expected an object of cardN")
-        return out
-    for name, card in data.items():
+    for name, card in (json_body(text, out, "rocm-smi", dict, "an object of cardN") or {}).items():
         if name == "system" and isinstance(card, dict):
             for _ in (k for k in card if k.startswith("PID")):
                 out.reject("rocm-smi process: listed per system, not per GPU")

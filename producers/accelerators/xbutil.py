@@ -8,10 +8,9 @@ layout, not on a real card. An FPGA reports no busy fraction and no per-process 
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from gpucost.producers.accelerators.capture import body, guarded
+from gpucost.producers.accelerators.capture import guarded, json_body
 from gpucost.schemas.devices import DeviceSample, Parsed, number, to_watts
 
 __all__ = ["parse"]
@@ -45,14 +44,11 @@ def _device(device: dict[str, Any]) -> DeviceSample:
 def parse(text: str) -> Parsed:
     """One sample per device of the report (no time: the report has none)."""
     out = Parsed()
-    try:
-        data = json.loads("\n".join(body(text)))
-    except json.JSONDecodeError as exc:
-        out.reject(f"xbutil JSON: not valid JSON ({exc.msg} at line {exc.lineno})")
-        return out
-    devices = data.get("devices") if isinstance(data, dict) else None
-    if not isinstance(devices, list):
+    data = json_body(text, out, "xbutil", dict, "an object with a 'devices' list")
+    devices = None if data is None else data.get("devices")
+    if data is not None and not isinstance(devices, list):
         out.reject("xbutil JSON: no 'devices' list")
+    if not isinstance(devices, list):
         return out
     for device in devices:
         if not isinstance(device, dict) or "device_id" not in device:
