@@ -178,3 +178,29 @@ def test_exporter_prefers_gfx_activity_and_junction_whatever_the_order() -> None
                    'gpu_junction_temperature{gpu_id="0"} 50', 'gpu_edge_temperature{gpu_id="0"} 40']):
         [s] = amd_exporter.parse("\n".join(lines) + "\n").samples
         assert (s.busy_pct, s.temperature_c) == (20, 50)
+
+
+# Written to the layout neuron-monitor's user guide documents (no public capture of its JSON was found).
+NEURON_JSON = json.dumps({
+    "period": "5.000s",
+    "neuron_runtime_data": [
+        {"pid": 4321, "neuron_runtime_tag": "4321", "error": "", "report": {
+            "neuroncore_counters": {"period": 5.0, "neuroncores_in_use": {
+                "0": {"neuroncore_utilization": 42.5}, "3": {"neuroncore_utilization": 7.25}}},
+            "memory_used": {"neuron_runtime_used_bytes": {"host": 6997643264, "neuron_device": 12519788544}}}},
+        {"pid": 4400, "report": {"neuroncore_counters": {"neuroncores_in_use": {"0": {"neuroncore_utilization": 10}}}}},
+    ],
+    "instance_info": {"instance_type": "trn1.2xlarge"},
+    "neuron_hardware_info": {"neuron_device_count": 1, "neuroncore_per_device_count": 2},
+})
+
+
+def test_neuron_monitor_json_example() -> None:
+    name, parsed = parse(NEURON_JSON)
+    assert name == "neuron-monitor-json"
+    rows = {s.device_id: s for s in parsed.samples}
+    assert sorted(rows) == ["nd0", "nd0.nc0", "nd1", "nd1.nc3"]  # core 3 ÷ 2 cores per device = device 1
+    assert rows["nd0.nc0"].busy_pct == Decimal("52.5")  # 42.5 % (pid 4321) + 10 % (pid 4400)
+    assert rows["nd0"].model == "Trainium" and rows["nd0"].power_w is None
+    assert rows["nd0"].mem_used_bytes is None  # two devices: a runtime's memory names no device, counted once
+    assert list(parsed.dead_letters.values()) == [1] and "multi-device" in next(iter(parsed.dead_letters))

@@ -13,7 +13,8 @@ __all__ = ["FORMATS", "detect", "parse"]
 
 FORMATS: dict[str, Callable[[str], Parsed]] = {
     "amd-smi-text": amd_smi.parse_text, "amd-smi-json": amd_smi.parse_json, "rocm-smi": rocm_smi.parse,
-    "amd-exporter": amd_exporter.parse, "neuron-monitor": neuron.parse_scrape, "neuron-ls": neuron.parse_ls,
+    "amd-exporter": amd_exporter.parse, "neuron-monitor": neuron.parse_scrape,
+    "neuron-monitor-json": neuron.parse_json, "neuron-ls": neuron.parse_ls,
     "tpu-info": tpu.parse, "hl-smi": gaudi.parse_table, "hl-smi-csv": gaudi.parse_csv, "xbutil": xbutil.parse,
 }
 
@@ -23,6 +24,8 @@ def _json_format(text: str) -> str | None:
         data = json.loads(text)
     except json.JSONDecodeError:
         return "amd-smi-json" if text.lstrip().startswith("[") else None  # a truncated list: let it say why
+    if isinstance(data, dict) and "neuron_runtime_data" in data:
+        return "neuron-monitor-json"
     if isinstance(data, dict) and "devices" in data:
         return "xbutil"
     if isinstance(data, dict) and any(re.fullmatch(r"card\d+", k) for k in data):
