@@ -97,7 +97,8 @@ class _Node:
     __slots__ = ("key", "value", "children")
 
     def __init__(self, key: str, value: str) -> None:
-        self.key, self.value, self.children = key, value, []  # type: list[_Node]
+        self.key, self.value = key, value
+        self.children: list[_Node] = []
 
     def get(self, *path: str) -> _Node | None:
         node: _Node | None = self
