@@ -1,0 +1,154 @@
+"""The accelerator-neutral device sample: one reading of one device or partition.
+
+Every vendor's tool is parsed into ``DeviceSample`` so nothing downstream branches on a vendor.
+A field the capture does not report is ``None`` ("not reported"), never 0. Values are exact:
+percentages and watts are ``Decimal`` read from the capture's text, sizes are integer bytes
+converted from the capture's unit and rounded half-even once (``to_bytes``).
+
+Partitions (AMD compute partitions XCP, Neuron cores of a Neuron device) are devices of their own
+with ``parent_id`` naming the whole device. The parent alone carries what the partitions share
+and the tool repeats for each of them — power, temperature and the device's memory — so power and
+memory are never counted twice; a partition row carries its own busy fraction and processes.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from gpucost.schemas.exact import round_scaled
+
+__all__ = ["ProcessUsage", "DeviceSample", "Parsed", "UnitError", "to_bytes", "to_watts", "to_pct", "number",
+           "sample_json", "platforms", "platform_for"]
+
+# Binary units are what the tools print as MiB/GiB; plain "MB"/"GB" are SI unless a parser
+# knows its tool means binary (amd-smi does) and passes the binary unit instead.
+_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+          "KB": 10**3, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_WATTS = {"W": Decimal(1), "mW": Decimal("0.001"), "kW": Decimal(1000)}
+_MAX_BYTES = 1 << 60  # an exabyte: larger is a misread, not a device's memory
+_MAX_WATTS = Decimal(100_000)
+
+
+class UnitError(ValueError):
+    """A value or unit that cannot be a reading; the message says which and why."""
+
+
+def number(text: str | int | float | Decimal) -> Decimal:
+    """The exact decimal of a capture's number text; raises ``UnitError`` for anything else."""
+    try:
+        value = Decimal(repr(text)) if isinstance(text, float) else Decimal(text if not isinstance(text, str)
+                                                                            else text.strip())
+    except (InvalidOperation, ValueError, TypeError):
+        raise UnitError(f"{text!r} is not a number") from None
+    if isinstance(text, bool) or not value.is_finite():
+        raise UnitError(f"{text!r} is not a finite number")
+    return value
+
+
+def to_bytes(value: str | int | float | Decimal, unit: str) -> int:
+    """``value`` in ``unit`` as integer bytes, rounded half-even (``"1.5", "KiB"`` → 1536)."""
+    if unit not in _BYTES:
+        raise UnitError(f"unknown size unit {unit!r} (known: {', '.join(_BYTES)})")
+    exact = number(value)
+    if exact < 0 or exact * _BYTES[unit] > _MAX_BYTES:
+        raise UnitError(f"size {value} {unit} is outside 0 to 1 EiB")
+    return round_scaled(exact, _BYTES[unit])
+
+
+def to_watts(value: str | int | float | Decimal, unit: str = "W") -> Decimal:
+    """``value`` in W or mW as exact watts (``"1500", "mW"`` → 1.5)."""
+    if unit not in _WATTS:
+        raise UnitError(f"unknown power unit {unit!r} (known: {', '.join(_WATTS)})")
+    watts = number(value) * _WATTS[unit]
+    if watts < 0 or watts > _MAX_WATTS:
+        raise UnitError(f"power {value} {unit} is outside 0 to 100 kW")
+    return watts
+
+
+def to_pct(value: str | int | float | Decimal, *, ratio: bool = False) -> Decimal:
+    """A percentage (or, with ``ratio``, a 0–1 fraction) as an exact percentage in 0–100."""
+    pct = number(value) * (100 if ratio else 1)
+    if pct < 0 or pct > 100:
+        raise UnitError(f"busy {value}{'' if ratio else ' %'} is outside 0-100 %")
+    return pct
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """One process on one device, as far as the tool reports it."""
+
+    pid: int
+    mem_used_bytes: int | None = None
+    busy_pct: Decimal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """One device's or partition's reading at one time (``ts_ns`` None: the capture has no time)."""
+
+    vendor: str
+    model: str | None
+    device_id: str
+    parent_id: str | None = None
+    ts_ns: int | None = None
+    busy_pct: Decimal | None = None
+    power_w: Decimal | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temperature_c: Decimal | None = None
+    processes: tuple[ProcessUsage, ...] | None = None
+
+
+@dataclass
+class Parsed:
+    """What a parser made of one capture: samples, and the parts it could not use, counted by reason."""
+
+    samples: list[DeviceSample] = field(default_factory=list)
+    dead_letters: Counter[str] = field(default_factory=Counter)
+
+    def reject(self, reason: str) -> None:
+        self.dead_letters[reason] += 1
+
+
+def _num(value: Decimal | None) -> str:
+    if value is None:
+        return "null"
+    return format(value.normalize(), "f")
+
+
+def sample_json(sample: DeviceSample) -> str:
+    """The sample as one JSON object, numbers written exactly (no float rounding on the way out)."""
+    procs = "null" if sample.processes is None else "[" + ",".join(
+        f'{{"pid":{p.pid},"mem_used_bytes":{json.dumps(p.mem_used_bytes)},"busy_pct":{_num(p.busy_pct)}}}'
+        for p in sample.processes) + "]"
+    return (f'{{"vendor":{json.dumps(sample.vendor)},"model":{json.dumps(sample.model)},'
+            f'"device_id":{json.dumps(sample.device_id)},"parent_id":{json.dumps(sample.parent_id)},'
+            f'"ts_ns":{json.dumps(sample.ts_ns)},"busy_pct":{_num(sample.busy_pct)},'
+            f'"power_w":{_num(sample.power_w)},"mem_used_bytes":{json.dumps(sample.mem_used_bytes)},'
+            f'"mem_total_bytes":{json.dumps(sample.mem_total_bytes)},'
+            f'"temperature_c":{_num(sample.temperature_c)},"processes":{procs}}}')
+
+
+@lru_cache(maxsize=1)
+def platforms() -> dict[str, dict[str, Any]]:
+    """The platform table (``platforms.toml`` beside this module): peak dense TFLOPS, GB/s, TDP per part."""
+    with (Path(__file__).parent / "platforms.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def platform_for(model: str | None) -> tuple[str, dict[str, Any]] | None:
+    """The table row of a tool's model name (exact name or alias, or an alias prefix such as an Alveo
+    shell ``xilinx_u280_gen3x16_…``); None for an unknown or unreported model, never a guess."""
+    if not model:
+        return None
+    for name, row in platforms().items():
+        names = [name, *row.get("aliases", [])]
+        if model in names or any(model.startswith(a + "_") for a in names):
+            return name, row
+    return None
