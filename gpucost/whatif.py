@@ -42,7 +42,7 @@ class Scenario:
 
     @classmethod
     def of(cls, alpha: Decimal, beta: Decimal, gamma: Decimal, prices: Iterable[Price] = (),
-           idle_policy: str = "separate") -> "Scenario":
+           idle_policy: str = "separate") -> Scenario:
         if idle_policy not in IDLE_POLICIES:
             raise ValueError(f"idle policy {idle_policy!r}: choose one of {', '.join(IDLE_POLICIES)}")
         table = None

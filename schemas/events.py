@@ -69,7 +69,7 @@ class _Sample(_Event):
     mem_used_bytes: NonNegBytes
 
     @model_validator(mode="after")
-    def _interval_not_zero(self) -> "_Sample":
+    def _interval_not_zero(self) -> _Sample:
         if self.interval_ms == 0:
             raise ValueError(f"interval_s {self.interval_s} rounds to 0 ms; it must be ≥ 0.001 s")
         return self
@@ -116,7 +116,7 @@ class GpuSample(_Sample):
         return round_scaled(self.power_w, 1000)
 
     @model_validator(mode="after")
-    def _used_within_total(self) -> "GpuSample":
+    def _used_within_total(self) -> GpuSample:
         if self.mem_used_bytes > self.mem_total_bytes:
             raise ValueError(
                 f"mem_used_bytes {self.mem_used_bytes} exceeds mem_total_bytes {self.mem_total_bytes}"

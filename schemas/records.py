@@ -9,8 +9,8 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "QuotaRecord", "ReclaimRecord", "trigger_id",
-           "EfficiencyRecord", "DIAGNOSES", "GRADES", "FAIL_REASONS", "UNHASHED", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
-           "record_id", "record_ids", "IDLE_TENANT", "Wide", "computed", "computed_from"]
+           "EfficiencyRecord", "DIAGNOSES", "GRADES", "FAIL_REASONS", "UNHASHED", "DeadLetter", "OUTPUT_KINDS",
+           "Output", "kind_of", "record_id", "record_ids", "IDLE_TENANT", "Wide", "computed", "computed_from"]
 
 IDLE_TENANT = "idle"
 #: every integer column is a Parquet int64: a record from an output topic with a larger one (2^70 µ$, say)
@@ -209,7 +209,7 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "efficiency": EfficiencyRecord,
     "dlq": DeadLetter,
 }
-_KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
+_KIND_BY_TYPE: dict[type[BaseModel], str] = {m: k for k, m in OUTPUT_KINDS.items()}
 #: one record the pipeline publishes
 Output = (IdleIndexRecord | MaeRecord | CostRecord | HealthRecord | QuotaRecord | ReclaimRecord | EfficiencyRecord
           | DeadLetter)
