@@ -82,5 +82,4 @@ def run(horizons_h: tuple[int, ...] = (6, 24), intervals_s: tuple[int, ...] = (1
                                "horizon plus an hour. Rows are 41 bytes each (``streams/revisions.py``, ``LOG``); "
                                "closed panes add a few dozen bytes each for their price and revision number.",
                                "A worker writes a GPU's state record at each poll that touches it: with revisions, "
-                               "that record carries the horizon's rows (issue 23 is where writing them once per pane "
-                               "belongs)."])
+                               "that record carries the horizon's rows."])
