@@ -1,14 +1,14 @@
-# Two entry points that work on a fresh machine: `make run` and `make test`.
+# Entry points that work on a fresh machine: `make run`, `make test` and `make lint` (the checks CI makes first).
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench venv clean
+.PHONY: run test lint bench venv clean
 
 $(BIN)/gpucost: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,lint]'
 	touch $@
 
 venv: $(BIN)/gpucost
@@ -18,6 +18,12 @@ run: venv
 
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# lint and format rules, and mypy's files and strictness, are in pyproject.toml
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: venv
 	$(BIN)/python -m benchmarks.run $(ARGS)

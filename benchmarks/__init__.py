@@ -1,1 +1,1 @@
-"""Benchmarks of issue 6: each module measures one target against a baseline run side by side."""
+"""Benchmarks (BENCHMARKS.md): each module measures one target against a baseline run side by side."""

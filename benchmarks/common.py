@@ -39,11 +39,10 @@ class Result:
 def machine() -> str:
     cpu = "unknown CPU"
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        mem_kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+        with open("/proc/cpuinfo") as lines:
+            cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+        with open("/proc/meminfo") as lines:
+            mem_kib = next(int(line.split()[1]) for line in lines if line.startswith("MemTotal"))
     except OSError:
         mem_kib = 0
     return (f"{cpu}, {os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB RAM, {platform.system()} "
@@ -67,9 +66,10 @@ def embedded_and_duckdb(files: list[Path], settings: AuditSettings, work: Path, 
     VMs): each replay's seconds and stats, each recomputation's seconds, and the last DuckDB connection."""
     embedded, sql = [], []
     for i in range(runs):
-        embedded.append(timed(lambda: run_embedded(read_batches(files), settings, work / f"out-{i}")))
+        out = work / f"out-{i}"
+        embedded.append(timed(lambda out=out: run_embedded(read_batches(files), settings, out)))
         con = duckdb.connect()
-        sql.append(timed(lambda: con.execute(recompute_sql(parquet_source(files), settings)))[0])
+        sql.append(timed(lambda con=con: con.execute(recompute_sql(parquet_source(files), settings)))[0])
     return embedded, sql, con
 
 

@@ -87,8 +87,8 @@ _CLI = "import sys; from gpucost.cli import main; sys.exit(main(sys.argv[1:]))"
 def _cpu_s(pid: int) -> float:
     """CPU seconds a running process and its running children have used so far."""
     try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:  # it has ended
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in children)
@@ -188,14 +188,14 @@ def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any]
         probe = attach()
         attached = threading.Event()
 
-        def drain() -> None:
+        def drain(probe: Any, attached: threading.Event) -> None:
             assert probe.output is not None
             for line in probe.output:
                 if line.startswith(("Attaching", "gpucost: tracing")):
                     attached.set()
                 probe.parse(line)
 
-        reader = threading.Thread(target=drain, daemon=True)
+        reader = threading.Thread(target=drain, args=(probe, attached), daemon=True)
         reader.start()
         if not attached.wait(60):
             probe.stop()

@@ -45,7 +45,8 @@ def one_day(con: duckdb.DuckDBPyConnection, gpus: int, path: Path, row_group: in
         SELECT md5(concat(g, ':', m, ':', t)) AS record_id, printf('GPU-%06d', g) AS gpu_uuid,
                printf('node-%04d', g // 8) AS node_id, 'NVIDIA H100 80GB HBM3' AS gpu_model,
                pane_start_ns, pane_start_ns + {60 * NS} AS pane_end_ns,
-               CASE WHEN t = 0 THEN 'idle' ELSE {teams}[(1 + hash(g // 8, t) % 6)::BIGINT] || ':prod:app:online:Gold::' END
+               CASE WHEN t = 0 THEN 'idle'
+                    ELSE {teams}[(1 + hash(g // 8, t) % 6)::BIGINT] || ':prod:app:online:Gold::' END
                  AS tenant_key,
                CASE WHEN t = 0 THEN 'idle' ELSE {teams}[(1 + hash(g // 8, t) % 6)::BIGINT] END AS team,
                CASE WHEN t = 0 THEN NULL ELSE 'prod' END AS env, CASE WHEN t = 0 THEN NULL ELSE 'app' END AS app,

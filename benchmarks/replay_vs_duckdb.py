@@ -63,7 +63,8 @@ def run(gpus: int, hours: float, interval_s: float) -> Result:
              ("ratio (embedded Parquet / DuckDB)", f"{ratio:.3f}"),
              ("records", f"idle_index {want[0]:,}, cost {want[1]:,} (every run and DuckDB)")],
             ["DuckDB runs the SQL as written for the tests, one thread (`SET threads = 1`: MAE windows follow "
-             "arrival order), with every record of METRICS.md except the largest-remainder split, which it "
+             "arrival order), with every record docs/definitions.md defines except the largest-remainder split, "
+             "which it "
              "leaves as exact shares.",
              "Every embedded run writes its Parquet output (zstd, fsync), as `gpucost replay` does."])
     finally:

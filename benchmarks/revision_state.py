@@ -77,9 +77,9 @@ def run(horizons_h: tuple[int, ...] = (6, 24), intervals_s: tuple[int, ...] = (1
     live, left = _forgotten(10, 7)
     rows.append(("a GPU gone for good (10 s, 6 h horizon)", f"its key's state {live / 1024:,.0f} KiB while it ran; "
                  f"{left:,} bytes once forgotten (the floor, its bindings, prices, breaker and counts)"))
-    return Result("7. Revision state per GPU", "a figure: bounded by the horizon and the sampling rate", None, rows, ["One GPU, one process: a GPU sample and a process sample per interval, for the "
+    return Result("7. Revision state per GPU", "a figure: bounded by the horizon and the sampling rate", None, rows,
+                  ["One GPU, one process: a GPU sample and a process sample per interval, for the "
                                "horizon plus an hour. Rows are 41 bytes each (``streams/revisions.py``, ``LOG``); "
                                "closed panes add a few dozen bytes each for their price and revision number.",
                                "A worker writes a GPU's state record at each poll that touches it: with revisions, "
-                               "that record carries the horizon's rows (issue 23 is where writing them once per pane "
-                               "belongs)."])
+                               "that record carries the horizon's rows."])

@@ -12,8 +12,20 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks import (kafka_vs_raw, output_heavy, peers, producer_overhead, query_latency, rebalance,
-                        replay_vs_duckdb, report_build, revision_state, sink_startup, soak, state_memory)
+from benchmarks import (
+    kafka_vs_raw,
+    output_heavy,
+    peers,
+    producer_overhead,
+    query_latency,
+    rebalance,
+    replay_vs_duckdb,
+    report_build,
+    revision_state,
+    sink_startup,
+    soak,
+    state_memory,
+)
 from benchmarks.common import Result, machine
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,5 @@
-"""The cost records as a FinOps FOCUS 1.2 Cost and Usage dataset (METRICS.md, "FOCUS export").
+"""The cost records as a FinOps FOCUS 1.2 Cost and Usage dataset (docs/definitions.md, "Late data become
+revisions" and "Readings of the contract": FOCUS export).
 
 One row per cost record of the month (per GPU, pane and tenant, idle rows included), written by
 DuckDB from the ``cost`` view: no record passes through a float. Costs are the µ$ as decimals

@@ -13,8 +13,15 @@ from gpucost.discovery import from_output, refusals, write_file_sd
 from gpucost.health import audit_secrets, read_json, snapshot_of, snapshot_problems
 from gpucost.kafka.commands import follow_discovery, follow_reclaim
 from gpucost.kafka.signing import parse_keys
-from gpucost.otlp import (admission_coverage, coverage_report, export_request, is_otlp_export, post, read_requests,
-                          to_json)
+from gpucost.otlp import (
+    admission_coverage,
+    coverage_report,
+    export_request,
+    is_otlp_export,
+    post,
+    read_requests,
+    to_json,
+)
 from gpucost.output_files import check_writable, write_whole
 from gpucost.reclaim import Ledger, Reclaimer
 from gpucost.reclaim import from_output as reclaim_from_output

@@ -37,7 +37,7 @@ class Progress:
 
             self.bar = tqdm(total=total, unit=f" {self.unit}", unit_scale=True, desc=command, file=self.stream)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, exc_type: object, *_: object) -> None:

@@ -149,7 +149,8 @@ async def run_kafka_reclaim(kafka: KafkaSettings, group: str, reclaimer: Reclaim
     commit its offsets (never with ``dry_run``). With ``keyring``, a message the workers did not sign is
     logged with its reason and counted (``unverified``), never acted on."""
     consumer = AIOKafkaConsumer(kafka.topic("reclaim"), **kafka.client_options(), group_id=group,
-                                enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed")
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                isolation_level="read_committed")
     reclaimer.counts.setdefault("unverified", 0)
     await consumer.start()
     try:

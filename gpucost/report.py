@@ -16,8 +16,8 @@ from gpucost.streams.discovery import OUT_OF_SERVICE
 
 __all__ = ["IDLE_WORDS", "format_table", "period_covered", "printable", "summary"]
 
-#: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"): the cost of the GPUs'
-#: capacity no tenant's process used, each pane's 1 − busy fraction
+#: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"):
+#: the cost of the GPUs' capacity no tenant's process used, each pane's 1 − busy fraction
 IDLE_WORDS = "idle = cost of unused capacity"
 
 
@@ -99,7 +99,7 @@ def period_covered(con: duckdb.DuckDBPyConnection, where: str = "") -> str:
     bounds = con.execute(_PERIOD.format(where=where)).fetchone()
     if bounds is None or bounds[0] is None:
         return "Period covered: none (no cost or idle index records)"
-    start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M") for ns in bounds)
+    start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.UTC).strftime("%Y-%m-%d %H:%M") for ns in bounds)
     return f"Period covered: {start} UTC to {end} UTC (event time of the first and last pane)"
 
 

@@ -29,7 +29,7 @@ def iso_ns(ns: int) -> str:
     there are any (``…T00:00:00.000000250Z``): exact, never through a float. Raises ValueError or OverflowError
     beyond the years 1-9999."""
     seconds, nanos = divmod(ns, 10**9)
-    text = (dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=seconds)).strftime(
+    text = (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)).strftime(
         "%Y-%m-%dT%H:%M:%S")
     return f"{text}.{nanos:09d}Z" if nanos else f"{text}Z"
 

@@ -1,6 +1,6 @@
 """What-if bills: the published cost records billed again under other prices, weights or idle policy.
 
-METRICS.md, "What-if". Each cost record carries the exact integers its pane was split from (``t_num``,
+docs/definitions.md, "What-if bills". Each cost record carries the exact integers its pane was split from (``t_num``,
 ``b_num``, ``l_num``: the tenant's sums; ``busy_num``, ``covered_ms``: the pane's), so a pane's split
 is made again from the Parquet alone, by the very function that made it (``apportion``): a what-if
 under the settings of a replay equals that replay to the µ$, and every pane's parties still sum to
@@ -42,7 +42,7 @@ class Scenario:
 
     @classmethod
     def of(cls, alpha: Decimal, beta: Decimal, gamma: Decimal, prices: Iterable[Price] = (),
-           idle_policy: str = "separate") -> "Scenario":
+           idle_policy: str = "separate") -> Scenario:
         if idle_policy not in IDLE_POLICIES:
             raise ValueError(f"idle policy {idle_policy!r}: choose one of {', '.join(IDLE_POLICIES)}")
         table = None

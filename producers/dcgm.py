@@ -91,7 +91,8 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
                 parents_of_instances.add(uuid)
             gpu = gpus.setdefault(device, {})
             gpu["parent"] = uuid if instance else None
-            gpu["model"] = sample.labels.get("modelName", "unknown") + (f" MIG {profile}" if instance and profile else "")
+            mig = f" MIG {profile}" if instance and profile else ""
+            gpu["model"] = sample.labels.get("modelName", "unknown") + mig
             if sample.labels.get("pod") and sample.labels.get("namespace"):
                 gpu["owner"] = (sample.labels["namespace"], sample.labels["pod"], sample.labels.get("container", ""))
             gpu["node"] = sample.labels.get("Hostname") or sample.labels.get("hostname") or default_node

@@ -37,8 +37,8 @@ from typing import IO
 from gpucost.schemas.codec import explain
 from gpucost.schemas.events import EbpfTrace, Event, MemAccess, NumaEvent
 
-__all__ = ["BLAS_CALLS", "EbpfUnavailable", "EbpfProbe", "ensure_tracing", "find_libcuda", "find_libcublas", "numa_cost",
-           "numa_distances"]
+__all__ = ["BLAS_CALLS", "EbpfUnavailable", "EbpfProbe", "ensure_tracing", "find_libcuda", "find_libcublas",
+           "numa_cost", "numa_distances"]
 
 log = logging.getLogger("gpucost.ebpf")
 TRACEFS = Path("/sys/kernel/tracing")
@@ -118,7 +118,8 @@ def _program(sample_every: int, command: bool, libcuda: Path | None = None, drai
         )
     if libcublas is not None:  # a GEMM call's shape into the maps, as a launch's
         for name, batch in BLAS_CALLS.items():
-            count = "1" if batch is None else f'*(int32 *)(reg("sp") + {8 * (batch + 1)})'  # a C int, its slot's low half
+            # a stack argument is a C int: its slot's low half
+            count = "1" if batch is None else f'*(int32 *)(reg("sp") + {8 * (batch + 1)})'
             shape = f"(arg3, arg4, arg5, (uint64){count})"  # one tuple type for every probe
             program += (
                 f"uprobe:{libcublas}:{name} {target} {{\n"

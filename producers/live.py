@@ -1,10 +1,9 @@
 """Live sources behind one small interface: ``events()`` until ``stop()``.
 
-Why: the command line used to open NVML, dcgm-exporter and bpftrace itself, and told a source
-to stop through a SIGINT handler that ``produce`` read back with ``signal.getsignal``. Here each
-source is opened in one place (``open_live``), says what it samples, yields events until it is
-stopped or its duration ends, and releases what it opened. Whoever runs it only decides when
-to call ``stop()`` (the CLI: on the first SIGINT or SIGTERM).
+Why: so that no caller opens NVML, dcgm-exporter or bpftrace itself, nor tells a source to stop
+through a signal handler: each source is opened in one place (``open_live``), says what it samples,
+yields events until it is stopped or its duration ends, and releases what it opened. Whoever runs it
+only decides when to call ``stop()`` (the CLI: on the first SIGINT or SIGTERM).
 """
 from __future__ import annotations
 

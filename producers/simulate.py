@@ -16,8 +16,16 @@ from decimal import Decimal
 
 import numpy as np
 
-from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                                    TenantBinding)
+from gpucost.schemas.events import (
+    EbpfTrace,
+    Event,
+    GpuSample,
+    MemAccess,
+    NumaEvent,
+    Price,
+    ProcessSample,
+    TenantBinding,
+)
 
 __all__ = ["FleetSpec", "GPU_MODELS", "simulate"]
 
@@ -217,7 +225,8 @@ class _Gpu:
                 node_id=self.node_id, gpu_uuid=self.uuid, gpu_model=self.model, ts_ns=ts,
                 interval_s=interval, sm_util_pct=gpu_sm, mem_bw_util_pct=gpu_bw,
                 mem_used_bytes=min(used, self.mem_total), mem_total_bytes=self.mem_total,
-                power_w=round(min(10_000.0, max(0.0, power)), 1), temp_c=round(31 + 0.4 * sum(sm) / max(1, len(active)), 1),
+                power_w=round(min(10_000.0, max(0.0, power)), 1),
+                temp_c=round(31 + 0.4 * sum(sm) / max(1, len(active)), 1),
                 pcie_tx_bytes_s=pcie[0], pcie_rx_bytes_s=pcie[1],
                 tensor_active_pct=_pct(0.55 * gpu_sm) if hopper else None,
                 dram_active_pct=_pct(0.9 * gpu_bw) if hopper else None))

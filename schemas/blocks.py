@@ -15,8 +15,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from gpucost.schemas.records import (CostRecord, EfficiencyRecord, HealthRecord, IdleIndexRecord, Output, QuotaRecord,
-                                     R, ReclaimRecord, computed_from)
+from gpucost.schemas.records import (
+    CostRecord,
+    EfficiencyRecord,
+    HealthRecord,
+    IdleIndexRecord,
+    Output,
+    QuotaRecord,
+    R,
+    ReclaimRecord,
+    computed_from,
+)
 
 __all__ = ["ClosedPanes", "Outputs", "expand"]
 
@@ -24,7 +33,8 @@ __all__ = ["ClosedPanes", "Outputs", "expand"]
 @dataclass(frozen=True)
 class ClosedPanes:
     """Idle-index records (one per pane), cost records (``cost_rows[j]`` of them for pane ``j``), quota
-    records (``quota_rows[j]``), efficiency records (``efficiency_rows[j]``), reclaim triggers (``reclaim``: each with its pane ``j``, ascending) and the
+    records (``quota_rows[j]``), efficiency records (``efficiency_rows[j]``), reclaim triggers (``reclaim``: each
+    with its pane ``j``, ascending) and the
     health records whose windows the panes close (``health``: the pane ``j`` that closes each, ascending).
 
     ``prices`` are the cost records' ``usd_per_gpu_hour`` as the price events gave them:
@@ -42,7 +52,7 @@ class ClosedPanes:
     reclaim: list[tuple[int, ReclaimRecord]] = field(default_factory=list)
     health: list[tuple[int, HealthRecord]] = field(default_factory=list)
 
-    def slice(self, lo: int, hi: int) -> "ClosedPanes":
+    def slice(self, lo: int, hi: int) -> ClosedPanes:
         """The records of panes ``lo`` to ``hi`` (in idle-index records)."""
         at = np.concatenate([[0], np.cumsum(self.cost_rows)]).tolist()
         qt = np.concatenate([[0], np.cumsum(self.quota_rows)]).tolist()
@@ -61,7 +71,8 @@ class ClosedPanes:
         quota = _records(QuotaRecord, self.quota, {})
         efficiency = _records(EfficiencyRecord, self.efficiency, {})
         after: dict[int, list[Output]] = {}
-        for j, record in [*self.reclaim, *self.health]:  # sorted by pane, stably: each pane's triggers first
+        pending: list[tuple[int, Output]] = [*self.reclaim, *self.health]
+        for j, record in pending:  # sorted by pane, stably: each pane's triggers first
             after.setdefault(j, []).append(record)
         out: list[Output] = []
         at = qt = et = 0
@@ -88,7 +99,7 @@ def _records(cls: type[R], table: pa.Table, given: dict[str, Sequence[Any]]) -> 
 
 def _values(column: pa.ChunkedArray) -> list[Any]:
     """A column's values as the record holds them: a wide integer (DECIMAL(38, 0)) as an ``int``."""
-    values = column.to_pylist()
+    values: list[Any] = column.to_pylist()
     if pa.types.is_decimal(column.type) and column.type.scale == 0:
         return [None if v is None else int(v) for v in values]
     return values

@@ -62,7 +62,8 @@ def _compare(values: np.ndarray, name: str, bound: int | float) -> np.ndarray:
         info = np.iinfo(values.dtype)
         if not info.min <= bound <= info.max:  # every value is on one side of it
             return np.full(len(values), bool(op(info.min if bound > info.max else info.max, bound)))
-    return op(values, bound)
+    result: np.ndarray = op(values, bound)
+    return result
 
 
 @cache

@@ -1,4 +1,5 @@
-"""Input events: one pydantic model per kind of METRICS.md, fields named as on the wire.
+"""Input events: one pydantic model per kind of docs/definitions.md ("Inputs and what is refused"), fields
+named as on the wire.
 
 Validation rejects what cannot be true, with a reason a person can act on. Values that
 feed money are also exposed normalised to integers (``interval_ms``, ``*_cp`` = hundredths
@@ -69,7 +70,7 @@ class _Sample(_Event):
     mem_used_bytes: NonNegBytes
 
     @model_validator(mode="after")
-    def _interval_not_zero(self) -> "_Sample":
+    def _interval_not_zero(self) -> _Sample:
         if self.interval_ms == 0:
             raise ValueError(f"interval_s {self.interval_s} rounds to 0 ms; it must be ≥ 0.001 s")
         return self
@@ -96,7 +97,8 @@ class GpuSample(_Sample):
     pcie_tx_bytes_s: NonNegBytes | None = None
     pcie_rx_bytes_s: NonNegBytes | None = None
     #: from DCGM profiling or NVML GPM where the GPU has them: the share of time the tensor pipes, and the
-    #: DRAM interface, were active (METRICS, "Efficiency"; read by the efficiency operators, not the bill)
+    #: DRAM interface, were active (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"; read by the
+    #: efficiency operators, not the bill)
     tensor_active_pct: Pct | None = None
     dram_active_pct: Pct | None = None
 
@@ -116,7 +118,7 @@ class GpuSample(_Sample):
         return round_scaled(self.power_w, 1000)
 
     @model_validator(mode="after")
-    def _used_within_total(self) -> "GpuSample":
+    def _used_within_total(self) -> GpuSample:
         if self.mem_used_bytes > self.mem_total_bytes:
             raise ValueError(
                 f"mem_used_bytes {self.mem_used_bytes} exceeds mem_total_bytes {self.mem_total_bytes}"
@@ -251,5 +253,5 @@ EVENT_MODELS: dict[str, type[_Event]] = {
     m.model_fields["kind"].default: m
     for m in (GpuSample, ProcessSample, MemAccess, NumaEvent, EbpfTrace, TenantBinding, Price)
 }
-#: kinds whose events advance their GPU's watermark (METRICS.md, "Watermarks")
+#: kinds whose events advance their GPU's watermark (docs/definitions.md, "Time, panes and watermarks")
 GPU_KEYED = (GpuSample, ProcessSample, NumaEvent)

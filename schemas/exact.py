@@ -69,4 +69,5 @@ def ratios(numerators: np.ndarray, denominators: np.ndarray) -> np.ndarray:
     if numerators.dtype != object and denominators.dtype != object and max(
             int(np.abs(numerators).max()), int(np.abs(denominators).max())) < 1 << 53:
         return numerators.astype(np.float64) / denominators.astype(np.float64)
-    return (numerators.astype(object) / denominators.astype(object)).astype(np.float64)
+    exact: np.ndarray = (numerators.astype(object) / denominators.astype(object)).astype(np.float64)
+    return exact

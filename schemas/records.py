@@ -1,4 +1,4 @@
-"""Output records of METRICS.md, field for field, plus the dead-letter record."""
+"""Output records of docs/definitions.md, field for field, plus the dead-letter record."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -9,8 +9,8 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "QuotaRecord", "ReclaimRecord", "trigger_id",
-           "EfficiencyRecord", "DIAGNOSES", "GRADES", "FAIL_REASONS", "UNHASHED", "DeadLetter", "OUTPUT_KINDS", "Output", "kind_of",
-           "record_id", "record_ids", "IDLE_TENANT", "Wide", "computed", "computed_from"]
+           "EfficiencyRecord", "DIAGNOSES", "GRADES", "FAIL_REASONS", "UNHASHED", "DeadLetter", "OUTPUT_KINDS",
+           "Output", "kind_of", "record_id", "record_ids", "IDLE_TENANT", "Wide", "computed", "computed_from"]
 
 IDLE_TENANT = "idle"
 #: every integer column is a Parquet int64: a record from an output topic with a larger one (2^70 µ$, say)
@@ -43,7 +43,7 @@ class IdleIndexRecord(_Record):
     covered_ms_72h: Int64
     idle_index_72h: float
     #: 0 when first published; a late event within the revision horizon re-publishes the pane with its
-    #: revision number (METRICS.md, "Late data become revisions")
+    #: revision number (docs/definitions.md, "Late data become revisions")
     revision: Int64
 
 
@@ -83,10 +83,10 @@ class CostRecord(_Record):
     cost_micro_usd: Int64
     unpriced: bool
     revision: Int64
-    #: the exact integers the split was made of (METRICS.md, "What-if"): the tenant's Σ sm_util_cp · interval_ms,
-    #: Σ mem_bw_util_cp · interval_ms and Σ hops · latency_weight (0 for idle), the pane's Σ sm_util_cp ·
-    #: interval_ms over all its process samples, and its covered time: a bill under other prices, weights or
-    #: idle policy is recomputed from these alone, to the µ$
+    #: the exact integers the split was made of (docs/definitions.md, "What-if bills"): the tenant's Σ sm_util_cp ·
+    #: interval_ms, Σ mem_bw_util_cp · interval_ms and Σ hops · latency_weight (0 for idle), the pane's Σ sm_util_cp ·
+    #: interval_ms over all its process samples, and its covered time: a bill under other prices, weights or idle
+    #: policy is recomputed from these alone, to the µ$
     t_num: WideInt
     b_num: WideInt
     l_num: WideInt
@@ -95,7 +95,7 @@ class CostRecord(_Record):
 
 
 class HealthRecord(_Record):
-    """One GPU's health audit window (METRICS.md, "Health audit"): its figures, grade, audit verdict and
+    """One GPU's health audit window (docs/definitions.md, "Health audit"): its figures, grade, audit verdict and
     breaker state after it, with a hash of all that and, with an audit key, the hash's signature."""
 
     gpu_uuid: str
@@ -124,9 +124,9 @@ class HealthRecord(_Record):
 
 class EfficiencyRecord(_Record):
     """Operator-level efficiency of one GPU pane (``pid`` 0) or of one process with BLAS traces on it
-    (METRICS.md, "Efficiency"). ``flops`` is the exact sum rounded once to a float (it can pass 2^63);
-    ``covered_ms`` and ``peak_tops`` are what ``efu`` was taken against, so that a view can turn it into
-    effective TFLOP-hours (``unit_cost``)."""
+    (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"). ``flops`` is the exact sum rounded once to a
+    float (it can pass 2^63); ``covered_ms`` and ``peak_tops`` are what ``efu`` was taken against, so that a
+    view can turn it into effective TFLOP-hours (``unit_cost``)."""
 
     gpu_uuid: str
     node_id: str
@@ -145,7 +145,7 @@ class EfficiencyRecord(_Record):
 
 
 class QuotaRecord(_Record):
-    """A tenant's quota scale on a GPU for one pane (METRICS.md, "SLA tiers"; the seed's calcQuotaScale)."""
+    """A tenant's quota scale on a GPU for one pane (docs/definitions.md, "SLA tiers")."""
 
     gpu_uuid: str
     pane_start_ns: Int64
@@ -209,7 +209,7 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "efficiency": EfficiencyRecord,
     "dlq": DeadLetter,
 }
-_KIND_BY_TYPE = {m: k for k, m in OUTPUT_KINDS.items()}
+_KIND_BY_TYPE: dict[type[BaseModel], str] = {m: k for k, m in OUTPUT_KINDS.items()}
 #: one record the pipeline publishes
 Output = (IdleIndexRecord | MaeRecord | CostRecord | HealthRecord | QuotaRecord | ReclaimRecord | EfficiencyRecord
           | DeadLetter)

@@ -2,8 +2,8 @@
 
 Why here, apart from the operator: the operator seals each record as it publishes it, and
 ``gpucost health verify`` checks a snapshot file with the very same functions, so the two can
-never hash differently. The canonical form is METRICS.md's: Python's ``json.dumps`` with sorted
-keys, no spaces and ``ensure_ascii=False``, floats as Python writes them, UTF-8.
+never hash differently. The canonical form is docs/definitions.md's ("Health audit"): Python's
+``json.dumps`` with sorted keys, no spaces and ``ensure_ascii=False``, floats as Python writes them, UTF-8.
 """
 from __future__ import annotations
 

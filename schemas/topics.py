@@ -75,7 +75,7 @@ def output_key(record: object) -> bytes:
     """Key of an output record: GPU-keyed records by GPU, MAE by process, dead letters by origin."""
     gpu = getattr(record, "gpu_uuid", None)
     if gpu:
-        return gpu.encode()
+        return str(gpu).encode()
     pid = getattr(record, "pid", None)
     if pid is not None:
         return f"{record.node_id}/{pid}".encode()  # type: ignore[attr-defined]

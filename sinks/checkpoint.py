@@ -55,7 +55,7 @@ class Checkpoint:
     publishing: list[tuple[str, str]] = field(default_factory=list)
     publication: int = 0  # how many publications the run has made, this one included: its temporaries' tag
 
-    def staging(self, out_dir: Path, staged: list[Staged]) -> "Checkpoint":
+    def staging(self, out_dir: Path, staged: list[Staged]) -> Checkpoint:
         self.publishing = [(s.tmp.relative_to(out_dir).as_posix(), s.final.relative_to(out_dir).as_posix())
                            for s in staged]
         return self

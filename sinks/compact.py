@@ -50,7 +50,8 @@ from gpucost.schemas.arrow import ARROW_SCHEMAS
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.parquet import PART_RE, ParquetSink, fsync_dir
 
-__all__ = ["STAGING", "RETIRED", "RETIRE_S", "CompactError", "CompactStats", "compact", "part_files", "partition_folders"]
+__all__ = ["STAGING", "RETIRED", "RETIRE_S", "CompactError", "CompactStats", "compact", "part_files",
+           "partition_folders"]
 
 log = logging.getLogger("gpucost.compact")
 

@@ -24,8 +24,18 @@ from pydantic import BaseModel
 
 from gpucost.schemas.arrow import to_table
 from gpucost.schemas.blocks import ClosedPanes
-from gpucost.schemas.records import (OUTPUT_KINDS, CostRecord, DeadLetter, EfficiencyRecord, HealthRecord,
-                                     IdleIndexRecord, MaeRecord, QuotaRecord, ReclaimRecord, kind_of)
+from gpucost.schemas.records import (
+    OUTPUT_KINDS,
+    CostRecord,
+    DeadLetter,
+    EfficiencyRecord,
+    HealthRecord,
+    IdleIndexRecord,
+    MaeRecord,
+    QuotaRecord,
+    ReclaimRecord,
+    kind_of,
+)
 
 __all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "Staged", "fsync_dir", "partition_date",
            "remove_stale_temporaries"]

@@ -98,7 +98,8 @@ def _held(text: str) -> tuple[str, str]:
         head, at = "EXPLAIN ANALYZE", 2
     if head.startswith("EXPLAIN") and at < len(words) and words[at][1].startswith("("):
         depth = 0
-        for at in range(at, len(words)):  # the options, to their closing parenthesis
+        start = at
+        for at in range(start, len(words)):  # the options, to their closing parenthesis
             depth += words[at][1].count("(") - words[at][1].count(")")
             if depth <= 0:
                 break

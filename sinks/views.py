@@ -56,10 +56,11 @@ def _view(out_dir: Path, kind: str) -> str:
 #: for 9 min (docs/definitions.md, "Unit cost")
 MIN_EFFECTIVE_TFLOP_HOURS = Decimal(1)
 
-#: the seed's unit cost, ``(C_total + C_opex) / TFLOPS_effective``, per GPU model, day and EFU source (METRICS.md,
-#: "Efficiency"). Each pane's billed µ$ (revisions included) goes with its GPU row's ``efu_source``: FLOPs counted
-#: and ``tensor_active`` measure different things (7e-5 against 0.17 on one GPU), so one figure never mixes them;
-#: panes with no EFU (or no efficiency record) are the rows whose ``efu_source`` is NULL, with no unit cost
+#: the seed's unit cost, ``(C_total + C_opex) / TFLOPS_effective``, per GPU model, day and EFU source
+#: (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"). Each pane's billed µ$ (revisions included) goes with its
+#: GPU row's ``efu_source``: FLOPs counted and ``tensor_active`` measure different things (7e-5 against 0.17 on one
+#: GPU), so one figure never mixes them; panes with no EFU (or no efficiency record) are the rows whose ``efu_source``
+#: is NULL, with no unit cost
 _UNIT_COST = """CREATE OR REPLACE VIEW unit_cost AS
 WITH c AS (SELECT gpu_uuid, pane_start_ns, any_value(gpu_model) AS gpu_model, any_value(date) AS date,
                   sum(cost_micro_usd) AS cost_micro_usd, arg_max(covered_ms, revision) AS covered_ms
@@ -87,9 +88,10 @@ def unit_cost_sql(source: str, cost_micro_usd: str, opex_usd: str, tflop_hours: 
             f"THEN ({cost_micro_usd} / 1e6 + {opex_usd}) / {tflop_hours} END")
 
 
-#: late data as revisions (METRICS.md): the bill as first published (each pane's revision 0), and as revised: per
-#: (GPU, pane, party) the sum of its differences as ``cost_micro_usd``, its latest record's other values, and how
-#: many records it took (a party a late binding emptied stays, at 0 µ$ and shares 0); each pane's latest idle record
+#: late data as revisions (docs/definitions.md, "Late data become revisions"): the bill as first published (each
+#: pane's revision 0), and as revised: per (GPU, pane, party) the sum of its differences as ``cost_micro_usd``, its
+#: latest record's other values, and how many records it took (a party a late binding emptied stays, at 0 µ$ and
+#: shares 0); each pane's latest idle record
 _REVISED = """CREATE OR REPLACE VIEW cost_as_first_published AS SELECT * FROM cost WHERE revision = 0;
 CREATE OR REPLACE VIEW cost_as_revised AS
 SELECT c.* REPLACE (s.total AS cost_micro_usd), s.records

@@ -41,7 +41,7 @@ async def idle(stream: faust.StreamT) -> None:
             sums[k] = [total[0] + idle_ms, total[1] + covered_ms]
         if seen["messages"] == MESSAGES:
             seen["last"] = time.perf_counter()
-            windows = [(gpu, int(pane), *sums[k]) for k in sums.keys() for gpu, pane in [k.split("|")]]
+            windows = [(gpu, int(pane), *sums[k]) for k in sums for gpu, pane in [k.split("|")]]
             with open(OUT, "w") as fh:
                 json.dump({**seen, "windows": windows}, fh)
             os._exit(0)

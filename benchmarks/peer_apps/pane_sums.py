@@ -1,4 +1,5 @@
-"""What the peers of benchmark 11 compute, from METRICS.md's text, shared by both apps: a GPU
+"""What the peers of benchmark 11 compute, from docs/definitions.md ("Time, panes and watermarks", "Idle
+index"), shared by both apps: a GPU
 sample's pane, and its idle and covered milliseconds (gpucost's ``idle_ms``, ``covered_ms``)."""
 from __future__ import annotations
 

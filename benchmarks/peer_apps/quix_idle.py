@@ -1,7 +1,7 @@
 """A peer for benchmark 11: per-GPU 60 s idle and covered sums with quixstreams, exactly once.
 
 Run in the peers' own virtual environment (``benchmarks/peers.py`` makes it), not gpucost's: it
-imports nothing of gpucost, and computes from METRICS.md's text what gpucost's ``idle_index``
+imports nothing of gpucost, and computes from docs/definitions.md ("Idle index") what gpucost's ``idle_index``
 records carry per pane (``pane_sums.py``).
 
 ``idiomatic``: each event is a row (the message's lines expanded), its event time the row's
