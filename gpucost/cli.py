@@ -15,7 +15,7 @@ from gpucost.commands import (IDLE_POLICIES, cmd_compact, cmd_export, cmd_fit_we
 from gpucost.config import ConfigError
 from gpucost.devices import add_devices, cmd_devices
 from gpucost.focus import FORMATS
-from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
+from gpucost.kafka_commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
 from gpucost.kafka.state import StateError
 from gpucost.operations import cmd_discovery, cmd_health, cmd_reclaim
 from gpucost.sinks.compact import CompactError

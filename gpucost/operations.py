@@ -11,7 +11,7 @@ from collections import Counter
 
 from gpucost.discovery import from_output, refusals, write_file_sd
 from gpucost.health import audit_secrets, read_json, snapshot_of, snapshot_problems
-from gpucost.kafka.commands import follow_discovery, follow_reclaim
+from gpucost.kafka_commands import follow_discovery, follow_reclaim
 from gpucost.kafka.signing import parse_keys
 from gpucost.otlp import (
     admission_coverage,
