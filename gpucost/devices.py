@@ -5,6 +5,7 @@ table (``text``); what a capture held that could not be used goes to stderr, cou
 ``--live NAME`` also runs the vendor's tool now (when installed, with a timeout). The exit status
 is 0 when every source gave samples, 1 when one gave none, 2 for a file that cannot be opened.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,29 +13,55 @@ import os
 import sys
 from pathlib import Path
 
+from gpucost.command import Command
 from gpucost.producers.accelerators.detect import FORMATS, parse
 from gpucost.producers.accelerators.live import COMMANDS, run_tool
 from gpucost.schemas.devices import DeviceSample, Parsed, sample_json
 
-__all__ = ["add_devices", "cmd_devices"]
+__all__ = ["cmd_devices", "DEVICES"]
 
-_COLUMNS = ("vendor", "model", "device_id", "parent_id", "ts_ns", "busy_pct", "power_w", "mem_used_bytes",
-            "mem_total_bytes", "temperature_c")
+_COLUMNS = (
+    "vendor",
+    "model",
+    "device_id",
+    "parent_id",
+    "ts_ns",
+    "busy_pct",
+    "power_w",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "temperature_c",
+)
 
 
-def add_devices(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register ``devices`` on the CLI's sub-parsers."""
-    cmd = sub.add_parser("devices", help="print the neutral device samples of AMD, AWS Neuron, Google TPU, "
-                                         "Intel Gaudi and Alveo tool captures (format detected from content)")
+def _devices_arguments(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("files", nargs="*", type=Path, metavar="FILE", help="captured tool output")
-    cmd.add_argument("--live", action="append", default=[], choices=sorted(COMMANDS), metavar="NAME",
-                     help=f"also run the vendor tool of NAME now, if installed (one of {', '.join(sorted(COMMANDS))})")
-    cmd.add_argument("--timeout-s", type=float, default=float(os.environ.get("GPUCOST_DEVICES_TIMEOUT_S", "10")),
-                     help="seconds a live tool may take (default 10; env GPUCOST_DEVICES_TIMEOUT_S)")
-    cmd.add_argument("--format", choices=("json", "text"), default=os.environ.get("GPUCOST_DEVICES_FORMAT", "json"),
-                     help="json: one object per line (default; env GPUCOST_DEVICES_FORMAT); text: a table")
-    cmd.add_argument("--input-format", choices=sorted(FORMATS), default=os.environ.get("GPUCOST_INPUT_FORMAT"),
-                     help="force the parser instead of detecting it (env GPUCOST_INPUT_FORMAT)")
+    cmd.add_argument(
+        "--live",
+        action="append",
+        default=[],
+        choices=sorted(COMMANDS),
+        metavar="NAME",
+        help=f"also run the vendor tool of NAME now, if installed (one of {', '.join(sorted(COMMANDS))})",
+    )
+    cmd.add_argument(
+        "--timeout-s",
+        type=float,
+        default=float(os.environ.get("GPUCOST_DEVICES_TIMEOUT_S", "10")),
+        help="seconds a live tool may take (default 10; env GPUCOST_DEVICES_TIMEOUT_S)",
+    )
+    cmd.add_argument(
+        "--format",
+        choices=("json", "text"),
+        default=os.environ.get("GPUCOST_DEVICES_FORMAT", "json"),
+        help="json: one object per line (default; env GPUCOST_DEVICES_FORMAT); text: a table",
+    )
+    cmd.add_argument(
+        "--input-format",
+        choices=sorted(FORMATS),
+        default=os.environ.get("GPUCOST_INPUT_FORMAT"),
+        help="force the parser instead of detecting it (env GPUCOST_INPUT_FORMAT)",
+    )
 
 
 def _text_row(sample: DeviceSample) -> str:
@@ -75,3 +102,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
     for fmt in args.live:
         status = max(status, _emit(f"live {fmt}", fmt, run_tool(fmt, args.timeout_s), args.format))
     return status
+
+
+DEVICES = Command(
+    "devices",
+    "print the neutral device samples of AMD, AWS Neuron, Google TPU, Intel Gaudi and Alveo "
+    "tool captures (format detected from content)",
+    _devices_arguments,
+    cmd_devices,
+)

@@ -1,4 +1,6 @@
-"""The Kafka commands: topics, produce, worker, sink."""
+"""The consumer side of the Kafka commands: `worker` and `sink`, and following the health and reclaim topics for
+`discovery` and `reclaim`."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,129 +8,36 @@ import asyncio
 import logging
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-from aiokafka.errors import KafkaConnectionError
-
+from gpucost.command import Command
 from gpucost.discovery import refusals, run_kafka_discovery
-from gpucost.flags import compact_min_files
+from gpucost.flags import (
+    add_compact,
+    add_cost_series,
+    add_kafka,
+    add_metrics,
+    add_out,
+    add_settings,
+    compact_min_files,
+    env_default,
+    env_flag,
+)
 from gpucost.kafka.signing import Keyring, Signer
-from gpucost.producers.live import LiveSource
-from gpucost.producers.replay import read_inputs
-from gpucost.producers.simulate import simulate
 from gpucost.reclaim import Reclaimer, run_kafka_reclaim
-from gpucost.report import format_table
-from gpucost.schemas.codec import Rejected, decode_line, raw_text
-from gpucost.schemas.events import Event
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.streams.discovery import ServiceDiscovery
-from gpucost.wiring import (UsageError, attributed, audit_key, audit_settings, event_files, fleet_spec, kafka_settings,
-                            live_source, load_keys, metrics_served, say_source_counts, stop_on_signals)
+from gpucost.wiring import (
+    UsageError,
+    audit_key,
+    audit_settings,
+    kafka_settings,
+    load_keys,
+    metrics_served,
+    stop_on_signals,
+)
 
-__all__ = ["cmd_topics", "cmd_produce", "cmd_worker", "cmd_sink", "follow_discovery", "follow_reclaim", "replay_events"]
-
-
-def cmd_topics(args: argparse.Namespace) -> int:
-    kafka = kafka_settings(args)
-    if args.action == "schemas":
-        from gpucost.output_files import made_folder
-        from gpucost.schemas.json_schemas import write_json_schemas
-
-        made_folder(args.schemas_out, "--schemas-out")
-        try:
-            written = write_json_schemas(args.schemas_out)
-        except OSError as exc:
-            raise UsageError(f"--schemas-out {args.schemas_out}: cannot write a schema there ({exc.strerror}); "
-                             "choose a folder you may write in, on a disk with room") from None
-        print(*written, sep="\n")
-        return 0
-    from gpucost.kafka.publish import create_topics
-
-    if args.action == "create":
-        from gpucost.kafka.retention import retention_warnings
-
-        created = asyncio.run(create_topics(kafka))
-        print(f"created {len(created)} topic(s): {', '.join(created) or 'none missing'}")
-        for warning in asyncio.run(retention_warnings(kafka)):
-            print(f"gpucost: warning: {warning}", file=sys.stderr)
-        return 0
-    from gpucost.kafka.retention import topic_config
-    from gpucost.schemas.topics import topic_specs
-
-    rows = [(kafka.topic(t.suffix), t.key, "compact" if t.compacted else "delete",
-             1 if t.single_partition else kafka.partitions, topic_config(t, kafka).get("retention.ms", "broker's"),
-             t.value) for t in topic_specs()]
-    print(format_table(["topic", "key", "cleanup", "partitions", "retention_ms", "value"], rows))
-    return 0
-
-
-def replay_events(files: list[Path], rejected: list[tuple[Rejected, str, str]]) -> Iterator[Event]:
-    for line, label in read_inputs(files):
-        decoded = decode_line(line)
-        if isinstance(decoded, Rejected):
-            rejected.append((decoded, label, raw_text(line)))
-        else:
-            yield decoded
-
-
-def cmd_produce(args: argparse.Namespace) -> int:
-    from gpucost.kafka.progress import ProduceProgress
-    from gpucost.kafka.publish import ProducerStats, Stopped, create_topics, publish, publish_dead_letters
-
-    kafka = kafka_settings(args)
-    if not args.progress_s > 0:
-        raise UsageError(f"--progress-s must be more than 0 seconds, got {args.progress_s}")
-    rejected: list[tuple[Rejected, str, str]] = []
-    events: Iterator[Event]
-    live: LiveSource | None = None
-    if args.source == "simulate":
-        events = simulate(fleet_spec(args))
-    elif args.source == "replay":
-        if not args.input:
-            raise UsageError("--source replay needs at least one INPUT file or directory")
-        events = replay_events(event_files(args.input), rejected)
-    else:
-        reference = replay_events(event_files(args.prices), rejected) if args.prices else iter(())
-        live = live_source(args, args.source)
-        events = attributed(args, live, before=reference)
-    signer = load_keys(Signer.from_file, args.signing_key_file) if args.signing_key_file else None
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        asyncio.run(create_topics(kafka))
-    except KafkaConnectionError as exc:  # a node's producer must not stop sampling because the broker is away
-        logging.getLogger("gpucost.kafka.publish").warning("cannot reach Kafka to create the topics (%s); publishing "
-                                                     "anyway, buffered until the broker is back", exc)
-
-    async def main() -> Counter[str]:
-        """Stopped now (the second signal, or the first without a live source), what the broker has not
-        acknowledged is kept in the spool."""
-        stop = stop_on_signals(live)
-        stats = ProducerStats(source=live.counts if live is not None else Counter())
-        progress, finished = ProduceProgress(stats, args.progress_s), asyncio.Event()
-        shown = asyncio.create_task(progress.run(finished))
-        try:
-            with metrics_served(args.metrics_address, stats.metrics, stats.health):
-                return await publish(events, kafka, end_of_input=args.end_of_input,
-                                     flush_interval_s=args.flush_interval_s, signer=signer, spool=args.spool,
-                                     buffer_bytes=int(args.buffer_mb * (1 << 20)), stop=stop, stats=stats)
-        finally:
-            finished.set()
-            await shown
-
-    try:
-        sent = asyncio.run(main())
-    except Stopped:
-        say_source_counts(live)
-        print("gpucost: producer stopped; anything not yet acknowledged is in the spool and goes first next time",
-              file=sys.stderr)
-        return 130
-    say_source_counts(live)
-    if rejected:
-        asyncio.run(publish_dead_letters(rejected, kafka))
-    print(f"published to {kafka.bootstrap}: " + ", ".join(f"{t}: {n:,} messages" for t, n in sorted(sent.items()))
-          + (f"; {len(rejected):,} bad line(s) sent to {kafka.topic('dlq')}" if rejected else ""))
-    return 0
+__all__ = ["cmd_worker", "cmd_sink", "follow_discovery", "follow_reclaim", "WORKER", "SINK"]
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -149,8 +58,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     async def main() -> None:
         await create_topics(kafka)
         stop = stop_on_signals()
-        worker = Worker(kafka, settings, args.group, args.session_timeout_s, max_batch=args.max_batch, keyring=keyring,
-                        output_signer=signer, audit_key=audit_key(args))
+        worker = Worker(
+            kafka,
+            settings,
+            args.group,
+            args.session_timeout_s,
+            max_batch=args.max_batch,
+            keyring=keyring,
+            output_signer=signer,
+            audit_key=audit_key(args),
+        )
         lag = GroupLag(kafka, args.group, list(worker.inputs), lambda: worker.ends_applied, args.lag_interval_s)
         with metrics_served(args.metrics_address, lambda: [*worker.metrics(), *lag.metrics()], worker.health):
             watch = asyncio.create_task(lag.run(stop))
@@ -179,13 +96,24 @@ def cmd_sink(args: argparse.Namespace) -> int:
         stop = stop_on_signals()
         stats = SinkStats(cost=CostMetrics(args.cost_series) if args.metrics_address else None)
         with metrics_served(args.metrics_address, stats.metrics, stats.health):
-            await run_kafka_sink(kafka.client_options(), {k: kafka.topic(k) for k in OUTPUT_KINDS}, args.out,
-                                 args.group, stop, args.flush_interval_s, args.retry_s, min_files,
-                                 keyring, stats)
-        print(f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
-              f"duplicates dropped {dict(stats.duplicates)}, unverified {stats.unverified:,}, "
-              f"small files merged {stats.compacted_files:,}",
-              file=sys.stderr)
+            await run_kafka_sink(
+                kafka.client_options(),
+                {k: kafka.topic(k) for k in OUTPUT_KINDS},
+                args.out,
+                args.group,
+                stop,
+                args.flush_interval_s,
+                args.retry_s,
+                min_files,
+                keyring,
+                stats,
+            )
+        print(
+            f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
+            f"duplicates dropped {dict(stats.duplicates)}, unverified {stats.unverified:,}, "
+            f"small files merged {stats.compacted_files:,}",
+            file=sys.stderr,
+        )
 
     asyncio.run(main())
     return 0
@@ -204,11 +132,16 @@ def follow_discovery(args: argparse.Namespace, labels: dict[str, str], secrets: 
     refused: Counter[str] = Counter()
 
     async def follow() -> ServiceDiscovery:
-        return await run_kafka_discovery(kafka, args.file_sd, args.target_port, labels, stop_on_signals(), keyring,
-                                         counts, secrets, refused)
+        return await run_kafka_discovery(
+            kafka, args.file_sd, args.target_port, labels, stop_on_signals(), keyring, counts, secrets, refused
+        )
+
     sd = asyncio.run(follow())
-    print(f"discovery stopped: {counts['records']:,} health record(s) applied, {counts['refused']:,} message(s) "
-          f"refused, the file written {counts['writes']:,} time(s)", file=sys.stderr)
+    print(
+        f"discovery stopped: {counts['records']:,} health record(s) applied, {counts['refused']:,} message(s) "
+        f"refused, the file written {counts['writes']:,} time(s)",
+        file=sys.stderr,
+    )
     if said := refusals(refused, sd):
         print(f"gpucost: discovery: {said}", file=sys.stderr)
     return 0
@@ -221,6 +154,98 @@ def follow_reclaim(args: argparse.Namespace, reclaimer: Reclaimer) -> int:
 
     async def follow() -> None:
         await run_kafka_reclaim(kafka, args.group, reclaimer, stop_on_signals(), keyring)
+
     asyncio.run(follow())
     print(", ".join(f"{k}: {v:,}" for k, v in reclaimer.counts.items()), file=sys.stderr)
     return 0
+
+
+# --- the command line: each command's flags and its entry in the table of gpucost.cli ---
+
+
+def _worker_arguments(p: argparse.ArgumentParser) -> None:
+    env_flag(
+        p,
+        "--group",
+        "GPUCOST_GROUP",
+        str,
+        "gpucost",
+        "consumer group shared by all workers; also names their transactions",
+    )
+    env_flag(
+        p,
+        "--session-timeout-s",
+        "GPUCOST_SESSION_TIMEOUT_S",
+        float,
+        "30",
+        "seconds before a silent worker's partitions move to another",
+    )
+    env_flag(
+        p,
+        "--max-batch",
+        "GPUCOST_MAX_BATCH",
+        int,
+        "200",
+        "input messages per poll at most, each partition's share applied in one transaction: fewer "
+        "commit sooner, more cost less per event",
+    )
+    env_flag(
+        p,
+        "--lag-interval-s",
+        "GPUCOST_LAG_INTERVAL_S",
+        float,
+        "5",
+        "ask the broker this often for the group's lag on every input partition (a dead worker's too), "
+        "and say 'caught up' once a finite input is committed to its end",
+    )
+    env_flag(
+        p,
+        "--verify-keys",
+        "GPUCOST_VERIFY_KEYS",
+        Path,
+        None,
+        "apply only messages signed by a key in this keyring file (re-read when it changes); others are "
+        "dead-lettered (unset: no verification)",
+    )
+    env_flag(
+        p,
+        "--output-signing-key-file",
+        "GPUCOST_OUTPUT_SIGNING_KEY_FILE",
+        Path,
+        None,
+        "sign every published record with the one key in this file, for sinks and billing consumers to "
+        "verify (unset: unsigned)",
+    )
+    add_settings(p, writes_out=False)
+    add_metrics(p)
+    add_kafka(p)
+
+
+def _sink_arguments(p: argparse.ArgumentParser) -> None:
+    add_out(p, "output directory (appended to)")
+    p.add_argument(
+        "--group",
+        default=env_default("GPUCOST_SINK_GROUP", "gpucost-sink"),
+        help="consumer group (env GPUCOST_SINK_GROUP; default gpucost-sink)",
+    )
+    p.add_argument("--flush-interval-s", type=float, default=2.0, help="seconds between file flushes (default 2)")
+    env_flag(p, "--retry-s", "GPUCOST_SINK_RETRY_S", float, "5", "while the output cannot be written, retry this often")
+    add_compact(p, "GPUCOST_SINK_COMPACT_MIN_FILES")
+    env_flag(
+        p,
+        "--verify-keys",
+        "GPUCOST_SINK_VERIFY_KEYS",
+        Path,
+        None,
+        "write only records signed by a key in this keyring file (the workers' output keys); others are "
+        "dead-lettered (unset: no verification)",
+    )
+    add_metrics(p)
+    add_cost_series(p)
+    add_kafka(p)
+
+
+WORKER = Command(
+    "worker", "run a worker: input topics → operators → output topics, exactly once", _worker_arguments, cmd_worker
+)
+SINK = Command("sink", "consume the output topics into Parquet (each record once)", _sink_arguments, cmd_sink)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from gpucost.cli import _parser
+from gpucost.cli import build_parser
 from tests.conftest import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
@@ -25,7 +25,7 @@ def _gpucost_args(service: dict) -> list[str]:
 def test_compose_services_run_valid_gpucost_commands() -> None:
     services = COMPOSE["services"]
     assert {"kafka", "topics", "producer", "worker", "sink", "producer-nvml", "query"} <= set(services)
-    parser = _parser()
+    parser = build_parser()
     for name, service in services.items():
         if "build" not in service:  # Kafka, Prometheus, Grafana: images of their own
             continue
@@ -81,7 +81,7 @@ def test_worker_and_sink_are_checked_through_their_health_endpoint() -> None:
         port = service["environment"]["GPUCOST_METRICS_ADDRESS"].rpartition(":")[2]
         probe = " ".join(service["healthcheck"]["test"])
         assert f"127.0.0.1:{port}/healthz" in probe
-        assert "--metrics-address" in " ".join(_parser()._subparsers._group_actions[0].choices[name].format_help().split())
+        assert "--metrics-address" in " ".join(build_parser()._subparsers._group_actions[0].choices[name].format_help().split())
 
 
 def test_prometheus_scrapes_every_service_that_serves_metrics_and_grafana_gets_the_dashboards() -> None:
@@ -111,7 +111,7 @@ def test_the_kubernetes_producer_has_what_attribution_needs() -> None:
     docs = {d["kind"]: d for d in yaml.safe_load_all(manifest)}
     pod = docs["DaemonSet"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    args = _parser().parse_args(container["args"])
+    args = build_parser().parse_args(container["args"])
     assert args.command == "produce" and args.source == "nvml" and args.attribution == ("kubernetes", "environ")
     assert pod["hostPID"] is True and container["securityContext"]["runAsUser"] == 0
     mounts = {m["name"]: m for m in container["volumeMounts"]}

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gpucost.kafka_commands import replay_events
+from gpucost.produce_commands import replay_events
 from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.sinks.views import connect
 from gpucost.streams.settings import AuditSettings

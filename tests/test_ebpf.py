@@ -228,10 +228,10 @@ def test_launches_are_probed_only_when_asked(monkeypatch: pytest.MonkeyPatch) ->
     that enter no figure: unset, ``--libcuda`` probes nothing, even on a node whose linker cache has the driver;
     ``auto`` looks there, a path names the library, and so does the environment variable. cuBLAS, whose calls
     feed EFU, is looked for unless ``none``."""
-    from gpucost.cli import _parser
+    from gpucost.cli import build_parser
 
     def libraries(*flags: str) -> tuple[object, object]:
-        args = _parser().parse_args(["run", "--source", "ebpf", *flags])
+        args = build_parser().parse_args(["run", "--source", "ebpf", *flags])
         return args.libcuda, args.libcublas
 
     for name in ("GPUCOST_LIBCUDA", "GPUCOST_LIBCUBLAS"):

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucost.cli import _parser
+from gpucost.cli import build_parser
 from gpucost.embedded import run_embedded
 from gpucost.producers.attribution import Attribution, AttributionSettings, ProcessEnvironment
 from gpucost.producers.kubernetes import (KubernetesPods, KubernetesSettings, cgroup_pod, list_pod_devices, list_pods,
@@ -261,7 +261,7 @@ def test_a_live_nvml_run_bills_the_pod_the_kubelet_gave_the_gpu(children: list[s
     live = _Sampled(sampler, "fake", LiveSettings(node_id="node-0", period_s=0.05, duration_s=1.0), sampler.close)
     with node.serving() as url:
         # as a user writes it, in either order: the pod's binding comes first all the same
-        args = _parser().parse_args(["run", "--source", "nvml", "--attribution", "environ,kubernetes",
+        args = build_parser().parse_args(["run", "--source", "nvml", "--attribution", "environ,kubernetes",
                                      "--kube-pods-url", url, "--kube-token-file", str(node.token_file),
                                      "--kube-pod-resources", str(node.socket)])
         events = list(attributed(args, live))

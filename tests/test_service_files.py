@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from gpucost.cli import _parser
+from gpucost.cli import build_parser
 from gpucost.config import AUDIT_ENV_PREFIX, FLAG_FIELDS
 from gpucost.metrics import Health, MetricsServer
 from tests.conftest import ROOT
@@ -65,14 +65,14 @@ def gpucost_argv(service: list[tuple[str, str]]) -> list[str]:
 def run_env_names() -> set[str]:
     """Every environment variable `gpucost run` reads, from the code: each flag's help names its variable
     (``flags.env_flag`` and the others write "env NAME"), and the audit settings are GPUCOST_<FIELD>."""
-    run = _parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     helps = " ".join(a.help or "" for a in run._actions)
     return set(re.findall(r"env (\w+)", helps)) | {AUDIT_ENV_PREFIX + f.upper() for f in FLAG_FIELDS}
 
 
 def flag_of(env: str) -> str:
     """The `gpucost run` flag whose help names ``env`` (or the audit setting's flag)."""
-    run = _parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     for action in run._actions:
         if re.search(rf"env {env}\b", action.help or ""):
             return action.option_strings[0]
@@ -88,7 +88,7 @@ def env_file() -> dict[str, bool]:
 def test_the_unit_runs_a_gpucost_run_that_resumes_into_its_state_directory() -> None:
     service = unit(UNIT)["Service"]
     argv = gpucost_argv(service)
-    args = _parser().parse_args(argv)  # exits (fails the test) on a command the CLI refuses
+    args = build_parser().parse_args(argv)  # exits (fails the test) on a command the CLI refuses
     assert args.command == "run" and args.source == "nvml"  # not auto: a node without NVML must not simulate
     assert "--overwrite" not in argv and not args.overwrite  # a restart resumes; --overwrite would start afresh
     writable = [PurePosixPath("/var/lib") / d for d in " ".join(values(service, "StateDirectory")).split()]
@@ -121,9 +121,9 @@ def test_the_unit_stops_with_time_to_publish_and_keeps_nvml_and_its_own_user() -
 def test_the_ebpf_drop_in_runs_the_same_output_as_root() -> None:
     base, ebpf = unit(UNIT)["Service"], unit(EBPF)["Service"]
     assert [v for k, v in ebpf if k == "ExecStart"][0] == ""  # a drop-in must reset ExecStart= to replace it
-    args = _parser().parse_args(gpucost_argv(ebpf))
+    args = build_parser().parse_args(gpucost_argv(ebpf))
     assert args.source == "ebpf" and not args.overwrite
-    assert args.out == _parser().parse_args(gpucost_argv(base)).out
+    assert args.out == build_parser().parse_args(gpucost_argv(base)).out
     assert one(ebpf, "User") == "root"  # producers/ebpf.py refuses any other user
     assert values(ebpf, "AmbientCapabilities") == [] and values(ebpf, "CapabilityBoundingSet") == ["~"]
 
@@ -199,7 +199,7 @@ COMPOSE = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
 def test_the_compose_service_runs_continuously_into_a_volume_with_its_health_checked() -> None:
     """tests/test_compose.py parses its command with the CLI and checks its mount point in the image."""
     service = COMPOSE["services"]["gpucost-run"]
-    args = _parser().parse_args(service["command"])
+    args = build_parser().parse_args(service["command"])
     assert args.command == "run" and args.source == "nvml" and "--overwrite" not in service["command"]
     assert service["restart"] == "unless-stopped" and service["depends_on"] == []  # no broker needed
     (volume,) = service["volumes"]

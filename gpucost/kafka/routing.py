@@ -12,8 +12,16 @@ topic once, as the embedded auditor would dead-letter it, rather than once per G
 from __future__ import annotations
 
 from gpucost.schemas.codec import encode_event
-from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                                    TenantBinding)
+from gpucost.schemas.events import (
+    EbpfTrace,
+    Event,
+    GpuSample,
+    MemAccess,
+    NumaEvent,
+    Price,
+    ProcessSample,
+    TenantBinding,
+)
 from gpucost.schemas.records import DeadLetter
 
 __all__ = ["Route", "Router", "duplicate_letter"]

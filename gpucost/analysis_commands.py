@@ -1,0 +1,222 @@
+"""The commands that read an output directory or recorded events to answer a question: fit the weights, bill again
+under other terms (what-if), draw the report, export FOCUS."""
+
+from __future__ import annotations
+
+import argparse
+import decimal
+import json
+import sys
+from pathlib import Path
+
+import duckdb
+
+from gpucost.command import Command
+from gpucost.commands import price_events
+from gpucost.csv_cells import write_rows
+from gpucost.fit import RESOURCES, fit_weights, pane_features
+from gpucost.flags import add_out, add_settings, date_arg, env_flag
+from gpucost.focus import FORMATS, MONTH, cost_months, export_focus
+from gpucost.output_files import check_writable, write_whole
+from gpucost.report import format_table
+from gpucost.whatif import IDLE_POLICIES, Scenario, bills
+from gpucost.wiring import (
+    UsageError,
+    audit_settings,
+    event_files,
+    output_to_read,
+)
+
+__all__ = [
+    "cmd_fit_weights",
+    "cmd_whatif",
+    "cmd_export",
+    "cmd_report",
+    "FIT_WEIGHTS",
+    "WHATIF",
+    "HTML_REPORT",
+    "EXPORT",
+]
+
+
+def cmd_fit_weights(args: argparse.Namespace) -> int:
+    settings = audit_settings(args)
+    if args.write is not None:
+        check_writable(args.write, "--write")
+    try:
+        fit = fit_weights(pane_features(event_files(args.input), settings))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"panes used: {fit.panes:,}   R² = {fit.r2:.4f}   idle draw {fit.intercept_w:.1f} W")
+    for name, resource, slope in zip(("alpha", "beta", "gamma"), RESOURCES, fit.slopes.tolist()):
+        value = fit.weights[name]
+        print(
+            f"{name:5} = {value if value is not None else 'not estimated: ' + fit.why_not[name]}"
+            f"   (power slope on {resource}: {slope:.6g})"
+        )
+    if args.write is not None:
+        write_whole(args.write, fit.snippet(), "--write")
+        print(f"settings written to {args.write}; use it with --config {args.write}")
+    else:
+        print("\n" + fit.snippet(), end="")
+    return 0
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    output_to_read(args.out)
+    s = audit_settings(args)  # the scenario's weights: --alpha/--beta/--gamma, else the config and environment's
+    try:
+        scenario = Scenario.of(
+            s.alpha,
+            s.beta,
+            s.gamma,
+            prices=price_events(args.prices) if args.prices else (),
+            idle_policy=args.idle_policy,
+        )
+        rows = bills(args.out, scenario)
+    except (ValueError, decimal.InvalidOperation) as exc:
+        raise UsageError(str(exc)) from None
+    except duckdb.BinderException as exc:  # cost records written before they carried their numerators
+        raise UsageError(
+            f"the cost records in {args.out} lack the numerators a what-if needs (t_num, b_num, l_num, "
+            f"busy_num, covered_ms: written by a gpucost before them); replay their events with this "
+            f"one first ({str(exc).splitlines()[0]})"
+        ) from None
+    columns = ["team", "base_micro_usd", "scenario_micro_usd", "difference_micro_usd"]
+    table = [[b.team, b.base_micro_usd, b.scenario_micro_usd, b.difference_micro_usd] for b in rows]
+    table.append(["(total)", *(sum(r[i] for r in table) for i in (1, 2, 3))])
+    if args.format == "json":
+        print(json.dumps([dict(zip(columns, r)) for r in table], indent=1))
+    elif args.format == "csv":
+        write_rows(sys.stdout, columns, table)
+    else:
+        print(format_table(columns, [[t, *(f"{v:,}" for v in vs)] for t, *vs in table]))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``gpucost export focus``: the month's cost records as a FOCUS 1.2 Cost and Usage file, written whole; a
+    month with no cost record is an error, not an empty file."""
+    output_to_read(args.out, holding=True)
+    if not MONTH.match(args.month):
+        raise UsageError(f"--month {args.month!r} is not YYYY-MM")
+    if args.file.exists() and not args.overwrite:
+        raise UsageError(f"{args.file} exists; pass --overwrite to replace it")
+    rows = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal rows
+        try:
+            rows = export_focus(args.out, args.month, tmp, args.format, args.provider, args.billing_account)
+        except (ValueError, duckdb.Error) as exc:
+            raise UsageError(f"FILE {args.file}: {exc}".replace("\n", " ")) from None
+        if not rows:
+            raise UsageError(
+                f"no cost record of {args.month} in {args.out}; nothing written (its months: "
+                f"{', '.join(cost_months(args.out)) or 'none'})"
+            )
+
+    write_whole(args.file, write, "FILE")
+    print(f"wrote {rows:,} FOCUS 1.2 rows of {args.month} to {args.file}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``gpucost report``: the output as one self-contained HTML page of plots."""
+    from gpucost.report_html import build_report
+
+    output_to_read(args.out, holding=True)
+    if args.since and args.until and args.since > args.until:
+        raise UsageError(f"--since {args.since} is after --until {args.until}")
+    check_writable(args.html, "--html")
+    page = build_report(args.out, args.since, args.until)
+    write_whole(args.html, page, "--html")
+    print(f"wrote {args.html} ({len(page.encode()) / 1e6:.1f} MB, self-contained: open it in any browser)")
+    return 0
+
+
+# --- the command line: each command's flags and its entry in the table of gpucost.cli ---
+
+
+def _fit_weights_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", type=Path, nargs="+", help="JSON Lines or Parquet event files, or directories of them")
+    p.add_argument("--write", type=Path, help="write the snippet to this TOML file (default: print it)")
+    add_settings(p, writes_out=False)
+
+
+def _whatif_arguments(p: argparse.ArgumentParser) -> None:
+    add_out(p, "output directory holding the cost records")
+    p.add_argument(
+        "--prices",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="JSON Lines of price events in force instead of the records' own prices",
+    )
+    p.add_argument(
+        "--idle-policy",
+        choices=IDLE_POLICIES,
+        default="separate",
+        help="separate: idle is its own party (as billed); share: each pane's idle µ$ go to its tenants by weight",
+    )
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    add_settings(p, writes_out=False)
+
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    add_out(p, "output directory holding the records")
+    p.add_argument("--html", type=Path, required=True, help="the HTML file to write")
+    p.add_argument("--since", type=date_arg, help="first UTC date to show, YYYY-MM-DD (default: the first)")
+    p.add_argument("--until", type=date_arg, help="last UTC date to show, YYYY-MM-DD (default: the last)")
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    export_sub = p.add_subparsers(dest="export_format", required=True)
+    focus = export_sub.add_parser(
+        "focus", help="a month of cost records as a FinOps FOCUS 1.2 Cost and Usage file (exact decimal costs)"
+    )
+    focus.add_argument("file", type=Path, help="the file to write")
+    add_out(focus, "output directory holding the cost records")
+    focus.add_argument("--month", required=True, help="the billing period, YYYY-MM (UTC)")
+    focus.add_argument("--format", choices=FORMATS, default="csv")
+    focus.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    env_flag(
+        focus,
+        "--provider",
+        "GPUCOST_FOCUS_PROVIDER",
+        str,
+        "gpucost",
+        "ProviderName, PublisherName and InvoiceIssuerName: who runs the fleet",
+    )
+    env_flag(
+        focus,
+        "--billing-account",
+        "GPUCOST_FOCUS_BILLING_ACCOUNT",
+        str,
+        "gpucost",
+        "BillingAccountId and BillingAccountName",
+    )
+
+
+FIT_WEIGHTS = Command(
+    "fit-weights",
+    "fit α, β, γ to the GPUs' power over recorded events (docs/definitions.md, "
+    "Weights fit): prints them with R² and writes a settings snippet",
+    _fit_weights_arguments,
+    cmd_fit_weights,
+)
+WHATIF = Command(
+    "whatif",
+    "bill the published cost records again under other prices, weights or idle "
+    "policy: per team, base µ$, scenario µ$, difference (exact, from --out alone)",
+    _whatif_arguments,
+    cmd_whatif,
+)
+HTML_REPORT = Command(
+    "report",
+    "the output as one self-contained HTML page of plots (cost by team, "
+    "idle share, an idle heatmap, health, reclaims, MAE, dead letters)",
+    _report_arguments,
+    cmd_report,
+)
+EXPORT = Command("export", "the cost records in a standard other tools read", _export_arguments, cmd_export)

@@ -1,0 +1,40 @@
+"""The command line is one table (``gpucost.cli.TABLE``): every entry has a help line and flags that parse, the
+parser lists exactly the table, and every command is run by some test of the suite."""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from gpucost.cli import COMMANDS, TABLE, build_parser, main
+from tests.conftest import ROOT
+
+
+def test_the_parser_lists_the_table_once_each() -> None:
+    names = [c.name for c in TABLE]
+    assert len(names) == len(set(names)) == len(COMMANDS)
+    sub = next(a for a in build_parser()._actions if a.dest == "command")  # argparse's own record of them
+    assert list(sub.choices) == names  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("command", TABLE, ids=lambda c: c.name)
+def test_each_command_has_help_and_flags_that_parse(command: object) -> None:
+    name = command.name  # type: ignore[attr-defined]
+    assert command.help.strip() and callable(command.run)  # type: ignore[attr-defined]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+        main([name, "--help"])
+    assert done.value.code == 0 and f"usage: gpucost {name}" in out.getvalue()
+
+
+def test_every_command_is_run_by_a_test() -> None:
+    """A command only the table knows is a command no test runs: each name must appear as the first argument of a
+    command line in some test (``"name"`` first in a call's arguments or list, after at most one other argument such
+    as a fixture, or ``gpucost name`` in a shell line)."""
+    text = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_command_table.py")
+    untested = [c.name for c in TABLE
+                if not re.search(rf'\(\[?\s*(?:\w+,\s*)?"{re.escape(c.name)}"|gpucost {re.escape(c.name)}\b|'
+                                 rf'"gpucost\.cli", "{re.escape(c.name)}"', text)]
+    assert untested == []
