@@ -1,6 +1,6 @@
 """The health audit: per GPU, tumbling windows of ``H`` over its closed panes, graded, and a breaker.
 
-METRICS.md, "Health audit". The operator sees each closed pane that has GPU samples (the panes
+docs/definitions.md, "Health audit". The operator sees each closed pane that has GPU samples (the panes
 with an idle-index record), in ascending order per GPU, as both paths close them. A window
 closes when the pane that ends it closes, or when a pane of a later window does (panes close in
 order, and a late event is refused, so nothing more can reach it), or at end of input. A window
