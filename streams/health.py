@@ -187,7 +187,7 @@ class HealthAudit:
         """End of a finite input: every open window closes, in GPU order."""
         return [self._close(gpu) for gpu in sorted(self._open)]
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str] | None = None
+    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
                      ) -> list[HealthRecord]:
         """The open windows of GPUs gone silent (of those in ``only``, if given): those that ended
         ``idle_timeout_ns`` or more before ``watermark_ns`` (a later pane of their GPU would have closed them)."""

@@ -306,7 +306,7 @@ class IdleIndex:
                          np.zeros(len(panes), np.int64)],
                         schema=ARROW_SCHEMAS["idle_index"])
 
-    def expire(self, watermark_ns: int, only: Container[str] | None = None) -> None:
+    def expire(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None) -> None:
         """Drop the windows whose every pane lies more than the window behind ``watermark_ns`` (of the GPUs in
         ``only``, if given): a GPU gone silent that long holds nothing a later pane of it would sum (a pane
         that far ahead starts a window afresh), and its ring would otherwise stay for good."""

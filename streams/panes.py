@@ -219,7 +219,7 @@ class GpuPanes:
         time up to which no record of these GPUs can be revised (``gpucost.kafka.closing``)."""
         return min(self._max_ts.values()) - self.lateness_ns if self._max_ts else None
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str] | None = None
+    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
                      ) -> list[PaneTotals]:
         """The open panes whose end lies ``idle_timeout_ns`` or more behind ``watermark_ns`` (another GPU's:
         this one has gone silent), closed, each GPU's oldest first (of the GPUs in ``only``, if given). Each
@@ -237,7 +237,7 @@ class GpuPanes:
                     del self._open[gpu]
         return out
 
-    def forget(self, watermark_ns: int, only: Container[str] | None = None) -> list[str]:
+    def forget(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None) -> list[str]:
         """Drop the GPUs without an open pane whose watermark is at or before ``watermark_ns`` (of those in
         ``only``, if given): gone from the fleet (``Auditor.close_silent``). Their largest ``max_ts`` becomes
         the floor every GPU not known here starts from, so that any event of a pane they had billed is late,

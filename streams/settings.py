@@ -164,12 +164,36 @@ class AuditSettings(BaseModel):
         """A setting in seconds (``pane_s``, ``lateness_s``, ``max_jump_s``…) in nanoseconds, as event times are."""
         return int(getattr(self, seconds_field)) * 1_000_000_000
 
-    pane_ns = property(lambda self: self.ns("pane_s"), doc="pane length P in ns")
-    lateness_ns = property(lambda self: self.ns("lateness_s"), doc="allowed lateness in ns")
-    idle_timeout_ns = property(lambda self: self.ns("idle_timeout_s"), doc="a silent GPU's timeout in ns")
-    max_jump_ns = property(lambda self: self.ns("max_jump_s"), doc="the largest one-event watermark jump in ns")
-    revision_horizon_ns = property(lambda self: self.ns("revision_horizon_s"), doc="the revision horizon R in ns")
-    max_future_ns = property(lambda self: self.ns("max_future_s"), doc="the clock skew refused, in ns")
+    @property
+    def pane_ns(self) -> int:
+        """Pane length P in ns."""
+        return self.ns("pane_s")
+
+    @property
+    def lateness_ns(self) -> int:
+        """Allowed lateness in ns."""
+        return self.ns("lateness_s")
+
+    @property
+    def idle_timeout_ns(self) -> int:
+        """A silent GPU's timeout in ns."""
+        return self.ns("idle_timeout_s")
+
+    @property
+    def max_jump_ns(self) -> int:
+        """The largest one-event watermark jump in ns."""
+        return self.ns("max_jump_s")
+
+    @property
+    def revision_horizon_ns(self) -> int:
+        """The revision horizon R in ns."""
+        return self.ns("revision_horizon_s")
+
+    @property
+    def max_future_ns(self) -> int:
+        """The clock skew refused, in ns."""
+        return self.ns("max_future_s")
+
     @property
     def window_ns(self) -> int:
         return self.window_h * 3_600_000_000_000
