@@ -289,6 +289,12 @@ class Auditor(DeadLetters):
         watermark, addresses = self.panes.largest_watermark(), self.mae.latest_ns().values()
         return max([*([] if watermark is None else [watermark]), *addresses], default=None)
 
+    def heard_ns(self) -> dict[str | tuple[str, int], int]:
+        """Each GPU's largest event time taken and each open MAE window's last address, by GPU id or (node, pid):
+        what a transport watches, on its own clock, to tell a GPU or process gone silent (``close_silent``'s
+        ``only``) from one whose events are only behind."""
+        return {**self.panes.latest_ns(), **self.mae.latest_ns()}
+
     def finish(self) -> list[Output]:
         """End of a finite input: close every pane, every health window and every MAE window."""
         return self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())
