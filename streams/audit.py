@@ -293,7 +293,10 @@ class Auditor(DeadLetters):
         """Each GPU's largest event time taken and each open MAE window's last address, by GPU id or (node, pid):
         what a transport watches, on its own clock, to tell a GPU or process gone silent (``close_silent``'s
         ``only``) from one whose events are only behind."""
-        return {**self.panes.latest_ns(), **self.mae.latest_ns()}
+        heard: dict[str | tuple[str, int], int] = {}
+        heard.update(self.panes.latest_ns())
+        heard.update(self.mae.latest_ns())
+        return heard
 
     def finish(self) -> list[Output]:
         """End of a finite input: close every pane, every health window and every MAE window."""
