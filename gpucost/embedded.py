@@ -146,7 +146,7 @@ class _Silence:
         if now - self.looked < min(1.0, self.timeout_s):  # a look costs a pass over the GPUs: once a second
             return []
         self.looked = now
-        latest: dict[str | tuple[str, int], int] = {**auditor.panes.latest_ns(), **auditor.mae.latest_ns()}
+        latest = auditor.heard_ns()
         for key, ts in latest.items():
             if self.latest.get(key) != ts:
                 self.latest[key], self.heard[key] = ts, now

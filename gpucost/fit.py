@@ -1,4 +1,4 @@
-"""α, β, γ fitted from power instead of guessed (METRICS.md, "Weights fit").
+"""α, β, γ fitted from power instead of guessed (docs/definitions.md, "Weights fit").
 
 Per GPU pane with covered time, the pane's mean power is regressed on ``[1, T, B, L]``: T and B the
 process samples' Σ SM % · ms and Σ memory-bandwidth % · ms over the covered ms, L their NUMA Σ hops ·
@@ -113,7 +113,7 @@ class Fit:
 
 
 def fit_weights(features: Features) -> Fit:
-    """The regression, R² and the weights it gives (METRICS.md); a resource that never varies in the
+    """The regression, R² and the weights it gives (docs/definitions.md, "Weights fit"); a resource that never varies in the
     input (no NUMA events at all, say) has no weight estimated rather than one invented."""
     x, y = features.x, features.power_w
     if len(y) < 5:

@@ -1,1 +1,1 @@
-"""Pure incremental operators: no I/O, no Faust import, no wall clock."""
+"""Pure incremental operators: events and settings in, records out; no I/O, no transport, no wall clock."""

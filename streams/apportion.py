@@ -1,4 +1,4 @@
-"""Split one closed pane's cost among its tenants and idle (METRICS.md, steps 1–6)."""
+"""Split one closed pane's cost among its tenants and idle (docs/definitions.md, "Cost split", steps 1–7)."""
 from __future__ import annotations
 
 import math
@@ -37,7 +37,7 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     """Cost records of one pane, idle first then tenants by key; they sum to the pane's cost.
 
     The busy fraction ``u`` sums the *process* samples' SM utilisation (it can pass 100 %
-    when processes overlap, hence the ``min(1, ·)`` of METRICS.md step 4).
+    when processes overlap, hence the ``min(1, ·)`` of docs/definitions.md, "Cost split", step 4).
 
     All in integers: with component totals T, B, L (a zero total counted as 1, its
     component then being 0 for everyone), tenant i's weight is

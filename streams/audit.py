@@ -1,7 +1,7 @@
 """The whole audit as one pure operator: events in, records out, in event time.
 
-Every transport (embedded queue, Kafka agents) drives this same class, so they cannot
-disagree. No I/O, no clock: the only inputs are the events and the settings.
+Every transport (the embedded run, ``gpucost.embedded``; the Kafka worker, ``gpucost.kafka.worker``, one
+auditor per message key) drives this same class, so they cannot disagree. No I/O, no clock: the only inputs are the events and the settings.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class Auditor(DeadLetters):
                  audit_key: bytes | None = None) -> None:
         self.settings = settings
         self.clock = clock
-        self.audit_key = audit_key  # signs the health records (METRICS.md: HMAC of their hash); None: unsigned
+        self.audit_key = audit_key  # signs the health records (docs/definitions.md, "Health audit": HMAC of their hash); None: unsigned
         self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
         self.panes = GpuPanes(settings)
         self.idle = IdleIndex(settings)
@@ -117,7 +117,7 @@ class Auditor(DeadLetters):
         One that governs only time beyond the horizon (the process was bound again later, and that later binding
         too is older than the horizon, judged against the watermark of its node's GPUs: a later node's bindings,
         replayed after an earlier node's events, are not late) and reaches no pane kept here could change only
-        panes beyond it, and is ``late`` (METRICS.md, "Late data become revisions"). One with no later binding
+        panes beyond it, and is ``late`` (docs/definitions.md, "Late data become revisions"). One with no later binding
         still governs the samples its process sends from now on, however old it is: it is taken."""
         verdict = self.bindings.verdict(event)
         if verdict == "duplicate":
@@ -254,7 +254,7 @@ class Auditor(DeadLetters):
         its window (``IdleIndex.expire``); one silent for the idle window or the revision horizon, whichever is
         longer, past the timeout is forgotten (``GpuPanes.forget``; unless ``forget`` is false: a finite replay of
         one file after another, whose later files start back in time), so that the state does not grow
-        with every GPU the fleet ever had. METRICS.md exempts this rule from cross-path equality: it
+        with every GPU the fleet ever had. docs/definitions.md ("Readings of the contract") exempts this rule from cross-path equality: it
         depends on what shares the partition."""
         timeout = self.settings.idle_timeout_ns
         closed = self.panes.close_silent(watermark_ns, timeout, only)
@@ -288,6 +288,15 @@ class Auditor(DeadLetters):
         address of an open MAE window."""
         watermark, addresses = self.panes.largest_watermark(), self.mae.latest_ns().values()
         return max([*([] if watermark is None else [watermark]), *addresses], default=None)
+
+    def heard_ns(self) -> dict[str | tuple[str, int], int]:
+        """Each GPU's largest event time taken and each open MAE window's last address, by GPU id or (node, pid):
+        what a transport watches, on its own clock, to tell a GPU or process gone silent (``close_silent``'s
+        ``only``) from one whose events are only behind."""
+        heard: dict[str | tuple[str, int], int] = {}
+        heard.update(self.panes.latest_ns())
+        heard.update(self.mae.latest_ns())
+        return heard
 
     def finish(self) -> list[Output]:
         """End of a finite input: close every pane, every health window and every MAE window."""
@@ -358,7 +367,7 @@ class Auditor(DeadLetters):
         """What stays of a key once its finite input ended (after ``finish``): a fresh auditor whose
         watermark of each GPU stands at the end of the last pane closed, so that later panes open as usual,
         and which keeps everything the same input sent again (a second ``produce`` of a file, signed messages
-        copied back into the topic) is checked against (METRICS.md, "Re-sent input"): the revision log (samples
+        copied back into the topic) is checked against (docs/definitions.md, "Re-sent input"): the revision log (samples
         and NUMA events), the bindings and prices (a binding or price of an instant already taken), and each
         process's addresses taken (``Mae.resume_after``). It is then a ``duplicate`` or ``late``, never billed or
         attributed again; a re-sent binding once met an empty table, was taken as new, and moved every logged

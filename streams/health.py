@@ -1,6 +1,6 @@
 """The health audit: per GPU, tumbling windows of ``H`` over its closed panes, graded, and a breaker.
 
-METRICS.md, "Health audit". The operator sees each closed pane that has GPU samples (the panes
+docs/definitions.md, "Health audit". The operator sees each closed pane that has GPU samples (the panes
 with an idle-index record), in ascending order per GPU, as both paths close them. A window
 closes when the pane that ends it closes, or when a pane of a later window does (panes close in
 order, and a late event is refused, so nothing more can reach it), or at end of input. A window
@@ -187,7 +187,7 @@ class HealthAudit:
         """End of a finite input: every open window closes, in GPU order."""
         return [self._close(gpu) for gpu in sorted(self._open)]
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str] | None = None
+    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
                      ) -> list[HealthRecord]:
         """The open windows of GPUs gone silent (of those in ``only``, if given): those that ended
         ``idle_timeout_ns`` or more before ``watermark_ns`` (a later pane of their GPU would have closed them)."""

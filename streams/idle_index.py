@@ -1,6 +1,6 @@
 """The rolling idle index: per GPU, idle and covered ms over the panes of the last window.
 
-Reading taken of METRICS.md: its window is "panes whose start lies in (pane_end − 72 h,
+Reading taken of the specification (docs/definitions.md, "Idle index"): its window is "panes whose start lies in (pane_end − 72 h,
 pane_end]". Literally that admits the *next* pane (start = pane_end), which has not closed,
 and leaves only 71 h 59 min of closed panes. We sum the 72 h ending at pane_end: the panes
 whose *end* lies in (pane_end − 72 h, pane_end], i.e. start in (pane_start − 72 h, pane_start].
@@ -306,7 +306,7 @@ class IdleIndex:
                          np.zeros(len(panes), np.int64)],
                         schema=ARROW_SCHEMAS["idle_index"])
 
-    def expire(self, watermark_ns: int, only: Container[str] | None = None) -> None:
+    def expire(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None) -> None:
         """Drop the windows whose every pane lies more than the window behind ``watermark_ns`` (of the GPUs in
         ``only``, if given): a GPU gone silent that long holds nothing a later pane of it would sum (a pane
         that far ahead starts a window afresh), and its ring would otherwise stay for good."""

@@ -141,7 +141,7 @@ class Mae:
         return {key: win.last_ts_ns for key, win in self._open.items()}
 
     def close_silent(self, watermark_ns: int, idle_timeout_ns: int,
-                     only: Container[tuple[str, int]] | None = None) -> list[MaeRecord]:
+                     only: Container[str | tuple[str, int]] | None = None) -> list[MaeRecord]:
         """The partial windows of processes gone silent (of those in ``only``, if given): whose last address
         lies ``idle_timeout_ns`` or more behind ``watermark_ns``, as at the end of their input. A live run has
         no end of input, and a process that exits sends none: without this its last window would never be
@@ -154,7 +154,7 @@ class Mae:
         """After an end of input: keep the addresses taken, so the same ones sent again are refused."""
         self.taken = finished.taken
 
-    def forget(self, floor_ns: int, only: Container[tuple[str, int]] | None = None) -> None:
+    def forget(self, floor_ns: int, only: Container[str | tuple[str, int]] | None = None) -> None:
         """Forget the addresses taken of processes (of those in ``only``) with no open window, silent since
         before ``floor_ns`` (``Auditor.close_silent`` forgets a GPU's panes at the same age)."""
         self.taken.forget(floor_ns, self._open, only)

@@ -25,7 +25,7 @@ from gpucost.streams.tables import UNATTRIBUTED, Tenant
 
 __all__ = ["pane_start_ns", "overlaps", "jump", "KINDS", "GpuPanes"]
 
-#: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark: METRICS.md)
+#: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark: docs/definitions.md, "Time, panes and watermarks")
 KINDS = ("gpu_sample", "process_sample", "numa_event", "ebpf_trace")
 GPU, PROC, NUMA, TRACE = range(len(KINDS))
 _NONE = np.iinfo(np.int64).min  # no time yet
@@ -38,7 +38,7 @@ def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
 
 def overlaps(gap_ns: Any, interval_ms: Any) -> Any:
     """Whether a sample ``gap_ns`` from an accepted one of its device lies closer than three quarters of
-    its own interval (METRICS.md: one sampler per device): a second sampler's, which would bill the
+    its own interval (docs/definitions.md, "Inputs and what is refused": one sampler per device): a second sampler's, which would bill the
     device's time twice. Exact in integers: 4·gap < 3·interval; of ints, or elementwise of int64 arrays."""
     return 4 * gap_ns < 3_000_000 * interval_ms
 
@@ -219,7 +219,7 @@ class GpuPanes:
         time up to which no record of these GPUs can be revised (``gpucost.kafka.closing``)."""
         return min(self._max_ts.values()) - self.lateness_ns if self._max_ts else None
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str] | None = None
+    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
                      ) -> list[PaneTotals]:
         """The open panes whose end lies ``idle_timeout_ns`` or more behind ``watermark_ns`` (another GPU's:
         this one has gone silent), closed, each GPU's oldest first (of the GPUs in ``only``, if given). Each
@@ -237,7 +237,7 @@ class GpuPanes:
                     del self._open[gpu]
         return out
 
-    def forget(self, watermark_ns: int, only: Container[str] | None = None) -> list[str]:
+    def forget(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None) -> list[str]:
         """Drop the GPUs without an open pane whose watermark is at or before ``watermark_ns`` (of those in
         ``only``, if given): gone from the fleet (``Auditor.close_silent``). Their largest ``max_ts`` becomes
         the floor every GPU not known here starts from, so that any event of a pane they had billed is late,

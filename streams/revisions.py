@@ -1,4 +1,4 @@
-"""Late data become revisions (METRICS.md, "Late data become revisions"): what the audit keeps of each GPU's
+"""Late data become revisions (docs/definitions.md, "Late data become revisions"): what the audit keeps of each GPU's
 panes for the revision horizon ``R``, and the difference records a recomputation publishes.
 
 Why a log of rows, not the pane sums: a late binding moves a process's samples from one tenant to another,

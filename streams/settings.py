@@ -1,4 +1,4 @@
-"""The operators' settings: the METRICS.md defaults, overridable by file, environment, flags.
+"""The operators' settings: the defaults docs/definitions.md gives, overridable by file, environment, flags.
 
 A plain model: building one reads nothing from the environment, so an operator or a test gets
 exactly what it passes. The command line layers file, environment and flags over it
@@ -23,7 +23,7 @@ Weight = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
 
 
 class SlaTier(BaseModel):
-    """One SLA tier (METRICS.md, "SLA tiers"): a tenant is idle in a pane when its utilisation is below
+    """One SLA tier (docs/definitions.md, "SLA tiers"): a tenant is idle in a pane when its utilisation is below
     ``threshold_pct`` (0: when it is exactly 0); an idle run of ``duration_s`` triggers a reclaim, to be
     acted on within ``max_idle_s`` of the run's start; ``quota_base`` scales its quota."""
 
@@ -55,7 +55,7 @@ PositiveDecimal = Annotated[Decimal, Field(gt=0, le=10**9, allow_inf_nan=False)]
 
 
 class AuditSettings(BaseModel):
-    """Every knob of METRICS.md. The CLI reads environment variables ``GPUCOST_<FIELD>`` (e.g.
+    """Every knob of docs/definitions.md. The CLI reads environment variables ``GPUCOST_<FIELD>`` (e.g.
     ``GPUCOST_PANE_S``) into it; the model itself never does."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,7 +84,7 @@ class AuditSettings(BaseModel):
         "a late event for a pane closed at most this long (event time) before its GPU's watermark revises "
         "the pane's records instead of being dead-lettered late; 0: no revisions"))] = 6 * 3600
     l2_calibration: tuple[tuple[float, float], ...] = DEFAULT_L2_CALIBRATION
-    # --- the health audit (METRICS.md, "Health audit") -------------------------------------------
+    # --- the health audit (docs/definitions.md, "Health audit") -------------------------------------------
     health_window_h: Annotated[int, Field(ge=1, le=24 * 31, description=(
         "health audit window H, hours (a multiple of the pane)"))] = 1
     admission_h: Annotated[int, Field(ge=0, le=24 * 366, description=(
@@ -103,7 +103,7 @@ class AuditSettings(BaseModel):
     readmit_passes: Annotated[int, Field(ge=1, le=10_000, description=(
         "consecutive passed windows that bring a removed GPU back in service"))] = 2
     peak_tops: dict[str, PositiveDecimal] = Field(default_factory=lambda: dict(DEFAULT_PEAK_TOPS))
-    # --- efficiency (METRICS.md, "Efficiency"): the roofline diagnosis -----------------------------
+    # --- efficiency (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"): the roofline diagnosis -----------------------------
     compute_bound_efu: Annotated[Ratio, Field(description="a pane is compute_bound at an EFU of at least this")] = \
         Decimal("0.5")
     memory_bound_bw: Annotated[Ratio, Field(description=(
@@ -164,12 +164,36 @@ class AuditSettings(BaseModel):
         """A setting in seconds (``pane_s``, ``lateness_s``, ``max_jump_s``…) in nanoseconds, as event times are."""
         return int(getattr(self, seconds_field)) * 1_000_000_000
 
-    pane_ns = property(lambda self: self.ns("pane_s"), doc="pane length P in ns")
-    lateness_ns = property(lambda self: self.ns("lateness_s"), doc="allowed lateness in ns")
-    idle_timeout_ns = property(lambda self: self.ns("idle_timeout_s"), doc="a silent GPU's timeout in ns")
-    max_jump_ns = property(lambda self: self.ns("max_jump_s"), doc="the largest one-event watermark jump in ns")
-    revision_horizon_ns = property(lambda self: self.ns("revision_horizon_s"), doc="the revision horizon R in ns")
-    max_future_ns = property(lambda self: self.ns("max_future_s"), doc="the clock skew refused, in ns")
+    @property
+    def pane_ns(self) -> int:
+        """Pane length P in ns."""
+        return self.ns("pane_s")
+
+    @property
+    def lateness_ns(self) -> int:
+        """Allowed lateness in ns."""
+        return self.ns("lateness_s")
+
+    @property
+    def idle_timeout_ns(self) -> int:
+        """A silent GPU's timeout in ns."""
+        return self.ns("idle_timeout_s")
+
+    @property
+    def max_jump_ns(self) -> int:
+        """The largest one-event watermark jump in ns."""
+        return self.ns("max_jump_s")
+
+    @property
+    def revision_horizon_ns(self) -> int:
+        """The revision horizon R in ns."""
+        return self.ns("revision_horizon_s")
+
+    @property
+    def max_future_ns(self) -> int:
+        """The clock skew refused, in ns."""
+        return self.ns("max_future_s")
+
     @property
     def window_ns(self) -> int:
         return self.window_h * 3_600_000_000_000

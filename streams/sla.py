@@ -1,6 +1,6 @@
 """SLA tiers in action: per GPU and tenant, idle runs, reclaim triggers and the quota scale.
 
-METRICS.md, "SLA tiers". The operator sees each closed pane that has GPU samples, each GPU's in
+docs/definitions.md, "SLA tiers". The operator sees each closed pane that has GPU samples, each GPU's in
 ascending order. A tenant (with a tier: its binding's ``sla`` in the tier table) is idle in a
 pane when its process samples' ``Σ sm_util_cp · interval_ms`` over the pane's ``covered_ms`` is
 below its tier's threshold (compared as integers: ``Σ < threshold_cp · covered_ms``; a threshold of
@@ -36,7 +36,7 @@ __all__ = ["SlaOperator", "quota_scale"]
 def quota_scale(tier: SlaTier, idle_run_ms: int, sm: int, covered_ms: int) -> float:
     """The seed's ``calcQuotaScale``: ``base · (0.3 + 0.7 · e^(−idle_s / 300))`` while idle, else
     ``base · min(1.5, 1 + 0.5 · avg_util)``, ``avg_util`` the exact ratio rounded once. In float64
-    (METRICS.md: to 1e-12); the batch entry does the same operations elementwise (IEEE's, which numpy and
+    (docs/definitions.md, "SLA tiers": to 1e-12); the batch entry does the same operations elementwise (IEEE's, which numpy and
     Python round alike) and takes the exponential from ``_decay`` too, so both paths give the same bits."""
     base = float(tier.quota_base)
     if idle_run_ms > 0:

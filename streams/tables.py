@@ -28,7 +28,7 @@ class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):
 
     @property
     def key(self) -> str:
-        """The values joined by ``:``, missing values empty (METRICS.md, "Tenant")."""
+        """The values joined by ``:``, missing values empty (docs/definitions.md, "Tenants and prices")."""
         return ":".join("" if v is None else v for v in self)
 
 

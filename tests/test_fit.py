@@ -112,3 +112,31 @@ def test_nnls_meets_the_optimality_conditions(case: tuple[list[list[float]], lis
     gradient = x.T @ residual  # the error falls as slope j grows where this is positive
     assert (gradient <= scale).all()
     assert (np.abs(gradient[slopes > 0]) <= scale).all()
+
+
+def _features(path: Path, events: list) -> np.ndarray:  # type: ignore[type-arg]
+    path.mkdir()
+    (path / "events.jsonl").write_text("".join(encode_event(e) + "\n" for e in events))
+    f = pane_features([path], AuditSettings())  # revisions on: the default 6 h horizon
+    rows = np.column_stack([f.power_w, f.x])
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+def test_a_pane_revised_by_late_events_is_fitted_as_revised(tmp_path: Path) -> None:
+    """Late GPU and process samples of a closed pane (within the horizon) revise it, and the fit reads the
+    revised pane: the features equal those of the same events sent in event-time order, where nothing is late.
+    Reading panes only where they first close, it would keep the pane without them."""
+    ordered = sorted(simulate(replace(SPEC, gpus=2, hours=1, seed=7)), key=lambda e: e.ts_ns)
+    pane_ns = AuditSettings().pane_ns
+    busy = next(e for e in ordered if e.kind == "process_sample" and e.ts_ns >= ordered[0].ts_ns + 10 * pane_ns)
+    gpu, lo = busy.gpu_uuid, busy.ts_ns - busy.ts_ns % pane_ns  # a busy pane, closed long before the input ends
+    chosen = [e for kind in ("gpu_sample", "process_sample")  # every other one: half the pane's samples arrive late
+              for e in [e for e in ordered if e.kind == kind and e.gpu_uuid == gpu and lo <= e.ts_ns < lo + pane_ns][::2]]
+    assert {e.kind for e in chosen} == {"gpu_sample", "process_sample"}
+    rest = [e for e in ordered if e not in chosen]
+    want = _features(tmp_path / "ordered", ordered)
+    got = _features(tmp_path / "late", rest + chosen)
+    without = _features(tmp_path / "without", rest)
+    assert got.shape == want.shape == without.shape
+    assert not np.array_equal(without, want)  # the late samples change their pane's features
+    np.testing.assert_array_equal(got, want)

@@ -42,8 +42,9 @@ def fleets(draw: st.DrawFn) -> tuple[AuditSettings, list[Event], list[Event]]:
     pids = [1, 2, 3]
     events: list[Event] = [Price(gpu_model="H100", ts_ns=BASE_NS - 3600 * NS, usd_per_gpu_hour=Decimal("2.5"))]
     for pid in pids:
-        for _ in range(draw(st.integers(0, 2))):  # at the process's start, or later (a tenant change), mid-pane
-            events.append(TenantBinding(node_id="node-0", pid=pid, ts_ns=BASE_NS + draw(st.integers(0, span_s)) * NS,
+        # at the process's start, or later (a tenant change), mid-pane; two at one instant would be a duplicate
+        for at_s in draw(st.lists(st.integers(0, span_s), unique=True, max_size=2)):
+            events.append(TenantBinding(node_id="node-0", pid=pid, ts_ns=BASE_NS + at_s * NS,
                                         team=draw(st.sampled_from(TEAMS)), env="prod", app="app", tier="online",
                                         sla="Gold"))
     pct = st.integers(0, 100).map(float)

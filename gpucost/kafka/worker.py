@@ -9,8 +9,9 @@ an open transaction; the partition's next owner fences it (aborting it) when it 
 its producer, restores the state committed with the last offsets, and resumes there. A
 ``read_committed`` consumer therefore sees every record exactly once.
 
-(An earlier version ran Faust agents; under SIGKILL it lost and corrupted records in both
-of Faust's processing guarantees. See the README, "Why not Faust".)
+The worker is plain ``aiokafka`` around the pure operators (``gpucost.streams.audit.Auditor``, one
+per message key): it owns the transactions, the state topic and the clock that holds silent closes
+back; what is billed, and how, is the operators'.
 """
 from __future__ import annotations
 
