@@ -20,16 +20,6 @@ UPSTREAM = re.compile(r"\bMETRICS(\.md)?\b")
 #: docs/definitions.md says where it departs from the upstream text, naming it; this file names it in the
 #: examples its own check of the pattern runs on
 ALLOWED = {"docs/definitions.md", "tests/test_citations.py"}
-#: files of other branches of the same change that still cite the upstream file: they are being rewritten to
-#: cite docs/definitions.md; once merged, each must leave this set (the test fails on a stale entry too)
-PENDING = {
-    "gpucost/fit.py", "streams/apportion.py", "streams/audit.py", "streams/discovery.py",
-    "streams/efficiency.py", "streams/health.py", "streams/idle_index.py", "streams/pane_totals.py",
-    "streams/panes.py", "streams/revisions.py", "streams/settings.py", "streams/sla.py", "streams/tables.py",
-    "tests/recompute.sql", "tests/reference.py", "tests/test_audit.py", "tests/test_focus.py",
-    "tests/test_health.py", "tests/test_hostile_ops.py", "tests/test_live_run.py", "tests/test_panes.py",
-    "tests/test_revisions.py", "tests/test_sla.py", "tests/test_worker.py",
-}
 
 
 def _tracked() -> list[str]:
@@ -53,10 +43,7 @@ def citing(names: list[str]) -> set[str]:
 
 def test_only_definitions_md_names_the_upstream_spec() -> None:
     found = citing(_tracked()) - ALLOWED
-    new = sorted(found - PENDING)
-    assert not new, f"cite docs/definitions.md (its section by name) instead of the upstream file in: {new}"
-    fixed = sorted(PENDING - found)
-    assert not fixed, f"these no longer name the upstream file: remove them from PENDING: {fixed}"
+    assert not found, f"cite docs/definitions.md (its section by name) instead of the upstream file in: {sorted(found)}"
 
 
 def test_the_pattern_finds_citations_and_only_them(tmp_path, monkeypatch) -> None:

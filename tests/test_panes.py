@@ -1,4 +1,4 @@
-"""Pane and watermark boundaries exactly as METRICS.md states them."""
+"""Pane and watermark boundaries exactly as docs/definitions.md ("Time, panes and watermarks") states them."""
 from __future__ import annotations
 
 import json
