@@ -4,7 +4,6 @@ assume (their volumes' mount points writable by its user, a home for the spool, 
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import yaml
@@ -36,9 +35,8 @@ def test_compose_services_run_valid_gpucost_commands() -> None:
 
 
 def test_the_image_copies_every_package_folder_it_installs() -> None:
-    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     copied = set(re.findall(r"^COPY (\S+) \1$", DOCKERFILE, re.M))
-    assert copied == {"gpucost", *setuptools["package-dir"].values()}
+    assert copied == {"gpucost"}  # every package lives in it (the top-level names are links into it)
 
 
 def test_every_mount_point_exists_in_the_image_and_belongs_to_its_user() -> None:

@@ -10,18 +10,12 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-#: where each installed package's files are in the repository
-PACKAGES = {"gpucost": "gpucost", "gpucost.producers": "producers", "gpucost.schemas": "schemas",
-            "gpucost.sinks": "sinks", "gpucost.streams": "streams"}
-
-
 def modules() -> dict[str, Path]:
+    """Every module of the package, by name (the top-level producers/, streams/… are links into gpucost/)."""
     found: dict[str, Path] = {}
-    for package, folder in PACKAGES.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            name = ".".join((package, *parts))
-            found[name.removesuffix(".__init__")] = path
+    for path in (ROOT / "gpucost").rglob("*.py"):
+        name = ".".join(("gpucost", *path.relative_to(ROOT / "gpucost").with_suffix("").parts))
+        found[name.removesuffix(".__init__")] = path
     return found
 
 

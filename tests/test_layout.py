@@ -1,13 +1,17 @@
-"""The repository's folders install under one root, and the code imports them by that name only.
+"""The repository's packages live under one root, and the code imports them by that name only.
 
-producers/, streams/, sinks/ and schemas/ stay at the top of the repository, but a distribution
-that put ``schemas`` or ``streams`` in site-packages would collide with others of those names
-(``schemas`` is a published package). They install as ``gpucost.schemas`` and so on; a module
-imported under both names would also be two modules, whose classes fail each other's isinstance.
+producers/, streams/, sinks/ and schemas/ live in gpucost/, so that a tool reading the sources
+(mypy, pyright, an import graph) finds ``gpucost.streams`` where it is, without an install; the
+top-level names are links to them, for readers (docs/testing.md, "Why this layout"). Installed,
+``schemas`` or ``streams`` would collide with other distributions' (``schemas`` is a published
+package); and a module imported under both names would be two modules, whose classes fail each
+other's isinstance.
 """
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -18,15 +22,22 @@ CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptool
 NOT_INSTALLED = {"tests", "benchmarks", "examples"}
 
 
-def test_every_installed_package_is_under_gpucost_and_every_package_folder_is_installed() -> None:
+def test_every_installed_package_is_under_gpucost_and_every_top_level_package_is_a_link_into_it() -> None:
     assert all(p == "gpucost" or p.startswith("gpucost.") for p in CONFIG["packages"])
-    folders = {p.parent.name for p in ROOT.glob("*/__init__.py")} - NOT_INSTALLED
-    mapped = {v: k for k, v in CONFIG["package-dir"].items()}
-    assert folders - {"gpucost"} == set(mapped), "a top-level package folder that is not mapped under gpucost"
-    assert set(mapped.values()) <= set(CONFIG["packages"])
+    assert "package-dir" not in CONFIG, "a package mapped from elsewhere is one tools cannot find without an install"
+    folders = {p.parent.name for p in ROOT.glob("*/__init__.py")} - NOT_INSTALLED - {"gpucost"}
+    assert folders == {"producers", "schemas", "sinks", "streams"}
+    for name in folders:
+        assert (ROOT / name).is_symlink() and (ROOT / name).resolve() == ROOT / "gpucost" / name, name
     # and every sub-package of gpucost/ is listed (setuptools installs only what the list names)
     nested = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "gpucost").glob("*/**/__init__.py")}
-    assert nested <= set(CONFIG["packages"])
+    assert nested == set(CONFIG["packages"]) - {"gpucost"}
+
+
+def test_a_package_imported_by_its_top_level_link_says_which_name_to_use() -> None:
+    for name in ["producers", "schemas", "sinks", "streams"]:
+        run = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT, capture_output=True, text=True)
+        assert run.returncode != 0 and f"import gpucost.{name}, not {name}" in run.stderr, (name, run.stderr)
 
 
 def test_the_code_imports_the_folders_only_as_gpucost_modules() -> None:
@@ -45,15 +56,8 @@ def test_the_code_imports_the_folders_only_as_gpucost_modules() -> None:
 
 def _modules() -> dict[str, Path]:
     """Every installed module's dotted name and file."""
-    out = {}
-    for package, folder in [("gpucost", "gpucost"), *((k, v) for k, v in CONFIG["package-dir"].items())]:
-        for path in (ROOT / folder).glob("*.py"):
-            out[f"{package}.{path.stem}".removesuffix(".__init__")] = path
-        if package == "gpucost":
-            for path in (ROOT / folder).glob("*/*.py"):
-                if path.parent.name not in {"schemas", "streams", "sinks", "producers"}:
-                    out[f"gpucost.{path.parent.name}.{path.stem}".removesuffix(".__init__")] = path
-    return out
+    return {".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+            for path in (ROOT / "gpucost").rglob("*.py")}
 
 
 def test_no_import_circle_in_the_project() -> None:

@@ -1,1 +1,0 @@
-"""The leaf package: event and record models, Arrow schemas, encodings."""

@@ -1,1 +1,0 @@
-"""Parquet output and the DuckDB views over it."""

@@ -1,1 +1,0 @@
-"""Pure incremental operators: events and settings in, records out; no I/O, no transport, no wall clock."""
