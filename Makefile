@@ -19,10 +19,9 @@ run: venv
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# lint and format rules, and mypy's files and strictness, are in pyproject.toml
+# the lint rules, and mypy's files and strictness, are in pyproject.toml (docs/testing.md, "Static checks")
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: venv

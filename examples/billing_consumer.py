@@ -61,7 +61,7 @@ def month_end_ns(month: str) -> int:
     """The first instant after a ``YYYY-MM`` month, UTC, in ns."""
     year, m = map(int, month.split("-"))
     days = calendar.monthrange(year, m)[1]
-    return int(dt.datetime(year, m, days, tzinfo=dt.timezone.utc).timestamp() + 86_400) * 1_000_000_000
+    return int(dt.datetime(year, m, days, tzinfo=dt.UTC).timestamp() + 86_400) * 1_000_000_000
 
 
 @dataclass
@@ -112,7 +112,7 @@ class Bill:
             return
         self.seen.add(record["record_id"])
         self.totals[record["team"]] += record["cost_micro_usd"]
-        start = dt.datetime.fromtimestamp(record["pane_start_ns"] // 1_000_000_000, dt.timezone.utc)
+        start = dt.datetime.fromtimestamp(record["pane_start_ns"] // 1_000_000_000, dt.UTC)
         self.months[start.strftime("%Y-%m")] += record["cost_micro_usd"]
         if record["revision"]:
             self.adjustments[record["team"]] += record["cost_micro_usd"]

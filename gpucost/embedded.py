@@ -65,7 +65,7 @@ class RunStats:
         ]
 
 
-def _feed(items: Iterable[Item], q: "queue.Queue[object]", failure: list[BaseException],
+def _feed(items: Iterable[Item], q: queue.Queue[object], failure: list[BaseException],
           stopped: threading.Event) -> None:
     """The source's thread: each item into the queue as it comes (the queue's bound is the back-pressure), until
     the input ends or the run has ``stopped`` (an interrupted run's thread once died at interpreter exit inside
@@ -87,7 +87,7 @@ def _feed(items: Iterable[Item], q: "queue.Queue[object]", failure: list[BaseExc
             q.put(_DONE, timeout=0.1 if stopped.is_set() else None)
 
 
-def _drain(q: "queue.Queue[object]", wait_s: Callable[[], float | None]) -> Iterator[list[Item]]:
+def _drain(q: queue.Queue[object], wait_s: Callable[[], float | None]) -> Iterator[list[Item]]:
     """The items in batches of up to ``_BATCH``, a batch handed on once ``_BATCH_S`` passes with it unfilled
     (a live source's few events a second are taken as they come, and a source gone quiet holds back none);
     a Parquet or JSON Lines batch alone; and an empty batch whenever ``wait_s()`` (None: no limit) passes with
@@ -189,7 +189,7 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     ``auditor`` (restored from one) after ``stats.inputs`` inputs; without, they are written at the end (or as
     files fill), as a replay wants."""
     start = time.perf_counter()
-    q: "queue.Queue[object]" = queue.Queue(maxsize=4 * _BATCH)
+    q: queue.Queue[object] = queue.Queue(maxsize=4 * _BATCH)
     failure: list[BaseException] = []
     stopped = threading.Event()
     producer = threading.Thread(target=_feed, args=(items, q, failure, stopped), name="source", daemon=True)

@@ -10,9 +10,13 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from gpucost.streams.settings import AuditSettings
 
 settings.register_profile("ci", max_examples=150, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -37,7 +41,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(params=[None, 0], ids=["revisions-default", "revisions-off"])
-def horizon(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> "AuditSettings":
+def horizon(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AuditSettings:
     """The configuration a hostile-input test attacks: the default (a 6 h revision horizon) and revisions off.
 
     A guarantee that holds only with a feature off does not hold, so every attack runs in both. It sets
@@ -53,7 +57,7 @@ def horizon(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return AuditSettings(revision_horizon_s=request.param)
 
 
-def horizon_label(settings_: "AuditSettings") -> str:
+def horizon_label(settings_: AuditSettings) -> str:
     """``R=6h`` or ``R=0``, for a summary line of the hostile-input suite."""
     seconds = settings_.revision_horizon_s
     return f"R={seconds // 3600}h" if seconds and seconds % 3600 == 0 else f"R={seconds}"

@@ -24,7 +24,7 @@ class Message:
     partition: int = 3
 
 
-def _delivered(error: BaseException | None = None, offset: int = 0) -> "asyncio.Future[Any]":
+def _delivered(error: BaseException | None = None, offset: int = 0) -> asyncio.Future[Any]:
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     if error is None:
         future.set_result(SimpleNamespace(offset=offset))  # the record's metadata, as aiokafka's
@@ -56,7 +56,7 @@ class RecordingProducer:
             self.aborted += 1
             raise
 
-    async def send(self, topic: str, value: bytes | None, key: bytes, partition: int) -> "asyncio.Future[Any]":
+    async def send(self, topic: str, value: bytes | None, key: bytes, partition: int) -> asyncio.Future[Any]:
         if value is not None and len(value) + len(key) > self.max_message_bytes:
             return _delivered(MessageSizeTooLargeError(f"{len(value):,} bytes"))
         self.transactions[-1].append((topic, key, value))
@@ -70,7 +70,7 @@ class RecordingProducer:
         records: list[dict[str, Any]] = []
         return SimpleNamespace(records=records, append=lambda **record: records.append(record) or True)
 
-    async def send_batch(self, batch: Any, topic: str, partition: int) -> "asyncio.Future[Any]":
+    async def send_batch(self, batch: Any, topic: str, partition: int) -> asyncio.Future[Any]:
         for r in batch.records:
             self.published.append(Message(r["key"], r["value"], len(self.published), list(r.get("headers", ())),
                                           topic, partition))

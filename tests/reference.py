@@ -12,8 +12,16 @@ from fractions import Fraction
 
 import numpy as np
 
-from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                                    TenantBinding)
+from gpucost.schemas.events import (
+    EbpfTrace,
+    Event,
+    GpuSample,
+    MemAccess,
+    NumaEvent,
+    Price,
+    ProcessSample,
+    TenantBinding,
+)
 from gpucost.streams.settings import AuditSettings
 
 IDLE = "idle"

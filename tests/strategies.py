@@ -6,8 +6,16 @@ from decimal import Decimal
 
 from hypothesis import strategies as st
 
-from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                                    TenantBinding)
+from gpucost.schemas.events import (
+    EbpfTrace,
+    Event,
+    GpuSample,
+    MemAccess,
+    NumaEvent,
+    Price,
+    ProcessSample,
+    TenantBinding,
+)
 from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000

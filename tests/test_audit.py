@@ -149,7 +149,7 @@ def closing_panes(draw: st.DrawFn) -> tuple[AuditSettings, list[Price], list[Pan
     gpus = draw(st.lists(st.sampled_from(["g0", "g1", "g2"]), min_size=1, max_size=40))
     big = st.one_of(st.integers(0, 10), st.integers(0, 10**6), st.integers(0, 10**24))
     tenants = [Tenant(f"team{i}", None if i % 2 else "prod", None, None, "gold", None, None) for i in range(24)]
-    panes, next_k = [], {g: draw(st.integers(0, 10)) for g in "g0 g1 g2".split()}
+    panes, next_k = [], {g: draw(st.integers(0, 10)) for g in ["g0", "g1", "g2"]}
     for gpu in gpus:
         next_k[gpu] += draw(st.sampled_from([1, 1, 2, s.window_ns // s.pane_ns + 1]))
         start = BASE_NS - BASE_NS % s.pane_ns + next_k[gpu] * s.pane_ns

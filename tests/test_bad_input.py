@@ -75,7 +75,7 @@ def test_bad_lines_change_no_valid_result(good_lines: list[str], tmp_path: Path)
     for index, line in sorted(resent, reverse=True):
         mixed.insert(index + 1, line)
     rnd = random.Random(3)
-    for line, reason in bad[:-1]:
+    for line, _reason in bad[:-1]:
         mixed.insert(rnd.randrange(len(mixed)), line)
     mixed.append(bad[-1][0])  # the late one must come after its GPU's watermark moved on
     (tmp_path / "good.jsonl").write_text("\n".join(good_lines) + "\n")

@@ -21,12 +21,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from gpucost.sinks.views import connect
 from tests.conftest import ROOT, record_fleet
-from tests.test_kafka import (Deployment, deployment, embedded_team_totals, metrics_port,  # noqa: F401
-                              topic_messages, wait_for)
+from tests.test_kafka import Deployment, deployment, embedded_team_totals, metrics_port, topic_messages, wait_for  # noqa: F401
 from tests.test_metrics import scrape
 from tests.test_signature_spec import verify
 

@@ -25,7 +25,7 @@ def test_compose_services_run_valid_gpucost_commands() -> None:
     services = COMPOSE["services"]
     assert {"kafka", "topics", "producer", "worker", "sink", "producer-nvml", "query"} <= set(services)
     parser = build_parser()
-    for name, service in services.items():
+    for _name, service in services.items():
         if "build" not in service:  # Kafka, Prometheus, Grafana: images of their own
             continue
         assert service["build"]["dockerfile"] == "compose/Dockerfile"

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gpucost.producers.ebpf import (EbpfProbe, EbpfUnavailable, ensure_tracing, find_libcublas, find_libcuda,
-                                    numa_distances)
+from gpucost.producers.ebpf import (
+    EbpfProbe,
+    EbpfUnavailable,
+    ensure_tracing,
+    find_libcublas,
+    find_libcuda,
+    numa_distances,
+)
 from gpucost.schemas.codec import decode_line, encode_event
 from tests.conftest import ROOT
 

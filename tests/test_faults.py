@@ -232,7 +232,7 @@ def test_sink_dies_between_rename_and_commit(deployment: Deployment, recorded: t
                                    d.out, f"{d.app_id}-sink", asyncio.Event(), flush_interval_s=0.5))
     monkeypatch.undo()
     journal = (d.out / JOURNAL).read_text().split()
-    assert 0 < connect(d.out).execute("SELECT count(*) FROM cost").fetchone()[0] and journal
+    assert connect(d.out).execute("SELECT count(*) FROM cost").fetchone()[0] > 0 and journal
     # a file outside the journal is not read again: were it, this one would stop the sink
     stale = d.out / "cost" / "date=2000-01-01" / "part-99999.parquet"
     stale.parent.mkdir(parents=True)

@@ -4,8 +4,6 @@ first features. Both against a brute-force reading of the accepted samples, writ
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -65,7 +65,7 @@ def fleet(scripts: dict[str, list[str]], pane_s: int = 60) -> list[Event]:
     """Per GPU, one behaviour per window: a GPU sample and, where placed, a process sample of a bound
     pid every pane (the sampled share of the window's panes). GPUs interleave in time order."""
     events: list[Event] = []
-    for gpu, script in scripts.items():
+    for gpu in scripts:
         node = f"node-{gpu[-1]}"
         events.append(TenantBinding(node_id=node, pid=7, ts_ns=T0, team="search", env="prod", app="a", tier="t",
                                     sla="Gold"))
@@ -216,7 +216,7 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
         per_gpu.setdefault(gpu, []).append((win // (h_ms * 1_000_000), record))
         out.append(record)
     admission = -(-s.admission_h // s.health_window_h)
-    for gpu, windows in per_gpu.items():
+    for windows in per_gpu.values():
         verdicts = [(k, r["passed"], "coverage" not in r["fail_reasons"]) for k, r in windows]
         for (_, r), (state, skipped) in zip(windows, reference_breaker(verdicts, admission, s.readmit_passes)):
             r["windows_skipped"], r["breaker_state"] = skipped, state

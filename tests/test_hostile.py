@@ -209,7 +209,7 @@ def test_the_sink_writes_only_what_a_worker_signed(audit: AuditSettings, tmp_pat
     polls = {}
     for m in published + hostile:
         polls.setdefault(TopicPartition(m.topic, m.partition), []).append(m)
-    for tp, messages in polls.items():
+    for _tp, messages in polls.items():
         for offset, m in enumerate(messages):
             m.offset = offset
     monkeypatch.setattr(ScriptedConsumer, "polls", [polls])

@@ -30,8 +30,20 @@ from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.conftest import HOSTILE_LINES, horizon_label
 from tests.fake_kafka import Message
-from tests.test_hostile import (CONFIGS, KEY, KEYRING, LINES, SECRET_A, SECRET_B, apply, billed, letters,
-                                report, sign_prices, signed)
+from tests.test_hostile import (
+    CONFIGS,
+    KEY,
+    KEYRING,
+    LINES,
+    SECRET_A,
+    SECRET_B,
+    apply,
+    billed,
+    letters,
+    report,
+    sign_prices,
+    signed,
+)
 
 __all__: list[str] = []
 

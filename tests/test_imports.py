@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
+
 def modules() -> dict[str, Path]:
     """Every module of the package, by name (the top-level producers/, streams/… are links into gpucost/)."""
     found: dict[str, Path] = {}

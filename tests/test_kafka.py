@@ -53,7 +53,7 @@ class Deployment:
                        capture_output=True, timeout=300)
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"{name}.log", "ab")
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 (the process writes it until it is stopped)
         proc = subprocess.Popen([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, env=self.env,
                                 stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)

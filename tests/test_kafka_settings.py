@@ -7,8 +7,8 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from pydantic import ValidationError
 
-from gpucost.flags import add_kafka
 from gpucost.config import ConfigError
+from gpucost.flags import add_kafka
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.wiring import kafka_settings
 

@@ -23,8 +23,14 @@ from hypothesis import strategies as st
 from gpucost.cli import build_parser
 from gpucost.embedded import run_embedded
 from gpucost.producers.attribution import Attribution, AttributionSettings, ProcessEnvironment
-from gpucost.producers.kubernetes import (KubernetesPods, KubernetesSettings, cgroup_pod, list_pod_devices, list_pods,
-                                          pods_from)
+from gpucost.producers.kubernetes import (
+    KubernetesPods,
+    KubernetesSettings,
+    cgroup_pod,
+    list_pod_devices,
+    list_pods,
+    pods_from,
+)
 from gpucost.producers.live import LiveSettings, _Sampled
 from gpucost.producers.nvml import NvmlSampler
 from gpucost.schemas.events import TS_MIN_NS, Price, ProcessSample, TenantBinding

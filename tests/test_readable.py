@@ -78,7 +78,7 @@ def test_every_axis_says_what_and_in_what_unit(fleet: tuple[Path, str]) -> None:
 def test_the_page_says_the_period_it_covers(fleet: tuple[Path, str]) -> None:
     out = fleet[0]
     panes = [(r["pane_start_ns"], r["pane_end_ns"]) for kind in ("cost", "idle_index") for r in records(out, kind)]
-    start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.UTC).strftime("%Y-%m-%d %H:%M")
                   for ns in (min(s for s, _ in panes), max(e for _, e in panes)))
     assert f"Period covered: {start} UTC to {end} UTC" in (out / "report.html").read_text()
     assert f"Period covered: {start} UTC to {end} UTC" in fleet[1]  # the run's summary says it too

@@ -111,7 +111,7 @@ def test_gpus_that_leave_are_billed_once_and_forgotten(fleet: tuple[AuditSetting
     # a GPU silent for the window (longer than R here) past the timeout is forgotten: none of its state is kept
     last = {e.gpu_uuid: e.ts_ns for e in in_time if isinstance(e, GpuSample)}
     state = json.dumps({k: v for k, v in auditor.to_state().items() if k != "health"})
-    for gpu, ts in last.items():
+    for gpu, _ts in last.items():
         if gpu not in state:
             assert auditor.counts["forgotten_gpus"] > 0
     # the batch path forgets, and judges against what it forgot, as the row path does (at any batch length)

@@ -91,7 +91,7 @@ def test_topics_create_keeps_output_records_400_days_and_names_an_existing_topic
             found = {}
             for response in await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names]):
                 for resource in response.resources:
-                    found.update({resource[3]: e[1] for e in resource[4] if e[0] == "retention.ms"})
+                    found.update((resource[3], e[1]) for e in resource[4] if e[0] == "retention.ms")
             return found
         finally:
             await admin.close()

@@ -64,7 +64,7 @@ def is_control(headers: Iterable[tuple[str, bytes | None]] | None) -> bool:
 
 
 async def send_markers(producer: AIOKafkaProducer, cost_topic: str, input_topic: str, input_partition: int,
-                       final_ns: int, horizon_ns: int, signer: Signer | None) -> list["asyncio.Future[Any]"]:
+                       final_ns: int, horizon_ns: int, signer: Signer | None) -> list[asyncio.Future[Any]]:
     """The marker to every partition of the cost topic, inside the caller's transaction; signed like records,
     the control header covered, so that no record can be made into a marker."""
     key = f"closed/{input_topic}/{input_partition}".encode()

@@ -39,7 +39,7 @@ class Message:
                            "h": [[n, b64(v)] for n, v in self.headers]}).encode() + b"\n"
 
     @classmethod
-    def from_line(cls, line: bytes) -> "Message":
+    def from_line(cls, line: bytes) -> Message:
         obj = json.loads(line)
         return cls(obj["t"], base64.b64decode(obj["k"]), base64.b64decode(obj["v"]),
                    tuple((n, base64.b64decode(v)) for n, v in obj["h"]))

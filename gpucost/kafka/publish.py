@@ -49,16 +49,14 @@ async def create_topics(kafka: KafkaSettings) -> list[str]:
             new.append(NewTopic(name, 1 if spec.single_partition else kafka.partitions, kafka.replication,
                                 topic_configs=topic_config(spec, kafka)))
         if new:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):  # created meanwhile by another process
                 await admin.create_topics(new)
-            except TopicAlreadyExistsError:
-                pass  # created meanwhile by another process
         return [t.name for t in new]
     finally:
         await admin.close()
 
 
-def _pump(events: Iterable[Event], loop: asyncio.AbstractEventLoop, queue: "asyncio.Queue[object]",
+def _pump(events: Iterable[Event], loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[object],
           chunk_s: float, halt: threading.Event) -> None:
     """Runs the (possibly blocking) source in a thread; hands events over in chunks, until ``halt``."""
 
@@ -179,10 +177,9 @@ async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, do
 
 
 async def _stop_quietly(producer: AIOKafkaProducer) -> None:
-    try:
+    # the broker may be away: what was not acknowledged is still in the outbox
+    with contextlib.suppress(KafkaError, TimeoutError, OSError):
         await asyncio.wait_for(producer.stop(), timeout=5)
-    except (KafkaError, TimeoutError, OSError):
-        pass  # the broker is away; what was not acknowledged is still in the outbox
 
 
 def split_batch(lines: list[str], max_bytes: int) -> list[list[str]]:
@@ -261,7 +258,7 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                         send(topic, key, encode_batch(chunk))
                 buf.clear()
 
-    queue: "asyncio.Queue[object]" = asyncio.Queue(maxsize=64)
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=64)
     halt = threading.Event()
     pump = threading.Thread(target=_pump, args=(events, asyncio.get_running_loop(), queue, flush_interval_s / 2, halt),
                             name="source", daemon=True)

@@ -65,7 +65,7 @@ class SeenSequences:
         return {s: [floor, list(above)] for s, (floor, above) in self._sessions.items()}
 
     @classmethod
-    def from_state(cls, state: dict[str, list[Any]]) -> "SeenSequences":
+    def from_state(cls, state: dict[str, list[Any]]) -> SeenSequences:
         seen = cls()
         seen._sessions = {s: [floor, list(above)] for s, (floor, above) in state.items()}
         return seen

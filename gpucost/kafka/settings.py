@@ -48,7 +48,7 @@ class KafkaSettings(BaseModel):
     sasl_password: Annotated[SecretStr | None, Field(description="SASL password (use the environment)")] = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "KafkaSettings":
+    def _consistent(self) -> KafkaSettings:
         sasl = self.security_protocol.startswith("SASL")
         if sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
             raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism, sasl_username "

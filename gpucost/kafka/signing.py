@@ -71,7 +71,7 @@ class Signer:
         self.key = key
 
     @classmethod
-    def from_file(cls, path: Path) -> "Signer":
+    def from_file(cls, path: Path) -> Signer:
         keys = parse_keys(path.read_text(), str(path))
         if len(keys) != 1:
             raise ValueError(f"{path}: a producer's key file holds exactly one key, found {len(keys)}")

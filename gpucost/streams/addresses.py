@@ -118,7 +118,7 @@ class TakenAddresses:
         return out
 
     @classmethod
-    def from_state(cls, state: list[Any], keep_ns: int) -> "TakenAddresses":
+    def from_state(cls, state: list[Any], keep_ns: int) -> TakenAddresses:
         table = cls(keep_ns)
         for node, pid, latest, taken in state:
             proc = table._by_proc[(node, pid)] = _Process(latest)

@@ -15,8 +15,16 @@ import pyarrow as pa
 
 from gpucost.schemas.blocks import ClosedPanes, Outputs
 from gpucost.schemas.codec import Rejected, raw_text
-from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                                    TenantBinding)
+from gpucost.schemas.events import (
+    EbpfTrace,
+    Event,
+    GpuSample,
+    MemAccess,
+    NumaEvent,
+    Price,
+    ProcessSample,
+    TenantBinding,
+)
 from gpucost.schemas.records import Output
 from gpucost.streams.apportion import Weights, apportion, apportion_many
 from gpucost.streams.columnar import ingest_batch, ingest_lines
@@ -363,7 +371,7 @@ class Auditor(DeadLetters):
                             *self.efficiency.close_many(panes), reclaim=reclaim, health=health)
         return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
 
-    def successor(self) -> "Auditor":
+    def successor(self) -> Auditor:
         """What stays of a key once its finite input ended (after ``finish``): a fresh auditor whose
         watermark of each GPU stands at the end of the last pane closed, so that later panes open as usual,
         and which keeps everything the same input sent again (a second ``produce`` of a file, signed messages
@@ -399,7 +407,7 @@ class Auditor(DeadLetters):
 
     @classmethod
     def from_state(cls, settings: AuditSettings, state: dict[str, Any], clock: Callable[[], int] | None = None,
-                   audit_key: bytes | None = None) -> "Auditor":
+                   audit_key: bytes | None = None) -> Auditor:
         auditor = cls(settings, clock, audit_key)
         if "sla" in state:  # a state written before the SLA tiers starts its runs afresh
             auditor.sla = SlaOperator.from_state(state["sla"], settings)

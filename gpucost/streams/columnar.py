@@ -29,8 +29,16 @@ from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.schemas.blocks import ClosedPanes, Outputs
 from gpucost.schemas.bounds import field_bounds
 from gpucost.schemas.codec import Rejected, decode_line, present_fields, raw_text
-from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                                    TenantBinding)
+from gpucost.schemas.events import (
+    EbpfTrace,
+    Event,
+    GpuSample,
+    MemAccess,
+    NumaEvent,
+    Price,
+    ProcessSample,
+    TenantBinding,
+)
 from gpucost.schemas.exact import round_float
 from gpucost.schemas.records import DeadLetter, Output
 from gpucost.streams.addresses import DUPLICATE
@@ -101,7 +109,7 @@ FEW_CLOSES = 16
 FEW_LINES = 128
 
 
-def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str]) -> "Outputs":
+def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str]) -> Outputs:
     """``auditor.ingest`` of every row of ``batch`` (``EVENT_SCHEMA``), in order; row ``i`` is labelled ``source(i)``.
 
     A batch whose columns are not typed as ``EVENT_SCHEMA`` says goes row by row.
@@ -112,7 +120,7 @@ def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
 
 
 def ingest_lines(auditor: RowPath, lines: Sequence[bytes], source: Callable[[int], str],
-                 scope: Scope | None = None) -> "Outputs":
+                 scope: Scope | None = None) -> Outputs:
     """``auditor.ingest`` of each JSON line, in order, through the batch path (the columns read by
     ``gpucost.streams.json_lines.read_lines``; a line it could not read is decoded again where it
     stands: the same dead letter as the row path). Fewer than ``FEW_LINES`` lines take the row path."""
@@ -122,7 +130,7 @@ def ingest_lines(auditor: RowPath, lines: Sequence[bytes], source: Callable[[int
 
 
 def _in_segments(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str],
-                 lines: Sequence[bytes] | None = None, scope: Scope | None = None) -> "Outputs":
+                 lines: Sequence[bytes] | None = None, scope: Scope | None = None) -> Outputs:
     """The batch, cut at each row that may revise a closed pane (``revising_rows``): those rows go through the
     row path, the stretches between them through the batch path. A revision happens at its row, between
     the closes before it and those after, which one pass over the batch's columns could not keep in order;
@@ -258,7 +266,7 @@ class _Batch:
         """What a dead letter of a valid event keeps: the line as it came (a Parquet row: re-encoded)."""
         return None if self.lines is None else self.lines[i]
 
-    def emit(self, row: int, outputs: "Sequence[Output | ClosedPanes]") -> None:
+    def emit(self, row: int, outputs: Sequence[Output | ClosedPanes]) -> None:
         base = len(self.out)
         self.out.extend([(row, base + k, o) for k, o in enumerate(outputs)])
 
@@ -266,7 +274,7 @@ class _Batch:
         if n:
             self.a.counts[kind] += n
 
-    def _letters(self, idx: np.ndarray, letter: "Callable[[int, Any], Output]") -> None:
+    def _letters(self, idx: np.ndarray, letter: Callable[[int, Any], Output]) -> None:
         """Dead letters of rows the checks took in (late, duplicate, ahead of the clock), one by one."""
         for i, row in zip(idx.tolist(), self._inputs(idx)):
             event = decode_line(row)
@@ -285,7 +293,7 @@ class _Batch:
 
     # --- the batch ---------------------------------------------------------------------------
 
-    def run(self) -> "Outputs":
+    def run(self) -> Outputs:
         # without the cyclic collector: a batch allocates millions of objects (integers of the cost
         # split, tuples), none in a cycle, and its full passes over them cost 5 % of a replay
         collecting = gc.isenabled()
@@ -410,7 +418,7 @@ class _Batch:
         self._letters(np.flatnonzero(wrong), self._scope_letter)
         self.ok &= ~wrong
 
-    def _scope_letter(self, i: int, event: Event) -> "Output":
+    def _scope_letter(self, i: int, event: Event) -> Output:
         assert self.scope is not None
         why = self.scope.check(event)
         assert why is not None, "the vectorised scope check drifted from Scope.check"
@@ -439,7 +447,7 @@ class _Batch:
             if codes.any():  # sent again, or too far back to tell (``gpucost.streams.addresses``)
                 why = dict(zip(rows[members].tolist(), zip(codes.tolist(), latest.tolist())))
                 self._letters(rows[members[codes > 0]], lambda i, e: self.a.address_letter(
-                    e, self._raw(i), self.source(i), "duplicate" if why[i][0] == DUPLICATE else "late", why[i][1]))
+                    e, self._raw(i), self.source(i), "duplicate" if why[i][0] == DUPLICATE else "late", why[i][1]))  # noqa: B023 (called at once, in this iteration)
                 members = members[codes == 0]
             self._count("mem_access", len(members))
             for at, record in mae.update_many(key, self.ts[rows[members]], bins[members]):

@@ -195,7 +195,7 @@ class HealthAudit:
                 if self._open[gpu].start_ns + self.window_ns + idle_timeout_ns <= watermark_ns
                 and (only is None or gpu in only)]
 
-    def resume_after(self, finished: "HealthAudit") -> None:
+    def resume_after(self, finished: HealthAudit) -> None:
         """The breakers of ``finished`` (whose windows all closed): a GPU's service history outlives its input."""
         self._breakers = {gpu: Breaker(*astuple(b)) for gpu, b in finished._breakers.items()}
 
@@ -241,7 +241,7 @@ class HealthAudit:
 
     @classmethod
     def from_state(cls, state: dict[str, Any], settings: AuditSettings, audit_key: bytes | None = None
-                   ) -> "HealthAudit":
+                   ) -> HealthAudit:
         audit = cls(settings, audit_key)
         audit._open = {g: _Window(*w) for g, w in state["open"].items()}
         audit._breakers = {g: Breaker(*b) for g, b in state["breakers"].items()}

@@ -236,7 +236,7 @@ class _Window:
                 *([left] if left else [])]
 
     @classmethod
-    def from_state(cls, state: list[Any], n: int, keep: int = 0) -> "_Window":
+    def from_state(cls, state: list[Any], n: int, keep: int = 0) -> _Window:
         window = cls(n, keep)
         form, window.last, window.idle_sum, window.covered_sum = state[:4]
         rest = 5 if form == "panes" else 6
@@ -328,7 +328,7 @@ class IdleIndex:
         return {g: w.to_state() for g, w in self._gpus.items()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "IdleIndex":
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> IdleIndex:
         index = cls(settings)
         index._gpus = {g: _Window.from_state(s, index.slots, index.keep) for g, s in state.items()}
         return index

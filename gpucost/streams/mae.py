@@ -150,7 +150,7 @@ class Mae:
                 and (only is None or key in only)]
         return [self._complete(key) for key in gone]
 
-    def resume_after(self, finished: "Mae") -> None:
+    def resume_after(self, finished: Mae) -> None:
         """After an end of input: keep the addresses taken, so the same ones sent again are refused."""
         self.taken = finished.taken
 
@@ -172,7 +172,7 @@ class Mae:
                 "taken": self.taken.to_state()}
 
     @classmethod
-    def from_state(cls, state: dict[str, list[Any]] | list[Any], settings: AuditSettings) -> "Mae":
+    def from_state(cls, state: dict[str, list[Any]] | list[Any], settings: AuditSettings) -> Mae:
         """``state`` as ``to_state`` writes it, or a list of open windows (a state written before the addresses
         taken were kept: its processes start with none)."""
         mae = cls(settings)

@@ -102,7 +102,7 @@ class PaneTotals:
                 self.placed, *(getattr(self, f) for f in EFFICIENCY_SUMS), sorted(self.flops.items())]
 
     @classmethod
-    def from_state(cls, s: list[Any]) -> "PaneTotals":
+    def from_state(cls, s: list[Any]) -> PaneTotals:
         pane = cls(*s[:8])
         if len(s) > 10:  # a state written before the health audit has none of these
             pane.energy_uj, pane.busy_cp_ms, pane.placed = s[10:13]
@@ -182,7 +182,7 @@ class PaneColumns:
         return encoded.indices.to_numpy().astype(np.int64), encoded.dictionary.to_pylist()
 
     @classmethod
-    def of(cls, panes: list[PaneTotals]) -> "PaneColumns":
+    def of(cls, panes: list[PaneTotals]) -> PaneColumns:
         tenants = [(j, key, t) for j, p in enumerate(panes) for key, t in sorted(p.tenants.items())]
         ints = [np.array([getattr(p, f) for p in panes], np.int64)
                 for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events", "energy_uj",
@@ -196,7 +196,7 @@ class PaneColumns:
                    np.array([pid for _, pid, _ in flops], np.int64), objects(n for _, _, n in flops))
 
     @classmethod
-    def concat(cls, parts: list["PaneColumns"]) -> "PaneColumns":
+    def concat(cls, parts: list[PaneColumns]) -> PaneColumns:
         offsets = np.cumsum([0] + [len(p) for p in parts]).tolist()
         return cls(**{f: np.concatenate([getattr(p, f) + o if f in ("t_pane", "f_pane") else getattr(p, f)
                                          for p, o in zip(parts, offsets)]) for f in cls.__dataclass_fields__})
@@ -218,7 +218,7 @@ class PaneColumns:
             panes[j].flops[pid] = flops
         return panes
 
-    def take(self, idx: np.ndarray) -> "PaneColumns":
+    def take(self, idx: np.ndarray) -> PaneColumns:
         """The panes at ``idx``, in that order, with their tenant rows and FLOPs rows."""
         out = {}
         for prefix in ("t_", "f_"):

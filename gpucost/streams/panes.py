@@ -17,8 +17,15 @@ from typing import Any
 import numpy as np
 
 from gpucost.schemas.events import EbpfTrace, GpuSample, NumaEvent, ProcessSample
-from gpucost.streams.pane_totals import (EFFICIENCY_SUMS, PaneColumns, PaneRows, PaneTotals, Verdicts, nearest_gap,
-                                         objects)
+from gpucost.streams.pane_totals import (
+    EFFICIENCY_SUMS,
+    PaneColumns,
+    PaneRows,
+    PaneTotals,
+    Verdicts,
+    nearest_gap,
+    objects,
+)
 from gpucost.streams.runs import Levels, runs
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, Tenant
@@ -198,7 +205,7 @@ class GpuPanes:
         closed = sorted(s for s, p in panes.items() if p.pane_end_ns <= wm)
         return [panes.pop(s) for s in closed]
 
-    def resume_after(self, finished: "GpuPanes") -> None:
+    def resume_after(self, finished: GpuPanes) -> None:
         """Watermarks that make every pane ``finished`` closed late: each GPU's at the end of its last
         pane (its largest ``ts_ns``'s pane)."""
         for gpu, max_ts in finished._max_ts.items():
@@ -270,7 +277,7 @@ class GpuPanes:
                 "open": [p.to_state() for panes in self._open.values() for p in panes.values()]}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "GpuPanes":
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> GpuPanes:
         panes = cls(settings)
         panes._max_ts = dict(state["max_ts"])
         panes._pending = dict(state.get("pending", {}))

@@ -284,7 +284,7 @@ class Revisions:
                          for g, held in sorted(self._held.items())}}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "Revisions":
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> Revisions:
         revisions = cls(settings)
         for gpu, (names, data) in state["logs"].items():
             log = revisions._logs[gpu] = _GpuLog()

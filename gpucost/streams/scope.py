@@ -20,8 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucost.schemas.codec import Rejected, decode_line
-from gpucost.schemas.events import (EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample,
-                                     TenantBinding)
+from gpucost.schemas.events import (
+    EbpfTrace,
+    Event,
+    GpuSample,
+    MemAccess,
+    NumaEvent,
+    Price,
+    ProcessSample,
+    TenantBinding,
+)
 
 __all__ = ["PRICE_SCOPE", "Scope", "claimed_node", "decode_in_scope", "price_mac"]
 

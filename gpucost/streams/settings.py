@@ -147,7 +147,7 @@ class AuditSettings(BaseModel):
         return table
 
     @model_validator(mode="after")
-    def _consistent(self) -> "AuditSettings":
+    def _consistent(self) -> AuditSettings:
         if self.alpha + self.beta + self.gamma == 0:
             raise ValueError("alpha, beta and gamma are all 0: no tenant could ever be billed")
         if self.window_h * 3600 < self.pane_s:

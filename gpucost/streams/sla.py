@@ -205,7 +205,7 @@ class SlaOperator:
         return {g: {key: list(astuple(run)) for key, run in runs.items()} for g, runs in self._runs.items()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> "SlaOperator":
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> SlaOperator:
         op = cls(settings)
         op._runs = {g: {key: _Run(*run) for key, run in runs.items()} for g, runs in state.items()}
         return op

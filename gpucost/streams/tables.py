@@ -18,11 +18,11 @@ class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):
     __slots__ = ()
 
     @classmethod
-    def of(cls, binding: TenantBinding) -> "Tenant":
+    def of(cls, binding: TenantBinding) -> Tenant:
         return cls(*(getattr(binding, f) for f in TENANT_FIELDS))
 
     @classmethod
-    def named(cls, team: str) -> "Tenant":
+    def named(cls, team: str) -> Tenant:
         """The pipeline's own tenants (``idle``, ``unattributed``): a team and nothing else."""
         return cls(team, *(None for _ in TENANT_FIELDS[1:]))
 
@@ -97,7 +97,7 @@ class BindingTable:
         return [[n, p, [[ts, list(t)] for ts, t in h]] for (n, p), h in self._by_proc.items()]
 
     @classmethod
-    def from_state(cls, state: list[Any]) -> "BindingTable":
+    def from_state(cls, state: list[Any]) -> BindingTable:
         table = cls()
         for n, p, h in state:
             table._by_proc[(n, p)] = [(ts, Tenant(*t)) for ts, t in h]
@@ -140,7 +140,7 @@ class PriceTable:
         return {m: [[ts, str(p)] for ts, p in h] for m, h in self._by_model.items()}
 
     @classmethod
-    def from_state(cls, state: dict[str, list[list[Any]]]) -> "PriceTable":
+    def from_state(cls, state: dict[str, list[list[Any]]]) -> PriceTable:
         table = cls()
         table._by_model = {m: [(ts, Decimal(p)) for ts, p in h] for m, h in state.items()}
         return table

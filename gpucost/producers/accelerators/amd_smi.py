@@ -15,8 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, json_body
-from gpucost.schemas.devices import (DeviceSample, Parsed, ProcessUsage, UnitError, number, to_bytes, to_pct,
-                                     to_watts)
+from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, UnitError, number, to_bytes, to_pct, to_watts
 
 __all__ = ["parse_text", "parse_json"]
 
@@ -72,9 +71,9 @@ def _monitor(lines: list[str], out: Parsed) -> None:
             continue
         row = dict(zip(header, cells))
         if "PID" in row:
-            pid = guarded(out, "amd-smi process row", lambda: int(row["PID"]))
+            pid = guarded(out, "amd-smi process row", lambda: int(row["PID"]))  # noqa: B023 (called at once, in this iteration)
             if pid is not None:
-                mem = guarded(out, "amd-smi process VRAM_MEM", lambda: _size(row.get("VRAM_MEM", "N/A")))
+                mem = guarded(out, "amd-smi process VRAM_MEM", lambda: _size(row.get("VRAM_MEM", "N/A")))  # noqa: B023 (called at once, in this iteration)
                 procs.setdefault(row["GPU"], []).append(ProcessUsage(pid, mem, None))
         else:
             rows.append(row)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, pipe_rows
 from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, UnitError, number, to_bytes, to_pct, to_watts
@@ -24,7 +24,7 @@ _PREFIX = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] \[hlsmi\]
 
 def _ts_ns(stamp: str) -> int:
     whole, _, frac = stamp.partition(".")
-    seconds = int(datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp())
+    seconds = int(datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp())
     return seconds * 10**9 + int((frac + "000000000")[:9])
 
 

@@ -12,7 +12,7 @@ not guessed). tpu-info reports no power, temperature, per-process memory or per-
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, pipe_rows
 from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, UnitError, to_bytes, to_pct
@@ -61,7 +61,7 @@ def parse(text: str) -> Parsed:
     for line in lines:
         if line.startswith("Last update:"):
             stamp = datetime.strptime(line.split(":", 1)[1].strip(), "%Y-%m-%d %H:%M:%S UTC")
-            ts_ns = int(stamp.replace(tzinfo=timezone.utc).timestamp()) * 10**9
+            ts_ns = int(stamp.replace(tzinfo=UTC).timestamp()) * 10**9
         elif line.startswith("Accelerator type:"):
             model = f"TPU {line.split(':', 1)[1].strip()}"
     tables = _tables(lines)
