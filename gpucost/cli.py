@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from aiokafka.errors import KafkaConnectionError
 
 from gpucost.analysis_commands import EXPORT, FIT_WEIGHTS, HTML_REPORT, WHATIF
+from gpucost.collect_kernels import COLLECT_KERNELS
 from gpucost.command import Command
 from gpucost.commands import COMPACT, PRICES, QUERY, REPLAY, SIMULATE, VIEWS
 from gpucost.config import ConfigError
@@ -48,6 +49,7 @@ TABLE: tuple[Command, ...] = (
     EXPORT,
     COMPACT,
     DEVICES,
+    COLLECT_KERNELS,
 )
 COMMANDS = {command.name: command for command in TABLE}
 

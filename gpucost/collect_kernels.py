@@ -1,0 +1,100 @@
+"""``gpucost collect-kernels -- python script.py args…``: run a Python job in-process under the CUPTI collector.
+
+The job runs through ``runpy`` in this process, since ``cupti-python`` observes only the process it is
+imported into; kernels and NVTX ranges go to ``--out`` as JSON Lines (docs/collecting.md).  The collector
+stops at the job's end, at exit and on SIGTERM, so a killed job still leaves its records; a summary with
+CUPTI's dropped-record count and the clock drift goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+from typing import Any, TextIO
+
+from gpucost.command import Command
+from gpucost.producers.cupti import Collector, Identity
+from gpucost.wiring import UsageError
+
+
+def _arguments(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--out", default=os.environ.get("GPUCOST_KERNELS_OUT", "kernels.jsonl"),
+                     help="JSON Lines file to write (env GPUCOST_KERNELS_OUT; default kernels.jsonl)")
+    cmd.add_argument("--node-id", default=os.environ.get("GPUCOST_NODE_ID", socket.gethostname()),
+                     help="node id on each record (env GPUCOST_NODE_ID; default the host name)")
+    cmd.add_argument("job", nargs=argparse.REMAINDER, help="-- python script.py args…")
+
+
+def _job(words: list[str]) -> list[str]:
+    if words and words[0] == "--":
+        words = words[1:]
+    if words and os.path.basename(words[0]).startswith("python"):
+        words = words[1:]
+    if not words or not words[0].endswith(".py"):
+        raise UsageError("collect-kernels runs a Python script: gpucost collect-kernels --out k.jsonl -- "
+                         "python script.py args…")
+    if not os.path.isfile(words[0]):
+        raise UsageError(f"collect-kernels: no script at {words[0]}; give the path of the job's Python file")
+    return words
+
+
+def _gpu_uuids() -> dict[int, str]:
+    try:
+        import pynvml  # noqa: PLC0415 — optional; without it the UUID is <node_id>/<index>
+        pynvml.nvmlInit()
+        return {i: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+                for i in range(pynvml.nvmlDeviceGetCount())}
+    except Exception:  # noqa: BLE001 — no NVML is a normal case, the fallback id is documented
+        return {}
+
+
+def _writer(out: TextIO) -> Any:
+    def write(batch: list[dict[str, Any]]) -> None:
+        out.writelines(json.dumps(obj, separators=(",", ":")) + "\n" for obj in batch)
+    return write
+
+
+def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
+    job = _job(list(args.job))
+    if cupti is None:
+        try:
+            import cupti as cupti_module  # noqa: PLC0415 — optional extra under NVIDIA's licence
+        except ImportError:
+            raise UsageError("collect-kernels needs NVIDIA's cupti-python: pip install 'gpucost[cupti]'") from None
+        cupti = cupti_module.cupti if hasattr(cupti_module, "cupti") else cupti_module
+    identity = Identity(args.node_id, os.getpid(), _gpu_uuids())
+    with open(args.out, "w", encoding="utf-8") as out:
+        try:
+            collector = Collector(cupti, identity, _writer(out))
+            collector.start()
+        except Exception as exc:  # noqa: BLE001 — cupti raises NotSupportedError and others without a GPU
+            raise UsageError(f"collect-kernels: CUPTI could not start ({type(exc).__name__}: {exc}); it needs an "
+                             "NVIDIA GPU, its driver and a cupti-python matching the CUDA version") from None
+
+        def stop() -> None:
+            stats = collector.stop()
+            out.flush()
+            print(json.dumps({"collect_kernels": vars(stats) | {"out": args.out}}), file=sys.stderr)
+
+        atexit.register(stop)
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        sys.argv = job
+        code = 0
+        try:
+            runpy.run_path(job[0], run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            stop()
+            atexit.unregister(stop)
+            signal.signal(signal.SIGTERM, previous)
+    return code
+
+
+COLLECT_KERNELS = Command("collect-kernels", "run a Python job under CUPTI and write its kernels and NVTX ranges as "
+                          "JSON Lines (needs the `cupti` extra and a GPU)", _arguments, cmd_collect_kernels)

@@ -1,0 +1,73 @@
+"""Replays recorded activity buffers through whatever callbacks the collector registers, as CUPTI would.
+
+``load`` sets what the "GPU" did: buffers (each a list of records, delivered in the given order, which
+may be out of time order), the count CUPTI would report as dropped, and CUPTI's clock (``clock`` values are
+returned by successive ``get_timestamp`` calls).  Records are plain namespaces with CUPTI's field names.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+from types import SimpleNamespace
+from typing import Any
+
+
+class ActivityKind(enum.IntEnum):
+    MEMCPY = 1
+    MEMSET = 2
+    KERNEL = 3
+    RUNTIME = 5
+    NAME = 11
+    MARKER = 12
+    MARKER_DATA = 13
+    CONCURRENT_KERNEL = 10
+
+
+class ActivityFlag(enum.IntEnum):
+    MARKER_INSTANTANEOUS = 1
+    MARKER_START = 2
+    MARKER_END = 4
+
+
+STATE: dict[str, Any] = {}
+
+
+def load(buffers: list[list[Any]], dropped: int = 0, clock: tuple[int, ...] = (0, 0)) -> None:
+    STATE.clear()
+    STATE.update(buffers=list(buffers), dropped=dropped, clock=list(clock), enabled=set(), callbacks=None,
+                 requested=0)
+
+
+def record(**fields: Any) -> SimpleNamespace:
+    return SimpleNamespace(**fields)
+
+
+def activity_register_callbacks(requested: Any, completed: Any) -> None:
+    STATE["callbacks"] = (requested, completed)
+
+
+def activity_enable(kind: int) -> None:
+    STATE["enabled"].add(ActivityKind(kind))
+
+
+def activity_disable(kind: int) -> None:
+    STATE["enabled"].discard(ActivityKind(kind))
+
+
+def get_timestamp() -> int:
+    return STATE["clock"].pop(0)
+
+
+def activity_flush_all(flag: int) -> None:
+    """Delivers every recorded buffer, each after a buffer request, as CUPTI does at a forced flush."""
+    requested, completed = STATE["callbacks"]
+    while STATE["buffers"]:
+        size, max_records = requested()
+        assert size > 0 and max_records >= 0
+        STATE["requested"] += 1
+        completed(STATE["buffers"].pop(0))
+
+
+def activity_get_num_dropped_records(context: int, stream_id: int, dropped: int) -> None:
+    ctypes.c_size_t.from_address(dropped).value = STATE["dropped"]
+    STATE["dropped"] = 0

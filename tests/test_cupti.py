@@ -1,0 +1,182 @@
+"""The CUPTI collector against a stand-in that replays recorded activity through the collector's own callbacks.
+
+Expected objects come from ``brute_force``, which reads the whole recording at once (no buffers, no order),
+so the collector's streaming joins, buffer handling and clock conversion are checked against a reading that
+shares none of its code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pytest
+
+from hypothesis import given, settings, strategies as st
+
+from gpucost.collect_kernels import cmd_collect_kernels
+from gpucost.wiring import UsageError
+from gpucost.producers.cupti import Collector, Identity
+from tests.cupti_standin import cupti as standin
+
+K = standin.ActivityKind
+NODE, PID = "n1", 4242
+
+
+def kernel(corr: int, start: int, end: int, name: str = "gemm", device: int = 0, stream: int = 7,
+           kind: int = K.CONCURRENT_KERNEL) -> object:
+    return standin.record(kind=kind, correlation_id=corr, start=start, end=end, name=name, device_id=device,
+                          stream_id=stream, grid_x=2, grid_y=1, grid_z=1, block_x=128, block_y=1, block_z=1,
+                          registers_per_thread=32, static_shared_memory=16, dynamic_shared_memory=48)
+
+
+def copy(corr: int, start: int, end: int, kind: int = K.MEMCPY) -> object:
+    return standin.record(kind=kind, correlation_id=corr, start=start, end=end, device_id=1, stream_id=3,
+                          bytes=4096)
+
+
+def launch(corr: int, tid: int, start: int) -> object:
+    return standin.record(kind=K.RUNTIME, correlation_id=corr, thread_id=tid, start=start, end=start + 5)
+
+
+def marker(marker_id: int, flag: int, ts: int, tid: int = 0, name: str = "", domain: str = "") -> object:
+    return standin.record(kind=K.MARKER, id=marker_id, flags_=int(flag), timestamp=ts, name=name, domain=domain,
+                          object_id=standin.record(pt=standin.record(thread_id=tid)))
+
+
+def brute_force(records: list, offset: int) -> list[dict]:
+    """Every kernel with the runtime record of its correlation id; every start marker with its end."""
+    launches = {r.correlation_id: r for r in records if r.kind == K.RUNTIME}
+    ends = {r.id: r for r in records if r.kind == K.MARKER and r.flags_ == standin.ActivityFlag.MARKER_END}
+    out = []
+    for r in records:
+        if r.kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET):
+            cat = {K.MEMCPY: "memcpy", K.MEMSET: "memset"}.get(r.kind) or (
+                "communication" if r.name.split("_")[0] in ("ncclKernel", "ncclDevKernel") else "kernel")
+            obj = {"kind": "kernel_activity", "node_id": NODE, "pid": PID, "gpu_uuid": f"{NODE}/{r.device_id}",
+                   "device": r.device_id, "stream": r.stream_id, "correlation_id": r.correlation_id,
+                   "category": cat, "name": getattr(r, "name", cat), "start_ns": r.start + offset,
+                   "end_ns": r.end + offset, "source": "cupti"}
+            if r.kind == K.CONCURRENT_KERNEL:
+                obj |= {"grid": [2, 1, 1], "block": [128, 1, 1], "registers_per_thread": 32,
+                        "shared_memory_bytes": 64}
+            else:
+                obj["bytes"] = 4096
+            if r.correlation_id in launches:
+                obj |= {"launch_tid": launches[r.correlation_id].thread_id,
+                        "launch_ns": launches[r.correlation_id].start + offset}
+            out.append(obj)
+        elif r.kind == K.MARKER and r.flags_ == standin.ActivityFlag.MARKER_START and r.id in ends:
+            out.append({"kind": "annotation_range", "node_id": NODE, "pid": PID, "tid": r.object_id.pt.thread_id,
+                        "domain": r.domain or "default", "name": r.name, "start_ns": r.timestamp + offset,
+                        "end_ns": ends[r.id].timestamp + offset, "source": "cupti"})
+    return out
+
+
+def canonical(objs: list[dict]) -> list[str]:
+    return sorted(json.dumps(o, sort_keys=True) for o in objs)
+
+
+def replay(buffers: list[list], dropped: int = 0, wall: tuple[int, ...] = (1000, 1000, 1000, 1000),
+           clock: tuple[int, int] = (0, 0)) -> tuple[list[dict], object, int]:
+    standin.load(buffers, dropped, clock)
+    got: list[dict] = []
+    walls = list(wall)
+    collector = Collector(standin, Identity(NODE, PID), got.extend, wall_now=lambda: walls.pop(0))
+    collector.start()
+    stats = collector.stop()
+    return got, stats, standin.STATE["requested"]
+
+
+@st.composite
+def recordings(draw):
+    records, n = [], draw(st.integers(0, 12))
+    for corr in range(1, n + 1):
+        start = draw(st.integers(0, 10**12))
+        kind = draw(st.sampled_from([K.CONCURRENT_KERNEL, K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET]))
+        if kind == K.CONCURRENT_KERNEL:
+            name = draw(st.sampled_from(["gemm", "ncclDevKernel_AllReduce", "ncclKernel_x", "nccl_not"]))
+            records.append(kernel(corr, start, start + draw(st.integers(0, 10**6)), name=name,
+                                  device=draw(st.integers(0, 3))))
+        else:
+            records.append(copy(corr, start, start + 10, kind=kind))
+        if draw(st.booleans()):
+            records.append(launch(corr, draw(st.integers(1, 3)), start - 100))
+    for mid in range(draw(st.integers(0, 5))):
+        ts = draw(st.integers(0, 10**12))
+        records.append(marker(mid, standin.ActivityFlag.MARKER_START, ts, tid=mid % 2, name=f"r{mid}",
+                              domain=draw(st.sampled_from(["", "torch"]))))
+        if draw(st.booleans()):
+            records.append(marker(mid, standin.ActivityFlag.MARKER_END, ts + draw(st.integers(0, 10**6))))
+    return records, draw(st.randoms())
+
+
+@settings(max_examples=150, deadline=None)
+@given(recordings(), st.integers(-10**15, 10**15), st.integers(0, 5))
+def test_any_buffering_and_order_gives_the_brute_force_reading(recording, offset, n_cuts):
+    records, rnd = recording
+    shuffled = list(records)
+    rnd.shuffle(shuffled)  # completion out of order, also across buffers
+    cuts = sorted(rnd.randint(0, len(shuffled)) for _ in range(n_cuts))
+    buffers = [shuffled[a:b] for a, b in zip([0, *cuts], [*cuts, len(shuffled)])]
+    # wall clock reads 2·offset-ish around a CUPTI clock of 0: the midpoint rule gives exactly `offset`
+    got, stats, requested = replay(buffers, wall=(offset - 3, offset + 3, offset, offset))
+    assert canonical(got) == canonical(brute_force(records, offset))
+    assert requested == len(buffers)
+    assert stats.kernels == sum(o["kind"] == "kernel_activity" for o in got)
+    assert stats.unlinked_kernels == sum("launch_tid" not in o for o in got if o["kind"] == "kernel_activity")
+
+
+def test_dropped_records_and_clock_drift_are_reported():
+    got, stats, _ = replay([[kernel(1, 10, 20)]], dropped=17, wall=(100, 100, 190, 210), clock=(0, 50))
+    assert stats.dropped_by_cupti == 17
+    assert stats.clock_drift_ns == (200 - 50) - 100
+    assert got[0]["start_ns"] == 110 and got[0]["end_ns"] == 120
+
+
+def test_bad_records_are_counted_not_fatal():
+    backwards = kernel(2, 50, 40)
+    broken = standin.record(kind=K.CONCURRENT_KERNEL)  # no fields at all
+    got, stats, _ = replay([[backwards, broken, kernel(3, 1, 2)], [marker(9, standin.ActivityFlag.MARKER_END, 5)]])
+    assert [o["correlation_id"] for o in got] == [3]
+    assert stats.bad_records == 2 and stats.unmatched_range_ends == 1
+
+
+def test_long_names_are_truncated_and_counted():
+    got, stats, _ = replay([[kernel(1, 0, 1, name="k" * 5000)]])
+    assert got[0]["name"] == "k" * 1024 and stats.truncated_names == 1
+
+
+def test_command_runs_the_job_and_writes_json_lines(tmp_path, capsys):
+    script = tmp_path / "job.py"
+    script.write_text("import sys\nassert sys.argv[1:] == ['--steps', '2']\nsys.exit(3)\n")
+    out = tmp_path / "k.jsonl"
+    records = [kernel(1, 5, 9), launch(1, 11, 2), marker(1, standin.ActivityFlag.MARKER_START, 1, 11, "step"),
+               marker(1, standin.ActivityFlag.MARKER_END, 10)]
+    standin.load([records[2:], records[:2]], dropped=4, clock=(0, 0))
+    args = argparse.Namespace(out=str(out), node_id=NODE,
+                              job=["--", "python", str(script), "--steps", "2"])
+    assert cmd_collect_kernels(args, cupti=standin) == 3
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {o["kind"] for o in lines} == {"kernel_activity", "annotation_range"}
+    summary = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["collect_kernels"]
+    assert summary["dropped_by_cupti"] == 4 and summary["kernels"] == 1 and summary["ranges"] == 1
+
+
+def test_a_cupti_without_a_gpu_is_a_usage_error_not_a_traceback(tmp_path):
+    class NotSupportedError(Exception):
+        pass
+
+    class NoGpu:
+        ActivityKind, ActivityFlag = standin.ActivityKind, standin.ActivityFlag
+
+        @staticmethod
+        def get_timestamp() -> int:
+            raise NotSupportedError("CUPTI_ERROR_NOT_SUPPORTED")
+
+    script = tmp_path / "job.py"
+    script.write_text("pass\n")
+    args = argparse.Namespace(out=str(tmp_path / "k.jsonl"), node_id=NODE, job=["--", str(script)])
+    with pytest.raises(UsageError, match="NotSupportedError.*NVIDIA GPU"):
+        cmd_collect_kernels(args, cupti=NoGpu)
+    args.job = ["--", str(tmp_path / "missing.py")]
+    with pytest.raises(UsageError, match="no script at"):
+        cmd_collect_kernels(args, cupti=standin)
