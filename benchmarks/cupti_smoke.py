@@ -1,0 +1,65 @@
+"""Smoke check of ``gpucost collect-kernels`` on a real GPU: a tiny torch job, then checks on what it wrote.
+
+Checks: kernels present with end ≥ start and epoch times near now (the clock offset), launch links present
+(launch_ns ≤ start_ns), NVTX ranges present and named, and that every kernel launched inside the "smoke"
+range on its thread falls in it by the launch rule.  Prints a JSON verdict; exit 1 on any failed check.
+
+    python benchmarks/cupti_smoke.py
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+JOB = """
+import torch
+a = torch.randn(512, 512, device="cuda")
+torch.cuda.nvtx.range_push("smoke")
+for _ in range(20):
+    torch.cuda.nvtx.range_push("mm")
+    a = torch.tanh(a @ a) * 0.5
+    torch.cuda.nvtx.range_pop()
+torch.cuda.nvtx.range_pop()
+torch.cuda.synchronize()
+b = a.cpu()
+"""
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        script, out = Path(tmp) / "job.py", Path(tmp) / "k.jsonl"
+        script.write_text(JOB)
+        t0 = time.time_ns()
+        done = subprocess.run([sys.executable, "-m", "gpucost.cli", "collect-kernels", "--out", str(out),
+                               "--node-id", "smoke", "--", "python", str(script)], capture_output=True, text=True)
+        t1 = time.time_ns()
+        rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    kernels = [r for r in rows if r["kind"] == "kernel_activity"]
+    ranges = [r for r in rows if r["kind"] == "annotation_range"]
+    gemms = [k for k in kernels if k["category"] == "kernel"]
+    smoke = [r for r in ranges if r["name"] == "smoke"]
+    inside = [k for k in gemms if smoke and "launch_ns" in k and k["launch_tid"] == smoke[0]["tid"]
+              and smoke[0]["start_ns"] <= k["launch_ns"] <= smoke[0]["end_ns"]]
+    checks = {
+        "exit_0": done.returncode == 0,
+        "kernels_present": len(gemms) >= 20,
+        "times_ordered": all(k["start_ns"] <= k["end_ns"] for k in kernels),
+        "epoch_times": all(t0 <= k["start_ns"] <= t1 for k in kernels),
+        "launch_links": bool(kernels) and all("launch_ns" in k and k["launch_ns"] <= k["start_ns"] for k in gemms),
+        "ranges_present": len(smoke) == 1 and sum(r["name"] == "mm" for r in ranges) == 20,
+        "ranges_ordered": all(r["start_ns"] <= r["end_ns"] for r in ranges),
+        "kernels_in_smoke_range": len(inside) >= 20,
+        "memcpy_present": any(k["category"] == "memcpy" for k in kernels),
+    }
+    print(json.dumps({"smoke": "cupti", "ok": all(checks.values()), "checks": checks, "kernels": len(kernels),
+                      "ranges": len(ranges), "stderr_tail": done.stderr[-2000:],
+                      "sample": (gemms[:1] + ranges[:1])}))
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
