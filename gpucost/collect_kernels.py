@@ -53,6 +53,20 @@ def _gpu_uuids() -> dict[int, str]:
         return {}
 
 
+def _nvtx_injection() -> str | None:
+    """NVTX calls reach CUPTI only through NVTX's injection hook, read at the job's first NVTX call."""
+    if os.environ.get("NVTX_INJECTION64_PATH"):
+        return os.environ["NVTX_INJECTION64_PATH"]
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib  # noqa: PLC0415 — a dependency of cupti-python
+        path = load_nvidia_dynamic_lib("cupti").abs_path
+    except Exception:  # noqa: BLE001 — without it kernels are still collected; the summary says ranges are off
+        return None
+    if path:
+        os.environ["NVTX_INJECTION64_PATH"] = path
+    return path
+
+
 def _writer(out: TextIO) -> Any:
     def write(batch: list[dict[str, Any]]) -> None:
         out.writelines(json.dumps(obj, separators=(",", ":")) + "\n" for obj in batch)
@@ -61,12 +75,14 @@ def _writer(out: TextIO) -> Any:
 
 def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
     job = _job(list(args.job))
+    nvtx = None  # a given module (the tests' stand-in) needs no NVTX hook
     if cupti is None:
         try:
             import cupti as cupti_module  # noqa: PLC0415 — optional extra under NVIDIA's licence
         except ImportError:
             raise UsageError("collect-kernels needs NVIDIA's cupti-python: pip install 'gpucost[cupti]'") from None
         cupti = cupti_module.cupti if hasattr(cupti_module, "cupti") else cupti_module
+        nvtx = _nvtx_injection()
     identity = Identity(args.node_id, os.getpid(), _gpu_uuids())
     with open(args.out, "w", encoding="utf-8") as out:
         try:
@@ -79,11 +95,13 @@ def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
         def stop() -> None:
             stats = collector.stop()
             out.flush()
-            print(json.dumps({"collect_kernels": vars(stats) | {"out": args.out}}), file=sys.stderr)
+            print(json.dumps({"collect_kernels": vars(stats) | {"out": args.out, "nvtx_injection": nvtx}}),
+                  file=sys.stderr)
 
         atexit.register(stop)
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         sys.argv = job
+        sys.path.insert(0, os.path.dirname(os.path.abspath(job[0])))  # as `python script.py` would
         code = 0
         try:
             runpy.run_path(job[0], run_name="__main__")

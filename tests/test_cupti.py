@@ -45,7 +45,7 @@ def marker(marker_id: int, flag: int, ts: int, tid: int = 0, name: str = "", dom
 def brute_force(records: list, offset: int) -> list[dict]:
     """Every kernel with the runtime record of its correlation id; every start marker with its end."""
     launches = {r.correlation_id: r for r in records if r.kind == K.RUNTIME}
-    ends = {r.id: r for r in records if r.kind == K.MARKER and r.flags_ == standin.ActivityFlag.MARKER_END}
+    ends = {r.id: r for r in records if r.kind == K.MARKER and r.flags_ == standin.MARKER_END}
     out = []
     for r in records:
         if r.kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET):
@@ -105,7 +105,7 @@ def recordings(draw):
         records.append(marker(mid, standin.ActivityFlag.MARKER_START, ts, tid=mid % 2, name=f"r{mid}",
                               domain=draw(st.sampled_from(["", "torch"]))))
         if draw(st.booleans()):
-            records.append(marker(mid, standin.ActivityFlag.MARKER_END, ts + draw(st.integers(0, 10**6))))
+            records.append(marker(mid, standin.MARKER_END, ts + draw(st.integers(0, 10**6))))
     return records, draw(st.randoms())
 
 
@@ -135,7 +135,7 @@ def test_dropped_records_and_clock_drift_are_reported():
 def test_bad_records_are_counted_not_fatal():
     backwards = kernel(2, 50, 40)
     broken = standin.record(kind=K.CONCURRENT_KERNEL)  # no fields at all
-    got, stats, _ = replay([[backwards, broken, kernel(3, 1, 2)], [marker(9, standin.ActivityFlag.MARKER_END, 5)]])
+    got, stats, _ = replay([[backwards, broken, kernel(3, 1, 2)], [marker(9, standin.MARKER_END, 5)]])
     assert [o["correlation_id"] for o in got] == [3]
     assert stats.bad_records == 2 and stats.unmatched_range_ends == 1
 
@@ -150,7 +150,7 @@ def test_command_runs_the_job_and_writes_json_lines(tmp_path, capsys):
     script.write_text("import sys\nassert sys.argv[1:] == ['--steps', '2']\nsys.exit(3)\n")
     out = tmp_path / "k.jsonl"
     records = [kernel(1, 5, 9), launch(1, 11, 2), marker(1, standin.ActivityFlag.MARKER_START, 1, 11, "step"),
-               marker(1, standin.ActivityFlag.MARKER_END, 10)]
+               marker(1, standin.MARKER_END, 10)]
     standin.load([records[2:], records[:2]], dropped=4, clock=(0, 0))
     args = argparse.Namespace(out=str(out), node_id=NODE,
                               job=["--", "python", str(script), "--steps", "2"])

@@ -211,7 +211,9 @@ class Collector:
                  kind.RUNTIME: "runtime", kind.MARKER: "marker"}
         self.stats = Stats()
         self._start_offset = ClockOffset.sample(cupti.get_timestamp, wall_now)
-        flags = (int(cupti.ActivityFlag.MARKER_START), int(cupti.ActivityFlag.MARKER_END))
+        # MARKER_END (CUPTI_ACTIVITY_FLAG_MARKER_END = 1 << 2) is an alias in cupti-python's enum, absent from
+        # its stubs; the C header's value is the fallback
+        flags = (int(cupti.ActivityFlag.MARKER_START), int(getattr(cupti.ActivityFlag, "MARKER_END", 1 << 2)))
         self.records = KernelRecords(identity, self._start_offset, {int(k): v for k, v in names.items()}, flags,
                                      self.stats)
         self._stopped = False
@@ -226,7 +228,7 @@ class Collector:
         if self._stopped:
             return self.stats
         self._stopped = True
-        self._cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: incomplete buffers too
+        self._cupti.activity_flush_all(int(self._cupti.ActivityFlag.FLUSH_FORCED))  # incomplete buffers too
         for kind in self._enabled:
             self._cupti.activity_disable(kind)
         self.stats.dropped_by_cupti += dropped_records(self._cupti)

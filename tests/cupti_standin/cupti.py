@@ -24,9 +24,14 @@ class ActivityKind(enum.IntEnum):
 
 
 class ActivityFlag(enum.IntEnum):
+    """As in cupti-python 13.4's stubs: MARKER_END is not a listed member (the collector uses 1 << 2)."""
+
+    FLUSH_FORCED = 1
     MARKER_INSTANTANEOUS = 1
     MARKER_START = 2
-    MARKER_END = 4
+
+
+MARKER_END = 4
 
 
 STATE: dict[str, Any] = {}
@@ -60,6 +65,7 @@ def get_timestamp() -> int:
 
 def activity_flush_all(flag: int) -> None:
     """Delivers every recorded buffer, each after a buffer request, as CUPTI does at a forced flush."""
+    assert flag == ActivityFlag.FLUSH_FORCED
     requested, completed = STATE["callbacks"]
     while STATE["buffers"]:
         size, max_records = requested()
