@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import pytest
 
 from hypothesis import given, settings, strategies as st
 
+from gpucost.cli import main
 from gpucost.collect_kernels import cmd_collect_kernels
 from gpucost.wiring import UsageError
 from gpucost.producers.cupti import Collector, Identity
@@ -180,3 +182,11 @@ def test_a_cupti_without_a_gpu_is_a_usage_error_not_a_traceback(tmp_path):
     args.job = ["--", str(tmp_path / "missing.py")]
     with pytest.raises(UsageError, match="no script at"):
         cmd_collect_kernels(args, cupti=standin)
+
+
+def test_without_cupti_python_the_command_says_what_to_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "cupti", None)  # import cupti fails, as without the extra
+    script = tmp_path / "job.py"
+    script.write_text("pass\n")
+    assert main(["collect-kernels", "--out", str(tmp_path / "k.jsonl"), "--", "python", str(script)]) == 2
+    assert "pip install 'gpucost[cupti]'" in capsys.readouterr().err
