@@ -76,7 +76,7 @@ def main() -> int:
             loop, wall, err = _run(under)
             traced.append((loop, wall))
             counts = json.loads(err.strip().splitlines()[-1])["collect_kernels"]
-        lines = sum(1 for _ in open(out, encoding="utf-8"))
+        lines = len(Path(out).read_text(encoding="utf-8").splitlines())
     med = {name: [statistics.median(x[i] for x in runs) for i in (0, 1)] for name, runs in
            (("base", base), ("traced", traced))}
     print(json.dumps({

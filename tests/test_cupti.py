@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import pytest
 
-from hypothesis import given, settings, strategies as st
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpucost.cli import main
 from gpucost.collect_kernels import cmd_collect_kernels
-from gpucost.wiring import UsageError
 from gpucost.producers.cupti import Collector, Identity
+from gpucost.wiring import UsageError
 from tests.cupti_standin import cupti as standin
 
 K = standin.ActivityKind
