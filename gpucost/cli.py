@@ -14,6 +14,7 @@ from gpucost.commands import (IDLE_POLICIES, cmd_compact, cmd_export, cmd_fit_we
                               cmd_replay, cmd_report, cmd_simulate, cmd_views, cmd_whatif)
 from gpucost.config import ConfigError
 from gpucost.focus import FORMATS
+from gpucost.kernels import add_kernels_parser, cmd_kernels
 from gpucost.kafka.commands import cmd_produce, cmd_sink, cmd_topics, cmd_worker
 from gpucost.kafka.state import StateError
 from gpucost.operations import cmd_discovery, cmd_health, cmd_reclaim
@@ -256,6 +257,7 @@ def _parser() -> argparse.ArgumentParser:
     add_out(squash, "output directory")
     squash.add_argument("--min-files", type=int, default=2,
                         help="merge a partition's files under 1 Mi rows once it has this many (default 2)")
+    add_kernels_parser(sub)
     return parser
 
 
@@ -263,7 +265,7 @@ COMMANDS = {"run": cmd_run, "simulate": cmd_simulate, "replay": cmd_replay, "que
             "views": cmd_views, "topics": cmd_topics, "produce": cmd_produce, "worker": cmd_worker,
             "sink": cmd_sink, "compact": cmd_compact, "prices": cmd_prices, "health": cmd_health,
             "discovery": cmd_discovery, "reclaim": cmd_reclaim, "fit-weights": cmd_fit_weights, "whatif": cmd_whatif,
-            "export": cmd_export, "report": cmd_report}
+            "export": cmd_export, "report": cmd_report, "kernels": cmd_kernels}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
