@@ -20,7 +20,7 @@ from typing import IO
 import ijson
 from pydantic import ValidationError
 
-from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity
+from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity, rejection_reason
 
 __all__ = ["KinetoTrace", "read_kineto"]
 
@@ -93,12 +93,12 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
                                                   domain="torch", name=_name(ev, out.rejected), start_ns=start,
                                                   end_ns=start + _ns(ev["dur"]), source="kineto"))
         except (KeyError, TypeError, ValueError, InvalidOperation, ValidationError) as exc:
-            out.rejected[f"{cat}: {_reason(exc)}"] += 1
+            out.rejected[f"{cat}: {rejection_reason(exc)}"] += 1
     for ev in pending:
         try:
             out.kernels.append(_kernel(ev, node, base, launches, out.rejected))
         except (KeyError, TypeError, ValueError, InvalidOperation, ValidationError) as exc:
-            out.rejected[f"{ev.get('cat')}: {_reason(exc)}"] += 1
+            out.rejected[f"{ev.get('cat')}: {rejection_reason(exc)}"] += 1
     return out
 
 
@@ -140,10 +140,3 @@ def _kernel(ev: dict, node: str, base: int, launches: dict, rejected: Counter) -
 def _int_or_none(value: object) -> int | None:
     return int(value) if isinstance(value, (int, Decimal)) and not isinstance(value, bool) else None
 
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, KeyError):
-        return f"missing field {exc.args[0]!r}"
-    if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:2])
-    return str(exc) or type(exc).__name__

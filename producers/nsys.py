@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity
+from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity, rejection_reason
 
 __all__ = ["NsysExport", "read_nsys"]
 
@@ -74,11 +74,12 @@ def _read(con: sqlite3.Connection, node: str) -> NsysExport:
             continue
         extra = "demangledName, gridX, gridY, gridZ, blockX, blockY, blockZ, registersPerThread, " \
                 "staticSharedMemory + dynamicSharedMemory" if name_col else "bytes"
-        for row in con.execute(f"SELECT start, end, deviceId, streamId, correlationId, globalPid, {extra} FROM {table}"):
+        query = f"SELECT start, end, deviceId, streamId, correlationId, globalPid, {extra} FROM {table}"
+        for row in con.execute(query):
             try:
                 out.kernels.append(_activity(row, node, base, category, strings, launches, out.rejected))
             except (TypeError, ValueError, ValidationError) as exc:
-                out.rejected[f"{table}: {_reason(exc)}"] += 1
+                out.rejected[f"{table}: {rejection_reason(exc)}"] += 1
     if "NVTX_EVENTS" in tables:
         _ranges(con, node, base, strings, out)
     return out
@@ -119,10 +120,5 @@ def _ranges(con: sqlite3.Connection, node: str, base: int, strings: dict, out: N
                                               domain=domains.get(domain, "default"), name=name,
                                               start_ns=base + start, end_ns=base + end, source="nsys"))
         except (TypeError, ValueError, ValidationError) as exc:
-            out.rejected[f"NVTX_EVENTS: {_reason(exc)}"] += 1
+            out.rejected[f"NVTX_EVENTS: {rejection_reason(exc)}"] += 1
 
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:2])
-    return str(exc) or type(exc).__name__

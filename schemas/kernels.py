@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpucost.schemas.events import Ident, Pid, TsNs
 
-__all__ = ["KERNEL_CATEGORIES", "NAME_MAX_CHARS", "KernelActivity", "AnnotationRange"]
+__all__ = ["KERNEL_CATEGORIES", "NAME_MAX_CHARS", "KernelActivity", "AnnotationRange", "rejection_reason"]
 
 KERNEL_CATEGORIES = ("kernel", "memcpy", "memset", "communication")
 NAME_MAX_CHARS = 1024  # a longer name is truncated by the reader, and counted there
@@ -60,3 +60,12 @@ class AnnotationRange(_Timed):
     kind: Literal["annotation_range"] = "annotation_range"
     tid: Count
     domain: Ident
+
+
+def rejection_reason(exc: Exception) -> str:
+    """Why a source's event was left out, in a line a person can act on (the key of a rejects counter)."""
+    if isinstance(exc, KeyError):
+        return f"missing field {exc.args[0]!r}"
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:2])
+    return str(exc) or type(exc).__name__

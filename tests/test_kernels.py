@@ -159,3 +159,23 @@ def test_unreadable_file_is_a_usage_error(capsys, tmp_path):
     assert main(["kernels", str(junk)]) == 2
     assert "not a Kineto trace or nsys SQLite export" in capsys.readouterr().err
     assert main(["kernels", str(tmp_path / "absent.json")]) == 2
+
+
+WIRE = {"kind": "kernel_activity", "node_id": "n1", "pid": 7, "gpu_uuid": "GPU-1", "device": 0, "stream": 7,
+        "correlation_id": 3, "category": "communication", "name": "ncclKernel_AllReduce",
+        "start_ns": 1_700_000_000 * 10**9, "end_ns": 1_700_000_000 * 10**9 + 5, "launch_tid": 9, "launch_ns": 1_700_000_000 * 10**9 - 40,
+        "grid": [1, 2, 3], "block": [256, 1, 1], "source": "cupti"}
+
+
+def test_wire_format_round_trips_and_refuses_what_cannot_be():
+    from pydantic import ValidationError
+    from gpucost.schemas.kernels import AnnotationRange, KernelActivity
+    k = KernelActivity.model_validate_json(json.dumps(WIRE))
+    assert json.loads(k.model_dump_json(exclude_none=True)) == WIRE
+    for bad in ({"end_ns": WIRE["start_ns"] - 1}, {"name": "x" * 1025}, {"category": "compute"}, {"extra": 1},
+                {"start_ns": 5, "end_ns": 6}):
+        with pytest.raises(ValidationError):
+            KernelActivity.model_validate_json(json.dumps(WIRE | bad))
+    r = {"kind": "annotation_range", "node_id": "n1", "pid": 7, "tid": 9, "domain": "default", "name": "step",
+         "start_ns": WIRE["start_ns"], "end_ns": WIRE["end_ns"]}
+    assert AnnotationRange.model_validate_json(json.dumps(r)).name == "step"
