@@ -163,8 +163,8 @@ def test_unreadable_file_is_a_usage_error(capsys, tmp_path):
 
 WIRE = {"kind": "kernel_activity", "node_id": "n1", "pid": 7, "gpu_uuid": "GPU-1", "device": 0, "stream": 7,
         "correlation_id": 3, "category": "communication", "name": "ncclKernel_AllReduce",
-        "start_ns": 1_700_000_000 * 10**9, "end_ns": 1_700_000_000 * 10**9 + 5, "launch_tid": 9, "launch_ns": 1_700_000_000 * 10**9 - 40,
-        "grid": [1, 2, 3], "block": [256, 1, 1], "source": "cupti"}
+        "start_ns": 1_700_000_000 * 10**9, "end_ns": 1_700_000_000 * 10**9 + 5,
+        "launch_tid": 9, "launch_ns": 1_700_000_000 * 10**9 - 40, "grid": [1, 2, 3], "block": [256, 1, 1], "source": "cupti"}
 
 
 def test_wire_format_round_trips_and_refuses_what_cannot_be():
