@@ -49,6 +49,8 @@ def _gpucost(path: str) -> int:
 
 def _hta(path: str) -> int:
     import logging
+    import os
+    os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"  # read the times as written, not shrunk to whole µs
     logging.disable(logging.CRITICAL)
     from hta.trace_analysis import TraceAnalysis
     from hta.utils.utils import merge_kernel_intervals
