@@ -164,7 +164,8 @@ def test_unreadable_file_is_a_usage_error(capsys, tmp_path):
 WIRE = {"kind": "kernel_activity", "node_id": "n1", "pid": 7, "gpu_uuid": "GPU-1", "device": 0, "stream": 7,
         "correlation_id": 3, "category": "communication", "name": "ncclKernel_AllReduce",
         "start_ns": 1_700_000_000 * 10**9, "end_ns": 1_700_000_000 * 10**9 + 5,
-        "launch_tid": 9, "launch_ns": 1_700_000_000 * 10**9 - 40, "grid": [1, 2, 3], "block": [256, 1, 1], "source": "cupti"}
+        "launch_tid": 9, "launch_ns": 1_700_000_000 * 10**9 - 40, "grid": [1, 2, 3], "block": [256, 1, 1],
+        "source": "cupti"}
 
 
 def test_wire_format_round_trips_and_refuses_what_cannot_be():
@@ -179,3 +180,55 @@ def test_wire_format_round_trips_and_refuses_what_cannot_be():
     r = {"kind": "annotation_range", "node_id": "n1", "pid": 7, "tid": 9, "domain": "default", "name": "step",
          "start_ns": WIRE["start_ns"], "end_ns": WIRE["end_ns"]}
     assert AnnotationRange.model_validate_json(json.dumps(r)).name == "step"
+
+
+range_st = st.tuples(st.sampled_from(["step", "fwd", "bwd"]), st.integers(0, 60), st.integers(0, 60))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(kernel_st, min_size=1, max_size=15), st.lists(range_st, max_size=6),
+       st.lists(st.integers(0, 120), min_size=15, max_size=15), st.lists(st.booleans(), min_size=15, max_size=15))
+def test_ranges_hold_the_kernels_launched_inside_them(tmp_path_factory, kernels, spans, launch_us, on_thread_1):
+    """Each range path's figures are within one unit per nesting level of its exact share, computed here from
+    the launches (thread and time), never from GPU time; children never exceed their parent."""
+    tmp = tmp_path_factory.mktemp("r")
+    base = 1_711_964_646_000_000_000
+    events = [{"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": s, "dur": d}
+              for n, s, d in spans]
+    rows = []
+    for i, (n, stream, t, d) in enumerate(kernels):
+        tid = 1 if on_thread_1[i] else 2
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
+                       "ts": launch_us[i], "dur": 1, "args": {"correlation": i}})
+        events.append({"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": stream, "ts": t // 1000,
+                       "dur": d // 1000, "args": {"device": 0, "stream": stream, "correlation": i}})
+        opened = sorted((s, -(s + dd), rn) for rn, s, dd in spans if tid == 1 and s <= launch_us[i] <= s + dd)
+        rows.append((n, base + (t // 1000) * 1000, base + (t // 1000 + d // 1000) * 1000,
+                     tuple(rn for _, _, rn in opened)))
+    path = tmp / "t.json"
+    path.write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": events}))
+    import contextlib, io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["kernels", str(path), "--usd-per-gpu-hour", "3600"]) == 0
+    (device,) = json.loads(out.getvalue())["devices"]
+    # each kernel's exact share of busy time, slice by slice
+    bounds = sorted({t for _, s, e, _ in rows for t in (s, e)})
+    share = [Fraction(0)] * len(rows)
+    for lo, hi in zip(bounds, bounds[1:]):
+        running = [i for i, (_, s, e, _) in enumerate(rows) if s <= lo and hi <= e and e > s]
+        for i in running:
+            share[i] += Fraction(hi - lo, len(running))
+    busy = sum(share)
+    got = {r["path"]: r for r in device["ranges"]}
+    expected_paths = {"/".join(p[:j]) for *_, p in rows for j in range(1, len(p) + 1)}
+    assert set(got) <= expected_paths
+    for p in expected_paths:
+        parts = tuple(p.split("/"))
+        exact = sum(s for s, (*_, kp) in zip(share, rows) if kp[:len(parts)] == parts)
+        r = got.get(p, {"busy_ns": 0, "cost_micro_usd": 0})
+        assert abs(r["busy_ns"] - exact) <= len(parts)
+        if busy:
+            assert abs(r["cost_micro_usd"] - Fraction(device["cost_micro_usd"]) * exact / busy) <= len(parts)
+        children = [c for q, c in got.items() if q.rsplit("/", 1)[0] == p and q.count("/") == p.count("/") + 1]
+        assert sum(c["busy_ns"] for c in children) <= r["busy_ns"]
