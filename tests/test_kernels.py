@@ -232,3 +232,11 @@ def test_ranges_hold_the_kernels_launched_inside_them(tmp_path_factory, kernels,
             assert abs(r["cost_micro_usd"] - Fraction(device["cost_micro_usd"]) * exact / busy) <= len(parts)
         children = [c for q, c in got.items() if q.rsplit("/", 1)[0] == p and q.count("/") == p.count("/") + 1]
         assert sum(c["busy_ns"] for c in children) <= r["busy_ns"]
+
+
+def test_ranges_opened_together_nest_the_longer_outside():
+    from gpucost.streams.kernel_split import Interval, Span, range_paths
+    spans = [Span(1, "inner", 0, 50), Span(1, "outer", 0, 100), Span(2, "other", 0, 100)]
+    kernels = [Interval("k", 500, 900, launch_tid=1, launch_ns=10), Interval("k", 5, 9, launch_tid=1, launch_ns=60),
+               Interval("k", 5, 9)]
+    assert range_paths(kernels, spans) == [("outer", "inner"), ("outer",), ()]
