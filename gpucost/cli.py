@@ -17,6 +17,7 @@ from gpucost.config import ConfigError
 from gpucost.devices import DEVICES
 from gpucost.kafka.state import StateError
 from gpucost.kafka_commands import SINK, WORKER
+from gpucost.kernels import KERNELS
 from gpucost.operations import DISCOVERY, HEALTH, RECLAIM
 from gpucost.produce_commands import PRODUCE, TOPICS
 from gpucost.run import RUN
@@ -49,6 +50,7 @@ TABLE: tuple[Command, ...] = (
     EXPORT,
     COMPACT,
     DEVICES,
+    KERNELS,
     COLLECT_KERNELS,
 )
 COMMANDS = {command.name: command for command in TABLE}

@@ -1,0 +1,142 @@
+"""PyTorch profiler (Kineto) Chrome traces, JSON or gzip, as kernel and range events.
+
+The file is read as a stream of events (ijson, C backend), never whole: one pass for the header figures
+(``baseTimeNanoseconds``, ``deviceProperties``), one for the events. Times are the decimal text of the
+trace's µs (``ts``, ``dur``), scaled to integer ns exactly; since mid-2024 ``ts`` is relative to
+``baseTimeNanoseconds``. A kernel is tied to its launch by ``args.correlation`` = the ``cuda_runtime`` /
+``cuda_driver`` call's, so launches are held by correlation id until the file ends. Events that cannot be read
+are counted by reason, never raised.
+"""
+from __future__ import annotations
+
+import gzip
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+from pathlib import Path
+from typing import IO
+
+import ijson
+from pydantic import ValidationError
+
+from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity, rejection_reason
+
+__all__ = ["KinetoTrace", "read_kineto"]
+
+_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
+_RANGE_CATS = {"user_annotation"}  # CPU time on the launching thread; gpu_user_annotation is GPU time, not used
+
+
+@dataclass
+class KinetoTrace:
+    """What one trace file gave: its events, the GPU models by device index, and the events left out by reason."""
+    kernels: list[KernelActivity] = field(default_factory=list)
+    ranges: list[AnnotationRange] = field(default_factory=list)
+    gpu_models: dict[int, str] = field(default_factory=dict)
+    rejected: Counter = field(default_factory=Counter)
+
+
+def _open(path: Path) -> IO[bytes]:
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+
+
+def _header(path: Path) -> tuple[int, dict[int, str]]:
+    base, models, dev_id, dev_name = 0, {}, None, None
+    with _open(path) as f:
+        for prefix, event, value in ijson.parse(f, use_float=False):
+            if prefix == "baseTimeNanoseconds" and event == "number":
+                base = int(value)
+            elif prefix == "deviceProperties.item.id":
+                dev_id = value
+            elif prefix == "deviceProperties.item.name":
+                dev_name = value
+            elif prefix == "deviceProperties.item" and event == "end_map":
+                if isinstance(dev_id, int) and isinstance(dev_name, str):
+                    models[dev_id] = dev_name
+                dev_id = dev_name = None
+    return base, models
+
+
+def _ns(us: object) -> int:
+    """µs as written (int or decimal text) → integer ns, half-even below 1 ns."""
+    if isinstance(us, bool) or not isinstance(us, (int, Decimal)):
+        raise ValueError("not a number")
+    return int((Decimal(us) * 1000).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _category(cat: str, name: str) -> str:
+    kind = _GPU_CATS[cat]
+    return "communication" if kind == "kernel" and "nccl" in name.lower() else kind
+
+
+def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
+    """All kernels and ``user_annotation`` ranges of one trace; ``node_id`` defaults to the file's name."""
+    node = node_id or path.name
+    base, models = _header(path)
+    out = KinetoTrace(gpu_models=models)
+    launches: dict[int, tuple[int, int, int]] = {}  # correlation → (pid, tid, launch ns)
+    pending: list[dict] = []
+    for ev in _events(path, out.rejected):
+        cat = ev.get("cat")
+        try:
+            if cat in _GPU_CATS:
+                pending.append(ev)
+            elif cat in _LAUNCH_CATS:
+                launches[int(ev["args"]["correlation"])] = (int(ev["pid"]), int(ev["tid"]), base + _ns(ev["ts"]))
+            elif cat in _RANGE_CATS:
+                start = base + _ns(ev["ts"])
+                out.ranges.append(AnnotationRange(node_id=node, pid=int(ev["pid"]), tid=int(ev["tid"]),
+                                                  domain="torch", name=_name(ev, out.rejected), start_ns=start,
+                                                  end_ns=start + _ns(ev["dur"]), source="kineto"))
+        except (KeyError, TypeError, ValueError, InvalidOperation, ValidationError) as exc:
+            out.rejected[f"{cat}: {rejection_reason(exc)}"] += 1
+    for ev in pending:
+        try:
+            out.kernels.append(_kernel(ev, node, base, launches, out.rejected))
+        except (KeyError, TypeError, ValueError, InvalidOperation, ValidationError) as exc:
+            out.rejected[f"{ev.get('cat')}: {rejection_reason(exc)}"] += 1
+    return out
+
+
+def _events(path: Path, rejected: Counter) -> Iterator[dict]:
+    with _open(path) as f:
+        for ev in ijson.items(f, "traceEvents.item", use_float=False):
+            if isinstance(ev, dict) and ev.get("ph") == "X":
+                yield ev
+            elif not isinstance(ev, dict):
+                rejected["traceEvents: an item that is not an object"] += 1
+
+
+def _name(ev: dict, rejected: Counter) -> str:
+    name = ev["name"]
+    if not isinstance(name, str):
+        raise ValueError("name is not a string")
+    if len(name) > NAME_MAX_CHARS:
+        rejected["name longer than 1024 characters, truncated"] += 1
+        name = name[:NAME_MAX_CHARS]
+    return name
+
+
+def _kernel(ev: dict, node: str, base: int, launches: dict, rejected: Counter) -> KernelActivity:
+    args = ev.get("args") or {}
+    device = int(args.get("device", ev["pid"]))
+    start = base + _ns(ev["ts"])
+    corr = int(args.get("correlation", 0))
+    pid, tid, launch_ns = launches.get(corr, (0, None, None))
+    name = _name(ev, rejected)
+    dims = {k: tuple(int(v) for v in args[k]) for k in ("grid", "block") if isinstance(args.get(k), list)}
+    return KernelActivity(
+        node_id=node, pid=pid, gpu_uuid=f"{node}/{device}", device=device, stream=int(args.get("stream", ev["tid"])),
+        correlation_id=corr, category=_category(ev["cat"], name), name=name, start_ns=start,
+        end_ns=start + _ns(ev["dur"]), launch_tid=tid, launch_ns=launch_ns, source="kineto",
+        registers_per_thread=_int_or_none(args.get("registers per thread")),
+        bytes=_int_or_none(args.get("bytes")), **dims)
+
+
+def _int_or_none(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, Decimal)) and not isinstance(value, bool) else None
+
