@@ -10,17 +10,9 @@ from hypothesis import strategies as st
 
 from gpucost.schemas.records import IDLE_TENANT
 from gpucost.streams.apportion import Weights, apportion
-from gpucost.streams.pane_totals import PaneTotals, TenantTotals
-from gpucost.streams.tables import Tenant
+from gpucost.streams.pane_totals import PaneTotals
 from tests.strategies import WEIGHTS
-
-PANE_NS = 60 * 1_000_000_000
-
-
-def pane_of(covered_ms: int, tenants: dict[str, tuple[int, int, int]]) -> PaneTotals:
-    return PaneTotals(gpu_uuid="GPU-0", pane_start_ns=0, pane_end_ns=PANE_NS, node_id="node-0", gpu_model="H100",
-                      covered_ms=covered_ms,
-                      tenants={k: TenantTotals(Tenant.named(k), sm, bw, numa, 1) for k, (sm, bw, numa) in tenants.items()})
+from tests.support.panes import pane_of
 
 
 def expected(pane: PaneTotals, price: Decimal, alpha: Decimal, beta: Decimal, gamma: Decimal) -> dict[str, int]:
@@ -33,7 +25,10 @@ def expected(pane: PaneTotals, price: Decimal, alpha: Decimal, beta: Decimal, ga
     w = [Fraction(alpha) * share[3 * i] + Fraction(beta) * share[3 * i + 1] + Fraction(gamma) * share[3 * i + 2]
          for i in range(len(keys))]
     u = Fraction(0) if sum(w) == 0 else min(Fraction(1), Fraction(totals[0], 100 * 100 * pane.covered_ms))
-    exact = [(1 - u) * cost, *((u * wi / sum(w)) * cost for wi in w)] if sum(w) else [Fraction(cost)] + [Fraction(0)] * len(w)
+    if sum(w):
+        exact = [(1 - u) * cost, *((u * wi / sum(w)) * cost for wi in w)]
+    else:
+        exact = [Fraction(cost)] + [Fraction(0)] * len(w)
     floors = [int(x) for x in exact]  # all ≥ 0: int() is floor
     left = cost - sum(floors)
     # largest fractional part first; ties to the party listed first (idle, then tenants by key)
@@ -87,5 +82,6 @@ def test_a_pane_without_covered_time_bills_nothing() -> None:
 
 def test_all_weights_zero_bills_idle_alone() -> None:
     # β = 1 but no tenant used memory bandwidth: Σw = 0, u = 0, idle takes C
-    records = apportion(pane_of(3_600_000, {"a": (10**6, 0, 0)}), Decimal(2), Weights(Decimal(0), Decimal(1), Decimal(0)))
+    records = apportion(pane_of(3_600_000, {"a": (10**6, 0, 0)}), Decimal(2),
+                        Weights(Decimal(0), Decimal(1), Decimal(0)))
     assert [(r.tenant_key, r.cost_micro_usd) for r in records] == [(IDLE_TENANT, 2_000_000), ("a", 0)]

@@ -67,7 +67,8 @@ def panes(draw: st.DrawFn) -> PaneTotals:
         gpu_uuid="GPU-0", pane_start_ns=0, pane_end_ns=600 * 10**9, node_id="node-0",
         gpu_model=draw(st.sampled_from(["NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "Tesla T4"])),
         covered_ms=covered, busy_cp_ms=draw(st.sampled_from([0, 1, CP * covered])),
-        bw_cp_ms=draw(st.integers(0, CP * covered)), tensor_ms=tensor_ms, tensor_cp_ms=draw(st.integers(0, CP * tensor_ms)),
+        bw_cp_ms=draw(st.integers(0, CP * covered)), tensor_ms=tensor_ms,
+        tensor_cp_ms=draw(st.integers(0, CP * tensor_ms)),
         dram_ms=dram_ms, dram_cp_ms=draw(st.integers(0, CP * dram_ms)),
         flops=draw(st.dictionaries(st.integers(0, 5), st.integers(0, 2**70), max_size=3)))
 
