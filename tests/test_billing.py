@@ -27,7 +27,7 @@ from gpucost.sinks.views import connect
 from tests.conftest import ROOT, record_fleet
 from tests.test_kafka import (Deployment, deployment, embedded_team_totals, metrics_port,  # noqa: F401
                               topic_messages, wait_for)
-from tests.test_metrics import scrape
+from tests.support.metrics import scrape
 from tests.test_signature_spec import verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]

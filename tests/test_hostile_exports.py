@@ -33,7 +33,7 @@ from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import TenantBinding
 from gpucost.streams.settings import AuditSettings
 from tests.conftest import HOSTILE_LINES, ROOT, horizon_label
-from tests.test_e2e import gpucost
+from tests.support.cli import gpucost
 from tests.test_report_html import browser  # noqa: F401  (the headless Chromium, where this machine has one)
 
 #: (team, env, app) for each of the simulator's five tenants: formulas as OWASP lists them, a quote already

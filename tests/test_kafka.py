@@ -25,7 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from gpucost.discovery import from_output
 from gpucost.sinks.views import connect, query
 from tests.conftest import ROOT
-from tests.test_metrics import scrape
+from tests.support.metrics import scrape
 from tests.test_sla import Webhook
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]

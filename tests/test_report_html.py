@@ -12,7 +12,7 @@ import pytest
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.codec import encode_event
 from gpucost.sinks.views import connect
-from tests.test_e2e import gpucost
+from tests.support.cli import gpucost
 
 pytestmark = pytest.mark.slow
 SPEC = FleetSpec(gpus=4, hours=30, seed=3, interval_s=30)
