@@ -4,6 +4,7 @@ import contextlib
 import os
 import random
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -161,3 +162,23 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A simulated fleet's events, and the embedded run's output for them."""
     return record_fleet(tmp_path_factory.mktemp("recorded"), "--gpus", "3", "--hours", "74", "--interval-s", "20",
                         "--seed", "11")
+
+
+@pytest.fixture(scope="module")
+def browser():  # type: ignore[no-untyped-def]
+    """A headless Chromium driven by selenium, for the HTML report's tests; skipped, saying why, where absent."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("no chromium and chromedriver here (Debian: apt-get install chromium chromium-driver)")
+    options = Options()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1300,2000"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    session = webdriver.Chrome(service=Service(driver), options=options)
+    yield session
+    session.quit()
