@@ -1,4 +1,4 @@
--- An independent batch recomputation of METRICS.md in DuckDB SQL, straight from the input events
+-- An independent batch recomputation of docs/definitions.md in DuckDB SQL, straight from the input events
 -- ({source}: JSON Lines or Parquet files, see tests/recompute.py). Shares no code with the pipeline.
 SET threads = 1;  -- keep the scan in file order: MAE windows follow arrival order
 CREATE MACRO half_even(x) AS CAST(CASE

@@ -2,7 +2,7 @@
 
 The reference never calls the operator: DuckDB sums the raw events per window (energy, busy
 and idle time, the scheduling deviation per pane, the idle index at the window's last pane),
-and a transition table written from METRICS.md's text drives the breaker. Fleets are scripted
+and a transition table written from docs/definitions.md's "Health audit" drives the breaker. Fleets are scripted
 per GPU and window so that every grade and every breaker state is reached, including
 ``removed`` and back, skipped windows, a spare with no busy time and a model missing from
 the peak table; a property test draws the scripts at random. Both paths are checked.
@@ -122,7 +122,8 @@ def _decode(lines: list[bytes]) -> list[Event]:
 
 # --- the reference -------------------------------------------------------------------------------
 
-#: (state, passed, covered) → next state, and what happens to the count; written from METRICS.md's text
+#: (state, passed, covered) → next state, and what happens to the count; written from the breaker table of
+#: docs/definitions.md, "Health audit"
 def reference_breaker(windows: list[tuple[int, bool, bool]], admission: int, readmit: int) -> list[tuple[str, int]]:
     """For each window k (ascending; with its verdict and whether coverage was met) the state after it and
     the windows skipped before it."""

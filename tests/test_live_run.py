@@ -93,7 +93,7 @@ def test_a_run_killed_at_random_moments_ends_with_the_records_of_one_never_kille
     ids = duckdb.sql(f"SELECT count(*), count(DISTINCT record_id) FROM "
                      f"read_parquet('{killed}/cost/date=*/part-*.parquet')").fetchall()[0]
     assert ids[0] == ids[1] > 0
-    if horizon_s:  # the revisions of a run sum to what every event on time bills (METRICS.md)
+    if horizon_s:  # revisions sum to what every event on time bills (definitions.md, "Late data become revisions")
         events = list(simulate(FleetSpec(gpus=3, hours=30, seed=7)))
         oracle = reference(events, AuditSettings(revision_horizon_s=horizon_s))["cost"]
         want_cost = {k[:3]: v[0] for k, v in oracle.items()}  # type: ignore[union-attr]

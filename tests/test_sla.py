@@ -1,7 +1,7 @@
 """SLA tiers against an independent recomputation from the raw events.
 
 DuckDB sums each tenant's process samples per (GPU, pane) and each pane's covered time; a plain
-loop written from METRICS.md's text finds the idle runs, the triggers and the quota scale. Scripts
+loop written from docs/definitions.md's "SLA tiers" finds the idle runs, the triggers and the quota scale. Scripts
 put runs just under and just over each tier's duration, Bronze's "= 0 %" against 0.01 %, a tenant
 leaving mid-run, and tenants of different tiers sharing a GPU; a property test draws them. Both
 paths are checked.
@@ -36,7 +36,7 @@ P_S = 60
 #: the tenants: pid → (team, sla)
 TENANTS = {1: ("gold-team", "Gold"), 2: ("silver-team", "Silver"), 3: ("bronze-team", "Bronze")}
 TIERS = {"Gold": (Fraction(5), 720, 900, 1.0), "Silver": (Fraction(10), 180, 300, 0.8),
-         "Bronze": (Fraction(0), 60, 90, 0.5)}  # threshold %, duration s, max idle s, quota base: METRICS.md
+         "Bronze": (Fraction(0), 60, 90, 0.5)}  # threshold %, duration s, max idle s, quota base (definitions.md)
 
 
 def fleet(scripts: dict[str, dict[int, list[float | None]]], gaps: dict[str, set[int]] | None = None) -> list[Event]:
