@@ -21,7 +21,7 @@ from gpucost.publication import Publication
 from gpucost.sinks.checkpoint import Checkpoint
 from gpucost.sinks.parquet import ParquetSink
 from gpucost.streams.settings import AuditSettings
-from tests.test_live_run import HORIZONS, rows
+from tests.support.outputs import HORIZONS, rows
 
 RUN = ["run", "--source", "simulate", "--gpus", "2", "--hours", "12", "--seed", "3", "--publish-delay-s", "0.01"]
 

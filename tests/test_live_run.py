@@ -20,16 +20,14 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
-import pytest
 
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.streams.settings import AuditSettings
 from tests.conftest import ROOT, free_ports
 from tests.reference import reference
+from tests.support.outputs import HORIZONS, KINDS, rows
 
-KINDS = ("cost", "idle_index", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
 FLEET = ["--source", "simulate", "--gpus", "3", "--hours", "30", "--seed", "7"]
-HORIZONS = pytest.mark.parametrize("horizon_s", [21600, 0], ids=["R=6h", "R=0"])
 
 
 def start(out: Path, horizon_s: int, *extra: str) -> subprocess.Popen[bytes]:
@@ -37,16 +35,6 @@ def start(out: Path, horizon_s: int, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "gpucost.cli", "run", *FLEET, "--out", str(out),
                              "--publish-delay-s", "0.02", *extra], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def rows(out: Path) -> dict[str, Counter[str]]:
-    """Every row of every kind, as a multiset (the order files hold them in is not the bill)."""
-    got = {}
-    for kind in KINDS:
-        files = sorted(out.glob(f"{kind}/date=*/part-*.parquet"))
-        table = duckdb.sql(f"SELECT * FROM read_parquet({[str(f) for f in files]})").fetchall() if files else []
-        got[kind] = Counter(repr(r) for r in table)
-    return got
 
 
 def billed_per_party(out: Path) -> dict[tuple[str, int, str], int]:
