@@ -19,7 +19,8 @@ settings.register_profile("ci", max_examples=150, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# the inner loop (`pytest -q`) draws 40 examples per property; CI sets HYPOTHESIS_PROFILE=ci for 150
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 ROOT = Path(__file__).resolve().parent.parent
 #: one line per injected fault (tests/test_faults.py), printed at the end of the session
