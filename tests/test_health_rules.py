@@ -1,6 +1,6 @@
 """``streams.health`` on its own: one GPU's audit windows graded, judged and run through the breaker,
-recomputed from docs/definitions.md, "Health audit", with exact fractions, the default thresholds
-written out as the definition states them and the breaker as its table."""
+recomputed from docs/definitions.md, "Health audit", with exact fractions (``tests.support.health_oracle``
+holds the grade and the breaker as the definition states them), one pane per window."""
 from __future__ import annotations
 
 from decimal import Decimal
@@ -12,59 +12,31 @@ from hypothesis import strategies as st
 from gpucost.streams.health import HealthAudit
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
+from tests.support.health_oracle import judged, reference_breaker
 
 H_MS = 3_600_000
 H_NS = H_MS * 1_000_000
 PEAK = F(989)  # the H100's default peak_tops
 
-# state → (next on a passed window, next on a failed one); probation and removed count (below)
-BREAKER = {"in_service": ("in_service", "observation"), "observation": ("in_service", "removed")}
-
-
 def expected(windows: list[tuple[int, dict]], admission_h: int) -> list[dict]:
     """Per window with GPU samples (k: its index), the record's judged fields."""
-    state, count, last, out = ("probation" if admission_h else "in_service"), 0, None, []
-
-    def advance(passed: bool, covered: bool) -> None:
-        nonlocal state, count
-        if state == "probation":
-            count = count + 1 if covered else 0
-            if count >= admission_h:  # one window per hour: admission_h windows
-                state, count = "in_service", 0
-        elif state == "removed":
-            count = count + 1 if passed else 0
-            if count >= 2:
-                state, count = "in_service", 0
-        else:
-            state = BREAKER[state][0 if passed else 1]
-
+    out, verdicts = [], []
     for k, w in windows:
-        skipped = 0 if last is None else k - last - 1
-        for _ in range(skipped):
-            advance(False, False)
         covered_ms = w["covered_ms"]
         mean_power_w = F(w["energy_uj"], covered_ms) / 1000
         effective_tops = PEAK * w["busy_cp_ms"] / (10_000 * covered_ms)
         kw_per_tops = (mean_power_w / 1000) / effective_tops if effective_tops else None
         dev = F(w["idle_ms"] if w["placed"] else covered_ms - w["idle_ms"], covered_ms)
         coverage = F(covered_ms, H_MS)
-        if kw_per_tops is None:
-            grade = "idle"
-        elif kw_per_tops < F("0.18") and dev < F("0.021"):
-            grade = "excellent"
-        elif kw_per_tops <= F("0.25") and dev <= F("0.045"):
-            grade = "good"
-        else:
-            grade = "needs_optimisation"
-        reasons = [r for r, failed in (("grade", grade == "needs_optimisation"), ("sched_deviation", dev > F("0.05")),
-                                       ("coverage", coverage < F("0.95"))) if failed]
-        advance(not reasons, coverage >= F("0.95"))
-        last = k
+        grade, reasons = judged(kw_per_tops, dev, coverage)
+        verdicts.append((k, not reasons, coverage >= F("0.95")))
         out.append({"window_start_ns": k * H_NS, "mean_power_w": float(mean_power_w),
                     "effective_tops": float(effective_tops),
                     "kw_per_tops": None if kw_per_tops is None else float(kw_per_tops), "sched_deviation": float(dev),
-                    "coverage": float(coverage), "grade": grade, "passed": not reasons, "fail_reasons": reasons,
-                    "windows_skipped": skipped, "breaker_state": state})
+                    "coverage": float(coverage), "grade": grade, "passed": not reasons, "fail_reasons": reasons})
+    # one window per hour: admission_h windows to admit, 2 passes to readmit (the defaults)
+    for row, (state, skipped) in zip(out, reference_breaker(verdicts, admission_h, 2)):
+        row["windows_skipped"], row["breaker_state"] = skipped, state
     return out
 
 
