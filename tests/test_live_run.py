@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.streams.settings import AuditSettings
@@ -55,6 +56,7 @@ def inputs_checkpointed(out: Path) -> tuple[int, bool]:
     return (int(found.group(1)), found.group(2) == "true") if found else (0, False)
 
 
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 @HORIZONS
 def test_a_run_killed_at_random_moments_ends_with_the_records_of_one_never_killed(tmp_path: Path,
                                                                                    horizon_s: int) -> None:

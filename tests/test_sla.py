@@ -197,6 +197,7 @@ def test_random_tenants_recomputed_on_both_paths(scripts: dict[str, dict[int, li
 # --- acting on triggers ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 def test_each_trigger_reaches_the_webhook_once_through_failures_and_restarts(tmp_path: Path) -> None:
     from gpucost.embedded import run_embedded
     from gpucost.producers.replay import read_inputs
