@@ -1,9 +1,10 @@
-# Entry points that work on a fresh machine: `make run`, `make test` and `make lint` (the checks CI makes first).
+# Entry points that work on a fresh machine: `make run`, `make test` (the inner loop), `make test-all` (everything,
+# as CI runs it) and `make lint` (the checks CI makes first).
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench venv clean
+.PHONY: run test test-all lint bench venv clean
 
 $(BIN)/gpucost: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,8 +17,13 @@ venv: $(BIN)/gpucost
 run: venv
 	$(BIN)/gpucost run --overwrite $(ARGS)
 
+# the inner loop: the tests not marked slow (pyproject's addopts), hypothesis's dev profile
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# everything, as CI runs it
+test-all: venv
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -m "slow or not slow" $(PYTEST_ARGS)
 
 # the lint rules, and mypy's files and strictness, are in pyproject.toml (docs/testing.md, "Static checks")
 lint: venv

@@ -4,6 +4,7 @@ import contextlib
 import os
 import random
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +23,8 @@ settings.register_profile("ci", max_examples=150, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# the inner loop (`pytest -q`) draws 40 examples per property; CI sets HYPOTHESIS_PROFILE=ci for 150
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 ROOT = Path(__file__).resolve().parent.parent
 #: one line per injected fault (tests/test_faults.py), printed at the end of the session
@@ -165,3 +167,23 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A simulated fleet's events, and the embedded run's output for them."""
     return record_fleet(tmp_path_factory.mktemp("recorded"), "--gpus", "3", "--hours", "74", "--interval-s", "20",
                         "--seed", "11")
+
+
+@pytest.fixture(scope="module")
+def browser():  # type: ignore[no-untyped-def]
+    """A headless Chromium driven by selenium, for the HTML report's tests; skipped, saying why, where absent."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("no chromium and chromedriver here (Debian: apt-get install chromium chromium-driver)")
+    options = Options()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1300,2000"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    session = webdriver.Chrome(service=Service(driver), options=options)
+    yield session
+    session.quit()

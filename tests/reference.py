@@ -231,13 +231,15 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
 
 
 def _peak(table: dict[str, Decimal], model: str) -> Fraction:
-    """docs/definitions.md's peak table ("Health audit"): the longest key the model name contains, case-insensitively; else default."""
+    """The peak table (docs/definitions.md, "Health audit"): the longest key the model name contains,
+    case-insensitively; else default."""
     keys = sorted((k for k in table if k != "default" and k.lower() in model.lower()), key=lambda k: (-len(k), k))
     return Fraction(table[keys[0] if keys else "default"])
 
 
 def _efficiency(gpu: str, start: int, p: dict, model: str, s: AuditSettings) -> dict[tuple[str, int, int], tuple]:
-    """docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis", read straight: the GPU row (pid 0), then one per pid with blas traces."""
+    """docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis", read straight: the GPU row (pid 0), then one
+    per pid with blas traces."""
     peak = _peak(s.peak_tops, model)
     full = peak * 10**12 * Fraction(p["covered"], 1000)  # FLOPs the peak does in the covered time
     if p["dram"][1]:

@@ -21,7 +21,7 @@ from gpucost.publication import Publication
 from gpucost.sinks.checkpoint import Checkpoint
 from gpucost.sinks.parquet import ParquetSink
 from gpucost.streams.settings import AuditSettings
-from tests.test_live_run import HORIZONS, rows
+from tests.support.outputs import HORIZONS, rows
 
 RUN = ["run", "--source", "simulate", "--gpus", "2", "--hours", "12", "--seed", "3", "--publish-delay-s", "0.01"]
 
@@ -56,6 +56,7 @@ def whole_run(tmp_path: Path) -> Path:
     return tmp_path / "whole"
 
 
+@pytest.mark.slow  # a whole run per case, killed and resumed: CI runs it
 @HORIZONS
 @pytest.mark.parametrize("owner,step", [(ParquetSink, "publish"), (gpucost.publication, "save"),
                                         (ParquetSink, "stage_all")],
@@ -142,6 +143,7 @@ def kill_after_save(monkeypatch: pytest.MonkeyPatch, when: Callable[[Checkpoint]
     monkeypatch.setattr(gpucost.publication, "save", save)
 
 
+@pytest.mark.slow  # a whole run per case, killed and resumed: CI runs it
 @HORIZONS
 def test_a_kill_after_the_last_checkpoint_still_publishes_its_files(tmp_path: Path, monkeypatch, capsys,
                                                                     horizon_s: int) -> None:
@@ -159,6 +161,7 @@ def test_a_kill_after_the_last_checkpoint_still_publishes_its_files(tmp_path: Pa
     assert rows(out) == want and not list(out.glob("*/date=*/.*.tmp"))
 
 
+@pytest.mark.slow  # a whole run per case, killed and resumed: CI runs it
 @HORIZONS
 @pytest.mark.parametrize("call", [2, 3, 4, 5])
 def test_a_kill_before_a_checkpoint_after_compaction_freed_a_name_repeats_nothing(

@@ -65,6 +65,7 @@ def in_file_order(files: list[Path]) -> list[dict]:
     return [r for f in files for r in pq.ParquetFile(f).read().to_pylist()]
 
 
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(0, len(RECORDS)), min_size=1, max_size=40).map(sorted),
        st.integers(2, 12), st.integers(40, 5000), st.one_of(st.none(), st.integers(1, 8)))
@@ -284,6 +285,7 @@ def run_sink(out: Path, per_poll: int, min_files: int, monkeypatch: pytest.Monke
     return asyncio.run(main())
 
 
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 @pytest.mark.parametrize("min_files", [2, 5])
 def test_the_sink_compacts_as_it_goes_and_writes_each_record_once(tmp_path: Path, monkeypatch, min_files: int) -> None:
     reference = tmp_path / "reference"
@@ -296,6 +298,7 @@ def test_the_sink_compacts_as_it_goes_and_writes_each_record_once(tmp_path: Path
         assert sum(pq.read_metadata(p).num_rows < 1 << 20 for p in part_files(folder)) <= min_files + 1
 
 
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 def test_the_sink_merges_a_few_files_at_a_time_and_within_its_budget(tmp_path: Path, monkeypatch, caplog) -> None:
     """A sink that finds many files (an old sink's) merges them a few at a time, over several commits."""
     write_as_flushes(tmp_path, list(range(0, len(RECORDS), 10)))  # what a sink without compaction left

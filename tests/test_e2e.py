@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -16,19 +13,11 @@ from gpucost.produce_commands import replay_events
 from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.sinks.views import connect
 from gpucost.streams.settings import AuditSettings
-from tests.conftest import ROOT
 from tests.recompute import REVISED_COST, json_source, recompute_sql
+from tests.support.cli import gpucost
 
 pytestmark = pytest.mark.slow
 NS = 1_000_000_000
-
-
-def gpucost(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "gpucost.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"gpucost {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,7 @@ def test_bad_sampling_rate() -> None:
         EbpfProbe("n", sample_every=0)
 
 
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 def test_gpucost_run_traces_page_faults(toucher: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`gpucost run --source ebpf` with the 64-bit user address range binned: real MAE windows."""
     import threading

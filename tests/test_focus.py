@@ -19,7 +19,7 @@ import pytest
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.codec import encode_event
 from gpucost.sinks.views import connect
-from tests.test_e2e import gpucost
+from tests.support.cli import gpucost
 
 pytestmark = pytest.mark.slow
 NS = 1_000_000_000
@@ -138,4 +138,4 @@ def test_the_finops_validator_accepts_the_export(billed: Path, tmp_path: Path, v
     failed = set(re.findall(r"^- ([A-Za-z]+-[A-Z]-\d+-[A-Z]): violations", done.stdout, re.MULTILINE))
     assert int(total[3]) == len(failed) and failed <= OR_BRANCH, done.stdout[-3000:]
     assert int(total[2]) > 100  # the rules ran: columns present, values checked
-    assert not any(rule.endswith("-M") for rule in failed)  # no mandatory rule failed (docs/analysts.md, FOCUS)
+    assert not any(rule.endswith("-M") for rule in failed)  # no mandatory rule failed (docs/analysts.md)

@@ -2,7 +2,7 @@
 
 The reference never calls the operator: DuckDB sums the raw events per window (energy, busy
 and idle time, the scheduling deviation per pane, the idle index at the window's last pane),
-and a transition table written from docs/definitions.md ("Health audit") drives the breaker. Fleets are scripted
+and a transition table written from docs/definitions.md's "Health audit" drives the breaker. Fleets are scripted
 per GPU and window so that every grade and every breaker state is reached, including
 ``removed`` and back, skipped windows, a spare with no busy time and a model missing from
 the peak table; a property test draws the scripts at random. Both paths are checked.
@@ -33,6 +33,7 @@ from gpucost.sinks.views import connect
 from gpucost.streams.audit import Auditor
 from gpucost.streams.discovery import ServiceDiscovery
 from gpucost.streams.settings import AuditSettings
+from tests.support.health_oracle import judged, reference_breaker
 
 NS = 1_000_000_000
 T0 = 1_767_571_200 * NS  # 2026-01-05, a multiple of every window length used here
@@ -122,32 +123,6 @@ def _decode(lines: list[bytes]) -> list[Event]:
 
 # --- the reference -------------------------------------------------------------------------------
 
-#: (state, passed, covered) → next state, and what happens to the count; written from docs/definitions.md, "Health audit"
-def reference_breaker(windows: list[tuple[int, bool, bool]], admission: int, readmit: int) -> list[tuple[str, int]]:
-    """For each window k (ascending; with its verdict and whether coverage was met) the state after it and
-    the windows skipped before it."""
-    state, count, last, out = ("probation" if admission else "in_service"), 0, None, []
-    for k, passed, covered in windows:
-        skipped = 0 if last is None else k - last - 1
-        for verdict in [(False, False)] * skipped + [(passed, covered)]:
-            ok, cov = verdict
-            if state == "probation":
-                count = count + 1 if cov else 0
-                if count >= admission:
-                    state, count = "in_service", 0
-            elif state == "in_service" and not ok:
-                state = "observation"
-            elif state == "observation":
-                state, count = ("in_service", 0) if ok else ("removed", 0)
-            elif state == "removed":
-                count = count + 1 if ok else 0
-                if count >= readmit:
-                    state, count = "in_service", 0
-        out.append((state, skipped))
-        last = k
-    return out
-
-
 REFERENCE_SQL = """
 WITH g AS (
   SELECT gpu_uuid, node_id, gpu_model, ts_ns - ts_ns % {P} AS pane, ts_ns - ts_ns % {H} AS win,
@@ -195,16 +170,7 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
         peak = peaks[keys[0] if keys else "default"]
         kw = None if busy == 0 else (Fraction(energy, covered * 1000) / 1000) / (peak * Fraction(busy, 10_000 * covered))
         sd, coverage = Fraction(dev, covered), Fraction(covered, h_ms)
-        if kw is None:
-            grade = "idle"
-        elif kw < Fraction("0.18") and sd < Fraction("0.021"):
-            grade = "excellent"
-        elif kw <= Fraction("0.25") and sd <= Fraction("0.045"):
-            grade = "good"
-        else:
-            grade = "needs_optimisation"
-        reasons = [r for r, bad in (("grade", grade == "needs_optimisation"), ("sched_deviation", sd > Fraction("0.05")),
-                                    ("coverage", coverage < Fraction("0.95"))) if bad]
+        grade, reasons = judged(kw, sd, coverage)
         record = {"gpu_uuid": gpu, "node_id": node, "gpu_model": model, "window_start_ns": win,
                   "window_end_ns": win + h_ms * 1_000_000, "covered_ms": covered, "idle_ms": idle,
                   "energy_uj": energy, "mean_power_w": float(Fraction(energy, covered * 1000)),

@@ -33,8 +33,7 @@ from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import TenantBinding
 from gpucost.streams.settings import AuditSettings
 from tests.conftest import HOSTILE_LINES, ROOT, horizon_label
-from tests.test_e2e import gpucost
-from tests.test_report_html import browser  # noqa: F401  (the headless Chromium, where this machine has one)
+from tests.support.cli import gpucost
 
 #: (team, env, app) for each of the simulator's five tenants: formulas as OWASP lists them, a quote already
 #: in front, a negative number, a NUL and a carriage return, and Plotly's pseudo-HTML
@@ -237,7 +236,7 @@ def test_report_shows_names_as_text(replayed: Path, horizon: AuditSettings) -> N
     assert {'<a href="//x.example/">ads</a>', "<b>x</b>"} <= set(tags.teams)  # the table's text, as written
 
 
-def test_report_in_a_browser_holds_no_link_from_a_name(replayed: Path, browser) -> None:  # type: ignore  # noqa: F811
+def test_report_in_a_browser_holds_no_link_from_a_name(replayed: Path, browser) -> None:  # type: ignore[no-untyped-def]
     browser.get((replayed / "report.html").as_uri())
     links = browser.execute_script(
         "return Array.from(document.querySelectorAll('a')).map(a => a.getAttribute('href') || "

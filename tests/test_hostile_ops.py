@@ -74,7 +74,8 @@ def copy_of(out: Path, tmp_path: Path) -> Path:
 # --- item 6: forged health rows --------------------------------------------------------------------
 
 def canonical_sha256(fields: dict[str, Any]) -> str:
-    """The hash of a health record (docs/definitions.md, "Health audit"), written here from its text: sorted keys, no spaces, UTF-8."""
+    """The hash of a health record (docs/definitions.md, "Health audit"), written here from its text: sorted
+    keys, no spaces, UTF-8."""
     rest = {k: v for k, v in fields.items() if k not in ("snapshot_sha256", "signature")}
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
                           ).hexdigest()

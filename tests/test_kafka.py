@@ -25,8 +25,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from gpucost.discovery import from_output
 from gpucost.sinks.views import connect, query
 from tests.conftest import ROOT
-from tests.test_metrics import scrape
-from tests.test_sla import Webhook
+from tests.support.metrics import scrape
+from tests.support.webhook import Webhook
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns"),

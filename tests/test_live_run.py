@@ -26,10 +26,9 @@ from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.streams.settings import AuditSettings
 from tests.conftest import ROOT, free_ports
 from tests.reference import reference
+from tests.support.outputs import HORIZONS, KINDS, rows
 
-KINDS = ("cost", "idle_index", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
 FLEET = ["--source", "simulate", "--gpus", "3", "--hours", "30", "--seed", "7"]
-HORIZONS = pytest.mark.parametrize("horizon_s", [21600, 0], ids=["R=6h", "R=0"])
 
 
 def start(out: Path, horizon_s: int, *extra: str) -> subprocess.Popen[bytes]:
@@ -37,16 +36,6 @@ def start(out: Path, horizon_s: int, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "gpucost.cli", "run", *FLEET, "--out", str(out),
                              "--publish-delay-s", "0.02", *extra], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def rows(out: Path) -> dict[str, Counter[str]]:
-    """Every row of every kind, as a multiset (the order files hold them in is not the bill)."""
-    got = {}
-    for kind in KINDS:
-        files = sorted(out.glob(f"{kind}/date=*/part-*.parquet"))
-        table = duckdb.sql(f"SELECT * FROM read_parquet({[str(f) for f in files]})").fetchall() if files else []
-        got[kind] = Counter(repr(r) for r in table)
-    return got
 
 
 def billed_per_party(out: Path) -> dict[tuple[str, int, str], int]:
@@ -67,6 +56,7 @@ def inputs_checkpointed(out: Path) -> tuple[int, bool]:
     return (int(found.group(1)), found.group(2) == "true") if found else (0, False)
 
 
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 @HORIZONS
 def test_a_run_killed_at_random_moments_ends_with_the_records_of_one_never_killed(tmp_path: Path,
                                                                                    horizon_s: int) -> None:
@@ -93,7 +83,7 @@ def test_a_run_killed_at_random_moments_ends_with_the_records_of_one_never_kille
     ids = duckdb.sql(f"SELECT count(*), count(DISTINCT record_id) FROM "
                      f"read_parquet('{killed}/cost/date=*/part-*.parquet')").fetchall()[0]
     assert ids[0] == ids[1] > 0
-    if horizon_s:  # the revisions of a run sum to what every event on time bills (docs/definitions.md, "Late data become revisions")
+    if horizon_s:  # revisions sum to what every event on time bills (definitions.md, "Late data become revisions")
         events = list(simulate(FleetSpec(gpus=3, hours=30, seed=7)))
         oracle = reference(events, AuditSettings(revision_horizon_s=horizon_s))["cost"]
         want_cost = {k[:3]: v[0] for k, v in oracle.items()}  # type: ignore[union-attr]

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpucost.cost_metrics import OTHER_TEAM, CostMetrics
 from gpucost.embedded import RunStats, run_embedded
@@ -29,13 +28,8 @@ from gpucost.sinks.views import connect
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message, RecordingProducer
+from tests.support.metrics import scrape
 from tests.test_worker import BAD, LINES
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_a_worker_serves_what_it_committed() -> None:

@@ -3,7 +3,6 @@ Selenium): no console error, every plot rendered with the traces and marks that 
 Parquet, and the team table equal to a DuckDB query."""
 from __future__ import annotations
 
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.codec import encode_event
 from gpucost.sinks.views import connect
-from tests.test_e2e import gpucost
+from tests.support.cli import gpucost
 
 pytestmark = pytest.mark.slow
 SPEC = FleetSpec(gpus=4, hours=30, seed=3, interval_s=30)
@@ -51,25 +50,6 @@ def test_the_page_is_self_contained(page: tuple[Path, Path]) -> None:
 
 def test_replay_leaves_the_report_beside_its_output(page: tuple[Path, Path]) -> None:
     assert (page[0] / "report.html").stat().st_size > 1_000_000
-
-
-@pytest.fixture(scope="module")
-def browser():  # type: ignore[no-untyped-def]
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        pytest.skip("no chromium and chromedriver here (Debian: apt-get install chromium chromium-driver)")
-    options = Options()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1300,2000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    session = webdriver.Chrome(service=Service(driver), options=options)
-    yield session
-    session.quit()
 
 
 def test_every_plot_renders_what_duckdb_counts(page: tuple[Path, Path], browser) -> None:  # type: ignore[no-untyped-def]

@@ -35,6 +35,7 @@ def files(out_dir: Path) -> dict[str, list[dict]]:
     return {p.relative_to(out_dir).as_posix(): pq.read_table(p).to_pylist() for p in sorted(out_dir.rglob("*.parquet"))}
 
 
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 @settings(max_examples=10, deadline=None)
 @given(st.lists(st.integers(0, len(LINES)), max_size=4).map(sorted), st.integers(1, 400))
 def test_blocks_write_the_files_their_records_would(tmp_path_factory, cuts: list[int], file_rows: int) -> None:

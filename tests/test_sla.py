@@ -1,7 +1,7 @@
 """SLA tiers against an independent recomputation from the raw events.
 
 DuckDB sums each tenant's process samples per (GPU, pane) and each pane's covered time; a plain
-loop written from docs/definitions.md ("SLA tiers") finds the idle runs, the triggers and the quota scale. Scripts
+loop written from docs/definitions.md's "SLA tiers" finds the idle runs, the triggers and the quota scale. Scripts
 put runs just under and just over each tier's duration, Bronze's "= 0 %" against 0.01 %, a tenant
 leaving mid-run, and tenants of different tiers sharing a GPU; a property test draws them. Both
 paths are checked.
@@ -29,6 +29,7 @@ from gpucost.schemas.records import Output, QuotaRecord, ReclaimRecord
 from gpucost.sinks.views import connect
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
+from tests.support.webhook import Webhook
 
 NS = 1_000_000_000
 T0 = 1_767_571_200 * NS
@@ -36,7 +37,7 @@ P_S = 60
 #: the tenants: pid → (team, sla)
 TENANTS = {1: ("gold-team", "Gold"), 2: ("silver-team", "Silver"), 3: ("bronze-team", "Bronze")}
 TIERS = {"Gold": (Fraction(5), 720, 900, 1.0), "Silver": (Fraction(10), 180, 300, 0.8),
-         "Bronze": (Fraction(0), 60, 90, 0.5)}  # threshold %, duration s, max idle s, quota base: docs/definitions.md, "SLA tiers"
+         "Bronze": (Fraction(0), 60, 90, 0.5)}  # threshold %, duration s, max idle s, quota base (definitions.md)
 
 
 def fleet(scripts: dict[str, dict[int, list[float | None]]], gaps: dict[str, set[int]] | None = None) -> list[Event]:
@@ -195,36 +196,8 @@ def test_random_tenants_recomputed_on_both_paths(scripts: dict[str, dict[int, li
 
 # --- acting on triggers ---------------------------------------------------------------------------
 
-class Webhook:
-    """A receiver that answers 503 to the first ``fail`` attempts of each trigger, 400 to those of ``refuse``,
-    then 200; it keeps every body it accepted, with its Idempotency-Key."""
 
-    def __init__(self, fail: int, refuse: frozenset[str] = frozenset()) -> None:
-        import http.server
-        import threading
-        self.accepted: list[tuple[str, dict[str, Any]]] = []
-        self.attempts: dict[str, int] = {}
-        hook = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the http.server name)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                key = self.headers["Idempotency-Key"]
-                hook.attempts[key] = hook.attempts.get(key, 0) + 1
-                status = 400 if key in refuse else 503 if hook.attempts[key] <= fail else 200
-                if status == 200:
-                    hook.accepted.append((key, body))
-                self.send_response(status)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/reclaim"
-
-
+@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 def test_each_trigger_reaches_the_webhook_once_through_failures_and_restarts(tmp_path: Path) -> None:
     from gpucost.embedded import run_embedded
     from gpucost.producers.replay import read_inputs

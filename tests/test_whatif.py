@@ -17,7 +17,7 @@ from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import Price
 from gpucost.sinks.views import connect
 from gpucost.whatif import Scenario, bills, cost_panes, whatif
-from tests.test_e2e import gpucost
+from tests.support.cli import gpucost
 
 pytestmark = pytest.mark.slow
 SPEC = FleetSpec(gpus=4, hours=8, seed=21, interval_s=15)

@@ -1,0 +1,15 @@
+"""Closed panes built by hand, for tests of one operator at a time."""
+from __future__ import annotations
+
+from gpucost.streams.pane_totals import PaneTotals, TenantTotals
+from gpucost.streams.tables import Tenant
+
+PANE_NS = 60 * 1_000_000_000
+
+
+def pane_of(covered_ms: int, tenants: dict[str, tuple[int, int, int]], gpu_uuid: str = "GPU-0") -> PaneTotals:
+    """A pane of ``gpu_uuid`` starting at 0 with ``covered_ms`` of GPU samples and, per tenant key (its team),
+    the sums ``(Σ sm_util_cp · ms, Σ mem_bw_util_cp · ms, Σ hops · latency_weight)`` of one process sample."""
+    return PaneTotals(gpu_uuid=gpu_uuid, pane_start_ns=0, pane_end_ns=PANE_NS, node_id="node-0", gpu_model="H100",
+                      covered_ms=covered_ms, tenants={k: TenantTotals(Tenant.named(k), sm, bw, numa, 1)
+                                                      for k, (sm, bw, numa) in tenants.items()})
