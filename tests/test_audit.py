@@ -5,6 +5,7 @@ import copy
 import json
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pytest import approx
@@ -74,11 +75,13 @@ def assert_same(got: dict, want: dict) -> None:
         assert g[6] == approx(w[6], abs=1e-9)
 
 
+@pytest.mark.slow
 @given(streams(), settings_st())
 def test_operators_match_batch_reference(events: list[Event], s: AuditSettings) -> None:
     assert_same(tabulate(run(events, s)), reference(events, s))
 
 
+@pytest.mark.slow
 @given(streams(), settings_st())
 def test_every_pane_bills_exactly_its_cost(events: list[Event], s: AuditSettings) -> None:
     panes: dict[tuple[str, int], list[CostRecord]] = {}
@@ -101,6 +104,7 @@ def _lane(ev: Event) -> object:
     return None  # bindings and prices stay in front
 
 
+@pytest.mark.slow
 @given(streams(), settings_st(revisions=True), st.randoms(use_true_random=False))
 def test_results_do_not_depend_on_how_gpus_interleave(events: list[Event], s: AuditSettings,
                                                       rnd: random.Random) -> None:
@@ -117,6 +121,7 @@ def test_results_do_not_depend_on_how_gpus_interleave(events: list[Event], s: Au
     assert tabulate(run(shuffled, s)) == tabulate(run(events, s))
 
 
+@pytest.mark.slow
 @given(streams(), settings_st(revisions=True), st.floats(0, 1))
 def test_state_round_trip_mid_stream_changes_nothing(events: list[Event], s: AuditSettings, at: float) -> None:
     cut = int(len(events) * at)
@@ -172,6 +177,7 @@ def closing_panes(draw: st.DrawFn) -> tuple[AuditSettings, list[Price], list[Pan
     return s, prices, panes
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(closing_panes(), st.lists(st.integers(1, 39), unique=True).map(sorted))
 def test_closing_many_panes_at_once_is_closing_them_one_by_one(case: tuple[AuditSettings, list[Price],

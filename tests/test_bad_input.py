@@ -129,6 +129,7 @@ def test_accepted_with_a_flag(good_lines: list[str]) -> None:
         isinstance(e, TenantBinding) and e.team == binding.team and e.pid != binding.pid for e in events)
 
 
+@pytest.mark.slow
 @given(st.one_of(st.binary(max_size=300), st.text(max_size=300)))
 def test_decoder_never_raises_on_arbitrary_input(data: bytes | str) -> None:
     assert decode_line(data) is not None

@@ -106,6 +106,7 @@ def test_records_reach_the_parquet_while_a_quiet_source_waits(tmp_path: Path, ho
     assert sum(rows(tmp_path)["cost"].values()) >= sum(published.values())
 
 
+@pytest.mark.slow
 def test_a_resume_refuses_what_would_mix_two_runs(tmp_path: Path, monkeypatch, capsys) -> None:
     out = tmp_path / "out"
     killed_midway(monkeypatch, out, 4)
@@ -122,6 +123,7 @@ def test_a_resume_refuses_what_would_mix_two_runs(tmp_path: Path, monkeypatch, c
     assert main([*RUN, "--out", str(out), "--overwrite"]) == 0
 
 
+@pytest.mark.slow
 def test_compaction_keeps_a_partitions_files_few(tmp_path: Path) -> None:
     """A publication every 10 ms makes a file per kind and day each time; a folder that gains 4 is merged."""
     assert main([*RUN, "--out", str(tmp_path), "--compact-min-files", "4"]) == 0
@@ -201,6 +203,7 @@ def test_a_checkpoint_of_wrong_types_is_refused_in_one_line_and_changes_nothing(
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_run_goes_on_later(tmp_path: Path, monkeypatch,
                                                                                    capsys) -> None:
     want = rows(whole_run(tmp_path))

@@ -154,6 +154,7 @@ def check(case: Case, form: str) -> None:
 CLOSING = pytest.mark.parametrize("few_closes", [0, 1 << 30], ids=["blocks", "one-by-one"])
 
 
+@pytest.mark.slow
 @CLOSING
 @settings(max_examples=300, deadline=None)
 @given(case=cases("parquet"))
@@ -162,6 +163,7 @@ def test_parquet_batches_match_rows(case: Case, few_closes: int) -> None:
         check(case, "parquet")
 
 
+@pytest.mark.slow
 @CLOSING
 @settings(max_examples=200, deadline=None)
 @given(case=cases("json"))
@@ -170,6 +172,7 @@ def test_json_batches_match_lines(case: Case, few_closes: int) -> None:
         check(case, "json")
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(case=cases("json"))
 def test_json_batches_below_few_lines_go_row_by_row_with_the_same_outputs(case: Case) -> None:
@@ -201,6 +204,7 @@ def test_exact_round_is_round_scaled(values: list[float]) -> None:
 FLEET_LINES = [encode_event(e).encode() for e in simulate(FleetSpec(gpus=2, hours=1, interval_s=10))]
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, len(FLEET_LINES)), st.one_of(
     st.sampled_from(ODD_LINES), st.sampled_from(ODD_VALUES).map(lambda fv: odd_value(FLEET_LINES[-1], *fv)),
@@ -219,6 +223,7 @@ def test_json_parsed_in_blocks_side_by_side_matches_lines(odd: list[tuple[int, b
     assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]
 
 
+@pytest.mark.slow
 @given(st.lists(st.tuples(st.sampled_from(["GPU-0", "GPU-1"]), st.sampled_from([TS_MIN_NS, BASE_NS, TS_MAX_NS - 3600 * NS]),
                           st.integers(0, 600)), min_size=1, max_size=40), st.lists(st.booleans(), min_size=3, max_size=3))
 @settings(max_examples=50, deadline=None)

@@ -123,6 +123,7 @@ def _straddling_reads_are_whole_or_fail(old: dict[str, list], new: dict[str, lis
     return True
 
 
+@pytest.mark.slow
 def test_a_reader_sees_every_row_exactly_once_while_folders_are_swapped(tmp_path: Path) -> None:
     write_as_flushes(tmp_path, list(range(0, len(RECORDS), max(1, len(RECORDS) // 60))))
     (total,) = connect(tmp_path).execute("SELECT count(*) FROM cost").fetchone()
@@ -212,6 +213,7 @@ def _die_at(out: str, step: str) -> None:
     compact(Path(out))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["writing", "swapping", "swapped"])
 def test_a_compaction_killed_at_any_step_loses_and_repeats_nothing(tmp_path: Path, step: str) -> None:
     write_as_flushes(tmp_path, list(range(0, len(RECORDS), 50)))

@@ -153,6 +153,7 @@ def _started(proc: subprocess.Popen[str], words: str) -> str:
     raise AssertionError(f"{words!r} never printed: {seen[-2000:]}")
 
 
+@pytest.mark.slow
 def test_the_first_signal_ends_a_live_run_cleanly(exporter: tuple[str, str], tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) ends the sampling, and what was sampled is written and summed, exit 0."""
     url, text = exporter
@@ -169,6 +170,7 @@ def test_the_first_signal_ends_a_live_run_cleanly(exporter: tuple[str, str], tmp
     assert gpus == len(expected(text)) and covered >= 1000 * gpus
 
 
+@pytest.mark.slow
 def test_a_live_producer_ends_its_input_on_the_first_signal_and_stops_on_the_second(
         exporter: tuple[str, str], tmp_path: Path) -> None:
     """SIGTERM once: the source ends and its end of input is queued, the producer still waits to deliver (the

@@ -276,6 +276,7 @@ def gemm_flops(i: int) -> list[int]:
     return [2 * m * n * k * b for m, n, k, b in shapes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("calls, drain_ms", [(5, 100), (4_000, 2)])
 def test_cublas_gemm_calls_become_flops_traces(blas_program: tuple[Path, Path], calls: int, drain_ms: int) -> None:
     """Real uprobes on the six GEMM entry points, called by a real program: every call's FLOPs, in call order,

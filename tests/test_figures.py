@@ -57,6 +57,7 @@ def section(text: str, heading: str) -> list[list[str]]:
     return [re.split(r"\s{2,}", line.strip()) for line in block if line.strip()]
 
 
+@pytest.mark.slow
 def test_unit_cost_keeps_efu_sources_apart_and_is_na_below_the_minimum(fleet: tuple[Path, str]) -> None:
     out, text = fleet
     pane_cost: dict[tuple[str, int], int] = defaultdict(int)

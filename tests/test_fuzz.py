@@ -130,6 +130,7 @@ _GOOD = ('{"kind":"gpu_sample","node_id":"n","gpu_uuid":"G","gpu_model":"H100","
          '"sm_util_pct":%d,"mem_bw_util_pct":1,"mem_used_bytes":1,"mem_total_bytes":2,"power_w":1,"temp_c":30}')
 
 
+@pytest.mark.slow
 @given(st.lists(st.integers(0, 4000).map(lambda s: (_GOOD % (1_767_571_200 * NS + s * NS, s % 101)).encode())
                 | st.binary(max_size=60), max_size=40).map(b"\n".join))
 def test_auditor_on_arbitrary_lines(data: bytes) -> None:

@@ -243,6 +243,7 @@ def test_every_health_record_is_the_raw_events_recomputed(path: Any) -> None:
     assert at_thresholds == [(0.18, "good"), (0.25, "good")]
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(st.dictionaries(st.sampled_from(sorted(MODELS)), st.lists(st.sampled_from(sorted(BEHAVIOURS)), min_size=1,
                                                                   max_size=8), min_size=1, max_size=3),

@@ -495,6 +495,7 @@ def test_batches_are_cut_to_fit_the_message_limit(lines: list[str], limit: int) 
         assert len("\n".join(run).encode()) <= limit or len(run) == 1
 
 
+@pytest.mark.slow
 @given(st.lists(st.tuples(st.integers(0, len(LINES) - 1), st.integers(0, 10_000)), min_size=130, max_size=260),
        st.sampled_from([None, frozenset({"node-000"}), frozenset({"node-001"})]))
 @CONFIGS

@@ -236,6 +236,7 @@ def test_report_shows_names_as_text(replayed: Path, horizon: AuditSettings) -> N
     assert {'<a href="//x.example/">ads</a>', "<b>x</b>"} <= set(tags.teams)  # the table's text, as written
 
 
+@pytest.mark.slow
 def test_report_in_a_browser_holds_no_link_from_a_name(replayed: Path, browser) -> None:  # type: ignore[no-untyped-def]
     browser.get((replayed / "report.html").as_uri())
     links = browser.execute_script(

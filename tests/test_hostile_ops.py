@@ -425,6 +425,7 @@ class Dribbling(socketserver.ThreadingTCPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
+@pytest.mark.slow
 def test_a_slowloris_receiver_fails_the_attempt_within_the_total_timeout(
         horizon: AuditSettings, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """One byte a second, for 20 s at most: each byte comes well within the read timeout (5 s), so only the total

@@ -132,6 +132,7 @@ def test_the_embedded_replay_of_one_input_twice_gives_the_records_of_one(audit: 
     assert set(refused) <= {"duplicate", "late"} and refused.total() == len(lines)  # every line of the second copy
 
 
+@pytest.mark.slow
 @CONFIGS
 @settings(max_examples=25, deadline=None)
 @given(st.data())

@@ -103,6 +103,7 @@ def scrape(port: int) -> dict[str, float]:
     return dict(sums)
 
 
+@pytest.mark.slow
 def test_a_running_run_serves_cost_that_rises(tmp_path: Path) -> None:
     """Scraped while it runs (once only at exit): cost, idle cost and GPUs by grade are there, and cost rises."""
     port = free_ports(1)

@@ -122,6 +122,7 @@ def test_an_embedded_run_serves_what_it_wrote(tmp_path: Path) -> None:
     assert got[("gpucost_run_inputs_total", ())] == len(items)
 
 
+@pytest.mark.slow
 def test_a_live_source_is_audited_as_it_comes_not_after_a_full_batch(tmp_path: Path) -> None:
     """A slow source (a few events a second) used to be handed over 2,048 items at a time: minutes behind."""
     events = list(simulate(FleetSpec(gpus=1, hours=0.1, interval_s=10)))[:12]

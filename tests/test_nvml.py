@@ -86,6 +86,7 @@ pct = st.one_of(st.just(0.0), st.floats(0, 100), st.floats(100, 120))  # GPM can
 gpm_rows = st.lists(st.tuples(pct, pct, pct), min_size=3, max_size=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MIG_CAPTURES)
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # shared_data: a path, never changed
 @given(data=st.data())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -195,6 +196,7 @@ def normalised_panes(panes: GpuPanes) -> str:
     return json.dumps(state, sort_keys=True)
 
 
+@pytest.mark.slow
 @given(gpu_keyed(), st.data())
 def test_panes_batch_entry_is_the_row_entry_event_by_event(
         case: tuple[AuditSettings, list[Keyed]], data: st.DataObject) -> None:

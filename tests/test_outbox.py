@@ -20,6 +20,7 @@ def msg(i: int) -> Message:
     return Message("events", f"GPU-{i % 3}".encode(), b"x" * (i % 50) + str(i).encode(), (("h", bytes([i % 256])),))
 
 
+@pytest.mark.slow
 @given(st.lists(st.one_of(st.tuples(st.just("in"), st.integers(1, 20)), st.tuples(st.just("out"), st.integers(1, 20))),
                 max_size=40), st.integers(1, 2000), st.integers(0, 5))
 def test_fifo_through_memory_and_spool(ops: list[tuple[str, int]], bound: int, crash_at: int) -> None:
@@ -79,6 +80,7 @@ def test_a_stopped_producer_keeps_every_waiting_message(n: int, acked: int, boun
         assert kept == n - done and resent == sent[done:]
 
 
+@pytest.mark.slow
 def test_publish_stops_when_told_while_its_source_is_busy_and_the_broker_away(tmp_path: Path) -> None:
     """A source that never ends and a broker nobody runs: ``stop`` ends the producer within seconds, with
     what was not acknowledged in the spool (a cancelled task could lose its cancellation in asyncio.wait_for)."""

@@ -138,6 +138,7 @@ def _shape(lines: list[str]) -> set[str]:
     return {re.sub(r"\s{2,}", "  ", re.sub(r"\d[\d,.]*", "#", line.rstrip())) for line in keep}
 
 
+@pytest.mark.slow
 def test_the_readmes_sample_output_is_todays(fleet: tuple[Path, str], tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## What a run looks like", 1)[1].split("```", 2)[1].splitlines()

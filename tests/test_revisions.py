@@ -126,6 +126,7 @@ def bills(out: list[Output]) -> dict[tuple[str, int, str], int]:
     return dict(total)
 
 
+@pytest.mark.slow
 @given(fleets())
 def test_revisions_sum_to_a_replay_in_time_order(fleet: tuple[AuditSettings, list[Event], list[Event]]) -> None:
     s, in_time, arrival = fleet
@@ -174,6 +175,7 @@ def test_revisions_sum_to_a_replay_in_time_order(fleet: tuple[AuditSettings, lis
             assert (r.idle_ms_72h, r.covered_ms_72h) == (sum(i for i, _ in window), sum(c for _, c in window))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("many", [columnar.MANY_REVISING, 10**9], ids=["as-shipped", "always-cut"])
 @given(fleet=fleets(), size=st.sampled_from([128, 500, 4096]))
 def test_the_batch_path_revises_as_the_row_path(fleet: tuple[AuditSettings, list[Event], list[Event]],
@@ -209,6 +211,7 @@ def test_the_horizon_reaches_a_pane_that_ended_exactly_r_before_the_watermark() 
     assert [r.reason for r in auditor.update(sample(31)) if isinstance(r, DeadLetter)] == ["late"]
 
 
+@pytest.mark.slow
 @given(fleets(), st.data())
 def test_a_late_event_sent_again_revises_once(fleet: tuple[AuditSettings, list[Event], list[Event]],
                                               data: st.DataObject) -> None:

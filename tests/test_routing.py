@@ -1,6 +1,7 @@
 """Routing: one auditor per Kafka key, fed only its key's stream, equals the single embedded auditor."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 
 from gpucost.kafka.routing import Router, duplicate_letter
@@ -32,11 +33,13 @@ def keyed_run(events: list[Event], s: AuditSettings) -> list[Output]:
     return out
 
 
+@pytest.mark.slow
 @given(streams(), settings_st(revisions=True))
 def test_per_key_auditors_equal_the_embedded_auditor(events: list[Event], s: AuditSettings) -> None:
     assert tabulate(keyed_run(events, s)) == tabulate(run(events, s))
 
 
+@pytest.mark.slow
 @given(streams(max_span_s=600))
 def test_every_event_is_routed_and_durable_records_are_kept(events: list[Event]) -> None:
     router = Router()

@@ -108,6 +108,7 @@ def test_price_with_more_than_six_places_is_rejected() -> None:
     assert isinstance(got, Rejected) and "6 decimal places" in got.detail
 
 
+@pytest.mark.slow
 @given(streams(max_span_s=600))
 def test_every_event_survives_the_json_round_trip(events: list) -> None:
     for ev in events:

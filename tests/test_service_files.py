@@ -128,6 +128,7 @@ def test_the_ebpf_drop_in_runs_the_same_output_as_root() -> None:
     assert values(ebpf, "AmbientCapabilities") == [] and values(ebpf, "CapabilityBoundingSet") == ["~"]
 
 
+@pytest.mark.slow
 def test_the_env_file_sets_only_what_gpucost_run_reads() -> None:
     names, read = env_file(), run_env_names()
     assert "GPUCOST_METRICS_ADDRESS" in read and "GPUCOST_PANE_S" in read  # the derivation finds both kinds

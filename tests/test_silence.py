@@ -15,6 +15,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -94,6 +95,7 @@ def _silent_run(s: AuditSettings, arrival: list[Event], looks: list[int], batche
     return out + auditor.finish(), auditor
 
 
+@pytest.mark.slow
 @given(churn())
 def test_gpus_that_leave_are_billed_once_and_forgotten(fleet: tuple[AuditSettings, list[Event], list[Event],
                                                                     list[int]]) -> None:

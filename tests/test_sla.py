@@ -178,6 +178,7 @@ def test_quota_and_reclaim_are_the_raw_events_recomputed(path: Any) -> None:
     assert sum(1 for r in got[1] if r["gpu_uuid"] == "G0") == 1
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(st.dictionaries(st.sampled_from(["G0", "G1"]),
                        st.dictionaries(st.sampled_from(sorted(TENANTS)),

@@ -91,6 +91,7 @@ def one_by_one(messages: list[Message]) -> dict[bytes, list]:
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(polls(), st.integers(1, 12))
 def test_a_poll_gives_each_key_its_messages_outputs_in_order(messages: list[Message], polls_of: int) -> None:
@@ -128,6 +129,7 @@ def seen_sets(auditor: Auditor) -> dict[tuple[str, int], dict[tuple[str, int], l
     return {(gpu, start): pane.seen for gpu, panes in auditor.panes._open.items() for start, pane in panes.items()}
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(polls(), st.integers(1, 12))
 def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_pane_closed(
