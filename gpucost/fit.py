@@ -113,7 +113,8 @@ class Fit:
 
 
 def fit_weights(features: Features) -> Fit:
-    """The regression, R² and the weights it gives (docs/definitions.md, "Weights fit"); a resource that never varies in the
+    """The regression, R² and the weights it gives (docs/definitions.md, "Weights fit"); a resource that never varies
+    in the
     input (no NUMA events at all, say) has no weight estimated rather than one invented."""
     x, y = features.x, features.power_w
     if len(y) < 5:

@@ -64,7 +64,8 @@ def assert_same(got: dict, want: dict) -> None:
         assert (g[0], g[1], g[7]) == (w[0], w[1], w[7]), k  # µ$ exactly, and the unpriced flag
         assert g[2:7] == approx(w[2:7], abs=1e-12), k
     assert got["efficiency"].keys() == want["efficiency"].keys()
-    for k, w in want["efficiency"].items():  # floats to 1e-12 relative (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"), the labels exactly
+    # floats to 1e-12 relative (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"), the labels exactly
+    for k, w in want["efficiency"].items():
         g = got["efficiency"][k]
         assert (g[2], g[5], g[6], g[1] is None) == (w[2], w[5], w[6], w[1] is None), k
         assert [v for v in g[:5] if isinstance(v, float)] == approx([v for v in w[:5] if isinstance(v, float)],

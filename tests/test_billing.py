@@ -26,7 +26,7 @@ from aiokafka import TopicPartition
 from gpucost.sinks.views import connect
 from tests.conftest import ROOT, record_fleet
 from tests.support.metrics import scrape
-from tests.test_kafka import Deployment, deployment, embedded_team_totals, metrics_port, topic_messages, wait_for  # noqa: F401
+from tests.test_kafka import Deployment, deployment, embedded_team_totals, metrics_port, topic_messages, wait_for  # noqa: F401 (deployment is a fixture)
 from tests.test_signature_spec import verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from gpucost.fit import pane_features
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import GpuSample, ProcessSample
+from gpucost.streams.audit import Auditor
+from gpucost.streams.pane_totals import PaneColumns
 from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
@@ -73,8 +75,6 @@ def test_a_revised_pane_reaches_the_fit(tmp_path_factory: pytest.TempPathFactory
 def test_every_close_path_calls_the_hook(entry: str, horizon_s: int, data: st.DataObject) -> None:
     """``Auditor.on_closed`` sees each pane as it finally stands, on the row entry and the batch entry: its
     covered ms, energy (µJ) and the process's Σ SM cp · ms, exactly, as the accepted samples sum them."""
-    from gpucost.streams.audit import Auditor  # noqa: PLC0415
-
     n = PANES * 60 // STEP_S
     events = fleet(data.draw(st.lists(st.integers(60, 700), min_size=n, max_size=n)),
                    data.draw(st.lists(st.integers(0, 100), min_size=n, max_size=n)))
@@ -83,10 +83,10 @@ def test_every_close_path_calls_the_hook(entry: str, horizon_s: int, data: st.Da
     order = [ev for i, ev in enumerate(events) if i not in late] + [events[i] for i in sorted(late)]
     seen: dict[int, tuple[int, int, int]] = {}
 
-    def hook(panes: object) -> None:
-        for j, start in enumerate(panes.pane_start_ns.tolist()):  # type: ignore[attr-defined]
-            sm = sum(v for p, v in zip(panes.t_pane.tolist(), panes.t_sm.tolist()) if p == j)  # type: ignore[attr-defined]
-            seen[start] = (int(panes.covered_ms[j]), int(panes.energy_uj[j]), sm)  # type: ignore[attr-defined]
+    def hook(panes: PaneColumns) -> None:
+        for j, start in enumerate(panes.pane_start_ns.tolist()):
+            sm = sum(v for p, v in zip(panes.t_pane.tolist(), panes.t_sm.tolist()) if p == j)
+            seen[start] = (int(panes.covered_ms[j]), int(panes.energy_uj[j]), sm)
 
     auditor = Auditor(AuditSettings(revision_horizon_s=horizon_s))
     auditor.on_closed = hook

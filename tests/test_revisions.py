@@ -114,7 +114,7 @@ def run_batches(s: AuditSettings, events: list[Event], size: int) -> list[Output
     lines = [encode_event(e).encode() for e in events]
     out: list[Output] = []
     for lo in range(0, len(lines), size):
-        out += expand(auditor.ingest_lines(lines[lo:lo + size], lambda i: f"line {lo + i}"))  # noqa: B023 (called at once, in this iteration)
+        out += expand(auditor.ingest_lines(lines[lo:lo + size], lambda i, lo=lo: f"line {lo + i}"))
     return out + auditor.finish()
 
 
@@ -192,7 +192,8 @@ def test_the_batch_path_revises_as_the_row_path(fleet: tuple[AuditSettings, list
 
 
 def test_the_horizon_reaches_a_pane_that_ended_exactly_r_before_the_watermark() -> None:
-    """docs/definitions.md, "Late data become revisions": a closed pane whose end is within R of the watermark is revised; one further back is late."""
+    """docs/definitions.md, "Late data become revisions": a closed pane whose end is within R of the watermark is
+    revised; one further back is late."""
     s = AuditSettings(lateness_s=0, revision_horizon_s=600, max_jump_s=86_400)
     auditor = Auditor(s)
     auditor.update(Price(gpu_model="H100", ts_ns=BASE_NS, usd_per_gpu_hour=Decimal("3")))

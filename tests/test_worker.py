@@ -267,7 +267,8 @@ def test_a_process_gone_silent_has_its_mae_window_published_once_its_partition_m
 
 def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on() -> None:
     """A GPU taken off the fleet sends no end of input: its open panes close once another key of its
-    partition has moved ``idle_timeout_s`` of event time past their end (docs/definitions.md, "Time, panes and watermarks") and nothing of it
+    partition has moved ``idle_timeout_s`` of event time past their end (docs/definitions.md, "Time, panes and
+    watermarks") and nothing of it
     came for that long on the worker's clock, billed as an end of input would have billed them; its own
     events for them later are duplicates (of what the revision horizon keeps), never billed twice."""
     gone, other = list(LINES)[:2]

@@ -101,8 +101,8 @@ class TakenAddresses:
         proc.taken = {t for t in proc.taken if t[0] >= floor}
         proc.kept_at_prune = len(proc.taken)
 
-    def forget(self, floor_ns: int, keep: Container[tuple[str, int]], only: Container[str | tuple[str, int]] | None = None
-               ) -> None:
+    def forget(self, floor_ns: int, keep: Container[tuple[str, int]],
+               only: Container[str | tuple[str, int]] | None = None) -> None:
         """Drop the processes (of those in ``only``, if given; never those in ``keep``, with an open window) whose
         latest address is before ``floor_ns``: the state keeps no process it will not hear from again."""
         gone = [key for key, proc in self._by_proc.items()

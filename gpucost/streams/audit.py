@@ -1,7 +1,8 @@
 """The whole audit as one pure operator: events in, records out, in event time.
 
 Every transport (the embedded run, ``gpucost.embedded``; the Kafka worker, ``gpucost.kafka.worker``, one
-auditor per message key) drives this same class, so they cannot disagree. No I/O, no clock: the only inputs are the events and the settings.
+auditor per message key) drives this same class, so they cannot disagree. No I/O, no clock: the only inputs are the
+events and the settings.
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ class Auditor(DeadLetters):
                  audit_key: bytes | None = None) -> None:
         self.settings = settings
         self.clock = clock
-        self.audit_key = audit_key  # signs the health records (docs/definitions.md, "Health audit": HMAC of their hash); None: unsigned
+        # signs the health records (docs/definitions.md, "Health audit": HMAC of their hash); None: unsigned
+        self.audit_key = audit_key
         self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
         self.panes = GpuPanes(settings)
         self.idle = IdleIndex(settings)
@@ -262,7 +264,8 @@ class Auditor(DeadLetters):
         its window (``IdleIndex.expire``); one silent for the idle window or the revision horizon, whichever is
         longer, past the timeout is forgotten (``GpuPanes.forget``; unless ``forget`` is false: a finite replay of
         one file after another, whose later files start back in time), so that the state does not grow
-        with every GPU the fleet ever had. docs/definitions.md ("Readings of the contract") exempts this rule from cross-path equality: it
+        with every GPU the fleet ever had. docs/definitions.md ("Readings of the contract") exempts this rule from
+        cross-path equality: it
         depends on what shares the partition."""
         timeout = self.settings.idle_timeout_ns
         closed = self.panes.close_silent(watermark_ns, timeout, only)

@@ -446,8 +446,8 @@ class _Batch:
             codes, latest = mae.taken.verdicts_many(key, self.ts[rows[members]], self.address[rows[members]])
             if codes.any():  # sent again, or too far back to tell (``gpucost.streams.addresses``)
                 why = dict(zip(rows[members].tolist(), zip(codes.tolist(), latest.tolist())))
-                self._letters(rows[members[codes > 0]], lambda i, e: self.a.address_letter(
-                    e, self._raw(i), self.source(i), "duplicate" if why[i][0] == DUPLICATE else "late", why[i][1]))  # noqa: B023 (called at once, in this iteration)
+                self._letters(rows[members[codes > 0]], lambda i, e, why=why: self.a.address_letter(
+                    e, self._raw(i), self.source(i), "duplicate" if why[i][0] == DUPLICATE else "late", why[i][1]))
                 members = members[codes == 0]
             self._count("mem_access", len(members))
             for at, record in mae.update_many(key, self.ts[rows[members]], bins[members]):

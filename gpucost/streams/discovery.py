@@ -1,6 +1,7 @@
 """Service discovery from the health audit: which nodes are in service, from each GPU's latest record.
 
-docs/definitions.md, "Health audit" (service discovery): a node is listed while none of its GPUs' latest breaker state is ``removed`` or
+docs/definitions.md, "Health audit" (service discovery): a node is listed while none of its GPUs' latest breaker
+state is ``removed`` or
 ``probation``; it leaves the list with the first record that puts one of its GPUs there, and
 returns with the record that brings the last of them out. Pure: records in, entries out; the
 ``gpucost discovery`` command writes them as a Prometheus ``file_sd`` file and a compacted topic.

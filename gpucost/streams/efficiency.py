@@ -1,6 +1,7 @@
 """Operator-level efficiency per GPU pane and per process: EFU, ΔBW and a roofline diagnosis.
 
-docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis". Per closed pane with GPU samples: ``flops`` = Σ ``flops_64b`` of the pane's
+docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis". Per closed pane with GPU samples: ``flops`` = Σ
+``flops_64b`` of the pane's
 ``blas`` traces; ``efu`` = flops / (peak TOPS · 10^12 · covered_ms / 1000) when there are such traces
 (``efu_source = flops``), else the time-weighted mean ``tensor_active_pct`` / 100 of the GPU samples
 that carry it (``tensor_active``), else null. ``bw_util`` is the mean ``dram_active_pct`` / 100 where

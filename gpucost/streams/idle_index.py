@@ -1,6 +1,7 @@
 """The rolling idle index: per GPU, idle and covered ms over the panes of the last window.
 
-Reading taken of the specification (docs/definitions.md, "Idle index"): its window is "panes whose start lies in (pane_end − 72 h,
+Reading taken of the specification (docs/definitions.md, "Idle index"): its window is "panes whose start lies in
+(pane_end − 72 h,
 pane_end]". Literally that admits the *next* pane (start = pane_end), which has not closed,
 and leaves only 71 h 59 min of closed panes. We sum the 72 h ending at pane_end: the panes
 whose *end* lies in (pane_end − 72 h, pane_end], i.e. start in (pane_start − 72 h, pane_start].

@@ -48,7 +48,8 @@ class PaneTotals:
     energy_uj: int = 0  # Σ power_mw · interval_ms over the GPU samples (mW · ms = µJ): the health audit's
     busy_cp_ms: int = 0  # Σ sm_util_cp · interval_ms over the GPU samples
     placed: int = 0  # process samples of a tenant other than ``unattributed``: the pane is allocated
-    #: the efficiency operator's sums over the GPU samples (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"): Σ mem_bw_util_cp · ms,
+    #: the efficiency operator's sums over the GPU samples (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"):
+    #: Σ mem_bw_util_cp · ms,
     #: and Σ tensor_active_cp · ms, Σ dram_active_cp · ms with the ms of the samples that carry each
     bw_cp_ms: int = 0
     tensor_cp_ms: int = 0

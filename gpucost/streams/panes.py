@@ -32,7 +32,8 @@ from gpucost.streams.tables import UNATTRIBUTED, Tenant
 
 __all__ = ["pane_start_ns", "overlaps", "jump", "KINDS", "GpuPanes"]
 
-#: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark: docs/definitions.md, "Time, panes and watermarks")
+#: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark:
+#: docs/definitions.md, "Time, panes and watermarks")
 KINDS = ("gpu_sample", "process_sample", "numa_event", "ebpf_trace")
 GPU, PROC, NUMA, TRACE = range(len(KINDS))
 _NONE = np.iinfo(np.int64).min  # no time yet
@@ -45,7 +46,8 @@ def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
 
 def overlaps(gap_ns: Any, interval_ms: Any) -> Any:
     """Whether a sample ``gap_ns`` from an accepted one of its device lies closer than three quarters of
-    its own interval (docs/definitions.md, "Inputs and what is refused": one sampler per device): a second sampler's, which would bill the
+    its own interval (docs/definitions.md, "Inputs and what is refused": one sampler per device): a second
+    sampler's, which would bill the
     device's time twice. Exact in integers: 4·gap < 3·interval; of ints, or elementwise of int64 arrays."""
     return 4 * gap_ns < 3_000_000 * interval_ms
 

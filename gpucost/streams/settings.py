@@ -103,7 +103,7 @@ class AuditSettings(BaseModel):
     readmit_passes: Annotated[int, Field(ge=1, le=10_000, description=(
         "consecutive passed windows that bring a removed GPU back in service"))] = 2
     peak_tops: dict[str, PositiveDecimal] = Field(default_factory=lambda: dict(DEFAULT_PEAK_TOPS))
-    # --- efficiency (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"): the roofline diagnosis -----------------------------
+    # --- efficiency (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"): the roofline diagnosis ---------
     compute_bound_efu: Annotated[Ratio, Field(description="a pane is compute_bound at an EFU of at least this")] = \
         Decimal("0.5")
     memory_bound_bw: Annotated[Ratio, Field(description=(

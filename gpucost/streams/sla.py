@@ -36,7 +36,8 @@ __all__ = ["SlaOperator", "quota_scale"]
 def quota_scale(tier: SlaTier, idle_run_ms: int, sm: int, covered_ms: int) -> float:
     """The seed's ``calcQuotaScale``: ``base · (0.3 + 0.7 · e^(−idle_s / 300))`` while idle, else
     ``base · min(1.5, 1 + 0.5 · avg_util)``, ``avg_util`` the exact ratio rounded once. In float64
-    (docs/definitions.md, "SLA tiers": to 1e-12); the batch entry does the same operations elementwise (IEEE's, which numpy and
+    (docs/definitions.md, "SLA tiers": to 1e-12); the batch entry does the same operations elementwise (IEEE's,
+    which numpy and
     Python round alike) and takes the exponential from ``_decay`` too, so both paths give the same bits."""
     base = float(tier.quota_base)
     if idle_run_ms > 0:

@@ -62,7 +62,7 @@ def parse(text: str) -> Parsed:
             row["parent_id"] = _label(labels, "serial_number") or f"socket{int(str(gpu_id)) - int(part)}"
         field = _FIELDS[name]
         if field and _RANK[name] < ranks.get((ident, field), len(_RANK)):
-            got = guarded(out, name, lambda: _convert(field, value))  # noqa: B023 (called at once, in this iteration)
+            got = guarded(out, name, lambda field=field, value=value: _convert(field, value))
             if got is not None:
                 row[field], ranks[ident, field] = got, _RANK[name]
     sockets: dict[str, dict[str, object]] = {}

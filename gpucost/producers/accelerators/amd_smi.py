@@ -71,9 +71,9 @@ def _monitor(lines: list[str], out: Parsed) -> None:
             continue
         row = dict(zip(header, cells))
         if "PID" in row:
-            pid = guarded(out, "amd-smi process row", lambda: int(row["PID"]))  # noqa: B023 (called at once, in this iteration)
+            pid = guarded(out, "amd-smi process row", lambda row=row: int(row["PID"]))
             if pid is not None:
-                mem = guarded(out, "amd-smi process VRAM_MEM", lambda: _size(row.get("VRAM_MEM", "N/A")))  # noqa: B023 (called at once, in this iteration)
+                mem = guarded(out, "amd-smi process VRAM_MEM", lambda row=row: _size(row.get("VRAM_MEM", "N/A")))
                 procs.setdefault(row["GPU"], []).append(ProcessUsage(pid, mem, None))
         else:
             rows.append(row)

@@ -73,17 +73,18 @@ def parse_scrape(text: str) -> Parsed:
         tag, core = labels.get("runtime_tag", ""), labels.get("neuroncore", "")
         if name == "neuron_hardware_info":
             r.per_device = guarded(out, "neuroncore_per_device_count",
-                                   lambda: int(labels["neuroncore_per_device_count"])) or 0  # noqa: B023 (called at once, in this iteration)
-            r.size = guarded(out, "neuron_device_memory_size", lambda: to_bytes(labels["neuron_device_memory_size"], "B"))  # noqa: B023 (called at once, in this iteration)
+                                   lambda labels=labels: int(labels["neuroncore_per_device_count"])) or 0
+            r.size = guarded(out, "neuron_device_memory_size",
+                             lambda labels=labels: to_bytes(labels["neuron_device_memory_size"], "B"))
             r.model = _model(labels.get("instance_type"))
         elif not tag.isdigit():
             out.reject(f"{name}: runtime_tag {tag!r} is not a PID")
         elif name == "neuroncore_utilization_ratio":
-            pct = guarded(out, f"{name} core {core}", lambda: to_pct(value, ratio=True))  # noqa: B023 (called at once, in this iteration)
+            pct = guarded(out, f"{name} core {core}", lambda value=value: to_pct(value, ratio=True))
             if pct is not None and core.isdigit():
                 r.busy.setdefault(int(core), {})[int(tag)] = pct
         elif labels.get("memory_location") == "neuron_device":
-            mem = guarded(out, name, lambda: to_bytes(value, "B"))  # noqa: B023 (called at once, in this iteration)
+            mem = guarded(out, name, lambda value=value: to_bytes(value, "B"))
             if mem is not None:
                 r.device_mem[int(tag)] = mem
     return _emit(r, out)
