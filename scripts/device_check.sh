@@ -54,10 +54,10 @@ PY
   ;;
 tests)
   section "the GPU-facing tests (pytest -m gpu)"
-  $PY -m pytest -q -s -m gpu -p no:cacheprovider tests/ 2>&1 | tail -40 ;;
+  $PY -m pytest -q -s -m gpu -p no:cacheprovider $(grep -l 'mark.gpu' tests/test_*.py) 2>&1 | tail -40 ;;
 cupti)
   section "CUPTI: NVIDIA's own sample profiles a PyTorch job"
-  $PY -c "from cupti import cupti; print('CUPTI API version', cupti.get_version())" 2>&1 | tail -2
+  $PY -c "from importlib.metadata import version; from cupti import cupti; print('cupti-python', version('cupti-python'), 'timestamp', cupti.get_timestamp())" 2>&1 | tail -2
   cat > /tmp/tiny_job.py <<'PY'
 import torch
 a = torch.randn(1024, 1024, device="cuda"); torch.cuda.nvtx.range_push("step")

@@ -10,5 +10,5 @@ python3 -m pip wheel -q --no-deps -w .whl .
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-  aiokafka cramjam duckdb pydantic pydantic-core annotated-types typing-inspection typing-extensions opentelemetry-proto "$@"
+  aiokafka cramjam duckdb pydantic pydantic-core annotated-types typing-inspection typing-extensions opentelemetry-proto ijson async-timeout plotly "$@"
 du -sh .whl

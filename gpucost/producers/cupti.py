@@ -4,12 +4,20 @@ CUPTI hands activity records over in buffers through two callbacks; ``KernelReco
 ``kernel_activity`` and ``annotation_range`` wire objects (docs/collecting.md).  Why each choice:
 
 - CONCURRENT_KERNEL, not KERNEL: plain KERNEL serialises the job's kernels and would change what we measure.
-- RUNTIME records carry the launching thread and the launch time under the kernel's correlation id; a range
-  contains a kernel when it is open on that thread at that time, so the link is kept, not GPU-time overlap.
+- RUNTIME records (DRIVER ones for work launched through the driver API, as Triton and cuBLAS do) carry the
+  launching thread and the launch time under the kernel's correlation id; a range contains a kernel when it
+  is open on that thread at that time, so the link is kept, not GPU-time overlap.
+- Only the API calls that put work on a device are recorded (``launch_calls_only``): recording every call
+  (``cudaGetDevice`` and the like) made a launch-bound PyTorch job 6.5 times slower on an H200, and NVTX
+  markers on top of it 13 times; with launches alone the same job ran within its run-to-run noise
+  (``benchmarks/cupti_kinds.py``, BENCHMARKS.md).  MARKER_DATA and NAME records are not enabled: nothing
+  here reads them, and they cost 5 % on that job.
 - CUPTI timestamps are not epoch time: ``ClockOffset`` samples both clocks at start and at stop, converts
   with the start offset and reports the drift between the two.
 - Memory is bounded: kernels wait for their runtime record at most ``max_pending`` at a time (the rest go
-  out unlinked and are counted), open ranges likewise; CUPTI owns and recycles the buffers.
+  out unlinked and are counted), open ranges likewise, and launch records waiting for their kernel are kept
+  oldest-out (a launch whose work never comes, a host function say, must not block later ones); CUPTI owns
+  and recycles the buffers.
 - Nothing is dropped in silence: CUPTI's dropped-record count and every record we could not use are counted
   in ``stats``, which the command prints at exit.
 """
@@ -25,6 +33,10 @@ MAX_NAME_CHARS = 1024
 NCCL_PREFIXES = ("ncclKernel", "ncclDevKernel")
 BUFFER_BYTES = 8 * 1024 * 1024
 DEFAULT_DOMAIN = "default"
+#: API calls whose records are kept: those that launch kernels or copies (host functions launch no device work)
+LAUNCH_CALL_WORDS = ("Launch", "Memcpy", "Memset")
+#: an API-call enumeration's bounds, not calls
+NOT_CALLS = ("INVALID", "SIZE", "FORCE_INT")
 
 
 @dataclasses.dataclass
@@ -53,6 +65,7 @@ class Stats:
     open_ranges_at_exit: int = 0
     bad_records: int = 0
     clock_drift_ns: int = 0
+    api_calls_unrecorded: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +137,9 @@ class KernelRecords:
             if kernel is not None:
                 kernel["launch_tid"], kernel["launch_ns"] = int(record.thread_id), self._epoch(record.start)
                 out.append(kernel)
-            elif len(self._launches) < self._max_pending:
+            else:
+                if len(self._launches) >= self._max_pending:
+                    del self._launches[next(iter(self._launches))]  # oldest out
                 self._launches[corr] = (int(record.thread_id), int(record.start))
         elif kind == "marker":
             self._marker(record, out)
@@ -191,6 +206,32 @@ class KernelRecords:
                     "end_ns": self._epoch(end), "source": "cupti"})
 
 
+def is_launch_call(name: str) -> bool:
+    return any(word in name for word in LAUNCH_CALL_WORDS) and "HostFunc" not in name
+
+
+def launch_calls_only(cupti: Any) -> int:
+    """Stops the runtime and driver API records of every call that puts no work on a device; returns how many.
+
+    An older cupti-python without the per-call switches keeps recording every call (slower, still correct).
+    """
+    off = 0
+    for calls_name, switch_name in (("runtime_api_trace_cbid", "activity_enable_runtime_api"),
+                                    ("driver_api_trace_cbid", "activity_enable_driver_api")):
+        calls, switch = getattr(cupti, calls_name, None), getattr(cupti, switch_name, None)
+        if calls is None or switch is None:
+            continue
+        for call in calls:
+            if call.name in NOT_CALLS or is_launch_call(call.name):
+                continue
+            try:
+                switch(int(call), 0)
+            except Exception:  # noqa: BLE001 — a call CUPTI will not switch stays recorded: slower, still right
+                continue
+            off += 1
+    return off
+
+
 def dropped_records(cupti: Any) -> int:
     """CUPTI's count of records lost for want of buffer space since the last call (global queue)."""
     dropped = ctypes.c_size_t(0)
@@ -205,10 +246,9 @@ class Collector:
                  wall_now: Callable[[], int] = time.time_ns) -> None:
         self._cupti, self._sink, self._wall_now = cupti, sink, wall_now
         kind = cupti.ActivityKind
-        self._enabled = [kind.CONCURRENT_KERNEL, kind.RUNTIME, kind.MARKER, kind.MARKER_DATA, kind.NAME,
-                         kind.MEMCPY, kind.MEMSET]
+        self._enabled = [kind.CONCURRENT_KERNEL, kind.RUNTIME, kind.DRIVER, kind.MARKER, kind.MEMCPY, kind.MEMSET]
         names = {kind.CONCURRENT_KERNEL: "kernel", kind.MEMCPY: "memcpy", kind.MEMSET: "memset",
-                 kind.RUNTIME: "runtime", kind.MARKER: "marker"}
+                 kind.RUNTIME: "runtime", kind.DRIVER: "runtime", kind.MARKER: "marker"}
         self.stats = Stats()
         self._start_offset = ClockOffset.sample(cupti.get_timestamp, wall_now)
         # MARKER_END (CUPTI_ACTIVITY_FLAG_MARKER_END = 1 << 2) is an alias in cupti-python's enum, absent from
@@ -222,6 +262,7 @@ class Collector:
         self._cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
         for kind in self._enabled:
             self._cupti.activity_enable(kind)
+        self.stats.api_calls_unrecorded = launch_calls_only(self._cupti)
 
     def stop(self) -> Stats:
         """Flush CUPTI's buffers, emit what still waits, and count drops and clock drift; safe to call twice."""

@@ -16,6 +16,7 @@ class ActivityKind(enum.IntEnum):
     MEMCPY = 1
     MEMSET = 2
     KERNEL = 3
+    DRIVER = 4
     RUNTIME = 5
     NAME = 11
     MARKER = 12
@@ -34,13 +35,40 @@ class ActivityFlag(enum.IntEnum):
 MARKER_END = 4
 
 
+class runtime_api_trace_cbid(enum.IntEnum):  # cupti-python's spelling
+    """A sample of CUDA 13's runtime calls under their real ids, bounds included."""
+
+    INVALID = 0
+    cudaGetDevice_v3020 = 17
+    cudaMemcpy_v3020 = 31
+    cudaMemcpyAsync_v3020 = 41
+    cudaStreamSynchronize_v3020 = 131
+    cudaLaunchKernel_v7000 = 211
+    cudaLaunchHostFunc_v10000 = 273
+    cudaGraphLaunch_v10000 = 311
+    cudaMemsetAsync_v3020 = 52
+    SIZE = 500
+    FORCE_INT = 0x7FFFFFFF
+
+
+class driver_api_trace_cbid(enum.IntEnum):  # cupti-python's spelling
+    INVALID = 0
+    cuCtxGetDevice = 18
+    cuLaunchKernel = 307
+    cuLaunchKernelEx = 652
+    cuMemcpyHtoDAsync_v2 = 279
+    cuStreamQuery = 125
+    SIZE = 800
+    FORCE_INT = 0x7FFFFFFF
+
+
 STATE: dict[str, Any] = {}
 
 
 def load(buffers: list[list[Any]], dropped: int = 0, clock: tuple[int, ...] = (0, 0)) -> None:
     STATE.clear()
     STATE.update(buffers=list(buffers), dropped=dropped, clock=list(clock), enabled=set(), callbacks=None,
-                 requested=0)
+                 requested=0, calls_off=set())
 
 
 def record(**fields: Any) -> SimpleNamespace:
@@ -57,6 +85,16 @@ def activity_enable(kind: int) -> None:
 
 def activity_disable(kind: int) -> None:
     STATE["enabled"].discard(ActivityKind(kind))
+
+
+def activity_enable_runtime_api(cbid: int, enable: int) -> None:
+    assert ActivityKind.RUNTIME in STATE["enabled"], "CUPTI wants RUNTIME enabled before a call is switched"
+    (STATE["calls_off"].discard if enable else STATE["calls_off"].add)(runtime_api_trace_cbid(cbid))
+
+
+def activity_enable_driver_api(cbid: int, enable: int) -> None:
+    assert ActivityKind.DRIVER in STATE["enabled"], "CUPTI wants DRIVER enabled before a call is switched"
+    (STATE["calls_off"].discard if enable else STATE["calls_off"].add)(driver_api_trace_cbid(cbid))
 
 
 def get_timestamp() -> int:
