@@ -117,7 +117,7 @@ def resumed(publication: Publication, settings: AuditSettings, audit_key: bytes 
     if checkpoint is None:
         return None
     try:
-        auditor = Auditor.from_state(settings, checkpoint.state, clock, audit_key)
+        auditor = Auditor.from_state(checkpoint.state, settings, clock, audit_key)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise CheckpointError(f"the checkpoint {where / CHECKPOINT} holds a state this gpucost cannot read ({exc!r}); "
                               "pass --overwrite to start the run afresh") from None

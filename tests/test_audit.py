@@ -131,7 +131,7 @@ def test_state_round_trip_mid_stream_changes_nothing(events: list[Event], s: Aud
     for ev in events[:cut]:
         out += first.update(ev)
     state = json.loads(json.dumps(first.to_state()))
-    resumed = Auditor.from_state(s, state)
+    resumed = Auditor.from_state(state, s)
     for ev in events[cut:]:
         out += resumed.update(ev)
     out += resumed.finish()

@@ -137,7 +137,7 @@ def check(case: Case, form: str) -> None:
     table = pa.Table.from_pylist(inputs, schema=EVENT_SCHEMA) if form == "parquet" else None
     for lo, hi, restore in zip([0, *cuts], [*cuts, len(inputs)], restores):
         if restore:  # a worker restarting from its committed state between batches
-            by_batch = Auditor.from_state(s, json.loads(json.dumps(by_batch.to_state())), clock)
+            by_batch = Auditor.from_state(json.loads(json.dumps(by_batch.to_state())), s, clock)
         if table is None:
             got += expand(by_batch.ingest_lines(inputs[lo:hi], lambda i, first=lo: label(first + i)))
             continue

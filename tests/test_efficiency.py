@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from gpucost.streams.efficiency import GPU_PID, Efficiency
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
+from tests.support.panes import closing
 
 PEAKS = {"default": Decimal("100"), "H100": Decimal("989.5"), "H100 NVL": Decimal("835")}
 SETTINGS = AuditSettings(peak_tops=PEAKS, compute_bound_efu=Decimal("0.5"), memory_bound_bw=Decimal("0.25"))
@@ -75,14 +76,14 @@ def panes(draw: st.DrawFn) -> PaneTotals:
 
 @given(panes())
 def test_each_row_is_the_definitions_exact_figures_rounded_once(pane: PaneTotals) -> None:
-    got = [as_published(r) for r in Efficiency(SETTINGS).on_close(pane)]
+    got = [as_published(r) for r in Efficiency(SETTINGS).on_close(closing(pane))]
     assert got == [rounded(row) for row in expected(pane)]
 
 
 def test_the_longest_model_key_gives_the_peak() -> None:
     pane = PaneTotals(gpu_uuid="GPU-0", pane_start_ns=0, pane_end_ns=1, node_id="n", gpu_model="NVIDIA H100 NVL",
                       covered_ms=1000, busy_cp_ms=1, flops={7: 835 * 10**12 // 2})
-    gpu, process = Efficiency(SETTINGS).on_close(pane)
+    gpu, process = Efficiency(SETTINGS).on_close(closing(pane))
     assert (gpu.peak_tops, gpu.efu, process.pid, process.efu) == (835.0, 0.5, 7, 0.5)
     assert gpu.diagnosis == "compute_bound"  # EFU exactly at the threshold counts
 
@@ -90,5 +91,5 @@ def test_the_longest_model_key_gives_the_peak() -> None:
 def test_dram_activity_comes_before_memory_bandwidth_and_a_never_busy_gpu_is_idle() -> None:
     pane = PaneTotals(gpu_uuid="GPU-0", pane_start_ns=0, pane_end_ns=1, node_id="n", gpu_model="T4", covered_ms=1000,
                       bw_cp_ms=CP * 1000, dram_ms=500, dram_cp_ms=CP * 100)
-    (gpu,) = Efficiency(SETTINGS).on_close(pane)
+    (gpu,) = Efficiency(SETTINGS).on_close(closing(pane))
     assert (gpu.bw_source, gpu.bw_util, gpu.delta_bw, gpu.efu, gpu.diagnosis) == ("dram_active", 0.2, 0.8, None, "idle")

@@ -13,6 +13,7 @@ from gpucost.streams.health import HealthAudit
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
 from tests.support.health_oracle import judged, reference_breaker
+from tests.support.panes import closing
 
 H_MS = 3_600_000
 H_NS = H_MS * 1_000_000
@@ -69,7 +70,7 @@ def test_grades_fails_and_breaker_follow_the_definition(steps, admission_h) -> N
     for k, w in seq:  # one pane is one window: each pane closes its own
         pane = PaneTotals(gpu_uuid="GPU-0", pane_start_ns=k * H_NS, pane_end_ns=(k + 1) * H_NS, node_id="n",
                           gpu_model="NVIDIA H100", **w)
-        (record,) = audit.on_close(pane, 0, 1)
+        (record,) = audit.on_close(closing(pane))
         got.append({f: getattr(record, f) for f in FIELDS})
     assert got == expected(seq, admission_h)
     assert audit.finish() == []
@@ -78,8 +79,8 @@ def test_grades_fails_and_breaker_follow_the_definition(steps, admission_h) -> N
 def test_a_window_closes_when_a_later_pane_of_its_gpu_does() -> None:
     audit = HealthAudit(AuditSettings(pane_s=600, health_window_h=1, admission_h=0))
     pane = dict(gpu_uuid="GPU-0", node_id="n", gpu_model="H100", covered_ms=600_000, busy_cp_ms=0)
-    assert audit.on_close(PaneTotals(pane_start_ns=0, pane_end_ns=600 * 10**9, **pane), 0, 1) == []
-    (record,) = audit.on_close(PaneTotals(pane_start_ns=H_NS, pane_end_ns=H_NS + 600 * 10**9, **pane), 0, 1)
+    assert audit.on_close(closing(PaneTotals(pane_start_ns=0, pane_end_ns=600 * 10**9, **pane))) == []
+    (record,) = audit.on_close(closing(PaneTotals(pane_start_ns=H_NS, pane_end_ns=H_NS + 600 * 10**9, **pane)))
     assert (record.window_start_ns, record.covered_ms, record.coverage) == (0, 600_000, 600_000 / H_MS)
     assert [r.window_start_ns for r in audit.finish()] == [H_NS]
     assert Decimal(str(record.coverage)) < Decimal("0.95") and "coverage" in record.fail_reasons

@@ -229,7 +229,7 @@ def test_a_late_event_sent_again_revises_once(fleet: tuple[AuditSettings, list[E
     if any(isinstance(r, DeadLetter) for r in first):  # beyond the horizon
         assert [r.reason for r in first] == ["late"]
         return
-    resumed = Auditor.from_state(s, json.loads(json.dumps(auditor.to_state())))  # a restart, between the two
+    resumed = Auditor.from_state(json.loads(json.dumps(auditor.to_state())), s)  # a restart, between the two
     for again in (auditor, resumed):
         out = again.update(withheld)
         assert [r.reason for r in out if isinstance(r, DeadLetter)] == ["duplicate"] and len(out) == 1

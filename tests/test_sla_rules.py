@@ -11,10 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucost.schemas.events import TENANT_FIELDS
+from gpucost.schemas.records import QuotaRecord, ReclaimRecord
 from gpucost.streams.pane_totals import PaneTotals, TenantTotals
 from gpucost.streams.settings import AuditSettings, SlaTier
 from gpucost.streams.sla import SlaOperator
 from gpucost.streams.tables import Tenant
+from tests.support.panes import closing
 
 PANE_S = 60
 TIERS = {"Gold": SlaTier(threshold_pct=Decimal(5), duration_s=180, max_idle_s=300, quota_base=Decimal(1)),
@@ -86,7 +88,10 @@ def test_runs_reclaims_and_quotas_follow_the_definition(history) -> None:
                           node_id="n", gpu_model="H100", covered_ms=COVERED_MS,
                           tenants={key: TenantTotals(tenant(key, sla), sm, 0, 0, samples)
                                    for key, (sla, sm, samples) in tenants.items()})
-        quotas, reclaims = op.on_close(pane, Decimal("2.5"))
+        out = op.on_close(closing(pane, Decimal("2.5")))
+        quotas = [r for r in out if isinstance(r, QuotaRecord)]
+        reclaims = [r for r in out if isinstance(r, ReclaimRecord)]
+        assert out == quotas + reclaims  # a pane's quota records, then the triggers it fires
         got.append(([(q.tenant_key, q.idle_run_ms, q.quota_scale) for q in quotas],
                     [(r.tenant_key, r.run_start_ns, r.idle_run_ms) for r in reclaims]))
         for r in reclaims:
@@ -103,9 +108,11 @@ def test_a_state_restored_carries_the_runs_on() -> None:
                           node_id="n", gpu_model="H100", covered_ms=COVERED_MS, tenants=tenants)
 
     op = SlaOperator(SETTINGS)
-    op.on_close(pane(1), None)
-    op.on_close(pane(2), None)
+    op.on_close(closing(pane(1)))
+    op.on_close(closing(pane(2)))
     restored = SlaOperator.from_state(op.to_state(), SETTINGS)
-    quotas, reclaims = restored.on_close(pane(3), None)
+    out = restored.on_close(closing(pane(3)))
+    quotas = [r for r in out if isinstance(r, QuotaRecord)]
+    reclaims = [r for r in out if isinstance(r, ReclaimRecord)]
     assert [q.idle_run_ms for q in quotas] == [180_000]
     assert [(r.run_start_ns, r.usd_per_gpu_hour) for r in reclaims] == [(PANE_S * 10**9, None)]

@@ -144,7 +144,7 @@ def restored(audit: AuditSettings, latest: dict[bytes, bytes | None], audit_key:
             # version 0 maps GPUs to their windows, which are lists (a GPU may be called "v")
             versioned = "v" in windows and isinstance(windows.get("idle"), dict)
             st["audit"]["idle"] = _read_version(IDLE_PREFIX + key.encode(), windows)["idle"] if versioned else windows
-    return Restored({k: Auditor.from_state(audit, st["audit"], time.time_ns, audit_key) for k, st in states.items()},
+    return Restored({k: Auditor.from_state(st["audit"], audit, time.time_ns, audit_key) for k, st in states.items()},
                     {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()},
                     {k: st["owner"] for k, st in states.items() if st.get("owner") is not None},
                     progress)

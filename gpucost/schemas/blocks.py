@@ -7,83 +7,91 @@ worker's JSON, the tests).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
-from gpucost.schemas.records import (
-    CostRecord,
-    EfficiencyRecord,
-    HealthRecord,
-    IdleIndexRecord,
-    Output,
-    QuotaRecord,
-    R,
-    ReclaimRecord,
-    computed_from,
-)
+from gpucost.schemas.records import OUTPUT_KINDS, IdleIndexRecord, Output, R, computed_from
 
-__all__ = ["ClosedPanes", "Outputs", "expand"]
+__all__ = ["ClosedPanes", "Emitted", "Outputs", "expand"]
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """One pane operator's records of many closed panes, as its batch entry returns them
+    (``gpucost.streams.operator``): those it keeps as columns, ``table`` in the schema of output kind
+    ``kind`` with ``rows[j]`` of them for pane ``j``, and those it keeps as records, ``tagged`` each with
+    its pane (ascending, stably: one pane's records in the row entry's order).
+
+    ``given`` holds columns whose record values are taken as given rather than read back from the table:
+    the cost records' ``usd_per_gpu_hour`` as the price events gave them (Arrow's decimal column holds the
+    same values at six places, whose JSON would differ).
+    """
+
+    kind: str | None = None
+    table: pa.Table | None = None
+    rows: np.ndarray | None = None
+    given: dict[str, list[Any]] = field(default_factory=dict)
+    tagged: list[tuple[int, Output]] = field(default_factory=list)
+
+    def slice(self, lo: int, hi: int) -> Emitted:
+        """The records of panes ``lo`` to ``hi``."""
+        tagged = [(j - lo, r) for j, r in self.tagged if lo <= j < hi]
+        if self.table is None or self.rows is None:
+            return Emitted(tagged=tagged)
+        at = np.concatenate([[0], np.cumsum(self.rows)]).tolist()
+        return Emitted(self.kind, self.table.slice(at[lo], at[hi] - at[lo]), self.rows[lo:hi],
+                       {name: values[at[lo]:at[hi]] for name, values in self.given.items()}, tagged)
+
+    def per_pane(self, n: int) -> list[list[Output]]:
+        """Each of the ``n`` panes' records as the row entry returns them: its table rows, then its tagged ones."""
+        out: list[list[Output]] = [[] for _ in range(n)]
+        if self.table is not None and self.rows is not None and self.kind is not None:
+            # OUTPUT_KINDS maps each kind to one of the types ``Output`` unites
+            records = cast(list[Output], _records(OUTPUT_KINDS[self.kind], self.table, self.given))
+            at = 0
+            for j, count in enumerate(self.rows.tolist()):
+                out[j] += records[at:at + count]
+                at += count
+        for j, record in self.tagged:
+            out[j].append(record)
+        return out
 
 
 @dataclass(frozen=True)
 class ClosedPanes:
-    """Idle-index records (one per pane), cost records (``cost_rows[j]`` of them for pane ``j``), quota
-    records (``quota_rows[j]``), efficiency records (``efficiency_rows[j]``), reclaim triggers (``reclaim``: each
-    with its pane ``j``, ascending) and the
-    health records whose windows the panes close (``health``: the pane ``j`` that closes each, ascending).
-
-    ``prices`` are the cost records' ``usd_per_gpu_hour`` as the price events gave them:
-    Arrow's decimal column holds the same values at six places, whose JSON would differ.
-    """
+    """The records of many closed panes: their idle-index records (one per pane, ``idle``), then what each
+    pane operator emitted for them (``emitted``, in the operators' order)."""
 
     idle: pa.Table
-    cost: pa.Table
-    prices: list[Decimal | None]
-    cost_rows: np.ndarray
-    quota: pa.Table
-    quota_rows: np.ndarray
-    efficiency: pa.Table
-    efficiency_rows: np.ndarray
-    reclaim: list[tuple[int, ReclaimRecord]] = field(default_factory=list)
-    health: list[tuple[int, HealthRecord]] = field(default_factory=list)
+    emitted: tuple[Emitted, ...]
 
     def slice(self, lo: int, hi: int) -> ClosedPanes:
         """The records of panes ``lo`` to ``hi`` (in idle-index records)."""
-        at = np.concatenate([[0], np.cumsum(self.cost_rows)]).tolist()
-        qt = np.concatenate([[0], np.cumsum(self.quota_rows)]).tolist()
-        et = np.concatenate([[0], np.cumsum(self.efficiency_rows)]).tolist()
-        return ClosedPanes(self.idle.slice(lo, hi - lo), self.cost.slice(at[lo], at[hi] - at[lo]),
-                           self.prices[at[lo]:at[hi]], self.cost_rows[lo:hi], self.quota.slice(qt[lo], qt[hi] - qt[lo]),
-                           self.quota_rows[lo:hi], self.efficiency.slice(et[lo], et[hi] - et[lo]),
-                           self.efficiency_rows[lo:hi], [(j - lo, r) for j, r in self.reclaim if lo <= j < hi],
-                           [(j - lo, record) for j, record in self.health if lo <= j < hi])
+        return ClosedPanes(self.idle.slice(lo, hi - lo), tuple(e.slice(lo, hi) for e in self.emitted))
+
+    def tables(self) -> list[tuple[str, pa.Table]]:
+        """Each output kind kept as columns, with its table: the idle index first."""
+        return [("idle_index", self.idle), *((e.kind, e.table) for e in self.emitted
+                                             if e.kind is not None and e.table is not None)]
+
+    def tagged(self) -> list[Output]:
+        """The records kept as records (reclaim triggers, health records), operator by operator."""
+        return [record for e in self.emitted for _, record in e.tagged]
 
     def records(self) -> list[Output]:
-        """The records in the row path's order: each pane's idle index, its cost records, its quota records,
-        its efficiency records, the reclaim triggers it fires, then the health records of the windows it closes."""
-        idle = _records(IdleIndexRecord, self.idle, {})
-        cost = _records(CostRecord, self.cost, {"usd_per_gpu_hour": self.prices})
-        quota = _records(QuotaRecord, self.quota, {})
-        efficiency = _records(EfficiencyRecord, self.efficiency, {})
-        after: dict[int, list[Output]] = {}
-        pending: list[tuple[int, Output]] = [*self.reclaim, *self.health]
-        for j, record in pending:  # sorted by pane, stably: each pane's triggers first
-            after.setdefault(j, []).append(record)
+        """The records in the row path's order: each pane's idle index, then each operator's records of it
+        (``Emitted.per_pane``) in the operators' order."""
+        n = self.idle.num_rows
+        by_operator = [e.per_pane(n) for e in self.emitted]
         out: list[Output] = []
-        at = qt = et = 0
-        for j, (record, n, q, e) in enumerate(zip(idle, self.cost_rows.tolist(), self.quota_rows.tolist(),
-                                                  self.efficiency_rows.tolist())):
+        for j, record in enumerate(_records(IdleIndexRecord, self.idle, {})):
             out.append(record)
-            out += cost[at:at + n]
-            out += quota[qt:qt + q]
-            out += efficiency[et:et + e]
-            out += after.get(j, [])
-            at, qt, et = at + n, qt + q, et + e
+            for records in by_operator:
+                out += records[j]
         return out
 
 
@@ -91,7 +99,7 @@ class ClosedPanes:
 Outputs = list[Output | ClosedPanes]
 
 
-def _records(cls: type[R], table: pa.Table, given: dict[str, Sequence[Any]]) -> list[R]:
+def _records(cls: type[R], table: pa.Table, given: Mapping[str, Sequence[Any]]) -> list[R]:
     names = list(cls.model_fields)
     columns = [given[n] if n in given else _values(table.column(n)) for n in names]
     return [computed_from(cls, dict(zip(names, values))) for values in zip(*columns)]

@@ -196,8 +196,7 @@ class ParquetSink:
         """All of the block buffered first, then any file it fills written: a file that cannot be
         written leaves every record of the block buffered."""
         keys = []
-        for kind, table in (("idle_index", block.idle), ("cost", block.cost), ("quota", block.quota),
-                            ("efficiency", block.efficiency)):
+        for kind, table in block.tables():
             day = table.column("pane_start_ns").to_numpy() // _NS_PER_DAY
             days = np.unique(day).tolist()
             for d in days:
@@ -208,7 +207,7 @@ class ParquetSink:
                 keys.append(key)
         for key in keys:
             self._write_full(key)
-        for _, record in [*block.reclaim, *block.health]:
+        for record in block.tagged():
             self.write(record)
 
     def write_table(self, kind: str, date: str, table: pa.Table) -> None:

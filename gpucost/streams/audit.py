@@ -27,13 +27,14 @@ from gpucost.schemas.events import (
     TenantBinding,
 )
 from gpucost.schemas.records import Output
-from gpucost.streams.apportion import Weights, apportion, apportion_many
+from gpucost.streams.apportion import apportion
 from gpucost.streams.columnar import ingest_batch, ingest_lines
 from gpucost.streams.efficiency import Efficiency
 from gpucost.streams.health import HealthAudit
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.letters import DeadLetters
 from gpucost.streams.mae import Mae
+from gpucost.streams.operator import Closing, ClosingMany, CostSplit, PaneOperator
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.panes import GpuPanes, pane_start_ns
 from gpucost.streams.revisions import Revisions, differences
@@ -74,9 +75,9 @@ class Auditor(DeadLetters):
         self.clock = clock
         # signs the health records (docs/definitions.md, "Health audit": HMAC of their hash); None: unsigned
         self.audit_key = audit_key
-        self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
         self.panes = GpuPanes(settings)
         self.idle = IdleIndex(settings)
+        self.cost = CostSplit(settings)
         self.sla = SlaOperator(settings)
         self.health = HealthAudit(settings, audit_key)
         self.efficiency = Efficiency(settings)
@@ -89,6 +90,12 @@ class Auditor(DeadLetters):
         #: closed it (``close``, ``close_many``, ``_republish``): the one hook for a reader of closed panes (the
         #: weights fit), so that none can miss a revised pane by overriding one path
         self.on_closed: Callable[[PaneColumns], None] | None = None
+
+    @property
+    def pane_operators(self) -> list[PaneOperator]:
+        """The operators on closed panes (``gpucost.streams.operator``), in the order their records of a pane
+        are published: both close paths walk this one list."""
+        return [self.cost, self.sla, self.efficiency, self.health]
 
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]:
         """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
@@ -239,9 +246,9 @@ class Auditor(DeadLetters):
         held = self.revisions.held(gpu, start)
         if held.revision is None and after.gpu_model is not None:  # billed for the first time: priced now
             held.price = self.prices.lookup(after.gpu_model, start)
-        old = apportion(before, held.price, self.weights) if held.revision is not None else []
+        old = apportion(before, held.price, self.cost.weights) if held.revision is not None else []
         revision = 0 if held.revision is None else held.revision + 1
-        out: list[Output] = list(differences(old, apportion(after, held.price, self.weights), revision))
+        out: list[Output] = list(differences(old, apportion(after, held.price, self.cost.weights), revision))
         if after.node_id is not None and after.gpu_model is not None and (
                 held.revision is None or (before.idle_ms, before.covered_ms) != (after.idle_ms, after.covered_ms)):
             out.insert(0, self.idle.revise(gpu, after.node_id, after.gpu_model, start, after.idle_ms,
@@ -331,12 +338,9 @@ class Auditor(DeadLetters):
             self.revisions.hold(pane.gpu_uuid, pane.pane_start_ns, price, True)
             if price is None:
                 self.counts["unpriced_panes"] += 1
-            out.extend(apportion(pane, price, self.weights))
-            quotas, triggers = self.sla.on_close(pane, price)
-            out.extend(quotas)
-            out.extend(self.efficiency.on_close(pane))
-            out.extend(triggers)
-            out.extend(self.health.on_close(pane, idle.idle_ms_72h, idle.covered_ms_72h))
+            closing = Closing(pane, price, idle)
+            for operator in self.pane_operators:
+                out.extend(operator.on_close(closing))
         return out
 
     def prices_now(self, gpu_models: np.ndarray, pane_starts_ns: np.ndarray) -> list[Decimal | None]:
@@ -366,12 +370,8 @@ class Auditor(DeadLetters):
             self.counts["unpriced_panes"] += unpriced
         if not len(panes):
             return [None] * (len(bounds) - 1)
-        idle = self.idle.close_many(panes)
-        health = self.health.close_many(panes, idle.column("idle_ms_72h").to_numpy(),
-                                        idle.column("covered_ms_72h").to_numpy())
-        quota, quota_rows, reclaim = self.sla.close_many(panes, prices)
-        block = ClosedPanes(idle, *apportion_many(panes, prices, self.weights), quota, quota_rows,
-                            *self.efficiency.close_many(panes), reclaim=reclaim, health=health)
+        closing = ClosingMany(panes, prices, self.idle.close_many(panes))
+        block = ClosedPanes(closing.idle, tuple(operator.close_many(closing) for operator in self.pane_operators))
         return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
 
     def successor(self) -> Auditor:
@@ -409,8 +409,10 @@ class Auditor(DeadLetters):
                 "prices": self.prices.to_state(), "counts": dict(self.counts)}
 
     @classmethod
-    def from_state(cls, settings: AuditSettings, state: dict[str, Any], clock: Callable[[], int] | None = None,
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings, clock: Callable[[], int] | None = None,
                    audit_key: bytes | None = None) -> Auditor:
+        """The auditor ``to_state`` wrote, under ``settings`` (arguments in the order every operator's
+        ``from_state`` takes them)."""
         auditor = cls(settings, clock, audit_key)
         if "sla" in state:  # a state written before the SLA tiers starts its runs afresh
             auditor.sla = SlaOperator.from_state(state["sla"], settings)

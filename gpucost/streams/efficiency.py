@@ -22,10 +22,11 @@ import numpy as np
 import pyarrow as pa
 
 from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.blocks import Emitted
 from gpucost.schemas.exact import ratios
-from gpucost.schemas.records import EfficiencyRecord, computed_from
+from gpucost.schemas.records import EfficiencyRecord, Output, computed_from
 from gpucost.streams.health import peak_tops
-from gpucost.streams.pane_totals import PaneColumns, PaneTotals
+from gpucost.streams.operator import Closing, ClosingMany
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["Efficiency", "GPU_PID"]
@@ -64,8 +65,9 @@ class Efficiency:
 
     # --- the row entry ---------------------------------------------------------------------------
 
-    def on_close(self, pane: PaneTotals) -> list[EfficiencyRecord]:
+    def on_close(self, closing: Closing) -> list[Output]:
         """A closed pane with GPU samples: its GPU row, then a row per process with ``blas`` traces, by pid."""
+        pane = closing.pane
         assert pane.node_id is not None and pane.gpu_model is not None
         peak = self._peak(pane.gpu_model)
         if pane.dram_ms:
@@ -80,7 +82,7 @@ class Efficiency:
         elif pane.tensor_ms:
             efu, efu_source = (pane.tensor_cp_ms, FULL_CP * pane.tensor_ms), "tensor_active"
         head = (pane.gpu_uuid, pane.node_id, pane.gpu_model, pane.pane_start_ns)
-        rows = [_record(*head, GPU_PID, total, efu, efu_source, bw, bw_source,
+        rows: list[Output] = [_record(*head, GPU_PID, total, efu, efu_source, bw, bw_source,
                         self._diagnosis(pane.busy_cp_ms, efu, bw), pane.covered_ms, peak)]
         rows += self._processes(head, pane.flops, peak, pane.covered_ms, pane.busy_cp_ms, bw, bw_source)
         return rows
@@ -98,10 +100,11 @@ class Efficiency:
 
     # --- the batch entry -------------------------------------------------------------------------
 
-    def close_many(self, panes: PaneColumns) -> tuple[pa.Table, np.ndarray]:
+    def close_many(self, closing: ClosingMany) -> Emitted:
         """``on_close`` of closed panes with GPU samples at once: the records as a table in the row entry's
-        order, and how many each pane has. The GPU rows are columns; panes with traces (few) and their
+        order, with how many each pane has. The GPU rows are columns; panes with traces (few) and their
         processes take the row entry's arithmetic."""
+        panes = closing.panes
         n = len(panes)
         covered = panes.covered_ms.astype(object)
         models = panes.gpu_model.tolist()
@@ -144,13 +147,21 @@ class Efficiency:
                        schema=ARROW_SCHEMAS["efficiency"])
         counts = np.ones(n, np.int64)
         if not processes:
-            return gpu, counts
+            return Emitted("efficiency", gpu, counts)
         extra = pa.Table.from_pylist([r.__dict__ for _, r in processes], schema=ARROW_SCHEMAS["efficiency"])
         at = np.array([j for j, _ in processes], np.int64)
         np.add.at(counts, at, 1)
         # each pane's GPU row, then its processes (``_processes`` gives them by pid)
         order = np.argsort(np.concatenate([np.arange(n), at]), kind="stable")
-        return pa.concat_tables([gpu, extra]).take(order), counts
+        return Emitted("efficiency", pa.concat_tables([gpu, extra]).take(order), counts)
+
+    def to_state(self) -> dict[str, Any]:
+        """Nothing to keep: the peak figures come from the settings."""
+        return {}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> Efficiency:
+        return cls(settings)
 
 
 def _at_least(ratio: Ratio, threshold: Ratio) -> bool:

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from gpucost.schemas.records import FAIL_REASONS, GRADES, HealthRecord, computed_from
+from gpucost.schemas.blocks import Emitted
+from gpucost.schemas.records import FAIL_REASONS, GRADES, HealthRecord, Output, computed_from
 from gpucost.schemas.snapshot import sealed
-from gpucost.streams.pane_totals import PaneColumns, PaneTotals
+from gpucost.streams.operator import Closing, ClosingMany
 from gpucost.streams.runs import runs
 from gpucost.streams.settings import AuditSettings
 
@@ -125,14 +126,15 @@ class HealthAudit:
 
     # --- the row entry ---------------------------------------------------------------------------
 
-    def on_close(self, pane: PaneTotals, idle_ms_72h: int, covered_ms_72h: int) -> list[HealthRecord]:
+    def on_close(self, closing: Closing) -> list[Output]:
         """A closed pane with GPU samples in (each GPU's in ascending order); the records of the windows it
         closes: the GPU's open window if the pane lies past it, then the pane's own if the pane ends it."""
+        pane, idle = closing.pane, closing.idle
         assert pane.node_id is not None and pane.gpu_model is not None
         deviation = pane.idle_ms if pane.placed else pane.covered_ms - pane.idle_ms
-        return self._take(pane.gpu_uuid, pane.pane_start_ns, pane.pane_end_ns, pane.node_id, pane.gpu_model,
-                          pane.covered_ms, pane.idle_ms, pane.energy_uj, pane.busy_cp_ms, deviation, idle_ms_72h,
-                          covered_ms_72h)
+        return [*self._take(pane.gpu_uuid, pane.pane_start_ns, pane.pane_end_ns, pane.node_id, pane.gpu_model,
+                            pane.covered_ms, pane.idle_ms, pane.energy_uj, pane.busy_cp_ms, deviation,
+                            idle.idle_ms_72h, idle.covered_ms_72h)]
 
     def _take(self, gpu: str, first_start_ns: int, last_end_ns: int, *sums: Any) -> list[HealthRecord]:
         """Panes of one window of ``gpu``, from ``first_start_ns`` to ``last_end_ns``, summed (``sums`` as
@@ -152,12 +154,14 @@ class HealthAudit:
 
     # --- the batch entry -------------------------------------------------------------------------
 
-    def close_many(self, panes: PaneColumns, idle_ms_72h: np.ndarray, covered_ms_72h: np.ndarray
-                   ) -> list[tuple[int, HealthRecord]]:
+    def close_many(self, closing: ClosingMany) -> Emitted:
         """``on_close`` of closed panes with GPU samples (each GPU's in ascending order) at once: each
         record with the pane whose close emits it, as ``on_close`` of that pane would."""
+        panes = closing.panes
         if not len(panes):
-            return []
+            return Emitted()
+        idle_ms_72h = closing.idle.column("idle_ms_72h").to_numpy()
+        covered_ms_72h = closing.idle.column("covered_ms_72h").to_numpy()
         gpus, names = panes.gpus  # each pane's GPU, as an index into names
         window = panes.pane_start_ns // self.window_ns
         order = np.lexsort((np.arange(len(panes)), window, gpus))  # by GPU, window, then as they came
@@ -167,7 +171,7 @@ class HealthAudit:
         sums = [np.add.reduceat(v[order], firsts).tolist() for v in (
             panes.covered_ms, panes.idle_ms, panes.energy_uj, panes.busy_cp_ms, deviation)]
         node, model = panes.node_id[order], panes.gpu_model[order]
-        out: list[tuple[int, HealthRecord]] = []
+        out: list[tuple[int, Output]] = []
         for r, (lo, hi) in enumerate(zip(firsts.tolist(), lasts.tolist())):
             first, last = int(order[lo]), int(order[hi - 1])
             gpu = names[gpu_of[lo]]
@@ -179,7 +183,7 @@ class HealthAudit:
                                  *(s[r] for s in sums), int(idle_ms_72h[last]), int(covered_ms_72h[last]))
             out += [(last, record) for record in records]
         out.sort(key=lambda t: t[0])  # stable: one pane's records keep their order
-        return out
+        return Emitted(tagged=out)
 
     # --- closing what is left --------------------------------------------------------------------
 

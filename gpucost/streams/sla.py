@@ -24,9 +24,11 @@ import numpy as np
 import pyarrow as pa
 
 from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.blocks import Emitted
 from gpucost.schemas.exact import ratios
-from gpucost.schemas.records import QuotaRecord, ReclaimRecord, computed, trigger_id
-from gpucost.streams.pane_totals import PaneColumns, PaneTotals
+from gpucost.schemas.records import Output, QuotaRecord, ReclaimRecord, computed, trigger_id
+from gpucost.streams.operator import Closing, ClosingMany
+from gpucost.streams.pane_totals import PaneColumns
 from gpucost.streams.settings import AuditSettings, SlaTier
 from gpucost.streams.tables import Tenant
 
@@ -74,13 +76,16 @@ class SlaOperator:
 
     # --- the row entry ---------------------------------------------------------------------------
 
-    def on_close(self, pane: PaneTotals, price: Decimal | None) -> tuple[list[QuotaRecord], list[ReclaimRecord]]:
-        """A closed pane with GPU samples in: its tenants' quota records and the reclaim triggers, by tenant key."""
+    def on_close(self, closing: Closing) -> list[Output]:
+        """A closed pane with GPU samples in: its tenants' quota records, then the reclaim triggers it fires,
+        each by tenant key."""
+        pane, price = closing.pane, closing.price
         assert pane.node_id is not None and pane.gpu_model is not None
         k = pane.pane_start_ns // self.pane_ns
         before = self._runs.pop(pane.gpu_uuid, {})
         runs: dict[str, _Run] = {}
-        quotas, triggers = [], []
+        quotas: list[Output] = []
+        triggers: list[Output] = []
         for key, t in sorted(pane.tenants.items()):
             tier = self.tiers.get(t.tenant.sla) if t.samples else None
             if tier is None:
@@ -100,7 +105,7 @@ class SlaOperator:
                 idle_run_ms=idle_run_ms, quota_scale=quota_scale(tier, idle_run_ms, t.sm, pane.covered_ms)))
         if runs:
             self._runs[pane.gpu_uuid] = runs
-        return quotas, triggers
+        return quotas + triggers
 
     def drop(self, gpu_uuid: str) -> None:
         """Forget a GPU gone from the fleet (``GpuPanes.forget``): a pane of it later starts its runs afresh."""
@@ -116,14 +121,14 @@ class SlaOperator:
 
     # --- the batch entry -------------------------------------------------------------------------
 
-    def close_many(self, panes: PaneColumns, prices: list[Decimal | None]
-                   ) -> tuple[pa.Table, np.ndarray, list[tuple[int, ReclaimRecord]]]:
+    def close_many(self, closing: ClosingMany) -> Emitted:
         """``on_close`` of closed panes with GPU samples (each GPU's in ascending order) at once: the quota
-        records as a table in the row entry's order, their count per pane, and each trigger with its pane.
+        records as a table in the row entry's order with their count per pane, and each trigger with its pane.
 
         The runs are found with numpy: the tenant rows sorted by (GPU, tenant key, pane); a row continues
         the run of the row before it when both are idle, of one (GPU, tenant), and a pane apart; the first
         row of a (GPU, tenant) continues the run the state holds when that run ended in the pane before."""
+        panes, prices = closing.panes, closing.prices
         codes, who = panes.distinct_tenants  # each tier's figures are taken per distinct tenant
         tier_of = [self.tiers.get(t.sla) for t in who]
         tiered = np.array([tier is not None for tier in tier_of], bool)
@@ -189,7 +194,7 @@ class SlaOperator:
                           pa.array([t.sla for t in who], pa.string()).take(code),
                           ratios(sm_o, covered_o * 100), run_ms, quota],
                          schema=ARROW_SCHEMAS["quota"])
-        triggers = []
+        triggers: list[tuple[int, Output]] = []
         for j in np.flatnonzero(fires).tolist():
             r = int(order[j])
             p = int(pane[r])
@@ -197,8 +202,8 @@ class SlaOperator:
             assert tier is not None  # only tiered rows are here
             triggers.append((p, self._trigger(_PaneView(panes, p), who[code[r]], key[r], int(run_start[j]),
                                               int(idle_run_ms[j]), tier, prices[p])))
-        triggers.sort(key=lambda t: (t[0], t[1].tenant_key))
-        return table, np.bincount(pane, minlength=len(panes)), triggers
+        triggers.sort(key=lambda t: (t[0], t[1].tenant_key))  # type: ignore[union-attr]  # triggers only
+        return Emitted("quota", table, np.bincount(pane, minlength=len(panes)), tagged=triggers)
 
     # --- state -----------------------------------------------------------------------------------
 
