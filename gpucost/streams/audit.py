@@ -27,17 +27,16 @@ from gpucost.schemas.events import (
     TenantBinding,
 )
 from gpucost.schemas.records import Output
-from gpucost.streams.apportion import apportion
 from gpucost.streams.columnar import ingest_batch, ingest_lines
 from gpucost.streams.efficiency import Efficiency
 from gpucost.streams.health import HealthAudit
 from gpucost.streams.idle_index import IdleIndex
-from gpucost.streams.letters import DeadLetters
+from gpucost.streams.late_data import LateData
 from gpucost.streams.mae import Mae
 from gpucost.streams.operator import Closing, ClosingMany, CostSplit, PaneOperator
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.panes import GpuPanes, pane_start_ns
-from gpucost.streams.revisions import Revisions, differences
+from gpucost.streams.revisions import Revisions
 from gpucost.streams.scope import Scope, decode_in_scope
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.sla import SlaOperator
@@ -47,7 +46,7 @@ __all__ = ["Auditor"]
 
 
 
-class Auditor(DeadLetters):
+class Auditor(LateData):
     """Routes each event to the operator that owns it and collects what closes.
 
     ``counts`` tallies accepted events by kind, each dead-letter reason, ``unbilled``
@@ -127,52 +126,6 @@ class Auditor(DeadLetters):
         self.counts[event.kind] += 1
         return []
 
-    def _binding(self, event: TenantBinding, raw: str | bytes | None, source: str) -> list[Output]:
-        """A binding, joined as of each sample's event time whatever order they came in: it re-attributes the
-        process's logged samples at or after its ``ts_ns`` in open panes (with revisions off too), and in closed
-        panes within the horizon (revisions). One that repeats an instant already bound is a ``duplicate``.
-        One that governs only time beyond the horizon (the process was bound again later, and that later binding
-        too is older than the horizon, judged against the watermark of its node's GPUs: a later node's bindings,
-        replayed after an earlier node's events, are not late) and reaches no pane kept here could change only
-        panes beyond it, and is ``late`` (docs/definitions.md, "Late data become revisions"). One with no later binding
-        still governs the samples its process sends from now on, however old it is: it is taken."""
-        verdict = self.bindings.verdict(event)
-        if verdict == "duplicate":
-            return [self._dead("duplicate", event, raw, source,
-                               f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
-                               "was already taken; the first one stays in force")]
-        if verdict == "unchanged":
-            self.counts["binding_unchanged"] += 1
-            return []
-        reached = [p for p in self.revisions.touched_by(event.node_id, event.pid, event.ts_ns)
-                   if self.revisions.enabled or self.panes.is_open(*p)]
-        watermarks = [w for gpu in self.revisions.gpus_of(event.node_id)
-                      if (w := self.panes.watermark(gpu)) is not None]
-        node_ns = max(watermarks, default=None)  # how far its node's GPUs have gone: a replay of one node after another
-        beyond = self.settings.revision_horizon_ns + self.settings.pane_ns
-        if node_ns is not None and event.ts_ns + beyond < node_ns:
-            ends_ns = self.bindings.next_after(event.node_id, event.pid, event.ts_ns)
-            if not reached and ends_ns is not None and ends_ns + beyond < node_ns:
-                return [self._dead("late", event, raw, source,
-                                   f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns}, "
-                                   f"superseded at ts_ns {ends_ns}, reaches no pane within the revision horizon "
-                                   f"({self.settings.revision_horizon_s} s) of its node's watermark {node_ns} ns: "
-                                   "the panes it covers are billed for good")]
-            self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
-        before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
-        self.bindings.update(event)
-        self.counts[event.kind] += 1
-        out: list[Output] = []
-        for gpu, start in reached:
-            if (gpu, start) in before:
-                out += self._republish(gpu, start, before[(gpu, start)])
-            else:
-                self.panes.retenant(self.revisions.totals(gpu, start, self.bindings))
-        if out:
-            self.counts["revised_by_late"] += 1
-            self.counts[f"revised_by_late:{event.kind}"] += 1
-        return out
-
     def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]:
         """Take one raw line: a dead letter if it is not a valid event, or not one ``scope`` lets its
         message carry; else as ``update``."""
@@ -219,44 +172,6 @@ class Auditor(DeadLetters):
         self.revisions.log(event)  # with revisions off too: a late binding re-attributes open panes' samples
         out = self.close(self.panes.advance(gpu, event.ts_ns))
         self.revisions.prune(gpu, self.panes.watermark(gpu))
-        return out
-
-    def _revise(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
-                source: str) -> list[Output]:
-        """A late event within the horizon: checked against its closed pane (``duplicate``, ``overlap``), taken
-        into it, and the pane's changed records published (``_republish``)."""
-        refused = self.revisions.refusal(event)
-        if refused == "duplicate":
-            return [self.duplicate_letter(event, raw, source)]
-        if refused == "overlap":
-            return [self.overlap_letter(event, raw, source)]  # type: ignore[arg-type]  # never of a NUMA event
-        start = pane_start_ns(event.ts_ns, self.settings.pane_ns)
-        before = self.revisions.totals(event.gpu_uuid, start, self.bindings)
-        self.revisions.log(event)
-        self.counts[event.kind] += 1
-        self.counts["revised_by_late"] += 1
-        self.counts[f"revised_by_late:{event.kind}"] += 1
-        return self._republish(event.gpu_uuid, start, before)
-
-    def _republish(self, gpu: str, start: int, before: PaneTotals) -> list[Output]:
-        """A closed pane recomputed from its rows (``before``: as last published): its cost records that
-        changed, as differences, and its idle record if its idle or covered time changed, all with the pane's
-        next revision number (0 if it is published for the first time). Nothing if nothing changed."""
-        after = self.revisions.totals(gpu, start, self.bindings)
-        held = self.revisions.held(gpu, start)
-        if held.revision is None and after.gpu_model is not None:  # billed for the first time: priced now
-            held.price = self.prices.lookup(after.gpu_model, start)
-        old = apportion(before, held.price, self.cost.weights) if held.revision is not None else []
-        revision = 0 if held.revision is None else held.revision + 1
-        out: list[Output] = list(differences(old, apportion(after, held.price, self.cost.weights), revision))
-        if after.node_id is not None and after.gpu_model is not None and (
-                held.revision is None or (before.idle_ms, before.covered_ms) != (after.idle_ms, after.covered_ms)):
-            out.insert(0, self.idle.revise(gpu, after.node_id, after.gpu_model, start, after.idle_ms,
-                                           after.covered_ms, revision))
-        if out:
-            held.revision = revision
-        if self.on_closed is not None:
-            self.on_closed(PaneColumns.of([after]))
         return out
 
     def close_silent(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None,
