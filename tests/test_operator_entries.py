@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from gpucost.schemas.events import EbpfTrace, GpuSample, MemAccess, NumaEvent, ProcessSample, TenantBinding
 from gpucost.streams.addresses import TakenAddresses
 from gpucost.streams.mae import Mae
+from gpucost.streams.pane_rules import KINDS
 from gpucost.streams.pane_totals import PaneRows, PaneTotals
-from gpucost.streams.panes import KINDS, GpuPanes
+from gpucost.streams.panes import GpuPanes
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, BindingTable, Tenant
 from tests.strategies import NS

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from gpucost.schemas.events import GpuSample
 from gpucost.streams import idle_index
 from gpucost.streams.idle_index import IdleIndex, _Window
+from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneTotals
-from gpucost.streams.panes import GpuPanes, pane_start_ns
+from gpucost.streams.panes import GpuPanes
 from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000

@@ -34,8 +34,9 @@ from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.late_data import LateData
 from gpucost.streams.mae import Mae
 from gpucost.streams.operator import Closing, ClosingMany, CostSplit, PaneOperator
+from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
-from gpucost.streams.panes import GpuPanes, pane_start_ns
+from gpucost.streams.panes import GpuPanes
 from gpucost.streams.revisions import Revisions
 from gpucost.streams.scope import Scope, decode_in_scope
 from gpucost.streams.settings import AuditSettings

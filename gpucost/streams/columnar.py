@@ -44,8 +44,9 @@ from gpucost.schemas.records import DeadLetter, Output
 from gpucost.streams.addresses import DUPLICATE
 from gpucost.streams.json_lines import COLUMN_MODELS, read_lines
 from gpucost.streams.mae import Mae
+from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, TRACE, pane_closed
 from gpucost.streams.pane_totals import PaneColumns, PaneRows, PaneTotals
-from gpucost.streams.panes import GPU, KINDS, NUMA, PROC, TRACE, GpuPanes
+from gpucost.streams.panes import GpuPanes
 from gpucost.streams.revisions import Revisions
 from gpucost.streams.runs import runs
 from gpucost.streams.scope import Scope, decode_in_scope
@@ -186,7 +187,7 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     for lo, hi in zip(firsts.tolist(), lasts.tolist()):
         mine = at[lo:hi]
         high = np.maximum.accumulate(np.maximum(ts[mine], latest.get(names[gpu[mine[0]]], _NONE_TS)))
-        late[mine] = ts[mine] - ts[mine] % pane_ns + pane_ns <= high - lateness
+        late[mine] = pane_closed(ts[mine], high, pane_ns, lateness)
     moved = np.maximum.accumulate(np.where(keyed, ts, _NONE_TS)) if n else np.zeros(0, np.int64)
     largest = np.maximum(moved, max(latest.values(), default=_NONE_TS))
     horizon = settings.revision_horizon_ns + pane_ns  # older than this, a binding may be late (``Auditor._binding``)
@@ -403,17 +404,8 @@ class _Batch:
         """Rows of the hot kinds taken so far that their message may not carry (``gpucost.streams.scope``): dead
         letters, the reason given by ``Scope.check`` itself (rows decoded one by one were checked there)."""
         assert self.scope is not None
-        key, nodes = self.scope.key, self.scope.nodes
-        wrong = np.zeros(self.n, bool)
-        if key is not None:
-            gpu_is_key = np.array([name == key for name in self.gpu_names] + [False])[self.gpu]
-            wrong |= (self.code <= NUMA) & ~gpu_is_key
-            node_of_key, _, pid_of_key = key.rpartition("/")
-            node_is = np.array([name == node_of_key for name in self.node_names] + [False])[self.node]
-            pid_is = self.pid == (int(pid_of_key) if pid_of_key.isdigit() and len(pid_of_key) <= 10 else -2)
-            wrong |= (self.code == MEM) & ~(node_is & pid_is)
-        if nodes is not None:
-            wrong |= ~np.array([name in nodes for name in self.node_names] + [False])[self.node]
+        wrong = self.scope.refused_many(self.code <= NUMA, self.code == MEM, self.gpu, self.gpu_names, self.node,
+                                        self.node_names, self.pid)
         wrong &= self.ok
         self._letters(np.flatnonzero(wrong), self._scope_letter)
         self.ok &= ~wrong

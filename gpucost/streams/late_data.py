@@ -14,8 +14,9 @@ from gpucost.streams.apportion import apportion
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.letters import DeadLetters
 from gpucost.streams.operator import CostSplit
+from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
-from gpucost.streams.panes import GpuPanes, pane_start_ns
+from gpucost.streams.panes import GpuPanes
 from gpucost.streams.revisions import Revisions, differences
 from gpucost.streams.tables import BindingTable, PriceTable
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
 from gpucost.schemas.records import CostRecord, record_id
+from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, overlaps
 from gpucost.streams.pane_totals import PaneRows, PaneTotals, TenantTotals, nearest_gap
-from gpucost.streams.panes import GPU, KINDS, NUMA, PROC, overlaps
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, BindingTable
 

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gpucost.schemas.codec import Rejected, decode_line
 from gpucost.schemas.events import (
     EbpfTrace,
@@ -73,6 +75,24 @@ class Scope:
         if isinstance(event, Price) and self.price_keys is not None:
             return self._price(event)
         return None
+
+    def refused_many(self, gpu_keyed: np.ndarray, mem: np.ndarray, gpu: np.ndarray, gpu_names: list[str],
+                     node: np.ndarray, node_names: list[str], pid: np.ndarray) -> np.ndarray:
+        """``check``'s key and node rules over a batch's columns, beside it so that the two cannot drift:
+        which rows are refused (their reason is ``check``'s of each). ``gpu_keyed`` and ``mem`` mark the rows
+        of GPU-keyed kinds and of ``mem_access``; ``gpu`` and ``node`` index ``gpu_names`` and
+        ``node_names``, one past the end for none; ``pid`` each row's process."""
+        wrong = np.zeros(len(gpu), bool)
+        if self.key is not None:
+            gpu_is_key = np.array([name == self.key for name in gpu_names] + [False])[gpu]
+            wrong |= gpu_keyed & ~gpu_is_key
+            node_of_key, _, pid_of_key = self.key.rpartition("/")
+            node_is = np.array([name == node_of_key for name in node_names] + [False])[node]
+            pid_is = pid == (int(pid_of_key) if pid_of_key.isdigit() and len(pid_of_key) <= 10 else -2)
+            wrong |= mem & ~(node_is & pid_is)
+        if self.nodes is not None:
+            wrong |= ~np.array([name in self.nodes for name in node_names] + [False])[node]
+        return wrong
 
     def _price(self, price: Price) -> Rejected | None:
         assert self.price_keys is not None

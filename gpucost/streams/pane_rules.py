@@ -1,0 +1,70 @@
+"""The rules of a pane, each once, for the row entry (``gpucost.streams.panes``) and the batch entry
+(``gpucost.streams.pane_batch``) of ``GpuPanes``, and for the batch path's cuts (``gpucost.streams.columnar``):
+which pane a time falls in, when a pane has closed (so an event in it is late), when a sample overlaps
+another of its device, how a GPU's largest time moves (``jump``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KINDS", "GPU", "PROC", "NUMA", "TRACE", "NO_TS", "pane_start_ns", "pane_closed", "overlaps",
+           "first_name", "jump", "who_code"]
+
+#: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark:
+#: docs/definitions.md, "Time, panes and watermarks")
+KINDS = ("gpu_sample", "process_sample", "numa_event", "ebpf_trace")
+GPU, PROC, NUMA, TRACE = range(len(KINDS))
+NO_TS = np.iinfo(np.int64).min  # no time yet
+
+
+def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
+    """Start of the epoch-aligned pane holding ``ts_ns``."""
+    return ts_ns - ts_ns % pane_ns
+
+
+def pane_closed(ts_ns: Any, max_ts_ns: Any, pane_ns: int, lateness_ns: int) -> Any:
+    """Whether the pane holding ``ts_ns`` has closed once its GPU's largest time is ``max_ts_ns``: its end at
+    or before the watermark, ``max_ts_ns − lateness_ns`` (docs/definitions.md, "Time, panes and watermarks").
+    An event in it is late. Of ints, or elementwise of int64 arrays; written with additions only, so that
+    a "no time yet" far below every time (``NO_TS``) never wraps around."""
+    return ts_ns - ts_ns % pane_ns + pane_ns + lateness_ns <= max_ts_ns
+
+
+def overlaps(gap_ns: Any, interval_ms: Any) -> Any:
+    """Whether a sample ``gap_ns`` from an accepted one of its device lies closer than three quarters of
+    its own interval (docs/definitions.md, "Inputs and what is refused": one sampler per device): a second
+    sampler's, which would bill the
+    device's time twice. Exact in integers: 4·gap < 3·interval; of ints, or elementwise of int64 arrays."""
+    return 4 * gap_ns < 3_000_000 * interval_ms
+
+
+def first_name(current: str | None, value: str) -> str:
+    """The name a pane keeps: order-independent if a GPU ever reported two names within one pane."""
+    return value if current is None or value < current else current
+
+
+def jump(max_ts: int | None, pending: int | None, ts_ns: int, max_jump_ns: int) -> tuple[int | None, int | None]:
+    """A GPU's largest ``ts_ns`` and pending jump after it takes an accepted event at ``ts_ns``.
+
+    One bad clock reading must not close every pane up to it (an hour-early sample once made the
+    next 1,428 events of its GPU late). So an event more than ``max_jump_ns`` ahead of the largest is
+    counted in its pane but only held, as the pending jump; a second such event confirms it: the
+    largest becomes the nearer of the two, and the further stays pending if it is still a jump from
+    there. A pending jump the largest has caught up with is dropped."""
+    if max_ts is not None and ts_ns > max_ts + max_jump_ns:
+        if pending is None:
+            return max_ts, ts_ns
+        near, far = sorted((pending, ts_ns))
+        if far - near > max_jump_ns:
+            return near, far
+        return far, None
+    max_ts = ts_ns if max_ts is None else max(max_ts, ts_ns)
+    return max_ts, None if pending is None or pending <= max_ts else pending
+
+
+def who_code(gpu: Any, code: Any, pid: Any) -> Any:
+    """(GPU, kind, pid) in one integer, of ints or of int64 arrays: 2 bits of kind, 33 of pid + 1, and the
+    GPU's index above (a batch holds far fewer than the 2^28 GPUs that would overflow)."""
+    return (gpu << 35) | (code << 33) | (pid + 1)
