@@ -119,7 +119,8 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
 
     def per_pane(values: np.ndarray) -> np.ndarray:
         total = np.concatenate([[0], np.cumsum(values)]).astype(object)
-        return total[hi] - total[lo]
+        sums: np.ndarray = total[hi] - total[lo]  # numpy's stubs: an ndarray indexed by one is Any
+        return sums
 
     sm, bw, numa = panes.t_sm[rows], panes.t_bw[rows], panes.t_numa[rows]
     sm_all, bw_all, numa_all = per_pane(sm), per_pane(bw), per_pane(numa)

@@ -170,11 +170,11 @@ class _Window:
         # few panes starting afresh, panes added to a list, a ring of 64-bit slots: roll's own path
         one_by_one = len(ks) <= SPARSE_PANES if fresh else self.panes is not None or self.idle.typecode != "I"
         if one_by_one or max(int(idle_ms.max()), int(covered_ms.max())) >> 32:
-            sums = []  # a few panes, a ring of 64-bit slots, or a pane past 32 bits (forged data): one by one
+            pairs = []  # a few panes, a ring of 64-bit slots, or a pane past 32 bits (forged data): one by one
             for k, idle, covered in zip(ks.tolist(), idle_ms.tolist(), covered_ms.tolist()):
                 self.roll(k, idle, covered)
-                sums.append((self.idle_sum, self.covered_sum))
-            return np.array([i for i, _ in sums], np.int64), np.array([c for _, c in sums], np.int64)
+                pairs.append((self.idle_sum, self.covered_sum))
+            return np.array([i for i, _ in pairs], np.int64), np.array([c for _, c in pairs], np.int64)
         if fresh:  # an empty ring, as roll makes (what was in the window left it)
             if self.keep and self.last is not None:
                 for held, idle, covered in self._in_window():
@@ -192,12 +192,12 @@ class _Window:
             for source_ks, idle, covered in ((leaving, *old), (ks[~kept], idle_ms[~kept], covered_ms[~kept])):
                 held = (source_ks > newest - n - self.keep) & ((idle != 0) | (covered != 0))
                 self.left.update(zip(source_ks[held].tolist(), zip(idle[held].tolist(), covered[held].tolist())))
-        sums = []
+        sums: list[np.ndarray] = []
         for ring, new, total in ((self.idle, idle_ms, self.idle_sum), (self.covered, covered_ms, self.covered_sum)):
             slots = np.frombuffer(ring, np.uint32)  # a view: written in place
-            old = np.concatenate([[0], np.cumsum(slots[leaving % n], dtype=np.int64)])
+            removed = np.concatenate([[0], np.cumsum(slots[leaving % n], dtype=np.int64)])
             added = np.concatenate([[0], np.cumsum(new)])
-            sums.append(total + added[1:] - old[np.searchsorted(leaving, ks - n, "right")]
+            sums.append(total + added[1:] - removed[np.searchsorted(leaving, ks - n, "right")]
                         - added[np.searchsorted(ks, ks - n, "right")])
             slots[arriving % n] = 0
             slots[ks[kept] % n] = new[kept]

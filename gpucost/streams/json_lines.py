@@ -7,6 +7,7 @@ import os
 import re
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +57,7 @@ def _with_the_others(lines: Sequence[bytes], pieces: list[tuple[list[int], pa.Ta
     taken = [i for idx, _ in pieces for i in idx]
     where = np.full(len(lines), -1, np.int64)
     where[taken] = np.arange(len(taken))
-    wire = []
+    wire: list[dict[str, Any]] = []
     for i in np.flatnonzero(where < 0).tolist():
         event = decode_line(lines[i])
         if isinstance(event, COLUMN_MODELS):

@@ -189,12 +189,15 @@ class PaneColumns:
                 for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events", "energy_uj",
                           "busy_cp_ms", "placed", *EFFICIENCY_SUMS)]
         flops = [(j, pid, n) for j, p in enumerate(panes) for pid, n in sorted(p.flops.items())]
-        return cls(objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
-                   objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
-                   objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
-                   *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")),
-                   np.array([t.samples for _, _, t in tenants], np.int64), np.array([j for j, _, _ in flops], np.int64),
-                   np.array([pid for _, pid, _ in flops], np.int64), objects(n for _, _, n in flops))
+        # the columns as one starred list: mypy gives a starred argument every parameter after it, so it would
+        # count the columns after ``*ints[2:]`` as too many
+        return cls(*[objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
+                     objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
+                     objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
+                     *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")),
+                     np.array([t.samples for _, _, t in tenants], np.int64),
+                     np.array([j for j, _, _ in flops], np.int64),
+                     np.array([pid for _, pid, _ in flops], np.int64), objects(n for _, _, n in flops)])
 
     @classmethod
     def concat(cls, parts: list[PaneColumns]) -> PaneColumns:
@@ -204,8 +207,10 @@ class PaneColumns:
 
     def totals(self) -> list[PaneTotals]:
         """Each pane as a ``PaneTotals`` (its ``seen`` keys left empty: it is closing)."""
-        panes = [PaneTotals(*values[:8], energy_uj=values[8], busy_cp_ms=values[9], placed=values[10],
-                            **dict(zip(EFFICIENCY_SUMS, values[11:])))
+        # the keywords as one dict: mypy gives ``*values[:8]`` (a tuple of unknown length) every parameter, so
+        # it would read energy_uj, busy_cp_ms and placed as given twice
+        panes = [PaneTotals(*values[:8], **{"energy_uj": values[8], "busy_cp_ms": values[9], "placed": values[10],
+                                            **dict(zip(EFFICIENCY_SUMS, values[11:]))})
                  for values in zip(self.gpu_uuid.tolist(), self.pane_start_ns.tolist(), self.pane_end_ns.tolist(),
                                    self.node_id.tolist(), self.gpu_model.tolist(), self.covered_ms.tolist(),
                                    self.idle_ms.tolist(), self.tenant_events.tolist(), self.energy_uj.tolist(),
@@ -284,4 +289,5 @@ class Verdicts:
 
     @property
     def accepted(self) -> np.ndarray:
-        return ~(self.late | self.duplicate | self.overlap)
+        accepted: np.ndarray = ~(self.late | self.duplicate | self.overlap)  # numpy's stubs: `|` of ndarrays is Any
+        return accepted

@@ -35,10 +35,12 @@ class Levels:
     def of(self, t: np.ndarray) -> np.ndarray:
         """The lowest level at or above each time (``width`` above every known time)."""
         if self._distinct is None:
-            return np.clip(t - self._below, 1, self.width)
+            clipped: np.ndarray = np.clip(t - self._below, 1, self.width)  # numpy's stubs: clip of an ndarray is Any
+            return clipped
         return np.searchsorted(self._distinct, t) + 1
 
     def time(self, level: np.ndarray) -> np.ndarray:
         if self._distinct is None:
             return level + self._below
-        return self._distinct[level - 1]
+        times: np.ndarray = self._distinct[level - 1]  # numpy's stubs: an ndarray indexed by one is Any
+        return times

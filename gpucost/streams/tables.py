@@ -24,12 +24,15 @@ class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):
     @classmethod
     def named(cls, team: str) -> Tenant:
         """The pipeline's own tenants (``idle``, ``unattributed``): a team and nothing else."""
-        return cls(team, *(None for _ in TENANT_FIELDS[1:]))
+        # one starred tuple: mypy sees none of the fields the class line builds at run time, so it counts
+        # ``team`` as an argument too many
+        return cls(*(team, *(None for _ in TENANT_FIELDS[1:])))
 
     @property
     def key(self) -> str:
         """The values joined by ``:``, missing values empty (docs/definitions.md, "Tenants and prices")."""
-        return ":".join("" if v is None else v for v in self)
+        values: tuple[str | None, ...] = self  # what mypy cannot read from the class line (it sees no fields)
+        return ":".join("" if v is None else v for v in values)
 
 
 UNATTRIBUTED = Tenant.named("unattributed")
@@ -132,7 +135,8 @@ class PriceTable:
         for model in set(gpu_models.tolist()) - {None}:
             at = np.flatnonzero(gpu_models == model)
             out[at] = self._as_of(model, ts_ns[at])
-            unpriced = at[np.equal(out[at], None)]
+            # numpy compares with None as with an object scalar; its stubs take no None as an operand
+            unpriced = at[np.equal(out[at], None)]  # type: ignore[call-overload]
             out[unpriced] = self._as_of("default", ts_ns[unpriced])
         return out
 
