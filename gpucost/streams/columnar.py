@@ -208,7 +208,8 @@ def exact_round(values: np.ndarray, scale: int) -> np.ndarray:
     if unsure.any():
         distinct, where = np.unique(values[unsure], return_inverse=True)
         out[unsure] = np.array([round_float(float(v), scale) for v in distinct], dtype=np.float64)[where]
-    return out.astype(np.int64)
+    rounded: np.ndarray = out.astype(np.int64)
+    return rounded
 
 
 class _Batch:
@@ -437,9 +438,13 @@ class _Batch:
         for key, members in self._processes(rows).items():
             codes, latest = mae.taken.verdicts_many(key, self.ts[rows[members]], self.address[rows[members]])
             if codes.any():  # sent again, or too far back to tell (``gpucost.streams.addresses``)
-                why = dict(zip(rows[members].tolist(), zip(codes.tolist(), latest.tolist())))
-                self._letters(rows[members[codes > 0]], lambda i, e, why=why: self.a.address_letter(
-                    e, self._raw(i), self.source(i), "duplicate" if why[i][0] == DUPLICATE else "late", why[i][1]))
+                why: dict[int, tuple[int, int]] = dict(zip(rows[members].tolist(), zip(codes.tolist(),
+                                                                                      latest.tolist())))
+
+                def letter(i: int, e: Any, why: dict[int, tuple[int, int]] = why) -> Output:
+                    reason = "duplicate" if why[i][0] == DUPLICATE else "late"
+                    return self.a.address_letter(e, self._raw(i), self.source(i), reason, why[i][1])
+                self._letters(rows[members[codes > 0]], letter)
                 members = members[codes == 0]
             self._count("mem_access", len(members))
             for at, record in mae.update_many(key, self.ts[rows[members]], bins[members]):
@@ -482,7 +487,7 @@ class _Batch:
         its time whenever they came (the row path re-attributes those that came first), and none of the
         batch's reaches a closed pane or is late (``revising_rows`` cut the batch at any that might)."""
         a = self.a
-        rest = []
+        rest: list[tuple[int, Event]] = []
         for i, event in self.table_events:
             if isinstance(event, TenantBinding):
                 self.emit(i, a.update(event, self._raw(i), self.source(i)))

@@ -119,7 +119,8 @@ class Efficiency:
         tensor = panes.tensor_ms > 0
         efu = np.where(tensor, ratios(panes.tensor_cp_ms.astype(object), FULL_CP * np.maximum(
             panes.tensor_ms, 1).astype(object)), np.nan)
-        efu_source = np.where(tensor, "tensor_active", None).astype(object)
+        # numpy takes None as an object value here; its stubs accept no None
+        efu_source = np.where(tensor, "tensor_active", None).astype(object)  # type: ignore[call-overload]
         compute = tensor & (panes.tensor_cp_ms.astype(object) * self.compute[1]
                             >= self.compute[0] * FULL_CP * panes.tensor_ms.astype(object)).astype(bool)
         memory = (bw_num * self.memory[1] >= self.memory[0] * bw_den).astype(bool)

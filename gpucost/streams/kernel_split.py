@@ -90,7 +90,7 @@ def range_paths(kernels: list[Interval], spans: list[Span]) -> list[tuple[str, .
     for s in sorted(spans, key=lambda s: (s.start_ns, -s.end_ns, s.name)):
         by_tid.setdefault(s.tid, []).append(s)
     starts = {tid: [s.start_ns for s in ss] for tid, ss in by_tid.items()}
-    out = []
+    out: list[tuple[str, ...]] = []
     for k in kernels:
         if k.launch_tid is None or k.launch_ns is None or k.launch_tid not in by_tid:
             out.append(())
@@ -109,7 +109,7 @@ def split_tree(total_busy: int, total_micro: int, weights: dict[tuple[str, ...],
     for path, w in weights.items():
         for i in range(len(path) + 1):
             subtotal[path[:i]] = subtotal.get(path[:i], 0) + w
-    out = {(): (total_busy, total_micro)}
+    out: dict[tuple[str, ...], tuple[int, int]] = {(): (total_busy, total_micro)}
     for path in sorted(subtotal, key=len):
         busy, micro = out[path]
         parts = {p[-1]: subtotal[p] for p in subtotal if len(p) == len(path) + 1 and p[:-1] == path}

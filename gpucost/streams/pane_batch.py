@@ -322,7 +322,8 @@ class PaneBatch:
         no_name = [None] * (big + 1)  # a rank of `big`: the pane had no GPU sample
         f_rows = sorted((int(position[k]), pid, n) for k, by_pid in flops.items() if not slow[k]
                         for pid, n in by_pid.items())
-        columns = PaneColumns(
+        # one starred list: mypy would give ``*(…)`` every parameter after it (as in ``PaneColumns.of``)
+        columns = PaneColumns(*[
             objects(rows.names)[group_k[fast]], starts_k[fast], starts_k[fast] + self.pane_ns,
             objects(node_by_rank + no_name)[np.array(node_min, np.int64)[fast]],
             objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
@@ -331,7 +332,7 @@ class PaneBatch:
             position[t_pane[tenant_rows]], objects(keys)[who], objects(tenants)[who],
             *(v[tenant_rows].astype(object) for v in t_sums[:3]), t_sums[3][tenant_rows].astype(np.int64),
             np.array([k for k, _, _ in f_rows], np.int64), np.array([pid for _, pid, _ in f_rows], np.int64),
-            objects(n for _, _, n in f_rows))
+            objects(n for _, _, n in f_rows)])
         return (np.concatenate([at_rows[fast], np.array([row for row, _ in closes], np.int64)]),
                 PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]))
 
