@@ -22,7 +22,7 @@ from gpucost.schemas.events import EVENT_MODELS
 from gpucost.schemas.records import DeadLetter
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
-from tests.test_columnar import closing_at
+from tests.support.batch_path import closing_at
 
 #: one valid event of each kind the fleet simulator makes, as a JSON object
 BASES: dict[str, dict[str, Any]] = {}

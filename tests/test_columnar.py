@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -21,13 +19,13 @@ from gpucost.schemas.arrow import EVENT_SCHEMA, events_table
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event, present_fields
 from gpucost.schemas.events import TS_MAX_NS, TS_MIN_NS, Event, GpuSample, ProcessSample
-from gpucost.schemas.exact import round_scaled
+from gpucost.schemas.exact import exact_round, round_scaled
 from gpucost.schemas.records import Output
-from gpucost.streams import columnar
 from gpucost.streams.audit import Auditor
-from gpucost.streams.columnar import exact_round
+from gpucost.streams.batch import FEW_CLOSES
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS, settings_st, streams
+from tests.support.batch_path import closing_at
 
 #: one field of a valid row, changed so that the row is refused (or, for some, still taken)
 MUTATIONS: list[tuple[str, Any]] = [
@@ -178,20 +176,8 @@ def test_json_batches_match_lines(case: Case, few_closes: int) -> None:
 def test_json_batches_below_few_lines_go_row_by_row_with_the_same_outputs(case: Case) -> None:
     """Small batches take the row path (a live poll's line or two), larger ones the batch path, in one
     stream: a threshold of 8 sends these tests' batches both ways."""
-    with closing_at(columnar.FEW_CLOSES, few_lines=8):
+    with closing_at(FEW_CLOSES, few_lines=8):
         check(case, "json")
-
-
-@contextmanager
-def closing_at(few_closes: int, few_lines: int = 0) -> Iterator[None]:
-    """Panes closed as blocks from ``few_closes`` a batch, and JSON batches of any size down to
-    ``few_lines`` through the batch path (0: all of them, as these tests' batches are small)."""
-    default = columnar.FEW_CLOSES, columnar.FEW_LINES
-    columnar.FEW_CLOSES, columnar.FEW_LINES = few_closes, few_lines
-    try:
-        yield
-    finally:
-        columnar.FEW_CLOSES, columnar.FEW_LINES = default
 
 
 @given(st.lists(st.one_of(st.integers(0, 100_000).map(lambda x: x / 1000), st.integers(1, 36_000_000).map(

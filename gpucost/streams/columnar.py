@@ -5,105 +5,40 @@ Why: one pydantic object and a dozen dict operations per event held the row path
 and process samples, NUMA events, memory accesses) are validated and rounded with numpy over
 the batch, then handed to each operator's batch entry: ``GpuPanes.judge_many``/``add_many``
 (watermarks, late rows, duplicates, overlaps, pane sums), ``Mae.update_many``,
-``BindingTable.lookup_many``, ``Auditor.close_many``. What stays here is only about batches:
-decoding once, the rows the vectorised checks do not clear (decoded one by one, so a
-rejection names the same reason), dead letters, the tenant join, and merging every output
-back into arrival order: a binding covers only the rows that arrive after it, a price only
-the closes after it. ``tests/test_columnar.py`` holds both paths to the same outputs, in the
+``BindingTable.lookup_many``, ``Auditor.close_many``. This module cuts the input into batches the
+batch path may take whole (``revising_rows``: a row that may revise a closed pane goes through the
+row path, between the batches); ``gpucost.streams.batch`` runs each: decoding once, the rows the
+vectorised checks do not clear (decoded one by one, so a rejection names the same reason), dead
+letters, the tenant join, and merging every output back into arrival order: a binding covers only
+the rows that arrive after it, a price only the closes after it. ``tests/test_columnar.py`` holds both paths to the same outputs, in the
 same order, and the same state, over random batches with every kind of bad input;
 ``tests/test_operator_entries.py`` holds each operator's batch entry to its row entry.
 """
 from __future__ import annotations
 
-import gc
-from collections import Counter
 from collections.abc import Callable, Sequence
-from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpucost.schemas.arrow import EVENT_SCHEMA
-from gpucost.schemas.blocks import ClosedPanes, Outputs
-from gpucost.schemas.bounds import field_bounds
-from gpucost.schemas.codec import Rejected, decode_line, present_fields, raw_text
-from gpucost.schemas.events import (
-    EbpfTrace,
-    Event,
-    GpuSample,
-    MemAccess,
-    NumaEvent,
-    Price,
-    ProcessSample,
-    TenantBinding,
-)
-from gpucost.schemas.exact import round_float
-from gpucost.schemas.records import DeadLetter, Output
-from gpucost.streams.addresses import DUPLICATE
-from gpucost.streams.json_lines import COLUMN_MODELS, read_lines
-from gpucost.streams.mae import Mae
-from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, TRACE, pane_closed
-from gpucost.streams.pane_totals import PaneColumns, PaneRows, PaneTotals
-from gpucost.streams.panes import GpuPanes
-from gpucost.streams.revisions import Revisions
+from gpucost.schemas.blocks import Outputs
+from gpucost.schemas.codec import present_fields
+from gpucost.streams.batch import KIND_CODES, Batch
+from gpucost.streams.json_lines import read_lines
+from gpucost.streams.pane_rules import NUMA, pane_closed
+from gpucost.streams.row_path import RowPath
 from gpucost.streams.runs import runs
-from gpucost.streams.scope import Scope, decode_in_scope
-from gpucost.streams.settings import AuditSettings
-from gpucost.streams.tables import UNATTRIBUTED, BindingTable, Tenant
+from gpucost.streams.scope import Scope
 
+__all__ = ["ingest_batch", "ingest_lines", "revising_rows"]
 
-class RowPath(Protocol):
-    """What the batch path asks of the row path (``gpucost.streams.audit.Auditor``), named here so that
-    this module does not import it (audit calls this one): the operators whose state both paths keep,
-    and the row entries used for what is rare in a batch (tables, dead letters, closing panes)."""
-
-    settings: AuditSettings
-    clock: Callable[[], int] | None
-    counts: Counter[str]
-    panes: GpuPanes
-    mae: Mae
-    bindings: BindingTable
-    revisions: Revisions
-
-    def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]: ...
-
-    def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]: ...
-
-    def reject(self, why: Rejected, raw: str, source: str) -> DeadLetter: ...
-
-    def future_letter(self, event: Event, raw: str | bytes | None, source: str, now: int) -> DeadLetter: ...
-
-    def late_letter(self, event: Any, raw: str | bytes | None, source: str, watermark: int | None) -> DeadLetter: ...
-
-    def duplicate_letter(self, event: Any, raw: str | bytes | None, source: str) -> DeadLetter: ...
-
-    def overlap_letter(self, event: Any, raw: str | bytes | None, source: str) -> DeadLetter: ...
-
-    def address_letter(self, event: Any, raw: str | bytes | None, source: str, reason: str,
-                       latest_ns: int | None) -> DeadLetter: ...
-
-    def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]: ...
-
-    def prices_now(self, gpu_models: np.ndarray, pane_starts_ns: np.ndarray) -> list[Decimal | None]: ...
-
-    def close_many(self, panes: PaneColumns, prices: list[Decimal | None],
-                   cuts: Sequence[int] = ()) -> list[ClosedPanes | None]: ...
-
-__all__ = ["ingest_batch", "ingest_lines", "exact_round"]
-
-MEM = len(KINDS)  # the codes of the kinds GpuPanes counts (``KINDS``), and this one
-_KINDS = {name: code for code, name in enumerate((*KINDS, "mem_access"))}
 _BINDING, _NO_KIND = 126, 127  # a binding, and a row of no kind, to ``revising_rows``
 _NONE_TS = np.iinfo(np.int64).min // 2  # no time yet (halved: the lateness is taken off it)
 #: a batch with more rows that may revise than this goes row by row (a replay of a shuffled file)
 MANY_REVISING = 64
-_HOT_FIELDS = sorted({name for model in COLUMN_MODELS for name in model.model_fields} - {"kind"})
-_PID_SPAN = 1 << 32
-#: fewer closing panes than this in a batch are closed one by one, as records; more, as blocks of columns
-#: (a live worker's poll closes a pane or two per GPU; closing one as a block costs 0.45 ms, one by one 20 µs)
-FEW_CLOSES = 16
 #: batches of fewer JSON lines than this go event by event: the batch path's fixed cost (Arrow's JSON reader with
 #: the whole event schema, then the columns) is about 1 ms, and the row path's about 9 µs a line, against the
 #: batch path's 3 to 4 µs (a live worker's poll of one GPU is a line or two; BENCHMARKS.md, benchmark 3)
@@ -138,7 +73,7 @@ def _in_segments(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
     late data are rare, so the cuts are few. A batch of more than ``MANY_REVISING`` such rows goes row by row."""
     cuts = revising_rows(auditor, batch)
     if not cuts:
-        return _Batch(auditor, batch, source, lines, scope).run()
+        return Batch(auditor, batch, source, lines, scope).run()
 
     def row(i: int) -> bytes | dict[str, Any]:
         return lines[i] if lines is not None else present_fields(batch.slice(i, 1).to_pylist()[0])
@@ -149,7 +84,7 @@ def _in_segments(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
     lo = 0
     for cut in [*cuts, batch.num_rows]:
         if cut > lo:
-            out += _Batch(auditor, batch.slice(lo, cut - lo), lambda i, lo=lo: source(lo + i),  # type: ignore[misc]
+            out += Batch(auditor, batch.slice(lo, cut - lo), lambda i, lo=lo: source(lo + i),  # type: ignore[misc]
                           None if lines is None else lines[lo:cut], scope).run()
         if cut < batch.num_rows:
             out += auditor.ingest(row(cut), source(cut), scope)
@@ -167,7 +102,7 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     kinds = pc.dictionary_encode(batch.column("kind")) if "kind" in batch.schema.names else None
     if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
         return []
-    codes = np.array([_KINDS.get(k, -1) if k != "tenant_binding" else _BINDING for k in kinds.dictionary.to_pylist()]
+    codes = np.array([KIND_CODES.get(k, -1) if k != "tenant_binding" else _BINDING for k in kinds.dictionary.to_pylist()]
                      + [_NO_KIND], np.int8)
     code = codes[np.asarray(pc.fill_null(kinds.indices, len(codes) - 1).to_numpy(zero_copy_only=False))]
     ts_col = batch.column("ts_ns")
@@ -193,356 +128,3 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     horizon = settings.revision_horizon_ns + pane_ns  # older than this, a binding may be late (``Auditor._binding``)
     binding = (code == _BINDING) & has_ts & ((ts < largest - lateness) | (ts < largest - horizon))
     return np.flatnonzero(late | binding | (code == _NO_KIND)).tolist()
-
-
-def exact_round(values: np.ndarray, scale: int) -> np.ndarray:
-    """``gpucost.schemas.exact.round_scaled`` of each float, vectorised.
-
-    ``values · scale`` in binary is within 1e-6 of the decimal the float stands for (values
-    here are at most 3.6e6 once scaled), so away from a half the nearest integer is the
-    answer; values that land near a half are few and distinct, and take the exact path.
-    """
-    scaled = values * scale
-    out = np.rint(scaled)
-    unsure = np.abs(scaled - np.floor(scaled) - 0.5) < 1e-5
-    if unsure.any():
-        distinct, where = np.unique(values[unsure], return_inverse=True)
-        out[unsure] = np.array([round_float(float(v), scale) for v in distinct], dtype=np.float64)[where]
-    rounded: np.ndarray = out.astype(np.int64)
-    return rounded
-
-
-class _Batch:
-    """One batch's columns as numpy arrays, and the outputs it yields, each tagged with its row."""
-
-    def __init__(self, auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str],
-                 lines: Sequence[bytes] | None = None, scope: Scope | None = None) -> None:
-        self.a, self.batch, self.source, self.lines, self.scope = auditor, batch, source, lines, scope
-        self.n = batch.num_rows
-        self.out: list[tuple[int, int, Output | ClosedPanes]] = []
-        self.table_events: list[tuple[int, Event]] = []
-        self.tenants: list[Tenant] = []
-
-    # --- columns -------------------------------------------------------------------------------
-
-    def _col(self, name: str) -> pa.Array:
-        if name in self.batch.schema.names:
-            return self.batch.column(name)
-        return pa.nulls(self.n, EVENT_SCHEMA.field(name).type)
-
-    def _ints(self, name: str, dtype: type = np.int64) -> tuple[np.ndarray, np.ndarray]:
-        col = self._col(name)
-        present = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool)
-        return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=dtype), present
-
-    def _floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """NaN where null, so every range check below fails for it."""
-        col = self._col(name)
-        present = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool)
-        return np.asarray(pc.fill_null(col, float("nan")).to_numpy(zero_copy_only=False), dtype=np.float64), present
-
-    def _ident(self, name: str) -> tuple[np.ndarray, list[str], np.ndarray]:
-        """Codes into the batch's distinct values (-1 for null), the values, and each row's value's length."""
-        col = self._col(name)
-        encoded = pc.dictionary_encode(col)
-        codes = np.asarray(pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-        length = np.append(pc.utf8_length(encoded.dictionary).to_numpy(), 0)  # of each distinct value; null: 0
-        return codes, encoded.dictionary.to_pylist(), length[codes]
-
-    def _valid(self, model: type[Event], columns: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-        """Rows whose every field of ``model`` is within the bounds the model declares (present, if the
-        field is required): the checks are read from the model (``gpucost.schemas.bounds``), never written here."""
-        ok = np.ones(self.n, dtype=bool)
-        for name in model.model_fields:
-            if name != "kind":
-                ok &= field_bounds(model, name).holds(*columns[name])
-        return ok
-
-    def _inputs(self, idx: np.ndarray | list[int]) -> list[bytes | dict[str, Any]]:
-        """The inputs as the row path takes them: the JSON lines, or the Parquet rows as wire objects."""
-        if self.lines is not None:
-            return [self.lines[i] for i in idx]
-        return [present_fields(r) for r in self.batch.take(pa.array(idx, pa.int64())).to_pylist()]
-
-    def _raw(self, i: int) -> bytes | None:
-        """What a dead letter of a valid event keeps: the line as it came (a Parquet row: re-encoded)."""
-        return None if self.lines is None else self.lines[i]
-
-    def emit(self, row: int, outputs: Sequence[Output | ClosedPanes]) -> None:
-        base = len(self.out)
-        self.out.extend([(row, base + k, o) for k, o in enumerate(outputs)])
-
-    def _count(self, kind: str, n: int) -> None:
-        if n:
-            self.a.counts[kind] += n
-
-    def _letters(self, idx: np.ndarray, letter: Callable[[int, Any], Output]) -> None:
-        """Dead letters of rows the checks took in (late, duplicate, ahead of the clock), one by one."""
-        for i, row in zip(idx.tolist(), self._inputs(idx)):
-            event = decode_line(row)
-            if isinstance(event, Rejected):  # cannot happen unless the checks above drift from the models
-                self.emit(i, [self.a.reject(event, raw_text(row), self.source(i))])
-            else:
-                self.emit(i, [letter(i, event)])
-
-    def _processes(self, rows: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
-        """``rows`` by process ``(node_id, pid)``: each process's positions in ``rows``, in arrival order."""
-        process = self.node[rows] * _PID_SPAN + self.pid[rows]
-        order = np.argsort(process, kind="stable")
-        starts, ends = runs(process[order])
-        return {(self.node_names[self.node[rows[order[a]]]], int(self.pid[rows[order[a]]])): order[a:b]
-                for a, b in zip(starts.tolist(), ends.tolist())}
-
-    # --- the batch ---------------------------------------------------------------------------
-
-    def run(self) -> Outputs:
-        # without the cyclic collector: a batch allocates millions of objects (integers of the cost
-        # split, tuples), none in a cycle, and its full passes over them cost 5 % of a replay
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            if self.n:
-                self._decode()
-                self._future()
-                self._mae()
-                self._panes()
-        finally:
-            if collecting:
-                gc.enable()
-        self.out.sort(key=lambda t: (t[0], t[1]))
-        return [o for _, _, o in self.out]
-
-    def _decode(self) -> None:
-        """Vectorised validation of the hot kinds; every other row decoded one by one."""
-        kinds = pc.dictionary_encode(self._col("kind"))
-        kind_codes = np.array([_KINDS.get(k, -1) for k in kinds.dictionary.to_pylist()] + [-1], dtype=np.int8)
-        self.code = kind_codes[np.asarray(pc.fill_null(kinds.indices, len(kind_codes) - 1).to_numpy(
-            zero_copy_only=False))]
-        # every field of the hot kinds, loaded as its column of the event schema holds it: text as codes
-        # into the batch's distinct values (their lengths checked), numbers as they are
-        columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        idents: dict[str, tuple[np.ndarray, list[str]]] = {}
-        for name in _HOT_FIELDS:
-            arrow = EVENT_SCHEMA.field(name).type
-            if pa.types.is_string(arrow):
-                codes, values, length = self._ident(name)
-                idents[name], columns[name] = (codes, values), (length, codes >= 0)
-            elif pa.types.is_floating(arrow):
-                columns[name] = self._floats(name)
-            else:
-                columns[name] = self._ints(name, np.uint64 if pa.types.is_unsigned_integer(arrow) else np.int64)
-        (self.gpu, self.gpu_names), (self.node, self.node_names), (self.model, self.model_names) = (
-            idents["gpu_uuid"], idents["node_id"], idents["gpu_model"])
-        self.ts, pid = columns["ts_ns"][0], columns["pid"][0]
-        self.pid = np.where(self.code == GPU, -1, pid)  # the duplicate key's pid of a GPU sample
-        self.address = columns["address"][0]
-        valid = {model: self._valid(model, columns) for model in COLUMN_MODELS}
-
-        sample = ((self.code == GPU) & valid[GpuSample]) | ((self.code == PROC) & valid[ProcessSample])
-        self.interval_ms = np.zeros(self.n, np.int64)
-        self.sm_cp = np.zeros(self.n, np.int64)
-        self.bw_cp = np.zeros(self.n, np.int64)
-        self.power_mw = np.zeros(self.n, np.int64)
-        self.tensor_cp, self.dram_cp = np.full(self.n, -1, np.int64), np.full(self.n, -1, np.int64)
-        self.flops: dict[int, int] = {}  # each blas trace's flops_64b, by row
-        self._gpu_code: dict[str, int] | None = None  # gpu_names' codes, once a trace names a GPU
-        if sample.any():
-            for out, name, scale in ((self.interval_ms, "interval_s", 1000), (self.sm_cp, "sm_util_pct", 100),
-                                     (self.bw_cp, "mem_bw_util_pct", 100)):
-                out[sample] = exact_round(columns[name][0][sample], scale)
-        if (gpu := (self.code == GPU) & valid[GpuSample]).any():
-            self.power_mw[gpu] = exact_round(columns["power_w"][0][gpu], 1000)
-            for out, name in ((self.tensor_cp, "tensor_active_pct"), (self.dram_cp, "dram_active_pct")):
-                measured = gpu & columns[name][1]
-                out[measured] = exact_round(columns[name][0][measured], 100)
-        # the models' cross-field validators: _Sample._interval_not_zero, GpuSample._used_within_total
-        used, total = columns["mem_used_bytes"][0], columns["mem_total_bytes"][0]
-        gpu_row = valid[GpuSample] & (self.interval_ms > 0) & (used <= total)
-        self.ok = np.select([self.code == GPU, self.code == PROC, self.code == NUMA, self.code == MEM],
-                            [gpu_row, valid[ProcessSample] & (self.interval_ms > 0), valid[NumaEvent],
-                             valid[MemAccess]], False)
-        hops, weight = columns["hops"][0], columns["latency_weight"][0]
-        self.numa_w = np.where(self.code == NUMA, hops * weight, 0)
-
-        slow = np.flatnonzero(~self.ok)
-        for i, row in zip(slow.tolist(), self._inputs(slow)):
-            event = decode_in_scope(row, self.scope)
-            if isinstance(event, Rejected):
-                self.emit(i, [self.a.reject(event, raw_text(row), self.source(i))])
-            elif isinstance(event, COLUMN_MODELS):
-                # the checks above refused a row the model takes: take it as the model reads it
-                self.ok[i] = True
-                if isinstance(event, (GpuSample, ProcessSample)):
-                    self.interval_ms[i], self.sm_cp[i], self.bw_cp[i] = (
-                        event.interval_ms, event.sm_util_cp, event.mem_bw_util_cp)
-                if isinstance(event, GpuSample):
-                    self.power_mw[i] = event.power_mw
-                    self.tensor_cp[i], self.dram_cp[i] = (-1 if v is None else v for v in (
-                        event.tensor_active_cp, event.dram_active_cp))
-            elif isinstance(event, EbpfTrace):  # always here: the packed struct is decoded row by row
-                self._trace(i, event)
-            else:
-                self.table_events.append((i, event))
-        if self.scope is not None:
-            self._scoped()
-
-    def _trace(self, i: int, event: EbpfTrace) -> None:
-        """Row ``i`` is this trace: a GPU-keyed row that ``GpuPanes`` judges late but that moves no watermark."""
-        if self._gpu_code is None:
-            self._gpu_code = {name: code for code, name in enumerate(self.gpu_names)}
-        code = self._gpu_code.get(event.gpu_uuid)
-        if code is None:
-            code = self._gpu_code[event.gpu_uuid] = len(self.gpu_names)
-            self.gpu_names.append(event.gpu_uuid)
-        for name in ("code", "gpu", "ts", "pid"):  # columns read from Arrow without a copy are read-only
-            if not getattr(self, name).flags.writeable:
-                setattr(self, name, getattr(self, name).copy())
-        self.ok[i], self.code[i], self.gpu[i], self.ts[i], self.pid[i] = True, TRACE, code, event.ts_ns, event.pid
-        if event.trace_source == "blas":
-            self.flops[i] = event.flops_64b
-
-    def _scoped(self) -> None:
-        """Rows of the hot kinds taken so far that their message may not carry (``gpucost.streams.scope``): dead
-        letters, the reason given by ``Scope.check`` itself (rows decoded one by one were checked there)."""
-        assert self.scope is not None
-        wrong = self.scope.refused_many(self.code <= NUMA, self.code == MEM, self.gpu, self.gpu_names, self.node,
-                                        self.node_names, self.pid)
-        wrong &= self.ok
-        self._letters(np.flatnonzero(wrong), self._scope_letter)
-        self.ok &= ~wrong
-
-    def _scope_letter(self, i: int, event: Event) -> Output:
-        assert self.scope is not None
-        why = self.scope.check(event)
-        assert why is not None, "the vectorised scope check drifted from Scope.check"
-        return self.a.reject(why, raw_text(self._inputs([i])[0]), self.source(i))
-
-    def _future(self) -> None:
-        """Rows too far ahead of the clock, read once per batch (the row path reads it per event: a
-        batch takes milliseconds, and the clock only ever refuses)."""
-        if self.a.clock is None:
-            return
-        now = self.a.clock()
-        ahead = np.flatnonzero(self.ok & (self.ts > now + self.a.settings.max_future_ns))
-        self._letters(ahead, lambda i, e: self.a.future_letter(e, self._raw(i), self.source(i), now))
-        self.ok[ahead] = False
-
-    # --- memory-access entropy ------------------------------------------------------------------
-
-    def _mae(self) -> None:
-        rows = np.flatnonzero(self.ok & (self.code == MEM))
-        if not len(rows):
-            return
-        mae = self.a.mae
-        bins = mae.bins_of(self.address[rows])
-        for key, members in self._processes(rows).items():
-            codes, latest = mae.taken.verdicts_many(key, self.ts[rows[members]], self.address[rows[members]])
-            if codes.any():  # sent again, or too far back to tell (``gpucost.streams.addresses``)
-                why: dict[int, tuple[int, int]] = dict(zip(rows[members].tolist(), zip(codes.tolist(),
-                                                                                      latest.tolist())))
-
-                def letter(i: int, e: Any, why: dict[int, tuple[int, int]] = why) -> Output:
-                    reason = "duplicate" if why[i][0] == DUPLICATE else "late"
-                    return self.a.address_letter(e, self._raw(i), self.source(i), reason, why[i][1])
-                self._letters(rows[members[codes > 0]], letter)
-                members = members[codes == 0]
-            self._count("mem_access", len(members))
-            for at, record in mae.update_many(key, self.ts[rows[members]], bins[members]):
-                self.emit(int(rows[members[at]]), [record])
-
-    # --- panes -----------------------------------------------------------------------------------
-
-    def _panes(self) -> None:
-        """The GPU-keyed rows through ``GpuPanes``' batch entry: its verdicts become dead letters, the
-        accepted rows' tenants are joined (bindings applied in arrival order), then every close."""
-        a = self.a
-        rows = np.flatnonzero(self.ok & (self.code <= TRACE))
-        rows = rows[np.argsort(self.gpu[rows], kind="stable")]  # by GPU, then in arrival order
-        starts, ends = runs(self.gpu[rows])
-        pane_rows = PaneRows(rows, [self.gpu_names[c] for c in self.gpu[rows][starts].tolist()], starts, ends,
-                             self.code[rows], self.pid[rows], self.ts[rows], self.interval_ms[rows], self.sm_cp[rows],
-                             self.bw_cp[rows], self.power_mw[rows], self.tensor_cp[rows], self.dram_cp[rows],
-                             self.numa_w[rows], self.node[rows], self.node_names, self.model[rows], self.model_names,
-                             {p: self.flops[i] for p, i in enumerate(rows.tolist()) if i in self.flops})
-        verdicts = a.panes.judge_many(pane_rows)
-        late_at = np.flatnonzero(verdicts.late)
-        watermark = dict(zip(rows[late_at].tolist(), a.panes.watermarks_before(verdicts, late_at)))
-        self._letters(rows[late_at], lambda i, e: a.late_letter(e, self._raw(i), self.source(i), watermark[i]))
-        self._letters(rows[verdicts.duplicate], lambda i, e: a.duplicate_letter(e, self._raw(i), self.source(i)))
-        self._letters(rows[verdicts.overlap], lambda i, e: a.overlap_letter(e, self._raw(i), self.source(i)))
-        accepted = verdicts.accepted
-        for code, kind in enumerate(KINDS):
-            self._count(kind, int(np.count_nonzero(accepted & (pane_rows.kind == code))))
-        tenant_rows = np.sort(rows[accepted & np.isin(pane_rows.kind, (PROC, NUMA))])
-        tenant_of = np.full(self.n, -1, np.int64)
-        tenant_of[tenant_rows] = self._tenants(tenant_rows)
-        self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants))
-        a.revisions.log_many(pane_rows, accepted)  # with revisions off too: bindings re-attribute open panes
-        for name in pane_rows.names:
-            a.revisions.prune(name, a.panes.watermark(name))
-
-    def _tenants(self, rows: np.ndarray) -> np.ndarray:
-        """The tenant (an index into ``self.tenants``) of each row, as of its time, among the bindings before the
-        batch and the batch's own, which it applies first, in arrival order: a binding covers the samples of
-        its time whenever they came (the row path re-attributes those that came first), and none of the
-        batch's reaches a closed pane or is late (``revising_rows`` cut the batch at any that might)."""
-        a = self.a
-        rest: list[tuple[int, Event]] = []
-        for i, event in self.table_events:
-            if isinstance(event, TenantBinding):
-                self.emit(i, a.update(event, self._raw(i), self.source(i)))
-            else:
-                rest.append((i, event))
-        self.table_events = rest
-        index: dict[Tenant, int] = {UNATTRIBUTED: 0}
-        out = np.zeros(len(rows), np.int64)
-        for key, members in self._processes(rows).items():
-            tenants, at = a.bindings.lookup_many(*key, self.ts[rows[members]])
-            if tenants:
-                ids = np.array([index.setdefault(t, len(index)) for t in tenants], np.int64)
-                out[members] = np.where(at >= 0, ids[at], 0)
-        self.tenants = sorted(index, key=index.__getitem__)
-        return out
-
-    def _apply_in_order(self, at_rows: np.ndarray, closing: PaneColumns) -> None:
-        """Closes and prices in arrival order: a price reaches only the closes after it.
-
-        Each pane takes the price in
-        force at its closing row; then every pane closes in one ``Auditor.close_many``, whose
-        records come as blocks cut at each price and wherever another output of the batch lies
-        between two closes, so that expanding each block where it stands gives the row path's order.
-        """
-        prices = []
-        for i, event in self.table_events:
-            if isinstance(event, Price):
-                prices.append((i, event))
-            else:
-                self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
-        others = np.unique(np.array([row for row, _, _ in self.out], np.int64))
-        order = np.lexsort((closing.pane_start_ns, at_rows))  # by closing row, a row's panes oldest first
-        rows, closing = at_rows[order], closing.take(order)
-        price_rows = np.array([i for i, _ in prices], np.int64)
-        run = np.searchsorted(price_rows, rows) * (len(others) + 1) + np.searchsorted(others, rows)
-        cuts = (np.flatnonzero(np.diff(run)) + 1).tolist()
-        bounds = list(zip([0, *cuts], [*cuts, len(rows)])) if len(rows) else []
-        in_force: list[Decimal | None] = []
-        applied = 0
-
-        def apply_prices(upto: int) -> None:
-            """The prices before ``upto`` that are not applied yet."""
-            nonlocal applied
-            for i, price in prices[applied:upto]:
-                self.emit(i, self.a.update(price, self._raw(i), self.source(i)))
-            applied = max(applied, upto)
-
-        for lo, hi in bounds:
-            apply_prices(int(np.searchsorted(price_rows, rows[lo])))
-            in_force += self.a.prices_now(closing.gpu_model[lo:hi], closing.pane_start_ns[lo:hi])
-        apply_prices(len(prices))
-        if len(rows) < FEW_CLOSES:  # a block's fixed cost (about 0.3 ms) is more than a few closes one by one
-            for row, pane, price in zip(rows.tolist(), closing.totals(), in_force):
-                self.emit(row, self.a.close([pane], [price]))
-        elif bounds:
-            for (lo, _), block in zip(bounds, self.a.close_many(closing, in_force, cuts)):
-                if block is not None:
-                    self.emit(int(rows[lo]), [block])
