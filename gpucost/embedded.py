@@ -26,6 +26,7 @@ from gpucost.schemas.records import DeadLetter
 from gpucost.sinks.parquet import ParquetSink
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
+from gpucost.streams.silence import RunSilence
 
 __all__ = ["Item", "RunStats", "run_embedded"]
 
@@ -124,42 +125,6 @@ def _drain(q: queue.Queue[object], wait_s: Callable[[], float | None]) -> Iterat
             carried = item
 
 
-@dataclass
-class _Silence:
-    """The GPUs and processes a run has not heard from: ``Auditor.close_silent`` against the run's largest
-    watermark, of the GPUs whose largest event time has not moved for ``settings.idle_timeout_s`` of the clock
-    as well as of event time (the Kafka worker's two-clock rule, per GPU here as it is per key there: a replay
-    reads one file after another, so a later file's GPUs lie far behind in event time while being read); and
-    likewise of the processes whose open MAE window's last address has not moved, against the largest of the
-    run's watermarks and addresses."""
-
-    timeout_s: float
-    forget: bool
-    monotonic: Callable[[], float]
-    #: each GPU's largest event time, or each process's last address, when last looked at
-    latest: dict[str | tuple[str, int], int] = field(default_factory=dict)
-    heard: dict[str | tuple[str, int], float] = field(default_factory=dict)  # when it last moved, by the clock
-    looked: float = float("-inf")
-
-    def close(self, auditor: Auditor) -> Outputs:
-        now = self.monotonic()
-        if now - self.looked < min(1.0, self.timeout_s):  # a look costs a pass over the GPUs: once a second
-            return []
-        self.looked = now
-        latest = auditor.heard_ns()
-        for key, ts in latest.items():
-            if self.latest.get(key) != ts:
-                self.latest[key], self.heard[key] = ts, now
-        for key in self.latest.keys() - latest.keys():  # forgotten, or its window closed
-            del self.latest[key], self.heard[key]
-        quiet = {key for key, at in self.heard.items() if now - at >= self.timeout_s}
-        largest = auditor.panes.largest_watermark()  # None: no GPU, only processes' addresses
-        largest = auditor.latest_ns() if largest is None else largest
-        if not quiet or largest is None:
-            return []
-        return auditor.close_silent(largest, quiet, self.forget)  # type: ignore[return-value]
-
-
 def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:
     """The inputs a batch holds, and its outputs: a batch of JSON lines or Parquet rows takes the batch path."""
     if len(batch) == 1 and isinstance(batch[0], RowBatch):
@@ -183,8 +148,9 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
                  auditor: Auditor | None = None) -> RunStats:
     """Run every item through the audit and write the records; returns what happened (``stats``, if given,
     is the one kept up to date as it runs). ``audit_key`` signs the health records. The panes of GPUs gone
-    silent close as they go (``_Silence``); a ``live`` source's GPUs gone for good are forgotten too, as are
-    those of a run with a ``publication`` (a continuous run reads in event-time order, as a live source). With a
+    silent close as they go, on ``monotonic`` (``gpucost.streams.silence.RunSilence``: the rule both transports
+    share); a ``live`` source's GPUs gone for good are forgotten too, as are those of a run with a
+    ``publication`` (a continuous run reads in event-time order, as a live source). With a
     ``publication``, records are published as it says, each time with a checkpoint, and the run goes on from
     ``auditor`` (restored from one) after ``stats.inputs`` inputs; without, they are written at the end (or as
     files fill), as a replay wants."""
@@ -200,11 +166,11 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
         sink = ParquetSink(out_dir, on_published=None if stats.cost is None else stats.cost.observe,
                            hold=publication is not None)
         stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
-        silence = _Silence(settings.idle_timeout_s, live or publication is not None, monotonic)
+        silence = RunSilence(settings.idle_timeout_s, forget=live or publication is not None)
         for batch in _drain(q, lambda: None if publication is None else publication.wait_s()):
             stats.health.beat()
             n, records = _audit(auditor, batch) if batch else (0, [])
-            records += silence.close(auditor)
+            records += silence.close(auditor, monotonic())
             stats.inputs += n
             for record in records:
                 if isinstance(record, ClosedPanes):

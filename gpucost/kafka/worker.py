@@ -43,6 +43,7 @@ from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 from gpucost.streams.audit import Auditor
 from gpucost.streams.scope import Scope, claimed_node
 from gpucost.streams.settings import AuditSettings
+from gpucost.streams.silence import close_partition
 
 __all__ = ["INPUTS", "state_topic_suffix", "Worker"]
 
@@ -367,30 +368,12 @@ class Worker(ConsumerRebalanceListener):
         return out + self._close_silent(owned, touched)
 
     def _close_silent(self, owned: _Owned, touched: set[str]) -> list[Output]:
-        """Close the panes of the partition's silent GPUs, and the MAE windows of its silent processes
-        (``Auditor.close_silent``), against the largest watermark of any key of the partition (a process's
-        key: the last address of its open window, ``Auditor.latest_ns``).
-
-        Silent means in both times: ``idle_timeout_s`` of event time behind the partition's largest
-        watermark, and no message applied for ``idle_timeout_s`` of this worker's clock. Event time alone
-        would close the panes of a key whose next batch is merely queued behind another key's: a
-        producer batches each key's events, so in a replay one key's watermark runs hours ahead of
-        another's. The clock only holds a close back; which panes close, and their records, come from
-        the keys' states."""
-        watermarks = {key: w for key, a in owned.auditors.items() if (w := a.latest_ns()) is not None}
-        if not watermarks:
-            return []
-        largest, out, now = max(watermarks.values()), [], self.monotonic()
-        for key, watermark in watermarks.items():
-            # an open pane ends after its GPU's watermark: a key within the timeout of the largest has none to close
-            if watermark + self.audit.idle_timeout_ns < largest and \
-                    now - owned.heard.get(key, owned.since) >= self.audit.idle_timeout_s:
-                auditor = owned.auditors[key]
-                rolls = auditor.idle.rolls
-                closed = auditor.close_silent(largest)
-                if closed or auditor.idle.rolls != rolls:
-                    touched.add(key)
-                    out += closed
+        """Close the panes of the partition's silent GPUs, and the MAE windows of its silent processes, by the rule
+        the embedded run shares (``gpucost.streams.silence``): each key judged against the largest event time of
+        any key of the partition, and held back until no message of it was applied for ``idle_timeout_s`` of this
+        worker's clock. The keys whose state a close changed join ``touched``."""
+        out, changed = close_partition(owned.auditors, owned.heard, owned.since, self.monotonic(), self.audit)
+        touched |= changed
         return out
 
     def _refused(self, reason: str, detail: str, source: str, raw: bytes) -> DeadLetter:
