@@ -77,14 +77,15 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
     """(bytes of one GPU's whole state, bytes the worker wrote per GPU per live poll, CPU ms per poll)."""
     from aiokafka import TopicPartition
 
+    from gpucost.kafka.owned import Owned
     from gpucost.kafka.settings import KafkaSettings
-    from gpucost.kafka.worker import Worker, _Owned
+    from gpucost.kafka.worker import Worker
     from gpucost.streams.settings import AuditSettings
     from tests.fake_kafka import Message, RecordingProducer
 
     worker, producer = Worker(KafkaSettings(), AuditSettings(), group="bench"), RecordingProducer()
     tp = TopicPartition("gpucost.events", 0)
-    owned = worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    owned = worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     offset = 0
 
     def poll(lines: dict[bytes, list[bytes]]) -> None:

@@ -15,9 +15,10 @@ from collections import defaultdict
 from aiokafka import TopicPartition
 
 from gpucost.kafka.closing import is_control
+from gpucost.kafka.owned import Owned
 from gpucost.kafka.routing import Router
 from gpucost.kafka.settings import KafkaSettings
-from gpucost.kafka.worker import Worker, _Owned
+from gpucost.kafka.worker import Worker
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
@@ -78,7 +79,7 @@ def test_no_record_of_a_closed_hour_follows_its_marker_and_each_marker_says_the_
 
     worker, producer = Worker(KafkaSettings(), audit, group="g"), RecordingProducer()
     tp = TopicPartition("gpucost.events", 0)
-    worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     sent_max: dict[bytes, int] = {}  # per GPU key, the largest event time sent so far: its watermark + lateness
     checked = revised_after = 0
     final = None

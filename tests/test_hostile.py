@@ -21,12 +21,13 @@ from hypothesis import strategies as st
 
 from gpucost.cli import main
 from gpucost.kafka import state as state_module
+from gpucost.kafka.owned import Owned
 from gpucost.kafka.publish import split_batch
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer, parse_keys
 from gpucost.kafka.sink import output_record
 from gpucost.kafka.state import restored
-from gpucost.kafka.worker import Worker, _Owned
+from gpucost.kafka.worker import Worker
 from gpucost.report import format_table
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import decode_line
@@ -65,8 +66,8 @@ def expected_micro_usd(lines: list[bytes], audit: AuditSettings) -> int:
     return sum(r.cost_micro_usd for r in out if isinstance(r, CostRecord))
 
 
-def apply(worker: Worker, messages: list[Message], owned: _Owned | None = None) -> tuple[list, _Owned]:
-    owned = owned or _Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
+def apply(worker: Worker, messages: list[Message], owned: Owned | None = None) -> tuple[list, Owned]:
+    owned = owned or Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
     return worker._apply(owned, messages, set(), Counter()), owned
 
 
@@ -193,7 +194,7 @@ def test_the_sink_writes_only_what_a_worker_signed(audit: AuditSettings, tmp_pat
     (tmp_path / "out.key").write_text(output_key + "\n")
     worker = Worker(KafkaSettings(), audit, group="g",
                     output_signer=Signer(parse_keys(output_key, "test")["worker-out"]))
-    owned = worker.owned[TP] = _Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
+    owned = worker.owned[TP] = Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
     asyncio.run(worker._process(TP, [Message(KEY, b"\n".join(LINES[KEY]), 0),
                                      Message(KEY, b"", 1, [(CONTROL_HEADER, END_OF_INPUT)])]))
     published = owned.producer.published  # type: ignore[attr-defined]
@@ -375,7 +376,7 @@ def test_a_state_over_the_message_limit_is_split_and_a_refused_delivery_aborts(a
                 for pid in range(40_000, 44_000)]
     worker = Worker(KafkaSettings(), audit, group="g")
     producer = RecordingProducer(max_message_bytes=300 << 10)
-    owned = worker.owned[TP] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    owned = worker.owned[TP] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     asyncio.run(worker._process(TP, [Message(KEY, b"\n".join(bindings + LINES[KEY][:200]), 0)]))
     latest = {key: value for _, key, value in producer.transactions[-1]}
     assert max(len(v or b"") for v in latest.values()) <= 300 << 10 < sum(len(v or b"") for v in latest.values())

@@ -16,9 +16,10 @@ from aiokafka import TopicPartition
 
 from gpucost.cost_metrics import OTHER_TEAM, CostMetrics
 from gpucost.embedded import RunStats, run_embedded
+from gpucost.kafka.owned import Owned
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.state import IDLE_PREFIX
-from gpucost.kafka.worker import Worker, _Owned
+from gpucost.kafka.worker import Worker
 from gpucost.metrics import Health, MetricsServer, parse_address
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.arrow import to_table
@@ -37,7 +38,7 @@ def test_a_worker_serves_what_it_committed() -> None:
 
     worker, producer = Worker(KafkaSettings(), AuditSettings(), group="g"), RecordingProducer()
     tp = TopicPartition("gpucost.events", 0)
-    worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     messages = []
     for key, lines in LINES.items():  # every GPU's lines, one bad line among them, each key ended
         messages += [Message(key, b"\n".join([*lines[:50], BAD[0], *lines[50:]]), len(messages)),

@@ -12,11 +12,12 @@ from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpucost.kafka.owned import Owned
 from gpucost.kafka.routing import Router
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.state import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, restored, state_records
-from gpucost.kafka.worker import Worker, _Owned
+from gpucost.kafka.worker import Worker
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
@@ -98,7 +99,7 @@ def test_a_poll_gives_each_key_its_messages_outputs_in_order(messages: list[Mess
     """Each key's outputs are what its messages give alone, whatever shares the polls; but for the one rule
     that depends on what shares a partition (a silent GPU's panes closing), which is kept out of reach."""
     worker = Worker(KafkaSettings(), AuditSettings(idle_timeout_s=366 * 86_400), group="g")
-    owned = _Owned(producer=None, auditors={}, sequences={}, next_offset=0)  # type: ignore[arg-type]
+    owned = Owned(producer=None, auditors={}, sequences={}, next_offset=0)  # type: ignore[arg-type]
     key_at = {m.offset: m.key for m in messages}
     got: dict[bytes, list] = defaultdict(list)
     for i in range(0, len(messages), polls_of):  # the messages as several polls
@@ -118,10 +119,10 @@ def test_output_partitions_are_the_default_partitioners(key: bytes, partitions: 
     """Records are batched per partition by hand: each key must land where ``send(key=…)`` put it."""
     from aiokafka.partitioner import DefaultPartitioner
 
-    from gpucost.kafka.worker import _key_slot
+    from gpucost.kafka.outputs import key_slot
 
     every = list(range(partitions))
-    assert _key_slot(key, partitions) == DefaultPartitioner()(key, every, every)
+    assert key_slot(key, partitions) == DefaultPartitioner()(key, every, every)
 
 
 def seen_sets(auditor: Auditor) -> dict[tuple[str, int], dict[tuple[str, int], list[int]]]:
@@ -139,7 +140,7 @@ def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_
     worker = Worker(KafkaSettings(), AUDIT, group="g")
     tp = TopicPartition("gpucost.events", 3)
     producer = RecordingProducer()
-    owned = worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    owned = worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     latest: dict[bytes, bytes | None] = {}
     for i in range(0, len(messages), polls_of):
         before = {k: (a, a.idle.rolls) for k, a in owned.auditors.items()}
@@ -175,7 +176,7 @@ def _written(lines: list[bytes]) -> tuple[Auditor, dict[bytes, bytes | None]]:
     """A key's auditor after ``lines``, and the state records a worker wrote for it."""
     worker, producer = Worker(KafkaSettings(), AUDIT, group="g"), RecordingProducer()
     tp = TopicPartition("gpucost.events", 0)
-    owned = worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    owned = worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     key = b"GPU-v"
     asyncio.run(worker._process(tp, [Message(key, b"\n".join(lines), 0)]))
     return owned.auditors[key.decode()], {k: v for _, k, v in producer.transactions[-1]}
@@ -217,7 +218,7 @@ def test_a_key_ended_and_begun_again_in_one_poll_writes_its_new_idle_windows() -
     worker = Worker(KafkaSettings(), AUDIT, group="g")
     tp = TopicPartition("gpucost.events", 3)
     producer = RecordingProducer()
-    owned = worker.owned[tp] = _Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
+    owned = worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     latest: dict[bytes, bytes | None] = {}
     asyncio.run(worker._process(tp, [Message(key, b"\n".join(lines[:half]), 0)]))
     latest.update((key, value) for _, key, value in producer.transactions[-1])
@@ -245,7 +246,7 @@ def test_a_process_gone_silent_has_its_mae_window_published_once_its_partition_m
     worker = Worker(KafkaSettings(), audit, group="g")
     clock = [0.0]
     worker.monotonic = lambda: clock[0]
-    owned = _Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
+    owned = Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
     out = worker._apply(owned, [Message(exited, b"\n".join(lines(7, 0, 100, 1000)), 0)], set(), Counter())
     assert [r.n for r in out if isinstance(r, MaeRecord)] == [64]  # the 36 after it: an open window
     # the other process an hour ahead in event time, but the first heard from a moment ago: only behind
@@ -281,7 +282,7 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     worker = Worker(KafkaSettings(), AUDIT, group="g")
     clock = [0.0]
     worker.monotonic = lambda: clock[0]
-    owned = _Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
+    owned = Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
     out = worker._apply(owned, [Message(gone, b"\n".join(first), 0, [(SEQUENCE_HEADER, b"s:1")])], set(),
                         Counter())
     assert {r.pane_start_ns for r in out if isinstance(r, IdleIndexRecord)} < panes  # the last ones stay open
@@ -343,13 +344,13 @@ def test_where_partitions_begin_is_asked_for_new_ones_and_a_kept_one_whose_state
 
     worker = Worker(KafkaSettings(topic_prefix="t."), AuditSettings(), group="g")
     worker.consumer = Consumer()  # type: ignore[assignment]
-    worker._parked = {kept: _Owned(RecordingProducer(), {}, {}, 7), gone: _Owned(RecordingProducer(), {}, {}, 9)}
+    worker._parked = {kept: Owned(RecordingProducer(), {}, {}, 7), gone: Owned(RecordingProducer(), {}, {}, 9)}
 
-    async def own(tp: TopicPartition, parked: _Owned | None = None) -> _Owned:
+    async def own(tp: TopicPartition, parked: Owned | None = None) -> Owned:
         if tp == kept:
             assert parked is not None
             return parked
-        return _Owned(RecordingProducer(), {}, {}, -1)  # never processed, or its state gone
+        return Owned(RecordingProducer(), {}, {}, -1)  # never processed, or its state gone
 
     worker._own = own  # type: ignore[method-assign]
     asyncio.run(worker._take([new, kept, gone]))

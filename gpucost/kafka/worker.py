@@ -11,37 +11,33 @@ its producer, restores the state committed with the last offsets, and resumes th
 
 The worker is plain ``aiokafka`` around the pure operators (``gpucost.streams.audit.Auditor``, one
 per message key): it owns the transactions, the state topic and the clock that holds silent closes
-back; what is billed, and how, is the operators'.
+back; what is billed, and how, is the operators'. This module holds the partitions' ownership across
+rebalances and the transaction loop; its parts are ``gpucost.kafka.owned`` (a partition's keys and
+their state read back), ``gpucost.kafka.apply`` (a poll's messages checked and applied),
+``gpucost.kafka.outputs`` (records sent in batches per partition) and ``gpucost.streams.silence``
+(when a silent key's panes close, the rule the embedded run shares).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from bisect import bisect_right
 from collections import Counter
-from dataclasses import dataclass, field
-from functools import lru_cache
-from itertools import accumulate
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.partitioner import murmur2
 from prometheus_client.core import Metric
 
+from gpucost.kafka.apply import Poll
 from gpucost.kafka.closing import moved_on, send_markers
-from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
+from gpucost.kafka.outputs import send_records
+from gpucost.kafka.owned import Owned, read_state
+from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
-from gpucost.kafka.signing import Keyring, Signer, SigningKey, Verdict
+from gpucost.kafka.signing import Keyring, Signer
 from gpucost.kafka.state import PROGRESS_KEY, progress_record, restored, state_records
 from gpucost.metrics import Health, counter, gauge
-from gpucost.schemas.blocks import expand
-from gpucost.schemas.codec import raw_text
-from gpucost.schemas.events import EVENT_MODELS
-from gpucost.schemas.records import DeadLetter, Output, kind_of
-from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, output_key
-from gpucost.streams.audit import Auditor
-from gpucost.streams.scope import Scope, claimed_node
+from gpucost.schemas.records import Output
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.silence import close_partition
 
@@ -49,60 +45,10 @@ __all__ = ["INPUTS", "state_topic_suffix", "Worker"]
 
 log = logging.getLogger("gpucost.kafka.worker")
 INPUTS = ("events", "mem_access")
-@lru_cache(maxsize=1 << 16)
-def _key_slot(key: bytes, partitions: int) -> int:
-    """The default partitioner's choice among ``partitions`` for a key (murmur2, as Java clients
-    choose): memoised, since the pure-Python hash cost half of what sending did."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def state_topic_suffix(input_suffix: str) -> str:
     return f"state.{input_suffix}"
-
-
-@dataclass
-class _Owned:
-    """An input partition this worker owns: its producer and the auditors of its keys."""
-
-    producer: AIOKafkaProducer
-    auditors: dict[str, Auditor]
-    sequences: dict[str, SeenSequences]  # per key: the producers' message numbers already applied
-    next_offset: int  # the first input offset not yet applied (inputs are contiguous: no transactions)
-    #: per key: the node that owns it (its first single-node signer); only that node's keys may speak for it
-    owners: dict[str, str] = field(default_factory=dict)
-    #: per key: the auditor and its ``idle.rolls`` as its idle windows were last written
-    idle_written: dict[str, tuple[Auditor, int]] = field(default_factory=dict)
-    #: per key: when (``Worker.monotonic``) a message of it was last applied; a key restored, or not yet
-    #: seen, counts as seen at ``since``
-    heard: dict[str, float] = field(default_factory=dict)
-    since: float = field(default_factory=time.monotonic)
-    #: the offset of the partition's state partition just past the last record this owner knows it holds
-    #: (restored, or written by its own committed transactions): any record from there on is another owner's
-    state_end: int = 0
-    #: the ``final_through_ns`` of the last closed marker this owner committed (None: none yet)
-    closed_through: int | None = None
-
-
-#: a Kafka key gpucost writes is a GPU UUID or ``node_id/pid``; a gpucost header is a short token
-MAX_KEY_BYTES = 512
-MAX_HEADER_BYTES = 256
-
-
-def _message_problem(key: bytes | None, headers: dict[str, bytes]) -> str | None:
-    """Why a message cannot be filed under any key, or None. Checked before anything else: a key
-    that is not UTF-8 once stopped the worker, at every restart, on the same message."""
-    if not key:
-        return "the message has no key (gpucost producers key every message by GPU or by node/pid)"
-    if len(key) > MAX_KEY_BYTES:
-        return f"its key has {len(key):,} bytes (at most {MAX_KEY_BYTES})"
-    try:
-        key.decode()
-    except UnicodeDecodeError:
-        return f"its key {key[:64]!r} is not UTF-8"
-    for name, value in headers.items():
-        if name.startswith("gpucost-") and len(value) > MAX_HEADER_BYTES:
-            return f"its header {name[:64]!r} has {len(value):,} bytes (at most {MAX_HEADER_BYTES})"
-    return None
 
 
 class Worker(ConsumerRebalanceListener):
@@ -116,10 +62,10 @@ class Worker(ConsumerRebalanceListener):
         self.output_signer = output_signer
         self.session_timeout_s = session_timeout_s
         self.max_batch = max_batch
-        self.owned: dict[TopicPartition, _Owned] = {}
+        self.owned: dict[TopicPartition, Owned] = {}
         #: partitions revoked by the rebalance under way, with their state: aiokafka's eager protocol revokes
         #: every partition, and most come back to the member that had them
-        self._parked: dict[TopicPartition, _Owned] = {}
+        self._parked: dict[TopicPartition, Owned] = {}
         #: partitions taken, by how: ``restored`` from the state topic, or ``kept`` across a rebalance
         self.taken: Counter[str] = Counter()
         self.consumer: AIOKafkaConsumer | None = None
@@ -186,7 +132,7 @@ class Worker(ConsumerRebalanceListener):
         if failure is None:
             assert isinstance(beginnings, dict)
             # a kept partition read again, its state gone (a state topic made anew): rare, asked on its own
-            if missing := [tp for tp, o in zip(fresh, taken) if isinstance(o, _Owned) and o.next_offset < 0
+            if missing := [tp for tp, o in zip(fresh, taken) if isinstance(o, Owned) and o.next_offset < 0
                            and tp not in beginnings]:
                 try:
                     beginnings.update(await self.consumer.beginning_offsets(missing))
@@ -194,12 +140,12 @@ class Worker(ConsumerRebalanceListener):
                     failure = exc
         if failure is not None:
             for t in taken:
-                if isinstance(t, _Owned):
+                if isinstance(t, Owned):
                     await t.producer.stop()
             raise failure
         assert isinstance(beginnings, dict)
         for tp, owned in zip(fresh, taken):
-            assert isinstance(owned, _Owned)
+            assert isinstance(owned, Owned)
             if owned.next_offset < 0:  # never processed: from the beginning
                 owned.next_offset = beginnings[tp]
             self.owned[tp] = owned
@@ -207,7 +153,7 @@ class Worker(ConsumerRebalanceListener):
             log.info("owns %s[%d]: %d keys %s", tp.topic, tp.partition, len(owned.auditors),
                      "kept" if tp in parked else "restored")
 
-    async def _own(self, tp: TopicPartition, parked: _Owned | None = None) -> _Owned:
+    async def _own(self, tp: TopicPartition, parked: Owned | None = None) -> Owned:
         """Own ``tp``: a producer that fences any earlier owner, and the partition's state. The state of
         ``parked`` (this worker's own, from before the rebalance) is kept if no record was written to the
         state partition since its last: each applied batch writes one, so nobody else applied any."""
@@ -234,140 +180,25 @@ class Worker(ConsumerRebalanceListener):
             raise
         self.taken["restored"] += 1
         next_offset = -1 if state.next_offset is None else state.next_offset  # -1: never processed
-        return _Owned(producer, state.auditors, state.sequences, next_offset, state.owners, state_end=end)
+        return Owned(producer, state.auditors, state.sequences, next_offset, state.owners, state_end=end)
 
-    async def _read_state(self, tp: TopicPartition, since: int = 0) -> tuple[dict[bytes, bytes | None], int, int]:
-        """The latest committed value of each key in the state partition of input partition ``tp``, from
-        offset ``since`` (or its first, if later) to its end; and its first and end offsets."""
+    async def _read_state(self, tp: TopicPartition, since: int = 0
+                          ) -> tuple[dict[bytes, bytes | None], int, int]:
+        """The state partition of input partition ``tp`` read from ``since`` (``read_state``)."""
         state_tp = TopicPartition(self.kafka.topic(state_topic_suffix(self.inputs[tp.topic])), tp.partition)
-        # fetch.max.wait.ms short: the reader stops once at the end, and stopping waits for the fetch in flight,
-        # which the broker holds that long where there is nothing to read (the default 0.5 s, per partition taken)
-        reader = AIOKafkaConsumer(**self.kafka.client_options(), isolation_level="read_committed",
-                                  enable_auto_commit=False, fetch_max_wait_ms=10)
-        await reader.start()
-        try:
-            # assigned first, which asks for the topic's metadata (an offset asked before it is known is asked
-            # again after retry.backoff.ms), and positioned at once: an assigned partition with no position is
-            # fetched at its end, a fetch the broker holds for fetch.max.wait.ms before a later seek takes effect
-            reader.assign([state_tp])
-            await reader.seek_to_beginning(state_tp)
-            first = await reader.position(state_tp)
-            # read_committed: the end is the last stable offset, so an open batch of a dead owner is never read
-            end = (await reader.end_offsets([state_tp]))[state_tp]
-            if since > first:
-                reader.seek(state_tp, since)
-            latest: dict[bytes, bytes | None] = {}
-            idle_polls = 0
-            while await reader.position(state_tp) < end:
-                batches = await reader.getmany(state_tp, timeout_ms=1000)
-                idle_polls = 0 if batches else idle_polls + 1
-                if idle_polls >= 30:
-                    raise RuntimeError(f"restoring {state_tp.topic}[{state_tp.partition}] stalled at offset "
-                                       f"{await reader.position(state_tp)} of {end}; is the broker healthy?")
-                for messages in batches.values():
-                    for m in messages:
-                        latest[m.key] = m.value
-        finally:
-            await reader.stop()
-        return latest, first, end
+        return await read_state(self.kafka, state_tp, since)
 
     # --- processing ----------------------------------------------------------------------
-    def _apply(self, owned: _Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
-        """The outputs of a partition's messages, each key's in the order of its messages.
-
-        A key's data messages are queued and go through the batch path together when the
-        batch ends, or before anything else of that key (a dead letter, the end of its input,
-        a message of another signer): the batch path's fixed costs are per call, and 400-line
-        messages paid them ~40 % over. Keys are independent, each with its own auditor, so only
-        outputs of different keys change places; a record's partition order within one key is
-        what consumers see.
-
-        What a message may do is decided before its key gets an auditor: one without a usable
-        key or with a malformed header is refused whole (``bad_message``), one not signed by a
-        key of the keyring, or signed by a node that does not own the key's GPU, is refused line
-        by line; a refused message creates no state.
-        """
-        out: list[Output] = []
-        queued: dict[str, tuple[Scope | None, list[tuple[str, list[tuple[int, bytes]]]]]] = {}
-
-        def flush(key: str) -> None:
-            scope, chunks = queued.pop(key, (None, []))
-            if not chunks:
-                return
-            ends = list(accumulate(len(numbered) for _, numbered in chunks))
-
-            def label(i: int) -> str:
-                c = bisect_right(ends, i)
-                source, numbered = chunks[c]
-                return f"{source}#{numbered[i - (ends[c - 1] if c else 0)][0]}"
-
-            lines = [line for _, numbered in chunks for _, line in numbered]
-            auditor = owned.auditors[key]
-            before = [auditor.counts[kind] for kind in EVENT_MODELS]
-            out.extend(expand(auditor.ingest_lines(lines, label, scope)))  # records, for their JSON
-            taken.update({kind: auditor.counts[kind] - n for kind, n in zip(EVENT_MODELS, before)})
-
-        for message in messages:
-            source = f"{message.topic}[{message.partition}]@{message.offset}"
-            value = message.value or b""
-            headers = {name: v or b"" for name, v in message.headers or ()}
-            problem = _message_problem(message.key, headers)
-            seq = None
-            if problem is None:
-                try:
-                    seq = parse_sequence(headers.get(SEQUENCE_HEADER))
-                except MalformedSequence as exc:
-                    problem = str(exc)
-            if problem is not None:  # no key to file it under, or a header no producer writes: refused whole
-                out.append(self._refused("bad_message", f"{problem}; the message is skipped", source, value))
-                continue
-            key = message.key.decode()
-            lines = [(n, line) for n, line in enumerate(value.split(b"\n")) if line.strip()]
-            signer = None if self.keyring is None else self.keyring.check(message.key, value, headers)
-            if isinstance(signer, SigningKey):
-                owner = owned.owners.get(key)
-                if owner is not None and signer.nodes is not None and owner not in signer.nodes:
-                    signer = Verdict("wrong_key", f"key {key[:256]!r} belongs to node {owner[:256]!r}, and key "
-                                                  f"{signer.key_id!r} may not speak for it")
-            if isinstance(signer, Verdict):  # forged, unsigned or foreign: every line to the dead letters
-                flush(key)
-                out += [self._refused(signer.reason, signer.detail, f"{source}#{n}", line)
-                        for n, line in lines or [(0, b"")]]
-                continue
-            sequences = owned.sequences.setdefault(key, SeenSequences())
-            if seq is not None and not sequences.first_time(*seq):
-                self.counts["redelivered_messages"] += 1  # the broker held it twice; applied the first time
-                continue
-            touched.add(key)
-            owned.heard[key] = self.monotonic()
-            auditor = owned.auditors.get(key)
-            if auditor is None:
-                auditor = owned.auditors[key] = Auditor(self.audit, time.time_ns, self.audit_key)
-            if signer is None:
-                scope = Scope(key)
-            else:
-                if owned.owners.get(key) is None and signer.nodes is not None and len(signer.nodes) == 1 and \
-                        claimed_node(key, node := next(iter(signer.nodes)), (line for _, line in lines)):
-                    owned.owners[key] = node  # the first node whose own events of the key it signs owns it
-                assert self.keyring is not None
-                price_keys = self.keyring.price_keys
-                scope = Scope(key, signer.nodes, price_keys, signer.key_id in price_keys)
-            if headers.get(CONTROL_HEADER) == END_OF_INPUT:
-                self.ends_applied += 1
-                flush(key)
-                # finished: its panes close, and what follows starts afresh above the watermark it reached, so
-                # that the same input produced again is late, never billed twice
-                out += auditor.finish()
-                owned.auditors[key] = auditor.successor()
-                continue
-            if key in queued and queued[key][0] != scope:
-                flush(key)
-            queued.setdefault(key, (scope, []))[1].append((source, lines))
-        for key in list(queued):
-            flush(key)
+    def _apply(self, owned: Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
+        """The outputs of a partition's messages, each key's in the order of its messages (``Poll``), then those
+        of its keys gone silent. The keys applied to, or whose state a silent close changed, join ``touched``;
+        the events the auditors took, by kind, ``taken``."""
+        poll = Poll(owned, self.audit, self.audit_key, self.keyring, self.counts, self.monotonic, touched, taken)
+        out = poll.apply(messages)
+        self.ends_applied += poll.ends
         return out + self._close_silent(owned, touched)
 
-    def _close_silent(self, owned: _Owned, touched: set[str]) -> list[Output]:
+    def _close_silent(self, owned: Owned, touched: set[str]) -> list[Output]:
         """Close the panes of the partition's silent GPUs, and the MAE windows of its silent processes, by the rule
         the embedded run shares (``gpucost.streams.silence``): each key judged against the largest event time of
         any key of the partition, and held back until no message of it was applied for ``idle_timeout_s`` of this
@@ -375,12 +206,6 @@ class Worker(ConsumerRebalanceListener):
         out, changed = close_partition(owned.auditors, owned.heard, owned.since, self.monotonic(), self.audit)
         touched |= changed
         return out
-
-    def _refused(self, reason: str, detail: str, source: str, raw: bytes) -> DeadLetter:
-        """The dead letter of (a line of) a message refused before any auditor saw it, counted here."""
-        self.counts[reason] += 1
-        return DeadLetter(reason=reason, detail=detail, kind=None, source=source, raw=raw_text(raw), ts_ns=None,
-                          gpu_uuid=None)
 
     async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
         try:
@@ -400,7 +225,8 @@ class Worker(ConsumerRebalanceListener):
         state_bytes = 0
         async with producer.transaction():
             touched: set[str] = set()
-            sent = await self._send_records(producer, self._apply(owned, messages, touched, taken), out, letters)
+            sent = await send_records(producer, self._apply(owned, messages, touched, taken), self.kafka,
+                                      self.output_signer, self._partitions, out, letters)
             final = None if self.inputs[tp.topic] != "events" else moved_on(
                 owned.auditors.values(), self.audit.revision_horizon_ns, owned.closed_through)
             markers = [] if final is None else await send_markers(  # after the records: read after them
@@ -431,38 +257,6 @@ class Worker(ConsumerRebalanceListener):
         self.dead_letters.update(letters)
         self.events_in.update(+taken)
         self.state_bytes_written += state_bytes
-
-    async def _send_records(self, producer: AIOKafkaProducer, records: list[Output], kinds: Counter[str],
-                            reasons: Counter[str]) -> list[asyncio.Future[Any]]:
-        """Each record to its topic, keyed as the topic contract says, in batches per partition:
-        one ``send`` per record took a fifth of the worker's time. The partition is the one
-        ``send(key=…)`` would choose (the default partitioner: murmur2 of the key; an output
-        topic's partitions are read once), and each partition's records keep their order.
-        ``kinds`` and ``reasons`` count what was sent, by kind and by dead-letter reason."""
-        batches: dict[tuple[str, int], Any] = {}
-        sent: list[asyncio.Future[Any]] = []
-        for record in records:
-            kind = kind_of(record)
-            kinds[kind] += 1
-            if kind == "dlq":
-                reasons[record.reason] += 1  # type: ignore[union-attr]
-            topic, key = self.kafka.topic(kind), output_key(record)
-            partitions = self._partitions.get(topic)
-            if partitions is None:
-                partitions = self._partitions[topic] = sorted(await producer.partitions_for(topic))
-            tp = (topic, partitions[_key_slot(key, len(partitions))])
-            batch = batches.get(tp)
-            value = record.model_dump_json().encode()
-            headers = [] if self.output_signer is None else self.output_signer.headers(key, value)
-            if batch is None or batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                if batch is not None:
-                    sent.append(await producer.send_batch(batch, tp[0], partition=tp[1]))
-                batch = batches[tp] = producer.create_batch()
-                # an empty batch takes any record, as Kafka's do
-                batch.append(key=key, value=value, timestamp=None, headers=headers)
-        for (topic, partition), batch in batches.items():
-            sent.append(await producer.send_batch(batch, topic, partition=partition))
-        return sent
 
     async def _in_sequence(self, consumer: AIOKafkaConsumer, tp: TopicPartition, messages: list[Any]) -> None:
         """Apply exactly the next offsets: drop what was applied, seek back over a gap."""
