@@ -50,7 +50,8 @@ class LateData(DeadLetters):
             return [self._dead("duplicate", event, raw, source,
                                f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
                                "was already taken; the first one stays in force")]
-        if verdict == "unchanged":
+        if verdict == "unchanged":  # no lookup changes now; kept as a repeat for a binding that lands before it
+            self.bindings.update(event)
             self.counts["binding_unchanged"] += 1
             return []
         reached = [p for p in self.revisions.touched_by(event.node_id, event.pid, event.ts_ns)

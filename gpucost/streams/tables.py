@@ -1,7 +1,8 @@
 """As-of tables joined in event time: tenant bindings per process, prices per GPU model."""
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+from array import array
+from bisect import bisect_left, bisect_right, insort
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -39,49 +40,98 @@ UNATTRIBUTED = Tenant.named("unattributed")
 
 
 class BindingTable:
-    """Bindings of ``(node_id, pid)``, looked up as of an event time.
+    """Bindings of ``(node_id, pid)``, looked up as of an event time: the latest binding at or before it,
+    whatever order the bindings arrived in.
 
-    The lookup sees the bindings that have arrived so far; a binding must arrive before the
-    samples it covers (producers publish it when the process appears).
+    ``_by_proc`` holds each process's change points, the lookups read only these. A binding that repeats,
+    later, the tenant of its process's latest one changes no lookup when it arrives (a source that re-sends a
+    pod's binding at every scrape would otherwise grow what each lookup reads); it is kept apart, as a time in
+    ``_repeats`` (8 bytes), because a binding that arrives later but falls before it makes it a change point
+    again: bindings ``search`` at t0 and t2 and ``ads`` at t1, in that order of arrival, leave ``search`` in
+    force from t2, as they do in any other order. ``prune`` bounds both.
     """
 
     def __init__(self) -> None:
         self._by_proc: dict[tuple[str, int], list[tuple[int, Tenant]]] = {}
+        self._repeats: dict[tuple[str, int], dict[Tenant, array[int]]] = {}
 
     def verdict(self, b: TenantBinding) -> str:
-        """What ``update`` would make of a binding, changing nothing: ``taken``; ``duplicate`` if the process
-        has one from the same instant; ``unchanged`` if it repeats, later, the tenant of the process's
-        latest binding, which changes no lookup (a source that re-sends a pod's binding at every scrape
-        would otherwise grow the table, and the state, by one entry a second). O(1) when bindings arrive
-        in time order, as they do."""
+        """What ``update`` would make of a binding, changing no lookup: ``taken``; ``duplicate`` if the process
+        has a change point or a repeat from the same instant; ``unchanged`` if it repeats, later, the tenant of the
+        process's latest change point (kept as a repeat). O(1) when bindings arrive in time order, as they do."""
         history = self._by_proc.get((b.node_id, b.pid))
+        if self._is_repeat((b.node_id, b.pid), b.ts_ns):
+            return "duplicate"  # a repeat sent again: the first one is kept
         if not history or b.ts_ns > history[-1][0]:
             return "unchanged" if history and history[-1][1] == Tenant.of(b) else "taken"
         at = bisect_right(history, b.ts_ns, key=lambda h: h[0])
         return "duplicate" if at and history[at - 1][0] == b.ts_ns else "taken"  # the first one wins
 
     def update(self, b: TenantBinding) -> str:
-        """Take a binding if ``verdict`` says ``taken``; returns the verdict (the other two change nothing)."""
+        """Take a binding as ``verdict`` says; returns the verdict. A change point taken before a repeat of
+        its process promotes the first repeat after it (before the next change point) to a change point."""
         verdict = self.verdict(b)
-        if verdict == "taken":
-            history = self._by_proc.setdefault((b.node_id, b.pid), [])
+        key = (b.node_id, b.pid)
+        if verdict == "unchanged":
+            times = self._repeats.setdefault(key, {}).setdefault(self._by_proc[key][-1][1], array("q"))
+            insort(times, b.ts_ns)
+        elif verdict == "taken":
+            history = self._by_proc.setdefault(key, [])
             insort(history, (b.ts_ns, Tenant.of(b)), key=lambda h: h[0])
+            self._promote(key, b.ts_ns)
         return verdict
 
-    def next_after(self, node_id: str, pid: int, ts_ns: int) -> int | None:
-        """The ``ts_ns`` of the process's first binding kept after ``ts_ns`` (None: none), which ends the span a
-        binding at ``ts_ns`` governs (``Auditor._binding`` asks whether that span lies beyond the horizon)."""
-        history = self._by_proc.get((node_id, pid), [])
+    def _is_repeat(self, key: tuple[str, int], ts_ns: int) -> bool:
+        for times in self._repeats.get(key, {}).values():
+            at = bisect_left(times, ts_ns)
+            if at < len(times) and times[at] == ts_ns:
+                return True
+        return False
+
+    def _first_repeat(self, key: tuple[str, int], ts_ns: int) -> tuple[int, Tenant] | None:
+        """The process's first repeat after ``ts_ns``, with its tenant (None: none)."""
+        found: tuple[int, Tenant] | None = None
+        for tenant, times in self._repeats.get(key, {}).items():
+            at = bisect_right(times, ts_ns)
+            if at < len(times) and (found is None or times[at] < found[0]):
+                found = (times[at], tenant)
+        return found
+
+    def _promote(self, key: tuple[str, int], ts_ns: int) -> None:
+        """The first repeat after a change point taken at ``ts_ns``, if it comes before the next change point:
+        it brings its tenant back from its time on, so it becomes a change point itself."""
+        repeat = self._first_repeat(key, ts_ns)
+        ends = self._next_change(key, ts_ns)
+        if repeat is not None and (ends is None or repeat[0] < ends):
+            times = self._repeats[key][repeat[1]]
+            del times[bisect_left(times, repeat[0])]
+            insort(self._by_proc[key], repeat, key=lambda h: h[0])
+
+    def _next_change(self, key: tuple[str, int], ts_ns: int) -> int | None:
+        history = self._by_proc.get(key, [])
         at = bisect_right(history, ts_ns, key=lambda h: h[0])
         return history[at][0] if at < len(history) else None
 
+    def next_after(self, node_id: str, pid: int, ts_ns: int) -> int | None:
+        """The ``ts_ns`` of the process's first binding kept after ``ts_ns``, a repeat included (None: none),
+        which ends the span a binding at ``ts_ns`` governs (``Auditor._binding`` asks whether that span lies
+        beyond the horizon)."""
+        repeat = self._first_repeat((node_id, pid), ts_ns)
+        ends = [t for t in (self._next_change((node_id, pid), ts_ns), repeat and repeat[0]) if t is not None]
+        return min(ends, default=None)
+
     def prune(self, floor_ns: int) -> None:
-        """Forget what no lookup at or after ``floor_ns`` can return: each process's bindings before
-        its last one at or before the floor."""
+        """Forget what no lookup at or after ``floor_ns`` can return: each process's change points before
+        its last one at or before the floor, and likewise its repeats (of each tenant)."""
         for key, history in self._by_proc.items():
             at = bisect_right(history, floor_ns, key=lambda h: h[0])
             if at > 1:
                 self._by_proc[key] = history[at - 1:]
+        for by_tenant in self._repeats.values():
+            for times in by_tenant.values():
+                at = bisect_right(times, floor_ns)
+                if at > 1:
+                    del times[:at - 1]
 
     def lookup(self, node_id: str, pid: int, ts_ns: int) -> Tenant:
         """The row entry: the process's tenant as of ``ts_ns`` (``UNATTRIBUTED`` before its first binding)."""
@@ -97,13 +147,29 @@ class BindingTable:
         return [t for _, t in history], np.searchsorted(starts, ts_ns, "right") - 1
 
     def to_state(self) -> list[Any]:
-        return [[n, p, [[ts, list(t)] for ts, t in h]] for (n, p), h in self._by_proc.items()]
+        """Each process as ``[node, pid, change points]``, and where it has repeats a fourth item: per tenant,
+        its repeats' first time and the steps between them (a re-send every second writes ten digits a time)."""
+        out: list[Any] = []
+        for key, h in self._by_proc.items():
+            row: list[Any] = [key[0], key[1], [[ts, list(t)] for ts, t in h]]
+            repeats = [[list(t), times[0], np.diff(times).tolist()]
+                       for t, times in self._repeats.get(key, {}).items() if times]
+            if repeats:
+                row.append(repeats)
+            out.append(row)
+        return out
 
     @classmethod
     def from_state(cls, state: list[Any]) -> BindingTable:
+        """A state written before repeats were kept has none: its processes' repeats were dropped."""
         table = cls()
-        for n, p, h in state:
+        for n, p, h, *repeats in state:
             table._by_proc[(n, p)] = [(ts, Tenant(*t)) for ts, t in h]
+            for t, first, steps in repeats[0] if repeats else []:
+                times = array("q", [first])
+                for step in steps:
+                    times.append(times[-1] + step)
+                table._repeats.setdefault((n, p), {})[Tenant(*t)] = times
         return table
 
 
