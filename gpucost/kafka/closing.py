@@ -38,7 +38,7 @@ def final_through_ns(auditors: Iterable[Auditor], horizon_ns: int) -> int | None
     """The last hour boundary ``T`` such that every pane ending at or before ``T`` of these keys' GPUs is final:
     ``T ≤ W − R − 1`` for the smallest GPU watermark ``W`` (None: no GPU yet). A GPU gone silent holds it back
     at its last pane's end until it is forgotten, since it could still come back with late data."""
-    marks = [w for a in auditors if (w := a.panes.smallest_watermark()) is not None]
+    marks = [w for a in auditors if (w := a.smallest_watermark()) is not None]
     if not marks:
         return None
     return (min(marks) - horizon_ns - 1) // CLOSED_PERIOD_NS * CLOSED_PERIOD_NS

@@ -101,14 +101,14 @@ closed, bindings no future event can reach are pruned first (``Auditor.prune``:
     the watermark moves them out of reach, and it moves a pane at a time)."""
     k = key.encode()
     written = idle_written.get(key)
-    pane_closed = written is None or written[0] is not auditor or written[1] != auditor.idle.rolls
+    pane_closed = written is None or written[0] is not auditor or written[1] != auditor.idle_changes
     if pane_closed:
         auditor.prune()
     out = _chunked(k, _json({"v": STATE_VERSION, "audit": auditor.to_state(idle=False),
                              "seq": sequences.to_state(), "owner": owner}))
     if pane_closed:
-        out += _chunked(IDLE_PREFIX + k, _json({"v": STATE_VERSION, "idle": auditor.idle.to_state()}))
-        idle_written[key] = (auditor, auditor.idle.rolls)
+        out += _chunked(IDLE_PREFIX + k, _json({"v": STATE_VERSION, "idle": auditor.idle_state()}))
+        idle_written[key] = (auditor, auditor.idle_changes)
     return out
 
 

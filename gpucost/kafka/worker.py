@@ -320,11 +320,11 @@ class Worker(ConsumerRebalanceListener):
                  if o.closed_through is not None}
         for tp, o in owned.items():
             auditors = list(o.auditors.values())
-            marks = [m for m in (a.panes.largest_watermark() for a in auditors) if m is not None]
+            marks = [m for m in (a.largest_watermark() for a in auditors) if m is not None]
             name = f"{tp.topic}[{tp.partition}]"
             if marks:
                 lag_s[name] = (now_ns - max(marks)) / 1e9
-            panes += sum(a.panes.open_count() for a in auditors)
+            panes += sum(a.open_panes() for a in auditors)
             gpus += len(auditors)
             high = self.consumer.highwater(tp) if self.consumer is not None else None
             if high is not None:

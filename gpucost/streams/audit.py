@@ -232,6 +232,30 @@ class Auditor(LateData):
         heard.update(self.mae.latest_ns())
         return heard
 
+    # --- what a transport reads of the state, so that none reaches into the operators --------------
+
+    def largest_watermark(self) -> int | None:
+        """The largest watermark of any GPU here (None: none yet)."""
+        return self.panes.largest_watermark()
+
+    def smallest_watermark(self) -> int | None:
+        """The smallest watermark of any GPU here (None: none yet)."""
+        return self.panes.smallest_watermark()
+
+    def open_panes(self) -> int:
+        """Panes counted and not yet billed, over every GPU."""
+        return self.panes.open_count()
+
+    @property
+    def idle_changes(self) -> int:
+        """How many times the idle windows changed (a pane rolled in, a window expired): a transport writes
+        them, most of a GPU's state, again only when this moved (``to_state(idle=False)``, ``idle_state``)."""
+        return self.idle.rolls
+
+    def idle_state(self) -> dict[str, Any]:
+        """The idle windows' snapshot, which ``to_state(idle=False)`` leaves out."""
+        return self.idle.to_state()
+
     def finish(self) -> list[Output]:
         """End of a finite input: close every pane, every health window and every MAE window."""
         return self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())

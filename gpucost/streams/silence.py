@@ -65,9 +65,9 @@ def close_partition(auditors: Mapping[str, Auditor], heard: Mapping[str, float],
         if watermark + settings.idle_timeout_ns < largest and \
                 quiet(heard.get(key, since), now, settings.idle_timeout_s):
             auditor = auditors[key]
-            rolls = auditor.idle.rolls
+            rolls = auditor.idle_changes
             closed = auditor.close_silent(largest)
-            if closed or auditor.idle.rolls != rolls:
+            if closed or auditor.idle_changes != rolls:
                 changed.add(key)
                 out += closed
     return out, changed
@@ -99,7 +99,7 @@ class RunSilence:
         for unit in self.latest.keys() - latest.keys():  # forgotten, or its window closed
             del self.latest[unit], self.heard[unit]
         silent = {unit for unit, at in self.heard.items() if quiet(at, now, self.timeout_s)}
-        largest = auditor.panes.largest_watermark()  # None: no GPU, only processes' addresses
+        largest = auditor.largest_watermark()  # None: no GPU, only processes' addresses
         largest = auditor.latest_ns() if largest is None else largest
         if not silent or largest is None:
             return []
