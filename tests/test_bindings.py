@@ -87,3 +87,18 @@ def test_a_repeat_sent_again_is_a_duplicate_as_any_binding_taken() -> None:
     table = BindingTable()
     verdicts = [table.update(binding(ts, "search")) for ts in (0, 5, 5)]
     assert verdicts == ["taken", "unchanged", "duplicate"]
+
+
+def test_the_tenant_fields_a_type_checker_reads_are_the_bindings() -> None:
+    """``Tenant`` spells its fields out once more for mypy, under ``TYPE_CHECKING``: the same names, in order."""
+    import ast  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from gpucost.schemas.events import TENANT_FIELDS  # noqa: PLC0415
+    from gpucost.streams import tables  # noqa: PLC0415
+
+    tree = ast.parse(Path(tables.__file__).read_text(encoding="utf-8"))
+    tenant = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Tenant")
+    block = next(n for n in tenant.body if isinstance(n, ast.If))
+    declared = tuple(n.target.id for n in block.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
+    assert declared == TENANT_FIELDS

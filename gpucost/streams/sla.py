@@ -87,7 +87,7 @@ class SlaOperator:
         quotas: list[Output] = []
         triggers: list[Output] = []
         for key, t in sorted(pane.tenants.items()):
-            tier = self.tiers.get(t.tenant.sla) if t.samples else None
+            tier = self.tiers.get(t.tenant.sla or "") if t.samples else None
             if tier is None:
                 continue
             idle_run_ms = 0
@@ -130,7 +130,7 @@ class SlaOperator:
         row of a (GPU, tenant) continues the run the state holds when that run ended in the pane before."""
         panes, prices = closing.panes, closing.prices
         codes, who = panes.distinct_tenants  # each tier's figures are taken per distinct tenant
-        tier_of = [self.tiers.get(t.sla) for t in who]
+        tier_of = [self.tiers.get(t.sla or "") for t in who]
         tiered = np.array([tier is not None for tier in tier_of], bool)
         rows = np.flatnonzero(tiered[codes] & (panes.t_samples > 0)) if len(codes) else np.zeros(0, np.int64)
         pane = panes.t_pane[rows]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right, insort
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -17,6 +17,15 @@ class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):
     """A binding's tenant fields (``gpucost.schemas.events.TENANT_FIELDS``, declared once, on the binding)."""
 
     __slots__ = ()
+    if TYPE_CHECKING:  # the fields as a type checker reads them (it cannot run the list above); never run,
+        # and tests/test_bindings.py holds the names to TENANT_FIELDS
+        team: str | None
+        env: str | None
+        app: str | None
+        tier: str | None
+        sla: str | None
+        git_commit: str | None
+        ci_pipeline_id: str | None
 
     @classmethod
     def of(cls, binding: TenantBinding) -> Tenant:
