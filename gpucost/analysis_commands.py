@@ -107,7 +107,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     def write(tmp: Path) -> None:
         nonlocal rows
         try:
-            rows = export_focus(args.out, args.month, tmp, args.format, args.provider, args.billing_account)
+            rows = export_focus(args.out, args.month, tmp, args.format, args.provider, args.billing_account,
+                                args.invoice_id or None)
         except (ValueError, duckdb.Error) as exc:
             raise UsageError(f"FILE {args.file}: {exc}".replace("\n", " ")) from None
         if not rows:
@@ -195,6 +196,15 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         str,
         "gpucost",
         "BillingAccountId and BillingAccountName",
+    )
+    env_flag(
+        focus,
+        "--invoice-id",
+        "GPUCOST_FOCUS_INVOICE_ID",
+        str,
+        None,
+        "InvoiceId of every row: the invoice these charges are billed on; without one it is null, as FOCUS "
+        "wants for charges no invoice carries",
     )
 
 
