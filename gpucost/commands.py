@@ -173,7 +173,8 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_prices(args: argparse.Namespace) -> int:
-    """Sign each price line with the authority's key (``gpucost.streams.scope.price_mac``); any other line is an error."""
+    """Sign each price line with the authority's key (``gpucost.streams.scope.price_mac``); any other line is an
+    error."""
     signer = load_keys(Signer.from_file, args.signing_key_file)
     if signer.key.nodes is not None and PRICE_SCOPE not in signer.key.nodes:
         raise ConfigError(f"key {signer.key.key_id!r} may not sign prices: its node list needs {PRICE_SCOPE} (or *)")

@@ -34,8 +34,8 @@ from gpucost.sinks.lock import OutputLock
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["UsageError", "Signals", "output_dir", "audit_settings", "fleet_spec", "invoked_as", "event_files",
-           "output_to_read", "live_source", "say_source_counts", "interrupt", "metrics_served", "kafka_settings", "load_keys",
-           "stop_on_signals", "attributed", "given_bindings"]
+           "output_to_read", "live_source", "say_source_counts", "interrupt", "metrics_served", "kafka_settings",
+           "load_keys", "stop_on_signals", "attributed", "given_bindings"]
 
 T = TypeVar("T")
 

@@ -30,7 +30,8 @@ from gpucost.schemas.events import Event
 from gpucost.schemas.records import DeadLetter
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
 
-__all__ = ["ProducerStats", "Stopped", "create_topics", "default_spool", "publish", "publish_dead_letters", "split_batch"]
+__all__ = ["ProducerStats", "Stopped", "create_topics", "default_spool", "publish", "publish_dead_letters",
+           "split_batch"]
 
 log = logging.getLogger("gpucost.kafka.publish")
 
@@ -107,7 +108,8 @@ class ProducerStats:
         return [
             counter("gpucost_producer_messages_sent", "messages the broker acknowledged, by topic", self.sent,
                     "topic"),
-            gauge("gpucost_producer_outbox_messages", "messages waiting for the broker", 0 if box is None else len(box)),
+            gauge("gpucost_producer_outbox_messages", "messages waiting for the broker",
+                  0 if box is None else len(box)),
             gauge("gpucost_producer_outbox_memory_bytes", "bytes of waiting messages held in memory",
                   0 if box is None else box.memory_bytes),
             gauge("gpucost_producer_spool_bytes", "bytes of the spool file (waiting messages on disk)", spool),

@@ -2,8 +2,8 @@
 
 A message's signature covers its Kafka key, its value and the headers that change what a
 worker does with it (control, sequence), so a signed batch can be neither altered, nor moved
-to another GPU's stream, nor turned into an end of input, nor made to shadow later messages. Keys live in files (or one environment
-variable), one per line: ``<key_id> <secret as hex> [node,node,…|*]``. The optional third
+to another GPU's stream, nor turned into an end of input, nor made to shadow later messages. Keys live
+in files (or one environment variable), one per line: ``<key_id> <secret as hex> [node,node,…|*]``. The optional third
 column limits the nodes a key may speak for (default ``*``: any node); a producer's file
 holds its one key, a worker's keyring every key it accepts. Rotation: add the new key to
 the workers' keyrings (they reload a changed file within ``reload_s``), switch the

@@ -131,7 +131,8 @@ def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, 
     if sm is None or "DCGM_FI_DEV_FB_USED" not in g:
         counts["gpu_sample_skipped"] += 1  # no utilisation or memory: nothing to bill, counted
         return []
-    fb = [float(g.get(f, 0.0)) for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")]  # type: ignore[arg-type]
+    fb = [float(g.get(f, 0.0))  # type: ignore[arg-type]
+          for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")]
     tx, rx = g.get("DCGM_FI_PROF_PCIE_TX_BYTES"), g.get("DCGM_FI_PROF_PCIE_RX_BYTES")
     gpu = GpuSample(
         node_id=str(g["node"]), gpu_uuid=uuid, gpu_model=str(g["model"]), ts_ns=ts_ns, interval_s=interval_s,

@@ -83,10 +83,10 @@ class CostRecord(_Record):
     cost_micro_usd: Int64
     unpriced: bool
     revision: Int64
-    #: the exact integers the split was made of (docs/definitions.md, "What-if bills"): the tenant's Σ sm_util_cp ·
-    #: interval_ms, Σ mem_bw_util_cp · interval_ms and Σ hops · latency_weight (0 for idle), the pane's Σ sm_util_cp ·
-    #: interval_ms over all its process samples, and its covered time: a bill under other prices, weights or idle
-    #: policy is recomputed from these alone, to the µ$
+    #: the exact integers the split was made of (docs/definitions.md, "What-if bills"): the tenant's
+    #: Σ sm_util_cp · interval_ms, Σ mem_bw_util_cp · interval_ms and Σ hops · latency_weight (0 for idle), the
+    #: pane's Σ sm_util_cp · interval_ms over all its process samples, and its covered time: a bill under other
+    #: prices, weights or idle policy is recomputed from these alone, to the µ$
     t_num: WideInt
     b_num: WideInt
     l_num: WideInt

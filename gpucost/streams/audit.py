@@ -345,7 +345,8 @@ class Auditor(LateData):
         """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the
         idle windows, which a changelog writes apart, only when they changed)."""
         return {"panes": self.panes.to_state(), **({"idle": self.idle.to_state()} if idle else {}),
-                "mae": self.mae.to_state(), "sla": self.sla.to_state(), "health": self.health.to_state(), "bindings": self.bindings.to_state(),
+                "mae": self.mae.to_state(), "sla": self.sla.to_state(), "health": self.health.to_state(),
+                "bindings": self.bindings.to_state(),
                 "revisions": self.revisions.to_state(),
                 "prices": self.prices.to_state(), "counts": dict(self.counts)}
 

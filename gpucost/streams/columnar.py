@@ -10,8 +10,8 @@ batch path may take whole (``revising_rows``: a row that may revise a closed pan
 row path, between the batches); ``gpucost.streams.batch`` runs each: decoding once, the rows the
 vectorised checks do not clear (decoded one by one, so a rejection names the same reason), dead
 letters, the tenant join, and merging every output back into arrival order: a binding covers only
-the rows that arrive after it, a price only the closes after it. ``tests/test_columnar.py`` holds both paths to the same outputs, in the
-same order, and the same state, over random batches with every kind of bad input;
+the rows that arrive after it, a price only the closes after it. ``tests/test_columnar.py`` holds both
+paths to the same outputs, in the same order, and the same state, over random batches with every kind of bad input;
 ``tests/test_operator_entries.py`` holds each operator's batch entry to its row entry.
 """
 from __future__ import annotations
@@ -51,7 +51,8 @@ def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
     A batch whose columns are not typed as ``EVENT_SCHEMA`` says goes row by row.
     """
     if any(f.name in EVENT_SCHEMA.names and f.type != EVENT_SCHEMA.field(f.name).type for f in batch.schema):
-        return [out for i, row in enumerate(batch.to_pylist()) for out in auditor.ingest(present_fields(row), source(i))]
+        return [out for i, row in enumerate(batch.to_pylist())
+                for out in auditor.ingest(present_fields(row), source(i))]
     return _in_segments(auditor, batch, source)
 
 
@@ -102,8 +103,8 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     kinds = pc.dictionary_encode(batch.column("kind")) if "kind" in batch.schema.names else None
     if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
         return []
-    codes = np.array([KIND_CODES.get(k, -1) if k != "tenant_binding" else _BINDING for k in kinds.dictionary.to_pylist()]
-                     + [_NO_KIND], np.int8)
+    codes = np.array([KIND_CODES.get(k, -1) if k != "tenant_binding" else _BINDING
+                      for k in kinds.dictionary.to_pylist()] + [_NO_KIND], np.int8)
     code = codes[np.asarray(pc.fill_null(kinds.indices, len(codes) - 1).to_numpy(zero_copy_only=False))]
     ts_col = batch.column("ts_ns")
     has_ts = np.asarray(pc.is_valid(ts_col).to_numpy(zero_copy_only=False), bool)

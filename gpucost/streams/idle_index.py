@@ -229,7 +229,8 @@ class _Window:
         held = self._in_window()
         left = [[k, *v] for k, v in self.left.items()] if self.left else []
         if len(held) <= SPARSE_PANES:
-            return ["panes", self.last, self.idle_sum, self.covered_sum, [list(p) for p in held], *([left] if left else [])]
+            return ["panes", self.last, self.idle_sum, self.covered_sum, [list(p) for p in held],
+                    *([left] if left else [])]
         wide = max(int(np.asarray(self.idle).max()), int(np.asarray(self.covered).max())) >> 32
         idle, covered = (array("Q" if wide else "I", ring) for ring in (self.idle, self.covered))
         return [idle.typecode, self.last, self.idle_sum, self.covered_sum,

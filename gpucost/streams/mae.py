@@ -105,7 +105,8 @@ class Mae:
             (address >= np.uint64(lo)) & (address < np.uint64(lo + span)))
         bins = np.full(len(address), -1, np.int64)
         if span * self.bins < 1 << 64:
-            bins[inside] = ((address[inside] - np.uint64(lo)) * np.uint64(self.bins) // np.uint64(span)).astype(np.int64)
+            offset = address[inside] - np.uint64(lo)
+            bins[inside] = (offset * np.uint64(self.bins) // np.uint64(span)).astype(np.int64)
         else:  # the product would wrap in 64 bits
             bins[inside] = [(int(a) - lo) * self.bins // span for a in address[inside].tolist()]
         return bins

@@ -15,7 +15,8 @@ import pyarrow as pa
 from gpucost.streams.runs import Levels
 from gpucost.streams.tables import Tenant
 
-__all__ = ["TenantTotals", "PaneTotals", "EFFICIENCY_SUMS", "PaneColumns", "PaneRows", "Verdicts", "objects", "nearest_gap"]
+__all__ = ["TenantTotals", "PaneTotals", "EFFICIENCY_SUMS", "PaneColumns", "PaneRows", "Verdicts", "objects",
+           "nearest_gap"]
 
 
 def nearest_gap(times: list[int], ts_ns: int) -> int | None:

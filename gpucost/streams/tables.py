@@ -202,7 +202,8 @@ class PriceTable:
         return np.array([price for _, price in history] + [None], object)[np.where(at >= 0, at, len(history))]
 
     def lookup(self, gpu_model: str, ts_ns: int) -> Decimal | None:
-        return self.lookup_many(np.array([gpu_model], object), np.array([ts_ns], np.int64))[0]  # type: ignore[no-any-return]
+        price: Decimal | None = self.lookup_many(np.array([gpu_model], object), np.array([ts_ns], np.int64))[0]
+        return price
 
     def lookup_many(self, gpu_models: np.ndarray, ts_ns: np.ndarray) -> np.ndarray:
         """``lookup`` of each model (None: no price) as of each time, a model's times at once."""
