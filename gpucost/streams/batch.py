@@ -31,7 +31,7 @@ from gpucost.schemas.exact import exact_round
 from gpucost.schemas.records import Output
 from gpucost.streams.addresses import DUPLICATE
 from gpucost.streams.json_lines import COLUMN_MODELS
-from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, TRACE
+from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, TRACE, numa_sum
 from gpucost.streams.pane_totals import PaneColumns, PaneRows
 from gpucost.streams.row_path import RowPath
 from gpucost.streams.runs import runs
@@ -200,7 +200,7 @@ class Batch:
                             [gpu_row, valid[ProcessSample] & (self.interval_ms > 0), valid[NumaEvent],
                              valid[MemAccess]], False)
         hops, weight = columns["hops"][0], columns["latency_weight"][0]
-        self.numa_w = np.where(self.code == NUMA, hops * weight, 0)
+        self.numa_w = np.where(self.code == NUMA, numa_sum(hops, weight), 0)
 
         slow = np.flatnonzero(~self.ok)
         for i, row in zip(slow.tolist(), self._inputs(slow)):

@@ -9,7 +9,20 @@ from bisect import insort
 
 import numpy as np
 
-from gpucost.streams.pane_rules import GPU, KINDS, NO_TS, NUMA, PROC, TRACE, jump, overlaps, pane_closed, who_code
+from gpucost.streams.pane_rules import (
+    GPU,
+    KINDS,
+    NO_TS,
+    NUMA,
+    PROC,
+    TRACE,
+    gpu_sums,
+    jump,
+    overlaps,
+    pane_closed,
+    process_sums,
+    who_code,
+)
 from gpucost.streams.pane_totals import (
     EFFICIENCY_SUMS,
     PaneColumns,
@@ -198,10 +211,8 @@ class PaneBatch:
         def per_pane(values: np.ndarray, reduce: np.ufunc = np.add) -> list[int]:
             return reduce.reduceat(values, firsts).tolist() if len(at) else []
 
-        covered = per_pane(np.where(is_gpu, interval, 0))
-        idle = per_pane(np.where(is_gpu & (rows.sm_cp[at] < self.idle_threshold_cp), interval, 0))
-        energy = per_pane(np.where(is_gpu, rows.power_mw[at] * interval, 0))
-        busy = per_pane(np.where(is_gpu, rows.sm_cp[at] * interval, 0))
+        covered, idle, busy, energy = (per_pane(np.where(is_gpu, v, 0)) for v in gpu_sums(
+            interval, rows.sm_cp[at], rows.power_mw[at], self.idle_threshold_cp))
         unattributed = tenants.index(UNATTRIBUTED) if UNATTRIBUTED in tenants else -1
         placed = per_pane(((kind == PROC) & (tenant_of[at] != unattributed)).astype(np.int64))
         gpu_rows = per_pane(is_gpu.astype(np.int64))
@@ -230,9 +241,9 @@ class PaneBatch:
         t_first = np.zeros(0, np.int64)
         if len(t_at):
             is_proc = kind[t_at] == PROC
+            sm, bw = process_sums(interval[t_at], rows.sm_cp[t_pos], rows.bw_cp[t_pos])
             t_sums = [np.add.reduceat(v, t_firsts) for v in (
-                np.where(is_proc, rows.sm_cp[t_pos] * interval[t_at], 0),
-                np.where(is_proc, rows.bw_cp[t_pos] * interval[t_at], 0),
+                np.where(is_proc, sm, 0), np.where(is_proc, bw, 0),
                 np.where(is_proc, 0, rows.numa[t_pos]), is_proc.astype(np.int64))]
             t_first = np.minimum.reduceat(rows.row[t_pos], t_firsts)
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["KINDS", "GPU", "PROC", "NUMA", "TRACE", "NO_TS", "pane_start_ns", "pane_closed", "overlaps",
-           "first_name", "jump", "who_code"]
+           "first_name", "jump", "gpu_sums", "process_sums", "numa_sum", "who_code"]
 
 #: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark:
 #: docs/definitions.md, "Time, panes and watermarks")
@@ -62,6 +62,24 @@ def jump(max_ts: int | None, pending: int | None, ts_ns: int, max_jump_ns: int) 
         return far, None
     max_ts = ts_ns if max_ts is None else max(max_ts, ts_ns)
     return max_ts, None if pending is None or pending <= max_ts else pending
+
+
+def gpu_sums(interval_ms: Any, sm_cp: Any, power_mw: Any, idle_threshold_cp: int) -> tuple[Any, Any, Any, Any]:
+    """What one GPU sample adds to its pane (docs/definitions.md, "Idle index" and "Cost split"): covered ms,
+    idle ms (its whole interval when its SM utilisation is below the idle threshold), busy (sm_util_cp · ms)
+    and energy (power_mw · ms, µJ). Of ints, or elementwise of integer arrays: the row entry, the batch entry
+    and the revision log all take a pane's sums from here."""
+    return interval_ms, interval_ms * (sm_cp < idle_threshold_cp), sm_cp * interval_ms, power_mw * interval_ms
+
+
+def process_sums(interval_ms: Any, sm_cp: Any, bw_cp: Any) -> tuple[Any, Any]:
+    """What one process sample adds to its tenant's sums in the pane: sm_util_cp · ms and mem_bw_util_cp · ms."""
+    return sm_cp * interval_ms, bw_cp * interval_ms
+
+
+def numa_sum(hops: Any, latency_weight: Any) -> Any:
+    """What one NUMA event adds to its tenant's sum in the pane: hops · latency_weight."""
+    return hops * latency_weight
 
 
 def who_code(gpu: Any, code: Any, pid: Any) -> Any:

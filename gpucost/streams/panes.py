@@ -14,7 +14,16 @@ from typing import Any
 
 from gpucost.schemas.events import EbpfTrace, GpuSample, NumaEvent, ProcessSample
 from gpucost.streams.pane_batch import PaneBatch
-from gpucost.streams.pane_rules import first_name, jump, overlaps, pane_closed, pane_start_ns
+from gpucost.streams.pane_rules import (
+    first_name,
+    gpu_sums,
+    jump,
+    numa_sum,
+    overlaps,
+    pane_closed,
+    pane_start_ns,
+    process_sums,
+)
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, Tenant
@@ -78,11 +87,11 @@ class GpuPanes(PaneBatch):
         pane = self._pane(s.gpu_uuid, s.ts_ns)
         pane.node_id = first_name(pane.node_id, s.node_id)
         pane.gpu_model = first_name(pane.gpu_model, s.gpu_model)
-        pane.covered_ms += s.interval_ms
-        if s.sm_util_cp < self.idle_threshold_cp:
-            pane.idle_ms += s.interval_ms
-        pane.energy_uj += s.power_mw * s.interval_ms
-        pane.busy_cp_ms += s.sm_util_cp * s.interval_ms
+        covered, idle, busy, energy = gpu_sums(s.interval_ms, s.sm_util_cp, s.power_mw, self.idle_threshold_cp)
+        pane.covered_ms += covered
+        pane.idle_ms += idle
+        pane.energy_uj += energy
+        pane.busy_cp_ms += busy
         pane.bw_cp_ms += s.mem_bw_util_cp * s.interval_ms
         if s.tensor_active_pct is not None:  # the field first: most GPUs have none, and its cp is a cached property
             pane.tensor_cp_ms += s.tensor_active_cp * s.interval_ms  # type: ignore[operator]
@@ -97,8 +106,9 @@ class GpuPanes(PaneBatch):
         pane.placed += tenant != UNATTRIBUTED
         totals = pane.tenant(tenant)
         totals.samples += 1
-        totals.sm += s.sm_util_cp * s.interval_ms
-        totals.bw += s.mem_bw_util_cp * s.interval_ms
+        sm, bw = process_sums(s.interval_ms, s.sm_util_cp, s.mem_bw_util_cp)
+        totals.sm += sm
+        totals.bw += bw
 
     def add_trace(self, e: EbpfTrace) -> bool:
         """An on-time trace: a ``blas`` call's FLOPs join its process's in the pane (opening it if need be), unless
@@ -115,7 +125,7 @@ class GpuPanes(PaneBatch):
     def add_numa_event(self, e: NumaEvent, tenant: Tenant) -> None:
         pane = self._pane(e.gpu_uuid, e.ts_ns)
         pane.tenant_events += 1
-        pane.tenant(tenant).numa += e.hops * e.latency_weight
+        pane.tenant(tenant).numa += numa_sum(e.hops, e.latency_weight)
 
     def latest_ns(self) -> dict[str, int]:
         """Each GPU's largest ``ts_ns`` taken, a pending jump included: no watermark here is past it less

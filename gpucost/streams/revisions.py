@@ -23,7 +23,7 @@ import numpy as np
 
 from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
 from gpucost.schemas.records import CostRecord, record_id
-from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, overlaps
+from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, gpu_sums, numa_sum, overlaps, process_sums
 from gpucost.streams.pane_totals import PaneRows, PaneTotals, TenantTotals, nearest_gap
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, BindingTable
@@ -111,13 +111,14 @@ class Revisions:
         log = self._logs.setdefault(e.gpu_uuid, _GpuLog())
         pane = e.ts_ns - e.ts_ns % self.pane_ns
         if isinstance(e, GpuSample):
+            energy = gpu_sums(e.interval_ms, e.sm_util_cp, e.power_mw, self.idle_threshold_cp)[3]
             row = (pane, e.ts_ns, GPU, -1, log.name(e.node_id), log.name(e.gpu_model), e.interval_ms, e.sm_util_cp,
-                   e.mem_bw_util_cp, e.power_mw * e.interval_ms)
+                   e.mem_bw_util_cp, energy)
         elif isinstance(e, ProcessSample):
             row = (pane, e.ts_ns, PROC, e.pid, log.name(e.node_id), -1, e.interval_ms, e.sm_util_cp,
                    e.mem_bw_util_cp, 0)
         else:
-            row = (pane, e.ts_ns, NUMA, e.pid, log.name(e.node_id), -1, 0, 0, 0, e.hops * e.latency_weight)
+            row = (pane, e.ts_ns, NUMA, e.pid, log.name(e.node_id), -1, 0, 0, 0, numa_sum(e.hops, e.latency_weight))
         log.pending.append(row)
         log.took(pane)
 
@@ -141,11 +142,13 @@ class Revisions:
             node_codes, model_codes = np.array(node_codes, np.int32), np.array(model_codes, np.int32)
             chunk = np.zeros(len(at), LOG)
             ts = rows.ts_ns[at]
-            chunk["pane"], chunk["ts"], chunk["kind"], chunk["pid"] = ts - ts % self.pane_ns, ts, rows.kind[at], rows.pid[at]
+            chunk["pane"], chunk["ts"] = ts - ts % self.pane_ns, ts
+            chunk["kind"], chunk["pid"] = rows.kind[at], rows.pid[at]
             chunk["node"], chunk["model"] = node_codes[rows.node[at]], model_codes[model]
+            energy = gpu_sums(rows.interval_ms[at], rows.sm_cp[at], rows.power_mw[at].astype(np.int64),
+                              self.idle_threshold_cp)[3]
             chunk["interval"], chunk["sm"], chunk["bw"], chunk["extra"] = (
-                rows.interval_ms[at], rows.sm_cp[at], rows.bw_cp[at],
-                rows.numa[at] + rows.power_mw[at].astype(np.int64) * rows.interval_ms[at])
+                rows.interval_ms[at], rows.sm_cp[at], rows.bw_cp[at], rows.numa[at] + energy)
             if log.pending:
                 log.rows()
             log.chunks.append(chunk)
@@ -246,10 +249,9 @@ class Revisions:
         if len(gpu):
             pane.node_id = min(names[n] for n in set(gpu["node"].tolist()))
             pane.gpu_model = min(names[m] for m in set(gpu["model"].tolist()))
-            interval = gpu["interval"].astype(object)
-            pane.covered_ms = int(interval.sum())
-            pane.idle_ms = int(interval[gpu["sm"] < self.idle_threshold_cp].sum())
-            pane.busy_cp_ms = int((gpu["sm"].astype(object) * interval).sum())
+            covered, idle, busy, _ = gpu_sums(gpu["interval"].astype(object), gpu["sm"].astype(object), 0,
+                                              self.idle_threshold_cp)  # energy: logged as each row's ``extra``
+            pane.covered_ms, pane.idle_ms, pane.busy_cp_ms = int(covered.sum()), int(idle.sum()), int(busy.sum())
             pane.energy_uj = int(gpu["extra"].astype(object).sum())
         tenant_rows = rows[rows["kind"] != GPU]
         pane.tenant_events = len(tenant_rows)
@@ -261,8 +263,9 @@ class Revisions:
             if t is None:
                 t = sums[tenant.key] = TenantTotals(tenant)
             if kind == PROC:
-                t.sm += sm * interval
-                t.bw += bw * interval
+                sm_ms, bw_ms = process_sums(interval, sm, bw)
+                t.sm += sm_ms
+                t.bw += bw_ms
                 t.samples += 1
                 pane.placed += tenant != UNATTRIBUTED
             else:
@@ -280,7 +283,8 @@ class Revisions:
     def to_state(self) -> dict[str, Any]:
         return {"logs": {g: [log.names, base64.b64encode(log.rows().tobytes()).decode()]
                          for g, log in sorted(self._logs.items())},
-                "held": {g: [[s, None if h.price is None else str(h.price), h.revision] for s, h in sorted(held.items())]
+                "held": {g: [[s, None if h.price is None else str(h.price), h.revision]
+                             for s, h in sorted(held.items())]
                          for g, held in sorted(self._held.items())}}
 
     @classmethod
