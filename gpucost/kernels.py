@@ -109,7 +109,10 @@ def _device(key, acts: list[KernelActivity], ranges: list[AnnotationRange], mode
 
 def cmd_kernels(args: argparse.Namespace) -> int:
     try:
-        micro_per_hour = micro_usd_per_hour(Decimal(args.usd_per_gpu_hour))
+        price = Decimal(args.usd_per_gpu_hour)
+        if not price.is_finite() or price < 0:
+            raise ValueError("a price is a finite number of dollars, 0 or more")
+        micro_per_hour = micro_usd_per_hour(price)
     except (InvalidOperation, ValueError) as exc:
         raise UsageError(f"--usd-per-gpu-hour {args.usd_per_gpu_hour!r}: {exc}; give a price such as 2.5") from None
     kernels, ranges, models, rejected = [], [], {}, Counter()

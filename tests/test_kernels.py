@@ -163,6 +163,16 @@ def test_unreadable_file_is_a_usage_error(capsys, tmp_path):
     assert main(["kernels", str(tmp_path / "absent.json")]) == 2
 
 
+@pytest.mark.parametrize("price", ["-1", "NaN", "Infinity", "2.1234567", "two"])
+def test_a_price_that_is_not_one_is_a_usage_error(capsys, tmp_path, price):
+    """A negative price once billed kernels negative micro-dollars."""
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": []}')
+    assert main(["kernels", str(trace), "--usd-per-gpu-hour", price]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--usd-per-gpu-hour" in err and "give a price such as 2.5" in err
+
+
 WIRE = {"kind": "kernel_activity", "node_id": "n1", "pid": 7, "gpu_uuid": "GPU-1", "device": 0, "stream": 7,
         "correlation_id": 3, "category": "communication", "name": "ncclKernel_AllReduce",
         "start_ns": 1_700_000_000 * 10**9, "end_ns": 1_700_000_000 * 10**9 + 5,
