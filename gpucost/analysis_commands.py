@@ -102,12 +102,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError(f"--month {args.month!r} is not YYYY-MM")
     if args.file.exists() and not args.overwrite:
         raise UsageError(f"{args.file} exists; pass --overwrite to replace it")
+    named = {f".{f}": f for f in FORMATS}.get(args.file.suffix.lower())
+    if args.format is not None and named is not None and args.format != named:
+        raise UsageError(f"FILE {args.file} is named {named} but --format is {args.format}; make them agree")
+    fmt = args.format or named or "csv"
     rows = 0
 
     def write(tmp: Path) -> None:
         nonlocal rows
         try:
-            rows = export_focus(args.out, args.month, tmp, args.format, args.provider, args.billing_account,
+            rows = export_focus(args.out, args.month, tmp, fmt, args.provider, args.billing_account,
                                 args.invoice_id or None)
         except (ValueError, duckdb.Error) as exc:
             raise UsageError(f"FILE {args.file}: {exc}".replace("\n", " ")) from None
@@ -179,7 +183,8 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     focus.add_argument("file", type=Path, help="the file to write")
     add_out(focus, "output directory holding the cost records")
     focus.add_argument("--month", required=True, help="the billing period, YYYY-MM (UTC)")
-    focus.add_argument("--format", choices=FORMATS, default="csv")
+    focus.add_argument("--format", choices=FORMATS, default=None,
+                       help="csv or parquet (default: as FILE is named, .parquet or .csv; else csv)")
     focus.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     env_flag(
         focus,

@@ -152,3 +152,14 @@ def test_invoice_id_is_null_unless_the_user_gives_one(billed: Path, tmp_path: Pa
                                                                                         "given.parquet"))
     assert none and set(none) == {None}
     assert len(given) == len(none) and set(given) == {"INV-2025-01-0042"}
+
+
+def test_the_format_follows_the_files_name_unless_given(billed: Path, tmp_path: Path) -> None:
+    """``export focus x.parquet`` once wrote CSV into a file named .parquet."""
+    gpucost("export", "focus", str(tmp_path / "named.parquet"), "--out", str(billed), "--month", "2025-01")
+    assert pq.read_table(tmp_path / "named.parquet").num_rows > 0
+    gpucost("export", "focus", str(tmp_path / "plain"), "--out", str(billed), "--month", "2025-01")
+    assert (tmp_path / "plain").read_text().startswith("BilledCost,")
+    done = gpucost("export", "focus", str(tmp_path / "x.csv"), "--out", str(billed), "--month", "2025-01",
+                   "--format", "parquet", check=False)
+    assert done.returncode == 2 and "make them agree" in done.stderr and not (tmp_path / "x.csv").exists()
