@@ -64,8 +64,12 @@ class TeamBill:
 
 
 def cost_panes(out_dir: Path) -> Iterator[list[dict[str, Any]]]:
-    """The cost records of ``out_dir``, pane by pane (each pane's records by tenant key, idle first)."""
-    columns, rows = query(out_dir, f"SELECT {', '.join(_COLUMNS)} FROM cost "
+    """The cost records of ``out_dir`` as revised, pane by pane (each pane's parties by tenant key, idle first):
+    a party's latest record, its µ$ the sum of its differences (the ``cost_as_revised`` view). Read from every
+    record instead, a revised party took whichever of its records came last, so a party a late binding emptied
+    could keep its first numerators beside its new tenant's: the bill under the settings billed then moved
+    money to ``unattributed``."""
+    columns, rows = query(out_dir, f"SELECT {', '.join(_COLUMNS)} FROM cost_as_revised "
                                    "ORDER BY gpu_uuid, pane_start_ns, tenant_key <> 'idle', tenant_key")
     pane: list[dict[str, Any]] = []
     for row in rows:

@@ -152,3 +152,38 @@ def test_a_tie_in_sharing_idle_goes_to_the_smaller_tenant_key() -> None:
     assert base["idle"] % 2 == 1 and got["idle"] == 0
     assert got["alpha"] - base["alpha"] == base["idle"] // 2 + 1
     assert got["zeta"] - base["zeta"] == base["idle"] // 2
+
+
+def test_a_pane_revised_by_a_late_binding_bills_again_as_revised(tmp_path: Path) -> None:
+    """A process billed ``unattributed``, then bound late within the horizon: the pane's revision empties
+    ``unattributed``. With the settings billed, the scenario is the revised bill, party by party."""
+    from gpucost.schemas.events import GpuSample, ProcessSample, TenantBinding  # noqa: PLC0415
+    from gpucost.streams.settings import AuditSettings  # noqa: PLC0415
+
+    t0, ns = 1_767_571_200 * 10**9, 10**9
+    gpu = [GpuSample(node_id="n1", gpu_uuid="g", gpu_model="H100", ts_ns=t0 + t * ns, interval_s=5.0,
+                     sm_util_pct=60.0, mem_bw_util_pct=5.0, mem_used_bytes=0, mem_total_bytes=1, power_w=300.0,
+                     temp_c=50.0) for t in (*range(0, 60, 5), 200)]
+    events = [Price(gpu_model="H100", ts_ns=t0, usd_per_gpu_hour=Decimal("3.5")), *gpu[:-1],
+              ProcessSample(node_id="n1", gpu_uuid="g", pid=7, ts_ns=t0 + 10 * ns, interval_s=5.0, sm_util_pct=40.0,
+                            mem_bw_util_pct=10.0, mem_used_bytes=1), gpu[-1],
+              TenantBinding(node_id="n1", pid=7, ts_ns=t0, team="ads", env="prod", app="a", tier="t", sla="Gold")]
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "e.jsonl").write_text("".join(encode_event(e) + "\n" for e in events))
+    gpucost("replay", str(tmp_path / "events"), "--out", str(tmp_path / "out"))
+    revised = connect(tmp_path / "out").execute(
+        "SELECT team, sum(cost_micro_usd), max(revision) FROM cost GROUP BY team").fetchall()
+    assert {team: (total, latest) for team, total, latest in revised}["unattributed"] == (0, 1)  # the case
+    totals: dict[int, dict[str, int]] = defaultdict(dict)
+    for start, key, total in connect(tmp_path / "out").execute(
+            "SELECT pane_start_ns, tenant_key, sum(cost_micro_usd) FROM cost GROUP BY ALL").fetchall():
+        totals[start][key] = total
+    emptied = []
+    for pane in cost_panes(tmp_path / "out"):  # each party once, at its revised total and latest integers
+        assert len({r["tenant_key"] for r in pane}) == len(pane)
+        assert {r["tenant_key"]: r["cost_micro_usd"] for r in pane} == totals[pane[0]["pane_start_ns"]]
+        emptied += [r["t_num"] for r in pane if r["tenant_key"].startswith("unattributed")]
+    assert emptied == [0]  # its closing record's integers, not its first
+    s = AuditSettings()
+    for bill in bills(tmp_path / "out", Scenario.of(s.alpha, s.beta, s.gamma)):
+        assert bill.difference_micro_usd == 0, bill
