@@ -39,7 +39,7 @@ from gpucost.streams.scope import price_mac
 from gpucost.streams.settings import AuditSettings
 from tests.conftest import HOSTILE_LINES, horizon_label
 from tests.fake_kafka import Message, RecordingProducer
-from tests.test_worker import LINES
+from tests.support.worker_input import LINES
 
 #: every attack runs in the default configuration (a 6 h revision horizon) and with revisions off: a guarantee that
 #: holds only with a feature off does not hold
