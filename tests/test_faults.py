@@ -35,7 +35,14 @@ from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from gpucost.sinks.views import connect
 from tests.conftest import FAULT_LINES, ROOT, Broker
-from tests.test_kafka import Deployment, assert_same_parquet, embedded_counts, run_to_completion, wait_for
+from tests.support.deployment import (  # noqa: F401 (deployment is a fixture)
+    Deployment,
+    assert_same_parquet,
+    deployment,
+    embedded_counts,
+    run_to_completion,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -62,13 +69,6 @@ def all_visible_files_readable(out: Path) -> None:
         except duckdb.IOException as exc:  # merged away by a compaction since the glob (names are never reused)
             if path.exists() or "No such file" not in str(exc):
                 raise
-
-
-@pytest.fixture
-def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(kafka_bootstrap, tmp_path)
-    yield d
-    d.stop()
 
 
 def test_broker_unavailable_for_30_s(deployment: Deployment, kafka_broker: Broker,
