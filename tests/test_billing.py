@@ -25,9 +25,9 @@ from aiokafka import TopicPartition
 
 from gpucost.sinks.views import connect
 from tests.conftest import ROOT, record_fleet
-from tests.support.deployment import (  # noqa: F401 (deployment is a fixture)
+from tests.support.deployment import (
     Deployment,
-    deployment,
+    deployment,  # noqa: F401 (a fixture)
     embedded_team_totals,
     metrics_port,
     topic_messages,

@@ -20,10 +20,10 @@ from gpucost.discovery import from_output
 from gpucost.sinks.views import connect
 from tests.conftest import ROOT
 from tests.support.dcgm_exporter import expected, exporter  # noqa: F401 (the exporter fixture serves a real scrape)
-from tests.support.deployment import (  # noqa: F401 (deployment is a fixture)
+from tests.support.deployment import (
     Deployment,
     assert_same_parquet,
-    deployment,
+    deployment,  # noqa: F401 (a fixture)
     embedded_counts,
     embedded_team_totals,
     metrics_port,
