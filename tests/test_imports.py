@@ -95,7 +95,8 @@ def imported_test_modules(path: Path, known: set[str]) -> set[str]:
 
 def test_no_test_module_imports_another() -> None:
     """A helper, fixture or constant two test modules need lives in tests/support/ (or tests/conftest.py), so that
-    a test module can be split, renamed or removed without another one breaking (docs/testing.md, "tests/support")."""
+    a test module can be split, renamed or removed without another one breaking (docs/testing.md says so where it
+    describes tests/support/)."""
     known = modules_of_tests(ROOT)
     assert "tests.test_imports" in known and len(known) > 50  # the modules were really found
     found = {name: sorted(imported) for name, path in known.items()
