@@ -27,9 +27,9 @@ settings.register_profile("dev", max_examples=40, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 ROOT = Path(__file__).resolve().parent.parent
-#: one line per injected fault (tests/test_faults.py), printed at the end of the session
+#: one line per injected fault (tests/test_faults_*.py), printed at the end of the session
 FAULT_LINES: list[str] = []
-#: one line per attack (tests/test_hostile.py), likewise
+#: one line per attack (tests/test_hostile*.py), likewise
 HOSTILE_LINES: list[str] = []
 
 

@@ -25,9 +25,16 @@ from aiokafka import TopicPartition
 
 from gpucost.sinks.views import connect
 from tests.conftest import ROOT, record_fleet
+from tests.support.deployment import (
+    Deployment,
+    deployment,  # noqa: F401 (a fixture)
+    embedded_team_totals,
+    metrics_port,
+    topic_messages,
+    wait_for,
+)
 from tests.support.metrics import scrape
-from tests.test_kafka import Deployment, deployment, embedded_team_totals, metrics_port, topic_messages, wait_for  # noqa: F401 (deployment is a fixture)
-from tests.test_signature_spec import verify
+from tests.support.signatures import verify
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 HOUR_NS, PANE_NS, HORIZON_NS = 3600 * 10**9, 60 * 10**9, 6 * 3600 * 10**9

@@ -1,17 +1,13 @@
 """The dcgm-exporter source against real scrapes (L4, T4, L40S, vGPU A100), served on 127.0.0.1."""
 from __future__ import annotations
 
-import contextlib
-import http.server
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,32 +19,10 @@ from gpucost.schemas.events import GpuSample, ProcessSample, TenantBinding
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from gpucost.sinks.views import connect
 from tests.conftest import ROOT
+from tests.support.dcgm_exporter import SCRAPES, expected, exporter, metric_text, serving  # noqa: F401 (exporter is a fixture)
 
 NS = 1_000_000_000
 T0 = 1_767_571_200 * NS
-SCRAPES = ["l4-kops-output.md", "t4-ericsson-ccd.md", "l40s-upcloud.md", "a100-vgpu-vks.md"]
-LINE = re.compile(r"^(DCGM_FI_\w+)\{([^}]*)\} (\S+)$")
-
-
-def metric_text(shared_data: Path, name: str) -> str:
-    path = shared_data / "dcgm-exporter" / name
-    if not path.exists():
-        pytest.skip(f"{path} is absent")
-    lines = [ln for ln in path.read_text().splitlines() if ln.startswith(("# HELP", "# TYPE", "DCGM_FI_"))]
-    return "\n".join(lines) + "\n"
-
-
-def expected(text: str) -> dict[str, dict[str, object]]:
-    """Per UUID, the last value of each field and the labels: read with a plain regex."""
-    out: dict[str, dict[str, object]] = {}
-    for line in text.splitlines():
-        m = LINE.match(line)
-        if m:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', m[2]))
-            gpu = out.setdefault(labels["UUID"], {})
-            gpu[m[1]] = float(m[3])
-            gpu["_labels"] = labels
-    return out
 
 
 @pytest.mark.parametrize("name", SCRAPES)
@@ -89,36 +63,6 @@ def test_blank_sentinels_count_as_missing(shared_data: Path) -> None:
     # both blank: no utilisation at all, so nothing to bill: skipped and counted, never guessed
     both = blank(blank(text, "DCGM_FI_DEV_GPU_UTIL"), "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
     assert scrape_to_events(both, T0, 1.0, "n", counts) == [] and counts["gpu_sample_skipped"] == len(want)
-
-
-@pytest.fixture
-def exporter(shared_data: Path) -> Iterator[tuple[str, str]]:
-    text = metric_text(shared_data, SCRAPES[0])
-    with serving(text) as url:
-        yield url, text
-
-
-@contextlib.contextmanager
-def serving(metrics: str) -> Iterator[str]:
-    """``metrics`` served as an exporter's /metrics on 127.0.0.1; yields its URL."""
-    text = metrics.encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200 if self.path == "/metrics" else 404)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(text if self.path == "/metrics" else b"")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
 
 
 def test_scraper_reads_the_exporter_over_http(exporter: tuple[str, str]) -> None:

@@ -19,7 +19,7 @@ from gpucost.fit import fit_weights, nnls, pane_features
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.codec import encode_event
 from gpucost.streams.settings import AuditSettings
-from tests.test_e2e import gpucost
+from tests.support.cli import gpucost
 
 pytestmark = pytest.mark.slow
 SPEC = FleetSpec(gpus=4, hours=24, seed=5, interval_s=10)

@@ -194,3 +194,18 @@ def test_without_landlock_the_query_is_refused_not_run_unguarded(out: Path, hori
     assert rc == 2 and err.startswith("gpucost: error: ") and err.count("\n") == 1
     assert "Landlock" in err and "--unsafe" in err
     assert main(["query", "--unsafe", "--out", str(out), "SELECT count(*) FROM cost"]) == 0
+
+
+def test_query_is_read_only_and_confined_to_the_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["simulate", "--gpus", "1", "--hours", "0.2", "--out", str(tmp_path / "events")]) == 0
+    assert main(["replay", str(tmp_path / "events"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    for sql in ("COPY (SELECT 1) TO '" + str(out / "x.csv") + "'", "SELECT * FROM read_text('/etc/passwd')",
+                "ATTACH '" + str(tmp_path / "x.db") + "'", "SET enable_external_access = true"):
+        assert main(["query", "--out", str(out), sql]) == 2, sql
+        assert "gpucost: error" in capsys.readouterr().err
+    assert not (out / "x.csv").exists() and not (tmp_path / "x.db").exists()
+    assert main(["query", "--out", str(out), "SELECT count(*) FROM cost"]) == 0
+    assert main(["query", "--unsafe", "--out", str(out), f"COPY (SELECT 1) TO '{tmp_path / 'y.csv'}'"]) == 0
+    assert (tmp_path / "y.csv").exists()

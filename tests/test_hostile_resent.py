@@ -30,11 +30,10 @@ from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.conftest import HOSTILE_LINES, horizon_label
 from tests.fake_kafka import Message
-from tests.test_hostile import (
+from tests.support.hostile import (
     CONFIGS,
     KEY,
     KEYRING,
-    LINES,
     SECRET_A,
     SECRET_B,
     apply,
@@ -44,6 +43,7 @@ from tests.test_hostile import (
     sign_prices,
     signed,
 )
+from tests.support.worker_input import LINES
 
 __all__: list[str] = []
 

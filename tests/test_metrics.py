@@ -30,7 +30,7 @@ from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message, RecordingProducer
 from tests.support.metrics import scrape
-from tests.test_worker import BAD, LINES
+from tests.support.worker_input import BAD, LINES
 
 
 def test_a_worker_serves_what_it_committed() -> None:

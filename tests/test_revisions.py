@@ -23,6 +23,7 @@ from gpucost.streams import columnar, idle_index
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS
+from tests.support.bills import bills, run
 
 PANE_S = 60
 MANY_REVISING = columnar.MANY_REVISING
@@ -100,14 +101,6 @@ def beyond_horizon(s: AuditSettings, arrival: list[Event]) -> set[str]:
     return out
 
 
-def run(s: AuditSettings, events: list[Event]) -> list[Output]:
-    auditor = Auditor(s)
-    out: list[Output] = []
-    for e in events:
-        out += auditor.update(e)
-    return out + auditor.finish()
-
-
 def run_batches(s: AuditSettings, events: list[Event], size: int) -> list[Output]:
     from gpucost.schemas.blocks import expand
     auditor = Auditor(s)
@@ -116,14 +109,6 @@ def run_batches(s: AuditSettings, events: list[Event], size: int) -> list[Output
     for lo in range(0, len(lines), size):
         out += expand(auditor.ingest_lines(lines[lo:lo + size], lambda i, lo=lo: f"line {lo + i}"))
     return out + auditor.finish()
-
-
-def bills(out: list[Output]) -> dict[tuple[str, int, str], int]:
-    total: dict[tuple[str, int, str], int] = defaultdict(int)
-    for r in out:
-        if isinstance(r, CostRecord):
-            total[(r.gpu_uuid, r.pane_start_ns, r.tenant_key)] += r.cost_micro_usd
-    return dict(total)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from gpucost.schemas.records import Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import settings_st, streams
-from tests.test_audit import run, tabulate
+from tests.support.tabulate import run, tabulate
 
 
 def keyed_run(events: list[Event], s: AuditSettings) -> list[Output]:

@@ -1,33 +1,19 @@
 """The bytes ``gpucost-signature`` covers, as docs/security.md specifies them for consumers in other languages.
 
-``verify`` below follows the document's steps with ``hmac`` and ``hashlib`` alone, never gpucost's code, and
-is checked against the document's test vectors here and against records a real worker signed in
-tests/test_billing.py: if the code and the specification part ways, one of them fails.
+``verify`` (tests/support/signatures.py) follows the document's steps with ``hmac`` and ``hashlib`` alone, never
+gpucost's code, and is checked against the document's test vectors here and against records a real worker signed
+in tests/test_billing.py: if the code and the specification part ways, one of them fails.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 
 from gpucost.kafka.signing import Signer, parse_keys
 from tests.conftest import ROOT
+from tests.support.signatures import verify
 
 SPEC = ROOT / "docs" / "security.md"
 SECRET_HEX = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
-
-
-def verify(secret: bytes, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> bool:
-    """The specification's steps: four length-prefixed parts, HMAC-SHA256, lowercase hex in a header."""
-    named: dict[str, bytes] = {}
-    for name, header_value in headers:
-        named[name] = header_value  # the last value of a repeated header counts
-    if "gpucost-signature" not in named or "gpucost-key-id" not in named:
-        return False
-    parts = [key or b"", value or b"", named.get("gpucost-control", b""), named.get("gpucost-seq", b"")]
-    message = b"".join(len(p).to_bytes(4, "big") + p for p in parts)
-    expected = hmac.new(secret, message, hashlib.sha256).hexdigest().encode("ascii")
-    return hmac.compare_digest(expected, named["gpucost-signature"])
 
 
 def vectors() -> list[tuple[bytes, bytes, bytes, bytes, str]]:

@@ -59,7 +59,7 @@ def test_unsigned_unknown_and_foreign_node(tmp_path: Path) -> None:
     signer = signer_of(a, tmp_path)
     assert isinstance(ring.check(b"GPU-1", LINE, dict(signer.headers(b"GPU-1", LINE))), SigningKey)
     # a key limited to node-a signing node-b's events: the signature holds, the events are refused one by
-    # one, on what the pipeline decoded (gpucost.streams.scope; tests/test_hostile.py)
+    # one, on what the pipeline decoded (gpucost.streams.scope; tests/test_hostile_nodes.py)
     forged = LINE.replace(b"node-a", b"node-b")
     signed_by = ring.check(b"GPU-1", forged, dict(signer.headers(b"GPU-1", forged)))
     assert isinstance(signed_by, SigningKey) and signed_by.nodes == frozenset({"node-a"})

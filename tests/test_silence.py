@@ -29,7 +29,7 @@ from gpucost.streams import columnar
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS
-from tests.test_revisions import bills, run
+from tests.support.bills import bills, run
 
 STEP_S = 30
 

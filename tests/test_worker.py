@@ -13,12 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.kafka.owned import Owned
-from gpucost.kafka.routing import Router
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.state import IDLE_PREFIX, PROGRESS_KEY, STATE_VERSION, StateError, restored, state_records
 from gpucost.kafka.worker import Worker
-from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import MemAccess
@@ -28,21 +26,9 @@ from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message, RecordingProducer
 from tests.strategies import BASE_NS, NS
+from tests.support.worker_input import BAD, LINES
 
 AUDIT = AuditSettings()
-BAD = [b'{"kind":"gpu_sample"', b'{"kind":"mystery"}', b"\xff\xfe", b'{"kind":"gpu_sample","ts_ns":-1}']
-
-
-def _lines_by_gpu() -> dict[bytes, list[bytes]]:
-    router, out = Router(), defaultdict(list)
-    for ev in simulate(FleetSpec(gpus=3, hours=0.5, interval_s=10)):
-        for topic, key, routed in router.route(ev):
-            if topic == "events":
-                out[key.encode()].append(encode_event(routed).encode())
-    return dict(out)
-
-
-LINES = _lines_by_gpu()
 
 
 @st.composite
