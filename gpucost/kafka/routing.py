@@ -34,11 +34,10 @@ class Router:
         self._prices: list[Price] = []
         self._price_keys: set[tuple[str, int]] = set()
         self._bindings: dict[str, list[TenantBinding]] = {}
-        #: (node, pid) → the instants of its bindings, and the latest binding
+        #: (node, pid) → the instants of its bindings, repeats included (an instant taken twice is dead-lettered),
+        #: and the latest binding
         self._binding_times: dict[tuple[str, int], set[int]] = {}
         self._latest: dict[tuple[str, int], TenantBinding] = {}
-        #: (node, pid) → the instants of its repeats (bindings of the tenant already in force, later)
-        self._repeat_times: dict[tuple[str, int], set[int]] = {}
         self._primed: dict[str, set[str]] = {}  # GPU → nodes whose bindings it has been given
         #: bindings that repeat, later, their process's latest tenant (``binding_unchanged`` to the workers'
         #: ``BindingTable``); routed once each, since a binding arriving later may fall before them
@@ -60,17 +59,14 @@ class Router:
         if isinstance(ev, TenantBinding):
             process = (ev.node_id, ev.pid)
             times = self._binding_times.setdefault(process, set())
-            repeats = self._repeat_times.setdefault(process, set())
-            if ev.ts_ns in times or ev.ts_ns in repeats:
+            if ev.ts_ns in times:
                 return [("dlq", f"{ev.node_id}/{ev.pid}/{ev.ts_ns}", ev)]
             latest = self._latest.get(process)
             if latest is not None and latest.ts_ns < ev.ts_ns and _tenant(latest) == _tenant(ev):
                 # a repeat: it changes no lookup now, but a binding that arrives later and falls before it ends
                 # at it (``BindingTable``), so it travels like any binding
                 self.unchanged_bindings += 1
-                repeats.add(ev.ts_ns)
-            else:
-                times.add(ev.ts_ns)
+            times.add(ev.ts_ns)
             if latest is None or latest.ts_ns < ev.ts_ns:
                 self._latest[process] = ev
             self._bindings.setdefault(ev.node_id, []).append(ev)
