@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["KINDS", "GPU", "PROC", "NUMA", "TRACE", "NO_TS", "pane_start_ns", "pane_closed", "overlaps",
-           "first_name", "jump", "gpu_sums", "process_sums", "numa_sum", "who_code"]
+           "first_name", "jump", "gpu_sums", "process_sums", "numa_sum", "who_code", "energy_uj"]
 
 #: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark:
 #: docs/definitions.md, "Time, panes and watermarks")
@@ -69,7 +69,12 @@ def gpu_sums(interval_ms: Any, sm_cp: Any, power_mw: Any, idle_threshold_cp: int
     idle ms (its whole interval when its SM utilisation is below the idle threshold), busy (sm_util_cp · ms)
     and energy (power_mw · ms, µJ). Of ints, or elementwise of integer arrays: the row entry, the batch entry
     and the revision log all take a pane's sums from here."""
-    return interval_ms, interval_ms * (sm_cp < idle_threshold_cp), sm_cp * interval_ms, power_mw * interval_ms
+    return interval_ms, interval_ms * (sm_cp < idle_threshold_cp), sm_cp * interval_ms, energy_uj(power_mw, interval_ms)
+
+
+def energy_uj(power_mw: Any, interval_ms: Any) -> Any:
+    """What one GPU sample adds to its pane's energy: power_mw · ms, in µJ (of ints or of integer arrays)."""
+    return power_mw * interval_ms
 
 
 def process_sums(interval_ms: Any, sm_cp: Any, bw_cp: Any) -> tuple[Any, Any]:

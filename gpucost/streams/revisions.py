@@ -23,7 +23,7 @@ import numpy as np
 
 from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
 from gpucost.schemas.records import CostRecord, record_id
-from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, gpu_sums, numa_sum, overlaps, process_sums
+from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, energy_uj, gpu_sums, numa_sum, overlaps, process_sums
 from gpucost.streams.pane_totals import PaneRows, PaneTotals, TenantTotals, nearest_gap
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, BindingTable
@@ -111,9 +111,8 @@ class Revisions:
         log = self._logs.setdefault(e.gpu_uuid, _GpuLog())
         pane = e.ts_ns - e.ts_ns % self.pane_ns
         if isinstance(e, GpuSample):
-            energy = gpu_sums(e.interval_ms, e.sm_util_cp, e.power_mw, self.idle_threshold_cp)[3]
             row = (pane, e.ts_ns, GPU, -1, log.name(e.node_id), log.name(e.gpu_model), e.interval_ms, e.sm_util_cp,
-                   e.mem_bw_util_cp, energy)
+                   e.mem_bw_util_cp, energy_uj(e.power_mw, e.interval_ms))
         elif isinstance(e, ProcessSample):
             row = (pane, e.ts_ns, PROC, e.pid, log.name(e.node_id), -1, e.interval_ms, e.sm_util_cp,
                    e.mem_bw_util_cp, 0)
@@ -145,8 +144,7 @@ class Revisions:
             chunk["pane"], chunk["ts"] = ts - ts % self.pane_ns, ts
             chunk["kind"], chunk["pid"] = rows.kind[at], rows.pid[at]
             chunk["node"], chunk["model"] = node_codes[rows.node[at]], model_codes[model]
-            energy = gpu_sums(rows.interval_ms[at], rows.sm_cp[at], rows.power_mw[at].astype(np.int64),
-                              self.idle_threshold_cp)[3]
+            energy = energy_uj(rows.power_mw[at].astype(np.int64), rows.interval_ms[at])
             chunk["interval"], chunk["sm"], chunk["bw"], chunk["extra"] = (
                 rows.interval_ms[at], rows.sm_cp[at], rows.bw_cp[at], rows.numa[at] + energy)
             if log.pending:
