@@ -28,6 +28,7 @@ test-all: venv
 # the lint rules, and mypy's files and strictness, are in pyproject.toml (docs/testing.md, "Static checks")
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: venv

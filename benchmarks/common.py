@@ -1,4 +1,5 @@
 """What every benchmark reports with its numbers: the machine, and how a figure was taken."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,10 @@ def machine() -> str:
             mem_kib = next(int(line.split()[1]) for line in lines if line.startswith("MemTotal"))
     except OSError:
         mem_kib = 0
-    return (f"{cpu}, {os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB RAM, {platform.system()} "
-            f"{platform.release()}, Python {platform.python_version()}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB RAM, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
@@ -59,8 +62,9 @@ def median_time(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(timed(fn)[0] for _ in range(repeat))
 
 
-def embedded_and_duckdb(files: list[Path], settings: AuditSettings, work: Path, runs: int
-                        ) -> tuple[list[tuple[float, Any]], list[float], duckdb.DuckDBPyConnection]:
+def embedded_and_duckdb(
+    files: list[Path], settings: AuditSettings, work: Path, runs: int
+) -> tuple[list[tuple[float, Any]], list[float], duckdb.DuckDBPyConnection]:
     """The embedded replay of ``files`` (its Parquet written under ``work``) and DuckDB's recomputation of
     them (tests/recompute.sql), ``runs`` times each, alternated (one run of either moved by ±10 % on these
     VMs): each replay's seconds and stats, each recomputation's seconds, and the last DuckDB connection."""

@@ -13,6 +13,7 @@ Modes, each in its own process, interleaved over the repetitions:
 
     python benchmarks/cupti_kinds.py --repetitions 2 --steps 100
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,17 +25,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MODES = ("base", "kernel", "kernel_launch_api", "launch_marker", "launch_marker_data", "kernel_runtime", "all_kinds",
-         "all_kinds_read", "collector")
-LAUNCH_CALLS = ("cudaLaunchKernel_v7000", "cudaLaunchKernel_ptsz_v7000", "cudaLaunchKernelExC_v11060",
-                "cudaLaunchKernelExC_ptsz_v11060", "cudaLaunchCooperativeKernel_v9000", "cudaGraphLaunch_v10000",
-                "cudaMemcpyAsync_v3020", "cudaMemsetAsync_v3020")
+MODES = (
+    "base",
+    "kernel",
+    "kernel_launch_api",
+    "launch_marker",
+    "launch_marker_data",
+    "kernel_runtime",
+    "all_kinds",
+    "all_kinds_read",
+    "collector",
+)
+LAUNCH_CALLS = (
+    "cudaLaunchKernel_v7000",
+    "cudaLaunchKernel_ptsz_v7000",
+    "cudaLaunchKernelExC_v11060",
+    "cudaLaunchKernelExC_ptsz_v11060",
+    "cudaLaunchCooperativeKernel_v9000",
+    "cudaGraphLaunch_v10000",
+    "cudaMemcpyAsync_v3020",
+    "cudaMemsetAsync_v3020",
+)
 
 
 def _setup(mode: str) -> Any:
     from cupti import cupti  # noqa: PLC0415 — the optional extra, on the GPU machine only
 
     from gpucost.collect_kernels import _nvtx_injection  # noqa: PLC0415
+
     kind = cupti.ActivityKind
     records = [0]
 
@@ -48,6 +66,7 @@ def _setup(mode: str) -> Any:
 
     if mode == "collector":
         from gpucost.producers.cupti import Collector, Identity  # noqa: PLC0415
+
         _nvtx_injection()
         collector = Collector(cupti, Identity("bench", os.getpid(), {}), lambda batch: None)
         collector.start()
@@ -65,8 +84,11 @@ def _setup(mode: str) -> Any:
     for k in kinds:
         cupti.activity_enable(k)
     if mode == "kernel_launch_api" or mode.startswith("launch_marker"):
-        keep = {int(getattr(cupti.runtime_api_trace_cbid, n)) for n in LAUNCH_CALLS
-                if hasattr(cupti.runtime_api_trace_cbid, n)}
+        keep = {
+            int(getattr(cupti.runtime_api_trace_cbid, n))
+            for n in LAUNCH_CALLS
+            if hasattr(cupti.runtime_api_trace_cbid, n)
+        }
         for cbid in cupti.runtime_api_trace_cbid:
             if int(cbid) not in keep and int(cbid) > 0:
                 try:
@@ -77,6 +99,7 @@ def _setup(mode: str) -> Any:
     def stop() -> int:
         cupti.activity_flush_all(1)
         return records[0]
+
     return stop
 
 
@@ -105,18 +128,30 @@ def main() -> int:
     errors: dict[str, str] = {}
     for _ in range(args.repetitions):
         for mode in modes:
-            done = subprocess.run([sys.executable, __file__, "--child", mode, "--steps", str(args.steps)],
-                                  capture_output=True, text=True, timeout=300)
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", mode, "--steps", str(args.steps)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{"loop_s"')]
             if done.returncode != 0 or not lines:
                 errors[mode] = done.stderr[-600:]
                 continue
             loops[mode].append(json.loads(lines[-1])["loop_s"])
     base = statistics.median(loops["base"])
-    print(json.dumps({"benchmark": "cupti_kinds", "steps": args.steps, "repetitions": args.repetitions,
-                      "median_loop_s": {m: statistics.median(v) for m, v in loops.items() if v},
-                      "overhead_ratio": {m: statistics.median(v) / base - 1 for m, v in loops.items() if v},
-                      "errors": errors}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "cupti_kinds",
+                "steps": args.steps,
+                "repetitions": args.repetitions,
+                "median_loop_s": {m: statistics.median(v) for m, v in loops.items() if v},
+                "overhead_ratio": {m: statistics.median(v) / base - 1 for m, v in loops.items() if v},
+                "errors": errors,
+            }
+        )
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ timed loops and of the whole processes (start-up and the final flush included), 
 
     python benchmarks/cupti_overhead.py --repetitions 5 --steps 300 --matmuls 40 --size 256
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,17 +78,28 @@ def main() -> int:
             traced.append((loop, wall))
             counts = json.loads(err.strip().splitlines()[-1])["collect_kernels"]
         lines = len(Path(out).read_text(encoding="utf-8").splitlines())
-    med = {name: [statistics.median(x[i] for x in runs) for i in (0, 1)] for name, runs in
-           (("base", base), ("traced", traced))}
-    print(json.dumps({
-        "benchmark": "cupti_overhead", "repetitions": args.repetitions, "steps": args.steps,
-        "matmuls": args.matmuls, "size": args.size,
-        "loop_s": {"base": med["base"][0], "traced": med["traced"][0]},
-        "process_s": {"base": med["base"][1], "traced": med["traced"][1]},
-        "overhead_ratio_loop": med["traced"][0] / med["base"][0] - 1,
-        "overhead_ratio_process": med["traced"][1] / med["base"][1] - 1,
-        "all_loop_s": {"base": [x[0] for x in base], "traced": [x[0] for x in traced]},
-        "lines_written_last_run": lines, "collector_last_run": counts}))
+    med = {
+        name: [statistics.median(x[i] for x in runs) for i in (0, 1)]
+        for name, runs in (("base", base), ("traced", traced))
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "cupti_overhead",
+                "repetitions": args.repetitions,
+                "steps": args.steps,
+                "matmuls": args.matmuls,
+                "size": args.size,
+                "loop_s": {"base": med["base"][0], "traced": med["traced"][0]},
+                "process_s": {"base": med["base"][1], "traced": med["traced"][1]},
+                "overhead_ratio_loop": med["traced"][0] / med["base"][0] - 1,
+                "overhead_ratio_process": med["traced"][1] / med["base"][1] - 1,
+                "all_loop_s": {"base": [x[0] for x in base], "traced": [x[0] for x in traced]},
+                "lines_written_last_run": lines,
+                "collector_last_run": counts,
+            }
+        )
+    )
     return 0
 
 

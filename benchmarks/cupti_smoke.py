@@ -6,6 +6,7 @@ range on its thread falls in it by the launch rule.  Prints a JSON verdict; exit
 
     python benchmarks/cupti_smoke.py
 """
+
 from __future__ import annotations
 
 import json
@@ -34,16 +35,37 @@ def main() -> int:
         script, out = Path(tmp) / "job.py", Path(tmp) / "k.jsonl"
         script.write_text(JOB)
         t0 = time.time_ns()
-        done = subprocess.run([sys.executable, "-m", "gpucost.cli", "collect-kernels", "--out", str(out),
-                               "--node-id", "smoke", "--", "python", str(script)], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpucost.cli",
+                "collect-kernels",
+                "--out",
+                str(out),
+                "--node-id",
+                "smoke",
+                "--",
+                "python",
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+        )
         t1 = time.time_ns()
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     kernels = [r for r in rows if r["kind"] == "kernel_activity"]
     ranges = [r for r in rows if r["kind"] == "annotation_range"]
     gemms = [k for k in kernels if k["category"] == "kernel"]
     smoke = [r for r in ranges if r["name"] == "smoke"]
-    inside = [k for k in gemms if smoke and "launch_ns" in k and k["launch_tid"] == smoke[0]["tid"]
-              and smoke[0]["start_ns"] <= k["launch_ns"] <= smoke[0]["end_ns"]]
+    inside = [
+        k
+        for k in gemms
+        if smoke
+        and "launch_ns" in k
+        and k["launch_tid"] == smoke[0]["tid"]
+        and smoke[0]["start_ns"] <= k["launch_ns"] <= smoke[0]["end_ns"]
+    ]
     checks = {
         "exit_0": done.returncode == 0,
         "kernels_present": len(gemms) >= 20,
@@ -55,9 +77,19 @@ def main() -> int:
         "kernels_in_smoke_range": len(inside) >= 20,
         "memcpy_present": any(k["category"] == "memcpy" for k in kernels),
     }
-    print(json.dumps({"smoke": "cupti", "ok": all(checks.values()), "checks": checks, "kernels": len(kernels),
-                      "ranges": len(ranges), "stderr_tail": done.stderr[-2000:],
-                      "sample": (gemms[:1] + ranges[:1])}))
+    print(
+        json.dumps(
+            {
+                "smoke": "cupti",
+                "ok": all(checks.values()),
+                "checks": checks,
+                "kernels": len(kernels),
+                "ranges": len(ranges),
+                "stderr_tail": done.stderr[-2000:],
+                "sample": (gemms[:1] + ranges[:1]),
+            }
+        )
+    )
     return 0 if all(checks.values()) else 1
 
 

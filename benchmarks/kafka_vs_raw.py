@@ -1,5 +1,6 @@
 """2. The Kafka path vs a bare consumer: input events/s through one worker, against the rate
 at which a bare aiokafka consumer reads the same input topics from the same local broker."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,13 @@ async def _partitions(kafka: KafkaSettings) -> list[TopicPartition]:
 
 async def raw_read(kafka: KafkaSettings, messages: int) -> tuple[float, int]:
     """Read every input message once, counting the events in each batch; (seconds, events)."""
-    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, auto_offset_reset="earliest",
-                                max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
+    consumer = AIOKafkaConsumer(
+        **kafka.client_options(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=16 << 20,
+        fetch_max_bytes=64 << 20,
+    )
     await consumer.start()
     try:
         consumer.assign(await _partitions(kafka))
@@ -91,8 +97,9 @@ async def through_worker(kafka: KafkaSettings, messages: int) -> Through:
     stop.set()
     await task
     owned, began, first = worker.owned_at or end, worker.began_at or end, worker.first_at or end
-    return Through(owned - start, began - start, first - start, end - start,
-                   (messages - worker.first_messages) / messages)
+    return Through(
+        owned - start, began - start, first - start, end - start, (messages - worker.first_messages) / messages
+    )
 
 
 async def _input_messages(kafka: KafkaSettings) -> int:
@@ -113,8 +120,9 @@ def run(gpus: int, hours: float, interval_s: float, port: int = 19700) -> Result
 
         async def scenario() -> tuple[float, int, Through, int]:
             await create_topics(kafka)
-            await publish(simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=interval_s)), kafka,
-                          spool=data / "spool")
+            await publish(
+                simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=interval_s)), kafka, spool=data / "spool"
+            )
             messages = await _input_messages(kafka)
             raw_s, events = await raw_read(kafka, messages)
             return raw_s, events, await through_worker(kafka, messages), messages
@@ -123,22 +131,38 @@ def run(gpus: int, hours: float, interval_s: float, port: int = 19700) -> Result
         ratio = raw_s / w.end_s
         steady_s = w.end_s - w.first_s
         return Result(
-            "2. Kafka worker vs a bare consumer", "worker ≥ 50 % of the bare consumer's events/s", ratio >= 0.5,
-            [("input", f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {events:,} events in {messages:,} messages, "
-                       f"4 partitions per topic, local broker, zstd (as gpucost produces)"),
-             ("bare aiokafka consumer", f"{raw_s:.2f} s, {events / raw_s:,.0f} events/s"),
-             ("one worker (decode, operators, transactions, state)", f"{w.end_s:.1f} s, {events / w.end_s:,.0f} "
-                                                                     "events/s"),
-             ("… of which start-up: group join, a fencing producer and a state restore per input partition",
-              f"{w.owned_s:.2f} s"),
-             ("… after its first applied batch (steady state: start-up and that batch left out)",
-              f"{steady_s:.1f} s for {w.after_first:.0%} of the messages, about "
-              f"{events * w.after_first / steady_s:,.0f} events/s"),
-             ("ratio (worker / bare), the target's measure", f"{ratio:.3f}")],
-            ["The worker's time runs from its first poll (group join and state restore included) to the last "
-             "input message applied; the bare consumer only reads and counts.",
-             f"The target gives the worker {2 * raw_s:.2f} s for this input (twice the bare consumer's time); its "
-             f"start-up alone took {w.owned_s:.2f} s."])
+            "2. Kafka worker vs a bare consumer",
+            "worker ≥ 50 % of the bare consumer's events/s",
+            ratio >= 0.5,
+            [
+                (
+                    "input",
+                    f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {events:,} events in {messages:,} messages, "
+                    f"4 partitions per topic, local broker, zstd (as gpucost produces)",
+                ),
+                ("bare aiokafka consumer", f"{raw_s:.2f} s, {events / raw_s:,.0f} events/s"),
+                (
+                    "one worker (decode, operators, transactions, state)",
+                    f"{w.end_s:.1f} s, {events / w.end_s:,.0f} events/s",
+                ),
+                (
+                    "… of which start-up: group join, a fencing producer and a state restore per input partition",
+                    f"{w.owned_s:.2f} s",
+                ),
+                (
+                    "… after its first applied batch (steady state: start-up and that batch left out)",
+                    f"{steady_s:.1f} s for {w.after_first:.0%} of the messages, about "
+                    f"{events * w.after_first / steady_s:,.0f} events/s",
+                ),
+                ("ratio (worker / bare), the target's measure", f"{ratio:.3f}"),
+            ],
+            [
+                "The worker's time runs from its first poll (group join and state restore included) to the last "
+                "input message applied; the bare consumer only reads and counts.",
+                f"The target gives the worker {2 * raw_s:.2f} s for this input (twice the bare consumer's time); its "
+                f"start-up alone took {w.owned_s:.2f} s.",
+            ],
+        )
     finally:
         subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "stop"], env=env, capture_output=True)
         shutil.rmtree(data, ignore_errors=True)

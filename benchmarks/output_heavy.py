@@ -8,6 +8,7 @@ GenAI 2026 duty-cycle trace (real, anonymised; ``../shared/data``, read in place
 teams at its first sample, one price. Both sides are timed as in benchmark 1 (three runs each,
 alternated, medians), over the same Parquet events, and must produce the same record counts.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -38,8 +39,9 @@ def trace_events(archive: Path) -> list[Event]:
         member = tar.extractfile("pod_gpu_duty_cycle_anon.csv")
         assert member is not None
         table = pacsv.read_csv(member)
-    rows = sorted(zip(table["timestamp_anon"].to_pylist(), table["container_ip"].to_pylist(),
-                      table["value"].to_pylist()))
+    rows = sorted(
+        zip(table["timestamp_anon"].to_pylist(), table["container_ip"].to_pylist(), table["value"].to_pylist())
+    )
     pods = {ip: i for i, ip in enumerate(sorted({ip for _, ip, _ in rows}))}
     events: list[Event] = [Price(gpu_model="default", ts_ns=TS_MIN_NS, usd_per_gpu_hour=Decimal("4"))]
     bound: set[str] = set()
@@ -47,13 +49,45 @@ def trace_events(archive: Path) -> list[Event]:
         ts_ns, gpu, pid, util = int(ts) * NS, f"GPU-{ip}", 1000 + pods[ip], round(float(value), 2)
         if ip not in bound:
             bound.add(ip)
-            events.append(TenantBinding(node_id="alibaba-genai", pid=pid, ts_ns=ts_ns, team=f"team-{pods[ip] % TEAMS}",
-                                        env="prod", app=f"app-{pods[ip] % 31}", tier="", sla="Silver"))
-        events.append(GpuSample(node_id="alibaba-genai", gpu_uuid=gpu, gpu_model="anonymised", ts_ns=ts_ns,
-                                interval_s=STEP_S, sm_util_pct=util, mem_bw_util_pct=0.0, mem_used_bytes=0,
-                                mem_total_bytes=0, power_w=0.0, temp_c=0.0))
-        events.append(ProcessSample(node_id="alibaba-genai", gpu_uuid=gpu, pid=pid, ts_ns=ts_ns, interval_s=STEP_S,
-                                    sm_util_pct=util, mem_bw_util_pct=0.0, mem_used_bytes=0))
+            events.append(
+                TenantBinding(
+                    node_id="alibaba-genai",
+                    pid=pid,
+                    ts_ns=ts_ns,
+                    team=f"team-{pods[ip] % TEAMS}",
+                    env="prod",
+                    app=f"app-{pods[ip] % 31}",
+                    tier="",
+                    sla="Silver",
+                )
+            )
+        events.append(
+            GpuSample(
+                node_id="alibaba-genai",
+                gpu_uuid=gpu,
+                gpu_model="anonymised",
+                ts_ns=ts_ns,
+                interval_s=STEP_S,
+                sm_util_pct=util,
+                mem_bw_util_pct=0.0,
+                mem_used_bytes=0,
+                mem_total_bytes=0,
+                power_w=0.0,
+                temp_c=0.0,
+            )
+        )
+        events.append(
+            ProcessSample(
+                node_id="alibaba-genai",
+                gpu_uuid=gpu,
+                pid=pid,
+                ts_ns=ts_ns,
+                interval_s=STEP_S,
+                sm_util_pct=util,
+                mem_bw_util_pct=0.0,
+                mem_used_bytes=0,
+            )
+        )
     return events
 
 
@@ -80,17 +114,35 @@ def run(shared_data: Path) -> Result:
             assert not run_stats.dead_letters  # type: ignore[attr-defined]
         ratio = sql_s / embedded_s
         out = sum(stats.rows.values())  # type: ignore[attr-defined]
-        return Result(name, target, ratio >= 1.0, [
-            ("input", f"the Alibaba GenAI 2026 duty-cycle trace, 143 pods as GPUs at 57 s: {n:,} events in Parquet"),
-            ("records out", f"{out:,} (idle_index {want[0]:,}, cost {want[1]:,}): {out / n:.2f} per event in"),
-            ("embedded pipeline, Parquet (batch path)",
-             f"{embedded_s:.2f} s, {n / embedded_s:,.0f} events/s (median of "
-             + ", ".join(f"{s:.2f}" for s, _ in embedded) + " s)"),
-            ("DuckDB, tests/recompute.sql over the Parquet",
-             f"{sql_s:.2f} s, {n / sql_s:,.0f} events/s (median of " + ", ".join(f"{s:.2f}" for s in sql) + " s)"),
-            ("ratio (embedded / DuckDB)", f"{ratio:.3f}")],
-            ["The same method as benchmark 1; DuckDB leaves the largest-remainder split as exact shares and computes "
-             "no record ids, health, quota, efficiency or MAE records (this trace has no memory accesses).",
-             "Every embedded run writes its Parquet output (zstd, fsync), as `gpucost replay` does."])
+        return Result(
+            name,
+            target,
+            ratio >= 1.0,
+            [
+                (
+                    "input",
+                    f"the Alibaba GenAI 2026 duty-cycle trace, 143 pods as GPUs at 57 s: {n:,} events in Parquet",
+                ),
+                ("records out", f"{out:,} (idle_index {want[0]:,}, cost {want[1]:,}): {out / n:.2f} per event in"),
+                (
+                    "embedded pipeline, Parquet (batch path)",
+                    f"{embedded_s:.2f} s, {n / embedded_s:,.0f} events/s (median of "
+                    + ", ".join(f"{s:.2f}" for s, _ in embedded)
+                    + " s)",
+                ),
+                (
+                    "DuckDB, tests/recompute.sql over the Parquet",
+                    f"{sql_s:.2f} s, {n / sql_s:,.0f} events/s (median of "
+                    + ", ".join(f"{s:.2f}" for s in sql)
+                    + " s)",
+                ),
+                ("ratio (embedded / DuckDB)", f"{ratio:.3f}"),
+            ],
+            [
+                "The same method as benchmark 1; DuckDB leaves the largest-remainder split as exact shares and "
+                "computes no record ids, health, quota, efficiency or MAE records (this trace has no memory accesses).",
+                "Every embedded run writes its Parquet output (zstd, fsync), as `gpucost replay` does.",
+            ],
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)

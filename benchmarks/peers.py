@@ -14,6 +14,7 @@ The worker does the whole job (every operator, both input topics, state and outp
 transactions). Each side's rate is its input events over the time from its first message to its
 last one processed (start-up left out on every side), median of ``runs``, alternated.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,9 +43,11 @@ from gpucost.streams.settings import AuditSettings
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".peers-venv"
 PINS = ("quixstreams==3.28.1", "faust-streaming==0.15.3", "cramjam==2.14.0")  # cramjam: zstd for faust's aiokafka
-PEERS = {"quixstreams, idiomatic": ("quix_idle.py", ["idiomatic"]),
-         "quixstreams, pre-summing each message": ("quix_idle.py", ["presum"]),
-         "faust-streaming": ("faust_idle.py", ["worker", "-l", "warn"])}
+PEERS = {
+    "quixstreams, idiomatic": ("quix_idle.py", ["idiomatic"]),
+    "quixstreams, pre-summing each message": ("quix_idle.py", ["presum"]),
+    "faust-streaming": ("faust_idle.py", ["worker", "-l", "warn"]),
+}
 
 
 def peers_python() -> Path | str:
@@ -54,8 +57,7 @@ def peers_python() -> Path | str:
         return python
     try:
         subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True, capture_output=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PINS], check=True, capture_output=True,
-                       timeout=900)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PINS], check=True, capture_output=True, timeout=900)
     except (subprocess.SubprocessError, OSError) as exc:
         shutil.rmtree(PEERS_VENV, ignore_errors=True)
         return f"the peers could not be installed ({exc})"
@@ -64,10 +66,20 @@ def peers_python() -> Path | str:
 
 def peer_run(python: Path, script: str, args: list[str], kafka: KafkaSettings, messages: int) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        env = {**os.environ, "PEER_BOOTSTRAP": kafka.bootstrap, "PEER_TOPIC": kafka.topic("events"),
-               "PEER_MESSAGES": str(messages), "PEER_OUT": out.name}
-        done = subprocess.run([str(python), str(ROOT / "benchmarks" / "peer_apps" / script), *args], env=env,
-                              capture_output=True, text=True, timeout=1200)
+        env = {
+            **os.environ,
+            "PEER_BOOTSTRAP": kafka.bootstrap,
+            "PEER_TOPIC": kafka.topic("events"),
+            "PEER_MESSAGES": str(messages),
+            "PEER_OUT": out.name,
+        }
+        done = subprocess.run(
+            [str(python), str(ROOT / "benchmarks" / "peer_apps" / script), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         if done.returncode:
             raise RuntimeError(f"{script} {' '.join(args)} failed: {done.stderr[-2000:]}")
         return json.loads(Path(out.name).read_text())
@@ -75,12 +87,17 @@ def peer_run(python: Path, script: str, args: list[str], kafka: KafkaSettings, m
 
 def our_panes(gpus: int, hours: float, work: Path) -> dict[tuple[str, int], tuple[int, int]]:
     """gpucost's panes of the same fleet, from the embedded run: (GPU, start in ms) → (idle, covered) ms."""
-    run_embedded(((e, "simulate") for e in simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=10))), AuditSettings(),
-                 work)
-    rows = pq.read_table(work / "idle_index", columns=["gpu_uuid", "pane_start_ns", "idle_ms", "covered_ms",
-                                                       "revision"]).to_pylist()
-    return {(r["gpu_uuid"], r["pane_start_ns"] // 1_000_000): (r["idle_ms"], r["covered_ms"]) for r in rows
-            if r["revision"] == 0}
+    run_embedded(
+        ((e, "simulate") for e in simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=10))), AuditSettings(), work
+    )
+    rows = pq.read_table(
+        work / "idle_index", columns=["gpu_uuid", "pane_start_ns", "idle_ms", "covered_ms", "revision"]
+    ).to_pylist()
+    return {
+        (r["gpu_uuid"], r["pane_start_ns"] // 1_000_000): (r["idle_ms"], r["covered_ms"])
+        for r in rows
+        if r["revision"] == 0
+    }
 
 
 def agreement(peer: dict[str, Any], ours: dict[tuple[str, int], tuple[int, int]], gpus: int) -> str:
@@ -90,16 +107,23 @@ def agreement(peer: dict[str, Any], ours: dict[tuple[str, int], tuple[int, int]]
     # a GPU's panes still within the allowed lateness of its last event when input ends stay open in a peer
     open_at_end = gpus * (1 + AuditSettings().lateness_s // 60)
     if wrong or len(windows) < len(ours) - open_at_end:
-        raise AssertionError(f"a peer disagrees with gpucost: {len(wrong)} of {len(windows)} windows differ "
-                             f"(first: {wrong[:3]}), {len(ours) - len(windows)} of gpucost's {len(ours)} panes missing")
+        raise AssertionError(
+            f"a peer disagrees with gpucost: {len(wrong)} of {len(windows)} windows differ "
+            f"(first: {wrong[:3]}), {len(ours) - len(windows)} of gpucost's {len(ours)} panes missing"
+        )
     return f"{len(windows):,} windows equal to gpucost's panes"
 
 
 def run(gpus: int, hours: float, runs: int = 3, port: int = 19740) -> Result:
     python = peers_python()
     if isinstance(python, str):
-        return Result("11. The worker against its peers", "worker ≥ 3× idiomatic quixstreams, ≥ 1.5× pre-summing",
-                      None, [], [python])
+        return Result(
+            "11. The worker against its peers",
+            "worker ≥ 3× idiomatic quixstreams, ≥ 1.5× pre-summing",
+            None,
+            [],
+            [python],
+        )
     data = Path(tempfile.mkdtemp(prefix="gpucost-bench-peers-"))
     env = {**os.environ, "GPUCOST_KAFKA_PORT": str(port), "GPUCOST_KAFKA_DATA": str(data)}
     subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "start"], env=env, check=True, capture_output=True)
@@ -113,9 +137,19 @@ def run(gpus: int, hours: float, runs: int = 3, port: int = 19740) -> Result:
             return await read_input(source)
 
         inputs = asyncio.run(setup())
-        count = {t: (sum(len(b) for tp, b in inputs.items() if tp.topic == source.topic(t)),
-                     sum(m.value.count(b"\n") + 1 for tp, b in inputs.items() if tp.topic == source.topic(t)
-                         for m in b if m.value)) for t in ("events", "mem_access")}
+        count = {
+            t: (
+                sum(len(b) for tp, b in inputs.items() if tp.topic == source.topic(t)),
+                sum(
+                    m.value.count(b"\n") + 1
+                    for tp, b in inputs.items()
+                    if tp.topic == source.topic(t)
+                    for m in b
+                    if m.value
+                ),
+            )
+            for t in ("events", "mem_access")
+        }
         ours = our_panes(gpus, hours, data / "embedded")
         rates: dict[str, list[float]] = {"gpucost worker (the whole job)": [], **{name: [] for name in PEERS}}
         agreed: dict[str, str] = {}
@@ -123,8 +157,9 @@ def run(gpus: int, hours: float, runs: int = 3, port: int = 19740) -> Result:
             kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"peers{i}.", partitions=PARTITIONS)
             asyncio.run(copy_input(inputs, source, kafka))
             worker = asyncio.run(through_worker(kafka, sum(m for m, _ in count.values())))
-            rates["gpucost worker (the whole job)"].append(sum(e for _, e in count.values())
-                                                           / (worker.end_s - worker.began_s))
+            rates["gpucost worker (the whole job)"].append(
+                sum(e for _, e in count.values()) / (worker.end_s - worker.began_s)
+            )
             for name, (script, args) in PEERS.items():
                 peer = peer_run(python, script, args, source, count["events"][0])
                 rates[name].append(peer["events"] / (peer["last"] - peer["first"]))
@@ -135,22 +170,39 @@ def run(gpus: int, hours: float, runs: int = 3, port: int = 19740) -> Result:
 
     median = {name: statistics.median(r) for name, r in rates.items()}
     ours_rate = median["gpucost worker (the whole job)"]
-    rows = [("input", f"{gpus} GPUs × {hours:g} h at 10 s: {count['events'][1]:,} events in {count['events'][0]:,} "
-                      f"messages on the events topic, {count['mem_access'][1]:,} in {count['mem_access'][0]:,} on "
-                      f"mem_access (the worker's alone), {PARTITIONS} partitions, one process each")]
+    rows = [
+        (
+            "input",
+            f"{gpus} GPUs × {hours:g} h at 10 s: {count['events'][1]:,} events in {count['events'][0]:,} "
+            f"messages on the events topic, {count['mem_access'][1]:,} in {count['mem_access'][0]:,} on "
+            f"mem_access (the worker's alone), {PARTITIONS} partitions, one process each",
+        )
+    ]
     for name, r in rates.items():
-        rows.append((name, f"{median[name]:,.0f} events/s (runs: " + ", ".join(f"{x:,.0f}" for x in r) + ")"
-                     + (f"; {agreed[name]}" if name in agreed else "")))
+        rows.append(
+            (
+                name,
+                f"{median[name]:,.0f} events/s (runs: "
+                + ", ".join(f"{x:,.0f}" for x in r)
+                + ")"
+                + (f"; {agreed[name]}" if name in agreed else ""),
+            )
+        )
     idiomatic, presum = median["quixstreams, idiomatic"], median["quixstreams, pre-summing each message"]
     rows.append(("worker / quixstreams idiomatic (target ≥ 3)", f"{ours_rate / idiomatic:.2f}"))
     rows.append(("worker / quixstreams pre-summing (target ≥ 1.5)", f"{ours_rate / presum:.2f}"))
     rows.append(("worker / faust-streaming", f"{ours_rate / median['faust-streaming']:.1f}"))
-    return Result("11. The worker against its peers", "the worker ≥ 3× idiomatic quixstreams and ≥ 1.5× "
-                  "quixstreams pre-summing, on the full job", ours_rate >= 3 * idiomatic and ours_rate >= 1.5 * presum,
-                  rows,
-                  [f"Peers: {', '.join(PINS)}, in `.peers-venv` (Python {sys.version_info.major}."
-                   f"{sys.version_info.minor}); each reads the events topic from the beginning in a consumer group "
-                   "of its own, and stops at its last message.",
-                   "Rates are events/s from the first message seen to the last one processed; the worker's from the "
-                   "start of its first batch to the end of its last transaction (polled every 10 ms, as benchmark 2 "
-                   "does), over both input topics."])
+    return Result(
+        "11. The worker against its peers",
+        "the worker ≥ 3× idiomatic quixstreams and ≥ 1.5× quixstreams pre-summing, on the full job",
+        ours_rate >= 3 * idiomatic and ours_rate >= 1.5 * presum,
+        rows,
+        [
+            f"Peers: {', '.join(PINS)}, in `.peers-venv` (Python {sys.version_info.major}."
+            f"{sys.version_info.minor}); each reads the events topic from the beginning in a consumer group "
+            "of its own, and stops at its last message.",
+            "Rates are events/s from the first message seen to the last one processed; the worker's from the "
+            "start of its first batch to the end of its last transaction (polled every 10 ms, as benchmark 2 "
+            "does), over both input topics.",
+        ],
+    )

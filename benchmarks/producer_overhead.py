@@ -19,6 +19,7 @@ against the same programs without it, alternated so that both see the same machi
 - each against the same kernel events with a BPF program that does nothing attached (the
   floor: what the kernel's perf event or uprobe costs before any program of ours runs).
 """
+
 from __future__ import annotations
 
 import os
@@ -48,10 +49,26 @@ REAL_REPEAT = 7  # … of the real program
 CUDA_REPEAT = 5  # … of the launches, whose cost is far above the noise
 #: the GPU-shaped programs: (what, host MiB written at start-up, steps, launches per step, µs of device time a kernel,
 #: runs a side). The GPU-bound one's cost is near the noise, so it gets the most runs.
-GPU_SHAPED = [("large kernels (GPU-bound, as a training step is): 512 MiB of host memory at start-up, 40 steps of "
-               "500 launches of 100 µs", 512, 40, 500, 100, 9),
-              ("small kernels (launch-bound, as a decoder without CUDA graphs is): 64 MiB at start-up, 40 steps of "
-               "2,000 launches of 8 µs", 64, 40, 2000, 8, 5)]
+GPU_SHAPED = [
+    (
+        "large kernels (GPU-bound, as a training step is): 512 MiB of host memory at start-up, 40 steps of "
+        "500 launches of 100 µs",
+        512,
+        40,
+        500,
+        100,
+        9,
+    ),
+    (
+        "small kernels (launch-bound, as a decoder without CUDA graphs is): 64 MiB at start-up, 40 steps of "
+        "2,000 launches of 8 µs",
+        64,
+        40,
+        2000,
+        8,
+        5,
+    ),
+]
 REAL_GPUS = 16
 
 
@@ -100,8 +117,19 @@ class _Producer:
 
     def __init__(self, libcuda: Path | None = None) -> None:
         self.out = Path(tempfile.mkdtemp(prefix="gpucost-bench-ebpf-out-"))
-        argv = [sys.executable, "-c", _CLI, "run", "--source", "ebpf", "--ebpf-sample-every", "16",
-                "--out", str(self.out), "--overwrite"] + ([] if libcuda is None else ["--libcuda", str(libcuda)])
+        argv = [
+            sys.executable,
+            "-c",
+            _CLI,
+            "run",
+            "--source",
+            "ebpf",
+            "--ebpf-sample-every",
+            "16",
+            "--out",
+            str(self.out),
+            "--overwrite",
+        ] + ([] if libcuda is None else ["--libcuda", str(libcuda)])
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.output = self.proc.stderr
         self.counts: Counter[str] = Counter()
@@ -127,8 +155,9 @@ class _Floor:
 
     def __init__(self, program: str = f"software:page-faults:{2**31 - 1} {{ }}") -> None:
         self.counts: Counter[str] = Counter()
-        self.proc = subprocess.Popen(["bpftrace", "-e", program],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            ["bpftrace", "-e", program], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
         self.output = self.proc.stdout
 
     def parse(self, line: str) -> list[object]:
@@ -207,16 +236,27 @@ def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any]
         probe.stop()
         reader.join(10)
         counts.update(probe.counts)
-    return Probed(statistics.median(base), statistics.median(probed), int(statistics.median(faults)), counts, base,
-                  probed, probe_cpu)
+    return Probed(
+        statistics.median(base),
+        statistics.median(probed),
+        int(statistics.median(faults)),
+        counts,
+        base,
+        probed,
+        probe_cpu,
+    )
 
 
 def _replay(work: Path) -> list[str]:
     """A real program to trace: ``gpucost replay`` of a simulated fleet stored as Parquet."""
     from gpucost.cli import main as gpucost
 
-    assert gpucost(["simulate", "--gpus", str(REAL_GPUS), "--hours", "72", "--format", "parquet",
-                    "--out", str(work / "in")]) == 0
+    assert (
+        gpucost(
+            ["simulate", "--gpus", str(REAL_GPUS), "--hours", "72", "--format", "parquet", "--out", str(work / "in")]
+        )
+        == 0
+    )
     return [sys.executable, "-c", _CLI, "replay", str(work / "in"), "--out", str(work / "out"), "--overwrite"]
 
 
@@ -227,11 +267,14 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
         return None
     fault_loop = _build([ROOT / "benchmarks" / "c" / "fault_loop.c"], "fault_loop")
     met, per_fault = None, 0.0
-    for passes, what in [(1, "nothing but page faults (the bound)"),
-                         (16, "16 passes over its memory per mapping (faults about half its time; the verdict)")]:
-        for attach, how in [(_Producer, "under the producer (1 in 16 reported)"),
-                            (_Floor, "only the kernel's page-fault counter attached (a BPF program that "
-                                           "never runs)")]:
+    for passes, what in [
+        (1, "nothing but page faults (the bound)"),
+        (16, "16 passes over its memory per mapping (faults about half its time; the verdict)"),
+    ]:
+        for attach, how in [
+            (_Producer, "under the producer (1 in 16 reported)"),
+            (_Floor, "only the kernel's page-fault counter attached (a BPF program that never runs)"),
+        ]:
             eb = under_probe([str(fault_loop), "64", "40", str(passes)], attach=attach)
             if isinstance(eb, str):
                 notes.append(f"eBPF: not measured here: {eb}")
@@ -240,11 +283,17 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
             if attach is _Producer:
                 per_fault = ns if passes == 1 else per_fault
                 met = eb.slowdown < 0.02 if passes == 16 else met
-                rows.append((f"fault_loop, {what}: no probe", f"{eb.base_s * 1000:,.0f} ms (median), "
-                             f"{eb.faults:,} page faults"))
-            rows.append((f"… {how}", f"{eb.probed_s * 1000:,.0f} ms (median){_events(eb)}; slowdown "
-                         f"{eb.slowdown * 100:+.1f} % (pairs: {_pairs(eb)}), {ns:,.0f} ns per fault"
-                         f"{_cpu(eb) if attach is _Producer else ''}"))
+                rows.append(
+                    (f"fault_loop, {what}: no probe", f"{eb.base_s * 1000:,.0f} ms (median), {eb.faults:,} page faults")
+                )
+            rows.append(
+                (
+                    f"… {how}",
+                    f"{eb.probed_s * 1000:,.0f} ms (median){_events(eb)}; slowdown "
+                    f"{eb.slowdown * 100:+.1f} % (pairs: {_pairs(eb)}), {ns:,.0f} ns per fault"
+                    f"{_cpu(eb) if attach is _Producer else ''}",
+                )
+            )
     work = Path(tempfile.mkdtemp(prefix="gpucost-bench-ebpf-"))
     try:
         real = under_probe(_replay(work), repeat=REAL_REPEAT)
@@ -253,24 +302,31 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
     assert not isinstance(real, str)  # tracing worked for fault_loop just before
     rate = real.faults / real.base_s
     rows += [
-        (f"`gpucost replay` of {REAL_GPUS} GPUs × 72 h of Parquet (a real program: Python, numpy, Arrow), "
-         "no probe", f"{real.base_s * 1000:,.0f} ms (median of {REAL_REPEAT}: {_spread(real.base_runs)}), "
-         f"{real.faults:,} page faults ({rate:,.0f} a second)"),
-        ("… under the producer (1 in 16 reported)",
-         f"{real.probed_s * 1000:,.0f} ms (median: {_spread(real.probed_runs)}){_events(real)}; slowdown "
-         f"{real.slowdown * 100:+.1f} %; expected from its faults at fault_loop's cost per fault: "
-         f"{rate * per_fault / 1e7:+.2f} %{_cpu(real)}")]
+        (
+            f"`gpucost replay` of {REAL_GPUS} GPUs × 72 h of Parquet (a real program: Python, numpy, Arrow), no probe",
+            f"{real.base_s * 1000:,.0f} ms (median of {REAL_REPEAT}: {_spread(real.base_runs)}), "
+            f"{real.faults:,} page faults ({rate:,.0f} a second)",
+        ),
+        (
+            "… under the producer (1 in 16 reported)",
+            f"{real.probed_s * 1000:,.0f} ms (median: {_spread(real.probed_runs)}){_events(real)}; slowdown "
+            f"{real.slowdown * 100:+.1f} %; expected from its faults at fault_loop's cost per fault: "
+            f"{rate * per_fault / 1e7:+.2f} %{_cpu(real)}",
+        ),
+    ]
     threshold = f"{0.02 / (per_fault * 1e-9):,.0f} faults a second cost 2 %" if per_fault > 0 else "(no cost seen)"
-    notes.append(f"The producer is `gpucost run --source ebpf` in a process of its own, as a node runs it; each row "
-                 "says how much CPU it used while the program ran. Runs alternate with and without the probe "
-                 f"({REPEAT} each of fault_loop, {REAL_REPEAT} of the real program); a slowdown is the median over "
-                 "the pairs, each run with the probe against the run just before it without. The probe is "
-                 "system-wide, so it also saw the rest of the machine's faults. A program's slowdown is its page "
-                 f"faults per second times the cost per fault: at fault_loop's {per_fault:,.0f} ns, {threshold}. "
-                 "The kernel's counter alone, before any program of ours runs, is the floor of any sampler of page "
-                 "faults. The real program's runs without the probe spread over "
-                 f"{(max(real.base_runs) - min(real.base_runs)) / real.base_s:.0%} of their median here: read its "
-                 "measured slowdown against that.")
+    notes.append(
+        f"The producer is `gpucost run --source ebpf` in a process of its own, as a node runs it; each row "
+        "says how much CPU it used while the program ran. Runs alternate with and without the probe "
+        f"({REPEAT} each of fault_loop, {REAL_REPEAT} of the real program); a slowdown is the median over "
+        "the pairs, each run with the probe against the run just before it without. The probe is "
+        "system-wide, so it also saw the rest of the machine's faults. A program's slowdown is its page "
+        f"faults per second times the cost per fault: at fault_loop's {per_fault:,.0f} ns, {threshold}. "
+        "The kernel's counter alone, before any program of ours runs, is the floor of any sampler of page "
+        "faults. The real program's runs without the probe spread over "
+        f"{(max(real.base_runs) - min(real.base_runs)) / real.base_s:.0%} of their median here: read its "
+        "measured slowdown against that."
+    )
     _cuda(rows, notes)
     return met
 
@@ -284,47 +340,72 @@ def _cuda(rows: list[tuple[str, str]], notes: list[str]) -> None:
         return _Floor(f"uprobe:{lib}:cuLaunchKernel {{ }} uprobe:{lib}:cuMemAlloc_v2 {{ }}")
 
     launcher = _build([ROOT / "tests" / "c" / "launch_kernels.c"], "launch_kernels", "-ldl")
-    probed = [under_probe([str(launcher), str(lib), str(LAUNCHES)], repeat=CUDA_REPEAT, attach=attach)
-              for attach in (lambda: _Producer(lib), empty)]
+    probed = [
+        under_probe([str(launcher), str(lib), str(LAUNCHES)], repeat=CUDA_REPEAT, attach=attach)
+        for attach in (lambda: _Producer(lib), empty)
+    ]
     if isinstance(probed[0], str) or isinstance(probed[1], str):
         notes.append(f"eBPF, CUDA probes: not measured here: {probed[0]}")
         return
     eb, floor = probed
-    rows += [(f"{LAUNCHES:,} kernel launches and allocations (stand-in libcuda): no probe",
-              f"{eb.base_s * 1000:,.0f} ms (median)"),
-             ("… under the producer, with its CUDA probes", f"{eb.probed_s * 1000:,.0f} ms (median), "
-              f"{eb.counts['cuda_launch']:,} launches reported over the {CUDA_REPEAT} runs; "
-              f"{(eb.probed_s - eb.base_s) / LAUNCHES * 1e6:,.2f} µs per launch and allocation{_cpu(eb)}"),
-             ("… only the two uprobes attached (a BPF program that does nothing)",
-              f"{floor.probed_s * 1000:,.0f} ms (median); {(floor.probed_s - floor.base_s) / LAUNCHES * 1e6:,.2f} µs "
-              "per launch and allocation")]
+    rows += [
+        (
+            f"{LAUNCHES:,} kernel launches and allocations (stand-in libcuda): no probe",
+            f"{eb.base_s * 1000:,.0f} ms (median)",
+        ),
+        (
+            "… under the producer, with its CUDA probes",
+            f"{eb.probed_s * 1000:,.0f} ms (median), "
+            f"{eb.counts['cuda_launch']:,} launches reported over the {CUDA_REPEAT} runs; "
+            f"{(eb.probed_s - eb.base_s) / LAUNCHES * 1e6:,.2f} µs per launch and allocation{_cpu(eb)}",
+        ),
+        (
+            "… only the two uprobes attached (a BPF program that does nothing)",
+            f"{floor.probed_s * 1000:,.0f} ms (median); {(floor.probed_s - floor.base_s) / LAUNCHES * 1e6:,.2f} µs "
+            "per launch and allocation",
+        ),
+    ]
     hit_us = (floor.probed_s - floor.base_s) / LAUNCHES / 2 * 1e6
-    notes.append(f"A uprobe hit costs the calling thread {hit_us:,.1f} µs here before any program of ours runs (the "
-                 "two empty uprobes' row, per call). The GPU-shaped program emulates its device: a launch returns at "
-                 "once and queues its kernel's time, a step waits for the queue, so its steps take the longer of "
-                 "launching and the kernels. A job slows by the probes' cost per launch only where launching, with "
-                 "that cost added, outlasts its kernels: a GPU-bound job pays for its start-up page faults alone.")
+    notes.append(
+        f"A uprobe hit costs the calling thread {hit_us:,.1f} µs here before any program of ours runs (the "
+        "two empty uprobes' row, per call). The GPU-shaped program emulates its device: a launch returns at "
+        "once and queues its kernel's time, a step waits for the queue, so its steps take the longer of "
+        "launching and the kernels. A job slows by the probes' cost per launch only where launching, with "
+        "that cost added, outlasts its kernels: a GPU-bound job pays for its start-up page faults alone."
+    )
     gpu_shaped = _build([ROOT / "benchmarks" / "c" / "gpu_shaped.c"], "gpu_shaped", "-ldl")
     for what, host_mib, steps, launches, kernel_us, repeat in GPU_SHAPED:
         argv = [str(gpu_shaped), str(lib), str(host_mib), str(steps), str(launches), str(kernel_us)]
-        runs = [under_probe(argv, repeat=repeat, attach=attach)
-                for attach in (lambda: _Producer(lib), _Producer, empty)]
+        runs = [
+            under_probe(argv, repeat=repeat, attach=attach) for attach in (lambda: _Producer(lib), _Producer, empty)
+        ]
         assert not any(isinstance(r, str) for r in runs)  # the probes attached just before
         eb, default, floor = runs
         assert isinstance(eb, Probed) and isinstance(default, Probed) and isinstance(floor, Probed)
         device_s = steps * launches * kernel_us / 1e6
-        rows += [(f"GPU-shaped program, {what}: no probe", f"{eb.base_s * 1000:,.0f} ms (median of {repeat}: "
-                  f"{_spread(eb.base_runs)}; {device_s * 1000:,.0f} ms of it the device's), {eb.faults:,} page "
-                  f"faults, {steps * launches / eb.base_s:,.0f} launches a second"),
-                 ("… under the producer, with its CUDA probes",
-                  f"{eb.probed_s * 1000:,.0f} ms (median){_events(eb)}; slowdown {eb.slowdown * 100:+.1f} % "
-                  f"(pairs: {_pairs(eb)}){_cpu(eb)}"),
-                 ("… under the producer as it runs by default (launches not probed: no `--libcuda`)",
-                  f"{default.probed_s * 1000:,.0f} ms (median); slowdown {default.slowdown * 100:+.1f} % "
-                  f"(pairs: {_pairs(default)})"),
-                 ("… only the two uprobes attached (a BPF program that does nothing)",
-                  f"{floor.probed_s * 1000:,.0f} ms (median); slowdown {floor.slowdown * 100:+.1f} % "
-                  f"(pairs: {_pairs(floor)})")]
+        rows += [
+            (
+                f"GPU-shaped program, {what}: no probe",
+                f"{eb.base_s * 1000:,.0f} ms (median of {repeat}: "
+                f"{_spread(eb.base_runs)}; {device_s * 1000:,.0f} ms of it the device's), {eb.faults:,} page "
+                f"faults, {steps * launches / eb.base_s:,.0f} launches a second",
+            ),
+            (
+                "… under the producer, with its CUDA probes",
+                f"{eb.probed_s * 1000:,.0f} ms (median){_events(eb)}; slowdown {eb.slowdown * 100:+.1f} % "
+                f"(pairs: {_pairs(eb)}){_cpu(eb)}",
+            ),
+            (
+                "… under the producer as it runs by default (launches not probed: no `--libcuda`)",
+                f"{default.probed_s * 1000:,.0f} ms (median); slowdown {default.slowdown * 100:+.1f} % "
+                f"(pairs: {_pairs(default)})",
+            ),
+            (
+                "… only the two uprobes attached (a BPF program that does nothing)",
+                f"{floor.probed_s * 1000:,.0f} ms (median); slowdown {floor.slowdown * 100:+.1f} % "
+                f"(pairs: {_pairs(floor)})",
+            ),
+        ]
 
 
 def _pairs(eb: Probed) -> str:
@@ -350,8 +431,12 @@ def run(shared_data: Path) -> Result:
     if cpu is None:
         notes.append(f"NVML: the capture {CAPTURE} is not under {shared_data}/nvidia-smi; not measured.")
     else:
-        rows.append(("NVML producer, CPU per sampling round (1 GPU, fake NVML)", f"{cpu * 1e6:,.0f} µs "
-                     f"= {cpu * 100:.3f} % of one core at the default 1 s period"))
+        rows.append(
+            (
+                "NVML producer, CPU per sampling round (1 GPU, fake NVML)",
+                f"{cpu * 1e6:,.0f} µs = {cpu * 100:.3f} % of one core at the default 1 s period",
+            )
+        )
     met = _ebpf(rows, notes)
     if os.environ.get("GPUCOST_BENCH_REAL_GPU"):
         notes.append("A real GPU was present: see the device run in the closing note.")

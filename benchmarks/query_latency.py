@@ -11,6 +11,7 @@ The Kafka sink writes a file per kind and date at each flush, so the same record
 queried as it leaves them before compaction (one file per 2-minute flush), and again after
 ``gpucost.sinks.compact`` has merged them, which is timed too.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -61,8 +62,9 @@ def one_day(con: duckdb.DuckDBPyConnection, gpus: int, path: Path, row_group: in
                (3000000 * tenants)::DECIMAL(38,0) AS busy_num, 60000 AS covered_ms
         FROM parties ORDER BY {sort}""")
     columns = ", ".join(ARROW_SCHEMAS["cost"].names)
-    con.execute(f"COPY (SELECT {columns} FROM day) TO '{path}' "
-                f"(FORMAT PARQUET, COMPRESSION zstd, ROW_GROUP_SIZE {row_group})")
+    con.execute(
+        f"COPY (SELECT {columns} FROM day) TO '{path}' (FORMAT PARQUET, COMPRESSION zstd, ROW_GROUP_SIZE {row_group})"
+    )
     return con.execute("SELECT count(*) FROM day").fetchone()[0]
 
 
@@ -128,22 +130,31 @@ def sink_files(gpus: int, days: int, flushes: int, repeat: int) -> tuple[int, fl
 def run(gpus: int = 1000, days: int = 30, repeat: int = 5, flushes: int = 720) -> Result:
     rows_out = []
     best = None
-    for label, row_group, sort in [("128 Ki-row groups, in arrival order (the sink's first layout)",
-                                    128 * 1024, "pane_start_ns, gpu_uuid"),
-                                   ("1 Mi-row groups, in arrival order (the sink's layout now)", 1024 * 1024,
-                                    "pane_start_ns, gpu_uuid"),
-                                   ("1 Mi-row groups, sorted by team", 1024 * 1024, "team, pane_start_ns")]:
+    for label, row_group, sort in [
+        ("128 Ki-row groups, in arrival order (the sink's first layout)", 128 * 1024, "pane_start_ns, gpu_uuid"),
+        ("1 Mi-row groups, in arrival order (the sink's layout now)", 1024 * 1024, "pane_start_ns, gpu_uuid"),
+        ("1 Mi-row groups, sorted by team", 1024 * 1024, "team, pane_start_ns"),
+    ]:
         rows, seconds, size = layout(gpus, days, row_group, sort, repeat)
-        rows_out.append((label, f"{seconds * 1000:,.0f} ms median of {repeat} ({rows:,} rows, "
-                                f"{size / 2**30:.2f} GiB)"))
+        rows_out.append((label, f"{seconds * 1000:,.0f} ms median of {repeat} ({rows:,} rows, {size / 2**30:.2f} GiB)"))
         best = seconds if best is None else min(best, seconds)
     assert best is not None
     files, before, took, after_files, after = sink_files(gpus, days, flushes, repeat)
-    rows_out += [(f"as the Kafka sink flushes them, one file every {24 * 60 // flushes} min, before compaction",
-                  f"{before * 1000:,.0f} ms median of {repeat} ({files:,} files)"),
-                 ("the same after `gpucost.sinks.compact` merged them (what the sink and `gpucost compact` do)",
-                  f"{after * 1000:,.0f} ms median of {repeat} ({after_files:,} files; the compaction took "
-                  f"{took:,.1f} s)")]
-    return Result("4. Query latency", f"cost per team per day over {days} days × {gpus:,} GPUs in < 1 s, in the "
-                  "best layout and in the sink's once compacted", best < 1.0 and after < 1.0, rows_out,
-                  [f"Query: `{QUERY}`, through the views of `gpucost query`."])
+    rows_out += [
+        (
+            f"as the Kafka sink flushes them, one file every {24 * 60 // flushes} min, before compaction",
+            f"{before * 1000:,.0f} ms median of {repeat} ({files:,} files)",
+        ),
+        (
+            "the same after `gpucost.sinks.compact` merged them (what the sink and `gpucost compact` do)",
+            f"{after * 1000:,.0f} ms median of {repeat} ({after_files:,} files; the compaction took {took:,.1f} s)",
+        ),
+    ]
+    return Result(
+        "4. Query latency",
+        f"cost per team per day over {days} days × {gpus:,} GPUs in < 1 s, in the "
+        "best layout and in the sink's once compacted",
+        best < 1.0 and after < 1.0,
+        rows_out,
+        [f"Query: `{QUERY}`, through the views of `gpucost query`."],
+    )

@@ -13,6 +13,7 @@
   the group's first commit to its last, polled from the group's committed offsets, and the CPU
   the workers and the broker used meanwhile.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +56,9 @@ def gpu_state() -> list[tuple[bytes, bytes | None]]:
     return state_records(KEY, auditor, SeenSequences(), None, {})
 
 
-async def write_state(kafka: KafkaSettings, partition: int, gpus: int, records: list[tuple[bytes, bytes | None]],
-                      first: int = 0) -> int:
+async def write_state(
+    kafka: KafkaSettings, partition: int, gpus: int, records: list[tuple[bytes, bytes | None]], first: int = 0
+) -> int:
     """``gpus`` copies of ``records`` (GPUs ``first``…) in the events state partition ``partition``, and the
     progress of an input never applied; the bytes written."""
     producer = AIOKafkaProducer(**kafka.producer_options(), max_request_size=8 << 20, linger_ms=20)
@@ -128,10 +130,19 @@ async def _until(check: Any, tasks: list[asyncio.Task[None]], timeout_s: float =
 
 
 def _worker_process(kafka: KafkaSettings, group: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": kafka.bootstrap, "GPUCOST_KAFKA_PARTITIONS": str(PARTITIONS),
-           "GPUCOST_KAFKA_TOPIC_PREFIX": kafka.topic_prefix}
-    return subprocess.Popen([sys.executable, "-m", "gpucost.cli", "worker", "--group", group, "--session-timeout-s",
-                             "10"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "GPUCOST_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "GPUCOST_KAFKA_PARTITIONS": str(PARTITIONS),
+        "GPUCOST_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpucost.cli", "worker", "--group", group, "--session-timeout-s", "10"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def rebalance_pause(kafka: KafkaSettings, cls: type[_Paused]) -> tuple[float, float, dict[str, int]]:
@@ -207,8 +218,13 @@ async def scale_out(kafka: KafkaSettings, workers: int, messages: int, events: i
         end, (w1, b1) = time.perf_counter(), cpu()
         # an input applied before the group settled (--quick's) is timed from the processes' start
         at, first, (w0, b0) = settled or spawned
-        return ScaleRun(workers, events * (messages - first) / messages / (end - at), at - start,
-                        (w1 - w0) / (end - at), (b1 - b0) / (end - at))
+        return ScaleRun(
+            workers,
+            events * (messages - first) / messages / (end - at),
+            at - start,
+            (w1 - w0) / (end - at),
+            (b1 - b0) / (end - at),
+        )
     finally:
         for p in procs:
             p.terminate()
@@ -250,8 +266,9 @@ async def copy_input(messages: dict[TopicPartition, list[Any]], source: KafkaSet
         await producer.stop()
 
 
-def run(sizes: tuple[int, ...], rebalance_gpus: int, gpus: int, hours: float, pairs: int = 2,
-        port: int = 19710) -> Result:
+def run(
+    sizes: tuple[int, ...], rebalance_gpus: int, gpus: int, hours: float, pairs: int = 2, port: int = 19710
+) -> Result:
     data = Path(tempfile.mkdtemp(prefix="gpucost-bench-rebalance-"))
     env = {**os.environ, "GPUCOST_KAFKA_PORT": str(port), "GPUCOST_KAFKA_DATA": str(data)}
     subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "start"], env=env, check=True, capture_output=True)
@@ -288,13 +305,17 @@ def run(sizes: tuple[int, ...], rebalance_gpus: int, gpus: int, hours: float, pa
             await publish(simulate(FleetSpec(gpus=gpus, hours=hours, interval_s=10)), source, spool=data / "spool")
             inputs = await read_input(source)
             messages = sum(map(len, inputs.values()))
-            by_partition = [sum(m.value.count(b"\n") + 1 for m in inputs[TopicPartition(source.topic(t), p)] if m.value)
-                            for t in INPUTS for p in range(PARTITIONS)]
+            by_partition = [
+                sum(m.value.count(b"\n") + 1 for m in inputs[TopicPartition(source.topic(t), p)] if m.value)
+                for t in INPUTS
+                for p in range(PARTITIONS)
+            ]
             runs = []
             for i in range(pairs):
                 for workers in (1, 2):
-                    kafka = KafkaSettings(bootstrap=bootstrap, topic_prefix=f"scale{i}x{workers}.",
-                                          partitions=PARTITIONS)
+                    kafka = KafkaSettings(
+                        bootstrap=bootstrap, topic_prefix=f"scale{i}x{workers}.", partitions=PARTITIONS
+                    )
                     await copy_input(inputs, source, kafka)
                     runs.append(await scale_out(kafka, workers, messages, sum(by_partition), broker))
             return messages, sum(by_partition), by_partition, runs
@@ -309,38 +330,67 @@ def run(sizes: tuple[int, ...], rebalance_gpus: int, gpus: int, hours: float, pa
     (n0, t0, _), (n1, t1, _) = restored_by_size[0], restored_by_size[-1]
     slope_ms = (t1 - t0) / (n1 - n0) * 1000
     kept, again = (statistics.median(p for name, p, _, _ in pauses if (name == "kept") == k) for k in (True, False))
-    kept_take, again_take = (statistics.median(t for name, _, t, _ in pauses if (name == "kept") == k)
-                             for k in (True, False))
+    kept_take, again_take = (
+        statistics.median(t for name, _, t, _ in pauses if (name == "kept") == k) for k in (True, False)
+    )
     one, two = (statistics.median(r.rate for r in runs if r.workers == n) for n in (1, 2))
     speedup = two / one
-    rows = [(f"restore of a partition of {n:,} GPUs with 72 h of panes ({n * per_gpu / 1e6:,.1f} MB of state)",
-             f"{t:.2f} s ({keys:,} keys; median of 3)") for n, t, keys in restored_by_size]
+    rows = [
+        (
+            f"restore of a partition of {n:,} GPUs with 72 h of panes ({n * per_gpu / 1e6:,.1f} MB of state)",
+            f"{t:.2f} s ({keys:,} keys; median of 3)",
+        )
+        for n, t, keys in restored_by_size
+    ]
     rows += [
         ("restore time per GPU (slope)", f"{slope_ms:.2f} ms, {per_gpu / 1e3 / slope_ms:,.0f} MB/s of state"),
-        (f"rebalance: A's pause when B joins, A keeping 2 of its 4 partitions of {rebalance_gpus:,} GPUs each "
-         f"(median of {pairs}, alternated)", f"kept: {kept:.2f} s; read again (before): {again:.2f} s"),
-        ("… of which A's taking its partitions (fencing producers, state)",
-         f"kept: {kept_take:.3f} s; read again (before): {again_take:.3f} s ({again_take / kept_take:.1f}×)"),
-        ("… how A took its partitions, over all runs",
-         "; ".join(f"{name}: {dict(taken)}" for name, _, _, taken in pauses)),
-        (f"scale-out input: {gpus} GPUs × {hours:g} h at 10 s", f"{events:,} events in {messages:,} messages, "
-                                                                f"{PARTITIONS} partitions per input topic"),
+        (
+            f"rebalance: A's pause when B joins, A keeping 2 of its 4 partitions of {rebalance_gpus:,} GPUs each "
+            f"(median of {pairs}, alternated)",
+            f"kept: {kept:.2f} s; read again (before): {again:.2f} s",
+        ),
+        (
+            "… of which A's taking its partitions (fencing producers, state)",
+            f"kept: {kept_take:.3f} s; read again (before): {again_take:.3f} s ({again_take / kept_take:.1f}×)",
+        ),
+        (
+            "… how A took its partitions, over all runs",
+            "; ".join(f"{name}: {dict(taken)}" for name, _, _, taken in pauses),
+        ),
+        (
+            f"scale-out input: {gpus} GPUs × {hours:g} h at 10 s",
+            f"{events:,} events in {messages:,} messages, {PARTITIONS} partitions per input topic",
+        ),
         ("… events per input partition (events, then mem_access)", ", ".join(f"{n:,}" for n in by_partition)),
     ]
     for n in (1, 2):
         of_n = [r for r in runs if r.workers == n]
-        rows.append((f"{n} worker process{'es' if n > 1 else ''}, from the group's settling to the last commit",
-                     f"{statistics.median(r.rate for r in of_n):,.0f} events/s (runs: "
-                     + ", ".join(f"{r.rate:,.0f}" for r in of_n) + ")"))
+        rows.append(
+            (
+                f"{n} worker process{'es' if n > 1 else ''}, from the group's settling to the last commit",
+                f"{statistics.median(r.rate for r in of_n):,.0f} events/s (runs: "
+                + ", ".join(f"{r.rate:,.0f}" for r in of_n)
+                + ")",
+            )
+        )
     rows.append(("speed-up of two workers (the target's measure)", f"{speedup:.2f}×"))
     for n in (1, 2):
         of_n = [r for r in runs if r.workers == n]
-        rows.append((f"… {n} worker process{'es' if n > 1 else ''}: settled after; cores busy, workers + broker",
-                     "; ".join(f"{r.settled_s:.1f} s, {r.workers_cores:.2f} + {r.broker_cores:.2f}" for r in of_n)))
+        rows.append(
+            (
+                f"… {n} worker process{'es' if n > 1 else ''}: settled after; cores busy, workers + broker",
+                "; ".join(f"{r.settled_s:.1f} s, {r.workers_cores:.2f} + {r.broker_cores:.2f}" for r in of_n),
+            )
+        )
     return Result(
-        "9. Restore, rebalance and scale-out", "a worker keeping a partition across a rebalance does not read it "
-        "again; two workers on 4 partitions ≥ 1.7× one", speedup >= 1.7 and kept_take < again_take, rows,
-        [f"{os.cpu_count()} cores run the broker, the workers and this harness together.",
-         "Restores read the state partition from its first offset to its end (read_committed) and rebuild every "
-         "key's operators from the latest value of each of its records."])
-
+        "9. Restore, rebalance and scale-out",
+        "a worker keeping a partition across a rebalance does not read it "
+        "again; two workers on 4 partitions ≥ 1.7× one",
+        speedup >= 1.7 and kept_take < again_take,
+        rows,
+        [
+            f"{os.cpu_count()} cores run the broker, the workers and this harness together.",
+            "Restores read the state partition from its first offset to its end (read_committed) and rebuild every "
+            "key's operators from the latest value of each of its records.",
+        ],
+    )

@@ -5,6 +5,7 @@ SQL recomputation of the tests (tests/recompute.sql: idle index, cost split, MAE
 same files. Both produce every record; their counts are checked to agree, so both did the
 same work.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -33,8 +34,26 @@ def run(gpus: int, hours: float, interval_s: float) -> Result:
         for form in ("parquet", "jsonl"):  # the same seeded fleet, stored both ways
             # without late bindings: the same input as earlier rounds' figures, and one record per (GPU, pane,
             # party) to count against DuckDB's (revisions' state is benchmark 7)
-            assert gpucost(["simulate", "--gpus", str(gpus), "--hours", str(hours), "--interval-s", str(interval_s),
-                            "--late-binding-fraction", "0", "--format", form, "--out", str(work / form)]) == 0
+            assert (
+                gpucost(
+                    [
+                        "simulate",
+                        "--gpus",
+                        str(gpus),
+                        "--hours",
+                        str(hours),
+                        "--interval-s",
+                        str(interval_s),
+                        "--late-binding-fraction",
+                        "0",
+                        "--format",
+                        form,
+                        "--out",
+                        str(work / form),
+                    ]
+                )
+                == 0
+            )
             inputs[form] = input_files([work / form])
         settings = AuditSettings()
         files = inputs["parquet"]
@@ -51,21 +70,35 @@ def run(gpus: int, hours: float, interval_s: float) -> Result:
             assert run_stats.inputs == n  # type: ignore[attr-defined]
         ratio = (n / embedded_s) / (n / sql_s)
         return Result(
-            "1. Embedded replay vs DuckDB batch", "embedded events/s ≥ DuckDB's (ratio ≥ 1.0)", ratio >= 1.0,
-            [("input", f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {n:,} events in Parquet (and the same in "
-                       "JSON Lines)"),
-             ("embedded pipeline, Parquet (batch path)", f"{embedded_s:.2f} s, {n / embedded_s:,.0f} events/s "
-                                                          f"(median of {_runs(s for s, _ in embedded)})"),
-             ("… the same, event by event (row path, as before)", f"{row_s:.1f} s, {n / row_s:,.0f} events/s"),
-             ("embedded pipeline, JSON Lines (batch path)", f"{jsonl_s:.1f} s, {n / jsonl_s:,.0f} events/s"),
-             ("DuckDB, tests/recompute.sql over the Parquet", f"{sql_s:.2f} s, {n / sql_s:,.0f} events/s "
-                                                               f"(median of {_runs(sql)})"),
-             ("ratio (embedded Parquet / DuckDB)", f"{ratio:.3f}"),
-             ("records", f"idle_index {want[0]:,}, cost {want[1]:,} (every run and DuckDB)")],
-            ["DuckDB runs the SQL as written for the tests, one thread (`SET threads = 1`: MAE windows follow "
-             "arrival order), with every record docs/definitions.md defines except the largest-remainder split, "
-             "which it "
-             "leaves as exact shares.",
-             "Every embedded run writes its Parquet output (zstd, fsync), as `gpucost replay` does."])
+            "1. Embedded replay vs DuckDB batch",
+            "embedded events/s ≥ DuckDB's (ratio ≥ 1.0)",
+            ratio >= 1.0,
+            [
+                (
+                    "input",
+                    f"{gpus} GPUs × {hours:g} h at {interval_s:g} s: {n:,} events in Parquet (and the same in "
+                    "JSON Lines)",
+                ),
+                (
+                    "embedded pipeline, Parquet (batch path)",
+                    f"{embedded_s:.2f} s, {n / embedded_s:,.0f} events/s (median of {_runs(s for s, _ in embedded)})",
+                ),
+                ("… the same, event by event (row path, as before)", f"{row_s:.1f} s, {n / row_s:,.0f} events/s"),
+                ("embedded pipeline, JSON Lines (batch path)", f"{jsonl_s:.1f} s, {n / jsonl_s:,.0f} events/s"),
+                (
+                    "DuckDB, tests/recompute.sql over the Parquet",
+                    f"{sql_s:.2f} s, {n / sql_s:,.0f} events/s (median of {_runs(sql)})",
+                ),
+                ("ratio (embedded Parquet / DuckDB)", f"{ratio:.3f}"),
+                ("records", f"idle_index {want[0]:,}, cost {want[1]:,} (every run and DuckDB)"),
+            ],
+            [
+                "DuckDB runs the SQL as written for the tests, one thread (`SET threads = 1`: MAE windows follow "
+                "arrival order), with every record docs/definitions.md defines except the largest-remainder split, "
+                "which it "
+                "leaves as exact shares.",
+                "Every embedded run writes its Parquet output (zstd, fsync), as `gpucost replay` does.",
+            ],
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)

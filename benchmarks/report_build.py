@@ -5,6 +5,7 @@ GPU per minute) and of idle-index records (one per GPU per minute), each day at 
 the sink's layout; then ``gpucost.report_html.build_report`` over them, which aggregates in DuckDB
 (per hour, per GPU-day) and ships only what the plots draw.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -34,8 +35,10 @@ def _month(out: Path, gpus: int, days: int) -> int:
         for kind in ("cost", "idle_index"):
             (out / kind / f"date={date}").mkdir(parents=True)
         shift = f"pane_start_ns + {d * DAY_NS} AS pane_start_ns, pane_end_ns + {d * DAY_NS} AS pane_end_ns"
-        con.execute(f"COPY (SELECT * REPLACE ({shift}) FROM day) TO '{out}/cost/date={date}/part-00000.parquet' "
-                    "(FORMAT PARQUET, COMPRESSION zstd)")
+        con.execute(
+            f"COPY (SELECT * REPLACE ({shift}) FROM day) TO '{out}/cost/date={date}/part-00000.parquet' "
+            "(FORMAT PARQUET, COMPRESSION zstd)"
+        )
         con.execute(f"""COPY (SELECT {idle} FROM (
             SELECT printf('GPU-%06d', g) AS gpu_uuid, printf('node-%04d', g // 8) AS node_id,
                    'NVIDIA H100 80GB HBM3' AS gpu_model, {T0 + d * DAY_NS} + m * {60 * NS} AS pane_start_ns,
@@ -59,10 +62,16 @@ def run(gpus: int = 1000, days: int = 30) -> Result:
         shutil.rmtree(out, ignore_errors=True)
     size = len(page.encode())
     return Result(
-        "6. HTML report over a month of a fleet", "built in under 60 s, a page under 20 MB, for 30 days × 1,000 GPUs",
+        "6. HTML report over a month of a fleet",
+        "built in under 60 s, a page under 20 MB, for 30 days × 1,000 GPUs",
         took < 60 and size < 20e6,
-        [("records behind it", f"{records:,} cost and {gpus * 1440 * days:,} idle-index records ({gpus:,} GPUs, "
-                               f"{days} days)"),
-         ("build (DuckDB aggregates, figures, HTML)", f"{took:.1f} s"),
-         ("page", f"{size / 1e6:.1f} MB (Plotly's inline script is 4.6 MB of it)")],
-        ["The other views are empty here; the cost plots (per hour) and the GPU × day heatmap are the large ones."])
+        [
+            (
+                "records behind it",
+                f"{records:,} cost and {gpus * 1440 * days:,} idle-index records ({gpus:,} GPUs, {days} days)",
+            ),
+            ("build (DuckDB aggregates, figures, HTML)", f"{took:.1f} s"),
+            ("page", f"{size / 1e6:.1f} MB (Plotly's inline script is 4.6 MB of it)"),
+        ],
+        ["The other views are empty here; the cost plots (per hour) and the GPU × day heatmap are the large ones."],
+    )

@@ -6,6 +6,7 @@ the log's rows (``Revisions.nbytes``) and the whole revision state as a worker's
 (JSON, its rows base64). The baseline, in the same run, is the same GPU's whole auditor state with
 revisions off (``revision_horizon_s = 0``): the ratio says what the horizon multiplies a state record by.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,16 +28,40 @@ def _fed(horizon_s: int, interval_s: int, hours: float) -> Auditor:
     from gpucost.streams.settings import AuditSettings
 
     auditor = Auditor(AuditSettings(revision_horizon_s=horizon_s))
-    auditor.update(TenantBinding(node_id="node-0", pid=1000, ts_ns=T0, team="team", env="prod", app="app",
-                                 tier="online", sla="Gold"))
+    auditor.update(
+        TenantBinding(
+            node_id="node-0", pid=1000, ts_ns=T0, team="team", env="prod", app="app", tier="online", sla="Gold"
+        )
+    )
     for k in range(int(hours * 3600 / interval_s)):
         ts, util = T0 + k * interval_s * NS, float(k % 100)
-        auditor.update(GpuSample.model_construct(
-            node_id="node-0", gpu_uuid="GPU-0", gpu_model="H100", ts_ns=ts, interval_s=float(interval_s),
-            sm_util_pct=util, mem_bw_util_pct=10.0, mem_used_bytes=1, mem_total_bytes=2, power_w=300.0, temp_c=50.0))
-        auditor.update(ProcessSample.model_construct(
-            node_id="node-0", gpu_uuid="GPU-0", pid=1000, ts_ns=ts + 1, interval_s=float(interval_s),
-            sm_util_pct=util, mem_bw_util_pct=10.0, mem_used_bytes=1))
+        auditor.update(
+            GpuSample.model_construct(
+                node_id="node-0",
+                gpu_uuid="GPU-0",
+                gpu_model="H100",
+                ts_ns=ts,
+                interval_s=float(interval_s),
+                sm_util_pct=util,
+                mem_bw_util_pct=10.0,
+                mem_used_bytes=1,
+                mem_total_bytes=2,
+                power_w=300.0,
+                temp_c=50.0,
+            )
+        )
+        auditor.update(
+            ProcessSample.model_construct(
+                node_id="node-0",
+                gpu_uuid="GPU-0",
+                pid=1000,
+                ts_ns=ts + 1,
+                interval_s=float(interval_s),
+                sm_util_pct=util,
+                mem_bw_util_pct=10.0,
+                mem_used_bytes=1,
+            )
+        )
     return auditor
 
 
@@ -70,16 +95,32 @@ def run(horizons_h: tuple[int, ...] = (6, 24), intervals_s: tuple[int, ...] = (1
         for hours in horizons_h:
             log, revision_json, whole = _state(hours * 3600, interval, hours + 1)
             _, _, baseline = _state(0, interval, hours + 1)
-            rows.append((f"{interval} s sampling, {hours} h horizon",
-                         f"{log / 1024:,.0f} KiB of rows; {revision_json / 1024:,.0f} KiB as JSON; the whole state "
-                         f"{whole / 1024:,.0f} KiB against {baseline / 1024:,.0f} KiB without revisions "
-                         f"({whole / baseline:.1f}×)"))
+            rows.append(
+                (
+                    f"{interval} s sampling, {hours} h horizon",
+                    f"{log / 1024:,.0f} KiB of rows; {revision_json / 1024:,.0f} KiB as JSON; the whole state "
+                    f"{whole / 1024:,.0f} KiB against {baseline / 1024:,.0f} KiB without revisions "
+                    f"({whole / baseline:.1f}×)",
+                )
+            )
     live, left = _forgotten(10, 7)
-    rows.append(("a GPU gone for good (10 s, 6 h horizon)", f"its key's state {live / 1024:,.0f} KiB while it ran; "
-                 f"{left:,} bytes once forgotten (the floor, its bindings, prices, breaker and counts)"))
-    return Result("7. Revision state per GPU", "a figure: bounded by the horizon and the sampling rate", None, rows,
-                  ["One GPU, one process: a GPU sample and a process sample per interval, for the "
-                               "horizon plus an hour. Rows are 41 bytes each (``streams/revisions.py``, ``LOG``); "
-                               "closed panes add a few dozen bytes each for their price and revision number.",
-                               "A worker writes a GPU's state record at each poll that touches it: with revisions, "
-                               "that record carries the horizon's rows."])
+    rows.append(
+        (
+            "a GPU gone for good (10 s, 6 h horizon)",
+            f"its key's state {live / 1024:,.0f} KiB while it ran; "
+            f"{left:,} bytes once forgotten (the floor, its bindings, prices, breaker and counts)",
+        )
+    )
+    return Result(
+        "7. Revision state per GPU",
+        "a figure: bounded by the horizon and the sampling rate",
+        None,
+        rows,
+        [
+            "One GPU, one process: a GPU sample and a process sample per interval, for the "
+            "horizon plus an hour. Rows are 41 bytes each (``streams/revisions.py``, ``LOG``); "
+            "closed panes add a few dozen bytes each for their price and revision number.",
+            "A worker writes a GPU's state record at each poll that touches it: with revisions, "
+            "that record carries the horizon's rows.",
+        ],
+    )

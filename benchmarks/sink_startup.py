@@ -9,6 +9,7 @@ compaction (a file per day; the days' records differ only in their ids and times
 flush's small file listed in the journal; each side
 runs in a fresh process, which reports its seconds and how much its resident memory grew.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -40,13 +41,17 @@ def output(out: Path, gpus: int, days: int) -> int:
         folder = out / "cost" / f"date={(dt.date(2025, 1, 6) + dt.timedelta(days=d)).isoformat()}"
         folder.mkdir(parents=True)
         shift = d * 86_400 * NS
-        con.execute(f"COPY (SELECT * REPLACE (md5(concat(record_id, ':{d}')) AS record_id, pane_start_ns + {shift} "
-                    f"AS pane_start_ns, pane_end_ns + {shift} AS pane_end_ns) FROM day) TO "
-                    f"'{folder}/part-00000.parquet' (FORMAT PARQUET, COMPRESSION zstd)")
+        con.execute(
+            f"COPY (SELECT * REPLACE (md5(concat(record_id, ':{d}')) AS record_id, pane_start_ns + {shift} "
+            f"AS pane_start_ns, pane_end_ns + {shift} AS pane_end_ns) FROM day) TO "
+            f"'{folder}/part-00000.parquet' (FORMAT PARQUET, COMPRESSION zstd)"
+        )
     last = sorted((out / "cost").glob("date=*"))[-1]
-    con.execute(f"COPY (SELECT * REPLACE (md5(concat(record_id, ':flush')) AS record_id) FROM "
-                f"read_parquet('{last}/part-00000.parquet') LIMIT {FLUSH_ROWS * gpus}) TO "
-                f"'{last}/part-00001.parquet' (FORMAT PARQUET, COMPRESSION zstd)")
+    con.execute(
+        f"COPY (SELECT * REPLACE (md5(concat(record_id, ':flush')) AS record_id) FROM "
+        f"read_parquet('{last}/part-00000.parquet') LIMIT {FLUSH_ROWS * gpus}) TO "
+        f"'{last}/part-00001.parquet' (FORMAT PARQUET, COMPRESSION zstd)"
+    )
     entry = {"file": (last / "part-00001.parquet").relative_to(out).as_posix(), "upto": {"gpucost.cost:0": 1}}
     (out / ".sink-journal").write_text(json.dumps(entry) + "\n")
     return rows * days + FLUSH_ROWS * gpus
@@ -67,8 +72,10 @@ def child(out: Path, side: str) -> dict[str, float]:
 
 
 def _measure(out: Path, side: str) -> dict[str, float]:
-    code = f"import json, pathlib; from benchmarks.sink_startup import child; " \
-           f"print(json.dumps(child(pathlib.Path({str(out)!r}), {side!r})))"
+    code = (
+        f"import json, pathlib; from benchmarks.sink_startup import child; "
+        f"print(json.dumps(child(pathlib.Path({str(out)!r}), {side!r})))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -82,21 +89,34 @@ def run(gpus: int, days: tuple[int, ...]) -> Result:
             records = output(out, gpus, d)
             for side in ("journal", "every key"):
                 sides[d, side] = m = _measure(out, side)
-                rows.append((f"{gpus:,} GPUs × {d} day{'s' if d > 1 else ''} ({records:,} cost records), {side}",
-                             f"{m['s']:.3f} s, {m['rss'] / 2**20:,.1f} MiB more resident, {m['keys']:,.0f} keys"))
+                rows.append(
+                    (
+                        f"{gpus:,} GPUs × {d} day{'s' if d > 1 else ''} ({records:,} cost records), {side}",
+                        f"{m['s']:.3f} s, {m['rss'] / 2**20:,.1f} MiB more resident, {m['keys']:,.0f} keys",
+                    )
+                )
         finally:
             shutil.rmtree(out, ignore_errors=True)
     lo, hi = days[0], days[-1]
     grew = {side: sides[hi, side]["rss"] - sides[lo, side]["rss"] for side in ("journal", "every key")}
     per_record = grew["every key"] / (sides[hi, "every key"]["keys"] - sides[lo, "every key"]["keys"])
-    rows.append((f"memory from {lo} to {hi} days",
-                 f"journal: {grew['journal'] / 2**20:+,.1f} MiB; every key (before): "
-                 f"{grew['every key'] / 2**20:+,.1f} MiB, {per_record:,.0f} bytes a record"))
+    rows.append(
+        (
+            f"memory from {lo} to {hi} days",
+            f"journal: {grew['journal'] / 2**20:+,.1f} MiB; every key (before): "
+            f"{grew['every key'] / 2**20:+,.1f} MiB, {per_record:,.0f} bytes a record",
+        )
+    )
     bounded = abs(grew["journal"]) < 8 * 2**20 and sides[hi, "journal"]["s"] < 2 * sides[lo, "journal"]["s"] + 0.05
     return Result(
-        "10. Sink start-up and memory against the output written", "start-up time and memory follow the journal "
-        "(the last flush), not the output on disk", bounded, rows,
-        ["Each side runs in a fresh process; resident memory (RSS) is read before and after, so Python's allocator "
-         "makes it err high.",
-         "The journal's side also lists every partition folder's files (compaction's count) and removes hidden "
-         "temporaries: work that follows the files, not the records; the output is compacted to a file a day."])
+        "10. Sink start-up and memory against the output written",
+        "start-up time and memory follow the journal (the last flush), not the output on disk",
+        bounded,
+        rows,
+        [
+            "Each side runs in a fresh process; resident memory (RSS) is read before and after, so Python's allocator "
+            "makes it err high.",
+            "The journal's side also lists every partition folder's files (compaction's count) and removes hidden "
+            "temporaries: work that follows the files, not the records; the output is compacted to a file a day.",
+        ],
+    )

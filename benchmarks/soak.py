@@ -10,6 +10,7 @@ Checked at the end against ``tests/recompute.sql`` (DuckDB over the simulated ev
 the as-of join done at once): every pane's idle figures, and every party's µ$ summed over its revisions, as
 ``tests/test_e2e.py`` holds the replay to; and no ``record_id`` twice.
 """
+
 from __future__ import annotations
 
 import re
@@ -53,8 +54,21 @@ def run(gpus: int = 8, days: int = 7, kills: int = 3, delay_s: float = 0.2, comp
     fleet = ["--gpus", str(gpus), "--hours", str(24 * days), "--seed", "0"]
     total = sum(1 for _ in simulate(FleetSpec(gpus=gpus, hours=24 * days, seed=0)))
     out = work / "out"
-    command = [sys.executable, "-m", "gpucost.cli", "run", "--source", "simulate", *fleet, "--out", str(out),
-               "--publish-delay-s", str(delay_s), "--compact-min-files", str(compact_min_files)]
+    command = [
+        sys.executable,
+        "-m",
+        "gpucost.cli",
+        "run",
+        "--source",
+        "simulate",
+        *fleet,
+        "--out",
+        str(out),
+        "--publish-delay-s",
+        str(delay_s),
+        "--compact-min-files",
+        str(compact_min_files),
+    ]
     rss_by_day: dict[int, int] = defaultdict(int)  # the most seen while the checkpoint was in that day
     targets = [total * (k + 1) // (kills + 1) for k in range(kills)]
     started, lives, at_exit = time.perf_counter(), 0, 0
@@ -81,8 +95,12 @@ def run(gpus: int = 8, days: int = 7, kills: int = 3, delay_s: float = 0.2, comp
     files = max(len(list(folder.glob("part-*.parquet"))) for folder in out.glob("*/date=*"))
 
     events = work / "events"
-    subprocess.run([sys.executable, "-m", "gpucost.cli", "simulate", *fleet, "--out", str(events)], cwd=ROOT,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "gpucost.cli", "simulate", *fleet, "--out", str(events)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     con = connect(out)
     con.execute(recompute_sql(json_source(sorted(events.glob("*.jsonl"))), AuditSettings()))
     con.execute(REVISED_COST)
@@ -101,15 +119,24 @@ def run(gpus: int = 8, days: int = 7, kills: int = 3, delay_s: float = 0.2, comp
     met = flat and files <= compact_min_files + 2 and wrong_cost == wrong_idle == 0 and records == distinct
     day_rss = ", ".join(f"day {d + 1}: {rss_by_day[d] / 2**20:.0f}" for d in sorted(rss_by_day))
     return Result(
-        f"{12}. Soak: a week of {gpus} GPUs, killed {lives - 1} times", "resident memory at day 7 within 10 % of "
-        "day 1; files per partition bounded; records equal to the recomputation, none twice", met,
-        [("simulated", f"{days} days, {gpus} GPUs, {total:,} events, publication every {delay_s:g} s"),
-         ("wall time, all lives", f"{seconds:.0f} s ({lives} processes)"),
-         ("resident memory by simulated day (MiB, the most seen)", day_rss),
-         ("day 7 / day 1", f"{last / first:.3f}" if first else "n/a"),
-         ("at exit, building the summary and report.html (MiB)", f"{at_exit / 2**20:.0f}"),
-         ("most files in one partition folder", f"{files} (compaction at {compact_min_files})"),
-         ("cost parties off the recomputation", f"{wrong_cost}"), ("idle panes off the recomputation", f"{wrong_idle}"),
-         ("cost records / distinct record_id", f"{records:,} / {distinct:,}")],
-        ["Each life starts with the imports (pyarrow, DuckDB, numpy): the day a kill fell in shows the larger of "
-         "the two lives' memory.", f"Work directory: {work} (left for inspection)."])
+        f"{12}. Soak: a week of {gpus} GPUs, killed {lives - 1} times",
+        "resident memory at day 7 within 10 % of "
+        "day 1; files per partition bounded; records equal to the recomputation, none twice",
+        met,
+        [
+            ("simulated", f"{days} days, {gpus} GPUs, {total:,} events, publication every {delay_s:g} s"),
+            ("wall time, all lives", f"{seconds:.0f} s ({lives} processes)"),
+            ("resident memory by simulated day (MiB, the most seen)", day_rss),
+            ("day 7 / day 1", f"{last / first:.3f}" if first else "n/a"),
+            ("at exit, building the summary and report.html (MiB)", f"{at_exit / 2**20:.0f}"),
+            ("most files in one partition folder", f"{files} (compaction at {compact_min_files})"),
+            ("cost parties off the recomputation", f"{wrong_cost}"),
+            ("idle panes off the recomputation", f"{wrong_idle}"),
+            ("cost records / distinct record_id", f"{records:,} / {distinct:,}"),
+        ],
+        [
+            "Each life starts with the imports (pyarrow, DuckDB, numpy): the day a kill fell in shows the larger of "
+            "the two lives' memory.",
+            f"Work directory: {work} (left for inspection).",
+        ],
+    )

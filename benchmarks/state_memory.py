@@ -8,6 +8,7 @@ Beside it, what a Kafka worker writes to its state topic for such GPUs when they
 one message per GPU per poll, each a second's samples, against the size of a GPU's whole
 state (what every poll wrote before the idle windows became a record of their own).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,12 +36,31 @@ def samples(gpus: int, ts_ns: int, interval_s: float) -> list[Any]:
     out: list[Any] = []
     for g in range(gpus):
         node, gpu = f"node-{g // 8}", f"GPU-{g:06d}"
-        out += [GpuSample.model_construct(
-                    node_id=node, gpu_uuid=gpu, gpu_model="H100", ts_ns=ts_ns, interval_s=interval_s, sm_util_pct=util,
-                    mem_bw_util_pct=10.0, mem_used_bytes=1, mem_total_bytes=2, power_w=300.0, temp_c=50.0),
-                ProcessSample.model_construct(
-                    node_id=node, gpu_uuid=gpu, pid=1000 + g, ts_ns=ts_ns, interval_s=interval_s, sm_util_pct=util,
-                    mem_bw_util_pct=10.0, mem_used_bytes=1)]
+        out += [
+            GpuSample.model_construct(
+                node_id=node,
+                gpu_uuid=gpu,
+                gpu_model="H100",
+                ts_ns=ts_ns,
+                interval_s=interval_s,
+                sm_util_pct=util,
+                mem_bw_util_pct=10.0,
+                mem_used_bytes=1,
+                mem_total_bytes=2,
+                power_w=300.0,
+                temp_c=50.0,
+            ),
+            ProcessSample.model_construct(
+                node_id=node,
+                gpu_uuid=gpu,
+                pid=1000 + g,
+                ts_ns=ts_ns,
+                interval_s=interval_s,
+                sm_util_pct=util,
+                mem_bw_util_pct=10.0,
+                mem_used_bytes=1,
+            ),
+        ]
     return out
 
 
@@ -54,8 +74,18 @@ def child(gpus: int, panes: int = 72 * 60 + 3) -> int:
     before = rss_bytes()
     auditor = Auditor(AuditSettings())
     for g in range(gpus):
-        auditor.update(TenantBinding(node_id=f"node-{g // 8}", pid=1000 + g, ts_ns=T0, team="team", env="prod",
-                                     app="app", tier="online", sla="Gold"))
+        auditor.update(
+            TenantBinding(
+                node_id=f"node-{g // 8}",
+                pid=1000 + g,
+                ts_ns=T0,
+                team="team",
+                env="prod",
+                app="app",
+                tier="online",
+                sla="Gold",
+            )
+        )
     for k in range(panes):
         for event in samples(gpus, T0 + k * 60 * NS, 60.0):
             auditor.update(event)
@@ -90,8 +120,10 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
 
     def poll(lines: dict[bytes, list[bytes]]) -> None:
         nonlocal offset
-        messages = [Message(key, b"\n".join(v), offset + i, topic=tp.topic, partition=0)
-                    for i, (key, v) in enumerate(lines.items())]
+        messages = [
+            Message(key, b"\n".join(v), offset + i, topic=tp.topic, partition=0)
+            for i, (key, v) in enumerate(lines.items())
+        ]
         offset += len(messages)
         runner.run(worker._process(tp, messages))
 
@@ -116,8 +148,13 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
 
 
 def _grown(gpus: int, panes: int) -> int:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.state_memory", str(gpus), str(panes)], cwd=ROOT,
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.state_memory", str(gpus), str(panes)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return int(json.loads(out.stdout))
 
 
@@ -129,18 +166,35 @@ def run(sizes: tuple[int, ...] = (100, 400), few: tuple[int, int] = (2_000, 20_0
     rows.append(("per GPU (slope)", f"{per_gpu / 1024:,.1f} KiB"))
     # a fleet of short-lived GPU ids (or a forged flood of them): ten panes each, seven closed
     short = {n: _grown(n, 10) for n in few}
-    rows.append((f"per GPU with 10 panes (slope, {few[0]:,} to {few[1]:,} GPUs)",
-                 f"{(short[few[1]] - short[few[0]]) / (few[1] - few[0]) / 1024:,.1f} KiB"))
+    rows.append(
+        (
+            f"per GPU with 10 panes (slope, {few[0]:,} to {few[1]:,} GPUs)",
+            f"{(short[few[1]] - short[few[0]]) / (few[1] - few[0]) / 1024:,.1f} KiB",
+        )
+    )
     whole, written, cpu_ms = live_state_writes()
-    rows += [("a GPU's whole state as JSON, 72 h of panes (what every poll wrote per GPU before the split)",
-              f"{whole:,} bytes"),
-             ("state a worker writes per GPU per live poll (8 GPUs, 600 polls of a second's samples each)",
-              f"{written:,.0f} bytes ({written / whole:.0%} of the whole), {cpu_ms:.1f} ms of CPU per poll")]
-    return Result("3. State memory per GPU", "≤ 64 KiB per GPU with 72 h windows", per_gpu <= 64 * 1024, rows,
-                  ["Resident memory (RSS) of a process holding only the operators' state, measured after "
-                   "garbage collection: Python's allocator keeps some freed memory, so this errs high.",
-                   "The state records are a worker's, driven without a broker (tests/fake_kafka.py); a GPU's idle "
-                   "windows are written again only in the polls where one of its panes closed, one in 60 here."])
+    rows += [
+        (
+            "a GPU's whole state as JSON, 72 h of panes (what every poll wrote per GPU before the split)",
+            f"{whole:,} bytes",
+        ),
+        (
+            "state a worker writes per GPU per live poll (8 GPUs, 600 polls of a second's samples each)",
+            f"{written:,.0f} bytes ({written / whole:.0%} of the whole), {cpu_ms:.1f} ms of CPU per poll",
+        ),
+    ]
+    return Result(
+        "3. State memory per GPU",
+        "≤ 64 KiB per GPU with 72 h windows",
+        per_gpu <= 64 * 1024,
+        rows,
+        [
+            "Resident memory (RSS) of a process holding only the operators' state, measured after "
+            "garbage collection: Python's allocator keeps some freed memory, so this errs high.",
+            "The state records are a worker's, driven without a broker (tests/fake_kafka.py); a GPU's idle "
+            "windows are written again only in the polls where one of its panes closed, one in 60 here.",
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ The broker and its security come from the flags or the same environment as gpuco
 (GPUCOST_KAFKA_BOOTSTRAP, GPUCOST_KAFKA_SECURITY_PROTOCOL, GPUCOST_KAFKA_SSL_CAFILE,
 GPUCOST_KAFKA_SASL_MECHANISM, GPUCOST_KAFKA_SASL_USERNAME, GPUCOST_KAFKA_SASL_PASSWORD).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 CONTROL = "gpucost-control"
 
 
-def signature_ok(secrets: dict[str, bytes], key: bytes | None, value: bytes | None,
-                 headers: dict[str, bytes]) -> bool:
+def signature_ok(secrets: dict[str, bytes], key: bytes | None, value: bytes | None, headers: dict[str, bytes]) -> bool:
     """docs/security.md's steps: key, value, control and sequence headers, each after its 4-byte big-endian
     length; HMAC-SHA256 with the secret of ``gpucost-key-id``; lowercase hex in ``gpucost-signature``."""
     secret = secrets.get(headers.get("gpucost-key-id", b"").decode("utf-8", "replace"))
@@ -87,16 +87,28 @@ class Bill:
 
     def report(self) -> dict[str, Any]:
         final = self.final_through_ns()
-        return {"micro_usd_by_team": dict(sorted(self.totals.items())), "records": len(self.seen),
-                "duplicates_dropped": self.duplicates, "unverified_dropped": self.unverified,
-                "revision_adjustments_micro_usd_by_team": dict(sorted(self.adjustments.items())),
-                "final_through_ns": final if final is not None and final >= 0 else None,
-                "months": {m: {"micro_usd": v, "final": final is not None and final >= month_end_ns(m)}
-                           for m, v in sorted(self.months.items())},
-                "lost_to_retention": {str(p): {"committed": c, "first_held": f} for p, (c, f) in self.lost.items()}}
+        return {
+            "micro_usd_by_team": dict(sorted(self.totals.items())),
+            "records": len(self.seen),
+            "duplicates_dropped": self.duplicates,
+            "unverified_dropped": self.unverified,
+            "revision_adjustments_micro_usd_by_team": dict(sorted(self.adjustments.items())),
+            "final_through_ns": final if final is not None and final >= 0 else None,
+            "months": {
+                m: {"micro_usd": v, "final": final is not None and final >= month_end_ns(m)}
+                for m, v in sorted(self.months.items())
+            },
+            "lost_to_retention": {str(p): {"committed": c, "first_held": f} for p, (c, f) in self.lost.items()},
+        }
 
-    def take(self, partition: int, key: bytes | None, value: bytes, headers: dict[str, bytes],
-             secrets: dict[str, bytes] | None) -> None:
+    def take(
+        self,
+        partition: int,
+        key: bytes | None,
+        value: bytes,
+        headers: dict[str, bytes],
+        secrets: dict[str, bytes] | None,
+    ) -> None:
         if secrets is not None and not signature_ok(secrets, key, value, headers):
             self.unverified += 1
             return
@@ -118,10 +130,17 @@ class Bill:
             self.adjustments[record["team"]] += record["cost_micro_usd"]
 
 
-async def consume(client_options: dict[str, Any], topic: str, group: str, idle_exit_s: float,
-                  secrets: dict[str, bytes] | None = None) -> Bill:
-    consumer = AIOKafkaConsumer(topic, **client_options, group_id=group, auto_offset_reset="earliest",
-                                enable_auto_commit=False, isolation_level="read_committed")
+async def consume(
+    client_options: dict[str, Any], topic: str, group: str, idle_exit_s: float, secrets: dict[str, bytes] | None = None
+) -> Bill:
+    consumer = AIOKafkaConsumer(
+        topic,
+        **client_options,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
     await consumer.start()
     bill = Bill()
     try:
@@ -136,8 +155,7 @@ async def consume(client_options: dict[str, Any], topic: str, group: str, idle_e
             idle = idle + 0.5 if not batches else 0.0
             for tp, messages in batches.items():
                 for m in messages:
-                    bill.take(tp.partition, m.key, m.value or b"", {n: v or b"" for n, v in m.headers or ()},
-                              secrets)
+                    bill.take(tp.partition, m.key, m.value or b"", {n: v or b"" for n, v in m.headers or ()}, secrets)
             if batches:
                 await consumer.commit()
     finally:
@@ -152,13 +170,16 @@ async def lost_to_retention(consumer: AIOKafkaConsumer, partitions: list[TopicPa
         committed = await consumer.committed(tp)
         if committed is not None and committed < first[tp]:
             bill.lost[tp.partition] = (committed, first[tp])
-            print(f"billing: {tp.topic}[{tp.partition}]: offsets {committed}..{first[tp] - 1} were deleted by "
-                  "retention before this consumer read them; take that period from the Parquet (gpucost query)",
-                  file=sys.stderr)
+            print(
+                f"billing: {tp.topic}[{tp.partition}]: offsets {committed}..{first[tp] - 1} were deleted by "
+                "retention before this consumer read them; take that period from the Parquet (gpucost query)",
+                file=sys.stderr,
+            )
 
 
-async def team_totals(client_options: dict[str, Any], topic: str, group: str,
-                      idle_exit_s: float) -> tuple[Counter[str], int, int, Counter[str]]:
+async def team_totals(
+    client_options: dict[str, Any], topic: str, group: str, idle_exit_s: float
+) -> tuple[Counter[str], int, int, Counter[str]]:
     """Totals per team, records counted, duplicates dropped and revision adjustments per team."""
     bill = await consume(client_options, topic, group, idle_exit_s)
     return bill.totals, len(bill.seen), bill.duplicates, bill.adjustments
@@ -166,16 +187,20 @@ async def team_totals(client_options: dict[str, Any], topic: str, group: str,
 
 def client_options(bootstrap: str | None) -> dict[str, Any]:
     env = os.environ.get
-    options: dict[str, Any] = {"bootstrap_servers": bootstrap or env("GPUCOST_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
-                               "security_protocol": env("GPUCOST_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT")}
+    options: dict[str, Any] = {
+        "bootstrap_servers": bootstrap or env("GPUCOST_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
+        "security_protocol": env("GPUCOST_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
+    }
     if options["security_protocol"].endswith("SSL"):
         from aiokafka.helpers import create_ssl_context
 
         options["ssl_context"] = create_ssl_context(cafile=env("GPUCOST_KAFKA_SSL_CAFILE"))
     if env("GPUCOST_KAFKA_SASL_MECHANISM"):
-        options.update(sasl_mechanism=env("GPUCOST_KAFKA_SASL_MECHANISM"),
-                       sasl_plain_username=env("GPUCOST_KAFKA_SASL_USERNAME"),
-                       sasl_plain_password=env("GPUCOST_KAFKA_SASL_PASSWORD"))
+        options.update(
+            sasl_mechanism=env("GPUCOST_KAFKA_SASL_MECHANISM"),
+            sasl_plain_username=env("GPUCOST_KAFKA_SASL_USERNAME"),
+            sasl_plain_password=env("GPUCOST_KAFKA_SASL_PASSWORD"),
+        )
     return options
 
 
@@ -195,8 +220,9 @@ def main() -> int:
     p.add_argument("--topic", default="gpucost.cost")
     p.add_argument("--group", default="billing-example")
     p.add_argument("--idle-exit-s", type=float, default=10.0, help="stop after this long without a record")
-    p.add_argument("--verify-keys", type=Path, default=None, help="the workers' output keys: count only records "
-                                                                  "signed by one")
+    p.add_argument(
+        "--verify-keys", type=Path, default=None, help="the workers' output keys: count only records signed by one"
+    )
     args = p.parse_args()
     try:
         secrets = None if args.verify_keys is None else read_secrets(args.verify_keys)

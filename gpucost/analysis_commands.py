@@ -111,8 +111,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     def write(tmp: Path) -> None:
         nonlocal rows
         try:
-            rows = export_focus(args.out, args.month, tmp, fmt, args.provider, args.billing_account,
-                                args.invoice_id or None)
+            rows = export_focus(
+                args.out, args.month, tmp, fmt, args.provider, args.billing_account, args.invoice_id or None
+            )
         except (ValueError, duckdb.Error) as exc:
             raise UsageError(f"FILE {args.file}: {exc}".replace("\n", " ")) from None
         if not rows:
@@ -183,8 +184,12 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     focus.add_argument("file", type=Path, help="the file to write")
     add_out(focus, "output directory holding the cost records")
     focus.add_argument("--month", required=True, help="the billing period, YYYY-MM (UTC)")
-    focus.add_argument("--format", choices=FORMATS, default=None,
-                       help="csv or parquet (default: as FILE is named, .parquet or .csv; else csv)")
+    focus.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="csv or parquet (default: as FILE is named, .parquet or .csv; else csv)",
+    )
     focus.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     env_flag(
         focus,

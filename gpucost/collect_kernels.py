@@ -5,6 +5,7 @@ imported into; kernels and NVTX ranges go to ``--out`` as JSON Lines (docs/colle
 stops at the job's end, at exit and on SIGTERM, so a killed job still leaves its records; a summary with
 CUPTI's dropped-record count and the clock drift goes to stderr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,16 @@ from gpucost.wiring import UsageError
 
 
 def _arguments(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("--out", default=os.environ.get("GPUCOST_KERNELS_OUT", "kernels.jsonl"),
-                     help="JSON Lines file to write (env GPUCOST_KERNELS_OUT; default kernels.jsonl)")
-    cmd.add_argument("--node-id", default=os.environ.get("GPUCOST_NODE_ID", socket.gethostname()),
-                     help="node id on each record (env GPUCOST_NODE_ID; default the host name)")
+    cmd.add_argument(
+        "--out",
+        default=os.environ.get("GPUCOST_KERNELS_OUT", "kernels.jsonl"),
+        help="JSON Lines file to write (env GPUCOST_KERNELS_OUT; default kernels.jsonl)",
+    )
+    cmd.add_argument(
+        "--node-id",
+        default=os.environ.get("GPUCOST_NODE_ID", socket.gethostname()),
+        help="node id on each record (env GPUCOST_NODE_ID; default the host name)",
+    )
     cmd.add_argument("job", nargs=argparse.REMAINDER, help="-- python script.py args…")
 
 
@@ -36,8 +43,9 @@ def _job(words: list[str]) -> list[str]:
     if words and os.path.basename(words[0]).startswith("python"):
         words = words[1:]
     if not words or not words[0].endswith(".py"):
-        raise UsageError("collect-kernels runs a Python script: gpucost collect-kernels --out k.jsonl -- "
-                         "python script.py args…")
+        raise UsageError(
+            "collect-kernels runs a Python script: gpucost collect-kernels --out k.jsonl -- python script.py args…"
+        )
     if not os.path.isfile(words[0]):
         raise UsageError(f"collect-kernels: no script at {words[0]}; give the path of the job's Python file")
     return words
@@ -46,9 +54,12 @@ def _job(words: list[str]) -> list[str]:
 def _gpu_uuids() -> dict[int, str]:
     try:
         import pynvml  # noqa: PLC0415 — optional; without it the UUID is <node_id>/<index>
+
         pynvml.nvmlInit()
-        return {i: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-                for i in range(pynvml.nvmlDeviceGetCount())}
+        return {
+            i: pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        }
     except Exception:  # noqa: BLE001 — no NVML is a normal case, the fallback id is documented
         return {}
 
@@ -59,6 +70,7 @@ def _nvtx_injection() -> str | None:
         return os.environ["NVTX_INJECTION64_PATH"]
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib  # noqa: PLC0415 — a dependency of cupti-python
+
         path = load_nvidia_dynamic_lib("cupti").abs_path
     except Exception:  # noqa: BLE001 — without it kernels are still collected; the summary says ranges are off
         return None
@@ -70,6 +82,7 @@ def _nvtx_injection() -> str | None:
 def _writer(out: TextIO) -> Any:
     def write(batch: list[dict[str, Any]]) -> None:
         out.writelines(json.dumps(obj, separators=(",", ":")) + "\n" for obj in batch)
+
     return write
 
 
@@ -90,14 +103,18 @@ def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
             collector = Collector(cupti, identity, _writer(out))
             collector.start()
         except Exception as exc:  # noqa: BLE001 — cupti raises NotSupportedError and others without a GPU
-            raise UsageError(f"collect-kernels: CUPTI could not start ({type(exc).__name__}: {exc}); it needs an "
-                             "NVIDIA GPU, its driver and a cupti-python matching the CUDA version") from None
+            raise UsageError(
+                f"collect-kernels: CUPTI could not start ({type(exc).__name__}: {exc}); it needs an "
+                "NVIDIA GPU, its driver and a cupti-python matching the CUDA version"
+            ) from None
 
         def stop() -> None:
             stats = collector.stop()
             out.flush()
-            print(json.dumps({"collect_kernels": vars(stats) | {"out": args.out, "nvtx_injection": nvtx}}),
-                  file=sys.stderr)
+            print(
+                json.dumps({"collect_kernels": vars(stats) | {"out": args.out, "nvtx_injection": nvtx}}),
+                file=sys.stderr,
+            )
 
         atexit.register(stop)
         previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -115,5 +132,10 @@ def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
     return code
 
 
-COLLECT_KERNELS = Command("collect-kernels", "run a Python job under CUPTI and write its kernels and NVTX ranges as "
-                          "JSON Lines (needs the `cupti` extra and a GPU)", _arguments, cmd_collect_kernels)
+COLLECT_KERNELS = Command(
+    "collect-kernels",
+    "run a Python job under CUPTI and write its kernels and NVTX ranges as "
+    "JSON Lines (needs the `cupti` extra and a GPU)",
+    _arguments,
+    cmd_collect_kernels,
+)

@@ -1,4 +1,5 @@
 """Loading the audit settings: defaults < config file < environment < command-line flags."""
+
 from __future__ import annotations
 
 import os
@@ -45,14 +46,21 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> AuditSetting
             raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:  # binary; nested too deeply
             why = "nested too deeply" if isinstance(exc, RecursionError) else exc
-            raise ConfigError(f"config file {config_file} is not valid TOML: {why}; write settings as name = value "
-                              "lines, such as pane_s = 60 (docs/operations.md, Configuration)") from None
+            raise ConfigError(
+                f"config file {config_file} is not valid TOML: {why}; write settings as name = value "
+                "lines, such as pane_s = 60 (docs/operations.md, Configuration)"
+            ) from None
         unknown = sorted(set(file_values) - set(AuditSettings.model_fields))
         if unknown:
-            raise ConfigError(f"config file {config_file}: unknown setting(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(AuditSettings.model_fields)}")
-    init = {**file_values, **environment(AuditSettings, AUDIT_ENV_PREFIX, FLAG_FIELDS),
-            **{k: v for k, v in flags.items() if v is not None}}
+            raise ConfigError(
+                f"config file {config_file}: unknown setting(s) {', '.join(unknown)}; "
+                f"known: {', '.join(AuditSettings.model_fields)}"
+            )
+    init = {
+        **file_values,
+        **environment(AuditSettings, AUDIT_ENV_PREFIX, FLAG_FIELDS),
+        **{k: v for k, v in flags.items() if v is not None},
+    }
     try:
         return AuditSettings(**init)
     except ValidationError as exc:

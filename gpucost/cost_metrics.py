@@ -17,6 +17,7 @@ from input: names in bindings, models and nodes in samples, grades in records re
 ``max_series`` label sets (``gpucost.metrics.BoundedSeries``); further ones are counted in the family's one
 series whose every label is ``_other``, and in ``gpucost_cost_series_folded_total{family}``.
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -51,8 +52,9 @@ class CostMetrics:
             for sla, team in zip(table.column("sla").to_pylist(), table.column("team").to_pylist()):
                 self.triggers.add((sla or "", team), 1)
         elif kind == "health":
-            for gpu, end, grade, state in zip(*(table.column(c).to_pylist() for c in (
-                    "gpu_uuid", "window_end_ns", "grade", "breaker_state"))):
+            for gpu, end, grade, state in zip(
+                *(table.column(c).to_pylist() for c in ("gpu_uuid", "window_end_ns", "grade", "breaker_state"))
+            ):
                 if gpu not in self._latest or end >= self._latest[gpu][0]:
                     if gpu in self._latest:
                         self.gpus.add(self._latest[gpu][1], -1)
@@ -60,37 +62,91 @@ class CostMetrics:
 
     def _cost(self, table: pa.Table) -> None:
         cost = table.column("cost_micro_usd")
-        for counter, rows in ((self.charged, table.filter(pc.greater(cost, 0))),
-                              (self.credited, table.filter(pc.less(cost, 0)))):
+        for counter, rows in (
+            (self.charged, table.filter(pc.greater(cost, 0))),
+            (self.credited, table.filter(pc.less(cost, 0))),
+        ):
             if not rows.num_rows:
                 continue
-            sums = rows.select([*COST_LABELS, "cost_micro_usd"]).group_by(list(COST_LABELS), use_threads=False) \
+            sums = (
+                rows.select([*COST_LABELS, "cost_micro_usd"])
+                .group_by(list(COST_LABELS), use_threads=False)
                 .aggregate([("cost_micro_usd", "sum")])
+            )
             for *key, total in zip(*(sums.column(c).to_pylist() for c in (*COST_LABELS, "cost_micro_usd_sum"))):
                 counter.add(tuple(k or "" for k in key), abs(total))
         idle = table.filter(pc.equal(table.column("team"), IDLE_TEAM))
         if idle.num_rows:
             sums = idle.group_by(["gpu_model", "node_id"], use_threads=False).aggregate([("cost_micro_usd", "sum")])
-            for model, node, total in zip(*(sums.column(c).to_pylist() for c in (
-                    "gpu_model", "node_id", "cost_micro_usd_sum"))):
+            for model, node, total in zip(
+                *(sums.column(c).to_pylist() for c in ("gpu_model", "node_id", "cost_micro_usd_sum"))
+            ):
                 self.idle.add((model, node), total)
 
     def metrics(self) -> list[Metric]:
         shown = [  # each family's series, and what it shows of them
-            (self.charged, labelled(CounterMetricFamily, "gpucost_cost_micro_usd", "µ$ charged by the cost records "
-                                    "written", COST_LABELS, dict(self.charged))),
-            (self.credited, labelled(CounterMetricFamily, "gpucost_cost_credit_micro_usd", "µ$ credited back by "
-                                     "revisions (negative differences, as positive amounts): the bill is charged − "
-                                     "credited", COST_LABELS, dict(self.credited))),
-            (self.idle, labelled(CounterMetricFamily, "gpucost_idle_cost_micro_usd", "µ$ of unused capacity (the idle "
-                                 "party)", ("gpu_model", "node"), dict(self.idle))),
-            (self.triggers, labelled(CounterMetricFamily, "gpucost_reclaim_triggers", "reclaim triggers written",
-                                     ("sla", "team"), dict(self.triggers))),
-            (self.gpus, labelled(GaugeMetricFamily, "gpucost_gpus", "GPUs by the grade and breaker state of their "
-                                 "latest health record", ("grade", "breaker_state"),
-                                 {k: v for k, v in dict(self.gpus).items() if v})),  # a state no GPU holds any more
+            (
+                self.charged,
+                labelled(
+                    CounterMetricFamily,
+                    "gpucost_cost_micro_usd",
+                    "µ$ charged by the cost records written",
+                    COST_LABELS,
+                    dict(self.charged),
+                ),
+            ),
+            (
+                self.credited,
+                labelled(
+                    CounterMetricFamily,
+                    "gpucost_cost_credit_micro_usd",
+                    "µ$ credited back by "
+                    "revisions (negative differences, as positive amounts): the bill is charged − "
+                    "credited",
+                    COST_LABELS,
+                    dict(self.credited),
+                ),
+            ),
+            (
+                self.idle,
+                labelled(
+                    CounterMetricFamily,
+                    "gpucost_idle_cost_micro_usd",
+                    "µ$ of unused capacity (the idle party)",
+                    ("gpu_model", "node"),
+                    dict(self.idle),
+                ),
+            ),
+            (
+                self.triggers,
+                labelled(
+                    CounterMetricFamily,
+                    "gpucost_reclaim_triggers",
+                    "reclaim triggers written",
+                    ("sla", "team"),
+                    dict(self.triggers),
+                ),
+            ),
+            (
+                self.gpus,
+                labelled(
+                    GaugeMetricFamily,
+                    "gpucost_gpus",
+                    "GPUs by the grade and breaker state of their latest health record",
+                    ("grade", "breaker_state"),
+                    {k: v for k, v in dict(self.gpus).items() if v},
+                ),
+            ),  # a state no GPU holds any more
         ]
         folded = {(f.name + ("_total" if f.type == "counter" else ""),): s.folded for s, f in shown}
-        return [*(f for _, f in shown), labelled(
-            CounterMetricFamily, "gpucost_cost_series_folded", f"label sets counted in their family's {OTHER!r} "
-            "series, past the cap on label sets (--cost-series), by family", ("family",), folded)]
+        return [
+            *(f for _, f in shown),
+            labelled(
+                CounterMetricFamily,
+                "gpucost_cost_series_folded",
+                f"label sets counted in their family's {OTHER!r} "
+                "series, past the cap on label sets (--cost-series), by family",
+                ("family",),
+                folded,
+            ),
+        ]

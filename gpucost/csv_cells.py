@@ -21,6 +21,7 @@ number ``-12.5`` in its numeric column, for the spreadsheet's sums and for the F
 The rule is one SQL expression, which DuckDB evaluates for both writers: in the ``COPY`` of an export, at
 DuckDB's speed (a FOCUS month has millions of rows), and over the text cells of rows already in Python.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -59,8 +60,9 @@ def copy_csv(con: duckdb.DuckDBPyConnection, sql: str, dest: Path) -> int:
     texts = [name for name, kind in columns if not _NUMERIC.match(kind)]
     select = ", ".join(f"{text_cells(f'CAST({n} AS VARCHAR)')} AS {n}" if n in texts else n for n, _ in columns)
     quoted = f", FORCE_QUOTE ({', '.join(texts)})" if texts else ""
-    (rows,) = con.execute(f"COPY (SELECT {select} FROM ({sql})) TO {sql_string(str(dest))} "
-                          f"(FORMAT CSV, HEADER{quoted})").fetchone()  # type: ignore[misc]
+    (rows,) = con.execute(
+        f"COPY (SELECT {select} FROM ({sql})) TO {sql_string(str(dest))} (FORMAT CSV, HEADER{quoted})"
+    ).fetchone()  # type: ignore[misc]
     return int(rows)
 
 

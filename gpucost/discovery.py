@@ -12,6 +12,7 @@ check ``gpucost health verify`` makes): a node's state comes from its GPUs' veri
 alone, so a forged "excellent" record cannot put a removed node back. Every record refused, and
 every node whose name is no scrape target (``target_problem``), is counted by reason and said.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,9 @@ def _refusal(fields: Mapping[str, Any], secrets: Mapping[str, bytes] | None, ref
     return why
 
 
-def from_output(out_dir: Path, secrets: Mapping[str, bytes] | None = None,
-                refused: Counter[str] | None = None) -> ServiceDiscovery:
+def from_output(
+    out_dir: Path, secrets: Mapping[str, bytes] | None = None, refused: Counter[str] | None = None
+) -> ServiceDiscovery:
     """Service discovery as of every GPU's latest ``health`` record under ``out_dir``; with ``secrets`` (the
     audit keys), as of its latest record that verifies, every record checked and each refused counted in
     ``refused`` by reason."""
@@ -69,16 +71,28 @@ def from_output(out_dir: Path, secrets: Mapping[str, bytes] | None = None,
 def refusals(refused: Mapping[str, int], sd: ServiceDiscovery) -> str | None:
     """One line saying what was refused, by reason (None: nothing was)."""
     targets = Counter(sd.refused_targets().values())
-    parts = [f"{sum(counts.values()):,} {what} ({', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))})"
-             for what, counts in (("health record(s) that do not verify", refused),
-                                  ("node(s) whose name is no scrape target", targets)) if counts]
+    parts = [
+        f"{sum(counts.values()):,} {what} ({', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))})"
+        for what, counts in (
+            ("health record(s) that do not verify", refused),
+            ("node(s) whose name is no scrape target", targets),
+        )
+        if counts
+    ]
     return f"refused {' and '.join(parts)}; left out" if parts else None
 
 
-async def run_kafka_discovery(kafka: KafkaSettings, file_sd: Path, port: int, labels: dict[str, str],
-                              stop: asyncio.Event, keyring: Keyring | None = None,
-                              counts: dict[str, int] | None = None, secrets: Mapping[str, bytes] | None = None,
-                              refused: Counter[str] | None = None) -> ServiceDiscovery:
+async def run_kafka_discovery(
+    kafka: KafkaSettings,
+    file_sd: Path,
+    port: int,
+    labels: dict[str, str],
+    stop: asyncio.Event,
+    keyring: Keyring | None = None,
+    counts: dict[str, int] | None = None,
+    secrets: Mapping[str, bytes] | None = None,
+    refused: Counter[str] | None = None,
+) -> ServiceDiscovery:
     """Follow the ``health`` topic from its start until ``stop``; keep ``file_sd`` and the ``discovery``
     topic up to date. A message that is not a health record the workers signed (with ``keyring``) is
     counted under ``counts['refused']`` and logged with its reason, never applied; with ``secrets`` (the
@@ -122,8 +136,9 @@ async def run_kafka_discovery(kafka: KafkaSettings, file_sd: Path, port: int, la
                 caught_up = all([await consumer.position(tp) >= ends[tp] for tp in parts])
             if changed and caught_up:
                 for node in sorted(changed):
-                    await producer.send_and_wait(kafka.topic("discovery"), json.dumps(sd.entry(node)).encode(),
-                                                 key=node.encode())
+                    await producer.send_and_wait(
+                        kafka.topic("discovery"), json.dumps(sd.entry(node)).encode(), key=node.encode()
+                    )
                 changed.clear()
             groups = sd.file_sd(port, labels)
             if caught_up and groups != written:

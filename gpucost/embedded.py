@@ -2,6 +2,7 @@
 
 The same ``Auditor`` the Kafka workers run; the queue gives the source back-pressure.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -57,8 +58,12 @@ class RunStats:
         """What ``gpucost run --metrics-address`` serves (docs/operations.md, "Metrics")."""
         return [
             counter("gpucost_run_inputs", "inputs read (events, lines or rows)", self.inputs),
-            counter("gpucost_run_events", "events taken, by kind", {k: v for k, v in dict(self.counts).items()
-                                                                    if k in EVENT_MODELS}, "kind"),
+            counter(
+                "gpucost_run_events",
+                "events taken, by kind",
+                {k: v for k, v in dict(self.counts).items() if k in EVENT_MODELS},
+                "kind",
+            ),
             counter("gpucost_run_dead_letters", "dead letters, by reason", self.dead_letters, "reason"),
             counter("gpucost_run_rows_written", "rows written to Parquet, by kind", dict(self.rows), "kind"),
             source_counts(self.source),
@@ -66,8 +71,9 @@ class RunStats:
         ]
 
 
-def _feed(items: Iterable[Item], q: queue.Queue[object], failure: list[BaseException],
-          stopped: threading.Event) -> None:
+def _feed(
+    items: Iterable[Item], q: queue.Queue[object], failure: list[BaseException], stopped: threading.Event
+) -> None:
     """The source's thread: each item into the queue as it comes (the queue's bound is the back-pressure), until
     the input ends or the run has ``stopped`` (an interrupted run's thread once died at interpreter exit inside
     native code, and the process aborted)."""
@@ -136,16 +142,26 @@ def _audit(auditor: Auditor, batch: list[Item]) -> tuple[int, Outputs]:
         return len(batch), auditor.ingest_lines(lines, labels.__getitem__)  # type: ignore[arg-type]
     out: Outputs = []
     for payload, label in batch:  # type: ignore[misc]
-        out += (auditor.ingest(payload, label) if isinstance(payload, (str, bytes, dict))
-                else auditor.update(payload, None, label))
+        out += (
+            auditor.ingest(payload, label)
+            if isinstance(payload, (str, bytes, dict))
+            else auditor.update(payload, None, label)
+        )
     return len(batch), out
 
 
-def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
-                 on_batch: Callable[[list[Item]], None] | None = None, stats: RunStats | None = None,
-                 audit_key: bytes | None = None, live: bool = False,
-                 monotonic: Callable[[], float] = time.monotonic, publication: Publication | None = None,
-                 auditor: Auditor | None = None) -> RunStats:
+def run_embedded(
+    items: Iterable[Item],
+    settings: AuditSettings,
+    out_dir: Path,
+    on_batch: Callable[[list[Item]], None] | None = None,
+    stats: RunStats | None = None,
+    audit_key: bytes | None = None,
+    live: bool = False,
+    monotonic: Callable[[], float] = time.monotonic,
+    publication: Publication | None = None,
+    auditor: Auditor | None = None,
+) -> RunStats:
     """Run every item through the audit and write the records; returns what happened (``stats``, if given,
     is the one kept up to date as it runs). ``audit_key`` signs the health records. The panes of GPUs gone
     silent close as they go, on ``monotonic`` (``gpucost.streams.silence.RunSilence``: the rule both transports
@@ -163,8 +179,9 @@ def run_embedded(items: Iterable[Item], settings: AuditSettings, out_dir: Path,
     try:
         auditor = auditor if auditor is not None else Auditor(settings, time.time_ns, audit_key)
         stats = stats if stats is not None else RunStats()
-        sink = ParquetSink(out_dir, on_published=None if stats.cost is None else stats.cost.observe,
-                           hold=publication is not None)
+        sink = ParquetSink(
+            out_dir, on_published=None if stats.cost is None else stats.cost.observe, hold=publication is not None
+        )
         stats.counts, stats.rows = auditor.counts, sink.rows_written  # live, while it runs
         silence = RunSilence(settings.idle_timeout_s, forget=live or publication is not None)
         for batch in _drain(q, lambda: None if publication is None else publication.wait_s()):

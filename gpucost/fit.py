@@ -11,6 +11,7 @@ them (late, duplicate and overlapping events refused as in billing, late ones wi
 taken into their panes), and each pane's sums are read through ``Auditor.on_closed`` as it closes and again
 whenever a revision changes it, so the fit sees every pane as it finally stands.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -48,13 +49,17 @@ class _Panes:
 
     def __call__(self, panes: PaneColumns) -> None:
         covered = panes.covered_ms.astype(np.float64)
-        sums = [np.bincount(panes.t_pane, weights=values.astype(np.float64), minlength=len(panes))
-                for values in (panes.t_sm, panes.t_bw, panes.t_numa)]
+        sums = [
+            np.bincount(panes.t_pane, weights=values.astype(np.float64), minlength=len(panes))
+            for values in (panes.t_sm, panes.t_bw, panes.t_numa)
+        ]
         with np.errstate(divide="ignore", invalid="ignore"):  # panes without covered time are dropped below
-            rows = np.column_stack([panes.energy_uj / covered / 1000, sums[0] / 100 / covered,
-                                    sums[1] / 100 / covered, sums[2] / covered])
-        for key, row, kept in zip(zip(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist()), rows,
-                                  (covered > 0).tolist()):
+            rows = np.column_stack(
+                [panes.energy_uj / covered / 1000, sums[0] / 100 / covered, sums[1] / 100 / covered, sums[2] / covered]
+            )
+        for key, row, kept in zip(
+            zip(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist()), rows, (covered > 0).tolist()
+        ):
             if kept:
                 self.rows[key] = row
             else:
@@ -79,8 +84,9 @@ def nnls(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     """Least squares of ``y`` on ``[1, x]`` with the slopes ≥ 0: the intercept and slopes. Exhaustive over
     which slopes are 0 (three columns: eight solves), which is exact where an iterative solver stops near."""
     best: tuple[float, float, np.ndarray] | None = None
-    for free in itertools.chain.from_iterable(itertools.combinations(range(x.shape[1]), k)
-                                              for k in range(x.shape[1] + 1)):
+    for free in itertools.chain.from_iterable(
+        itertools.combinations(range(x.shape[1]), k) for k in range(x.shape[1] + 1)
+    ):
         design = np.column_stack([np.ones(len(y)), x[:, list(free)]])
         coef, *_ = np.linalg.lstsq(design, y, rcond=None)
         if (coef[1:] < 0).any():
@@ -107,8 +113,11 @@ class Fit:
         """The weights as lines of a ``--config`` file."""
         lines = [f"# fitted by gpucost fit-weights from {self.panes} panes, R² = {self.r2:.4f}"]
         for name, value in self.weights.items():
-            lines.append(f"{name} = {value}" if value is not None else
-                         f"# {name}: not estimated ({self.why_not[name]}); keep the one you have")
+            lines.append(
+                f"{name} = {value}"
+                if value is not None
+                else f"# {name}: not estimated ({self.why_not[name]}); keep the one you have"
+            )
         return "\n".join(lines) + "\n"
 
 
@@ -118,12 +127,17 @@ def fit_weights(features: Features) -> Fit:
     input (no NUMA events at all, say) has no weight estimated rather than one invented."""
     x, y = features.x, features.power_w
     if len(y) < 5:
-        raise ValueError(f"{len(y)} panes with covered time: at least 5 are needed to fit four coefficients; "
-                         "give event files with gpu_sample lines of more panes")
+        raise ValueError(
+            f"{len(y)} panes with covered time: at least 5 are needed to fit four coefficients; "
+            "give event files with gpu_sample lines of more panes"
+        )
     varies = np.ptp(x, axis=0) > 0
     names = ("alpha", "beta", "gamma")
-    why_not = {n: f"{r} is the same in every pane" + (" (no NUMA events)" if r == "L" and not x[:, 2].any() else "")
-               for n, r, v in zip(names, RESOURCES, varies) if not v}
+    why_not = {
+        n: f"{r} is the same in every pane" + (" (no NUMA events)" if r == "L" and not x[:, 2].any() else "")
+        for n, r, v in zip(names, RESOURCES, varies)
+        if not v
+    }
     intercept, slopes = nnls(x[:, varies], y)
     full = np.zeros(3)
     full[varies] = slopes
@@ -132,9 +146,13 @@ def fit_weights(features: Features) -> Fit:
     r2 = 1 - float(((y - fitted) ** 2).sum()) / total if total else 1.0
     explained = full * x.mean(axis=0)
     if explained.sum() <= 0:
-        raise ValueError("no resource explains any of the power (every slope fitted 0): the weights cannot be "
-                         "estimated from this input")
+        raise ValueError(
+            "no resource explains any of the power (every slope fitted 0): the weights cannot be "
+            "estimated from this input"
+        )
     shares = explained / explained.sum()
-    weights = {n: None if n in why_not else Decimal(repr(float(share))).quantize(Decimal("0.000001"))
-               for n, share in zip(names, shares)}
+    weights = {
+        n: None if n in why_not else Decimal(repr(float(share))).quantize(Decimal("0.000001"))
+        for n, share in zip(names, shares)
+    }
     return Fit(len(y), intercept, full, r2, weights, why_not)

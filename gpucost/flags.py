@@ -1,6 +1,7 @@
 """The flags the commands share, each falling back to a documented environment variable: settings, output
 directories, Kafka, metrics, the live sources and the simulated fleet (``gpucost.cli`` builds the commands
 from these)."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,19 @@ from gpucost.schemas.events import SLAS
 from gpucost.streams.settings import AuditSettings
 from gpucost.wiring import UsageError
 
-__all__ = ["add_cost_series", "add_fleet", "add_kafka", "add_live", "add_metrics", "add_opex", "add_out",
-           "add_settings", "date_arg", "env_default", "env_flag"]
+__all__ = [
+    "add_cost_series",
+    "add_fleet",
+    "add_kafka",
+    "add_live",
+    "add_metrics",
+    "add_opex",
+    "add_out",
+    "add_settings",
+    "date_arg",
+    "env_default",
+    "env_flag",
+]
 
 DEFAULT_OUT = "gpucost-out"
 
@@ -32,8 +44,12 @@ def env_default(name: str, default: str) -> str:
 def env_flag(p: argparse.ArgumentParser, flag: str, env: str, kind: type, default: str | None, what: str) -> None:
     """A flag that falls back to an environment variable; the help says both, and the default."""
     shown = "unset" if default is None else default
-    p.add_argument(flag, type=kind, default=os.environ.get(env, default),
-                   help=f"{what} (env {env}; default {shown})".replace("%", "%%"))
+    p.add_argument(
+        flag,
+        type=kind,
+        default=os.environ.get(env, default),
+        help=f"{what} (env {env}; default {shown})".replace("%", "%%"),
+    )
 
 
 def _library(value: str) -> Path | str | None:
@@ -42,30 +58,54 @@ def _library(value: str) -> Path | str | None:
 
 
 def add_out(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--out", type=Path, default=Path(env_default("GPUCOST_OUT", DEFAULT_OUT)),
-                   help=f"{what} (env GPUCOST_OUT; default ./{DEFAULT_OUT})")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path(env_default("GPUCOST_OUT", DEFAULT_OUT)),
+        help=f"{what} (env GPUCOST_OUT; default ./{DEFAULT_OUT})",
+    )
 
 
 def add_settings(p: argparse.ArgumentParser, writes_out: bool = True) -> None:
-    p.add_argument("--config", type=Path, default=os.environ.get("GPUCOST_CONFIG"),
-                   help="TOML file of audit settings (env GPUCOST_CONFIG)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get("GPUCOST_CONFIG"),
+        help="TOML file of audit settings (env GPUCOST_CONFIG)",
+    )
     if writes_out:
         p.add_argument("--overwrite", action="store_true", help="replace output already in --out")
-    env_flag(p, "--audit-key-file", "GPUCOST_AUDIT_KEY_FILE", Path, None,
-              "sign every health record's snapshot hash with the one key in this file, '<key_id> <secret hex>' "
-              "(unset: health records unsigned)")
+    env_flag(
+        p,
+        "--audit-key-file",
+        "GPUCOST_AUDIT_KEY_FILE",
+        Path,
+        None,
+        "sign every health record's snapshot hash with the one key in this file, '<key_id> <secret hex>' "
+        "(unset: health records unsigned)",
+    )
     g = p.add_argument_group("audit settings (each also env GPUCOST_<NAME>, e.g. GPUCOST_PANE_S)")
     for name in FLAG_FIELDS:
         info = AuditSettings.model_fields[name]
-        g.add_argument(f"--{name.replace('_', '-')}", dest=name, metavar="V",
-                       help=f"{info.description} (default {info.default})".replace("%", "%%"))
+        g.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            metavar="V",
+            help=f"{info.description} (default {info.default})".replace("%", "%%"),
+        )
 
 
 def add_opex(p: argparse.ArgumentParser) -> None:
     """The audit setting ``opex_usd_per_gpu_hour`` (the same environment variable), for the commands that only read."""
     info = AuditSettings.model_fields["opex_usd_per_gpu_hour"]
-    env_flag(p, "--opex-usd-per-gpu-hour", "GPUCOST_OPEX_USD_PER_GPU_HOUR", _decimal, str(info.default),
-              f"{info.description}, in view unit_cost")
+    env_flag(
+        p,
+        "--opex-usd-per-gpu-hour",
+        "GPUCOST_OPEX_USD_PER_GPU_HOUR",
+        _decimal,
+        str(info.default),
+        f"{info.description}, in view unit_cost",
+    )
 
 
 def _decimal(text: str) -> Decimal:
@@ -97,8 +137,14 @@ def _positive_s(text: str) -> float:
 
 
 def add_compact(p: argparse.ArgumentParser, env: str) -> None:
-    env_flag(p, "--compact-min-files", env, int, "64",
-             "merge a partition's small files once it has gained this many (0: never)")
+    env_flag(
+        p,
+        "--compact-min-files",
+        env,
+        int,
+        "64",
+        "merge a partition's small files once it has gained this many (0: never)",
+    )
 
 
 def compact_min_files(args: argparse.Namespace) -> int:
@@ -109,22 +155,38 @@ def compact_min_files(args: argparse.Namespace) -> int:
 
 
 def add_log_format(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-format", choices=["text", "json"], default=env_default("GPUCOST_LOG_FORMAT", "text"),
-                   help="off a terminal, a progress line a minute: key=value words, or one JSON object a line "
-                        "(env GPUCOST_LOG_FORMAT; default text)")
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=env_default("GPUCOST_LOG_FORMAT", "text"),
+        help="off a terminal, a progress line a minute: key=value words, or one JSON object a line "
+        "(env GPUCOST_LOG_FORMAT; default text)",
+    )
 
 
 def add_publication(p: argparse.ArgumentParser) -> None:
     """How a continuous run publishes: ``gpucost.publication``."""
-    env_flag(p, "--publish-delay-s", "GPUCOST_PUBLISH_DELAY_S", _positive_s, "60",
-             "publish the records of closed panes, with a checkpoint of the run's state, this often: the most a "
-             "record waits to reach the Parquet, and the most input a kill loses")
+    env_flag(
+        p,
+        "--publish-delay-s",
+        "GPUCOST_PUBLISH_DELAY_S",
+        _positive_s,
+        "60",
+        "publish the records of closed panes, with a checkpoint of the run's state, this often: the most a "
+        "record waits to reach the Parquet, and the most input a kill loses",
+    )
     add_compact(p, "GPUCOST_RUN_COMPACT_MIN_FILES")
 
 
 def add_metrics(p: argparse.ArgumentParser) -> None:
-    env_flag(p, "--metrics-address", "GPUCOST_METRICS_ADDRESS", str, None,
-              "serve Prometheus metrics at /metrics and a health check at /healthz on HOST:PORT (unset: off)")
+    env_flag(
+        p,
+        "--metrics-address",
+        "GPUCOST_METRICS_ADDRESS",
+        str,
+        None,
+        "serve Prometheus metrics at /metrics and a health check at /healthz on HOST:PORT (unset: off)",
+    )
 
 
 def _series_cap(text: str) -> int:
@@ -135,16 +197,26 @@ def _series_cap(text: str) -> int:
 
 
 def add_cost_series(p: argparse.ArgumentParser) -> None:
-    env_flag(p, "--cost-series", "GPUCOST_COST_SERIES", _series_cap, "2000",
-              "with --metrics-address: the most label sets each cost metric family keeps (cost, credit, idle cost, "
-              "reclaim triggers, GPUs), its _other series included; the rest is counted in that series")
+    env_flag(
+        p,
+        "--cost-series",
+        "GPUCOST_COST_SERIES",
+        _series_cap,
+        "2000",
+        "with --metrics-address: the most label sets each cost metric family keeps (cost, credit, idle cost, "
+        "reclaim triggers, GPUs), its _other series included; the rest is counted in that series",
+    )
 
 
 def add_kafka(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Kafka (each also env GPUCOST_KAFKA_<NAME>, e.g. GPUCOST_KAFKA_BOOTSTRAP)")
     for name, info in KafkaSettings.model_fields.items():
-        g.add_argument(f"--{name.replace('_', '-')}", dest=f"kafka_{name}", metavar="V",
-                       help=f"{info.description} (default {info.default})")
+        g.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=f"kafka_{name}",
+            metavar="V",
+            help=f"{info.description} (default {info.default})",
+        )
 
 
 def _attribution(text: str) -> tuple[str, ...]:
@@ -153,8 +225,9 @@ def _attribution(text: str) -> tuple[str, ...]:
     if names == {"none"}:
         return ()
     if not names or not names <= set(ATTRIBUTION_SOURCES):
-        raise argparse.ArgumentTypeError(f"{text!r}: name 'none', or one or more of "
-                                         f"{', '.join(ATTRIBUTION_SOURCES)}, separated by commas")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: name 'none', or one or more of {', '.join(ATTRIBUTION_SOURCES)}, separated by commas"
+        )
     return tuple(n for n in ATTRIBUTION_SOURCES if n in names)
 
 
@@ -168,54 +241,129 @@ def _kube_label(text: str) -> tuple[str, tuple[str, ...]]:
 
 def add_live(p: argparse.ArgumentParser) -> None:
     """Flags of the live sources (nvml, dcgm, ebpf), shared by run and produce."""
-    p.add_argument("--url", default=os.environ.get("GPUCOST_DCGM_URL"),
-                   help="with --source dcgm: the exporter's /metrics URL (env GPUCOST_DCGM_URL)")
-    p.add_argument("--dcgm-sla", choices=["Gold", "Silver", "Bronze"],
-                   default=env_default("GPUCOST_DCGM_SLA", "Bronze"),
-                   help="with --source dcgm: SLA of the tenants made from pod labels (env GPUCOST_DCGM_SLA)")
-    p.add_argument("--node-id", default=env_default("GPUCOST_NODE_ID", socket.gethostname()),
-                   help="this node's id in NVML events (env GPUCOST_NODE_ID; default the host name)")
-    p.add_argument("--period-s", type=float, default=env_default("GPUCOST_PERIOD_S", "1.0"),
-                   help="sampling period of a live source (env GPUCOST_PERIOD_S; default 1.0)")
-    p.add_argument("--ebpf-sample-every", type=int, default=env_default("GPUCOST_EBPF_SAMPLE_EVERY", "16"),
-                   help="with --source ebpf: report 1 page fault in N (env GPUCOST_EBPF_SAMPLE_EVERY; default 16)")
-    env_flag(p, "--libcuda", "GPUCOST_LIBCUDA", _library, "none",
-              "with --source ebpf: probe the kernel launches and allocations of this CUDA driver library, or of "
-              "libcuda.so.1 from the linker cache with 'auto' ('none': not probed, as a uprobe on every launch can "
-              "double a launch-bound program's time, and launches enter no figure)")
-    env_flag(p, "--libcublas", "GPUCOST_LIBCUBLAS", _library, "auto",
-              "with --source ebpf: the cuBLAS library whose GEMM calls to probe for their FLOPs ('auto': the "
-              "newest libcublas.so.N from the linker cache, if the node has one; 'none': not probed)")
-    p.add_argument("--attribution", type=_attribution, default=env_default("GPUCOST_ATTRIBUTION", "environ"),
-                   help="with a live source: where each GPU process's tenant is found, ahead of its first sample: "
-                        "'environ' (GPUCOST_TEAM…, GIT_COMMIT, CI_PIPELINE_ID, Slurm's job variables), 'kubernetes' "
-                        "(its pod's labels), both as 'kubernetes,environ' (a pod's binding first), or 'none' (only "
-                        "bindings given) (env GPUCOST_ATTRIBUTION; default environ)")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("GPUCOST_DCGM_URL"),
+        help="with --source dcgm: the exporter's /metrics URL (env GPUCOST_DCGM_URL)",
+    )
+    p.add_argument(
+        "--dcgm-sla",
+        choices=["Gold", "Silver", "Bronze"],
+        default=env_default("GPUCOST_DCGM_SLA", "Bronze"),
+        help="with --source dcgm: SLA of the tenants made from pod labels (env GPUCOST_DCGM_SLA)",
+    )
+    p.add_argument(
+        "--node-id",
+        default=env_default("GPUCOST_NODE_ID", socket.gethostname()),
+        help="this node's id in NVML events (env GPUCOST_NODE_ID; default the host name)",
+    )
+    p.add_argument(
+        "--period-s",
+        type=float,
+        default=env_default("GPUCOST_PERIOD_S", "1.0"),
+        help="sampling period of a live source (env GPUCOST_PERIOD_S; default 1.0)",
+    )
+    p.add_argument(
+        "--ebpf-sample-every",
+        type=int,
+        default=env_default("GPUCOST_EBPF_SAMPLE_EVERY", "16"),
+        help="with --source ebpf: report 1 page fault in N (env GPUCOST_EBPF_SAMPLE_EVERY; default 16)",
+    )
+    env_flag(
+        p,
+        "--libcuda",
+        "GPUCOST_LIBCUDA",
+        _library,
+        "none",
+        "with --source ebpf: probe the kernel launches and allocations of this CUDA driver library, or of "
+        "libcuda.so.1 from the linker cache with 'auto' ('none': not probed, as a uprobe on every launch can "
+        "double a launch-bound program's time, and launches enter no figure)",
+    )
+    env_flag(
+        p,
+        "--libcublas",
+        "GPUCOST_LIBCUBLAS",
+        _library,
+        "auto",
+        "with --source ebpf: the cuBLAS library whose GEMM calls to probe for their FLOPs ('auto': the "
+        "newest libcublas.so.N from the linker cache, if the node has one; 'none': not probed)",
+    )
+    p.add_argument(
+        "--attribution",
+        type=_attribution,
+        default=env_default("GPUCOST_ATTRIBUTION", "environ"),
+        help="with a live source: where each GPU process's tenant is found, ahead of its first sample: "
+        "'environ' (GPUCOST_TEAM…, GIT_COMMIT, CI_PIPELINE_ID, Slurm's job variables), 'kubernetes' "
+        "(its pod's labels), both as 'kubernetes,environ' (a pod's binding first), or 'none' (only "
+        "bindings given) (env GPUCOST_ATTRIBUTION; default environ)",
+    )
     g = p.add_argument_group("Kubernetes attribution (with --attribution kubernetes: docs/operations.md)")
-    env_flag(g, "--kube-pods-url", "GPUCOST_KUBE_PODS_URL", str, None,
-              "a URL answering a PodList of this node's pods, with the service account's token (unset: the API "
-              "server the pod runs under, pods of --kube-node)")
-    env_flag(g, "--kube-node", "NODE_NAME", str, None, "this node's name in Kubernetes (the Downward API's "
-              "spec.nodeName)")
-    env_flag(g, "--kube-token-file", "GPUCOST_KUBE_TOKEN_FILE", Path, str(KubernetesSettings.token_file),
-              "a bearer token for the pods' URL (a pod's service account's, by default), sent where the file exists")
-    env_flag(g, "--kube-ca-file", "GPUCOST_KUBE_CA_FILE", Path, str(KubernetesSettings.ca_file),
-              "the CA that signed the pods' URL's certificate (the cluster's, by default), where the file exists")
-    env_flag(g, "--kube-pod-resources", "GPUCOST_KUBE_POD_RESOURCES", Path,
-              str(KubernetesSettings.pod_resources), "the kubelet's pod-resources socket, which tells the pod a GPU "
-              "was given to")
-    g.add_argument("--kube-label", type=_kube_label, action="append", metavar="FIELD=KEY[,KEY…]",
-                   default=[_kube_label(v) for v in os.environ.get("GPUCOST_KUBE_LABELS", "").split()],
-                   help="the pod label or annotation keys that give a binding field, first set wins; again for each "
-                        "field (env GPUCOST_KUBE_LABELS, space-separated; default: "
-                        + "; ".join(f"{k}={','.join(v)}" for k, v in LABELS.items()) + ")")
-    p.add_argument("--attribution-sla", choices=SLAS, default=env_default("GPUCOST_ATTRIBUTION_SLA", "Bronze"),
-                   help="the SLA of a process whose environment names none (env GPUCOST_ATTRIBUTION_SLA; "
-                        "default Bronze)")
-    p.add_argument("--prices", type=Path, nargs="+", default=[],
-                   help="JSON Lines of price (and tenant_binding) events, read before a live source")
-    p.add_argument("--duration-s", type=float, default=None,
-                   help="stop a live source after this long (default: at Ctrl-C); results are written either way")
+    env_flag(
+        g,
+        "--kube-pods-url",
+        "GPUCOST_KUBE_PODS_URL",
+        str,
+        None,
+        "a URL answering a PodList of this node's pods, with the service account's token (unset: the API "
+        "server the pod runs under, pods of --kube-node)",
+    )
+    env_flag(
+        g, "--kube-node", "NODE_NAME", str, None, "this node's name in Kubernetes (the Downward API's spec.nodeName)"
+    )
+    env_flag(
+        g,
+        "--kube-token-file",
+        "GPUCOST_KUBE_TOKEN_FILE",
+        Path,
+        str(KubernetesSettings.token_file),
+        "a bearer token for the pods' URL (a pod's service account's, by default), sent where the file exists",
+    )
+    env_flag(
+        g,
+        "--kube-ca-file",
+        "GPUCOST_KUBE_CA_FILE",
+        Path,
+        str(KubernetesSettings.ca_file),
+        "the CA that signed the pods' URL's certificate (the cluster's, by default), where the file exists",
+    )
+    env_flag(
+        g,
+        "--kube-pod-resources",
+        "GPUCOST_KUBE_POD_RESOURCES",
+        Path,
+        str(KubernetesSettings.pod_resources),
+        "the kubelet's pod-resources socket, which tells the pod a GPU was given to",
+    )
+    g.add_argument(
+        "--kube-label",
+        type=_kube_label,
+        action="append",
+        metavar="FIELD=KEY[,KEY…]",
+        default=[_kube_label(v) for v in os.environ.get("GPUCOST_KUBE_LABELS", "").split()],
+        help="the pod label or annotation keys that give a binding field, first set wins; again for each "
+        "field (env GPUCOST_KUBE_LABELS, space-separated; default: "
+        + "; ".join(f"{k}={','.join(v)}" for k, v in LABELS.items())
+        + ")",
+    )
+    p.add_argument(
+        "--attribution-sla",
+        choices=SLAS,
+        default=env_default("GPUCOST_ATTRIBUTION_SLA", "Bronze"),
+        help="the SLA of a process whose environment names none (env GPUCOST_ATTRIBUTION_SLA; default Bronze)",
+    )
+    p.add_argument(
+        "--prices",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="JSON Lines of price (and tenant_binding) events, read before a live source",
+    )
+    p.add_argument(
+        "--duration-s",
+        type=float,
+        default=None,
+        help="stop a live source after this long (default: at Ctrl-C); results are written either way",
+    )
 
 
 def add_fleet(p: argparse.ArgumentParser) -> None:
@@ -226,8 +374,14 @@ def add_fleet(p: argparse.ArgumentParser) -> None:
         ("--hours", float, "GPUCOST_SIM_HOURS", d.hours, "hours of fleet time"),
         ("--seed", int, "GPUCOST_SIM_SEED", d.seed, "random seed"),
         ("--interval-s", float, "GPUCOST_SIM_INTERVAL_S", d.interval_s, "sampling period, seconds"),
-        ("--late-binding-fraction", float, "GPUCOST_SIM_LATE_BINDING_FRACTION", d.late_binding_fraction,
-         "share of jobs whose binding arrives after their first samples (revisions)"),
+        (
+            "--late-binding-fraction",
+            float,
+            "GPUCOST_SIM_LATE_BINDING_FRACTION",
+            d.late_binding_fraction,
+            "share of jobs whose binding arrives after their first samples (revisions)",
+        ),
     ]:
-        p.add_argument(flag, type=kind, default=env_default(env, str(default)),
-                       help=f"{what} (env {env}; default {default})")
+        p.add_argument(
+            flag, type=kind, default=env_default(env, str(default)), help=f"{what} (env {env}; default {default})"
+        )

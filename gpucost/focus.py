@@ -7,6 +7,7 @@ DuckDB from the ``cost`` view: no record passes through a float. Costs are the Â
 covered time (its Âµ$ over the pane's, or for an unpriced pane its share of the split). The Parquet holds
 every name as the records do; the CSV's text cells are made safe for a spreadsheet (``gpucost.csv_cells``).
 """
+
 from __future__ import annotations
 
 import re
@@ -56,8 +57,8 @@ SELECT
   {usd} AS BilledCost, {usd} AS EffectiveCost, {usd} AS ListCost, {usd} AS ContractedCost,
   'USD' AS BillingCurrency,
   {account} AS BillingAccountId, {account} AS BillingAccountName,
-  {when('bs')} AS BillingPeriodStart, {when("bs + INTERVAL 1 MONTH")} AS BillingPeriodEnd,
-  {when('ps')} AS ChargePeriodStart, {when('pe')} AS ChargePeriodEnd,
+  {when("bs")} AS BillingPeriodStart, {when("bs + INTERVAL 1 MONTH")} AS BillingPeriodEnd,
+  {when("ps")} AS ChargePeriodStart, {when("pe")} AS ChargePeriodEnd,
   CASE WHEN revision > 0 THEN 'Adjustment' ELSE 'Usage' END AS ChargeCategory, NULL::VARCHAR AS ChargeClass,
   CASE WHEN tenant_key = 'idle' THEN 'Idle GPU time on ' ELSE 'GPU time on ' END || gpu_model AS ChargeDescription,
   'Usage-Based' AS ChargeFrequency,
@@ -73,8 +74,15 @@ SELECT
 FROM c ORDER BY ps, gpu_uuid, tenant_key"""
 
 
-def export_focus(out_dir: Path, month: str, dest: Path, fmt: str = "csv", provider: str = "gpucost",
-                 billing_account: str = "gpucost", invoice_id: str | None = None) -> int:
+def export_focus(
+    out_dir: Path,
+    month: str,
+    dest: Path,
+    fmt: str = "csv",
+    provider: str = "gpucost",
+    billing_account: str = "gpucost",
+    invoice_id: str | None = None,
+) -> int:
     """Write ``month``'s cost records of ``out_dir`` as FOCUS rows to ``dest``; the number of rows."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -82,14 +90,16 @@ def export_focus(out_dir: Path, month: str, dest: Path, fmt: str = "csv", provid
     sql = focus_sql(month, provider, billing_account, iso_text=fmt == "csv", invoice_id=invoice_id)
     if fmt == "csv":  # names from input reach a spreadsheet as text, never as a formula (gpucost.csv_cells)
         return copy_csv(con, sql, dest)
-    (rows,) = con.execute(f"COPY ({sql}) TO {sql_string(str(dest))} (FORMAT PARQUET, COMPRESSION zstd)"
-                          ).fetchone()  # type: ignore[misc]
+    (rows,) = con.execute(f"COPY ({sql}) TO {sql_string(str(dest))} (FORMAT PARQUET, COMPRESSION zstd)").fetchone()  # type: ignore[misc]
     return int(rows)
 
 
 def cost_months(out_dir: Path) -> list[str]:
     """The months (YYYY-MM, UTC) that hold cost records in ``out_dir``, in order: what an export of another month
     can be told to pick instead."""
-    rows = connect(out_dir).execute("SELECT DISTINCT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') AS m "
-                                    "FROM cost ORDER BY m").fetchall()
+    rows = (
+        connect(out_dir)
+        .execute("SELECT DISTINCT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') AS m FROM cost ORDER BY m")
+        .fetchall()
+    )
     return [m for (m,) in rows]

@@ -6,6 +6,7 @@ the record's hash and, given the audit keys, its signature, and says what is wro
 is ``gpucost.schemas.snapshot``'s, the one the operator applied when it published the record;
 ``gpucost discovery --audit-keys`` checks every record it counts with it too (``seal_refusal``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,15 @@ from gpucost.schemas.records import HealthRecord
 from gpucost.schemas.snapshot import seal_faults, seal_problems
 from gpucost.sinks.views import sql_string, view_records
 
-__all__ = ["SNAPSHOT_KIND", "audit_secrets", "fingerprint", "seal_refusal", "snapshot_of", "snapshot_problems",
-           "read_json"]
+__all__ = [
+    "SNAPSHOT_KIND",
+    "audit_secrets",
+    "fingerprint",
+    "seal_refusal",
+    "snapshot_of",
+    "snapshot_problems",
+    "read_json",
+]
 
 SNAPSHOT_KIND = "gpucost.health_snapshot/1"
 
@@ -47,21 +55,29 @@ def seal_refusal(fields: Mapping[str, Any], secrets: Mapping[str, bytes]) -> str
 
 def snapshot_of(out_dir: Path, gpu_uuid: str) -> dict[str, Any] | None:
     """The snapshot of ``gpu_uuid``'s latest ``health`` record under ``out_dir`` (None: it has none)."""
-    found = view_records(out_dir, "health", f"WHERE gpu_uuid = {sql_string(gpu_uuid)} ORDER BY window_start_ns DESC "
-                                            "LIMIT 1")
+    found = view_records(
+        out_dir, "health", f"WHERE gpu_uuid = {sql_string(gpu_uuid)} ORDER BY window_start_ns DESC LIMIT 1"
+    )
     if not found:
         return None
     record = found[0]
-    return {"kind": SNAPSHOT_KIND, "timestamp_ns": record.window_end_ns,
-            "device": {"gpu_uuid": record.gpu_uuid, "gpu_model": record.gpu_model, "node_id": record.node_id,
-                       "fingerprint": fingerprint(record.gpu_uuid, record.gpu_model, record.node_id)},
-            "record": record.model_dump(mode="json")}
+    return {
+        "kind": SNAPSHOT_KIND,
+        "timestamp_ns": record.window_end_ns,
+        "device": {
+            "gpu_uuid": record.gpu_uuid,
+            "gpu_model": record.gpu_model,
+            "node_id": record.node_id,
+            "fingerprint": fingerprint(record.gpu_uuid, record.gpu_model, record.node_id),
+        },
+        "record": record.model_dump(mode="json"),
+    }
 
 
 def snapshot_problems(doc: Any, secrets: dict[str, bytes] | None) -> tuple[list[str], str | None]:
     """Why a snapshot does not hold (empty: it does), and the id of the audit key that signed it."""
     if not isinstance(doc, dict) or doc.get("kind") != SNAPSHOT_KIND:
-        return [f"not a health snapshot: expected an object with \"kind\": \"{SNAPSHOT_KIND}\""], None
+        return [f'not a health snapshot: expected an object with "kind": "{SNAPSHOT_KIND}"'], None
     fields = doc.get("record")
     try:
         record = HealthRecord.model_validate(fields)
@@ -75,8 +91,9 @@ def snapshot_problems(doc: Any, secrets: dict[str, bytes] | None) -> tuple[list[
     if device.get("fingerprint") != fingerprint(record.gpu_uuid, record.gpu_model, record.node_id):
         problems.append("device.fingerprint is not the hash of the record's UUID, model and node")
     if doc.get("timestamp_ns") != record.window_end_ns:
-        problems.append(f"timestamp_ns is {doc.get('timestamp_ns')!r} but the record's window ends at "
-                        f"{record.window_end_ns}")
+        problems.append(
+            f"timestamp_ns is {doc.get('timestamp_ns')!r} but the record's window ends at {record.window_end_ns}"
+        )
     return problems, signer
 
 
@@ -91,5 +108,6 @@ def read_json(path: Path) -> Any:
         why = "not valid JSON: nested too deeply"
     except ValueError as exc:  # includes UnicodeDecodeError
         why = f"not valid JSON: {exc}"
-    raise ValueError(f"cannot read {path}: {why}; give a file written by gpucost health snapshot (or an OTLP "
-                     "JSON export)")
+    raise ValueError(
+        f"cannot read {path}: {why}; give a file written by gpucost health snapshot (or an OTLP JSON export)"
+    )

@@ -2,6 +2,7 @@
 
 Figures follow docs/definitions.md, section "Kernel cost"; the split rules are in ``streams.kernel_split``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,14 @@ _COMPUTE = ("kernel", "communication")  # what makes a GPU busy; memcpy and mems
 
 def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="Kineto JSON (.json, .json.gz) or nsys .sqlite")
-    env_flag(p, "--usd-per-gpu-hour", "GPUCOST_KERNELS_USD_PER_GPU_HOUR", str, "0",
-             "the price of one GPU hour of busy time, at most 6 decimal places")
+    env_flag(
+        p,
+        "--usd-per-gpu-hour",
+        "GPUCOST_KERNELS_USD_PER_GPU_HOUR",
+        str,
+        "0",
+        "the price of one GPU hour of busy time, at most 6 decimal places",
+    )
     p.add_argument("--format", choices=("json", "text"), default="json")
 
 
@@ -51,16 +58,18 @@ def read_trace(path: Path) -> tuple[list[KernelActivity], list[AnnotationRange],
     return t.kernels, t.ranges, {(path.name, d): m for d, m in t.gpu_models.items()}, t.rejected
 
 
-def kernel_report(kernels: list[KernelActivity], ranges: list[AnnotationRange], models: dict,
-                  micro_per_hour: int) -> dict:
+def kernel_report(
+    kernels: list[KernelActivity], ranges: list[AnnotationRange], models: dict, micro_per_hour: int
+) -> dict:
     """The ``devices`` figures of docs/definitions.md "Kernel cost", keyed by (node, device), in key order."""
     by_device: dict[tuple[str, int], list[KernelActivity]] = {}
     for k in kernels:
         by_device.setdefault((k.node_id, k.device), []).append(k)
     devices = []
     for key in sorted(by_device):
-        devices.append(_device(key, by_device[key], [r for r in ranges if r.node_id == key[0]],
-                               models.get(key), micro_per_hour))
+        devices.append(
+            _device(key, by_device[key], [r for r in ranges if r.node_id == key[0]], models.get(key), micro_per_hour)
+        )
     return {"devices": devices}
 
 
@@ -77,9 +86,13 @@ def _device(key, acts: list[KernelActivity], ranges: list[AnnotationRange], mode
         calls[k.name] += 1
         category[k.name] = k.category
     ns, mu = split_by_name(busy, by_name), split_by_name(micro, by_name)
-    kernels = sorted(({"name": n, "category": category[n], "calls": calls[n], "busy_ns": ns[n],
-                       "cost_micro_usd": mu[n]} for n in by_name), key=lambda r: (-r["cost_micro_usd"],
-                                                                                -r["busy_ns"], r["name"]))
+    kernels = sorted(
+        (
+            {"name": n, "category": category[n], "calls": calls[n], "busy_ns": ns[n], "cost_micro_usd": mu[n]}
+            for n in by_name
+        ),
+        key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["name"]),
+    )
     pids = {k.pid for k in compute}
     spans = [Span(r.tid, r.name, r.start_ns, r.end_ns) for r in ranges if r.pid in pids]
     weights: dict[tuple[str, ...], int] = {}
@@ -95,15 +108,22 @@ def _device(key, acts: list[KernelActivity], ranges: list[AnnotationRange], mode
             t[1] += k.end_ns - k.start_ns
             t[2] += k.bytes or 0
     return {
-        "device": {"node": key[0], "device": key[1]}, "gpu_model": model, "busy_ns": busy, "window_ns": window,
+        "device": {"node": key[0], "device": key[1]},
+        "gpu_model": model,
+        "busy_ns": busy,
+        "window_ns": window,
         "cost_micro_usd": micro,
-        "launch_gaps": {"idle_ns": window - busy,
-                        "cost_micro_usd": device_cost(window, micro_per_hour) - micro},
+        "launch_gaps": {"idle_ns": window - busy, "cost_micro_usd": device_cost(window, micro_per_hour) - micro},
         "kernels": kernels,
-        "ranges": [{"path": "/".join(p), "busy_ns": tree[p][0], "cost_micro_usd": tree[p][1]}
-                   for p in sorted(tree, key=lambda p: (-tree[p][1], -tree[p][0], p)) if p],
-        "transfers": [{"category": c, "name": n, "calls": v[0], "duration_ns": v[1], "bytes": v[2]}
-                      for (c, n), v in sorted(transfers.items())],
+        "ranges": [
+            {"path": "/".join(p), "busy_ns": tree[p][0], "cost_micro_usd": tree[p][1]}
+            for p in sorted(tree, key=lambda p: (-tree[p][1], -tree[p][0], p))
+            if p
+        ],
+        "transfers": [
+            {"category": c, "name": n, "calls": v[0], "duration_ns": v[1], "bytes": v[2]}
+            for (c, n), v in sorted(transfers.items())
+        ],
     }
 
 
@@ -122,8 +142,9 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         try:
             k, r, m, bad = read_trace(path)
         except Exception as exc:  # a file that is neither format: say which and why, no traceback
-            raise UsageError(f"{path}: not a Kineto trace or nsys SQLite export ({type(exc).__name__}: {exc})") \
-                from None
+            raise UsageError(
+                f"{path}: not a Kineto trace or nsys SQLite export ({type(exc).__name__}: {exc})"
+            ) from None
         kernels += k
         ranges += r
         models |= m
@@ -139,17 +160,25 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 def _print_text(report: dict) -> None:
     for d in report["devices"]:
-        print(f"{d['device']['node']} GPU {d['device']['device']} ({d['gpu_model'] or 'model unknown'}): busy "
-              f"{d['busy_ns']} ns of {d['window_ns']} ns, {d['cost_micro_usd']} µ$; launch gaps "
-              f"{d['launch_gaps']['idle_ns']} ns, {d['launch_gaps']['cost_micro_usd']} µ$")
+        print(
+            f"{d['device']['node']} GPU {d['device']['device']} ({d['gpu_model'] or 'model unknown'}): busy "
+            f"{d['busy_ns']} ns of {d['window_ns']} ns, {d['cost_micro_usd']} µ$; launch gaps "
+            f"{d['launch_gaps']['idle_ns']} ns, {d['launch_gaps']['cost_micro_usd']} µ$"
+        )
         for k in d["kernels"][:20]:
-            print(f"  {k['cost_micro_usd']:>12} µ$ {k['busy_ns']:>14} ns {k['calls']:>7}× {k['category']:<13} "
-                  f"{k['name'][:100]}")
+            print(
+                f"  {k['cost_micro_usd']:>12} µ$ {k['busy_ns']:>14} ns {k['calls']:>7}× {k['category']:<13} "
+                f"{k['name'][:100]}"
+            )
         for r in d["ranges"][:20]:
             print(f"  range {r['cost_micro_usd']:>12} µ$ {r['busy_ns']:>14} ns  {r['path'][:100]}")
     for reason, n in report.get("rejected", {}).items():
         print(f"read with a note or left out: {n} × {reason}", file=sys.stderr)
 
 
-KERNELS = Command("kernels", "cost per kernel and per host range from PyTorch profiler (Kineto) traces and Nsight "
-                             "Systems SQLite exports alone", _kernels_arguments, cmd_kernels)
+KERNELS = Command(
+    "kernels",
+    "cost per kernel and per host range from PyTorch profiler (Kineto) traces and Nsight Systems SQLite exports alone",
+    _kernels_arguments,
+    cmd_kernels,
+)

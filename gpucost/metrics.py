@@ -11,6 +11,7 @@ collection is copied in one step (``dict(…)``, ``list(…)``: no other thread 
 it is iterated; names follow Prometheus' conventions (``gpucost_…_total`` for counters, units
 in the name). Each component's metrics are described in ``docs/operations.md``.
 """
+
 from __future__ import annotations
 
 import threading
@@ -23,15 +24,23 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 
-__all__ = ["OTHER", "BoundedSeries", "Health", "MetricsServer", "counter", "gauge", "labelled", "parse_address",
-           "source_counts"]
+__all__ = [
+    "OTHER",
+    "BoundedSeries",
+    "Health",
+    "MetricsServer",
+    "counter",
+    "gauge",
+    "labelled",
+    "parse_address",
+    "source_counts",
+]
 
 #: every label of a family's overflow series: the label sets past its cap, summed
 OTHER = "_other"
 
 
-def labelled(kind: type, name: str, doc: str, labels: Sequence[str], values: Mapping[tuple[Any, ...], float]
-             ) -> Metric:
+def labelled(kind: type, name: str, doc: str, labels: Sequence[str], values: Mapping[tuple[Any, ...], float]) -> Metric:
     """A family of ``kind`` (a counter or gauge family) with one value per tuple of ``labels``' values."""
     family = kind(name, doc, labels=list(labels))
     for key, value in sorted(dict(values).items()):
@@ -79,8 +88,12 @@ def gauge(name: str, doc: str, values: Mapping[Any, float] | float, label: str |
 
 def source_counts(counts: Mapping[str, int]) -> Metric:
     """A live source's own counters (``produce`` and ``run`` serve them alike)."""
-    return counter("gpucost_source_not_taken", "what the live source counted and did not turn into events, by "
-                   "what", dict(counts), "what")
+    return counter(
+        "gpucost_source_not_taken",
+        "what the live source counted and did not turn into events, by what",
+        dict(counts),
+        "what",
+    )
 
 
 class Health:
@@ -106,8 +119,9 @@ def parse_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (``:9464`` for every interface) as a bind address; a ValueError says what is wrong."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"metrics address {address!r} is not HOST:PORT (e.g. 0.0.0.0:9464, or 127.0.0.1:0 "
-                         "for any free port)")
+        raise ValueError(
+            f"metrics address {address!r} is not HOST:PORT (e.g. 0.0.0.0:9464, or 127.0.0.1:0 for any free port)"
+        )
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -132,8 +146,10 @@ class MetricsServer:
             path = environ.get("PATH_INFO", "/")
             if path == "/healthz":
                 problem = health.problem()
-                respond("200 OK" if problem is None else "503 Service Unavailable",
-                        [("Content-Type", "text/plain; charset=utf-8")])
+                respond(
+                    "200 OK" if problem is None else "503 Service Unavailable",
+                    [("Content-Type", "text/plain; charset=utf-8")],
+                )
                 return [b"ok\n" if problem is None else f"{problem}\n".encode()]
             if path != "/metrics":
                 respond("404 Not Found", [("Content-Type", "text/plain")])

@@ -11,6 +11,7 @@ an OTLP JSON export (as a collector's file exporter writes it: one ``ExportMetri
 per line, or one JSON document) and says, per GPU, the longest run of contiguous windows ending
 at its latest, against ``admission_h``.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,29 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 
 from gpucost.schemas.records import HealthRecord
 
-__all__ = ["FIGURES", "COVERAGE_METRIC", "export_request", "post", "read_requests", "Coverage", "admission_coverage",
-           "coverage_report", "to_json"]
+__all__ = [
+    "FIGURES",
+    "COVERAGE_METRIC",
+    "export_request",
+    "post",
+    "read_requests",
+    "Coverage",
+    "admission_coverage",
+    "coverage_report",
+    "to_json",
+]
 
 #: the figures exported, with their units (UCUM, as OpenTelemetry's semantic conventions write them)
-FIGURES: dict[str, str] = {"mean_power_w": "W", "effective_tops": "TFLOP/s", "kw_per_tops": "kW/TFLOP/s",
-                           "sched_deviation": "1", "idle_index_72h": "1", "coverage": "1", "entitlement": "1",
-                           "passed": "1"}
+FIGURES: dict[str, str] = {
+    "mean_power_w": "W",
+    "effective_tops": "TFLOP/s",
+    "kw_per_tops": "kW/TFLOP/s",
+    "sched_deviation": "1",
+    "idle_index_72h": "1",
+    "coverage": "1",
+    "entitlement": "1",
+    "passed": "1",
+}
 #: the metric whose points say which windows a GPU was audited in
 COVERAGE_METRIC = "gpucost.health.coverage"
 _ATTRIBUTES = ("gpu_uuid", "node_id", "gpu_model", "grade", "breaker_state")
@@ -63,8 +80,9 @@ def export_request(records: Iterable[HealthRecord]) -> ExportMetricsServiceReque
             value = getattr(record, name)
             if value is None:
                 continue
-            point = metric.gauge.data_points.add(start_time_unix_nano=record.window_start_ns,
-                                                 time_unix_nano=record.window_end_ns, attributes=attributes)
+            point = metric.gauge.data_points.add(
+                start_time_unix_nano=record.window_start_ns, time_unix_nano=record.window_end_ns, attributes=attributes
+            )
             point.as_double = float(value)
     return request
 
@@ -74,8 +92,9 @@ def post(endpoint: str, request: ExportMetricsServiceRequest, attempts: int = 4,
     the answers OTLP says to retry (429, 502, 503, 504) and on refused connections."""
     body = request.SerializeToString()
     for attempt in range(1, attempts + 1):
-        req = urllib.request.Request(endpoint, data=body, method="POST",
-                                     headers={"Content-Type": "application/x-protobuf"})
+        req = urllib.request.Request(
+            endpoint, data=body, method="POST", headers={"Content-Type": "application/x-protobuf"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as answer:
                 answer.read()
@@ -86,7 +105,7 @@ def post(endpoint: str, request: ExportMetricsServiceRequest, attempts: int = 4,
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             if attempt == attempts:
                 raise RuntimeError(f"cannot reach the OTLP receiver at {endpoint}: {exc}") from None
-        time.sleep(0.2 * 2 ** attempt)
+        time.sleep(0.2 * 2**attempt)
 
 
 def is_otlp_export(path: Path) -> bool:
@@ -172,8 +191,10 @@ def coverage_report(coverages: list[Coverage], admission_h: int) -> tuple[bool, 
     lines = []
     for c in coverages:
         verdict = "covers" if c.covers(admission_h) else "does NOT cover"
-        lines.append(f"{c.gpu_uuid}: {c.run_hours:g} h contiguous up to its latest window ({c.windows} window(s) in "
-                     f"all): {verdict} {admission_h} h")
+        lines.append(
+            f"{c.gpu_uuid}: {c.run_hours:g} h contiguous up to its latest window ({c.windows} window(s) in "
+            f"all): {verdict} {admission_h} h"
+        )
     return bool(coverages) and all(c.covers(admission_h) for c in coverages), lines
 
 

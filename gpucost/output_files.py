@@ -7,6 +7,7 @@ put right (a folder that does not exist, a directory where the file should be, n
 disk) is one ``UsageError`` naming the flag, the path, the problem and what to do, checked before a
 command's work where it can be (``check_writable``), so that a long fit does not end in it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,11 +26,11 @@ def check_writable(path: Path, flag: str) -> None:
     where this process may make a file."""
     where = path.parent
     if path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory; give the path of a file to write, such as "
-                         f"{path / 'out'}")
+        raise UsageError(f"{flag} {path} is a directory; give the path of a file to write, such as {path / 'out'}")
     if not where.exists():
-        raise UsageError(f"{flag} {path}: the folder {where} does not exist; create it (mkdir -p {where}) or "
-                         "choose another path")
+        raise UsageError(
+            f"{flag} {path}: the folder {where} does not exist; create it (mkdir -p {where}) or choose another path"
+        )
     if not where.is_dir():
         raise UsageError(f"{flag} {path}: {where} is a file, not a folder; choose a path in a folder")
     tmp = _beside(path)
@@ -47,8 +48,9 @@ def made_folder(path: Path, flag: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot make this folder ({exc.strerror}); choose a folder you may "
-                         "write in") from None
+        raise UsageError(
+            f"{flag} {path}: cannot make this folder ({exc.strerror}); choose a folder you may write in"
+        ) from None
 
 
 def write_whole(path: Path, content: str | bytes | Callable[[Path], None], flag: str) -> None:

@@ -5,6 +5,7 @@ nobody could tell a quiet node from a dead pipeline. There it writes one line ev
 the end): plain ``key=value`` words by default, one JSON object a line with ``--log-format json`` (env
 ``GPUCOST_LOG_FORMAT``), for log pipelines that parse it.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,18 @@ class Progress:
     """``update(n)`` as work is done; ``facts()`` says what to report beside the count (records written, dead
     letters…). A context manager: leaving it closes the bar, or writes the last line."""
 
-    def __init__(self, command: str, unit: str, total: int | None = None, facts: Callable[[], dict[str, Any]] =
-                 dict, log_format: str = "text", every_s: float = 60.0, stream: TextIO | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        command: str,
+        unit: str,
+        total: int | None = None,
+        facts: Callable[[], dict[str, Any]] = dict,
+        log_format: str = "text",
+        every_s: float = 60.0,
+        stream: TextIO | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.command, self.unit, self.total, self.facts = command, unit.strip(), total, facts
         self.log_format, self.every_s = log_format, every_s
         self.stream = stream if stream is not None else sys.stderr
@@ -59,11 +69,15 @@ class Progress:
         self.last = now
         elapsed = now - self.started
         fields: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock())), "command": self.command,
-            "state": "done" if final else "running", self.unit: self.done,
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock())),
+            "command": self.command,
+            "state": "done" if final else "running",
+            self.unit: self.done,
             **({"of": self.total} if self.total is not None else {}),
-            "per_s": round(self.done / elapsed, 1) if elapsed > 0 else 0.0, "elapsed_s": round(elapsed, 1),
-            **self.facts()}
+            "per_s": round(self.done / elapsed, 1) if elapsed > 0 else 0.0,
+            "elapsed_s": round(elapsed, 1),
+            **self.facts(),
+        }
         if self.log_format == "json":
             text = json.dumps(fields, separators=(",", ":"))
         else:

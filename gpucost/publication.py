@@ -9,6 +9,7 @@ bounded number of files per partition. A record therefore reaches the Parquet at
 time one publication takes) after the input that closed its pane was taken; the same ``delay_s`` bounds what
 a kill loses: the input taken since the last publication.
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,16 +67,25 @@ class Publication:
         self.published += 1
         staged = sink.stage_all(self.published)
         auditor.prune()  # bindings nothing can reach any more: the state stays bounded, as a worker's does
-        checkpoint = Checkpoint(self.settings, self.source, inputs, finished, auditor.to_state(), self.prices_sha256,
-                                publication=self.published).staging(self.out_dir, staged)
+        checkpoint = Checkpoint(
+            self.settings,
+            self.source,
+            inputs,
+            finished,
+            auditor.to_state(),
+            self.prices_sha256,
+            publication=self.published,
+        ).staging(self.out_dir, staged)
         try:
             save(self.out_dir, checkpoint)
         except OSError as exc:
             for done in staged:
                 done.tmp.unlink(missing_ok=True)
-            raise SinkWriteError(f"cannot write the checkpoint in {self.out_dir}: {exc.strerror or exc} (free "
-                                 "space or fix the permissions, then start the run again: it goes on from the "
-                                 "last checkpoint)") from None
+            raise SinkWriteError(
+                f"cannot write the checkpoint in {self.out_dir}: {exc.strerror or exc} (free "
+                "space or fix the permissions, then start the run again: it goes on from the "
+                "last checkpoint)"
+            ) from None
         sink.publish(staged)
         self.last = self.monotonic()
         self.fresh.update(s.final.parent for s in staged)
@@ -105,8 +115,9 @@ class Publication:
             self.fresh[folder] = done.small_left.get(folder, 0)
 
 
-def resumed(publication: Publication, settings: AuditSettings, audit_key: bytes | None,
-            clock: Callable[[], int]) -> tuple[Auditor, Checkpoint] | None:
+def resumed(
+    publication: Publication, settings: AuditSettings, audit_key: bytes | None, clock: Callable[[], int]
+) -> tuple[Auditor, Checkpoint] | None:
     """The auditor and checkpoint a run over ``publication.out_dir`` goes on from (its publication finished, its
     stray temporaries removed), or None where the output has no checkpoint. Raises ``CheckpointError`` where the
     checkpoint cannot be read (nothing is changed then), or where its run finished, read another source or
@@ -119,23 +130,34 @@ def resumed(publication: Publication, settings: AuditSettings, audit_key: bytes 
     try:
         auditor = Auditor.from_state(checkpoint.state, settings, clock, audit_key)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise CheckpointError(f"the checkpoint {where / CHECKPOINT} holds a state this gpucost cannot read ({exc!r}); "
-                              "pass --overwrite to start the run afresh") from None
+        raise CheckpointError(
+            f"the checkpoint {where / CHECKPOINT} holds a state this gpucost cannot read ({exc!r}); "
+            "pass --overwrite to start the run afresh"
+        ) from None
     resume(where, checkpoint)
     publication.published = checkpoint.publication
     publication.count_files()
     if checkpoint.finished:
-        raise CheckpointError(f"the run whose output {where} holds has finished (its input ended); pass "
-                              "--overwrite to start again, or choose another --out")
+        raise CheckpointError(
+            f"the run whose output {where} holds has finished (its input ended); pass "
+            "--overwrite to start again, or choose another --out"
+        )
     if checkpoint.source != publication.source:
-        changed = sorted(k for k in checkpoint.source.keys() | publication.source.keys()
-                         if checkpoint.source.get(k) != publication.source.get(k))
-        raise CheckpointError(f"the run whose output {where} holds read another source ({', '.join(changed)} "
-                              "differ); run with the same source to go on, or pass --overwrite")
+        changed = sorted(
+            k
+            for k in checkpoint.source.keys() | publication.source.keys()
+            if checkpoint.source.get(k) != publication.source.get(k)
+        )
+        raise CheckpointError(
+            f"the run whose output {where} holds read another source ({', '.join(changed)} "
+            "differ); run with the same source to go on, or pass --overwrite"
+        )
     changed = _settings_changed(checkpoint.settings, settings)
     if changed:
-        raise CheckpointError(f"the run whose output {where} holds billed with other settings ({', '.join(changed)} "
-                              "differ); run with the same settings to go on, or pass --overwrite")
+        raise CheckpointError(
+            f"the run whose output {where} holds billed with other settings ({', '.join(changed)} "
+            "differ); run with the same settings to go on, or pass --overwrite"
+        )
     return auditor, checkpoint
 
 
@@ -149,5 +171,6 @@ def _settings_changed(recorded: dict[str, Any], settings: AuditSettings) -> list
         before = AuditSettings.model_validate(recorded)
     except ValueError:
         return ["all"]
-    return sorted(k for k in AuditSettings.model_fields if k not in _NOT_BILLED
-                  and getattr(before, k) != getattr(settings, k))
+    return sorted(
+        k for k in AuditSettings.model_fields if k not in _NOT_BILLED and getattr(before, k) != getattr(settings, k)
+    )

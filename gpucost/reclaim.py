@@ -17,6 +17,7 @@ evict the pods of ``tenant_key``'s workload on ``gpu_uuid`` once ``deadline_ns``
 tenant is still idle (its quota records say); answer 2xx only once the action is recorded, and
 use the ``Idempotency-Key`` to answer a repeat with what the first one did.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,11 +48,21 @@ RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 def action_of(record: ReclaimRecord) -> dict[str, Any]:
     """What a receiver is told: reclaim this GPU from this tenant, and why."""
-    return {"action": "reclaim", "trigger_id": record.trigger_id, "gpu_uuid": record.gpu_uuid,
-            "node_id": record.node_id, "gpu_model": record.gpu_model, "tenant_key": record.tenant_key,
-            "team": record.team, "sla": record.sla, "idle_since_ns": record.run_start_ns,
-            "triggered_ns": record.trigger_ns, "idle_run_ms": record.idle_run_ms, "deadline_ns": record.deadline_ns,
-            "usd_per_gpu_hour": None if record.usd_per_gpu_hour is None else str(record.usd_per_gpu_hour)}
+    return {
+        "action": "reclaim",
+        "trigger_id": record.trigger_id,
+        "gpu_uuid": record.gpu_uuid,
+        "node_id": record.node_id,
+        "gpu_model": record.gpu_model,
+        "tenant_key": record.tenant_key,
+        "team": record.team,
+        "sla": record.sla,
+        "idle_since_ns": record.run_start_ns,
+        "triggered_ns": record.trigger_ns,
+        "idle_run_ms": record.idle_run_ms,
+        "deadline_ns": record.deadline_ns,
+        "usd_per_gpu_hour": None if record.usd_per_gpu_hour is None else str(record.usd_per_gpu_hour),
+    }
 
 
 class Ledger:
@@ -82,8 +93,9 @@ class Reclaimer:
     actions_file: Path | None = None
     dry_run: bool = False
     settings: WebhookSettings = field(default_factory=WebhookSettings)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("delivered", "already_done", "refused", "failed", "retries"), 0))
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(("delivered", "already_done", "refused", "failed", "retries"), 0)
+    )
 
     async def act(self, records: Iterable[ReclaimRecord], stop: asyncio.Event | None = None) -> None:
         """Each trigger once, in order; returns when each is delivered, refused or failed (or ``stop`` is set
@@ -114,8 +126,9 @@ class Reclaimer:
         wait, why = s.backoff_s, ""
         for attempt in range(1, s.max_attempts + 1):
             try:
-                answer = await post(self.webhook or "", body, {"Content-Type": "application/json",
-                                                               "Idempotency-Key": key}, s)
+                answer = await post(
+                    self.webhook or "", body, {"Content-Type": "application/json", "Idempotency-Key": key}, s
+                )
             except ValueError as exc:
                 log.error("trigger %r cannot be sent: %s; recorded as refused", key, exc)
                 return "refused"
@@ -127,14 +140,24 @@ class Reclaimer:
                 return "refused"
             if attempt < s.max_attempts:
                 self.counts["retries"] += 1
-                log.warning("trigger %s not delivered (attempt %d of %d: %s); trying again in %.1f s", key,
-                            attempt, s.max_attempts, why, wait)
+                log.warning(
+                    "trigger %s not delivered (attempt %d of %d: %s); trying again in %.1f s",
+                    key,
+                    attempt,
+                    s.max_attempts,
+                    why,
+                    wait,
+                )
                 if stop is not None and stop.is_set():
                     raise asyncio.CancelledError("stopped with a trigger undelivered")
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, s.max_backoff_s)
-        log.error("trigger %s not delivered in %d attempt(s), the last: %s; recorded as failed, not ledgered", key,
-                  s.max_attempts, why)
+        log.error(
+            "trigger %s not delivered in %d attempt(s), the last: %s; recorded as failed, not ledgered",
+            key,
+            s.max_attempts,
+            why,
+        )
         return "failed"
 
 
@@ -143,14 +166,20 @@ def from_output(out_dir: Path) -> list[ReclaimRecord]:
     return view_records(out_dir, "reclaim", "ORDER BY trigger_ns, gpu_uuid, tenant_key")
 
 
-async def run_kafka_reclaim(kafka: KafkaSettings, group: str, reclaimer: Reclaimer, stop: asyncio.Event,
-                            keyring: Keyring | None = None) -> None:
+async def run_kafka_reclaim(
+    kafka: KafkaSettings, group: str, reclaimer: Reclaimer, stop: asyncio.Event, keyring: Keyring | None = None
+) -> None:
     """Follow the reclaim topic as consumer group ``group`` until ``stop``: act on each poll's triggers, then
     commit its offsets (never with ``dry_run``). With ``keyring``, a message the workers did not sign is
     logged with its reason and counted (``unverified``), never acted on."""
-    consumer = AIOKafkaConsumer(kafka.topic("reclaim"), **kafka.client_options(), group_id=group,
-                                enable_auto_commit=False, auto_offset_reset="earliest",
-                                isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        kafka.topic("reclaim"),
+        **kafka.client_options(),
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
     reclaimer.counts.setdefault("unverified", 0)
     await consumer.start()
     try:

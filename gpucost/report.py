@@ -1,4 +1,5 @@
 """Plain-text tables and the end-of-run summary, read back through the DuckDB views."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -51,8 +52,9 @@ FROM health GROUP BY grade ORDER BY array_position({list(GRADES)}, grade)"""
 _UNIT_COST = f"""
 SELECT gpu_model, coalesce(efu_source, 'none') AS efu_source, round(sum(gpu_hours), 1) AS gpu_hours,
        round(sum(effective_tflop_hours), 1) AS eff_tflop_hours,
-       coalesce(printf('%.4f', {unit_cost_sql("efu_source", "sum(cost_micro_usd)", "sum(opex_usd)",
-                                              "sum(effective_tflop_hours)")}), 'n/a') AS usd_per_eff_tflop_hour
+       coalesce(printf('%.4f', {
+    unit_cost_sql("efu_source", "sum(cost_micro_usd)", "sum(opex_usd)", "sum(effective_tflop_hours)")
+}), 'n/a') AS usd_per_eff_tflop_hour
 FROM unit_cost GROUP BY gpu_model, efu_source ORDER BY gpu_model, efu_source NULLS LAST"""
 #: what the triggers put at stake, per tier and over all tiers ('all tiers'): each GPU counted once, at its price at
 #: its latest trigger (a trigger of an unpriced GPU frees nothing known), and the union of the idle runs up to their
@@ -89,8 +91,10 @@ WHERE state <> 'in_service' ORDER BY array_position(['removed', 'observation', '
 
 
 #: the period the output covers: the event time of the first and last pane of its cost and idle records
-_PERIOD = ("SELECT min(s), max(e) FROM (SELECT pane_start_ns AS s, pane_end_ns AS e FROM cost {where} "
-           "UNION ALL SELECT pane_start_ns, pane_end_ns FROM idle_index {where})")
+_PERIOD = (
+    "SELECT min(s), max(e) FROM (SELECT pane_start_ns AS s, pane_end_ns AS e FROM cost {where} "
+    "UNION ALL SELECT pane_start_ns, pane_end_ns FROM idle_index {where})"
+)
 
 
 def period_covered(con: duckdb.DuckDBPyConnection, where: str = "") -> str:
@@ -117,11 +121,17 @@ def _service(con: duckdb.DuckDBPyConnection) -> str:
     columns, rows = [d[0] for d in res.description], res.fetchall()
     out = [r for r in rows if r[2] in OUT_OF_SERVICE]
     watched = [r for r in rows if r[2] not in OUT_OF_SERVICE]
-    text = (f"\nGPUs out of service ({len(out)}; removed or in probation, left out of service discovery):\n"
-            + format_table(columns, out) if out else "\nNo GPU is out of service (none removed or in probation).")
+    text = (
+        f"\nGPUs out of service ({len(out)}; removed or in probation, left out of service discovery):\n"
+        + format_table(columns, out)
+        if out
+        else "\nNo GPU is out of service (none removed or in probation)."
+    )
     if watched:
-        text += (f"\n\nGPUs under observation ({len(watched)}; failed their last audit, still in service):\n"
-                 + format_table(columns, watched))
+        text += (
+            f"\n\nGPUs under observation ({len(watched)}; failed their last audit, still in service):\n"
+            + format_table(columns, watched)
+        )
     return text
 
 
@@ -129,53 +139,75 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
     con = connect(out_dir, opex_usd_per_gpu_hour)
     parts = []
     rate = stats.inputs / stats.seconds if stats.seconds else 0.0
-    parts.append(f"processed {stats.inputs:,} inputs in {stats.seconds:.1f} s ({rate:,.0f}/s); "
-                 + ", ".join(f"{k}: {v:,}" for k, v in sorted(stats.rows.items())) + " rows written")
+    parts.append(
+        f"processed {stats.inputs:,} inputs in {stats.seconds:.1f} s ({rate:,.0f}/s); "
+        + ", ".join(f"{k}: {v:,}" for k, v in sorted(stats.rows.items()))
+        + " rows written"
+    )
     parts.append(period_covered(con))
-    parts.append("\nGPUs with the highest 72 h idle index (share of their last 72 h of samples below the idle "
-                 "threshold):\n" + _table(con, _MOST_IDLE, "no idle index records"))
+    parts.append(
+        "\nGPUs with the highest 72 h idle index (share of their last 72 h of samples below the idle "
+        "threshold):\n" + _table(con, _MOST_IDLE, "no idle index records")
+    )
     parts.append(f"\nCost by team over the run ({IDLE_WORDS}):\n" + _table(con, _BY_TEAM, "no cost records"))
     res = con.execute(_GRADES)
     graded = res.fetchall()
     if graded:
-        parts.append("\nHealth audit windows (one per GPU and audit hour) by grade:\n"
-                     + format_table([d[0] for d in res.description], graded))
+        parts.append(
+            "\nHealth audit windows (one per GPU and audit hour) by grade:\n"
+            + format_table([d[0] for d in res.description], graded)
+        )
         parts.append(_service(con))
     res = con.execute(_RECLAIMS)
     triggers = res.fetchall()
     if triggers:
-        parts.append("\nReclaim triggers by SLA tier (tenants idle on a GPU for the tier's duration; each GPU counted "
-                     "once: idle GPU-hours are the union of its idle runs, $ at stake per hour its price):\n"
-                     + format_table([d[0] for d in res.description], triggers))
+        parts.append(
+            "\nReclaim triggers by SLA tier (tenants idle on a GPU for the tier's duration; each GPU counted "
+            "once: idle GPU-hours are the union of its idle runs, $ at stake per hour its price):\n"
+            + format_table([d[0] for d in res.description], triggers)
+        )
     res = con.execute(_REVISIONS)
     revised = res.fetchall()
     if revised:
-        late = ", ".join(f"{k.split(':', 1)[1]}: {v:,}" for k, v in sorted(stats.counts.items())
-                         if k.startswith("revised_by_late:"))
-        parts.append(f"\nRevisions: late events and bindings within the horizon adjusted the bill ({late}):\n"
-                     + format_table([d[0] for d in res.description], revised))
+        late = ", ".join(
+            f"{k.split(':', 1)[1]}: {v:,}" for k, v in sorted(stats.counts.items()) if k.startswith("revised_by_late:")
+        )
+        parts.append(
+            f"\nRevisions: late events and bindings within the horizon adjusted the bill ({late}):\n"
+            + format_table([d[0] for d in res.description], revised)
+        )
     res = con.execute(_UNIT_COST)
     units = res.fetchall()
     if units:
-        parts.append(f"\nUnit cost by GPU model and EFU source (billed µ$ + opex {opex_usd_per_gpu_hour} USD/GPU-h, "
-                     "over effective TFLOP-hours: EFU × peak × hours; n/a with no EFU or under "
-                     f"{MIN_EFFECTIVE_TFLOP_HOURS} effective TFLOP-hour):\n"
-                     + format_table([d[0] for d in res.description], units))
+        parts.append(
+            f"\nUnit cost by GPU model and EFU source (billed µ$ + opex {opex_usd_per_gpu_hour} USD/GPU-h, "
+            "over effective TFLOP-hours: EFU × peak × hours; n/a with no EFU or under "
+            f"{MIN_EFFECTIVE_TFLOP_HOURS} effective TFLOP-hour):\n"
+            + format_table([d[0] for d in res.description], units)
+        )
     (unpriced,) = con.execute("SELECT count(DISTINCT (gpu_uuid, pane_start_ns)) FROM cost WHERE unpriced").fetchone()
     if unpriced:
         parts.append(f"\n{unpriced:,} GPU-panes had no price (model unpriced, no 'default'): billed 0 µ$")
     if stats.counts.get("unbilled"):
-        parts.append(f"{stats.counts['unbilled']:,} process/NUMA events fell in panes without a GPU sample "
-                     "(no covered time to bill)")
+        parts.append(
+            f"{stats.counts['unbilled']:,} process/NUMA events fell in panes without a GPU sample "
+            "(no covered time to bill)"
+        )
     if stats.counts.get("binding_past_horizon"):
-        parts.append(f"{stats.counts['binding_past_horizon']:,} bindings started more than the revision horizon "
-                     "back: panes they cover beyond it, if any, stay as billed (raise --revision-horizon-s)")
+        parts.append(
+            f"{stats.counts['binding_past_horizon']:,} bindings started more than the revision horizon "
+            "back: panes they cover beyond it, if any, stay as billed (raise --revision-horizon-s)"
+        )
     if stats.counts.get("silent_closes"):
-        parts.append(f"{stats.counts['silent_closes']:,} panes of GPUs gone silent closed before the end of the "
-                     f"input; {stats.counts.get('forgotten_gpus', 0):,} GPUs gone for good forgotten")
+        parts.append(
+            f"{stats.counts['silent_closes']:,} panes of GPUs gone silent closed before the end of the "
+            f"input; {stats.counts.get('forgotten_gpus', 0):,} GPUs gone for good forgotten"
+        )
     if stats.counts.get("mae_silent_closes"):
-        parts.append(f"{stats.counts['mae_silent_closes']:,} MAE windows of processes gone silent published "
-                     "partial before the end of the input")
+        parts.append(
+            f"{stats.counts['mae_silent_closes']:,} MAE windows of processes gone silent published "
+            "partial before the end of the input"
+        )
     dead = sum(stats.dead_letters.values())
     detail = ", ".join(f"{r}: {n:,}" for r, n in sorted(stats.dead_letters.items()))
     parts.append(f"\ndead letters: {dead:,}" + (f" ({detail}); see the dlq view" if dead else ""))

@@ -6,6 +6,7 @@ time); Vega-Altair needs its three scripts from a CDN or a separate converter to
 Every figure is aggregated in DuckDB first (per hour, per GPU-day, per process), so the page
 carries only what its marks show, whatever the size of the Parquet behind it.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -77,71 +78,162 @@ def _heatmap(rows: list[tuple[Any, ...]]) -> go.Figure:
     gpus, days = sorted({r[0] for r in rows}), sorted({r[1] for r in rows})
     cell = {(r[0], r[1]): r[2] for r in rows}
     z = [[cell.get((g, d)) for d in days] for g in gpus]
-    fig = go.Figure([go.Heatmap(x=[str(d) for d in days], y=gpus, z=z, zmin=0, zmax=100, colorscale="Viridis",
-                                colorbar={"title": "idle time (%)"})] if rows else [])
+    fig = go.Figure(
+        [
+            go.Heatmap(
+                x=[str(d) for d in days],
+                y=gpus,
+                z=z,
+                zmin=0,
+                zmax=100,
+                colorscale="Viridis",
+                colorbar={"title": "idle time (%)"},
+            )
+        ]
+        if rows
+        else []
+    )
     fig.update_xaxes(type="category")  # days, not a time axis: one day would be spread over fractions of a second
     return fig
 
 
 def _scatter(rows: list[tuple[Any, ...]]) -> go.Figure:
-    return go.Figure([go.Scatter(x=[r[1] for r in rows], y=[r[2] for r in rows], mode="markers",
-                                 text=[str(r[0]) for r in rows], name="processes")] if rows else [])
+    return go.Figure(
+        [
+            go.Scatter(
+                x=[r[1] for r in rows],
+                y=[r[2] for r in rows],
+                mode="markers",
+                text=[str(r[0]) for r in rows],
+                name="processes",
+            )
+        ]
+        if rows
+        else []
+    )
 
 
 #: the page's figures, in order; each query reads one view, filtered by ``{where}``
 PLOTS = (
-    Plot("cost-by-team", "Cost by team, per hour (USD)", f"Each team's µ$ summed per hour of pane start, stacked; "
-         f"{IDLE_WORDS}.",
-         "SELECT date_trunc('hour', make_timestamp(pane_start_ns // 1000)) AS t, team, sum(cost_micro_usd) / 1e6 "
-         "FROM cost {where} GROUP BY ALL ORDER BY t, team", _stacked, "hour (UTC)", "cost (USD)", "no cost records"),
-    Plot("idle-share", "Idle share of the cost, per hour (%)", "The idle party's µ$ over all µ$ of the hour: the "
-         "share of the bill that was unused capacity.",
-         "SELECT date_trunc('hour', make_timestamp(pane_start_ns // 1000)) AS t, "
-         "100.0 * sum(cost_micro_usd) FILTER (WHERE team = 'idle') / nullif(sum(cost_micro_usd), 0) "
-         "FROM cost {where} GROUP BY ALL HAVING sum(cost_micro_usd) > 0 ORDER BY t", _line,
-         "hour (UTC)", "idle share of the cost (%)", "no cost records"),
-    Plot("idle-heatmap", "Idle time per GPU and day (%)", "Each GPU-day's idle ms over its covered ms (a GPU sample "
-         "below the idle threshold is idle); blank where the GPU reported nothing.",
-         "SELECT gpu_uuid, date, 100.0 * sum(idle_ms) / sum(covered_ms) FROM idle_index {where} GROUP BY ALL "
-         "ORDER BY ALL", _heatmap, "day (UTC)", "GPU", "no idle index records"),
-    Plot("most-idle", "The ten most idle GPUs (72 h idle index, latest, %)", "Each GPU's idle index at its latest "
-         "pane: the share of its last 72 h of samples below the idle threshold.",
-         "SELECT gpu_uuid, 100 * arg_max(idle_index_72h, pane_end_ns) AS idle FROM idle_index {where} GROUP BY ALL "
-         "ORDER BY idle DESC, gpu_uuid LIMIT 10", _bars, "GPU", "72 h idle index (%)", "no idle index records"),
-    Plot("health-grades", "Health audit windows by grade", "Audit windows (one per GPU and audit hour) per grade.",
-         f"SELECT grade, count(*) FROM health {{where}} GROUP BY grade ORDER BY array_position({list(GRADES)}, grade)",
-         _bars, "grade", "audit windows", "no health audit windows"),
-    Plot("breaker-states", "GPUs by breaker state (latest)", "Each GPU's breaker state after its latest window; "
-         "removed and probation GPUs leave service discovery, observation GPUs stay in it.",
-         "SELECT state, count(*) FROM (SELECT gpu_uuid, arg_max(breaker_state, window_start_ns) AS state FROM health "
-         f"{{where}} GROUP BY ALL) GROUP BY state ORDER BY array_position({list(_BREAKER_STATES)}, state)", _bars,
-         "breaker state", "GPUs", "no health audit windows"),
-    Plot("reclaims", "Reclaim triggers by SLA tier", "Idle runs that reached their tier's duration.",
-         "SELECT sla, count(*) FROM reclaim {where} GROUP BY sla "
-         "ORDER BY array_position(['Gold', 'Silver', 'Bronze'], sla), sla", _bars, "SLA tier", "reclaim triggers",
-         "no reclaim triggers"),
-    Plot("mae", "Memory-access entropy per process, with the L2 estimate", "One point per process: its mean MAE "
-         "(bits) over its windows against the mean L2 evictions per 1,000 accesses estimated from it.",
-         "SELECT node_id || '/' || pid, avg(mae_bits), avg(l2_evictions_per_1k_est) FROM mae {where} "
-         "GROUP BY ALL ORDER BY ALL", _scatter, "mean MAE (bits)", "L2 evictions per 1,000 accesses (estimate)",
-         "no memory-access windows"),
-    Plot("dead-letters", "Dead letters by reason", "Inputs refused, by reason (see the dlq view).",
-         "SELECT reason, count(*) FROM dlq {where} GROUP BY reason ORDER BY count(*) DESC, reason", _bars,
-         "reason", "inputs refused", "no dead letters"),
+    Plot(
+        "cost-by-team",
+        "Cost by team, per hour (USD)",
+        f"Each team's µ$ summed per hour of pane start, stacked; {IDLE_WORDS}.",
+        "SELECT date_trunc('hour', make_timestamp(pane_start_ns // 1000)) AS t, team, sum(cost_micro_usd) / 1e6 "
+        "FROM cost {where} GROUP BY ALL ORDER BY t, team",
+        _stacked,
+        "hour (UTC)",
+        "cost (USD)",
+        "no cost records",
+    ),
+    Plot(
+        "idle-share",
+        "Idle share of the cost, per hour (%)",
+        "The idle party's µ$ over all µ$ of the hour: the share of the bill that was unused capacity.",
+        "SELECT date_trunc('hour', make_timestamp(pane_start_ns // 1000)) AS t, "
+        "100.0 * sum(cost_micro_usd) FILTER (WHERE team = 'idle') / nullif(sum(cost_micro_usd), 0) "
+        "FROM cost {where} GROUP BY ALL HAVING sum(cost_micro_usd) > 0 ORDER BY t",
+        _line,
+        "hour (UTC)",
+        "idle share of the cost (%)",
+        "no cost records",
+    ),
+    Plot(
+        "idle-heatmap",
+        "Idle time per GPU and day (%)",
+        "Each GPU-day's idle ms over its covered ms (a GPU sample "
+        "below the idle threshold is idle); blank where the GPU reported nothing.",
+        "SELECT gpu_uuid, date, 100.0 * sum(idle_ms) / sum(covered_ms) FROM idle_index {where} GROUP BY ALL "
+        "ORDER BY ALL",
+        _heatmap,
+        "day (UTC)",
+        "GPU",
+        "no idle index records",
+    ),
+    Plot(
+        "most-idle",
+        "The ten most idle GPUs (72 h idle index, latest, %)",
+        "Each GPU's idle index at its latest pane: the share of its last 72 h of samples below the idle threshold.",
+        "SELECT gpu_uuid, 100 * arg_max(idle_index_72h, pane_end_ns) AS idle FROM idle_index {where} GROUP BY ALL "
+        "ORDER BY idle DESC, gpu_uuid LIMIT 10",
+        _bars,
+        "GPU",
+        "72 h idle index (%)",
+        "no idle index records",
+    ),
+    Plot(
+        "health-grades",
+        "Health audit windows by grade",
+        "Audit windows (one per GPU and audit hour) per grade.",
+        f"SELECT grade, count(*) FROM health {{where}} GROUP BY grade ORDER BY array_position({list(GRADES)}, grade)",
+        _bars,
+        "grade",
+        "audit windows",
+        "no health audit windows",
+    ),
+    Plot(
+        "breaker-states",
+        "GPUs by breaker state (latest)",
+        "Each GPU's breaker state after its latest window; "
+        "removed and probation GPUs leave service discovery, observation GPUs stay in it.",
+        "SELECT state, count(*) FROM (SELECT gpu_uuid, arg_max(breaker_state, window_start_ns) AS state FROM health "
+        f"{{where}} GROUP BY ALL) GROUP BY state ORDER BY array_position({list(_BREAKER_STATES)}, state)",
+        _bars,
+        "breaker state",
+        "GPUs",
+        "no health audit windows",
+    ),
+    Plot(
+        "reclaims",
+        "Reclaim triggers by SLA tier",
+        "Idle runs that reached their tier's duration.",
+        "SELECT sla, count(*) FROM reclaim {where} GROUP BY sla "
+        "ORDER BY array_position(['Gold', 'Silver', 'Bronze'], sla), sla",
+        _bars,
+        "SLA tier",
+        "reclaim triggers",
+        "no reclaim triggers",
+    ),
+    Plot(
+        "mae",
+        "Memory-access entropy per process, with the L2 estimate",
+        "One point per process: its mean MAE "
+        "(bits) over its windows against the mean L2 evictions per 1,000 accesses estimated from it.",
+        "SELECT node_id || '/' || pid, avg(mae_bits), avg(l2_evictions_per_1k_est) FROM mae {where} "
+        "GROUP BY ALL ORDER BY ALL",
+        _scatter,
+        "mean MAE (bits)",
+        "L2 evictions per 1,000 accesses (estimate)",
+        "no memory-access windows",
+    ),
+    Plot(
+        "dead-letters",
+        "Dead letters by reason",
+        "Inputs refused, by reason (see the dlq view).",
+        "SELECT reason, count(*) FROM dlq {where} GROUP BY reason ORDER BY count(*) DESC, reason",
+        _bars,
+        "reason",
+        "inputs refused",
+        "no dead letters",
+    ),
 )
+
 
 def team_table_sql(where: str) -> str:
     """The figures behind the cost plots, per team: µ$, USD, share of the total, and panes."""
-    return ("SELECT team, sum(cost_micro_usd) AS micro_usd, count(*) AS records, "
-            "round(100.0 * sum(cost_micro_usd) / nullif(sum(sum(cost_micro_usd)) OVER (), 0), 2) AS share_pct "
-            f"FROM cost {where} GROUP BY team ORDER BY micro_usd DESC, team")
+    return (
+        "SELECT team, sum(cost_micro_usd) AS micro_usd, count(*) AS records, "
+        "round(100.0 * sum(cost_micro_usd) / nullif(sum(sum(cost_micro_usd)) OVER (), 0), 2) AS share_pct "
+        f"FROM cost {where} GROUP BY team ORDER BY micro_usd DESC, team"
+    )
 
 
 def _where(kind: str, since: dt.date | None, until: dt.date | None) -> str:
     """The date filter of a view (``dlq``'s date is text: unknown for lines without a valid time)."""
     date = "TRY_CAST(date AS DATE)" if kind == "dlq" else "date"
     terms = ([f"{date} >= DATE '{since.isoformat()}'"] if since else []) + (
-        [f"{date} <= DATE '{until.isoformat()}'"] if until else [])
+        [f"{date} <= DATE '{until.isoformat()}'"] if until else []
+    )
     return f"WHERE {' AND '.join(terms)}" if terms else ""
 
 
@@ -156,18 +248,34 @@ def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | N
     parts: list[str] = []
     script = False
     for plot in PLOTS:
-        rows = [tuple(map(_plotly_text, r)) for r in con.execute(plot.sql.format(
-            where=_where(_kind(plot.sql), since, until))).fetchall()]
+        rows = [
+            tuple(map(_plotly_text, r))
+            for r in con.execute(plot.sql.format(where=_where(_kind(plot.sql), since, until))).fetchall()
+        ]
         if not rows:  # an empty plot looks like a broken one: say what there is none of
-            parts.append(f"<section id=\"{plot.id}\"><h2>{html.escape(plot.title)}</h2>"
-                         f"<p class=\"empty\">{html.escape(plot.empty)}</p></section>")
+            parts.append(
+                f'<section id="{plot.id}"><h2>{html.escape(plot.title)}</h2>'
+                f'<p class="empty">{html.escape(plot.empty)}</p></section>'
+            )
             continue
         fig = plot.figure(rows)
-        fig.update_layout(title=plot.title, height=420 if plot.id != "idle-heatmap" else max(420, 18 * len(
-            {r[0] for r in rows}) + 160), margin={"t": 60}, xaxis_title=plot.x_title, yaxis_title=plot.y_title)
-        parts.append(f"<section><p>{html.escape(plot.about)}</p>"
-                     + fig.to_html(full_html=False, include_plotlyjs=not script, div_id=plot.id,
-                                   config={"displaylogo": False, "responsive": True}) + "</section>")
+        fig.update_layout(
+            title=plot.title,
+            height=420 if plot.id != "idle-heatmap" else max(420, 18 * len({r[0] for r in rows}) + 160),
+            margin={"t": 60},
+            xaxis_title=plot.x_title,
+            yaxis_title=plot.y_title,
+        )
+        parts.append(
+            f"<section><p>{html.escape(plot.about)}</p>"
+            + fig.to_html(
+                full_html=False,
+                include_plotlyjs=not script,
+                div_id=plot.id,
+                config={"displaylogo": False, "responsive": True},
+            )
+            + "</section>"
+        )
         script = True  # the first figure drawn carries the script, whichever it is
     res = con.execute(team_table_sql(_where("cost", since, until)))
     columns = [d[0] for d in res.description]
@@ -175,12 +283,13 @@ def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | N
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     span = " to ".join(d.isoformat() for d in (since, until) if d) or "all dates"
     period = period_covered(con, _where("cost", since, until))
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>gpucost report</title><style>"
-            "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
-            f"</head><body><h1>gpucost report</h1><p>{html.escape(str(out_dir))}, {span}</p>"
-            f"<p id=\"period\">{period}</p>"
-            + "".join(parts)
-            + f"<section><h2>Cost by team</h2><table id=\"teams\"><tr>{head}</tr>{body}</table></section>"
-            "</body></html>")
-
+    return (
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>gpucost report</title><style>'
+        "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
+        f"</head><body><h1>gpucost report</h1><p>{html.escape(str(out_dir))}, {span}</p>"
+        f'<p id="period">{period}</p>'
+        + "".join(parts)
+        + f'<section><h2>Cost by team</h2><table id="teams"><tr>{head}</tr>{body}</table></section>'
+        "</body></html>"
+    )

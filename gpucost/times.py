@@ -5,6 +5,7 @@ Why: every record's times are integer nanoseconds since the epoch (exact, and wh
 (every field named ``…_ns`` is an event time), so a column the query computes under another name (a length
 ``… AS span_ns``) is not mistaken for one. Raw integers stay one flag away (``--raw-times``, or the environment).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -20,8 +21,17 @@ __all__ = ["EVENT_TIME_COLUMNS", "RAW_TIMES_ENV", "iso_ns", "raw_times_env", "re
 EVENT_TIME_COLUMNS = frozenset(f.name for schema in ARROW_SCHEMAS.values() for f in schema if f.name.endswith("_ns"))
 #: set to a true value (1, true, yes, on), query prints these columns as the integers stored
 RAW_TIMES_ENV = "GPUCOST_QUERY_RAW_TIMES"
-_SWITCH = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
-           "": False}
+_SWITCH = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+    "": False,
+}
 
 
 def iso_ns(ns: int) -> str:
@@ -29,8 +39,7 @@ def iso_ns(ns: int) -> str:
     there are any (``…T00:00:00.000000250Z``): exact, never through a float. Raises ValueError or OverflowError
     beyond the years 1-9999."""
     seconds, nanos = divmod(ns, 10**9)
-    text = (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)).strftime(
-        "%Y-%m-%dT%H:%M:%S")
+    text = (dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{text}.{nanos:09d}Z" if nanos else f"{text}Z"
 
 

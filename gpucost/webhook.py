@@ -9,6 +9,7 @@ total timeout, and the answer is read up to the end of its head (status line and
 most ``max_response_bytes`` of it: the status decides, the body is never read. A redirect is an
 answer like any other that is not 2xx: it is never followed, so nothing is ever sent elsewhere.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,16 +35,25 @@ class WebhookSettings:
     that falls back to ``GPUCOST_RECLAIM_<FIELD>``; ``help`` says what it bounds."""
 
     connect_timeout_s: float = field(default=5.0, metadata={"help": "seconds to open a connection (TLS included)"})
-    read_timeout_s: float = field(default=10.0, metadata={"help": "seconds an attempt waits for the answer's next "
-                                                                    "bytes"})
-    total_timeout_s: float = field(default=30.0, metadata={"help": "seconds an attempt takes at most, however the "
-                                                                     "answer trickles in"})
-    max_response_bytes: int = field(default=65_536, metadata={"help": "bytes of an answer read at most: its status "
-                                                                        "line and headers must end within them"})
-    max_attempts: int = field(default=20, metadata={"help": "attempts per trigger, then it is recorded as failed "
-                                                            "(about 7 minutes with the default back-off)"})
-    backoff_s: float = field(default=0.5, metadata={"help": "seconds to wait after the first failed attempt, "
-                                                            "doubling after each"})
+    read_timeout_s: float = field(
+        default=10.0, metadata={"help": "seconds an attempt waits for the answer's next bytes"}
+    )
+    total_timeout_s: float = field(
+        default=30.0, metadata={"help": "seconds an attempt takes at most, however the answer trickles in"}
+    )
+    max_response_bytes: int = field(
+        default=65_536,
+        metadata={"help": "bytes of an answer read at most: its status line and headers must end within them"},
+    )
+    max_attempts: int = field(
+        default=20,
+        metadata={
+            "help": "attempts per trigger, then it is recorded as failed (about 7 minutes with the default back-off)"
+        },
+    )
+    backoff_s: float = field(
+        default=0.5, metadata={"help": "seconds to wait after the first failed attempt, doubling after each"}
+    )
     max_backoff_s: float = field(default=30.0, metadata={"help": "seconds to wait between attempts at most"})
 
     def __post_init__(self) -> None:
@@ -51,8 +61,10 @@ class WebhookSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be more than 0, got {getattr(self, name)}")
         if self.max_response_bytes < 64 or self.max_attempts < 1:
-            raise ValueError(f"max_response_bytes must be at least 64 and max_attempts at least 1, got "
-                             f"{self.max_response_bytes} and {self.max_attempts}")
+            raise ValueError(
+                f"max_response_bytes must be at least 64 and max_attempts at least 1, got "
+                f"{self.max_response_bytes} and {self.max_attempts}"
+            )
 
 
 @dataclass(frozen=True)
@@ -95,8 +107,9 @@ async def post(url: str, body: bytes, headers: Mapping[str, str], settings: Webh
         async with asyncio.timeout(settings.total_timeout_s):
             status, why = await exchange.run(body, headers)
     except TimeoutError:
-        return Answer(None, f"no complete answer within the total timeout ({settings.total_timeout_s:g} s)",
-                      exchange.read)
+        return Answer(
+            None, f"no complete answer within the total timeout ({settings.total_timeout_s:g} s)", exchange.read
+        )
     except _Failed as exc:
         return Answer(None, str(exc), exchange.read)
     return Answer(status, why, exchange.read)
@@ -115,8 +128,9 @@ class _Exchange:
         tls = ssl.create_default_context() if parts.scheme == "https" else None
         try:
             async with asyncio.timeout(s.connect_timeout_s) as connecting:
-                reader, writer = await asyncio.open_connection(parts.hostname, parts.port or (443 if tls else 80),
-                                                               ssl=tls, limit=s.max_response_bytes)
+                reader, writer = await asyncio.open_connection(
+                    parts.hostname, parts.port or (443 if tls else 80), ssl=tls, limit=s.max_response_bytes
+                )
         except TimeoutError:
             if not connecting.expired():
                 raise  # the total timeout's
@@ -125,8 +139,14 @@ class _Exchange:
             raise _Failed(f"no connection: {exc}") from None
         try:
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            lines = [f"POST {target} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}",
-                     "Connection: close", "User-Agent: gpucost", *(f"{k}: {v}" for k, v in headers.items())]
+            lines = [
+                f"POST {target} HTTP/1.1",
+                f"Host: {parts.netloc}",
+                f"Content-Length: {len(body)}",
+                "Connection: close",
+                "User-Agent: gpucost",
+                *(f"{k}: {v}" for k, v in headers.items()),
+            ]
             writer.write("\r\n".join(lines).encode("ascii") + b"\r\n\r\n" + body)
             await self._within_read_timeout(writer.drain())
             return await self._head(reader)
@@ -150,14 +170,14 @@ class _Exchange:
                 self.read += len(chunk)
                 buf += chunk
                 continue
-            head = bytes(buf[:end + 2])
+            head = bytes(buf[: end + 2])
             match = _STATUS_LINE.match(head)
             if match is None:
                 raise _Failed(f"not an HTTP/1.x answer: {head[:80]!r}")
             status = int(match[1])
             if status >= 200:
                 return status, self._said(status, head)
-            del buf[:end + 4]  # an interim answer (100 Continue, 103 Early Hints): the final one follows
+            del buf[: end + 4]  # an interim answer (100 Continue, 103 Early Hints): the final one follows
             searched = 0
 
     @staticmethod

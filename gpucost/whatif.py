@@ -8,6 +8,7 @@ its cost. Idle policy ``share`` then gives each pane's idle µ$ to its tenants i
 weights (largest remainder, ties by tenant key), as OpenCost's shareIdle does; a pane with no
 weighted tenant keeps it as idle.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -28,8 +29,22 @@ from gpucost.streams.tables import PriceTable, Tenant
 __all__ = ["IDLE_POLICIES", "Scenario", "TeamBill", "cost_panes", "whatif", "bills"]
 
 IDLE_POLICIES = ("separate", "share")
-_COLUMNS = ("gpu_uuid", "node_id", "gpu_model", "pane_start_ns", "pane_end_ns", "tenant_key", *TENANT_FIELDS,
-            "usd_per_gpu_hour", "cost_micro_usd", "t_num", "b_num", "l_num", "busy_num", "covered_ms")
+_COLUMNS = (
+    "gpu_uuid",
+    "node_id",
+    "gpu_model",
+    "pane_start_ns",
+    "pane_end_ns",
+    "tenant_key",
+    *TENANT_FIELDS,
+    "usd_per_gpu_hour",
+    "cost_micro_usd",
+    "t_num",
+    "b_num",
+    "l_num",
+    "busy_num",
+    "covered_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +56,9 @@ class Scenario:
     idle_policy: str = "separate"
 
     @classmethod
-    def of(cls, alpha: Decimal, beta: Decimal, gamma: Decimal, prices: Iterable[Price] = (),
-           idle_policy: str = "separate") -> Scenario:
+    def of(
+        cls, alpha: Decimal, beta: Decimal, gamma: Decimal, prices: Iterable[Price] = (), idle_policy: str = "separate"
+    ) -> Scenario:
         if idle_policy not in IDLE_POLICIES:
             raise ValueError(f"idle policy {idle_policy!r}: choose one of {', '.join(IDLE_POLICIES)}")
         table = None
@@ -69,8 +85,11 @@ def cost_panes(out_dir: Path) -> Iterator[list[dict[str, Any]]]:
     record instead, a revised party took whichever of its records came last, so a party a late binding emptied
     could keep its first numerators beside its new tenant's: the bill under the settings billed then moved
     money to ``unattributed``."""
-    columns, rows = query(out_dir, f"SELECT {', '.join(_COLUMNS)} FROM cost_as_revised "
-                                   "ORDER BY gpu_uuid, pane_start_ns, tenant_key <> 'idle', tenant_key")
+    columns, rows = query(
+        out_dir,
+        f"SELECT {', '.join(_COLUMNS)} FROM cost_as_revised "
+        "ORDER BY gpu_uuid, pane_start_ns, tenant_key <> 'idle', tenant_key",
+    )
     pane: list[dict[str, Any]] = []
     for row in rows:
         record = dict(zip(columns, row))
@@ -85,8 +104,14 @@ def cost_panes(out_dir: Path) -> Iterator[list[dict[str, Any]]]:
 def _rebuilt(records: list[dict[str, Any]]) -> PaneTotals:
     """The pane a split was made from, as far as the split reads it."""
     head = records[0]
-    pane = PaneTotals(head["gpu_uuid"], head["pane_start_ns"], head["pane_end_ns"], head["node_id"], head["gpu_model"],
-                      covered_ms=head["covered_ms"])
+    pane = PaneTotals(
+        head["gpu_uuid"],
+        head["pane_start_ns"],
+        head["pane_end_ns"],
+        head["node_id"],
+        head["gpu_model"],
+        covered_ms=head["covered_ms"],
+    )
     for r in records:
         if r["tenant_key"] != IDLE_TENANT:
             tenant = Tenant(*(r[f] for f in TENANT_FIELDS))
@@ -106,8 +131,10 @@ def whatif(records: list[dict[str, Any]], scenario: Scenario) -> list[CostRecord
         weights = tenant_weights(pane, scenario.weights)
         if sum(weights):
             extra = split_in_order(out[0].cost_micro_usd, weights, sum(weights))
-            out = [out[0].model_copy(update={"cost_micro_usd": 0}),
-                   *(r.model_copy(update={"cost_micro_usd": r.cost_micro_usd + e}) for r, e in zip(out[1:], extra))]
+            out = [
+                out[0].model_copy(update={"cost_micro_usd": 0}),
+                *(r.model_copy(update={"cost_micro_usd": r.cost_micro_usd + e}) for r, e in zip(out[1:], extra)),
+            ]
             assert [r.tenant_key for r in out[1:]] == keys
     return out
 
@@ -123,6 +150,8 @@ def bills(out_dir: Path, scenario: Scenario) -> list[TeamBill]:
         for again in whatif(records, scenario):
             new[again.team] += again.cost_micro_usd
     if not base:
-        raise ValueError(f"{out_dir} holds no cost records to bill again; give the --out of a gpucost run, replay "
-                         "or sink that billed GPU time")
+        raise ValueError(
+            f"{out_dir} holds no cost records to bill again; give the --out of a gpucost run, replay "
+            "or sink that billed GPU time"
+        )
     return [TeamBill(team, base[team], new[team]) for team in sorted(base.keys() | new.keys())]

@@ -1,5 +1,6 @@
 """What the commands share: usage errors, the output directory, settings from flags, the live source,
 signals (handled here and nowhere else), the metrics server and key files."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,25 @@ from gpucost.sinks.checkpoint import CHECKPOINT
 from gpucost.sinks.lock import OutputLock
 from gpucost.streams.settings import AuditSettings
 
-__all__ = ["UsageError", "Signals", "output_dir", "audit_settings", "fleet_spec", "invoked_as", "event_files",
-           "output_to_read", "live_source", "say_source_counts", "interrupt", "metrics_served", "kafka_settings",
-           "load_keys", "stop_on_signals", "attributed", "given_bindings"]
+__all__ = [
+    "UsageError",
+    "Signals",
+    "output_dir",
+    "audit_settings",
+    "fleet_spec",
+    "invoked_as",
+    "event_files",
+    "output_to_read",
+    "live_source",
+    "say_source_counts",
+    "interrupt",
+    "metrics_served",
+    "kafka_settings",
+    "load_keys",
+    "stop_on_signals",
+    "attributed",
+    "given_bindings",
+]
 
 T = TypeVar("T")
 
@@ -59,8 +76,10 @@ def output_dir(out: Path, overwrite: bool, holder: str, resumable: bool = False)
         # a folder holding only the temporaries of a run killed in its first publication holds no output
         holding = [p for p in existing if next(p.glob("date=*/part-*.parquet"), None) is not None]
         if holding and not overwrite:
-            raise UsageError(f"{out} already holds gpucost output ({', '.join(p.name for p in holding)}); "
-                             "pass --overwrite to replace it, or choose another --out")
+            raise UsageError(
+                f"{out} already holds gpucost output ({', '.join(p.name for p in holding)}); "
+                "pass --overwrite to replace it, or choose another --out"
+            )
         (out / CHECKPOINT).unlink(missing_ok=True)  # first: a kill midway leaves no checkpoint of missing output
         for path in existing:
             shutil.rmtree(path)
@@ -70,8 +89,10 @@ def output_dir(out: Path, overwrite: bool, holder: str, resumable: bool = False)
 def output_to_read(out: Path, holding: bool = False) -> None:
     """``out`` is an output directory to read (``holding``: with gpucost output in it), or a usage error."""
     if not out.is_dir():
-        raise UsageError(f"output directory {out} {'is a file' if out.exists() else 'does not exist'}; give the "
-                         "--out of a gpucost run, replay or sink, or run `gpucost run` or `gpucost replay` first")
+        raise UsageError(
+            f"output directory {out} {'is a file' if out.exists() else 'does not exist'}; give the "
+            "--out of a gpucost run, replay or sink, or run `gpucost run` or `gpucost replay` first"
+        )
     if holding and not any((out / k).is_dir() for k in OUTPUT_KINDS):  # a wrong folder: no empty result
         raise UsageError(f"{out} holds no gpucost output; give the --out of a gpucost run, replay or sink")
 
@@ -88,8 +109,13 @@ def audit_settings(args: argparse.Namespace) -> AuditSettings:
 
 def fleet_spec(args: argparse.Namespace) -> FleetSpec:
     try:
-        return FleetSpec(gpus=args.gpus, hours=args.hours, seed=args.seed, interval_s=args.interval_s,
-                         late_binding_fraction=args.late_binding_fraction)
+        return FleetSpec(
+            gpus=args.gpus,
+            hours=args.hours,
+            seed=args.seed,
+            interval_s=args.interval_s,
+            late_binding_fraction=args.late_binding_fraction,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -106,27 +132,39 @@ def event_files(paths: list[Path]) -> list[Path]:
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
     if not files:
-        raise UsageError(f"no event files (*.jsonl, *.ndjson, *.json, their .gz, *.parquet) in "
-                         f"{', '.join(map(str, paths))}")
+        raise UsageError(
+            f"no event files (*.jsonl, *.ndjson, *.json, their .gz, *.parquet) in {', '.join(map(str, paths))}"
+        )
     return files
 
 
 def live_source(args: argparse.Namespace, source: str, nvml: NvmlSampler | None = None) -> LiveSource:
     """The live source of ``--source``, opened now (or one clear usage error); it says what it does."""
-    settings = LiveSettings(node_id=args.node_id, period_s=args.period_s, duration_s=args.duration_s,
-                            dcgm_url=args.url, dcgm_sla=args.dcgm_sla, ebpf_sample_every=args.ebpf_sample_every,
-                            libcuda=args.libcuda, libcublas=args.libcublas)
+    settings = LiveSettings(
+        node_id=args.node_id,
+        period_s=args.period_s,
+        duration_s=args.duration_s,
+        dcgm_url=args.url,
+        dcgm_sla=args.dcgm_sla,
+        ebpf_sample_every=args.ebpf_sample_every,
+        libcuda=args.libcuda,
+        libcublas=args.libcublas,
+    )
     try:
         live = open_live(source, settings, nvml, say=lambda text: print(f"gpucost: {text}", file=sys.stderr))
     except SourceUnavailable as exc:
         raise UsageError(str(exc)) from None
-    print(f"gpucost: {live.what}" + (f" for {args.duration_s:g} s" if args.duration_s is not None
-                                     else "; Ctrl-C to stop and write the results"), file=sys.stderr)
+    print(
+        f"gpucost: {live.what}"
+        + (f" for {args.duration_s:g} s" if args.duration_s is not None else "; Ctrl-C to stop and write the results"),
+        file=sys.stderr,
+    )
     return live
 
 
-def attributed(args: argparse.Namespace, live: LiveSource, given: Iterable[TenantBinding] = (),
-               before: Iterable[Event] = ()) -> Iterator[Event]:
+def attributed(
+    args: argparse.Namespace, live: LiveSource, given: Iterable[TenantBinding] = (), before: Iterable[Event] = ()
+) -> Iterator[Event]:
     """``before`` (a reference file's events), then the live source's, each GPU process's first event preceded
     by the binding found for it at the source (``--attribution``; none for a process ``given`` or ``before``
     binds), counted with the source's own counters."""
@@ -145,10 +183,14 @@ def attributed(args: argparse.Namespace, live: LiveSource, given: Iterable[Tenan
 
 def kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings:
     """``--kube-*``: where a node's pods and the GPUs the kubelet gave them are read."""
-    settings = KubernetesSettings(pods_url=args.kube_pods_url, node_name=args.kube_node,
-                                  token_file=Path(args.kube_token_file), ca_file=Path(args.kube_ca_file),
-                                  pod_resources=Path(args.kube_pod_resources),
-                                  labels={**LABELS, **dict(args.kube_label)})
+    settings = KubernetesSettings(
+        pods_url=args.kube_pods_url,
+        node_name=args.kube_node,
+        token_file=Path(args.kube_token_file),
+        ca_file=Path(args.kube_ca_file),
+        pod_resources=Path(args.kube_pod_resources),
+        labels={**LABELS, **dict(args.kube_label)},
+    )
     try:
         settings.url()
     except ValueError as exc:
@@ -192,8 +234,10 @@ class Signals:
 def say_source_counts(live: LiveSource | None) -> None:
     """What the live source could not turn into events, so that a run never hides it behind a warning."""
     if live is not None and +live.counts:
-        print("gpucost: the source counted " + ", ".join(f"{k} {v:,}" for k, v in sorted(live.counts.items()) if v),
-              file=sys.stderr)
+        print(
+            "gpucost: the source counted " + ", ".join(f"{k} {v:,}" for k, v in sorted(live.counts.items()) if v),
+            file=sys.stderr,
+        )
 
 
 def interrupt() -> None:
@@ -211,10 +255,12 @@ def metrics_served(address: str | None, collect: Callable[[], Iterable[Metric]],
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        raise UsageError(f"cannot serve metrics on {address}: {exc.strerror}; choose another --metrics-address"
-                         ) from None
-    print(f"gpucost: metrics at http://{address.rpartition(':')[0] or '0.0.0.0'}:{server.port}/metrics",
-          file=sys.stderr)
+        raise UsageError(
+            f"cannot serve metrics on {address}: {exc.strerror}; choose another --metrics-address"
+        ) from None
+    print(
+        f"gpucost: metrics at http://{address.rpartition(':')[0] or '0.0.0.0'}:{server.port}/metrics", file=sys.stderr
+    )
     try:
         yield
     finally:
@@ -224,8 +270,9 @@ def metrics_served(address: str | None, collect: Callable[[], Iterable[Metric]],
 def kafka_settings(args: argparse.Namespace) -> KafkaSettings:
     flags = {n: getattr(args, f"kafka_{n}") for n in KafkaSettings.model_fields}
     try:
-        return KafkaSettings(**{**environment(KafkaSettings, KAFKA_ENV_PREFIX),
-                                **{k: v for k, v in flags.items() if v is not None}})
+        return KafkaSettings(
+            **{**environment(KafkaSettings, KAFKA_ENV_PREFIX), **{k: v for k, v in flags.items() if v is not None}}
+        )
     except ValidationError as exc:
         raise ConfigError(f"invalid Kafka setting: {explain(exc)}") from None
 
@@ -236,8 +283,9 @@ def load_keys(load: Callable[[Path], T], path: Path) -> T:
     except OSError as exc:
         raise ConfigError(f"cannot read the key file {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"the key file {path} is not text; give a file of '<key_id> <secret hex>' lines "
-                          "(docs/security.md)") from None
+        raise ConfigError(
+            f"the key file {path} is not text; give a file of '<key_id> <secret hex>' lines (docs/security.md)"
+        ) from None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

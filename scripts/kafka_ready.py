@@ -3,6 +3,7 @@
 Stdlib only, so scripts/kafka.sh can use it before any virtual environment exists.
 Speaks Metadata v4 (Kafka 4 dropped v0–v3), request header v1.
 """
+
 from __future__ import annotations
 
 import socket

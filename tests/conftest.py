@@ -19,10 +19,12 @@ from hypothesis import HealthCheck, settings
 if TYPE_CHECKING:
     from gpucost.streams.settings import AuditSettings
 
-settings.register_profile("ci", max_examples=150, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("dev", max_examples=40, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.register_profile(
+    "dev", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 # the inner loop (`pytest -q`) draws 40 examples per property; CI sets HYPOTHESIS_PROFILE=ci for 150
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
@@ -34,8 +36,10 @@ HOSTILE_LINES: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for title, lines in (("fault injection: what went in, what came out", FAULT_LINES),
-                         ("hostile input: each attack, what was refused, what was billed", HOSTILE_LINES)):
+    for title, lines in (
+        ("fault injection: what went in, what came out", FAULT_LINES),
+        ("hostile input: each attack, what was refused, what was billed", HOSTILE_LINES),
+    ):
         if lines:
             terminalreporter.section(title)
             for line in lines:
@@ -101,12 +105,51 @@ class Broker:
 def make_certificate(folder: Path, password: str) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 in a PKCS12 keystore (Java's keytool), and its PEM."""
     keystore, pem = folder / "broker.p12", folder / "ca.pem"
-    subprocess.run(["keytool", "-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048",
-                    "-validity", "2", "-dname", "CN=127.0.0.1", "-ext", "SAN=IP:127.0.0.1,DNS:localhost",
-                    "-storetype", "PKCS12", "-keystore", str(keystore), "-storepass", password,
-                    "-keypass", password], check=True, capture_output=True)
-    subprocess.run(["keytool", "-exportcert", "-rfc", "-alias", "broker", "-keystore", str(keystore),
-                    "-storepass", password, "-file", str(pem)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "keytool",
+            "-genkeypair",
+            "-alias",
+            "broker",
+            "-keyalg",
+            "RSA",
+            "-keysize",
+            "2048",
+            "-validity",
+            "2",
+            "-dname",
+            "CN=127.0.0.1",
+            "-ext",
+            "SAN=IP:127.0.0.1,DNS:localhost",
+            "-storetype",
+            "PKCS12",
+            "-keystore",
+            str(keystore),
+            "-storepass",
+            password,
+            "-keypass",
+            password,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            "keytool",
+            "-exportcert",
+            "-rfc",
+            "-alias",
+            "broker",
+            "-keystore",
+            str(keystore),
+            "-storepass",
+            password,
+            "-file",
+            str(pem),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return keystore, pem
 
 
@@ -135,10 +178,15 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     tls = tmp_path_factory.mktemp("tls")
     keystore, pem = make_certificate(tls, password := secrets.token_hex(12))
     broker = Broker(port, pem, "gpucost-test", secrets.token_hex(12), {})
-    env = {**os.environ, "GPUCOST_KAFKA_PORT": str(port),
-           "GPUCOST_KAFKA_DATA": str(tmp_path_factory.mktemp("kafka-data")),
-           "GPUCOST_KAFKA_SSL_KEYSTORE": str(keystore), "GPUCOST_KAFKA_SSL_KEYSTORE_PASSWORD": password,
-           "GPUCOST_KAFKA_SCRAM_USER": broker.scram_user, "GPUCOST_KAFKA_SCRAM_PASSWORD": broker.scram_password}
+    env = {
+        **os.environ,
+        "GPUCOST_KAFKA_PORT": str(port),
+        "GPUCOST_KAFKA_DATA": str(tmp_path_factory.mktemp("kafka-data")),
+        "GPUCOST_KAFKA_SSL_KEYSTORE": str(keystore),
+        "GPUCOST_KAFKA_SSL_KEYSTORE_PASSWORD": password,
+        "GPUCOST_KAFKA_SCRAM_USER": broker.scram_user,
+        "GPUCOST_KAFKA_SCRAM_PASSWORD": broker.scram_password,
+    }
     broker.env.update(env)
     script = ROOT / "scripts" / "kafka.sh"
     started = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=900)
@@ -156,8 +204,10 @@ def kafka_bootstrap(kafka_broker: Broker) -> str:
 def record_fleet(base: Path, *fleet: str) -> tuple[Path, Path]:
     """A simulated fleet's events (``gpucost simulate`` with the flags ``fleet``) under ``base``, and the
     embedded run's output for them."""
-    for args in (["simulate", *fleet, "--out", str(base / "events")],
-                 ["replay", str(base / "events"), "--out", str(base / "embedded")]):
+    for args in (
+        ["simulate", *fleet, "--out", str(base / "events")],
+        ["replay", str(base / "events"), "--out", str(base / "embedded")],
+    ):
         subprocess.run([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, check=True, capture_output=True)
     return base / "events", base / "embedded"
 
@@ -165,8 +215,9 @@ def record_fleet(base: Path, *fleet: str) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A simulated fleet's events, and the embedded run's output for them."""
-    return record_fleet(tmp_path_factory.mktemp("recorded"), "--gpus", "3", "--hours", "74", "--interval-s", "20",
-                        "--seed", "11")
+    return record_fleet(
+        tmp_path_factory.mktemp("recorded"), "--gpus", "3", "--hours", "74", "--interval-s", "20", "--seed", "11"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """Stand-ins for what the worker and the sink take from aiokafka, to drive them without a broker."""
+
 from __future__ import annotations
 
 import asyncio
@@ -72,8 +73,9 @@ class RecordingProducer:
 
     async def send_batch(self, batch: Any, topic: str, partition: int) -> asyncio.Future[Any]:
         for r in batch.records:
-            self.published.append(Message(r["key"], r["value"], len(self.published), list(r.get("headers", ())),
-                                          topic, partition))
+            self.published.append(
+                Message(r["key"], r["value"], len(self.published), list(r.get("headers", ())), topic, partition)
+            )
         return _delivered()
 
     async def send_offsets_to_transaction(self, offsets: Any, group: str) -> None:

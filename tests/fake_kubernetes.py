@@ -5,6 +5,7 @@ server answering a ``PodList`` of the node's pods over HTTP, with a bearer token
 The pods are described once (``FakePod``) and both servers answer from that description, as a real
 node's kubelet and API server answer about the same pods.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -66,34 +67,70 @@ class FakePod:
 
     def __post_init__(self) -> None:
         if self.static_hash is not None:
-            self.annotations = {**self.annotations, "kubernetes.io/config.mirror": self.static_hash,
-                                "kubernetes.io/config.hash": self.static_hash}
+            self.annotations = {
+                **self.annotations,
+                "kubernetes.io/config.mirror": self.static_hash,
+                "kubernetes.io/config.hash": self.static_hash,
+            }
 
     def item(self, node: str) -> dict:
         """The pod as the API server lists it (``kubectl get pods -o json``'s ``items``)."""
         return {
-            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid, "resourceVersion": "4711",
-                         "creationTimestamp": "2026-11-30T08:00:00Z", "labels": self.labels,
-                         "annotations": self.annotations,
-                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": self.name[:20],
-                                              "uid": str(uuid.uuid4()), "controller": True}]},
-            "spec": {"nodeName": node, "restartPolicy": "Never",
-                     "containers": [{"name": c.name, "image": "nvcr.io/nvidia/pytorch:25.10-py3",
-                                     "resources": {"limits": {r: str(len(ids)) for r, ids in c.devices.items()}}}
-                                    for c in self.containers]},
-            "status": {"phase": "Running", "podIP": "10.1.2.3", "qosClass": "Burstable",
-                       "containerStatuses": [{"name": c.name, "ready": True, "restartCount": 0,
-                                              "image": "nvcr.io/nvidia/pytorch:25.10-py3",
-                                              "containerID": f"containerd://{c.container_id}",
-                                              "state": {"running": {"startedAt": "2026-11-30T08:00:05Z"}}}
-                                             for c in self.containers]},
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "resourceVersion": "4711",
+                "creationTimestamp": "2026-11-30T08:00:00Z",
+                "labels": self.labels,
+                "annotations": self.annotations,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": self.name[:20],
+                        "uid": str(uuid.uuid4()),
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "nodeName": node,
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": c.name,
+                        "image": "nvcr.io/nvidia/pytorch:25.10-py3",
+                        "resources": {"limits": {r: str(len(ids)) for r, ids in c.devices.items()}},
+                    }
+                    for c in self.containers
+                ],
+            },
+            "status": {
+                "phase": "Running",
+                "podIP": "10.1.2.3",
+                "qosClass": "Burstable",
+                "containerStatuses": [
+                    {
+                        "name": c.name,
+                        "ready": True,
+                        "restartCount": 0,
+                        "image": "nvcr.io/nvidia/pytorch:25.10-py3",
+                        "containerID": f"containerd://{c.container_id}",
+                        "state": {"running": {"startedAt": "2026-11-30T08:00:05Z"}},
+                    }
+                    for c in self.containers
+                ],
+            },
         }
 
     def cgroup(self, container: FakeContainer) -> str:
         """A process of ``container``'s ``/proc/<pid>/cgroup`` (cgroup v2, the systemd driver, containerd)."""
         uid = (self.static_hash or self.uid).replace("-", "_")
-        return (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
-                f"cri-containerd-{container.container_id}.scope\n")
+        return (
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
+            f"cri-containerd-{container.container_id}.scope\n"
+        )
 
 
 def _compiled(source: str) -> ModuleType:
@@ -147,9 +184,20 @@ class FakeNode:
             return self.response()
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service.full_name, {
-            "List": grpc.unary_unary_rpc_method_handler(
-                list_, request_deserializer=api.ListPodResourcesRequest.FromString, response_serializer=lambda b: b)})])
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    service.full_name,
+                    {
+                        "List": grpc.unary_unary_rpc_method_handler(
+                            list_,
+                            request_deserializer=api.ListPodResourcesRequest.FromString,
+                            response_serializer=lambda b: b,
+                        )
+                    },
+                )
+            ]
+        )
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         node = self
@@ -170,8 +218,14 @@ class FakeNode:
                     self.send_error(400, "this fake lists one node's pods")
                     return
                 node.list_calls += 1
-                body = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "4711"},
-                                   "items": [p.item(node.node) for p in node.pods if p.listed]}).encode()
+                body = json.dumps(
+                    {
+                        "kind": "PodList",
+                        "apiVersion": "v1",
+                        "metadata": {"resourceVersion": "4711"},
+                        "items": [p.item(node.node) for p in node.pods if p.listed],
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

@@ -3,6 +3,7 @@
 Same function names, and pynvml's own error classes and constants; values are parsed from
 ``../shared/data/nvidia-smi/`` captures (dmon, pmon, query-compute-apps, -q, -L).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -52,17 +53,28 @@ def parse(path: Path, phase: str) -> Capture:
     for line in s[f"{phase} :: pmon (per-process monitor)"].splitlines():
         cols = line.split()
         if len(cols) > 4 and cols[0].isdigit() and cols[1].isdigit():
-            pmon.append((int(cols[1]), None if cols[3] == "-" else int(cols[3]), None if cols[4] == "-" else int(cols[4])))
-    apps = {int(m[0]): int(m[1]) for m in re.findall(r", (\d+), [^,]+, (\d+) MiB", s[f"{phase} :: query-compute-apps (per-process)"])}
+            pmon.append(
+                (int(cols[1]), None if cols[3] == "-" else int(cols[3]), None if cols[4] == "-" else int(cols[4]))
+            )
+    apps = {
+        int(m[0]): int(m[1])
+        for m in re.findall(r", (\d+), [^,]+, (\d+) MiB", s[f"{phase} :: query-compute-apps (per-process)"])
+    }
     q = s[f"{phase} :: query (-q)"]
-    instances = [(int(g), int(c)) for g, c in re.findall(r"GPU Instance ID\s+: (\d+)\s+Compute Instance ID\s+: (\d+)", q)]
+    instances = [
+        (int(g), int(c)) for g, c in re.findall(r"GPU Instance ID\s+: (\d+)\s+Compute Instance ID\s+: (\d+)", q)
+    ]
     table = s[f"{phase} :: nvidia-smi (default table)"]
-    placed = {int(pid): (int(g), int(c)) for g, c, pid in re.findall(r"^\|\s+0\s+(\d+)\s+(\d+)\s+(\d+)\s+C\s", table, re.M)}
+    placed = {
+        int(pid): (int(g), int(c)) for g, c, pid in re.findall(r"^\|\s+0\s+(\d+)\s+(\d+)\s+(\d+)\s+C\s", table, re.M)
+    }
     fb = re.search(r"FB Memory Usage\s+Total\s+: (\d+) MiB\s+Reserved\s+: \d+ MiB\s+Used\s+: (\d+) MiB", q)
     tx = re.search(r"Tx Throughput\s+: (\d+) KB/s", q)
     rx = re.search(r"Rx Throughput\s+: (\d+) KB/s", q)
     assert fb and tx and rx
-    return Capture(gpu[2], gpu[1], mig, instances, placed, dmon, pmon, apps, int(fb[1]), int(fb[2]), int(tx[1]), int(rx[1]))
+    return Capture(
+        gpu[2], gpu[1], mig, instances, placed, dmon, pmon, apps, int(fb[1]), int(fb[2]), int(tx[1]), int(rx[1])
+    )
 
 
 @dataclass
@@ -148,8 +160,12 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
             raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         assert state.gpm is not None
         rows = state.gpm[b]
-        values = dict(zip(("NVML_GPM_METRIC_GRAPHICS_UTIL", "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
-                           "NVML_GPM_METRIC_DRAM_BW_UTIL"), rows[tick % len(rows)]))
+        values = dict(
+            zip(
+                ("NVML_GPM_METRIC_GRAPHICS_UTIL", "NVML_GPM_METRIC_ANY_TENSOR_UTIL", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+                rows[tick % len(rows)],
+            )
+        )
         for i in range(get.numMetrics):
             name = next((n for n in values if getattr(pynvml, n) == get.metrics[i].metricId), None)
             if name is None or name in state.gpm_unsupported:
@@ -163,8 +179,9 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
             raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a GPM sample of a MIG instance is taken on its parent
         return call()
 
-    mod.nvmlGpmQueryDeviceSupport = lambda h: mig_parent_only(h, lambda: types.SimpleNamespace(
-        isSupportedDevice=int(state.gpm is not None)))
+    mod.nvmlGpmQueryDeviceSupport = lambda h: mig_parent_only(
+        h, lambda: types.SimpleNamespace(isSupportedDevice=int(state.gpm is not None))
+    )
     mod.nvmlGpmSampleAlloc = gpm_alloc
     mod.nvmlGpmSampleFree = lambda buffer: None
     mod.nvmlGpmSampleGet = lambda h, buffer: mig_parent_only(h, lambda: gpm_take("gpu0", buffer))
@@ -182,16 +199,27 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
     mod.nvmlDeviceGetMigMode = lambda h: (int(state.mig_enabled), int(state.mig_enabled))
     mod.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7
     mod.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle
-    mod.nvmlDeviceGetUtilizationRates = lambda h: (check(h, "utilization"),
-                                                   types.SimpleNamespace(gpu=row()["sm"], memory=row()["mem"]))[1]
-    mod.nvmlDeviceGetMemoryInfo = lambda h: (check(h, "memory"), types.SimpleNamespace(
-        total=cap.fb_total_mib << 20, used=cap.fb_used_mib << 20, free=(cap.fb_total_mib - cap.fb_used_mib) << 20))[1]
+    mod.nvmlDeviceGetUtilizationRates = lambda h: (
+        check(h, "utilization"),
+        types.SimpleNamespace(gpu=row()["sm"], memory=row()["mem"]),
+    )[1]
+    mod.nvmlDeviceGetMemoryInfo = lambda h: (
+        check(h, "memory"),
+        types.SimpleNamespace(
+            total=cap.fb_total_mib << 20, used=cap.fb_used_mib << 20, free=(cap.fb_total_mib - cap.fb_used_mib) << 20
+        ),
+    )[1]
     mod.nvmlDeviceGetPowerUsage = lambda h: (check(h, "power"), row()["pwr"] * 1000)[1]
     mod.nvmlDeviceGetTemperature = lambda h, sensor: (check(h, "temperature"), row()["gtemp"])[1]
-    mod.nvmlDeviceGetPcieThroughput = lambda h, counter: (check(h, "pcie"), cap.tx_kb_s
-                                                          if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else cap.rx_kb_s)[1]
+    mod.nvmlDeviceGetPcieThroughput = lambda h, counter: (
+        check(h, "pcie"),
+        cap.tx_kb_s if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else cap.rx_kb_s,
+    )[1]
     mod.nvmlDeviceGetProcessUtilization = process_utilization
     mod.nvmlDeviceGetComputeRunningProcesses = lambda h: [
-        types.SimpleNamespace(pid=p, usedGpuMemory=mib << 20) for p, mib in cap.apps.items()
-        if (h == "gpu0") != state.mig_enabled and (h == "gpu0" or cap.mig_processes.get(p) == cap.mig_instance[int(h[3:])])]
+        types.SimpleNamespace(pid=p, usedGpuMemory=mib << 20)
+        for p, mib in cap.apps.items()
+        if (h == "gpu0") != state.mig_enabled
+        and (h == "gpu0" or cap.mig_processes.get(p) == cap.mig_instance[int(h[3:])])
+    ]
     return mod

@@ -4,6 +4,7 @@ It shares no code with ``streams/``: its own as-of joins, its own largest-remain
 (over an explicit list of exact fractions), numpy for the entropy. The operators must
 agree with it record for record.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -142,8 +143,15 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
     prices: dict[str, dict[int, Decimal]] = defaultdict(dict)
     for ev in kept:  # duplicates are gone: one binding/price per instant, the first that arrived
         if isinstance(ev, TenantBinding):
-            bindings[(ev.node_id, ev.pid)][ev.ts_ns] = (ev.team, ev.env, ev.app, ev.tier, ev.sla,
-                                                         ev.git_commit, ev.ci_pipeline_id)
+            bindings[(ev.node_id, ev.pid)][ev.ts_ns] = (
+                ev.team,
+                ev.env,
+                ev.app,
+                ev.tier,
+                ev.sla,
+                ev.git_commit,
+                ev.ci_pipeline_id,
+            )
         elif isinstance(ev, Price):
             prices[ev.gpu_model][ev.ts_ns] = ev.usd_per_gpu_hour
 
@@ -152,9 +160,20 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         return t if t is not None else ("unattributed", None, None, None, None, None, None)
 
     P = s.pane_ns
-    panes: dict[tuple[str, int], dict] = defaultdict(lambda: {
-        "covered": 0, "idle": 0, "nodes": set(), "models": set(), "t": defaultdict(lambda: [0, 0, 0]),
-        "busy": 0, "bw": 0, "tensor": [0, 0], "dram": [0, 0], "flops": defaultdict(int)})
+    panes: dict[tuple[str, int], dict] = defaultdict(
+        lambda: {
+            "covered": 0,
+            "idle": 0,
+            "nodes": set(),
+            "models": set(),
+            "t": defaultdict(lambda: [0, 0, 0]),
+            "busy": 0,
+            "bw": 0,
+            "tensor": [0, 0],
+            "dram": [0, 0],
+            "flops": defaultdict(int),
+        }
+    )
     for ev in kept:
         if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)):
             pane = panes[(ev.gpu_uuid, ev.ts_ns // P * P)]
@@ -208,8 +227,14 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         money = split(C, shares)
         cost[(gpu, start, IDLE)] = (money[IDLE], C, 0.0, 0.0, 0.0, 0.0, float(u), price is None)
         for t in p["t"]:
-            cost[(gpu, start, keys[t])] = (money[keys[t]], C, *map(float, share[t]), float(w[t]), float(u),
-                                           price is None)
+            cost[(gpu, start, keys[t])] = (
+                money[keys[t]],
+                C,
+                *map(float, share[t]),
+                float(w[t]),
+                float(u),
+                price is None,
+            )
         efficiency.update(_efficiency(gpu, start, p, model, s))
 
     mae = []
@@ -220,14 +245,23 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
     span = s.mae_hi - s.mae_lo
     for (node, pid), evs in by_proc.items():
         for i in range(0, len(evs), s.mae_window):
-            chunk = evs[i:i + s.mae_window]
+            chunk = evs[i : i + s.mae_window]
             inside = [e.address - s.mae_lo for e in chunk if 0 <= e.address - s.mae_lo < span]
-            counts = np.bincount(np.array([x * s.mae_bins // span for x in inside], dtype=np.int64),
-                                 minlength=s.mae_bins) if inside else np.zeros(1)
+            counts = (
+                np.bincount(np.array([x * s.mae_bins // span for x in inside], dtype=np.int64), minlength=s.mae_bins)
+                if inside
+                else np.zeros(1)
+            )
             pr = counts[counts > 0] / max(1, len(inside))
             bits = float(-(pr * np.log2(pr)).sum()) if inside else 0.0
             mae.append((node, pid, chunk[0].ts_ns, chunk[-1].ts_ns, len(inside), len(chunk) - len(inside), bits))
-    return {"idle": idle, "cost": cost, "mae": sorted(mae), "efficiency": efficiency, **{reason: said.count(reason) for reason in ("late", "duplicate", "overlap")}}
+    return {
+        "idle": idle,
+        "cost": cost,
+        "mae": sorted(mae),
+        "efficiency": efficiency,
+        **{reason: said.count(reason) for reason in ("late", "duplicate", "overlap")},
+    }
 
 
 def _peak(table: dict[str, Decimal], model: str) -> Fraction:
@@ -260,10 +294,26 @@ def _efficiency(gpu: str, start: int, p: dict, model: str, s: AuditSettings) -> 
         efu, source = sum(p["flops"].values()) / full, "flops"
     elif p["tensor"][1]:
         efu, source = Fraction(p["tensor"][0], 100 * p["tensor"][1]) / 100, "tensor_active"
-    rows = {(gpu, start, 0): (float(sum(p["flops"].values())), None if efu is None else float(efu), source,
-                              float(bw), float(1 - bw), bw_source, diagnose(efu))}
+    rows = {
+        (gpu, start, 0): (
+            float(sum(p["flops"].values())),
+            None if efu is None else float(efu),
+            source,
+            float(bw),
+            float(1 - bw),
+            bw_source,
+            diagnose(efu),
+        )
+    }
     for pid, flops in p["flops"].items():
         if pid:
-            rows[(gpu, start, pid)] = (float(flops), float(flops / full), "flops", float(bw), float(1 - bw),
-                                       bw_source, diagnose(flops / full))
+            rows[(gpu, start, pid)] = (
+                float(flops),
+                float(flops / full),
+                "flops",
+                float(bw),
+                float(1 - bw),
+                bw_source,
+                diagnose(flops / full),
+            )
     return rows

@@ -4,6 +4,7 @@ What is expected comes from the environments the test gives its children, not fr
 each child's binding must carry its own variables (by the documented rule), come before its first sample,
 come once per process, and never for a process a given binding already names.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,15 @@ from tests.strategies import BASE_NS
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
 
-TAGGED = {"GPUCOST_TEAM": "search", "GPUCOST_ENV": "prod", "GPUCOST_APP": "ranker", "GPUCOST_TIER": "online",
-          "GPUCOST_SLA": "Gold", "GIT_COMMIT": "9fbe6a5c0ffee", "CI_PIPELINE_ID": "88231"}
+TAGGED = {
+    "GPUCOST_TEAM": "search",
+    "GPUCOST_ENV": "prod",
+    "GPUCOST_APP": "ranker",
+    "GPUCOST_TIER": "online",
+    "GPUCOST_SLA": "Gold",
+    "GIT_COMMIT": "9fbe6a5c0ffee",
+    "CI_PIPELINE_ID": "88231",
+}
 SLURM = {"SLURM_JOB_ACCOUNT": "physics", "SLURM_JOB_PARTITION": "gpu-long", "SLURM_JOB_ID": "4711"}
 COMMIT_ONLY = {"GIT_COMMIT": "abc123"}
 
@@ -42,11 +50,21 @@ COMMIT_ONLY = {"GIT_COMMIT": "abc123"}
 def children() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     """Real processes, each started with one environment (and nothing of the test's own)."""
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    envs = {"tagged": TAGGED, "slurm": SLURM, "commit_only": COMMIT_ONLY, "untagged": {},
-            "bad": {"GPUCOST_TEAM": "a:b"}}
-    procs = {name: subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
-                                    env=base | env, stdout=subprocess.PIPE)
-             for name, env in envs.items()}
+    envs = {
+        "tagged": TAGGED,
+        "slurm": SLURM,
+        "commit_only": COMMIT_ONLY,
+        "untagged": {},
+        "bad": {"GPUCOST_TEAM": "a:b"},
+    }
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
+            env=base | env,
+            stdout=subprocess.PIPE,
+        )
+        for name, env in envs.items()
+    }
     try:
         for p in procs.values():  # each has run its own program: read between fork and exec, a child's environment
             assert p.stdout is not None and p.stdout.readline() == b"up\n"  # is still its parent's
@@ -58,12 +76,21 @@ def children() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
 
 
 def _sample(pid: int, t_s: int) -> ProcessSample:
-    return ProcessSample(node_id="node-0", gpu_uuid="GPU-0", pid=pid, ts_ns=BASE_NS + t_s * 10**9, interval_s=1.0,
-                         sm_util_pct=50.0, mem_bw_util_pct=10.0, mem_used_bytes=1)
+    return ProcessSample(
+        node_id="node-0",
+        gpu_uuid="GPU-0",
+        pid=pid,
+        ts_ns=BASE_NS + t_s * 10**9,
+        interval_s=1.0,
+        sm_util_pct=50.0,
+        mem_bw_util_pct=10.0,
+        mem_used_bytes=1,
+    )
 
 
 def test_each_process_is_bound_from_its_own_environment_before_its_first_sample(
-        children: dict[str, subprocess.Popen[bytes]]) -> None:
+    children: dict[str, subprocess.Popen[bytes]],
+) -> None:
     pids = {name: p.pid for name, p in children.items()}
     gone = max(pids.values()) + 100_000  # no such process (pid_max is at least 32768 above any of ours? checked)
     assert not Path(f"/proc/{gone}").exists()
@@ -78,13 +105,33 @@ def test_each_process_is_bound_from_its_own_environment_before_its_first_sample(
         assert out.index(b) == first - 1 and b.ts_ns == out[first].ts_ns
 
     tagged = bindings[pids["tagged"]]
-    assert (tagged.team, tagged.env, tagged.app, tagged.tier, tagged.sla, tagged.git_commit, tagged.ci_pipeline_id,
-            tagged.origin) == (TAGGED["GPUCOST_TEAM"], TAGGED["GPUCOST_ENV"], TAGGED["GPUCOST_APP"],
-                               TAGGED["GPUCOST_TIER"], TAGGED["GPUCOST_SLA"], TAGGED["GIT_COMMIT"],
-                               TAGGED["CI_PIPELINE_ID"], "environ")
+    assert (
+        tagged.team,
+        tagged.env,
+        tagged.app,
+        tagged.tier,
+        tagged.sla,
+        tagged.git_commit,
+        tagged.ci_pipeline_id,
+        tagged.origin,
+    ) == (
+        TAGGED["GPUCOST_TEAM"],
+        TAGGED["GPUCOST_ENV"],
+        TAGGED["GPUCOST_APP"],
+        TAGGED["GPUCOST_TIER"],
+        TAGGED["GPUCOST_SLA"],
+        TAGGED["GIT_COMMIT"],
+        TAGGED["CI_PIPELINE_ID"],
+        "environ",
+    )
     slurm = bindings[pids["slurm"]]
     assert (slurm.team, slurm.app, slurm.ci_pipeline_id, slurm.sla, slurm.origin) == (
-        SLURM["SLURM_JOB_ACCOUNT"], SLURM["SLURM_JOB_PARTITION"], SLURM["SLURM_JOB_ID"], "Bronze", "slurm")
+        SLURM["SLURM_JOB_ACCOUNT"],
+        SLURM["SLURM_JOB_PARTITION"],
+        SLURM["SLURM_JOB_ID"],
+        "Bronze",
+        "slurm",
+    )
     commit = bindings[pids["commit_only"]]
     assert (commit.team, commit.git_commit) == (pwd.getpwuid(os.getuid()).pw_name, COMMIT_ONLY["GIT_COMMIT"])
     source = attribution.sources[0]
@@ -93,14 +140,17 @@ def test_each_process_is_bound_from_its_own_environment_before_its_first_sample(
 
 
 def test_a_process_given_a_binding_is_never_bound_from_its_environment(
-        children: dict[str, subprocess.Popen[bytes]]) -> None:
+    children: dict[str, subprocess.Popen[bytes]],
+) -> None:
     pid = children["tagged"].pid
-    given = TenantBinding(node_id="node-0", pid=pid, ts_ns=BASE_NS, team="given", env="", app="", tier="",
-                          sla="Silver")
-    for attribution, stream in ((Attribution([ProcessEnvironment(AttributionSettings())], AttributionSettings(),
-                                             given=[given]), [_sample(pid, 1)]),
-                                (Attribution([ProcessEnvironment(AttributionSettings())], AttributionSettings()),
-                                 [given, _sample(pid, 1)])):  # a file's, or one the source itself emits
+    given = TenantBinding(node_id="node-0", pid=pid, ts_ns=BASE_NS, team="given", env="", app="", tier="", sla="Silver")
+    for attribution, stream in (
+        (
+            Attribution([ProcessEnvironment(AttributionSettings())], AttributionSettings(), given=[given]),
+            [_sample(pid, 1)],
+        ),
+        (Attribution([ProcessEnvironment(AttributionSettings())], AttributionSettings()), [given, _sample(pid, 1)]),
+    ):  # a file's, or one the source itself emits
         out = list(attribution.bind(stream))
         assert [e for e in out if isinstance(e, TenantBinding)] == ([given] if given in stream else [])
 
@@ -129,12 +179,15 @@ def test_a_reused_pid_is_bound_again_and_an_unreadable_environment_is_counted(tm
     _fake_proc(tmp_path, 43, 7000, None)
     out += attribution.bind([_sample(43, 3)])
     assert [(b.team, b.ts_ns) for b in out if isinstance(b, TenantBinding)] == [
-        ("first", BASE_NS), ("second", BASE_NS + 2 * 10**9)]
+        ("first", BASE_NS),
+        ("second", BASE_NS + 2 * 10**9),
+    ]
     assert attribution.sources[0].counts["environ_unreadable"] == 1
 
 
 def test_a_live_nvml_run_bills_real_processes_to_the_commits_they_were_started_with(
-        children: dict[str, subprocess.Popen[bytes]], shared_data: Path, tmp_path: Path) -> None:
+    children: dict[str, subprocess.Popen[bytes]], shared_data: Path, tmp_path: Path
+) -> None:
     """The fake NVML serving a real H100 capture under load, its processes swapped for the children, through
     the wiring ``gpucost run`` uses and the embedded run, with no bindings file: each child's busy cost is
     billed to the commit and pipeline it was started with; a process without variables stays unattributed."""
@@ -146,17 +199,22 @@ def test_a_live_nvml_run_bills_real_processes_to_the_commits_they_were_started_w
     idle = sorted(({pid for pid, _, _ in cap.pmon} | set(cap.apps)) - set(busy))
     assert len(busy) == 1 and len(idle) == 2  # what the capture shows: one process at work, two holding memory
     swap = dict(zip(busy + idle, [children[name].pid for name in ("tagged", "untagged", "slurm")]))
-    cap = dataclasses.replace(cap, pmon=[(swap[p], sm, mem) for p, sm, mem in cap.pmon],
-                              apps={swap[p]: mib for p, mib in cap.apps.items()})
+    cap = dataclasses.replace(
+        cap, pmon=[(swap[p], sm, mem) for p, sm, mem in cap.pmon], apps={swap[p]: mib for p, mib in cap.apps.items()}
+    )
     sampler = NvmlSampler("node-0", fake_pynvml(FakeState(cap)))
     sampler.open()
     live = _Sampled(sampler, "fake", LiveSettings(node_id="node-0", period_s=0.05, duration_s=1.0), sampler.close)
     events = attributed(argparse.Namespace(attribution=("environ",), attribution_sla="Bronze"), live)
     price = Price(gpu_model="default", ts_ns=TS_MIN_NS, usd_per_gpu_hour=Decimal("4"))
-    run_embedded([(price, "prices")] + [(e, "nvml") for e in events], AuditSettings(pane_s=1, lateness_s=0),
-                 tmp_path / "out")
-    billed = dict(connect(tmp_path / "out").execute(
-        "SELECT coalesce(git_commit, team), sum(cost_micro_usd) FROM cost WHERE team <> 'idle' GROUP BY ALL").fetchall())
+    run_embedded(
+        [(price, "prices")] + [(e, "nvml") for e in events], AuditSettings(pane_s=1, lateness_s=0), tmp_path / "out"
+    )
+    billed = dict(
+        connect(tmp_path / "out")
+        .execute("SELECT coalesce(git_commit, team), sum(cost_micro_usd) FROM cost WHERE team <> 'idle' GROUP BY ALL")
+        .fetchall()
+    )
     # each process billed under its own environment's tenant; the busy one's time to its commit
     assert set(billed) == {TAGGED["GIT_COMMIT"], "unattributed", SLURM["SLURM_JOB_ACCOUNT"]}, billed
     assert billed[TAGGED["GIT_COMMIT"]] > 0

@@ -1,4 +1,5 @@
 """The composed operators against the batch reference, over random streams."""
+
 from __future__ import annotations
 
 import copy
@@ -38,8 +39,9 @@ def assert_same(got: dict, want: dict) -> None:
     for k, w in want["efficiency"].items():
         g = got["efficiency"][k]
         assert (g[2], g[5], g[6], g[1] is None) == (w[2], w[5], w[6], w[1] is None), k
-        assert [v for v in g[:5] if isinstance(v, float)] == approx([v for v in w[:5] if isinstance(v, float)],
-                                                                    rel=1e-12, abs=0), k
+        assert [v for v in g[:5] if isinstance(v, float)] == approx(
+            [v for v in w[:5] if isinstance(v, float)], rel=1e-12, abs=0
+        ), k
     assert len(got["mae"]) == len(want["mae"])
     for g, w in zip(got["mae"], want["mae"]):
         assert g[:6] == w[:6]
@@ -77,8 +79,9 @@ def _lane(ev: Event) -> object:
 
 @pytest.mark.slow
 @given(streams(), settings_st(revisions=True), st.randoms(use_true_random=False))
-def test_results_do_not_depend_on_how_gpus_interleave(events: list[Event], s: AuditSettings,
-                                                      rnd: random.Random) -> None:
+def test_results_do_not_depend_on_how_gpus_interleave(
+    events: list[Event], s: AuditSettings, rnd: random.Random
+) -> None:
     head = [e for e in events if _lane(e) is None]
     lanes: dict[object, list[Event]] = {}
     for e in events:
@@ -130,10 +133,15 @@ def closing_panes(draw: st.DrawFn) -> tuple[AuditSettings, list[Price], list[Pan
         next_k[gpu] += draw(st.sampled_from([1, 1, 2, s.window_ns // s.pane_ns + 1]))
         start = BASE_NS - BASE_NS % s.pane_ns + next_k[gpu] * s.pane_ns
         billed = draw(st.integers(0, 5)) > 0
-        pane = PaneTotals(gpu, start, start + s.pane_ns, node_id="n1" if billed else None,
-                          gpu_model=draw(st.sampled_from(["H100", "A100"])) if billed else None,
-                          covered_ms=draw(st.one_of(st.integers(1, 10**5), st.integers(1, 10**13))) if billed else 0,
-                          tenant_events=draw(st.integers(0, 3)))
+        pane = PaneTotals(
+            gpu,
+            start,
+            start + s.pane_ns,
+            node_id="n1" if billed else None,
+            gpu_model=draw(st.sampled_from(["H100", "A100"])) if billed else None,
+            covered_ms=draw(st.one_of(st.integers(1, 10**5), st.integers(1, 10**13))) if billed else 0,
+            tenant_events=draw(st.integers(0, 3)),
+        )
         pane.idle_ms = draw(st.integers(0, pane.covered_ms))
         same = draw(st.booleans())  # every tenant the same values: ties at every remainder
         values = (draw(big), draw(big), draw(big))
@@ -142,17 +150,23 @@ def closing_panes(draw: st.DrawFn) -> tuple[AuditSettings, list[Price], list[Pan
             sm, bw, numa = values if same else (draw(big), draw(big), draw(big))
             pane.tenants[tenant.key] = TenantTotals(tenant, sm, bw, numa)
         panes.append(pane)
-    prices = [Price(ts_ns=BASE_NS - 10**12, gpu_model=m, usd_per_gpu_hour=draw(st.decimals(
-        "0.000001", "99.5", places=draw(st.integers(0, 6))))) for m in draw(st.lists(
-            st.sampled_from(["H100", "default"]), unique=True))]
+    prices = [
+        Price(
+            ts_ns=BASE_NS - 10**12,
+            gpu_model=m,
+            usd_per_gpu_hour=draw(st.decimals("0.000001", "99.5", places=draw(st.integers(0, 6)))),
+        )
+        for m in draw(st.lists(st.sampled_from(["H100", "default"]), unique=True))
+    ]
     return s, prices, panes
 
 
 @pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(closing_panes(), st.lists(st.integers(1, 39), unique=True).map(sorted))
-def test_closing_many_panes_at_once_is_closing_them_one_by_one(case: tuple[AuditSettings, list[Price],
-                                                                           list[PaneTotals]], cuts: list[int]) -> None:
+def test_closing_many_panes_at_once_is_closing_them_one_by_one(
+    case: tuple[AuditSettings, list[Price], list[PaneTotals]], cuts: list[int]
+) -> None:
     """Blocks cut anywhere, expanded in turn, hold the records of closing the panes one by one."""
     s, prices, panes = case
     cuts = [c for c in cuts if c < len(panes)]
@@ -169,8 +183,13 @@ def test_closing_many_panes_at_once_is_closing_them_one_by_one(case: tuple[Audit
     assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]  # 2.5 is not 2.500000
     assert many.to_state() == one.to_state()  # the idle windows, and the unbilled and unpriced counts
     for pane in panes:  # and every pane bills exactly its cost
-        billed = [r.cost_micro_usd for r in got if isinstance(r, CostRecord) and r.pane_start_ns == pane.pane_start_ns
-                  and r.gpu_uuid == pane.gpu_uuid]
-        assert not billed or sum(billed) == next(r.pane_cost_micro_usd for r in got if isinstance(r, CostRecord)
-                                                 and r.pane_start_ns == pane.pane_start_ns
-                                                 and r.gpu_uuid == pane.gpu_uuid)
+        billed = [
+            r.cost_micro_usd
+            for r in got
+            if isinstance(r, CostRecord) and r.pane_start_ns == pane.pane_start_ns and r.gpu_uuid == pane.gpu_uuid
+        ]
+        assert not billed or sum(billed) == next(
+            r.pane_cost_micro_usd
+            for r in got
+            if isinstance(r, CostRecord) and r.pane_start_ns == pane.pane_start_ns and r.gpu_uuid == pane.gpu_uuid
+        )

@@ -1,4 +1,5 @@
 """Bad lines mixed into good input: valid results unchanged, each bad line dead-lettered with a reason."""
+
 from __future__ import annotations
 
 import json
@@ -54,16 +55,32 @@ def bad_lines(good: list[str]) -> list[tuple[bytes, str]]:
         (json.dumps({**gpu, "ts_ns": 7_258_118_400 * NS}).encode(), "timestamp_out_of_range"),  # year 2200
         (json.dumps({**gpu, "ts_ns": time.time_ns() + 86_400 * NS}).encode(), "future_timestamp"),
         (json.dumps({**gpu, "mem_used_bytes": gpu["mem_total_bytes"] + 1}).encode(), "invalid"),
-        (json.dumps({"kind": "tenant_binding", "node_id": gpu["node_id"], "pid": 9, "ts_ns": gpu["ts_ns"],
-                     "team": "idle", "env": "", "app": "", "tier": "", "sla": "Gold"}).encode(), "invalid"),
+        (
+            json.dumps(
+                {
+                    "kind": "tenant_binding",
+                    "node_id": gpu["node_id"],
+                    "pid": 9,
+                    "ts_ns": gpu["ts_ns"],
+                    "team": "idle",
+                    "env": "",
+                    "app": "",
+                    "tier": "",
+                    "sla": "Gold",
+                }
+            ).encode(),
+            "invalid",
+        ),
         (json.dumps(late).encode(), "late"),
     ]
 
 
 def resent_lines(good: list[str]) -> list[tuple[int, bytes]]:
     """(index of the original, line): re-sends of good lines, arriving soon after the original."""
-    first = {kind: next(i for i, line in enumerate(good) if f'"{kind}"' in line)
-             for kind in ("gpu_sample", "process_sample", "tenant_binding", "price")}
+    first = {
+        kind: next(i for i, line in enumerate(good) if f'"{kind}"' in line)
+        for kind in ("gpu_sample", "process_sample", "tenant_binding", "price")
+    }
     conflicting = {**json.loads(good[first["gpu_sample"]]), "sm_util_pct": 99.0}  # same key and ts_ns, new value
     return [(i, good[i].encode()) for i in first.values()] + [(first["gpu_sample"], json.dumps(conflicting).encode())]
 
@@ -89,7 +106,11 @@ def test_bad_lines_change_no_valid_result(good_lines: list[str], tmp_path: Path)
     assert dict(dirty.dead_letters) == want
     assert set(want) <= set(REASONS)
     a, b = connect(tmp_path / "clean"), connect(tmp_path / "dirty")
-    for view, order in [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns")]:
+    for view, order in [
+        ("idle_index", "gpu_uuid, pane_start_ns"),
+        ("cost", "record_id"),
+        ("mae", "node_id, pid, first_ts_ns"),
+    ]:
         rows = a.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall()
         assert rows and rows == b.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall(), view
 
@@ -110,8 +131,9 @@ def test_bad_lines_change_no_valid_result(good_lines: list[str], tmp_path: Path)
 def test_accepted_with_a_flag(good_lines: list[str]) -> None:
     """A model with no price (and no 'default') is billed 0 µ$ and flagged unpriced; a binding for a
     pid that never runs is kept (bindings precede their processes) and bills no one."""
-    events = [e for e in (decode_line(line) for line in good_lines)
-              if not isinstance(e, Price) or e.gpu_model != "default"]
+    events = [
+        e for e in (decode_line(line) for line in good_lines) if not isinstance(e, Price) or e.gpu_model != "default"
+    ]
     gpu = next(e for e in events if isinstance(e, GpuSample))
     stranger = gpu.model_copy(update={"gpu_uuid": "GPU-new", "gpu_model": "B300"})
     binding = next(e for e in events if isinstance(e, TenantBinding)).model_copy(update={"pid": 4_000_000})
@@ -120,13 +142,15 @@ def test_accepted_with_a_flag(good_lines: list[str]) -> None:
     assert not [r for r in out if isinstance(r, DeadLetter)]
     new = [r for r in out if isinstance(r, CostRecord) and r.gpu_uuid == "GPU-new"]
     assert new and all(r.unpriced and r.cost_micro_usd == 0 and r.usd_per_gpu_hour is None for r in new)
-    assert auditor.counts["unpriced_panes"] == len({(r.gpu_uuid, r.pane_start_ns) for r in out
-                                                    if isinstance(r, CostRecord) and r.unpriced})
+    assert auditor.counts["unpriced_panes"] == len(
+        {(r.gpu_uuid, r.pane_start_ns) for r in out if isinstance(r, CostRecord) and r.unpriced}
+    )
     priced = {e.gpu_model for e in events if isinstance(e, Price)}
     assert not [r for r in out if isinstance(r, CostRecord) and r.gpu_model in priced and r.unpriced]
     teams = {r.team for r in out if isinstance(r, CostRecord)}
     assert binding.team not in teams or any(
-        isinstance(e, TenantBinding) and e.team == binding.team and e.pid != binding.pid for e in events)
+        isinstance(e, TenantBinding) and e.team == binding.team and e.pid != binding.pid for e in events
+    )
 
 
 @pytest.mark.slow
@@ -135,12 +159,40 @@ def test_decoder_never_raises_on_arbitrary_input(data: bytes | str) -> None:
     assert decode_line(data) is not None
 
 
-@given(st.sampled_from(sorted(EVENT_MODELS)),
-       st.dictionaries(st.sampled_from(["node_id", "gpu_uuid", "gpu_model", "ts_ns", "interval_s", "sm_util_pct",
-                                        "mem_bw_util_pct", "mem_used_bytes", "mem_total_bytes", "pid", "address",
-                                        "hops", "latency_weight", "team", "sla", "trace_hex", "usd_per_gpu_hour"]),
-                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=90),
-                                 st.lists(st.integers(), max_size=2))))
+@given(
+    st.sampled_from(sorted(EVENT_MODELS)),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "node_id",
+                "gpu_uuid",
+                "gpu_model",
+                "ts_ns",
+                "interval_s",
+                "sm_util_pct",
+                "mem_bw_util_pct",
+                "mem_used_bytes",
+                "mem_total_bytes",
+                "pid",
+                "address",
+                "hops",
+                "latency_weight",
+                "team",
+                "sla",
+                "trace_hex",
+                "usd_per_gpu_hour",
+            ]
+        ),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(),
+            st.text(max_size=90),
+            st.lists(st.integers(), max_size=2),
+        ),
+    ),
+)
 def test_decoder_never_raises_on_wrong_fields(kind: str, fields: dict) -> None:
     got = decode_line(json.dumps({"kind": kind, **fields}))
     assert isinstance(got, Rejected) or got.kind == kind
@@ -158,8 +210,10 @@ def test_a_huge_bad_line_keeps_the_head_of_its_text(line: bytes) -> None:
     rest: whole (invalid bytes escaped 4-fold, then into JSON), it could be too big for a Kafka
     message, and the worker would stop at it forever."""
     full = line.decode("utf-8", "backslashreplace")
-    for out in (Auditor(AuditSettings()).ingest(line, "f:1"),
-                Auditor(AuditSettings()).ingest_lines([line], lambda i: "f:1")):
+    for out in (
+        Auditor(AuditSettings()).ingest(line, "f:1"),
+        Auditor(AuditSettings()).ingest_lines([line], lambda i: "f:1"),
+    ):
         (letter,) = out
         assert isinstance(letter, DeadLetter) and letter.source == "f:1"
         head, _, note = letter.raw.partition("… [cut: ")

@@ -1,4 +1,5 @@
 """The benchmark harness still runs (small inputs); its figures are for BENCHMARKS.md, not assertions."""
+
 from __future__ import annotations
 
 import shutil
@@ -20,8 +21,13 @@ def test_quick_benchmarks_run_and_agree_with_duckdb(tmp_path: Path) -> None:
     # benchmark 1 fails loudly if DuckDB and the pipeline disagree on the number of records
     assert main(["--quick", "--only", "1", "3", "4", "6", "10", "--out", str(out)]) == 0
     text = out.read_text()
-    for title in ("1. Embedded replay vs DuckDB batch", "3. State memory per GPU", "4. Query latency",
-                  "6. HTML report over a month of a fleet", "10. Sink start-up and memory against the output written"):
+    for title in (
+        "1. Embedded replay vs DuckDB batch",
+        "3. State memory per GPU",
+        "4. Query latency",
+        "6. HTML report over a month of a fleet",
+        "10. Sink start-up and memory against the output written",
+    ):
         assert f"### {title}" in text
     assert "Machine: " in text and "Command: `python -m benchmarks.run --quick --only 1 3 4 6 10`" in text
 
@@ -38,8 +44,9 @@ def test_the_gpu_shaped_program_waits_for_its_emulated_device(tmp_path: Path) ->
 
     def seconds(steps: int, launches: int, kernel_us: int) -> float:
         start = time.perf_counter()
-        subprocess.run([str(exe), str(lib), "8", str(steps), str(launches), str(kernel_us)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(exe), str(lib), "8", str(steps), str(launches), str(kernel_us)], check=True, capture_output=True
+        )
         return time.perf_counter() - start
 
     device_s = 10 * 50 * 400 / 1e6  # 0.2 s of kernels

@@ -3,6 +3,7 @@ no gpucost importable, verifies every signature, and says up to when the bill is
 the group's lag on every partition and say when a finite input is caught up; ``produce`` shows progress.
 
 Expected figures come from the embedded run's Parquet and from the event files, never from the worker."""
+
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +56,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """12 hours of 3 simulated GPUs, and the embedded run's output for them."""
-    return record_fleet(tmp_path_factory.mktemp("fleet"), "--gpus", "3", "--hours", "12", "--interval-s", "30",
-                        "--seed", "7")
+    return record_fleet(
+        tmp_path_factory.mktemp("fleet"), "--gpus", "3", "--hours", "12", "--interval-s", "30", "--seed", "7"
+    )
 
 
 def final_through_expected(events: Path) -> int:
@@ -74,10 +76,26 @@ def final_through_expected(events: Path) -> int:
 
 
 def billing_example(d: Deployment, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", WITHOUT_GPUCOST, str(ROOT / "examples" / "billing_consumer.py"),
-                           "--bootstrap", d.bootstrap, "--topic", f"{d.prefix}cost", "--idle-exit-s", "3", *flags],
-                          cwd=d.tmp, env={k: v for k, v in d.env.items() if k != "PYTHONPATH"}, text=True,
-                          capture_output=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT_GPUCOST,
+            str(ROOT / "examples" / "billing_consumer.py"),
+            "--bootstrap",
+            d.bootstrap,
+            "--topic",
+            f"{d.prefix}cost",
+            "--idle-exit-s",
+            "3",
+            *flags,
+        ],
+        cwd=d.tmp,
+        env={k: v for k, v in d.env.items() if k != "PYTHONPATH"},
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def test_the_blocker_really_keeps_gpucost_out(tmp_path: Path) -> None:
@@ -88,19 +106,22 @@ def test_the_blocker_really_keeps_gpucost_out(tmp_path: Path) -> None:
 
 
 def test_billing_example_alone_verifies_bills_and_knows_when_the_bill_is_final(
-        deployment: Deployment, fleet: tuple[Path, Path]) -> None:
+    deployment: Deployment, fleet: tuple[Path, Path]
+) -> None:
     events, embedded = fleet
     d = deployment
     key = d.tmp / "worker-out.key"
     key.write_text(f"worker-out {SECRET_HEX}\n")
     d.gpucost("produce", "--source", "replay", str(events))
-    d.worker("worker", "--output-signing-key-file", str(key), "--metrics-address", "127.0.0.1:0",
-             "--lag-interval-s", "0.5")
+    d.worker(
+        "worker", "--output-signing-key-file", str(key), "--metrics-address", "127.0.0.1:0", "--lag-interval-s", "0.5"
+    )
     log = d.tmp / "worker.log"
     wait_for("the worker to say it caught up", lambda: "caught up: group" in log.read_text(), 240, d.tmp)
     got = scrape(metrics_port(log))
-    lag = {dict(labels)["partition"]: v for (name, labels), v in got.items()
-           if name == "gpucost_worker_group_lag_messages"}
+    lag = {
+        dict(labels)["partition"]: v for (name, labels), v in got.items() if name == "gpucost_worker_group_lag_messages"
+    }
     assert sorted(lag) == sorted(f"{d.prefix}{t}[{p}]" for t in ("events", "mem_access") for p in range(4))
     assert set(lag.values()) == {0} and got[("gpucost_worker_group_caught_up", ())] == 1
     # caught up means every record is committed: the cost topic holds the embedded run's records, once each
@@ -119,8 +140,14 @@ def test_billing_example_alone_verifies_bills_and_knows_when_the_bill_is_final(
     assert bill["micro_usd_by_team"] == embedded_team_totals(embedded)
     assert bill["records"] == want_records and bill["duplicates_dropped"] == 0 and bill["unverified_dropped"] == 0
     assert bill["final_through_ns"] == final_through_expected(events)
-    month = dict(connect(embedded).execute("SELECT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m'), "
-                                           "sum(cost_micro_usd)::BIGINT FROM cost GROUP BY 1").fetchall())
+    month = dict(
+        connect(embedded)
+        .execute(
+            "SELECT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m'), "
+            "sum(cost_micro_usd)::BIGINT FROM cost GROUP BY 1"
+        )
+        .fetchall()
+    )
     # 12 hours of January 2025, final through hour 5 of them: not a final month
     assert bill["months"] == {m: {"micro_usd": v, "final": False} for m, v in month.items()}
     assert bill["lost_to_retention"] == {}
@@ -132,7 +159,8 @@ def test_billing_example_alone_verifies_bills_and_knows_when_the_bill_is_final(
 
 
 def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_up_again(
-        deployment: Deployment, fleet: tuple[Path, Path]) -> None:
+    deployment: Deployment, fleet: tuple[Path, Path]
+) -> None:
     events, _ = fleet
     d = deployment
     d.gpucost("produce", "--source", "replay", str(events))
@@ -142,8 +170,12 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
     victim = d.worker("worker-a", *slow)
     d.worker("worker-b", *slow)
     a_log, b_log = d.tmp / "worker-a.log", d.tmp / "worker-b.log"
-    wait_for("both workers owning partitions", lambda: "owns " in a_log.read_text() and "owns " in b_log.read_text(),
-             120, d.tmp)
+    wait_for(
+        "both workers owning partitions",
+        lambda: "owns " in a_log.read_text() and "owns " in b_log.read_text(),
+        120,
+        d.tmp,
+    )
     wait_for("the group caught up", lambda: "caught up" in a_log.read_text() + b_log.read_text(), 240, d.tmp)
 
     port = metrics_port(b_log)
@@ -157,30 +189,58 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
 
     def orphan_lag() -> bool:
         seen.clear()
-        seen.update({dict(labels)["partition"]: v for (name, labels), v in scrape(port).items()
-                     if name == "gpucost_worker_group_lag_messages"})
+        seen.update(
+            {
+                dict(labels)["partition"]: v
+                for (name, labels), v in scrape(port).items()
+                if name == "gpucost_worker_group_lag_messages"
+            }
+        )
         return any(v > 0 for p, v in seen.items() if p not in b_owns)
+
     wait_for("lag on the dead worker's partitions, in the survivor's metrics", orphan_lag, 30, d.tmp)
     assert time.monotonic() - killed_at < 45, "the group had already moved the partitions: nothing was tested"
     assert sorted(seen) == sorted(f"{d.prefix}{t}[{p}]" for t in ("events", "mem_access") for p in range(4))
     assert {p for p in seen if p not in b_owns}, "the survivor owned every partition: nothing was tested"
-    wait_for("the survivor to take over and catch up", lambda: b_log.read_text().count("caught up: group") >
-             said_before, 240, d.tmp)
+    wait_for(
+        "the survivor to take over and catch up",
+        lambda: b_log.read_text().count("caught up: group") > said_before,
+        240,
+        d.tmp,
+    )
     assert set(v for (name, _), v in scrape(port).items() if name == "gpucost_worker_group_lag_messages") == {0}
 
 
 def test_produce_shows_progress_lines_off_a_terminal_and_a_bar_on_one(kafka_bootstrap: str, tmp_path: Path) -> None:
-    env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": kafka_bootstrap, "GPUCOST_KAFKA_TOPIC_PREFIX": f"p{os.getpid()}.",
-           "GPUCOST_SPOOL": str(tmp_path / "spool"), "GPUCOST_KAFKA_PARTITIONS": "2"}
+    env = {
+        **os.environ,
+        "GPUCOST_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "GPUCOST_KAFKA_TOPIC_PREFIX": f"p{os.getpid()}.",
+        "GPUCOST_SPOOL": str(tmp_path / "spool"),
+        "GPUCOST_KAFKA_PARTITIONS": "2",
+    }
     fleet = ["--gpus", "2", "--hours", "3", "--interval-s", "5", "--seed", "3"]
-    subprocess.run([sys.executable, "-m", "gpucost.cli", "simulate", *fleet, "--out", str(tmp_path / "ev")],
-                   cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "gpucost.cli", "simulate", *fleet, "--out", str(tmp_path / "ev")],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     events = sum(len(p.read_text().splitlines()) for p in (tmp_path / "ev").glob("*.jsonl"))
-    ran = subprocess.run([sys.executable, "-m", "gpucost.cli", "produce", "--source", "simulate", *fleet,
-                          "--progress-s", "0.05"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    ran = subprocess.run(
+        [sys.executable, "-m", "gpucost.cli", "produce", "--source", "simulate", *fleet, "--progress-s", "0.05"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr[-2000:]
-    lines = re.findall(r"gpucost produce: ([\d,]+) events read \([\d,]+/s\), ([\d,]+) messages acknowledged, "
-                       r"([\d,]+) waiting(.*)", ran.stderr)
+    lines = re.findall(
+        r"gpucost produce: ([\d,]+) events read \([\d,]+/s\), ([\d,]+) messages acknowledged, "
+        r"([\d,]+) waiting(.*)",
+        ran.stderr,
+    )
     assert len(lines) >= 2, ran.stderr[-2000:]
     read = [int(n.replace(",", "")) for n, *_ in lines]
     assert read == sorted(read) and read[-1] == events
@@ -190,8 +250,13 @@ def test_produce_shows_progress_lines_off_a_terminal_and_a_bar_on_one(kafka_boot
     # on a terminal: a bar, redrawn in place, and no log lines
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal 120 columns wide
-    proc = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "produce", "--source", "simulate", *fleet,
-                             "--progress-s", "0.05"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=follower)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpucost.cli", "produce", "--source", "simulate", *fleet, "--progress-s", "0.05"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+    )
     os.close(follower)
     shown = b""
     while True:
@@ -211,7 +276,8 @@ def test_produce_shows_progress_lines_off_a_terminal_and_a_bar_on_one(kafka_boot
 
 
 def test_a_billing_consumer_away_longer_than_the_retention_is_told_which_records_it_lost(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     """Retention deletes records read or not: the example compares its committed offset with the first one
     Kafka still holds, and names the gap rather than billing short in silence."""
     from aiokafka import AIOKafkaProducer
@@ -220,8 +286,15 @@ def test_a_billing_consumer_away_longer_than_the_retention_is_told_which_records
     topic, group = f"lost{os.getpid()}.cost", f"bill-{os.getpid()}"
 
     def record(n: int) -> bytes:
-        return json.dumps({"record_id": f"r{n}", "team": f"team-{n}", "cost_micro_usd": 10 ** n, "revision": 0,
-                           "pane_start_ns": 1_736_121_600 * 10**9}).encode()
+        return json.dumps(
+            {
+                "record_id": f"r{n}",
+                "team": f"team-{n}",
+                "cost_micro_usd": 10**n,
+                "revision": 0,
+                "pane_start_ns": 1_736_121_600 * 10**9,
+            }
+        ).encode()
 
     async def send(numbers: range, delete_before: int | None = None) -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
@@ -240,9 +313,26 @@ def test_a_billing_consumer_away_longer_than_the_retention_is_told_which_records
             await admin.close()
 
     def bill() -> tuple[dict, str]:
-        ran = subprocess.run([sys.executable, "-c", WITHOUT_GPUCOST, str(ROOT / "examples" / "billing_consumer.py"),
-                              "--bootstrap", kafka_bootstrap, "--topic", topic, "--group", group, "--idle-exit-s", "2"],
-                             cwd=tmp_path, text=True, capture_output=True, timeout=120)
+        ran = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                WITHOUT_GPUCOST,
+                str(ROOT / "examples" / "billing_consumer.py"),
+                "--bootstrap",
+                kafka_bootstrap,
+                "--topic",
+                topic,
+                "--group",
+                group,
+                "--idle-exit-s",
+                "2",
+            ],
+            cwd=tmp_path,
+            text=True,
+            capture_output=True,
+            timeout=120,
+        )
         assert ran.returncode == 0, ran.stderr[-2000:]
         return json.loads(ran.stdout), ran.stderr
 
@@ -253,11 +343,12 @@ def test_a_billing_consumer_away_longer_than_the_retention_is_told_which_records
     second, said = bill()
     assert second["lost_to_retention"] == {"0": {"committed": 3, "first_held": 5}}
     assert f"{topic}[0]: offsets 3..4 were deleted by retention" in said
-    assert second["micro_usd_by_team"] == {"team-5": 10 ** 5} and second["records"] == 1
+    assert second["micro_usd_by_team"] == {"team-5": 10**5} and second["records"] == 1
 
 
 def test_a_broker_that_does_not_answer_the_lag_question_never_stops_the_worker(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The lag is a report: its clients failing to start (no broker there) is logged and tried again, and the
     task ends cleanly when the worker stops."""
     from gpucost.kafka.lag import GroupLag

@@ -1,6 +1,7 @@
 """The binding table answers as of each time with the latest binding at or before it, whatever order the
 bindings arrived in: its repeats (a later binding of the tenant already in force, kept apart) included.
 The reference reads the whole set of bindings at once."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -23,8 +24,9 @@ NS = 1_000_000_000
 
 
 def binding(ts: int, team: str) -> TenantBinding:
-    return TenantBinding(node_id="n1", pid=7, ts_ns=T0 + ts, team=team, env="prod", app="app", tier="online",
-                         sla="Gold")
+    return TenantBinding(
+        node_id="n1", pid=7, ts_ns=T0 + ts, team=team, env="prod", app="app", tier="online", sla="Gold"
+    )
 
 
 def reference(bound: list[tuple[int, str]], t: int) -> str:
@@ -32,8 +34,14 @@ def reference(bound: list[tuple[int, str]], t: int) -> str:
     return max(earlier)[1] if earlier else UNATTRIBUTED.team
 
 
-@given(st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["ads", "search", "infra"])), max_size=10,
-                unique_by=lambda b: b[0]), st.randoms())
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 30), st.sampled_from(["ads", "search", "infra"])),
+        max_size=10,
+        unique_by=lambda b: b[0],
+    ),
+    st.randoms(),
+)
 def test_lookups_do_not_depend_on_the_order_bindings_arrive_in(bound, rnd) -> None:
     arrival = list(bound)
     rnd.shuffle(arrival)
@@ -61,13 +69,40 @@ def test_the_audit_bills_the_repeat_in_force_after_a_binding_that_arrives_late_b
     paths: the process sample at t2 + 1 s is ``search``'s, whether ``ads`` at t1 arrives before its pane closes
     (open pane re-attributed) or after (a revision, within R)."""
     s = AuditSettings(revision_horizon_s=horizon_s)
-    gpu = [GpuSample(node_id="n1", gpu_uuid="g", gpu_model="H100", ts_ns=T0 + t * NS, interval_s=1.0,
-                     sm_util_pct=50.0, mem_bw_util_pct=0.0, mem_used_bytes=0, mem_total_bytes=1, power_w=1.0,
-                     temp_c=1.0) for t in range(0, 60, 5)]
-    proc = ProcessSample(node_id="n1", gpu_uuid="g", pid=7, ts_ns=T0 + 3 * NS, interval_s=1.0, sm_util_pct=40.0,
-                         mem_bw_util_pct=10.0, mem_used_bytes=1)
-    events = [Price(gpu_model="H100", ts_ns=T0, usd_per_gpu_hour=Decimal("3")), binding(0, "search"),
-              binding(2 * NS, "search"), *gpu, proc, binding(1 * NS, "ads")]
+    gpu = [
+        GpuSample(
+            node_id="n1",
+            gpu_uuid="g",
+            gpu_model="H100",
+            ts_ns=T0 + t * NS,
+            interval_s=1.0,
+            sm_util_pct=50.0,
+            mem_bw_util_pct=0.0,
+            mem_used_bytes=0,
+            mem_total_bytes=1,
+            power_w=1.0,
+            temp_c=1.0,
+        )
+        for t in range(0, 60, 5)
+    ]
+    proc = ProcessSample(
+        node_id="n1",
+        gpu_uuid="g",
+        pid=7,
+        ts_ns=T0 + 3 * NS,
+        interval_s=1.0,
+        sm_util_pct=40.0,
+        mem_bw_util_pct=10.0,
+        mem_used_bytes=1,
+    )
+    events = [
+        Price(gpu_model="H100", ts_ns=T0, usd_per_gpu_hour=Decimal("3")),
+        binding(0, "search"),
+        binding(2 * NS, "search"),
+        *gpu,
+        proc,
+        binding(1 * NS, "ads"),
+    ]
     auditor = Auditor(s)
     if path == "rows":
         out = [r for e in events for r in auditor.update(e)]

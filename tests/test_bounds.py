@@ -6,6 +6,7 @@ string allowed, and one past each). Each goes, alone in an otherwise valid event
 path and the batch path; both must take or refuse it exactly as the model does. A bound changed
 on a model, or a batch check that drifted from it, fails here.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,9 @@ def _refused(outputs: list[Any]) -> list[tuple[str | None, str]]:
     return [(o.kind, o.reason) for o in outputs if isinstance(o, DeadLetter)]
 
 
-@pytest.mark.parametrize("kind,field,value", EDGES + VALIDATOR_EDGES,
-                         ids=[f"{k}.{f}={str(v)[:24]}" for k, f, v in EDGES + VALIDATOR_EDGES])
+@pytest.mark.parametrize(
+    "kind,field,value", EDGES + VALIDATOR_EDGES, ids=[f"{k}.{f}={str(v)[:24]}" for k, f, v in EDGES + VALIDATOR_EDGES]
+)
 def test_both_paths_take_or_refuse_each_edge_as_the_model_does(kind: str, field: str, value: Any) -> None:
     line = json.dumps({**BASES[kind], field: value}).encode()
     model_takes = True

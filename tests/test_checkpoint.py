@@ -2,6 +2,7 @@
 between any two of its steps, made to happen here by raising where the step would run, and a restart on the same
 ``--out``, end with the records of a run never killed; records reach the Parquet while a quiet source waits; a
 resume refuses what would mix two runs; compaction keeps a partition's files few. Default horizon and R = 0."""
+
 from __future__ import annotations
 
 import json
@@ -58,13 +59,14 @@ def whole_run(tmp_path: Path) -> Path:
 
 @pytest.mark.slow  # a whole run per case, killed and resumed: CI runs it
 @HORIZONS
-@pytest.mark.parametrize("owner,step", [(ParquetSink, "publish"), (gpucost.publication, "save"),
-                                        (ParquetSink, "stage_all")],
-                         ids=["after the checkpoint, before the renames", "after staging, before the checkpoint",
-                              "before staging"])
-def test_a_kill_between_steps_of_a_publication_loses_and_repeats_nothing(tmp_path: Path, monkeypatch, capsys,
-                                                                         horizon_s: int, owner: object,
-                                                                         step: str) -> None:
+@pytest.mark.parametrize(
+    "owner,step",
+    [(ParquetSink, "publish"), (gpucost.publication, "save"), (ParquetSink, "stage_all")],
+    ids=["after the checkpoint, before the renames", "after staging, before the checkpoint", "before staging"],
+)
+def test_a_kill_between_steps_of_a_publication_loses_and_repeats_nothing(
+    tmp_path: Path, monkeypatch, capsys, horizon_s: int, owner: object, step: str
+) -> None:
     monkeypatch.setenv("GPUCOST_REVISION_HORIZON_S", str(horizon_s))
     want = rows(whole_run(tmp_path))
     out = tmp_path / "killed"
@@ -92,8 +94,9 @@ def test_records_reach_the_parquet_while_a_quiet_source_waits(tmp_path: Path, ho
         released.wait(30)
 
     publication = Publication(tmp_path, 0.2, settings.model_dump(mode="json"), {"source": "test"})
-    done = threading.Thread(target=run_embedded, args=(source(), settings, tmp_path),
-                            kwargs={"publication": publication, "live": True})
+    done = threading.Thread(
+        target=run_embedded, args=(source(), settings, tmp_path), kwargs={"publication": publication, "live": True}
+    )
     done.start()
     deadline = time.monotonic() + 20
     while not list(tmp_path.glob("cost/date=*/part-*.parquet")) and time.monotonic() < deadline:
@@ -111,7 +114,10 @@ def test_a_resume_refuses_what_would_mix_two_runs(tmp_path: Path, monkeypatch, c
     out = tmp_path / "out"
     killed_midway(monkeypatch, out, 4)
     capsys.readouterr()
-    for argv, words in (([*RUN[:4], "3", *RUN[5:]], "read"), ([*RUN, "--pane-s", "30"], "pane_s"),):
+    for argv, words in (
+        ([*RUN[:4], "3", *RUN[5:]], "read"),
+        ([*RUN, "--pane-s", "30"], "pane_s"),
+    ):
         assert main([*argv, "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err and "--overwrite" in err, err
@@ -147,8 +153,9 @@ def kill_after_save(monkeypatch: pytest.MonkeyPatch, when: Callable[[Checkpoint]
 
 @pytest.mark.slow  # a whole run per case, killed and resumed: CI runs it
 @HORIZONS
-def test_a_kill_after_the_last_checkpoint_still_publishes_its_files(tmp_path: Path, monkeypatch, capsys,
-                                                                    horizon_s: int) -> None:
+def test_a_kill_after_the_last_checkpoint_still_publishes_its_files(
+    tmp_path: Path, monkeypatch, capsys, horizon_s: int
+) -> None:
     """Killed between the finishing checkpoint and its renames: a restart once refused ('has finished') and the
     run's last records never appeared. It now renames them into place, then says the run has finished."""
     monkeypatch.setenv("GPUCOST_REVISION_HORIZON_S", str(horizon_s))
@@ -167,7 +174,8 @@ def test_a_kill_after_the_last_checkpoint_still_publishes_its_files(tmp_path: Pa
 @HORIZONS
 @pytest.mark.parametrize("call", [2, 3, 4, 5])
 def test_a_kill_before_a_checkpoint_after_compaction_freed_a_name_repeats_nothing(
-        tmp_path: Path, monkeypatch, horizon_s: int, call: int) -> None:
+    tmp_path: Path, monkeypatch, horizon_s: int, call: int
+) -> None:
     """With a merge every two files, compaction frees the part number the last checkpoint named; a publication
     killed before its checkpoint staged a temporary of that number, which the restart took for the checkpoint's
     and renamed into place: up to 287 rows twice. Temporaries now carry their publication's number."""
@@ -183,11 +191,25 @@ def test_a_kill_before_a_checkpoint_after_compaction_freed_a_name_repeats_nothin
     assert rows(out) == rows(tmp_path / "whole")
 
 
-@pytest.mark.parametrize("edit", [{"inputs": "x"}, {"inputs": -5}, {"inputs": None}, {"state": []}, {"state": {}},
-                                  {"state": {"panes": "x"}}, {"publishing": 5}, {"publishing": [["a"]]},
-                                  {"settings": []}, {"finished": "no"}, {"publication": True}])
-def test_a_checkpoint_of_wrong_types_is_refused_in_one_line_and_changes_nothing(tmp_path: Path, monkeypatch,
-                                                                                capsys, edit: dict) -> None:
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"inputs": "x"},
+        {"inputs": -5},
+        {"inputs": None},
+        {"state": []},
+        {"state": {}},
+        {"state": {"panes": "x"}},
+        {"publishing": 5},
+        {"publishing": [["a"]]},
+        {"settings": []},
+        {"finished": "no"},
+        {"publication": True},
+    ],
+)
+def test_a_checkpoint_of_wrong_types_is_refused_in_one_line_and_changes_nothing(
+    tmp_path: Path, monkeypatch, capsys, edit: dict
+) -> None:
     out = tmp_path / "out"
     with monkeypatch.context() as patched:
         kill_after_save(patched, lambda checkpoint: checkpoint.publication == 3)  # its files still to rename
@@ -204,8 +226,9 @@ def test_a_checkpoint_of_wrong_types_is_refused_in_one_line_and_changes_nothing(
 
 
 @pytest.mark.slow
-def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_run_goes_on_later(tmp_path: Path, monkeypatch,
-                                                                                   capsys) -> None:
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_run_goes_on_later(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     want = rows(whole_run(tmp_path))
     out = tmp_path / "full"
     real, calls = gpucost.publication.save, [0]
@@ -225,8 +248,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_run_goes_on_lat
     assert main([*RUN, "--out", str(out)]) == 0 and rows(out) == want
 
 
-def test_an_overwrite_killed_midway_never_resumes_from_the_old_checkpoint(tmp_path: Path, monkeypatch,
-                                                                          capsys) -> None:
+def test_an_overwrite_killed_midway_never_resumes_from_the_old_checkpoint(tmp_path: Path, monkeypatch, capsys) -> None:
     """``--overwrite`` once deleted the output first and the checkpoint last: killed in between, the next start
     resumed from a checkpoint whose records were gone (328 idle rows lost, no word)."""
     out = tmp_path / "out"

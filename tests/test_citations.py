@@ -5,6 +5,7 @@ of it. docs/definitions.md states every rule in this implementation's words and,
 "Readings of the contract", where and why it reads the upstream text the way it does; that page is
 the one place allowed to name the upstream file.
 """
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,12 @@ def test_the_pattern_finds_citations_and_only_them(tmp_path, monkeypatch) -> Non
     """The scan itself, on files written here: a citation with or without its suffix is found, names that
     merely contain the word are not."""
     monkeypatch.setattr("tests.test_citations.ROOT", tmp_path)
-    files = {"a.py": "# see METRICS.md, \"Watermarks\"", "b.md": "(METRICS, \"Efficiency\")",
-             "c.py": "GPUCOST_METRICS_ADDRESS = GPM_METRICS", "d.md": "metrics.md is another file"}
+    files = {
+        "a.py": '# see METRICS.md, "Watermarks"',
+        "b.md": '(METRICS, "Efficiency")',
+        "c.py": "GPUCOST_METRICS_ADDRESS = GPM_METRICS",
+        "d.md": "metrics.md is another file",
+    }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     assert citing(sorted(files)) == {"a.py", "b.md"}

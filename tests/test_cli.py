@@ -1,4 +1,5 @@
 """The command line as a user meets it: errors, settings precedence, output formats."""
+
 from __future__ import annotations
 
 import csv
@@ -42,17 +43,23 @@ def test_run_audits_a_simulated_fleet_and_says_so(capsys: pytest.CaptureFixture[
     assert "GPUs with the highest 72 h idle index" in out and "Cost by team" in out
     # the summary's total equals the sum of every pane's cost in the Parquet
     con = connect(tmp_path / "o")
-    (total,) = con.execute("SELECT sum(pane_cost_micro_usd) FROM (SELECT DISTINCT gpu_uuid, pane_start_ns, "
-                           "pane_cost_micro_usd FROM cost)").fetchone()
+    (total,) = con.execute(
+        "SELECT sum(pane_cost_micro_usd) FROM (SELECT DISTINCT gpu_uuid, pane_start_ns, pane_cost_micro_usd FROM cost)"
+    ).fetchone()
     table = out.split("Cost by team")[1].split("\n\n")[0]  # up to the next section
     listed = sum(int(line.split()[1]) for line in table.splitlines()[3:] if line.strip() and line.split()[1].isdigit())
     assert listed == total > 0
     # the grade table's windows add up to the health records, and every GPU out of service is listed
     grades = out.split("by grade:")[1].split("\n\n")[0].splitlines()[3:]
     assert sum(int(line.split()[1]) for line in grades) == con.execute("SELECT count(*) FROM health").fetchone()[0] > 0
-    out_of_service = {g for (g,) in con.execute("SELECT gpu_uuid FROM health GROUP BY gpu_uuid "
-                                                "HAVING arg_max(breaker_state, window_start_ns) IN ('removed', "
-                                                "'probation')").fetchall()}
+    out_of_service = {
+        g
+        for (g,) in con.execute(
+            "SELECT gpu_uuid FROM health GROUP BY gpu_uuid "
+            "HAVING arg_max(breaker_state, window_start_ns) IN ('removed', "
+            "'probation')"
+        ).fetchall()
+    }
     listed = out.split("GPUs out of service")[1].split("\n\n")[0] if "GPUs out of service" in out else ""
     assert out_of_service == {g for g in listed.split() if g.startswith("GPU-")}
 
@@ -62,15 +69,25 @@ def test_missing_input_is_one_clear_line(capsys: pytest.CaptureFixture[str], tmp
     assert rc == 2 and err.count("\n") == 1 and "nope" in err and "does not exist" in err
 
 
-@pytest.mark.parametrize("args,env,words", [
-    (["--pane-s", "0"], {}, "pane_s"),
-    (["--pane-s", "abc"], {}, "pane_s"),
-    (["--alpha", "0", "--beta", "0", "--gamma", "0"], {}, "alpha, beta and gamma are all 0"),
-    (["--mae-lo", "10", "--mae-hi", "5"], {}, "mae_hi"),
-    ([], {"GPUCOST_LATENESS_S": "-1"}, "lateness_s"),
-])
-def test_invalid_settings_are_refused_by_name(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                              events: Path, tmp_path: Path, args: list[str], env: dict, words: str) -> None:
+@pytest.mark.parametrize(
+    "args,env,words",
+    [
+        (["--pane-s", "0"], {}, "pane_s"),
+        (["--pane-s", "abc"], {}, "pane_s"),
+        (["--alpha", "0", "--beta", "0", "--gamma", "0"], {}, "alpha, beta and gamma are all 0"),
+        (["--mae-lo", "10", "--mae-hi", "5"], {}, "mae_hi"),
+        ([], {"GPUCOST_LATENESS_S": "-1"}, "lateness_s"),
+    ],
+)
+def test_invalid_settings_are_refused_by_name(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    events: Path,
+    tmp_path: Path,
+    args: list[str],
+    env: dict,
+    words: str,
+) -> None:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     rc, _, err = cli(capsys, "replay", str(events), "--out", str(tmp_path / "o"), *args)
@@ -78,8 +95,9 @@ def test_invalid_settings_are_refused_by_name(capsys: pytest.CaptureFixture[str]
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
-def test_settings_precedence_flag_over_env_over_file(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                                     events: Path, tmp_path: Path) -> None:
+def test_settings_precedence_flag_over_env_over_file(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, events: Path, tmp_path: Path
+) -> None:
     conf = tmp_path / "gpucost.toml"
     conf.write_text("pane_s = 300\nl2_calibration = [[1.0, 2.0], [3.0, 4.0]]\n")
     assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "a"), "--config", str(conf))[0] == 0
@@ -87,7 +105,10 @@ def test_settings_precedence_flag_over_env_over_file(capsys: pytest.CaptureFixtu
     monkeypatch.setenv("GPUCOST_PANE_S", "600")
     assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "b"), "--config", str(conf))[0] == 0
     assert pane_lengths_s(tmp_path / "b") == {600}
-    assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "c"), "--config", str(conf), "--pane-s", "120")[0] == 0
+    assert (
+        cli(capsys, "replay", str(events), "--out", str(tmp_path / "c"), "--config", str(conf), "--pane-s", "120")[0]
+        == 0
+    )
     assert pane_lengths_s(tmp_path / "c") == {120}
 
 
@@ -102,7 +123,9 @@ def test_only_the_command_line_reads_the_environment(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("text,words", [("pane = 3\n", "unknown setting(s) pane"), ("pane_s = \n", "not valid TOML")])
-def test_bad_config_files(capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path, text: str, words: str) -> None:
+def test_bad_config_files(
+    capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path, text: str, words: str
+) -> None:
     conf = tmp_path / "c.toml"
     conf.write_text(text)
     rc, _, err = cli(capsys, "replay", str(events), "--out", str(tmp_path / "o"), "--config", str(conf))
@@ -152,7 +175,10 @@ def test_views_sql_works_in_a_plain_duckdb(capsys: pytest.CaptureFixture[str], e
     rc, sql, _ = cli(capsys, "views", "--out", str(out))
     con = duckdb.connect()
     con.execute(sql)
-    assert con.execute("SELECT count(*) FROM cost").fetchone() == connect(out).execute("SELECT count(*) FROM cost").fetchone()
+    assert (
+        con.execute("SELECT count(*) FROM cost").fetchone()
+        == connect(out).execute("SELECT count(*) FROM cost").fetchone()
+    )
     assert con.execute("SELECT count(*) FROM cost").fetchone()[0] > 0
 
 
@@ -172,7 +198,9 @@ def test_help_renders(capsys: pytest.CaptureFixture[str], command: str) -> None:
     assert exit_.value.code == 0 and "--out" in capsys.readouterr().out
 
 
-def test_bad_environment_number_is_a_usage_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_environment_number_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GPUCOST_SIM_GPUS", "many")
     with pytest.raises(SystemExit) as exit_:
         main(["run"])
@@ -192,7 +220,9 @@ def test_json_schemas_cover_every_kind_with_its_wire_fields(capsys: pytest.Captu
     assert {"gpu_uuid", "ts_ns", "interval_s", "sm_util_pct"} <= set(gpu["required"])
     assert gpu["properties"]["sm_util_pct"]["maximum"] == 100
     trace = json.loads((tmp_path / "event.ebpf_trace.schema.json").read_text())
-    assert trace["required"] == ["kind", "node_id", "trace_hex"] and "{80}" in trace["properties"]["trace_hex"]["pattern"]
+    assert (
+        trace["required"] == ["kind", "node_id", "trace_hex"] and "{80}" in trace["properties"]["trace_hex"]["pattern"]
+    )
 
 
 def test_produce_checks_its_input_before_connecting(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -207,27 +237,38 @@ def test_run_with_nvml_and_no_driver_is_one_clear_error(capsys: pytest.CaptureFi
     assert not (tmp_path / "o").exists()
 
 
-def test_dead_letters_can_be_fixed_and_replayed(capsys: pytest.CaptureFixture[str], events: Path,
-                                                tmp_path: Path) -> None:
+def test_dead_letters_can_be_fixed_and_replayed(
+    capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path
+) -> None:
     """The documented recipe: export a reason's raw lines, fix them, replay them with the input."""
     good = next(events.glob("*.jsonl")).read_text().splitlines()
     sample = json.loads(next(line for line in good if '"gpu_sample"' in line))
     first_ts = sample["ts_ns"]
-    broken = [json.dumps({**sample, "gpu_uuid": f"GPU-fix-{i}", "sm_util_pct": 140 + i, "ts_ns": first_ts + i})
-              for i in range(3)]
+    broken = [
+        json.dumps({**sample, "gpu_uuid": f"GPU-fix-{i}", "sm_util_pct": 140 + i, "ts_ns": first_ts + i})
+        for i in range(3)
+    ]
     (tmp_path / "broken.jsonl").write_text("\n".join(broken) + "\n")
     assert main(["replay", str(events), str(tmp_path / "broken.jsonl"), "--out", str(tmp_path / "a")]) == 0
     capsys.readouterr()
-    rc, out, _ = cli(capsys, "query", "--out", str(tmp_path / "a"), "--format", "lines",
-                     "SELECT raw FROM dlq WHERE reason = 'out_of_range' ORDER BY raw")
+    rc, out, _ = cli(
+        capsys,
+        "query",
+        "--out",
+        str(tmp_path / "a"),
+        "--format",
+        "lines",
+        "SELECT raw FROM dlq WHERE reason = 'out_of_range' ORDER BY raw",
+    )
     assert rc == 0 and out.splitlines() == sorted(broken)
     fixed = [json.dumps({**json.loads(line), "sm_util_pct": 100.0}) for line in out.splitlines()]
     (tmp_path / "fixed.jsonl").write_text("\n".join(fixed) + "\n")
     assert main(["replay", str(events), str(tmp_path / "fixed.jsonl"), "--out", str(tmp_path / "b")]) == 0
     con = connect(tmp_path / "b")
     assert con.execute("SELECT count(*) FROM dlq").fetchone() == (0,)
-    assert con.execute("SELECT count(DISTINCT gpu_uuid) FROM idle_index WHERE gpu_uuid LIKE 'GPU-fix-%'"
-                       ).fetchone() == (3,)
+    assert con.execute(
+        "SELECT count(DISTINCT gpu_uuid) FROM idle_index WHERE gpu_uuid LIKE 'GPU-fix-%'"
+    ).fetchone() == (3,)
     rc, _, err = cli(capsys, "query", "--out", str(tmp_path / "b"), "--format", "lines", "SELECT 1, 2")
     assert rc == 2 and "one column" in err
 
@@ -256,14 +297,21 @@ def test_output_cut_short_by_its_reader_is_no_error(tmp_path: Path) -> None:
     from tests.conftest import ROOT
 
     (tmp_path / "out" / "cost").mkdir(parents=True)  # an output as a sink leaves it before its first file
-    piped = subprocess.run(f"{sys.executable} -m gpucost.cli query --out {tmp_path / 'out'} --format csv "
-                           "'SELECT * FROM range(3000000)' | head -1", shell=True, cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)
+    piped = subprocess.run(
+        f"{sys.executable} -m gpucost.cli query --out {tmp_path / 'out'} --format csv "
+        "'SELECT * FROM range(3000000)' | head -1",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert piped.stdout == "range\n" and "Traceback" not in piped.stderr and "Error" not in piped.stderr, piped.stderr
 
 
-def test_an_earlier_output_inside_the_input_is_not_replayed(capsys: pytest.CaptureFixture[str], events: Path,
-                                                             tmp_path: Path) -> None:
+def test_an_earlier_output_inside_the_input_is_not_replayed(
+    capsys: pytest.CaptureFixture[str], events: Path, tmp_path: Path
+) -> None:
     """An earlier run's --out under the input directory was read as events: 178 unknown_kind dead letters."""
     import shutil
 
@@ -274,7 +322,9 @@ def test_an_earlier_output_inside_the_input_is_not_replayed(capsys: pytest.Captu
     assert cli(capsys, "replay", str(events), "--out", str(tmp_path / "alone"))[0] == 0
     for view in ("cost", "idle_index", "mae", "dlq"):
         sql = f"SELECT * EXCLUDE (date) FROM {view} ORDER BY ALL"
-        assert connect(tmp_path / "again").execute(sql).fetchall() == connect(tmp_path / "alone").execute(sql).fetchall()
+        assert (
+            connect(tmp_path / "again").execute(sql).fetchall() == connect(tmp_path / "alone").execute(sql).fetchall()
+        )
 
 
 def test_simulate_refuses_to_add_a_second_fleet_to_a_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -292,8 +342,9 @@ def test_a_table_shows_null_as_null(capsys: pytest.CaptureFixture[str], tmp_path
     assert rc == 0 and out.splitlines()[2].split() == ["NULL"]
 
 
-def test_run_shows_its_progress_on_a_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                              tmp_path: Path) -> None:
+def test_run_shows_its_progress_on_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """As replay does: events taken so far, on stderr, only when stderr is a terminal."""
     import re
 

@@ -6,6 +6,7 @@ panes within the default 6 h horizon. Checked: no record for a pane ending at or
 ``final_through_ns`` is published after the marker; and each marker's time is the one computed here from the
 events sent, not from the worker's state.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -54,23 +55,40 @@ def test_no_record_of_a_closed_hour_follows_its_marker_and_each_marker_says_the_
     audit = AuditSettings()
     assert audit.revision_horizon_ns == 6 * HOUR_NS, "the default configuration"
     lines = lines_by_gpu()
+
     # a process of the first GPU, sampled two hours before the end of the first two thirds of its input, gets a
     # binding then: it reaches back into closed panes, within the horizon
     def busy(key: bytes) -> dict | None:
         cut = 2 * len(lines[key]) // 3
         cut_max = max(json.loads(line)["ts_ns"] for line in lines[key][:cut] if any(k in line for k in GPU_KINDS))
-        return next((json.loads(line) | {"cut": cut} for line in lines[key][:cut]
-                     if b'"kind":"process_sample"' in line and json.loads(line)["ts_ns"] >= cut_max - 2 * HOUR_NS),
-                    None)
+        return next(
+            (
+                json.loads(line) | {"cut": cut}
+                for line in lines[key][:cut]
+                if b'"kind":"process_sample"' in line and json.loads(line)["ts_ns"] >= cut_max - 2 * HOUR_NS
+            ),
+            None,
+        )
+
     key, victim = next((k, v) for k in lines if (v := busy(k)) is not None)
     cut = victim["cut"]
-    late = json.dumps({"kind": "tenant_binding", "node_id": victim["node_id"], "pid": victim["pid"],
-                       "ts_ns": victim["ts_ns"], "team": "late-team", "env": "prod", "app": "a", "tier": "t",
-                       "sla": "Gold"}).encode()
+    late = json.dumps(
+        {
+            "kind": "tenant_binding",
+            "node_id": victim["node_id"],
+            "pid": victim["pid"],
+            "ts_ns": victim["ts_ns"],
+            "team": "late-team",
+            "env": "prod",
+            "app": "a",
+            "tier": "t",
+            "sla": "Gold",
+        }
+    ).encode()
     streams = {k: list(v) for k, v in lines.items()}
     streams[key].insert(cut, late)
     messages: list[Message] = []
-    chunks = {k: [v[i:i + 100] for i in range(0, len(v), 100)] for k, v in streams.items()}
+    chunks = {k: [v[i : i + 100] for i in range(0, len(v), 100)] for k, v in streams.items()}
     for round_ in range(max(map(len, chunks.values()))):
         for k, cs in chunks.items():
             if round_ < len(cs):
@@ -84,7 +102,7 @@ def test_no_record_of_a_closed_hour_follows_its_marker_and_each_marker_says_the_
     checked = revised_after = 0
     final = None
     for i in range(0, len(messages), 4):
-        batch = messages[i:i + 4]
+        batch = messages[i : i + 4]
         published = len(producer.published)
         asyncio.run(worker._process(tp, batch))
         ended = any(m.headers for m in batch)

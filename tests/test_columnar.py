@@ -2,6 +2,7 @@
 against the row path (``Auditor.ingest``): same outputs, in the same order, and the same state, over
 random streams cut into random batches, with bad rows and odd JSON, late and duplicate events, a
 clock that puts some events in the future, and state restored between batches."""
+
 from __future__ import annotations
 
 import json
@@ -29,31 +30,71 @@ from tests.support.batch_path import closing_at
 
 #: one field of a valid row, changed so that the row is refused (or, for some, still taken)
 MUTATIONS: list[tuple[str, Any]] = [
-    ("ts_ns", None), ("ts_ns", 5), ("ts_ns", 5_000_000_000 * NS), ("interval_s", 0.0004), ("interval_s", None),
-    ("interval_s", math.nan), ("interval_s", 3600.5), ("sm_util_pct", 100.01), ("sm_util_pct", -1.0),
-    ("sm_util_pct", math.inf), ("mem_bw_util_pct", None), ("mem_used_bytes", -1), ("mem_used_bytes", 3),
-    ("mem_total_bytes", None), ("power_w", 10_001.0), ("temp_c", -61.0), ("pcie_tx_bytes_s", -5),
-    ("pcie_rx_bytes_s", 7), ("gpu_uuid", ""), ("gpu_uuid", "G" * 257), ("gpu_uuid", None), ("node_id", None),
-    ("gpu_model", ""), ("pid", -1), ("pid", 1 << 32), ("pid", None), ("hops", 65), ("latency_weight", -2),
-    ("address", None), ("kind", "gpu_sampel"), ("team", "idle"), ("sla", "Platinum"), ("trace_hex", "zz"),
-    ("usd_per_gpu_hour", None), ("node_id", "n" * 256),
+    ("ts_ns", None),
+    ("ts_ns", 5),
+    ("ts_ns", 5_000_000_000 * NS),
+    ("interval_s", 0.0004),
+    ("interval_s", None),
+    ("interval_s", math.nan),
+    ("interval_s", 3600.5),
+    ("sm_util_pct", 100.01),
+    ("sm_util_pct", -1.0),
+    ("sm_util_pct", math.inf),
+    ("mem_bw_util_pct", None),
+    ("mem_used_bytes", -1),
+    ("mem_used_bytes", 3),
+    ("mem_total_bytes", None),
+    ("power_w", 10_001.0),
+    ("temp_c", -61.0),
+    ("pcie_tx_bytes_s", -5),
+    ("pcie_rx_bytes_s", 7),
+    ("gpu_uuid", ""),
+    ("gpu_uuid", "G" * 257),
+    ("gpu_uuid", None),
+    ("node_id", None),
+    ("gpu_model", ""),
+    ("pid", -1),
+    ("pid", 1 << 32),
+    ("pid", None),
+    ("hops", 65),
+    ("latency_weight", -2),
+    ("address", None),
+    ("kind", "gpu_sampel"),
+    ("team", "idle"),
+    ("sla", "Platinum"),
+    ("trace_hex", "zz"),
+    ("usd_per_gpu_hour", None),
+    ("node_id", "n" * 256),
 ]
 
 
 #: whole lines that Arrow's JSON reader and Python's json may read differently (or refuse)
 ODD_LINES: list[bytes] = [
-    b'{"kind":"gpu_sample"', b'[1, 2]', b'"gpu_sample"', b'{"kind":"mem_access","node_id":"\xff","pid":1,'
-    b'"ts_ns":1767571200000000000,"address":5}', b'{"kind":"mem_access","node_id":"n","pid":1,"ts_ns":1767571200000000000,'
-    b'"address":5} {"kind":"x"}', b'{"kind":"mem_access","node_id":"n","pid":1,"ts_ns":1767571200000000000,"address":5,'
-    b'"extra":' + b"[" * 3000 + b"]" * 3000 + b"}", b'{"kind":"mem_access","node_id":"n","pid":1,"pid":2,'
-    b'"ts_ns":1767571200000000000,"address":5}', b'\xef\xbb\xbf{"kind":"mem_access","node_id":"n","pid":1,'
-    b'"ts_ns":1767571200000000000,"address":5}',
+    b'{"kind":"gpu_sample"',
+    b"[1, 2]",
+    b'"gpu_sample"',
+    b'{"kind":"mem_access","node_id":"\xff","pid":1,"ts_ns":1767571200000000000,"address":5}',
+    b'{"kind":"mem_access","node_id":"n","pid":1,"ts_ns":1767571200000000000,"address":5} {"kind":"x"}',
+    b'{"kind":"mem_access","node_id":"n","pid":1,"ts_ns":1767571200000000000,"address":5,'
+    b'"extra":' + b"[" * 3000 + b"]" * 3000 + b"}",
+    b'{"kind":"mem_access","node_id":"n","pid":1,"pid":2,"ts_ns":1767571200000000000,"address":5}',
+    b'\xef\xbb\xbf{"kind":"mem_access","node_id":"n","pid":1,"ts_ns":1767571200000000000,"address":5}',
 ]
 #: one field of a valid line, given a JSON value of another type
 ODD_VALUES: list[tuple[str, bytes]] = [
-    ("pid", b"1.0"), ("pid", b'"1"'), ("pid", b"true"), ("ts_ns", b"1.7e18"), ("sm_util_pct", b"NaN"),
-    ("sm_util_pct", b"Infinity"), ("sm_util_pct", b"50"), ("interval_s", b"10"), ("node_id", b"7"),
-    ("gpu_uuid", b"null"), ("address", b"-1"), ("usd_per_gpu_hour", b"1.1234567"), ("hops", b"1e1"),
+    ("pid", b"1.0"),
+    ("pid", b'"1"'),
+    ("pid", b"true"),
+    ("ts_ns", b"1.7e18"),
+    ("sm_util_pct", b"NaN"),
+    ("sm_util_pct", b"Infinity"),
+    ("sm_util_pct", b"50"),
+    ("interval_s", b"10"),
+    ("node_id", b"7"),
+    ("gpu_uuid", b"null"),
+    ("address", b"-1"),
+    ("usd_per_gpu_hour", b"1.1234567"),
+    ("hops", b"1e1"),
 ]
 
 
@@ -113,8 +154,11 @@ def cases(draw: st.DrawFn, form: str) -> Case:
     if form == "json":
         inputs = [as_line(r) for r in rows]
         for _ in range(draw(st.integers(0, 6)) if rows else 0):
-            odd = (draw(st.sampled_from(ODD_LINES)) if draw(st.booleans()) else
-                   odd_value(as_line(draw(st.sampled_from(rows))), *draw(st.sampled_from(ODD_VALUES))))
+            odd = (
+                draw(st.sampled_from(ODD_LINES))
+                if draw(st.booleans())
+                else odd_value(as_line(draw(st.sampled_from(rows))), *draw(st.sampled_from(ODD_VALUES)))
+            )
             inputs.insert(draw(st.integers(0, len(inputs))), odd)
     cuts = sorted(draw(st.lists(st.integers(0, len(inputs)), max_size=5)))
     clock = draw(st.one_of(st.none(), st.integers(0, 3 * 3600).map(lambda x: BASE_NS + x * NS)))
@@ -180,8 +224,16 @@ def test_json_batches_below_few_lines_go_row_by_row_with_the_same_outputs(case: 
         check(case, "json")
 
 
-@given(st.lists(st.one_of(st.integers(0, 100_000).map(lambda x: x / 1000), st.integers(1, 36_000_000).map(
-    lambda x: x / 10_000), st.floats(0, 3600, allow_nan=False)), min_size=1))
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(0, 100_000).map(lambda x: x / 1000),
+            st.integers(1, 36_000_000).map(lambda x: x / 10_000),
+            st.floats(0, 3600, allow_nan=False),
+        ),
+        min_size=1,
+    )
+)
 def test_exact_round_is_round_scaled(values: list[float]) -> None:
     for scale in (100, 1000):
         assert exact_round(np.array(values), scale).tolist() == [round_scaled(v, scale) for v in values]
@@ -192,10 +244,19 @@ FLEET_LINES = [encode_event(e).encode() for e in simulate(FleetSpec(gpus=2, hour
 
 @pytest.mark.slow
 @settings(max_examples=15, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, len(FLEET_LINES)), st.one_of(
-    st.sampled_from(ODD_LINES), st.sampled_from(ODD_VALUES).map(lambda fv: odd_value(FLEET_LINES[-1], *fv)),
-    st.integers(70_000, 300_000).map(lambda n: b'{"kind":"gpu_sample","node_id":"' + b"n" * n + b'"}'))),
-    max_size=12))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, len(FLEET_LINES)),
+            st.one_of(
+                st.sampled_from(ODD_LINES),
+                st.sampled_from(ODD_VALUES).map(lambda fv: odd_value(FLEET_LINES[-1], *fv)),
+                st.integers(70_000, 300_000).map(lambda n: b'{"kind":"gpu_sample","node_id":"' + b"n" * n + b'"}'),
+            ),
+        ),
+        max_size=12,
+    )
+)
 def test_json_parsed_in_blocks_side_by_side_matches_lines(odd: list[tuple[int, bytes]]) -> None:
     """Hundreds of kilobytes of lines, which Arrow's reader parses in blocks on every core, with odd
     lines anywhere (one longer than a block would be): the row path's outputs, in order."""
@@ -210,18 +271,50 @@ def test_json_parsed_in_blocks_side_by_side_matches_lines(odd: list[tuple[int, b
 
 
 @pytest.mark.slow
-@given(st.lists(st.tuples(st.sampled_from(["GPU-0", "GPU-1"]), st.sampled_from([TS_MIN_NS, BASE_NS, TS_MAX_NS - 3600 * NS]),
-                          st.integers(0, 600)), min_size=1, max_size=40), st.lists(st.booleans(), min_size=3, max_size=3))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["GPU-0", "GPU-1"]),
+            st.sampled_from([TS_MIN_NS, BASE_NS, TS_MAX_NS - 3600 * NS]),
+            st.integers(0, 600),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.lists(st.booleans(), min_size=3, max_size=3),
+)
 @settings(max_examples=50, deadline=None)
 def test_a_batch_spanning_a_century_matches_rows(samples: list[tuple[str, int, int]], restores: list[bool]) -> None:
     """Times from 2000 to 2099 in one batch: too far apart for the watermark's levels to sit beside the
     GPU in 64 bits, so the batch ranks its distinct times instead. Same outputs and state as the rows."""
     events = []
     for gpu, base, offset_s in samples:
-        events.append(GpuSample(node_id="n", gpu_uuid=gpu, gpu_model="H100", ts_ns=base + offset_s * NS,
-                                interval_s=10.0, sm_util_pct=float(offset_s % 101), mem_bw_util_pct=1.0,
-                                mem_used_bytes=0, mem_total_bytes=1, power_w=1.0, temp_c=30.0))
-        events.append(ProcessSample(node_id="n", gpu_uuid=gpu, pid=offset_s % 3, ts_ns=base + offset_s * NS,
-                                    interval_s=10.0, sm_util_pct=50.0, mem_bw_util_pct=1.0, mem_used_bytes=0))
+        events.append(
+            GpuSample(
+                node_id="n",
+                gpu_uuid=gpu,
+                gpu_model="H100",
+                ts_ns=base + offset_s * NS,
+                interval_s=10.0,
+                sm_util_pct=float(offset_s % 101),
+                mem_bw_util_pct=1.0,
+                mem_used_bytes=0,
+                mem_total_bytes=1,
+                power_w=1.0,
+                temp_c=30.0,
+            )
+        )
+        events.append(
+            ProcessSample(
+                node_id="n",
+                gpu_uuid=gpu,
+                pid=offset_s % 3,
+                ts_ns=base + offset_s * NS,
+                interval_s=10.0,
+                sm_util_pct=50.0,
+                mem_bw_util_pct=1.0,
+                mem_used_bytes=0,
+            )
+        )
     rows = events_table(events).to_pylist()
     check((AuditSettings(), rows, [len(rows) // 3, 2 * len(rows) // 3], None, restores), "parquet")

@@ -1,5 +1,6 @@
 """The command line is one table (``gpucost.cli.TABLE``): every entry has a help line and flags that parse, the
 parser lists exactly the table, and every command is run by some test of the suite."""
+
 from __future__ import annotations
 
 import contextlib
@@ -34,7 +35,13 @@ def test_every_command_is_run_by_a_test() -> None:
     command line in some test (``"name"`` first in a call's arguments or list, after at most one other argument such
     as a fixture, or ``gpucost name`` in a shell line)."""
     text = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_command_table.py")
-    untested = [c.name for c in TABLE
-                if not re.search(rf'\(\[?\s*(?:\w+,\s*)?"{re.escape(c.name)}"|gpucost {re.escape(c.name)}\b|'
-                                 rf'"gpucost\.cli", "{re.escape(c.name)}"', text)]
+    untested = [
+        c.name
+        for c in TABLE
+        if not re.search(
+            rf'\(\[?\s*(?:\w+,\s*)?"{re.escape(c.name)}"|gpucost {re.escape(c.name)}\b|'
+            rf'"gpucost\.cli", "{re.escape(c.name)}"',
+            text,
+        )
+    ]
     assert untested == []

@@ -1,4 +1,5 @@
 """Compaction of the sink's small files: every row once, in order, and never a half-swapped view."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,11 +35,14 @@ from tests.fake_kafka import Message, ScriptedConsumer
 
 NS = 1_000_000_000
 # two GPUs for 3 h across midnight UTC, and two bad lines: records of every kind, on two dates
-_LINES = [encode_event(e).encode() for e in simulate(replace(FleetSpec(gpus=2, hours=3, interval_s=20),
-                                                             start_ns=FleetSpec().start_ns - 90 * 60 * NS))]
+_LINES = [
+    encode_event(e).encode()
+    for e in simulate(replace(FleetSpec(gpus=2, hours=3, interval_s=20), start_ns=FleetSpec().start_ns - 90 * 60 * NS))
+]
 _auditor = Auditor(AuditSettings())
-RECORDS = expand(_auditor.ingest_lines([*_LINES, b"{not json", b'{"kind": "gpu_sample"}'], lambda i: f"f:{i}")
-                 + _auditor.finish())
+RECORDS = expand(
+    _auditor.ingest_lines([*_LINES, b"{not json", b'{"kind": "gpu_sample"}'], lambda i: f"f:{i}") + _auditor.finish()
+)
 VIEWS = ("idle_index", "cost", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
 
 
@@ -67,10 +71,15 @@ def in_file_order(files: list[Path]) -> list[dict]:
 
 @pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(0, len(RECORDS)), min_size=1, max_size=40).map(sorted),
-       st.integers(2, 12), st.integers(40, 5000), st.one_of(st.none(), st.integers(1, 8)))
-def test_compaction_keeps_every_row_once_and_in_file_order(tmp_path_factory, cuts: list[int], min_files: int,
-                                                           file_rows: int, max_files: int | None) -> None:
+@given(
+    st.lists(st.integers(0, len(RECORDS)), min_size=1, max_size=40).map(sorted),
+    st.integers(2, 12),
+    st.integers(40, 5000),
+    st.one_of(st.none(), st.integers(1, 8)),
+)
+def test_compaction_keeps_every_row_once_and_in_file_order(
+    tmp_path_factory, cuts: list[int], min_files: int, file_rows: int, max_files: int | None
+) -> None:
     out = tmp_path_factory.mktemp("out")
     write_as_flushes(out, cuts)
     before_rows = rows(out)
@@ -93,12 +102,13 @@ def test_compaction_keeps_every_row_once_and_in_file_order(tmp_path_factory, cut
         kept = [p for p in new if p in inodes and p.stat().st_ino == inodes[p]]
         assert kept == [p for p in old if p not in taken]  # full files, and small ones not taken, untouched
         written = [p for p in new if p not in kept]
-        assert [p.name for p in written] == [p.name for p in taken[:len(written)]]  # the first replaced files' names
+        assert [p.name for p in written] == [p.name for p in taken[: len(written)]]  # the first replaced files' names
         counts = [pq.read_metadata(p).num_rows for p in written]
         assert all(n <= file_rows for n in counts) and sum(n < file_rows for n in counts) <= 1
         assert in_file_order(written) == [r for p in taken for r in content[p]]  # the order they were written in
-        assert _straddling_reads_are_whole_or_fail({p.name: content[p] for p in old},
-                                                   {p.name: in_file_order([p]) for p in new})
+        assert _straddling_reads_are_whole_or_fail(
+            {p.name: content[p] for p in old}, {p.name: in_file_order([p]) for p in new}
+        )
         assert stats.small_left[folder] == sum(pq.read_metadata(p).num_rows < file_rows for p in new)
         merged += taken
     assert stats.files_merged == len(merged) and stats.rows == sum(sizes[p] for p in merged)
@@ -159,7 +169,8 @@ def test_a_reader_sees_every_row_exactly_once_while_folders_are_swapped(tmp_path
 
 
 def test_a_query_begun_before_a_swap_and_failing_before_the_old_folder_is_retired_counts_as_straddling(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The swap and the retiring of the old folder are two steps: a query that failed between them saw no
     change in the retired folders. It began while the folder was staged, which ``straddled`` counts (a
     query error taken for a real one failed the suite under load once)."""
@@ -181,7 +192,8 @@ def test_a_query_begun_before_a_swap_and_failing_before_the_old_folder_is_retire
 
 
 def test_a_swapped_out_folder_outlives_any_listing_that_began_before_the_swap(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Its files stay (under ``RETIRED``, outside every view) for ``RETIRE_S``: a reader that opened the old folder
     just before the swap lists all of it, rather than only the hard links the swap kept (a silent partial read)."""
     write_as_flushes(tmp_path, list(range(0, len(RECORDS), max(1, len(RECORDS) // 30))))
@@ -202,8 +214,10 @@ def test_a_swapped_out_folder_outlives_any_listing_that_began_before_the_swap(
 
 def _die_at(out: str, step: str) -> None:
     """A compaction killed at ``step`` (in a process of its own, as SIGKILL would leave it)."""
+
     def die(*_: object) -> None:
         os._exit(9)
+
     if step == "writing":
         ParquetSink.flush = die  # type: ignore[method-assign]
     elif step == "swapping":
@@ -271,10 +285,11 @@ def run_sink(out: Path, per_poll: int, min_files: int, monkeypatch: pytest.Monke
     polls = []
     for lo in range(0, len(RECORDS), per_poll):
         poll = defaultdict(list)
-        for record in RECORDS[lo:lo + per_poll]:
+        for record in RECORDS[lo : lo + per_poll]:
             kind = kind_of(record)
-            poll[TopicPartition(f"t.{kind}", 0)].append(Message(b"", record.model_dump_json().encode(), offsets[kind],
-                                                                topic=f"t.{kind}", partition=0))
+            poll[TopicPartition(f"t.{kind}", 0)].append(
+                Message(b"", record.model_dump_json().encode(), offsets[kind], topic=f"t.{kind}", partition=0)
+            )
             offsets[kind] += 1
         polls.append(dict(poll))
     monkeypatch.setattr(ScriptedConsumer, "polls", polls)
@@ -282,8 +297,16 @@ def run_sink(out: Path, per_poll: int, min_files: int, monkeypatch: pytest.Monke
 
     async def main() -> gpucost.kafka.sink.SinkStats:
         ScriptedConsumer.done = asyncio.Event()
-        return await run_kafka_sink({}, {k: f"t.{k}" for k in VIEWS}, out, "g", ScriptedConsumer.done,
-                                    flush_interval_s=0, compact_min_files=min_files)
+        return await run_kafka_sink(
+            {},
+            {k: f"t.{k}" for k in VIEWS},
+            out,
+            "g",
+            ScriptedConsumer.done,
+            flush_interval_s=0,
+            compact_min_files=min_files,
+        )
+
     return asyncio.run(main())
 
 
@@ -326,9 +349,14 @@ def test_a_second_sink_on_one_directory_is_refused(tmp_path: Path, monkeypatch) 
         run_sink(tmp_path, 25, 2, monkeypatch)
 
 
-@pytest.mark.parametrize("argv,words", [(["sink", "--compact-min-files", "1"], "--compact-min-files must be 0"),
-                                        (["sink", "--compact-min-files", "-3"], "--compact-min-files must be 0"),
-                                        (["compact", "--min-files", "1"], "--min-files must be at least 2")])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["sink", "--compact-min-files", "1"], "--compact-min-files must be 0"),
+        (["sink", "--compact-min-files", "-3"], "--compact-min-files must be 0"),
+        (["compact", "--min-files", "1"], "--min-files must be at least 2"),
+    ],
+)
 def test_thresholds_that_merge_nothing_are_usage_errors(tmp_path: Path, capsys, argv: list[str], words: str) -> None:
     write_as_flushes(tmp_path, [10])
     assert main([*argv, "--out", str(tmp_path)]) == 2
@@ -363,8 +391,9 @@ class _Vanishing:
 
 
 @pytest.mark.parametrize("fails", [1, 2, 3])
-def test_gpucost_query_runs_a_query_again_when_compaction_swapped_its_files(tmp_path: Path, capsys, monkeypatch,
-                                                                           fails: int) -> None:
+def test_gpucost_query_runs_a_query_again_when_compaction_swapped_its_files(
+    tmp_path: Path, capsys, monkeypatch, fails: int
+) -> None:
     write_as_flushes(tmp_path, [10])
     tries = iter([_Vanishing(tmp_path, fails)] * 3)
     monkeypatch.setattr("gpucost.sinks.views.connect", lambda *args: next(tries))
@@ -381,5 +410,7 @@ def test_an_output_directory_that_cannot_be_made_is_said_so(tmp_path: Path, caps
     events = tmp_path / "events.jsonl"
     events.write_bytes(b"\n".join(_LINES[:5]) + b"\n")
     assert main(["replay", str(events), "--out", str(tmp_path / "file" / "out")]) == 4
-    assert capsys.readouterr().err == f"gpucost: error: cannot create the output directory {tmp_path}/file/out: " \
-                                      "Not a directory\n"
+    assert (
+        capsys.readouterr().err == f"gpucost: error: cannot create the output directory {tmp_path}/file/out: "
+        "Not a directory\n"
+    )

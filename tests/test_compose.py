@@ -1,6 +1,7 @@
 """The deployment files, checked for what can be checked without a Docker engine: the compose file
 parses, every gpucost command in it is one the CLI accepts, and the image provides what the services
 assume (their volumes' mount points writable by its user, a home for the spool, the package folders)."""
+
 from __future__ import annotations
 
 import re
@@ -79,25 +80,34 @@ def test_worker_and_sink_are_checked_through_their_health_endpoint() -> None:
         port = service["environment"]["GPUCOST_METRICS_ADDRESS"].rpartition(":")[2]
         probe = " ".join(service["healthcheck"]["test"])
         assert f"127.0.0.1:{port}/healthz" in probe
-        assert "--metrics-address" in " ".join(build_parser()._subparsers._group_actions[0].choices[name].format_help().split())
+        assert "--metrics-address" in " ".join(
+            build_parser()._subparsers._group_actions[0].choices[name].format_help().split()
+        )
 
 
 def test_prometheus_scrapes_every_service_that_serves_metrics_and_grafana_gets_the_dashboards() -> None:
     prometheus = yaml.safe_load((ROOT / "compose" / "prometheus.yml").read_text())
     (job,) = prometheus["scrape_configs"]
     (dns,) = job["dns_sd_configs"]
-    serving = {name for name, s in COMPOSE["services"].items() if "build" in s and "profiles" not in s
-               and _gpucost_args(s)[0] in ("produce", "worker", "sink")}  # the long-running commands, up by default
+    serving = {
+        name
+        for name, s in COMPOSE["services"].items()
+        if "build" in s and "profiles" not in s and _gpucost_args(s)[0] in ("produce", "worker", "sink")
+    }  # the long-running commands, up by default
     assert set(dns["names"]) == serving
-    assert {str(dns["port"])} == {COMPOSE["services"][n]["environment"]["GPUCOST_METRICS_ADDRESS"].rpartition(":")[2]
-                                  for n in serving}
+    assert {str(dns["port"])} == {
+        COMPOSE["services"][n]["environment"]["GPUCOST_METRICS_ADDRESS"].rpartition(":")[2] for n in serving
+    }
     mounts = dict(v.rsplit(":", 2)[:2] for v in COMPOSE["services"]["grafana"]["volumes"])
-    provider = yaml.safe_load((ROOT / "compose" / "grafana" / "provisioning" / "dashboards" / "gpucost.yml").read_text())
+    provider = yaml.safe_load(
+        (ROOT / "compose" / "grafana" / "provisioning" / "dashboards" / "gpucost.yml").read_text()
+    )
     (path,) = {p["options"]["path"] for p in provider["providers"]}
     source = next(host for host, target in mounts.items() if target == path)
     assert sorted((ROOT / "compose" / source).glob("*.json")), "the dashboards folder Grafana mounts is empty"
-    (datasource,) = yaml.safe_load((ROOT / "compose" / "grafana" / "provisioning" / "datasources" /
-                                    "prometheus.yml").read_text())["datasources"]
+    (datasource,) = yaml.safe_load(
+        (ROOT / "compose" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )["datasources"]
     assert datasource["url"] == "http://prometheus:9090" and "prometheus" in COMPOSE["services"]
 
 
@@ -124,6 +134,8 @@ def test_the_kubernetes_producer_has_what_attribution_needs() -> None:
     (rule,) = docs["ClusterRole"]["rules"]
     assert rule["resources"] == ["pods"] and {"get", "list"} <= set(rule["verbs"])
     (subject,) = docs["ClusterRoleBinding"]["subjects"]
-    assert (subject["name"], subject["namespace"]) == (pod["serviceAccountName"],
-                                                       docs["DaemonSet"]["metadata"]["namespace"])
+    assert (subject["name"], subject["namespace"]) == (
+        pod["serviceAccountName"],
+        docs["DaemonSet"]["metadata"]["namespace"],
+    )
     assert "[kubernetes]" in re.search(r"^RUN pip install (.+)$", DOCKERFILE, re.M)[1]  # grpcio for the socket

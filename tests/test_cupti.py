@@ -4,6 +4,7 @@ Expected objects come from ``brute_force``, which reads the whole recording at o
 so the collector's streaming joins, buffer handling and clock conversion are checked against a reading that
 shares none of its code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,16 +25,37 @@ K = standin.ActivityKind
 NODE, PID = "n1", 4242
 
 
-def kernel(corr: int, start: int, end: int, name: str = "gemm", device: int = 0, stream: int = 7,
-           kind: int = K.CONCURRENT_KERNEL) -> object:
-    return standin.record(kind=kind, correlation_id=corr, start=start, end=end, name=name, device_id=device,
-                          stream_id=stream, grid_x=2, grid_y=1, grid_z=1, block_x=128, block_y=1, block_z=1,
-                          registers_per_thread=32, static_shared_memory=16, dynamic_shared_memory=48)
+def kernel(
+    corr: int,
+    start: int,
+    end: int,
+    name: str = "gemm",
+    device: int = 0,
+    stream: int = 7,
+    kind: int = K.CONCURRENT_KERNEL,
+) -> object:
+    return standin.record(
+        kind=kind,
+        correlation_id=corr,
+        start=start,
+        end=end,
+        name=name,
+        device_id=device,
+        stream_id=stream,
+        grid_x=2,
+        grid_y=1,
+        grid_z=1,
+        block_x=128,
+        block_y=1,
+        block_z=1,
+        registers_per_thread=32,
+        static_shared_memory=16,
+        dynamic_shared_memory=48,
+    )
 
 
 def copy(corr: int, start: int, end: int, kind: int = K.MEMCPY) -> object:
-    return standin.record(kind=kind, correlation_id=corr, start=start, end=end, device_id=1, stream_id=3,
-                          bytes=4096)
+    return standin.record(kind=kind, correlation_id=corr, start=start, end=end, device_id=1, stream_id=3, bytes=4096)
 
 
 def launch(corr: int, tid: int, start: int, kind: int = K.RUNTIME) -> object:
@@ -42,8 +64,15 @@ def launch(corr: int, tid: int, start: int, kind: int = K.RUNTIME) -> object:
 
 
 def marker(marker_id: int, flag: int, ts: int, tid: int = 0, name: str = "", domain: str = "") -> object:
-    return standin.record(kind=K.MARKER, id=marker_id, flags_=int(flag), timestamp=ts, name=name, domain=domain,
-                          object_id=standin.record(pt=standin.record(thread_id=tid)))
+    return standin.record(
+        kind=K.MARKER,
+        id=marker_id,
+        flags_=int(flag),
+        timestamp=ts,
+        name=name,
+        domain=domain,
+        object_id=standin.record(pt=standin.record(thread_id=tid)),
+    )
 
 
 def brute_force(records: list, offset: int) -> list[dict]:
@@ -54,24 +83,46 @@ def brute_force(records: list, offset: int) -> list[dict]:
     for r in records:
         if r.kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET):
             cat = {K.MEMCPY: "memcpy", K.MEMSET: "memset"}.get(r.kind) or (
-                "communication" if r.name.split("_")[0] in ("ncclKernel", "ncclDevKernel") else "kernel")
-            obj = {"kind": "kernel_activity", "node_id": NODE, "pid": PID, "gpu_uuid": f"{NODE}/{r.device_id}",
-                   "device": r.device_id, "stream": r.stream_id, "correlation_id": r.correlation_id,
-                   "category": cat, "name": getattr(r, "name", cat), "start_ns": r.start + offset,
-                   "end_ns": r.end + offset, "source": "cupti"}
+                "communication" if r.name.split("_")[0] in ("ncclKernel", "ncclDevKernel") else "kernel"
+            )
+            obj = {
+                "kind": "kernel_activity",
+                "node_id": NODE,
+                "pid": PID,
+                "gpu_uuid": f"{NODE}/{r.device_id}",
+                "device": r.device_id,
+                "stream": r.stream_id,
+                "correlation_id": r.correlation_id,
+                "category": cat,
+                "name": getattr(r, "name", cat),
+                "start_ns": r.start + offset,
+                "end_ns": r.end + offset,
+                "source": "cupti",
+            }
             if r.kind == K.CONCURRENT_KERNEL:
-                obj |= {"grid": [2, 1, 1], "block": [128, 1, 1], "registers_per_thread": 32,
-                        "shared_memory_bytes": 64}
+                obj |= {"grid": [2, 1, 1], "block": [128, 1, 1], "registers_per_thread": 32, "shared_memory_bytes": 64}
             else:
                 obj["bytes"] = 4096
             if r.correlation_id in launches:
-                obj |= {"launch_tid": launches[r.correlation_id].thread_id,
-                        "launch_ns": launches[r.correlation_id].start + offset}
+                obj |= {
+                    "launch_tid": launches[r.correlation_id].thread_id,
+                    "launch_ns": launches[r.correlation_id].start + offset,
+                }
             out.append(obj)
         elif r.kind == K.MARKER and r.flags_ == standin.ActivityFlag.MARKER_START and r.id in ends:
-            out.append({"kind": "annotation_range", "node_id": NODE, "pid": PID, "tid": r.object_id.pt.thread_id,
-                        "domain": r.domain or "default", "name": r.name, "start_ns": r.timestamp + offset,
-                        "end_ns": ends[r.id].timestamp + offset, "source": "cupti"})
+            out.append(
+                {
+                    "kind": "annotation_range",
+                    "node_id": NODE,
+                    "pid": PID,
+                    "tid": r.object_id.pt.thread_id,
+                    "domain": r.domain or "default",
+                    "name": r.name,
+                    "start_ns": r.timestamp + offset,
+                    "end_ns": ends[r.id].timestamp + offset,
+                    "source": "cupti",
+                }
+            )
     return out
 
 
@@ -79,8 +130,12 @@ def canonical(objs: list[dict]) -> list[str]:
     return sorted(json.dumps(o, sort_keys=True) for o in objs)
 
 
-def replay(buffers: list[list], dropped: int = 0, wall: tuple[int, ...] = (1000, 1000, 1000, 1000),
-           clock: tuple[int, int] = (0, 0)) -> tuple[list[dict], object, int]:
+def replay(
+    buffers: list[list],
+    dropped: int = 0,
+    wall: tuple[int, ...] = (1000, 1000, 1000, 1000),
+    clock: tuple[int, int] = (0, 0),
+) -> tuple[list[dict], object, int]:
     standin.load(buffers, dropped, clock)
     got: list[dict] = []
     walls = list(wall)
@@ -98,24 +153,34 @@ def recordings(draw):
         kind = draw(st.sampled_from([K.CONCURRENT_KERNEL, K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET]))
         if kind == K.CONCURRENT_KERNEL:
             name = draw(st.sampled_from(["gemm", "ncclDevKernel_AllReduce", "ncclKernel_x", "nccl_not"]))
-            records.append(kernel(corr, start, start + draw(st.integers(0, 10**6)), name=name,
-                                  device=draw(st.integers(0, 3))))
+            records.append(
+                kernel(corr, start, start + draw(st.integers(0, 10**6)), name=name, device=draw(st.integers(0, 3)))
+            )
         else:
             records.append(copy(corr, start, start + 10, kind=kind))
         if draw(st.booleans()):
-            records.append(launch(corr, draw(st.integers(1, 3)), start - 100,
-                                  kind=draw(st.sampled_from([K.RUNTIME, K.DRIVER]))))
+            records.append(
+                launch(corr, draw(st.integers(1, 3)), start - 100, kind=draw(st.sampled_from([K.RUNTIME, K.DRIVER])))
+            )
     for mid in range(draw(st.integers(0, 5))):
         ts = draw(st.integers(0, 10**12))
-        records.append(marker(mid, standin.ActivityFlag.MARKER_START, ts, tid=mid % 2, name=f"r{mid}",
-                              domain=draw(st.sampled_from(["", "torch"]))))
+        records.append(
+            marker(
+                mid,
+                standin.ActivityFlag.MARKER_START,
+                ts,
+                tid=mid % 2,
+                name=f"r{mid}",
+                domain=draw(st.sampled_from(["", "torch"])),
+            )
+        )
         if draw(st.booleans()):
             records.append(marker(mid, standin.MARKER_END, ts + draw(st.integers(0, 10**6))))
     return records, draw(st.randoms())
 
 
 @settings(max_examples=150, deadline=None)
-@given(recordings(), st.integers(-10**15, 10**15), st.integers(0, 5))
+@given(recordings(), st.integers(-(10**15), 10**15), st.integers(0, 5))
 def test_any_buffering_and_order_gives_the_brute_force_reading(recording, offset, n_cuts):
     records, rnd = recording
     shuffled = list(records)
@@ -155,8 +220,13 @@ def test_only_the_calls_that_put_work_on_a_device_are_recorded():
     below are classified by hand from what each does, not by the collector's word rule."""
     _, stats, _ = replay([[kernel(1, 0, 1)]])
     rt, drv = standin.runtime_api_trace_cbid, standin.driver_api_trace_cbid
-    no_device_work = {rt.cudaGetDevice_v3020, rt.cudaStreamSynchronize_v3020, rt.cudaLaunchHostFunc_v10000,
-                      drv.cuCtxGetDevice, drv.cuStreamQuery}
+    no_device_work = {
+        rt.cudaGetDevice_v3020,
+        rt.cudaStreamSynchronize_v3020,
+        rt.cudaLaunchHostFunc_v10000,
+        drv.cuCtxGetDevice,
+        drv.cuStreamQuery,
+    }
     assert standin.STATE["calls_off"] == no_device_work  # launches, copies, sets and bounds stay as they are
     assert stats.api_calls_unrecorded == len(no_device_work)
 
@@ -183,11 +253,14 @@ def test_command_runs_the_job_and_writes_json_lines(tmp_path, capsys):
     script = tmp_path / "job.py"
     script.write_text("import sys\nassert sys.argv[1:] == ['--steps', '2']\nsys.exit(3)\n")
     out = tmp_path / "k.jsonl"
-    records = [kernel(1, 5, 9), launch(1, 11, 2), marker(1, standin.ActivityFlag.MARKER_START, 1, 11, "step"),
-               marker(1, standin.MARKER_END, 10)]
+    records = [
+        kernel(1, 5, 9),
+        launch(1, 11, 2),
+        marker(1, standin.ActivityFlag.MARKER_START, 1, 11, "step"),
+        marker(1, standin.MARKER_END, 10),
+    ]
     standin.load([records[2:], records[:2]], dropped=4, clock=(0, 0))
-    args = argparse.Namespace(out=str(out), node_id=NODE,
-                              job=["--", "python", str(script), "--steps", "2"])
+    args = argparse.Namespace(out=str(out), node_id=NODE, job=["--", "python", str(script), "--steps", "2"])
     assert cmd_collect_kernels(args, cupti=standin) == 3
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert {o["kind"] for o in lines} == {"kernel_activity", "annotation_range"}

@@ -4,6 +4,7 @@ What is exported is read from the components themselves (an embedded run's, a wo
 producer's metrics, in Prometheus' text format as a scrape gets it), not from a list kept beside the
 dashboards: a metric renamed, or a label dropped, fails here rather than as an empty panel.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,12 @@ class _Families:
 def exported() -> dict[str, set[str]]:
     """Each metric name a scrape of any component shows (its ``# TYPE`` lines: a counter as ``…_total``), with
     the label names its family declares."""
-    families = [*RunStats(cost=CostMetrics()).metrics(), *SinkStats(cost=CostMetrics()).metrics(),
-                *Worker(KafkaSettings(), AuditSettings(), group="g").metrics(), *ProducerStats().metrics()]
+    families = [
+        *RunStats(cost=CostMetrics()).metrics(),
+        *SinkStats(cost=CostMetrics()).metrics(),
+        *Worker(KafkaSettings(), AuditSettings(), group="g").metrics(),
+        *ProducerStats().metrics(),
+    ]
     registry = CollectorRegistry()
     registry.register(_Families(families))  # type: ignore[arg-type]
     typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", generate_latest(registry).decode(), re.M))

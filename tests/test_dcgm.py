@@ -1,4 +1,5 @@
 """The dcgm-exporter source against real scrapes (L4, T4, L40S, vGPU A100), served on 127.0.0.1."""
+
 from __future__ import annotations
 
 import os
@@ -45,9 +46,13 @@ def test_every_gpu_of_the_scrape_with_its_values(shared_data: Path, name: str) -
         total = sum(w.get(f, 0.0) for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"))
         assert e.mem_total_bytes == int(total) << 20 > 0
         assert e.power_w == w.get("DCGM_FI_DEV_POWER_USAGE", 0.0) and e.temp_c == w.get("DCGM_FI_DEV_GPU_TEMP", 0.0)
-        assert e.pcie_tx_bytes_s == (int(w["DCGM_FI_PROF_PCIE_TX_BYTES"]) if "DCGM_FI_PROF_PCIE_TX_BYTES" in w else None)
-        for field, metric in (("tensor_active_pct", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
-                              ("dram_active_pct", "DCGM_FI_PROF_DRAM_ACTIVE")):  # profiling ratios, as percent
+        assert e.pcie_tx_bytes_s == (
+            int(w["DCGM_FI_PROF_PCIE_TX_BYTES"]) if "DCGM_FI_PROF_PCIE_TX_BYTES" in w else None
+        )
+        for field, metric in (
+            ("tensor_active_pct", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+            ("dram_active_pct", "DCGM_FI_PROF_DRAM_ACTIVE"),
+        ):  # profiling ratios, as percent
             assert getattr(e, field) == (pytest.approx(min(100.0, w[metric] * 100)) if metric in w else None)
 
 
@@ -73,13 +78,30 @@ def test_scraper_reads_the_exporter_over_http(exporter: tuple[str, str]) -> None
     assert broken.sample(T0, 1.0) == [] and broken.counts["scrape_failed"] == 1  # logged and counted, not fatal
 
 
-def test_gpucost_run_audits_a_dcgm_exporter(exporter: tuple[str, str], tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_gpucost_run_audits_a_dcgm_exporter(
+    exporter: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from gpucost.cli import main
 
     url, text = exporter
-    assert main(["run", "--source", "dcgm", "--url", url, "--period-s", "0.05", "--duration-s", "0.4",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--source",
+                "dcgm",
+                "--url",
+                url,
+                "--period-s",
+                "0.05",
+                "--duration-s",
+                "0.4",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert "dcgm-exporter at" in capsys.readouterr().err
     con = connect(tmp_path)
     assert {u for (u,) in con.execute("SELECT DISTINCT gpu_uuid FROM idle_index").fetchall()} == set(expected(text))
@@ -101,29 +123,66 @@ def _started(proc: subprocess.Popen[str], words: str) -> str:
 def test_the_first_signal_ends_a_live_run_cleanly(exporter: tuple[str, str], tmp_path: Path) -> None:
     """SIGINT (Ctrl-C) ends the sampling, and what was sampled is written and summed, exit 0."""
     url, text = exporter
-    run = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "run", "--source", "dcgm", "--url", url,
-                            "--period-s", "0.1", "--out", str(tmp_path)], cwd=ROOT, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpucost.cli",
+            "run",
+            "--source",
+            "dcgm",
+            "--url",
+            url,
+            "--period-s",
+            "0.1",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     _started(run, "Ctrl-C to stop")
     time.sleep(1.5)
     run.send_signal(signal.SIGINT)
     out = run.communicate(timeout=60)[0]
     assert run.returncode == 0, out
-    (gpus, covered), = connect(tmp_path).execute("SELECT count(DISTINCT gpu_uuid), sum(covered_ms) "
-                                                 "FROM idle_index").fetchall()
+    ((gpus, covered),) = (
+        connect(tmp_path).execute("SELECT count(DISTINCT gpu_uuid), sum(covered_ms) FROM idle_index").fetchall()
+    )
     assert gpus == len(expected(text)) and covered >= 1000 * gpus
 
 
 @pytest.mark.slow
 def test_a_live_producer_ends_its_input_on_the_first_signal_and_stops_on_the_second(
-        exporter: tuple[str, str], tmp_path: Path) -> None:
+    exporter: tuple[str, str], tmp_path: Path
+) -> None:
     """SIGTERM once: the source ends and its end of input is queued, the producer still waits to deliver (the
     broker is away); twice: it stops, exit 130, everything, end of input included, kept in the spool."""
     url, _ = exporter
     env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": "127.0.0.1:1", "GPUCOST_SPOOL": str(tmp_path / "spool")}
-    producer = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "produce", "--source", "dcgm", "--url", url,
-                                 "--period-s", "0.1", "--flush-interval-s", "0.2"], cwd=ROOT, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    producer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpucost.cli",
+            "produce",
+            "--source",
+            "dcgm",
+            "--url",
+            url,
+            "--period-s",
+            "0.1",
+            "--flush-interval-s",
+            "0.2",
+        ],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     _started(producer, "Ctrl-C to stop")
     time.sleep(1.5)
     producer.send_signal(signal.SIGTERM)
@@ -134,7 +193,7 @@ def test_a_live_producer_ends_its_input_on_the_first_signal_and_stops_on_the_sec
     assert producer.returncode == 130 and "kept in" in log, log[-2000:]
     kept = Outbox(tmp_path / "spool", 1 << 30).head(1 << 20)
     ends = [m for m in kept if (CONTROL_HEADER, END_OF_INPUT) in m.headers]
-    assert ends and kept[-len(ends):] == ends and any(m.topic.endswith("events") and m.value for m in kept)
+    assert ends and kept[-len(ends) :] == ends and any(m.topic.endswith("events") and m.value for m in kept)
 
 
 def test_pod_labels_make_the_container_a_tenant(shared_data: Path) -> None:
@@ -143,7 +202,7 @@ def test_pod_labels_make_the_container_a_tenant(shared_data: Path) -> None:
     from gpucost.schemas.events import GpuSample, ProcessSample, TenantBinding
 
     text = metric_text(shared_data, SCRAPES[0])
-    labelled = re.sub(r'(DCGM_FI_\w+\{)', r'\1namespace="ml-team",pod="trainer-0",container="torch",', text)
+    labelled = re.sub(r"(DCGM_FI_\w+\{)", r'\1namespace="ml-team",pod="trainer-0",container="torch",', text)
     events = scrape_to_events(labelled, T0, 1.0, "n", sla="Gold")
     (gpu,) = [e for e in events if isinstance(e, GpuSample)]
     (binding,) = [e for e in events if isinstance(e, TenantBinding)]
@@ -153,7 +212,9 @@ def test_pod_labels_make_the_container_a_tenant(shared_data: Path) -> None:
     assert (binding.team, binding.app, binding.tier, binding.sla) == ("ml-team", "trainer-0", "torch", "Gold")
     assert (proc.gpu_uuid, proc.sm_util_pct, proc.mem_used_bytes) == (gpu.gpu_uuid, gpu.sm_util_pct, gpu.mem_used_bytes)
     assert events.index(binding) < events.index(proc)  # bound before its sample, as the as-of join needs
-    assert [e for e in scrape_to_events(text, T0, 1.0, "n") if not isinstance(e, GpuSample)] == []  # no labels: no tenant
+    assert [
+        e for e in scrape_to_events(text, T0, 1.0, "n") if not isinstance(e, GpuSample)
+    ] == []  # no labels: no tenant
 
 
 def _t4(shared_data: Path) -> str:
@@ -162,8 +223,9 @@ def _t4(shared_data: Path) -> str:
 
 def _two_gpus(text: str) -> str:
     """The scrape with a second GPU: each sample line again, under another UUID."""
-    second = re.sub(r'UUID="[^"]*"', 'UUID="GPU-second"', "\n".join(ln for ln in text.splitlines()
-                                                                     if ln.startswith("DCGM_FI_")))
+    second = re.sub(
+        r'UUID="[^"]*"', 'UUID="GPU-second"', "\n".join(ln for ln in text.splitlines() if ln.startswith("DCGM_FI_"))
+    )
     return text + second + "\n"
 
 
@@ -199,7 +261,9 @@ def test_a_busy_gpu_no_pod_claims_is_billed_as_busy_not_idle(shared_data: Path) 
 
 def test_a_pod_on_several_gpus_is_bound_once_a_scrape(shared_data: Path) -> None:
     """One binding per GPU, same node, pid and time: all but one dead-lettered duplicate at every scrape."""
-    text = re.sub(r'(DCGM_FI_\w+\{)', r'\1namespace="ml",pod="trainer-0",container="torch",', _two_gpus(_t4(shared_data)))
+    text = re.sub(
+        r"(DCGM_FI_\w+\{)", r'\1namespace="ml",pod="trainer-0",container="torch",', _two_gpus(_t4(shared_data))
+    )
     scrapes = [scrape_to_events(text, T0 + k * NS, 1.0, "n") for k in range(120)]
     assert all(sum(isinstance(e, TenantBinding) for e in s) == 1 for s in scrapes)
     assert sum(isinstance(e, ProcessSample) for e in scrapes[0]) == 2
@@ -222,27 +286,52 @@ def test_mig_instances_are_billed_devices_each_with_its_pod(shared_data: Path) -
     base = [ln for ln in _t4(shared_data).splitlines() if ln.startswith("DCGM_FI_")]
     lines = list(base)  # the parent GPU's own lines (power, temperature…), as the exporter writes them
     for gi, pod in (("1", "a"), ("2", "b")):
-        lines += [re.sub(r'(DCGM_FI_\w+\{)', rf'\1GPU_I_ID="{gi}",GPU_I_PROFILE="1g.5gb",namespace="ns-{pod}",'
-                         rf'pod="{pod}",container="c",', ln) for ln in base]
+        lines += [
+            re.sub(
+                r"(DCGM_FI_\w+\{)",
+                rf'\1GPU_I_ID="{gi}",GPU_I_PROFILE="1g.5gb",namespace="ns-{pod}",'
+                rf'pod="{pod}",container="c",',
+                ln,
+            )
+            for ln in base
+        ]
     events = scrape_to_events("\n".join(lines) + "\n", T0, 1.0, "n")
     gpus = [e for e in events if isinstance(e, GpuSample)]
     uuid = re.search(r'UUID="([^"]*)"', base[0])[1]  # type: ignore[index]
     assert sorted(g.gpu_uuid for g in gpus) == [f"{uuid}/GI-1", f"{uuid}/GI-2"]  # the parent is not billed too
     assert {g.gpu_model for g in gpus} == {"Tesla T4 MIG 1g.5gb"} and all(g.power_w > 0 for g in gpus)
     assert sorted(b.team for b in events if isinstance(b, TenantBinding)) == ["ns-a", "ns-b"]
-    teams = _billed([scrape_to_events("\n".join(lines) + "\n", T0 + k * NS, 1.0, "n") for k in range(120)],
-                    price_model="default")
+    teams = _billed(
+        [scrape_to_events("\n".join(lines) + "\n", T0 + k * NS, 1.0, "n") for k in range(120)], price_model="default"
+    )
     assert teams["ns-a"] == teams["ns-b"] > 0
 
 
-def test_a_run_says_what_its_source_counted(shared_data: Path, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_says_what_its_source_counted(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A scrape's unreadable line and its unclaimed busy GPU reach the run's summary, not only a log line."""
     from gpucost.cli import main
 
     spoiled = _t4(shared_data).replace("\nDCGM_FI_DEV_GPU_TEMP", "\nthis is { not prometheus\nDCGM_FI_DEV_GPU_TEMP", 1)
     with serving(spoiled) as url:
-        assert main(["run", "--source", "dcgm", "--url", url, "--period-s", "0.05", "--duration-s", "0.3",
-                     "--out", str(tmp_path)]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--source",
+                    "dcgm",
+                    "--url",
+                    url,
+                    "--period-s",
+                    "0.05",
+                    "--duration-s",
+                    "0.3",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
     counted = re.search(r"the source counted (.*)", capsys.readouterr().err)
     assert counted and "busy_unclaimed" in counted[1] and re.search(r"line_unparseable \d", counted[1])

@@ -3,6 +3,7 @@
 Each expected value was read by eye from the capture (file and line in the comment) and converted
 by hand here (``283 * MIB``), never copied from a parser's output.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -66,8 +67,11 @@ EXPECTED = {
 
 
 def test_every_capture_is_listed(shared_data: Path) -> None:
-    on_disk = {str(p.relative_to(shared_data / ACC)) for p in (shared_data / ACC).rglob("*")
-               if p.is_file() and not p.name.startswith("LICENSE")}
+    on_disk = {
+        str(p.relative_to(shared_data / ACC))
+        for p in (shared_data / ACC).rglob("*")
+        if p.is_file() and not p.name.startswith("LICENSE")
+    }
     assert on_disk == set(EXPECTED)
 
 
@@ -159,8 +163,11 @@ def test_amd_exporter(shared_data: Path) -> None:
     assert (g.mem_total_bytes, g.mem_used_bytes) == (68702 * MIB, None)  # line 12 (MB, as amd-smi's)
     clocks = parse(_read(shared_data, "amd-device-metrics-exporter/metricslist_gpu_clock_spx.txt"))[1].samples
     # lines 5-9 (serial masked "xxxx"): gpu_id 3, 0, 5 in spx mode — whole GPUs, nothing measured
-    assert [(c.device_id, c.parent_id, c.power_w) for c in clocks] == [("gpu3", None, None), ("gpu0", None, None),
-                                                                      ("gpu5", None, None)]
+    assert [(c.device_id, c.parent_id, c.power_w) for c in clocks] == [
+        ("gpu3", None, None),
+        ("gpu0", None, None),
+        ("gpu5", None, None),
+    ]
 
 
 def test_neuron_monitor_scrape(shared_data: Path) -> None:
@@ -204,8 +211,11 @@ def test_tpu_info(shared_data: Path) -> None:
     assert sorted(st) == ["tpu12", "tpu13", "tpu8", "tpu9"]  # lines 23-26
     assert st["tpu8"].mem_used_bytes == _gib("17.26") and st["tpu8"].processes is None  # line 23
     assert st["tpu8"].ts_ns == 1753354859 * 10**9  # line 6: 2025-07-24 11:00:59 UTC
-    [v4] = [x for x in parse(_read(shared_data, "google-tpu/tpu-info_v4_rich_readme-0.1.0.txt"))[1].samples
-            if x.device_id == "tpu0"]
+    [v4] = [
+        x
+        for x in parse(_read(shared_data, "google-tpu/tpu-info_v4_rich_readme-0.1.0.txt"))[1].samples
+        if x.device_id == "tpu0"
+    ]
     # line 9 (box drawing): /dev/accel0 TPU v4 chip PID 130007; line 19: 0.00 GiB / 31.75 GiB, 0.00%
     assert (v4.model, v4.mem_used_bytes, v4.mem_total_bytes, v4.busy_pct) == ("TPU v4", 0, _gib("31.75"), 0)
     m = _by_id(parse(_read(shared_data, "google-tpu/tpu-info_metric_duty-cycle_hbm_readme-0.14.2.txt"))[1].samples)
@@ -230,6 +240,7 @@ def test_hl_smi(shared_data: Path) -> None:
 
 def test_capture_times_do_not_depend_on_the_local_zone(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
+
     monkeypatch.setenv("TZ", "Asia/Tokyo")
     time.tzset()
     try:

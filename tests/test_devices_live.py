@@ -1,4 +1,5 @@
 """Live mode against stand-in executables (tests/stand_ins/) that print the real captures."""
+
 from __future__ import annotations
 
 import json
@@ -22,13 +23,16 @@ def on_path(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-@pytest.mark.parametrize(("fmt", "capture"), [
-    ("amd-smi-text", "amd-instinct/amd-smi_monitor-ptumv_8gpu.txt"),
-    ("rocm-smi", "amd-instinct/rocm-smi_telegraf_mi100_rocm602.json"),
-    ("hl-smi", "intel-gaudi/hl-smi_2x_hl-225_1.17.1_oc-logs.txt"),
-    ("tpu-info", "google-tpu/tpu-info_v6e_static_readme-0.14.2.txt"),
-    ("neuron-ls", "aws-neuron/neuron-ls_show-all-procs_trn2n.48xlarge.txt"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "capture"),
+    [
+        ("amd-smi-text", "amd-instinct/amd-smi_monitor-ptumv_8gpu.txt"),
+        ("rocm-smi", "amd-instinct/rocm-smi_telegraf_mi100_rocm602.json"),
+        ("hl-smi", "intel-gaudi/hl-smi_2x_hl-225_1.17.1_oc-logs.txt"),
+        ("tpu-info", "google-tpu/tpu-info_v6e_static_readme-0.14.2.txt"),
+        ("neuron-ls", "aws-neuron/neuron-ls_show-all-procs_trn2n.48xlarge.txt"),
+    ],
+)
 def test_live_equals_replay(on_path: pytest.MonkeyPatch, shared_data: Path, fmt: str, capture: str) -> None:
     path = shared_data / "accelerators" / capture
     on_path.setenv("STAND_IN_CAPTURE", str(path))
@@ -50,10 +54,14 @@ def test_missing_slow_and_failing_tools_are_reasons(on_path: pytest.MonkeyPatch,
 
 
 def test_cli_live(on_path: pytest.MonkeyPatch, shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    on_path.setenv("STAND_IN_CAPTURE", str(shared_data / "accelerators" / "intel-gaudi" /
-                                           "hl-smi_2x_hl-225_1.17.1_oc-logs.txt"))
+    on_path.setenv(
+        "STAND_IN_CAPTURE", str(shared_data / "accelerators" / "intel-gaudi" / "hl-smi_2x_hl-225_1.17.1_oc-logs.txt")
+    )
     assert main(["devices", "--live", "hl-smi"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["device_id"], r["power_w"]) for r in rows] == [("0000:4d:00.0", 95), ("0000:b4:00.0", 85)]  # lines 13, 16
+    assert [(r["device_id"], r["power_w"]) for r in rows] == [
+        ("0000:4d:00.0", 95),
+        ("0000:b4:00.0", 85),
+    ]  # lines 13, 16
     assert main(["devices"]) == 2
     assert "name a FILE or --live NAME" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """Unit conversion of the neutral model, hostile captures, partitions, and the ``gpucost devices`` command."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,19 @@ from gpucost.producers.accelerators import amd_exporter, xbutil
 from gpucost.producers.accelerators.detect import FORMATS, parse
 from gpucost.schemas.devices import UnitError, platform_for, platforms, to_bytes, to_pct, to_watts
 
-FIELDS = ["vendor", "model", "device_id", "parent_id", "ts_ns", "busy_pct", "power_w", "mem_used_bytes",
-          "mem_total_bytes", "temperature_c", "processes"]
+FIELDS = [
+    "vendor",
+    "model",
+    "device_id",
+    "parent_id",
+    "ts_ns",
+    "busy_pct",
+    "power_w",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "temperature_c",
+    "processes",
+]
 
 
 @given(st.integers(0, 1 << 40))
@@ -58,13 +70,14 @@ HOSTILE = [
     '{"card0": {"VRAM Total Memory (B)": "99999999999999999999999999", "GPU use (%)": "250"}}',
     '{"card0": "not an object", "system": {"PID1": "x"}}',
     '{"devices": [{"device_id": "0000:01:00.1", "electrical": {"power_consumption_watts": "lots"}}]}',
-    "gpu_power_usage{gpu_id=\"0\"} 1e999\ngpu_usage{gpu_id=\"0\"} 300\n",
-    "neuron_hardware_info{neuroncore_per_device_count=\"4\",neuron_device_memory_size=\"-8\"} 1\n"
-    "neuroncore_utilization_ratio{neuroncore=\"0\",runtime_tag=\"7\"} 5.0\n",
+    'gpu_power_usage{gpu_id="0"} 1e999\ngpu_usage{gpu_id="0"} 300\n',
+    'neuron_hardware_info{neuroncore_per_device_count="4",neuron_device_memory_size="-8"} 1\n'
+    'neuroncore_utilization_ratio{neuroncore="0",runtime_tag="7"} 5.0\n',
     "| Chip | HBM Usage (GiB) | Duty cycle |\n|---|---|---|\n| 0 | lots / 31.25 GiB | 900% |\n",
     "GPU  POWER  GPU_TEMP\n  0  9e99 W  hot\n",
     "GPU: 0\n    POWER:\n        SOCKET_POWER: -5 W\n",
-    "HL-SMI Version\n|   0  HL-225  N/A  | 0000:4d:00.0  N/A |  0  |\n| N/A  31C  N/A  79kW / 600W | x / y | 0% N/A |\n",
+    "HL-SMI Version\n|   0  HL-225  N/A  | 0000:4d:00.0  N/A |  0  |\n"
+    "| N/A  31C  N/A  79kW / 600W | x / y | 0% N/A |\n",
     "utilization.aip [%], bus_id\n",
     "",
     "\x00\xff garbage",
@@ -99,26 +112,37 @@ def test_cpx_partitions_never_count_socket_power_twice() -> None:
     """Eight CPX partitions on two sockets, each repeating its socket's 700 W: 1400 W in all, not 5600."""
     lines = []
     for g in range(8):
-        labels = (f'gpu_id="{g}",gpu_compute_partition_type="cpx",gpu_partition_id="{g % 4}",'
-                  f'serial_number="S{g // 4}"')
-        lines += [f"gpu_power_usage{{{labels}}} 700", f"gpu_gfx_activity{{{labels}}} {g}",
-                  f"gpu_total_vram{{{labels}}} 196592"]
+        labels = f'gpu_id="{g}",gpu_compute_partition_type="cpx",gpu_partition_id="{g % 4}",serial_number="S{g // 4}"'
+        lines += [
+            f"gpu_power_usage{{{labels}}} 700",
+            f"gpu_gfx_activity{{{labels}}} {g}",
+            f"gpu_total_vram{{{labels}}} 196592",
+        ]
     samples = amd_exporter.parse("\n".join(lines) + "\n").samples
     assert sum(s.power_w or 0 for s in samples) == 1400
     assert sum(s.mem_total_bytes or 0 for s in samples) == 2 * 196592 * 2**20
     parts = [s for s in samples if s.parent_id is not None]
-    assert [(s.device_id, s.parent_id, s.busy_pct) for s in parts] == [
-        (f"gpu{g}", f"S{g // 4}", g) for g in range(8)]
+    assert [(s.device_id, s.parent_id, s.busy_pct) for s in parts] == [(f"gpu{g}", f"S{g // 4}", g) for g in range(8)]
     assert all(s.power_w is None and s.mem_total_bytes is None for s in parts)
 
 
 # Quoted to the layout of XRT's documented JSON report (no public capture of a real card exists).
-XBUTIL_EXAMPLE = json.dumps({"devices": [{
-    "interface_type": "pcie", "device_id": "0000:d8:00.1",
-    "platforms": [{"static_region": {"vbnv": "xilinx_u280_gen3x16_xdma_base_1"}}],
-    "electrical": {"power_consumption_max_watts": "225.000000", "power_consumption_watts": "26.683750"},
-    "thermals": [{"location_id": "pcb_top_front", "temp_C": "33", "is_present": "true"},
-                 {"location_id": "fpga0", "temp_C": "38", "is_present": "true"}]}]})
+XBUTIL_EXAMPLE = json.dumps(
+    {
+        "devices": [
+            {
+                "interface_type": "pcie",
+                "device_id": "0000:d8:00.1",
+                "platforms": [{"static_region": {"vbnv": "xilinx_u280_gen3x16_xdma_base_1"}}],
+                "electrical": {"power_consumption_max_watts": "225.000000", "power_consumption_watts": "26.683750"},
+                "thermals": [
+                    {"location_id": "pcb_top_front", "temp_C": "33", "is_present": "true"},
+                    {"location_id": "fpga0", "temp_C": "38", "is_present": "true"},
+                ],
+            }
+        ]
+    }
+)
 
 
 def test_xbutil_example() -> None:
@@ -153,8 +177,27 @@ def test_cli_forced_format_and_errors(shared_data: Path, tmp_path: Path, capsys:
 
 def test_platform_table_rows_cite_sources_and_never_zero() -> None:
     table = platforms()
-    wanted = {"H100", "H200", "B200", "A100", "L4", "L40S", "MI300X", "MI325X", "Trn1", "Trn2", "Inf2", "TPU v4",
-              "TPU v5e", "TPU v5p", "TPU v6e", "Gaudi 2", "Gaudi 3", "Alveo U280", "Alveo U55C"}
+    wanted = {
+        "H100",
+        "H200",
+        "B200",
+        "A100",
+        "L4",
+        "L40S",
+        "MI300X",
+        "MI325X",
+        "Trn1",
+        "Trn2",
+        "Inf2",
+        "TPU v4",
+        "TPU v5e",
+        "TPU v5p",
+        "TPU v6e",
+        "Gaudi 2",
+        "Gaudi 3",
+        "Alveo U280",
+        "Alveo U55C",
+    }
     assert set(table) == wanted
     for name, row in table.items():
         assert row["source"].strip(), name
@@ -162,37 +205,73 @@ def test_platform_table_rows_cite_sources_and_never_zero() -> None:
         assert "mem_bw_gbps" in figures and all(v > 0 for v in figures.values()), name
 
 
-@pytest.mark.parametrize(("model", "row"), [("HL-225", "Gaudi 2"), ("TPU v6e", "TPU v6e"), ("TPU v4", "TPU v4"),
-                                           ("Trainium2", "Trn2"), ("xilinx_u280_gen3x16_xdma_base_1", "Alveo U280"),
-                                           ("Inferentia", None), ("Arcturus GL-XL [Instinct MI100]", None),
-                                           (None, None), ("H1000", None)])
+@pytest.mark.parametrize(
+    ("model", "row"),
+    [
+        ("HL-225", "Gaudi 2"),
+        ("TPU v6e", "TPU v6e"),
+        ("TPU v4", "TPU v4"),
+        ("Trainium2", "Trn2"),
+        ("xilinx_u280_gen3x16_xdma_base_1", "Alveo U280"),
+        ("Inferentia", None),
+        ("Arcturus GL-XL [Instinct MI100]", None),
+        (None, None),
+        ("H1000", None),
+    ],
+)
 def test_platform_lookup_never_guesses(model: str | None, row: str | None) -> None:
     found = platform_for(model)
     assert (found[0] if found else None) == row
 
 
 def test_exporter_prefers_gfx_activity_and_junction_whatever_the_order() -> None:
-    for lines in (['gpu_usage{gpu_id="0"} 10', 'gpu_gfx_activity{gpu_id="0"} 20',
-                   'gpu_edge_temperature{gpu_id="0"} 40', 'gpu_junction_temperature{gpu_id="0"} 50'],
-                  ['gpu_gfx_activity{gpu_id="0"} 20', 'gpu_usage{gpu_id="0"} 10',
-                   'gpu_junction_temperature{gpu_id="0"} 50', 'gpu_edge_temperature{gpu_id="0"} 40']):
+    for lines in (
+        [
+            'gpu_usage{gpu_id="0"} 10',
+            'gpu_gfx_activity{gpu_id="0"} 20',
+            'gpu_edge_temperature{gpu_id="0"} 40',
+            'gpu_junction_temperature{gpu_id="0"} 50',
+        ],
+        [
+            'gpu_gfx_activity{gpu_id="0"} 20',
+            'gpu_usage{gpu_id="0"} 10',
+            'gpu_junction_temperature{gpu_id="0"} 50',
+            'gpu_edge_temperature{gpu_id="0"} 40',
+        ],
+    ):
         [s] = amd_exporter.parse("\n".join(lines) + "\n").samples
         assert (s.busy_pct, s.temperature_c) == (20, 50)
 
 
 # Written to the layout neuron-monitor's user guide documents (no public capture of its JSON was found).
-NEURON_JSON = json.dumps({
-    "period": "5.000s",
-    "neuron_runtime_data": [
-        {"pid": 4321, "neuron_runtime_tag": "4321", "error": "", "report": {
-            "neuroncore_counters": {"period": 5.0, "neuroncores_in_use": {
-                "0": {"neuroncore_utilization": 42.5}, "3": {"neuroncore_utilization": 7.25}}},
-            "memory_used": {"neuron_runtime_used_bytes": {"host": 6997643264, "neuron_device": 12519788544}}}},
-        {"pid": 4400, "report": {"neuroncore_counters": {"neuroncores_in_use": {"0": {"neuroncore_utilization": 10}}}}},
-    ],
-    "instance_info": {"instance_type": "trn1.2xlarge"},
-    "neuron_hardware_info": {"neuron_device_count": 1, "neuroncore_per_device_count": 2},
-})
+NEURON_JSON = json.dumps(
+    {
+        "period": "5.000s",
+        "neuron_runtime_data": [
+            {
+                "pid": 4321,
+                "neuron_runtime_tag": "4321",
+                "error": "",
+                "report": {
+                    "neuroncore_counters": {
+                        "period": 5.0,
+                        "neuroncores_in_use": {
+                            "0": {"neuroncore_utilization": 42.5},
+                            "3": {"neuroncore_utilization": 7.25},
+                        },
+                    },
+                    "memory_used": {"neuron_runtime_used_bytes": {"host": 6997643264, "neuron_device": 12519788544}},
+                },
+            },
+            {
+                "pid": 4400,
+                "report": {"neuroncore_counters": {"neuroncores_in_use": {"0": {"neuroncore_utilization": 10}}}},
+            },
+        ],
+        "instance_info": {"instance_type": "trn1.2xlarge"},
+        "neuron_hardware_info": {"neuron_device_count": 1, "neuroncore_per_device_count": 2},
+    }
+)
 
 
 def test_neuron_monitor_json_example() -> None:

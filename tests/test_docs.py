@@ -1,5 +1,6 @@
 """The documentation stands on its own: every relative link in the README and docs/ resolves to a
 file inside this repository, and every #anchor to a heading of its target."""
+
 from __future__ import annotations
 
 import re

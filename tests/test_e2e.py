@@ -1,4 +1,5 @@
 """End to end through the CLI: simulate → replay → Parquet, checked against SQL over the raw input."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,10 @@ def test_cost_matches_sql_to_the_micro_dollar(fleet) -> None:
     it (their sum of differences is what SQL's as-of join gives at once)."""
     _, _, con = fleet
     con.execute(REVISED_COST)
-    n_want, n_got, revised = con.execute("SELECT (SELECT count(*) FROM want_cost), (SELECT count(*) FROM revised_cost), "
-                                         "(SELECT count(*) FROM cost WHERE revision > 0)").fetchone()
+    n_want, n_got, revised = con.execute(
+        "SELECT (SELECT count(*) FROM want_cost), (SELECT count(*) FROM revised_cost), "
+        "(SELECT count(*) FROM cost WHERE revision > 0)"
+    ).fetchone()
     assert n_want == n_got and revised > 0
     bad = con.execute("""
         SELECT count(*) FROM want_cost w FULL JOIN revised_cost g USING (gpu_uuid, pane_start_ns, tenant_key)
@@ -77,7 +80,8 @@ def test_every_pane_bills_exactly_its_cost(fleet) -> None:
     _, _, con = fleet
     rows = con.execute("""
         SELECT count(*), count(*) FILTER (WHERE billed <> c), count(*) FILTER (WHERE idles <> 1), sum(c)
-        FROM (SELECT gpu_uuid, pane_start_ns, sum(cost_micro_usd) AS billed, arg_max(pane_cost_micro_usd, revision) AS c,
+        FROM (SELECT gpu_uuid, pane_start_ns, sum(cost_micro_usd) AS billed,
+                     arg_max(pane_cost_micro_usd, revision) AS c,
                      count(*) FILTER (WHERE tenant_key = 'idle' AND revision = 0) AS idles
               FROM cost GROUP BY ALL)""").fetchone()
     panes, wrong_sum, wrong_idle, total = rows
@@ -92,8 +96,10 @@ def test_record_ids_are_unique_and_deterministic(fleet, tmp_path: Path) -> None:
     assert ids[0] == ids[1]
     again = tmp_path / "again"
     gpucost("replay", str(events), "--out", str(again))
-    assert connect(again).execute("SELECT record_id, cost_micro_usd FROM cost ORDER BY 1").fetchall() == \
-        con.execute("SELECT record_id, cost_micro_usd FROM cost ORDER BY 1").fetchall()
+    assert (
+        connect(again).execute("SELECT record_id, cost_micro_usd FROM cost ORDER BY 1").fetchall()
+        == con.execute("SELECT record_id, cost_micro_usd FROM cost ORDER BY 1").fetchall()
+    )
 
 
 def test_mae_matches_sql(fleet) -> None:
@@ -115,8 +121,9 @@ def test_efficiency_matches_sql(fleet) -> None:
     """EFU, ΔBW and the diagnosis of every GPU pane and every process with BLAS traces, recomputed in SQL from
     the raw events (the traces' packed structs decoded in SQL): the same rows, floats to 1e-12 relative."""
     _, _, con = fleet
-    n_want, n_got = con.execute("SELECT (SELECT count(*) FROM want_efficiency), (SELECT count(*) FROM efficiency)"
-                                ).fetchone()
+    n_want, n_got = con.execute(
+        "SELECT (SELECT count(*) FROM want_efficiency), (SELECT count(*) FROM efficiency)"
+    ).fetchone()
     assert n_want == n_got > 3 * 70 * 60
     bad = con.execute("""
         SELECT count(*) FROM want_efficiency w FULL JOIN efficiency g USING (gpu_uuid, pane_start_ns, pid)
@@ -152,25 +159,52 @@ def test_parquet_layout_and_schema(fleet) -> None:
 def test_parquet_events_give_the_records_of_json_lines(fleet, tmp_path: Path) -> None:
     """The same fleet stored as Parquet (one column per wire field), replayed: identical output."""
     _, out, _ = fleet
-    gpucost("simulate", "--gpus", "3", "--hours", "74", "--interval-s", "20", "--seed", "11", "--format", "parquet",
-            "--out", str(tmp_path / "events"))
+    gpucost(
+        "simulate",
+        "--gpus",
+        "3",
+        "--hours",
+        "74",
+        "--interval-s",
+        "20",
+        "--seed",
+        "11",
+        "--format",
+        "parquet",
+        "--out",
+        str(tmp_path / "events"),
+    )
     assert list((tmp_path / "events").glob("*.parquet")) and not list((tmp_path / "events").glob("*.jsonl"))
     gpucost("replay", str(tmp_path / "events"), "--out", str(tmp_path / "out"))
     a, b = connect(out), connect(tmp_path / "out")
-    for view, order in [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"),
-                        ("mae", "node_id, pid, first_ts_ns")]:
+    for view, order in [
+        ("idle_index", "gpu_uuid, pane_start_ns"),
+        ("cost", "record_id"),
+        ("mae", "node_id, pid, first_ts_ns"),
+    ]:
         rows = a.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall()
         assert rows and rows == b.execute(f"SELECT * FROM {view} ORDER BY {order}").fetchall(), view
 
 
 def test_a_bad_parquet_row_is_dead_lettered_as_json(tmp_path: Path) -> None:
-    row = {"kind": "gpu_sample", "node_id": "n", "gpu_uuid": "G", "gpu_model": "H100", "ts_ns": 1_736_121_600 * NS,
-           "interval_s": 1.0, "sm_util_pct": 140.0, "mem_bw_util_pct": 1.0, "mem_used_bytes": 1,
-           "mem_total_bytes": 2, "power_w": 1.0, "temp_c": 30.0}
+    row = {
+        "kind": "gpu_sample",
+        "node_id": "n",
+        "gpu_uuid": "G",
+        "gpu_model": "H100",
+        "ts_ns": 1_736_121_600 * NS,
+        "interval_s": 1.0,
+        "sm_util_pct": 140.0,
+        "mem_bw_util_pct": 1.0,
+        "mem_used_bytes": 1,
+        "mem_total_bytes": 2,
+        "power_w": 1.0,
+        "temp_c": 30.0,
+    }
     (tmp_path / "events").mkdir()
     pq.write_table(pa.Table.from_pylist([row], schema=EVENT_SCHEMA), tmp_path / "events" / "bad.parquet")
     gpucost("replay", str(tmp_path / "events"), "--out", str(tmp_path / "out"))
-    (reason, raw, source), = connect(tmp_path / "out").execute("SELECT reason, raw, source FROM dlq").fetchall()
+    ((reason, raw, source),) = connect(tmp_path / "out").execute("SELECT reason, raw, source FROM dlq").fetchall()
     assert reason == "out_of_range" and json.loads(raw) == row and source.endswith("bad.parquet#1")
     rejected: list = []  # the producer's path (`produce --source replay`) keeps it the same way
     assert list(replay_events([tmp_path / "events" / "bad.parquet"], rejected)) == []

@@ -1,4 +1,5 @@
 """The eBPF source with real kernel probes: a program that touches a known number of pages."""
+
 from __future__ import annotations
 
 import json
@@ -56,6 +57,7 @@ def test_page_faults_of_a_known_program(toucher: Path) -> None:
     assert all(e.kind == "mem_access" and e.node_id == "node-t" for e in events)
     ts = [e.ts_ns for e in events]
     import time
+
     assert ts == sorted(ts) and abs(ts[-1] - time.time_ns()) < 60 * 10**9  # epoch time, in order
 
 
@@ -88,7 +90,10 @@ def test_drained_addresses_come_out_in_time_order_and_losses_are_counted() -> No
         assert probe.parse(line) == []  # held until the drain ends
     out = probe.parse("@sampled: 4")
     assert [(e.pid, e.ts_ns - probe._epoch_offset_ns, e.address) for e in out] == [
-        (7, 100, 8192), (8, 200, 12288), (7, 300, 4096)]
+        (7, 100, 8192),
+        (8, 200, 12288),
+        (7, 300, 4096),
+    ]
     assert probe.counts["mem_access_lost"] == 0  # the 4th sample may still be in the other map
     assert probe.parse("@a0[7, 100, 1]: 8192") == []  # printed again (bpftrace at exit): not a new sample
     assert probe.parse("@a1[7, 400, 0]: 4096") == [] and len(probe.parse("@sampled: 5")) == 1
@@ -96,18 +101,31 @@ def test_drained_addresses_come_out_in_time_order_and_losses_are_counted() -> No
     assert probe.counts["mem_access_lost"] == 0  # 4 taken by the previous drain, 4 arrived
     assert probe.parse("@sampled: 5") == [] and probe.counts["mem_access_lost"] == 1
     assert probe.parse("@a0[7, x, 0]: 1") == [] and probe.counts["malformed_probe_line"] == 1
-    assert probe.summary() == "5 page faults sampled, 4 reported, 1 LOST (the probe's maps filled between drains: " \
+    assert (
+        probe.summary() == "5 page faults sampled, 4 reported, 1 LOST (the probe's maps filled between drains: "
         "raise --ebpf-sample-every)"
+    )
 
 
 def test_launches_that_never_arrive_are_counted_and_told() -> None:
     probe = EbpfProbe("node-p", gpus_of=lambda pid: ["GPU-a"], distances={}, libcuda=Path("/lib/libcuda.so.1"))
-    got = [e for line in ["@k0[7, 100, 0]: (1, 2, 1, 4294967424, 1, 3)", "@launched: 3", "@sampled: 0",
-                          "@launched: 3", "@sampled: 0"] for e in probe.parse(line)]
+    got = [
+        e
+        for line in [
+            "@k0[7, 100, 0]: (1, 2, 1, 4294967424, 1, 3)",
+            "@launched: 3",
+            "@sampled: 0",
+            "@launched: 3",
+            "@sampled: 0",
+        ]
+        for e in probe.parse(line)
+    ]
     assert [(e.kind, e.pid, e.flops_64b) for e in got] == [("ebpf_trace", 7, 768)]  # 32-bit blockX: 2^32 + 128
     assert probe.counts["cuda_launch_lost"] == 2
-    assert probe.summary() == "0 page faults sampled, 0 reported; 3 CUDA launches, 1 reported, 2 LOST (the probe's " \
+    assert (
+        probe.summary() == "0 page faults sampled, 0 reported; 3 CUDA launches, 1 reported, 2 LOST (the probe's "
         "maps filled between drains)"
+    )
 
 
 def test_numa_distances_of_this_machine() -> None:
@@ -136,11 +154,28 @@ def test_gpucost_run_traces_page_faults(toucher: Path, tmp_path: Path, capsys: p
         pytest.skip(f"this machine does not allow eBPF: {exc}")
     # keep faulting while the run traces: the toucher, over and over, for the run's 2 s
     stop = threading.Event()
-    threading.Thread(target=lambda: [subprocess.run([str(toucher), "2000"], capture_output=True)
-                                     for _ in iter(stop.is_set, True)], daemon=True).start()
+    threading.Thread(
+        target=lambda: [subprocess.run([str(toucher), "2000"], capture_output=True) for _ in iter(stop.is_set, True)],
+        daemon=True,
+    ).start()
     try:
-        rc = main(["run", "--source", "ebpf", "--ebpf-sample-every", "1", "--duration-s", "2",
-                   "--mae-hi", str(1 << 47), "--mae-window", "256", "--out", str(tmp_path)])
+        rc = main(
+            [
+                "run",
+                "--source",
+                "ebpf",
+                "--ebpf-sample-every",
+                "1",
+                "--duration-s",
+                "2",
+                "--mae-hi",
+                str(1 << 47),
+                "--mae-window",
+                "256",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     finally:
         stop.set()
     err = capsys.readouterr().err
@@ -161,7 +196,9 @@ def test_numa_migrations_become_events_for_each_gpu_of_the_process() -> None:
     probe = EbpfProbe("node-n", gpus_of=lambda pid: gpus.get(pid, []), distances=distances)
     events = probe.parse("N 4242 1000 0 1\n")
     assert [(e.kind, e.gpu_uuid, e.pid, e.hops, e.latency_weight) for e in events] == [
-        ("numa_event", "GPU-a", 4242, 1, 21), ("numa_event", "GPU-b", 4242, 1, 21)]
+        ("numa_event", "GPU-a", 4242, 1, 21),
+        ("numa_event", "GPU-b", 4242, 1, 21),
+    ]
     assert events[0].ts_ns == 1000 + probe._epoch_offset_ns  # monotonic → epoch
     assert [(e.hops, e.latency_weight) for e in probe.parse("N 4242 2000 0 2")] == [(2, 32), (2, 32)]
     assert probe.parse("N 4242 3000 0 0")[0].hops == 0  # a move within the node costs no hop
@@ -189,8 +226,9 @@ def stand_in(folder: Path, library: str, source: str, program: str) -> tuple[Pat
     if shutil.which("cc") is None:
         pytest.skip(f"no C compiler to build the stand-in {library}")
     lib, exe = folder / library, folder / program
-    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", str(lib), str(ROOT / "tests" / "c" / f"{source}.c")],
-                   check=True)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O0", "-o", str(lib), str(ROOT / "tests" / "c" / f"{source}.c")], check=True
+    )
     subprocess.run(["cc", "-O0", "-o", str(exe), str(ROOT / "tests" / "c" / f"{program}.c"), "-ldl"], check=True)
     return lib, exe
 
@@ -211,8 +249,15 @@ def test_cuda_launches_become_trace_events(cuda_program: tuple[Path, Path], laun
     except EbpfUnavailable as exc:
         pytest.skip(f"this machine does not allow eBPF: {exc}")
     gpus = ["GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"]
-    probe = EbpfProbe("node-c", sample_every=1 << 20, command=[str(exe), str(lib), str(launches)],
-                      gpus_of=lambda pid: gpus, distances={}, libcuda=lib, drain_ms=drain_ms)
+    probe = EbpfProbe(
+        "node-c",
+        sample_every=1 << 20,
+        command=[str(exe), str(lib), str(launches)],
+        gpus_of=lambda pid: gpus,
+        distances={},
+        libcuda=lib,
+        drain_ms=drain_ms,
+    )
     probe.start()
     traces = [e for e in probe.events() if e.kind == "ebpf_trace"]
     # one record per launch per GPU of the process; grid (i+1, 2, 1) x block (128, 1, 3) threads
@@ -271,8 +316,14 @@ def blas_program(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def gemm_flops(i: int) -> list[int]:
     """Call i's FLOPs, 2·m·n·k·batch, of each entry point in the order call_blas.c calls them."""
-    shapes = [(i + 1, 2, 3, 1), (4, i + 1, 5, 1), (6, 7, i + 1, 1), (i + 2, 3, 4, 1), (2, 3, 4, i + 1),
-              (5, 6, 7, i + 2)]
+    shapes = [
+        (i + 1, 2, 3, 1),
+        (4, i + 1, 5, 1),
+        (6, 7, i + 1, 1),
+        (i + 2, 3, 4, 1),
+        (2, 3, 4, i + 1),
+        (5, 6, 7, i + 2),
+    ]
     return [2 * m * n * k * b for m, n, k, b in shapes]
 
 
@@ -287,8 +338,15 @@ def test_cublas_gemm_calls_become_flops_traces(blas_program: tuple[Path, Path], 
     except EbpfUnavailable as exc:
         pytest.skip(f"this machine does not allow eBPF: {exc}")
     gpu = "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
-    probe = EbpfProbe("node-b", sample_every=1 << 20, command=[str(exe), str(lib), str(calls)],
-                      gpus_of=lambda pid: [gpu], distances={}, libcublas=lib, drain_ms=drain_ms)
+    probe = EbpfProbe(
+        "node-b",
+        sample_every=1 << 20,
+        command=[str(exe), str(lib), str(calls)],
+        gpus_of=lambda pid: [gpu],
+        distances={},
+        libcublas=lib,
+        drain_ms=drain_ms,
+    )
     probe.start()
     traces = [e for e in probe.events() if e.kind == "ebpf_trace"]
     assert [e.flops_64b for e in traces] == [f for i in range(calls) for f in gemm_flops(i)]
@@ -302,13 +360,25 @@ def test_cublas_gemm_calls_become_flops_traces(blas_program: tuple[Path, Path], 
 
 
 def test_a_gemm_of_a_process_on_several_gpus_is_counted_not_guessed() -> None:
-    probe = EbpfProbe("node-b", gpus_of=lambda pid: ["GPU-a", "GPU-b"] if pid == 7 else [], distances={},
-                      libcublas=Path("/lib/libcublas.so.12"))
-    for line in ("@g0[7, 100, 0]: (2, 3, 4, 1)", "@g0[8, 101, 0]: (2, 3, 4, 1)", "@g0[7, 102, 1]: (-1, 3, 4, 1)",
-                 "@gemms: 3", "@sampled: 0"):
+    probe = EbpfProbe(
+        "node-b",
+        gpus_of=lambda pid: ["GPU-a", "GPU-b"] if pid == 7 else [],
+        distances={},
+        libcublas=Path("/lib/libcublas.so.12"),
+    )
+    for line in (
+        "@g0[7, 100, 0]: (2, 3, 4, 1)",
+        "@g0[8, 101, 0]: (2, 3, 4, 1)",
+        "@g0[7, 102, 1]: (-1, 3, 4, 1)",
+        "@gemms: 3",
+        "@sampled: 0",
+    ):
         assert probe.parse(line) == []
-    assert (probe.counts["cublas_call_ambiguous"], probe.counts["cublas_call_unresolved"],
-            probe.counts["cublas_call_invalid"]) == (1, 1, 1)
+    assert (
+        probe.counts["cublas_call_ambiguous"],
+        probe.counts["cublas_call_unresolved"],
+        probe.counts["cublas_call_invalid"],
+    ) == (1, 1, 1)
 
 
 def test_find_libcublas_takes_the_newest_64_bit_cublas_not_cublaslt() -> None:

@@ -1,5 +1,6 @@
 """``streams.efficiency`` on its own: EFU, ΔBW and the diagnosis of one closed pane, recomputed from
 docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis", with exact fractions."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -36,8 +37,17 @@ def expected(pane: PaneTotals) -> list[dict]:
             diagnosis = "compute_bound"
         else:
             diagnosis = "memory_bound" if bw >= Fraction(1, 4) else "latency_bound"
-        return {"pid": pid, "flops": flops, "efu": efu, "efu_source": efu_source, "bw_util": bw,
-                "delta_bw": 1 - bw, "bw_source": bw_source, "diagnosis": diagnosis, "peak_tops": peak}
+        return {
+            "pid": pid,
+            "flops": flops,
+            "efu": efu,
+            "efu_source": efu_source,
+            "bw_util": bw,
+            "delta_bw": 1 - bw,
+            "bw_source": bw_source,
+            "diagnosis": diagnosis,
+            "peak_tops": peak,
+        }
 
     total = sum(pane.flops.values())
     if pane.flops:
@@ -50,8 +60,10 @@ def expected(pane: PaneTotals) -> list[dict]:
 
 
 def as_published(record: object) -> dict:
-    return {k: getattr(record, k) for k in ("pid", "flops", "efu", "efu_source", "bw_util", "delta_bw", "bw_source",
-                                              "diagnosis", "peak_tops")}
+    return {
+        k: getattr(record, k)
+        for k in ("pid", "flops", "efu", "efu_source", "bw_util", "delta_bw", "bw_source", "diagnosis", "peak_tops")
+    }
 
 
 def rounded(row: dict) -> dict:
@@ -65,13 +77,20 @@ def panes(draw: st.DrawFn) -> PaneTotals:
     tensor_ms = draw(st.integers(0, covered))
     dram_ms = draw(st.integers(0, covered))
     return PaneTotals(
-        gpu_uuid="GPU-0", pane_start_ns=0, pane_end_ns=600 * 10**9, node_id="node-0",
+        gpu_uuid="GPU-0",
+        pane_start_ns=0,
+        pane_end_ns=600 * 10**9,
+        node_id="node-0",
         gpu_model=draw(st.sampled_from(["NVIDIA H100 80GB HBM3", "NVIDIA H100 NVL", "Tesla T4"])),
-        covered_ms=covered, busy_cp_ms=draw(st.sampled_from([0, 1, CP * covered])),
-        bw_cp_ms=draw(st.integers(0, CP * covered)), tensor_ms=tensor_ms,
+        covered_ms=covered,
+        busy_cp_ms=draw(st.sampled_from([0, 1, CP * covered])),
+        bw_cp_ms=draw(st.integers(0, CP * covered)),
+        tensor_ms=tensor_ms,
         tensor_cp_ms=draw(st.integers(0, CP * tensor_ms)),
-        dram_ms=dram_ms, dram_cp_ms=draw(st.integers(0, CP * dram_ms)),
-        flops=draw(st.dictionaries(st.integers(0, 5), st.integers(0, 2**70), max_size=3)))
+        dram_ms=dram_ms,
+        dram_cp_ms=draw(st.integers(0, CP * dram_ms)),
+        flops=draw(st.dictionaries(st.integers(0, 5), st.integers(0, 2**70), max_size=3)),
+    )
 
 
 @given(panes())
@@ -81,15 +100,32 @@ def test_each_row_is_the_definitions_exact_figures_rounded_once(pane: PaneTotals
 
 
 def test_the_longest_model_key_gives_the_peak() -> None:
-    pane = PaneTotals(gpu_uuid="GPU-0", pane_start_ns=0, pane_end_ns=1, node_id="n", gpu_model="NVIDIA H100 NVL",
-                      covered_ms=1000, busy_cp_ms=1, flops={7: 835 * 10**12 // 2})
+    pane = PaneTotals(
+        gpu_uuid="GPU-0",
+        pane_start_ns=0,
+        pane_end_ns=1,
+        node_id="n",
+        gpu_model="NVIDIA H100 NVL",
+        covered_ms=1000,
+        busy_cp_ms=1,
+        flops={7: 835 * 10**12 // 2},
+    )
     gpu, process = Efficiency(SETTINGS).on_close(closing(pane))
     assert (gpu.peak_tops, gpu.efu, process.pid, process.efu) == (835.0, 0.5, 7, 0.5)
     assert gpu.diagnosis == "compute_bound"  # EFU exactly at the threshold counts
 
 
 def test_dram_activity_comes_before_memory_bandwidth_and_a_never_busy_gpu_is_idle() -> None:
-    pane = PaneTotals(gpu_uuid="GPU-0", pane_start_ns=0, pane_end_ns=1, node_id="n", gpu_model="T4", covered_ms=1000,
-                      bw_cp_ms=CP * 1000, dram_ms=500, dram_cp_ms=CP * 100)
+    pane = PaneTotals(
+        gpu_uuid="GPU-0",
+        pane_start_ns=0,
+        pane_end_ns=1,
+        node_id="n",
+        gpu_model="T4",
+        covered_ms=1000,
+        bw_cp_ms=CP * 1000,
+        dram_ms=500,
+        dram_cp_ms=CP * 100,
+    )
     (gpu,) = Efficiency(SETTINGS).on_close(closing(pane))
     assert (gpu.bw_source, gpu.bw_util, gpu.delta_bw, gpu.efu, gpu.diagnosis) == ("dram_active", 0.2, 0.8, None, "idle")

@@ -5,6 +5,7 @@ against the embedded run.
 At the end of the session pytest prints one line per fault: events sent, records in the output, events
 dead-lettered (by reason), and µ$ billed against µ$ expected (tests/support/faults.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,7 @@ from tests.support.faults import events_in, report
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 
-def test_broker_unavailable_for_30_s(deployment: Deployment, kafka_broker: Broker,
-                                     recorded: tuple[Path, Path]) -> None:
+def test_broker_unavailable_for_30_s(deployment: Deployment, kafka_broker: Broker, recorded: tuple[Path, Path]) -> None:
     events, embedded = recorded
     d = deployment
     d.gpucost("topics", "create")
@@ -60,8 +60,12 @@ def test_broker_unavailable_for_30_s(deployment: Deployment, kafka_broker: Broke
     reasons = dict(connect(d.out).execute("SELECT reason, count(*) FROM dlq GROUP BY reason").fetchall())
     assert set(reasons) <= {"duplicate"}  # a re-sent batch is refused, never billed twice
     assert_same_parquet(d.out, embedded, dead_letters=sum(reasons.values()))
-    report("broker down 30 s" + (f" ({'+'.join(restarted)} restarted)" if restarted else ""), events_in(events), d,
-           embedded)
+    report(
+        "broker down 30 s" + (f" ({'+'.join(restarted)} restarted)" if restarted else ""),
+        events_in(events),
+        d,
+        embedded,
+    )
 
 
 def _until(process: subprocess.Popen[str], text: str, timeout_s: float) -> str:
@@ -78,15 +82,20 @@ def _until(process: subprocess.Popen[str], text: str, timeout_s: float) -> str:
     return "".join(out)
 
 
-def test_producer_stopped_while_the_broker_is_unreachable(deployment: Deployment,
-                                                          recorded: tuple[Path, Path]) -> None:
+def test_producer_stopped_while_the_broker_is_unreachable(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
     """Started with no broker: it buffers and keeps going; stopped, it spools; the next run delivers it."""
     events, embedded = recorded
     d = deployment
     d.gpucost("topics", "create")
     away = {**d.env, "GPUCOST_KAFKA_BOOTSTRAP": "127.0.0.1:1"}  # nothing listens there
-    first = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "produce", "--source", "replay", str(events)],
-                             cwd=ROOT, env=away, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "gpucost.cli", "produce", "--source", "replay", str(events)],
+        cwd=ROOT,
+        env=away,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = _until(first, "cannot deliver", timeout_s=60)  # buffering (a loaded host may take a while to say so)
     if "input read to its end" not in seen:  # said once it is: a timed wait here was a flake on a loaded host
         seen += _until(first, "input read to its end", timeout_s=120)

@@ -5,6 +5,7 @@ that are refused, saying what to check).
 At the end of the session pytest prints one line per fault: events sent, records in the output, events
 dead-lettered (by reason), and µ$ billed against µ$ expected (tests/support/faults.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,18 +74,31 @@ def test_forged_events_over_tls(deployment: Deployment, kafka_broker: Broker, re
     old, new = (f"{kid} {secrets.token_hex(32)}" for kid in ("2026-11", "2026-12"))
     (d.tmp / "ring").write_text(f"{old}\n{new}\n")  # mid-rotation: both accepted
     (d.tmp / "producer.key").write_text(new + "\n")
-    d.env.update(GPUCOST_KAFKA_BOOTSTRAP=kafka_broker.tls_bootstrap, GPUCOST_KAFKA_SECURITY_PROTOCOL="SSL",
-                 GPUCOST_KAFKA_SSL_CAFILE=str(kafka_broker.ca_file))
-    d.gpucost("produce", "--source", "replay", str(events), "--signing-key-file", str(d.tmp / "producer.key"),
-              "--no-end-of-input")
+    d.env.update(
+        GPUCOST_KAFKA_BOOTSTRAP=kafka_broker.tls_bootstrap,
+        GPUCOST_KAFKA_SECURITY_PROTOCOL="SSL",
+        GPUCOST_KAFKA_SSL_CAFILE=str(kafka_broker.ca_file),
+    )
+    d.gpucost(
+        "produce",
+        "--source",
+        "replay",
+        str(events),
+        "--signing-key-file",
+        str(d.tmp / "producer.key"),
+        "--no-end-of-input",
+    )
     # what an attacker who can reach the broker sends: real-looking batches for a real GPU's key
     line = next(ln for f in input_files([events]) for ln in f.open("rb") if b'"gpu_sample"' in ln).strip()
     gpu = json.loads(line)["gpu_uuid"].encode()
     fake = json.dumps({**json.loads(line), "sm_util_pct": 100.0, "ts_ns": json.loads(line)["ts_ns"] + 1}).encode()
     stranger = Signer(parse_keys(f"evil {secrets.token_hex(32)}", "attacker")["evil"])
     honest = Signer(parse_keys(new, "ring")["2026-12"])
-    forged = [(gpu, fake, []), (gpu, fake, stranger.headers(gpu, fake)),
-              (gpu, fake + b"\n" + fake, honest.headers(gpu, fake))]  # a signed message with a line appended
+    forged = [
+        (gpu, fake, []),
+        (gpu, fake, stranger.headers(gpu, fake)),
+        (gpu, fake + b"\n" + fake, honest.headers(gpu, fake)),
+    ]  # a signed message with a line appended
     # then the end of the input, signed as the producer would (every key it wrote to)
     router = Router()
     keys = {(t, k) for ev in replay_events(events) for t, k, _ in router.route(ev) if t in INPUTS}
@@ -117,13 +131,24 @@ def replay_events(folder: Path) -> Iterator[Event]:
 
 
 def test_scram_credentials_reach_the_clients(kafka_broker: Broker, tmp_path: Path) -> None:
-    env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": kafka_broker.scram_bootstrap,
-           "GPUCOST_KAFKA_TOPIC_PREFIX": f"s{secrets.token_hex(3)}.", "GPUCOST_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-           "GPUCOST_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "GPUCOST_KAFKA_SASL_USERNAME": kafka_broker.scram_user,
-           "GPUCOST_KAFKA_SASL_PASSWORD": kafka_broker.scram_password, "GPUCOST_SPOOL": str(tmp_path / "spool")}
+    env = {
+        **os.environ,
+        "GPUCOST_KAFKA_BOOTSTRAP": kafka_broker.scram_bootstrap,
+        "GPUCOST_KAFKA_TOPIC_PREFIX": f"s{secrets.token_hex(3)}.",
+        "GPUCOST_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "GPUCOST_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
+        "GPUCOST_KAFKA_SASL_USERNAME": kafka_broker.scram_user,
+        "GPUCOST_KAFKA_SASL_PASSWORD": kafka_broker.scram_password,
+        "GPUCOST_SPOOL": str(tmp_path / "spool"),
+    }
     gpucost = [sys.executable, "-m", "gpucost.cli"]
-    ok = subprocess.run([*gpucost, "produce", "--source", "simulate", "--gpus", "1", "--hours", "0.5"], env=env,
-                        capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [*gpucost, "produce", "--source", "simulate", "--gpus", "1", "--hours", "0.5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0 and "events:" in ok.stdout, ok.stderr[-2000:]
     env["GPUCOST_KAFKA_SASL_PASSWORD"] = "not-the-password"
     refused = subprocess.run([*gpucost, "topics", "create"], env=env, capture_output=True, text=True, timeout=120)

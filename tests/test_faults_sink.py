@@ -5,6 +5,7 @@ run, every visible file readable.
 At the end of the session pytest prints one line per fault: events sent, records in the output, events
 dead-lettered (by reason), and µ$ billed against µ$ expected (tests/support/faults.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -79,8 +80,9 @@ def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path,
     kills = mid_write = 0
     written = CostRows(d.out)
     while kills < 4 and d.rows("cost") < want:
-        victim = d.spawn(f"sink-{kills}", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink",
-                         "--flush-interval-s", "0.1")
+        victim = d.spawn(
+            f"sink-{kills}", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0.1"
+        )
         # killed once it has published a few files, how many drawn at random, or half of the rows left, whichever
         # comes first: somewhere in the middle of writing, however fast this machine writes (a sink drawing 4
         # files once finished all there was before its fourth). Files and their footers are counted, not rows
@@ -107,8 +109,9 @@ def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path,
     report(f"sink SIGKILLed x{kills}", events_in(events), d, embedded)
 
 
-def test_sink_dies_between_rename_and_commit(deployment: Deployment, recorded: tuple[Path, Path],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sink_dies_between_rename_and_commit(
+    deployment: Deployment, recorded: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The one window where a record can be read twice: its file is renamed into place, the offset not yet
     committed. The next sink drops those records by the journal's files, up to the offsets the journal
     holds, even across its own commits; and it reads nothing older."""
@@ -128,8 +131,16 @@ def test_sink_dies_between_rename_and_commit(deployment: Deployment, recorded: t
 
     monkeypatch.setattr(AIOKafkaConsumer, "commit", died)
     with pytest.raises(RuntimeError, match="between the rename"):
-        asyncio.run(run_kafka_sink({"bootstrap_servers": d.bootstrap}, {k: f"{d.prefix}{k}" for k in OUTPUT_KINDS},
-                                   d.out, f"{d.app_id}-sink", asyncio.Event(), flush_interval_s=0.5))
+        asyncio.run(
+            run_kafka_sink(
+                {"bootstrap_servers": d.bootstrap},
+                {k: f"{d.prefix}{k}" for k in OUTPUT_KINDS},
+                d.out,
+                f"{d.app_id}-sink",
+                asyncio.Event(),
+                flush_interval_s=0.5,
+            )
+        )
     monkeypatch.undo()
     journal = (d.out / JOURNAL).read_text().split()
     assert connect(d.out).execute("SELECT count(*) FROM cost").fetchone()[0] > 0 and journal
@@ -139,8 +150,12 @@ def test_sink_dies_between_rename_and_commit(deployment: Deployment, recorded: t
     stale.write_bytes(b"not parquet")
     # committing after every poll: the first commits come before it has read again all that the journal covers
     sink = d.spawn("sink-after", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0")
-    wait_for("the restarted sink past what it read twice (it empties the journal)",
-             lambda: not (d.out / JOURNAL).read_text().split(), 120, d.tmp)
+    wait_for(
+        "the restarted sink past what it read twice (it empties the journal)",
+        lambda: not (d.out / JOURNAL).read_text().split(),
+        120,
+        d.tmp,
+    )
     assert sink.poll() is None, "the restarted sink stopped"
     stale.unlink()
     stale.parent.rmdir()
@@ -149,8 +164,9 @@ def test_sink_dies_between_rename_and_commit(deployment: Deployment, recorded: t
     assert (d.out / JOURNAL).read_text().split() == [], "the journal outlived the commit"
 
 
-def test_sink_dies_between_commit_and_clearing_its_journal(deployment: Deployment, recorded: tuple[Path, Path],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sink_dies_between_commit_and_clearing_its_journal(
+    deployment: Deployment, recorded: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Everything the journal lists is behind the last commit and nothing more arrives: the restarted sink
     has nothing to read, and must still see that it is past the journal (by its partitions' positions), so
     that it stops holding those files' keys and compacts again. It once waited for a record on every
@@ -163,9 +179,17 @@ def test_sink_dies_between_commit_and_clearing_its_journal(deployment: Deploymen
 
     async def until_all_read() -> None:
         stop = asyncio.Event()
-        sink = asyncio.create_task(run_kafka_sink(
-            {"bootstrap_servers": d.bootstrap}, {k: f"{d.prefix}{k}" for k in OUTPUT_KINDS}, d.out,
-            f"{d.app_id}-sink", stop, flush_interval_s=0.5, compact_min_files=0))
+        sink = asyncio.create_task(
+            run_kafka_sink(
+                {"bootstrap_servers": d.bootstrap},
+                {k: f"{d.prefix}{k}" for k in OUTPUT_KINDS},
+                d.out,
+                f"{d.app_id}-sink",
+                stop,
+                flush_interval_s=0.5,
+                compact_min_files=0,
+            )
+        )
         deadline = time.monotonic() + 240
         while not all(d.rows(v) >= n for v, n in want.items()):
             assert not sink.done() and time.monotonic() < deadline, "the first sink stopped or fell behind"
@@ -178,8 +202,9 @@ def test_sink_dies_between_commit_and_clearing_its_journal(deployment: Deploymen
     monkeypatch.undo()
     assert (d.out / JOURNAL).read_text().split(), "the journal was cleared after all"
     sink = d.spawn("sink-after", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0")
-    wait_for("the restarted sink to see it is past the journal", lambda: not (d.out / JOURNAL).read_text().split(),
-             60, d.tmp)
+    wait_for(
+        "the restarted sink to see it is past the journal", lambda: not (d.out / JOURNAL).read_text().split(), 60, d.tmp
+    )
     assert sink.poll() is None, "the restarted sink stopped"
     d.stop()
     assert_same_parquet(d.out, embedded)
@@ -191,8 +216,9 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a small tmpfs (a full disk) needs root")
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -207,16 +233,28 @@ def test_disk_full_then_space_back(deployment: Deployment, recorded: tuple[Path,
     d.out = tiny_disk / "parquet"
     d.gpucost("produce", "--source", "replay", str(events))
     d.worker("worker")
-    sink = d.spawn("sink", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0.5",
-                   "--retry-s", "0.5")
-    wait_for("the sink to report the full disk", lambda: "No space left" in (d.tmp / "sink.log").read_text(),
-             120, d.tmp)
+    sink = d.spawn(
+        "sink",
+        "sink",
+        "--out",
+        str(d.out),
+        "--group",
+        f"{d.app_id}-sink",
+        "--flush-interval-s",
+        "0.5",
+        "--retry-s",
+        "0.5",
+    )
+    wait_for(
+        "the sink to report the full disk", lambda: "No space left" in (d.tmp / "sink.log").read_text(), 120, d.tmp
+    )
     time.sleep(2)
     assert sink.poll() is None, "the sink died instead of waiting for space"
     all_visible_files_readable(d.out)
     # a retry in progress holds its temporaries for a moment; one a failed write leaked would be there at every look
-    wait_for("no temporary file taking space between retries", lambda: not list(d.out.glob("*/date=*/.*.tmp")),
-             5, d.tmp)
+    wait_for(
+        "no temporary file taking space between retries", lambda: not list(d.out.glob("*/date=*/.*.tmp")), 5, d.tmp
+    )
     subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)  # space is back
     run_to_completion(d, embedded)
     assert "writable again" in (d.tmp / "sink.log").read_text()

@@ -7,6 +7,7 @@ from the raw Parquet (pyarrow and plain Python, never the views or the summary's
 - GPUs under observation are not called out of service;
 - "idle" is worded one way everywhere.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,9 +81,14 @@ def test_unit_cost_keeps_efu_sources_apart_and_is_na_below_the_minimum(fleet: tu
     for m, s in cost:
         by_model[m].add(s)
     assert {"flops", "tensor_active"} <= by_model["NVIDIA H100 80GB HBM3"]
-    view = {(m, s): (c, t) for m, s, c, t in connect(out).execute(
-        "SELECT gpu_model, efu_source, sum(cost_micro_usd), sum(effective_tflop_hours) FROM unit_cost GROUP BY ALL")
-        .fetchall()}
+    view = {
+        (m, s): (c, t)
+        for m, s, c, t in connect(out)
+        .execute(
+            "SELECT gpu_model, efu_source, sum(cost_micro_usd), sum(effective_tflop_hours) FROM unit_cost GROUP BY ALL"
+        )
+        .fetchall()
+    }
     assert {k: v[0] for k, v in view.items()} == dict(cost)  # every µ$ once, with its pane's source
     assert all(v[1] == pytest.approx(tflop_h.get(k, 0.0), rel=1e-9, abs=1e-12) for k, v in view.items())
     # the summary: one line per model and source; a price only over the minimum of effective work
@@ -98,8 +104,11 @@ def test_unit_cost_keeps_efu_sources_apart_and_is_na_below_the_minimum(fleet: tu
             assert shown == f"{micro_usd / 1e6 / tflop_h[m, s]:.4f}", (m, s)
     assert 0 < below < len(cost)  # both cases shown
     # the view per day: NULL (n/a) exactly where that day's effective work is below the minimum
-    for s, t, unit in connect(out).execute("SELECT efu_source, effective_tflop_hours, usd_per_effective_tflop_hour "
-                                           "FROM unit_cost").fetchall():
+    for s, t, unit in (
+        connect(out)
+        .execute("SELECT efu_source, effective_tflop_hours, usd_per_effective_tflop_hour FROM unit_cost")
+        .fetchall()
+    ):
         assert (unit is None) == (s is None or t < DOCUMENTED_MINIMUM)
     assert float(MIN_EFFECTIVE_TFLOP_HOURS) == DOCUMENTED_MINIMUM
     assert "**1 effective TFLOP-hour**" in (ROOT / "docs" / "definitions.md").read_text()
@@ -128,14 +137,21 @@ def test_reclaim_puts_each_gpu_at_stake_once(fleet: tuple[Path, str]) -> None:
         for r in sorted(mine, key=lambda r: r["trigger_ns"]):
             latest[r["gpu_uuid"]] = r
         micro_usd = sum(int((r["usd_per_gpu_hour"] or Decimal(0)) * 10**6) for r in latest.values())
-        idle_ns = sum(_union_ns([(r["run_start_ns"], r["trigger_ns"]) for r in mine if r["gpu_uuid"] == g])
-                      for g in latest)
-        assert shown[tier][1:3] + shown[tier][4:] == [str(len(mine)), str(len(latest)), str(micro_usd),
-                                                      f"{Decimal(micro_usd) / 10**6:.2f}"], tier
+        idle_ns = sum(
+            _union_ns([(r["run_start_ns"], r["trigger_ns"]) for r in mine if r["gpu_uuid"] == g]) for g in latest
+        )
+        assert shown[tier][1:3] + shown[tier][4:] == [
+            str(len(mine)),
+            str(len(latest)),
+            str(micro_usd),
+            f"{Decimal(micro_usd) / 10**6:.2f}",
+        ], tier
         assert float(shown[tier][3]) == pytest.approx(idle_ns / 3.6e12, abs=0.0051), tier
     # some GPU was triggered more than once in a tier: summing triggers would have counted it again
-    assert any(len([r for r in triggers if (r["sla"], r["gpu_uuid"]) == key]) > 1
-               for key in {(r["sla"], r["gpu_uuid"]) for r in triggers})
+    assert any(
+        len([r for r in triggers if (r["sla"], r["gpu_uuid"]) == key]) > 1
+        for key in {(r["sla"], r["gpu_uuid"]) for r in triggers}
+    )
     # at stake per hour, over all tiers: never more than the whole fleet costs per hour at its latest prices
     fleet_price: dict[str, Decimal] = {}
     for r in sorted(records(out, "cost"), key=lambda r: r["pane_start_ns"]):
@@ -164,8 +180,12 @@ def test_idle_is_worded_once_everywhere(fleet: tuple[Path, str]) -> None:
     definitions = (ROOT / "docs" / "definitions.md").read_text()
     assert "**idle**" in definitions.split("## Words the output uses", 1)[1].split("\n## ", 1)[0]
     # the old wording ("time no tenant used") is gone from every page, command and dashboard
-    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "gpucost").glob("*.py"),
-                 *(ROOT / "compose" / "grafana" / "dashboards").glob("*.json")]:
+    for path in [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "gpucost").glob("*.py"),
+        *(ROOT / "compose" / "grafana" / "dashboards").glob("*.json"),
+    ]:
         assert "no tenant used" not in path.read_text(), path
     # the Prometheus family behind the dashboards' idle panels says it in its help text
     (idle,) = [f for f in RunStats(cost=CostMetrics()).metrics() if f.name == "gpucost_idle_cost_micro_usd"]

@@ -4,6 +4,7 @@ The simulated fleet's power is ``idle + c_T·ΣSM% + c_B·ΣBW% + c_L·(NUMA Σ 
 with known coefficients (``FleetSpec``). The weights those coefficients imply are recomputed here in SQL
 over the raw events, independently of the pipeline's panes, and the fit must land on them.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -27,15 +28,16 @@ SPEC = FleetSpec(gpus=4, hours=24, seed=5, interval_s=10)
 
 def write_fleet(path: Path, spec: FleetSpec, numa: bool = True) -> Path:
     path.mkdir()
-    (path / "events.jsonl").write_text("".join(encode_event(e) + "\n" for e in simulate(spec)
-                                               if numa or e.kind != "numa_event"))
+    (path / "events.jsonl").write_text(
+        "".join(encode_event(e) + "\n" for e in simulate(spec) if numa or e.kind != "numa_event")
+    )
     return path
 
 
 def implied_weights(events: Path, spec: FleetSpec) -> np.ndarray:
     """α : β : γ ∝ c_T·mean(T) : c_B·mean(B) : c_L·mean(L) over the panes with GPU samples, from the raw events."""
     files = str(events / "*.jsonl")
-    (t, b, l_), = duckdb.sql(f"""
+    ((t, b, l_),) = duckdb.sql(f"""
         WITH ev AS (SELECT * FROM read_json('{files}', format = 'newline_delimited',
                                             columns = {{kind: 'VARCHAR', gpu_uuid: 'VARCHAR', ts_ns: 'BIGINT',
                                                        interval_s: 'DOUBLE', sm_util_pct: 'DOUBLE',
@@ -86,7 +88,9 @@ def test_without_numa_events_gamma_is_not_estimated(tmp_path: Path) -> None:
     # through the CLI: printed, and a snippet that --config takes
     out = gpucost("fit-weights", str(events), "--write", str(tmp_path / "weights.toml")).stdout
     assert "gamma = not estimated: L is the same in every pane (no NUMA events)" in out
-    replayed = gpucost("replay", str(events), "--out", str(tmp_path / "out"), "--config", str(tmp_path / "weights.toml"))
+    replayed = gpucost(
+        "replay", str(events), "--out", str(tmp_path / "out"), "--config", str(tmp_path / "weights.toml")
+    )
     assert replayed.returncode == 0
 
 
@@ -97,9 +101,14 @@ def test_too_few_panes_is_a_usage_error(tmp_path: Path) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(6, 40).flatmap(lambda n: st.tuples(
-    st.lists(st.lists(st.floats(0, 100, allow_nan=False), min_size=3, max_size=3), min_size=n, max_size=n),
-    st.lists(st.floats(-50, 500, allow_nan=False), min_size=n, max_size=n))))
+@given(
+    st.integers(6, 40).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.lists(st.floats(0, 100, allow_nan=False), min_size=3, max_size=3), min_size=n, max_size=n),
+            st.lists(st.floats(-50, 500, allow_nan=False), min_size=n, max_size=n),
+        )
+    )
+)
 def test_nnls_meets_the_optimality_conditions(case: tuple[list[list[float]], list[float]]) -> None:
     """Karush-Kuhn-Tucker: slopes ≥ 0; the residual is orthogonal to the intercept and to every positive slope's
     column, and no zero slope's column could lower the squared error by growing."""
@@ -130,8 +139,11 @@ def test_a_pane_revised_by_late_events_is_fitted_as_revised(tmp_path: Path) -> N
     pane_ns = AuditSettings().pane_ns
     busy = next(e for e in ordered if e.kind == "process_sample" and e.ts_ns >= ordered[0].ts_ns + 10 * pane_ns)
     gpu, lo = busy.gpu_uuid, busy.ts_ns - busy.ts_ns % pane_ns  # a busy pane, closed long before the input ends
-    chosen = [e for kind in ("gpu_sample", "process_sample")  # every other one: half the pane's samples arrive late
-              for e in [e for e in ordered if e.kind == kind and e.gpu_uuid == gpu and lo <= e.ts_ns < lo + pane_ns][::2]]
+    chosen = [
+        e
+        for kind in ("gpu_sample", "process_sample")  # every other one: half the pane's samples arrive late
+        for e in [e for e in ordered if e.kind == kind and e.gpu_uuid == gpu and lo <= e.ts_ns < lo + pane_ns][::2]
+    ]
     assert {e.kind for e in chosen} == {"gpu_sample", "process_sample"}
     rest = [e for e in ordered if e not in chosen]
     want = _features(tmp_path / "ordered", ordered)

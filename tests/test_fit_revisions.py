@@ -2,6 +2,7 @@
 6 h horizon) changes that pane's features; with revisions off the late sample is refused and the pane keeps its
 first features. Both against a brute-force reading of the accepted samples, written apart from the pipeline.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,11 +27,33 @@ def fleet(powers: list[int], sms: list[int]) -> list[GpuSample | ProcessSample]:
     out: list[GpuSample | ProcessSample] = []
     for i, (power, sm) in enumerate(zip(powers, sms)):
         ts = T0 + (i + 1) * STEP_S * NS - 1  # each covers (ts − 10 s, ts]: inside one pane
-        out.append(GpuSample(node_id="n1", gpu_uuid="GPU-1", gpu_model="H100", ts_ns=ts, interval_s=STEP_S,
-                             sm_util_pct=sm, mem_bw_util_pct=0, mem_used_bytes=0, mem_total_bytes=1 << 30,
-                             power_w=power, temp_c=40))
-        out.append(ProcessSample(node_id="n1", gpu_uuid="GPU-1", pid=7, ts_ns=ts, interval_s=STEP_S, sm_util_pct=sm,
-                                 mem_bw_util_pct=0, mem_used_bytes=0))
+        out.append(
+            GpuSample(
+                node_id="n1",
+                gpu_uuid="GPU-1",
+                gpu_model="H100",
+                ts_ns=ts,
+                interval_s=STEP_S,
+                sm_util_pct=sm,
+                mem_bw_util_pct=0,
+                mem_used_bytes=0,
+                mem_total_bytes=1 << 30,
+                power_w=power,
+                temp_c=40,
+            )
+        )
+        out.append(
+            ProcessSample(
+                node_id="n1",
+                gpu_uuid="GPU-1",
+                pid=7,
+                ts_ns=ts,
+                interval_s=STEP_S,
+                sm_util_pct=sm,
+                mem_bw_util_pct=0,
+                mem_used_bytes=0,
+            )
+        )
     return out
 
 
@@ -51,8 +74,9 @@ def brute_force(events: list[GpuSample | ProcessSample]) -> np.ndarray:
 @pytest.mark.parametrize("horizon_s", [21_600, 0], ids=["R=6h", "R=0"])
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
-def test_a_revised_pane_reaches_the_fit(tmp_path_factory: pytest.TempPathFactory, horizon_s: int,
-                                        data: st.DataObject) -> None:
+def test_a_revised_pane_reaches_the_fit(
+    tmp_path_factory: pytest.TempPathFactory, horizon_s: int, data: st.DataObject
+) -> None:
     n = PANES * 60 // STEP_S
     powers = data.draw(st.lists(st.integers(60, 700), min_size=n, max_size=n))
     sms = data.draw(st.lists(st.integers(0, 100), min_size=n, max_size=n))
@@ -76,8 +100,10 @@ def test_every_close_path_calls_the_hook(entry: str, horizon_s: int, data: st.Da
     """``Auditor.on_closed`` sees each pane as it finally stands, on the row entry and the batch entry: its
     covered ms, energy (µJ) and the process's Σ SM cp · ms, exactly, as the accepted samples sum them."""
     n = PANES * 60 // STEP_S
-    events = fleet(data.draw(st.lists(st.integers(60, 700), min_size=n, max_size=n)),
-                   data.draw(st.lists(st.integers(0, 100), min_size=n, max_size=n)))
+    events = fleet(
+        data.draw(st.lists(st.integers(60, 700), min_size=n, max_size=n)),
+        data.draw(st.lists(st.integers(0, 100), min_size=n, max_size=n)),
+    )
     early = [i for i, ev in enumerate(events) if ev.ts_ns < T0 + 120 * NS]
     late = set(data.draw(st.lists(st.sampled_from(early), min_size=1, unique=True)))
     order = [ev for i, ev in enumerate(events) if i not in late] + [events[i] for i in sorted(late)]

@@ -1,5 +1,6 @@
 """``gpucost export focus``: the cost records as FOCUS 1.2 rows, exact to the µ$, checked against the Parquet,
 and by the FinOps Foundation's own validator (``focus-validator`` 2.2.1, in a virtual environment of its own)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -43,15 +44,28 @@ def billed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_each_month_bills_exactly_its_records(billed: Path, tmp_path: Path) -> None:
     con = connect(billed)
-    want = {(m, t): Decimal(c) for m, t, c in con.execute(
-        "SELECT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m'), team, sum(cost_micro_usd) "
-        "FROM cost GROUP BY ALL").fetchall()}
+    want = {
+        (m, t): Decimal(c)
+        for m, t, c in con.execute(
+            "SELECT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m'), team, sum(cost_micro_usd) "
+            "FROM cost GROUP BY ALL"
+        ).fetchall()
+    }
     assert {m for m, _ in want} == {"2025-01", "2025-02"}
     got: dict[tuple[str, str], Decimal] = {}
     ids = []
     for month in ("2025-01", "2025-02"):
-        gpucost("export", "focus", str(tmp_path / f"{month}.parquet"), "--out", str(billed), "--month", month,
-                "--format", "parquet")
+        gpucost(
+            "export",
+            "focus",
+            str(tmp_path / f"{month}.parquet"),
+            "--out",
+            str(billed),
+            "--month",
+            month,
+            "--format",
+            "parquet",
+        )
         table = pq.read_table(tmp_path / f"{month}.parquet")
         assert str(table.schema.field("BilledCost").type) == "decimal128(38, 6)"
         for row in table.to_pylist():
@@ -77,9 +91,15 @@ def test_quantities_are_each_partys_gpu_hours(billed: Path, tmp_path: Path) -> N
             'ConsumedQuantity': 'DECIMAL(38,12)', 'ChargePeriodStart': 'VARCHAR', 'BilledCost': 'DECIMAL(38,6)',
             'ListUnitPrice': 'DECIMAL(18,6)'}})
         GROUP BY ALL""").fetchall()
-    covered = dict(((g, s), c) for g, s, c in connect(billed).execute(
-        "SELECT gpu_uuid, strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m-%dT%H:%M:%SZ'), covered_ms "
-        "FROM idle_index").fetchall())
+    covered = dict(
+        ((g, s), c)
+        for g, s, c in connect(billed)
+        .execute(
+            "SELECT gpu_uuid, strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m-%dT%H:%M:%SZ'), covered_ms "
+            "FROM idle_index"
+        )
+        .fetchall()
+    )
     assert panes
     for gpu, start, hours, off in panes:
         assert abs(hours - Decimal(covered[(gpu, start)]) / 3_600_000) < Decimal("1e-9")
@@ -117,8 +137,12 @@ def validator() -> Path:
     if not (venv / "bin" / "focus-validator").exists():
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([python, "-m", "venv", str(venv)], check=True)
-        done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", VALIDATOR, "numpy<2", "pyarrow<18"],
-                              capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", VALIDATOR, "numpy<2", "pyarrow<18"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if done.returncode != 0:
             shutil.rmtree(venv, ignore_errors=True)
             pytest.skip(f"could not install {VALIDATOR}: {done.stderr.strip()[-300:]}")
@@ -126,15 +150,38 @@ def validator() -> Path:
 
 
 @pytest.mark.parametrize("fmt,invoice", [("csv", None), ("parquet", None), ("parquet", "INV-2025-01-0042")])
-def test_the_finops_validator_accepts_the_export(billed: Path, tmp_path: Path, validator: Path, fmt: str,
-                                                 invoice: str | None) -> None:
+def test_the_finops_validator_accepts_the_export(
+    billed: Path, tmp_path: Path, validator: Path, fmt: str, invoice: str | None
+) -> None:
     export = tmp_path / f"focus.{fmt}"
-    gpucost("export", "focus", str(export), "--out", str(billed), "--month", "2025-01", "--format", fmt,
-            *(["--invoice-id", invoice] if invoice else []))
+    gpucost(
+        "export",
+        "focus",
+        str(export),
+        "--out",
+        str(billed),
+        "--month",
+        "2025-01",
+        "--format",
+        fmt,
+        *(["--invoice-id", invoice] if invoice else []),
+    )
     # it opens its rules' data files relative to the working directory: run it from its own package's folder
     (site,) = glob.glob(str(validator / "lib" / "python3.12" / "site-packages"))
-    done = subprocess.run([str(validator / "bin" / "focus-validator"), "--data-file", str(export), "--validate-version",
-                           "1.2", "--block-download"], capture_output=True, text=True, cwd=site, timeout=600)
+    done = subprocess.run(
+        [
+            str(validator / "bin" / "focus-validator"),
+            "--data-file",
+            str(export),
+            "--validate-version",
+            "1.2",
+            "--block-download",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=site,
+        timeout=600,
+    )
     total = re.search(r"Total: (\d+) \| Pass: (\d+) \| Fail: (\d+) \| Skipped: (\d+)", done.stdout)
     assert total is not None, done.stdout[-2000:] + done.stderr[-2000:]
     failed = set(re.findall(r"^- ([A-Za-z]+-[A-Z]-\d+-[A-Z]): violations", done.stdout, re.MULTILINE))
@@ -144,12 +191,33 @@ def test_the_finops_validator_accepts_the_export(billed: Path, tmp_path: Path, v
 
 
 def test_invoice_id_is_null_unless_the_user_gives_one(billed: Path, tmp_path: Path) -> None:
-    gpucost("export", "focus", str(tmp_path / "none.parquet"), "--out", str(billed), "--month", "2025-01",
-            "--format", "parquet")
-    gpucost("export", "focus", str(tmp_path / "given.parquet"), "--out", str(billed), "--month", "2025-01",
-            "--format", "parquet", "--invoice-id", "INV-2025-01-0042")
-    none, given = (pq.read_table(tmp_path / f).column("InvoiceId").to_pylist() for f in ("none.parquet",
-                                                                                        "given.parquet"))
+    gpucost(
+        "export",
+        "focus",
+        str(tmp_path / "none.parquet"),
+        "--out",
+        str(billed),
+        "--month",
+        "2025-01",
+        "--format",
+        "parquet",
+    )
+    gpucost(
+        "export",
+        "focus",
+        str(tmp_path / "given.parquet"),
+        "--out",
+        str(billed),
+        "--month",
+        "2025-01",
+        "--format",
+        "parquet",
+        "--invoice-id",
+        "INV-2025-01-0042",
+    )
+    none, given = (
+        pq.read_table(tmp_path / f).column("InvoiceId").to_pylist() for f in ("none.parquet", "given.parquet")
+    )
     assert none and set(none) == {None}
     assert len(given) == len(none) and set(given) == {"INV-2025-01-0042"}
 
@@ -160,6 +228,16 @@ def test_the_format_follows_the_files_name_unless_given(billed: Path, tmp_path: 
     assert pq.read_table(tmp_path / "named.parquet").num_rows > 0
     gpucost("export", "focus", str(tmp_path / "plain"), "--out", str(billed), "--month", "2025-01")
     assert (tmp_path / "plain").read_text().startswith("BilledCost,")
-    done = gpucost("export", "focus", str(tmp_path / "x.csv"), "--out", str(billed), "--month", "2025-01",
-                   "--format", "parquet", check=False)
+    done = gpucost(
+        "export",
+        "focus",
+        str(tmp_path / "x.csv"),
+        "--out",
+        str(billed),
+        "--month",
+        "2025-01",
+        "--format",
+        "parquet",
+        check=False,
+    )
     assert done.returncode == 2 and "make them agree" in done.stderr and not (tmp_path / "x.csv").exists()

@@ -3,6 +3,7 @@
 The corpus in tests/corpus/ keeps the inputs that once broke something (found by these
 fuzzers or by hand), and runs them on every build.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,13 @@ def audit_stream(data: bytes) -> None:
     assert accepted + sink.rows_written["dlq"] == len(lines)
 
 
-DECODERS = {"json": json_line, "trace": trace_struct, "prometheus": prometheus_text, "bpftrace": bpftrace_output,
-            "audit": audit_stream}
+DECODERS = {
+    "json": json_line,
+    "trace": trace_struct,
+    "prometheus": prometheus_text,
+    "bpftrace": bpftrace_output,
+    "audit": audit_stream,
+}
 
 
 @pytest.mark.parametrize("case", sorted(CORPUS.glob("*/*")), ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -103,11 +109,29 @@ def test_trace_struct_on_arbitrary_bytes(data: bytes) -> None:
 
 _PROM_LINE = st.builds(
     lambda name, labels, value: f"{name}{{{labels}}} {value}",
-    st.sampled_from(["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE",
-                     "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"]),
-    st.sampled_from(['UUID="GPU-1"', 'UUID="GPU-1",modelName="L4"', 'UUID="GPU-2",pod="p",namespace="ns"',
-                     'UUID=""', 'UUID="GPU-1",Hostname=""', 'UUID="GPU-1",pod="a:b",namespace="idle"']),
-    st.one_of(st.floats(), st.integers(-10**20, 10**20), st.sampled_from(["NaN", "+Inf", "-Inf", "1e400", "x"])))
+    st.sampled_from(
+        [
+            "DCGM_FI_DEV_GPU_UTIL",
+            "DCGM_FI_DEV_FB_USED",
+            "DCGM_FI_DEV_FB_FREE",
+            "DCGM_FI_DEV_POWER_USAGE",
+            "DCGM_FI_DEV_GPU_TEMP",
+            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        ]
+    ),
+    st.sampled_from(
+        [
+            'UUID="GPU-1"',
+            'UUID="GPU-1",modelName="L4"',
+            'UUID="GPU-2",pod="p",namespace="ns"',
+            'UUID=""',
+            'UUID="GPU-1",Hostname=""',
+            'UUID="GPU-1",pod="a:b",namespace="idle"',
+        ]
+    ),
+    st.one_of(st.floats(), st.integers(-(10**20), 10**20), st.sampled_from(["NaN", "+Inf", "-Inf", "1e400", "x"])),
+)
 
 
 @given(st.lists(_PROM_LINE | st.text(max_size=60), max_size=12).map(lambda ls: "\n".join(ls).encode()))
@@ -116,9 +140,11 @@ def test_prometheus_scrape_on_arbitrary_text(data: bytes) -> None:
     prometheus_text(data)
 
 
-_BPF_LINE = st.builds(lambda tag, nums: " ".join([tag, *map(str, nums)]),
-                      st.sampled_from(["A", "N", "K", "M", "X", ""]),
-                      st.lists(st.integers(-2**65, 2**65) | st.sampled_from([0, 1, 2**32, 2**64 - 1]), max_size=9))
+_BPF_LINE = st.builds(
+    lambda tag, nums: " ".join([tag, *map(str, nums)]),
+    st.sampled_from(["A", "N", "K", "M", "X", ""]),
+    st.lists(st.integers(-(2**65), 2**65) | st.sampled_from([0, 1, 2**32, 2**64 - 1]), max_size=9),
+)
 
 
 @given(st.lists(_BPF_LINE | st.text(max_size=40), max_size=10).map(lambda ls: "\n".join(ls).encode()))
@@ -126,13 +152,20 @@ def test_bpftrace_output_on_arbitrary_text(data: bytes) -> None:
     bpftrace_output(data)
 
 
-_GOOD = ('{"kind":"gpu_sample","node_id":"n","gpu_uuid":"G","gpu_model":"H100","ts_ns":%d,"interval_s":1,'
-         '"sm_util_pct":%d,"mem_bw_util_pct":1,"mem_used_bytes":1,"mem_total_bytes":2,"power_w":1,"temp_c":30}')
+_GOOD = (
+    '{"kind":"gpu_sample","node_id":"n","gpu_uuid":"G","gpu_model":"H100","ts_ns":%d,"interval_s":1,'
+    '"sm_util_pct":%d,"mem_bw_util_pct":1,"mem_used_bytes":1,"mem_total_bytes":2,"power_w":1,"temp_c":30}'
+)
 
 
 @pytest.mark.slow
-@given(st.lists(st.integers(0, 4000).map(lambda s: (_GOOD % (1_767_571_200 * NS + s * NS, s % 101)).encode())
-                | st.binary(max_size=60), max_size=40).map(b"\n".join))
+@given(
+    st.lists(
+        st.integers(0, 4000).map(lambda s: (_GOOD % (1_767_571_200 * NS + s * NS, s % 101)).encode())
+        | st.binary(max_size=60),
+        max_size=40,
+    ).map(b"\n".join)
+)
 def test_auditor_on_arbitrary_lines(data: bytes) -> None:
     audit_stream(data)
 

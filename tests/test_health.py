@@ -7,6 +7,7 @@ per GPU and window (tests/support/health_fleet.py) so that every grade and every
 ``removed`` and back, skipped windows, a spare with no busy time and a model missing from
 the peak table; a property test draws the scripts at random. Both paths are checked.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -75,8 +76,9 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
     """Every ``health`` record's fields, from the raw events alone."""
     con = duckdb.connect()
     con.register("ev", events_table(events))
-    sql = REFERENCE_SQL.format(P=s.pane_s * NS, H=s.health_window_h * H_S * NS, THR=s.idle_threshold_cp,
-                               W=s.window_h * H_S * NS)
+    sql = REFERENCE_SQL.format(
+        P=s.pane_s * NS, H=s.health_window_h * H_S * NS, THR=s.idle_threshold_cp, W=s.window_h * H_S * NS
+    )
     found = con.execute(sql).fetchall()
     h_ms = s.health_window_h * H_S * 1000
     peaks = {k.lower(): Fraction(v) for k, v in s.peak_tops.items()}
@@ -84,17 +86,31 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
     for gpu, win, node, model, covered, idle, energy, busy, dev, idle72, covered72 in found:
         keys = sorted((k for k in peaks if k != "default" and k in model.lower()), key=lambda k: (-len(k), k))
         peak = peaks[keys[0] if keys else "default"]
-        kw = None if busy == 0 else (Fraction(energy, covered * 1000) / 1000) / (peak * Fraction(busy, 10_000 * covered))
+        kw = (
+            None if busy == 0 else (Fraction(energy, covered * 1000) / 1000) / (peak * Fraction(busy, 10_000 * covered))
+        )
         sd, coverage = Fraction(dev, covered), Fraction(covered, h_ms)
         grade, reasons = judged(kw, sd, coverage)
-        record = {"gpu_uuid": gpu, "node_id": node, "gpu_model": model, "window_start_ns": win,
-                  "window_end_ns": win + h_ms * 1_000_000, "covered_ms": covered, "idle_ms": idle,
-                  "energy_uj": energy, "mean_power_w": float(Fraction(energy, covered * 1000)),
-                  "effective_tops": float(peak * Fraction(busy, 10_000 * covered)),
-                  "kw_per_tops": None if kw is None else float(kw), "sched_deviation": float(sd),
-                  "idle_index_72h": float(Fraction(idle72, covered72)), "coverage": float(coverage), "grade": grade,
-                  "entitlement": {"excellent": 1.25, "good": 1.0, "needs_optimisation": 0.75, "idle": 1.0}[grade],
-                  "passed": not reasons, "fail_reasons": reasons}
+        record = {
+            "gpu_uuid": gpu,
+            "node_id": node,
+            "gpu_model": model,
+            "window_start_ns": win,
+            "window_end_ns": win + h_ms * 1_000_000,
+            "covered_ms": covered,
+            "idle_ms": idle,
+            "energy_uj": energy,
+            "mean_power_w": float(Fraction(energy, covered * 1000)),
+            "effective_tops": float(peak * Fraction(busy, 10_000 * covered)),
+            "kw_per_tops": None if kw is None else float(kw),
+            "sched_deviation": float(sd),
+            "idle_index_72h": float(Fraction(idle72, covered72)),
+            "coverage": float(coverage),
+            "grade": grade,
+            "entitlement": {"excellent": 1.25, "good": 1.0, "needs_optimisation": 0.75, "idle": 1.0}[grade],
+            "passed": not reasons,
+            "fail_reasons": reasons,
+        }
         per_gpu.setdefault(gpu, []).append((win // (h_ms * 1_000_000), record))
         out.append(record)
     admission = -(-s.admission_h // s.health_window_h)
@@ -108,6 +124,7 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
 def checked(records: list[Output], key: bytes | None = None) -> list[dict[str, Any]]:
     """The health records' fields, each hash and signature checked from scratch here (hashlib, hmac)."""
     import hmac
+
     out = []
     for r in records:
         if not isinstance(r, HealthRecord):
@@ -144,11 +161,17 @@ def test_every_health_record_is_the_raw_events_recomputed(path: Any) -> None:
 
 @pytest.mark.slow
 @settings(max_examples=25, deadline=None)
-@given(st.dictionaries(st.sampled_from(sorted(MODELS)), st.lists(st.sampled_from(sorted(BEHAVIOURS)), min_size=1,
-                                                                  max_size=8), min_size=1, max_size=3),
-       st.sampled_from([0, 1, 3]), st.sampled_from([1, 2]))
-def test_random_fleets_recomputed_on_both_paths(scripts: dict[str, list[str]], admission_h: int,
-                                                readmit: int) -> None:
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(MODELS)),
+        st.lists(st.sampled_from(sorted(BEHAVIOURS)), min_size=1, max_size=8),
+        min_size=1,
+        max_size=3,
+    ),
+    st.sampled_from([0, 1, 3]),
+    st.sampled_from([1, 2]),
+)
+def test_random_fleets_recomputed_on_both_paths(scripts: dict[str, list[str]], admission_h: int, readmit: int) -> None:
     s = audit_settings(admission_h=admission_h, readmit_passes=readmit)
     events = fleet(scripts)
     want = reference(events, s)

@@ -2,6 +2,7 @@
 (tests/support/health_fleet.py): each figure at its window's event times, through a receiver's 503; ``health verify``
 on an export tells whether it covers admission without a gap, and refuses a malformed file in one line.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ class Receiver:
     def __init__(self, refuse: int = 1) -> None:
         import http.server
         import threading
+
         self.requests: list[Any] = []
         self.refused = 0
         receiver = self
@@ -68,19 +70,49 @@ def test_health_figures_reach_an_otlp_receiver_at_their_event_times(tmp_path: Pa
     out = replayed(tmp_path, None)
     receiver = Receiver(refuse=1)
     try:
-        assert main(["health", "export-otlp", "--out", str(out), "--endpoint", receiver.url,
-                     "--json", str(tmp_path / "otlp.json")]) == 0
+        assert (
+            main(
+                [
+                    "health",
+                    "export-otlp",
+                    "--out",
+                    str(out),
+                    "--endpoint",
+                    receiver.url,
+                    "--json",
+                    str(tmp_path / "otlp.json"),
+                ]
+            )
+            == 0
+        )
     finally:
         receiver.server.shutdown()
     assert receiver.refused == 1 and len(receiver.requests) == 1, "the 503 was not retried"
     got = points(receiver.requests)
-    rows = connect(out).execute("SELECT gpu_uuid, window_start_ns, window_end_ns, mean_power_w, effective_tops, "
-                                "kw_per_tops, sched_deviation, idle_index_72h, coverage, entitlement, passed "
-                                "FROM health").fetchall()
+    rows = (
+        connect(out)
+        .execute(
+            "SELECT gpu_uuid, window_start_ns, window_end_ns, mean_power_w, effective_tops, "
+            "kw_per_tops, sched_deviation, idle_index_72h, coverage, entitlement, passed "
+            "FROM health"
+        )
+        .fetchall()
+    )
     want = {}
     for gpu, start, end, *figures in rows:
-        for name, value in zip(("mean_power_w", "effective_tops", "kw_per_tops", "sched_deviation", "idle_index_72h",
-                                "coverage", "entitlement", "passed"), figures):
+        for name, value in zip(
+            (
+                "mean_power_w",
+                "effective_tops",
+                "kw_per_tops",
+                "sched_deviation",
+                "idle_index_72h",
+                "coverage",
+                "entitlement",
+                "passed",
+            ),
+            figures,
+        ):
             if value is not None:
                 want[(f"gpucost.health.{name}", gpu, start, end)] = float(value)
     assert got == want
@@ -107,12 +139,21 @@ def test_verify_tells_whether_an_otlp_export_covers_admission_without_a_gap(tmp_
     assert main(["health", "verify", str(gapped), "--admission-h", str(windows - 3)]) == 1
 
 
-@pytest.mark.parametrize("text", [
-    '{"resourceMetrics": [{"scopeMetrics": 5}]}', '{"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"gauge": '
-    '{"dataPoints": [{"timeUnixNano": "soon"}]}}]}]}]}', '{"resourceMetrics": []}\n{"resourceMetrics": ', '[1, 2]',
-    '{"kind": "gpucost.health_snapshot/1", "record": {"gpu_uuid": 7}}', "\x00\xff not json"])
-def test_verify_refuses_a_malformed_file_in_one_line(tmp_path: Path, text: str,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"resourceMetrics": [{"scopeMetrics": 5}]}',
+        '{"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"gauge": '
+        '{"dataPoints": [{"timeUnixNano": "soon"}]}}]}]}]}',
+        '{"resourceMetrics": []}\n{"resourceMetrics": ',
+        "[1, 2]",
+        '{"kind": "gpucost.health_snapshot/1", "record": {"gpu_uuid": 7}}',
+        "\x00\xff not json",
+    ],
+)
+def test_verify_refuses_a_malformed_file_in_one_line(
+    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Hostile or broken files to verify: a usage error or a failed verification, said in words, never a traceback."""
     path = tmp_path / "file.json"
     path.write_text(text, errors="surrogateescape")

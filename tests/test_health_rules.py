@@ -1,6 +1,7 @@
 """``streams.health`` on its own: one GPU's audit windows graded, judged and run through the breaker,
 recomputed from docs/definitions.md, "Health audit", with exact fractions (``tests.support.health_oracle``
 holds the grade and the breaker as the definition states them), one pane per window."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -19,6 +20,7 @@ H_MS = 3_600_000
 H_NS = H_MS * 1_000_000
 PEAK = F(989)  # the H100's default peak_tops
 
+
 def expected(windows: list[tuple[int, dict]], admission_h: int) -> list[dict]:
     """Per window with GPU samples (k: its index), the record's judged fields."""
     out, verdicts = [], []
@@ -31,10 +33,19 @@ def expected(windows: list[tuple[int, dict]], admission_h: int) -> list[dict]:
         coverage = F(covered_ms, H_MS)
         grade, reasons = judged(kw_per_tops, dev, coverage)
         verdicts.append((k, not reasons, coverage >= F("0.95")))
-        out.append({"window_start_ns": k * H_NS, "mean_power_w": float(mean_power_w),
-                    "effective_tops": float(effective_tops),
-                    "kw_per_tops": None if kw_per_tops is None else float(kw_per_tops), "sched_deviation": float(dev),
-                    "coverage": float(coverage), "grade": grade, "passed": not reasons, "fail_reasons": reasons})
+        out.append(
+            {
+                "window_start_ns": k * H_NS,
+                "mean_power_w": float(mean_power_w),
+                "effective_tops": float(effective_tops),
+                "kw_per_tops": None if kw_per_tops is None else float(kw_per_tops),
+                "sched_deviation": float(dev),
+                "coverage": float(coverage),
+                "grade": grade,
+                "passed": not reasons,
+                "fail_reasons": reasons,
+            }
+        )
     # one window per hour: admission_h windows to admit, 2 passes to readmit (the defaults)
     for row, (state, skipped) in zip(out, reference_breaker(verdicts, admission_h, 2)):
         row["windows_skipped"], row["breaker_state"] = skipped, state
@@ -49,13 +60,28 @@ def window(draw: st.DrawFn) -> dict:
     kw = draw(st.sampled_from([F(18, 100), F(1, 10), F(25, 100), F(26, 100)]))
     busy_cp_ms = int(10_000 * covered * busy_share)
     energy_uj = int(kw * PEAK * busy_cp_ms * 100) + draw(st.sampled_from([0, 1, -1]))
-    return {"covered_ms": covered, "busy_cp_ms": busy_cp_ms, "energy_uj": max(energy_uj, 0),
-            "idle_ms": draw(st.sampled_from([0, covered * 2 // 100, covered * 5 // 100, covered])),
-            "placed": draw(st.sampled_from([0, 3]))}
+    return {
+        "covered_ms": covered,
+        "busy_cp_ms": busy_cp_ms,
+        "energy_uj": max(energy_uj, 0),
+        "idle_ms": draw(st.sampled_from([0, covered * 2 // 100, covered * 5 // 100, covered])),
+        "placed": draw(st.sampled_from([0, 3])),
+    }
 
 
-FIELDS = ("window_start_ns", "mean_power_w", "effective_tops", "kw_per_tops", "sched_deviation", "coverage", "grade",
-          "passed", "fail_reasons", "windows_skipped", "breaker_state")
+FIELDS = (
+    "window_start_ns",
+    "mean_power_w",
+    "effective_tops",
+    "kw_per_tops",
+    "sched_deviation",
+    "coverage",
+    "grade",
+    "passed",
+    "fail_reasons",
+    "windows_skipped",
+    "breaker_state",
+)
 windows = st.lists(st.tuples(st.integers(1, 3), window()), max_size=10)  # index steps: >1 skips windows
 
 
@@ -68,8 +94,14 @@ def test_grades_fails_and_breaker_follow_the_definition(steps, admission_h) -> N
     audit = HealthAudit(AuditSettings(pane_s=3600, health_window_h=1, admission_h=admission_h))
     got = []
     for k, w in seq:  # one pane is one window: each pane closes its own
-        pane = PaneTotals(gpu_uuid="GPU-0", pane_start_ns=k * H_NS, pane_end_ns=(k + 1) * H_NS, node_id="n",
-                          gpu_model="NVIDIA H100", **w)
+        pane = PaneTotals(
+            gpu_uuid="GPU-0",
+            pane_start_ns=k * H_NS,
+            pane_end_ns=(k + 1) * H_NS,
+            node_id="n",
+            gpu_model="NVIDIA H100",
+            **w,
+        )
         (record,) = audit.on_close(closing(pane))
         got.append({f: getattr(record, f) for f in FIELDS})
     assert got == expected(seq, admission_h)

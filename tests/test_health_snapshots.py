@@ -2,6 +2,7 @@
 snapshot verifies by its hash and key and every forgery of it fails; the file_sd file lists a node while none of its
 GPUs is removed or in probation, record by record.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,10 +42,12 @@ def test_a_snapshot_verifies_and_every_forgery_fails(tmp_path: Path) -> None:
 
     def resigned(doc: dict[str, Any]) -> None:  # figures changed, hash recomputed, signed with another key
         import hmac
+
         doc["record"]["grade"] = "excellent"
         fields = {k: v for k, v in doc["record"].items() if k not in ("snapshot_sha256", "signature")}
-        digest = hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":"),
-                                           ensure_ascii=False).encode()).hexdigest()
+        digest = hashlib.sha256(
+            json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        ).hexdigest()
         doc["record"]["snapshot_sha256"] = digest
         doc["record"]["signature"] = hmac.new(other, digest.encode(), hashlib.sha256).hexdigest()
 
@@ -68,12 +71,17 @@ def test_discovery_lists_a_node_while_none_of_its_gpus_is_removed_or_in_probatio
     out = replayed(tmp_path, None)
     sd_file = tmp_path / "sd" / "gpus.json"
     sd_file.parent.mkdir()
-    assert main(["discovery", "--out", str(out), "--file-sd", str(sd_file), "--target-port", "9400",
-                 "--label", "job=gpu"]) == 0
+    assert (
+        main(["discovery", "--out", str(out), "--file-sd", str(sd_file), "--target-port", "9400", "--label", "job=gpu"])
+        == 0
+    )
     assert prometheus_file_sd_problems(sd_file.read_text()) == []
     assert [p.name for p in sd_file.parent.iterdir()] == ["gpus.json"], "a temporary file was left"
-    latest = dict(connect(out).execute(
-        "SELECT gpu_uuid, arg_max(breaker_state, window_start_ns) FROM health GROUP BY ALL").fetchall())
+    latest = dict(
+        connect(out)
+        .execute("SELECT gpu_uuid, arg_max(breaker_state, window_start_ns) FROM health GROUP BY ALL")
+        .fetchall()
+    )
     nodes = {f"node-{g[-1]}" for g in latest}
     out_nodes = {f"node-{g[-1]}" for g, s in latest.items() if s in ("removed", "probation")}
     listed = {t for group in json.loads(sd_file.read_text()) for t in group["targets"]}

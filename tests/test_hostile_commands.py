@@ -10,6 +10,7 @@ empty) exits non-zero with one line ``gpucost: error: …`` naming the argument,
 stdout, and leaves no file at or beside the target. The commands that read pipeline output read a
 tiny replay made in both configurations of the ``horizon`` fixture.
 """
+
 from __future__ import annotations
 
 import errno
@@ -40,25 +41,33 @@ SURROGATES = "\\ud800" * 40  # 240 characters of lone high-surrogate escapes, as
 
 
 def _sample(i: int, node: str = "node-0", gpu: str = "GPU-0", model: str = "H100") -> str:
-    return (f'{{"kind":"gpu_sample","node_id":"{node}","gpu_uuid":"{gpu}","ts_ns":{T0 + i * 10**9},'
-            f'"interval_s":1.0,"sm_util_pct":50,"mem_bw_util_pct":10,"mem_used_bytes":1,"gpu_model":"{model}",'
-            f'"mem_total_bytes":100,"power_w":300,"temp_c":50}}')
+    return (
+        f'{{"kind":"gpu_sample","node_id":"{node}","gpu_uuid":"{gpu}","ts_ns":{T0 + i * 10**9},'
+        f'"interval_s":1.0,"sm_util_pct":50,"mem_bw_util_pct":10,"mem_used_bytes":1,"gpu_model":"{model}",'
+        f'"mem_total_bytes":100,"power_w":300,"temp_c":50}}'
+    )
 
 
 def _binding(i: int, team: str) -> str:
-    return (f'{{"kind":"tenant_binding","node_id":"node-0","pid":{i},"ts_ns":{T0 + i},"team":"{team}",'
-            f'"env":"prod","app":"a","tier":"t","sla":"Gold"}}')
+    return (
+        f'{{"kind":"tenant_binding","node_id":"node-0","pid":{i},"ts_ns":{T0 + i},"team":"{team}",'
+        f'"env":"prod","app":"a","tier":"t","sla":"Gold"}}'
+    )
 
 
 def _process(i: int, node: str = "node-0", pid: str = "7") -> str:
-    return (f'{{"kind":"process_sample","node_id":"{node}","gpu_uuid":"GPU-0","pid":{pid},"ts_ns":{T0 + i * 10**9},'
-            f'"interval_s":1.0,"sm_util_pct":50,"mem_bw_util_pct":10,"mem_used_bytes":1}}')
+    return (
+        f'{{"kind":"process_sample","node_id":"{node}","gpu_uuid":"GPU-0","pid":{pid},"ts_ns":{T0 + i * 10**9},'
+        f'"interval_s":1.0,"sm_util_pct":50,"mem_bw_util_pct":10,"mem_used_bytes":1}}'
+    )
 
 
 #: what each attack sends as line ``i`` of a batch
 BAD_LINES: dict[str, Callable[[int], str]] = {
     "lone surrogates in a binding's team": lambda i: _binding(i, SURROGATES),
-    "lone surrogates in every string of a sample": lambda i: _sample(i, "\\udc00" * 8, SURROGATES, "\\ud800\\udfff\\ud800"),
+    "lone surrogates in every string of a sample": lambda i: _sample(
+        i, "\\udc00" * 8, SURROGATES, "\\ud800\\udfff\\ud800"
+    ),
     "one lone surrogate in a gpu_uuid": lambda i: _sample(i, gpu="GPU-\\ud800"),
     "a low surrogate alone in a node_id": lambda i: _process(i, node="n\\udc00"),
     "a pid as a string (wrong type)": lambda i: _process(i, pid='"7"'),
@@ -71,8 +80,9 @@ MAX_READS = 32
 
 
 @pytest.mark.parametrize("attack", BAD_LINES)
-def test_bad_text_costs_what_good_text_costs(attack: str, horizon: AuditSettings,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_text_costs_what_good_text_costs(
+    attack: str, horizon: AuditSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lines = [BAD_LINES[attack](i).encode() for i in range(LINES)]
     reads, refused, decodes = _counted(monkeypatch)
     batch = Auditor(horizon)
@@ -81,11 +91,14 @@ def test_bad_text_costs_what_good_text_costs(attack: str, horizon: AuditSettings
     monkeypatch.undo()
     row = Auditor(horizon)  # the row path, one line at a time: the dead letters as they always were
     want = [o for i, line in enumerate(lines) for o in row.ingest(line, f"line {i}") if isinstance(o, DeadLetter)]
-    HOSTILE_LINES.append(f"{attack:<44} sent {LINES:>6,} | refused {len(letters):>5,} "
-                         f"{sorted({d.reason for d in letters})} | Arrow reads {work[0]} (≤ {MAX_READS}, {work[2]} refused), "
-                         f"Python decodes {work[1]:,} (≤ {2 * LINES:,}) {horizon_label(horizon)}")
-    assert [(d.reason, d.detail, d.kind, d.raw, d.source) for d in letters] == \
-        [(d.reason, d.detail, d.kind, d.raw, d.source) for d in want]
+    HOSTILE_LINES.append(
+        f"{attack:<44} sent {LINES:>6,} | refused {len(letters):>5,} "
+        f"{sorted({d.reason for d in letters})} | Arrow reads {work[0]} (≤ {MAX_READS}, {work[2]} refused), "
+        f"Python decodes {work[1]:,} (≤ {2 * LINES:,}) {horizon_label(horizon)}"
+    )
+    assert [(d.reason, d.detail, d.kind, d.raw, d.source) for d in letters] == [
+        (d.reason, d.detail, d.kind, d.raw, d.source) for d in want
+    ]
     assert letters and batch.counts == row.counts
     assert work[0] <= MAX_READS, f"{work[0]} Arrow reads for {LINES} lines: the work grows with the bad lines"
     assert work[1] <= 2 * LINES, f"{work[1]} Python decodes for {LINES} lines"
@@ -140,8 +153,12 @@ def _hostile_files(tmp: Path) -> None:
 
 #: (what is attacked, the command line, what the one error line must name); {tmp} is the test's folder,
 #: {events} simulated events, {out} a replay's output, {gpu} one of its GPUs, {dlq} an output of dead letters only
-FILE_TARGETS = {"a missing folder": "{tmp}/missing/x", "a path under a file": "{tmp}/file.txt/x",
-                "a directory": "{tmp}/dir", "an unwritable place": PROC}
+FILE_TARGETS = {
+    "a missing folder": "{tmp}/missing/x",
+    "a path under a file": "{tmp}/file.txt/x",
+    "a directory": "{tmp}/dir",
+    "an unwritable place": PROC,
+}
 FOLDER_TARGETS = {"a file": "{tmp}/file.txt", "a path under a file": "{tmp}/file.txt/x", "an unwritable place": PROC}
 WRITES_FROM_OUTPUT = {
     "report --html": ["report", "--out", "{out}", "--html"],
@@ -162,36 +179,79 @@ READS_OUTPUT = {
     "reclaim --out": ["reclaim", "--dry-run", "--out"],
 }
 OUTPUT_CASES = [
-    *((f"{cmd} {where}", [*argv, path], path) for cmd, argv in WRITES_FROM_OUTPUT.items()
-      for where, path in FILE_TARGETS.items()),
-    *((f"{cmd} {where}", [*argv, path], path) for cmd, argv in READS_OUTPUT.items() for where, path in EMPTY_OUT.items()),
+    *(
+        (f"{cmd} {where}", [*argv, path], path)
+        for cmd, argv in WRITES_FROM_OUTPUT.items()
+        for where, path in FILE_TARGETS.items()
+    ),
+    *(
+        (f"{cmd} {where}", [*argv, path], path)
+        for cmd, argv in READS_OUTPUT.items()
+        for where, path in EMPTY_OUT.items()
+    ),
     ("whatif --out of dead letters only", ["whatif", "--out", "{dlq}"], "{dlq}"),
     ("whatif --prices a 0-byte file", ["whatif", "--out", "{out}", "--prices", "{tmp}/empty.jsonl"], "empty.jsonl"),
-    ("export focus of a month without cost", ["export", "focus", "{tmp}/f.csv", "--month", "1999-01", "--out", "{out}"],
-     "1999-01"),
+    (
+        "export focus of a month without cost",
+        ["export", "focus", "{tmp}/f.csv", "--month", "1999-01", "--out", "{out}"],
+        "1999-01",
+    ),
 ]
 CASES = [
-    *((f"fit-weights --write {where}", ["fit-weights", "{events}", "--write", path], path)
-      for where, path in FILE_TARGETS.items()),
-    *((f"simulate --out {where}", ["simulate", "--gpus", "1", "--hours", "0.01", "--out", path], path)
-      for where, path in FOLDER_TARGETS.items()),
-    *((f"topics schemas --schemas-out {where}", ["topics", "schemas", "--schemas-out", path], path)
-      for where, path in FOLDER_TARGETS.items()),
+    *(
+        (f"fit-weights --write {where}", ["fit-weights", "{events}", "--write", path], path)
+        for where, path in FILE_TARGETS.items()
+    ),
+    *(
+        (f"simulate --out {where}", ["simulate", "--gpus", "1", "--hours", "0.01", "--out", path], path)
+        for where, path in FOLDER_TARGETS.items()
+    ),
+    *(
+        (f"topics schemas --schemas-out {where}", ["topics", "schemas", "--schemas-out", path], path)
+        for where, path in FOLDER_TARGETS.items()
+    ),
     ("health verify JSON 100,000 arrays deep", ["health", "verify", "{tmp}/deep.json"], "deep.json"),
     ("health verify JSON 100,000 objects deep", ["health", "verify", "{tmp}/deep-object.json"], "deep-object.json"),
     ("health verify OTLP JSON 100,000 deep", ["health", "verify", "{tmp}/deep-otlp.json"], "deep-otlp.json"),
-    ("health verify --key-file binary", ["health", "verify", "{tmp}/deep.json", "--key-file", "{tmp}/binary.bin"],
-     "binary.bin"),
+    (
+        "health verify --key-file binary",
+        ["health", "verify", "{tmp}/deep.json", "--key-file", "{tmp}/binary.bin"],
+        "binary.bin",
+    ),
     ("fit-weights --config TOML 100,000 deep", ["fit-weights", "{events}", "--config", "{tmp}/deep.toml"], "deep.toml"),
     ("fit-weights --config binary", ["fit-weights", "{events}", "--config", "{tmp}/binary.bin"], "binary.bin"),
-    ("replay --audit-key-file binary", ["replay", "{events}", "--out", "{tmp}/r", "--audit-key-file",
-                                        "{tmp}/binary.bin"], "binary.bin"),
-    ("run --audit-key-file 0-byte", ["run", "--source", "simulate", "--gpus", "1", "--hours", "0.01", "--out",
-                                     "{tmp}/r", "--audit-key-file", "{tmp}/empty.jsonl"], "empty.jsonl"),
-    ("prices sign --signing-key-file binary", ["prices", "sign", "{events}", "--signing-key-file", "{tmp}/binary.bin"],
-     "binary.bin"),
-    ("prices sign a 0-byte file", ["prices", "sign", "{tmp}/empty.jsonl", "--signing-key-file", "{tmp}/prices.key"],
-     "empty.jsonl"),
+    (
+        "replay --audit-key-file binary",
+        ["replay", "{events}", "--out", "{tmp}/r", "--audit-key-file", "{tmp}/binary.bin"],
+        "binary.bin",
+    ),
+    (
+        "run --audit-key-file 0-byte",
+        [
+            "run",
+            "--source",
+            "simulate",
+            "--gpus",
+            "1",
+            "--hours",
+            "0.01",
+            "--out",
+            "{tmp}/r",
+            "--audit-key-file",
+            "{tmp}/empty.jsonl",
+        ],
+        "empty.jsonl",
+    ),
+    (
+        "prices sign --signing-key-file binary",
+        ["prices", "sign", "{events}", "--signing-key-file", "{tmp}/binary.bin"],
+        "binary.bin",
+    ),
+    (
+        "prices sign a 0-byte file",
+        ["prices", "sign", "{tmp}/empty.jsonl", "--signing-key-file", "{tmp}/prices.key"],
+        "empty.jsonl",
+    ),
 ]
 
 
@@ -218,22 +278,39 @@ def outputs(tmp_path_factory: pytest.TempPathFactory, events: Path) -> Iterator[
                 assert main(["replay", str(root / "bad.jsonl"), "--out", str(root / "dlq")]) == 0
             made[label] = root
         return made[label]
+
     yield output
 
 
 @pytest.mark.parametrize("attack,argv,named", OUTPUT_CASES, ids=[c[0] for c in OUTPUT_CASES])
-def test_a_command_reading_output_refuses_a_hostile_argument(attack: str, argv: list[str], named: str, tmp_path: Path,
-                                                             horizon: AuditSettings, events: Path,
-                                                             outputs: Callable[[AuditSettings], Path]) -> None:
+def test_a_command_reading_output_refuses_a_hostile_argument(
+    attack: str,
+    argv: list[str],
+    named: str,
+    tmp_path: Path,
+    horizon: AuditSettings,
+    events: Path,
+    outputs: Callable[[AuditSettings], Path],
+) -> None:
     root = outputs(horizon)
     (gpu,) = connect(root / "out").execute("SELECT min(gpu_uuid) FROM health").fetchone()  # type: ignore[misc]
-    _refused(attack, argv, named, tmp_path, horizon_label(horizon), events=events, out=root / "out", dlq=root / "dlq",
-             gpu=gpu)
+    _refused(
+        attack,
+        argv,
+        named,
+        tmp_path,
+        horizon_label(horizon),
+        events=events,
+        out=root / "out",
+        dlq=root / "dlq",
+        gpu=gpu,
+    )
 
 
 @pytest.mark.parametrize("attack,argv,named", CASES, ids=[c[0] for c in CASES])
-def test_a_command_refuses_a_hostile_argument(attack: str, argv: list[str], named: str, tmp_path: Path,
-                                              events: Path) -> None:
+def test_a_command_refuses_a_hostile_argument(
+    attack: str, argv: list[str], named: str, tmp_path: Path, events: Path
+) -> None:
     _refused(attack, argv, named, tmp_path, "", events=events)
 
 
@@ -288,9 +365,14 @@ DISK_FULL = {
 
 
 @pytest.mark.parametrize("command", DISK_FULL)
-def test_a_disk_that_fills_half_way_leaves_the_old_file(command: str, tmp_path: Path, horizon: AuditSettings,
-                                                        events: Path, outputs: Callable[[AuditSettings], Path],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_disk_that_fills_half_way_leaves_the_old_file(
+    command: str,
+    tmp_path: Path,
+    horizon: AuditSettings,
+    events: Path,
+    outputs: Callable[[AuditSettings], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Every write stops half-way with ENOSPC: the target keeps what it held, nothing is left beside it."""
     root = outputs(horizon)
     (gpu,) = connect(root / "out").execute("SELECT min(gpu_uuid) FROM health").fetchone()  # type: ignore[misc]
@@ -309,8 +391,9 @@ def test_a_disk_that_fills_half_way_leaves_the_old_file(command: str, tmp_path: 
     rc, _, err = _cli(argv)
     monkeypatch.undo()
     said = err.strip().replace(str(tmp_path), "{tmp}")
-    HOSTILE_LINES.append(f"{command + ' with the disk full half-way':<48} {horizon_label(horizon):>5} | exit {rc} | "
-                         f"{said[:120]}")
+    HOSTILE_LINES.append(
+        f"{command + ' with the disk full half-way':<48} {horizon_label(horizon):>5} | exit {rc} | {said[:120]}"
+    )
     assert "Traceback" not in err, err
     assert rc != 0 and err.count("\n") == 1 and err.startswith("gpucost: error: ") and "No space left" in err, err
     assert (tmp_path / "old").read_text() == "old\n"

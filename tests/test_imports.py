@@ -4,6 +4,7 @@ tested and replaced without the command line. And the tests keep theirs: no test
 several share lives in tests/support/). Read from the source with ``ast`` (every import, at module level or inside
 a function), not by importing anything.
 """
+
 from __future__ import annotations
 
 import ast
@@ -64,14 +65,19 @@ def test_the_kafka_transport_does_not_import_back_from_the_layers_above_it() -> 
 
 def test_the_check_finds_a_cycle_through_a_command_module() -> None:
     """The check itself: a Kafka module importing the command wiring (which imports the Kafka settings) is found."""
-    graph = {"gpucost.kafka.sink": {"gpucost.wiring"}, "gpucost.wiring": {"gpucost.kafka.settings"},
-             "gpucost.kafka.settings": set(), "gpucost.metrics": set()}
+    graph = {
+        "gpucost.kafka.sink": {"gpucost.wiring"},
+        "gpucost.wiring": {"gpucost.kafka.settings"},
+        "gpucost.kafka.settings": set(),
+        "gpucost.metrics": set(),
+    }
     assert kafka_cycles(graph) == {"gpucost.kafka.sink": {"gpucost.wiring → gpucost.kafka.settings"}}
     graph["gpucost.kafka.sink"] = {"gpucost.metrics"}
     assert kafka_cycles(graph) == {}
 
 
 # --- the tests' own structure: what several test modules share lives in tests/support/ -----------------------------
+
 
 def modules_of_tests(root: Path) -> dict[str, Path]:
     """Every test module, by its dotted name (``tests.test_x``)."""
@@ -99,8 +105,9 @@ def test_no_test_module_imports_another() -> None:
     describes tests/support/)."""
     known = modules_of_tests(ROOT)
     assert "tests.test_imports" in known and len(known) > 50  # the modules were really found
-    found = {name: sorted(imported) for name, path in known.items()
-             if (imported := imported_test_modules(path, set(known)))}
+    found = {
+        name: sorted(imported) for name, path in known.items() if (imported := imported_test_modules(path, set(known)))
+    }
     assert found == {}, f"move what these share into tests/support/: {found}"
 
 
@@ -108,15 +115,21 @@ def test_the_check_finds_a_test_module_imported_by_another(tmp_path: Path) -> No
     """The check itself, on modules written here: each form of import of a test module is found, wherever it is
     (a function's body included); support modules, conftest and fakes are not test modules."""
     (tmp_path / "tests").mkdir()
-    files = {"test_a.py": "from tests.test_b import helper\n",
-             "test_b.py": "def f():\n    import tests.test_c\n",
-             "test_c.py": "from tests import test_a, conftest\nfrom . import test_b\n",
-             "test_d.py": "from .test_c import x\nfrom tests.support.hostile import KEY\nfrom tests.conftest import ROOT",
-             "test_e.py": "from tests.fake_kafka import Message\nimport tests.support.cli\n"}
+    files = {
+        "test_a.py": "from tests.test_b import helper\n",
+        "test_b.py": "def f():\n    import tests.test_c\n",
+        "test_c.py": "from tests import test_a, conftest\nfrom . import test_b\n",
+        "test_d.py": "from .test_c import x\nfrom tests.support.hostile import KEY\nfrom tests.conftest import ROOT",
+        "test_e.py": "from tests.fake_kafka import Message\nimport tests.support.cli\n",
+    }
     for name, text in files.items():
         (tmp_path / "tests" / name).write_text(text)
     known = modules_of_tests(tmp_path)
     assert set(known) == {f"tests.test_{x}" for x in "abcde"}
     assert {name: imported_test_modules(path, set(known)) for name, path in known.items()} == {
-        "tests.test_a": {"tests.test_b"}, "tests.test_b": {"tests.test_c"},
-        "tests.test_c": {"tests.test_a", "tests.test_b"}, "tests.test_d": {"tests.test_c"}, "tests.test_e": set()}
+        "tests.test_a": {"tests.test_b"},
+        "tests.test_b": {"tests.test_c"},
+        "tests.test_c": {"tests.test_a", "tests.test_b"},
+        "tests.test_d": {"tests.test_c"},
+        "tests.test_e": set(),
+    }

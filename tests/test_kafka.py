@@ -2,6 +2,7 @@
 
 Every test gets its own topic prefix and consumer groups on the one session broker.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,20 +44,33 @@ def billing_totals(d: Deployment) -> tuple[dict[str, int], int, int, dict[str, i
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
-    totals, records, dups, adjustments = asyncio.run(module.team_totals({"bootstrap_servers": d.bootstrap},
-                                                                        f"{d.prefix}cost", f"{d.app_id}-bill", 3.0))
+    totals, records, dups, adjustments = asyncio.run(
+        module.team_totals({"bootstrap_servers": d.bootstrap}, f"{d.prefix}cost", f"{d.app_id}-bill", 3.0)
+    )
     return dict(totals), records, dups, dict(adjustments)
 
 
-def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deployment, recorded: tuple[Path, Path]) -> None:
+def test_kafka_path_equals_embedded_and_billing_totals_match(
+    deployment: Deployment, recorded: tuple[Path, Path]
+) -> None:
     events, embedded = recorded
     d = deployment
     bad = d.tmp / "bad.jsonl"
     bad.write_text('{"kind": "gpu_sample", "sm_util_pct": \n')  # a torn line among the recorded files
     d.gpucost("produce", "--source", "replay", str(events), str(bad))
     d.worker("worker", "--metrics-address", "127.0.0.1:0")
-    d.spawn("sink", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0.5",
-            "--metrics-address", "127.0.0.1:0")
+    d.spawn(
+        "sink",
+        "sink",
+        "--out",
+        str(d.out),
+        "--group",
+        f"{d.app_id}-sink",
+        "--flush-interval-s",
+        "0.5",
+        "--metrics-address",
+        "127.0.0.1:0",
+    )
     counts = embedded_counts(embedded)
     wait_for("the sink to hold every record", lambda: all(d.rows(v) >= n for v, n in counts.items()), 240, d.tmp)
     # what the worker and the sink say they did, scraped as Prometheus would, is what the Parquet holds
@@ -73,8 +87,16 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     triggers = {t for (t,) in connect(embedded).execute("SELECT trigger_id FROM reclaim").fetchall()}
     hook = Webhook(fail=1)
     try:
-        d.spawn("reclaim", "reclaim", "--webhook", hook.url, "--ledger", str(d.tmp / "ledger"), "--group",
-                f"{d.app_id}-reclaim")
+        d.spawn(
+            "reclaim",
+            "reclaim",
+            "--webhook",
+            hook.url,
+            "--ledger",
+            str(d.tmp / "ledger"),
+            "--group",
+            f"{d.app_id}-reclaim",
+        )
         wait_for("every trigger at the webhook", lambda: len(hook.accepted) >= len(triggers), 120, d.tmp)
         time.sleep(1)  # nothing more may come
     finally:
@@ -85,16 +107,22 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
     # fsync), with the same Idempotency-Key and body, which is how the receiver knows it
     hook = Webhook(fail=1)
     try:
-        reclaim = ["reclaim", "--webhook", hook.url, "--ledger", str(d.tmp / "ledger-killed"), "--group",
-                   f"{d.app_id}-reclaim-killed"]
+        reclaim = [
+            "reclaim",
+            "--webhook",
+            hook.url,
+            "--ledger",
+            str(d.tmp / "ledger-killed"),
+            "--group",
+            f"{d.app_id}-reclaim-killed",
+        ]
         victim = d.spawn("reclaim-killed", *reclaim)
         wait_for("two triggers at the webhook", lambda: len(hook.accepted) >= 2, 120, d.tmp)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         assert len({k for k, _ in hook.accepted}) < len(triggers), "the kill came too late to test anything"
         d.spawn("reclaim-restarted", *reclaim)
-        wait_for("every trigger at the webhook again", lambda: {k for k, _ in hook.accepted} >= triggers, 120,
-                 d.tmp)
+        wait_for("every trigger at the webhook again", lambda: {k for k, _ in hook.accepted} >= triggers, 120, d.tmp)
         time.sleep(1)  # nothing more may come
     finally:
         hook.server.shutdown()
@@ -112,7 +140,7 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(deployment: Deploym
             net[dict(labels)["team"]] += int(value) if name == "gpucost_cost_micro_usd_total" else -int(value)
     assert {t: v for t, v in net.items() if v} == {t: v for t, v in embedded_team_totals(embedded).items() if v}
     assert worker[("gpucost_worker_transactions_total", (("outcome", "committed"),))] > 0
-    (reason, source), = connect(d.out).execute("SELECT reason, source FROM dlq").fetchall()
+    ((reason, source),) = connect(d.out).execute("SELECT reason, source FROM dlq").fetchall()
     assert reason == "malformed_json" and source == f"{bad}:1"
     totals, records, _, adjustments = billing_totals(d)
     assert totals == embedded_team_totals(embedded)
@@ -155,8 +183,9 @@ def test_a_worker_meeting_a_state_of_a_later_version_stops_and_says_why(deployme
         await producer.start()
         try:
             for partition in range(4):
-                await producer.send_and_wait(f"{d.prefix}state.events", b'{"v":99,"audit":{}}', key=b"GPU-later",
-                                             partition=partition)
+                await producer.send_and_wait(
+                    f"{d.prefix}state.events", b'{"v":99,"audit":{}}', key=b"GPU-later", partition=partition
+                )
         finally:
             await producer.stop()
 
@@ -190,8 +219,20 @@ def test_live_source_is_published_while_it_runs(deployment: Deployment, exporter
     url, text = exporter
     d = deployment
     started = time.monotonic()
-    proc = d.spawn("producer", "produce", "--source", "dcgm", "--url", url, "--period-s", "0.1",
-                   "--duration-s", "8", "--flush-interval-s", "0.3")
+    proc = d.spawn(
+        "producer",
+        "produce",
+        "--source",
+        "dcgm",
+        "--url",
+        url,
+        "--period-s",
+        "0.1",
+        "--duration-s",
+        "8",
+        "--flush-interval-s",
+        "0.3",
+    )
     wait_for("events on the topic", lambda: d.topic_size("events") > 0, 60, d.tmp)
     # start-up takes ~2 s; a producer that sent only at the end would show nothing before 8 s
     assert time.monotonic() - started < 5.5, "no batch left before the source ended"

@@ -1,6 +1,7 @@
 """A worker's partitions across a rebalance, against the real broker: two workers of one group driven in this
 process, the partition handed between them, its state kept or read again from the state topic.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 
 def test_a_partition_kept_across_a_rebalance_is_not_read_again_unless_another_owner_wrote_to_it(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     """aiokafka revokes every partition at each rebalance and most come back: their state is kept, not read
     again from the state topic, unless another owner applied a batch meanwhile (a member the group dropped
     misses a generation). Either way the state owned equals what the state topic holds."""
@@ -49,12 +51,16 @@ def test_a_partition_kept_across_a_rebalance_is_not_read_again_unless_another_ow
             messages += (await reader.getmany(tp, timeout_ms=1000)).get(tp, [])
         await reader.stop()
         assert len(messages) >= 3, "too few messages to apply in three batches"
-        thirds = [messages[: len(messages) // 3], messages[len(messages) // 3: 2 * len(messages) // 3],
-                  messages[2 * len(messages) // 3:]]
+        thirds = [
+            messages[: len(messages) // 3],
+            messages[len(messages) // 3 : 2 * len(messages) // 3],
+            messages[2 * len(messages) // 3 :],
+        ]
         a, b = (Worker(kafka, AuditSettings(), group=group) for _ in range(2))
         for w in (a, b):
-            w.consumer = AIOKafkaConsumer(**kafka.client_options(), isolation_level="read_committed",
-                                          enable_auto_commit=False)
+            w.consumer = AIOKafkaConsumer(
+                **kafka.client_options(), isolation_level="read_committed", enable_auto_commit=False
+            )
             await w.consumer.start()
             w.consumer.assign([tp])
         try:

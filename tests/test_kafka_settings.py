@@ -1,4 +1,5 @@
 """Kafka settings: what every producer of gpucost compresses with, and that this install can."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,15 @@ def test_every_accepted_compression_round_trips_in_this_install(name: str) -> No
     """A setting the settings accept but aiokafka cannot encode would fail only at a producer's
     first send; here each one encodes a batch as Kafka lays it out and reads it back."""
     assert KafkaSettings(compression=name).compression == name
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=CODECS[name], is_transactional=0,
-                                        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=CODECS[name],
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
     values = [b'{"kind":"gpu_sample","n":%d}' % i * 20 for i in range(50)]
     for i, value in enumerate(values):
         builder.append(i, timestamp=None, key=b"k", value=value, headers=[])

@@ -1,6 +1,7 @@
 """``gpucost kernels`` against an independent recomputation: the raw trace read with the standard library
 (json with Decimal, sqlite3 SQL), busy time and each kernel's share by brute force over the slices between
 event boundaries with exact fractions, and a largest-remainder deal written here, not imported."""
+
 from __future__ import annotations
 
 import gzip
@@ -34,7 +35,7 @@ def _deal(total: int, weights: dict[str, Fraction]) -> dict[str, int]:
         return {n: 0 for n in weights}
     quota = {n: Fraction(total) * w / whole for n, w in weights.items()}
     out = {n: q.numerator // q.denominator for n, q in quota.items()}
-    for n in sorted(quota, key=lambda n: (-(quota[n] - out[n]), n))[:total - sum(out.values())]:
+    for n in sorted(quota, key=lambda n: (-(quota[n] - out[n]), n))[: total - sum(out.values())]:
         out[n] += 1
     return out
 
@@ -51,8 +52,13 @@ def brute(kernels: list[tuple[str, int, int]], price: Decimal) -> dict:
             for n in running:
                 share[n] += Fraction(hi - lo, len(running))
     micro = _half_even(Fraction(busy) * Fraction(price) * 10**6 / (3600 * 10**9))
-    return {"busy_ns": busy, "window_ns": (max(e for _, _, e in kernels) - min(s for _, s, _ in kernels)),
-            "cost_micro_usd": micro, "busy_by_name": _deal(busy, share), "micro_by_name": _deal(micro, share)}
+    return {
+        "busy_ns": busy,
+        "window_ns": (max(e for _, _, e in kernels) - min(s for _, s, _ in kernels)),
+        "cost_micro_usd": micro,
+        "busy_by_name": _deal(busy, share),
+        "micro_by_name": _deal(micro, share),
+    }
 
 
 def _report(capsys, files, price=PRICE) -> dict:
@@ -61,8 +67,11 @@ def _report(capsys, files, price=PRICE) -> dict:
 
 
 def _assert_device(device: dict, expected: dict) -> None:
-    assert (device["busy_ns"], device["window_ns"], device["cost_micro_usd"]) == \
-        (expected["busy_ns"], expected["window_ns"], expected["cost_micro_usd"])
+    assert (device["busy_ns"], device["window_ns"], device["cost_micro_usd"]) == (
+        expected["busy_ns"],
+        expected["window_ns"],
+        expected["cost_micro_usd"],
+    )
     assert {k["name"]: k["busy_ns"] for k in device["kernels"]} == expected["busy_by_name"]
     assert {k["name"]: k["cost_micro_usd"] for k in device["kernels"]} == expected["micro_by_name"]
     top = [r for r in device["ranges"] if "/" not in r["path"]]
@@ -80,8 +89,9 @@ def _kineto_raw(path: Path) -> dict[int, list[tuple[str, int, int]]]:
     for ev in doc["traceEvents"]:
         if ev.get("ph") == "X" and ev.get("cat") == "kernel":
             start = base + int(Decimal(ev["ts"]) * 1000)
-            out.setdefault(ev["args"]["device"], []).append((ev["name"][:1024], start,
-                                                             start + int(Decimal(ev["dur"]) * 1000)))
+            out.setdefault(ev["args"]["device"], []).append(
+                (ev["name"][:1024], start, start + int(Decimal(ev["dur"]) * 1000))
+            )
     return out
 
 
@@ -90,8 +100,9 @@ def _kineto_raw(path: Path) -> dict[int, list[tuple[str, int, int]]]:
 def test_kineto_traces_equal_brute_force(capsys, path):
     report = _report(capsys, [path])
     raw = _kineto_raw(path)
-    assert [(d["device"]["node"], d["device"]["device"]) for d in report["devices"]] == \
-        [(path.name, dev) for dev in sorted(raw)]
+    assert [(d["device"]["node"], d["device"]["device"]) for d in report["devices"]] == [
+        (path.name, dev) for dev in sorted(raw)
+    ]
     for d in report["devices"]:
         _assert_device(d, brute(raw[d["device"]["device"]], PRICE))
 
@@ -101,8 +112,9 @@ def test_nsys_export_equals_sql_and_ranges_follow_the_launch(capsys):
     report = _report(capsys, NSYS)
     con = sqlite3.connect(f"{NSYS[0].as_uri()}?mode=ro", uri=True)
     base = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
-    rows = con.execute("SELECT s.value, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-                       "JOIN StringIds s ON s.id = k.demangledName").fetchall()
+    rows = con.execute(
+        "SELECT s.value, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.demangledName"
+    ).fetchall()
     (device,) = report["devices"]
     assert device["gpu_model"] == "NVIDIA A100-SXM4-40GB"
     _assert_device(device, brute([(n, base + s, base + e) for n, s, e in rows], PRICE))
@@ -113,9 +125,19 @@ def test_nsys_export_equals_sql_and_ranges_follow_the_launch(capsys):
 
 
 def _kineto_file(tmp_path: Path, kernels, base: int | None) -> Path:
-    events = [{"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
-               "args": {"device": 0, "stream": stream, "correlation": i}} for i, (n, stream, ts, dur) in
-              enumerate(kernels)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": n,
+            "pid": 0,
+            "tid": stream,
+            "ts": ts,
+            "dur": dur,
+            "args": {"device": 0, "stream": stream, "correlation": i},
+        }
+        for i, (n, stream, ts, dur) in enumerate(kernels)
+    ]
     doc = {"traceEvents": events} | ({"baseTimeNanoseconds": base} if base is not None else {})
     path = tmp_path / "t.json"
     # µs written as decimal text with ns digits, as Kineto does
@@ -123,8 +145,12 @@ def _kineto_file(tmp_path: Path, kernels, base: int | None) -> Path:
     return path
 
 
-kernel_st = st.tuples(st.sampled_from(["gemm", "nccl:all_reduce", "relu", "b"]), st.integers(0, 3),
-                      st.integers(0, 50_000), st.integers(0, 20_000))
+kernel_st = st.tuples(
+    st.sampled_from(["gemm", "nccl:all_reduce", "relu", "b"]),
+    st.integers(0, 3),
+    st.integers(0, 50_000),
+    st.integers(0, 20_000),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -137,14 +163,16 @@ def test_generated_traces_equal_brute_force(tmp_path_factory, kernels, price):
     path = _kineto_file(tmp, rows, base)
     import contextlib
     import io
+
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["kernels", str(path), "--usd-per-gpu-hour", price]) == 0
     (device,) = json.loads(out.getvalue())["devices"]
     expected = brute([(n, base + t, base + t + d) for n, _, t, d in kernels], Decimal(price))
     _assert_device(device, expected)
-    assert {k["name"]: k["category"] for k in device["kernels"]} == \
-        {n: "communication" if n.startswith("nccl") else "kernel" for n, *_ in kernels}
+    assert {k["name"]: k["category"] for k in device["kernels"]} == {
+        n: "communication" if n.startswith("nccl") else "kernel" for n, *_ in kernels
+    }
 
 
 def test_bad_events_are_counted_not_raised(capsys, tmp_path):
@@ -173,25 +201,52 @@ def test_a_price_that_is_not_one_is_a_usage_error(capsys, tmp_path, price):
     assert err.count("\n") == 1 and "--usd-per-gpu-hour" in err and "give a price such as 2.5" in err
 
 
-WIRE = {"kind": "kernel_activity", "node_id": "n1", "pid": 7, "gpu_uuid": "GPU-1", "device": 0, "stream": 7,
-        "correlation_id": 3, "category": "communication", "name": "ncclKernel_AllReduce",
-        "start_ns": 1_700_000_000 * 10**9, "end_ns": 1_700_000_000 * 10**9 + 5,
-        "launch_tid": 9, "launch_ns": 1_700_000_000 * 10**9 - 40, "grid": [1, 2, 3], "block": [256, 1, 1],
-        "source": "cupti"}
+WIRE = {
+    "kind": "kernel_activity",
+    "node_id": "n1",
+    "pid": 7,
+    "gpu_uuid": "GPU-1",
+    "device": 0,
+    "stream": 7,
+    "correlation_id": 3,
+    "category": "communication",
+    "name": "ncclKernel_AllReduce",
+    "start_ns": 1_700_000_000 * 10**9,
+    "end_ns": 1_700_000_000 * 10**9 + 5,
+    "launch_tid": 9,
+    "launch_ns": 1_700_000_000 * 10**9 - 40,
+    "grid": [1, 2, 3],
+    "block": [256, 1, 1],
+    "source": "cupti",
+}
 
 
 def test_wire_format_round_trips_and_refuses_what_cannot_be():
     from pydantic import ValidationError
 
     from gpucost.schemas.kernels import AnnotationRange, KernelActivity
+
     k = KernelActivity.model_validate_json(json.dumps(WIRE))
     assert json.loads(k.model_dump_json(exclude_none=True)) == WIRE
-    for bad in ({"end_ns": WIRE["start_ns"] - 1}, {"name": "x" * 1025}, {"category": "compute"}, {"extra": 1},
-                {"start_ns": 5, "end_ns": 6}):
+    for bad in (
+        {"end_ns": WIRE["start_ns"] - 1},
+        {"name": "x" * 1025},
+        {"category": "compute"},
+        {"extra": 1},
+        {"start_ns": 5, "end_ns": 6},
+    ):
         with pytest.raises(ValidationError):
             KernelActivity.model_validate_json(json.dumps(WIRE | bad))
-    r = {"kind": "annotation_range", "node_id": "n1", "pid": 7, "tid": 9, "domain": "default", "name": "step",
-         "start_ns": WIRE["start_ns"], "end_ns": WIRE["end_ns"]}
+    r = {
+        "kind": "annotation_range",
+        "node_id": "n1",
+        "pid": 7,
+        "tid": 9,
+        "domain": "default",
+        "name": "step",
+        "start_ns": WIRE["start_ns"],
+        "end_ns": WIRE["end_ns"],
+    }
     assert AnnotationRange.model_validate_json(json.dumps(r)).name == "step"
 
 
@@ -199,29 +254,56 @@ range_st = st.tuples(st.sampled_from(["step", "fwd", "bwd"]), st.integers(0, 60)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(kernel_st, min_size=1, max_size=15), st.lists(range_st, max_size=6),
-       st.lists(st.integers(0, 120), min_size=15, max_size=15), st.lists(st.booleans(), min_size=15, max_size=15))
+@given(
+    st.lists(kernel_st, min_size=1, max_size=15),
+    st.lists(range_st, max_size=6),
+    st.lists(st.integers(0, 120), min_size=15, max_size=15),
+    st.lists(st.booleans(), min_size=15, max_size=15),
+)
 def test_ranges_hold_the_kernels_launched_inside_them(tmp_path_factory, kernels, spans, launch_us, on_thread_1):
     """Each range path's figures are within one unit per nesting level of its exact share, computed here from
     the launches (thread and time), never from GPU time; children never exceed their parent."""
     tmp = tmp_path_factory.mktemp("r")
     base = 1_711_964_646_000_000_000
-    events = [{"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": s, "dur": d}
-              for n, s, d in spans]
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": s, "dur": d} for n, s, d in spans
+    ]
     rows = []
     for i, (n, stream, t, d) in enumerate(kernels):
         tid = 1 if on_thread_1[i] else 2
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
-                       "ts": launch_us[i], "dur": 1, "args": {"correlation": i}})
-        events.append({"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": stream, "ts": t // 1000,
-                       "dur": d // 1000, "args": {"device": 0, "stream": stream, "correlation": i}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": tid,
+                "ts": launch_us[i],
+                "dur": 1,
+                "args": {"correlation": i},
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": n,
+                "pid": 0,
+                "tid": stream,
+                "ts": t // 1000,
+                "dur": d // 1000,
+                "args": {"device": 0, "stream": stream, "correlation": i},
+            }
+        )
         opened = sorted((s, -(s + dd), rn) for rn, s, dd in spans if tid == 1 and s <= launch_us[i] <= s + dd)
-        rows.append((n, base + (t // 1000) * 1000, base + (t // 1000 + d // 1000) * 1000,
-                     tuple(rn for _, _, rn in opened)))
+        rows.append(
+            (n, base + (t // 1000) * 1000, base + (t // 1000 + d // 1000) * 1000, tuple(rn for _, _, rn in opened))
+        )
     path = tmp / "t.json"
     path.write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": events}))
     import contextlib
     import io
+
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["kernels", str(path), "--usd-per-gpu-hour", "3600"]) == 0
@@ -239,7 +321,7 @@ def test_ranges_hold_the_kernels_launched_inside_them(tmp_path_factory, kernels,
     assert set(got) <= expected_paths
     for p in expected_paths:
         parts = tuple(p.split("/"))
-        exact = sum(s for s, (*_, kp) in zip(share, rows) if kp[:len(parts)] == parts)
+        exact = sum(s for s, (*_, kp) in zip(share, rows) if kp[: len(parts)] == parts)
         r = got.get(p, {"busy_ns": 0, "cost_micro_usd": 0})
         assert abs(r["busy_ns"] - exact) <= len(parts)
         if busy:
@@ -250,7 +332,11 @@ def test_ranges_hold_the_kernels_launched_inside_them(tmp_path_factory, kernels,
 
 def test_ranges_opened_together_nest_the_longer_outside():
     from gpucost.streams.kernel_split import Interval, Span, range_paths
+
     spans = [Span(1, "inner", 0, 50), Span(1, "outer", 0, 100), Span(2, "other", 0, 100)]
-    kernels = [Interval("k", 500, 900, launch_tid=1, launch_ns=10), Interval("k", 5, 9, launch_tid=1, launch_ns=60),
-               Interval("k", 5, 9)]
+    kernels = [
+        Interval("k", 500, 900, launch_tid=1, launch_ns=10),
+        Interval("k", 5, 9, launch_tid=1, launch_ns=60),
+        Interval("k", 5, 9),
+    ]
     assert range_paths(kernels, spans) == [("outer", "inner"), ("outer",), ()]

@@ -1,5 +1,6 @@
 """Per-device kernel busy time of ``gpucost kernels`` against Holistic Trace Analysis' reading of the same
 Kineto file (its parser, its interval merge), to 1 µs per device. HTA is the optional extra ``hta``."""
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ API server (a ``PodList`` over HTTP): no cluster needed.
 What is expected comes from the pods the test describes (their labels, namespaces, containers, the GPUs
 given to them), by the documented rule, never from the code under test.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,11 +49,17 @@ _hex = st.text("0123456789abcdef", min_size=64, max_size=64)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.uuids(), _hex, st.sampled_from(["", "burstable", "besteffort"]),
-       st.sampled_from(["cgroupfs-v1", "cgroupfs-v2", "systemd-v1", "systemd-v2"]),
-       st.sampled_from(["cri-containerd-", "crio-", "docker-"]), st.sampled_from(["", "/../.."]))
-def test_a_cgroup_names_its_pod_and_container_under_every_driver(pod: object, container: str, qos: str, layout: str,
-                                                                 runtime: str, namespaced: str) -> None:
+@given(
+    st.uuids(),
+    _hex,
+    st.sampled_from(["", "burstable", "besteffort"]),
+    st.sampled_from(["cgroupfs-v1", "cgroupfs-v2", "systemd-v1", "systemd-v2"]),
+    st.sampled_from(["cri-containerd-", "crio-", "docker-"]),
+    st.sampled_from(["", "/../.."]),
+)
+def test_a_cgroup_names_its_pod_and_container_under_every_driver(
+    pod: object, container: str, qos: str, layout: str, runtime: str, namespaced: str
+) -> None:
     """The kubelet's cgroup layouts (cgroupfs and systemd drivers, v1 and v2, each runtime's scope, a path seen
     from another cgroup namespace): the pod UID and container id come back as they were put in."""
     uid = str(pod)
@@ -60,8 +67,9 @@ def test_a_cgroup_names_its_pod_and_container_under_every_driver(pod: object, co
         path = "/".join(p for p in ("/kubepods", qos, f"pod{uid}", container) if p)
     else:
         u = uid.replace("-", "_")
-        slices = "kubepods.slice/" + (f"kubepods-{qos}.slice/kubepods-{qos}-pod{u}.slice" if qos
-                                      else f"kubepods-pod{u}.slice")
+        slices = "kubepods.slice/" + (
+            f"kubepods-{qos}.slice/kubepods-{qos}-pod{u}.slice" if qos else f"kubepods-pod{u}.slice"
+        )
         path = f"/{slices}/{runtime}{container}.scope"
     path = namespaced + path
     if layout.endswith("v1"):
@@ -72,32 +80,53 @@ def test_a_cgroup_names_its_pod_and_container_under_every_driver(pod: object, co
     assert cgroup_pod(text) == (uid, container)
 
 
-@pytest.mark.parametrize("text", [
-    "0::/\n",
-    "0::/user.slice/user-1000.slice/session-4.scope\n",
-    "0::/system.slice/docker-" + "ab" * 32 + ".scope\n",  # a container, but no pod's
-    "4:memory:/process_api/5ad3b08a8f4945964e99e5f7f9bff8c4\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0::/\n",
+        "0::/user.slice/user-1000.slice/session-4.scope\n",
+        "0::/system.slice/docker-" + "ab" * 32 + ".scope\n",  # a container, but no pod's
+        "4:memory:/process_api/5ad3b08a8f4945964e99e5f7f9bff8c4\n",
+    ],
+)
 def test_a_process_in_no_pod_has_none(text: str) -> None:
     assert cgroup_pod(text) is None
 
 
 def _node(tmp_path: Path) -> FakeNode:
-    search = FakePod("search-prod", "ranker-7d9f-x2k4", [FakeContainer("trainer", {GPU: ["GPU-aaa"]}),
-                                                         FakeContainer("sidecar")],
-                     labels={"gpucost.io/team": "search", "app.kubernetes.io/name": "ranker", "env": "prod"},
-                     annotations={"gpucost.io/git-commit": "9fbe6a5", "gpucost.io/sla": "Gold",
-                                  "gpucost.io/ci-pipeline-id": "88231", "gpucost.io/team": "a label wins"})
-    bare = FakePod("research", "notebook-0", [FakeContainer("jupyter", {GPU: ["GPU-bbb"],
-                                                                         "example.com/fpga": ["fpga-0"]})])
+    search = FakePod(
+        "search-prod",
+        "ranker-7d9f-x2k4",
+        [FakeContainer("trainer", {GPU: ["GPU-aaa"]}), FakeContainer("sidecar")],
+        labels={"gpucost.io/team": "search", "app.kubernetes.io/name": "ranker", "env": "prod"},
+        annotations={
+            "gpucost.io/git-commit": "9fbe6a5",
+            "gpucost.io/sla": "Gold",
+            "gpucost.io/ci-pipeline-id": "88231",
+            "gpucost.io/team": "a label wins",
+        },
+    )
+    bare = FakePod(
+        "research", "notebook-0", [FakeContainer("jupyter", {GPU: ["GPU-bbb"], "example.com/fpga": ["fpga-0"]})]
+    )
     shared_a = FakePod("vision", "infer-a", [FakeContainer("server", {GPU: ["GPU-ccc"]})])
     shared_b = FakePod("speech", "infer-b", [FakeContainer("server", {GPU: ["GPU-ccc"]})])
-    mig = FakePod("batch", "mig-job", [FakeContainer("worker", {"nvidia.com/mig-1g.10gb": ["MIG-ddd"]})],
-                  labels={"team": "batch-team", "tier": "spot"})
-    late = FakePod("search-prod", "ranker-new", [FakeContainer("trainer", {GPU: ["GPU-eee"]})],
-                   labels={"gpucost.io/team": "search"}, listed=False)
-    static = FakePod("kube-system", "gpu-burn-node-7", [FakeContainer("burn", {GPU: ["GPU-fff"]})],
-                     static_hash=secrets.token_hex(16))
+    mig = FakePod(
+        "batch",
+        "mig-job",
+        [FakeContainer("worker", {"nvidia.com/mig-1g.10gb": ["MIG-ddd"]})],
+        labels={"team": "batch-team", "tier": "spot"},
+    )
+    late = FakePod(
+        "search-prod",
+        "ranker-new",
+        [FakeContainer("trainer", {GPU: ["GPU-eee"]})],
+        labels={"gpucost.io/team": "search"},
+        listed=False,
+    )
+    static = FakePod(
+        "kube-system", "gpu-burn-node-7", [FakeContainer("burn", {GPU: ["GPU-fff"]})], static_hash=secrets.token_hex(16)
+    )
     return FakeNode(tmp_path, [search, bare, shared_a, shared_b, mig, late, static])
 
 
@@ -145,8 +174,16 @@ def _proc(root: Path, pid: int, cgroup: str, environ: dict[str, str] | None = No
 
 
 def _sample(pid: int, gpu: str, t_s: int) -> ProcessSample:
-    return ProcessSample(node_id="node-0", gpu_uuid=gpu, pid=pid, ts_ns=BASE_NS + t_s * S, interval_s=1.0,
-                         sm_util_pct=50.0, mem_bw_util_pct=10.0, mem_used_bytes=1)
+    return ProcessSample(
+        node_id="node-0",
+        gpu_uuid=gpu,
+        pid=pid,
+        ts_ns=BASE_NS + t_s * S,
+        interval_s=1.0,
+        sm_util_pct=50.0,
+        mem_bw_util_pct=10.0,
+        mem_used_bytes=1,
+    )
 
 
 def _expected(pod: FakePod, container: str) -> tuple[str, str, str, str, str, str | None, str | None]:
@@ -156,10 +193,16 @@ def _expected(pod: FakePod, container: str) -> tuple[str, str, str, str, str, st
 
     def first(*keys: str) -> str | None:
         return next((t[k] for t in tags for k in keys if t.get(k)), None)
-    return (first("gpucost.io/team", "team") or pod.namespace, first("gpucost.io/env", "env", "environment") or "",
-            first("gpucost.io/app", "app.kubernetes.io/name", "app") or pod.name,
-            first("gpucost.io/tier", "tier") or container, first("gpucost.io/sla") or "Bronze",
-            first("gpucost.io/git-commit"), first("gpucost.io/ci-pipeline-id"))
+
+    return (
+        first("gpucost.io/team", "team") or pod.namespace,
+        first("gpucost.io/env", "env", "environment") or "",
+        first("gpucost.io/app", "app.kubernetes.io/name", "app") or pod.name,
+        first("gpucost.io/tier", "tier") or container,
+        first("gpucost.io/sla") or "Bronze",
+        first("gpucost.io/git-commit"),
+        first("gpucost.io/ci-pipeline-id"),
+    )
 
 
 def _tenant(b: TenantBinding) -> tuple[str, str, str, str, str, str | None, str | None]:
@@ -187,9 +230,16 @@ def test_each_process_is_bound_to_its_pod_by_cgroup_or_by_its_gpu(tmp_path: Path
     with node.serving() as url:
         pods = KubernetesPods(_settings(node, url), attribution_settings)
         attribution = Attribution([pods, ProcessEnvironment(attribution_settings)], attribution_settings)
-        first = [_sample(11, "GPU-aaa", 0), _sample(12, "GPU-aaa", 0), _sample(13, "GPU-bbb", 0),
-                 _sample(14, "GPU-ccc", 0), _sample(15, "MIG-ddd", 0), _sample(16, "GPU-eee", 0),
-                 _sample(17, "GPU-ggg", 0), _sample(18, "GPU-fff", 0)]
+        first = [
+            _sample(11, "GPU-aaa", 0),
+            _sample(12, "GPU-aaa", 0),
+            _sample(13, "GPU-bbb", 0),
+            _sample(14, "GPU-ccc", 0),
+            _sample(15, "MIG-ddd", 0),
+            _sample(16, "GPU-eee", 0),
+            _sample(17, "GPU-ggg", 0),
+            _sample(18, "GPU-fff", 0),
+        ]
         out = list(attribution.bind(first))
         late.listed = True  # the API server now lists it; looked at again only once refresh_ns has passed
         out += attribution.bind([_sample(16, "GPU-eee", 2)])
@@ -245,8 +295,9 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
             p.wait()
 
 
-def test_a_live_nvml_run_bills_the_pod_the_kubelet_gave_the_gpu(children: list[subprocess.Popen[bytes]],
-                                                                shared_data: Path, tmp_path: Path) -> None:
+def test_a_live_nvml_run_bills_the_pod_the_kubelet_gave_the_gpu(
+    children: list[subprocess.Popen[bytes]], shared_data: Path, tmp_path: Path
+) -> None:
     """The fake NVML serving a real H100 capture, its processes swapped for real children (in no pod: this host's
     cgroups), through ``gpucost run``'s wiring with ``--attribution kubernetes,environ`` and no bindings file:
     the GPU's pod, by the kubelet, bills every process on it; its labels give the tenant."""
@@ -256,38 +307,69 @@ def test_a_live_nvml_run_bills_the_pod_the_kubelet_gave_the_gpu(children: list[s
     cap = parse(path, "load")
     pids = sorted({pid for pid, _, _ in cap.pmon} | set(cap.apps))
     swap = dict(zip(pids, [c.pid for c in children]))
-    cap = dataclasses.replace(cap, pmon=[(swap[p], sm, mem) for p, sm, mem in cap.pmon],
-                              apps={swap[p]: mib for p, mib in cap.apps.items()})
-    pod = FakePod("search-prod", "ranker-0", [FakeContainer("trainer", {GPU: [cap.gpu_uuid]})],
-                  labels={"gpucost.io/team": "search", "app.kubernetes.io/name": "ranker"},
-                  annotations={"gpucost.io/git-commit": "c0ffee1"})
+    cap = dataclasses.replace(
+        cap, pmon=[(swap[p], sm, mem) for p, sm, mem in cap.pmon], apps={swap[p]: mib for p, mib in cap.apps.items()}
+    )
+    pod = FakePod(
+        "search-prod",
+        "ranker-0",
+        [FakeContainer("trainer", {GPU: [cap.gpu_uuid]})],
+        labels={"gpucost.io/team": "search", "app.kubernetes.io/name": "ranker"},
+        annotations={"gpucost.io/git-commit": "c0ffee1"},
+    )
     node = FakeNode(tmp_path, [pod])
     sampler = NvmlSampler("node-0", fake_pynvml(FakeState(cap)))
     sampler.open()
     live = _Sampled(sampler, "fake", LiveSettings(node_id="node-0", period_s=0.05, duration_s=1.0), sampler.close)
     with node.serving() as url:
         # as a user writes it, in either order: the pod's binding comes first all the same
-        args = build_parser().parse_args(["run", "--source", "nvml", "--attribution", "environ,kubernetes",
-                                     "--kube-pods-url", url, "--kube-token-file", str(node.token_file),
-                                     "--kube-pod-resources", str(node.socket)])
+        args = build_parser().parse_args(
+            [
+                "run",
+                "--source",
+                "nvml",
+                "--attribution",
+                "environ,kubernetes",
+                "--kube-pods-url",
+                url,
+                "--kube-token-file",
+                str(node.token_file),
+                "--kube-pod-resources",
+                str(node.socket),
+            ]
+        )
         events = list(attributed(args, live))
     price = Price(gpu_model="default", ts_ns=TS_MIN_NS, usd_per_gpu_hour=Decimal("4"))
-    run_embedded([(price, "prices")] + [(e, "nvml") for e in events], AuditSettings(pane_s=1, lateness_s=0),
-                 tmp_path / "out")
-    billed = dict(connect(tmp_path / "out").execute(
-        "SELECT team || '/' || app || '/' || coalesce(git_commit, ''), sum(cost_micro_usd) FROM cost "
-        "WHERE team <> 'idle' GROUP BY ALL").fetchall())
+    run_embedded(
+        [(price, "prices")] + [(e, "nvml") for e in events], AuditSettings(pane_s=1, lateness_s=0), tmp_path / "out"
+    )
+    billed = dict(
+        connect(tmp_path / "out")
+        .execute(
+            "SELECT team || '/' || app || '/' || coalesce(git_commit, ''), sum(cost_micro_usd) FROM cost "
+            "WHERE team <> 'idle' GROUP BY ALL"
+        )
+        .fetchall()
+    )
     assert set(billed) == {"search/ranker/c0ffee1"}, billed  # every process, the tagged one too: the pod wins
     assert live.counts["bound:kubernetes"] == len(children)
 
 
-_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                     lambda inner: st.lists(inner, max_size=4)
-                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
-_meta = st.fixed_dictionaries({}, optional={"uid": _json | st.uuids().map(str) | st.just(""),
-                                            "namespace": _json | st.sampled_from(["ns", ""]),
-                                            "name": _json | st.sampled_from(["p", ""]), "labels": _json,
-                                            "annotations": _json})
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+_meta = st.fixed_dictionaries(
+    {},
+    optional={
+        "uid": _json | st.uuids().map(str) | st.just(""),
+        "namespace": _json | st.sampled_from(["ns", ""]),
+        "name": _json | st.sampled_from(["p", ""]),
+        "labels": _json,
+        "annotations": _json,
+    },
+)
 _item = _json | st.fixed_dictionaries({"metadata": _meta | _json}, optional={"status": _json})
 
 
@@ -309,21 +391,26 @@ def test_a_hostile_pod_list_is_refused_or_counted_never_fatal(doc: object) -> No
         meta = item.get("metadata") if isinstance(item, dict) else None
         fields = ("uid", "namespace", "name")
         return isinstance(meta, dict) and all(isinstance(meta.get(f), str) and meta[f] for f in fields)
+
     good = [i for i in items if valid(i)]
     assert counts["kube_pod_invalid"] == len(items) - len(good)
     assert set(pods) == {i["metadata"]["uid"] for i in good}
     for pod in pods.values():
-        assert all(isinstance(k, str) and isinstance(v, str) for tags in (pod.labels, pod.annotations)
-                   for k, v in tags.items())
+        assert all(
+            isinstance(k, str) and isinstance(v, str) for tags in (pod.labels, pod.annotations) for k, v in tags.items()
+        )
 
 
 def test_labels_no_tenant_can_hold_and_a_garbled_kubelet_answer_are_counted_not_billed(tmp_path: Path) -> None:
     """A team label with the key separator, a team label naming a reserved party (the idle one), and a kubelet
     whose answer is not its message: no binding, each counted, nothing raised."""
-    node = FakeNode(tmp_path, [FakePod("ns", "colon", [FakeContainer("c", {GPU: ["GPU-1"]})],
-                                       labels={"gpucost.io/team": "a:b"}),
-                               FakePod("ns", "reserved", [FakeContainer("c", {GPU: ["GPU-2"]})],
-                                       labels={"gpucost.io/team": "idle"})])
+    node = FakeNode(
+        tmp_path,
+        [
+            FakePod("ns", "colon", [FakeContainer("c", {GPU: ["GPU-1"]})], labels={"gpucost.io/team": "a:b"}),
+            FakePod("ns", "reserved", [FakeContainer("c", {GPU: ["GPU-2"]})], labels={"gpucost.io/team": "idle"}),
+        ],
+    )
     proc = tmp_path / "proc"
     for pid, pod in enumerate(node.pods, 31):
         _proc(proc, pid, pod.cgroup(pod.containers[0]))
@@ -332,7 +419,10 @@ def test_labels_no_tenant_can_hold_and_a_garbled_kubelet_answer_are_counted_not_
     node.response = lambda: b"\xff\xff\xff not a ListPodResourcesResponse"  # type: ignore[method-assign]
     with node.serving() as url:
         pods = KubernetesPods(_settings(node, url), settings_)
-        out = list(Attribution([pods], settings_).bind([_sample(31, "GPU-1", 0), _sample(32, "GPU-2", 0),
-                                                        _sample(33, "GPU-9", 0)]))
+        out = list(
+            Attribution([pods], settings_).bind(
+                [_sample(31, "GPU-1", 0), _sample(32, "GPU-2", 0), _sample(33, "GPU-9", 0)]
+            )
+        )
     assert not [e for e in out if isinstance(e, TenantBinding)]
     assert pods.counts["kube_labels_invalid"] == 2 and pods.counts["kube_pod_resources_unavailable"] == 1

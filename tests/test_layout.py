@@ -7,6 +7,7 @@ top-level names are links to them, for readers (docs/testing.md, "Why this layou
 package); and a module imported under both names would be two modules, whose classes fail each
 other's isinstance.
 """
+
 from __future__ import annotations
 
 import ast
@@ -48,16 +49,23 @@ def test_the_code_imports_the_folders_only_as_gpucost_modules() -> None:
         if "build" in parts or any(part.startswith(".") for part in parts):  # virtual environments, git
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                else []
+            )
             found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in bare]
     assert not found, found
 
 
 def _modules() -> dict[str, Path]:
     """Every installed module's dotted name and file."""
-    return {".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
-            for path in (ROOT / "gpucost").rglob("*.py")}
+    return {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in (ROOT / "gpucost").rglob("*.py")
+    }
 
 
 def test_no_import_circle_in_the_project() -> None:
@@ -68,9 +76,13 @@ def test_no_import_circle_in_the_project() -> None:
     for name, path in modules.items():
         deps = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                       [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-                       if isinstance(node, ast.ImportFrom) and node.module else [])
+            targets = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else []
+            )
             deps |= {t for t in targets if t in modules and t != name}
         graph[name] = deps
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -78,8 +90,11 @@ def test_no_import_circle_in_the_project() -> None:
     def visit(node: str, path: list[str]) -> None:
         state[node] = 1
         for dep in sorted(graph[node]):
-            assert state.get(dep) != 1, "import circle: " + " → ".join(path[path.index(dep):] + [node, dep]) \
-                if dep in path else f"import circle: {node} → {dep}"
+            assert state.get(dep) != 1, (
+                "import circle: " + " → ".join(path[path.index(dep) :] + [node, dep])
+                if dep in path
+                else f"import circle: {node} → {dep}"
+            )
             if dep not in state:
                 visit(dep, [*path, node])
         state[node] = 2

@@ -1,4 +1,5 @@
 """The live sources' one interface: ``events()`` ends soon after ``stop()``, and leaves nothing running."""
+
 from __future__ import annotations
 
 import threading

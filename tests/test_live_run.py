@@ -6,6 +6,7 @@ Independent checks: the killed run's Parquet against an uninterrupted run's, row
 its µ$ summed over revisions per GPU, pane and tenant in SQL against ``tests.reference``, the brute-force
 recomputation over the simulated events.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,15 +34,21 @@ FLEET = ["--source", "simulate", "--gpus", "3", "--hours", "30", "--seed", "7"]
 
 def start(out: Path, horizon_s: int, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "GPUCOST_REVISION_HORIZON_S": str(horizon_s)}
-    return subprocess.Popen([sys.executable, "-m", "gpucost.cli", "run", *FLEET, "--out", str(out),
-                             "--publish-delay-s", "0.02", *extra], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpucost.cli", "run", *FLEET, "--out", str(out), "--publish-delay-s", "0.02", *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def billed_per_party(out: Path) -> dict[tuple[str, int, str], int]:
     """µ$ per GPU, pane and tenant summed over every revision, in SQL over the Parquet."""
-    sql = (f"SELECT gpu_uuid, pane_start_ns, tenant_key, sum(cost_micro_usd)::BIGINT FROM "
-           f"read_parquet('{out}/cost/date=*/part-*.parquet') GROUP BY ALL")
+    sql = (
+        f"SELECT gpu_uuid, pane_start_ns, tenant_key, sum(cost_micro_usd)::BIGINT FROM "
+        f"read_parquet('{out}/cost/date=*/part-*.parquet') GROUP BY ALL"
+    )
     return {(g, p, t): c for g, p, t, c in duckdb.sql(sql).fetchall()}
 
 
@@ -58,8 +65,9 @@ def inputs_checkpointed(out: Path) -> tuple[int, bool]:
 
 @pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
 @HORIZONS
-def test_a_run_killed_at_random_moments_ends_with_the_records_of_one_never_killed(tmp_path: Path,
-                                                                                   horizon_s: int) -> None:
+def test_a_run_killed_at_random_moments_ends_with_the_records_of_one_never_killed(
+    tmp_path: Path, horizon_s: int
+) -> None:
     """Each kill waits for the checkpoint to pass a random number of inputs, then a random few milliseconds more
     (mid-publication, between publications), and restarts the run on the same directory."""
     whole = tmp_path / "whole"
@@ -80,8 +88,9 @@ def test_a_run_killed_at_random_moments_ends_with_the_records_of_one_never_kille
     got, want = rows(killed), rows(whole)
     for kind in KINDS:
         assert got[kind] == want[kind], f"{kind}: killed at inputs {kills}"
-    ids = duckdb.sql(f"SELECT count(*), count(DISTINCT record_id) FROM "
-                     f"read_parquet('{killed}/cost/date=*/part-*.parquet')").fetchall()[0]
+    ids = duckdb.sql(
+        f"SELECT count(*), count(DISTINCT record_id) FROM read_parquet('{killed}/cost/date=*/part-*.parquet')"
+    ).fetchall()[0]
     assert ids[0] == ids[1] > 0
     if horizon_s:  # revisions sum to what every event on time bills (definitions.md, "Late data become revisions")
         events = list(simulate(FleetSpec(gpus=3, hours=30, seed=7)))
@@ -107,16 +116,40 @@ def scrape(port: int) -> dict[str, float]:
 def test_a_running_run_serves_cost_that_rises(tmp_path: Path) -> None:
     """Scraped while it runs (once only at exit): cost, idle cost and GPUs by grade are there, and cost rises."""
     port = free_ports(1)
-    run = subprocess.Popen([sys.executable, "-m", "gpucost.cli", "run", "--source", "simulate", "--gpus", "2",
-                            "--hours", "400", "--out", str(tmp_path), "--publish-delay-s", "0.2",
-                            "--metrics-address", f"127.0.0.1:{port}"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpucost.cli",
+            "run",
+            "--source",
+            "simulate",
+            "--gpus",
+            "2",
+            "--hours",
+            "400",
+            "--out",
+            str(tmp_path),
+            "--publish-delay-s",
+            "0.2",
+            "--metrics-address",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         seen: list[dict[str, float]] = []
         deadline = time.monotonic() + 60
-        while run.poll() is None and time.monotonic() < deadline and (
-                len(seen) < 2 or seen[-1].get("gpucost_cost_micro_usd_total", 0) <= seen[0].get(
-                    "gpucost_cost_micro_usd_total", 0)):
+        while (
+            run.poll() is None
+            and time.monotonic() < deadline
+            and (
+                len(seen) < 2
+                or seen[-1].get("gpucost_cost_micro_usd_total", 0) <= seen[0].get("gpucost_cost_micro_usd_total", 0)
+            )
+        ):
             try:
                 got = scrape(port)
             except OSError:  # not serving yet

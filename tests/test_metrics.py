@@ -1,5 +1,6 @@
 """The pipeline's own metrics, scraped over HTTP and read with Prometheus' text parser, against what the
 component did (recounted from what it published), and its health check."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,10 +42,12 @@ def test_a_worker_serves_what_it_committed() -> None:
     worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     messages = []
     for key, lines in LINES.items():  # every GPU's lines, one bad line among them, each key ended
-        messages += [Message(key, b"\n".join([*lines[:50], BAD[0], *lines[50:]]), len(messages)),
-                     Message(key, b"", len(messages) + 1, [(CONTROL_HEADER, END_OF_INPUT)])]
+        messages += [
+            Message(key, b"\n".join([*lines[:50], BAD[0], *lines[50:]]), len(messages)),
+            Message(key, b"", len(messages) + 1, [(CONTROL_HEADER, END_OF_INPUT)]),
+        ]
     for i in range(0, len(messages), 3):
-        asyncio.run(worker._process(tp, messages[i:i + 3]))
+        asyncio.run(worker._process(tp, messages[i : i + 3]))
     server = MetricsServer("127.0.0.1:0", worker.metrics, worker.health)
     try:
         got = scrape(server.port)
@@ -117,8 +120,10 @@ def test_an_embedded_run_serves_what_it_wrote(tmp_path: Path) -> None:
     kinds = Counter(e.kind for e in events)
     assert {k: got[("gpucost_run_events_total", (("kind", k),))] for k in kinds} == kinds
     for view in ("cost", "idle_index", "mae", "dlq"):
-        assert got[("gpucost_run_rows_written_total", (("kind", view),))] == \
-            con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]
+        assert (
+            got[("gpucost_run_rows_written_total", (("kind", view),))]
+            == con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]
+        )
     assert got[("gpucost_run_dead_letters_total", (("reason", "malformed_json"),))] == 1
     assert got[("gpucost_run_inputs_total", ())] == len(items)
 
@@ -158,23 +163,42 @@ def test_an_embedded_run_serves_the_cost_it_wrote_to_the_micro_dollar(tmp_path: 
         return {tuple(dict(key)[k] for k in labels): v for (n, key), v in got.items() if n == name}
 
     for name, sign in (("gpucost_cost_micro_usd_total", ">"), ("gpucost_cost_credit_micro_usd_total", "<")):
-        want = {tuple(r[:-1]): float(abs(r[-1])) for r in con.execute(
-            f"SELECT {', '.join(f'coalesce({c}, {chr(39)}{chr(39)})' for c in labels)}, sum(cost_micro_usd) FROM cost "
-            f"WHERE cost_micro_usd {sign} 0 GROUP BY ALL").fetchall()}
+        want = {
+            tuple(r[:-1]): float(abs(r[-1]))
+            for r in con.execute(
+                f"SELECT {', '.join(f'coalesce({c}, {chr(39)}{chr(39)})' for c in labels)}, sum(cost_micro_usd) "
+                "FROM cost "
+                f"WHERE cost_micro_usd {sign} 0 GROUP BY ALL"
+            ).fetchall()
+        }
         assert series(name) == want, name
     assert series("gpucost_cost_credit_micro_usd_total"), "no revision credited anything: the case is not made"
-    idle = {(dict(k)["gpu_model"], dict(k)["node"]): v for (n, k), v in got.items()
-            if n == "gpucost_idle_cost_micro_usd_total"}
-    assert idle == {(m, node): float(c) for m, node, c in con.execute(
-        "SELECT gpu_model, node_id, sum(cost_micro_usd) FROM cost WHERE team = 'idle' GROUP BY ALL").fetchall()}
-    triggers = {(dict(k)["sla"], dict(k)["team"]): v for (n, k), v in got.items()
-                if n == "gpucost_reclaim_triggers_total"}
-    assert triggers == {(sla, team): float(c) for sla, team, c in con.execute(
-        "SELECT coalesce(sla, ''), team, count(*) FROM reclaim GROUP BY ALL").fetchall()}
+    idle = {
+        (dict(k)["gpu_model"], dict(k)["node"]): v
+        for (n, k), v in got.items()
+        if n == "gpucost_idle_cost_micro_usd_total"
+    }
+    assert idle == {
+        (m, node): float(c)
+        for m, node, c in con.execute(
+            "SELECT gpu_model, node_id, sum(cost_micro_usd) FROM cost WHERE team = 'idle' GROUP BY ALL"
+        ).fetchall()
+    }
+    triggers = {
+        (dict(k)["sla"], dict(k)["team"]): v for (n, k), v in got.items() if n == "gpucost_reclaim_triggers_total"
+    }
+    assert triggers == {
+        (sla, team): float(c)
+        for sla, team, c in con.execute("SELECT coalesce(sla, ''), team, count(*) FROM reclaim GROUP BY ALL").fetchall()
+    }
     gpus = {(dict(k)["grade"], dict(k)["breaker_state"]): v for (n, k), v in got.items() if n == "gpucost_gpus"}
-    assert gpus and gpus == {(g, s): float(c) for g, s, c in con.execute(
-        "SELECT grade, state, count(*) FROM (SELECT gpu_uuid, arg_max(grade, window_end_ns) AS grade, "
-        "arg_max(breaker_state, window_end_ns) AS state FROM health GROUP BY gpu_uuid) GROUP BY ALL").fetchall()}
+    assert gpus and gpus == {
+        (g, s): float(c)
+        for g, s, c in con.execute(
+            "SELECT grade, state, count(*) FROM (SELECT gpu_uuid, arg_max(grade, window_end_ns) AS grade, "
+            "arg_max(breaker_state, window_end_ns) AS state FROM health GROUP BY gpu_uuid) GROUP BY ALL"
+        ).fetchall()
+    }
 
 
 def test_past_the_cap_cost_is_folded_under_other_and_the_total_stays() -> None:
@@ -186,5 +210,8 @@ def test_past_the_cap_cost_is_folded_under_other_and_the_total_stays() -> None:
         m.observe("cost", to_table("cost", cost))
     assert len(capped.charged) <= 2 and capped.charged.folded > 0  # the _other series among the 2, whatever the models
     assert {k for k in capped.charged if k[0] == OTHER_TEAM}
-    assert sum(capped.charged.values()) == sum(whole.charged.values()) == sum(r.cost_micro_usd for r in cost
-                                                                              if r.cost_micro_usd > 0)
+    assert (
+        sum(capped.charged.values())
+        == sum(whole.charged.values())
+        == sum(r.cost_micro_usd for r in cost if r.cost_micro_usd > 0)
+    )

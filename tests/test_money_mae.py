@@ -1,4 +1,5 @@
 """Largest-remainder splits and the entropy/L2 helpers."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """The NVML producer against a fake NVML serving real nvidia-smi captures (H100, H200, H200 MIG)."""
+
 from __future__ import annotations
 
 import math
@@ -41,7 +42,12 @@ def test_samples_carry_the_capture_values(shared_data: Path, name: str, phase: s
     events = opened(state).sample(T0, 1.0)
     (gpu,) = [e for e in events if isinstance(e, GpuSample)]
     row = cap.dmon[0]
-    assert (gpu.gpu_uuid, gpu.gpu_model, gpu.sm_util_pct, gpu.mem_bw_util_pct) == (cap.gpu_uuid, cap.name, row["sm"], row["mem"])
+    assert (gpu.gpu_uuid, gpu.gpu_model, gpu.sm_util_pct, gpu.mem_bw_util_pct) == (
+        cap.gpu_uuid,
+        cap.name,
+        row["sm"],
+        row["mem"],
+    )
     assert (gpu.power_w, gpu.temp_c) == (row["pwr"], row["gtemp"])
     assert (gpu.mem_used_bytes, gpu.mem_total_bytes) == (cap.fb_used_mib << 20, cap.fb_total_mib << 20)
     assert (gpu.pcie_tx_bytes_s, gpu.pcie_rx_bytes_s) == (cap.tx_kb_s * 1024, cap.rx_kb_s * 1024)
@@ -66,7 +72,7 @@ def test_process_samples_are_read_once_across_calls(shared_data: Path) -> None:
     for pid in {p for p, sm, _ in cap.pmon if sm is not None}:
         sms = [sm for i, (p, sm, _) in enumerate(cap.pmon) if p == pid and sm is not None]
         early = [sm for i, (p, sm, _) in enumerate(cap.pmon) if p == pid and sm is not None and i // per_cycle < 2]
-        late = sms[len(early):]
+        late = sms[len(early) :]
         assert first.get(pid, 0.0) == pytest.approx(sum(early) / len(early) if early else 0.0, abs=0.005)
         assert second.get(pid, 0.0) == pytest.approx(sum(late) / len(late) if late else 0.0, abs=0.005)
 
@@ -114,7 +120,8 @@ def test_gpm_bills_each_mig_instance_from_its_own_counters(shared_data: Path, na
             gpu = gpus[uuid]
             assert gpu.gpu_model == f"{cap.name} MIG {profile}"
             assert [gpu.sm_util_pct, gpu.mem_bw_util_pct, gpu.tensor_active_pct, gpu.dram_active_pct] == pytest.approx(
-                [busy, dram, tensor, dram], abs=0.005)  # to 1/100 %
+                [busy, dram, tensor, dram], abs=0.005
+            )  # to 1/100 %
             procs = {e.pid: e for e in events if isinstance(e, ProcessSample) and e.gpu_uuid == uuid}
             running = {p for p, at in cap.mig_processes.items() if at == (gi, ci)}
             assert set(procs) - running <= {unclaimed_pid(uuid)}
@@ -132,8 +139,7 @@ def test_gpm_bills_each_mig_instance_from_its_own_counters(shared_data: Path, na
 @pytest.mark.parametrize("name", CAPTURES)
 def test_gpm_adds_tensor_and_dram_activity_to_a_whole_gpu(shared_data: Path, name: str) -> None:
     cap = parse(capture_path(shared_data, name), "load")
-    state = FakeState(cap, gpm={"gpu0": [(1.0, 2.0, 3.0), (99.5, 41.25, 63.126)]},
-                      gpm_unsupported=set())
+    state = FakeState(cap, gpm={"gpu0": [(1.0, 2.0, 3.0), (99.5, 41.25, 63.126)]}, gpm_unsupported=set())
     sampler = opened(state)
     state.tick = 1
     (gpu,) = [e for e in sampler.sample(T0, 1.0) if isinstance(e, GpuSample)]
@@ -198,8 +204,9 @@ def test_sampling_stays_on_its_grid(shared_data: Path) -> None:
     assert sleeps[1:] == [pytest.approx(0.7)] * 4
 
 
-def test_gpucost_run_audits_the_nvml_source(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_gpucost_run_audits_the_nvml_source(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`gpucost run` (source auto) finds the (fake) NVML, samples it, and writes the audit."""
     import sys
 
@@ -209,11 +216,29 @@ def test_gpucost_run_audits_the_nvml_source(shared_data: Path, tmp_path: Path, m
     cap = parse(capture_path(shared_data, CAPTURES[1]), "load")
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(FakeState(cap, now_us=10**9)))
     prices = tmp_path / "prices.jsonl"
-    prices.write_text(f'{{"kind": "price", "gpu_model": "{cap.name}", "ts_ns": 1000000000000000000, '
-                      '"usd_per_gpu_hour": "36.000000"}\n')  # 10 µ$ per ms
+    prices.write_text(
+        f'{{"kind": "price", "gpu_model": "{cap.name}", "ts_ns": 1000000000000000000, '
+        '"usd_per_gpu_hour": "36.000000"}\n'
+    )  # 10 µ$ per ms
     out = tmp_path / "out"
-    assert main(["run", "--node-id", "node-a", "--period-s", "0.05", "--duration-s", "0.5", "--out", str(out),
-                 "--prices", str(prices)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--node-id",
+                "node-a",
+                "--period-s",
+                "0.05",
+                "--duration-s",
+                "0.5",
+                "--out",
+                str(out),
+                "--prices",
+                str(prices),
+            ]
+        )
+        == 0
+    )
     assert "via NVML" in capsys.readouterr().err
     con = connect(out)
     (gpus,) = con.execute("SELECT list(DISTINCT gpu_uuid) FROM idle_index").fetchone()

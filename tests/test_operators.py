@@ -8,6 +8,7 @@ own list, so an operator added there is checked without a line here:
 Panes are generated (several GPUs, gaps between panes, tenants of every tier and none, traces, GPM sums), their
 idle records rolled by a fresh ``IdleIndex`` on each path, as the auditor does.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,17 +48,29 @@ def pane(draw: Any, gpu: str, k: int) -> PaneTotals:
         who = tenant(team, TIER_OF[team])
         # idle (0, or under the tiers' thresholds) often enough for runs to span panes, and a snapshot
         sm = draw(st.one_of(st.just(0), st.integers(0, 400 * covered), st.integers(0, CP * covered)))
-        tenants[who.key] = TenantTotals(who, sm,
-                                     draw(st.integers(0, CP * covered)), draw(st.integers(0, 50)),
-                                     draw(st.sampled_from([0, 1, 1, 2])))
+        tenants[who.key] = TenantTotals(
+            who, sm, draw(st.integers(0, CP * covered)), draw(st.integers(0, 50)), draw(st.sampled_from([0, 1, 1, 2]))
+        )
     return PaneTotals(
-        gpu_uuid=gpu, pane_start_ns=k * PANE_NS, pane_end_ns=(k + 1) * PANE_NS, node_id=f"node-{gpu[-1]}",
-        gpu_model=draw(st.sampled_from(["NVIDIA H100 80GB HBM3", "T4", "unknown"])), covered_ms=covered,
-        idle_ms=draw(st.integers(0, covered)), tenant_events=len(tenants), tenants=tenants,
-        energy_uj=draw(st.integers(0, 700_000 * covered)), busy_cp_ms=busy, placed=draw(st.integers(0, 2)),
-        bw_cp_ms=draw(st.integers(0, CP * covered)), tensor_cp_ms=draw(st.integers(0, CP * tensor_ms)),
-        tensor_ms=tensor_ms, dram_cp_ms=draw(st.integers(0, CP * dram_ms)), dram_ms=dram_ms,
-        flops=draw(st.dictionaries(st.integers(0, 4), st.integers(0, 2**60), max_size=2)))
+        gpu_uuid=gpu,
+        pane_start_ns=k * PANE_NS,
+        pane_end_ns=(k + 1) * PANE_NS,
+        node_id=f"node-{gpu[-1]}",
+        gpu_model=draw(st.sampled_from(["NVIDIA H100 80GB HBM3", "T4", "unknown"])),
+        covered_ms=covered,
+        idle_ms=draw(st.integers(0, covered)),
+        tenant_events=len(tenants),
+        tenants=tenants,
+        energy_uj=draw(st.integers(0, 700_000 * covered)),
+        busy_cp_ms=busy,
+        placed=draw(st.integers(0, 2)),
+        bw_cp_ms=draw(st.integers(0, CP * covered)),
+        tensor_cp_ms=draw(st.integers(0, CP * tensor_ms)),
+        tensor_ms=tensor_ms,
+        dram_cp_ms=draw(st.integers(0, CP * dram_ms)),
+        dram_ms=dram_ms,
+        flops=draw(st.dictionaries(st.integers(0, 4), st.integers(0, 2**60), max_size=2)),
+    )
 
 
 @st.composite
@@ -81,8 +94,9 @@ def published(records: list[Any]) -> list[str]:
     return [r.model_dump_json() for r in records]
 
 
-def by_rows(ops: list[PaneOperator], panes: list[PaneTotals], prices: list[Decimal | None],
-            idle: IdleIndex) -> list[list[list[str]]]:
+def by_rows(
+    ops: list[PaneOperator], panes: list[PaneTotals], prices: list[Decimal | None], idle: IdleIndex
+) -> list[list[list[str]]]:
     """Each operator's records of each pane through the row entry."""
     out: list[list[list[str]]] = [[] for _ in ops]
     for p, price in zip(panes, prices, strict=True):
@@ -93,8 +107,9 @@ def by_rows(ops: list[PaneOperator], panes: list[PaneTotals], prices: list[Decim
     return out
 
 
-def by_batch(ops: list[PaneOperator], panes: list[PaneTotals], prices: list[Decimal | None],
-             idle: IdleIndex) -> list[list[list[str]]]:
+def by_batch(
+    ops: list[PaneOperator], panes: list[PaneTotals], prices: list[Decimal | None], idle: IdleIndex
+) -> list[list[list[str]]]:
     if not panes:
         return [[] for _ in ops]
     columns = PaneColumns.of(panes)

@@ -1,4 +1,5 @@
 """The producer's outbox: whatever the bound, messages leave in the order they came, none lost."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,14 @@ def msg(i: int) -> Message:
 
 
 @pytest.mark.slow
-@given(st.lists(st.one_of(st.tuples(st.just("in"), st.integers(1, 20)), st.tuples(st.just("out"), st.integers(1, 20))),
-                max_size=40), st.integers(1, 2000), st.integers(0, 5))
+@given(
+    st.lists(
+        st.one_of(st.tuples(st.just("in"), st.integers(1, 20)), st.tuples(st.just("out"), st.integers(1, 20))),
+        max_size=40,
+    ),
+    st.integers(1, 2000),
+    st.integers(0, 5),
+)
 def test_fifo_through_memory_and_spool(ops: list[tuple[str, int]], bound: int, crash_at: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         spool = Path(tmp) / "spool"
@@ -38,7 +45,7 @@ def test_fifo_through_memory_and_spool(ops: list[tuple[str, int]], bound: int, c
                     n += 1
             else:
                 head = box.head(k)
-                assert head == sent[len(acked):len(acked) + len(head)]  # always the oldest unacknowledged
+                assert head == sent[len(acked) : len(acked) + len(head)]  # always the oldest unacknowledged
                 box.pop(len(head))
                 acked += head
             if step == crash_at:  # the producer dies here: the next one sends what the spool holds, in order
@@ -50,7 +57,7 @@ def test_fifo_through_memory_and_spool(ops: list[tuple[str, int]], bound: int, c
                     survivors.pop(len(head))
                 where = [sent.index(m) for m in resent]
                 assert where == sorted(set(where))  # in the order sent, each once
-                assert set(sent[len(acked):]) - set(memory_only) <= set(resent)
+                assert set(sent[len(acked) :]) - set(memory_only) <= set(resent)
                 assert not spool.exists()
                 return
         assert len(box) == len(sent) - len(acked)
@@ -89,8 +96,17 @@ def test_publish_stops_when_told_while_its_source_is_busy_and_the_broker_away(tm
     async def run() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(3, stop.set)
-        await asyncio.wait_for(publish(endless, KafkaSettings(bootstrap="127.0.0.1:1"), flush_interval_s=0.2,
-                                       spool=tmp_path / "spool", buffer_bytes=1 << 16, stop=stop), timeout=60)
+        await asyncio.wait_for(
+            publish(
+                endless,
+                KafkaSettings(bootstrap="127.0.0.1:1"),
+                flush_interval_s=0.2,
+                spool=tmp_path / "spool",
+                buffer_bytes=1 << 16,
+                stop=stop,
+            ),
+            timeout=60,
+        )
 
     with pytest.raises(Stopped):
         asyncio.run(run())

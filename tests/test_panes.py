@@ -1,4 +1,5 @@
 """Pane and watermark boundaries exactly as docs/definitions.md ("Time, panes and watermarks") states them."""
+
 from __future__ import annotations
 
 import json
@@ -23,12 +24,22 @@ T0 = 1_767_571_200 * NS  # a pane boundary
 
 
 def sample(ts_ns: int) -> GpuSample:
-    return GpuSample(node_id="n", gpu_uuid="GPU-x", gpu_model="H100", ts_ns=ts_ns, interval_s=1.0,
-                     sm_util_pct=50.0, mem_bw_util_pct=1.0, mem_used_bytes=0, mem_total_bytes=1,
-                     power_w=1.0, temp_c=30.0)
+    return GpuSample(
+        node_id="n",
+        gpu_uuid="GPU-x",
+        gpu_model="H100",
+        ts_ns=ts_ns,
+        interval_s=1.0,
+        sm_util_pct=50.0,
+        mem_bw_util_pct=1.0,
+        mem_used_bytes=0,
+        mem_total_bytes=1,
+        power_w=1.0,
+        temp_c=30.0,
+    )
 
 
-@given(st.integers(-10**12, 10**12), st.sampled_from([1, 7, 60 * NS]))
+@given(st.integers(-(10**12), 10**12), st.sampled_from([1, 7, 60 * NS]))
 def test_pane_contains_its_event(offset: int, pane_ns: int) -> None:
     ts = T0 + offset
     start = pane_start_ns(ts, pane_ns)
@@ -65,17 +76,35 @@ def test_idle_window_survives_panes_beyond_32_bits() -> None:
         pane = PaneTotals("GPU-1", T0 + k * 1200 * NS, T0 + (k + 1) * 1200 * NS, "n", "H100", covered, idle)
         rec = index.on_close(pane)
         got.append((rec.idle_ms_72h, rec.covered_ms_72h))
-    want = [(sum(i for i, _ in sizes[max(0, k - 2):k + 1]), sum(c for _, c in sizes[max(0, k - 2):k + 1]))
-            for k in range(len(sizes))]
+    want = [
+        (sum(i for i, _ in sizes[max(0, k - 2) : k + 1]), sum(c for _, c in sizes[max(0, k - 2) : k + 1]))
+        for k in range(len(sizes))
+    ]
     assert got == want
 
 
-@given(st.integers(1, 12), st.lists(st.lists(st.tuples(
-    st.sampled_from([1, 1, 1, 2, 3, 11, 12, 13, 25]), st.integers(0, 50), st.integers(0, 50),
-    st.sampled_from([0, 0, 0, 0, 1 << 33])), min_size=1, max_size=6), min_size=1, max_size=6),
-       st.sampled_from([0, 3, 64]), st.sampled_from([0, 0, 1, 4, 30]))
-def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(n: int, calls: list[list[tuple[int, int, int, int]]],
-                                                             sparse_panes: int, keep: int) -> None:
+@given(
+    st.integers(1, 12),
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from([1, 1, 1, 2, 3, 11, 12, 13, 25]),
+                st.integers(0, 50),
+                st.integers(0, 50),
+                st.sampled_from([0, 0, 0, 0, 1 << 33]),
+            ),
+            min_size=1,
+            max_size=6,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sampled_from([0, 3, 64]),
+    st.sampled_from([0, 0, 1, 4, 30]),
+)
+def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(
+    n: int, calls: list[list[tuple[int, int, int, int]]], sparse_panes: int, keep: int
+) -> None:
     """Sums after each pane and the state left behind (with a revision horizon: the panes that left the window
     and are kept), over gaps shorter and longer than the window, a pane past 32 bits, and windows held as lists
     and as rings (``SPARSE_PANES``)."""
@@ -113,8 +142,14 @@ def roll_both(n: int, calls: list[list[tuple[int, int, int, int]]], keep: int = 
         assert restored.to_state() == one.to_state()
 
 
-@given(st.sets(st.tuples(st.sampled_from(["gpu_sample", "process_sample", "numa_event"]), st.integers(-1, 4),
-                         st.integers(0, P - 1)), max_size=60))
+@given(
+    st.sets(
+        st.tuples(
+            st.sampled_from(["gpu_sample", "process_sample", "numa_event"]), st.integers(-1, 4), st.integers(0, P - 1)
+        ),
+        max_size=60,
+    )
+)
 def test_a_panes_seen_events_survive_its_state_through_json(seen: set[tuple[str, int, int]]) -> None:
     """``seen`` is written as gaps between times; what comes back is the same set, and a state written
     before the gaps (one ``[kind, pid, ts_ns]`` each) still reads."""

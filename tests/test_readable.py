@@ -2,6 +2,7 @@
 covers and draws no empty plot; ``gpucost query`` shows event times as ISO-8601 UTC unless asked for the integers;
 the README's sample output is what a run prints today. Expected values come from pyarrow over the raw Parquet,
 numpy's own ISO parser, or the README itself, never from the code under test."""
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,10 @@ def test_every_axis_says_what_and_in_what_unit(fleet: tuple[Path, str]) -> None:
 def test_the_page_says_the_period_it_covers(fleet: tuple[Path, str]) -> None:
     out = fleet[0]
     panes = [(r["pane_start_ns"], r["pane_end_ns"]) for kind in ("cost", "idle_index") for r in records(out, kind)]
-    start, end = (dt.datetime.fromtimestamp(ns // 10**9, dt.UTC).strftime("%Y-%m-%d %H:%M")
-                  for ns in (min(s for s, _ in panes), max(e for _, e in panes)))
+    start, end = (
+        dt.datetime.fromtimestamp(ns // 10**9, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        for ns in (min(s for s, _ in panes), max(e for _, e in panes))
+    )
     assert f"Period covered: {start} UTC to {end} UTC" in (out / "report.html").read_text()
     assert f"Period covered: {start} UTC to {end} UTC" in fleet[1]  # the run's summary says it too
 
@@ -106,17 +109,22 @@ def test_an_event_time_reads_back_as_the_same_nanosecond(ns: int) -> None:
     assert np.datetime64(text[:-1], "ns").astype(np.int64) == ns  # numpy's own ISO parser, to the nanosecond
 
 
-def test_query_shows_event_times_in_utc_unless_asked_for_integers(fleet: tuple[Path, str],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_query_shows_event_times_in_utc_unless_asked_for_integers(
+    fleet: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = str(fleet[0])
-    sql = ("SELECT pane_start_ns, pane_end_ns - pane_start_ns AS span_ns, covered_ms FROM idle_index "
-           "ORDER BY gpu_uuid, pane_start_ns LIMIT 3")
-    want = sorted((r["gpu_uuid"], r["pane_start_ns"], r["pane_end_ns"], r["covered_ms"])
-                  for r in records(fleet[0], "idle_index"))[:3]
+    sql = (
+        "SELECT pane_start_ns, pane_end_ns - pane_start_ns AS span_ns, covered_ms FROM idle_index "
+        "ORDER BY gpu_uuid, pane_start_ns LIMIT 3"
+    )
+    want = sorted(
+        (r["gpu_uuid"], r["pane_start_ns"], r["pane_end_ns"], r["covered_ms"]) for r in records(fleet[0], "idle_index")
+    )[:3]
     rc, text, _ = run("query", sql, "--out", out, "--format", "json")
     got = json.loads(text)
     assert rc == 0 and [np.datetime64(r["pane_start_ns"].rstrip("Z"), "ns").astype(np.int64) for r in got] == [
-        w[1] for w in want]
+        w[1] for w in want
+    ]
     assert all(r["pane_start_ns"].endswith(":00Z") for r in got)  # whole minutes, UTC
     assert [r["span_ns"] for r in got] == [w[2] - w[1] for w in want]  # a computed length stays a number
     assert [r["covered_ms"] for r in got] == [w[3] for w in want]
@@ -145,7 +153,18 @@ def test_the_readmes_sample_output_is_todays(fleet: tuple[Path, str], tmp_path: 
     command = block[1].removeprefix("$ .venv/bin/gpucost ").split()
     assert command[0] == "run"
     # the same command on a smaller fleet prints the same sections, tables and columns
-    rc, text, _ = run(*command[:1], "--gpus", "4", "--hours", "26", "--interval-s", "30", "--admission-h", "0",
-                      "--out", str(tmp_path / "o"))
+    rc, text, _ = run(
+        *command[:1],
+        "--gpus",
+        "4",
+        "--hours",
+        "26",
+        "--interval-s",
+        "30",
+        "--admission-h",
+        "0",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert rc == 0
     assert _shape(block) == _shape(text.splitlines())

@@ -3,6 +3,7 @@
 Each ``container_ip`` is one GPU; each row one 57 s sample. The idle index the pipeline
 computes must equal what SQL computes straight from the CSV text.
 """
+
 from __future__ import annotations
 
 import csv
@@ -25,10 +26,25 @@ STEP_S = 57
 
 def _events(csv_text: str) -> list[str]:
     rows = sorted(csv.DictReader(io.StringIO(csv_text)), key=lambda r: (float(r["timestamp_anon"]), r["container_ip"]))
-    return [json.dumps({"kind": "gpu_sample", "node_id": "alibaba-genai", "gpu_uuid": f"GPU-{r['container_ip']}",
-                        "gpu_model": "anonymised", "ts_ns": int(float(r["timestamp_anon"])) * NS,
-                        "interval_s": STEP_S, "sm_util_pct": float(r["value"]), "mem_bw_util_pct": 0,
-                        "mem_used_bytes": 0, "mem_total_bytes": 0, "power_w": 0, "temp_c": 0}) for r in rows]
+    return [
+        json.dumps(
+            {
+                "kind": "gpu_sample",
+                "node_id": "alibaba-genai",
+                "gpu_uuid": f"GPU-{r['container_ip']}",
+                "gpu_model": "anonymised",
+                "ts_ns": int(float(r["timestamp_anon"])) * NS,
+                "interval_s": STEP_S,
+                "sm_util_pct": float(r["value"]),
+                "mem_bw_util_pct": 0,
+                "mem_used_bytes": 0,
+                "mem_total_bytes": 0,
+                "power_w": 0,
+                "temp_c": 0,
+            }
+        )
+        for r in rows
+    ]
 
 
 def test_alibaba_duty_cycle_idle_index_matches_sql(shared_data: Path, tmp_path: Path) -> None:
@@ -52,14 +68,16 @@ def test_alibaba_duty_cycle_idle_index_matches_sql(shared_data: Path, tmp_path: 
             WHEN x - floor(x) < 0.5 THEN floor(x) WHEN floor(x) % 2 = 0 THEN floor(x) ELSE floor(x) + 1 END AS BIGINT);
         CREATE TABLE panes AS
           SELECT 'GPU-' || container_ip AS gpu_uuid,
-                 CAST(timestamp_anon AS BIGINT) * {NS} - CAST(timestamp_anon AS BIGINT) * {NS} % {60 * NS} AS pane_start_ns,
+                 CAST(timestamp_anon AS BIGINT) * {NS}
+                   - CAST(timestamp_anon AS BIGINT) * {NS} % {60 * NS} AS pane_start_ns,
                  count(*) * {STEP_S * 1000} AS covered_ms,
                  count(*) FILTER (WHERE half_even(value * 100) < 500) * {STEP_S * 1000} AS idle_ms
           FROM read_csv('{tmp_path / "duty.csv"}', header = true,
                         columns = {{'value': 'DECIMAL(38,16)', 'timestamp_anon': 'DOUBLE', 'container_ip': 'VARCHAR'}})
           GROUP BY ALL;
         CREATE TABLE want AS SELECT *, sum(idle_ms) OVER w AS i72, sum(covered_ms) OVER w AS c72 FROM panes
-          WINDOW w AS (PARTITION BY gpu_uuid ORDER BY pane_start_ns RANGE BETWEEN {72 * 3600 * NS - 60 * NS} PRECEDING AND CURRENT ROW);
+          WINDOW w AS (PARTITION BY gpu_uuid ORDER BY pane_start_ns
+                       RANGE BETWEEN {72 * 3600 * NS - 60 * NS} PRECEDING AND CURRENT ROW);
     """)
     counts = con.execute("SELECT (SELECT count(*) FROM want), (SELECT count(*) FROM idle_index)").fetchone()
     assert counts[0] == counts[1] > 100_000

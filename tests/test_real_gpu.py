@@ -5,6 +5,7 @@ Independent readings: ``nvidia-smi`` (a separate program over the same driver) f
 a CUDA job of our own whose process id and load we know, and the pane cost rule of docs/definitions.md
 ("Apportionment") recomputed from each record's own price and covered time.
 """
+
 from __future__ import annotations
 
 import csv
@@ -40,8 +41,12 @@ def smi() -> list[dict[str, str]]:
     """Each GPU as nvidia-smi reads it (skip where there is none)."""
     if shutil.which("nvidia-smi") is None:
         pytest.skip("no nvidia-smi: this machine has no NVIDIA driver")
-    done = subprocess.run(["nvidia-smi", "--query-gpu=uuid,name,memory.total,mig.mode.current",
-                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid,name,memory.total,mig.mode.current", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if done.returncode != 0 or not done.stdout.strip():
         pytest.skip(f"nvidia-smi found no GPU: {done.stderr.strip() or done.stdout.strip()}")
     keys = ("uuid", "name", "memory_mib", "mig")
@@ -89,11 +94,19 @@ def test_nvml_samples_every_device_and_sees_our_job() -> None:
     gpm = [e for e in gpu_samples if e.tensor_active_pct is not None]
     if sampler.counts["gpm_unavailable"] == 0 and any(d.gpm is not None for d in sampler.devices):
         assert gpm and max(e.tensor_active_pct or 0.0 for e in gpm) > 5, "GPM read no tensor activity"
-    print(json.dumps({"devices": [d.uuid for d in sampler.devices], "gpm": bool(gpm),
-                      "max_sm_util_pct": max(e.sm_util_pct for e in gpu_samples),
-                      "max_tensor_active_pct": max((e.tensor_active_pct or 0.0 for e in gpm), default=None),
-                      "max_dram_active_pct": max((e.dram_active_pct or 0.0 for e in gpm), default=None),
-                      "job_max_sm_util_pct": max(e.sm_util_pct for e in ours), "counts": dict(sampler.counts)}))
+    print(
+        json.dumps(
+            {
+                "devices": [d.uuid for d in sampler.devices],
+                "gpm": bool(gpm),
+                "max_sm_util_pct": max(e.sm_util_pct for e in gpu_samples),
+                "max_tensor_active_pct": max((e.tensor_active_pct or 0.0 for e in gpm), default=None),
+                "max_dram_active_pct": max((e.dram_active_pct or 0.0 for e in gpm), default=None),
+                "job_max_sm_util_pct": max(e.sm_util_pct for e in ours),
+                "counts": dict(sampler.counts),
+            }
+        )
+    )
 
 
 def test_a_live_run_bills_our_job_on_the_real_gpu(tmp_path: Path) -> None:
@@ -102,25 +115,62 @@ def test_a_live_run_bills_our_job_on_the_real_gpu(tmp_path: Path) -> None:
     gpus = smi()
     job = burner(45)
     now_ns = time.time_ns()
-    events = [{"kind": "price", "gpu_model": g["name"], "ts_ns": now_ns - 3600 * 10**9, "usd_per_gpu_hour": "3.72"}
-              for g in {g["name"]: g for g in gpus}.values()]
-    events.append({"kind": "tenant_binding", "node_id": "device-check", "pid": job.pid, "ts_ns": now_ns - 10**9,
-                   "team": "ml-research", "env": "prod", "app": "burner", "tier": "training", "sla": "Gold"})
+    events = [
+        {"kind": "price", "gpu_model": g["name"], "ts_ns": now_ns - 3600 * 10**9, "usd_per_gpu_hour": "3.72"}
+        for g in {g["name"]: g for g in gpus}.values()
+    ]
+    events.append(
+        {
+            "kind": "tenant_binding",
+            "node_id": "device-check",
+            "pid": job.pid,
+            "ts_ns": now_ns - 10**9,
+            "team": "ml-research",
+            "env": "prod",
+            "app": "burner",
+            "tier": "training",
+            "sla": "Gold",
+        }
+    )
     prices = tmp_path / "prices.jsonl"
     prices.write_text("".join(json.dumps(e) + "\n" for e in events))
     out = tmp_path / "out"
     try:
-        done = subprocess.run([sys.executable, "-m", "gpucost.cli", "run", "--source", "nvml", "--node-id",
-                               "device-check", "--duration-s", "40", "--pane-s", "10", "--prices", str(prices),
-                               "--out", str(out), "--overwrite"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "GPUCOST_LOG_FORMAT": "text"})
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpucost.cli",
+                "run",
+                "--source",
+                "nvml",
+                "--node-id",
+                "device-check",
+                "--duration-s",
+                "40",
+                "--pane-s",
+                "10",
+                "--prices",
+                str(prices),
+                "--out",
+                str(out),
+                "--overwrite",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "GPUCOST_LOG_FORMAT": "text"},
+        )
     finally:
         job.kill()
         job.wait()
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = duckdb.sql(f"SELECT gpu_uuid, pane_start_ns, revision, team, cost_micro_usd, pane_cost_micro_usd, "
-                      f"usd_per_gpu_hour, covered_ms, pane_end_ns - pane_start_ns FROM "
-                      f"read_parquet('{out}/cost/date=*/part-*.parquet')").fetchall()
+    rows = duckdb.sql(
+        f"SELECT gpu_uuid, pane_start_ns, revision, team, cost_micro_usd, pane_cost_micro_usd, "
+        f"usd_per_gpu_hour, covered_ms, pane_end_ns - pane_start_ns FROM "
+        f"read_parquet('{out}/cost/date=*/part-*.parquet')"
+    ).fetchall()
     assert rows, f"no cost records; the run said: {done.stderr[-2000:]}"
     panes: dict[tuple[str, int, int], list[tuple[str, int]]] = {}
     for uuid, start, rev, team, cost, pane_cost, price, covered_ms, pane_ns in rows:

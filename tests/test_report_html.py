@@ -1,6 +1,7 @@
 """``gpucost report``: one self-contained HTML page, opened in a real browser (headless Chromium through
 Selenium): no console error, every plot rendered with the traces and marks that DuckDB counts over the same
 Parquet, and the team table equal to a DuckDB query."""
+
 from __future__ import annotations
 
 from html.parser import HTMLParser
@@ -58,7 +59,8 @@ def test_every_plot_renders_what_duckdb_counts(page: tuple[Path, Path], browser)
     plots = browser.execute_script(
         "return Object.fromEntries(Array.from(document.querySelectorAll('.js-plotly-plot')).map(e => [e.id, {"
         " traces: e.data.map(t => ({x: (t.x || []).length, z: (t.z || []).length})),"
-        " marks: e.querySelectorAll('.point').length, heat: e.querySelectorAll('.hm').length}]))")
+        " marks: e.querySelectorAll('.point').length, heat: e.querySelectorAll('.hm').length}]))"
+    )
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert errors == []
     con = connect(out)
@@ -67,22 +69,31 @@ def test_every_plot_renders_what_duckdb_counts(page: tuple[Path, Path], browser)
         return int(con.execute(sql).fetchall()[0][0])
 
     # cost by team: a trace per team, a bar per hour it billed, each bar drawn
-    teams = con.execute("SELECT team, count(DISTINCT pane_start_ns // 3600000000000) FROM cost GROUP BY team "
-                        "ORDER BY team").fetchall()
+    teams = con.execute(
+        "SELECT team, count(DISTINCT pane_start_ns // 3600000000000) FROM cost GROUP BY team ORDER BY team"
+    ).fetchall()
     assert [t["x"] for t in plots["cost-by-team"]["traces"]] == [n for _, n in teams]
     assert plots["cost-by-team"]["marks"] == sum(n for _, n in teams)
     hours = one("SELECT count(DISTINCT pane_start_ns // 3600000000000) FROM cost")
     assert [t["x"] for t in plots["idle-share"]["traces"]] == [hours] and hours >= 30
     # the heatmap: a row per GPU, a column per day, drawn
-    gpus, days = one("SELECT count(DISTINCT gpu_uuid) FROM idle_index"), one("SELECT count(DISTINCT date) FROM idle_index")
+    gpus, days = (
+        one("SELECT count(DISTINCT gpu_uuid) FROM idle_index"),
+        one("SELECT count(DISTINCT date) FROM idle_index"),
+    )
     assert plots["idle-heatmap"]["traces"] == [{"x": days, "z": gpus}] and plots["idle-heatmap"]["heat"] == 1
-    for plot, sql in (("most-idle", "SELECT least(10, count(DISTINCT gpu_uuid)) FROM idle_index"),
-                      ("health-grades", "SELECT count(DISTINCT grade) FROM health"),
-                      ("breaker-states", "SELECT count(DISTINCT s) FROM (SELECT arg_max(breaker_state, window_start_ns)"
-                                         " AS s FROM health GROUP BY gpu_uuid)"),
-                      ("reclaims", "SELECT count(DISTINCT sla) FROM reclaim"),
-                      ("mae", "SELECT count(DISTINCT (node_id, pid)) FROM mae"),
-                      ("dead-letters", "SELECT count(DISTINCT reason) FROM dlq")):
+    for plot, sql in (
+        ("most-idle", "SELECT least(10, count(DISTINCT gpu_uuid)) FROM idle_index"),
+        ("health-grades", "SELECT count(DISTINCT grade) FROM health"),
+        (
+            "breaker-states",
+            "SELECT count(DISTINCT s) FROM (SELECT arg_max(breaker_state, window_start_ns)"
+            " AS s FROM health GROUP BY gpu_uuid)",
+        ),
+        ("reclaims", "SELECT count(DISTINCT sla) FROM reclaim"),
+        ("mae", "SELECT count(DISTINCT (node_id, pid)) FROM mae"),
+        ("dead-letters", "SELECT count(DISTINCT reason) FROM dlq"),
+    ):
         want = one(sql)
         assert want > 0, plot  # this fleet has something to show in every plot
         assert [t["x"] for t in plots[plot]["traces"]] == [want] and plots[plot]["marks"] == want, plot
@@ -91,18 +102,39 @@ def test_every_plot_renders_what_duckdb_counts(page: tuple[Path, Path], browser)
 def test_the_team_table_is_duckdbs(page: tuple[Path, Path], browser) -> None:  # type: ignore[no-untyped-def]
     out, html = page
     browser.get(html.as_uri())
-    rows = browser.execute_script("return Array.from(document.querySelectorAll('#teams tr')).slice(1)"
-                                  ".map(r => Array.from(r.cells).map(c => c.textContent))")
+    rows = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#teams tr')).slice(1)"
+        ".map(r => Array.from(r.cells).map(c => c.textContent))"
+    )
     want = connect(out).execute("SELECT team, sum(cost_micro_usd), count(*) FROM cost GROUP BY team").fetchall()
     assert {r[0]: (int(r[1]), int(r[2])) for r in rows} == {t: (c, n) for t, c, n in want}
 
 
 def test_a_date_range_narrows_every_plot(page: tuple[Path, Path], tmp_path: Path) -> None:
     out, _ = page
-    gpucost("report", "--out", str(out), "--html", str(tmp_path / "day.html"), "--since", "2025-01-07",
-            "--until", "2025-01-07")
+    gpucost(
+        "report",
+        "--out",
+        str(out),
+        "--html",
+        str(tmp_path / "day.html"),
+        "--since",
+        "2025-01-07",
+        "--until",
+        "2025-01-07",
+    )
     text = (tmp_path / "day.html").read_text()
     assert "2025-01-06" not in text.split("</script>", 1)[1].split("2025-01-07", 1)[0]  # the heatmap starts there
-    proc = gpucost("report", "--out", str(out), "--html", str(tmp_path / "x.html"), "--since", "2025-01-08",
-                   "--until", "2025-01-07", check=False)
+    proc = gpucost(
+        "report",
+        "--out",
+        str(out),
+        "--html",
+        str(tmp_path / "x.html"),
+        "--since",
+        "2025-01-08",
+        "--until",
+        "2025-01-07",
+        check=False,
+    )
     assert proc.returncode == 2 and "after" in proc.stderr

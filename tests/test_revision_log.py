@@ -1,6 +1,7 @@
 """``streams.revisions`` on its own: a pane recomputed from its logged rows and the bindings in force, what a
 re-sent event meets, what the horizon forgets, and the difference records of a recomputation
 (docs/definitions.md, "Late data become revisions"), against sums written here."""
+
 from __future__ import annotations
 
 import random
@@ -26,19 +27,47 @@ GPU, NODE = "GPU-0", "node-0"
 ts = st.integers(T0, T0 + PANE_NS - 1)  # one pane, starting at T0
 pct = st.sampled_from([0.0, 4.99, 5.0, 37.5, 100.0])
 interval = st.sampled_from([0.5, 1.0, 10.0])
-gpu_samples = st.builds(lambda t, i, sm, bw: GpuSample(node_id=NODE, gpu_uuid=GPU, gpu_model="H100", ts_ns=t,
-                                                       interval_s=i, sm_util_pct=sm, mem_bw_util_pct=bw,
-                                                       mem_used_bytes=1, mem_total_bytes=2, power_w=100.0, temp_c=40.0),
-                        ts, interval, pct, pct)
-process_samples = st.builds(lambda t, pid, i, sm, bw: ProcessSample(node_id=NODE, gpu_uuid=GPU, pid=pid, ts_ns=t,
-                                                                    interval_s=i, sm_util_pct=sm, mem_bw_util_pct=bw,
-                                                                    mem_used_bytes=1),
-                            ts, st.sampled_from([7, 8]), interval, pct, pct)
-numa_events = st.builds(lambda t, pid, hops, w: NumaEvent(node_id=NODE, gpu_uuid=GPU, pid=pid, ts_ns=t, hops=hops,
-                                                          latency_weight=w),
-                        ts, st.sampled_from([7, 8]), st.integers(0, 3), st.integers(0, 40))
-bindings = st.lists(st.tuples(st.sampled_from([7, 8]), st.integers(T0, T0 + PANE_NS),
-                              st.sampled_from(["ads", "search"])), max_size=4, unique_by=lambda b: (b[0], b[1]))
+gpu_samples = st.builds(
+    lambda t, i, sm, bw: GpuSample(
+        node_id=NODE,
+        gpu_uuid=GPU,
+        gpu_model="H100",
+        ts_ns=t,
+        interval_s=i,
+        sm_util_pct=sm,
+        mem_bw_util_pct=bw,
+        mem_used_bytes=1,
+        mem_total_bytes=2,
+        power_w=100.0,
+        temp_c=40.0,
+    ),
+    ts,
+    interval,
+    pct,
+    pct,
+)
+process_samples = st.builds(
+    lambda t, pid, i, sm, bw: ProcessSample(
+        node_id=NODE, gpu_uuid=GPU, pid=pid, ts_ns=t, interval_s=i, sm_util_pct=sm, mem_bw_util_pct=bw, mem_used_bytes=1
+    ),
+    ts,
+    st.sampled_from([7, 8]),
+    interval,
+    pct,
+    pct,
+)
+numa_events = st.builds(
+    lambda t, pid, hops, w: NumaEvent(node_id=NODE, gpu_uuid=GPU, pid=pid, ts_ns=t, hops=hops, latency_weight=w),
+    ts,
+    st.sampled_from([7, 8]),
+    st.integers(0, 3),
+    st.integers(0, 40),
+)
+bindings = st.lists(
+    st.tuples(st.sampled_from([7, 8]), st.integers(T0, T0 + PANE_NS), st.sampled_from(["ads", "search"])),
+    max_size=4,
+    unique_by=lambda b: (b[0], b[1]),
+)
 
 
 def team_at(bound: list[tuple[int, int, str]], pid: int, t: int) -> str:
@@ -47,8 +76,13 @@ def team_at(bound: list[tuple[int, int, str]], pid: int, t: int) -> str:
     return max(earlier)[1] if earlier else UNATTRIBUTED.team
 
 
-@given(st.lists(gpu_samples, max_size=6), st.lists(process_samples, max_size=8), st.lists(numa_events, max_size=4),
-       bindings, st.randoms())
+@given(
+    st.lists(gpu_samples, max_size=6),
+    st.lists(process_samples, max_size=8),
+    st.lists(numa_events, max_size=4),
+    bindings,
+    st.randoms(),
+)
 def test_a_pane_is_recomputed_from_its_events_whatever_their_order(gpu, proc, numa, bound, rnd: random.Random) -> None:
     events = [*gpu, *proc, *numa]
     rnd.shuffle(events)
@@ -57,8 +91,9 @@ def test_a_pane_is_recomputed_from_its_events_whatever_their_order(gpu, proc, nu
         revisions.log(e)
     table = BindingTable()
     for pid, bt, team in bound:
-        table.update(TenantBinding(node_id=NODE, pid=pid, ts_ns=bt, team=team, env="prod", app="app", tier="online",
-                                   sla="Gold"))
+        table.update(
+            TenantBinding(node_id=NODE, pid=pid, ts_ns=bt, team=team, env="prod", app="app", tier="online", sla="Gold")
+        )
     pane = revisions.totals(GPU, T0, table)
 
     assert pane.covered_ms == sum(e.interval_ms for e in gpu)
@@ -79,9 +114,19 @@ def test_a_pane_is_recomputed_from_its_events_whatever_their_order(gpu, proc, nu
 
 def test_a_resent_event_is_a_duplicate_and_the_horizon_forgets_old_panes() -> None:
     revisions = Revisions(SETTINGS)
-    sample = GpuSample(node_id=NODE, gpu_uuid=GPU, gpu_model="H100", ts_ns=T0 + 10 * NS, interval_s=1.0,
-                       sm_util_pct=50.0, mem_bw_util_pct=0.0, mem_used_bytes=1, mem_total_bytes=2, power_w=100.0,
-                       temp_c=40.0)
+    sample = GpuSample(
+        node_id=NODE,
+        gpu_uuid=GPU,
+        gpu_model="H100",
+        ts_ns=T0 + 10 * NS,
+        interval_s=1.0,
+        sm_util_pct=50.0,
+        mem_bw_util_pct=0.0,
+        mem_used_bytes=1,
+        mem_total_bytes=2,
+        power_w=100.0,
+        temp_c=40.0,
+    )
     revisions.log(sample)
     assert revisions.refusal(sample) == "duplicate"
     assert revisions.refusal(sample.model_copy(update={"ts_ns": T0 + 30 * NS})) is None
@@ -96,8 +141,9 @@ def test_a_resent_event_is_a_duplicate_and_the_horizon_forgets_old_panes() -> No
 
 
 amount = st.integers(0, 10**8)
-tenant_sums = st.dictionaries(st.sampled_from(["ads", "search", "vision"]), st.tuples(amount, amount, amount),
-                              max_size=3)
+tenant_sums = st.dictionaries(
+    st.sampled_from(["ads", "search", "vision"]), st.tuples(amount, amount, amount), max_size=3
+)
 
 
 @given(st.lists(st.tuples(st.integers(0, 60_000), tenant_sums), min_size=1, max_size=5))
@@ -109,8 +155,9 @@ def test_the_records_of_every_revision_add_up_to_the_last_split(versions) -> Non
         records = differences(old, new, revision)
         assert all(r.revision == revision for r in records)
         assert len({r.record_id for r in records}) == len(records)
-        assert sum(r.cost_micro_usd for r in records) == (sum(r.cost_micro_usd for r in new)
-                                                          - sum(r.cost_micro_usd for r in old))
+        assert sum(r.cost_micro_usd for r in records) == (
+            sum(r.cost_micro_usd for r in new) - sum(r.cost_micro_usd for r in old)
+        )
         if [r.model_dump(exclude={"record_id"}) for r in old] == [r.model_dump(exclude={"record_id"}) for r in new]:
             assert records == []  # nothing changed: nothing published
         published += records

@@ -6,6 +6,7 @@ of ``cost_micro_usd`` over the revisions of the delayed run must equal that repl
 beyond the horizon is decided here too, from the horizon's definition alone (a watermark per GPU over the
 events taken so far), and must be exactly the ``late`` dead letters.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,16 @@ def fleets(draw: st.DrawFn) -> tuple[AuditSettings, list[Event], list[Event]]:
     device (no duplicates or overlaps, whose verdict depends on arrival order), bindings that reach the node
     up to the horizon after their time, samples up to the horizon and beyond it."""
     horizon_s = draw(st.sampled_from([600, 1800]))
-    s = AuditSettings(pane_s=PANE_S, lateness_s=draw(st.sampled_from([0, 120])), max_jump_s=86_400, window_h=1,
-                      revision_horizon_s=horizon_s, alpha=Decimal("0.6"), beta=Decimal("0.3"), gamma=Decimal("0.1"))
+    s = AuditSettings(
+        pane_s=PANE_S,
+        lateness_s=draw(st.sampled_from([0, 120])),
+        max_jump_s=86_400,
+        window_h=1,
+        revision_horizon_s=horizon_s,
+        alpha=Decimal("0.6"),
+        beta=Decimal("0.3"),
+        gamma=Decimal("0.1"),
+    )
     span_s = draw(st.integers(5, 100)) * 60  # past the 1 h window: panes leave it while revisions reach them
     gpus = [f"GPU-{i}" for i in range(draw(st.integers(1, 2)))]
     pids = [1, 2, 3]
@@ -45,39 +54,81 @@ def fleets(draw: st.DrawFn) -> tuple[AuditSettings, list[Event], list[Event]]:
     for pid in pids:
         # at the process's start, or later (a tenant change), mid-pane; two at one instant would be a duplicate
         for at_s in draw(st.lists(st.integers(0, span_s), unique=True, max_size=2)):
-            events.append(TenantBinding(node_id="node-0", pid=pid, ts_ns=BASE_NS + at_s * NS,
-                                        team=draw(st.sampled_from(TEAMS)), env="prod", app="app", tier="online",
-                                        sla="Gold"))
+            events.append(
+                TenantBinding(
+                    node_id="node-0",
+                    pid=pid,
+                    ts_ns=BASE_NS + at_s * NS,
+                    team=draw(st.sampled_from(TEAMS)),
+                    env="prod",
+                    app="app",
+                    tier="online",
+                    sla="Gold",
+                )
+            )
     pct = st.integers(0, 100).map(float)
     for gpu in gpus:
         step = draw(st.sampled_from([10, 15]))
         offset = draw(st.integers(0, step - 1))
         on = [t for t in range(offset, span_s, step) if draw(st.integers(0, 9))]  # a gap now and then
         for t in on:
-            events.append(GpuSample(node_id="node-0", gpu_uuid=gpu, gpu_model="H100", ts_ns=BASE_NS + t * NS,
-                                    interval_s=float(step), sm_util_pct=draw(pct), mem_bw_util_pct=draw(pct),
-                                    mem_used_bytes=1, mem_total_bytes=2, power_w=100.0, temp_c=40.0))
+            events.append(
+                GpuSample(
+                    node_id="node-0",
+                    gpu_uuid=gpu,
+                    gpu_model="H100",
+                    ts_ns=BASE_NS + t * NS,
+                    interval_s=float(step),
+                    sm_util_pct=draw(pct),
+                    mem_bw_util_pct=draw(pct),
+                    mem_used_bytes=1,
+                    mem_total_bytes=2,
+                    power_w=100.0,
+                    temp_c=40.0,
+                )
+            )
         for pid in draw(st.lists(st.sampled_from(pids), unique=True, max_size=3)):
             for t in on:
                 if draw(st.integers(0, 3)):
-                    events.append(ProcessSample(node_id="node-0", gpu_uuid=gpu, pid=pid, ts_ns=BASE_NS + t * NS + pid,
-                                                interval_s=float(step), sm_util_pct=draw(pct),
-                                                mem_bw_util_pct=draw(pct), mem_used_bytes=1))
+                    events.append(
+                        ProcessSample(
+                            node_id="node-0",
+                            gpu_uuid=gpu,
+                            pid=pid,
+                            ts_ns=BASE_NS + t * NS + pid,
+                            interval_s=float(step),
+                            sm_util_pct=draw(pct),
+                            mem_bw_util_pct=draw(pct),
+                            mem_used_bytes=1,
+                        )
+                    )
                 if not draw(st.integers(0, 5)):
-                    events.append(NumaEvent(node_id="node-0", gpu_uuid=gpu, pid=pid, ts_ns=BASE_NS + t * NS + 7,
-                                            hops=draw(st.integers(0, 3)), latency_weight=draw(st.integers(0, 40))))
+                    events.append(
+                        NumaEvent(
+                            node_id="node-0",
+                            gpu_uuid=gpu,
+                            pid=pid,
+                            ts_ns=BASE_NS + t * NS + 7,
+                            hops=draw(st.integers(0, 3)),
+                            latency_weight=draw(st.integers(0, 40)),
+                        )
+                    )
     in_time = sorted(events, key=_time_order)
 
     def delay(e: Event) -> int:
         if isinstance(e, Price):
-            return -10**12 * NS  # prices first: they do not revise
+            return -(10**12) * NS  # prices first: they do not revise
         if isinstance(e, TenantBinding):
             return draw(st.one_of(st.just(0), st.integers(0, horizon_s))) * NS  # never beyond the horizon
         return draw(st.one_of(st.just(0), st.just(0), st.integers(1, 200), st.integers(0, horizon_s + 1200))) * NS
 
     delays = [delay(e) for e in events]
-    arrival = [e for _, _, e in sorted(((e.ts_ns + d, i, e) for i, (e, d) in enumerate(zip(events, delays))),
-                                       key=lambda t: t[:2])]
+    arrival = [
+        e
+        for _, _, e in sorted(
+            ((e.ts_ns + d, i, e) for i, (e, d) in enumerate(zip(events, delays))), key=lambda t: t[:2]
+        )
+    ]
     return s, in_time, arrival
 
 
@@ -103,11 +154,12 @@ def beyond_horizon(s: AuditSettings, arrival: list[Event]) -> set[str]:
 
 def run_batches(s: AuditSettings, events: list[Event], size: int) -> list[Output]:
     from gpucost.schemas.blocks import expand
+
     auditor = Auditor(s)
     lines = [encode_event(e).encode() for e in events]
     out: list[Output] = []
     for lo in range(0, len(lines), size):
-        out += expand(auditor.ingest_lines(lines[lo:lo + size], lambda i, lo=lo: f"line {lo + i}"))
+        out += expand(auditor.ingest_lines(lines[lo : lo + size], lambda i, lo=lo: f"line {lo + i}"))
     return out + auditor.finish()
 
 
@@ -137,8 +189,9 @@ def test_revisions_sum_to_a_replay_in_time_order(fleet: tuple[AuditSettings, lis
     for r in replay:
         if isinstance(r, CostRecord):
             mine = latest[(r.gpu_uuid, r.pane_start_ns, r.tenant_key)]
-            assert mine.model_dump(exclude={"record_id", "revision", "cost_micro_usd"}) == \
-                r.model_dump(exclude={"record_id", "revision", "cost_micro_usd"})
+            assert mine.model_dump(exclude={"record_id", "revision", "cost_micro_usd"}) == r.model_dump(
+                exclude={"record_id", "revision", "cost_micro_usd"}
+            )
     cost_before: dict[tuple[str, int], int] = {}
     for (gpu, start, revision), records in sorted(by_revision.items()):
         assert len({r.pane_cost_micro_usd for r in records}) == 1
@@ -148,23 +201,28 @@ def test_revisions_sum_to_a_replay_in_time_order(fleet: tuple[AuditSettings, lis
 
     # the idle index: each pane's last figures are the replay's, and every record's window sums the figures of
     # its GPU's panes as published up to it (a revised pane's new figures count from its revision on)
-    idle_last = {(r.gpu_uuid, r.pane_start_ns): (r.idle_ms, r.covered_ms) for r in out if isinstance(r, IdleIndexRecord)}
-    assert idle_last == {(r.gpu_uuid, r.pane_start_ns): (r.idle_ms, r.covered_ms)
-                         for r in replay if isinstance(r, IdleIndexRecord)}
+    idle_last = {
+        (r.gpu_uuid, r.pane_start_ns): (r.idle_ms, r.covered_ms) for r in out if isinstance(r, IdleIndexRecord)
+    }
+    assert idle_last == {
+        (r.gpu_uuid, r.pane_start_ns): (r.idle_ms, r.covered_ms) for r in replay if isinstance(r, IdleIndexRecord)
+    }
     known: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
     for r in out:
         if isinstance(r, IdleIndexRecord):
             known[r.gpu_uuid][r.pane_start_ns] = (r.idle_ms, r.covered_ms)
-            window = [v for start, v in known[r.gpu_uuid].items() if r.pane_start_ns - s.window_ns < start
-                      <= r.pane_start_ns]
+            window = [
+                v for start, v in known[r.gpu_uuid].items() if r.pane_start_ns - s.window_ns < start <= r.pane_start_ns
+            ]
             assert (r.idle_ms_72h, r.covered_ms_72h) == (sum(i for i, _ in window), sum(c for _, c in window))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("many", [columnar.MANY_REVISING, 10**9], ids=["as-shipped", "always-cut"])
 @given(fleet=fleets(), size=st.sampled_from([128, 500, 4096]))
-def test_the_batch_path_revises_as_the_row_path(fleet: tuple[AuditSettings, list[Event], list[Event]],
-                                                 size: int, many: int) -> None:
+def test_the_batch_path_revises_as_the_row_path(
+    fleet: tuple[AuditSettings, list[Event], list[Event]], size: int, many: int
+) -> None:
     """The batch path cuts its batches at the rows that may revise (``columnar.revising_rows``), or goes row by
     row past ``MANY_REVISING`` of them; "always-cut" holds the cuts themselves to the row path."""
     s, _, arrival = fleet
@@ -184,9 +242,19 @@ def test_the_horizon_reaches_a_pane_that_ended_exactly_r_before_the_watermark() 
     auditor.update(Price(gpu_model="H100", ts_ns=BASE_NS, usd_per_gpu_hour=Decimal("3")))
 
     def sample(t_s: int) -> GpuSample:
-        return GpuSample(node_id="n", gpu_uuid="g", gpu_model="H100", ts_ns=BASE_NS + t_s * NS, interval_s=1.0,
-                         sm_util_pct=50.0, mem_bw_util_pct=0.0, mem_used_bytes=0, mem_total_bytes=1, power_w=1.0,
-                         temp_c=1.0)
+        return GpuSample(
+            node_id="n",
+            gpu_uuid="g",
+            gpu_model="H100",
+            ts_ns=BASE_NS + t_s * NS,
+            interval_s=1.0,
+            sm_util_pct=50.0,
+            mem_bw_util_pct=0.0,
+            mem_used_bytes=0,
+            mem_total_bytes=1,
+            power_w=1.0,
+            temp_c=1.0,
+        )
 
     for t in (0, 60, 660):  # the watermark now stands at BASE + 660 s: pane [0, 60) ended 600 s before it
         auditor.update(sample(t))
@@ -199,8 +267,9 @@ def test_the_horizon_reaches_a_pane_that_ended_exactly_r_before_the_watermark() 
 
 @pytest.mark.slow
 @given(fleets(), st.data())
-def test_a_late_event_sent_again_revises_once(fleet: tuple[AuditSettings, list[Event], list[Event]],
-                                              data: st.DataObject) -> None:
+def test_a_late_event_sent_again_revises_once(
+    fleet: tuple[AuditSettings, list[Event], list[Event]], data: st.DataObject
+) -> None:
     s, _, arrival = fleet
     samples = [e for e in arrival if isinstance(e, (GpuSample, ProcessSample, NumaEvent))]
     if not samples:
@@ -221,10 +290,17 @@ def test_a_late_event_sent_again_revises_once(fleet: tuple[AuditSettings, list[E
 
 
 @pytest.mark.parametrize("sparse", [idle_index.SPARSE_PANES, 2], ids=["as-shipped", "rings"])
-@given(n=st.integers(1, 12), keep=st.integers(0, 12), steps=st.lists(st.tuples(
-    st.integers(0, 4), st.integers(0, 20), st.integers(0, 3), st.integers(0, 30), st.integers(1, 30)), max_size=60))
+@given(
+    n=st.integers(1, 12),
+    keep=st.integers(0, 12),
+    steps=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 20), st.integers(0, 3), st.integers(0, 30), st.integers(1, 30)),
+        max_size=60,
+    ),
+)
 def test_a_window_knows_the_sums_ending_at_any_pane_a_revision_reaches(
-        n: int, keep: int, steps: list[tuple[int, int, int, int, int]], sparse: int) -> None:
+    n: int, keep: int, steps: list[tuple[int, int, int, int, int]], sparse: int
+) -> None:
     """``_Window`` against a plain dict of every pane's figures: after each new pane or revision, the window's
     sums, and those ending at every pane within ``keep`` of the newest (in lists and in rings)."""
     saved, idle_index.SPARSE_PANES = idle_index.SPARSE_PANES, sparse

@@ -1,4 +1,5 @@
 """Routing: one auditor per Kafka key, fed only its key's stream, equals the single embedded auditor."""
+
 from __future__ import annotations
 
 import pytest

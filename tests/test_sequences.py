@@ -1,4 +1,5 @@
 """Re-delivered messages are recognised whatever order the copies arrive in; nothing new is refused."""
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@ without systemd or Docker running: the unit's command is one the CLI accepts and
 overwrites, its output lies where the unit may write, it restarts, stops with time to publish, and keeps
 NVML's devices; the env file sets only variables `gpucost run` reads; `systemd-analyze verify` (where
 installed) accepts the units; and the health probe tells a healthy run from a failing one."""
+
 from __future__ import annotations
 
 import re
@@ -106,12 +107,16 @@ def test_the_unit_stops_with_time_to_publish_and_keeps_nvml_and_its_own_user() -
     stop = re.fullmatch(r"(\d+)(s|min)", one(service, "TimeoutStopSec"))
     assert stop and int(stop[1]) * (60 if stop[2] == "min" else 1) >= 60
     assert one(service, "User") not in ("root", "0") and one(service, "User") == one(service, "Group")
-    assert re.search(rf"^u {one(service, 'User')} .* /var/lib/{one(service, 'StateDirectory')} ",
-                     (SYSTEMD / "gpucost.sysusers.conf").read_text(), re.M)  # its home: the state directory
+    assert re.search(
+        rf"^u {one(service, 'User')} .* /var/lib/{one(service, 'StateDirectory')} ",
+        (SYSTEMD / "gpucost.sysusers.conf").read_text(),
+        re.M,
+    )  # its home: the state directory
     assert values(service, "PrivateDevices") in ([], ["no"])  # would hide /dev/nvidia*
     assert values(service, "ProtectProc") in ([], ["default"])  # NVML's pids are looked up in /proc
-    assert values(service, "DevicePolicy") in ([], ["auto"]) or any("nvidia" in d for d in
-                                                                      values(service, "DeviceAllow"))
+    assert values(service, "DevicePolicy") in ([], ["auto"]) or any(
+        "nvidia" in d for d in values(service, "DeviceAllow")
+    )
     assert one(service, "NoNewPrivileges") == "yes" and one(service, "ProtectSystem") == "strict"
     # reading other users' process environments (--attribution environ, the default) takes CAP_SYS_PTRACE
     assert values(service, "AmbientCapabilities") == ["CAP_SYS_PTRACE"]
@@ -166,16 +171,25 @@ def test_systemd_analyze_verify_accepts_the_units(tmp_path: Path, with_ebpf: boo
         text = text.replace("/usr/local/libexec/gpucost-healthz.py", str(SYSTEMD / "gpucost-healthz.py"))
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
-    done = subprocess.run(["systemd-analyze", "verify", "--man=no", UNIT, HEALTHZ, TIMER], capture_output=True,
-                          text=True, env={"SYSTEMD_UNIT_PATH": f"{tmp_path}:", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", UNIT, HEALTHZ, TIMER],
+        capture_output=True,
+        text=True,
+        env={"SYSTEMD_UNIT_PATH": f"{tmp_path}:", "PATH": "/usr/bin:/bin"},
+    )
     ours = [line for line in (done.stdout + done.stderr).splitlines() if "gpucost" in line]
     assert done.returncode == 0 and not ours, done.stdout + done.stderr
 
 
 def probe(address: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SYSTEMD / "gpucost-healthz.py"), *argv], capture_output=True,
-                          text=True, timeout=60, env={"GPUCOST_METRICS_ADDRESS": address, "PATH": "/usr/bin:/bin"},
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SYSTEMD / "gpucost-healthz.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"GPUCOST_METRICS_ADDRESS": address, "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+    )
 
 
 def test_the_probe_passes_a_healthy_run_and_fails_a_stalled_or_absent_one() -> None:

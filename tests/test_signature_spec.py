@@ -4,6 +4,7 @@
 gpucost's code, and is checked against the document's test vectors here and against records a real worker signed
 in tests/test_billing.py: if the code and the specification part ways, one of them fails.
 """
+
 from __future__ import annotations
 
 import re

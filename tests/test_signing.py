@@ -1,4 +1,5 @@
 """Signatures: what a producer signs verifies; any change, unknown key or foreign node is refused."""
+
 from __future__ import annotations
 
 import os
@@ -44,7 +45,7 @@ def test_any_changed_bit_is_refused(key: bytes, value: bytes, where: int, bit: i
     blob = bytearray(key + value)
     if blob:
         blob[where % len(blob)] ^= 1 << bit
-        k2, v2 = bytes(blob[:len(key)]), bytes(blob[len(key):])
+        k2, v2 = bytes(blob[: len(key)]), bytes(blob[len(key) :])
         assert ring.check(k2, v2, headers).reason == "bad_signature"
     # moving bytes between key and value changes the signature too
     if value:
@@ -75,7 +76,9 @@ def test_rotation_without_a_restart(tmp_path: Path) -> None:
     assert isinstance(ring.check(b"k", LINE, sign(old_signer)), SigningKey)
     assert ring.check(b"k", LINE, sign(new_signer)).reason == "unknown_key"
     write(tmp_path / "ring", old, new)  # 1. the workers learn the new key
-    assert isinstance(ring.check(b"k", LINE, sign(old_signer)), SigningKey) and isinstance(ring.check(b"k", LINE, sign(new_signer)), SigningKey)
+    assert isinstance(ring.check(b"k", LINE, sign(old_signer)), SigningKey) and isinstance(
+        ring.check(b"k", LINE, sign(new_signer)), SigningKey
+    )
     (tmp_path / "ring").write_text("2026-12 not-hex-yet")  # a half-written file keeps the keys in force
     os.utime(tmp_path / "ring", ns=(1, os.stat(tmp_path / "ring").st_mtime_ns + 2_000_000))
     assert isinstance(ring.check(b"k", LINE, sign(new_signer)), SigningKey) and ring.reload_failures == 1
@@ -84,12 +87,15 @@ def test_rotation_without_a_restart(tmp_path: Path) -> None:
     assert isinstance(ring.check(b"k", LINE, sign(new_signer)), SigningKey)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("k1", "expected '<key_id> <secret hex> [nodes|*]', got 1 fields"),
-    ("k1 xyz", "is not hex"),
-    ("k1 00ff", "has 2 bytes; use at least 16"),
-    (f"k1 {'ab' * 16}\nk1 {'cd' * 16}", "appears twice"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("k1", "expected '<key_id> <secret hex> [nodes|*]', got 1 fields"),
+        ("k1 xyz", "is not hex"),
+        ("k1 00ff", "has 2 bytes; use at least 16"),
+        (f"k1 {'ab' * 16}\nk1 {'cd' * 16}", "appears twice"),
+    ],
+)
 def test_bad_key_files_are_explained(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_keys(text, "keys.txt")

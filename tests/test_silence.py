@@ -5,6 +5,7 @@ closes nothing early and forgets nothing; its bill per (GPU, pane, party) must b
 run that closes silent GPUs' panes, forgets GPUs gone for good and meets some events a second time, long after
 (a producer sending a file again). Every event sent again is refused, never billed twice.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,14 +36,32 @@ STEP_S = 30
 
 
 def _sample(gpu: str, t_s: int, sm: float, interval_s: int = STEP_S) -> GpuSample:
-    return GpuSample(node_id="node-0", gpu_uuid=gpu, gpu_model="H100", ts_ns=BASE_NS + t_s * NS,
-                     interval_s=float(interval_s), sm_util_pct=sm, mem_bw_util_pct=sm / 2, mem_used_bytes=1,
-                     mem_total_bytes=2, power_w=100.0, temp_c=40.0)
+    return GpuSample(
+        node_id="node-0",
+        gpu_uuid=gpu,
+        gpu_model="H100",
+        ts_ns=BASE_NS + t_s * NS,
+        interval_s=float(interval_s),
+        sm_util_pct=sm,
+        mem_bw_util_pct=sm / 2,
+        mem_used_bytes=1,
+        mem_total_bytes=2,
+        power_w=100.0,
+        temp_c=40.0,
+    )
 
 
 def _process(gpu: str, t_s: int, pid: int, sm: float) -> ProcessSample:
-    return ProcessSample(node_id="node-0", gpu_uuid=gpu, pid=pid, ts_ns=BASE_NS + t_s * NS + pid,
-                         interval_s=float(STEP_S), sm_util_pct=sm, mem_bw_util_pct=sm / 3, mem_used_bytes=1)
+    return ProcessSample(
+        node_id="node-0",
+        gpu_uuid=gpu,
+        pid=pid,
+        ts_ns=BASE_NS + t_s * NS + pid,
+        interval_s=float(STEP_S),
+        sm_util_pct=sm,
+        mem_bw_util_pct=sm / 3,
+        mem_used_bytes=1,
+    )
 
 
 @st.composite
@@ -50,14 +69,22 @@ def churn(draw: st.DrawFn) -> tuple[AuditSettings, list[Event], list[Event], lis
     """Settings, the events once each in time order, the arrival (with some sent again, later), and where
     the arrival is cut to look for silent GPUs. Each GPU is on for one or two spans: it leaves, and may come
     back, hours later or not."""
-    s = AuditSettings(pane_s=60, lateness_s=draw(st.sampled_from([0, 120])), window_h=1,
-                      idle_timeout_s=draw(st.sampled_from([180, 600])),
-                      max_jump_s=draw(st.sampled_from([3600, 86_400])),
-                      revision_horizon_s=draw(st.sampled_from([0, 600, 1800])))
+    s = AuditSettings(
+        pane_s=60,
+        lateness_s=draw(st.sampled_from([0, 120])),
+        window_h=1,
+        idle_timeout_s=draw(st.sampled_from([180, 600])),
+        max_jump_s=draw(st.sampled_from([3600, 86_400])),
+        revision_horizon_s=draw(st.sampled_from([0, 600, 1800])),
+    )
     span_s = 4 * 3600
     events: list[Event] = [Price(gpu_model="H100", ts_ns=BASE_NS - 3600 * NS, usd_per_gpu_hour=Decimal("2.5"))]
-    events += [TenantBinding(node_id="node-0", pid=pid, ts_ns=BASE_NS - NS, team=team, env="prod", app="a",
-                             tier="online", sla="Gold") for pid, team in ((1, "search"), (2, "ads"))]
+    events += [
+        TenantBinding(
+            node_id="node-0", pid=pid, ts_ns=BASE_NS - NS, team=team, env="prod", app="a", tier="online", sla="Gold"
+        )
+        for pid, team in ((1, "search"), (2, "ads"))
+    ]
     pct = st.integers(0, 100).map(float)
     for g in range(draw(st.integers(2, 3))):
         cuts = sorted(draw(st.lists(st.integers(0, span_s // STEP_S), min_size=2, max_size=4, unique=True)))
@@ -77,8 +104,9 @@ def churn(draw: st.DrawFn) -> tuple[AuditSettings, list[Event], list[Event], lis
     return s, in_time, arrival, looks
 
 
-def _silent_run(s: AuditSettings, arrival: list[Event], looks: list[int], batches: bool
-                ) -> tuple[list[Output], Auditor]:
+def _silent_run(
+    s: AuditSettings, arrival: list[Event], looks: list[int], batches: bool
+) -> tuple[list[Output], Auditor]:
     """The arrival in chunks ending at ``looks`` (row by row, or each chunk as one batch of lines), every GPU
     looked at for silence after each chunk against the largest watermark, as the embedded run does."""
     auditor, out = Auditor(s), []
@@ -97,8 +125,9 @@ def _silent_run(s: AuditSettings, arrival: list[Event], looks: list[int], batche
 
 @pytest.mark.slow
 @given(churn())
-def test_gpus_that_leave_are_billed_once_and_forgotten(fleet: tuple[AuditSettings, list[Event], list[Event],
-                                                                    list[int]]) -> None:
+def test_gpus_that_leave_are_billed_once_and_forgotten(
+    fleet: tuple[AuditSettings, list[Event], list[Event], list[int]],
+) -> None:
     s, in_time, arrival, looks = fleet
     out, auditor = _silent_run(s, arrival, looks, batches=False)
     reference = run(s, in_time)
@@ -147,7 +176,8 @@ def test_a_gpu_forgotten_and_back_is_billed_afresh_and_its_old_panes_stay_billed
         out += auditor.update(e)
     resent = [r for e in old for r in auditor.update(e)]
     assert [r.reason for r in resent if isinstance(r, DeadLetter)] == ["late"] * len(old) and all(
-        isinstance(r, DeadLetter) for r in resent)
+        isinstance(r, DeadLetter) for r in resent
+    )
     out += auditor.finish()
     assert sum(r.cost_micro_usd for r in bills_of(out, "gone")) == first_bill + 3_000_000 * 120 // 3600
 
@@ -163,11 +193,13 @@ def _tick(step_s: float) -> Callable[[], float]:
     def monotonic() -> float:
         clock[0] += step_s
         return clock[0]
+
     return monotonic
 
 
 def test_a_live_run_closes_and_forgets_a_gpu_gone_and_a_replay_of_file_after_file_forgets_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The embedded run: a GPU silent in event time and on the clock has its panes billed as it goes, and is
     forgotten if the source is live; a replay reading one node's file after another's, whose second file
     lies back in time, is billed exactly as the same events in time order, with nothing refused."""
@@ -178,22 +210,45 @@ def test_a_live_run_closes_and_forgets_a_gpu_gone_and_a_replay_of_file_after_fil
     later = [_sample("later", t, 20.0, 5) for t in range(0, 4 * 3600, 5)]
 
     def costs(out: Path) -> Counter[tuple[str, int]]:
-        return Counter(dict(((gpu, start), c) for gpu, start, c in connect(out).execute(
-            "SELECT gpu_uuid, pane_start_ns, sum(cost_micro_usd) FROM cost GROUP BY ALL").fetchall()))
+        return Counter(
+            dict(
+                ((gpu, start), c)
+                for gpu, start, c in connect(out)
+                .execute("SELECT gpu_uuid, pane_start_ns, sum(cost_micro_usd) FROM cost GROUP BY ALL")
+                .fetchall()
+            )
+        )
 
-    live = run_embedded([(price, "x")] + [(e, "x") for e in sorted(gone + stays, key=lambda e: e.ts_ns)], s,
-                        tmp_path / "live", live=True, monotonic=_tick(s.idle_timeout_s))
+    live = run_embedded(
+        [(price, "x")] + [(e, "x") for e in sorted(gone + stays, key=lambda e: e.ts_ns)],
+        s,
+        tmp_path / "live",
+        live=True,
+        monotonic=_tick(s.idle_timeout_s),
+    )
     assert live.counts["silent_closes"] > 0 and live.counts["forgotten_gpus"] == 1 and not live.dead_letters
-    reference = run_embedded([(price, "x")] + [(e, "x") for e in sorted(gone + stays, key=lambda e: e.ts_ns)], s,
-                             tmp_path / "reference", monotonic=lambda: 0.0)
+    reference = run_embedded(
+        [(price, "x")] + [(e, "x") for e in sorted(gone + stays, key=lambda e: e.ts_ns)],
+        s,
+        tmp_path / "reference",
+        monotonic=lambda: 0.0,
+    )
     assert reference.counts["silent_closes"] == 0
     assert costs(tmp_path / "live") == costs(tmp_path / "reference")
 
-    files = run_embedded([(price, "x")] + [(e, "a") for e in gone + stays] + [(e, "b") for e in later], s,
-                         tmp_path / "files", monotonic=_tick(s.idle_timeout_s))
+    files = run_embedded(
+        [(price, "x")] + [(e, "a") for e in gone + stays] + [(e, "b") for e in later],
+        s,
+        tmp_path / "files",
+        monotonic=_tick(s.idle_timeout_s),
+    )
     assert files.counts["silent_closes"] > 0 and files.counts["forgotten_gpus"] == 0 and not files.dead_letters
-    in_time = run_embedded([(price, "x")] + [(e, "x") for e in sorted(gone + stays + later, key=lambda e: e.ts_ns)],
-                           s, tmp_path / "in-time", monotonic=lambda: 0.0)
+    in_time = run_embedded(
+        [(price, "x")] + [(e, "x") for e in sorted(gone + stays + later, key=lambda e: e.ts_ns)],
+        s,
+        tmp_path / "in-time",
+        monotonic=lambda: 0.0,
+    )
     assert costs(tmp_path / "files") == costs(tmp_path / "in-time") and not in_time.dead_letters
 
 
@@ -202,7 +257,7 @@ def _windows(addresses: list[MemAccess], width: int) -> list[tuple[int, int, int
     addresses in order, the last one partial (every address here falls in the default range)."""
     out = []
     for lo in range(0, len(addresses), width):
-        part = addresses[lo:lo + width]
+        part = addresses[lo : lo + width]
         counts = Counter(a.address * 256 >> 32 for a in part)
         bits = -sum(c / len(part) * math.log2(c / len(part)) for c in counts.values())
         out.append((part[0].ts_ns, part[-1].ts_ns, len(part), bits))
@@ -210,7 +265,8 @@ def _windows(addresses: list[MemAccess], width: int) -> list[tuple[int, int, int
 
 
 def test_a_process_gone_silent_has_its_partial_mae_window_published_and_its_pid_reused_starts_afresh(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A live run has no end of input, and a process that exits sends none: a process silent for
     ``idle_timeout_s`` in event time and on the clock has its partial MAE window published then, as at an end of
     input; a later process given the same pid starts a window of its own instead of filling the dead one's. The
@@ -227,9 +283,12 @@ def test_a_process_gone_silent_has_its_partial_mae_window_published_and_its_pid_
     events = [(e, "ebpf") for e in sorted(exited + reused + busy, key=lambda e: e.ts_ns)]
 
     def windows(out: Path, pid: int) -> list[tuple[int, int, int, float]]:
-        return [(first, last, n, round(bits, 9)) for first, last, n, bits in connect(out).execute(
-            "SELECT first_ts_ns, last_ts_ns, n, mae_bits FROM mae WHERE pid = ? "
-            "ORDER BY first_ts_ns", [pid]).fetchall()]
+        return [
+            (first, last, n, round(bits, 9))
+            for first, last, n, bits in connect(out)
+            .execute("SELECT first_ts_ns, last_ts_ns, n, mae_bits FROM mae WHERE pid = ? ORDER BY first_ts_ns", [pid])
+            .fetchall()
+        ]
 
     def rounded(ws: list[tuple[int, int, int, float]]) -> list[tuple[int, int, int, float]]:
         return [(first, last, n, round(bits, 9)) for first, last, n, bits in ws]

@@ -1,4 +1,5 @@
 """The Parquet sink fed the batch path's blocks of columns against the same records one by one."""
+
 from __future__ import annotations
 
 import errno
@@ -19,8 +20,10 @@ from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
 # two GPUs for 3 h across midnight UTC: records of two dates, in blocks that hold both
-LINES = [encode_event(e).encode() for e in simulate(replace(FleetSpec(gpus=2, hours=3, interval_s=20),
-                                                            start_ns=FleetSpec().start_ns - 90 * 60 * NS))]
+LINES = [
+    encode_event(e).encode()
+    for e in simulate(replace(FleetSpec(gpus=2, hours=3, interval_s=20), start_ns=FleetSpec().start_ns - 90 * 60 * NS))
+]
 
 
 def outputs(cuts: list[int]) -> Outputs:
@@ -84,9 +87,9 @@ def test_a_file_that_cannot_be_written_keeps_its_records_and_those_after_it(tmp_
     with pytest.raises(SinkWriteError, match="No space left on device"):
         failing.flush()
     published = files(tmp_path / "failing")
-    assert {tuple(name.split("/")[:2]) for name in published} == {(k, f"date={d}") for k, d in keys[:len(keys) // 2]}
+    assert {tuple(name.split("/")[:2]) for name in published} == {(k, f"date={d}") for k, d in keys[: len(keys) // 2]}
     assert not list((tmp_path / "failing").rglob("*.tmp"))
-    assert sorted(failing._buffers) == keys[len(keys) // 2:]
+    assert sorted(failing._buffers) == keys[len(keys) // 2 :]
     monkeypatch.setattr(pq, "write_table", write)
     failing.flush()
     assert files(tmp_path / "failing") == files(tmp_path / "ok")

@@ -1,6 +1,7 @@
 """``streams.sla`` on its own: idle runs, reclaim triggers and quota scale over one GPU's closed panes,
 recomputed pane by pane from docs/definitions.md, "SLA tiers: reclaim triggers and quota scale", by
 walking back over the panes seen (no state carried)."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,10 @@ from gpucost.streams.tables import Tenant
 from tests.support.panes import closing
 
 PANE_S = 60
-TIERS = {"Gold": SlaTier(threshold_pct=Decimal(5), duration_s=180, max_idle_s=300, quota_base=Decimal(1)),
-         "Bronze": SlaTier(threshold_pct=Decimal(0), duration_s=60, max_idle_s=90, quota_base=Decimal("0.5"))}
+TIERS = {
+    "Gold": SlaTier(threshold_pct=Decimal(5), duration_s=180, max_idle_s=300, quota_base=Decimal(1)),
+    "Bronze": SlaTier(threshold_pct=Decimal(0), duration_s=60, max_idle_s=90, quota_base=Decimal("0.5")),
+}
 SETTINGS = AuditSettings(pane_s=PANE_S, sla_tiers=TIERS)
 COVERED_MS = 50_000
 
@@ -37,8 +40,9 @@ def idle(tier: SlaTier, sm: int) -> bool:
 # a pane: (its index, {tenant key: (sla, Σ sm_util_cp · ms, samples)})
 usage = st.sampled_from([0, 1, 500 * COVERED_MS - 1, 500 * COVERED_MS, 10_000 * COVERED_MS])  # Gold: idle below 5 %
 SLA_OF = {"a": "Gold", "b": "Bronze", "c": "Platinum", "d": None}  # Platinum: not in the table
-pane_tenants = st.dictionaries(st.sampled_from(sorted(SLA_OF)), st.tuples(usage, st.sampled_from([0, 1, 3])),
-                               max_size=4).map(lambda d: {k: (SLA_OF[k], sm, n) for k, (sm, n) in d.items()})
+pane_tenants = st.dictionaries(
+    st.sampled_from(sorted(SLA_OF)), st.tuples(usage, st.sampled_from([0, 1, 3])), max_size=4
+).map(lambda d: {k: (SLA_OF[k], sm, n) for k, (sm, n) in d.items()})
 histories = st.lists(st.tuples(st.integers(1, 2), pane_tenants), max_size=12)  # index steps: 2 skips a pane
 
 
@@ -61,8 +65,11 @@ def expected(panes: list[tuple[int, dict]]) -> list[tuple[list, list]]:
                     run, j = run + 1, j - 1
             run_ms = run * PANE_S * 1000
             base = float(tier.quota_base)
-            scale = base * (0.3 + 0.7 * math.exp(-(run_ms / 1000) / 300)) if run_ms else \
-                base * min(1.5, 1 + 0.5 * (sm / (10_000 * COVERED_MS)))
+            scale = (
+                base * (0.3 + 0.7 * math.exp(-(run_ms / 1000) / 300))
+                if run_ms
+                else base * min(1.5, 1 + 0.5 * (sm / (10_000 * COVERED_MS)))
+            )
             quotas.append((key, run_ms, scale))
             if run_ms >= tier.duration_s * 1000 and (run - 1) * PANE_S * 1000 < tier.duration_s * 1000:  # first reached
                 reclaims.append((key, (k - run + 1) * PANE_S * 10**9, run_ms))
@@ -84,16 +91,27 @@ def test_runs_reclaims_and_quotas_follow_the_definition(history) -> None:
     op = SlaOperator(SETTINGS)
     got = []
     for k, tenants in panes:
-        pane = PaneTotals(gpu_uuid="GPU-0", pane_start_ns=k * PANE_S * 10**9, pane_end_ns=(k + 1) * PANE_S * 10**9,
-                          node_id="n", gpu_model="H100", covered_ms=COVERED_MS,
-                          tenants={key: TenantTotals(tenant(key, sla), sm, 0, 0, samples)
-                                   for key, (sla, sm, samples) in tenants.items()})
+        pane = PaneTotals(
+            gpu_uuid="GPU-0",
+            pane_start_ns=k * PANE_S * 10**9,
+            pane_end_ns=(k + 1) * PANE_S * 10**9,
+            node_id="n",
+            gpu_model="H100",
+            covered_ms=COVERED_MS,
+            tenants={
+                key: TenantTotals(tenant(key, sla), sm, 0, 0, samples) for key, (sla, sm, samples) in tenants.items()
+            },
+        )
         out = op.on_close(closing(pane, Decimal("2.5")))
         quotas = [r for r in out if isinstance(r, QuotaRecord)]
         reclaims = [r for r in out if isinstance(r, ReclaimRecord)]
         assert out == quotas + reclaims  # a pane's quota records, then the triggers it fires
-        got.append(([(q.tenant_key, q.idle_run_ms, q.quota_scale) for q in quotas],
-                    [(r.tenant_key, r.run_start_ns, r.idle_run_ms) for r in reclaims]))
+        got.append(
+            (
+                [(q.tenant_key, q.idle_run_ms, q.quota_scale) for q in quotas],
+                [(r.tenant_key, r.run_start_ns, r.idle_run_ms) for r in reclaims],
+            )
+        )
         for r in reclaims:
             assert r.trigger_ns == pane.pane_end_ns
             assert r.deadline_ns == r.run_start_ns + TIERS[r.sla].max_idle_s * 10**9
@@ -104,8 +122,15 @@ def test_a_state_restored_carries_the_runs_on() -> None:
     tenants = {"a": TenantTotals(tenant("a", "Gold"), 0, 0, 0, 1)}
 
     def pane(k: int) -> PaneTotals:
-        return PaneTotals(gpu_uuid="GPU-0", pane_start_ns=k * PANE_S * 10**9, pane_end_ns=(k + 1) * PANE_S * 10**9,
-                          node_id="n", gpu_model="H100", covered_ms=COVERED_MS, tenants=tenants)
+        return PaneTotals(
+            gpu_uuid="GPU-0",
+            pane_start_ns=k * PANE_S * 10**9,
+            pane_end_ns=(k + 1) * PANE_S * 10**9,
+            node_id="n",
+            gpu_model="H100",
+            covered_ms=COVERED_MS,
+            tenants=tenants,
+        )
 
     op = SlaOperator(SETTINGS)
     op.on_close(closing(pane(1)))

@@ -1,5 +1,6 @@
 """The topic contract a billing consumer relies on: the JSON Schemas say what each field is, in which unit,
 and under which version; the output topics keep their records long enough to survive an outage."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,18 @@ from tests.conftest import ROOT
 
 #: a field's unit, from its name alone: the naming rule the records follow, written here apart from the table
 #: the schemas are built from
-SUFFIX_UNITS = {"_ns": "ns", "_ms": "ms", "_micro_usd": "micro_usd", "_pct": "percent", "_bytes": "bytes",
-                "_72h": "ms", "_w": "watts", "_c": "celsius", "_bytes_s": "bytes_per_s", "_uj": "microjoules"}
+SUFFIX_UNITS = {
+    "_ns": "ns",
+    "_ms": "ms",
+    "_micro_usd": "micro_usd",
+    "_pct": "percent",
+    "_bytes": "bytes",
+    "_72h": "ms",
+    "_w": "watts",
+    "_c": "celsius",
+    "_bytes_s": "bytes_per_s",
+    "_uj": "microjoules",
+}
 INTEGER_SUFFIXES = ("_ns", "_ms", "_micro_usd")
 
 
@@ -66,7 +77,8 @@ def test_a_field_without_words_is_an_error_not_a_silent_gap() -> None:
 @pytest.mark.slow
 @pytest.mark.kafka
 def test_topics_create_keeps_output_records_400_days_and_names_an_existing_topic_that_keeps_less(
-        kafka_bootstrap: str) -> None:
+    kafka_bootstrap: str,
+) -> None:
     """Kafka's default deletes records after 7 days, read or not: a billing consumer away for a week lost
     them. The output topics are made with 400 days (or what GPUCOST_KAFKA_OUTPUT_RETENTION_DAYS says, -1
     for ever); the input and compacted topics keep the broker's settings."""
@@ -99,10 +111,14 @@ def test_topics_create_keeps_output_records_400_days_and_names_an_existing_topic
     asyncio.run(premade())
 
     def create(prefix: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gpucost.cli", "topics", "create"], cwd=ROOT, text=True,
-                              capture_output=True, timeout=120,
-                              env={**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": kafka_bootstrap,
-                                   "GPUCOST_KAFKA_TOPIC_PREFIX": prefix, **env})
+        return subprocess.run(
+            [sys.executable, "-m", "gpucost.cli", "topics", "create"],
+            cwd=ROOT,
+            text=True,
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": kafka_bootstrap, "GPUCOST_KAFKA_TOPIC_PREFIX": prefix, **env},
+        )
 
     made = create(prefix)
     assert made.returncode == 0, made.stderr

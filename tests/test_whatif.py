@@ -1,6 +1,7 @@
 """``gpucost whatif``: the published records billed again under other prices, weights or idle policy, from
 the Parquet alone, against a full replay of the raw events under the same settings (exact, per record),
 and the ``share`` idle policy against a brute force in exact fractions."""
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,13 @@ from tests.support.cli import gpucost
 pytestmark = pytest.mark.slow
 SPEC = FleetSpec(gpus=4, hours=8, seed=21, interval_s=15)
 #: the scenario's prices: every model repriced, one of them twice, and a default
-NEW_PRICES = [Price(gpu_model=m, ts_ns=SPEC.start_ns - 3600 * 10**9, usd_per_gpu_hour=Decimal("1.234567") * (k + 1))
-              for k, (m, _, _) in enumerate(GPU_MODELS[:3])] + [
+NEW_PRICES = [
+    Price(gpu_model=m, ts_ns=SPEC.start_ns - 3600 * 10**9, usd_per_gpu_hour=Decimal("1.234567") * (k + 1))
+    for k, (m, _, _) in enumerate(GPU_MODELS[:3])
+] + [
     Price(gpu_model=GPU_MODELS[0][0], ts_ns=SPEC.start_ns + 3 * 3600 * 10**9, usd_per_gpu_hour=Decimal("9.999999")),
-    Price(gpu_model="default", ts_ns=SPEC.start_ns - 3600 * 10**9, usd_per_gpu_hour=Decimal("0.5"))]
+    Price(gpu_model="default", ts_ns=SPEC.start_ns - 3600 * 10**9, usd_per_gpu_hour=Decimal("0.5")),
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +41,23 @@ def billed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     (base / "events").mkdir()
     (base / "events" / "events.jsonl").write_text("".join(encode_event(e) + "\n" for e in events))
     (base / "repriced").mkdir()
-    (base / "repriced" / "events.jsonl").write_text("".join(
-        encode_event(e) + "\n" for e in [*NEW_PRICES, *(e for e in events if e.kind != "price")]))
+    (base / "repriced" / "events.jsonl").write_text(
+        "".join(encode_event(e) + "\n" for e in [*NEW_PRICES, *(e for e in events if e.kind != "price")])
+    )
     (base / "prices.jsonl").write_text("".join(encode_event(p) + "\n" for p in NEW_PRICES))
     gpucost("replay", str(base / "events"), "--out", str(base / "out"))
-    gpucost("replay", str(base / "repriced"), "--out", str(base / "again"), "--alpha", "0.2", "--beta", "0.5",
-            "--gamma", "0.3")
+    gpucost(
+        "replay",
+        str(base / "repriced"),
+        "--out",
+        str(base / "again"),
+        "--alpha",
+        "0.2",
+        "--beta",
+        "0.5",
+        "--gamma",
+        "0.3",
+    )
     return base, base / "out", base / "again"
 
 
@@ -54,8 +69,11 @@ def cost_by_record(out: Path) -> dict[tuple[str, int, str], int]:
 def test_a_whatif_equals_a_full_replay_under_the_same_settings(billed: tuple[Path, Path, Path]) -> None:
     _, out, again = billed
     scenario = Scenario.of(Decimal("0.2"), Decimal("0.5"), Decimal("0.3"), NEW_PRICES)
-    got = {(r.gpu_uuid, r.pane_start_ns, r.tenant_key): r.cost_micro_usd
-           for pane in cost_panes(out) for r in whatif(pane, scenario)}
+    got = {
+        (r.gpu_uuid, r.pane_start_ns, r.tenant_key): r.cost_micro_usd
+        for pane in cost_panes(out)
+        for r in whatif(pane, scenario)
+    }
     want = cost_by_record(again)
     assert got == want and len(want) > 1000
     assert got != cost_by_record(out)  # the scenario does change the bill
@@ -87,8 +105,12 @@ def test_idle_shared_by_weight_against_exact_fractions(billed: tuple[Path, Path,
         assert sum(got.values()) == cost
         tenants = sorted((r for r in pane if r["tenant_key"] != "idle"), key=lambda r: r["tenant_key"])
         totals = [sum(int(r[f]) for r in tenants) for f in ("t_num", "b_num", "l_num")]
-        w = [alpha * Fraction(int(r["t_num"]), totals[0] or 1) + beta * Fraction(int(r["b_num"]), totals[1] or 1)
-             + gamma * Fraction(int(r["l_num"]), totals[2] or 1) for r in tenants]
+        w = [
+            alpha * Fraction(int(r["t_num"]), totals[0] or 1)
+            + beta * Fraction(int(r["b_num"]), totals[1] or 1)
+            + gamma * Fraction(int(r["l_num"]), totals[2] or 1)
+            for r in tenants
+        ]
         idle = base["idle"]
         if not sum(w):
             assert got == base
@@ -97,7 +119,7 @@ def test_idle_shared_by_weight_against_exact_fractions(billed: tuple[Path, Path,
         exact = [idle * x / sum(w) for x in w]
         floors = [int(x) for x in exact]
         order = sorted(range(len(w)), key=lambda i: (-(exact[i] - floors[i]), tenants[i]["tenant_key"]))
-        for i in order[:idle - sum(floors)]:
+        for i in order[: idle - sum(floors)]:
             floors[i] += 1
         assert got["idle"] == 0
         assert [got[r["tenant_key"]] - base[r["tenant_key"]] for r in tenants] == floors
@@ -107,8 +129,21 @@ def test_idle_shared_by_weight_against_exact_fractions(billed: tuple[Path, Path,
 
 def test_the_command(billed: tuple[Path, Path, Path]) -> None:
     base, out, again = billed
-    proc = gpucost("whatif", "--out", str(out), "--prices", str(base / "prices.jsonl"), "--alpha", "0.2", "--beta",
-                   "0.5", "--gamma", "0.3", "--format", "json")
+    proc = gpucost(
+        "whatif",
+        "--out",
+        str(out),
+        "--prices",
+        str(base / "prices.jsonl"),
+        "--alpha",
+        "0.2",
+        "--beta",
+        "0.5",
+        "--gamma",
+        "0.3",
+        "--format",
+        "json",
+    )
     rows = {r["team"]: r for r in json.loads(proc.stdout)}
     total = connect(again).execute("SELECT sum(cost_micro_usd) FROM cost").fetchall()[0][0]
     billed_total = connect(out).execute("SELECT sum(cost_micro_usd) FROM cost").fetchall()[0][0]
@@ -138,14 +173,43 @@ def test_bad_inputs_are_usage_errors(billed: tuple[Path, Path, Path], tmp_path: 
 
 def test_a_tie_in_sharing_idle_goes_to_the_smaller_tenant_key() -> None:
     """Two tenants of equal weight and an odd number of idle µ$: the µ$ left over goes to the smaller key."""
-    head = {"gpu_uuid": "g", "node_id": "n", "gpu_model": "m", "pane_start_ns": 0, "pane_end_ns": 60 * 10**9,
-            "usd_per_gpu_hour": Decimal("3.6"), "busy_num": 2 * 10**8, "covered_ms": 60_001}
+    head = {
+        "gpu_uuid": "g",
+        "node_id": "n",
+        "gpu_model": "m",
+        "pane_start_ns": 0,
+        "pane_end_ns": 60 * 10**9,
+        "usd_per_gpu_hour": Decimal("3.6"),
+        "busy_num": 2 * 10**8,
+        "covered_ms": 60_001,
+    }
     tenant = {"env": None, "app": None, "tier": None, "sla": "Gold", "git_commit": None, "ci_pipeline_id": None}
-    pane = [{**head, **tenant, "tenant_key": "idle", "team": "idle", "sla": None, "cost_micro_usd": 0,
-             "t_num": 0, "b_num": 0, "l_num": 0}]
+    pane = [
+        {
+            **head,
+            **tenant,
+            "tenant_key": "idle",
+            "team": "idle",
+            "sla": None,
+            "cost_micro_usd": 0,
+            "t_num": 0,
+            "b_num": 0,
+            "l_num": 0,
+        }
+    ]
     for team in ("zeta", "alpha"):
-        pane.append({**head, **tenant, "tenant_key": f"{team}::::Gold::", "team": team, "cost_micro_usd": 0,
-                     "t_num": 10**8, "b_num": 10**8, "l_num": 0})
+        pane.append(
+            {
+                **head,
+                **tenant,
+                "tenant_key": f"{team}::::Gold::",
+                "team": team,
+                "cost_micro_usd": 0,
+                "t_num": 10**8,
+                "b_num": 10**8,
+                "l_num": 0,
+            }
+        )
     weights = (Decimal("0.6"), Decimal("0.3"), Decimal("0.1"))
     base = {r.team: r.cost_micro_usd for r in whatif(pane, Scenario.of(*weights))}
     got = {r.team: r.cost_micro_usd for r in whatif(pane, Scenario.of(*weights, idle_policy="share"))}
@@ -161,22 +225,53 @@ def test_a_pane_revised_by_a_late_binding_bills_again_as_revised(tmp_path: Path)
     from gpucost.streams.settings import AuditSettings  # noqa: PLC0415
 
     t0, ns = 1_767_571_200 * 10**9, 10**9
-    gpu = [GpuSample(node_id="n1", gpu_uuid="g", gpu_model="H100", ts_ns=t0 + t * ns, interval_s=5.0,
-                     sm_util_pct=60.0, mem_bw_util_pct=5.0, mem_used_bytes=0, mem_total_bytes=1, power_w=300.0,
-                     temp_c=50.0) for t in (*range(0, 60, 5), 200)]
-    events = [Price(gpu_model="H100", ts_ns=t0, usd_per_gpu_hour=Decimal("3.5")), *gpu[:-1],
-              ProcessSample(node_id="n1", gpu_uuid="g", pid=7, ts_ns=t0 + 10 * ns, interval_s=5.0, sm_util_pct=40.0,
-                            mem_bw_util_pct=10.0, mem_used_bytes=1), gpu[-1],
-              TenantBinding(node_id="n1", pid=7, ts_ns=t0, team="ads", env="prod", app="a", tier="t", sla="Gold")]
+    gpu = [
+        GpuSample(
+            node_id="n1",
+            gpu_uuid="g",
+            gpu_model="H100",
+            ts_ns=t0 + t * ns,
+            interval_s=5.0,
+            sm_util_pct=60.0,
+            mem_bw_util_pct=5.0,
+            mem_used_bytes=0,
+            mem_total_bytes=1,
+            power_w=300.0,
+            temp_c=50.0,
+        )
+        for t in (*range(0, 60, 5), 200)
+    ]
+    events = [
+        Price(gpu_model="H100", ts_ns=t0, usd_per_gpu_hour=Decimal("3.5")),
+        *gpu[:-1],
+        ProcessSample(
+            node_id="n1",
+            gpu_uuid="g",
+            pid=7,
+            ts_ns=t0 + 10 * ns,
+            interval_s=5.0,
+            sm_util_pct=40.0,
+            mem_bw_util_pct=10.0,
+            mem_used_bytes=1,
+        ),
+        gpu[-1],
+        TenantBinding(node_id="n1", pid=7, ts_ns=t0, team="ads", env="prod", app="a", tier="t", sla="Gold"),
+    ]
     (tmp_path / "events").mkdir()
     (tmp_path / "events" / "e.jsonl").write_text("".join(encode_event(e) + "\n" for e in events))
     gpucost("replay", str(tmp_path / "events"), "--out", str(tmp_path / "out"))
-    revised = connect(tmp_path / "out").execute(
-        "SELECT team, sum(cost_micro_usd), max(revision) FROM cost GROUP BY team").fetchall()
+    revised = (
+        connect(tmp_path / "out")
+        .execute("SELECT team, sum(cost_micro_usd), max(revision) FROM cost GROUP BY team")
+        .fetchall()
+    )
     assert {team: (total, latest) for team, total, latest in revised}["unattributed"] == (0, 1)  # the case
     totals: dict[int, dict[str, int]] = defaultdict(dict)
-    for start, key, total in connect(tmp_path / "out").execute(
-            "SELECT pane_start_ns, tenant_key, sum(cost_micro_usd) FROM cost GROUP BY ALL").fetchall():
+    for start, key, total in (
+        connect(tmp_path / "out")
+        .execute("SELECT pane_start_ns, tenant_key, sum(cost_micro_usd) FROM cost GROUP BY ALL")
+        .fetchall()
+    ):
         totals[start][key] = total
     emptied = []
     for pane in cost_panes(tmp_path / "out"):  # each party once, at its revised total and latest integers

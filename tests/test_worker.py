@@ -1,5 +1,6 @@
 """The worker's message handling, without a broker: a poll's messages give each key the outputs
 of applying its messages one by one, in order, whatever the interleaving of keys."""
+
 from __future__ import annotations
 
 import asyncio
@@ -73,8 +74,12 @@ def one_by_one(messages: list[Message]) -> dict[bytes, list]:
             out[m.key] += auditor.finish()
             continue
         lines = [(n, line) for n, line in enumerate(m.value.split(b"\n")) if line.strip()]
-        out[m.key] += expand(auditor.ingest_lines(
-            [line for _, line in lines], lambda i, m=m, lines=lines: f"{m.topic}[{m.partition}]@{m.offset}#{lines[i][0]}"))
+        out[m.key] += expand(
+            auditor.ingest_lines(
+                [line for _, line in lines],
+                lambda i, m=m, lines=lines: f"{m.topic}[{m.partition}]@{m.offset}#{lines[i][0]}",
+            )
+        )
     return out
 
 
@@ -89,14 +94,15 @@ def test_a_poll_gives_each_key_its_messages_outputs_in_order(messages: list[Mess
     key_at = {m.offset: m.key for m in messages}
     got: dict[bytes, list] = defaultdict(list)
     for i in range(0, len(messages), polls_of):  # the messages as several polls
-        for record in worker._apply(owned, messages[i:i + polls_of], set(), Counter()):
+        for record in worker._apply(owned, messages[i : i + polls_of], set(), Counter()):
             if isinstance(record, DeadLetter):  # source: topic[partition]@offset#line
                 got[key_at[int(record.source.split("@")[1].split("#")[0])]].append(record)
             else:
                 got[record.gpu_uuid.encode()].append(record)
     want = one_by_one(messages)
-    assert {k: [r.model_dump() for r in v] for k, v in got.items()} == \
-        {k: [r.model_dump() for r in v] for k, v in want.items() if v}
+    assert {k: [r.model_dump() for r in v] for k, v in got.items()} == {
+        k: [r.model_dump() for r in v] for k, v in want.items() if v
+    }
     assert not any(a.panes._open for a in owned.auditors.values())  # every key ended
 
 
@@ -120,7 +126,8 @@ def seen_sets(auditor: Auditor) -> dict[tuple[str, int], dict[tuple[str, int], l
 @settings(max_examples=25, deadline=None)
 @given(polls(), st.integers(1, 12))
 def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_pane_closed(
-        messages: list[Message], polls_of: int) -> None:
+    messages: list[Message], polls_of: int
+) -> None:
     """After every transaction, the latest value of each state record (what compaction keeps) restores
     each key's auditor exactly; a key's idle windows are written only when a pane of it closed."""
     worker = Worker(KafkaSettings(), AUDIT, group="g")
@@ -130,23 +137,27 @@ def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_
     latest: dict[bytes, bytes | None] = {}
     for i in range(0, len(messages), polls_of):
         before = {k: (a, a.idle.rolls) for k, a in owned.auditors.items()}
-        asyncio.run(worker._process(tp, messages[i:i + polls_of]))
+        asyncio.run(worker._process(tp, messages[i : i + polls_of]))
         for topic, key, value in producer.transactions[-1]:
             assert topic == "gpucost.state.events"
             latest[key] = value
             if key.startswith(IDLE_PREFIX) and value is not None:
-                auditor, rolls = before.get(key[len(IDLE_PREFIX):].decode(), (None, -1))
-                assert auditor is not owned.auditors[key[len(IDLE_PREFIX):].decode()] or rolls != auditor.idle.rolls
+                auditor, rolls = before.get(key[len(IDLE_PREFIX) :].decode(), (None, -1))
+                assert auditor is not owned.auditors[key[len(IDLE_PREFIX) :].decode()] or rolls != auditor.idle.rolls
         state = restored(AUDIT, latest)
         auditors, sequences = state.auditors, state.sequences
         assert state.next_offset == messages[min(i + polls_of, len(messages)) - 1].offset + 1
         assert {k: a.to_state() for k, a in auditors.items()} == {k: a.to_state() for k, a in owned.auditors.items()}
         assert {k: seen_sets(a) for k, a in auditors.items()} == {k: seen_sets(a) for k, a in owned.auditors.items()}
-        assert {k: s.to_state() for k, s in sequences.items()} == \
-            {k: s.to_state() for k, s in owned.sequences.items() if k in owned.auditors}
+        assert {k: s.to_state() for k, s in sequences.items()} == {
+            k: s.to_state() for k, s in owned.sequences.items() if k in owned.auditors
+        }
     # every key ended: what stays of each is its watermarks and the message numbers it applied
-    assert all(not json.loads(v)["audit"]["panes"]["open"] for k, v in latest.items()
-               if k != PROGRESS_KEY and not k.startswith(IDLE_PREFIX))
+    assert all(
+        not json.loads(v)["audit"]["panes"]["open"]
+        for k, v in latest.items()
+        if k != PROGRESS_KEY and not k.startswith(IDLE_PREFIX)
+    )
 
 
 def test_a_state_written_whole_before_is_still_restored() -> None:
@@ -175,8 +186,9 @@ def test_every_state_record_carries_the_version_and_an_unmarked_one_is_read_as_v
     for k, v in latest.items():  # as gpucost wrote them before records carried a version
         record = json.loads(v)
         del record["v"]
-        unmarked[k] = json.dumps(record["idle"] if k.startswith(IDLE_PREFIX) else
-                                 record["next_offset"] if k == PROGRESS_KEY else record).encode()
+        unmarked[k] = json.dumps(
+            record["idle"] if k.startswith(IDLE_PREFIX) else record["next_offset"] if k == PROGRESS_KEY else record
+        ).encode()
     for state in (restored(AUDIT, latest), restored(AUDIT, unmarked)):
         assert state.auditors["GPU-v"].to_state() == auditor.to_state() and state.next_offset == 1
 
@@ -210,8 +222,11 @@ def test_a_key_ended_and_begun_again_in_one_poll_writes_its_new_idle_windows() -
     latest.update((key, value) for _, key, value in producer.transactions[-1])
     old = owned.auditors[key.decode()]
     rolls_written = old.idle.rolls
-    asyncio.run(worker._process(tp, [Message(key, b"", 1, [(CONTROL_HEADER, END_OF_INPUT)]),
-                                     Message(key, b"\n".join(lines[half:]), 2)]))  # later panes
+    asyncio.run(
+        worker._process(
+            tp, [Message(key, b"", 1, [(CONTROL_HEADER, END_OF_INPUT)]), Message(key, b"\n".join(lines[half:]), 2)]
+        )
+    )  # later panes
     latest.update((key, value) for _, key, value in producer.transactions[-1])
     new = owned.auditors[key.decode()]
     assert new is not old and new.idle.rolls == rolls_written > 0  # what makes the case
@@ -223,9 +238,19 @@ def test_a_process_gone_silent_has_its_mae_window_published_once_its_partition_m
     stay in the worker and its state for good. Once another process of its partition has moved ``idle_timeout_s``
     of event time past its last address, and nothing of it came for that long on the clock, the window is
     published as at an end of input, and written as closed; the same pid's next address starts a new window."""
+
     def lines(pid: int, start_s: int, count: int, step_ms: int) -> list[bytes]:
-        return [encode_event(MemAccess(node_id="node-0", pid=pid, ts_ns=BASE_NS + start_s * NS + i * step_ms * 10**6,
-                                       address=(i * 2654435761) % (1 << 32))).encode() for i in range(count)]
+        return [
+            encode_event(
+                MemAccess(
+                    node_id="node-0",
+                    pid=pid,
+                    ts_ns=BASE_NS + start_s * NS + i * step_ms * 10**6,
+                    address=(i * 2654435761) % (1 << 32),
+                )
+            ).encode()
+            for i in range(count)
+        ]
 
     exited, busy = b"node-0/7", b"node-0/9"
     audit = AuditSettings(mae_window=64)
@@ -244,7 +269,8 @@ def test_a_process_gone_silent_has_its_mae_window_published_once_its_partition_m
     out = worker._apply(owned, [Message(busy, b"\n".join(lines(9, 3610, 1, 1000)), 2)], touched, Counter())
     closed = [r for r in out if isinstance(r, MaeRecord)]
     assert [(r.pid, r.n, r.first_ts_ns, r.last_ts_ns) for r in closed] == [
-        (7, 36, BASE_NS + 64 * NS, BASE_NS + 99 * NS)]
+        (7, 36, BASE_NS + 64 * NS, BASE_NS + 99 * NS)
+    ]
     assert exited.decode() in touched and owned.auditors[exited.decode()].counts["mae_silent_closes"] == 1
     state = dict(state_records(exited.decode(), owned.auditors[exited.decode()], SeenSequences(), None, {}))
     assert restored(audit, state).auditors[exited.decode()].mae.latest_ns() == {}  # written closed
@@ -269,8 +295,7 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     clock = [0.0]
     worker.monotonic = lambda: clock[0]
     owned = Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
-    out = worker._apply(owned, [Message(gone, b"\n".join(first), 0, [(SEQUENCE_HEADER, b"s:1")])], set(),
-                        Counter())
+    out = worker._apply(owned, [Message(gone, b"\n".join(first), 0, [(SEQUENCE_HEADER, b"s:1")])], set(), Counter())
     assert {r.pane_start_ns for r in out if isinstance(r, IdleIndexRecord)} < panes  # the last ones stay open
     # another key 20 min ahead in event time, but the silent one was heard from a moment ago: only behind
     clock[0] = AUDIT.idle_timeout_s - 1
@@ -283,16 +308,17 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     assert {r.pane_start_ns for r in mine if isinstance(r, IdleIndexRecord)} == panes
     assert sum(r.cost_micro_usd for r in mine if isinstance(r, CostRecord)) == want
     assert gone.decode() in touched and owned.auditors[gone.decode()].counts["silent_closes"] > 0
-    again = worker._apply(owned, [Message(gone, b"\n".join(first), 3, [(SEQUENCE_HEADER, b"s2:1")])], set(),
-                          Counter())
+    again = worker._apply(owned, [Message(gone, b"\n".join(first), 3, [(SEQUENCE_HEADER, b"s2:1")])], set(), Counter())
     assert not [r for r in again if isinstance(r, CostRecord)]
     samples = sum(1 for line in first if b'"gpu_sample"' in line or b'"process_sample"' in line)
-    assert Counter(r.reason for r in again if isinstance(r, DeadLetter) and r.kind in (
-        "gpu_sample", "process_sample")) == Counter({"duplicate": samples})  # (its prices and bindings: too)
+    assert Counter(
+        r.reason for r in again if isinstance(r, DeadLetter) and r.kind in ("gpu_sample", "process_sample")
+    ) == Counter({"duplicate": samples})  # (its prices and bindings: too)
     # and once the partition has moved a whole idle window past its last pane, its window goes too
     sample = json.loads(next(line for line in LINES[other] if b'"gpu_sample"' in line))
-    later = [json.dumps(dict(sample, ts_ns=start + (AUDIT.window_h * 3600 + 3600 + k) * 10**9)).encode()
-             for k in (0, 10)]  # two: one alone that far ahead is only a pending jump
+    later = [
+        json.dumps(dict(sample, ts_ns=start + (AUDIT.window_h * 3600 + 3600 + k) * 10**9)).encode() for k in (0, 10)
+    ]  # two: one alone that far ahead is only a pending jump
     assert owned.auditors[gone.decode()].idle.to_state()
     touched = set()
     clock[0] += AUDIT.idle_timeout_s
@@ -305,11 +331,11 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     assert auditor.counts["forgotten_gpus"] == 1
     state = auditor.to_state()
     assert gone.decode() not in json.dumps({k: v for k, v in state.items() if k != "health"})
-    again = worker._apply(owned, [Message(gone, b"\n".join(first), 5, [(SEQUENCE_HEADER, b"s3:1")])], set(),
-                          Counter())
+    again = worker._apply(owned, [Message(gone, b"\n".join(first), 5, [(SEQUENCE_HEADER, b"s3:1")])], set(), Counter())
     assert not [r for r in again if isinstance(r, (CostRecord, IdleIndexRecord))]
-    assert Counter(r.reason for r in again if isinstance(r, DeadLetter) and r.kind in (
-        "gpu_sample", "process_sample")) == Counter({"late": samples})
+    assert Counter(
+        r.reason for r in again if isinstance(r, DeadLetter) and r.kind in ("gpu_sample", "process_sample")
+    ) == Counter({"late": samples})
 
 
 def test_where_partitions_begin_is_asked_for_new_ones_and_a_kept_one_whose_state_is_gone() -> None:

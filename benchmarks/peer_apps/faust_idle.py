@@ -4,6 +4,7 @@ Run in the peers' own virtual environment (``benchmarks/peers.py`` makes it). Wh
 ``quix_idle.py``'s, written as a faust user would: an agent over the events topic and a table of
 sums per GPU and minute (its changelog in Kafka). Settings as ``quix_idle.py``'s.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,11 +17,18 @@ from pane_sums import sample
 
 MESSAGES, OUT = int(os.environ["PEER_MESSAGES"]), os.environ["PEER_OUT"]
 
-app = faust.App(f"faust-idle-{time.time_ns()}", broker=f"kafka://{os.environ['PEER_BOOTSTRAP']}",
-                processing_guarantee="exactly_once", store="memory://", topic_partitions=4,
-                datadir=tempfile.mkdtemp(prefix="faust-data-"), web_enabled=False)
-topic = app.topic(os.environ["PEER_TOPIC"], key_type=bytes, value_type=bytes, value_serializer="raw",
-                  key_serializer="raw")
+app = faust.App(
+    f"faust-idle-{time.time_ns()}",
+    broker=f"kafka://{os.environ['PEER_BOOTSTRAP']}",
+    processing_guarantee="exactly_once",
+    store="memory://",
+    topic_partitions=4,
+    datadir=tempfile.mkdtemp(prefix="faust-data-"),
+    web_enabled=False,
+)
+topic = app.topic(
+    os.environ["PEER_TOPIC"], key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw"
+)
 sums = app.Table("sums", default=lambda: [0, 0], partitions=4)
 seen = {"messages": 0, "events": 0, "first": 0.0, "last": 0.0}
 

@@ -1,6 +1,7 @@
 """What the peers of benchmark 11 compute, from docs/definitions.md ("Time, panes and watermarks", "Idle
 index"), shared by both apps: a GPU
 sample's pane, and its idle and covered milliseconds (gpucost's ``idle_ms``, ``covered_ms``)."""
+
 from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal

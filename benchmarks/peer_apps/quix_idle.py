@@ -11,6 +11,7 @@ per pane and message. Settings (environment):
 ``PEER_BOOTSTRAP``, ``PEER_TOPIC``, ``PEER_MESSAGES`` (stop after this many), ``PEER_OUT`` (a JSON
 file: the first and last message's times, the events seen, the closed windows).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,13 @@ from quixstreams import Application
 
 def main(mode: str) -> None:
     messages, out_path = int(os.environ["PEER_MESSAGES"]), os.environ["PEER_OUT"]
-    app = Application(broker_address=os.environ["PEER_BOOTSTRAP"], consumer_group=f"quix-{mode}-{time.time_ns()}",
-                      auto_offset_reset="earliest", processing_guarantee="exactly-once",
-                      state_dir=tempfile.mkdtemp(prefix="quix-state-"))
+    app = Application(
+        broker_address=os.environ["PEER_BOOTSTRAP"],
+        consumer_group=f"quix-{mode}-{time.time_ns()}",
+        auto_offset_reset="earliest",
+        processing_guarantee="exactly-once",
+        state_dir=tempfile.mkdtemp(prefix="quix-state-"),
+    )
     topic = app.topic(os.environ["PEER_TOPIC"], key_deserializer="bytes", value_deserializer="bytes")
     seen = {"messages": 0, "events": 0, "first": 0.0, "last": 0.0}
     windows: list[tuple[str, int, int, int]] = []
@@ -63,10 +68,17 @@ def main(mode: str) -> None:
         sdf = sdf.apply(presummed, expand=True)
         sdf = sdf.set_timestamp(lambda value, key, timestamp, headers: value[0])
         sdf = sdf.apply(lambda sums: sums[1:])
-    sdf = sdf.tumbling_window(duration_ms=PANE_MS, grace_ms=LATENESS_MS).reduce(
-        reducer=lambda total, v: [total[0] + v[0], total[1] + v[1]], initializer=lambda v: list(v)).final()
-    sdf.update(lambda value, key, timestamp, headers: windows.append(
-        (key.decode(), value["start"], value["value"][0], value["value"][1])), metadata=True)
+    sdf = (
+        sdf.tumbling_window(duration_ms=PANE_MS, grace_ms=LATENESS_MS)
+        .reduce(reducer=lambda total, v: [total[0] + v[0], total[1] + v[1]], initializer=lambda v: list(v))
+        .final()
+    )
+    sdf.update(
+        lambda value, key, timestamp, headers: windows.append(
+            (key.decode(), value["start"], value["value"][0], value["value"][1])
+        ),
+        metadata=True,
+    )
     app.run()
     with open(out_path, "w") as fh:
         json.dump({**seen, "windows": windows}, fh)

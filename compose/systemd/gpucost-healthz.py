@@ -9,6 +9,7 @@ a run that is starting (a refused connection) or busy for a moment is not taken 
 
 usage: gpucost-healthz.py [ATTEMPTS]
 """
+
 from __future__ import annotations
 
 import http.client

@@ -6,6 +6,7 @@ header is refused whole (``bad_message``); one not signed by a key of the keyrin
 not own the key's GPU, is refused line by line; a message the broker held twice is skipped. A refused message
 creates no state. Apart from the transaction loop (``gpucost.kafka.worker``), which writes what this gives.
 """
+
 from __future__ import annotations
 
 import time
@@ -63,6 +64,7 @@ def _labels(chunks: list[_Chunk]) -> Callable[[int], str]:
         c = bisect_right(ends, i)
         source, numbered = chunks[c]
         return f"{source}#{numbered[i - (ends[c - 1] if c else 0)][0]}"
+
     return label
 
 
@@ -119,8 +121,9 @@ class Poll:
         signer = self.signer(key, message.key, value, headers)
         if isinstance(signer, Verdict):  # forged, unsigned or foreign: every line to the dead letters
             self.flush(key)
-            self.out += [self.refused(signer.reason, signer.detail, f"{source}#{n}", line)
-                         for n, line in lines or [(0, b"")]]
+            self.out += [
+                self.refused(signer.reason, signer.detail, f"{source}#{n}", line) for n, line in lines or [(0, b"")]
+            ]
             return
         sequences = self.owned.sequences.setdefault(key, SeenSequences())
         if seq is not None and not sequences.first_time(*seq):
@@ -135,16 +138,18 @@ class Poll:
             self.flush(key)
         self.queued.setdefault(key, (scope, []))[1].append((source, lines))
 
-    def signer(self, key: str, raw_key: bytes, value: bytes, headers: dict[str, bytes]
-               ) -> SigningKey | Verdict | None:
+    def signer(self, key: str, raw_key: bytes, value: bytes, headers: dict[str, bytes]) -> SigningKey | Verdict | None:
         """The key that signed the message (None: no keyring, every message is applied), or why it is refused:
         its signature does not verify, or its signer may not speak for the node that owns ``key``."""
         signer = None if self.keyring is None else self.keyring.check(raw_key, value, headers)
         if isinstance(signer, SigningKey):
             owner = self.owned.owners.get(key)
             if owner is not None and signer.nodes is not None and owner not in signer.nodes:
-                return Verdict("wrong_key", f"key {key[:256]!r} belongs to node {owner[:256]!r}, and key "
-                                            f"{signer.key_id!r} may not speak for it")
+                return Verdict(
+                    "wrong_key",
+                    f"key {key[:256]!r} belongs to node {owner[:256]!r}, and key "
+                    f"{signer.key_id!r} may not speak for it",
+                )
         return signer
 
     def auditor(self, key: str) -> Auditor:
@@ -161,8 +166,12 @@ class Poll:
         the key a single-node signer signs becomes the key's owner."""
         if signer is None:
             return Scope(key)
-        if self.owned.owners.get(key) is None and signer.nodes is not None and len(signer.nodes) == 1 and \
-                claimed_node(key, node := next(iter(signer.nodes)), (line for _, line in lines)):
+        if (
+            self.owned.owners.get(key) is None
+            and signer.nodes is not None
+            and len(signer.nodes) == 1
+            and claimed_node(key, node := next(iter(signer.nodes)), (line for _, line in lines))
+        ):
             self.owned.owners[key] = node
         assert self.keyring is not None
         price_keys = self.keyring.price_keys
@@ -190,5 +199,6 @@ class Poll:
     def refused(self, reason: str, detail: str, source: str, raw: bytes) -> DeadLetter:
         """The dead letter of (a line of) a message refused before any auditor saw it, counted."""
         self.counts[reason] += 1
-        return DeadLetter(reason=reason, detail=detail, kind=None, source=source, raw=raw_text(raw), ts_ns=None,
-                          gpu_uuid=None)
+        return DeadLetter(
+            reason=reason, detail=detail, kind=None, source=source, raw=raw_text(raw), ts_ns=None, gpu_uuid=None
+        )

@@ -15,6 +15,7 @@ Hours, not panes: a marker per pane would be 60 an hour per partition pair, for 
 needs to the day. Markers are not kept in the state: an owner new to a partition writes one at its first
 transaction, saying again what is true.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,9 +54,16 @@ def moved_on(auditors: Iterable[Auditor], horizon_ns: int, last: int | None) -> 
 
 def marker_value(input_topic: str, input_partition: int, final_ns: int, horizon_ns: int) -> bytes:
     """A marker's JSON: which input partition speaks, and up to when its records are final."""
-    return json.dumps({"kind": "closed", "input_topic": input_topic, "input_partition": input_partition,
-                       "final_through_ns": final_ns, "revision_horizon_s": horizon_ns // 1_000_000_000},
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        {
+            "kind": "closed",
+            "input_topic": input_topic,
+            "input_partition": input_partition,
+            "final_through_ns": final_ns,
+            "revision_horizon_s": horizon_ns // 1_000_000_000,
+        },
+        separators=(",", ":"),
+    ).encode()
 
 
 def is_control(headers: Iterable[tuple[str, bytes | None]] | None) -> bool:
@@ -63,8 +71,15 @@ def is_control(headers: Iterable[tuple[str, bytes | None]] | None) -> bool:
     return any(name == CONTROL_HEADER for name, _ in headers or ())
 
 
-async def send_markers(producer: AIOKafkaProducer, cost_topic: str, input_topic: str, input_partition: int,
-                       final_ns: int, horizon_ns: int, signer: Signer | None) -> list[asyncio.Future[Any]]:
+async def send_markers(
+    producer: AIOKafkaProducer,
+    cost_topic: str,
+    input_topic: str,
+    input_partition: int,
+    final_ns: int,
+    horizon_ns: int,
+    signer: Signer | None,
+) -> list[asyncio.Future[Any]]:
     """The marker to every partition of the cost topic, inside the caller's transaction; signed like records,
     the control header covered, so that no record can be made into a marker."""
     key = f"closed/{input_topic}/{input_partition}".encode()

@@ -10,6 +10,7 @@ of input since it last said so then logs one line, ``caught up: …``: a finite 
 or a simulation) is then processed in full, its records committed. A live input, which sends no end of input,
 stays quiet; ``gpucost_worker_group_caught_up`` says the same at every scrape.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,14 @@ class GroupLag:
     """The lag of ``group`` on every partition of ``topics``, asked every ``interval_s``; ``ends_applied`` tells
     how many ends of input this worker has applied (the worker's count)."""
 
-    def __init__(self, kafka: KafkaSettings, group: str, topics: list[str], ends_applied: Callable[[], int],
-                 interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        group: str,
+        topics: list[str],
+        ends_applied: Callable[[], int],
+        interval_s: float = 5.0,
+    ) -> None:
         self.kafka, self.group, self.topics, self.interval_s = kafka, group, topics, interval_s
         self.ends_applied = ends_applied
         self.lag: dict[str, int] = {}  # "topic[partition]" → messages not yet committed by the group
@@ -44,8 +51,11 @@ class GroupLag:
 
     async def refresh(self, admin: AIOKafkaAdminClient, reader: AIOKafkaConsumer) -> None:
         """Ask the broker once: committed offsets against ends (a partition never committed: against its start)."""
-        partitions = sorted(TopicPartition(t["topic"], p["partition"]) for t in await admin.describe_topics(self.topics)
-                            for p in t["partitions"])
+        partitions = sorted(
+            TopicPartition(t["topic"], p["partition"])
+            for t in await admin.describe_topics(self.topics)
+            for p in t["partitions"]
+        )
         if not partitions:
             return
         committed = await admin.list_consumer_group_offsets(self.group, partitions=partitions)
@@ -60,8 +70,13 @@ class GroupLag:
         ends_applied = self.ends_applied()
         if self.caught_up and ends_applied > self._said_at:
             self._said_at = ends_applied
-            log.info("caught up: group %s has committed every input partition (%d) to its end, %d messages in all; "
-                     "a finite input is processed in full", self.group, len(partitions), sum(ends.values()))
+            log.info(
+                "caught up: group %s has committed every input partition (%d) to its end, %d messages in all; "
+                "a finite input is processed in full",
+                self.group,
+                len(partitions),
+                sum(ends.values()),
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Refresh until ``stop``. A broker that does not answer (or refuses: an ACL) leaves the last figures, is
@@ -71,8 +86,10 @@ class GroupLag:
             while not stop.is_set():
                 try:
                     if clients is None:
-                        clients = (AIOKafkaAdminClient(**self.kafka.client_options()),
-                                   AIOKafkaConsumer(**self.kafka.client_options(), enable_auto_commit=False))
+                        clients = (
+                            AIOKafkaAdminClient(**self.kafka.client_options()),
+                            AIOKafkaConsumer(**self.kafka.client_options(), enable_auto_commit=False),
+                        )
                         await clients[0].start()
                         await clients[1].start()
                     await self.refresh(*clients)
@@ -86,11 +103,20 @@ class GroupLag:
             await _close(clients)
 
     def metrics(self) -> list[Metric]:
-        return [gauge("gpucost_worker_group_lag_messages", "input messages the group has not committed, per "
-                      "partition of the input topics, whoever owns it (a dead worker's included)", dict(self.lag),
-                      "partition"),
-                gauge("gpucost_worker_group_caught_up", "1 when the group has committed every input partition to "
-                      "its end", int(self.caught_up))]
+        return [
+            gauge(
+                "gpucost_worker_group_lag_messages",
+                "input messages the group has not committed, per "
+                "partition of the input topics, whoever owns it (a dead worker's included)",
+                dict(self.lag),
+                "partition",
+            ),
+            gauge(
+                "gpucost_worker_group_caught_up",
+                "1 when the group has committed every input partition to its end",
+                int(self.caught_up),
+            ),
+        ]
 
 
 async def _close(clients: tuple[AIOKafkaAdminClient, AIOKafkaConsumer] | None) -> None:

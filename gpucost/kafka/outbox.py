@@ -7,6 +7,7 @@ the next one starts, and a producer stopped with messages still waiting writes t
 the spool (``close``). A message re-sent after an unanswered attempt may reach the broker
 twice; the workers dead-letter the second copy as a duplicate, so nothing is billed twice.
 """
+
 from __future__ import annotations
 
 import base64
@@ -35,14 +36,22 @@ class Message:
 
     def to_line(self) -> bytes:
         b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-        return json.dumps({"t": self.topic, "k": b64(self.key), "v": b64(self.value),
-                           "h": [[n, b64(v)] for n, v in self.headers]}).encode() + b"\n"
+        return (
+            json.dumps(
+                {"t": self.topic, "k": b64(self.key), "v": b64(self.value), "h": [[n, b64(v)] for n, v in self.headers]}
+            ).encode()
+            + b"\n"
+        )
 
     @classmethod
     def from_line(cls, line: bytes) -> Message:
         obj = json.loads(line)
-        return cls(obj["t"], base64.b64decode(obj["k"]), base64.b64decode(obj["v"]),
-                   tuple((n, base64.b64decode(v)) for n, v in obj["h"]))
+        return cls(
+            obj["t"],
+            base64.b64decode(obj["k"]),
+            base64.b64decode(obj["v"]),
+            tuple((n, base64.b64decode(v)) for n, v in obj["h"]),
+        )
 
 
 class Outbox:
@@ -59,8 +68,9 @@ class Outbox:
         self._warned = False
         if spool.exists() and spool.stat().st_size:
             self._spooled = sum(1 for line in spool.open("rb") if line.strip())
-            log.warning("resuming %d message(s) spooled in %s by an earlier run; they are sent first",
-                        self._spooled, spool)
+            log.warning(
+                "resuming %d message(s) spooled in %s by an earlier run; they are sent first", self._spooled, spool
+            )
 
     def __len__(self) -> int:
         return len(self._memory) + self._spooled
@@ -75,8 +85,12 @@ class Outbox:
             self._memory_bytes += message.size
             return
         if not self._warned:
-            log.warning("broker not keeping up: %d bytes buffered in memory (bound %d); spilling to %s until it "
-                        "catches up", self._memory_bytes, self.max_bytes, self.spool)
+            log.warning(
+                "broker not keeping up: %d bytes buffered in memory (bound %d); spilling to %s until it catches up",
+                self._memory_bytes,
+                self.max_bytes,
+                self.spool,
+            )
             self._warned = True
         with self.spool.open("ab") as fh:
             fh.write(message.to_line())

@@ -1,5 +1,6 @@
 """The worker's output records, sent to their topics inside a partition's transaction in batches per output
 partition: one ``send`` per record took a fifth of the worker's time (``gpucost.kafka.worker``)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,9 +26,15 @@ def key_slot(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-async def send_records(producer: AIOKafkaProducer, records: list[Output], kafka: KafkaSettings, signer: Signer | None,
-                       partitions: dict[str, list[int]], kinds: Counter[str], reasons: Counter[str]
-                       ) -> list[asyncio.Future[Any]]:
+async def send_records(
+    producer: AIOKafkaProducer,
+    records: list[Output],
+    kafka: KafkaSettings,
+    signer: Signer | None,
+    partitions: dict[str, list[int]],
+    kinds: Counter[str],
+    reasons: Counter[str],
+) -> list[asyncio.Future[Any]]:
     """Each record to its topic, keyed as the topic contract says, in batches per partition. The partition is
     the one ``send(key=…)`` would choose (the default partitioner: murmur2 of the key; an output topic's
     partitions are read once, into ``partitions``), and each partition's records keep their order. Each record

@@ -4,6 +4,7 @@ read back from the partition's state partition when the worker takes it (``gpuco
 Apart from the worker so that what a partition holds can be read, built in a test and restored without the
 transaction loop around it.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,14 +42,16 @@ class Owned:
     closed_through: int | None = None
 
 
-async def read_state(kafka: KafkaSettings, state_tp: TopicPartition, since: int = 0
-                     ) -> tuple[dict[bytes, bytes | None], int, int]:
+async def read_state(
+    kafka: KafkaSettings, state_tp: TopicPartition, since: int = 0
+) -> tuple[dict[bytes, bytes | None], int, int]:
     """The latest committed value of each key in the state partition ``state_tp``, from offset ``since`` (or
     its first, if later) to its end; and its first and end offsets."""
     # fetch.max.wait.ms short: the reader stops once at the end, and stopping waits for the fetch in flight,
     # which the broker holds that long where there is nothing to read (the default 0.5 s, per partition taken)
-    reader = AIOKafkaConsumer(**kafka.client_options(), isolation_level="read_committed",
-                              enable_auto_commit=False, fetch_max_wait_ms=10)
+    reader = AIOKafkaConsumer(
+        **kafka.client_options(), isolation_level="read_committed", enable_auto_commit=False, fetch_max_wait_ms=10
+    )
     await reader.start()
     try:
         # assigned first, which asks for the topic's metadata (an offset asked before it is known is asked
@@ -67,8 +70,10 @@ async def read_state(kafka: KafkaSettings, state_tp: TopicPartition, since: int 
             batches = await reader.getmany(state_tp, timeout_ms=1000)
             idle_polls = 0 if batches else idle_polls + 1
             if idle_polls >= 30:
-                raise RuntimeError(f"restoring {state_tp.topic}[{state_tp.partition}] stalled at offset "
-                                   f"{await reader.position(state_tp)} of {end}; is the broker healthy?")
+                raise RuntimeError(
+                    f"restoring {state_tp.topic}[{state_tp.partition}] stalled at offset "
+                    f"{await reader.position(state_tp)} of {end}; is the broker healthy?"
+                )
             for messages in batches.values():
                 for m in messages:
                     latest[m.key] = m.value

@@ -5,6 +5,7 @@ container log nothing said whether it was reading, sending, or waiting for an un
 says all three (events read, messages acknowledged, messages waiting in the outbox); the last one is written
 when the input ends, so even a short run says what it sent.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,10 +34,12 @@ class ProduceProgress:
     def line(self) -> str:
         stats, elapsed = self.stats, max(time.monotonic() - self.started, 1e-9)
         waiting = 0 if stats.outbox is None else len(stats.outbox)
-        return (f"gpucost produce: {stats.events_read:,} events read ({stats.events_read / elapsed:,.0f}/s), "
-                f"{sum(stats.sent.values()):,} messages acknowledged, {waiting:,} waiting"
-                + ("; broker unreachable" if stats.outage_since is not None else "")
-                + ("; input ended" if stats.input_ended else ""))
+        return (
+            f"gpucost produce: {stats.events_read:,} events read ({stats.events_read / elapsed:,.0f}/s), "
+            f"{sum(stats.sent.values()):,} messages acknowledged, {waiting:,} waiting"
+            + ("; broker unreachable" if stats.outage_since is not None else "")
+            + ("; input ended" if stats.input_ended else "")
+        )
 
     def show(self) -> None:
         if self._bar is not None:

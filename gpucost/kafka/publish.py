@@ -1,4 +1,5 @@
 """Kafka side of the producers: create the topics, publish events in keyed batches."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,15 @@ from gpucost.schemas.events import Event
 from gpucost.schemas.records import DeadLetter
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
 
-__all__ = ["ProducerStats", "Stopped", "create_topics", "default_spool", "publish", "publish_dead_letters",
-           "split_batch"]
+__all__ = [
+    "ProducerStats",
+    "Stopped",
+    "create_topics",
+    "default_spool",
+    "publish",
+    "publish_dead_letters",
+    "split_batch",
+]
 
 log = logging.getLogger("gpucost.kafka.publish")
 
@@ -47,8 +55,14 @@ async def create_topics(kafka: KafkaSettings) -> list[str]:
             name = kafka.topic(spec.suffix)
             if name in existing:
                 continue
-            new.append(NewTopic(name, 1 if spec.single_partition else kafka.partitions, kafka.replication,
-                                topic_configs=topic_config(spec, kafka)))
+            new.append(
+                NewTopic(
+                    name,
+                    1 if spec.single_partition else kafka.partitions,
+                    kafka.replication,
+                    topic_configs=topic_config(spec, kafka),
+                )
+            )
         if new:
             with contextlib.suppress(TopicAlreadyExistsError):  # created meanwhile by another process
                 await admin.create_topics(new)
@@ -57,8 +71,13 @@ async def create_topics(kafka: KafkaSettings) -> list[str]:
         await admin.close()
 
 
-def _pump(events: Iterable[Event], loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[object],
-          chunk_s: float, halt: threading.Event) -> None:
+def _pump(
+    events: Iterable[Event],
+    loop: asyncio.AbstractEventLoop,
+    queue: asyncio.Queue[object],
+    chunk_s: float,
+    halt: threading.Event,
+) -> None:
     """Runs the (possibly blocking) source in a thread; hands events over in chunks, until ``halt``."""
 
     def hand(item: object) -> bool:
@@ -106,12 +125,15 @@ class ProducerStats:
         box = self.outbox
         spool = box.spool.stat().st_size if box is not None and box.spool.exists() else 0
         return [
-            counter("gpucost_producer_messages_sent", "messages the broker acknowledged, by topic", self.sent,
-                    "topic"),
-            gauge("gpucost_producer_outbox_messages", "messages waiting for the broker",
-                  0 if box is None else len(box)),
-            gauge("gpucost_producer_outbox_memory_bytes", "bytes of waiting messages held in memory",
-                  0 if box is None else box.memory_bytes),
+            counter("gpucost_producer_messages_sent", "messages the broker acknowledged, by topic", self.sent, "topic"),
+            gauge(
+                "gpucost_producer_outbox_messages", "messages waiting for the broker", 0 if box is None else len(box)
+            ),
+            gauge(
+                "gpucost_producer_outbox_memory_bytes",
+                "bytes of waiting messages held in memory",
+                0 if box is None else box.memory_bytes,
+            ),
             gauge("gpucost_producer_spool_bytes", "bytes of the spool file (waiting messages on disk)", spool),
             gauge("gpucost_producer_input_ended", "1 once the source was read to its end", int(self.input_ended)),
             source_counts(self.source),
@@ -123,8 +145,9 @@ class Stopped(Exception):
     is not acknowledged is in the spool, and the next run sends it first."""
 
 
-async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, done: asyncio.Event,
-                   stats: ProducerStats) -> None:
+async def _deliver(
+    outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, done: asyncio.Event, stats: ProducerStats
+) -> None:
     """Send the outbox's oldest messages, in order, until ``done`` and empty; ride out broker outages.
 
     After a failed attempt the producer is replaced (a new idempotent session) and everything
@@ -144,12 +167,19 @@ async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, do
                 continue
             try:
                 if producer is None:
-                    producer = AIOKafkaProducer(**kafka.producer_options(), enable_idempotence=True, acks="all",
-                                                linger_ms=20, max_batch_size=1 << 20,
-                                                max_request_size=8 << 20, request_timeout_ms=15_000)
+                    producer = AIOKafkaProducer(
+                        **kafka.producer_options(),
+                        enable_idempotence=True,
+                        acks="all",
+                        linger_ms=20,
+                        max_batch_size=1 << 20,
+                        max_request_size=8 << 20,
+                        request_timeout_ms=15_000,
+                    )
                     await producer.start()
-                futures = [await producer.send(m.topic, m.value, key=m.key, headers=list(m.headers) or None)
-                           for m in head]
+                futures = [
+                    await producer.send(m.topic, m.value, key=m.key, headers=list(m.headers) or None) for m in head
+                ]
                 results = await asyncio.gather(*futures, return_exceptions=True)
             except KafkaError as exc:
                 results = [exc]
@@ -159,15 +189,23 @@ async def _deliver(outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, do
             outbox.pop(ok)
             if ok == len(head):
                 if stats.outage_since is not None:
-                    log.warning("broker reachable again after %.0f s; %d message(s) still waiting",
-                                time.monotonic() - stats.outage_since, len(outbox))
+                    log.warning(
+                        "broker reachable again after %.0f s; %d message(s) still waiting",
+                        time.monotonic() - stats.outage_since,
+                        len(outbox),
+                    )
                 backoff, stats.outage_since = 0.5, None
                 continue
             if stats.outage_since is None:
                 stats.outage_since = time.monotonic()
-                log.warning("cannot deliver to %s (%s); buffering: %d message(s) waiting, %d bytes in memory, "
-                            "retrying%s", kafka.bootstrap, results[ok], len(outbox), outbox.memory_bytes,
-                            "; input read to its end" if stats.input_ended else "")
+                log.warning(
+                    "cannot deliver to %s (%s); buffering: %d message(s) waiting, %d bytes in memory, retrying%s",
+                    kafka.bootstrap,
+                    results[ok],
+                    len(outbox),
+                    outbox.memory_bytes,
+                    "; input read to its end" if stats.input_ended else "",
+                )
             if producer is not None:
                 await _stop_quietly(producer)
                 producer = None
@@ -204,10 +242,17 @@ def default_spool(kafka: KafkaSettings, source: str) -> Path:
     return state / f"{kafka.topic_prefix}{source}.spool"
 
 
-async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: bool = True,
-                  flush_interval_s: float = 1.0, signer: Signer | None = None, spool: Path | None = None,
-                  buffer_bytes: int = 64 << 20, stop: asyncio.Event | None = None,
-                  stats: ProducerStats | None = None) -> Counter[str]:
+async def publish(
+    events: Iterable[Event],
+    kafka: KafkaSettings,
+    end_of_input: bool = True,
+    flush_interval_s: float = 1.0,
+    signer: Signer | None = None,
+    spool: Path | None = None,
+    buffer_bytes: int = 64 << 20,
+    stop: asyncio.Event | None = None,
+    stats: ProducerStats | None = None,
+) -> Counter[str]:
     """Route, batch and send every event; per key, order is kept. Returns messages sent per topic.
 
     A key's batch is sent when it holds ``batch_events`` events or has waited
@@ -244,10 +289,16 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
     def oversized(topic: str, key: str, line: str) -> None:
         """An event no message can hold: to the dead letters, with its head, instead of a message the
         broker refuses (which the outbox took for an outage and retried for ever)."""
-        letter = DeadLetter(reason="oversized", kind=None, source=f"producer:{key}", raw=raw_text(line),
-                            ts_ns=None, gpu_uuid=None,
-                            detail=f"an event of {len(line.encode()):,} bytes for {topic} key {key[:256]!r} is over "
-                                   f"the {kafka.max_message_bytes:,}-byte message limit (max_message_bytes); not sent")
+        letter = DeadLetter(
+            reason="oversized",
+            kind=None,
+            source=f"producer:{key}",
+            raw=raw_text(line),
+            ts_ns=None,
+            gpu_uuid=None,
+            detail=f"an event of {len(line.encode()):,} bytes for {topic} key {key[:256]!r} is over "
+            f"the {kafka.max_message_bytes:,}-byte message limit (max_message_bytes); not sent",
+        )
         send("dlq", key, letter.model_dump_json().encode())
 
     def flush(full_only: bool) -> None:
@@ -262,8 +313,12 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
 
     queue: asyncio.Queue[object] = asyncio.Queue(maxsize=64)
     halt = threading.Event()
-    pump = threading.Thread(target=_pump, args=(events, asyncio.get_running_loop(), queue, flush_interval_s / 2, halt),
-                            name="source", daemon=True)
+    pump = threading.Thread(
+        target=_pump,
+        args=(events, asyncio.get_running_loop(), queue, flush_interval_s / 2, halt),
+        name="source",
+        daemon=True,
+    )
     deliverer = asyncio.create_task(_deliver(outbox, kafka, wake, done, stats))
     pump.start()
     try:
@@ -312,8 +367,12 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
         wake.set()
         stats.input_ended = True
         if stats.outage_since is not None:  # said, so an operator knows stopping now loses nothing: it is spooled
-            log.warning("input read to its end; %d message(s) wait for %s, still unreachable (stopped now, they "
-                        "are kept in the spool)", len(outbox), kafka.bootstrap)
+            log.warning(
+                "input read to its end; %d message(s) wait for %s, still unreachable (stopped now, they "
+                "are kept in the spool)",
+                len(outbox),
+                kafka.bootstrap,
+            )
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([deliverer, stopped], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
@@ -328,8 +387,7 @@ async def publish(events: Iterable[Event], kafka: KafkaSettings, end_of_input: b
                 await deliverer
         kept = outbox.close()
         if kept:
-            log.warning("%d message(s) not yet acknowledged are kept in %s; the next run sends them first",
-                        kept, spool)
+            log.warning("%d message(s) not yet acknowledged are kept in %s; the next run sends them first", kept, spool)
     return sent
 
 
@@ -339,8 +397,9 @@ async def publish_dead_letters(rejected: list[tuple[Rejected, str, str]], kafka:
     await producer.start()
     try:
         for rej, source, raw in rejected:
-            letter = DeadLetter(reason=rej.reason, detail=rej.detail, kind=rej.kind, source=source, raw=raw,
-                                ts_ns=None, gpu_uuid=None)
+            letter = DeadLetter(
+                reason=rej.reason, detail=rej.detail, kind=rej.kind, source=source, raw=raw, ts_ns=None, gpu_uuid=None
+            )
             await producer.send(kafka.topic("dlq"), letter.model_dump_json().encode(), key=source.encode())
         await producer.flush()
     finally:

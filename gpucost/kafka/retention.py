@@ -8,6 +8,7 @@ topic created before (by an older gpucost, or by hand) with less is named, since
 records a consumer back from a long outage still needs (docs/operations.md, "Retention, and after an
 outage").
 """
+
 from __future__ import annotations
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -40,8 +41,9 @@ async def short_retention(admin: AIOKafkaAdminClient, kafka: KafkaSettings, name
     outputs = [kafka.topic(s.suffix) for s in topic_specs() if s.output and kafka.topic(s.suffix) in names]
     if not outputs:
         return {}
-    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, {"retention.ms": None})
-                                              for t in outputs])
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, t, {"retention.ms": None}) for t in outputs]
+    )
     want, short = kafka.output_retention_ms(), {}
     for response in responses:
         for _error, _message, _kind, name, entries in response.resources:
@@ -63,7 +65,10 @@ async def retention_warnings(kafka: KafkaSettings) -> list[str]:
     finally:
         await admin.close()
     want = kafka.output_retention_ms()
-    return [f"topic {name} keeps its records {have / 86_400_000:g} days (retention.ms={have}), less than "
-            f"output_retention_days; a consumer offline longer misses records. Raise it: kafka-configs.sh "
-            f"--bootstrap-server {kafka.bootstrap} --alter --entity-type topics --entity-name {name} "
-            f"--add-config retention.ms={want}" for name, have in sorted(short.items())]
+    return [
+        f"topic {name} keeps its records {have / 86_400_000:g} days (retention.ms={have}), less than "
+        f"output_retention_days; a consumer offline longer misses records. Raise it: kafka-configs.sh "
+        f"--bootstrap-server {kafka.bootstrap} --alter --entity-type topics --entity-name {name} "
+        f"--add-config retention.ms={want}"
+        for name, have in sorted(short.items())
+    ]

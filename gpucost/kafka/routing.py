@@ -9,6 +9,7 @@ what the embedded run computes, however keys are spread over partitions and work
 A binding or price re-sent for an instant the router already has goes to the dead-letter
 topic once, as the embedded auditor would dead-letter it, rather than once per GPU copy.
 """
+
 from __future__ import annotations
 
 from gpucost.schemas.codec import encode_event
@@ -87,6 +88,13 @@ def _tenant(b: TenantBinding) -> tuple[str | None, ...]:
 
 def duplicate_letter(ev: TenantBinding | Price, source: str) -> DeadLetter:
     what = f"pid {ev.pid} on {ev.node_id}" if isinstance(ev, TenantBinding) else ev.gpu_model
-    return DeadLetter(reason="duplicate", kind=ev.kind, source=source, raw=encode_event(ev), ts_ns=ev.ts_ns,
-                      gpu_uuid=None, detail=f"a {ev.kind} of {what} at ts_ns {ev.ts_ns} was already taken; "
-                                            "the first one stays in force (send a correction with a later ts_ns)")
+    return DeadLetter(
+        reason="duplicate",
+        kind=ev.kind,
+        source=source,
+        raw=encode_event(ev),
+        ts_ns=ev.ts_ns,
+        gpu_uuid=None,
+        detail=f"a {ev.kind} of {what} at ts_ns {ev.ts_ns} was already taken; "
+        "the first one stays in force (send a correction with a later ts_ns)",
+    )

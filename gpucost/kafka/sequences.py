@@ -6,6 +6,7 @@ the same number and is applied once. Numbers may arrive out of order after a par
 failure, so this keeps exactly which numbers were seen: everything up to a contiguous floor,
 and the few above it. State stays small while messages arrive in order, which they do.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,10 +35,18 @@ def parse_sequence(header: bytes | None) -> tuple[str, int] | None:
         return None
     text = header.decode("ascii", "replace")
     session, _, n = text.rpartition(":")
-    if not (0 < len(session) <= MAX_SESSION_CHARS and session.isprintable() and 0 < len(n) <= MAX_DIGITS
-            and n.isascii() and n.isdigit() and int(n) > 0):
-        raise MalformedSequence(f"header gpucost-seq {text[:80]!r} is not '<session>:<n>' (session of 1-"
-                                f"{MAX_SESSION_CHARS} characters, n from 1 to {MAX_DIGITS} digits)")
+    if not (
+        0 < len(session) <= MAX_SESSION_CHARS
+        and session.isprintable()
+        and 0 < len(n) <= MAX_DIGITS
+        and n.isascii()
+        and n.isdigit()
+        and int(n) > 0
+    ):
+        raise MalformedSequence(
+            f"header gpucost-seq {text[:80]!r} is not '<session>:<n>' (session of 1-"
+            f"{MAX_SESSION_CHARS} characters, n from 1 to {MAX_DIGITS} digits)"
+        )
     return session, int(n)
 
 

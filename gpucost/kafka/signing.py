@@ -9,6 +9,7 @@ holds its one key, a worker's keyring every key it accepts. Rotation: add the ne
 the workers' keyrings (they reload a changed file within ``reload_s``), switch the
 producers to it, then remove the old one. Nothing stops meanwhile.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,10 @@ def parse_keys(text: str, where: str) -> dict[str, SigningKey]:
         except ValueError:
             raise ValueError(f"{where}:{n}: the secret of key {parts[0]!r} is not hex") from None
         if len(secret) < MIN_SECRET_BYTES:
-            raise ValueError(f"{where}:{n}: the secret of key {parts[0]!r} has {len(secret)} bytes; use at least "
-                             f"{MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)")
+            raise ValueError(
+                f"{where}:{n}: the secret of key {parts[0]!r} has {len(secret)} bytes; use at least "
+                f"{MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)"
+            )
         if parts[0] in keys:
             raise ValueError(f"{where}:{n}: key id {parts[0]!r} appears twice")
         nodes = None if len(parts) == 2 or parts[2] == "*" else frozenset(parts[2].split(","))
@@ -128,18 +131,25 @@ class Keyring:
         self._maybe_reload()
         key_id, signature = headers.get(KEY_ID_HEADER), headers.get(SIGNATURE_HEADER)
         if key_id is None or signature is None:
-            return Verdict("unsigned", "the message has no signature headers; configure the producer's "
-                                       "--signing-key-file")
+            return Verdict(
+                "unsigned", "the message has no signature headers; configure the producer's --signing-key-file"
+            )
         signing_key = self.keys.get(key_id.decode("utf-8", "replace"))
         if signing_key is None:
-            return Verdict("unknown_key", f"key id {key_id.decode('utf-8', 'replace')[:64]!r} is not in "
-                                          f"{self.path}; add it to the keyring (rotation) or check the producer's "
-                                          "key file")
+            return Verdict(
+                "unknown_key",
+                f"key id {key_id.decode('utf-8', 'replace')[:64]!r} is not in "
+                f"{self.path}; add it to the keyring (rotation) or check the producer's "
+                "key file",
+            )
         try:
             given = bytes.fromhex(signature.decode("ascii"))
         except (UnicodeDecodeError, ValueError):
             given = b""
         if not hmac.compare_digest(given, signing_key.mac(key, value, headers)):
-            return Verdict("bad_signature", f"the signature does not match the message for key "
-                                            f"{signing_key.key_id!r}: altered in transit, or a forged key")
+            return Verdict(
+                "bad_signature",
+                f"the signature does not match the message for key "
+                f"{signing_key.key_id!r}: altered in transit, or a forged key",
+            )
         return signing_key

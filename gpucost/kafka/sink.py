@@ -10,6 +10,7 @@ A flush makes a file per kind and date, so after a commit, with the journal empt
 that has gained ``compact_min_files`` files is compacted (``gpucost.sinks.compact``) in a thread while
 the loop waits: nothing is written into a folder while it is swapped.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,17 @@ from gpucost.sinks.compact import CompactError, compact, part_files, partition_f
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.parquet import Journal, ParquetSink, SinkWriteError, remove_stale_temporaries
 
-__all__ = ["DEDUPE_KEYS", "JOURNAL", "Resumed", "SinkStats", "resume", "written_keys", "output_record",
-           "output_refusal", "run_kafka_sink"]
+__all__ = [
+    "DEDUPE_KEYS",
+    "JOURNAL",
+    "Resumed",
+    "SinkStats",
+    "resume",
+    "written_keys",
+    "output_record",
+    "output_refusal",
+    "run_kafka_sink",
+]
 
 log = logging.getLogger("gpucost.sink")
 
@@ -72,12 +82,22 @@ class SinkStats:
         return [
             counter("gpucost_sink_records_consumed", "records read from the output topics", self.consumed),
             counter("gpucost_sink_records_written", "records written to Parquet, by kind", self.written, "kind"),
-            counter("gpucost_sink_duplicates", "records read again and dropped (written once), by kind",
-                    self.duplicates, "kind"),
-            counter("gpucost_sink_records_unverified", "records whose signature did not verify (dead-lettered)",
-                    self.unverified),
-            counter("gpucost_sink_records_undecodable", "records that are no record of their kind (dead-lettered)",
-                    self.undecodable),
+            counter(
+                "gpucost_sink_duplicates",
+                "records read again and dropped (written once), by kind",
+                self.duplicates,
+                "kind",
+            ),
+            counter(
+                "gpucost_sink_records_unverified",
+                "records whose signature did not verify (dead-lettered)",
+                self.unverified,
+            ),
+            counter(
+                "gpucost_sink_records_undecodable",
+                "records that are no record of their kind (dead-lettered)",
+                self.undecodable,
+            ),
             counter("gpucost_sink_files_written", "Parquet files flushed (before compaction)", self.files_written),
             counter("gpucost_sink_compactions", "partition folders compacted", self.compactions),
             counter("gpucost_sink_files_merged", "small files merged away by compaction", self.compacted_files),
@@ -98,8 +118,11 @@ def written_keys(out_dir: Path, files: list[Path]) -> dict[str, set[tuple[object
     keys: dict[str, set[tuple[object, ...]]] = {}
     for kind, cols in DEDUPE_KEYS.items():
         of_kind = [str(f) for f in files if f.relative_to(out_dir).parts[0] == kind]
-        keys[kind] = set(con.execute(f"SELECT {', '.join(cols)} FROM read_parquet(?)", [of_kind]).fetchall()
-                         ) if of_kind else set()
+        keys[kind] = (
+            set(con.execute(f"SELECT {', '.join(cols)} FROM read_parquet(?)", [of_kind]).fetchall())
+            if of_kind
+            else set()
+        )
     return keys
 
 
@@ -124,8 +147,12 @@ def resume(out_dir: Path, offsets: Callable[[], dict[str, int]]) -> Resumed:
         log.info("removed %d temporary file(s) of a sink that died mid-write", stale)
     journal = Journal(out_dir / JOURNAL, offsets)
     files, again = journal.pending()
-    return Resumed(journal, again, written_keys(out_dir, files),
-                   Counter({f: len(part_files(f.iterdir())) for f in partition_folders(out_dir)}))
+    return Resumed(
+        journal,
+        again,
+        written_keys(out_dir, files),
+        Counter({f: len(part_files(f.iterdir())) for f in partition_folders(out_dir)}),
+    )
 
 
 def _part(tp: TopicPartition) -> str:
@@ -137,13 +164,27 @@ def output_record(kind: str, value: bytes, source: str, refused: Verdict | None 
     ``refused`` (its signature did not verify), or ``bad_output`` (not a record of its kind)."""
     raw = value.decode("utf-8", "backslashreplace")
     if refused is not None:
-        return DeadLetter(reason=refused.reason, detail=f"{refused.detail}; not written as {kind}", kind=kind,
-                          source=source, raw=raw, ts_ns=None, gpu_uuid=None)
+        return DeadLetter(
+            reason=refused.reason,
+            detail=f"{refused.detail}; not written as {kind}",
+            kind=kind,
+            source=source,
+            raw=raw,
+            ts_ns=None,
+            gpu_uuid=None,
+        )
     try:
         return OUTPUT_KINDS[kind].model_validate_json(value)
     except ValidationError as exc:
-        return DeadLetter(reason="bad_output", detail=f"not a {kind} record: {exc.error_count()} error(s)",
-                          kind=kind, source=source, raw=raw, ts_ns=None, gpu_uuid=None)
+        return DeadLetter(
+            reason="bad_output",
+            detail=f"not a {kind} record: {exc.error_count()} error(s)",
+            kind=kind,
+            source=source,
+            raw=raw,
+            ts_ns=None,
+            gpu_uuid=None,
+        )
 
 
 def output_refusal(keyring: Keyring | None, message: Any) -> Verdict | None:
@@ -174,10 +215,18 @@ async def _flush(sink: ParquetSink, stop: asyncio.Event, retry_s: float) -> None
         return
 
 
-async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path,
-                         group_id: str, stop: asyncio.Event, flush_interval_s: float = 2.0,
-                         retry_s: float = 5.0, compact_min_files: int = 64, keyring: Keyring | None = None,
-                         stats: SinkStats | None = None) -> SinkStats:
+async def run_kafka_sink(
+    consumer_options: dict[str, object],
+    topics: dict[str, str],
+    out_dir: Path,
+    group_id: str,
+    stop: asyncio.Event,
+    flush_interval_s: float = 2.0,
+    retry_s: float = 5.0,
+    compact_min_files: int = 64,
+    keyring: Keyring | None = None,
+    stats: SinkStats | None = None,
+) -> SinkStats:
     """Consume ``topics`` (kind → topic name) until ``stop`` is set; flush, then commit.
 
     If the output cannot be written (disk full, permissions), nothing more is consumed and
@@ -191,20 +240,45 @@ async def run_kafka_sink(consumer_options: dict[str, object], topics: dict[str, 
     for ``--metrics-address``.
     """
     with OutputLock(out_dir, "gpucost sink"):
-        return await _run(consumer_options, topics, out_dir, group_id, stop, flush_interval_s, retry_s,
-                          compact_min_files, keyring, stats if stats is not None else SinkStats())
+        return await _run(
+            consumer_options,
+            topics,
+            out_dir,
+            group_id,
+            stop,
+            flush_interval_s,
+            retry_s,
+            compact_min_files,
+            keyring,
+            stats if stats is not None else SinkStats(),
+        )
 
 
-async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_dir: Path, group_id: str,
-               stop: asyncio.Event, flush_interval_s: float, retry_s: float, compact_min_files: int,
-               keyring: Keyring | None, stats: SinkStats) -> SinkStats:
+async def _run(
+    consumer_options: dict[str, object],
+    topics: dict[str, str],
+    out_dir: Path,
+    group_id: str,
+    stop: asyncio.Event,
+    flush_interval_s: float,
+    retry_s: float,
+    compact_min_files: int,
+    keyring: Keyring | None,
+    stats: SinkStats,
+) -> SinkStats:
     read: dict[str, int] = {}  # "topic:partition" → the next offset, of what this sink has read
     resumed = resume(out_dir, lambda: dict(read))
     journal, again, seen, fresh = resumed.journal, resumed.again, resumed.seen, resumed.fresh
     kind_of_topic = {t: k for k, t in topics.items()}
     sink = ParquetSink(out_dir, journal=journal, on_published=None if stats.cost is None else stats.cost.observe)
-    consumer = AIOKafkaConsumer(*topics.values(), **consumer_options, group_id=group_id, enable_auto_commit=False,
-                                auto_offset_reset="earliest", isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        *topics.values(),
+        **consumer_options,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
 
     async def commit() -> None:
         await consumer.commit()  # what the journal lists is now behind the committed offsets …
@@ -238,8 +312,9 @@ async def _run(consumer_options: dict[str, object], topics: dict[str, str], out_
             if time.monotonic() - started >= COMPACT_BUDGET_S:
                 return  # the rest after the next commit
             try:
-                done = await asyncio.to_thread(compact, out_dir, compact_min_files, sink.file_rows, [folder], (),
-                                               COMPACT_MAX_FILES)
+                done = await asyncio.to_thread(
+                    compact, out_dir, compact_min_files, sink.file_rows, [folder], (), COMPACT_MAX_FILES
+                )
             except CompactError as exc:
                 log.error("%s. Compaction is off until the sink restarts", exc)
                 compact_min_files = 0

@@ -1,6 +1,7 @@
 """The worker's state records: how each key's operators are written to a partition's compacted state
 topic, in the same transaction as the outputs and offsets, and read back on restore. Versioned: a
 record carries ``"v"``; a later version than this gpucost reads is refused (``StateError``)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,16 @@ from gpucost.kafka.sequences import SeenSequences
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 
-__all__ = ["PROGRESS_KEY", "IDLE_PREFIX", "STATE_VERSION", "StateError", "state_records", "progress_record",
-           "Restored", "restored"]
+__all__ = [
+    "PROGRESS_KEY",
+    "IDLE_PREFIX",
+    "STATE_VERSION",
+    "StateError",
+    "state_records",
+    "progress_record",
+    "Restored",
+    "restored",
+]
 
 #: key of the record, beside the per-key states, holding the partition's next input offset: it is
 #: committed in the same transaction as the states, so the two never disagree
@@ -43,15 +52,16 @@ def _read_version(key: bytes, record: Any) -> Any:
         return record  # version 0
     v = record.pop("v")
     if type(v) is not int or not 0 <= v <= STATE_VERSION:
-        raise StateError(f"the state record {key[:80]!r} has state version {v!r}; this worker reads versions 0 to "
-                         f"{STATE_VERSION}. A newer gpucost wrote it: run workers of that version (or newer) for "
-                         "this group; never an older one")
+        raise StateError(
+            f"the state record {key[:80]!r} has state version {v!r}; this worker reads versions 0 to "
+            f"{STATE_VERSION}. A newer gpucost wrote it: run workers of that version (or newer) for "
+            "this group; never an older one"
+        )
     return record
 
 
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
-
 
 
 def progress_record(next_offset: int) -> bytes:
@@ -65,7 +75,7 @@ def _chunked(key: bytes, value: bytes) -> list[tuple[bytes, bytes | None]]:
     refused by the broker while the transaction committed without it."""
     if len(value) <= STATE_CHUNK_BYTES:
         return [(key, value)]
-    parts = [value[i:i + STATE_CHUNK_BYTES] for i in range(0, len(value), STATE_CHUNK_BYTES)]
+    parts = [value[i : i + STATE_CHUNK_BYTES] for i in range(0, len(value), STATE_CHUNK_BYTES)]
     head = _json({"parts": len(parts), "sha256": hashlib.sha256(value).hexdigest()})
     return [*((_part_key(key, i), part) for i, part in enumerate(parts)), (key, head)]
 
@@ -85,27 +95,36 @@ def _joined(latest: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
             parts = [latest.get(_part_key(key, i)) for i in range(head["parts"])]
             value = b"".join(p for p in parts if p is not None)
             if None in parts or hashlib.sha256(value).hexdigest() != head["sha256"]:
-                raise StateError(f"the state of key {key[:80]!r} is split into {head['parts']} parts, which do not "
-                                   "add up to what was written; the state topic is incomplete")
+                raise StateError(
+                    f"the state of key {key[:80]!r} is split into {head['parts']} parts, which do not "
+                    "add up to what was written; the state topic is incomplete"
+                )
         out[key] = value
     return out
 
 
-def state_records(key: str, auditor: Auditor, sequences: SeenSequences, owner: str | None,
-                  idle_written: dict[str, tuple[Auditor, int]]) -> list[tuple[bytes, bytes | None]]:
+def state_records(
+    key: str,
+    auditor: Auditor,
+    sequences: SeenSequences,
+    owner: str | None,
+    idle_written: dict[str, tuple[Auditor, int]],
+) -> list[tuple[bytes, bytes | None]]:
     """The state records of a key a batch touched: its state, and its idle windows only when a pane
-    closed since they were last written. The windows are most of a key's state (46 of 54 KB for a
-    GPU with 72 h of panes) and change once a pane, while a live worker writes the rest at every
-    poll (``idle_written``: each key's auditor and its ``idle.rolls`` as they were last written). When a pane
-closed, bindings no future event can reach are pruned first (``Auditor.prune``:
-    the watermark moves them out of reach, and it moves a pane at a time)."""
+        closed since they were last written. The windows are most of a key's state (46 of 54 KB for a
+        GPU with 72 h of panes) and change once a pane, while a live worker writes the rest at every
+        poll (``idle_written``: each key's auditor and its ``idle.rolls`` as they were last written). When a pane
+    closed, bindings no future event can reach are pruned first (``Auditor.prune``:
+        the watermark moves them out of reach, and it moves a pane at a time)."""
     k = key.encode()
     written = idle_written.get(key)
     pane_closed = written is None or written[0] is not auditor or written[1] != auditor.idle_changes
     if pane_closed:
         auditor.prune()
-    out = _chunked(k, _json({"v": STATE_VERSION, "audit": auditor.to_state(idle=False),
-                             "seq": sequences.to_state(), "owner": owner}))
+    out = _chunked(
+        k,
+        _json({"v": STATE_VERSION, "audit": auditor.to_state(idle=False), "seq": sequences.to_state(), "owner": owner}),
+    )
     if pane_closed:
         out += _chunked(IDLE_PREFIX + k, _json({"v": STATE_VERSION, "idle": auditor.idle_state()}))
         idle_written[key] = (auditor, auditor.idle_changes)
@@ -131,20 +150,27 @@ def restored(audit: AuditSettings, latest: dict[bytes, bytes | None], audit_key:
     if progress is not None:
         progress = _read_version(PROGRESS_KEY, json.loads(progress))
         progress = progress if isinstance(progress, int) else progress["next_offset"]
-    idle = {k[len(IDLE_PREFIX):].decode(): v for k, v in latest.items() if k.startswith(IDLE_PREFIX)}
-    states = {k.decode(): _read_version(k, json.loads(v)) for k, v in latest.items()
-              if v is not None and not k.startswith(IDLE_PREFIX)}
+    idle = {k[len(IDLE_PREFIX) :].decode(): v for k, v in latest.items() if k.startswith(IDLE_PREFIX)}
+    states = {
+        k.decode(): _read_version(k, json.loads(v))
+        for k, v in latest.items()
+        if v is not None and not k.startswith(IDLE_PREFIX)
+    }
     for key, st in states.items():
         if "idle" not in st["audit"]:  # written apart (a state written before that holds its own)
             windows = idle.get(key)
             if windows is None:
-                raise StateError(f"the state of key {key!r} has no idle windows; the state topic is incomplete "
-                                 "(was it written by another program, or compacted by hand?)")
+                raise StateError(
+                    f"the state of key {key!r} has no idle windows; the state topic is incomplete "
+                    "(was it written by another program, or compacted by hand?)"
+                )
             windows = json.loads(windows)
             # version 0 maps GPUs to their windows, which are lists (a GPU may be called "v")
             versioned = "v" in windows and isinstance(windows.get("idle"), dict)
             st["audit"]["idle"] = _read_version(IDLE_PREFIX + key.encode(), windows)["idle"] if versioned else windows
-    return Restored({k: Auditor.from_state(st["audit"], audit, time.time_ns, audit_key) for k, st in states.items()},
-                    {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()},
-                    {k: st["owner"] for k, st in states.items() if st.get("owner") is not None},
-                    progress)
+    return Restored(
+        {k: Auditor.from_state(st["audit"], audit, time.time_ns, audit_key) for k, st in states.items()},
+        {k: SeenSequences.from_state(st["seq"]) for k, st in states.items()},
+        {k: st["owner"] for k, st in states.items() if st.get("owner") is not None},
+        progress,
+    )

@@ -17,6 +17,7 @@ their state read back), ``gpucost.kafka.apply`` (a poll's messages checked and a
 ``gpucost.kafka.outputs`` (records sent in batches per partition) and ``gpucost.streams.silence``
 (when a silent key's panes close, the rule the embedded run shares).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,9 +53,17 @@ def state_topic_suffix(input_suffix: str) -> str:
 
 
 class Worker(ConsumerRebalanceListener):
-    def __init__(self, kafka: KafkaSettings, audit: AuditSettings, group: str, session_timeout_s: float = 30.0,
-                 max_batch: int = 200, keyring: Keyring | None = None, output_signer: Signer | None = None,
-                 audit_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        audit: AuditSettings,
+        group: str,
+        session_timeout_s: float = 30.0,
+        max_batch: int = 200,
+        keyring: Keyring | None = None,
+        output_signer: Signer | None = None,
+        audit_key: bytes | None = None,
+    ) -> None:
         self.kafka, self.audit, self.group = kafka, audit, group
         self.audit_key = audit_key  # signs the health records' snapshot hashes
         self.keyring = keyring  # when set, only messages signed by one of its keys are applied
@@ -125,15 +134,16 @@ class Worker(ConsumerRebalanceListener):
             assert self.consumer is not None
             return await self.consumer.beginning_offsets(unknown) if unknown else {}
 
-        beginnings, *taken = await asyncio.gather(where_unknown_begin(),
-                                                  *(self._own(tp, parked.get(tp)) for tp in fresh),
-                                                  return_exceptions=True)
+        beginnings, *taken = await asyncio.gather(
+            where_unknown_begin(), *(self._own(tp, parked.get(tp)) for tp in fresh), return_exceptions=True
+        )
         failure = next((t for t in [beginnings, *taken] if isinstance(t, BaseException)), None)
         if failure is None:
             assert isinstance(beginnings, dict)
             # a kept partition read again, its state gone (a state topic made anew): rare, asked on its own
-            if missing := [tp for tp, o in zip(fresh, taken) if isinstance(o, Owned) and o.next_offset < 0
-                           and tp not in beginnings]:
+            if missing := [
+                tp for tp, o in zip(fresh, taken) if isinstance(o, Owned) and o.next_offset < 0 and tp not in beginnings
+            ]:
                 try:
                     beginnings.update(await self.consumer.beginning_offsets(missing))
                 except Exception as exc:
@@ -150,16 +160,26 @@ class Worker(ConsumerRebalanceListener):
                 owned.next_offset = beginnings[tp]
             self.owned[tp] = owned
             self.consumer.seek(tp, owned.next_offset)
-            log.info("owns %s[%d]: %d keys %s", tp.topic, tp.partition, len(owned.auditors),
-                     "kept" if tp in parked else "restored")
+            log.info(
+                "owns %s[%d]: %d keys %s",
+                tp.topic,
+                tp.partition,
+                len(owned.auditors),
+                "kept" if tp in parked else "restored",
+            )
 
     async def _own(self, tp: TopicPartition, parked: Owned | None = None) -> Owned:
         """Own ``tp``: a producer that fences any earlier owner, and the partition's state. The state of
         ``parked`` (this worker's own, from before the rebalance) is kept if no record was written to the
         state partition since its last: each applied batch writes one, so nobody else applied any."""
-        producer = AIOKafkaProducer(**self.kafka.producer_options(), acks="all",
-                                    transactional_id=f"{self.group}-{tp.topic}-{tp.partition}",
-                                    max_request_size=8 << 20, max_batch_size=1 << 20, linger_ms=5)
+        producer = AIOKafkaProducer(
+            **self.kafka.producer_options(),
+            acks="all",
+            transactional_id=f"{self.group}-{tp.topic}-{tp.partition}",
+            max_request_size=8 << 20,
+            max_batch_size=1 << 20,
+            linger_ms=5,
+        )
         # init_transactions: fences the previous owner and settles its open batch, so that what the state
         # partition holds is final when it is read below
         await producer.start()
@@ -171,8 +191,11 @@ class Worker(ConsumerRebalanceListener):
                     self.taken["kept"] += 1
                     parked.producer = producer
                     return parked
-                log.info("%s[%d] was written by another owner since this worker had it: its state is read again",
-                         tp.topic, tp.partition)
+                log.info(
+                    "%s[%d] was written by another owner since this worker had it: its state is read again",
+                    tp.topic,
+                    tp.partition,
+                )
             latest, _, end = await self._read_state(tp)
             state = restored(self.audit, latest, self.audit_key)
         except BaseException:
@@ -182,8 +205,7 @@ class Worker(ConsumerRebalanceListener):
         next_offset = -1 if state.next_offset is None else state.next_offset  # -1: never processed
         return Owned(producer, state.auditors, state.sequences, next_offset, state.owners, state_end=end)
 
-    async def _read_state(self, tp: TopicPartition, since: int = 0
-                          ) -> tuple[dict[bytes, bytes | None], int, int]:
+    async def _read_state(self, tp: TopicPartition, since: int = 0) -> tuple[dict[bytes, bytes | None], int, int]:
         """The state partition of input partition ``tp`` read from ``since`` (``read_state``)."""
         state_tp = TopicPartition(self.kafka.topic(state_topic_suffix(self.inputs[tp.topic])), tp.partition)
         return await read_state(self.kafka, state_tp, since)
@@ -225,23 +247,45 @@ class Worker(ConsumerRebalanceListener):
         state_bytes = 0
         async with producer.transaction():
             touched: set[str] = set()
-            sent = await send_records(producer, self._apply(owned, messages, touched, taken), self.kafka,
-                                      self.output_signer, self._partitions, out, letters)
-            final = None if self.inputs[tp.topic] != "events" else moved_on(
-                owned.auditors.values(), self.audit.revision_horizon_ns, owned.closed_through)
-            markers = [] if final is None else await send_markers(  # after the records: read after them
-                producer, self.kafka.topic("cost"), tp.topic, tp.partition, final, self.audit.revision_horizon_ns,
-                self.output_signer)
+            sent = await send_records(
+                producer,
+                self._apply(owned, messages, touched, taken),
+                self.kafka,
+                self.output_signer,
+                self._partitions,
+                out,
+                letters,
+            )
+            final = (
+                None
+                if self.inputs[tp.topic] != "events"
+                else moved_on(owned.auditors.values(), self.audit.revision_horizon_ns, owned.closed_through)
+            )
+            markers = (
+                []
+                if final is None
+                else await send_markers(  # after the records: read after them
+                    producer,
+                    self.kafka.topic("cost"),
+                    tp.topic,
+                    tp.partition,
+                    final,
+                    self.audit.revision_horizon_ns,
+                    self.output_signer,
+                )
+            )
             sent += markers
             for key in sorted(touched):
                 sequences = owned.sequences.get(key, SeenSequences())
-                for state_key, value in state_records(key, owned.auditors[key], sequences, owned.owners.get(key),
-                                                      owned.idle_written):
+                for state_key, value in state_records(
+                    key, owned.auditors[key], sequences, owned.owners.get(key), owned.idle_written
+                ):
                     state_bytes += len(state_key) + len(value or b"")
                     sent.append(await producer.send(state_topic, value, key=state_key, partition=tp.partition))
             next_offset = messages[-1].offset + 1
-            progress = await producer.send(state_topic, progress_record(next_offset), key=PROGRESS_KEY,
-                                           partition=tp.partition)
+            progress = await producer.send(
+                state_topic, progress_record(next_offset), key=PROGRESS_KEY, partition=tp.partition
+            )
             # every delivery is awaited inside the transaction: one the broker refused (a record over its
             # size limit, say) raises here, which aborts the transaction and stops the worker, rather
             # than committing the offsets without it
@@ -269,8 +313,13 @@ class Worker(ConsumerRebalanceListener):
             if first <= owned.next_offset:  # a stale prefetch: read the missing offsets again
                 consumer.seek(tp, owned.next_offset)
                 return
-            log.warning("%s[%d]: offsets %d..%d were deleted by retention before they were processed",
-                        tp.topic, tp.partition, owned.next_offset, fresh[0].offset - 1)
+            log.warning(
+                "%s[%d]: offsets %d..%d were deleted by retention before they were processed",
+                tp.topic,
+                tp.partition,
+                owned.next_offset,
+                fresh[0].offset - 1,
+            )
         await self._process(tp, fresh)
         owned.next_offset = fresh[-1].offset + 1
 
@@ -281,11 +330,17 @@ class Worker(ConsumerRebalanceListener):
             consumer.seek(tp, messages[0].offset)
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumer = AIOKafkaConsumer(**self.kafka.client_options(), group_id=self.group, enable_auto_commit=False,
-                                    auto_offset_reset="earliest", isolation_level="read_committed",
-                                    session_timeout_ms=int(self.session_timeout_s * 1000),
-                                    heartbeat_interval_ms=max(500, int(self.session_timeout_s * 100)),
-                                    max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
+        consumer = AIOKafkaConsumer(
+            **self.kafka.client_options(),
+            group_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=int(self.session_timeout_s * 1000),
+            heartbeat_interval_ms=max(500, int(self.session_timeout_s * 100)),
+            max_partition_fetch_bytes=16 << 20,
+            fetch_max_bytes=64 << 20,
+        )
         await consumer.start()
         self.consumer = consumer
         consumer.subscribe(list(self.inputs), listener=self)
@@ -300,9 +355,10 @@ class Worker(ConsumerRebalanceListener):
                     # partitions are independent (each has its own state and transactional producer), so
                     # their transactions run side by side: a batch waits on the broker's round trips, not
                     # on the other partitions'
-                    done = await asyncio.gather(*(self._take_batch(consumer, tp, messages)
-                                                  for tp, messages in batches.items() if messages),
-                                                return_exceptions=True)
+                    done = await asyncio.gather(
+                        *(self._take_batch(consumer, tp, messages) for tp, messages in batches.items() if messages),
+                        return_exceptions=True,
+                    )
                     for failure in done:
                         if isinstance(failure, BaseException):
                             raise failure
@@ -316,8 +372,11 @@ class Worker(ConsumerRebalanceListener):
         owned = dict(self.owned)
         now_ns = time.time_ns()
         lag_s, behind, panes, gpus = {}, {}, 0, 0
-        final = {f"{tp.topic}[{tp.partition}]": o.closed_through / 1e9 for tp, o in owned.items()
-                 if o.closed_through is not None}
+        final = {
+            f"{tp.topic}[{tp.partition}]": o.closed_through / 1e9
+            for tp, o in owned.items()
+            if o.closed_through is not None
+        }
         for tp, o in owned.items():
             auditors = list(o.auditors.values())
             marks = [m for m in (a.largest_watermark() for a in auditors) if m is not None]
@@ -331,29 +390,63 @@ class Worker(ConsumerRebalanceListener):
                 behind[name] = max(0, high - o.next_offset)
         return [
             counter("gpucost_worker_input_messages", "input messages applied and committed", self.processed),
-            counter("gpucost_worker_events", "events taken (counted in a pane, a window or a table), by kind",
-                    self.events_in, "kind"),
+            counter(
+                "gpucost_worker_events",
+                "events taken (counted in a pane, a window or a table), by kind",
+                self.events_in,
+                "kind",
+            ),
             counter("gpucost_worker_records", "records published, by kind", self.records_out, "kind"),
             counter("gpucost_worker_dead_letters", "dead letters published, by reason", self.dead_letters, "reason"),
-            counter("gpucost_worker_refused_messages", "messages refused before any auditor (and re-deliveries "
-                    "skipped), by reason", dict(self.counts), "reason"),
+            counter(
+                "gpucost_worker_refused_messages",
+                "messages refused before any auditor (and re-deliveries skipped), by reason",
+                dict(self.counts),
+                "reason",
+            ),
             counter("gpucost_worker_transactions", "transactions, by outcome", self.transactions, "outcome"),
-            counter("gpucost_worker_closed_markers", "closed markers committed (one per cost partition each time an "
-                    "input partition's final hour moves on)", self.markers_sent),
-            counter("gpucost_worker_state_bytes_written", "bytes of state written to the state topics",
-                    self.state_bytes_written),
-            counter("gpucost_worker_partitions_taken", "input partitions taken, by how: state restored from its "
-                    "topic, or kept across a rebalance", self.taken, "how"),
+            counter(
+                "gpucost_worker_closed_markers",
+                "closed markers committed (one per cost partition each time an input partition's final hour moves on)",
+                self.markers_sent,
+            ),
+            counter(
+                "gpucost_worker_state_bytes_written",
+                "bytes of state written to the state topics",
+                self.state_bytes_written,
+            ),
+            counter(
+                "gpucost_worker_partitions_taken",
+                "input partitions taken, by how: state restored from its topic, or kept across a rebalance",
+                self.taken,
+                "how",
+            ),
             gauge("gpucost_worker_partitions", "input partitions owned", len(owned)),
-            gauge("gpucost_worker_owns", "1 for each input partition this worker owns", {
-                f"{tp.topic}[{tp.partition}]": 1 for tp in owned}, "partition"),
+            gauge(
+                "gpucost_worker_owns",
+                "1 for each input partition this worker owns",
+                {f"{tp.topic}[{tp.partition}]": 1 for tp in owned},
+                "partition",
+            ),
             gauge("gpucost_worker_keys", "keys (GPUs, processes) held", gpus),
             gauge("gpucost_worker_open_panes", "panes open, not yet billed", panes),
-            gauge("gpucost_worker_event_time_lag_seconds", "wall clock minus the largest watermark, per partition",
-                  lag_s, "partition"),
-            gauge("gpucost_worker_consumer_lag_messages", "input messages not yet applied, per partition", behind,
-                  "partition"),
-            gauge("gpucost_worker_final_through_seconds", "the last closed marker committed, per input partition: "
-                  "records of panes ending at or before it are final (Unix seconds)", final, "partition"),
+            gauge(
+                "gpucost_worker_event_time_lag_seconds",
+                "wall clock minus the largest watermark, per partition",
+                lag_s,
+                "partition",
+            ),
+            gauge(
+                "gpucost_worker_consumer_lag_messages",
+                "input messages not yet applied, per partition",
+                behind,
+                "partition",
+            ),
+            gauge(
+                "gpucost_worker_final_through_seconds",
+                "the last closed marker committed, per input partition: "
+                "records of panes ending at or before it are final (Unix seconds)",
+                final,
+                "partition",
+            ),
         ]
-

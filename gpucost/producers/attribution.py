@@ -14,6 +14,7 @@ its labels), then ``ProcessEnvironment`` (``/proc/<pid>/environ``: ``GPUCOST_*``
 may know later (a pod not yet listed) answers ``LATER``, and the process is looked at again every
 ``recheck_ns`` until one binds it. docs/sources.md, "Attribution at the source", is the user's account.
 """
+
 from __future__ import annotations
 
 import pwd
@@ -28,8 +29,19 @@ from pydantic import ValidationError
 from gpucost.producers.synthetic import SYNTHETIC_PID_BASE
 from gpucost.schemas.events import SLAS, Event, TenantBinding
 
-__all__ = ["ATTRIBUTION_SOURCES", "AttributionSettings", "BindingSource", "LATER", "Later", "ProcessEnvironment",
-           "Attribution", "VARIABLES", "first_set", "start_ticks", "tenant_binding"]
+__all__ = [
+    "ATTRIBUTION_SOURCES",
+    "AttributionSettings",
+    "BindingSource",
+    "LATER",
+    "Later",
+    "ProcessEnvironment",
+    "Attribution",
+    "VARIABLES",
+    "first_set",
+    "start_ticks",
+    "tenant_binding",
+]
 
 #: the binding sources ``--attribution`` may name, in their precedence: a pod's labels are the platform's word
 #: on who runs it, set where the workload is deployed; a process's environment can be set by whoever starts it
@@ -97,17 +109,34 @@ def first_set(fields: Mapping[str, tuple[str, ...]], *tags: Mapping[str, str]) -
     return found, used
 
 
-def tenant_binding(node_id: str, pid: int, ts_ns: int, fields: Mapping[str, str], settings: AttributionSettings,
-                   origin: str, counts: Counter[str], invalid: str) -> TenantBinding | None:
+def tenant_binding(
+    node_id: str,
+    pid: int,
+    ts_ns: int,
+    fields: Mapping[str, str],
+    settings: AttributionSettings,
+    origin: str,
+    counts: Counter[str],
+    invalid: str,
+) -> TenantBinding | None:
     """The binding of ``fields`` (``team`` among them; ``env``, ``app``, ``tier`` empty where absent; an SLA not one
     of ``SLAS`` is ``settings.sla``), or None, counted as ``invalid``, for a value no tenant key can hold (a ':',
     too long, a reserved team): a source's data, never fatal."""
     sla = fields.get("sla", settings.sla)
     try:
-        return TenantBinding(node_id=node_id, pid=pid, ts_ns=ts_ns, team=fields["team"], env=fields.get("env", ""),
-                             app=fields.get("app", ""), tier=fields.get("tier", ""),
-                             sla=sla if sla in SLAS else settings.sla, git_commit=fields.get("git_commit"),
-                             ci_pipeline_id=fields.get("ci_pipeline_id"), origin=origin)  # type: ignore[arg-type]
+        return TenantBinding(
+            node_id=node_id,
+            pid=pid,
+            ts_ns=ts_ns,
+            team=fields["team"],
+            env=fields.get("env", ""),
+            app=fields.get("app", ""),
+            tier=fields.get("tier", ""),
+            sla=sla if sla in SLAS else settings.sla,
+            git_commit=fields.get("git_commit"),
+            ci_pipeline_id=fields.get("ci_pipeline_id"),
+            origin=origin,
+        )  # type: ignore[arg-type]
     except ValidationError:
         counts[invalid] += 1
         return None
@@ -121,7 +150,7 @@ def start_ticks(proc: Path, pid: int) -> int | None:
     except OSError:
         return None
     # the command name (field 2) is in parentheses and may hold spaces or ')': split after the last one
-    fields = stat[stat.rfind(b")") + 2:].split()
+    fields = stat[stat.rfind(b")") + 2 :].split()
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -173,15 +202,28 @@ class ProcessEnvironment:
         if team is None:
             self.counts["environ_no_team"] += 1
             return None
-        return tenant_binding(node_id, pid, ts_ns, {**found, "team": team}, self.settings,
-                              "slurm" if used & SLURM else self.origin, self.counts, "environ_invalid")
+        return tenant_binding(
+            node_id,
+            pid,
+            ts_ns,
+            {**found, "team": team},
+            self.settings,
+            "slurm" if used & SLURM else self.origin,
+            self.counts,
+            "environ_invalid",
+        )
 
 
 class Attribution:
     """Bindings for the pids of a live source's events, from ``sources`` in precedence order."""
 
-    def __init__(self, sources: Iterable[BindingSource], settings: AttributionSettings,
-                 given: Iterable[TenantBinding] = (), counts: Counter[str] | None = None) -> None:
+    def __init__(
+        self,
+        sources: Iterable[BindingSource],
+        settings: AttributionSettings,
+        given: Iterable[TenantBinding] = (),
+        counts: Counter[str] | None = None,
+    ) -> None:
         self.sources = list(sources)
         self.settings = settings
         self.counts: Counter[str] = Counter() if counts is None else counts  # a live source's, to be said with them
@@ -200,8 +242,12 @@ class Attribution:
             else:
                 pid = getattr(event, "pid", None)
                 if pid is not None and pid < SYNTHETIC_PID_BASE:
-                    found = self._discover(event.node_id, pid, event.ts_ns,  # type: ignore[attr-defined]
-                                           getattr(event, "gpu_uuid", None))
+                    found = self._discover(
+                        event.node_id,
+                        pid,
+                        event.ts_ns,  # type: ignore[attr-defined]
+                        getattr(event, "gpu_uuid", None),
+                    )
                     if found is not None:
                         yield found
             yield event

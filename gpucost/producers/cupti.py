@@ -21,6 +21,7 @@ CUPTI hands activity records over in buffers through two callbacks; ``KernelReco
 - Nothing is dropped in silence: CUPTI's dropped-record count and every record we could not use are counted
   in ``stats``, which the command prints at exit.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -93,13 +94,20 @@ class KernelRecords:
     the stand-in the tests use.
     """
 
-    def __init__(self, identity: Identity, offset_ns: int, kinds: dict[int, str], marker_flags: tuple[int, int],
-                 stats: Stats, max_pending: int = 100_000) -> None:
+    def __init__(
+        self,
+        identity: Identity,
+        offset_ns: int,
+        kinds: dict[int, str],
+        marker_flags: tuple[int, int],
+        stats: Stats,
+        max_pending: int = 100_000,
+    ) -> None:
         self._id, self._offset_ns, self._kinds, self.stats = identity, offset_ns, kinds, stats
         self._start_flag, self._end_flag = marker_flags
         self._max_pending = max_pending
         self._launches: dict[int, tuple[int, int]] = {}  # correlation id → (tid, launch cupti ns), awaited
-        self._pending: dict[int, dict[str, Any]] = {}     # correlation id → kernel awaiting its launch
+        self._pending: dict[int, dict[str, Any]] = {}  # correlation id → kernel awaiting its launch
         self._open: dict[int, tuple[str, str, int, int]] = {}  # marker id → (domain, name, tid, start ns)
         self._early_ends: dict[int, int] = {}  # marker id → end ns, for an end delivered before its start
 
@@ -155,10 +163,19 @@ class KernelRecords:
             self.stats.truncated_names += 1
         device = int(record.device_id)
         obj: dict[str, Any] = {
-            "kind": "kernel_activity", "node_id": self._id.node_id, "pid": self._id.pid,
-            "gpu_uuid": self._id.gpu_uuid(device), "device": device, "stream": int(record.stream_id),
-            "correlation_id": int(record.correlation_id), "category": category_of(kind, name), "name": name,
-            "start_ns": start, "end_ns": end, "source": "cupti"}
+            "kind": "kernel_activity",
+            "node_id": self._id.node_id,
+            "pid": self._id.pid,
+            "gpu_uuid": self._id.gpu_uuid(device),
+            "device": device,
+            "stream": int(record.stream_id),
+            "correlation_id": int(record.correlation_id),
+            "category": category_of(kind, name),
+            "name": name,
+            "start_ns": start,
+            "end_ns": end,
+            "source": "cupti",
+        }
         if kind == "kernel":
             obj["grid"] = [int(record.grid_x), int(record.grid_y), int(record.grid_z)]
             obj["block"] = [int(record.block_x), int(record.block_y), int(record.block_z)]
@@ -201,9 +218,19 @@ class KernelRecords:
     def _range(self, opened: tuple[str, str, int, int], end: int, out: list[dict[str, Any]]) -> None:
         domain, name, tid, start = opened
         self.stats.ranges += 1
-        out.append({"kind": "annotation_range", "node_id": self._id.node_id, "pid": self._id.pid, "tid": tid,
-                    "domain": domain, "name": name[:MAX_NAME_CHARS], "start_ns": self._epoch(start),
-                    "end_ns": self._epoch(end), "source": "cupti"})
+        out.append(
+            {
+                "kind": "annotation_range",
+                "node_id": self._id.node_id,
+                "pid": self._id.pid,
+                "tid": tid,
+                "domain": domain,
+                "name": name[:MAX_NAME_CHARS],
+                "start_ns": self._epoch(start),
+                "end_ns": self._epoch(end),
+                "source": "cupti",
+            }
+        )
 
 
 def is_launch_call(name: str) -> bool:
@@ -216,8 +243,10 @@ def launch_calls_only(cupti: Any) -> int:
     An older cupti-python without the per-call switches keeps recording every call (slower, still correct).
     """
     off = 0
-    for calls_name, switch_name in (("runtime_api_trace_cbid", "activity_enable_runtime_api"),
-                                    ("driver_api_trace_cbid", "activity_enable_driver_api")):
+    for calls_name, switch_name in (
+        ("runtime_api_trace_cbid", "activity_enable_runtime_api"),
+        ("driver_api_trace_cbid", "activity_enable_driver_api"),
+    ):
         calls, switch = getattr(cupti, calls_name, None), getattr(cupti, switch_name, None)
         if calls is None or switch is None:
             continue
@@ -242,20 +271,32 @@ def dropped_records(cupti: Any) -> int:
 class Collector:
     """Enables the activity kinds, hands each completed buffer to ``KernelRecords`` and ``sink``."""
 
-    def __init__(self, cupti: Any, identity: Identity, sink: Callable[[list[dict[str, Any]]], None],
-                 wall_now: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        cupti: Any,
+        identity: Identity,
+        sink: Callable[[list[dict[str, Any]]], None],
+        wall_now: Callable[[], int] = time.time_ns,
+    ) -> None:
         self._cupti, self._sink, self._wall_now = cupti, sink, wall_now
         kind = cupti.ActivityKind
         self._enabled = [kind.CONCURRENT_KERNEL, kind.RUNTIME, kind.DRIVER, kind.MARKER, kind.MEMCPY, kind.MEMSET]
-        names = {kind.CONCURRENT_KERNEL: "kernel", kind.MEMCPY: "memcpy", kind.MEMSET: "memset",
-                 kind.RUNTIME: "runtime", kind.DRIVER: "runtime", kind.MARKER: "marker"}
+        names = {
+            kind.CONCURRENT_KERNEL: "kernel",
+            kind.MEMCPY: "memcpy",
+            kind.MEMSET: "memset",
+            kind.RUNTIME: "runtime",
+            kind.DRIVER: "runtime",
+            kind.MARKER: "marker",
+        }
         self.stats = Stats()
         self._start_offset = ClockOffset.sample(cupti.get_timestamp, wall_now)
         # MARKER_END (CUPTI_ACTIVITY_FLAG_MARKER_END = 1 << 2) is an alias in cupti-python's enum, absent from
         # its stubs; the C header's value is the fallback
         flags = (int(cupti.ActivityFlag.MARKER_START), int(getattr(cupti.ActivityFlag, "MARKER_END", 1 << 2)))
-        self.records = KernelRecords(identity, self._start_offset, {int(k): v for k, v in names.items()}, flags,
-                                     self.stats)
+        self.records = KernelRecords(
+            identity, self._start_offset, {int(k): v for k, v in names.items()}, flags, self.stats
+        )
         self._stopped = False
 
     def start(self) -> None:

@@ -5,6 +5,7 @@ Where a cluster already runs NVIDIA's dcgm-exporter, its scrape gives the GPU-le
 every release are accepted (``Hostname`` became ``hostname``); blank values, which the
 exporter writes as huge sentinels, count as missing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,8 +61,9 @@ def _families(text: str, counts: Counter[str]) -> list[Any]:
     return families
 
 
-def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str,
-                     counts: Counter[str] | None = None, sla: str = "Bronze") -> list[Event]:
+def scrape_to_events(
+    text: str, ts_ns: int, interval_s: float, default_node: str, counts: Counter[str] | None = None, sla: str = "Bronze"
+) -> list[Event]:
     """One GPU sample per device in the scrape (the last value of each field wins): per ``UUID``, or
     with MIG per instance (``UUID`` and ``GPU_I_ID``, named ``UUID/GI-<id>``, model ``<model> MIG
     <GPU_I_PROFILE>``), the parent GPU then not billed itself (its power and temperature go to its
@@ -120,8 +122,9 @@ def scrape_to_events(text: str, ts_ns: int, interval_s: float, default_node: str
     return out
 
 
-def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, counts: Counter[str],
-                sla: str, bound: set[int]) -> list[Event]:
+def _gpu_events(
+    uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, counts: Counter[str], sla: str, bound: set[int]
+) -> list[Event]:
     sm = g.get("DCGM_FI_DEV_GPU_UTIL")
     if sm is None and "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in g:
         sm = float(g["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]) * 100  # type: ignore[arg-type]
@@ -131,19 +134,28 @@ def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, 
     if sm is None or "DCGM_FI_DEV_FB_USED" not in g:
         counts["gpu_sample_skipped"] += 1  # no utilisation or memory: nothing to bill, counted
         return []
-    fb = [float(g.get(f, 0.0))  # type: ignore[arg-type]
-          for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")]
+    fb = [
+        float(g.get(f, 0.0))  # type: ignore[arg-type]
+        for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+    ]
     tx, rx = g.get("DCGM_FI_PROF_PCIE_TX_BYTES"), g.get("DCGM_FI_PROF_PCIE_RX_BYTES")
     gpu = GpuSample(
-        node_id=str(g["node"]), gpu_uuid=uuid, gpu_model=str(g["model"]), ts_ns=ts_ns, interval_s=interval_s,
-        sm_util_pct=min(100.0, float(sm)), mem_bw_util_pct=min(100.0, float(bw or 0.0)),  # type: ignore[arg-type]
-        mem_used_bytes=int(fb[0]) * MIB, mem_total_bytes=int(sum(fb)) * MIB,
+        node_id=str(g["node"]),
+        gpu_uuid=uuid,
+        gpu_model=str(g["model"]),
+        ts_ns=ts_ns,
+        interval_s=interval_s,
+        sm_util_pct=min(100.0, float(sm)),
+        mem_bw_util_pct=min(100.0, float(bw or 0.0)),  # type: ignore[arg-type]
+        mem_used_bytes=int(fb[0]) * MIB,
+        mem_total_bytes=int(sum(fb)) * MIB,
         power_w=float(g.get("DCGM_FI_DEV_POWER_USAGE", 0.0)),  # type: ignore[arg-type]
         temp_c=float(g.get("DCGM_FI_DEV_GPU_TEMP", 0.0)),  # type: ignore[arg-type]
         pcie_tx_bytes_s=None if tx is None else int(tx),  # type: ignore[call-overload]
         pcie_rx_bytes_s=None if rx is None else int(rx),  # type: ignore[call-overload]
         tensor_active_pct=_pct(g.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")),
-        dram_active_pct=_pct(g.get("DCGM_FI_PROF_DRAM_ACTIVE")))
+        dram_active_pct=_pct(g.get("DCGM_FI_PROF_DRAM_ACTIVE")),
+    )
     out: list[Event] = [gpu]
     owner = g.get("owner")
     if owner is not None:
@@ -151,8 +163,19 @@ def _gpu_events(uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, 
         pid = container_pid(namespace, pod, container)
         if pid not in bound:
             bound.add(pid)
-            out.append(TenantBinding(node_id=gpu.node_id, pid=pid, ts_ns=ts_ns, team=namespace, env="",
-                                     app=pod, tier=container, sla=sla, origin="dcgm"))  # type: ignore[arg-type]
+            out.append(
+                TenantBinding(
+                    node_id=gpu.node_id,
+                    pid=pid,
+                    ts_ns=ts_ns,
+                    team=namespace,
+                    env="",
+                    app=pod,
+                    tier=container,
+                    sla=sla,
+                    origin="dcgm",
+                )
+            )  # type: ignore[arg-type]
     elif gpu.sm_util_pct > 0:
         pid = unclaimed_pid(uuid)
         counts["busy_unclaimed"] += 1

@@ -22,6 +22,7 @@ for cost:
 
 NUMA migrations, which are rare, keep one ``printf`` line each.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,16 @@ from typing import IO
 from gpucost.schemas.codec import explain
 from gpucost.schemas.events import EbpfTrace, Event, MemAccess, NumaEvent
 
-__all__ = ["BLAS_CALLS", "EbpfUnavailable", "EbpfProbe", "ensure_tracing", "find_libcuda", "find_libcublas",
-           "numa_cost", "numa_distances"]
+__all__ = [
+    "BLAS_CALLS",
+    "EbpfUnavailable",
+    "EbpfProbe",
+    "ensure_tracing",
+    "find_libcuda",
+    "find_libcublas",
+    "numa_cost",
+    "numa_distances",
+]
 
 log = logging.getLogger("gpucost.ebpf")
 TRACEFS = Path("/sys/kernel/tracing")
@@ -65,7 +74,10 @@ def numa_distances(root: Path = Path("/sys/devices/system/node")) -> dict[tuple[
 #: cuDNN and cublasLt describe their shapes in opaque descriptors (cudnnTensorDescriptor_t, cublasLtMatrixLayout_t),
 #: which a probe would have to follow into the library's private structs: left out.
 BLAS_CALLS: dict[str, int | None] = {
-    "cublasSgemm_v2": None, "cublasDgemm_v2": None, "cublasHgemm": None, "cublasGemmEx": None,
+    "cublasSgemm_v2": None,
+    "cublasDgemm_v2": None,
+    "cublasHgemm": None,
+    "cublasGemmEx": None,
     "cublasGemmStridedBatchedEx": 14,  # (…, strideC, int batchCount, computeType, algo): argument 20
     "cublasSgemmStridedBatched": 11,  # (…, ldc, long long strideC, int batchCount): argument 17
 }
@@ -73,8 +85,9 @@ BLAS_CALLS: dict[str, int | None] = {
 MAP_KEYS = 65_536  # per map: at the default 100 ms drain, 655,360 samples/s before any is lost
 
 
-def _program(sample_every: int, command: bool, libcuda: Path | None = None, drain_ms: int = 100,
-             libcublas: Path | None = None) -> str:
+def _program(
+    sample_every: int, command: bool, libcuda: Path | None = None, drain_ms: int = 100, libcublas: Path | None = None
+) -> str:
     target = "/pid == cpid/" if command else ""
     address = "((struct bpf_perf_event_data *)ctx)->addr"
     # the double-buffered maps: addresses, launches, GEMM calls
@@ -84,8 +97,11 @@ def _program(sample_every: int, command: bool, libcuda: Path | None = None, drai
         return " ".join(f"print(@{m}{n}); clear(@{m}{n});" for m in drained)
 
     # the kernel's running counts, printed after the maps; @sampled last, as the end of a drain
-    totals = ("print(@launched); print(@allocs); print(@alloc_bytes); " if libcuda is not None else "") + \
-        ("print(@gemms); " if libcublas is not None else "") + "print(@sampled);"
+    totals = (
+        ("print(@launched); print(@allocs); print(@alloc_bytes); " if libcuda is not None else "")
+        + ("print(@gemms); " if libcublas is not None else "")
+        + "print(@sampled);"
+    )
     program = (
         f"software:page-faults:{sample_every} {target} {{\n"
         f"  if (@epoch == 0) {{ @a0[pid, nsecs, cpu] = {address}; }} else {{ @a1[pid, nsecs, cpu] = {address}; }}\n"
@@ -102,7 +118,7 @@ def _program(sample_every: int, command: bool, libcuda: Path | None = None, drai
         "  zero(@draining);\n}\n"
         f"END {{ {switch(0)} {switch(1)} {totals} }}\n"
         "tracepoint:sched:sched_move_numa "
-        "{ printf(\"N %d %llu %d %d\\n\", args->pid, nsecs, args->src_nid, args->dst_nid); }\n"
+        '{ printf("N %d %llu %d %d\\n", args->pid, nsecs, args->src_nid, args->dst_nid); }\n'
     )
     if libcuda is not None:
         # cuLaunchKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ, …): blockZ is the 7th
@@ -124,7 +140,8 @@ def _program(sample_every: int, command: bool, libcuda: Path | None = None, drai
             program += (
                 f"uprobe:{libcublas}:{name} {target} {{\n"
                 f"  if (@epoch == 0) {{ @g0[pid, nsecs, cpu] = {shape}; }} else {{ @g1[pid, nsecs, cpu] = {shape}; }}\n"
-                "  @gemms = count();\n}\n")
+                "  @gemms = count();\n}\n"
+            )
     return program
 
 
@@ -195,10 +212,18 @@ class EbpfProbe:
     counted (``cublas_call_ambiguous``) rather than its FLOPs billed to each GPU, or guessed.
     """
 
-    def __init__(self, node_id: str, sample_every: int = 16, command: list[str] | None = None,
-                 gpus_of: Callable[[int], list[str]] | None = None,
-                 distances: dict[tuple[int, int], int] | None = None, libcuda: Path | None = None,
-                 drain_ms: int = 100, map_keys: int = MAP_KEYS, libcublas: Path | None = None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        sample_every: int = 16,
+        command: list[str] | None = None,
+        gpus_of: Callable[[int], list[str]] | None = None,
+        distances: dict[tuple[int, int], int] | None = None,
+        libcuda: Path | None = None,
+        drain_ms: int = 100,
+        map_keys: int = MAP_KEYS,
+        libcublas: Path | None = None,
+    ) -> None:
         if sample_every < 1:
             raise ValueError(f"sample_every must be ≥ 1, got {sample_every}")
         if drain_ms < 1 or map_keys < 1:
@@ -242,9 +267,13 @@ class EbpfProbe:
             pid_text, ts_text, _cpu = key.split(", ")
             pid, ts_ns = int(pid_text), int(ts_text) + self._epoch_offset_ns
             values = value.strip().strip("()").split(", ")
-            self._drained[entry] = (self._access(pid, ts_ns, int(value)) if line[1] == "a" else
-                                    self._launch(pid, ts_ns, values) if line[1] == "k" else
-                                    self._gemm(pid, ts_ns, values))
+            self._drained[entry] = (
+                self._access(pid, ts_ns, int(value))
+                if line[1] == "a"
+                else self._launch(pid, ts_ns, values)
+                if line[1] == "k"
+                else self._gemm(pid, ts_ns, values)
+            )
             return []
         if line.startswith(("@launched: ", "@allocs: ", "@alloc_bytes: ", "@gemms: ")):  # the kernel's running counts
             name, _, value = line.partition(": ")
@@ -257,9 +286,13 @@ class EbpfProbe:
             self.counts["drains"] += 1
             self._settle(self._totals_before)
             self._totals_before = dict(self._totals)
-            for name, total in (("mem_access_sampled", "sampled"), ("cuda_launch_seen", "launched"),
-                                ("cuda_alloc", "allocs"), ("cuda_alloc_bytes", "alloc_bytes"),
-                                ("cublas_call_seen", "gemms")):
+            for name, total in (
+                ("mem_access_sampled", "sampled"),
+                ("cuda_launch_seen", "launched"),
+                ("cuda_alloc", "allocs"),
+                ("cuda_alloc_bytes", "alloc_bytes"),
+                ("cublas_call_seen", "gemms"),
+            ):
                 self.counts[name] = self._totals.get(total, 0)  # running totals: set, not added
             return drained
         if line.startswith(("@epoch: ", "@draining: ")):
@@ -274,8 +307,10 @@ class EbpfProbe:
                 return []
             hops, weight = numa_cost(distance)
             self.counts["numa_event"] += len(gpus)
-            return [NumaEvent(node_id=self.node_id, gpu_uuid=g, pid=pid, ts_ns=ts_ns, hops=hops, latency_weight=weight)
-                    for g in gpus]
+            return [
+                NumaEvent(node_id=self.node_id, gpu_uuid=g, pid=pid, ts_ns=ts_ns, hops=hops, latency_weight=weight)
+                for g in gpus
+            ]
         if line.strip() and not line.startswith("Attaching"):
             self.counts["other_output"] += 1
             log.info("bpftrace: %s", line.strip())
@@ -293,8 +328,10 @@ class EbpfProbe:
         for dim in dims:
             threads *= int(dim) & 0xFFFFFFFF  # 32-bit arguments: the upper half of the register is not theirs
         gpus = self.gpus_of(pid) if self.gpus_of is not None else []
-        events: list[Event] = [EbpfTrace(node_id=self.node_id, pid=pid, gpu_uuid=g, ts_ns=ts_ns, sm_util_pct=0,
-                                         flops_64b=threads) for g in gpus]
+        events: list[Event] = [
+            EbpfTrace(node_id=self.node_id, pid=pid, gpu_uuid=g, ts_ns=ts_ns, sm_util_pct=0, flops_64b=threads)
+            for g in gpus
+        ]
         self.counts["cuda_launch"] += 1
         self.counts["ebpf_trace"] += len(events)
         self.counts["cuda_launch_unresolved"] += not events
@@ -315,8 +352,17 @@ class EbpfProbe:
             self.counts["cublas_call_unresolved" if not gpus else "cublas_call_ambiguous"] += 1
             return []
         self.counts["ebpf_trace"] += 1
-        return [EbpfTrace(node_id=self.node_id, pid=pid, gpu_uuid=gpus[0], ts_ns=ts_ns, sm_util_pct=0,
-                          flops_64b=flops, trace_source="blas")]
+        return [
+            EbpfTrace(
+                node_id=self.node_id,
+                pid=pid,
+                gpu_uuid=gpus[0],
+                ts_ns=ts_ns,
+                sm_util_pct=0,
+                flops_64b=flops,
+                trace_source="blas",
+            )
+        ]
 
     def _settle(self, before: dict[str, int]) -> None:
         """What the kernel took (``before``: its counts as of a drain now printed) that never arrived."""
@@ -357,8 +403,9 @@ class EbpfProbe:
         # the probe writes to a pipe of its own (block-buffered, which a command's run allows)
         read_fd, write_fd = os.pipe()
         argv += ["-o", f"/dev/fd/{write_fd}", "-c", " ".join(self.command)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                                     pass_fds=(write_fd,))
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, pass_fds=(write_fd,)
+        )
         os.close(write_fd)
         self.output = os.fdopen(read_fd)
 

@@ -7,6 +7,7 @@ trace's µs (``ts``, ``dur``), scaled to integer ns exactly; since mid-2024 ``ts
 ``cuda_driver`` call's, so launches are held by correlation id until the file ends. Events that cannot be read
 are counted by reason, never raised.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -32,6 +33,7 @@ _RANGE_CATS = {"user_annotation"}  # CPU time on the launching thread; gpu_user_
 @dataclass
 class KinetoTrace:
     """What one trace file gave: its events, the GPU models by device index, and the events left out by reason."""
+
     kernels: list[KernelActivity] = field(default_factory=list)
     ranges: list[AnnotationRange] = field(default_factory=list)
     gpu_models: dict[int, str] = field(default_factory=dict)
@@ -89,9 +91,18 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
                 launches[int(ev["args"]["correlation"])] = (int(ev["pid"]), int(ev["tid"]), base + _ns(ev["ts"]))
             elif cat in _RANGE_CATS:
                 start = base + _ns(ev["ts"])
-                out.ranges.append(AnnotationRange(node_id=node, pid=int(ev["pid"]), tid=int(ev["tid"]),
-                                                  domain="torch", name=_name(ev, out.rejected), start_ns=start,
-                                                  end_ns=start + _ns(ev["dur"]), source="kineto"))
+                out.ranges.append(
+                    AnnotationRange(
+                        node_id=node,
+                        pid=int(ev["pid"]),
+                        tid=int(ev["tid"]),
+                        domain="torch",
+                        name=_name(ev, out.rejected),
+                        start_ns=start,
+                        end_ns=start + _ns(ev["dur"]),
+                        source="kineto",
+                    )
+                )
         except (KeyError, TypeError, ValueError, InvalidOperation, ValidationError) as exc:
             out.rejected[f"{cat}: {rejection_reason(exc)}"] += 1
     for ev in pending:
@@ -130,13 +141,24 @@ def _kernel(ev: dict, node: str, base: int, launches: dict, rejected: Counter) -
     name = _name(ev, rejected)
     dims = {k: tuple(int(v) for v in args[k]) for k in ("grid", "block") if isinstance(args.get(k), list)}
     return KernelActivity(
-        node_id=node, pid=pid, gpu_uuid=f"{node}/{device}", device=device, stream=int(args.get("stream", ev["tid"])),
-        correlation_id=corr, category=_category(ev["cat"], name), name=name, start_ns=start,
-        end_ns=start + _ns(ev["dur"]), launch_tid=tid, launch_ns=launch_ns, source="kineto",
+        node_id=node,
+        pid=pid,
+        gpu_uuid=f"{node}/{device}",
+        device=device,
+        stream=int(args.get("stream", ev["tid"])),
+        correlation_id=corr,
+        category=_category(ev["cat"], name),
+        name=name,
+        start_ns=start,
+        end_ns=start + _ns(ev["dur"]),
+        launch_tid=tid,
+        launch_ns=launch_ns,
+        source="kineto",
         registers_per_thread=_int_or_none(args.get("registers per thread")),
-        bytes=_int_or_none(args.get("bytes")), **dims)
+        bytes=_int_or_none(args.get("bytes")),
+        **dims,
+    )
 
 
 def _int_or_none(value: object) -> int | None:
     return int(value) if isinstance(value, (int, Decimal)) and not isinstance(value, bool) else None
-

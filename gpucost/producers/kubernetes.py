@@ -13,6 +13,7 @@ Nothing here is fatal: what cannot be read is counted and, where it may be there
 server away, a pod not yet listed), ``LATER`` asks ``Attribution`` to look again. docs/sources.md,
 "Kubernetes", is the user's account; docs/operations.md has the DaemonSet's RBAC and mounts.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,8 +35,17 @@ from types import ModuleType
 from gpucost.producers.attribution import LATER, AttributionSettings, Later, first_set, tenant_binding
 from gpucost.schemas.events import TenantBinding
 
-__all__ = ["KubernetesSettings", "KubernetesPods", "LABELS", "Pod", "cgroup_pod", "pod_resources_api", "pods_from",
-           "list_pods", "list_pod_devices"]
+__all__ = [
+    "KubernetesSettings",
+    "KubernetesPods",
+    "LABELS",
+    "Pod",
+    "cgroup_pod",
+    "pod_resources_api",
+    "pods_from",
+    "list_pods",
+    "list_pod_devices",
+]
 
 log = logging.getLogger("gpucost.kubernetes")
 
@@ -79,9 +89,11 @@ class KubernetesSettings:
             return self.pods_url
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         if not host or not self.node_name:
-            raise ValueError("Kubernetes attribution needs the node's pods: set --kube-pods-url "
-                             "(GPUCOST_KUBE_PODS_URL), or run in a pod (KUBERNETES_SERVICE_HOST) with NODE_NAME "
-                             "from the Downward API")
+            raise ValueError(
+                "Kubernetes attribution needs the node's pods: set --kube-pods-url "
+                "(GPUCOST_KUBE_PODS_URL), or run in a pod (KUBERNETES_SERVICE_HOST) with NODE_NAME "
+                "from the Downward API"
+            )
         selector = urllib.parse.quote(f"spec.nodeName={self.node_name}")
         return f"https://{host}:{port}/api/v1/pods?fieldSelector={selector}"
 
@@ -135,8 +147,14 @@ def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
         for c in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
             if isinstance(c, dict) and isinstance(c.get("containerID"), str) and isinstance(c.get("name"), str):
                 containers[c["containerID"].rpartition("://")[2]] = c["name"]
-        pods[uid] = Pod(uid=uid, namespace=namespace, name=name, labels=_strings(meta.get("labels")),
-                        annotations=_strings(meta.get("annotations")), containers=containers)
+        pods[uid] = Pod(
+            uid=uid,
+            namespace=namespace,
+            name=name,
+            labels=_strings(meta.get("labels")),
+            annotations=_strings(meta.get("annotations")),
+            containers=containers,
+        )
     return pods
 
 
@@ -166,8 +184,9 @@ def pod_resources_api() -> ModuleType:
     try:
         from grpc_tools import protoc
     except ImportError as exc:
-        raise ImportError("the kubelet's pod-resources API needs grpcio and grpcio-tools: "
-                          "pip install 'gpucost[kubernetes]'") from exc
+        raise ImportError(
+            "the kubelet's pod-resources API needs grpcio and grpcio-tools: pip install 'gpucost[kubernetes]'"
+        ) from exc
     proto = Path(__file__).with_name("podresources.proto")
     with tempfile.TemporaryDirectory() as out:
         if protoc.main(["protoc", f"-I{proto.parent}", f"--python_out={out}", proto.name]) != 0:
@@ -187,9 +206,11 @@ def list_pod_devices(settings: KubernetesSettings) -> dict[str, list[tuple[str, 
     api = pod_resources_api()
     service = api.DESCRIPTOR.services_by_name["PodResourcesLister"]
     with grpc.insecure_channel(f"unix://{settings.pod_resources}") as channel:
-        call = channel.unary_unary(f"/{service.full_name}/List",
-                                   request_serializer=api.ListPodResourcesRequest.SerializeToString,
-                                   response_deserializer=api.ListPodResourcesResponse.FromString)
+        call = channel.unary_unary(
+            f"/{service.full_name}/List",
+            request_serializer=api.ListPodResourcesRequest.SerializeToString,
+            response_deserializer=api.ListPodResourcesResponse.FromString,
+        )
         response = call(api.ListPodResourcesRequest(), timeout=settings.timeout_s)
     owners: dict[str, list[tuple[str, str, str]]] = {}
     for pod in response.pod_resources:
@@ -206,8 +227,9 @@ class KubernetesPods:
 
     origin = "kubernetes"
 
-    def __init__(self, settings: KubernetesSettings, attribution: AttributionSettings,
-                 counts: Counter[str] | None = None) -> None:
+    def __init__(
+        self, settings: KubernetesSettings, attribution: AttributionSettings, counts: Counter[str] | None = None
+    ) -> None:
         self.settings, self.attribution = settings, attribution
         self.counts: Counter[str] = Counter() if counts is None else counts
         self._pods: dict[str, Pod] = {}
@@ -255,8 +277,11 @@ class KubernetesPods:
             pods = pods_from(list_pods(self.settings), self.counts)
         except (OSError, ValueError) as exc:  # unreachable, refused, not JSON, not a PodList
             if not self.counts["kube_pods_unavailable"]:
-                log.warning("cannot list the node's pods (%s); their processes wait unattributed and are looked at "
-                            "again (check --kube-pods-url and the service account's RBAC: docs/operations.md)", exc)
+                log.warning(
+                    "cannot list the node's pods (%s); their processes wait unattributed and are looked at "
+                    "again (check --kube-pods-url and the service account's RBAC: docs/operations.md)",
+                    exc,
+                )
             self.counts["kube_pods_unavailable"] += 1
             return False
         # a static pod's processes run under its own UID, which its mirror in the API server keeps as an annotation
@@ -281,13 +306,25 @@ class KubernetesPods:
                 self._devices, self._devices_failed = list_pod_devices(self.settings), False
             except Exception as exc:  # grpc.RpcError, or grpc itself missing: counted, said once
                 if not self.counts["kube_pod_resources_unavailable"]:
-                    log.warning("cannot ask the kubelet which pod holds a GPU (%s: %s); check the pod-resources "
-                                "socket mount (--kube-pod-resources, docs/operations.md)", type(exc).__name__, exc)
+                    log.warning(
+                        "cannot ask the kubelet which pod holds a GPU (%s: %s); check the pod-resources "
+                        "socket mount (--kube-pod-resources, docs/operations.md)",
+                        type(exc).__name__,
+                        exc,
+                    )
                 self.counts["kube_pod_resources_unavailable"] += 1
                 self._devices_failed = True
         return None if self._devices_failed else self._devices.get(gpu_uuid, [])
 
     def _binding(self, pod: Pod, container: str, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
         found, _ = first_set(self.settings.labels, pod.labels, pod.annotations)  # a label before an annotation
-        return tenant_binding(node_id, pid, ts_ns, {"team": pod.namespace, "app": pod.name, "tier": container, **found},
-                              self.attribution, self.origin, self.counts, "kube_labels_invalid")
+        return tenant_binding(
+            node_id,
+            pid,
+            ts_ns,
+            {"team": pod.namespace, "app": pod.name, "tier": container, **found},
+            self.attribution,
+            self.origin,
+            self.counts,
+            "kube_labels_invalid",
+        )

@@ -5,6 +5,7 @@ through a signal handler: each source is opened in one place (``open_live``), sa
 yields events until it is stopped or its duration ends, and releases what it opened. Whoever runs it
 only decides when to call ``stop()`` (the CLI: on the first SIGINT or SIGTERM).
 """
+
 from __future__ import annotations
 
 import threading
@@ -89,8 +90,9 @@ class _Sampled:
 class _Traced:
     """bpftrace's page faults (and CUDA launches), attributed to GPUs through NVML where it works."""
 
-    def __init__(self, probe: EbpfProbe, what: str, s: LiveSettings, nvml: NvmlSampler | None,
-                 say: Callable[[str], None]) -> None:
+    def __init__(
+        self, probe: EbpfProbe, what: str, s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]
+    ) -> None:
         self.probe, self.what, self.settings, self.nvml, self.say = probe, what, s, nvml, say
         self.counts = probe.counts
 
@@ -120,8 +122,9 @@ def open_nvml(node_id: str) -> NvmlSampler:
     return sampler
 
 
-def open_live(name: str, s: LiveSettings, nvml: NvmlSampler | None = None,
-              say: Callable[[str], None] = print) -> LiveSource:
+def open_live(
+    name: str, s: LiveSettings, nvml: NvmlSampler | None = None, say: Callable[[str], None] = print
+) -> LiveSource:
     """The live source ``name`` (one of ``LIVE_SOURCES``), opened and checked now, so that a source that
     cannot run is one clear ``SourceUnavailable`` before anything starts. ``nvml``: a sampler already
     opened (by ``--source auto``), used instead of opening another. ``say`` tells a person what happens."""
@@ -161,17 +164,33 @@ def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], N
     for flag, lib in (("--libcuda", libcuda), ("--libcublas", libcublas)):
         if lib is not None and not lib.is_file():
             raise SourceUnavailable(f"{flag} {lib} is not a file")
-    probe = EbpfProbe(s.node_id, sample_every=s.ebpf_sample_every, gpus_of=None if nvml is None else nvml.gpus_of,
-                      libcuda=libcuda, libcublas=libcublas)
+    probe = EbpfProbe(
+        s.node_id,
+        sample_every=s.ebpf_sample_every,
+        gpus_of=None if nvml is None else nvml.gpus_of,
+        libcuda=libcuda,
+        libcublas=libcublas,
+    )
     try:
         probe.start()
     except EbpfUnavailable as exc:
         raise SourceUnavailable(str(exc)) from None
-    what = (f"tracing user page faults (1 in {s.ebpf_sample_every})"
-            + (f" and CUDA launches in {libcuda}" if libcuda else
-               " (CUDA launches not probed: --libcuda auto or PATH)" if s.libcuda is None else
-               " (no libcuda here: no CUDA launches)")
-            + (f" and GEMM FLOPs in {libcublas}" if libcublas else
-               " (GEMM calls not probed: no FLOPs)" if s.libcublas is None else " (no libcublas here: no FLOPs)")
-            + " with bpftrace")
+    what = (
+        f"tracing user page faults (1 in {s.ebpf_sample_every})"
+        + (
+            f" and CUDA launches in {libcuda}"
+            if libcuda
+            else " (CUDA launches not probed: --libcuda auto or PATH)"
+            if s.libcuda is None
+            else " (no libcuda here: no CUDA launches)"
+        )
+        + (
+            f" and GEMM FLOPs in {libcublas}"
+            if libcublas
+            else " (GEMM calls not probed: no FLOPs)"
+            if s.libcublas is None
+            else " (no libcublas here: no FLOPs)"
+        )
+        + " with bpftrace"
+    )
     return _Traced(probe, what, s, nvml, say)

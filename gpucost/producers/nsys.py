@@ -7,6 +7,7 @@ them epoch ns. Names are ``StringIds`` ids. A kernel is tied to its launch throu
 and the schema moves between versions, so ``sqlite_master`` is read first; rows that cannot be read are counted
 by reason, never raised.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -27,6 +28,7 @@ _NVTX_DOMAIN_CREATE = 75
 @dataclass
 class NsysExport:
     """What one export gave: its events, the GPU models by device id, and the rows left out by reason."""
+
     node_id: str
     kernels: list[KernelActivity] = field(default_factory=list)
     ranges: list[AnnotationRange] = field(default_factory=list)
@@ -63,17 +65,25 @@ def _read(con: sqlite3.Connection, node: str) -> NsysExport:
         out.gpu_models = {i: n for i, n in con.execute("SELECT id, name FROM TARGET_INFO_GPU") if n}
     launches: dict[int, tuple[int, int]] = {}
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
-        for corr, tid, start in con.execute("SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME"
-                                            " ORDER BY start DESC"):  # the earliest row of a correlation wins
+        for corr, tid, start in con.execute(
+            "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY start DESC"
+        ):  # the earliest row of a correlation wins
             if corr is not None and tid is not None:
                 launches[corr] = (tid & 0xFFFFFF, base + start)
-    sources = [("CUPTI_ACTIVITY_KIND_KERNEL", "shortName", "kernel"),
-               ("CUPTI_ACTIVITY_KIND_MEMCPY", None, "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", None, "memset")]
+    sources = [
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "shortName", "kernel"),
+        ("CUPTI_ACTIVITY_KIND_MEMCPY", None, "memcpy"),
+        ("CUPTI_ACTIVITY_KIND_MEMSET", None, "memset"),
+    ]
     for table, name_col, category in sources:
         if table not in tables:
             continue
-        extra = "demangledName, gridX, gridY, gridZ, blockX, blockY, blockZ, registersPerThread, " \
-                "staticSharedMemory + dynamicSharedMemory" if name_col else "bytes"
+        extra = (
+            "demangledName, gridX, gridY, gridZ, blockX, blockY, blockZ, registersPerThread, "
+            "staticSharedMemory + dynamicSharedMemory"
+            if name_col
+            else "bytes"
+        )
         query = f"SELECT start, end, deviceId, streamId, correlationId, globalPid, {extra} FROM {table}"
         for row in con.execute(query):
             try:
@@ -92,33 +102,61 @@ def _activity(row, node, base, category, strings, launches, rejected) -> KernelA
     if category == "kernel":
         name = strings.get(row[6]) or f"kernel {row[6]}"
         category = "communication" if "nccl" in name.lower() else "kernel"
-        fields = {"grid": tuple(row[7:10]), "block": tuple(row[10:13]), "registers_per_thread": row[13],
-                  "shared_memory_bytes": row[14]}
+        fields = {
+            "grid": tuple(row[7:10]),
+            "block": tuple(row[10:13]),
+            "registers_per_thread": row[13],
+            "shared_memory_bytes": row[14],
+        }
     else:
         name = f"[{category}]"
         fields = {"bytes": row[6]}
     if len(name) > NAME_MAX_CHARS:
         rejected["name longer than 1024 characters, truncated"] += 1
         name = name[:NAME_MAX_CHARS]
-    return KernelActivity(node_id=node, pid=_pid(gpid or 0), gpu_uuid=f"{node}/{device}", device=device,
-                          stream=stream, correlation_id=corr or 0, category=category, name=name,
-                          start_ns=base + start, end_ns=base + end, launch_tid=tid, launch_ns=launch_ns,
-                          source="nsys", **fields)
+    return KernelActivity(
+        node_id=node,
+        pid=_pid(gpid or 0),
+        gpu_uuid=f"{node}/{device}",
+        device=device,
+        stream=stream,
+        correlation_id=corr or 0,
+        category=category,
+        name=name,
+        start_ns=base + start,
+        end_ns=base + end,
+        launch_tid=tid,
+        launch_ns=launch_ns,
+        source="nsys",
+        **fields,
+    )
 
 
 def _ranges(con: sqlite3.Connection, node: str, base: int, strings: dict, out: NsysExport) -> None:
-    domains = {d: t for d, t in con.execute("SELECT domainId, text FROM NVTX_EVENTS WHERE eventType = ?",
-                                            (_NVTX_DOMAIN_CREATE,)) if t}
-    rows = con.execute("SELECT start, end, text, textId, globalTid, domainId FROM NVTX_EVENTS "
-                       f"WHERE eventType IN {_NVTX_RANGE_TYPES}")
+    domains = {
+        d: t
+        for d, t in con.execute("SELECT domainId, text FROM NVTX_EVENTS WHERE eventType = ?", (_NVTX_DOMAIN_CREATE,))
+        if t
+    }
+    rows = con.execute(
+        f"SELECT start, end, text, textId, globalTid, domainId FROM NVTX_EVENTS WHERE eventType IN {_NVTX_RANGE_TYPES}"
+    )
     for start, end, text, text_id, gtid, domain in rows:
         try:
             if end is None or gtid is None:
                 raise ValueError("range without an end or a thread")
             name = (text or strings.get(text_id) or "(unnamed)")[:NAME_MAX_CHARS]
-            out.ranges.append(AnnotationRange(node_id=node, pid=_pid(gtid), tid=gtid & 0xFFFFFF,
-                                              domain=domains.get(domain, "default"), name=name,
-                                              start_ns=base + start, end_ns=base + end, source="nsys"))
+            out.ranges.append(
+                AnnotationRange(
+                    node_id=node,
+                    pid=_pid(gtid),
+                    tid=gtid & 0xFFFFFF,
+                    domain=domains.get(domain, "default"),
+                    name=name,
+                    start_ns=base + start,
+                    end_ns=base + end,
+                    source="nsys",
+                )
+            )
         except (TypeError, ValueError, ValidationError) as exc:
             out.rejected[f"NVTX_EVENTS: {rejection_reason(exc)}"] += 1
-

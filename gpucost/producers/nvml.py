@@ -10,6 +10,7 @@ activity for every device (``tensor_active_pct``, ``dram_active_pct``), and for 
 instance, which has no utilisation counters of its own, its utilisation too (GPM per GPU
 instance, ``nvmlGpmMigSampleGet``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,16 +34,20 @@ class NvmlUnavailable(Exception):
     """NVML cannot be used on this machine; the message says why and what to do."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(f"NVML is not available ({reason}): install or load the NVIDIA driver, "
-                         "or use --source simulate")
+        super().__init__(
+            f"NVML is not available ({reason}): install or load the NVIDIA driver, or use --source simulate"
+        )
         self.reason = reason
 
 
 #: the GPM metrics read, by what they fill. ``busy``: % of time any kernel ran, as the ``gpu`` of
 #: ``nvmlDeviceGetUtilizationRates`` is; ``tensor``: % of time any tensor pipe was active; ``dram``: DRAM
 #: bandwidth used, % of the most (a MIG instance's memory utilisation as well)
-GPM_METRICS = {"busy": "NVML_GPM_METRIC_GRAPHICS_UTIL", "tensor": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
-               "dram": "NVML_GPM_METRIC_DRAM_BW_UTIL"}
+GPM_METRICS = {
+    "busy": "NVML_GPM_METRIC_GRAPHICS_UTIL",
+    "tensor": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "dram": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+}
 
 
 @dataclass
@@ -86,8 +91,9 @@ class NvmlSampler:
                         mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
                     except nv.NVMLError_NotFound:
                         continue  # an empty slot
-                    self.devices.append(_Device(mig, _text(nv.nvmlDeviceGetUUID(mig)),
-                                                _text(nv.nvmlDeviceGetName(mig)), handle))
+                    self.devices.append(
+                        _Device(mig, _text(nv.nvmlDeviceGetUUID(mig)), _text(nv.nvmlDeviceGetName(mig)), handle)
+                    )
             else:
                 self.devices.append(_Device(handle, _text(nv.nvmlDeviceGetUUID(handle)), name, None))
         for dev in self.devices:
@@ -207,22 +213,34 @@ class NvmlSampler:
                 util = _Util(gpm["busy"], gpm["dram"])
         mem = nv.nvmlDeviceGetMemoryInfo(h)
         power_mw = self._optional(dev, "power", lambda: nv.nvmlDeviceGetPowerUsage(physical))
-        temp = self._optional(dev, "temperature",
-                              lambda: nv.nvmlDeviceGetTemperature(physical, nv.NVML_TEMPERATURE_GPU))
+        temp = self._optional(
+            dev, "temperature", lambda: nv.nvmlDeviceGetTemperature(physical, nv.NVML_TEMPERATURE_GPU)
+        )
         tx = self._optional(dev, "pcie", lambda: nv.nvmlDeviceGetPcieThroughput(physical, nv.NVML_PCIE_UTIL_TX_BYTES))
         rx = self._optional(dev, "pcie", lambda: nv.nvmlDeviceGetPcieThroughput(physical, nv.NVML_PCIE_UTIL_RX_BYTES))
         out: list[Event] = []
         if util is None:
             self.counts["gpu_sample_skipped"] += 1  # no utilisation, nothing to bill: counted, not guessed
         else:
-            out.append(GpuSample(
-                node_id=self.node_id, gpu_uuid=dev.uuid, gpu_model=dev.name, ts_ns=ts_ns, interval_s=interval_s,
-                sm_util_pct=float(util.gpu), mem_bw_util_pct=float(util.memory), mem_used_bytes=int(mem.used),
-                mem_total_bytes=int(mem.total), power_w=0.0 if power_mw is None else power_mw / 1000,
-                temp_c=0.0 if temp is None else float(temp),
-                pcie_tx_bytes_s=None if tx is None else int(tx) * 1024,  # NVML reports KB/s
-                pcie_rx_bytes_s=None if rx is None else int(rx) * 1024,
-                tensor_active_pct=gpm.get("tensor"), dram_active_pct=gpm.get("dram")))
+            out.append(
+                GpuSample(
+                    node_id=self.node_id,
+                    gpu_uuid=dev.uuid,
+                    gpu_model=dev.name,
+                    ts_ns=ts_ns,
+                    interval_s=interval_s,
+                    sm_util_pct=float(util.gpu),
+                    mem_bw_util_pct=float(util.memory),
+                    mem_used_bytes=int(mem.used),
+                    mem_total_bytes=int(mem.total),
+                    power_w=0.0 if power_mw is None else power_mw / 1000,
+                    temp_c=0.0 if temp is None else float(temp),
+                    pcie_tx_bytes_s=None if tx is None else int(tx) * 1024,  # NVML reports KB/s
+                    pcie_rx_bytes_s=None if rx is None else int(rx) * 1024,
+                    tensor_active_pct=gpm.get("tensor"),
+                    dram_active_pct=gpm.get("dram"),
+                )
+            )
         processes, per_process = self._processes(dev, ts_ns, interval_s)
         if out and not per_process and out[0].sm_util_pct > 0:
             processes = self._claimed(out[0], processes)  # type: ignore[arg-type]
@@ -260,9 +278,18 @@ class NvmlSampler:
             readings = util.get(pid, [])  # a running process without a sample used no SM this period
             sm = sum(r[0] for r in readings) / len(readings) if readings else 0.0
             bw = sum(r[1] for r in readings) / len(readings) if readings else 0.0
-            out.append(ProcessSample(node_id=self.node_id, gpu_uuid=dev.uuid, pid=pid, ts_ns=ts_ns,
-                                     interval_s=interval_s, sm_util_pct=round(min(sm, 100.0), 2),
-                                     mem_bw_util_pct=round(min(bw, 100.0), 2), mem_used_bytes=memory.get(pid, 0)))
+            out.append(
+                ProcessSample(
+                    node_id=self.node_id,
+                    gpu_uuid=dev.uuid,
+                    pid=pid,
+                    ts_ns=ts_ns,
+                    interval_s=interval_s,
+                    sm_util_pct=round(min(sm, 100.0), 2),
+                    mem_bw_util_pct=round(min(bw, 100.0), 2),
+                    mem_used_bytes=memory.get(pid, 0),
+                )
+            )
         return out, per_process
 
 

@@ -1,4 +1,5 @@
 """A drift-free sampling loop shared by the live sources (NVML, dcgm-exporter)."""
+
 from __future__ import annotations
 
 import time
@@ -14,9 +15,13 @@ class Sampler(Protocol):
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]: ...
 
 
-def sample_forever(sampler: Sampler, period_s: float, ticks: int | None = None,
-                   clock_ns: Callable[[], int] = time.time_ns,
-                   sleep: Callable[[float], None] = time.sleep) -> Iterator[Event]:
+def sample_forever(
+    sampler: Sampler,
+    period_s: float,
+    ticks: int | None = None,
+    clock_ns: Callable[[], int] = time.time_ns,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[Event]:
     """Sample every ``period_s`` on a fixed grid (no drift), each sample standing for the real elapsed time."""
     period_ns = int(period_s * 1e9)
     start = prev = clock_ns()

@@ -1,4 +1,5 @@
 """Recorded events: JSON Lines files (plain or gzip) or Parquet files, in file-name order, event by event."""
+
 from __future__ import annotations
 
 import gzip
@@ -22,7 +23,8 @@ def _is_output(relative: Path) -> bool:
     never input, though an output directory may sit inside an input one."""
     parts = relative.parts
     return any(part.startswith(".") for part in parts) or any(
-        kind in OUTPUT_KINDS and following.startswith("date=") for kind, following in zip(parts, parts[1:]))
+        kind in OUTPUT_KINDS and following.startswith("date=") for kind, following in zip(parts, parts[1:])
+    )
 
 
 def input_files(paths: list[Path]) -> list[Path]:
@@ -35,8 +37,11 @@ def input_files(paths: list[Path]) -> list[Path]:
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = [p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)
-                     and not _is_output(p.relative_to(path))]
+            found = [
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.name.endswith(SUFFIXES) and not _is_output(p.relative_to(path))
+            ]
             files.extend(sorted(found, key=lambda p: p.relative_to(path).as_posix()))
         elif path.is_file():
             files.append(path)

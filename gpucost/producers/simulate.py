@@ -5,6 +5,7 @@ GPUs is the first N GPUs of any larger fleet with the same seed. Events come out
 arrival order: mostly in event time, some delayed by up to ``max_delay_s`` (within the
 default lateness), as a real network delivers them.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -138,14 +139,20 @@ class _Gpu:
             for _ in range(int(rng.integers(1, 4))):
                 start = t + int(rng.integers(0, 20 * 60)) * NS
                 tenant = None if rng.random() < spec.unbound_fraction else TENANTS[int(rng.integers(len(TENANTS)))]
-                jobs.append(_Job(
-                    pid=self.pid_base + len(jobs), start_ns=start,
-                    end_ns=start + int(rng.exponential(5 * HOUR_NS)) + 10 * 60 * NS,
-                    sm_base=float(rng.uniform(10, 70)), bw_base=float(rng.uniform(5, 60)),
-                    pattern=PATTERNS[int(rng.integers(len(PATTERNS)))],
-                    region=int(rng.integers(0, 1 << 32 - 28)) << 28, tenant=tenant,
-                    git_commit=rng.bytes(20).hex()[:12],
-                    ci_pipeline_id=None if rng.random() < 0.5 else str(int(rng.integers(10**5, 10**6)))))
+                jobs.append(
+                    _Job(
+                        pid=self.pid_base + len(jobs),
+                        start_ns=start,
+                        end_ns=start + int(rng.exponential(5 * HOUR_NS)) + 10 * 60 * NS,
+                        sm_base=float(rng.uniform(10, 70)),
+                        bw_base=float(rng.uniform(5, 60)),
+                        pattern=PATTERNS[int(rng.integers(len(PATTERNS)))],
+                        region=int(rng.integers(0, 1 << 32 - 28)) << 28,
+                        tenant=tenant,
+                        git_commit=rng.bytes(20).hex()[:12],
+                        ci_pipeline_id=None if rng.random() < 0.5 else str(int(rng.integers(10**5, 10**6))),
+                    )
+                )
             gap_h = rng.exponential(14.0) if rng.random() < 0.3 else rng.exponential(1.5)
             t = max(j.end_ns for j in jobs) + int(gap_h * HOUR_NS)
         return jobs
@@ -185,9 +192,25 @@ class _Gpu:
                     team, env, app, tier, sla = j.tenant
                     # published before the process's first sample, with no delay; or, for some jobs (chosen from
                     # their commit's digits, so that no random draw moves), late
-                    heapq.heappush(pending, (ts - NS + self._binding_delay(j), seq, TenantBinding(
-                        node_id=self.node_id, pid=j.pid, ts_ns=j.start_ns, team=team, env=env, app=app,
-                        tier=tier, sla=sla, git_commit=j.git_commit, ci_pipeline_id=j.ci_pipeline_id)))
+                    heapq.heappush(
+                        pending,
+                        (
+                            ts - NS + self._binding_delay(j),
+                            seq,
+                            TenantBinding(
+                                node_id=self.node_id,
+                                pid=j.pid,
+                                ts_ns=j.start_ns,
+                                team=team,
+                                env=env,
+                                app=app,
+                                tier=tier,
+                                sla=sla,
+                                git_commit=j.git_commit,
+                                ci_pipeline_id=j.ci_pipeline_id,
+                            ),
+                        ),
+                    )
                     seq += 1
             load = _diurnal(ts)
             sm = [_pct(j.sm_base * load + rng.normal(0, 4)) for j in active]
@@ -201,35 +224,76 @@ class _Gpu:
             hopper = "H100" in self.model or "H200" in self.model  # GPM / DCGM profiling: tensor and DRAM activity
             numa = 0
             for j, s, b in zip(active, sm, bw):
-                out.append(ProcessSample(
-                    node_id=self.node_id, gpu_uuid=self.uuid, pid=j.pid, ts_ns=ts + 1_000_000,
-                    interval_s=interval, sm_util_pct=s, mem_bw_util_pct=b,
-                    mem_used_bytes=int(2 * GIB + j.sm_base * 0.6 * GIB)))
+                out.append(
+                    ProcessSample(
+                        node_id=self.node_id,
+                        gpu_uuid=self.uuid,
+                        pid=j.pid,
+                        ts_ns=ts + 1_000_000,
+                        interval_s=interval,
+                        sm_util_pct=s,
+                        mem_bw_util_pct=b,
+                        mem_used_bytes=int(2 * GIB + j.sm_base * 0.6 * GIB),
+                    )
+                )
                 if rng.random() < 0.02:
-                    out.append(NumaEvent(
-                        node_id=self.node_id, gpu_uuid=self.uuid, pid=j.pid, ts_ns=ts + 2_000_000,
-                        hops=int(rng.integers(0, 3)), latency_weight=int(rng.integers(1, 50))))
+                    out.append(
+                        NumaEvent(
+                            node_id=self.node_id,
+                            gpu_uuid=self.uuid,
+                            pid=j.pid,
+                            ts_ns=ts + 2_000_000,
+                            hops=int(rng.integers(0, 3)),
+                            latency_weight=int(rng.integers(1, 50)),
+                        )
+                    )
                     numa += out[-1].hops * out[-1].latency_weight
                 if rng.random() < addr_p:
-                    out.extend(MemAccess(node_id=self.node_id, pid=j.pid, ts_ns=ts + 3_000_000 + k,
-                                         address=self._address(j)) for k in range(16))
+                    out.extend(
+                        MemAccess(node_id=self.node_id, pid=j.pid, ts_ns=ts + 3_000_000 + k, address=self._address(j))
+                        for k in range(16)
+                    )
                 if rng.random() < 0.002:  # a batched GEMM seen by the cuBLAS uprobes: 2·m·n·k·batch FLOPs
                     x = int(rng.integers(0, 1 << 62))
                     dims = [256 * (1 + (x >> shift) % 32) for shift in (0, 5, 10)]  # m, n, k
-                    out.append(EbpfTrace(
-                        node_id=self.node_id, pid=j.pid, gpu_uuid=self.uuid, ts_ns=ts + 4_000_000,
-                        sm_util_pct=int(s), flops_64b=2 * math.prod(dims) * (1 + (x >> 15) % 64), trace_source="blas"))
-            power = (spec.idle_power_w + spec.watts_per_sm_pct * sum(sm) + spec.watts_per_bw_pct * sum(bw)
-                     + spec.watt_ms_per_numa * numa / (interval * 1000) + noise)
-            out.insert(0, GpuSample(
-                node_id=self.node_id, gpu_uuid=self.uuid, gpu_model=self.model, ts_ns=ts,
-                interval_s=interval, sm_util_pct=gpu_sm, mem_bw_util_pct=gpu_bw,
-                mem_used_bytes=min(used, self.mem_total), mem_total_bytes=self.mem_total,
-                power_w=round(min(10_000.0, max(0.0, power)), 1),
-                temp_c=round(31 + 0.4 * sum(sm) / max(1, len(active)), 1),
-                pcie_tx_bytes_s=pcie[0], pcie_rx_bytes_s=pcie[1],
-                tensor_active_pct=_pct(0.55 * gpu_sm) if hopper else None,
-                dram_active_pct=_pct(0.9 * gpu_bw) if hopper else None))
+                    out.append(
+                        EbpfTrace(
+                            node_id=self.node_id,
+                            pid=j.pid,
+                            gpu_uuid=self.uuid,
+                            ts_ns=ts + 4_000_000,
+                            sm_util_pct=int(s),
+                            flops_64b=2 * math.prod(dims) * (1 + (x >> 15) % 64),
+                            trace_source="blas",
+                        )
+                    )
+            power = (
+                spec.idle_power_w
+                + spec.watts_per_sm_pct * sum(sm)
+                + spec.watts_per_bw_pct * sum(bw)
+                + spec.watt_ms_per_numa * numa / (interval * 1000)
+                + noise
+            )
+            out.insert(
+                0,
+                GpuSample(
+                    node_id=self.node_id,
+                    gpu_uuid=self.uuid,
+                    gpu_model=self.model,
+                    ts_ns=ts,
+                    interval_s=interval,
+                    sm_util_pct=gpu_sm,
+                    mem_bw_util_pct=gpu_bw,
+                    mem_used_bytes=min(used, self.mem_total),
+                    mem_total_bytes=self.mem_total,
+                    power_w=round(min(10_000.0, max(0.0, power)), 1),
+                    temp_c=round(31 + 0.4 * sum(sm) / max(1, len(active)), 1),
+                    pcie_tx_bytes_s=pcie[0],
+                    pcie_rx_bytes_s=pcie[1],
+                    tensor_active_pct=_pct(0.55 * gpu_sm) if hopper else None,
+                    dram_active_pct=_pct(0.9 * gpu_bw) if hopper else None,
+                ),
+            )
             # mostly prompt; 2 % of ticks arrive late by up to max_delay_s (within the lateness)
             delay = int(rng.uniform(0, spec.max_delay_s) * NS) if rng.random() < 0.02 else 0
             for ev in out:
@@ -246,12 +310,14 @@ class _Gpu:
 
 def _prices(spec: FleetSpec) -> list[Price]:
     day_before = spec.start_ns - 24 * HOUR_NS
-    prices = [Price(gpu_model=m, ts_ns=day_before, usd_per_gpu_hour=Decimal(p))
-              for m, p, _ in GPU_MODELS if p is not None]
+    prices = [
+        Price(gpu_model=m, ts_ns=day_before, usd_per_gpu_hour=Decimal(p)) for m, p, _ in GPU_MODELS if p is not None
+    ]
     prices.append(Price(gpu_model="default", ts_ns=day_before, usd_per_gpu_hour=Decimal(DEFAULT_PRICE)))
     # a mid-run price cut, to exercise the as-of join at the pane start
-    prices.append(Price(gpu_model=GPU_MODELS[0][0], ts_ns=spec.start_ns + 36 * HOUR_NS,
-                        usd_per_gpu_hour=Decimal("3.490000")))
+    prices.append(
+        Price(gpu_model=GPU_MODELS[0][0], ts_ns=spec.start_ns + 36 * HOUR_NS, usd_per_gpu_hour=Decimal("3.490000"))
+    )
     return prices
 
 
@@ -260,7 +326,6 @@ def simulate(spec: FleetSpec) -> Iterator[Event]:
     prices = _prices(spec)
     yield from (p for p in prices if p.ts_ns <= spec.start_ns)
     later = [(p.ts_ns, -1, i, p) for i, p in enumerate(prices) if p.ts_ns > spec.start_ns]
-    streams = [((arr, g, i, ev) for i, (arr, ev) in enumerate(_Gpu(spec, g).events()))
-               for g in range(spec.gpus)]
+    streams = [((arr, g, i, ev) for i, (arr, ev) in enumerate(_Gpu(spec, g).events())) for g in range(spec.gpus)]
     for _, _, _, ev in heapq.merge(later, *streams, key=lambda x: (x[0], x[1], x[2])):
         yield ev

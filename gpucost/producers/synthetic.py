@@ -1,6 +1,7 @@
 """Synthetic process ids, for sources that see a device's busy time but not the processes behind it
 (dcgm-exporter, NVML under MIG): stable across scrapes and restarts, above any Linux pid (at most
 2^22), so never mistaken for a real process."""
+
 from __future__ import annotations
 
 import zlib
@@ -26,6 +27,13 @@ def unclaimed_pid(device: str) -> int:
 def busy_as(gpu: GpuSample, pid: int, mem_used_bytes: int) -> ProcessSample:
     """The device's sample as a process sample of ``pid``: its utilisation, so that its busy time is billed
     to whoever ``pid`` stands for (a pod's container, the one process on a MIG instance, or no one)."""
-    return ProcessSample(node_id=gpu.node_id, gpu_uuid=gpu.gpu_uuid, pid=pid, ts_ns=gpu.ts_ns,
-                         interval_s=gpu.interval_s, sm_util_pct=gpu.sm_util_pct, mem_bw_util_pct=gpu.mem_bw_util_pct,
-                         mem_used_bytes=mem_used_bytes)
+    return ProcessSample(
+        node_id=gpu.node_id,
+        gpu_uuid=gpu.gpu_uuid,
+        pid=pid,
+        ts_ns=gpu.ts_ns,
+        interval_s=gpu.interval_s,
+        sm_util_pct=gpu.sm_util_pct,
+        mem_bw_util_pct=gpu.mem_bw_util_pct,
+        mem_used_bytes=mem_used_bytes,
+    )

@@ -3,6 +3,7 @@
 Derived from declarations (never from data), so each field is written down once, in
 ``gpucost.schemas.records``; every Parquet file of a kind has exactly this schema.
 """
+
 from __future__ import annotations
 
 import types
@@ -30,8 +31,14 @@ def wide_array(values: np.ndarray) -> pa.Array:
         return pa.array(values.astype(np.int64)).cast(WIDE_TYPE)
     except OverflowError:  # a value past 64 bits (a pane's weights can pass them)
         return pa.array(values, WIDE_TYPE)
+
+
 _SCALARS: dict[type, pa.DataType] = {
-    int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), Decimal: PRICE_TYPE,
+    int: pa.int64(),
+    float: pa.float64(),
+    str: pa.string(),
+    bool: pa.bool_(),
+    Decimal: PRICE_TYPE,
 }
 
 
@@ -54,8 +61,12 @@ def _arrow_field(name: str, annotation: object) -> pa.Field:
 
 @cache
 def arrow_schema(model: type[BaseModel]) -> pa.Schema:
-    return pa.schema([pa.field(n, WIDE_TYPE, nullable=False) if Wide in f.metadata else _arrow_field(n, f.annotation)
-                      for n, f in model.model_fields.items()])
+    return pa.schema(
+        [
+            pa.field(n, WIDE_TYPE, nullable=False) if Wide in f.metadata else _arrow_field(n, f.annotation)
+            for n, f in model.model_fields.items()
+        ]
+    )
 
 
 ARROW_SCHEMAS: dict[str, pa.Schema] = {k: arrow_schema(m) for k, m in OUTPUT_KINDS.items()}

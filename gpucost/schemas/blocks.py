@@ -5,6 +5,7 @@ batch path more than everything else it does. A block keeps the columns; ``recor
 the very records the row path builds, in its order, for whoever needs objects (the Kafka
 worker's JSON, the tests).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,8 +44,13 @@ class Emitted:
         if self.table is None or self.rows is None:
             return Emitted(tagged=tagged)
         at = np.concatenate([[0], np.cumsum(self.rows)]).tolist()
-        return Emitted(self.kind, self.table.slice(at[lo], at[hi] - at[lo]), self.rows[lo:hi],
-                       {name: values[at[lo]:at[hi]] for name, values in self.given.items()}, tagged)
+        return Emitted(
+            self.kind,
+            self.table.slice(at[lo], at[hi] - at[lo]),
+            self.rows[lo:hi],
+            {name: values[at[lo] : at[hi]] for name, values in self.given.items()},
+            tagged,
+        )
 
     def per_pane(self, n: int) -> list[list[Output]]:
         """Each of the ``n`` panes' records as the row entry returns them: its table rows, then its tagged ones."""
@@ -54,7 +60,7 @@ class Emitted:
             records = cast(list[Output], _records(OUTPUT_KINDS[self.kind], self.table, self.given))
             at = 0
             for j, count in enumerate(self.rows.tolist()):
-                out[j] += records[at:at + count]
+                out[j] += records[at : at + count]
                 at += count
         for j, record in self.tagged:
             out[j].append(record)
@@ -75,8 +81,10 @@ class ClosedPanes:
 
     def tables(self) -> list[tuple[str, pa.Table]]:
         """Each output kind kept as columns, with its table: the idle index first."""
-        return [("idle_index", self.idle), *((e.kind, e.table) for e in self.emitted
-                                             if e.kind is not None and e.table is not None)]
+        return [
+            ("idle_index", self.idle),
+            *((e.kind, e.table) for e in self.emitted if e.kind is not None and e.table is not None),
+        ]
 
     def tagged(self) -> list[Output]:
         """The records kept as records (reclaim triggers, health records), operator by operator."""

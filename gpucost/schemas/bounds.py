@@ -6,6 +6,7 @@ a bound tightened on a model would leave the batch path accepting what the row p
 with no test failing. Here the checks are derived from the ``Field(ge=…, lt=…, max_length=…)``
 of ``gpucost.schemas.events``, so a bound is declared once and both paths enforce it.
 """
+
 from __future__ import annotations
 
 import operator
@@ -21,8 +22,12 @@ from pydantic import BaseModel
 
 __all__ = ["Bounds", "field_bounds"]
 
-_OPS: dict[str, Callable[[Any, Any], Any]] = {"ge": operator.ge, "gt": operator.gt, "le": operator.le,
-                                              "lt": operator.lt}
+_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "ge": operator.ge,
+    "gt": operator.gt,
+    "le": operator.le,
+    "lt": operator.lt,
+}
 _COMPARE: dict[type, str] = {at.Ge: "ge", at.Gt: "gt", at.Le: "le", at.Lt: "lt"}
 
 

@@ -1,4 +1,5 @@
 """JSON Lines encoding of events: one object per line with ``kind`` and the wire fields."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,17 @@ from pydantic import ValidationError
 
 from gpucost.schemas.events import EVENT_MODELS, Event
 
-__all__ = ["REASONS", "Rejected", "decode_line", "decode_object", "encode_event", "explain", "present_fields",
-           "raw_text", "reason_of"]
+__all__ = [
+    "REASONS",
+    "Rejected",
+    "decode_line",
+    "decode_object",
+    "encode_event",
+    "explain",
+    "present_fields",
+    "raw_text",
+    "reason_of",
+]
 
 #: every dead-letter reason, and what it means (the README's catalogue is this table)
 REASONS: dict[str, str] = {
@@ -23,23 +33,23 @@ REASONS: dict[str, str] = {
     "out_of_range": "a value outside its physical range (a percentage over 100, a temperature of 500 °C)",
     "timestamp_out_of_range": "ts_ns before 2000 or from 2100 on: a unit error (s or ms for ns) or a broken clock",
     "invalid": "breaks a rule between fields or a format rule (used > total, an interval that rounds to 0 ms, "
-               "a reserved team, a ':' in a tenant field)",
+    "a reserved team, a ':' in a tenant field)",
     "future_timestamp": "ts_ns further ahead of the worker's clock than the allowed skew; accepting it would close "
-                        "its GPU's panes early and make every true event late",
+    "its GPU's panes early and make every true event late",
     "duplicate": "an event with the same key and ts_ns was already counted (the first one wins): re-sent, never "
-                 "billed twice",
+    "billed twice",
     "overlap": "a gpu_sample (process_sample) within three quarters of its own interval of one already counted for "
-               "the same GPU (GPU and pid) in its pane: a second sampler of one device, whose time would be billed "
-               "twice; run one sampler per device",
+    "the same GPU (GPU and pid) in its pane: a second sampler of one device, whose time would be billed "
+    "twice; run one sampler per device",
     "late": "its pane had already closed when it arrived",
     "unsigned": "signature verification is on and the message carries no signature",
     "unknown_key": "signed with a key id the verifier does not hold",
     "bad_signature": "the signature does not match the message, or the key may not sign for the event's node",
     "bad_output": "an output topic held a record that is not of its kind (sink side)",
     "bad_message": "the Kafka message itself is unusable: no key, a key that is not UTF-8 or over 256 bytes, or a "
-                   "gpucost header that is malformed or over its size limit; the whole message is refused",
+    "gpucost header that is malformed or over its size limit; the whole message is refused",
     "wrong_key": "an event in a message keyed for another GPU or process (a message may only carry events of its "
-                 "own key), or signed by a node other than the one that owns the GPU",
+    "own key), or signed by a node other than the one that owns the GPU",
     "oversized": "a single event larger than the broker accepts in one message (producer side)",
 }
 
@@ -106,8 +116,9 @@ def decode_object(obj: object) -> Event | Rejected:
     model = EVENT_MODELS.get(kind) if isinstance(kind, str) else None
     if model is None:
         known = ", ".join(sorted(EVENT_MODELS))
-        return Rejected("unknown_kind", f"kind {kind!r} is not one of: {known}",
-                        kind if isinstance(kind, str) else None)
+        return Rejected(
+            "unknown_kind", f"kind {kind!r} is not one of: {known}", kind if isinstance(kind, str) else None
+        )
     try:
         return model.model_validate(obj)  # type: ignore[return-value]
     except ValidationError as exc:

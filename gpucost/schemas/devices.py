@@ -10,6 +10,7 @@ with ``parent_id`` naming the whole device. The parent alone carries what the pa
 and the tool repeats for each of them — power, temperature and the device's memory — so power and
 memory are never counted twice; a partition row carries its own busy fraction and processes.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,34 @@ from typing import Any
 
 from gpucost.schemas.exact import round_scaled
 
-__all__ = ["ProcessUsage", "DeviceSample", "Parsed", "UnitError", "to_bytes", "to_watts", "to_pct", "number",
-           "sample_json", "platforms", "platform_for"]
+__all__ = [
+    "ProcessUsage",
+    "DeviceSample",
+    "Parsed",
+    "UnitError",
+    "to_bytes",
+    "to_watts",
+    "to_pct",
+    "number",
+    "sample_json",
+    "platforms",
+    "platform_for",
+]
 
 # Binary units are what the tools print as MiB/GiB; plain "MB"/"GB" are SI unless a parser
 # knows its tool means binary (amd-smi does) and passes the binary unit instead.
-_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-          "KB": 10**3, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_BYTES = {
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "kB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
 _WATTS = {"W": Decimal(1), "mW": Decimal("0.001"), "kW": Decimal(1000)}
 _MAX_BYTES = 1 << 60  # an exabyte: larger is a misread, not a device's memory
 _MAX_WATTS = Decimal(100_000)
@@ -42,8 +64,11 @@ class UnitError(ValueError):
 def number(text: str | int | float | Decimal) -> Decimal:
     """The exact decimal of a capture's number text; raises ``UnitError`` for anything else."""
     try:
-        value = Decimal(repr(text)) if isinstance(text, float) else Decimal(text if not isinstance(text, str)
-                                                                            else text.strip())
+        value = (
+            Decimal(repr(text))
+            if isinstance(text, float)
+            else Decimal(text if not isinstance(text, str) else text.strip())
+        )
     except (InvalidOperation, ValueError, TypeError):
         raise UnitError(f"{text!r} is not a number") from None
     if isinstance(text, bool) or not value.is_finite():
@@ -124,15 +149,24 @@ def _num(value: Decimal | None) -> str:
 
 def sample_json(sample: DeviceSample) -> str:
     """The sample as one JSON object, numbers written exactly (no float rounding on the way out)."""
-    procs = "null" if sample.processes is None else "[" + ",".join(
-        f'{{"pid":{p.pid},"mem_used_bytes":{json.dumps(p.mem_used_bytes)},"busy_pct":{_num(p.busy_pct)}}}'
-        for p in sample.processes) + "]"
-    return (f'{{"vendor":{json.dumps(sample.vendor)},"model":{json.dumps(sample.model)},'
-            f'"device_id":{json.dumps(sample.device_id)},"parent_id":{json.dumps(sample.parent_id)},'
-            f'"ts_ns":{json.dumps(sample.ts_ns)},"busy_pct":{_num(sample.busy_pct)},'
-            f'"power_w":{_num(sample.power_w)},"mem_used_bytes":{json.dumps(sample.mem_used_bytes)},'
-            f'"mem_total_bytes":{json.dumps(sample.mem_total_bytes)},'
-            f'"temperature_c":{_num(sample.temperature_c)},"processes":{procs}}}')
+    procs = (
+        "null"
+        if sample.processes is None
+        else "["
+        + ",".join(
+            f'{{"pid":{p.pid},"mem_used_bytes":{json.dumps(p.mem_used_bytes)},"busy_pct":{_num(p.busy_pct)}}}'
+            for p in sample.processes
+        )
+        + "]"
+    )
+    return (
+        f'{{"vendor":{json.dumps(sample.vendor)},"model":{json.dumps(sample.model)},'
+        f'"device_id":{json.dumps(sample.device_id)},"parent_id":{json.dumps(sample.parent_id)},'
+        f'"ts_ns":{json.dumps(sample.ts_ns)},"busy_pct":{_num(sample.busy_pct)},'
+        f'"power_w":{_num(sample.power_w)},"mem_used_bytes":{json.dumps(sample.mem_used_bytes)},'
+        f'"mem_total_bytes":{json.dumps(sample.mem_total_bytes)},'
+        f'"temperature_c":{_num(sample.temperature_c)},"processes":{procs}}}'
+    )
 
 
 @lru_cache(maxsize=1)

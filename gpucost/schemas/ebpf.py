@@ -2,6 +2,7 @@
 
 ``{u32 pid; u8 gpu_uuid[16]; u64 timestamp_ns; u32 sm_util_pct; u64 flops_64b}``
 """
+
 from __future__ import annotations
 
 import struct
@@ -33,6 +34,4 @@ def decode_trace_event(data: bytes) -> TraceEvent:
 
 def encode_trace_event(event: TraceEvent) -> bytes:
     text = event.gpu_uuid.removeprefix("GPU-")
-    return _STRUCT.pack(
-        event.pid, uuid.UUID(text).bytes, event.timestamp_ns, event.sm_util_pct, event.flops_64b
-    )
+    return _STRUCT.pack(event.pid, uuid.UUID(text).bytes, event.timestamp_ns, event.sm_util_pct, event.flops_64b)

@@ -5,6 +5,7 @@ Validation rejects what cannot be true, with a reason a person can act on. Value
 feed money are also exposed normalised to integers (``interval_ms``, ``*_cp`` = hundredths
 of a percent), computed once per event from the wire text (see ``gpucost.schemas.exact``).
 """
+
 from __future__ import annotations
 
 import unicodedata
@@ -18,9 +19,25 @@ from gpucost.schemas.ebpf import TraceEvent, decode_trace_event, encode_trace_ev
 from gpucost.schemas.exact import round_scaled
 
 __all__ = [
-    "TS_MIN_NS", "TS_MAX_NS", "RESERVED_TEAMS", "TENANT_FIELDS", "GpuSample", "ProcessSample", "MemAccess",
-    "NumaEvent", "TRACE_SOURCES", "EbpfTrace", "skeleton", "Sla", "SLAS", "Origin", "TenantBinding", "Price", "Event",
-    "EVENT_MODELS", "GPU_KEYED",
+    "TS_MIN_NS",
+    "TS_MAX_NS",
+    "RESERVED_TEAMS",
+    "TENANT_FIELDS",
+    "GpuSample",
+    "ProcessSample",
+    "MemAccess",
+    "NumaEvent",
+    "TRACE_SOURCES",
+    "EbpfTrace",
+    "skeleton",
+    "Sla",
+    "SLAS",
+    "Origin",
+    "TenantBinding",
+    "Price",
+    "Event",
+    "EVENT_MODELS",
+    "GPU_KEYED",
 ]
 
 TS_MIN_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
@@ -29,9 +46,32 @@ RESERVED_TEAMS = frozenset({"idle", "unattributed"})
 
 #: letters from other scripts that render like the Latin letters of the reserved names (Unicode's
 #: confusables for a, b, d, e, i, l, n, r, t, u), which NFKC and case folding leave apart
-_LOOKALIKES = str.maketrans({"ı": "i", "і": "i", "ɩ": "i", "ι": "i", "ӏ": "l", "ⅼ": "l", "а": "a", "ɑ": "a",
-                             "α": "a", "е": "e", "ε": "e", "ԁ": "d", "ɗ": "d", "ո": "n", "η": "n", "г": "r",
-                             "т": "t", "τ": "t", "υ": "u", "ս": "u", "Ь": "b", "ь": "b"})
+_LOOKALIKES = str.maketrans(
+    {
+        "ı": "i",
+        "і": "i",
+        "ɩ": "i",
+        "ι": "i",
+        "ӏ": "l",
+        "ⅼ": "l",
+        "а": "a",
+        "ɑ": "a",
+        "α": "a",
+        "е": "e",
+        "ε": "e",
+        "ԁ": "d",
+        "ɗ": "d",
+        "ո": "n",
+        "η": "n",
+        "г": "r",
+        "т": "t",
+        "τ": "t",
+        "υ": "u",
+        "ս": "u",
+        "Ь": "b",
+        "ь": "b",
+    }
+)
 
 
 def skeleton(name: str) -> str:
@@ -120,9 +160,7 @@ class GpuSample(_Sample):
     @model_validator(mode="after")
     def _used_within_total(self) -> GpuSample:
         if self.mem_used_bytes > self.mem_total_bytes:
-            raise ValueError(
-                f"mem_used_bytes {self.mem_used_bytes} exceeds mem_total_bytes {self.mem_total_bytes}"
-            )
+            raise ValueError(f"mem_used_bytes {self.mem_used_bytes} exceeds mem_total_bytes {self.mem_total_bytes}")
         return self
 
 
@@ -179,17 +217,26 @@ class EbpfTrace(_Event):
             except ValueError as exc:
                 raise ValueError(f"trace_hex is not hex: {exc}") from None
             ev = decode_trace_event(blob)
-            return {"kind": data.get("kind", "ebpf_trace"), "node_id": data.get("node_id"),
-                    "pid": ev.pid, "gpu_uuid": ev.gpu_uuid, "ts_ns": ev.timestamp_ns,
-                    "sm_util_pct": ev.sm_util_pct, "flops_64b": ev.flops_64b,
-                    **({"trace_source": data["trace_source"]} if "trace_source" in data else {})}
+            return {
+                "kind": data.get("kind", "ebpf_trace"),
+                "node_id": data.get("node_id"),
+                "pid": ev.pid,
+                "gpu_uuid": ev.gpu_uuid,
+                "ts_ns": ev.timestamp_ns,
+                "sm_util_pct": ev.sm_util_pct,
+                "flops_64b": ev.flops_64b,
+                **({"trace_source": data["trace_source"]} if "trace_source" in data else {}),
+            }
         return data
 
     def to_wire(self) -> dict[str, Any]:
-        blob = encode_trace_event(
-            TraceEvent(self.pid, self.gpu_uuid, self.ts_ns, self.sm_util_pct, self.flops_64b))
-        return {"kind": self.kind, "node_id": self.node_id, "trace_hex": blob.hex(),
-                **({"trace_source": self.trace_source} if self.trace_source != "launch" else {})}
+        blob = encode_trace_event(TraceEvent(self.pid, self.gpu_uuid, self.ts_ns, self.sm_util_pct, self.flops_64b))
+        return {
+            "kind": self.kind,
+            "node_id": self.node_id,
+            "trace_hex": blob.hex(),
+            **({"trace_source": self.trace_source} if self.trace_source != "launch" else {}),
+        }
 
 
 TenantField = Annotated[str, Field(max_length=256)]
@@ -225,23 +272,25 @@ class TenantBinding(_Event):
     @classmethod
     def _not_reserved(cls, value: str) -> str:
         if skeleton(value) in RESERVED_TEAMS:
-            raise ValueError(f"team {value!r} reads as a name reserved for the pipeline's own records "
-                             f"({', '.join(sorted(RESERVED_TEAMS))}); choose another")
+            raise ValueError(
+                f"team {value!r} reads as a name reserved for the pipeline's own records "
+                f"({', '.join(sorted(RESERVED_TEAMS))}); choose another"
+            )
         return value
 
 
 #: what a binding says of a process, in order: the tenant's fields, which cost records repeat after
 #: their ``tenant_key`` (the rest of a binding says which process, from when, and where it was found)
-TENANT_FIELDS: tuple[str, ...] = tuple(f for f in TenantBinding.model_fields
-                                       if f not in ("kind", "node_id", "pid", "ts_ns", "origin"))
+TENANT_FIELDS: tuple[str, ...] = tuple(
+    f for f in TenantBinding.model_fields if f not in ("kind", "node_id", "pid", "ts_ns", "origin")
+)
 
 
 class Price(_Event):
     kind: Literal["price"] = "price"
     gpu_model: Ident
     ts_ns: TsNs
-    usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, decimal_places=6, strict=False,
-                                               allow_inf_nan=False)]
+    usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, decimal_places=6, strict=False, allow_inf_nan=False)]
     #: the price authority's key and HMAC (``gpucost.streams.scope.price_mac``): a worker with a keyring takes
     #: only prices signed by a key that may sign prices, whichever node's producer relays them
     key_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None

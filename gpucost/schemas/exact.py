@@ -5,6 +5,7 @@ text a producer wrote for any value of up to 15 significant digits, and rounded 
 from there. So ``10.0005`` s is 10 000 ms on every path, never 10 001 because of binary
 representation error.
 """
+
 from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -12,8 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["to_decimal", "round_scaled", "round_float", "exact_round", "div_half_even", "micro_usd_per_hour",
-           "ratios"]
+__all__ = ["to_decimal", "round_scaled", "round_float", "exact_round", "div_half_even", "micro_usd_per_hour", "ratios"]
 
 
 def to_decimal(value: float | int | str | Decimal) -> Decimal:
@@ -84,8 +84,11 @@ def ratios(numerators: np.ndarray, denominators: np.ndarray) -> np.ndarray:
     where both fit in 53 bits (then it is the same float), Python's otherwise."""
     if len(numerators) == 0:
         return np.zeros(0, np.float64)
-    if numerators.dtype != object and denominators.dtype != object and max(
-            int(np.abs(numerators).max()), int(np.abs(denominators).max())) < 1 << 53:
+    if (
+        numerators.dtype != object
+        and denominators.dtype != object
+        and max(int(np.abs(numerators).max()), int(np.abs(denominators).max())) < 1 << 53
+    ):
         return numerators.astype(np.float64) / denominators.astype(np.float64)
     exact: np.ndarray = (numerators.astype(object) / denominators.astype(object)).astype(np.float64)
     return exact

@@ -2,6 +2,7 @@
 consumers in other languages (``gpucost topics schemas``). One entry per field name, since a name means
 the same in every event and record that has it; docs/definitions.md is the full definition of each.
 """
+
 from __future__ import annotations
 
 __all__ = ["FIELD_DOCS", "SCHEMA_VERSION", "UNITS"]
@@ -21,10 +22,17 @@ UNITS = {
     "usd_per_gpu_hour": "US dollars per GPU-hour, a decimal",
     "percent": "percent, 0 to 100",
     "fraction": "a ratio, 0 to 1 unless said",
-    "bytes": "bytes", "bytes_per_s": "bytes per second", "watts": "watts", "celsius": "degrees Celsius",
-    "microjoules": "microjoules (mW · ms)", "tops": "tera-operations per second (dense FP16 tensor)",
-    "kw_per_tops": "kilowatts per effective TOPS", "bits": "bits (Shannon entropy)", "seconds": "seconds",
-    "flops": "floating-point operations", "count": "a count",
+    "bytes": "bytes",
+    "bytes_per_s": "bytes per second",
+    "watts": "watts",
+    "celsius": "degrees Celsius",
+    "microjoules": "microjoules (mW · ms)",
+    "tops": "tera-operations per second (dense FP16 tensor)",
+    "kw_per_tops": "kilowatts per effective TOPS",
+    "bits": "bits (Shannon entropy)",
+    "seconds": "seconds",
+    "flops": "floating-point operations",
+    "count": "a count",
 }
 
 #: field name → (unit or None, description)
@@ -61,8 +69,11 @@ FIELD_DOCS: dict[str, tuple[str | None, str]] = {
     "origin": (None, "where the binding came from (a file, the process environment, Kubernetes, Slurm)"),
     "usd_per_gpu_hour": ("usd_per_gpu_hour", "the GPU model's price in force (null: unpriced)"),
     "key_id": (None, "the price authority key that signed the price"),
-    "signature": (None, "HMAC-SHA256, lowercase hex: of a price's model, time and rate; of a health record's "
-                        "snapshot_sha256 text (null: unsigned)"),
+    "signature": (
+        None,
+        "HMAC-SHA256, lowercase hex: of a price's model, time and rate; of a health record's "
+        "snapshot_sha256 text (null: unsigned)",
+    ),
     "pane_start_ns": (NS, "start of the pane [start, end): a pane_s-long interval of event time, epoch-aligned"),
     "pane_end_ns": (NS, "end of the pane (exclusive)"),
     "idle_ms": (MS, "covered time whose GPU samples were below the idle threshold"),
@@ -77,8 +88,10 @@ FIELD_DOCS: dict[str, tuple[str | None, str]] = {
     "out_of_range": ("count", "addresses of the window outside [mae_lo, mae_hi)"),
     "mae_bits": ("bits", "memory-access entropy of the window's address histogram"),
     "l2_evictions_per_1k_est": ("count", "estimated L2 evictions per 1,000 accesses (an interpolation)"),
-    "record_id": (None, "the record's identity: a hash of (gpu_uuid, pane_start_ns, tenant_key, revision); count "
-                        "each once"),
+    "record_id": (
+        None,
+        "the record's identity: a hash of (gpu_uuid, pane_start_ns, tenant_key, revision); count each once",
+    ),
     "tenant_key": (None, "team:env:app:tier:sla:git_commit:ci_pipeline_id (missing values empty), or idle"),
     "t_share": ("fraction", "the tenant's share of SM time in the pane"),
     "b_share": ("fraction", "the tenant's share of memory bandwidth in the pane"),
@@ -86,8 +99,11 @@ FIELD_DOCS: dict[str, tuple[str | None, str]] = {
     "weight": ("fraction", "α·t_share + β·b_share + γ·l_share"),
     "busy_fraction": ("fraction", "the pane's busy fraction u (min 1)"),
     "pane_cost_micro_usd": (MICRO_USD, "the whole pane's cost C, split among its parties"),
-    "cost_micro_usd": (MICRO_USD, "this party's cost; in a revision, the difference from its previous total: sum "
-                                  "every record, each record_id once"),
+    "cost_micro_usd": (
+        MICRO_USD,
+        "this party's cost; in a revision, the difference from its previous total: sum "
+        "every record, each record_id once",
+    ),
     "unpriced": (None, "true when the GPU model had no price (cost 0)"),
     "t_num": ("count", "exact Σ sm_util_cp · interval_ms of the tenant's process samples"),
     "b_num": ("count", "exact Σ mem_bw_util_cp · interval_ms of the tenant's process samples"),

@@ -4,6 +4,7 @@ Each schema names the wire format's version (``$id``, ``x-gpucost-schema-version
 what it is and in which unit (``description``, ``x-unit``, from ``gpucost.schemas.field_docs``): a consumer
 in another language reading ``cost_micro_usd`` must know it is integer micro-dollars, and a difference in a
 revision, without reading this code."""
+
 from __future__ import annotations
 
 import json
@@ -19,16 +20,24 @@ __all__ = ["write_json_schemas", "documented"]
 
 #: ebpf_trace travels as the packed struct in hex, not as the decoded fields its model holds
 EBPF_TRACE_WIRE: dict[str, Any] = {
-    "title": "EbpfTrace", "type": "object", "required": ["kind", "node_id", "trace_hex"],
+    "title": "EbpfTrace",
+    "type": "object",
+    "required": ["kind", "node_id", "trace_hex"],
     "properties": {
         "kind": {"const": "ebpf_trace"},
         "node_id": {"type": "string", "minLength": 1, "maxLength": 256},
-        "trace_hex": {"type": "string", "pattern": f"^[0-9a-fA-F]{{{2 * TRACE_EVENT_SIZE}}}$",
-                      "description": "packed little-endian {u32 pid; u8 gpu_uuid[16]; u64 timestamp_ns; "
-                                     "u32 sm_util_pct; u64 flops_64b}"},
-        "trace_source": {"enum": list(TRACE_SOURCES), "default": TRACE_SOURCES[0],
-                         "description": "what flops_64b counts: threads launched (launch) or one BLAS call's "
-                                        "floating-point operations (blas)"},
+        "trace_hex": {
+            "type": "string",
+            "pattern": f"^[0-9a-fA-F]{{{2 * TRACE_EVENT_SIZE}}}$",
+            "description": "packed little-endian {u32 pid; u8 gpu_uuid[16]; u64 timestamp_ns; "
+            "u32 sm_util_pct; u64 flops_64b}",
+        },
+        "trace_source": {
+            "enum": list(TRACE_SOURCES),
+            "default": TRACE_SOURCES[0],
+            "description": "what flops_64b counts: threads launched (launch) or one BLAS call's "
+            "floating-point operations (blas)",
+        },
     },
 }
 
@@ -45,11 +54,15 @@ def documented(schema: dict[str, Any], group: str, name: str) -> dict[str, Any]:
         if unit is not None:
             extra.update({"x-unit": unit, "description": f"{extra['description']} [{UNITS[unit]}]"})
         properties[field] = {**spec, **extra}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": f"https://github.com/gpucost/gpucost/schemas/v{SCHEMA_VERSION}/{group}.{name}.schema.json",
-            "x-gpucost-schema-version": SCHEMA_VERSION, **schema, "properties": properties,
-            "description": schema.get("description") or (f"gpucost {group} {name!r}, wire format version "
-                                                         f"{SCHEMA_VERSION}; each figure: docs/definitions.md")}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://github.com/gpucost/gpucost/schemas/v{SCHEMA_VERSION}/{group}.{name}.schema.json",
+        "x-gpucost-schema-version": SCHEMA_VERSION,
+        **schema,
+        "properties": properties,
+        "description": schema.get("description")
+        or (f"gpucost {group} {name!r}, wire format version {SCHEMA_VERSION}; each figure: docs/definitions.md"),
+    }
 
 
 def write_json_schemas(out_dir: Path) -> list[Path]:

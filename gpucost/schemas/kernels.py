@@ -1,6 +1,7 @@
 """Kernel and range events: what a GPU ran (``kernel_activity``) and what the host had open when it launched
 it (``annotation_range``). One wire format for every source (Kineto traces, Nsight Systems exports, a live
 CUPTI collector); see docs/definitions.md, section "Kernel cost"."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal, Self
@@ -15,8 +16,9 @@ KERNEL_CATEGORIES = ("kernel", "memcpy", "memset", "communication")
 NAME_MAX_CHARS = 1024  # a longer name is truncated by the reader, and counted there
 Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)]
 Count = Annotated[int, Field(ge=0, lt=2**63)]
-Dim3 = tuple[Annotated[int, Field(ge=0, lt=2**32)], Annotated[int, Field(ge=0, lt=2**32)],
-             Annotated[int, Field(ge=0, lt=2**32)]]
+Dim3 = tuple[
+    Annotated[int, Field(ge=0, lt=2**32)], Annotated[int, Field(ge=0, lt=2**32)], Annotated[int, Field(ge=0, lt=2**32)]
+]
 Source = Literal["cupti", "kineto", "nsys"]
 
 
@@ -32,13 +34,16 @@ class _Timed(BaseModel):
     @model_validator(mode="after")
     def _ordered(self) -> Self:
         if self.end_ns < self.start_ns:
-            raise ValueError(f"end_ns {self.end_ns} is before start_ns {self.start_ns}: the source's clock or "
-                             "its export is broken; re-export the trace")
+            raise ValueError(
+                f"end_ns {self.end_ns} is before start_ns {self.start_ns}: the source's clock or "
+                "its export is broken; re-export the trace"
+            )
         return self
 
 
 class KernelActivity(_Timed):
     """One kernel, memcpy or memset on one stream of one GPU, in epoch ns."""
+
     kind: Literal["kernel_activity"] = "kernel_activity"
     gpu_uuid: Ident
     device: Annotated[int, Field(ge=0, lt=1024)]
@@ -57,6 +62,7 @@ class KernelActivity(_Timed):
 class AnnotationRange(_Timed):
     """A range open on one host thread (NVTX push/pop or start/end, torch ``record_function``); ranges of one
     (node, pid, tid) nest by time, so nesting is derived, not sent."""
+
     kind: Literal["annotation_range"] = "annotation_range"
     tid: Count
     domain: Ident

@@ -1,4 +1,5 @@
 """Output records of docs/definitions.md, field for field, plus the dead-letter record."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -8,9 +9,30 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["IdleIndexRecord", "MaeRecord", "CostRecord", "HealthRecord", "QuotaRecord", "ReclaimRecord", "trigger_id",
-           "EfficiencyRecord", "DIAGNOSES", "GRADES", "FAIL_REASONS", "UNHASHED", "DeadLetter", "OUTPUT_KINDS",
-           "Output", "kind_of", "record_id", "record_ids", "IDLE_TENANT", "Wide", "computed", "computed_from"]
+__all__ = [
+    "IdleIndexRecord",
+    "MaeRecord",
+    "CostRecord",
+    "HealthRecord",
+    "QuotaRecord",
+    "ReclaimRecord",
+    "trigger_id",
+    "EfficiencyRecord",
+    "DIAGNOSES",
+    "GRADES",
+    "FAIL_REASONS",
+    "UNHASHED",
+    "DeadLetter",
+    "OUTPUT_KINDS",
+    "Output",
+    "kind_of",
+    "record_id",
+    "record_ids",
+    "IDLE_TENANT",
+    "Wide",
+    "computed",
+    "computed_from",
+]
 
 IDLE_TENANT = "idle"
 #: every integer column is a Parquet int64: a record from an output topic with a larger one (2^70 µ$, say)
@@ -211,8 +233,16 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
 }
 _KIND_BY_TYPE: dict[type[BaseModel], str] = {m: k for k, m in OUTPUT_KINDS.items()}
 #: one record the pipeline publishes
-Output = (IdleIndexRecord | MaeRecord | CostRecord | HealthRecord | QuotaRecord | ReclaimRecord | EfficiencyRecord
-          | DeadLetter)
+Output = (
+    IdleIndexRecord
+    | MaeRecord
+    | CostRecord
+    | HealthRecord
+    | QuotaRecord
+    | ReclaimRecord
+    | EfficiencyRecord
+    | DeadLetter
+)
 
 
 def kind_of(record: BaseModel) -> str:
@@ -253,8 +283,9 @@ def record_id(gpu_uuid: str, pane_start_ns: int, tenant_key: str, revision: int)
     return record_ids([(gpu_uuid, pane_start_ns)], [0], [tenant_key], revision)[0]
 
 
-def record_ids(panes: Sequence[tuple[str, int]], pane_of: Iterable[int], tenant_keys: Sequence[str],
-               revision: int) -> list[str]:
+def record_ids(
+    panes: Sequence[tuple[str, int]], pane_of: Iterable[int], tenant_keys: Sequence[str], revision: int
+) -> list[str]:
     """``record_id`` of each (GPU and pane start ``panes[pane_of[i]]``, ``tenant_keys[i]``): the text
     hashed is built once per pane and once per key, not per record."""
     heads = [f"{gpu_uuid}\x1f{pane_start_ns}\x1f".encode() for gpu_uuid, pane_start_ns in panes]

@@ -5,6 +5,7 @@ Why here, apart from the operator: the operator seals each record as it publishe
 never hash differently. The canonical form is docs/definitions.md's ("Health audit"): Python's
 ``json.dumps`` with sorted keys, no spaces and ``ensure_ascii=False``, floats as Python writes them, UTF-8.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,10 @@ def seal_faults(fields: Mapping[str, Any], secrets: Mapping[str, bytes] | None) 
     faults: dict[str, str] = {}
     digest = snapshot_sha256(fields)
     if fields.get("snapshot_sha256") != digest:
-        faults["altered"] = (f"snapshot_sha256 is {fields.get('snapshot_sha256')!r} but the figures hash to "
-                             f"{digest!r}: a figure was changed after the record was published")
+        faults["altered"] = (
+            f"snapshot_sha256 is {fields.get('snapshot_sha256')!r} but the figures hash to "
+            f"{digest!r}: a figure was changed after the record was published"
+        )
     if secrets is None:
         return faults, None
     signature = fields.get("signature")

@@ -3,12 +3,21 @@
 Inputs travel in batches: one message's value is JSON Lines, one event per line (the same
 encoding as the files ``gpucost replay`` reads), all for the message's key.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TopicSpec", "topic_specs", "CONTROL_HEADER", "CLOSED", "END_OF_INPUT", "SEQUENCE_HEADER", "encode_batch",
-           "output_key"]
+__all__ = [
+    "TopicSpec",
+    "topic_specs",
+    "CONTROL_HEADER",
+    "CLOSED",
+    "END_OF_INPUT",
+    "SEQUENCE_HEADER",
+    "encode_batch",
+    "output_key",
+]
 
 #: a message with this header and an empty value is a control message, not data
 CONTROL_HEADER = "gpucost-control"
@@ -36,30 +45,47 @@ class TopicSpec:
 
 
 _SPECS = (
-    TopicSpec("events", "gpu_uuid",
-              "JSON Lines: gpu_sample, process_sample, numa_event, ebpf_trace of that GPU, and a copy of each "
-              "tenant_binding of the GPU's node and each price, in the order the producer saw them"),
+    TopicSpec(
+        "events",
+        "gpu_uuid",
+        "JSON Lines: gpu_sample, process_sample, numa_event, ebpf_trace of that GPU, and a copy of each "
+        "tenant_binding of the GPU's node and each price, in the order the producer saw them",
+    ),
     TopicSpec("mem_access", "node_id/pid", "JSON Lines: mem_access of that process, in arrival order"),
     TopicSpec("bindings", "node_id/pid/ts_ns", "one tenant_binding (the durable record)", compacted=True),
     TopicSpec("prices", "gpu_model/ts_ns", "one price (the durable record)", compacted=True, single_partition=True),
     TopicSpec("idle_index", "gpu_uuid", "one IdleIndexRecord as JSON", output=True),
     TopicSpec("mae", "node_id/pid", "one MaeRecord as JSON", output=True),
     TopicSpec("cost", "gpu_uuid", "one CostRecord as JSON: what billing systems consume", output=True),
-    TopicSpec("health", "gpu_uuid", "one HealthRecord as JSON: a GPU's audit window, grade and breaker state",
-              output=True),
-    TopicSpec("quota", "gpu_uuid", "one QuotaRecord as JSON: a tenant's quota scale on a GPU, per pane",
-              output=True),
-    TopicSpec("reclaim", "gpu_uuid", "one ReclaimRecord as JSON: an idle tenant's GPU may be reclaimed (act once "
-                                     "per trigger_id)", output=True),
-    TopicSpec("efficiency", "gpu_uuid", "one EfficiencyRecord as JSON: a GPU's (pid 0) or a process's EFU, ΔBW "
-                                        "and diagnosis, per pane", output=True),
-    TopicSpec("discovery", "node_id", "the node's service-discovery entry as JSON (written by gpucost discovery)",
-              compacted=True),
+    TopicSpec(
+        "health", "gpu_uuid", "one HealthRecord as JSON: a GPU's audit window, grade and breaker state", output=True
+    ),
+    TopicSpec("quota", "gpu_uuid", "one QuotaRecord as JSON: a tenant's quota scale on a GPU, per pane", output=True),
+    TopicSpec(
+        "reclaim",
+        "gpu_uuid",
+        "one ReclaimRecord as JSON: an idle tenant's GPU may be reclaimed (act once per trigger_id)",
+        output=True,
+    ),
+    TopicSpec(
+        "efficiency",
+        "gpu_uuid",
+        "one EfficiencyRecord as JSON: a GPU's (pid 0) or a process's EFU, ΔBW and diagnosis, per pane",
+        output=True,
+    ),
+    TopicSpec(
+        "discovery",
+        "node_id",
+        "the node's service-discovery entry as JSON (written by gpucost discovery)",
+        compacted=True,
+    ),
     TopicSpec("dlq", "gpu_uuid, node_id/pid or source", "one DeadLetter as JSON", output=True),
-    TopicSpec("state.events", "gpu_uuid", "the worker's committed Auditor state of that GPU (null: finished)",
-              compacted=True),
-    TopicSpec("state.mem_access", "node_id/pid", "the worker's committed Auditor state of that process",
-              compacted=True),
+    TopicSpec(
+        "state.events", "gpu_uuid", "the worker's committed Auditor state of that GPU (null: finished)", compacted=True
+    ),
+    TopicSpec(
+        "state.mem_access", "node_id/pid", "the worker's committed Auditor state of that process", compacted=True
+    ),
 )
 
 

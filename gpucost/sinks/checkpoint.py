@@ -19,6 +19,7 @@ them again); a source that can be read again (``--source simulate``) is read on 
 
 The file is as trusted as the Parquet beside it (whoever can write one can write the other).
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,9 @@ class Checkpoint:
     publication: int = 0  # how many publications the run has made, this one included: its temporaries' tag
 
     def staging(self, out_dir: Path, staged: list[Staged]) -> Checkpoint:
-        self.publishing = [(s.tmp.relative_to(out_dir).as_posix(), s.final.relative_to(out_dir).as_posix())
-                           for s in staged]
+        self.publishing = [
+            (s.tmp.relative_to(out_dir).as_posix(), s.final.relative_to(out_dir).as_posix()) for s in staged
+        ]
         return self
 
 
@@ -73,9 +75,16 @@ def save(out_dir: Path, checkpoint: Checkpoint) -> None:
 
 
 #: each field's type, checked before anything is done with a checkpoint (a wrong one is refused in one line)
-_FIELDS: dict[str, type | tuple[type, ...]] = {"settings": dict, "source": dict, "inputs": int, "finished": bool,
-                                               "state": dict, "prices_sha256": (str, type(None)),
-                                               "publishing": list, "publication": int}
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "settings": dict,
+    "source": dict,
+    "inputs": int,
+    "finished": bool,
+    "state": dict,
+    "prices_sha256": (str, type(None)),
+    "publishing": list,
+    "publication": int,
+}
 
 
 def load(out_dir: Path) -> Checkpoint | None:
@@ -87,22 +96,31 @@ def load(out_dir: Path) -> Checkpoint | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}; pass --overwrite to start the run "
-                              "afresh (the output is then replaced)") from None
+        raise CheckpointError(
+            f"cannot read the checkpoint {path}: {exc}; pass --overwrite to start the run "
+            "afresh (the output is then replaced)"
+        ) from None
     if not isinstance(data, dict) or data.get("v") != VERSION:
-        raise CheckpointError(f"the checkpoint {path} has layout {data.get('v') if isinstance(data, dict) else '?'}"
-                              f"; this gpucost reads {VERSION}: run the gpucost that wrote it, or pass --overwrite")
+        raise CheckpointError(
+            f"the checkpoint {path} has layout {data.get('v') if isinstance(data, dict) else '?'}"
+            f"; this gpucost reads {VERSION}: run the gpucost that wrote it, or pass --overwrite"
+        )
     del data["v"]
     wrong = sorted(set(_FIELDS) ^ set(data)) + sorted(
-        k for k, kind in _FIELDS.items() if k in data and (not isinstance(data[k], kind) or (
-            kind is int and (isinstance(data[k], bool) or data[k] < 0))))
+        k
+        for k, kind in _FIELDS.items()
+        if k in data and (not isinstance(data[k], kind) or (kind is int and (isinstance(data[k], bool) or data[k] < 0)))
+    )
     pairs = data.get("publishing")
-    if isinstance(pairs, list) and not all(isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p)
-                                           for p in pairs):
+    if isinstance(pairs, list) and not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p) for p in pairs
+    ):
         wrong.append("publishing")
     if wrong:
-        raise CheckpointError(f"the checkpoint {path} is not one gpucost wrote ({', '.join(wrong)} missing, "
-                              "unknown or of the wrong type); pass --overwrite to start the run afresh")
+        raise CheckpointError(
+            f"the checkpoint {path} is not one gpucost wrote ({', '.join(wrong)} missing, "
+            "unknown or of the wrong type); pass --overwrite to start the run afresh"
+        )
     checkpoint = Checkpoint(**data)
     checkpoint.publishing = [(tmp, final) for tmp, final in data["publishing"]]
     return checkpoint
@@ -114,10 +132,16 @@ def resume(out_dir: Path, checkpoint: Checkpoint) -> int:
     is checked before anything is renamed."""
     pairs = [(out_dir / tmp, out_dir / final) for tmp, final in checkpoint.publishing]
     for (source, target), (_, final) in zip(pairs, checkpoint.publishing):
-        if ".." in Path(final).parts or Path(final).is_absolute() or not PART_RE.search(final) or \
-                source != target.parent / f".{target.name}.{checkpoint.publication}.tmp":
-            raise CheckpointError(f"the checkpoint {out_dir / CHECKPOINT} names {final!r}, not a file of this "
-                                  "output; pass --overwrite to start the run afresh")
+        if (
+            ".." in Path(final).parts
+            or Path(final).is_absolute()
+            or not PART_RE.search(final)
+            or source != target.parent / f".{target.name}.{checkpoint.publication}.tmp"
+        ):
+            raise CheckpointError(
+                f"the checkpoint {out_dir / CHECKPOINT} names {final!r}, not a file of this "
+                "output; pass --overwrite to start the run afresh"
+            )
     renamed = 0
     for source, target in pairs:
         if source.is_file() and not target.exists():

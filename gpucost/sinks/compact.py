@@ -30,6 +30,7 @@ the query read part of the rows without an error (seen once in the test suite, 5
 
 The caller must be the output directory's only writer (``gpucost.sinks.lock.OutputLock``).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -50,8 +51,16 @@ from gpucost.schemas.arrow import ARROW_SCHEMAS
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.parquet import PART_RE, ParquetSink, fsync_dir
 
-__all__ = ["STAGING", "RETIRED", "RETIRE_S", "CompactError", "CompactStats", "compact", "part_files",
-           "partition_folders"]
+__all__ = [
+    "STAGING",
+    "RETIRED",
+    "RETIRE_S",
+    "CompactError",
+    "CompactStats",
+    "compact",
+    "part_files",
+    "partition_folders",
+]
 
 log = logging.getLogger("gpucost.compact")
 
@@ -80,13 +89,17 @@ class CompactStats:
 def _exchange(a: Path, b: Path) -> None:
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is None:
-        raise CompactError("this system's C library has no renameat2, so partition folders cannot be swapped "
-                           "atomically; nothing was compacted (Linux with glibc 2.28 or later is needed)")
+        raise CompactError(
+            "this system's C library has no renameat2, so partition folders cannot be swapped "
+            "atomically; nothing was compacted (Linux with glibc 2.28 or later is needed)"
+        )
     if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
         err = ctypes.get_errno()
-        raise CompactError(f"cannot swap {b} with its merged copy atomically: {os.strerror(err)}; that folder "
-                           "is unchanged (the filesystem must support renameat2 RENAME_EXCHANGE, as ext4, xfs, "
-                           "btrfs and tmpfs do)")
+        raise CompactError(
+            f"cannot swap {b} with its merged copy atomically: {os.strerror(err)}; that folder "
+            "is unchanged (the filesystem must support renameat2 RENAME_EXCHANGE, as ext4, xfs, "
+            "btrfs and tmpfs do)"
+        )
 
 
 def partition_folders(out_dir: Path) -> list[Path]:
@@ -124,8 +137,9 @@ def _tables(paths: list[Path], schema: pa.Schema) -> Iterator[pa.Table]:
             yield ahead.popleft().result()
 
 
-def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int, max_files: int | None,
-                    stats: CompactStats) -> None:
+def _compact_folder(
+    out_dir: Path, folder: Path, min_files: int, file_rows: int, max_files: int | None, stats: CompactStats
+) -> None:
     kind, date = folder.parent.name, folder.name.removeprefix("date=")
     where = str(folder.relative_to(out_dir))
     entries = list(folder.iterdir())
@@ -163,8 +177,9 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
         return
     # checked from the files' own footers before anyone can see them
     if sum(pq.read_metadata(p).num_rows for p in part_files(staged.iterdir())) != sum(sizes.values()):
-        raise CompactError(f"compacting {folder} would change its row count; it was left unchanged (a bug: "
-                           "please report it)")
+        raise CompactError(
+            f"compacting {folder} would change its row count; it was left unchanged (a bug: please report it)"
+        )
     _exchange(staged, folder)
     fsync_dir(folder.parent)
     fsync_dir(staged.parent)
@@ -180,8 +195,14 @@ def _compact_folder(out_dir: Path, folder: Path, min_files: int, file_rows: int,
     log.info("compacted %s: %d files → %d (%s rows)", where, len(small), len(writer.files_written), f"{rows:,}")
 
 
-def compact(out_dir: Path, min_files: int = 2, file_rows: int = 1 << 20, folders: Iterable[Path] | None = None,
-            exclude: Collection[Path] = (), max_files: int | None = None) -> CompactStats:
+def compact(
+    out_dir: Path,
+    min_files: int = 2,
+    file_rows: int = 1 << 20,
+    folders: Iterable[Path] | None = None,
+    exclude: Collection[Path] = (),
+    max_files: int | None = None,
+) -> CompactStats:
     """Merge the files under ``file_rows`` rows of every partition folder (or of ``folders``) that
     has at least ``min_files`` of them, at most ``max_files`` of them a folder (the oldest), which
     bounds the time one call takes. Folders holding a file of ``exclude`` (the sink's journal:

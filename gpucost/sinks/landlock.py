@@ -19,6 +19,7 @@ Where the kernel has no Landlock (another OS, an older kernel, a seccomp profile
 ``without_writes`` raises ``WritesNotRefused`` rather than run unguarded: the output is then queried
 with ``--unsafe`` or from a DuckDB of one's own over ``gpucost views``.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -49,14 +50,19 @@ class WritesNotRefused(OSError):
 def landlock_abi() -> int:
     """The Landlock ABI version the kernel offers; ``WritesNotRefused`` where it offers none."""
     if not sys.platform.startswith("linux"):
-        raise WritesNotRefused(f"this system ({sys.platform}) cannot refuse the query's file writes: that needs "
-                               "Landlock (Linux 5.13+); pass --unsafe to run it without that guard")
+        raise WritesNotRefused(
+            f"this system ({sys.platform}) cannot refuse the query's file writes: that needs "
+            "Landlock (Linux 5.13+); pass --unsafe to run it without that guard"
+        )
     libc = ctypes.CDLL(None, use_errno=True)
-    abi = libc.syscall(ctypes.c_long(_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(
-        _CREATE_RULESET_VERSION))
+    abi = libc.syscall(
+        ctypes.c_long(_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)
+    )
     if abi < 1:
-        raise WritesNotRefused(f"this kernel cannot refuse the query's file writes (Landlock: "
-                               f"{os.strerror(ctypes.get_errno())}); pass --unsafe to run it without that guard")
+        raise WritesNotRefused(
+            f"this kernel cannot refuse the query's file writes (Landlock: "
+            f"{os.strerror(ctypes.get_errno())}); pass --unsafe to run it without that guard"
+        )
     return int(abi)
 
 
@@ -69,8 +75,10 @@ def _refuse_writes(abi: int) -> None:
     if fd < 0:
         raise WritesNotRefused(f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}")
     try:  # no rule is added: each right handled is refused beneath every path
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
-                libc.syscall(ctypes.c_long(_RESTRICT_SELF), fd, ctypes.c_uint32(0)) != 0:
+        if (
+            libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            or libc.syscall(ctypes.c_long(_RESTRICT_SELF), fd, ctypes.c_uint32(0)) != 0
+        ):
             raise WritesNotRefused(f"Landlock refused to restrict the query: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)

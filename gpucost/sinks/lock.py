@@ -5,6 +5,7 @@ and a compaction must not swap a folder a sink is writing into. Each holds an ex
 ``flock`` on ``OUT/.lock`` while it runs; the kernel drops it when the process dies, so a
 killed writer never leaves the directory locked.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -41,16 +42,18 @@ class OutputLock:
         except BlockingIOError:
             other = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
-            raise OutputBusyError(f"{self.path.parent} is being written by {other}; stop it first, or choose "
-                                  "another output directory (one sink per directory: it compacts its own files)"
-                                  ) from None
+            raise OutputBusyError(
+                f"{self.path.parent} is being written by {other}; stop it first, or choose "
+                "another output directory (one sink per directory: it compacts its own files)"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{self.holder} (pid {os.getpid()})".encode())
         self._fd = fd
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor releases the lock
             self._fd = None

@@ -3,6 +3,7 @@
 Files are written under a hidden temporary name, fsynced, then renamed into place, so a
 reader (DuckDB globbing ``*.parquet``) never sees half a file.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -37,8 +38,16 @@ from gpucost.schemas.records import (
     kind_of,
 )
 
-__all__ = ["PART_RE", "Journal", "ParquetSink", "SinkWriteError", "Staged", "fsync_dir", "partition_date",
-           "remove_stale_temporaries"]
+__all__ = [
+    "PART_RE",
+    "Journal",
+    "ParquetSink",
+    "SinkWriteError",
+    "Staged",
+    "fsync_dir",
+    "partition_date",
+    "remove_stale_temporaries",
+]
 
 PART_RE = re.compile(r"part-(\d+)\.parquet$")
 UNKNOWN_DATE = "unknown"
@@ -164,9 +173,16 @@ class ParquetSink:
 
     # one row group per file of up to 1 Mi rows: a month × 1,000 GPUs of cost records is queried per team and
     # day in 0.5 s instead of 0.9 s with 128 Ki-row groups (BENCHMARKS.md, benchmark 4)
-    def __init__(self, out_dir: Path, file_rows: int = 1 << 20, row_group_rows: int = 1 << 20,
-                 journal: Journal | None = None, first_part: int = 0,
-                 on_published: Callable[[str, pa.Table], None] | None = None, hold: bool = False) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        file_rows: int = 1 << 20,
+        row_group_rows: int = 1 << 20,
+        journal: Journal | None = None,
+        first_part: int = 0,
+        on_published: Callable[[str, pa.Table], None] | None = None,
+        hold: bool = False,
+    ) -> None:
         self.out_dir = out_dir
         #: buffer until ``stage_all``, never writing a file when a buffer fills: a checkpointed run publishes
         #: only files its checkpoint names (``gpucost.checkpoint``)
@@ -291,8 +307,7 @@ class ParquetSink:
         whole = self._whole(kind, date)
         return whole, *self._stage_file(self.out_dir / kind / f"date={date}", whole.slice(0, self.file_rows))
 
-    def _stage_file(self, folder: Path, table: pa.Table, number: int | None = None, tag: str = ""
-                    ) -> tuple[Path, Path]:
+    def _stage_file(self, folder: Path, table: pa.Table, number: int | None = None, tag: str = "") -> tuple[Path, Path]:
         """``table`` written and fsynced as the temporary of the folder's next part (``number``, or past the
         highest file there and ``first_part``); returns the temporary and the final name."""
         tmp: Path | None = None
@@ -339,5 +354,7 @@ class ParquetSink:
 
     @staticmethod
     def _error(folder: Path, exc: OSError) -> SinkWriteError:
-        return SinkWriteError(f"cannot write Parquet under {folder}: {exc.strerror or exc} (free space, fix "
-                              "the permissions, or choose another output directory)")
+        return SinkWriteError(
+            f"cannot write Parquet under {folder}: {exc.strerror or exc} (free space, fix "
+            "the permissions, or choose another output directory)"
+        )

@@ -21,6 +21,7 @@ as an EXPLAIN that runs its COPY. So every statement is walked:
 This layer says why a statement is refused. The layer that makes writing impossible when this one is
 fooled is the kernel's (``landlock``): each layer is tested with the other switched off.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,17 +37,69 @@ READ_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "CTE_NODE", "RECURS
 
 #: the table functions a query may call: files (where DuckDB's sandbox lets it read), series, JSON, the
 #: catalog's and the settings' descriptions
-READ_TABLE_FUNCTIONS = frozenset({
-    "read_parquet", "parquet_scan", "parquet_metadata", "parquet_file_metadata", "parquet_kv_metadata",
-    "parquet_full_metadata", "parquet_schema", "parquet_page_index", "parquet_bloom_probe", "glob", "read_csv",
-    "read_csv_auto", "sniff_csv", "read_json", "read_json_auto", "read_json_objects", "read_json_objects_auto",
-    "read_ndjson", "read_ndjson_auto", "read_ndjson_objects", "read_text", "read_blob", "range", "generate_series",
-    "unnest", "repeat", "repeat_row", "json_each", "json_tree", "summary", "query_table", "duckdb_columns",
-    "duckdb_constraints", "duckdb_databases", "duckdb_dependencies", "duckdb_extensions", "duckdb_functions",
-    "duckdb_indexes", "duckdb_keywords", "duckdb_memory", "duckdb_optimizers", "duckdb_schemas", "duckdb_sequences",
-    "duckdb_settings", "duckdb_tables", "duckdb_temporary_files", "duckdb_types", "duckdb_variables", "duckdb_views",
-    "pragma_version", "pragma_platform", "pragma_table_info", "pragma_show", "pragma_database_size",
-    "pragma_storage_info", "pragma_collations", "pragma_user_agent", "pg_timezone_names", "icu_calendar_names"})
+READ_TABLE_FUNCTIONS = frozenset(
+    {
+        "read_parquet",
+        "parquet_scan",
+        "parquet_metadata",
+        "parquet_file_metadata",
+        "parquet_kv_metadata",
+        "parquet_full_metadata",
+        "parquet_schema",
+        "parquet_page_index",
+        "parquet_bloom_probe",
+        "glob",
+        "read_csv",
+        "read_csv_auto",
+        "sniff_csv",
+        "read_json",
+        "read_json_auto",
+        "read_json_objects",
+        "read_json_objects_auto",
+        "read_ndjson",
+        "read_ndjson_auto",
+        "read_ndjson_objects",
+        "read_text",
+        "read_blob",
+        "range",
+        "generate_series",
+        "unnest",
+        "repeat",
+        "repeat_row",
+        "json_each",
+        "json_tree",
+        "summary",
+        "query_table",
+        "duckdb_columns",
+        "duckdb_constraints",
+        "duckdb_databases",
+        "duckdb_dependencies",
+        "duckdb_extensions",
+        "duckdb_functions",
+        "duckdb_indexes",
+        "duckdb_keywords",
+        "duckdb_memory",
+        "duckdb_optimizers",
+        "duckdb_schemas",
+        "duckdb_sequences",
+        "duckdb_settings",
+        "duckdb_tables",
+        "duckdb_temporary_files",
+        "duckdb_types",
+        "duckdb_variables",
+        "duckdb_views",
+        "pragma_version",
+        "pragma_platform",
+        "pragma_table_info",
+        "pragma_show",
+        "pragma_database_size",
+        "pragma_storage_info",
+        "pragma_collations",
+        "pragma_user_agent",
+        "pg_timezone_names",
+        "icu_calendar_names",
+    }
+)
 
 _ALLOWED = "SELECT, WITH, DESCRIBE, SUMMARIZE, SHOW, PIVOT … IN (…), and EXPLAIN or PREPARE of one"
 _MULTI = "MULTI (a PIVOT with no IN list: name its values, ON col IN (…))"
@@ -61,8 +114,11 @@ def read_only_problem(sql: str) -> str | None:
         refused = _refused(sql, "")
     except duckdb.Error as exc:
         return f"the query does not parse: {exc}".replace("\n", " ")
-    return (f"only reads run here ({_ALLOWED}), not {', '.join(dict.fromkeys(refused))}; "
-            f"pass --unsafe to run anything" if refused else None)
+    return (
+        f"only reads run here ({_ALLOWED}), not {', '.join(dict.fromkeys(refused))}; pass --unsafe to run anything"
+        if refused
+        else None
+    )
 
 
 def _refused(sql: str, within: str) -> list[str]:
@@ -75,8 +131,11 @@ def _refused(sql: str, within: str) -> list[str]:
         elif kind in (duckdb.StatementType.EXPLAIN, duckdb.StatementType.PREPARE):
             prefix, inner = _held(statement.query)
             nested = duckdb.extract_statements(inner) if inner else []
-            refused += (_refused(inner, f" in {prefix}{within}") if len(nested) == 1 else
-                        [f"{kind.name} whose statement this check cannot find{within}"])
+            refused += (
+                _refused(inner, f" in {prefix}{within}")
+                if len(nested) == 1
+                else [f"{kind.name} whose statement this check cannot find{within}"]
+            )
         elif kind is not duckdb.StatementType.EXECUTE:
             refused.append((_MULTI if kind is duckdb.StatementType.MULTI else kind.name) + within)
     return refused
@@ -104,7 +163,7 @@ def _held(text: str) -> tuple[str, str]:
             if depth <= 0:
                 break
         at += 1
-    return head, (text[words[at][0]:] if at < len(words) else "")
+    return head, (text[words[at][0] :] if at < len(words) else "")
 
 
 def _select_refusals(text: str) -> list[str]:

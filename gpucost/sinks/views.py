@@ -6,6 +6,7 @@ over ``cost`` and ``efficiency``.
 an in-memory DuckDB with exactly those views. A kind with no file yet gets an empty view
 of the right columns and types, so queries work before the first record arrives.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,12 +23,31 @@ from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.compact import RETIRED, STAGING
 from gpucost.sinks.landlock import without_writes
 
-__all__ = ["MIN_EFFECTIVE_TFLOP_HOURS", "QUERY_ATTEMPTS", "confine", "straddled", "swaps", "views_sql", "connect",
-           "query", "sql_string", "unit_cost_sql", "view_records"]
+__all__ = [
+    "MIN_EFFECTIVE_TFLOP_HOURS",
+    "QUERY_ATTEMPTS",
+    "confine",
+    "straddled",
+    "swaps",
+    "views_sql",
+    "connect",
+    "query",
+    "sql_string",
+    "unit_cost_sql",
+    "view_records",
+]
 
 # dead letters without a valid event time sit under date=unknown, so their date stays text
-_DATE_TYPE = {"idle_index": "DATE", "mae": "DATE", "cost": "DATE", "health": "DATE", "quota": "DATE", "reclaim": "DATE",
-              "efficiency": "DATE", "dlq": "VARCHAR"}
+_DATE_TYPE = {
+    "idle_index": "DATE",
+    "mae": "DATE",
+    "cost": "DATE",
+    "health": "DATE",
+    "quota": "DATE",
+    "reclaim": "DATE",
+    "efficiency": "DATE",
+    "dlq": "VARCHAR",
+}
 
 
 def _sql_type(t: pa.DataType) -> str:
@@ -43,11 +63,15 @@ def _view(out_dir: Path, kind: str) -> str:
     if not any(folder.glob("**/*.parquet")):
         cols = [f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in ARROW_SCHEMAS[kind]]
         cols.append(f"CAST(NULL AS {_DATE_TYPE[kind]}) AS date")
-        return (f"-- {kind}: no file under {folder} yet; run this again once there is one\n"
-                f"CREATE OR REPLACE VIEW {kind} AS SELECT {', '.join(cols)} WHERE false;")
+        return (
+            f"-- {kind}: no file under {folder} yet; run this again once there is one\n"
+            f"CREATE OR REPLACE VIEW {kind} AS SELECT {', '.join(cols)} WHERE false;"
+        )
     glob = (folder / "**" / "*.parquet").as_posix().replace("'", "''")
-    return (f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet('{glob}', "
-            f"hive_partitioning = true, hive_types = {{'date': {_DATE_TYPE[kind]}}});")
+    return (
+        f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet('{glob}', "
+        f"hive_partitioning = true, hive_types = {{'date': {_DATE_TYPE[kind]}}});"
+    )
 
 
 #: the least effective work a unit cost rests on, in effective TFLOP-hours (EFU × peak TFLOPS × hours): below it
@@ -84,8 +108,10 @@ FROM g;"""
 def unit_cost_sql(source: str, cost_micro_usd: str, opex_usd: str, tflop_hours: str) -> str:
     """The SQL of a unit cost, USD per effective TFLOP-hour, from SQL expressions of its parts: NULL (n/a) with no
     EFU source or below ``MIN_EFFECTIVE_TFLOP_HOURS``. One rule for the view's days and the summary's totals."""
-    return (f"CASE WHEN {source} IS NOT NULL AND {tflop_hours} >= {MIN_EFFECTIVE_TFLOP_HOURS} "
-            f"THEN ({cost_micro_usd} / 1e6 + {opex_usd}) / {tflop_hours} END")
+    return (
+        f"CASE WHEN {source} IS NOT NULL AND {tflop_hours} >= {MIN_EFFECTIVE_TFLOP_HOURS} "
+        f"THEN ({cost_micro_usd} / 1e6 + {opex_usd}) / {tflop_hours} END"
+    )
 
 
 #: late data as revisions (docs/definitions.md, "Late data become revisions"): the bill as first published (each
@@ -107,8 +133,19 @@ def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str
     """Every kind's view, the revised bill's (``cost_as_first_published``, ``cost_as_revised``,
     ``idle_index_as_revised``) and ``unit_cost`` at the opex rate given (USD per GPU-hour)."""
     views = [_view(out_dir, kind) for kind in ARROW_SCHEMAS]
-    return "\n".join([*views, _REVISED, _UNIT_COST.format(opex=Decimal(opex_usd_per_gpu_hour), unit=unit_cost_sql(
-        "efu_source", "cost_micro_usd", "opex_usd", "effective_tflop_hours"))]) + "\n"
+    return (
+        "\n".join(
+            [
+                *views,
+                _REVISED,
+                _UNIT_COST.format(
+                    opex=Decimal(opex_usd_per_gpu_hour),
+                    unit=unit_cost_sql("efu_source", "cost_micro_usd", "opex_usd", "effective_tflop_hours"),
+                ),
+            ]
+        )
+        + "\n"
+    )
 
 
 def connect(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> duckdb.DuckDBPyConnection:
@@ -147,8 +184,9 @@ def swaps(out_dir: Path) -> frozenset[str]:
     folders being compacted now are staged (``STAGING/KIND/date=D``) from before their swap until
     after it. A query may have read across a swap if this changed while it ran, or if it began while a
     folder was staged (``straddled``): its swap may have fallen at any moment in between."""
-    staged = {f"{STAGING}/{kind}/{name}" for kind in _names(out_dir / STAGING) for name in
-              _names(out_dir / STAGING / kind)}
+    staged = {
+        f"{STAGING}/{kind}/{name}" for kind in _names(out_dir / STAGING) for name in _names(out_dir / STAGING / kind)
+    }
     return frozenset(_names(out_dir / RETIRED)) | staged
 
 
@@ -170,9 +208,14 @@ def view_records(out_dir: Path, kind: str, clause: str = "") -> list[Any]:
     return [model.model_validate(dict(zip(columns, row))) for row in rows]
 
 
-def query(out_dir: Path, sql: str, confined: bool = True, attempts: int = QUERY_ATTEMPTS,
-          opex_usd_per_gpu_hour: Decimal = Decimal(0),
-          read_only: bool = False) -> tuple[list[str], list[tuple[Any, ...]]]:
+def query(
+    out_dir: Path,
+    sql: str,
+    confined: bool = True,
+    attempts: int = QUERY_ATTEMPTS,
+    opex_usd_per_gpu_hour: Decimal = Decimal(0),
+    read_only: bool = False,
+) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The columns and rows of ``sql`` over the views of ``out_dir`` (``confined`` to its files; ``read_only``:
     each attempt on a thread whose file writes the kernel refuses, ``landlock.without_writes``).
 
@@ -194,12 +237,12 @@ def query(out_dir: Path, sql: str, confined: bool = True, attempts: int = QUERY_
     raise AssertionError("attempts must be at least 1")
 
 
-def _run(out_dir: Path, sql: str, confined: bool,
-         opex_usd_per_gpu_hour: Decimal) -> tuple[list[str], list[tuple[Any, ...]]]:
+def _run(
+    out_dir: Path, sql: str, confined: bool, opex_usd_per_gpu_hour: Decimal
+) -> tuple[list[str], list[tuple[Any, ...]]]:
     """One attempt of ``query``: the connection is opened here, on the thread that runs the query."""
     con = connect(out_dir, opex_usd_per_gpu_hour)
     res = (confine(con, out_dir) if confined else con).execute(sql)
     if res is None:  # no statement: nothing to describe or fetch
         return [], []
     return [d[0] for d in res.description] if res.description else [], res.fetchall()
-

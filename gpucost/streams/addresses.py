@@ -11,6 +11,7 @@ one kept is a ``duplicate``; one further back than ``keep_ns`` cannot be told fr
 per process: the addresses of ``keep_ns`` of its time (at 50 addresses/s and 120 s, 6,000 pairs, ~0.2 MiB of
 JSON).
 """
+
 from __future__ import annotations
 
 from collections.abc import Container
@@ -63,8 +64,9 @@ class TakenAddresses:
             proc.latest = ts_ns
         self._prune(proc)
 
-    def verdicts_many(self, key: tuple[str, int], ts_ns: np.ndarray, address: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray]:
+    def verdicts_many(
+        self, key: tuple[str, int], ts_ns: np.ndarray, address: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The batch entry: one process's addresses in arrival order, each judged and the taken ones taken, as
         ``verdict`` then ``take`` of each would. Returns each one's code (0 taken, ``DUPLICATE``, ``LATE``) and
         the latest time taken before it (for a ``late`` one's dead letter). The usual batch, its times rising
@@ -101,12 +103,16 @@ class TakenAddresses:
         proc.taken = {t for t in proc.taken if t[0] >= floor}
         proc.kept_at_prune = len(proc.taken)
 
-    def forget(self, floor_ns: int, keep: Container[tuple[str, int]],
-               only: Container[str | tuple[str, int]] | None = None) -> None:
+    def forget(
+        self, floor_ns: int, keep: Container[tuple[str, int]], only: Container[str | tuple[str, int]] | None = None
+    ) -> None:
         """Drop the processes (of those in ``only``, if given; never those in ``keep``, with an open window) whose
         latest address is before ``floor_ns``: the state keeps no process it will not hear from again."""
-        gone = [key for key, proc in self._by_proc.items()
-                if proc.latest < floor_ns and key not in keep and (only is None or key in only)]
+        gone = [
+            key
+            for key, proc in self._by_proc.items()
+            if proc.latest < floor_ns and key not in keep and (only is None or key in only)
+        ]
         for key in gone:
             del self._by_proc[key]
 

@@ -1,4 +1,5 @@
 """Split one closed pane's cost among its tenants and idle (docs/definitions.md, "Cost split", steps 1–7)."""
+
 from __future__ import annotations
 
 import math
@@ -67,43 +68,87 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
         split = split_in_order(cost, [(busy_d - busy_n) * w_all, *(busy_n * w for w in big_w)], busy_d * w_all)
     else:
         split = split_in_order(cost, [1, *(0 for _ in big_w)], 1)
-    gpu_uuid, node_id, gpu_model, start_ns, end_ns = (pane.gpu_uuid, pane.node_id, pane.gpu_model,
-                                                      pane.pane_start_ns, pane.pane_end_ns)
+    gpu_uuid, node_id, gpu_model, start_ns, end_ns = (
+        pane.gpu_uuid,
+        pane.node_id,
+        pane.gpu_model,
+        pane.pane_start_ns,
+        pane.pane_end_ns,
+    )
     busy = busy_n / busy_d
 
-    def record(key: str, tenant: Tenant, t: float, b: float, l_: float, weight: float, micro_usd: int,
-               sums: tuple[int, int, int]) -> CostRecord:
-        return computed_from(CostRecord, {  # in the model's field order
-            "record_id": record_id(gpu_uuid, start_ns, key, 0), "gpu_uuid": gpu_uuid, "node_id": node_id,
-            "gpu_model": gpu_model, "pane_start_ns": start_ns, "pane_end_ns": end_ns, "tenant_key": key,
-            **dict(zip(TENANT_FIELDS, tenant)), "t_share": t, "b_share": b, "l_share": l_, "weight": weight,
-            "busy_fraction": busy, "usd_per_gpu_hour": usd_per_gpu_hour, "pane_cost_micro_usd": cost,
-            "cost_micro_usd": micro_usd, "unpriced": unpriced, "revision": 0, "t_num": sums[0], "b_num": sums[1],
-            "l_num": sums[2], "busy_num": sm_all, "covered_ms": pane.covered_ms})
+    def record(
+        key: str,
+        tenant: Tenant,
+        t: float,
+        b: float,
+        l_: float,
+        weight: float,
+        micro_usd: int,
+        sums: tuple[int, int, int],
+    ) -> CostRecord:
+        return computed_from(
+            CostRecord,
+            {  # in the model's field order
+                "record_id": record_id(gpu_uuid, start_ns, key, 0),
+                "gpu_uuid": gpu_uuid,
+                "node_id": node_id,
+                "gpu_model": gpu_model,
+                "pane_start_ns": start_ns,
+                "pane_end_ns": end_ns,
+                "tenant_key": key,
+                **dict(zip(TENANT_FIELDS, tenant)),
+                "t_share": t,
+                "b_share": b,
+                "l_share": l_,
+                "weight": weight,
+                "busy_fraction": busy,
+                "usd_per_gpu_hour": usd_per_gpu_hour,
+                "pane_cost_micro_usd": cost,
+                "cost_micro_usd": micro_usd,
+                "unpriced": unpriced,
+                "revision": 0,
+                "t_num": sums[0],
+                "b_num": sums[1],
+                "l_num": sums[2],
+                "busy_num": sm_all,
+                "covered_ms": pane.covered_ms,
+            },
+        )
 
     idle = Tenant.named(IDLE_TENANT)
     out = [record(IDLE_TENANT, idle, 0.0, 0.0, 0.0, 0.0, split[0], (0, 0, 0))]
     # int / int is correctly rounded in Python: the same floats as the exact fractions give
-    out += [record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, w / scale, micro_usd, (t.sm, t.bw, t.numa))
-            for (k, t), w, micro_usd in zip(tenants, big_w, split[1:])]
+    out += [
+        record(k, t.tenant, t.sm / t_den, t.bw / b_den, t.numa / l_den, w / scale, micro_usd, (t.sm, t.bw, t.numa))
+        for (k, t), w, micro_usd in zip(tenants, big_w, split[1:])
+    ]
     return out
 
 
 def _denominators(pane: PaneTotals) -> tuple[int, int, int]:
     """The pane's component totals T, B, L, a zero total counted as 1 (its component is 0 for everyone)."""
-    return (sum(t.sm for t in pane.tenants.values()) or 1, sum(t.bw for t in pane.tenants.values()) or 1,
-            sum(t.numa for t in pane.tenants.values()) or 1)
+    return (
+        sum(t.sm for t in pane.tenants.values()) or 1,
+        sum(t.bw for t in pane.tenants.values()) or 1,
+        sum(t.numa for t in pane.tenants.values()) or 1,
+    )
 
 
 def tenant_weights(pane: PaneTotals, weights: Weights) -> list[int]:
     """Each tenant's weight ``w_i`` (tenants by key) times ``D·T·B·L``: integers over one denominator."""
     t_den, b_den, l_den = _denominators(pane)
-    return [weights.alpha * t.sm * b_den * l_den + weights.beta * t.bw * t_den * l_den
-            + weights.gamma * t.numa * t_den * b_den for _, t in sorted(pane.tenants.items())]
+    return [
+        weights.alpha * t.sm * b_den * l_den
+        + weights.beta * t.bw * t_den * l_den
+        + weights.gamma * t.numa * t_den * b_den
+        for _, t in sorted(pane.tenants.items())
+    ]
 
 
-def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: Weights
-                   ) -> tuple[pa.Table, list[Decimal | None], np.ndarray]:
+def apportion_many(
+    panes: PaneColumns, prices: list[Decimal | None], weights: Weights
+) -> tuple[pa.Table, list[Decimal | None], np.ndarray]:
     """``apportion`` of many panes with GPU samples at once: the cost records as columns (in the
     order ``apportion`` gives them, pane after pane), their prices, and how many each pane has.
 
@@ -184,9 +229,15 @@ def apportion_many(panes: PaneColumns, prices: list[Decimal | None], weights: We
         "cost_micro_usd": micro_usd.astype(np.int64),
         "unpriced": np.array([price is None for price in prices], bool)[pane_of],
         "revision": np.zeros(n, np.int64),
-        **{name: wide_array(values) for name, values in (
-            ("t_num", per_tenant(sm, 0)), ("b_num", per_tenant(bw, 0)), ("l_num", per_tenant(numa, 0)),
-            ("busy_num", sm_all[pane_of]))},
+        **{
+            name: wide_array(values)
+            for name, values in (
+                ("t_num", per_tenant(sm, 0)),
+                ("b_num", per_tenant(bw, 0)),
+                ("l_num", per_tenant(numa, 0)),
+                ("busy_num", sm_all[pane_of]),
+            )
+        },
         "covered_ms": panes.covered_ms[pane_of],
     }
     table = pa.table(list(columns.values()), schema=ARROW_SCHEMAS["cost"])
@@ -207,7 +258,7 @@ def _rank_by_remainder(rest: np.ndarray, pane_of: np.ndarray) -> np.ndarray:
     size = np.bincount(pane_of)
     first = np.cumsum(size) - size
     for j in np.flatnonzero(size > _PAIRWISE).tolist():
-        lo, part = int(first[j]), rest[first[j]:first[j] + size[j]].tolist()
+        lo, part = int(first[j]), rest[first[j] : first[j] + size[j]].tolist()
         order = sorted(range(len(part)), key=part.__getitem__, reverse=True)  # stable: ties keep their order
         rank[lo + np.array(order)] = np.arange(len(part))
     small = size[pane_of] <= _PAIRWISE

@@ -4,6 +4,7 @@ Every transport (the embedded run, ``gpucost.embedded``; the Kafka worker, ``gpu
 auditor per message key) drives this same class, so they cannot disagree. No I/O, no clock: the only inputs are the
 events and the settings.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -46,7 +47,6 @@ from gpucost.streams.tables import BindingTable, PriceTable
 __all__ = ["Auditor"]
 
 
-
 class Auditor(LateData):
     """Routes each event to the operator that owns it and collects what closes.
 
@@ -69,8 +69,9 @@ class Auditor(LateData):
     time, whatever order they arrive in.
     """
 
-    def __init__(self, settings: AuditSettings, clock: Callable[[], int] | None = None,
-                 audit_key: bytes | None = None) -> None:
+    def __init__(
+        self, settings: AuditSettings, clock: Callable[[], int] | None = None, audit_key: bytes | None = None
+    ) -> None:
         self.settings = settings
         self.clock = clock
         # signs the health records (docs/definitions.md, "Health audit": HMAC of their hash); None: unsigned
@@ -119,9 +120,16 @@ class Auditor(LateData):
             return self._binding(event, raw, source)
         elif isinstance(event, Price):
             if not self.prices.update(event):
-                return [self._dead("duplicate", event, raw, source,
-                                   f"a price of {event.gpu_model} at ts_ns {event.ts_ns} was already taken; "
-                                   "send a correction with a later ts_ns")]
+                return [
+                    self._dead(
+                        "duplicate",
+                        event,
+                        raw,
+                        source,
+                        f"a price of {event.gpu_model} at ts_ns {event.ts_ns} was already taken; "
+                        "send a correction with a later ts_ns",
+                    )
+                ]
         elif not isinstance(event, EbpfTrace):
             raise TypeError(f"not an event: {event!r}")
         self.counts[event.kind] += 1
@@ -142,13 +150,13 @@ class Auditor(LateData):
         panes' records come as blocks of columns; ``gpucost.schemas.blocks.expand`` makes them records."""
         return ingest_batch(self, batch, source)
 
-    def ingest_lines(self, lines: Sequence[bytes], source: Callable[[int], str], scope: Scope | None = None
-                     ) -> Outputs:
+    def ingest_lines(self, lines: Sequence[bytes], source: Callable[[int], str], scope: Scope | None = None) -> Outputs:
         """``ingest`` of each JSON line (line ``i`` labelled ``source(i)``), through the batch path."""
         return ingest_lines(self, lines, source, scope)
 
-    def _gpu_keyed(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
-                   source: str) -> list[Output]:
+    def _gpu_keyed(
+        self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None, source: str
+    ) -> list[Output]:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
             watermark = self.panes.watermark(gpu)
@@ -175,8 +183,9 @@ class Auditor(LateData):
         self.revisions.prune(gpu, self.panes.watermark(gpu))
         return out
 
-    def close_silent(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None,
-                     forget: bool = True) -> list[Output]:
+    def close_silent(
+        self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None, forget: bool = True
+    ) -> list[Output]:
         """The records of panes that ``settings.idle_timeout_s`` of event time has passed by: a GPU that went
         silent (taken off the fleet, its node down) while ``watermark_ns``, the largest of its partition
         (Kafka) or run (embedded), moved on; of the GPUs in ``only``, if given (those the caller has not
@@ -205,10 +214,10 @@ class Auditor(LateData):
         self.idle.expire(watermark_ns, only)
         if not forget:
             return out
-        forgotten = self.panes.forget(watermark_ns - timeout - max(self.settings.window_ns,
-                                                                   self.settings.revision_horizon_ns), only)
-        self.mae.forget(watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns),
-                        only)
+        forgotten = self.panes.forget(
+            watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns), only
+        )
+        self.mae.forget(watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns), only)
         for gpu in forgotten:
             self.revisions.drop(gpu)
             self.sla.drop(gpu)
@@ -288,8 +297,9 @@ class Auditor(LateData):
         up (None for a pane without GPU samples, which is not billed)."""
         return self.prices.lookup_many(gpu_models, pane_starts_ns).tolist()  # type: ignore[no-any-return]
 
-    def close_many(self, panes: PaneColumns, prices: list[Decimal | None], cuts: Sequence[int] = ()
-                   ) -> list[ClosedPanes | None]:
+    def close_many(
+        self, panes: PaneColumns, prices: list[Decimal | None], cuts: Sequence[int] = ()
+    ) -> list[ClosedPanes | None]:
         """``close`` of many panes at once, at the prices ``prices_now`` gave when each would have
         closed: the records of the panes between two ``cuts`` as one block of columns (None if
         none of them had GPU samples). Each GPU's panes must come in ascending order."""
@@ -300,9 +310,12 @@ class Auditor(LateData):
         for events in panes.tenant_events[~billed].tolist():
             self.counts["unbilled"] += events
         if self.revisions.enabled:
-            self.revisions.hold_many(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist(),
-                                     [price if ok else None for price, ok in zip(prices, billed.tolist())],
-                                     billed.tolist())
+            self.revisions.hold_many(
+                panes.gpu_uuid.tolist(),
+                panes.pane_start_ns.tolist(),
+                [price if ok else None for price, ok in zip(prices, billed.tolist())],
+                billed.tolist(),
+            )
         bounds = np.concatenate([[0], np.cumsum(billed)])[[0, *cuts, len(panes)]].tolist()
         if not billed.all():
             panes = panes.take(np.flatnonzero(billed))
@@ -344,15 +357,26 @@ class Auditor(LateData):
     def to_state(self, idle: bool = True) -> dict[str, Any]:
         """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the
         idle windows, which a changelog writes apart, only when they changed)."""
-        return {"panes": self.panes.to_state(), **({"idle": self.idle.to_state()} if idle else {}),
-                "mae": self.mae.to_state(), "sla": self.sla.to_state(), "health": self.health.to_state(),
-                "bindings": self.bindings.to_state(),
-                "revisions": self.revisions.to_state(),
-                "prices": self.prices.to_state(), "counts": dict(self.counts)}
+        return {
+            "panes": self.panes.to_state(),
+            **({"idle": self.idle.to_state()} if idle else {}),
+            "mae": self.mae.to_state(),
+            "sla": self.sla.to_state(),
+            "health": self.health.to_state(),
+            "bindings": self.bindings.to_state(),
+            "revisions": self.revisions.to_state(),
+            "prices": self.prices.to_state(),
+            "counts": dict(self.counts),
+        }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], settings: AuditSettings, clock: Callable[[], int] | None = None,
-                   audit_key: bytes | None = None) -> Auditor:
+    def from_state(
+        cls,
+        state: dict[str, Any],
+        settings: AuditSettings,
+        clock: Callable[[], int] | None = None,
+        audit_key: bytes | None = None,
+    ) -> Auditor:
         """The auditor ``to_state`` wrote, under ``settings`` (arguments in the order every operator's
         ``from_state`` takes them)."""
         auditor = cls(settings, clock, audit_key)

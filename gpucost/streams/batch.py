@@ -2,6 +2,7 @@
 entry, dead letters for the rows the checks refuse, and every output merged back into arrival order
 (``gpucost.streams.columnar`` cuts the input into such batches and says why the batch path exists).
 """
+
 from __future__ import annotations
 
 import gc
@@ -53,8 +54,14 @@ FEW_CLOSES = 16
 class Batch:
     """One batch's columns as numpy arrays, and the outputs it yields, each tagged with its row."""
 
-    def __init__(self, auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str],
-                 lines: Sequence[bytes] | None = None, scope: Scope | None = None) -> None:
+    def __init__(
+        self,
+        auditor: RowPath,
+        batch: pa.RecordBatch,
+        source: Callable[[int], str],
+        lines: Sequence[bytes] | None = None,
+        scope: Scope | None = None,
+    ) -> None:
         self.a, self.batch, self.source, self.lines, self.scope = auditor, batch, source, lines, scope
         self.n = batch.num_rows
         self.out: list[tuple[int, int, Output | ClosedPanes]] = []
@@ -128,8 +135,10 @@ class Batch:
         process = self.node[rows] * _PID_SPAN + self.pid[rows]
         order = np.argsort(process, kind="stable")
         starts, ends = runs(process[order])
-        return {(self.node_names[self.node[rows[order[a]]]], int(self.pid[rows[order[a]]])): order[a:b]
-                for a, b in zip(starts.tolist(), ends.tolist())}
+        return {
+            (self.node_names[self.node[rows[order[a]]]], int(self.pid[rows[order[a]]])): order[a:b]
+            for a, b in zip(starts.tolist(), ends.tolist())
+        }
 
     # --- the batch ---------------------------------------------------------------------------
 
@@ -154,8 +163,9 @@ class Batch:
         """Vectorised validation of the hot kinds; every other row decoded one by one."""
         kinds = pc.dictionary_encode(self._col("kind"))
         kind_codes = np.array([KIND_CODES.get(k, -1) for k in kinds.dictionary.to_pylist()] + [-1], dtype=np.int8)
-        self.code = kind_codes[np.asarray(pc.fill_null(kinds.indices, len(kind_codes) - 1).to_numpy(
-            zero_copy_only=False))]
+        self.code = kind_codes[
+            np.asarray(pc.fill_null(kinds.indices, len(kind_codes) - 1).to_numpy(zero_copy_only=False))
+        ]
         # every field of the hot kinds, loaded as its column of the event schema holds it: text as codes
         # into the batch's distinct values (their lengths checked), numbers as they are
         columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -170,7 +180,10 @@ class Batch:
             else:
                 columns[name] = self._ints(name, np.uint64 if pa.types.is_unsigned_integer(arrow) else np.int64)
         (self.gpu, self.gpu_names), (self.node, self.node_names), (self.model, self.model_names) = (
-            idents["gpu_uuid"], idents["node_id"], idents["gpu_model"])
+            idents["gpu_uuid"],
+            idents["node_id"],
+            idents["gpu_model"],
+        )
         self.ts, pid = columns["ts_ns"][0], columns["pid"][0]
         self.pid = np.where(self.code == GPU, -1, pid)  # the duplicate key's pid of a GPU sample
         self.address = columns["address"][0]
@@ -185,8 +198,11 @@ class Batch:
         self.flops: dict[int, int] = {}  # each blas trace's flops_64b, by row
         self._gpu_code: dict[str, int] | None = None  # gpu_names' codes, once a trace names a GPU
         if sample.any():
-            for out, name, scale in ((self.interval_ms, "interval_s", 1000), (self.sm_cp, "sm_util_pct", 100),
-                                     (self.bw_cp, "mem_bw_util_pct", 100)):
+            for out, name, scale in (
+                (self.interval_ms, "interval_s", 1000),
+                (self.sm_cp, "sm_util_pct", 100),
+                (self.bw_cp, "mem_bw_util_pct", 100),
+            ):
                 out[sample] = exact_round(columns[name][0][sample], scale)
         if (gpu := (self.code == GPU) & valid[GpuSample]).any():
             self.power_mw[gpu] = exact_round(columns["power_w"][0][gpu], 1000)
@@ -196,9 +212,11 @@ class Batch:
         # the models' cross-field validators: _Sample._interval_not_zero, GpuSample._used_within_total
         used, total = columns["mem_used_bytes"][0], columns["mem_total_bytes"][0]
         gpu_row = valid[GpuSample] & (self.interval_ms > 0) & (used <= total)
-        self.ok = np.select([self.code == GPU, self.code == PROC, self.code == NUMA, self.code == MEM],
-                            [gpu_row, valid[ProcessSample] & (self.interval_ms > 0), valid[NumaEvent],
-                             valid[MemAccess]], False)
+        self.ok = np.select(
+            [self.code == GPU, self.code == PROC, self.code == NUMA, self.code == MEM],
+            [gpu_row, valid[ProcessSample] & (self.interval_ms > 0), valid[NumaEvent], valid[MemAccess]],
+            False,
+        )
         hops, weight = columns["hops"][0], columns["latency_weight"][0]
         self.numa_w = np.where(self.code == NUMA, numa_sum(hops, weight), 0)
 
@@ -212,11 +230,15 @@ class Batch:
                 self.ok[i] = True
                 if isinstance(event, (GpuSample, ProcessSample)):
                     self.interval_ms[i], self.sm_cp[i], self.bw_cp[i] = (
-                        event.interval_ms, event.sm_util_cp, event.mem_bw_util_cp)
+                        event.interval_ms,
+                        event.sm_util_cp,
+                        event.mem_bw_util_cp,
+                    )
                 if isinstance(event, GpuSample):
                     self.power_mw[i] = event.power_mw
-                    self.tensor_cp[i], self.dram_cp[i] = (-1 if v is None else v for v in (
-                        event.tensor_active_cp, event.dram_active_cp))
+                    self.tensor_cp[i], self.dram_cp[i] = (
+                        -1 if v is None else v for v in (event.tensor_active_cp, event.dram_active_cp)
+                    )
             elif isinstance(event, EbpfTrace):  # always here: the packed struct is decoded row by row
                 self._trace(i, event)
             else:
@@ -243,8 +265,9 @@ class Batch:
         """Rows of the hot kinds taken so far that their message may not carry (``gpucost.streams.scope``): dead
         letters, the reason given by ``Scope.check`` itself (rows decoded one by one were checked there)."""
         assert self.scope is not None
-        wrong = self.scope.refused_many(self.code <= NUMA, self.code == MEM, self.gpu, self.gpu_names, self.node,
-                                        self.node_names, self.pid)
+        wrong = self.scope.refused_many(
+            self.code <= NUMA, self.code == MEM, self.gpu, self.gpu_names, self.node, self.node_names, self.pid
+        )
         wrong &= self.ok
         self._letters(np.flatnonzero(wrong), self._scope_letter)
         self.ok &= ~wrong
@@ -276,12 +299,14 @@ class Batch:
         for key, members in self._processes(rows).items():
             codes, latest = mae.taken.verdicts_many(key, self.ts[rows[members]], self.address[rows[members]])
             if codes.any():  # sent again, or too far back to tell (``gpucost.streams.addresses``)
-                why: dict[int, tuple[int, int]] = dict(zip(rows[members].tolist(), zip(codes.tolist(),
-                                                                                      latest.tolist())))
+                why: dict[int, tuple[int, int]] = dict(
+                    zip(rows[members].tolist(), zip(codes.tolist(), latest.tolist()))
+                )
 
                 def letter(i: int, e: Any, why: dict[int, tuple[int, int]] = why) -> Output:
                     reason = "duplicate" if why[i][0] == DUPLICATE else "late"
                     return self.a.address_letter(e, self._raw(i), self.source(i), reason, why[i][1])
+
                 self._letters(rows[members[codes > 0]], letter)
                 members = members[codes == 0]
             self._count("mem_access", len(members))
@@ -297,11 +322,27 @@ class Batch:
         rows = np.flatnonzero(self.ok & (self.code <= TRACE))
         rows = rows[np.argsort(self.gpu[rows], kind="stable")]  # by GPU, then in arrival order
         starts, ends = runs(self.gpu[rows])
-        pane_rows = PaneRows(rows, [self.gpu_names[c] for c in self.gpu[rows][starts].tolist()], starts, ends,
-                             self.code[rows], self.pid[rows], self.ts[rows], self.interval_ms[rows], self.sm_cp[rows],
-                             self.bw_cp[rows], self.power_mw[rows], self.tensor_cp[rows], self.dram_cp[rows],
-                             self.numa_w[rows], self.node[rows], self.node_names, self.model[rows], self.model_names,
-                             {p: self.flops[i] for p, i in enumerate(rows.tolist()) if i in self.flops})
+        pane_rows = PaneRows(
+            rows,
+            [self.gpu_names[c] for c in self.gpu[rows][starts].tolist()],
+            starts,
+            ends,
+            self.code[rows],
+            self.pid[rows],
+            self.ts[rows],
+            self.interval_ms[rows],
+            self.sm_cp[rows],
+            self.bw_cp[rows],
+            self.power_mw[rows],
+            self.tensor_cp[rows],
+            self.dram_cp[rows],
+            self.numa_w[rows],
+            self.node[rows],
+            self.node_names,
+            self.model[rows],
+            self.model_names,
+            {p: self.flops[i] for p, i in enumerate(rows.tolist()) if i in self.flops},
+        )
         verdicts = a.panes.judge_many(pane_rows)
         late_at = np.flatnonzero(verdicts.late)
         watermark = dict(zip(rows[late_at].tolist(), a.panes.watermarks_before(verdicts, late_at)))

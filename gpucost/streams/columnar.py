@@ -14,6 +14,7 @@ the rows that arrive after it, a price only the closes after it. ``tests/test_co
 paths to the same outputs, in the same order, and the same state, over random batches with every kind of bad input;
 ``tests/test_operator_entries.py`` holds each operator's batch entry to its row entry.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -51,13 +52,15 @@ def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
     A batch whose columns are not typed as ``EVENT_SCHEMA`` says goes row by row.
     """
     if any(f.name in EVENT_SCHEMA.names and f.type != EVENT_SCHEMA.field(f.name).type for f in batch.schema):
-        return [out for i, row in enumerate(batch.to_pylist())
-                for out in auditor.ingest(present_fields(row), source(i))]
+        return [
+            out for i, row in enumerate(batch.to_pylist()) for out in auditor.ingest(present_fields(row), source(i))
+        ]
     return _in_segments(auditor, batch, source)
 
 
-def ingest_lines(auditor: RowPath, lines: Sequence[bytes], source: Callable[[int], str],
-                 scope: Scope | None = None) -> Outputs:
+def ingest_lines(
+    auditor: RowPath, lines: Sequence[bytes], source: Callable[[int], str], scope: Scope | None = None
+) -> Outputs:
     """``auditor.ingest`` of each JSON line, in order, through the batch path (the columns read by
     ``gpucost.streams.json_lines.read_lines``; a line it could not read is decoded again where it
     stands: the same dead letter as the row path). Fewer than ``FEW_LINES`` lines take the row path."""
@@ -66,8 +69,13 @@ def ingest_lines(auditor: RowPath, lines: Sequence[bytes], source: Callable[[int
     return _in_segments(auditor, read_lines(lines), source, lines, scope)
 
 
-def _in_segments(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str],
-                 lines: Sequence[bytes] | None = None, scope: Scope | None = None) -> Outputs:
+def _in_segments(
+    auditor: RowPath,
+    batch: pa.RecordBatch,
+    source: Callable[[int], str],
+    lines: Sequence[bytes] | None = None,
+    scope: Scope | None = None,
+) -> Outputs:
     """The batch, cut at each row that may revise a closed pane (``revising_rows``): those rows go through the
     row path, the stretches between them through the batch path. A revision happens at its row, between
     the closes before it and those after, which one pass over the batch's columns could not keep in order;
@@ -85,8 +93,13 @@ def _in_segments(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int]
     lo = 0
     for cut in [*cuts, batch.num_rows]:
         if cut > lo:
-            out += Batch(auditor, batch.slice(lo, cut - lo), lambda i, lo=lo: source(lo + i),  # type: ignore[misc]
-                          None if lines is None else lines[lo:cut], scope).run()
+            out += Batch(
+                auditor,
+                batch.slice(lo, cut - lo),
+                lambda i, lo=lo: source(lo + i),  # type: ignore[misc]
+                None if lines is None else lines[lo:cut],
+                scope,
+            ).run()
         if cut < batch.num_rows:
             out += auditor.ingest(row(cut), source(cut), scope)
         lo = cut + 1
@@ -103,8 +116,11 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     kinds = pc.dictionary_encode(batch.column("kind")) if "kind" in batch.schema.names else None
     if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
         return []
-    codes = np.array([KIND_CODES.get(k, -1) if k != "tenant_binding" else _BINDING
-                      for k in kinds.dictionary.to_pylist()] + [_NO_KIND], np.int8)
+    codes = np.array(
+        [KIND_CODES.get(k, -1) if k != "tenant_binding" else _BINDING for k in kinds.dictionary.to_pylist()]
+        + [_NO_KIND],
+        np.int8,
+    )
     code = codes[np.asarray(pc.fill_null(kinds.indices, len(codes) - 1).to_numpy(zero_copy_only=False))]
     ts_col = batch.column("ts_ns")
     has_ts = np.asarray(pc.is_valid(ts_col).to_numpy(zero_copy_only=False), bool)

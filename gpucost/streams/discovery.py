@@ -12,6 +12,7 @@ or an IP literal that is neither unspecified nor link-local (169.254.0.0/16 hold
 metadata service) nor a known metadata address. Anything else is refused by reason
 (``target_problem``) and left out of the file, never passed on for Prometheus to resolve.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -108,10 +109,15 @@ class ServiceDiscovery:
         """What the compacted topic holds for a node: whether it is in service, and why not."""
         gpus = {g: s.breaker_state for g, s in sorted(self._gpus.items()) if s.node_id == node_id}
         blocking = sorted(g for g, state in gpus.items() if state in OUT_OF_SERVICE)
-        return {"node_id": node_id, "in_service": bool(gpus) and not blocking, "gpus": gpus,
-                "blocking_gpus": blocking,
-                "as_of_window_start_ns": max((s.window_start_ns for s in self._gpus.values() if s.node_id == node_id),
-                                           default=None)}
+        return {
+            "node_id": node_id,
+            "in_service": bool(gpus) and not blocking,
+            "gpus": gpus,
+            "blocking_gpus": blocking,
+            "as_of_window_start_ns": max(
+                (s.window_start_ns for s in self._gpus.values() if s.node_id == node_id), default=None
+            ),
+        }
 
     def nodes(self) -> list[str]:
         return sorted({s.node_id for s in self._gpus.values()})
@@ -132,14 +138,17 @@ class ServiceDiscovery:
         extra = dict(labels or {})
         for name in extra:
             if not LABEL_NAME.fullmatch(name) or name.startswith("__"):
-                raise ValueError(f"{name!r} is not a Prometheus label name one may set: use letters, digits and "
-                                 "underscores, not starting with a digit or '__'")
+                raise ValueError(
+                    f"{name!r} is not a Prometheus label name one may set: use letters, digits and "
+                    "underscores, not starting with a digit or '__'"
+                )
         refused = self.refused_targets()
         groups = []
         for node in self.in_service():
             if node in refused:
                 continue
             gpus = sum(1 for s in self._gpus.values() if s.node_id == node)
-            groups.append({"targets": [_target(node, port)],
-                           "labels": {**extra, "gpucost_node": node, "gpucost_gpus": str(gpus)}})
+            groups.append(
+                {"targets": [_target(node, port)], "labels": {**extra, "gpucost_node": node, "gpucost_gpus": str(gpus)}}
+            )
         return groups

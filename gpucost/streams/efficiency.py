@@ -14,6 +14,7 @@ correctly rounded), and every threshold is compared exactly, by cross-multiplyin
 (``on_close``) and the batch entry (``close_many``) give the same bits. No state: a pane's figures
 are its own.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -82,20 +83,52 @@ class Efficiency:
         elif pane.tensor_ms:
             efu, efu_source = (pane.tensor_cp_ms, FULL_CP * pane.tensor_ms), "tensor_active"
         head = (pane.gpu_uuid, pane.node_id, pane.gpu_model, pane.pane_start_ns)
-        rows: list[Output] = [_record(*head, GPU_PID, total, efu, efu_source, bw, bw_source,
-                        self._diagnosis(pane.busy_cp_ms, efu, bw), pane.covered_ms, peak)]
+        rows: list[Output] = [
+            _record(
+                *head,
+                GPU_PID,
+                total,
+                efu,
+                efu_source,
+                bw,
+                bw_source,
+                self._diagnosis(pane.busy_cp_ms, efu, bw),
+                pane.covered_ms,
+                peak,
+            )
+        ]
         rows += self._processes(head, pane.flops, peak, pane.covered_ms, pane.busy_cp_ms, bw, bw_source)
         return rows
 
-    def _processes(self, head: tuple[str, str, str, int], flops: dict[int, int], peak: Ratio, covered_ms: int,
-                   busy_cp_ms: int, bw: Ratio, bw_source: str) -> list[EfficiencyRecord]:
+    def _processes(
+        self,
+        head: tuple[str, str, str, int],
+        flops: dict[int, int],
+        peak: Ratio,
+        covered_ms: int,
+        busy_cp_ms: int,
+        bw: Ratio,
+        bw_source: str,
+    ) -> list[EfficiencyRecord]:
         """A row per process with ``blas`` traces (pid 0, the GPU row's, has none of its own), by pid."""
         out = []
         for pid, n in sorted(flops.items()):
             if pid != GPU_PID:
                 efu = self._efu(n, peak, covered_ms)
-                out.append(_record(*head, pid, n, efu, "flops", bw, bw_source, self._diagnosis(busy_cp_ms, efu, bw),
-                                   covered_ms, peak))
+                out.append(
+                    _record(
+                        *head,
+                        pid,
+                        n,
+                        efu,
+                        "flops",
+                        bw,
+                        bw_source,
+                        self._diagnosis(busy_cp_ms, efu, bw),
+                        covered_ms,
+                        peak,
+                    )
+                )
         return out
 
     # --- the batch entry -------------------------------------------------------------------------
@@ -117,15 +150,23 @@ class Efficiency:
         bw_source = np.where(dram, "dram_active", "mem_bw_util").astype(object)
 
         tensor = panes.tensor_ms > 0
-        efu = np.where(tensor, ratios(panes.tensor_cp_ms.astype(object), FULL_CP * np.maximum(
-            panes.tensor_ms, 1).astype(object)), np.nan)
+        efu = np.where(
+            tensor,
+            ratios(panes.tensor_cp_ms.astype(object), FULL_CP * np.maximum(panes.tensor_ms, 1).astype(object)),
+            np.nan,
+        )
         # numpy takes None as an object value here; its stubs accept no None
         efu_source = np.where(tensor, "tensor_active", None).astype(object)  # type: ignore[call-overload]
-        compute = tensor & (panes.tensor_cp_ms.astype(object) * self.compute[1]
-                            >= self.compute[0] * FULL_CP * panes.tensor_ms.astype(object)).astype(bool)
+        compute = tensor & (
+            panes.tensor_cp_ms.astype(object) * self.compute[1]
+            >= self.compute[0] * FULL_CP * panes.tensor_ms.astype(object)
+        ).astype(bool)
         memory = (bw_num * self.memory[1] >= self.memory[0] * bw_den).astype(bool)
-        diagnosis = np.where(panes.busy_cp_ms == 0, "idle", np.where(compute, "compute_bound", np.where(
-            memory, "memory_bound", "latency_bound"))).astype(object)
+        diagnosis = np.where(
+            panes.busy_cp_ms == 0,
+            "idle",
+            np.where(compute, "compute_bound", np.where(memory, "memory_bound", "latency_bound")),
+        ).astype(object)
         flops = np.zeros(n, object)
         by_pane: dict[int, dict[int, int]] = {}
         for j, pid, f in zip(panes.f_pane.tolist(), panes.f_pid.tolist(), panes.f_flops.tolist()):
@@ -138,14 +179,31 @@ class Efficiency:
             efu[j], efu_source[j] = exact[0] / exact[1], "flops"
             diagnosis[j] = self._diagnosis(int(panes.busy_cp_ms[j]), exact, bw)
             head = (panes.gpu_uuid[j], panes.node_id[j], models[j], int(panes.pane_start_ns[j]))
-            processes += [(j, r) for r in self._processes(head, by_pid, peak[j], int(covered[j]),
-                                                          int(panes.busy_cp_ms[j]), bw, str(bw_source[j]))]
-        gpu = pa.table([pa.array(panes.gpu_uuid, pa.string()), pa.array(panes.node_id, pa.string()),
-                        pa.array(models, pa.string()), panes.pane_start_ns, np.full(n, GPU_PID, np.int64),
-                        flops.astype(np.float64), pa.array(efu, pa.float64(), mask=np.isnan(efu)),
-                        pa.array(efu_source, pa.string()), bw_util, delta_bw, pa.array(bw_source, pa.string()),
-                        pa.array(diagnosis, pa.string()), panes.covered_ms, np.array([p / q for p, q in peak])],
-                       schema=ARROW_SCHEMAS["efficiency"])
+            processes += [
+                (j, r)
+                for r in self._processes(
+                    head, by_pid, peak[j], int(covered[j]), int(panes.busy_cp_ms[j]), bw, str(bw_source[j])
+                )
+            ]
+        gpu = pa.table(
+            [
+                pa.array(panes.gpu_uuid, pa.string()),
+                pa.array(panes.node_id, pa.string()),
+                pa.array(models, pa.string()),
+                panes.pane_start_ns,
+                np.full(n, GPU_PID, np.int64),
+                flops.astype(np.float64),
+                pa.array(efu, pa.float64(), mask=np.isnan(efu)),
+                pa.array(efu_source, pa.string()),
+                bw_util,
+                delta_bw,
+                pa.array(bw_source, pa.string()),
+                pa.array(diagnosis, pa.string()),
+                panes.covered_ms,
+                np.array([p / q for p, q in peak]),
+            ],
+            schema=ARROW_SCHEMAS["efficiency"],
+        )
         counts = np.ones(n, np.int64)
         if not processes:
             return Emitted("efficiency", gpu, counts)
@@ -169,12 +227,35 @@ def _at_least(ratio: Ratio, threshold: Ratio) -> bool:
     return ratio[0] * threshold[1] >= threshold[0] * ratio[1]
 
 
-def _record(gpu_uuid: str, node_id: str, gpu_model: str, pane_start_ns: int, pid: int, flops: int,
-            efu: Ratio | None, efu_source: str | None, bw: Ratio, bw_source: str, diagnosis: str,
-            covered_ms: int, peak: Ratio) -> EfficiencyRecord:
+def _record(
+    gpu_uuid: str,
+    node_id: str,
+    gpu_model: str,
+    pane_start_ns: int,
+    pid: int,
+    flops: int,
+    efu: Ratio | None,
+    efu_source: str | None,
+    bw: Ratio,
+    bw_source: str,
+    diagnosis: str,
+    covered_ms: int,
+    peak: Ratio,
+) -> EfficiencyRecord:
     values: dict[str, Any] = {
-        "gpu_uuid": gpu_uuid, "node_id": node_id, "gpu_model": gpu_model, "pane_start_ns": pane_start_ns, "pid": pid,
-        "flops": float(flops), "efu": None if efu is None else efu[0] / efu[1], "efu_source": efu_source,
-        "bw_util": bw[0] / bw[1], "delta_bw": (bw[1] - bw[0]) / bw[1], "bw_source": bw_source, "diagnosis": diagnosis,
-        "covered_ms": covered_ms, "peak_tops": peak[0] / peak[1]}
+        "gpu_uuid": gpu_uuid,
+        "node_id": node_id,
+        "gpu_model": gpu_model,
+        "pane_start_ns": pane_start_ns,
+        "pid": pid,
+        "flops": float(flops),
+        "efu": None if efu is None else efu[0] / efu[1],
+        "efu_source": efu_source,
+        "bw_util": bw[0] / bw[1],
+        "delta_bw": (bw[1] - bw[0]) / bw[1],
+        "bw_source": bw_source,
+        "diagnosis": diagnosis,
+        "covered_ms": covered_ms,
+        "peak_tops": peak[0] / peak[1],
+    }
     return computed_from(EfficiencyRecord, values)

@@ -14,6 +14,7 @@ Every comparison is on exact rationals (``Fraction`` of the integer sums and of 
 thresholds); a published float is its exact rational rounded once (``float(Fraction)``), so
 both paths, and any re-computation, give the same bits, which the snapshot hash needs.
 """
+
 from __future__ import annotations
 
 from collections.abc import Container
@@ -75,8 +76,18 @@ class _Window:
     idle_ms_72h: int = 0  # the idle index's sums at the window's last pane
     covered_ms_72h: int = 0
 
-    def add(self, node_id: str, gpu_model: str, covered_ms: int, idle_ms: int, energy_uj: int, busy_cp_ms: int,
-            deviation_ms: int, idle_ms_72h: int, covered_ms_72h: int) -> None:
+    def add(
+        self,
+        node_id: str,
+        gpu_model: str,
+        covered_ms: int,
+        idle_ms: int,
+        energy_uj: int,
+        busy_cp_ms: int,
+        deviation_ms: int,
+        idle_ms_72h: int,
+        covered_ms_72h: int,
+    ) -> None:
         self.node_id, self.gpu_model = min(self.node_id, node_id), min(self.gpu_model, gpu_model)
         self.covered_ms += covered_ms
         self.idle_ms += idle_ms
@@ -132,9 +143,22 @@ class HealthAudit:
         pane, idle = closing.pane, closing.idle
         assert pane.node_id is not None and pane.gpu_model is not None
         deviation = pane.idle_ms if pane.placed else pane.covered_ms - pane.idle_ms
-        return [*self._take(pane.gpu_uuid, pane.pane_start_ns, pane.pane_end_ns, pane.node_id, pane.gpu_model,
-                            pane.covered_ms, pane.idle_ms, pane.energy_uj, pane.busy_cp_ms, deviation,
-                            idle.idle_ms_72h, idle.covered_ms_72h)]
+        return [
+            *self._take(
+                pane.gpu_uuid,
+                pane.pane_start_ns,
+                pane.pane_end_ns,
+                pane.node_id,
+                pane.gpu_model,
+                pane.covered_ms,
+                pane.idle_ms,
+                pane.energy_uj,
+                pane.busy_cp_ms,
+                deviation,
+                idle.idle_ms_72h,
+                idle.covered_ms_72h,
+            )
+        ]
 
     def _take(self, gpu: str, first_start_ns: int, last_end_ns: int, *sums: Any) -> list[HealthRecord]:
         """Panes of one window of ``gpu``, from ``first_start_ns`` to ``last_end_ns``, summed (``sums`` as
@@ -168,8 +192,10 @@ class HealthAudit:
         gpu_of, window = gpus[order], window[order]
         firsts, lasts = runs(gpu_of, window)
         deviation = np.where(panes.placed > 0, panes.idle_ms, panes.covered_ms - panes.idle_ms)
-        sums = [np.add.reduceat(v[order], firsts).tolist() for v in (
-            panes.covered_ms, panes.idle_ms, panes.energy_uj, panes.busy_cp_ms, deviation)]
+        sums = [
+            np.add.reduceat(v[order], firsts).tolist()
+            for v in (panes.covered_ms, panes.idle_ms, panes.energy_uj, panes.busy_cp_ms, deviation)
+        ]
         node, model = panes.node_id[order], panes.gpu_model[order]
         out: list[tuple[int, Output]] = []
         for r, (lo, hi) in enumerate(zip(firsts.tolist(), lasts.tolist())):
@@ -178,9 +204,16 @@ class HealthAudit:
             window_open = self._open.get(gpu)
             if window_open is not None and window_open.start_ns != int(window[lo]) * self.window_ns:
                 out.append((first, self._close(gpu)))  # closed by the first pane of a later window
-            records = self._take(gpu, int(panes.pane_start_ns[first]), int(panes.pane_end_ns[last]),
-                                 min(node[lo:hi].tolist()), min(model[lo:hi].tolist()),
-                                 *(s[r] for s in sums), int(idle_ms_72h[last]), int(covered_ms_72h[last]))
+            records = self._take(
+                gpu,
+                int(panes.pane_start_ns[first]),
+                int(panes.pane_end_ns[last]),
+                min(node[lo:hi].tolist()),
+                min(model[lo:hi].tolist()),
+                *(s[r] for s in sums),
+                int(idle_ms_72h[last]),
+                int(covered_ms_72h[last]),
+            )
             out += [(last, record) for record in records]
         out.sort(key=lambda t: t[0])  # stable: one pane's records keep their order
         return Emitted(tagged=out)
@@ -191,13 +224,17 @@ class HealthAudit:
         """End of a finite input: every open window closes, in GPU order."""
         return [self._close(gpu) for gpu in sorted(self._open)]
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
-                     ) -> list[HealthRecord]:
+    def close_silent(
+        self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
+    ) -> list[HealthRecord]:
         """The open windows of GPUs gone silent (of those in ``only``, if given): those that ended
         ``idle_timeout_ns`` or more before ``watermark_ns`` (a later pane of their GPU would have closed them)."""
-        return [self._close(gpu) for gpu in sorted(self._open)
-                if self._open[gpu].start_ns + self.window_ns + idle_timeout_ns <= watermark_ns
-                and (only is None or gpu in only)]
+        return [
+            self._close(gpu)
+            for gpu in sorted(self._open)
+            if self._open[gpu].start_ns + self.window_ns + idle_timeout_ns <= watermark_ns
+            and (only is None or gpu in only)
+        ]
 
     def resume_after(self, finished: HealthAudit) -> None:
         """The breakers of ``finished`` (whose windows all closed): a GPU's service history outlives its input."""
@@ -220,32 +257,46 @@ class HealthAudit:
         coverage = Fraction(w.covered_ms, self.window_ms)
         grade = grade_of(kw_per_tops, deviation, s)
         covered = coverage >= s.pass_coverage
-        fails = dict(zip(FAIL_REASONS, (grade == "needs_optimisation", deviation > s.pass_sched_deviation,
-                                        not covered)))
+        fails = dict(
+            zip(FAIL_REASONS, (grade == "needs_optimisation", deviation > s.pass_sched_deviation, not covered))
+        )
         passed = not any(fails.values())
         breaker.advance(passed, covered, self.admission_windows, s.readmit_passes)
         breaker.last_window = k
         fields = {
-            "gpu_uuid": gpu, "node_id": w.node_id, "gpu_model": w.gpu_model, "window_start_ns": w.start_ns,
-            "window_end_ns": w.start_ns + self.window_ns, "covered_ms": w.covered_ms, "idle_ms": w.idle_ms,
-            "energy_uj": w.energy_uj, "mean_power_w": float(Fraction(w.energy_uj, w.covered_ms * 1000)),
+            "gpu_uuid": gpu,
+            "node_id": w.node_id,
+            "gpu_model": w.gpu_model,
+            "window_start_ns": w.start_ns,
+            "window_end_ns": w.start_ns + self.window_ns,
+            "covered_ms": w.covered_ms,
+            "idle_ms": w.idle_ms,
+            "energy_uj": w.energy_uj,
+            "mean_power_w": float(Fraction(w.energy_uj, w.covered_ms * 1000)),
             "effective_tops": float(effective_tops),
             "kw_per_tops": None if kw_per_tops is None else float(kw_per_tops),
-            "sched_deviation": float(deviation), "idle_index_72h": float(Fraction(w.idle_ms_72h, w.covered_ms_72h)),
-            "coverage": float(coverage), "grade": grade, "entitlement": ENTITLEMENT[grade], "passed": passed,
-            "fail_reasons": [reason for reason, failed in fails.items() if failed], "windows_skipped": skipped,
-            "breaker_state": breaker.state}
+            "sched_deviation": float(deviation),
+            "idle_index_72h": float(Fraction(w.idle_ms_72h, w.covered_ms_72h)),
+            "coverage": float(coverage),
+            "grade": grade,
+            "entitlement": ENTITLEMENT[grade],
+            "passed": passed,
+            "fail_reasons": [reason for reason, failed in fails.items() if failed],
+            "windows_skipped": skipped,
+            "breaker_state": breaker.state,
+        }
         return computed_from(HealthRecord, sealed(fields, self.audit_key))
 
     # --- state -----------------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        return {"open": {g: list(astuple(w)) for g, w in self._open.items()},
-                "breakers": {g: list(astuple(b)) for g, b in self._breakers.items()}}
+        return {
+            "open": {g: list(astuple(w)) for g, w in self._open.items()},
+            "breakers": {g: list(astuple(b)) for g, b in self._breakers.items()},
+        }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], settings: AuditSettings, audit_key: bytes | None = None
-                   ) -> HealthAudit:
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings, audit_key: bytes | None = None) -> HealthAudit:
         audit = cls(settings, audit_key)
         audit._open = {g: _Window(*w) for g, w in state["open"].items()}
         audit._breakers = {g: Breaker(*b) for g, b in state["breakers"].items()}

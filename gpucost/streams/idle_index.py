@@ -12,6 +12,7 @@ unsigned 32-bit numbers (idle and covered ms; a GPU whose pane ever needs more s
 bits), plus the two running totals: 34 KiB per GPU at 72 h of 60 s panes, where a list of
 Python objects per pane took ten times that. Each closed pane costs O(1) amortised.
 """
+
 from __future__ import annotations
 
 import base64
@@ -119,8 +120,10 @@ class _Window:
             return sum(i for i, _ in back), sum(c for _, c in back)
         after = [self._entry(j) for j in range(k + 1, last + 1)]
         back = [v for j, v in self.left.items() if k - n < j <= last - n]
-        return (self.idle_sum - sum(i for i, _ in after) + sum(i for i, _ in back),
-                self.covered_sum - sum(c for _, c in after) + sum(c for _, c in back))
+        return (
+            self.idle_sum - sum(i for i, _ in after) + sum(i for i, _ in back),
+            self.covered_sum - sum(c for _, c in after) + sum(c for _, c in back),
+        )
 
     def revise(self, k: int, idle_ms: int, covered_ms: int) -> tuple[int, int]:
         """Pane ``k``'s figures as a revision has them (a pane not in the window yet rolls in); the window's
@@ -154,8 +157,7 @@ class _Window:
             self.idle[k % self.n], self.covered[k % self.n] = idle, covered
         self.panes = None
 
-    def roll_many(self, ks: np.ndarray, idle_ms: np.ndarray, covered_ms: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
+    def roll_many(self, ks: np.ndarray, idle_ms: np.ndarray, covered_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``roll`` of ascending panes ``ks`` at once; the window sums after each.
 
         Touches only the slots of panes that leave the window or arrive, so a few panes cost
@@ -197,8 +199,12 @@ class _Window:
             slots = np.frombuffer(ring, np.uint32)  # a view: written in place
             removed = np.concatenate([[0], np.cumsum(slots[leaving % n], dtype=np.int64)])
             added = np.concatenate([[0], np.cumsum(new)])
-            sums.append(total + added[1:] - removed[np.searchsorted(leaving, ks - n, "right")]
-                        - added[np.searchsorted(ks, ks - n, "right")])
+            sums.append(
+                total
+                + added[1:]
+                - removed[np.searchsorted(leaving, ks - n, "right")]
+                - added[np.searchsorted(ks, ks - n, "right")]
+            )
             slots[arriving % n] = 0
             slots[ks[kept] % n] = new[kept]
         self.last = newest
@@ -229,13 +235,25 @@ class _Window:
         held = self._in_window()
         left = [[k, *v] for k, v in self.left.items()] if self.left else []
         if len(held) <= SPARSE_PANES:
-            return ["panes", self.last, self.idle_sum, self.covered_sum, [list(p) for p in held],
-                    *([left] if left else [])]
+            return [
+                "panes",
+                self.last,
+                self.idle_sum,
+                self.covered_sum,
+                [list(p) for p in held],
+                *([left] if left else []),
+            ]
         wide = max(int(np.asarray(self.idle).max()), int(np.asarray(self.covered).max())) >> 32
         idle, covered = (array("Q" if wide else "I", ring) for ring in (self.idle, self.covered))
-        return [idle.typecode, self.last, self.idle_sum, self.covered_sum,
-                base64.b64encode(idle.tobytes()).decode(), base64.b64encode(covered.tobytes()).decode(),
-                *([left] if left else [])]
+        return [
+            idle.typecode,
+            self.last,
+            self.idle_sum,
+            self.covered_sum,
+            base64.b64encode(idle.tobytes()).decode(),
+            base64.b64encode(covered.tobytes()).decode(),
+            *([left] if left else []),
+        ]
 
     @classmethod
     def from_state(cls, state: list[Any], n: int, keep: int = 0) -> _Window:
@@ -272,22 +290,49 @@ class IdleIndex:
         window.roll(pane.pane_start_ns // self.pane_ns, pane.idle_ms, pane.covered_ms)
         self.rolls += 1
         return computed(
-            IdleIndexRecord, gpu_uuid=pane.gpu_uuid, node_id=pane.node_id, gpu_model=pane.gpu_model,
-            pane_start_ns=pane.pane_start_ns, pane_end_ns=pane.pane_end_ns,
-            idle_ms=pane.idle_ms, covered_ms=pane.covered_ms, idle_ms_72h=window.idle_sum,
-            covered_ms_72h=window.covered_sum, idle_index_72h=window.idle_sum / window.covered_sum, revision=0)
+            IdleIndexRecord,
+            gpu_uuid=pane.gpu_uuid,
+            node_id=pane.node_id,
+            gpu_model=pane.gpu_model,
+            pane_start_ns=pane.pane_start_ns,
+            pane_end_ns=pane.pane_end_ns,
+            idle_ms=pane.idle_ms,
+            covered_ms=pane.covered_ms,
+            idle_ms_72h=window.idle_sum,
+            covered_ms_72h=window.covered_sum,
+            idle_index_72h=window.idle_sum / window.covered_sum,
+            revision=0,
+        )
 
-    def revise(self, gpu_uuid: str, node_id: str, gpu_model: str, pane_start_ns: int, idle_ms: int, covered_ms: int,
-               revision: int) -> IdleIndexRecord:
+    def revise(
+        self,
+        gpu_uuid: str,
+        node_id: str,
+        gpu_model: str,
+        pane_start_ns: int,
+        idle_ms: int,
+        covered_ms: int,
+        revision: int,
+    ) -> IdleIndexRecord:
         """A closed pane's figures changed by late data: its record again, with its revision number, its 72 h
         sums over the GPU's closed panes as known now. Later panes' records are not revised, but their
         windows hold the new figures from now on."""
         idle_72h, covered_72h = self._window(gpu_uuid).revise(pane_start_ns // self.pane_ns, idle_ms, covered_ms)
         self.rolls += 1
         return computed(
-            IdleIndexRecord, gpu_uuid=gpu_uuid, node_id=node_id, gpu_model=gpu_model, pane_start_ns=pane_start_ns,
-            pane_end_ns=pane_start_ns + self.pane_ns, idle_ms=idle_ms, covered_ms=covered_ms, idle_ms_72h=idle_72h,
-            covered_ms_72h=covered_72h, idle_index_72h=idle_72h / covered_72h, revision=revision)
+            IdleIndexRecord,
+            gpu_uuid=gpu_uuid,
+            node_id=node_id,
+            gpu_model=gpu_model,
+            pane_start_ns=pane_start_ns,
+            pane_end_ns=pane_start_ns + self.pane_ns,
+            idle_ms=idle_ms,
+            covered_ms=covered_ms,
+            idle_ms_72h=idle_72h,
+            covered_ms_72h=covered_72h,
+            idle_index_72h=idle_72h / covered_72h,
+            revision=revision,
+        )
 
     def close_many(self, panes: PaneColumns) -> pa.Table:
         """``on_close`` of panes that all have GPU samples (each GPU's in ascending order), as columns:
@@ -299,22 +344,39 @@ class IdleIndex:
         order = np.argsort(of, kind="stable")  # each GPU's panes together, in their order
         bounds = np.searchsorted(of[order], np.arange(len(gpus) + 1)).tolist()
         for j, gpu in enumerate(gpus):
-            members = order[bounds[j]:bounds[j + 1]]
+            members = order[bounds[j] : bounds[j + 1]]
             window = self._window(gpu)
             idle_72h[members], covered_72h[members] = window.roll_many(
-                ks[members], panes.idle_ms[members], panes.covered_ms[members])
-        return pa.table([panes.gpu_uuid, panes.node_id, panes.gpu_model, panes.pane_start_ns, panes.pane_end_ns,
-                         panes.idle_ms, panes.covered_ms, idle_72h, covered_72h, ratios(idle_72h, covered_72h),
-                         np.zeros(len(panes), np.int64)],
-                        schema=ARROW_SCHEMAS["idle_index"])
+                ks[members], panes.idle_ms[members], panes.covered_ms[members]
+            )
+        return pa.table(
+            [
+                panes.gpu_uuid,
+                panes.node_id,
+                panes.gpu_model,
+                panes.pane_start_ns,
+                panes.pane_end_ns,
+                panes.idle_ms,
+                panes.covered_ms,
+                idle_72h,
+                covered_72h,
+                ratios(idle_72h, covered_72h),
+                np.zeros(len(panes), np.int64),
+            ],
+            schema=ARROW_SCHEMAS["idle_index"],
+        )
 
     def expire(self, watermark_ns: int, only: Container[str | tuple[str, int]] | None = None) -> None:
         """Drop the windows whose every pane lies more than the window behind ``watermark_ns`` (of the GPUs in
         ``only``, if given): a GPU gone silent that long holds nothing a later pane of it would sum (a pane
         that far ahead starts a window afresh), and its ring would otherwise stay for good."""
-        gone = [g for g, w in self._gpus.items()
-                if w.last is not None and (w.last + 1) * self.pane_ns + self.window_ns <= watermark_ns
-                and (only is None or g in only)]
+        gone = [
+            g
+            for g, w in self._gpus.items()
+            if w.last is not None
+            and (w.last + 1) * self.pane_ns + self.window_ns <= watermark_ns
+            and (only is None or g in only)
+        ]
         for g in gone:
             del self._gpus[g]
         if gone:

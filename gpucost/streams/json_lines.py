@@ -1,5 +1,6 @@
 """JSON Lines into Arrow: a batch of event lines as one record batch of ``EVENT_SCHEMA``, Arrow's
 reader doing the work where it reads a line as Python's ``json`` would, Python the rest."""
+
 from __future__ import annotations
 
 import io
@@ -35,13 +36,29 @@ def read_lines(lines: Sequence[bytes]) -> pa.RecordBatch:
     """
     joined = b"\n".join(lines)
     block: bytes | None  # the lines joined, when every one is plain
-    if joined.count(b"{") == len(lines) and b"[" not in joined and _BOM not in joined and _utf8(joined) \
-            and not _LONG_DIGITS.search(joined) and not _SURROGATE.search(joined):
+    if (
+        joined.count(b"{") == len(lines)
+        and b"[" not in joined
+        and _BOM not in joined
+        and _utf8(joined)
+        and not _LONG_DIGITS.search(joined)
+        and not _SURROGATE.search(joined)
+    ):
         block, plain = joined, list(range(len(lines)))  # one object per line, nothing nested: every line is plain
     else:
-        block, plain = None, [i for i, line in enumerate(lines) if line.count(b"{") == 1 and b"[" not in line
-                              and not line.startswith(_BOM) and _utf8(line) and not _LONG_DIGITS.search(line)
-                              and not _SURROGATE.search(line)]
+        block, plain = (
+            None,
+            [
+                i
+                for i, line in enumerate(lines)
+                if line.count(b"{") == 1
+                and b"[" not in line
+                and not line.startswith(_BOM)
+                and _utf8(line)
+                and not _LONG_DIGITS.search(line)
+                and not _SURROGATE.search(line)
+            ],
+        )
     pieces = _parsed(lines, plain, block)
     if len(pieces) == 1 and len(pieces[0][0]) == len(lines):  # Arrow read every line, in order (a live poll)
         table = pieces[0][1]
@@ -100,8 +117,9 @@ def _parsed(lines: Sequence[bytes], idx: list[int], block: bytes | None) -> list
         idx, block = todo.popleft()
         if not idx:
             continue
-        table = _read(block if block is not None else b"\n".join(lines[i] for i in idx),
-                      max(len(lines[i]) for i in idx))
+        table = _read(
+            block if block is not None else b"\n".join(lines[i] for i in idx), max(len(lines[i]) for i in idx)
+        )
         if table is not None and table.num_rows == len(idx):
             pieces.append((idx, table))
             continue
@@ -117,7 +135,10 @@ def _read(block: bytes, longest: int) -> pa.Table | None:
     Arrow parses side by side (twice as fast on two cores); a block must hold the longest line whole."""
     size = max(len(block) // _CORES + 1, longest + 1, 1 << 16)
     try:
-        return pa_json.read_json(io.BytesIO(block), parse_options=_JSON_OPTIONS,
-                                 read_options=pa_json.ReadOptions(use_threads=True, block_size=size))
+        return pa_json.read_json(
+            io.BytesIO(block),
+            parse_options=_JSON_OPTIONS,
+            read_options=pa_json.ReadOptions(use_threads=True, block_size=size),
+        )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None

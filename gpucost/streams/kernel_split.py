@@ -5,6 +5,7 @@ A device's busy time is the union of its kernels' intervals over all streams. Ea
 as integers over one common denominator ``lcm(1..most kernels at once)``, so no fraction is built. Integer ns
 and µ$ are then dealt by largest remainder (ties by ascending name), so parts always sum to the whole.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -22,6 +23,7 @@ NS_PER_HOUR = 3_600_000_000_000
 @dataclass(frozen=True, slots=True)
 class Interval:
     """One kernel as the split sees it: its name, GPU time, and the (thread, time) of its launch if known."""
+
     name: str
     start_ns: int
     end_ns: int
@@ -32,6 +34,7 @@ class Interval:
 @dataclass(frozen=True, slots=True)
 class Span:
     """One host range on one thread."""
+
     tid: int
     name: str
     start_ns: int
@@ -60,8 +63,9 @@ def busy_shares(kernels: list[Interval]) -> tuple[int, int, list[int]]:
         length, c = edges[j + 1] - edges[j], counts[j]
         prefix.append(prefix[-1] + (length * denominator // c if c else 0))
         busy += length if c else 0
-    shares = [prefix[bisect.bisect_left(edges, k.end_ns)] - prefix[bisect.bisect_left(edges, k.start_ns)]
-              for k in kernels]
+    shares = [
+        prefix[bisect.bisect_left(edges, k.end_ns)] - prefix[bisect.bisect_left(edges, k.start_ns)] for k in kernels
+    ]
     return busy, denominator, shares
 
 
@@ -95,13 +99,14 @@ def range_paths(kernels: list[Interval], spans: list[Span]) -> list[tuple[str, .
         if k.launch_tid is None or k.launch_ns is None or k.launch_tid not in by_tid:
             out.append(())
             continue
-        open_ = by_tid[k.launch_tid][:bisect.bisect_right(starts[k.launch_tid], k.launch_ns)]
+        open_ = by_tid[k.launch_tid][: bisect.bisect_right(starts[k.launch_tid], k.launch_ns)]
         out.append(tuple(s.name for s in open_ if s.end_ns >= k.launch_ns))
     return out
 
 
-def split_tree(total_busy: int, total_micro: int, weights: dict[tuple[str, ...], int]) -> dict[tuple[str, ...],
-                                                                                                    tuple[int, int]]:
+def split_tree(
+    total_busy: int, total_micro: int, weights: dict[tuple[str, ...], int]
+) -> dict[tuple[str, ...], tuple[int, int]]:
     """Busy ns and µ$ of every range path from the weights of kernels by exact path. Each level is dealt from
     its parent's figures over its children and the parent's own kernels (key ``""``), so children never sum to
     more than the parent, and the root is the device."""

@@ -3,6 +3,7 @@ arrives after the samples it covers, recomputes the panes it reaches and publish
 (docs/definitions.md, "Late data become revisions"). A part of ``Auditor`` (``gpucost.streams.audit``), kept
 apart because it is the one path where a closed pane's records change after they were published.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -47,27 +48,45 @@ class LateData(DeadLetters):
         still governs the samples its process sends from now on, however old it is: it is taken."""
         verdict = self.bindings.verdict(event)
         if verdict == "duplicate":
-            return [self._dead("duplicate", event, raw, source,
-                               f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
-                               "was already taken; the first one stays in force")]
+            return [
+                self._dead(
+                    "duplicate",
+                    event,
+                    raw,
+                    source,
+                    f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns} "
+                    "was already taken; the first one stays in force",
+                )
+            ]
         if verdict == "unchanged":  # no lookup changes now; kept as a repeat for a binding that lands before it
             self.bindings.update(event)
             self.counts["binding_unchanged"] += 1
             return []
-        reached = [p for p in self.revisions.touched_by(event.node_id, event.pid, event.ts_ns)
-                   if self.revisions.enabled or self.panes.is_open(*p)]
-        watermarks = [w for gpu in self.revisions.gpus_of(event.node_id)
-                      if (w := self.panes.watermark(gpu)) is not None]
+        reached = [
+            p
+            for p in self.revisions.touched_by(event.node_id, event.pid, event.ts_ns)
+            if self.revisions.enabled or self.panes.is_open(*p)
+        ]
+        watermarks = [
+            w for gpu in self.revisions.gpus_of(event.node_id) if (w := self.panes.watermark(gpu)) is not None
+        ]
         node_ns = max(watermarks, default=None)  # how far its node's GPUs have gone: a replay of one node after another
         beyond = self.settings.revision_horizon_ns + self.settings.pane_ns
         if node_ns is not None and event.ts_ns + beyond < node_ns:
             ends_ns = self.bindings.next_after(event.node_id, event.pid, event.ts_ns)
             if not reached and ends_ns is not None and ends_ns + beyond < node_ns:
-                return [self._dead("late", event, raw, source,
-                                   f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns}, "
-                                   f"superseded at ts_ns {ends_ns}, reaches no pane within the revision horizon "
-                                   f"({self.settings.revision_horizon_s} s) of its node's watermark {node_ns} ns: "
-                                   "the panes it covers are billed for good")]
+                return [
+                    self._dead(
+                        "late",
+                        event,
+                        raw,
+                        source,
+                        f"a binding of pid {event.pid} on {event.node_id} at ts_ns {event.ts_ns}, "
+                        f"superseded at ts_ns {ends_ns}, reaches no pane within the revision horizon "
+                        f"({self.settings.revision_horizon_s} s) of its node's watermark {node_ns} ns: "
+                        "the panes it covers are billed for good",
+                    )
+                ]
             self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
         before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
         self.bindings.update(event)
@@ -83,8 +102,9 @@ class LateData(DeadLetters):
             self.counts[f"revised_by_late:{event.kind}"] += 1
         return out
 
-    def _revise(self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None,
-                source: str) -> list[Output]:
+    def _revise(
+        self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None, source: str
+    ) -> list[Output]:
         """A late event within the horizon: checked against its closed pane (``duplicate``, ``overlap``), taken
         into it, and the pane's changed records published (``_republish``)."""
         refused = self.revisions.refusal(event)
@@ -111,13 +131,17 @@ class LateData(DeadLetters):
         old = apportion(before, held.price, self.cost.weights) if held.revision is not None else []
         revision = 0 if held.revision is None else held.revision + 1
         out: list[Output] = list(differences(old, apportion(after, held.price, self.cost.weights), revision))
-        if after.node_id is not None and after.gpu_model is not None and (
-                held.revision is None or (before.idle_ms, before.covered_ms) != (after.idle_ms, after.covered_ms)):
-            out.insert(0, self.idle.revise(gpu, after.node_id, after.gpu_model, start, after.idle_ms,
-                                           after.covered_ms, revision))
+        if (
+            after.node_id is not None
+            and after.gpu_model is not None
+            and (held.revision is None or (before.idle_ms, before.covered_ms) != (after.idle_ms, after.covered_ms))
+        ):
+            out.insert(
+                0,
+                self.idle.revise(gpu, after.node_id, after.gpu_model, start, after.idle_ms, after.covered_ms, revision),
+            )
         if out:
             held.revision = revision
         if self.on_closed is not None:
             self.on_closed(PaneColumns.of([after]))
         return out
-

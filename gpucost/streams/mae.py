@@ -4,6 +4,7 @@ State per process is the histogram of the current window only (its non-empty bin
 memory is bounded by min(W, B) counts per live process, and the addresses it took lately, which
 re-sent input is checked against (``gpucost.streams.addresses``).
 """
+
 from __future__ import annotations
 
 import math
@@ -101,8 +102,11 @@ class Mae:
     def bins_of(self, address: np.ndarray) -> np.ndarray:
         """The bin of each address (uint64), -1 out of range: ``update``'s binning, over a column."""
         lo, span = self.lo, self.span
-        inside = address >= np.uint64(lo) if lo + span >= 1 << 64 else (
-            (address >= np.uint64(lo)) & (address < np.uint64(lo + span)))
+        inside = (
+            address >= np.uint64(lo)
+            if lo + span >= 1 << 64
+            else ((address >= np.uint64(lo)) & (address < np.uint64(lo + span)))
+        )
         bins = np.full(len(address), -1, np.int64)
         if span * self.bins < 1 << 64:
             offset = address[inside] - np.uint64(lo)
@@ -119,7 +123,7 @@ class Mae:
         while pos < len(bins):
             window = self._window_of(key, int(ts_ns[pos]))
             take = min(len(bins) - pos, self.window - window.taken)
-            part = bins[pos:pos + take]
+            part = bins[pos : pos + take]
             values, counts = np.unique(part[part >= 0], return_counts=True)
             for b, c in zip(values.tolist(), counts.tolist()):
                 window.counts[b] = window.counts.get(b, 0) + c
@@ -141,14 +145,18 @@ class Mae:
         """Each process with an open window, and the time of its last address."""
         return {key: win.last_ts_ns for key, win in self._open.items()}
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int,
-                     only: Container[str | tuple[str, int]] | None = None) -> list[MaeRecord]:
+    def close_silent(
+        self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
+    ) -> list[MaeRecord]:
         """The partial windows of processes gone silent (of those in ``only``, if given): whose last address
         lies ``idle_timeout_ns`` or more behind ``watermark_ns``, as at the end of their input. A live run has
         no end of input, and a process that exits sends none: without this its last window would never be
         published, and its pid, reused by a later process, would carry the window on into that one's."""
-        gone = [key for key in sorted(self._open) if self._open[key].last_ts_ns + idle_timeout_ns <= watermark_ns
-                and (only is None or key in only)]
+        gone = [
+            key
+            for key in sorted(self._open)
+            if self._open[key].last_ts_ns + idle_timeout_ns <= watermark_ns and (only is None or key in only)
+        ]
         return [self._complete(key) for key in gone]
 
     def resume_after(self, finished: Mae) -> None:
@@ -163,14 +171,25 @@ class Mae:
     def _record(self, key: tuple[str, int], win: _Window) -> MaeRecord:
         bits = entropy_bits(win.counts.values())
         return computed(
-            MaeRecord, node_id=key[0], pid=key[1], first_ts_ns=win.first_ts_ns, last_ts_ns=win.last_ts_ns,
-            n=sum(win.counts.values()), out_of_range=win.out_of_range, mae_bits=bits,
-            l2_evictions_per_1k_est=l2_estimate(bits, self.table))
+            MaeRecord,
+            node_id=key[0],
+            pid=key[1],
+            first_ts_ns=win.first_ts_ns,
+            last_ts_ns=win.last_ts_ns,
+            n=sum(win.counts.values()),
+            out_of_range=win.out_of_range,
+            mae_bits=bits,
+            l2_evictions_per_1k_est=l2_estimate(bits, self.table),
+        )
 
     def to_state(self) -> dict[str, list[Any]]:
-        return {"open": [[n, p, list(w.counts.items()), w.taken, w.out_of_range, w.first_ts_ns, w.last_ts_ns]
-                         for (n, p), w in self._open.items()],
-                "taken": self.taken.to_state()}
+        return {
+            "open": [
+                [n, p, list(w.counts.items()), w.taken, w.out_of_range, w.first_ts_ns, w.last_ts_ns]
+                for (n, p), w in self._open.items()
+            ],
+            "taken": self.taken.to_state(),
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, list[Any]] | list[Any], settings: AuditSettings) -> Mae:

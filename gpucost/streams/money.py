@@ -3,6 +3,7 @@
 Shares come as integer numerators over one common denominator, so the split is integer
 arithmetic only: the same integers as with exact fractions, without building any.
 """
+
 from __future__ import annotations
 
 __all__ = ["split_in_order"]

@@ -13,6 +13,7 @@ loops over the list on both paths, so an operator added to it is closed, snapsho
 others: ``tests/test_operators.py`` runs every one through rows against batch and snapshot → restore.
 Why one shape: the batch entries once returned five different tuples, unpacked by position in the auditor.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@ state the row entry (``gpucost.streams.panes``) keeps; it decides every row as t
 arrival order (``tests/test_operator_entries.py`` holds them to it). Kept apart for size: the row entry is
 the definition, this is the same rules over arrays.
 """
+
 from __future__ import annotations
 
 from bisect import insort
@@ -71,17 +72,23 @@ class PaneBatch:
         floor = NO_TS if self._forgotten is None else self._forgotten
         max0 = np.array([self._max_ts.get(name, floor) for name in names], np.int64)
         pending0 = {j: self._pending[name] for j, name in enumerate(names) if name in self._pending}
-        levels = Levels(np.concatenate([ts, max0[max0 != NO_TS], np.array(list(pending0.values()), np.int64)]),
-                         len(names))
+        levels = Levels(
+            np.concatenate([ts, max0[max0 != NO_TS], np.array(list(pending0.values()), np.int64)]), len(names)
+        )
         width = levels.width
         key0 = np.arange(len(names)) * width + np.where(max0 == NO_TS, 0, levels.of(max0))
 
         def running(effective: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             """Each row's running maximum key over ``effective`` (``upto``; ``NO_TS``: moves nothing), that
             maximum as a time (``high``), and the maximum before the row (``before``)."""
-            upto = np.maximum(np.maximum.accumulate(group * width + np.where(effective == NO_TS, 0,
-                                                                             levels.of(effective))),
-                              key0[group]) if len(ts) else np.zeros(0, np.int64)
+            upto = (
+                np.maximum(
+                    np.maximum.accumulate(group * width + np.where(effective == NO_TS, 0, levels.of(effective))),
+                    key0[group],
+                )
+                if len(ts)
+                else np.zeros(0, np.int64)
+            )
             at_level = upto - group * width
             high = np.where(at_level > 0, levels.time(np.maximum(at_level, 1)), NO_TS)
             before = np.empty_like(high)
@@ -128,8 +135,9 @@ class PaneBatch:
         """The watermark each row at ``positions`` met (where it is late: what its dead letter names)."""
         return (verdicts.before[positions] - self.lateness_ns).tolist()  # type: ignore[no-any-return]
 
-    def _refusals(self, rows: PaneRows, group: np.ndarray, pane: np.ndarray, late: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
+    def _refusals(
+        self, rows: PaneRows, group: np.ndarray, pane: np.ndarray, late: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The on-time rows refused as duplicates (their (GPU, kind, pid, ts_ns) an earlier on-time row, or an
         open pane here, holds) and as overlaps (``overlaps``).
 
@@ -156,8 +164,12 @@ class PaneBatch:
         firsts, _ = runs(who, ts)
         interval = np.maximum.reduceat(rows.interval_ms[where], firsts) if len(firsts) else np.zeros(0, np.int64)
         w, t, in_pane = who[firsts], ts[firsts], pane[where[firsts]]
-        near = ((w[1:] == w[:-1]) & (in_pane[1:] == in_pane[:-1]) & overlaps(t[1:] - t[:-1], np.maximum(
-            interval[1:], interval[:-1])) & (rows.kind[where[firsts[1:]]] < NUMA))
+        near = (
+            (w[1:] == w[:-1])
+            & (in_pane[1:] == in_pane[:-1])
+            & overlaps(t[1:] - t[:-1], np.maximum(interval[1:], interval[:-1]))
+            & (rows.kind[where[firsts[1:]]] < NUMA)
+        )
         suspect: set[tuple[int, int]] = set(zip(w[1:][near].tolist(), in_pane[1:][near].tolist()))
         for j, name in enumerate(rows.names):
             span = slice(int(rows.starts[j]), int(rows.ends[j]))
@@ -177,8 +189,9 @@ class PaneBatch:
                 self._in_order(rows, sorted(positions), rows.names[k >> 35], start, dup, overlap)
         return dup, overlap
 
-    def _in_order(self, rows: PaneRows, positions: list[int], gpu: str, start: int, dup: np.ndarray,
-                  overlap: np.ndarray) -> None:
+    def _in_order(
+        self, rows: PaneRows, positions: list[int], gpu: str, start: int, dup: np.ndarray, overlap: np.ndarray
+    ) -> None:
         """Duplicates and overlaps of one (GPU, kind, pid, pane)'s on-time rows, in arrival order, as
         ``admit`` decides them (on a copy of the pane's counted times: nothing here changes)."""
         key = (KINDS[rows.kind[positions[0]]], int(rows.pid[positions[0]]))
@@ -191,8 +204,9 @@ class PaneBatch:
             if gap != 0 and not overlap[p]:
                 insort(times, ts)
 
-    def add_many(self, rows: PaneRows, verdicts: Verdicts, tenant_of: np.ndarray, tenants: list[Tenant]
-                 ) -> tuple[np.ndarray, PaneColumns]:
+    def add_many(
+        self, rows: PaneRows, verdicts: Verdicts, tenant_of: np.ndarray, tenants: list[Tenant]
+    ) -> tuple[np.ndarray, PaneColumns]:
         """The accepted rows summed into their panes (``tenant_of``: each process sample's and NUMA event's
         tenant, an index into ``tenants``), the watermarks moved; returns the panes that close, and for
         each the batch row that closes it (``PaneRows.row``), in no particular order."""
@@ -211,18 +225,31 @@ class PaneBatch:
         def per_pane(values: np.ndarray, reduce: np.ufunc = np.add) -> list[int]:
             return reduce.reduceat(values, firsts).tolist() if len(at) else []
 
-        covered, idle, busy, energy = (per_pane(np.where(is_gpu, v, 0)) for v in gpu_sums(
-            interval, rows.sm_cp[at], rows.power_mw[at], self.idle_threshold_cp))
+        covered, idle, busy, energy = (
+            per_pane(np.where(is_gpu, v, 0))
+            for v in gpu_sums(interval, rows.sm_cp[at], rows.power_mw[at], self.idle_threshold_cp)
+        )
         unattributed = tenants.index(UNATTRIBUTED) if UNATTRIBUTED in tenants else -1
         placed = per_pane(((kind == PROC) & (tenant_of[at] != unattributed)).astype(np.int64))
         gpu_rows = per_pane(is_gpu.astype(np.int64))
         trace_rows = per_pane(is_trace.astype(np.int64))
         tensor, dram = rows.tensor_cp[at], rows.dram_cp[at]
         has_tensor, has_dram = is_gpu & (tensor >= 0), is_gpu & (dram >= 0)
-        sums = dict(zip(EFFICIENCY_SUMS, (per_pane(v) for v in (
-            np.where(is_gpu, rows.bw_cp[at] * interval, 0), np.where(has_tensor, tensor * interval, 0),
-            np.where(has_tensor, interval, 0), np.where(has_dram, dram * interval, 0),
-            np.where(has_dram, interval, 0)))))
+        sums = dict(
+            zip(
+                EFFICIENCY_SUMS,
+                (
+                    per_pane(v)
+                    for v in (
+                        np.where(is_gpu, rows.bw_cp[at] * interval, 0),
+                        np.where(has_tensor, tensor * interval, 0),
+                        np.where(has_tensor, interval, 0),
+                        np.where(has_dram, dram * interval, 0),
+                        np.where(has_dram, interval, 0),
+                    )
+                ),
+            )
+        )
         flops: dict[int, dict[int, int]] = {}  # pane here → pid → Σ flops, in Python integers
         for k, p in zip(seg_all[is_trace].tolist(), at[is_trace].tolist()):
             by_pid = flops.setdefault(k, {})
@@ -242,9 +269,15 @@ class PaneBatch:
         if len(t_at):
             is_proc = kind[t_at] == PROC
             sm, bw = process_sums(interval[t_at], rows.sm_cp[t_pos], rows.bw_cp[t_pos])
-            t_sums = [np.add.reduceat(v, t_firsts) for v in (
-                np.where(is_proc, sm, 0), np.where(is_proc, bw, 0),
-                np.where(is_proc, 0, rows.numa[t_pos]), is_proc.astype(np.int64))]
+            t_sums = [
+                np.add.reduceat(v, t_firsts)
+                for v in (
+                    np.where(is_proc, sm, 0),
+                    np.where(is_proc, bw, 0),
+                    np.where(is_proc, 0, rows.numa[t_pos]),
+                    is_proc.astype(np.int64),
+                )
+            ]
             t_first = np.minimum.reduceat(rows.row[t_pos], t_firsts)
 
         # the smallest node and model name of each pane's GPU samples (a GPU that reports two names
@@ -252,8 +285,10 @@ class PaneBatch:
         node_by_rank, model_by_rank = sorted(rows.node_names), sorted(rows.model_names)
         big = max(len(node_by_rank), len(model_by_rank))
         # rank of each batch name, and `big` at index -1 (no name)
-        node_rank, model_rank = (np.array([*np.argsort(np.argsort(np.array(v, dtype=object))).tolist(), big])
-                                 for v in (rows.node_names, rows.model_names))
+        node_rank, model_rank = (
+            np.array([*np.argsort(np.argsort(np.array(v, dtype=object))).tolist(), big])
+            for v in (rows.node_names, rows.model_names)
+        )
         node_min = per_pane(np.where(is_gpu, node_rank[rows.node[at]], big), np.minimum)
         model_min = per_pane(np.where(is_gpu, model_rank[rows.model[at]], big), np.minimum)
         group_k, starts_k = group[firsts], pane[firsts]  # each pane's GPU and start
@@ -269,7 +304,7 @@ class PaneBatch:
         for j, name in enumerate(rows.names):
             held = list(self._open.get(name, ()))
             if held:  # a few panes: found by bisection among the GPU's panes here, which are in start order
-                here, wanted = starts_k[by_gpu[j]:by_gpu[j + 1]], np.array(held, np.int64)
+                here, wanted = starts_k[by_gpu[j] : by_gpu[j + 1]], np.array(held, np.int64)
                 found = np.searchsorted(here, wanted)
                 hit = found < len(here)
                 hit[hit] = here[found[hit]] == wanted[hit]
@@ -279,7 +314,8 @@ class PaneBatch:
         by_tenant: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
         for k in np.flatnonzero(slow[t_pane]).tolist():
             by_tenant.setdefault(int(t_pane[k]), []).append(
-                (int(t_first[k]), int(t_who[k]), *(int(v[k]) for v in t_sums)))  # type: ignore[arg-type]
+                (int(t_first[k]), int(t_who[k]), *(int(v[k]) for v in t_sums))
+            )  # type: ignore[arg-type]
 
         closes: list[tuple[int, PaneTotals]] = []
         for k in np.flatnonzero(slow).tolist():
@@ -310,14 +346,17 @@ class PaneBatch:
                 closes.append((int(at_rows[k]), totals))
                 continue
             members = at[first:last]
-            for code, pid, ts in zip(rows.kind[members].tolist(), rows.pid[members].tolist(),
-                                     rows.ts_ns[members].tolist()):
+            for code, pid, ts in zip(
+                rows.kind[members].tolist(), rows.pid[members].tolist(), rows.ts_ns[members].tolist()
+            ):
                 totals.remember(KINDS[code], pid, ts)  # a sample's, a NUMA event's or a blas call's
             self._open.setdefault(name, {})[start] = totals
         for j, name in enumerate(rows.names):  # open panes that took no row here may close too
             idle_panes = untouched.get(name, [])
-            for start, row in zip(idle_panes, self._close_rows(rows, verdicts, np.full(len(idle_panes), j),
-                                                               np.array(idle_panes, np.int64))):
+            for start, row in zip(
+                idle_panes,
+                self._close_rows(rows, verdicts, np.full(len(idle_panes), j), np.array(idle_panes, np.int64)),
+            ):
                 if row >= 0:
                     closes.append((row, self._open[name].pop(start)))
         for j, name in enumerate(rows.names):
@@ -331,21 +370,35 @@ class PaneBatch:
         tenant_rows = tenant_rows[np.lexsort((key_rank[t_who[tenant_rows]], position[t_pane[tenant_rows]]))]
         who = t_who[tenant_rows]
         no_name = [None] * (big + 1)  # a rank of `big`: the pane had no GPU sample
-        f_rows = sorted((int(position[k]), pid, n) for k, by_pid in flops.items() if not slow[k]
-                        for pid, n in by_pid.items())
+        f_rows = sorted(
+            (int(position[k]), pid, n) for k, by_pid in flops.items() if not slow[k] for pid, n in by_pid.items()
+        )
         # one starred list: mypy would give ``*(…)`` every parameter after it (as in ``PaneColumns.of``)
-        columns = PaneColumns(*[
-            objects(rows.names)[group_k[fast]], starts_k[fast], starts_k[fast] + self.pane_ns,
-            objects(node_by_rank + no_name)[np.array(node_min, np.int64)[fast]],
-            objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
-            np.array(covered, np.int64)[fast], np.array(idle, np.int64)[fast], tenant_events[fast],
-            *(np.array(v, np.int64)[fast] for v in (energy, busy, placed, *sums.values())),
-            position[t_pane[tenant_rows]], objects(keys)[who], objects(tenants)[who],
-            *(v[tenant_rows].astype(object) for v in t_sums[:3]), t_sums[3][tenant_rows].astype(np.int64),
-            np.array([k for k, _, _ in f_rows], np.int64), np.array([pid for _, pid, _ in f_rows], np.int64),
-            objects(n for _, _, n in f_rows)])
-        return (np.concatenate([at_rows[fast], np.array([row for row, _ in closes], np.int64)]),
-                PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]))
+        columns = PaneColumns(
+            *[
+                objects(rows.names)[group_k[fast]],
+                starts_k[fast],
+                starts_k[fast] + self.pane_ns,
+                objects(node_by_rank + no_name)[np.array(node_min, np.int64)[fast]],
+                objects(model_by_rank + no_name)[np.array(model_min, np.int64)[fast]],
+                np.array(covered, np.int64)[fast],
+                np.array(idle, np.int64)[fast],
+                tenant_events[fast],
+                *(np.array(v, np.int64)[fast] for v in (energy, busy, placed, *sums.values())),
+                position[t_pane[tenant_rows]],
+                objects(keys)[who],
+                objects(tenants)[who],
+                *(v[tenant_rows].astype(object) for v in t_sums[:3]),
+                t_sums[3][tenant_rows].astype(np.int64),
+                np.array([k for k, _, _ in f_rows], np.int64),
+                np.array([pid for _, pid, _ in f_rows], np.int64),
+                objects(n for _, _, n in f_rows),
+            ]
+        )
+        return (
+            np.concatenate([at_rows[fast], np.array([row for row, _ in closes], np.int64)]),
+            PaneColumns.concat([columns, PaneColumns.of([totals for _, totals in closes])]),
+        )
 
     def _close_rows(self, rows: PaneRows, verdicts: Verdicts, group_of: np.ndarray, start: np.ndarray) -> list[int]:
         """For panes of these GPUs (indices into ``rows.names``) and starts, the batch row whose watermark first

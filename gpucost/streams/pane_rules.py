@@ -3,14 +3,31 @@
 which pane a time falls in, when a pane has closed (so an event in it is late), when a sample overlaps
 another of its device, how a GPU's largest time moves (``jump``).
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-__all__ = ["KINDS", "GPU", "PROC", "NUMA", "TRACE", "NO_TS", "pane_start_ns", "pane_closed", "overlaps",
-           "first_name", "jump", "gpu_sums", "process_sums", "numa_sum", "who_code", "energy_uj"]
+__all__ = [
+    "KINDS",
+    "GPU",
+    "PROC",
+    "NUMA",
+    "TRACE",
+    "NO_TS",
+    "pane_start_ns",
+    "pane_closed",
+    "overlaps",
+    "first_name",
+    "jump",
+    "gpu_sums",
+    "process_sums",
+    "numa_sum",
+    "who_code",
+    "energy_uj",
+]
 
 #: the kinds of event a pane counts, by their code in ``PaneRows.kind`` (traces move no watermark:
 #: docs/definitions.md, "Time, panes and watermarks")

@@ -1,6 +1,7 @@
 """What ``GpuPanes`` takes and hands out: the totals it keeps per (GPU, pane) and hands, as objects or
 as columns, to the operators that close them (idle index, cost split); its batch entry's rows, and
 what it decides of them."""
+
 from __future__ import annotations
 
 from bisect import bisect_left, insort
@@ -15,8 +16,16 @@ import pyarrow as pa
 from gpucost.streams.runs import Levels
 from gpucost.streams.tables import Tenant
 
-__all__ = ["TenantTotals", "PaneTotals", "EFFICIENCY_SUMS", "PaneColumns", "PaneRows", "Verdicts", "objects",
-           "nearest_gap"]
+__all__ = [
+    "TenantTotals",
+    "PaneTotals",
+    "EFFICIENCY_SUMS",
+    "PaneColumns",
+    "PaneRows",
+    "Verdicts",
+    "objects",
+    "nearest_gap",
+]
 
 
 def nearest_gap(times: list[int], ts_ns: int) -> int | None:
@@ -96,12 +105,31 @@ class PaneTotals:
         sample a second spelled out in full nanoseconds was most of a GPU's state."""
         tenants = [[list(t.tenant), t.sm, t.bw, t.numa, t.samples] for t in self.tenants.values()]
         if self._seen_state[0] != self.seen_count:
-            self._seen_state = self.seen_count, [[kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
-                                                 for (kind, pid), ts in sorted(self.seen.items())]
+            self._seen_state = (
+                self.seen_count,
+                [
+                    [kind, pid, [b - a for a, b in zip([self.pane_start_ns, *ts], ts)]]
+                    for (kind, pid), ts in sorted(self.seen.items())
+                ],
+            )
         seen = self._seen_state[1]
-        return [self.gpu_uuid, self.pane_start_ns, self.pane_end_ns, self.node_id, self.gpu_model,
-                self.covered_ms, self.idle_ms, self.tenant_events, tenants, seen, self.energy_uj, self.busy_cp_ms,
-                self.placed, *(getattr(self, f) for f in EFFICIENCY_SUMS), sorted(self.flops.items())]
+        return [
+            self.gpu_uuid,
+            self.pane_start_ns,
+            self.pane_end_ns,
+            self.node_id,
+            self.gpu_model,
+            self.covered_ms,
+            self.idle_ms,
+            self.tenant_events,
+            tenants,
+            seen,
+            self.energy_uj,
+            self.busy_cp_ms,
+            self.placed,
+            *(getattr(self, f) for f in EFFICIENCY_SUMS),
+            sorted(self.flops.items()),
+        ]
 
     @classmethod
     def from_state(cls, s: list[Any]) -> PaneTotals:
@@ -186,40 +214,92 @@ class PaneColumns:
     @classmethod
     def of(cls, panes: list[PaneTotals]) -> PaneColumns:
         tenants = [(j, key, t) for j, p in enumerate(panes) for key, t in sorted(p.tenants.items())]
-        ints = [np.array([getattr(p, f) for p in panes], np.int64)
-                for f in ("pane_start_ns", "pane_end_ns", "covered_ms", "idle_ms", "tenant_events", "energy_uj",
-                          "busy_cp_ms", "placed", *EFFICIENCY_SUMS)]
+        ints = [
+            np.array([getattr(p, f) for p in panes], np.int64)
+            for f in (
+                "pane_start_ns",
+                "pane_end_ns",
+                "covered_ms",
+                "idle_ms",
+                "tenant_events",
+                "energy_uj",
+                "busy_cp_ms",
+                "placed",
+                *EFFICIENCY_SUMS,
+            )
+        ]
         flops = [(j, pid, n) for j, p in enumerate(panes) for pid, n in sorted(p.flops.items())]
         # the columns as one starred list: mypy gives a starred argument every parameter after it, so it would
         # count the columns after ``*ints[2:]`` as too many
-        return cls(*[objects(p.gpu_uuid for p in panes), ints[0], ints[1], objects(p.node_id for p in panes),
-                     objects(p.gpu_model for p in panes), *ints[2:], np.array([j for j, _, _ in tenants], np.int64),
-                     objects(k for _, k, _ in tenants), objects(t.tenant for _, _, t in tenants),
-                     *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")),
-                     np.array([t.samples for _, _, t in tenants], np.int64),
-                     np.array([j for j, _, _ in flops], np.int64),
-                     np.array([pid for _, pid, _ in flops], np.int64), objects(n for _, _, n in flops)])
+        return cls(
+            *[
+                objects(p.gpu_uuid for p in panes),
+                ints[0],
+                ints[1],
+                objects(p.node_id for p in panes),
+                objects(p.gpu_model for p in panes),
+                *ints[2:],
+                np.array([j for j, _, _ in tenants], np.int64),
+                objects(k for _, k, _ in tenants),
+                objects(t.tenant for _, _, t in tenants),
+                *(objects(getattr(t, f) for _, _, t in tenants) for f in ("sm", "bw", "numa")),
+                np.array([t.samples for _, _, t in tenants], np.int64),
+                np.array([j for j, _, _ in flops], np.int64),
+                np.array([pid for _, pid, _ in flops], np.int64),
+                objects(n for _, _, n in flops),
+            ]
+        )
 
     @classmethod
     def concat(cls, parts: list[PaneColumns]) -> PaneColumns:
         offsets = np.cumsum([0] + [len(p) for p in parts]).tolist()
-        return cls(**{f: np.concatenate([getattr(p, f) + o if f in ("t_pane", "f_pane") else getattr(p, f)
-                                         for p, o in zip(parts, offsets)]) for f in cls.__dataclass_fields__})
+        return cls(
+            **{
+                f: np.concatenate(
+                    [getattr(p, f) + o if f in ("t_pane", "f_pane") else getattr(p, f) for p, o in zip(parts, offsets)]
+                )
+                for f in cls.__dataclass_fields__
+            }
+        )
 
     def totals(self) -> list[PaneTotals]:
         """Each pane as a ``PaneTotals`` (its ``seen`` keys left empty: it is closing)."""
         # the keywords as one dict: mypy gives ``*values[:8]`` (a tuple of unknown length) every parameter, so
         # it would read energy_uj, busy_cp_ms and placed as given twice
-        panes = [PaneTotals(*values[:8], **{"energy_uj": values[8], "busy_cp_ms": values[9], "placed": values[10],
-                                            **dict(zip(EFFICIENCY_SUMS, values[11:]))})
-                 for values in zip(self.gpu_uuid.tolist(), self.pane_start_ns.tolist(), self.pane_end_ns.tolist(),
-                                   self.node_id.tolist(), self.gpu_model.tolist(), self.covered_ms.tolist(),
-                                   self.idle_ms.tolist(), self.tenant_events.tolist(), self.energy_uj.tolist(),
-                                   self.busy_cp_ms.tolist(), self.placed.tolist(),
-                                   *(getattr(self, f).tolist() for f in EFFICIENCY_SUMS))]
+        panes = [
+            PaneTotals(
+                *values[:8],
+                **{
+                    "energy_uj": values[8],
+                    "busy_cp_ms": values[9],
+                    "placed": values[10],
+                    **dict(zip(EFFICIENCY_SUMS, values[11:])),
+                },
+            )
+            for values in zip(
+                self.gpu_uuid.tolist(),
+                self.pane_start_ns.tolist(),
+                self.pane_end_ns.tolist(),
+                self.node_id.tolist(),
+                self.gpu_model.tolist(),
+                self.covered_ms.tolist(),
+                self.idle_ms.tolist(),
+                self.tenant_events.tolist(),
+                self.energy_uj.tolist(),
+                self.busy_cp_ms.tolist(),
+                self.placed.tolist(),
+                *(getattr(self, f).tolist() for f in EFFICIENCY_SUMS),
+            )
+        ]
         for j, key, tenant, sm, bw, numa, samples in zip(
-                self.t_pane.tolist(), self.t_key.tolist(), self.t_tenant.tolist(), self.t_sm.tolist(),
-                self.t_bw.tolist(), self.t_numa.tolist(), self.t_samples.tolist()):
+            self.t_pane.tolist(),
+            self.t_key.tolist(),
+            self.t_tenant.tolist(),
+            self.t_sm.tolist(),
+            self.t_bw.tolist(),
+            self.t_numa.tolist(),
+            self.t_samples.tolist(),
+        ):
             panes[j].tenants[key] = TenantTotals(tenant, sm, bw, numa, samples)
         for j, pid, flops in zip(self.f_pane.tolist(), self.f_pid.tolist(), self.f_flops.tolist()):
             panes[j].flops[pid] = flops
@@ -233,8 +313,13 @@ class PaneColumns:
             lo = np.searchsorted(of, idx, "left")
             count = np.searchsorted(of, idx, "right") - lo
             rows = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-            out.update({f: np.repeat(np.arange(len(idx)), count) if f == prefix + "pane" else getattr(self, f)[rows]
-                        for f in self.__dataclass_fields__ if f.startswith(prefix)})
+            out.update(
+                {
+                    f: np.repeat(np.arange(len(idx)), count) if f == prefix + "pane" else getattr(self, f)[rows]
+                    for f in self.__dataclass_fields__
+                    if f.startswith(prefix)
+                }
+            )
         return PaneColumns(**{f: out[f] if f in out else getattr(self, f)[idx] for f in self.__dataclass_fields__})
 
 

@@ -7,6 +7,7 @@ A GPU's watermark is the largest ``ts_ns`` seen for it minus the allowed latenes
 batch entry in ``gpucost.streams.pane_batch`` (``judge_many`` then ``add_many``: a batch's rows as
 columns), over the same state; the rules both apply are in ``gpucost.streams.pane_rules``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Container
@@ -175,8 +176,9 @@ class GpuPanes(PaneBatch):
         time up to which no record of these GPUs can be revised (``gpucost.kafka.closing``)."""
         return min(self._max_ts.values()) - self.lateness_ns if self._max_ts else None
 
-    def close_silent(self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
-                     ) -> list[PaneTotals]:
+    def close_silent(
+        self, watermark_ns: int, idle_timeout_ns: int, only: Container[str | tuple[str, int]] | None = None
+    ) -> list[PaneTotals]:
         """The open panes whose end lies ``idle_timeout_ns`` or more behind ``watermark_ns`` (another GPU's:
         this one has gone silent), closed, each GPU's oldest first (of the GPUs in ``only``, if given). Each
         such GPU's watermark moves to the end of its last pane closed, so that an event for one of them is late."""
@@ -199,8 +201,11 @@ class GpuPanes(PaneBatch):
         the floor every GPU not known here starts from, so that any event of a pane they had billed is late,
         never billed twice, while one GPU's ``max_ts`` is all that is kept however many GPUs come and go.
         Returns them."""
-        tops = {gpu: max(max_ts, self._pending.get(gpu, max_ts)) for gpu, max_ts in self._max_ts.items()
-                if gpu not in self._open and (only is None or gpu in only)}
+        tops = {
+            gpu: max(max_ts, self._pending.get(gpu, max_ts))
+            for gpu, max_ts in self._max_ts.items()
+            if gpu not in self._open and (only is None or gpu in only)
+        }
         gone = sorted(gpu for gpu, top in tops.items() if top - self.lateness_ns <= watermark_ns)
         for gpu in gone:
             del self._max_ts[gpu]
@@ -221,9 +226,12 @@ class GpuPanes(PaneBatch):
         return out
 
     def to_state(self) -> dict[str, Any]:
-        return {"max_ts": self._max_ts, **({"pending": self._pending} if self._pending else {}),
-                **({"forgotten": self._forgotten} if self._forgotten is not None else {}),
-                "open": [p.to_state() for panes in self._open.values() for p in panes.values()]}
+        return {
+            "max_ts": self._max_ts,
+            **({"pending": self._pending} if self._pending else {}),
+            **({"forgotten": self._forgotten} if self._forgotten is not None else {}),
+            "open": [p.to_state() for panes in self._open.values() for p in panes.values()],
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> GpuPanes:

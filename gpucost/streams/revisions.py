@@ -12,6 +12,7 @@ is bounded by ``R`` and the sampling rate (BENCHMARKS.md gives the bytes).
 ``Revisions`` has a row entry (``log``) and a batch entry (``log_many``) over the same log; the rest is
 read when a late event or a late binding arrives, which is rare, so it goes one event at a time.
 """
+
 from __future__ import annotations
 
 import base64
@@ -34,8 +35,21 @@ __all__ = ["LOG", "Held", "Revisions", "differences"]
 #: for a GPU sample), node and model (indices into the GPU's names), and the integers the pane sums; ``extra``
 #: is a NUMA event's hops · latency_weight and a GPU sample's energy, power_mw · interval_ms (µJ; the weights
 #: fit reads a revised pane's power)
-LOG = np.dtype([("pane", "<i8"), ("ts", "<i8"), ("kind", "i1"), ("pid", "<i8"), ("node", "<i4"), ("model", "<i4"),
-                ("interval", "<i8"), ("sm", "<i4"), ("bw", "<i4"), ("extra", "<i8")], align=False)
+LOG = np.dtype(
+    [
+        ("pane", "<i8"),
+        ("ts", "<i8"),
+        ("kind", "i1"),
+        ("pid", "<i8"),
+        ("node", "<i4"),
+        ("model", "<i4"),
+        ("interval", "<i8"),
+        ("sm", "<i4"),
+        ("bw", "<i4"),
+        ("extra", "<i8"),
+    ],
+    align=False,
+)
 
 
 @dataclass
@@ -111,11 +125,31 @@ class Revisions:
         log = self._logs.setdefault(e.gpu_uuid, _GpuLog())
         pane = e.ts_ns - e.ts_ns % self.pane_ns
         if isinstance(e, GpuSample):
-            row = (pane, e.ts_ns, GPU, -1, log.name(e.node_id), log.name(e.gpu_model), e.interval_ms, e.sm_util_cp,
-                   e.mem_bw_util_cp, energy_uj(e.power_mw, e.interval_ms))
+            row = (
+                pane,
+                e.ts_ns,
+                GPU,
+                -1,
+                log.name(e.node_id),
+                log.name(e.gpu_model),
+                e.interval_ms,
+                e.sm_util_cp,
+                e.mem_bw_util_cp,
+                energy_uj(e.power_mw, e.interval_ms),
+            )
         elif isinstance(e, ProcessSample):
-            row = (pane, e.ts_ns, PROC, e.pid, log.name(e.node_id), -1, e.interval_ms, e.sm_util_cp,
-                   e.mem_bw_util_cp, 0)
+            row = (
+                pane,
+                e.ts_ns,
+                PROC,
+                e.pid,
+                log.name(e.node_id),
+                -1,
+                e.interval_ms,
+                e.sm_util_cp,
+                e.mem_bw_util_cp,
+                0,
+            )
         else:
             row = (pane, e.ts_ns, NUMA, e.pid, log.name(e.node_id), -1, 0, 0, 0, numa_sum(e.hops, e.latency_weight))
         log.pending.append(row)
@@ -125,7 +159,7 @@ class Revisions:
         """The batch entry: a batch's accepted GPU samples, process samples and NUMA events join their panes' rows."""
         keep = accepted & (rows.kind <= NUMA)
         for j, name in enumerate(rows.names):
-            at = np.flatnonzero(keep[rows.starts[j]:rows.ends[j]]) + rows.starts[j]
+            at = np.flatnonzero(keep[rows.starts[j] : rows.ends[j]]) + rows.starts[j]
             if not len(at):
                 continue
             log = self._logs.setdefault(name, _GpuLog())
@@ -146,7 +180,11 @@ class Revisions:
             chunk["node"], chunk["model"] = node_codes[rows.node[at]], model_codes[model]
             energy = energy_uj(rows.power_mw[at].astype(np.int64), rows.interval_ms[at])
             chunk["interval"], chunk["sm"], chunk["bw"], chunk["extra"] = (
-                rows.interval_ms[at], rows.sm_cp[at], rows.bw_cp[at], rows.numa[at] + energy)
+                rows.interval_ms[at],
+                rows.sm_cp[at],
+                rows.bw_cp[at],
+                rows.numa[at] + energy,
+            )
             if log.pending:
                 log.rows()
             log.chunks.append(chunk)
@@ -156,8 +194,9 @@ class Revisions:
         """A pane closed: billed at ``price`` (revision 0), or, with no GPU sample, not yet published."""
         self.hold_many([gpu_uuid], [pane_start_ns], [price], [billed])
 
-    def hold_many(self, gpu_uuids: list[str], pane_starts_ns: list[int], prices: list[Decimal | None],
-                  billed: list[bool]) -> None:
+    def hold_many(
+        self, gpu_uuids: list[str], pane_starts_ns: list[int], prices: list[Decimal | None], billed: list[bool]
+    ) -> None:
         """The batch entry: ``hold`` of each closed pane."""
         if not self.enabled:
             return
@@ -247,15 +286,17 @@ class Revisions:
         if len(gpu):
             pane.node_id = min(names[n] for n in set(gpu["node"].tolist()))
             pane.gpu_model = min(names[m] for m in set(gpu["model"].tolist()))
-            covered, idle, busy, _ = gpu_sums(gpu["interval"].astype(object), gpu["sm"].astype(object), 0,
-                                              self.idle_threshold_cp)  # energy: logged as each row's ``extra``
+            covered, idle, busy, _ = gpu_sums(
+                gpu["interval"].astype(object), gpu["sm"].astype(object), 0, self.idle_threshold_cp
+            )  # energy: logged as each row's ``extra``
             pane.covered_ms, pane.idle_ms, pane.busy_cp_ms = int(covered.sum()), int(idle.sum()), int(busy.sum())
             pane.energy_uj = int(gpu["extra"].astype(object).sum())
         tenant_rows = rows[rows["kind"] != GPU]
         pane.tenant_events = len(tenant_rows)
         sums: dict[str, TenantTotals] = {}
-        for kind, pid, node, ts, interval, sm, bw, numa in zip(*(tenant_rows[f].tolist() for f in (
-                "kind", "pid", "node", "ts", "interval", "sm", "bw", "extra"))):
+        for kind, pid, node, ts, interval, sm, bw, numa in zip(
+            *(tenant_rows[f].tolist() for f in ("kind", "pid", "node", "ts", "interval", "sm", "bw", "extra"))
+        ):
             tenant = bindings.lookup(names[node], pid, ts)
             t = sums.get(tenant.key)
             if t is None:
@@ -279,11 +320,15 @@ class Revisions:
         return 0 if log is None else log.nbytes()
 
     def to_state(self) -> dict[str, Any]:
-        return {"logs": {g: [log.names, base64.b64encode(log.rows().tobytes()).decode()]
-                         for g, log in sorted(self._logs.items())},
-                "held": {g: [[s, None if h.price is None else str(h.price), h.revision]
-                             for s, h in sorted(held.items())]
-                         for g, held in sorted(self._held.items())}}
+        return {
+            "logs": {
+                g: [log.names, base64.b64encode(log.rows().tobytes()).decode()] for g, log in sorted(self._logs.items())
+            },
+            "held": {
+                g: [[s, None if h.price is None else str(h.price), h.revision] for s, h in sorted(held.items())]
+                for g, held in sorted(self._held.items())
+            },
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> Revisions:
@@ -295,8 +340,9 @@ class Revisions:
             log.chunks = [np.frombuffer(base64.b64decode(data), LOG).copy()]
             if len(log.chunks[0]):
                 log.oldest = int(log.chunks[0]["pane"].min())
-        revisions._held = {g: {s: Held(None if p is None else Decimal(p), r) for s, p, r in held}
-                           for g, held in state["held"].items()}
+        revisions._held = {
+            g: {s: Held(None if p is None else Decimal(p), r) for s, p, r in held} for g, held in state["held"].items()
+        }
         revisions._held_oldest = {g: min(held) for g, held in revisions._held.items() if held}
         return revisions
 
@@ -314,20 +360,46 @@ def differences(old: list[CostRecord], new: list[CostRecord], revision: int) -> 
         values = r.model_dump(exclude={"record_id", "revision"})
         if was is not None and was.model_dump(exclude={"record_id", "revision"}) == values:
             continue
-        out.append(r.model_copy(update={
-            "record_id": record_id(r.gpu_uuid, r.pane_start_ns, key, revision), "revision": revision,
-            "cost_micro_usd": r.cost_micro_usd - (0 if was is None else was.cost_micro_usd)}))
+        out.append(
+            r.model_copy(
+                update={
+                    "record_id": record_id(r.gpu_uuid, r.pane_start_ns, key, revision),
+                    "revision": revision,
+                    "cost_micro_usd": r.cost_micro_usd - (0 if was is None else was.cost_micro_usd),
+                }
+            )
+        )
     if not out and before.keys() <= after.keys():
         return []
     pane = new[0] if new else None
     for key, was in before.items():
         if key in after:
             continue
-        closing = {"record_id": record_id(was.gpu_uuid, was.pane_start_ns, key, revision), "revision": revision,
-                   "cost_micro_usd": -was.cost_micro_usd, "t_share": 0.0, "b_share": 0.0, "l_share": 0.0,
-                   "weight": 0.0, "t_num": 0, "b_num": 0, "l_num": 0}
+        closing = {
+            "record_id": record_id(was.gpu_uuid, was.pane_start_ns, key, revision),
+            "revision": revision,
+            "cost_micro_usd": -was.cost_micro_usd,
+            "t_share": 0.0,
+            "b_share": 0.0,
+            "l_share": 0.0,
+            "weight": 0.0,
+            "t_num": 0,
+            "b_num": 0,
+            "l_num": 0,
+        }
         if pane is not None:
-            closing.update({f: getattr(pane, f) for f in ("busy_fraction", "pane_cost_micro_usd", "usd_per_gpu_hour",
-                                                          "unpriced", "busy_num", "covered_ms")})
+            closing.update(
+                {
+                    f: getattr(pane, f)
+                    for f in (
+                        "busy_fraction",
+                        "pane_cost_micro_usd",
+                        "usd_per_gpu_hour",
+                        "unpriced",
+                        "busy_num",
+                        "covered_ms",
+                    )
+                }
+            )
         out.append(was.model_copy(update=closing))
     return sorted(out, key=lambda r: (r.tenant_key != "idle", r.tenant_key))

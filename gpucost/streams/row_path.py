@@ -2,6 +2,7 @@
 entry, for the rows the batch path hands back, its dead letters, worded once, and its close entries. A
 protocol, so that the batch path need not import the auditor, which imports it.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -53,12 +54,14 @@ class RowPath(Protocol):
 
     def overlap_letter(self, event: Any, raw: str | bytes | None, source: str) -> DeadLetter: ...
 
-    def address_letter(self, event: Any, raw: str | bytes | None, source: str, reason: str,
-                       latest_ns: int | None) -> DeadLetter: ...
+    def address_letter(
+        self, event: Any, raw: str | bytes | None, source: str, reason: str, latest_ns: int | None
+    ) -> DeadLetter: ...
 
     def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]: ...
 
     def prices_now(self, gpu_models: np.ndarray, pane_starts_ns: np.ndarray) -> list[Decimal | None]: ...
 
-    def close_many(self, panes: PaneColumns, prices: list[Decimal | None],
-                   cuts: Sequence[int] = ()) -> list[ClosedPanes | None]: ...
+    def close_many(
+        self, panes: PaneColumns, prices: list[Decimal | None], cuts: Sequence[int] = ()
+    ) -> list[ClosedPanes | None]: ...

@@ -1,5 +1,6 @@
 """numpy over grouped columns: runs of equal keys (where each group starts and ends, for ``reduceat``),
 and times as levels, for a running maximum of every group in one accumulate."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,7 @@ def runs(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for k in keys:
         change |= k[1:] != k[:-1]
     starts = np.flatnonzero(np.r_[True, change])[:n]
-    return starts, np.r_[starts[1:], n][:len(starts)].astype(np.int64)
+    return starts, np.r_[starts[1:], n][: len(starts)].astype(np.int64)
 
 
 class Levels:

@@ -11,6 +11,7 @@ Prices carry their own signature, by a price authority's key, so that node produ
 relay them into their GPUs' streams without being able to forge them. The embedded run has
 one trust domain and no scope.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,12 +64,18 @@ class Scope:
         """Why ``event`` may not travel in this message, or None."""
         if self.key is not None:
             if isinstance(event, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)) and event.gpu_uuid != self.key:
-                return Rejected("wrong_key", f"a {event.kind} of GPU {event.gpu_uuid[:256]!r} in a message keyed "
-                                             f"{self.key[:256]!r}: a message carries only its own GPU's events",
-                                event.kind)
+                return Rejected(
+                    "wrong_key",
+                    f"a {event.kind} of GPU {event.gpu_uuid[:256]!r} in a message keyed "
+                    f"{self.key[:256]!r}: a message carries only its own GPU's events",
+                    event.kind,
+                )
             if isinstance(event, MemAccess) and f"{event.node_id}/{event.pid}" != self.key:
-                return Rejected("wrong_key", f"a mem_access of {event.node_id[:256]!r}/{event.pid} in a message "
-                                             f"keyed {self.key[:256]!r}", event.kind)
+                return Rejected(
+                    "wrong_key",
+                    f"a mem_access of {event.node_id[:256]!r}/{event.pid} in a message keyed {self.key[:256]!r}",
+                    event.kind,
+                )
         node = getattr(event, "node_id", None)
         if self.nodes is not None and node is not None and node not in self.nodes:
             return Rejected("bad_signature", f"the message's key may not speak for node {node[:256]!r}", event.kind)
@@ -76,8 +83,16 @@ class Scope:
             return self._price(event)
         return None
 
-    def refused_many(self, gpu_keyed: np.ndarray, mem: np.ndarray, gpu: np.ndarray, gpu_names: list[str],
-                     node: np.ndarray, node_names: list[str], pid: np.ndarray) -> np.ndarray:
+    def refused_many(
+        self,
+        gpu_keyed: np.ndarray,
+        mem: np.ndarray,
+        gpu: np.ndarray,
+        gpu_names: list[str],
+        node: np.ndarray,
+        node_names: list[str],
+        pid: np.ndarray,
+    ) -> np.ndarray:
         """``check``'s key and node rules over a batch's columns, beside it so that the two cannot drift:
         which rows are refused (their reason is ``check``'s of each). ``gpu_keyed`` and ``mem`` mark the rows
         of GPU-keyed kinds and of ``mem_access``; ``gpu`` and ``node`` index ``gpu_names`` and
@@ -99,16 +114,26 @@ class Scope:
         if self.signer_sets_prices and price.key_id is None and price.signature is None:
             return None
         if price.key_id is None or price.signature is None:
-            return Rejected("unsigned", f"a price of {price.gpu_model[:256]!r} without the price authority's "
-                                        "signature; sign price files with `gpucost prices sign`", price.kind)
+            return Rejected(
+                "unsigned",
+                f"a price of {price.gpu_model[:256]!r} without the price authority's "
+                "signature; sign price files with `gpucost prices sign`",
+                price.kind,
+            )
         secret = self.price_keys.get(price.key_id)
         if secret is None:
-            return Rejected("unknown_key", f"price key {price.key_id[:64]!r} is not in the keyring, or may not "
-                                           f"sign prices (its nodes must include {PRICE_SCOPE} or be *)",
-                            price.kind)
+            return Rejected(
+                "unknown_key",
+                f"price key {price.key_id[:64]!r} is not in the keyring, or may not "
+                f"sign prices (its nodes must include {PRICE_SCOPE} or be *)",
+                price.kind,
+            )
         if not hmac.compare_digest(price_mac(secret, price), price.signature):
-            return Rejected("bad_signature", f"the signature of the price of {price.gpu_model[:256]!r} at "
-                                             f"{price.ts_ns} does not match it", price.kind)
+            return Rejected(
+                "bad_signature",
+                f"the signature of the price of {price.gpu_model[:256]!r} at {price.ts_ns} does not match it",
+                price.kind,
+            )
         return None
 
 

@@ -3,6 +3,7 @@
 A plain model: building one reads nothing from the environment, so an operator or a test gets
 exactly what it passes. The command line layers file, environment and flags over it
 (``gpucost.config.load_settings``)."""
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,15 @@ __all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION", "DEFAULT_PEAK_TOPS", "SlaT
 DEFAULT_L2_CALIBRATION: tuple[tuple[float, float], ...] = ((2.1, 8.3), (5.7, 41.9), (7.9, 127.4))
 #: dense FP16 tensor TFLOPS from the vendors' datasheets, by the text a ``gpu_model`` contains (the longest
 #: key it contains, case-insensitively, wins); ``default`` for a model none matches
-DEFAULT_PEAK_TOPS: dict[str, Decimal] = {"H100": Decimal(989), "H200": Decimal(989), "A100": Decimal(312),
-                                         "L40S": Decimal(362), "L4": Decimal(121), "T4": Decimal(65),
-                                         "default": Decimal(100)}
+DEFAULT_PEAK_TOPS: dict[str, Decimal] = {
+    "H100": Decimal(989),
+    "H200": Decimal(989),
+    "A100": Decimal(312),
+    "L40S": Decimal(362),
+    "L4": Decimal(121),
+    "T4": Decimal(65),
+    "default": Decimal(100),
+}
 Weight = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
 
 
@@ -63,8 +70,9 @@ class AuditSettings(BaseModel):
     pane_s: Annotated[int, Field(ge=1, le=86_400, description="pane length P, seconds")] = 60
     lateness_s: Annotated[int, Field(ge=0, le=86_400, description="allowed lateness, seconds")] = 120
     window_h: Annotated[int, Field(ge=1, le=24 * 31, description="idle index window, hours")] = 72
-    idle_threshold_pct: Annotated[Decimal, Field(gt=0, le=100, decimal_places=2,
-                                                 description="a GPU sample is idle below this SM %")] = Decimal("5")
+    idle_threshold_pct: Annotated[
+        Decimal, Field(gt=0, le=100, decimal_places=2, description="a GPU sample is idle below this SM %")
+    ] = Decimal("5")
     alpha: Annotated[Weight, Field(description="weight α of the time-slice share")] = Decimal("0.6")
     beta: Annotated[Weight, Field(description="weight β of the memory-bandwidth share")] = Decimal("0.3")
     gamma: Annotated[Weight, Field(description="weight γ of the cross-NUMA share")] = Decimal("0.1")
@@ -72,49 +80,115 @@ class AuditSettings(BaseModel):
     mae_bins: Annotated[int, Field(ge=1, le=1 << 16, description="histogram bins B")] = 256
     mae_lo: Annotated[int, Field(ge=0, lt=1 << 64, description="lowest address binned")] = 0
     mae_hi: Annotated[int, Field(ge=1, le=1 << 64, description="end (exclusive) of the binned range")] = 1 << 32
-    max_future_s: Annotated[int, Field(ge=1, le=366 * 86_400, description=(
-        "events more than this ahead of the worker's clock are dead-lettered (future_timestamp)"))] = 600
-    max_jump_s: Annotated[int, Field(ge=1, le=366 * 86_400, description=(
-        "an event further than this ahead of its GPU's latest moves the GPU's watermark only once a second "
-        "such event confirms it"))] = 300
-    idle_timeout_s: Annotated[int, Field(ge=1, le=366 * 86_400, description=(
-        "a GPU silent while its partition's watermark moved this far past a pane's end has that pane closed"
-        " (the worker's rule)"))] = 900
-    revision_horizon_s: Annotated[int, Field(ge=0, le=31 * 86_400, description=(
-        "a late event for a pane closed at most this long (event time) before its GPU's watermark revises "
-        "the pane's records instead of being dead-lettered late; 0: no revisions"))] = 6 * 3600
+    max_future_s: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=366 * 86_400,
+            description=("events more than this ahead of the worker's clock are dead-lettered (future_timestamp)"),
+        ),
+    ] = 600
+    max_jump_s: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=366 * 86_400,
+            description=(
+                "an event further than this ahead of its GPU's latest moves the GPU's watermark only once a second "
+                "such event confirms it"
+            ),
+        ),
+    ] = 300
+    idle_timeout_s: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=366 * 86_400,
+            description=(
+                "a GPU silent while its partition's watermark moved this far past a pane's end has that pane closed"
+                " (the worker's rule)"
+            ),
+        ),
+    ] = 900
+    revision_horizon_s: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=31 * 86_400,
+            description=(
+                "a late event for a pane closed at most this long (event time) before its GPU's watermark revises "
+                "the pane's records instead of being dead-lettered late; 0: no revisions"
+            ),
+        ),
+    ] = 6 * 3600
     l2_calibration: tuple[tuple[float, float], ...] = DEFAULT_L2_CALIBRATION
     # --- the health audit (docs/definitions.md, "Health audit") -------------------------------------------
-    health_window_h: Annotated[int, Field(ge=1, le=24 * 31, description=(
-        "health audit window H, hours (a multiple of the pane)"))] = 1
-    admission_h: Annotated[int, Field(ge=0, le=24 * 366, description=(
-        "hours of windows each covered ≥ pass_coverage before a new GPU is in service (0: at once)"))] = 48
-    excellent_kw_per_tops: Annotated[Ratio, Field(description="grade excellent: kW/TOPS below this …")] = \
-        Decimal("0.18")
-    excellent_sched_deviation: Annotated[Ratio, Field(description="… and scheduling deviation below this")] = \
-        Decimal("0.021")
+    health_window_h: Annotated[
+        int, Field(ge=1, le=24 * 31, description=("health audit window H, hours (a multiple of the pane)"))
+    ] = 1
+    admission_h: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=24 * 366,
+            description=("hours of windows each covered ≥ pass_coverage before a new GPU is in service (0: at once)"),
+        ),
+    ] = 48
+    excellent_kw_per_tops: Annotated[Ratio, Field(description="grade excellent: kW/TOPS below this …")] = Decimal(
+        "0.18"
+    )
+    excellent_sched_deviation: Annotated[Ratio, Field(description="… and scheduling deviation below this")] = Decimal(
+        "0.021"
+    )
     good_kw_per_tops: Annotated[Ratio, Field(description="grade good: kW/TOPS at most this …")] = Decimal("0.25")
-    good_sched_deviation: Annotated[Ratio, Field(description="… and scheduling deviation at most this")] = \
-        Decimal("0.045")
-    pass_sched_deviation: Annotated[Ratio, Field(description=(
-        "a window fails its audit above this scheduling deviation"))] = Decimal("0.05")
-    pass_coverage: Annotated[Ratio, Field(description=(
-        "a window fails its audit below this coverage (and does not count towards admission)"))] = Decimal("0.95")
-    readmit_passes: Annotated[int, Field(ge=1, le=10_000, description=(
-        "consecutive passed windows that bring a removed GPU back in service"))] = 2
+    good_sched_deviation: Annotated[Ratio, Field(description="… and scheduling deviation at most this")] = Decimal(
+        "0.045"
+    )
+    pass_sched_deviation: Annotated[
+        Ratio, Field(description=("a window fails its audit above this scheduling deviation"))
+    ] = Decimal("0.05")
+    pass_coverage: Annotated[
+        Ratio,
+        Field(description=("a window fails its audit below this coverage (and does not count towards admission)")),
+    ] = Decimal("0.95")
+    readmit_passes: Annotated[
+        int, Field(ge=1, le=10_000, description=("consecutive passed windows that bring a removed GPU back in service"))
+    ] = 2
     peak_tops: dict[str, PositiveDecimal] = Field(default_factory=lambda: dict(DEFAULT_PEAK_TOPS))
     # --- efficiency (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"): the roofline diagnosis ---------
-    compute_bound_efu: Annotated[Ratio, Field(description="a pane is compute_bound at an EFU of at least this")] = \
+    compute_bound_efu: Annotated[Ratio, Field(description="a pane is compute_bound at an EFU of at least this")] = (
         Decimal("0.5")
-    memory_bound_bw: Annotated[Ratio, Field(description=(
-        "… else memory_bound at a bandwidth utilisation of at least this, else latency_bound"))] = Decimal("0.5")
-    opex_usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, allow_inf_nan=False, description=(
-        "operating cost per GPU-hour (power, space, staff) that unit_cost adds to the bill"))] = Decimal(0)
+    )
+    memory_bound_bw: Annotated[
+        Ratio,
+        Field(description=("… else memory_bound at a bandwidth utilisation of at least this, else latency_bound")),
+    ] = Decimal("0.5")
+    opex_usd_per_gpu_hour: Annotated[
+        Decimal,
+        Field(
+            ge=0,
+            lt=10**9,
+            allow_inf_nan=False,
+            description=("operating cost per GPU-hour (power, space, staff) that unit_cost adds to the bill"),
+        ),
+    ] = Decimal(0)
     sla_tiers: dict[str, SlaTier] = Field(default_factory=lambda: dict(DEFAULT_SLA_TIERS))
 
-    @field_validator("alpha", "beta", "gamma", "excellent_kw_per_tops", "excellent_sched_deviation",
-                     "good_kw_per_tops", "good_sched_deviation", "pass_sched_deviation", "pass_coverage",
-                     "compute_bound_efu", "memory_bound_bw", "opex_usd_per_gpu_hour", mode="before")
+    @field_validator(
+        "alpha",
+        "beta",
+        "gamma",
+        "excellent_kw_per_tops",
+        "excellent_sched_deviation",
+        "good_kw_per_tops",
+        "good_sched_deviation",
+        "pass_sched_deviation",
+        "pass_coverage",
+        "compute_bound_efu",
+        "memory_bound_bw",
+        "opex_usd_per_gpu_hour",
+        mode="before",
+    )
     @classmethod
     def _exact_decimal(cls, value: object) -> object:
         # read weights and thresholds as the decimals written, never through a binary float
@@ -156,8 +230,10 @@ class AuditSettings(BaseModel):
             raise ValueError(f"mae_hi ({self.mae_hi}) must be greater than mae_lo ({self.mae_lo})")
         if (self.health_window_h * 3600) % self.pane_s:
             fits = self.pane_s // math.gcd(3600, self.pane_s)
-            raise ValueError(f"health_window_h ({self.health_window_h} h) must be a whole number of panes "
-                             f"({self.pane_s} s): set it to a multiple of {fits}")
+            raise ValueError(
+                f"health_window_h ({self.health_window_h} h) must be a whole number of panes "
+                f"({self.pane_s} s): set it to a multiple of {fits}"
+            )
         return self
 
     def ns(self, seconds_field: str) -> int:

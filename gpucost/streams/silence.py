@@ -27,6 +27,7 @@ the test moves. The transports differ where their inputs differ, and each differ
   when its source is live or continuous, since a finite replay of one file after another finds a later file's
   GPUs far behind the run, and must not forget them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -47,8 +48,9 @@ def quiet(heard_at: float, now: float, timeout_s: float) -> bool:
     return now - heard_at >= timeout_s
 
 
-def close_partition(auditors: Mapping[str, Auditor], heard: Mapping[str, float], since: float, now: float,
-                    settings: AuditSettings) -> tuple[list[Output], set[str]]:
+def close_partition(
+    auditors: Mapping[str, Auditor], heard: Mapping[str, float], since: float, now: float, settings: AuditSettings
+) -> tuple[list[Output], set[str]]:
     """The records of a Kafka partition's silent keys, and the keys whose state the closes changed (records out,
     or idle windows expired: their state is written again).
 
@@ -62,8 +64,9 @@ def close_partition(auditors: Mapping[str, Auditor], heard: Mapping[str, float],
     largest, out, changed = max(watermarks.values()), [], set()
     for key, watermark in watermarks.items():
         # an open pane ends after its GPU's watermark: a key within the timeout of the largest has none to close
-        if watermark + settings.idle_timeout_ns < largest and \
-                quiet(heard.get(key, since), now, settings.idle_timeout_s):
+        if watermark + settings.idle_timeout_ns < largest and quiet(
+            heard.get(key, since), now, settings.idle_timeout_s
+        ):
             auditor = auditors[key]
             rolls = auditor.idle_changes
             closed = auditor.close_silent(largest)

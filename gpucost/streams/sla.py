@@ -12,6 +12,7 @@ a ``quota`` record per tenant with a tier.
 State: per (GPU, tenant) idle in the GPU's latest closed pane, the run's start and length. A
 tenant absent from a GPU's latest pane has none.
 """
+
 from __future__ import annotations
 
 import math
@@ -93,16 +94,28 @@ class SlaOperator:
             idle_run_ms = 0
             if self._idle(tier, t.sm, pane.covered_ms):
                 run = before.get(key)
-                run = _Run(run.start_ns, run.panes + 1, k) if run is not None and run.last_k == k - 1 else \
-                    _Run(pane.pane_start_ns, 1, k)
+                run = (
+                    _Run(run.start_ns, run.panes + 1, k)
+                    if run is not None and run.last_k == k - 1
+                    else _Run(pane.pane_start_ns, 1, k)
+                )
                 runs[key] = run
                 idle_run_ms = run.panes * self.pane_ms
                 if idle_run_ms >= tier.duration_s * 1000 > idle_run_ms - self.pane_ms:
                     triggers.append(self._trigger(pane, t.tenant, key, run.start_ns, idle_run_ms, tier, price))
-            quotas.append(computed(
-                QuotaRecord, gpu_uuid=pane.gpu_uuid, pane_start_ns=pane.pane_start_ns, tenant_key=key,
-                team=t.tenant.team, sla=t.tenant.sla, util_pct=t.sm / (100 * pane.covered_ms),
-                idle_run_ms=idle_run_ms, quota_scale=quota_scale(tier, idle_run_ms, t.sm, pane.covered_ms)))
+            quotas.append(
+                computed(
+                    QuotaRecord,
+                    gpu_uuid=pane.gpu_uuid,
+                    pane_start_ns=pane.pane_start_ns,
+                    tenant_key=key,
+                    team=t.tenant.team,
+                    sla=t.tenant.sla,
+                    util_pct=t.sm / (100 * pane.covered_ms),
+                    idle_run_ms=idle_run_ms,
+                    quota_scale=quota_scale(tier, idle_run_ms, t.sm, pane.covered_ms),
+                )
+            )
         if runs:
             self._runs[pane.gpu_uuid] = runs
         return quotas + triggers
@@ -111,13 +124,27 @@ class SlaOperator:
         """Forget a GPU gone from the fleet (``GpuPanes.forget``): a pane of it later starts its runs afresh."""
         self._runs.pop(gpu_uuid, None)
 
-    def _trigger(self, pane: Any, tenant: Tenant, key: str, start_ns: int, idle_run_ms: int, tier: SlaTier,
-                 price: Decimal | None) -> ReclaimRecord:
+    def _trigger(
+        self, pane: Any, tenant: Tenant, key: str, start_ns: int, idle_run_ms: int, tier: SlaTier, price: Decimal | None
+    ) -> ReclaimRecord:
         return computed(
-            ReclaimRecord, trigger_id=trigger_id(pane.gpu_uuid, key, start_ns), gpu_uuid=pane.gpu_uuid,
-            node_id=pane.node_id, gpu_model=pane.gpu_model, tenant_key=key, team=tenant.team, env=tenant.env,
-            app=tenant.app, tier=tenant.tier, sla=tenant.sla, run_start_ns=start_ns, trigger_ns=pane.pane_end_ns,
-            idle_run_ms=idle_run_ms, deadline_ns=start_ns + tier.max_idle_s * 1_000_000_000, usd_per_gpu_hour=price)
+            ReclaimRecord,
+            trigger_id=trigger_id(pane.gpu_uuid, key, start_ns),
+            gpu_uuid=pane.gpu_uuid,
+            node_id=pane.node_id,
+            gpu_model=pane.gpu_model,
+            tenant_key=key,
+            team=tenant.team,
+            env=tenant.env,
+            app=tenant.app,
+            tier=tenant.tier,
+            sla=tenant.sla,
+            run_start_ns=start_ns,
+            trigger_ns=pane.pane_end_ns,
+            idle_run_ms=idle_run_ms,
+            deadline_ns=start_ns + tier.max_idle_s * 1_000_000_000,
+            usd_per_gpu_hour=price,
+        )
 
     # --- the batch entry -------------------------------------------------------------------------
 
@@ -141,8 +168,10 @@ class SlaOperator:
         k = panes.pane_start_ns[pane] // self.pane_ns
         sm, covered = panes.t_sm[rows], panes.covered_ms[pane]
         code = codes[rows]
-        figures = [(t.threshold_cp, t.duration_s * 1000, float(t.quota_base)) if t is not None else (0, 0, 0.0)
-                   for t in tier_of]
+        figures = [
+            (t.threshold_cp, t.duration_s * 1000, float(t.quota_base)) if t is not None else (0, 0, 0.0)
+            for t in tier_of
+        ]
         threshold = np.array([f[0] for f in figures], np.int64)[code]
         sm_o, covered_o = sm.astype(object), covered.astype(object)
         idle = np.where(threshold > 0, sm_o < threshold.astype(object) * covered_o, sm_o == 0).astype(bool)
@@ -164,8 +193,11 @@ class SlaOperator:
         # first row does: it starts a run, or carries one in)
         run_first = np.maximum.accumulate(np.where(~cont | carried, at, 0)) if len(order) else at
         panes_in_run = at - run_first + 1 + carried_panes[run_first]
-        run_start = np.where(carried[run_first], carried_start[run_first], panes.pane_start_ns[pane[order]][run_first]
-                             if len(order) else 0)
+        run_start = np.where(
+            carried[run_first],
+            carried_start[run_first],
+            panes.pane_start_ns[pane[order]][run_first] if len(order) else 0,
+        )
         idle_run_ms = np.where(ii, panes_in_run * self.pane_ms, 0)
         duration_ms = np.array([f[1] for f in figures], np.int64)[code][order]
         fires = ii & (idle_run_ms >= duration_ms) & (idle_run_ms - self.pane_ms < duration_ms)
@@ -189,19 +221,39 @@ class SlaOperator:
         lengths, length_of = np.unique(run_ms, return_inverse=True)  # a run's length is a multiple of the pane
         decay = np.array([_decay(ms) if ms else 0.0 for ms in lengths.tolist()], np.float64)[length_of]
         quota = np.where(run_ms > 0, base * decay, base * np.minimum(1.5, 1 + 0.5 * ratios(sm, covered * 10_000)))
-        table = pa.table([pa.array(panes.gpu_uuid[pane], pa.string()), panes.pane_start_ns[pane],
-                          pa.array(key, pa.string()), pa.array([t.team for t in who], pa.string()).take(code),
-                          pa.array([t.sla for t in who], pa.string()).take(code),
-                          ratios(sm_o, covered_o * 100), run_ms, quota],
-                         schema=ARROW_SCHEMAS["quota"])
+        table = pa.table(
+            [
+                pa.array(panes.gpu_uuid[pane], pa.string()),
+                panes.pane_start_ns[pane],
+                pa.array(key, pa.string()),
+                pa.array([t.team for t in who], pa.string()).take(code),
+                pa.array([t.sla for t in who], pa.string()).take(code),
+                ratios(sm_o, covered_o * 100),
+                run_ms,
+                quota,
+            ],
+            schema=ARROW_SCHEMAS["quota"],
+        )
         triggers: list[tuple[int, Output]] = []
         for j in np.flatnonzero(fires).tolist():
             r = int(order[j])
             p = int(pane[r])
             tier = tier_of[code[r]]
             assert tier is not None  # only tiered rows are here
-            triggers.append((p, self._trigger(_PaneView(panes, p), who[code[r]], key[r], int(run_start[j]),
-                                              int(idle_run_ms[j]), tier, prices[p])))
+            triggers.append(
+                (
+                    p,
+                    self._trigger(
+                        _PaneView(panes, p),
+                        who[code[r]],
+                        key[r],
+                        int(run_start[j]),
+                        int(idle_run_ms[j]),
+                        tier,
+                        prices[p],
+                    ),
+                )
+            )
         triggers.sort(key=lambda t: (t[0], t[1].tenant_key))  # type: ignore[union-attr]  # triggers only
         return Emitted("quota", table, np.bincount(pane, minlength=len(panes)), tagged=triggers)
 

@@ -1,4 +1,5 @@
 """As-of tables joined in event time: tenant bindings per process, prices per GPU model."""
+
 from __future__ import annotations
 
 from array import array
@@ -137,12 +138,12 @@ class BindingTable:
         for key, history in self._by_proc.items():
             at = bisect_right(history, floor_ns, key=lambda h: h[0])
             if at > 1:
-                self._by_proc[key] = history[at - 1:]
+                self._by_proc[key] = history[at - 1 :]
         for by_tenant in self._repeats.values():
             for times in by_tenant.values():
                 at = bisect_right(times, floor_ns)
                 if at > 1:
-                    del times[:at - 1]
+                    del times[: at - 1]
 
     def lookup(self, node_id: str, pid: int, ts_ns: int) -> Tenant:
         """The row entry: the process's tenant as of ``ts_ns`` (``UNATTRIBUTED`` before its first binding)."""
@@ -163,8 +164,9 @@ class BindingTable:
         out: list[Any] = []
         for key, h in self._by_proc.items():
             row: list[Any] = [key[0], key[1], [[ts, list(t)] for ts, t in h]]
-            repeats = [[list(t), times[0], np.diff(times).tolist()]
-                       for t, times in self._repeats.get(key, {}).items() if times]
+            repeats = [
+                [list(t), times[0], np.diff(times).tolist()] for t, times in self._repeats.get(key, {}).items() if times
+            ]
             if repeats:
                 row.append(repeats)
             out.append(row)

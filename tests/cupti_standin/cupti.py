@@ -4,6 +4,7 @@
 may be out of time order), the count CUPTI would report as dropped, and CUPTI's clock (``clock`` values are
 returned by successive ``get_timestamp`` calls).  Records are plain namespaces with CUPTI's field names.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -67,8 +68,15 @@ STATE: dict[str, Any] = {}
 
 def load(buffers: list[list[Any]], dropped: int = 0, clock: tuple[int, ...] = (0, 0)) -> None:
     STATE.clear()
-    STATE.update(buffers=list(buffers), dropped=dropped, clock=list(clock), enabled=set(), callbacks=None,
-                 requested=0, calls_off=set())
+    STATE.update(
+        buffers=list(buffers),
+        dropped=dropped,
+        clock=list(clock),
+        enabled=set(),
+        callbacks=None,
+        requested=0,
+        calls_off=set(),
+    )
 
 
 def record(**fields: Any) -> SimpleNamespace:

@@ -1,4 +1,5 @@
 """The batch path's size thresholds, set for a test: small generated batches would otherwise go row by row."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,5 +1,6 @@
 """The auditor's row path run over events in the order given, and its bill per (GPU, pane, tenant) summed over
 revisions: what revisions and silence must leave equal to a replay in time order."""
+
 from __future__ import annotations
 
 from collections import defaultdict

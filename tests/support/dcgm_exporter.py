@@ -1,5 +1,6 @@
 """The real dcgm-exporter scrapes of the shared data, their values read by a plain regex, and an exporter serving
 one on 127.0.0.1."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 """A deployment of the distributed path on the session's real broker: producer, workers and sink as separate
 processes, each test in its own topic prefix and consumer groups; what its topics and its output hold, against the
 embedded run's."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,9 +23,15 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from gpucost.sinks.views import connect, query
 from tests.conftest import ROOT
 
-VIEWS = [("idle_index", "gpu_uuid, pane_start_ns"), ("cost", "record_id"), ("mae", "node_id, pid, first_ts_ns"),
-         ("health", "gpu_uuid, window_start_ns"), ("quota", "gpu_uuid, pane_start_ns, tenant_key"),
-         ("reclaim", "trigger_id"), ("efficiency", "gpu_uuid, pane_start_ns, pid")]
+VIEWS = [
+    ("idle_index", "gpu_uuid, pane_start_ns"),
+    ("cost", "record_id"),
+    ("mae", "node_id, pid, first_ts_ns"),
+    ("health", "gpu_uuid, window_start_ns"),
+    ("quota", "gpu_uuid, pane_start_ns, tenant_key"),
+    ("reclaim", "trigger_id"),
+    ("efficiency", "gpu_uuid, pane_start_ns, pid"),
+]
 
 
 class Deployment:
@@ -36,19 +43,32 @@ class Deployment:
         self.prefix = f"t{ns}."
         self.app_id = f"app-{ns}"
         self.out = tmp / "parquet"
-        self.env = {**os.environ, "GPUCOST_KAFKA_BOOTSTRAP": bootstrap, "GPUCOST_KAFKA_TOPIC_PREFIX": self.prefix,
-                    "GPUCOST_KAFKA_PARTITIONS": "4", "PYTHONUNBUFFERED": "1", "GPUCOST_SPOOL": str(tmp / "spool")}
+        self.env = {
+            **os.environ,
+            "GPUCOST_KAFKA_BOOTSTRAP": bootstrap,
+            "GPUCOST_KAFKA_TOPIC_PREFIX": self.prefix,
+            "GPUCOST_KAFKA_PARTITIONS": "4",
+            "PYTHONUNBUFFERED": "1",
+            "GPUCOST_SPOOL": str(tmp / "spool"),
+        }
         self.bootstrap = bootstrap
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def gpucost(self, *args: str) -> None:
-        subprocess.run([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, env=self.env, check=True,
-                       capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "gpucost.cli", *args],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 (the process writes it until it is stopped)
-        proc = subprocess.Popen([sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, env=self.env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpucost.cli", *args], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
         self.procs.append(proc)
         return proc
 
@@ -57,8 +77,18 @@ class Deployment:
 
     def sink(self, name: str = "sink") -> subprocess.Popen[bytes]:
         # compacting at every second file: a sink killed or restarted may be caught mid-compaction
-        return self.spawn(name, "sink", "--out", str(self.out), "--group", f"{self.app_id}-sink",
-                          "--flush-interval-s", "0.5", "--compact-min-files", "2")
+        return self.spawn(
+            name,
+            "sink",
+            "--out",
+            str(self.out),
+            "--group",
+            f"{self.app_id}-sink",
+            "--flush-interval-s",
+            "0.5",
+            "--compact-min-files",
+            "2",
+        )
 
     def topic_size(self, kind: str) -> int:
         async def size() -> int:
@@ -69,6 +99,7 @@ class Deployment:
                 return sum((await consumer.end_offsets(tps)).values())
             finally:
                 await consumer.stop()
+
         return asyncio.run(size())
 
     def rows(self, view: str) -> int:
@@ -124,15 +155,20 @@ def run_to_completion(d: Deployment, embedded: Path, timeout_s: float = 240) -> 
 
 
 def embedded_team_totals(embedded: Path, where: str = "true") -> dict[str, int]:
-    return dict(connect(embedded).execute(f"SELECT team, sum(cost_micro_usd)::BIGINT FROM cost WHERE {where} "
-                                          "GROUP BY team").fetchall())
+    return dict(
+        connect(embedded)
+        .execute(f"SELECT team, sum(cost_micro_usd)::BIGINT FROM cost WHERE {where} GROUP BY team")
+        .fetchall()
+    )
 
 
 def topic_messages(d: Deployment, kind: str) -> list[Any]:
     """Every committed message of a topic, read from its start to its end, each partition in order."""
+
     async def read() -> list[Any]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=d.bootstrap, isolation_level="read_committed",
-                                    enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=d.bootstrap, isolation_level="read_committed", enable_auto_commit=False
+        )
         await consumer.start()
         try:
             tps = [TopicPartition(f"{d.prefix}{kind}", p) for p in range(4)]
@@ -145,6 +181,7 @@ def topic_messages(d: Deployment, kind: str) -> list[Any]:
             return out
         finally:
             await consumer.stop()
+
     return asyncio.run(read())
 
 

@@ -1,5 +1,6 @@
 """What the fault-injection modules share: the events a recording holds, and the summary line of each fault that
 pytest prints at the end of the session (tests/conftest.py's FAULT_LINES)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,6 +21,8 @@ def report(fault: str, sent: int, d: Deployment, embedded: Path) -> None:
     reasons = dict(got.execute("SELECT reason, count(*) FROM dlq GROUP BY reason ORDER BY reason").fetchall())
     billed = got.execute("SELECT coalesce(sum(cost_micro_usd), 0)::BIGINT FROM cost").fetchone()[0]
     expected = want.execute("SELECT coalesce(sum(cost_micro_usd), 0)::BIGINT FROM cost").fetchone()[0]
-    FAULT_LINES.append(f"{fault:<28} events sent {sent:>7,} | records out {records:>6,} | dead-lettered "
-                       f"{sum(reasons.values()):>4} {reasons or ''} | µ$ billed {billed:,} vs expected {expected:,}"
-                       f" {'OK' if billed == expected else 'MISMATCH'}")
+    FAULT_LINES.append(
+        f"{fault:<28} events sent {sent:>7,} | records out {records:>6,} | dead-lettered "
+        f"{sum(reasons.values()):>4} {reasons or ''} | µ$ billed {billed:,} vs expected {expected:,}"
+        f" {'OK' if billed == expected else 'MISMATCH'}"
+    )

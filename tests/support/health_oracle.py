@@ -1,5 +1,6 @@
 """The health audit's judgement written from docs/definitions.md, "Health audit": the grade and fail
 reasons of one window at the default thresholds, and the breaker table."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -15,8 +16,11 @@ def judged(kw_per_tops: Fraction | None, sched_deviation: Fraction, coverage: Fr
         grade = "good"
     else:
         grade = "needs_optimisation"
-    checks = (("grade", grade == "needs_optimisation"), ("sched_deviation", sched_deviation > Fraction("0.05")),
-              ("coverage", coverage < Fraction("0.95")))
+    checks = (
+        ("grade", grade == "needs_optimisation"),
+        ("sched_deviation", sched_deviation > Fraction("0.05")),
+        ("coverage", coverage < Fraction("0.95")),
+    )
     return grade, [reason for reason, failed in checks if failed]
 
 

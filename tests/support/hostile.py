@@ -1,6 +1,7 @@
 """The hostile-input suite's kit: the two configurations every attack runs in, one GPU's stream and the keys that
 sign it, the worker driven without a broker, and the summary line each attack prints at the end of the session
 (tests/conftest.py's HOSTILE_LINES)."""
+
 from __future__ import annotations
 
 import json
@@ -26,20 +27,22 @@ from tests.support.worker_input import LINES
 
 #: every attack runs in the default configuration (a 6 h revision horizon) and with revisions off: a guarantee that
 #: holds only with a feature off does not hold
-CONFIGS = pytest.mark.parametrize("audit", [AuditSettings(), AuditSettings(revision_horizon_s=0)],
-                                  ids=["revisions-default", "revisions-off"])
+CONFIGS = pytest.mark.parametrize(
+    "audit", [AuditSettings(), AuditSettings(revision_horizon_s=0)], ids=["revisions-default", "revisions-off"]
+)
 TP = TopicPartition("gpucost.events", 3)
 KEY = next(iter(LINES))  # one GPU's stream: prices, bindings, samples
 SECRET_A, SECRET_B, SECRET_P = b"a" * 32, b"b" * 32, b"p" * 32
 KEYRING = f"node-a {SECRET_A.hex()} node-000\nnode-b {SECRET_B.hex()} node-001\nprices {SECRET_P.hex()} @prices\n"
 
 
-def report(attack: str, sent: int, letters: list[DeadLetter], billed: int, expected: int, audit: AuditSettings
-           ) -> None:
+def report(attack: str, sent: int, letters: list[DeadLetter], billed: int, expected: int, audit: AuditSettings) -> None:
     reasons = dict(sorted(Counter(d.reason for d in letters).items()))
-    HOSTILE_LINES.append(f"{horizon_label(audit):<5} {attack:<44} sent {sent:>6,} | refused {len(letters):>5,} "
-                         f"{reasons or ''} | "
-                         f"µ$ billed {billed:,} vs expected {expected:,} {'OK' if billed == expected else 'MISMATCH'}")
+    HOSTILE_LINES.append(
+        f"{horizon_label(audit):<5} {attack:<44} sent {sent:>6,} | refused {len(letters):>5,} "
+        f"{reasons or ''} | "
+        f"µ$ billed {billed:,} vs expected {expected:,} {'OK' if billed == expected else 'MISMATCH'}"
+    )
 
 
 def line(attack: str, settings_: AuditSettings | None, sent: str, refused: str, outcome: str) -> None:
@@ -68,8 +71,14 @@ def letters(out: list) -> list[DeadLetter]:
     return [r for r in out if isinstance(r, DeadLetter)]
 
 
-def signed(key: bytes, value: bytes, secret: bytes, key_id: str, headers: list[tuple[str, bytes]] | None = None,
-           offset: int = 0) -> Message:
+def signed(
+    key: bytes,
+    value: bytes,
+    secret: bytes,
+    key_id: str,
+    headers: list[tuple[str, bytes]] | None = None,
+    offset: int = 0,
+) -> Message:
     signer = Signer(parse_keys(f"{key_id} {secret.hex()}", "test")[key_id])
     headers = list(headers or [])
     return Message(key, value, offset, headers + signer.headers(key, value, dict(headers)))

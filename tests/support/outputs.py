@@ -1,4 +1,5 @@
 """A run's Parquet output read back as whole rows, and the revision horizons the kill tests run under."""
+
 from __future__ import annotations
 
 from collections import Counter

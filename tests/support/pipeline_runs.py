@@ -1,5 +1,6 @@
 """Embedded runs of a scripted fleet, made once per fleet and configuration for the whole session (the hostile-input
 tests of the consumers read them, and work on copies where they must change them)."""
+
 from __future__ import annotations
 
 import shutil
@@ -19,8 +20,13 @@ from tests.conftest import horizon_label
 _RUNS: dict[tuple[str, str], Path] = {}
 
 
-def pipeline_run(factory: pytest.TempPathFactory, name: str, settings_: AuditSettings, events: Callable[[], list[Event]],
-                 key: bytes | None = None) -> Path:
+def pipeline_run(
+    factory: pytest.TempPathFactory,
+    name: str,
+    settings_: AuditSettings,
+    events: Callable[[], list[Event]],
+    key: bytes | None = None,
+) -> Path:
     """The embedded run's output for ``events`` under ``settings_`` (health records signed with ``key``)."""
     cache = (name, horizon_label(settings_))
     if cache not in _RUNS:

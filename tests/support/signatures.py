@@ -1,6 +1,7 @@
 """A message signature verified by the steps docs/security.md specifies, with ``hmac`` and ``hashlib`` alone: what a
 consumer in another language would write, never gpucost's own code. tests/test_signature_spec.py holds it to the
 document's test vectors, tests/test_billing.py to records a real worker signed."""
+
 from __future__ import annotations
 
 import hashlib

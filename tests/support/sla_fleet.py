@@ -1,6 +1,7 @@
 """The SLA tiers' scripted fleet: per GPU, per tenant pid, its SM % in each pane, as events (a price, the tenants'
 bindings, a GPU sample a pane and each tenant's process samples), and the scripts that put idle runs just under and
 just over each tier's duration."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -20,24 +21,46 @@ def fleet(scripts: dict[str, dict[int, list[float | None]]], gaps: dict[str, set
     events: list[Event] = [Price(gpu_model="H100", ts_ns=T0 - NS, usd_per_gpu_hour=Decimal("2.5"))]
     for gpu in scripts:
         for pid, (team, sla) in TENANTS.items():
-            events.append(TenantBinding(node_id=f"n-{gpu}", pid=pid, ts_ns=T0, team=team, env="prod", app="a",
-                                        tier="P1", sla=sla))
+            events.append(
+                TenantBinding(node_id=f"n-{gpu}", pid=pid, ts_ns=T0, team=team, env="prod", app="a", tier="P1", sla=sla)
+            )
     panes = max(len(s) for per in scripts.values() for s in per.values())
     for p in range(panes):
         ts = T0 + p * P_S * NS + 7 * NS
         for gpu, per in scripts.items():
             if p in (gaps or {}).get(gpu, ()):
                 continue
-            events.append(GpuSample(node_id=f"n-{gpu}", gpu_uuid=gpu, gpu_model="H100", ts_ns=ts, interval_s=60.0,
-                                    sm_util_pct=50.0, mem_bw_util_pct=5.0, mem_used_bytes=1, mem_total_bytes=2,
-                                    power_w=300.0, temp_c=50.0))
+            events.append(
+                GpuSample(
+                    node_id=f"n-{gpu}",
+                    gpu_uuid=gpu,
+                    gpu_model="H100",
+                    ts_ns=ts,
+                    interval_s=60.0,
+                    sm_util_pct=50.0,
+                    mem_bw_util_pct=5.0,
+                    mem_used_bytes=1,
+                    mem_total_bytes=2,
+                    power_w=300.0,
+                    temp_c=50.0,
+                )
+            )
             for pid, utils in per.items():
                 if p < len(utils) and utils[p] is not None:
                     # two samples, of 20 s and 40 s: the tenant's utilisation is their time-weighted mean
                     for shift, interval, util in ((1, 20.0, utils[p]), (31, 40.0, utils[p])):  # 30 s apart: no overlap
-                        events.append(ProcessSample(node_id=f"n-{gpu}", gpu_uuid=gpu, pid=pid,
-                                                    ts_ns=ts + shift * NS, interval_s=interval,
-                                                    sm_util_pct=util, mem_bw_util_pct=1.0, mem_used_bytes=1))
+                        events.append(
+                            ProcessSample(
+                                node_id=f"n-{gpu}",
+                                gpu_uuid=gpu,
+                                pid=pid,
+                                ts_ns=ts + shift * NS,
+                                interval_s=interval,
+                                sm_util_pct=util,
+                                mem_bw_util_pct=1.0,
+                                mem_used_bytes=1,
+                            )
+                        )
     return events
 
 

@@ -1,4 +1,5 @@
 """A reclaim webhook receiver that fails, refuses and accepts as a test scripts it."""
+
 from __future__ import annotations
 
 import http.server

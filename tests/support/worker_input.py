@@ -1,5 +1,6 @@
 """A worker's input without a broker: a simulated fleet's lines as the router keys them on the events topic, and
 message values that are no event at all."""
+
 from __future__ import annotations
 
 from collections import defaultdict

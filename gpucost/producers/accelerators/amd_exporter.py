@@ -8,6 +8,7 @@ In a compute-partition mode other than ``spx`` each partition (``gpu<gpu_id>``) 
 its socket (the serial number, else ``socket<gpu_id - gpu_partition_id>``), and a socket row alone
 carries the power, temperature and memory every partition repeats.
 """
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -19,10 +20,17 @@ from gpucost.schemas.devices import DeviceSample, Parsed, to_bytes, to_pct, to_w
 __all__ = ["parse"]
 
 VENDOR = "AMD"
-_FIELDS = {"gpu_power_usage": "power_w", "gpu_gfx_activity": "busy_pct", "gpu_usage": "busy_pct",
-           "gpu_used_vram": "mem_used_bytes", "gpu_total_vram": "mem_total_bytes",
-           "gpu_total_memory": "mem_total_bytes", "gpu_junction_temperature": "temperature_c",
-           "gpu_edge_temperature": "temperature_c", "gpu_clock": ""}
+_FIELDS = {
+    "gpu_power_usage": "power_w",
+    "gpu_gfx_activity": "busy_pct",
+    "gpu_usage": "busy_pct",
+    "gpu_used_vram": "mem_used_bytes",
+    "gpu_total_vram": "mem_total_bytes",
+    "gpu_total_memory": "mem_total_bytes",
+    "gpu_junction_temperature": "temperature_c",
+    "gpu_edge_temperature": "temperature_c",
+    "gpu_clock": "",
+}
 _RANK = {name: rank for rank, name in enumerate(_FIELDS)}  # of two metrics for one field, the earlier wins
 _SHARED = ("power_w", "temperature_c", "mem_used_bytes", "mem_total_bytes")
 
@@ -49,7 +57,8 @@ def parse(text: str) -> Parsed:
     for name, labels, value in series(text, out, set(_FIELDS)):
         gpu_id = _label(labels, "gpu_id")
         ident = _label(labels, "GPU_UUID", "gpu_uuid", "SERIAL_NUMBER", "serial_number") or (
-            None if gpu_id is None else f"gpu{gpu_id}")
+            None if gpu_id is None else f"gpu{gpu_id}"
+        )
         if ident is None:
             out.reject(f"{name}: no GPU label")
             continue

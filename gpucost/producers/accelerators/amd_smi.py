@@ -8,6 +8,7 @@ process are cumulative engine nanoseconds, not a fraction: a process's busy is n
 ``GFX_BUSY_INST`` lists each compute partition (``XCP_n``) with its XCDs: a partition becomes a
 device ``gpu<N>.xcp<n>`` whose parent ``gpu<N>`` alone carries power, temperature and memory.
 """
+
 from __future__ import annotations
 
 import re
@@ -78,13 +79,20 @@ def _monitor(lines: list[str], out: Parsed) -> None:
         else:
             rows.append(row)
     for row in rows:
+
         def sample(row: dict[str, str] = row) -> DeviceSample:
-            return DeviceSample(VENDOR, None, f"gpu{int(row['GPU'])}", busy_pct=_pct(row.get("GFX_UTIL", "N/A")),
-                                power_w=_watts(row.get("POWER", "N/A")),
-                                mem_used_bytes=_size(row.get("VRAM_USED", "N/A")),
-                                mem_total_bytes=_size(row.get("VRAM_TOTAL", "N/A")),
-                                temperature_c=_temp(row.get("GPU_TEMP", "N/A")),
-                                processes=tuple(procs.get(row["GPU"], ())) if has_procs else None)
+            return DeviceSample(
+                VENDOR,
+                None,
+                f"gpu{int(row['GPU'])}",
+                busy_pct=_pct(row.get("GFX_UTIL", "N/A")),
+                power_w=_watts(row.get("POWER", "N/A")),
+                mem_used_bytes=_size(row.get("VRAM_USED", "N/A")),
+                mem_total_bytes=_size(row.get("VRAM_TOTAL", "N/A")),
+                temperature_c=_temp(row.get("GPU_TEMP", "N/A")),
+                processes=tuple(procs.get(row["GPU"], ())) if has_procs else None,
+            )
+
         got = guarded(out, "amd-smi monitor row", sample)
         if got is not None:
             out.samples.append(got)
@@ -148,19 +156,26 @@ def _gpu(node: _Node, out: Parsed) -> None:
         mem = guarded(out, "amd-smi process VRAM_MEM", lambda info=info: _size(info.text("MEMORY_USAGE", "VRAM_MEM")))
         if pid is not None:
             procs.append(ProcessUsage(pid, mem, None))
-    sample = guarded(out, f"amd-smi {dev}", lambda: DeviceSample(
-        VENDOR, None, dev, busy_pct=_pct(node.text("USAGE", "GFX_ACTIVITY")),
-        power_w=_watts(node.text("POWER", "SOCKET_POWER")),
-        mem_used_bytes=_size(node.text("MEM_USAGE", "USED_VRAM")),
-        mem_total_bytes=_size(node.text("MEM_USAGE", "TOTAL_VRAM")),
-        temperature_c=_temp(node.text("TEMPERATURE", "HOTSPOT")),
-        processes=tuple(procs) if node.get("PROCESS_INFO") is not None else None))
+    sample = guarded(
+        out,
+        f"amd-smi {dev}",
+        lambda: DeviceSample(
+            VENDOR,
+            None,
+            dev,
+            busy_pct=_pct(node.text("USAGE", "GFX_ACTIVITY")),
+            power_w=_watts(node.text("POWER", "SOCKET_POWER")),
+            mem_used_bytes=_size(node.text("MEM_USAGE", "USED_VRAM")),
+            mem_total_bytes=_size(node.text("MEM_USAGE", "TOTAL_VRAM")),
+            temperature_c=_temp(node.text("TEMPERATURE", "HOTSPOT")),
+            processes=tuple(procs) if node.get("PROCESS_INFO") is not None else None,
+        ),
+    )
     if sample is not None:
         out.samples.append(sample)
     for xcp in getattr(node.get("USAGE", "GFX_BUSY_INST"), "children", []):
         busy = guarded(out, f"amd-smi {dev} {xcp.key}", lambda xcp=xcp: _xcp_busy(xcp.value))
-        out.samples.append(DeviceSample(VENDOR, None, f"{dev}.{xcp.key.lower().replace('_', '')}", dev,
-                                        busy_pct=busy))
+        out.samples.append(DeviceSample(VENDOR, None, f"{dev}.{xcp.key.lower().replace('_', '')}", dev, busy_pct=busy))
 
 
 def parse_text(text: str) -> Parsed:
@@ -206,18 +221,28 @@ def _json_gpu(entry: dict[str, Any], out: Parsed) -> None:
         for item in entry["process_list"]:
             info = item.get("process_info", item) if isinstance(item, dict) else {}
             pid = guarded(out, "amd-smi JSON process pid", lambda info=info: int(info["pid"]))
-            mem = guarded(out, "amd-smi JSON process vram_mem",
-                          lambda info=info: _json_size((info.get("memory_usage") or {}).get("vram_mem")))
+            mem = guarded(
+                out,
+                "amd-smi JSON process vram_mem",
+                lambda info=info: _json_size((info.get("memory_usage") or {}).get("vram_mem")),
+            )
             if pid is not None:
                 procs.append(ProcessUsage(pid, mem, None))
     power, usage = entry.get("power") or {}, entry.get("usage") or {}
     mem, temp = entry.get("mem_usage") or {}, entry.get("temperature") or {}
-    out.samples.append(DeviceSample(
-        VENDOR, None, dev, busy_pct=_json_opt(usage.get("gfx_activity"), lambda v, _u: to_pct(v)),
-        power_w=_json_opt(power.get("socket_power"), lambda v, u: to_watts(v, u or "W")),
-        mem_used_bytes=_json_size(mem.get("used_vram")), mem_total_bytes=_json_size(mem.get("total_vram")),
-        temperature_c=_json_opt(temp.get("hotspot"), lambda v, _u: number(v)),
-        processes=None if procs is None else tuple(procs)))
+    out.samples.append(
+        DeviceSample(
+            VENDOR,
+            None,
+            dev,
+            busy_pct=_json_opt(usage.get("gfx_activity"), lambda v, _u: to_pct(v)),
+            power_w=_json_opt(power.get("socket_power"), lambda v, u: to_watts(v, u or "W")),
+            mem_used_bytes=_json_size(mem.get("used_vram")),
+            mem_total_bytes=_json_size(mem.get("total_vram")),
+            temperature_c=_json_opt(temp.get("hotspot"), lambda v, _u: number(v)),
+            processes=None if procs is None else tuple(procs),
+        )
+    )
 
 
 def parse_json(text: str) -> Parsed:

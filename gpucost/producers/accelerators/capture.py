@@ -1,4 +1,5 @@
 """What every accelerator parser shares: the capture's body, table cells, "not reported" markers."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ def body(text: str) -> list[str]:
     """The capture's lines without a quoted excerpt's four-line header (``excerpt of`` … ``---``)."""
     lines = text.splitlines()
     if lines and lines[0].startswith("excerpt of") and "---" in lines[:6]:
-        return lines[lines.index("---") + 1:]
+        return lines[lines.index("---") + 1 :]
     return lines
 
 

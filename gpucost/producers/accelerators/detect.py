@@ -1,4 +1,5 @@
 """Which tool wrote a capture, told from its content, and the parser for it."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,17 @@ from gpucost.schemas.devices import Parsed
 __all__ = ["FORMATS", "detect", "parse"]
 
 FORMATS: dict[str, Callable[[str], Parsed]] = {
-    "amd-smi-text": amd_smi.parse_text, "amd-smi-json": amd_smi.parse_json, "rocm-smi": rocm_smi.parse,
-    "amd-exporter": amd_exporter.parse, "neuron-monitor": neuron.parse_scrape,
-    "neuron-monitor-json": neuron.parse_json, "neuron-ls": neuron.parse_ls,
-    "tpu-info": tpu.parse, "hl-smi": gaudi.parse_table, "hl-smi-csv": gaudi.parse_csv, "xbutil": xbutil.parse,
+    "amd-smi-text": amd_smi.parse_text,
+    "amd-smi-json": amd_smi.parse_json,
+    "rocm-smi": rocm_smi.parse,
+    "amd-exporter": amd_exporter.parse,
+    "neuron-monitor": neuron.parse_scrape,
+    "neuron-monitor-json": neuron.parse_json,
+    "neuron-ls": neuron.parse_ls,
+    "tpu-info": tpu.parse,
+    "hl-smi": gaudi.parse_table,
+    "hl-smi-csv": gaudi.parse_csv,
+    "xbutil": xbutil.parse,
 }
 
 

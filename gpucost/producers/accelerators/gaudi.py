@@ -6,6 +6,7 @@ The device is named by its PCI bus id, which survives reboots. In a log whose li
 idle device, and a busy row can lose its closing ``|``. No per-process busy is reported.
 CSV headers name units as nvidia-smi does (``memory.used [MiB]``); ``-f csv,nounits`` drops them.
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,8 +36,9 @@ def _unit(cell: str, units: tuple[str, ...]) -> tuple[str, str]:
     return match[1], match[2]
 
 
-def _device(first: list[str], second: list[str], ts_ns: int | None, procs: dict[str, list[ProcessUsage]]
-            ) -> DeviceSample:
+def _device(
+    first: list[str], second: list[str], ts_ns: int | None, procs: dict[str, list[ProcessUsage]]
+) -> DeviceSample:
     index, model = first[0].split()[0], " ".join(first[0].split()[1:-1]) or None
     bus = first[1].split()[0]
     fan_temp_perf_power = second[0].split()
@@ -45,13 +47,17 @@ def _device(first: list[str], second: list[str], ts_ns: int | None, procs: dict[
     used, _, total = second[1].partition("/")
     busy = second[2].split()[0] if second[2].split() else "N/A"
     return DeviceSample(
-        VENDOR, model, bus, ts_ns=ts_ns,
+        VENDOR,
+        model,
+        bus,
+        ts_ns=ts_ns,
         busy_pct=None if is_missing(busy) else to_pct(busy.rstrip("%")),
         power_w=None if is_missing(power) else to_watts(*_unit(power, ("W",))),
         mem_used_bytes=None if is_missing(used) else to_bytes(*_unit(used, ("MiB", "GiB", "KiB"))),
         mem_total_bytes=None if is_missing(total) else to_bytes(*_unit(total, ("MiB", "GiB", "KiB"))),
         temperature_c=None if is_missing(temp) else number(temp.rstrip("C")),
-        processes=tuple(procs.get(index, ())))
+        processes=tuple(procs.get(index, ())),
+    )
 
 
 def parse_table(text: str) -> Parsed:
@@ -72,7 +78,7 @@ def parse_table(text: str) -> Parsed:
 
     for raw in body(text):
         match = _PREFIX.match(raw)
-        ts_ns, line = (_ts_ns(match[1]), raw[match.end():]) if match else (None, raw)
+        ts_ns, line = (_ts_ns(match[1]), raw[match.end() :]) if match else (None, raw)
         if "HL-SMI Version" in line:
             flush()
             in_procs = False
@@ -85,8 +91,9 @@ def parse_table(text: str) -> Parsed:
         if in_procs:
             parts = cells[0].split()
             if len(parts) >= 2 and parts[1].isdigit():
-                mem = guarded(out, "hl-smi process memory",
-                              lambda parts=parts: to_bytes(*_unit(parts[-1], ("MiB", "GiB", "KiB"))))
+                mem = guarded(
+                    out, "hl-smi process memory", lambda parts=parts: to_bytes(*_unit(parts[-1], ("MiB", "GiB", "KiB")))
+                )
                 procs.setdefault(parts[0], []).append(ProcessUsage(int(parts[1]), mem, None))
             elif len(parts) >= 2 and not is_missing(parts[1]):
                 out.reject(f"hl-smi process row: PID {parts[1]!r} is not a number")
@@ -99,8 +106,17 @@ def parse_table(text: str) -> Parsed:
     return out
 
 
-_CSV = {"utilization.aip": "busy", "power.draw": "power", "memory.used": "used", "memory.total": "total",
-        "temperature.aip": "temp", "name": "model", "bus_id": "bus", "index": "index", "timestamp": "ts"}
+_CSV = {
+    "utilization.aip": "busy",
+    "power.draw": "power",
+    "memory.used": "used",
+    "memory.total": "total",
+    "temperature.aip": "temp",
+    "name": "model",
+    "bus_id": "bus",
+    "index": "index",
+    "timestamp": "ts",
+}
 
 
 def parse_csv(text: str) -> Parsed:
@@ -143,12 +159,13 @@ def _csv_row(row: dict[tuple[str | None, str], str]) -> DeviceSample:
         raise UnitError("no bus_id or index column")
     busy, power, used, total, temp = (cell(k) for k in ("busy", "power", "used", "total", "temp"))
     return DeviceSample(
-        VENDOR, None if cell("model") is None else vals["model"][0], bus[0],
+        VENDOR,
+        None if cell("model") is None else vals["model"][0],
+        bus[0],
         ts_ns=None if ts is None else _ts_ns(vals["ts"][0].replace("/", "-")),
         busy_pct=None if busy is None else to_pct(busy[0]),
         power_w=None if power is None else to_watts(power[0], power[1] or "W"),
         mem_used_bytes=None if used is None else to_bytes(used[0], used[1] or "MiB"),
         mem_total_bytes=None if total is None else to_bytes(total[0], total[1] or "MiB"),
-        temperature_c=None if temp is None else number(temp[0].rstrip("C")))
-
-
+        temperature_c=None if temp is None else number(temp[0].rstrip("C")),
+    )

@@ -3,6 +3,7 @@
 Each format names the command that prints it. A tool that is missing, fails, or outlives its
 timeout gives no samples and one counted reason; nothing here raises to the caller.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -20,10 +21,26 @@ COMMANDS: dict[str, list[str]] = {
     "neuron-ls": ["neuron-ls", "--show-all-procs"],
     "tpu-info": ["tpu-info"],
     "hl-smi": ["hl-smi"],
-    "hl-smi-csv": ["hl-smi", "-Q", "timestamp,name,bus_id,utilization.aip,power.draw,memory.used,memory.total,"
-                   "temperature.aip", "-f", "csv"],
-    "xbutil": ["xbutil", "examine", "-r", "electrical", "thermal", "platform", "-f", "JSON", "-o", "/dev/stdout",
-               "--force"],
+    "hl-smi-csv": [
+        "hl-smi",
+        "-Q",
+        "timestamp,name,bus_id,utilization.aip,power.draw,memory.used,memory.total,temperature.aip",
+        "-f",
+        "csv",
+    ],
+    "xbutil": [
+        "xbutil",
+        "examine",
+        "-r",
+        "electrical",
+        "thermal",
+        "platform",
+        "-f",
+        "JSON",
+        "-o",
+        "/dev/stdout",
+        "--force",
+    ],
 }
 
 

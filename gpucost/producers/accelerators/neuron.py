@@ -6,6 +6,7 @@ A NeuronCore is a partition of its Neuron device: a core row (``nd<D>.nc<C>``) c
 reports power or temperature: they stay None (the platform table's TDP is an estimate, used only
 where a later step needs power). Scrapes and ``neuron-ls`` carry no time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,17 +53,31 @@ def _emit(r: _Readings, out: Parsed) -> Parsed:
         out.reject("neuron-monitor: runtime memory is per runtime, not per device, on a multi-device host")
     for dev in devices:
         procs = tuple(ProcessUsage(pid, mem, None) for pid, mem in sorted(r.device_mem.items()))
-        out.samples.append(DeviceSample(VENDOR, r.model, f"nd{dev}", mem_total_bytes=r.size,
-                                        mem_used_bytes=sum(p.mem_used_bytes or 0 for p in procs) if single else None,
-                                        processes=procs if single else None))
+        out.samples.append(
+            DeviceSample(
+                VENDOR,
+                r.model,
+                f"nd{dev}",
+                mem_total_bytes=r.size,
+                mem_used_bytes=sum(p.mem_used_bytes or 0 for p in procs) if single else None,
+                processes=procs if single else None,
+            )
+        )
     for core, runtimes in sorted(r.busy.items()):
         total = sum(runtimes.values(), Decimal(0))
         if total > 100:
             out.reject(f"neuroncore {core}: its runtimes' utilisation adds up to {total} %")
             continue
-        out.samples.append(DeviceSample(
-            VENDOR, r.model, f"nd{core // r.per_device}.nc{core}", f"nd{core // r.per_device}", busy_pct=total,
-            processes=tuple(ProcessUsage(pid, None, pct) for pid, pct in sorted(runtimes.items()))))
+        out.samples.append(
+            DeviceSample(
+                VENDOR,
+                r.model,
+                f"nd{core // r.per_device}.nc{core}",
+                f"nd{core // r.per_device}",
+                busy_pct=total,
+                processes=tuple(ProcessUsage(pid, None, pct) for pid, pct in sorted(runtimes.items())),
+            )
+        )
     return out
 
 
@@ -72,10 +87,17 @@ def parse_scrape(text: str) -> Parsed:
     for name, labels, value in series(text, out, _METRICS):
         tag, core = labels.get("runtime_tag", ""), labels.get("neuroncore", "")
         if name == "neuron_hardware_info":
-            r.per_device = guarded(out, "neuroncore_per_device_count",
-                                   lambda labels=labels: int(labels["neuroncore_per_device_count"])) or 0
-            r.size = guarded(out, "neuron_device_memory_size",
-                             lambda labels=labels: to_bytes(labels["neuron_device_memory_size"], "B"))
+            r.per_device = (
+                guarded(
+                    out, "neuroncore_per_device_count", lambda labels=labels: int(labels["neuroncore_per_device_count"])
+                )
+                or 0
+            )
+            r.size = guarded(
+                out,
+                "neuron_device_memory_size",
+                lambda labels=labels: to_bytes(labels["neuron_device_memory_size"], "B"),
+            )
             r.model = _model(labels.get("instance_type"))
         elif not tag.isdigit():
             out.reject(f"{name}: runtime_tag {tag!r} is not a PID")
@@ -150,12 +172,18 @@ def parse_ls(text: str) -> Parsed:
                 out.reject(f"neuron-ls: PID {pid!r} is not a number")
     has_pids = any(h.startswith("PID") for h in header)
     for row, pids in rows:
+
         def sample(row: dict[str, str] = row, pids: list[int] = pids) -> DeviceSample:
             mem = row.get("NEURON MEMORY", "")
             value, _, unit = mem.partition(" ")
-            return DeviceSample(VENDOR, model, f"nd{int(row['NEURON DEVICE'])}",
-                                mem_total_bytes=None if is_missing(mem) else to_bytes(value, _LS_UNITS[unit.strip()]),
-                                processes=tuple(ProcessUsage(p) for p in pids) if has_pids else None)
+            return DeviceSample(
+                VENDOR,
+                model,
+                f"nd{int(row['NEURON DEVICE'])}",
+                mem_total_bytes=None if is_missing(mem) else to_bytes(value, _LS_UNITS[unit.strip()]),
+                processes=tuple(ProcessUsage(p) for p in pids) if has_pids else None,
+            )
+
         got = guarded(out, "neuron-ls row", sample)
         if got is not None:
             out.samples.append(got)

@@ -1,4 +1,5 @@
 """Prometheus text scrapes read exactly: each sample's value as the decimal the exporter wrote."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -9,6 +9,7 @@ and its PID the process on the chip, joined only where the device number equals 
 not guessed). tpu-info reports no power, temperature, per-process memory or per-process busy.
 ``Last update:`` (streaming mode) is the sample time; otherwise there is none.
 """
+
 from __future__ import annotations
 
 import re
@@ -95,12 +96,23 @@ def parse(text: str) -> Parsed:
         out.reject(f"tpu-info: PIDs of /dev chip {number} match no runtime chip id")
     for chip_id, chip in sorted(chips.items()):
         procs = pids.get(chip_id)
-        out.samples.append(DeviceSample(
-            VENDOR, model, f"tpu{chip_id}", ts_ns=ts_ns, busy_pct=chip.get("busy"),  # type: ignore[arg-type]
-            mem_used_bytes=chip.get("used"), mem_total_bytes=chip.get("total"),  # type: ignore[arg-type]
-            processes=None if procs is None else tuple(ProcessUsage(p) for p in sorted(procs))))
+        out.samples.append(
+            DeviceSample(
+                VENDOR,
+                model,
+                f"tpu{chip_id}",
+                ts_ns=ts_ns,
+                busy_pct=chip.get("busy"),  # type: ignore[arg-type]
+                mem_used_bytes=chip.get("used"),
+                mem_total_bytes=chip.get("total"),  # type: ignore[arg-type]
+                processes=None if procs is None else tuple(ProcessUsage(p) for p in sorted(procs)),
+            )
+        )
     if not chips and pids:  # a chips/process table alone: the chips, with their processes
         for number, procs in sorted(pids.items()):
-            out.samples.append(DeviceSample(VENDOR, model, f"tpu{number}", ts_ns=ts_ns,
-                                            processes=tuple(ProcessUsage(p) for p in sorted(procs))))
+            out.samples.append(
+                DeviceSample(
+                    VENDOR, model, f"tpu{number}", ts_ns=ts_ns, processes=tuple(ProcessUsage(p) for p in sorted(procs))
+                )
+            )
     return out

@@ -6,6 +6,7 @@ string, as XRT's own Python reports read it), ``thermals[]`` with ``location_id`
 ``is_present``, and ``platforms[].static_region.vbnv`` — and tested on examples written to that
 layout, not on a real card. An FPGA reports no busy fraction and no per-process use: both None.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,9 +37,13 @@ def _temperature(device: dict[str, Any]) -> Any:
 
 def _device(device: dict[str, Any]) -> DeviceSample:
     watts = (device.get("electrical") or {}).get("power_consumption_watts")
-    return DeviceSample(VENDOR, _model(device), str(device["device_id"]),
-                        power_w=None if watts in (None, "", "N/A") else to_watts(str(watts)),
-                        temperature_c=_temperature(device))
+    return DeviceSample(
+        VENDOR,
+        _model(device),
+        str(device["device_id"]),
+        power_w=None if watts in (None, "", "N/A") else to_watts(str(watts)),
+        temperature_c=_temperature(device),
+    )
 
 
 def parse(text: str) -> Parsed:
