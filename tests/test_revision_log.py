@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample, TenantBinding
 from gpucost.schemas.records import IDLE_TENANT
 from gpucost.streams.apportion import Weights, apportion
-from gpucost.streams.revisions import Revisions, differences
+from gpucost.streams.differences import differences
+from gpucost.streams.revisions import Revisions
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, BindingTable
 from tests.strategies import BASE_NS as T0

@@ -12,13 +12,14 @@ from collections.abc import Callable
 from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample, TenantBinding
 from gpucost.schemas.records import Output
 from gpucost.streams.apportion import apportion
+from gpucost.streams.differences import differences
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.letters import DeadLetters
 from gpucost.streams.operator import CostSplit
 from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.panes import GpuPanes
-from gpucost.streams.revisions import Revisions, differences
+from gpucost.streams.revisions import Revisions
 from gpucost.streams.tables import BindingTable, PriceTable
 
 __all__ = ["LateData"]

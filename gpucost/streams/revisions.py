@@ -1,5 +1,6 @@
 """Late data become revisions (docs/definitions.md, "Late data become revisions"): what the audit keeps of each GPU's
-panes for the revision horizon ``R``, and the difference records a recomputation publishes.
+panes for the revision horizon ``R``, from which a pane is recomputed (what is then published of it:
+``gpucost.streams.differences``).
 
 Why a log of rows, not the pane sums: a late binding moves a process's samples from one tenant to another,
 and only the samples say which (a binding can start mid-pane). So every accepted GPU sample, process sample
@@ -23,13 +24,12 @@ from typing import Any
 import numpy as np
 
 from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
-from gpucost.schemas.records import CostRecord, record_id
 from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, energy_uj, gpu_sums, numa_sum, overlaps, process_sums
 from gpucost.streams.pane_totals import PaneRows, PaneTotals, TenantTotals, nearest_gap
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, BindingTable
 
-__all__ = ["LOG", "Held", "Revisions", "differences"]
+__all__ = ["LOG", "Held", "Revisions"]
 
 #: one accepted GPU-keyed event as the log keeps it: its pane's start, time, kind (``panes.KINDS``), pid (-1
 #: for a GPU sample), node and model (indices into the GPU's names), and the integers the pane sums; ``extra``
@@ -345,61 +345,3 @@ class Revisions:
         }
         revisions._held_oldest = {g: min(held) for g, held in revisions._held.items() if held}
         return revisions
-
-
-def differences(old: list[CostRecord], new: list[CostRecord], revision: int) -> list[CostRecord]:
-    """The records a recomputation publishes: one for every party whose record changed in any value or that
-    is new, its ``cost_micro_usd`` the difference from its previous total, its other fields the new values;
-    a closing record of −(its total), shares 0, for a party left with nothing. Empty if nothing changed.
-    ``old`` and ``new`` are one pane's records (``apportion``), ``old`` empty if it was never published."""
-    before = {r.tenant_key: r for r in old}
-    after = {r.tenant_key: r for r in new}
-    out = []
-    for key, r in after.items():
-        was = before.get(key)
-        values = r.model_dump(exclude={"record_id", "revision"})
-        if was is not None and was.model_dump(exclude={"record_id", "revision"}) == values:
-            continue
-        out.append(
-            r.model_copy(
-                update={
-                    "record_id": record_id(r.gpu_uuid, r.pane_start_ns, key, revision),
-                    "revision": revision,
-                    "cost_micro_usd": r.cost_micro_usd - (0 if was is None else was.cost_micro_usd),
-                }
-            )
-        )
-    if not out and before.keys() <= after.keys():
-        return []
-    pane = new[0] if new else None
-    for key, was in before.items():
-        if key in after:
-            continue
-        closing = {
-            "record_id": record_id(was.gpu_uuid, was.pane_start_ns, key, revision),
-            "revision": revision,
-            "cost_micro_usd": -was.cost_micro_usd,
-            "t_share": 0.0,
-            "b_share": 0.0,
-            "l_share": 0.0,
-            "weight": 0.0,
-            "t_num": 0,
-            "b_num": 0,
-            "l_num": 0,
-        }
-        if pane is not None:
-            closing.update(
-                {
-                    f: getattr(pane, f)
-                    for f in (
-                        "busy_fraction",
-                        "pane_cost_micro_usd",
-                        "usd_per_gpu_hour",
-                        "unpriced",
-                        "busy_num",
-                        "covered_ms",
-                    )
-                }
-            )
-        out.append(was.model_copy(update=closing))
-    return sorted(out, key=lambda r: (r.tenant_key != "idle", r.tenant_key))
