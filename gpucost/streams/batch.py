@@ -14,9 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.schemas.blocks import ClosedPanes, Outputs
-from gpucost.schemas.bounds import field_bounds
 from gpucost.schemas.codec import Rejected, decode_line, present_fields, raw_text
 from gpucost.schemas.events import (
     EbpfTrace,
@@ -31,6 +29,7 @@ from gpucost.schemas.events import (
 from gpucost.schemas.exact import exact_round
 from gpucost.schemas.records import Output
 from gpucost.streams.addresses import DUPLICATE
+from gpucost.streams.batch_columns import column, hot_columns, valid_rows
 from gpucost.streams.json_lines import COLUMN_MODELS
 from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, TRACE, numa_sum
 from gpucost.streams.pane_totals import PaneColumns, PaneRows
@@ -44,7 +43,6 @@ __all__ = ["Batch", "FEW_CLOSES", "KIND_CODES", "MEM"]
 
 MEM = len(KINDS)  # the codes of the kinds GpuPanes counts (``KINDS``), and this one
 KIND_CODES = {name: code for code, name in enumerate((*KINDS, "mem_access"))}
-_HOT_FIELDS = sorted({name for model in COLUMN_MODELS for name in model.model_fields} - {"kind"})
 _PID_SPAN = 1 << 32
 #: fewer closing panes than this in a batch are closed one by one, as records; more, as blocks of columns
 #: (a live worker's poll closes a pane or two per GPU; closing one as a block costs 0.45 ms, one by one 20 µs)
@@ -68,40 +66,8 @@ class Batch:
         self.table_events: list[tuple[int, Event]] = []
         self.tenants: list[Tenant] = []
 
-    # --- columns -------------------------------------------------------------------------------
-
     def _col(self, name: str) -> pa.Array:
-        if name in self.batch.schema.names:
-            return self.batch.column(name)
-        return pa.nulls(self.n, EVENT_SCHEMA.field(name).type)
-
-    def _ints(self, name: str, dtype: type = np.int64) -> tuple[np.ndarray, np.ndarray]:
-        col = self._col(name)
-        present = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool)
-        return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=dtype), present
-
-    def _floats(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """NaN where null, so every range check below fails for it."""
-        col = self._col(name)
-        present = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), dtype=bool)
-        return np.asarray(pc.fill_null(col, float("nan")).to_numpy(zero_copy_only=False), dtype=np.float64), present
-
-    def _ident(self, name: str) -> tuple[np.ndarray, list[str], np.ndarray]:
-        """Codes into the batch's distinct values (-1 for null), the values, and each row's value's length."""
-        col = self._col(name)
-        encoded = pc.dictionary_encode(col)
-        codes = np.asarray(pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-        length = np.append(pc.utf8_length(encoded.dictionary).to_numpy(), 0)  # of each distinct value; null: 0
-        return codes, encoded.dictionary.to_pylist(), length[codes]
-
-    def _valid(self, model: type[Event], columns: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-        """Rows whose every field of ``model`` is within the bounds the model declares (present, if the
-        field is required): the checks are read from the model (``gpucost.schemas.bounds``), never written here."""
-        ok = np.ones(self.n, dtype=bool)
-        for name in model.model_fields:
-            if name != "kind":
-                ok &= field_bounds(model, name).holds(*columns[name])
-        return ok
+        return column(self.batch, name)
 
     def _inputs(self, idx: np.ndarray | list[int]) -> list[bytes | dict[str, Any]]:
         """The inputs as the row path takes them: the JSON lines, or the Parquet rows as wire objects."""
@@ -166,19 +132,7 @@ class Batch:
         self.code = kind_codes[
             np.asarray(pc.fill_null(kinds.indices, len(kind_codes) - 1).to_numpy(zero_copy_only=False))
         ]
-        # every field of the hot kinds, loaded as its column of the event schema holds it: text as codes
-        # into the batch's distinct values (their lengths checked), numbers as they are
-        columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        idents: dict[str, tuple[np.ndarray, list[str]]] = {}
-        for name in _HOT_FIELDS:
-            arrow = EVENT_SCHEMA.field(name).type
-            if pa.types.is_string(arrow):
-                codes, values, length = self._ident(name)
-                idents[name], columns[name] = (codes, values), (length, codes >= 0)
-            elif pa.types.is_floating(arrow):
-                columns[name] = self._floats(name)
-            else:
-                columns[name] = self._ints(name, np.uint64 if pa.types.is_unsigned_integer(arrow) else np.int64)
+        columns, idents = hot_columns(self.batch)
         (self.gpu, self.gpu_names), (self.node, self.node_names), (self.model, self.model_names) = (
             idents["gpu_uuid"],
             idents["node_id"],
@@ -187,7 +141,7 @@ class Batch:
         self.ts, pid = columns["ts_ns"][0], columns["pid"][0]
         self.pid = np.where(self.code == GPU, -1, pid)  # the duplicate key's pid of a GPU sample
         self.address = columns["address"][0]
-        valid = {model: self._valid(model, columns) for model in COLUMN_MODELS}
+        valid = {model: valid_rows(model, columns, self.n) for model in COLUMN_MODELS}
 
         sample = ((self.code == GPU) & valid[GpuSample]) | ((self.code == PROC) & valid[ProcessSample])
         self.interval_ms = np.zeros(self.n, np.int64)
