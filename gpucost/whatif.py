@@ -64,7 +64,8 @@ class Scenario:
         table = None
         for price in prices:
             table = table or PriceTable()
-            table.update(price)
+            if table.admit(price) is None:  # the first price of an instant stays, as in the audit
+                table.take(price)
         return cls(Weights(alpha, beta, gamma), table, idle_policy)
 
 

@@ -47,10 +47,10 @@ def test_lookups_do_not_depend_on_the_order_bindings_arrive_in(bound, rnd) -> No
     rnd.shuffle(arrival)
     table = BindingTable()
     for ts, team in arrival:
-        table.update(binding(ts, team))
+        table.take(binding(ts, team))
     for t in range(-1, 32):
         assert table.lookup("n1", 7, T0 + t).team == reference(bound, t), (arrival, t)
-    restored = BindingTable.from_state(table.to_state())
+    restored = BindingTable.from_state(table.to_state(), AuditSettings())
     assert [restored.lookup("n1", 7, T0 + t) for t in range(32)] == [table.lookup("n1", 7, T0 + t) for t in range(32)]
 
 
@@ -58,7 +58,7 @@ def test_a_repeat_comes_back_into_force_after_a_binding_that_arrives_late_before
     """Hypothesis's find: ``search`` at t0 and t2, then ``ads`` at t1, billed t2's sample to ``ads``."""
     table = BindingTable()
     for ts, team in ((0, "search"), (2, "search"), (1, "ads")):
-        table.update(binding(ts, team))
+        table.take(binding(ts, team))
     assert [table.lookup("n1", 7, T0 + t).team for t in range(3)] == ["search", "ads", "search"]
 
 
@@ -120,7 +120,7 @@ def test_the_audit_bills_the_repeat_in_force_after_a_binding_that_arrives_late_b
 
 def test_a_repeat_sent_again_is_a_duplicate_as_any_binding_taken() -> None:
     table = BindingTable()
-    verdicts = [table.update(binding(ts, "search")) for ts in (0, 5, 5)]
+    verdicts = [table.take(binding(ts, "search")) for ts in (0, 5, 5)]
     assert verdicts == ["taken", "unchanged", "duplicate"]
 
 

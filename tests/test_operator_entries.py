@@ -50,7 +50,7 @@ def test_mae_update_many_is_update_address_by_address(
     by_row, by_batch = Mae(settings), Mae(settings)
     want = []
     for i, (pid, address) in enumerate(accesses):
-        record = by_row.update(MemAccess(node_id="n", pid=pid, ts_ns=T0 + i, address=address))
+        record = by_row.take(MemAccess(node_id="n", pid=pid, ts_ns=T0 + i, address=address))
         if record is not None:
             want.append((i, record))
     got = []
@@ -60,7 +60,7 @@ def test_mae_update_many_is_update_address_by_address(
             at = np.array([lo + k for k, (p, _) in enumerate(part) if p == pid], np.int64)
             address = np.array([a for p, a in part if p == pid], np.uint64)
             assert not by_batch.taken.verdicts_many(("n", pid), T0 + at, address)[0].any()  # all new: all taken
-            got += [(int(at[k]), r) for k, r in by_batch.update_many(("n", pid), T0 + at, by_batch.bins_of(address))]
+            got += [(int(at[k]), r) for k, r in by_batch.take_many(("n", pid), T0 + at, by_batch.bins_of(address))]
     assert sorted(got, key=lambda g: g[0]) == want
     assert normalised(by_batch) == normalised(by_row)
 
@@ -125,7 +125,7 @@ def normalised(mae: Mae) -> str:
 def test_binding_lookup_many_is_lookup_time_by_time(bindings: list[tuple[int, str]], times: list[int]) -> None:
     table = BindingTable()
     for ts, team in bindings:
-        table.update(TenantBinding(node_id="n", pid=1, ts_ns=T0 + ts, team=team, env="", app="", tier="", sla="Gold"))
+        table.take(TenantBinding(node_id="n", pid=1, ts_ns=T0 + ts, team=team, env="", app="", tier="", sla="Gold"))
     tenants, at = table.lookup_many("n", 1, T0 + np.array(times, np.int64))
     assert [UNATTRIBUTED if i < 0 else tenants[i] for i in at.tolist()] == [table.lookup("n", 1, T0 + t) for t in times]
     assert table.lookup_many("n", 2, T0 + np.array(times, np.int64))[0] == []  # another process has none
@@ -302,20 +302,14 @@ def test_panes_batch_entry_is_the_row_entry_event_by_event(
         if by_row.is_late(e.gpu_uuid, e.ts_ns):
             want_verdicts.append((i, "late", by_row.watermark(e.gpu_uuid)))
             continue
-        if isinstance(e, EbpfTrace):
-            if not by_row.add_trace(e):  # a blas call its pane holds already
-                want_verdicts.append((i, "duplicate", None))
-            continue
-        refused = by_row.admit(e)
+        refused = by_row.admit(e)  # a blas call its pane holds already is a duplicate too
         if refused is not None:
             want_verdicts.append((i, refused, None))
             continue
-        if isinstance(e, GpuSample):
-            by_row.add_gpu_sample(e)
-        elif isinstance(e, ProcessSample):
-            by_row.add_process_sample(e, tenant_of[i])
-        else:
-            by_row.add_numa_event(e, tenant_of[i])
+        if isinstance(e, EbpfTrace):
+            by_row.take(e)  # a trace moves no watermark
+            continue
+        by_row.take(e, tenant_of[i] or UNATTRIBUTED)
         want_closes += [(i, closed(p)) for p in by_row.advance(e.gpu_uuid, e.ts_ns)]
 
     cuts = sorted(data.draw(st.sets(st.integers(0, len(events)), max_size=4)))

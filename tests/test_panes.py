@@ -48,7 +48,7 @@ def test_pane_contains_its_event(offset: int, pane_ns: int) -> None:
 
 def test_pane_closes_when_watermark_reaches_its_end_and_later_events_for_it_are_late() -> None:
     panes = GpuPanes(AuditSettings(pane_s=P // NS, lateness_s=L // NS, max_jump_s=3600))
-    panes.add_gpu_sample(sample(T0 + 5 * NS))
+    panes.take(sample(T0 + 5 * NS))
     assert panes.advance("GPU-x", T0 + 5 * NS) == []
     # watermark = (T0 + P + L - 1ns) - L: one ns short of the pane's end, so still open
     assert panes.advance("GPU-x", T0 + P + L - 1) == []

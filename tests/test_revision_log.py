@@ -89,10 +89,10 @@ def test_a_pane_is_recomputed_from_its_events_whatever_their_order(gpu, proc, nu
     rnd.shuffle(events)
     revisions = Revisions(SETTINGS)
     for e in events:
-        revisions.log(e)
+        revisions.take(e)
     table = BindingTable()
     for pid, bt, team in bound:
-        table.update(
+        table.take(
             TenantBinding(node_id=NODE, pid=pid, ts_ns=bt, team=team, env="prod", app="app", tier="online", sla="Gold")
         )
     pane = revisions.totals(GPU, T0, table)
@@ -128,9 +128,9 @@ def test_a_resent_event_is_a_duplicate_and_the_horizon_forgets_old_panes() -> No
         power_w=100.0,
         temp_c=40.0,
     )
-    revisions.log(sample)
-    assert revisions.refusal(sample) == "duplicate"
-    assert revisions.refusal(sample.model_copy(update={"ts_ns": T0 + 30 * NS})) is None
+    revisions.take(sample)
+    assert revisions.admit(sample) == "duplicate"
+    assert revisions.admit(sample.model_copy(update={"ts_ns": T0 + 30 * NS})) is None
     revisions.hold(GPU, T0, Decimal(2), True)
     end = T0 + PANE_NS
     assert revisions.reaches(end, end + 600 * NS) and not revisions.reaches(end, end + 600 * NS + 1)

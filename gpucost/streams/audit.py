@@ -34,7 +34,7 @@ from gpucost.streams.health import HealthAudit
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.late_data import LateData
 from gpucost.streams.mae import Mae
-from gpucost.streams.operator import Closing, ClosingMany, CostSplit, PaneOperator
+from gpucost.streams.operator import Closing, ClosingMany, CostSplit, EventOperator, PaneOperator
 from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.panes import GpuPanes
@@ -98,6 +98,12 @@ class Auditor(LateData):
         are published: both close paths walk this one list."""
         return [self.cost, self.sla, self.efficiency, self.health]
 
+    @property
+    def event_operators(self) -> list[EventOperator[Any]]:
+        """The operators on events (``gpucost.streams.operator``), each owning the events of its kinds: the
+        panes, the MAE windows, the revision log, the bindings and the prices."""
+        return [self.panes, self.mae, self.revisions, self.bindings, self.prices]
+
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]:
         """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
         if self.clock is not None and event.ts_ns > (now := self.clock()) + self.settings.max_future_ns:
@@ -107,19 +113,20 @@ class Auditor(LateData):
         if isinstance(event, EbpfTrace):
             if self.panes.is_late(event.gpu_uuid, event.ts_ns):
                 return [self.late_letter(event, raw, source, self.panes.watermark(event.gpu_uuid))]
-            if not self.panes.add_trace(event):
+            if self.panes.admit(event) is not None:
                 return [self.duplicate_letter(event, raw, source)]
+            self.panes.take(event)
         if isinstance(event, MemAccess):
             if (why := self.mae.admit(event)) is not None:
                 latest = self.mae.taken.latest((event.node_id, event.pid))
                 return [self.address_letter(event, raw, source, why, latest)]
             self.counts[event.kind] += 1
-            rec = self.mae.update(event)
+            rec = self.mae.take(event)
             return [rec] if rec is not None else []
         if isinstance(event, TenantBinding):
             return self._binding(event, raw, source)
         elif isinstance(event, Price):
-            if not self.prices.update(event):
+            if self.prices.admit(event) is not None:
                 return [
                     self._dead(
                         "duplicate",
@@ -130,6 +137,7 @@ class Auditor(LateData):
                         "send a correction with a later ts_ns",
                     )
                 ]
+            self.prices.take(event)
         elif not isinstance(event, EbpfTrace):
             raise TypeError(f"not an event: {event!r}")
         self.counts[event.kind] += 1
@@ -171,14 +179,10 @@ class Auditor(LateData):
             return [self.overlap_letter(event, raw, source)]  # type: ignore[arg-type]  # never of a NUMA event
         self.counts[event.kind] += 1
         if isinstance(event, GpuSample):
-            self.panes.add_gpu_sample(event)
+            self.panes.take(event)
         else:
-            tenant = self.bindings.lookup(event.node_id, event.pid, event.ts_ns)
-            if isinstance(event, ProcessSample):
-                self.panes.add_process_sample(event, tenant)
-            else:
-                self.panes.add_numa_event(event, tenant)
-        self.revisions.log(event)  # with revisions off too: a late binding re-attributes open panes' samples
+            self.panes.take(event, self.bindings.lookup(event.node_id, event.pid, event.ts_ns))
+        self.revisions.take(event)  # with revisions off too: a late binding re-attributes open panes' samples
         out = self.close(self.panes.advance(gpu, event.ts_ns))
         self.revisions.prune(gpu, self.panes.watermark(gpu))
         return out
@@ -387,9 +391,9 @@ class Auditor(LateData):
         auditor.panes = GpuPanes.from_state(state["panes"], settings)
         auditor.idle = IdleIndex.from_state(state["idle"], settings)
         auditor.mae = Mae.from_state(state["mae"], settings)
-        auditor.bindings = BindingTable.from_state(state["bindings"])
+        auditor.bindings = BindingTable.from_state(state["bindings"], settings)
         if "revisions" in state:  # a state written before revisions (or with none) keeps nothing to revise
             auditor.revisions = Revisions.from_state(state["revisions"], settings)
-        auditor.prices = PriceTable.from_state(state["prices"])
+        auditor.prices = PriceTable.from_state(state["prices"], settings)
         auditor.counts = Counter(state["counts"])
         return auditor

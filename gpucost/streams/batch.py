@@ -264,7 +264,7 @@ class Batch:
                 self._letters(rows[members[codes > 0]], letter)
                 members = members[codes == 0]
             self._count("mem_access", len(members))
-            for at, record in mae.update_many(key, self.ts[rows[members]], bins[members]):
+            for at, record in mae.take_many(key, self.ts[rows[members]], bins[members]):
                 self.emit(int(rows[members[at]]), [record])
 
     # --- panes -----------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ class Batch:
         tenant_of = np.full(self.n, -1, np.int64)
         tenant_of[tenant_rows] = self._tenants(tenant_rows)
         self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants))
-        a.revisions.log_many(pane_rows, accepted)  # with revisions off too: bindings re-attribute open panes
+        a.revisions.take_many(pane_rows, accepted)  # with revisions off too: bindings re-attribute open panes
         for name in pane_rows.names:
             a.revisions.prune(name, a.panes.watermark(name))
 

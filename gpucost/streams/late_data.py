@@ -60,7 +60,7 @@ class LateData(DeadLetters):
                 )
             ]
         if verdict == "unchanged":  # no lookup changes now; kept as a repeat for a binding that lands before it
-            self.bindings.update(event)
+            self.bindings.take(event)
             self.counts["binding_unchanged"] += 1
             return []
         reached = [
@@ -90,7 +90,7 @@ class LateData(DeadLetters):
                 ]
             self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
         before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
-        self.bindings.update(event)
+        self.bindings.take(event)
         self.counts[event.kind] += 1
         out: list[Output] = []
         for gpu, start in reached:
@@ -108,14 +108,14 @@ class LateData(DeadLetters):
     ) -> list[Output]:
         """A late event within the horizon: checked against its closed pane (``duplicate``, ``overlap``), taken
         into it, and the pane's changed records published (``_republish``)."""
-        refused = self.revisions.refusal(event)
+        refused = self.revisions.admit(event)
         if refused == "duplicate":
             return [self.duplicate_letter(event, raw, source)]
         if refused == "overlap":
             return [self.overlap_letter(event, raw, source)]  # type: ignore[arg-type]  # never of a NUMA event
         start = pane_start_ns(event.ts_ns, self.settings.pane_ns)
         before = self.revisions.totals(event.gpu_uuid, start, self.bindings)
-        self.revisions.log(event)
+        self.revisions.take(event)
         self.counts[event.kind] += 1
         self.counts["revised_by_late"] += 1
         self.counts[f"revised_by_late:{event.kind}"] += 1

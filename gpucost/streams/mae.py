@@ -84,7 +84,7 @@ class Mae:
         """Why the address may not be counted (``duplicate``, ``late``: ``TakenAddresses.verdict``), or None."""
         return self.taken.verdict((ev.node_id, ev.pid), ev.ts_ns, ev.address)
 
-    def update(self, ev: MemAccess) -> MaeRecord | None:
+    def take(self, ev: MemAccess) -> MaeRecord | None:
         """The row entry: one address that ``admit`` let in; the window's record if it completed it."""
         key = (ev.node_id, ev.pid)
         self.taken.take(key, ev.ts_ns, ev.address)
@@ -100,7 +100,7 @@ class Mae:
         return self._complete(key) if win.taken == self.window else None
 
     def bins_of(self, address: np.ndarray) -> np.ndarray:
-        """The bin of each address (uint64), -1 out of range: ``update``'s binning, over a column."""
+        """The bin of each address (uint64), -1 out of range: ``take``'s binning, over a column."""
         lo, span = self.lo, self.span
         inside = (
             address >= np.uint64(lo)
@@ -115,10 +115,10 @@ class Mae:
             bins[inside] = [(int(a) - lo) * self.bins // span for a in address[inside].tolist()]
         return bins
 
-    def update_many(self, key: tuple[str, int], ts_ns: np.ndarray, bins: np.ndarray) -> list[tuple[int, MaeRecord]]:
+    def take_many(self, key: tuple[str, int], ts_ns: np.ndarray, bins: np.ndarray) -> list[tuple[int, MaeRecord]]:
         """The batch entry: one process's addresses in arrival order that ``TakenAddresses.verdicts_many`` took,
         as their times and ``bins_of``. Returns each completed window's record with the position of the address
-        that completed it: the records ``update`` would return, address by address."""
+        that completed it: the records ``take`` would return, address by address."""
         out, pos = [], 0
         while pos < len(bins):
             window = self._window_of(key, int(ts_ns[pos]))

@@ -1,4 +1,13 @@
-"""The one shape of the operators on closed panes, and the cost split on it.
+"""The two shapes of the audit's operators: on events, and on closed panes; and the cost split on the second.
+
+An event operator (``EventOperator``) owns the events of some kinds: ``GpuPanes`` the GPU-keyed ones,
+``Mae`` memory accesses, ``Revisions`` the log a closed pane is recomputed from, ``BindingTable`` bindings,
+``PriceTable`` prices (``Auditor.event_operators``). Its row entry is ``admit(event)``, why the event may not
+be taken (the dead-letter reason: ``duplicate``, ``overlap``, ``late``) or None, changing nothing, then
+``take(event)``, which takes it and returns what it completes; where events come in bulk (all but bindings
+and prices) a batch entry ``take_many`` takes a batch's admitted rows as arrays, as ``take`` would one by one.
+Re-sent input is refused by ``admit`` because ``take`` remembered it, so each operator is idempotent on its
+own; ``tests/test_event_operators.py`` checks that, admit's purity and snapshot → restore for every one.
 
 A closed pane is rolled into its GPU's idle window first (``IdleIndex``: an unbilled pane, without GPU
 samples, stops there), then handed to each pane operator in ``Auditor.pane_operators``' order: the cost
@@ -18,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -28,7 +37,20 @@ from gpucost.streams.apportion import Weights, apportion, apportion_many
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.settings import AuditSettings
 
-__all__ = ["Closing", "ClosingMany", "CostSplit", "PaneOperator"]
+__all__ = ["Closing", "ClosingMany", "CostSplit", "EventOperator", "PaneOperator"]
+
+E = TypeVar("E", contravariant=True)
+
+
+class EventOperator(Protocol[E]):
+    """An operator on the events of the kinds it owns (module docstring); ``from_state(state, settings)`` is its
+    class's. ``take`` may take more than the event (``GpuPanes``: the tenant the auditor looked up)."""
+
+    def admit(self, event: E) -> str | None: ...
+
+    def take(self, event: E) -> Any: ...
+
+    def to_state(self) -> Any: ...
 
 
 @dataclass(frozen=True)

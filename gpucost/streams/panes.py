@@ -3,7 +3,8 @@
 A GPU's watermark is the largest ``ts_ns`` seen for it minus the allowed lateness; pane
 ``[s, e)`` closes once the watermark reaches ``e``. An event whose pane has closed is late.
 
-``GpuPanes`` has a row entry here (``is_late``, ``admit``, ``add_*``, ``advance``: one event) and a
+``GpuPanes`` is an event operator (``gpucost.streams.operator.EventOperator``): its row entry is here
+(``is_late``, ``admit``, ``take``, ``advance``: one event) and its
 batch entry in ``gpucost.streams.pane_batch`` (``judge_many`` then ``add_many``: a batch's rows as
 columns), over the same state; the rules both apply are in ``gpucost.streams.pane_rules``.
 """
@@ -68,24 +69,42 @@ class GpuPanes(PaneBatch):
             pane = panes[start] = PaneTotals(gpu_uuid, start, start + self.pane_ns)
         return pane
 
-    def admit(self, e: GpuSample | ProcessSample | NumaEvent) -> str | None:
-        """Why an on-time event is refused: ``duplicate`` (its key and ``ts_ns`` were counted already) or
-        ``overlap`` (a sample within three quarters of its interval of a counted one of its device); None,
-        and it is remembered, if it is taken."""
+    def admit(self, e: GpuSample | ProcessSample | NumaEvent | EbpfTrace) -> str | None:
+        """Why an on-time event is refused, changing nothing: ``duplicate`` (its key and ``ts_ns`` were counted
+        already: a ``blas`` trace's too, whose FLOPs would count twice; a ``launch`` trace sums nothing and is
+        never one) or ``overlap`` (a sample within three quarters of its interval of a counted one of its
+        device; traces never: a process makes many calls a nanosecond apart); None if ``take`` may take it."""
+        if isinstance(e, EbpfTrace) and e.trace_source != "blas":
+            return None
         pid = -1 if isinstance(e, GpuSample) else e.pid
         pane = self._open.get(e.gpu_uuid, {}).get(pane_start_ns(e.ts_ns, self.pane_ns))
         if pane is not None:
             if pane.holds(e.kind, pid, e.ts_ns):
                 return "duplicate"
-            if not isinstance(e, NumaEvent):
+            if isinstance(e, (GpuSample, ProcessSample)):
                 gap = pane.nearest_gap(e.kind, pid, e.ts_ns)
                 if gap is not None and overlaps(gap, e.interval_ms):
                     return "overlap"
-        self._pane(e.gpu_uuid, e.ts_ns).remember(e.kind, pid, e.ts_ns)
         return None
 
-    def add_gpu_sample(self, s: GpuSample) -> None:
+    def take(self, e: GpuSample | ProcessSample | NumaEvent | EbpfTrace, tenant: Tenant = UNATTRIBUTED) -> None:
+        """The row entry: an on-time event ``admit`` let in joins its pane (opened if need be), remembered
+        there for the duplicate and overlap checks; a process sample's and a NUMA event's sums go to
+        ``tenant`` (the auditor's lookup among the bindings). None closes here: ``advance`` moves the watermark."""
+        if isinstance(e, GpuSample):
+            self._gpu_sample(e)
+        elif isinstance(e, ProcessSample):
+            self._process_sample(e, tenant)
+        elif isinstance(e, NumaEvent):
+            self._numa_event(e, tenant)
+        elif e.trace_source == "blas":  # a launch trace counts threads, which no figure reads: nothing to keep
+            pane = self._pane(e.gpu_uuid, e.ts_ns)
+            pane.remember(e.kind, e.pid, e.ts_ns)
+            pane.flops[e.pid] = pane.flops.get(e.pid, 0) + e.flops_64b
+
+    def _gpu_sample(self, s: GpuSample) -> None:
         pane = self._pane(s.gpu_uuid, s.ts_ns)
+        pane.remember(s.kind, -1, s.ts_ns)
         pane.node_id = first_name(pane.node_id, s.node_id)
         pane.gpu_model = first_name(pane.gpu_model, s.gpu_model)
         covered, idle, busy, energy = gpu_sums(s.interval_ms, s.sm_util_cp, s.power_mw, self.idle_threshold_cp)
@@ -101,8 +120,9 @@ class GpuPanes(PaneBatch):
             pane.dram_cp_ms += s.dram_active_cp * s.interval_ms  # type: ignore[operator]
             pane.dram_ms += s.interval_ms
 
-    def add_process_sample(self, s: ProcessSample, tenant: Tenant) -> None:
+    def _process_sample(self, s: ProcessSample, tenant: Tenant) -> None:
         pane = self._pane(s.gpu_uuid, s.ts_ns)
+        pane.remember(s.kind, s.pid, s.ts_ns)
         pane.tenant_events += 1
         pane.placed += tenant != UNATTRIBUTED
         totals = pane.tenant(tenant)
@@ -111,20 +131,9 @@ class GpuPanes(PaneBatch):
         totals.sm += sm
         totals.bw += bw
 
-    def add_trace(self, e: EbpfTrace) -> bool:
-        """An on-time trace: a ``blas`` call's FLOPs join its process's in the pane (opening it if need be), unless
-        the pane holds a call of that process at that ``ts_ns`` already (False: input sent again, a
-        ``duplicate``); a ``launch`` trace counts threads, which no figure reads. Neither moves the watermark."""
-        if e.trace_source == "blas":
-            pane = self._pane(e.gpu_uuid, e.ts_ns)
-            if pane.holds(e.kind, e.pid, e.ts_ns):
-                return False
-            pane.remember(e.kind, e.pid, e.ts_ns)
-            pane.flops[e.pid] = pane.flops.get(e.pid, 0) + e.flops_64b
-        return True
-
-    def add_numa_event(self, e: NumaEvent, tenant: Tenant) -> None:
+    def _numa_event(self, e: NumaEvent, tenant: Tenant) -> None:
         pane = self._pane(e.gpu_uuid, e.ts_ns)
+        pane.remember(e.kind, e.pid, e.ts_ns)
         pane.tenant_events += 1
         pane.tenant(tenant).numa += numa_sum(e.hops, e.latency_weight)
 

@@ -10,7 +10,8 @@ and the bindings in force: that is "a recomputation over all events in event-tim
 what duplicate and overlap checks of a late event need. Beyond ``R`` rows are dropped, so the state per GPU
 is bounded by ``R`` and the sampling rate (BENCHMARKS.md gives the bytes).
 
-``Revisions`` has a row entry (``log``) and a batch entry (``log_many``) over the same log; the rest is
+``Revisions`` is an event operator (``gpucost.streams.operator.EventOperator``): its row entry (``admit``, then
+``take``) and batch entry (``take_many``) keep the same log; the rest is
 read when a late event or a late binding arrives, which is rare, so it goes one event at a time.
 """
 
@@ -120,7 +121,7 @@ class Revisions:
 
     # --- the log: a row entry and a batch entry ------------------------------------------------------
 
-    def log(self, e: GpuSample | ProcessSample | NumaEvent) -> None:
+    def take(self, e: GpuSample | ProcessSample | NumaEvent) -> None:
         """The row entry: an accepted event joins its pane's rows."""
         log = self._logs.setdefault(e.gpu_uuid, _GpuLog())
         pane = e.ts_ns - e.ts_ns % self.pane_ns
@@ -155,7 +156,7 @@ class Revisions:
         log.pending.append(row)
         log.took(pane)
 
-    def log_many(self, rows: PaneRows, accepted: np.ndarray) -> None:
+    def take_many(self, rows: PaneRows, accepted: np.ndarray) -> None:
         """The batch entry: a batch's accepted GPU samples, process samples and NUMA events join their panes' rows."""
         keep = accepted & (rows.kind <= NUMA)
         for j, name in enumerate(rows.names):
@@ -244,7 +245,7 @@ class Revisions:
         rows = log.rows()
         return rows[rows["pane"] == pane_start_ns], log.names
 
-    def refusal(self, e: GpuSample | ProcessSample | NumaEvent) -> str | None:
+    def admit(self, e: GpuSample | ProcessSample | NumaEvent) -> str | None:
         """``duplicate`` or ``overlap`` for a late event against its closed pane's rows, as ``GpuPanes.admit``
         judges an on-time one against an open pane; None if it is taken."""
         rows, _ = self._pane_rows(e.gpu_uuid, e.ts_ns - e.ts_ns % self.pane_ns)

@@ -12,6 +12,9 @@ import numpy as np
 
 from gpucost.schemas.events import TENANT_FIELDS, Price, TenantBinding
 
+if TYPE_CHECKING:
+    from gpucost.streams.settings import AuditSettings
+
 __all__ = ["Tenant", "UNATTRIBUTED", "BindingTable", "PriceTable"]
 
 
@@ -66,8 +69,14 @@ class BindingTable:
         self._by_proc: dict[tuple[str, int], list[tuple[int, Tenant]]] = {}
         self._repeats: dict[tuple[str, int], dict[Tenant, array[int]]] = {}
 
+    def admit(self, b: TenantBinding) -> str | None:
+        """The event operator's verdict (``gpucost.streams.operator.EventOperator``): ``duplicate`` if the
+        process has a change point or a repeat from the same instant (the first one stays in force), else None:
+        ``take`` takes it, as a change point or as a repeat (``verdict`` tells which)."""
+        return "duplicate" if self.verdict(b) == "duplicate" else None
+
     def verdict(self, b: TenantBinding) -> str:
-        """What ``update`` would make of a binding, changing no lookup: ``taken``; ``duplicate`` if the process
+        """What ``take`` would make of a binding, changing no lookup: ``taken``; ``duplicate`` if the process
         has a change point or a repeat from the same instant; ``unchanged`` if it repeats, later, the tenant of the
         process's latest change point (kept as a repeat). A bisect in each of the process's repeat arrays (one per
         tenant it has repeated), then O(1) for a binding later than the process's last change point, as most are."""
@@ -79,9 +88,9 @@ class BindingTable:
         at = bisect_right(history, b.ts_ns, key=lambda h: h[0])
         return "duplicate" if at and history[at - 1][0] == b.ts_ns else "taken"  # the first one wins
 
-    def update(self, b: TenantBinding) -> str:
-        """Take a binding as ``verdict`` says; returns the verdict. A change point taken before a repeat of
-        its process promotes the first repeat after it (before the next change point) to a change point."""
+    def take(self, b: TenantBinding) -> str:
+        """The row entry: take a binding as ``verdict`` says; returns the verdict. A change point taken before a
+        repeat of its process promotes the first repeat after it (before the next change point) to a change point."""
         verdict = self.verdict(b)
         key = (b.node_id, b.pid)
         if verdict == "unchanged":
@@ -173,8 +182,9 @@ class BindingTable:
         return out
 
     @classmethod
-    def from_state(cls, state: list[Any]) -> BindingTable:
-        """A state written before repeats were kept has none: its processes' repeats were dropped."""
+    def from_state(cls, state: list[Any], settings: AuditSettings | None = None) -> BindingTable:
+        """A state written before repeats were kept has none: its processes' repeats were dropped. (``settings``:
+        the shape every operator's ``from_state`` has; the table has none of its own.)"""
         table = cls()
         for n, p, h, *repeats in state:
             table._by_proc[(n, p)] = [(ts, Tenant(*t)) for ts, t in h]
@@ -189,13 +199,14 @@ class PriceTable:
     def __init__(self) -> None:
         self._by_model: dict[str, list[tuple[int, Decimal]]] = {}
 
-    def update(self, p: Price) -> bool:
-        """Take a price; False (and no change) if the model already has one from the same instant."""
-        history = self._by_model.setdefault(p.gpu_model, [])
-        if any(ts == p.ts_ns for ts, _ in history):
-            return False
-        insort(history, (p.ts_ns, p.usd_per_gpu_hour))
-        return True
+    def admit(self, p: Price) -> str | None:
+        """``duplicate`` if the model already has a price from the same instant (a correction comes with a later
+        ``ts_ns``), else None."""
+        return "duplicate" if any(ts == p.ts_ns for ts, _ in self._by_model.get(p.gpu_model, ())) else None
+
+    def take(self, p: Price) -> None:
+        """The row entry: a price ``admit`` let in is in force from its ``ts_ns`` until the model's next."""
+        insort(self._by_model.setdefault(p.gpu_model, []), (p.ts_ns, p.usd_per_gpu_hour))
 
     def _as_of(self, model: str, ts_ns: np.ndarray) -> np.ndarray:
         history = self._by_model.get(model, [])
@@ -221,7 +232,8 @@ class PriceTable:
         return {m: [[ts, str(p)] for ts, p in h] for m, h in self._by_model.items()}
 
     @classmethod
-    def from_state(cls, state: dict[str, list[list[Any]]]) -> PriceTable:
+    def from_state(cls, state: dict[str, list[list[Any]]], settings: AuditSettings | None = None) -> PriceTable:
+        """The table ``to_state`` wrote (``settings``: the shape every operator's ``from_state`` has)."""
         table = cls()
         table._by_model = {m: [(ts, Decimal(p)) for ts, p in h] for m, h in state.items()}
         return table
