@@ -18,34 +18,27 @@ against the same programs without it, alternated so that both see the same machi
   (launch-bound, as a decoder without CUDA graphs is);
 - each against the same kernel events with a BPF program that does nothing attached (the
   floor: what the kernel's perf event or uprobe costs before any program of ours runs).
+
+How a probe is attached and a run measured is in ``benchmarks/probe_harness.py``; this module holds the workloads
+and the rows they make.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import resource
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from benchmarks.common import Result
+from benchmarks.probe_harness import CLI, REPEAT, Floor, Probed, Producer, build, under_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = "linux-x86_64__nvidia-h200__590.48.01.txt"
 LAUNCHES = 200_000
-REPEAT = 9  # runs with and without the probe, alternated: one run's spread here is about 3.5 %
-REAL_REPEAT = 7  # … of the real program
+REAL_REPEAT = 7  # runs a side of the real program (fault_loop's: REPEAT, in probe_harness)
 CUDA_REPEAT = 5  # … of the launches, whose cost is far above the noise
 #: the GPU-shaped programs: (what, host MiB written at start-up, steps, launches per step, µs of device time a kernel,
 #: runs a side). The GPU-bound one's cost is near the noise, so it gets the most runs.
@@ -90,163 +83,6 @@ def nvml_cpu_per_round(shared_data: Path, rounds: int = 2000) -> float | None:
     return (time.process_time() - start) / rounds
 
 
-def _timed(argv: list[str]) -> tuple[float, int]:
-    """(wall seconds, page faults) of one run of a program."""
-    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    subprocess.run(argv, check=True, capture_output=True)
-    seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
-    return seconds, (after.ru_minflt + after.ru_majflt) - (before.ru_minflt + before.ru_majflt)
-
-
-_CLI = "import sys; from gpucost.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds a running process and its running children have used so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:  # it has ended
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in children)
-
-
-class _Producer:
-    """``gpucost run --source ebpf`` in a process of its own, as a node runs it: bpftrace, and the
-    reading and auditing of what it reports, all on the machine's cores."""
-
-    def __init__(self, libcuda: Path | None = None) -> None:
-        self.out = Path(tempfile.mkdtemp(prefix="gpucost-bench-ebpf-out-"))
-        argv = [
-            sys.executable,
-            "-c",
-            _CLI,
-            "run",
-            "--source",
-            "ebpf",
-            "--ebpf-sample-every",
-            "16",
-            "--out",
-            str(self.out),
-            "--overwrite",
-        ] + ([] if libcuda is None else ["--libcuda", str(libcuda)])
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.output = self.proc.stderr
-        self.counts: Counter[str] = Counter()
-
-    def parse(self, line: str) -> list[object]:
-        """Its closing summary: ``… page faults sampled, M reported`` and ``… CUDA launches, M reported``."""
-        for name, what in (("mem_access", "page faults sampled"), ("cuda_launch", "CUDA launches")):
-            found = re.search(rf"{what}, ([\d,]+) reported", line)
-            if found:
-                self.counts[name] = int(found.group(1).replace(",", ""))
-        return []
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)  # ends bpftrace, then the run writes its results
-        self.proc.wait(timeout=60)
-        shutil.rmtree(self.out, ignore_errors=True)
-
-
-class _Floor:
-    """bpftrace with a program of empty probes: what the kernel's events cost before any program of
-    ours runs. The page-fault counter's program never runs (one fault in 2^31); a uprobe's runs and
-    does nothing."""
-
-    def __init__(self, program: str = f"software:page-faults:{2**31 - 1} {{ }}") -> None:
-        self.counts: Counter[str] = Counter()
-        self.proc = subprocess.Popen(
-            ["bpftrace", "-e", program], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        self.output = self.proc.stdout
-
-    def parse(self, line: str) -> list[object]:
-        return []
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-
-
-def _build(sources: list[Path], out: str, *flags: str) -> Path:
-    exe = Path(tempfile.mkdtemp(prefix="gpucost-bench-ebpf-")) / out
-    subprocess.run(["cc", "-O2", "-o", str(exe), *map(str, sources), *flags], check=True)
-    return exe
-
-
-@dataclass
-class Probed:
-    base_s: float  # medians of the alternated runs
-    probed_s: float
-    faults: int  # page faults of one run without the probe (median)
-    counts: Counter[str]  # the probe's, over all runs
-    base_runs: list[float]
-    probed_runs: list[float]
-    probe_cpu_s: float  # what the probe's processes used while the program ran, over all runs
-
-    @property
-    def probe_cores(self) -> float:
-        """The probe's CPU while the program ran, in cores."""
-        return self.probe_cpu_s / sum(self.probed_runs)
-
-    @property
-    def slowdown(self) -> float:
-        """The median of each probed run against the run without the probe just before it: the
-        machine's slow drifts cancel in a pair, and one odd run moves a median of pairs less."""
-        return statistics.median(p / b for p, b in zip(self.probed_runs, self.base_runs)) - 1
-
-    @property
-    def ns_per_fault(self) -> float:
-        return self.slowdown * self.base_s / self.faults * 1e9
-
-
-def under_probe(argv: list[str], repeat: int = REPEAT, attach: Callable[[], Any] = _Producer) -> Probed | str:
-    """A program run with and without a probe (``attach()`` starts one) attached system-wide,
-    alternated; or why it could not be measured."""
-    from gpucost.producers.ebpf import EbpfUnavailable, ensure_tracing
-
-    try:
-        ensure_tracing()
-    except EbpfUnavailable as exc:
-        return str(exc)
-    base, faults, probed, counts, probe_cpu = [], [], [], Counter[str](), 0.0
-    for _ in range(repeat):
-        seconds, n = _timed(argv)
-        base.append(seconds)
-        faults.append(n)
-        probe = attach()
-        attached = threading.Event()
-
-        def drain(probe: Any, attached: threading.Event) -> None:
-            assert probe.output is not None
-            for line in probe.output:
-                if line.startswith(("Attaching", "gpucost: tracing")):
-                    attached.set()
-                probe.parse(line)
-
-        reader = threading.Thread(target=drain, args=(probe, attached), daemon=True)
-        reader.start()
-        if not attached.wait(60):
-            probe.stop()
-            return "bpftrace did not attach within 60 s"
-        time.sleep(1.0)  # bpftrace attaches about 0.1 s after it starts
-        cpu_before = _cpu_s(probe.proc.pid)
-        probed.append(_timed(argv)[0])
-        probe_cpu += _cpu_s(probe.proc.pid) - cpu_before
-        probe.stop()
-        reader.join(10)
-        counts.update(probe.counts)
-    return Probed(
-        statistics.median(base),
-        statistics.median(probed),
-        int(statistics.median(faults)),
-        counts,
-        base,
-        probed,
-        probe_cpu,
-    )
-
-
 def _replay(work: Path) -> list[str]:
     """A real program to trace: ``gpucost replay`` of a simulated fleet stored as Parquet."""
     from gpucost.cli import main as gpucost
@@ -257,7 +93,7 @@ def _replay(work: Path) -> list[str]:
         )
         == 0
     )
-    return [sys.executable, "-c", _CLI, "replay", str(work / "in"), "--out", str(work / "out"), "--overwrite"]
+    return [sys.executable, "-c", CLI, "replay", str(work / "in"), "--out", str(work / "out"), "--overwrite"]
 
 
 def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
@@ -265,22 +101,22 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
     if shutil.which("cc") is None:
         notes.append("eBPF: not measured here: no C compiler for the workloads")
         return None
-    fault_loop = _build([ROOT / "benchmarks" / "c" / "fault_loop.c"], "fault_loop")
+    fault_loop = build([ROOT / "benchmarks" / "c" / "fault_loop.c"], "fault_loop")
     met, per_fault = None, 0.0
     for passes, what in [
         (1, "nothing but page faults (the bound)"),
         (16, "16 passes over its memory per mapping (faults about half its time; the verdict)"),
     ]:
         for attach, how in [
-            (_Producer, "under the producer (1 in 16 reported)"),
-            (_Floor, "only the kernel's page-fault counter attached (a BPF program that never runs)"),
+            (Producer, "under the producer (1 in 16 reported)"),
+            (Floor, "only the kernel's page-fault counter attached (a BPF program that never runs)"),
         ]:
             eb = under_probe([str(fault_loop), "64", "40", str(passes)], attach=attach)
             if isinstance(eb, str):
                 notes.append(f"eBPF: not measured here: {eb}")
                 return None
             ns = eb.ns_per_fault
-            if attach is _Producer:
+            if attach is Producer:
                 per_fault = ns if passes == 1 else per_fault
                 met = eb.slowdown < 0.02 if passes == 16 else met
                 rows.append(
@@ -291,7 +127,7 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
                     f"… {how}",
                     f"{eb.probed_s * 1000:,.0f} ms (median){_events(eb)}; slowdown "
                     f"{eb.slowdown * 100:+.1f} % (pairs: {_pairs(eb)}), {ns:,.0f} ns per fault"
-                    f"{_cpu(eb) if attach is _Producer else ''}",
+                    f"{_cpu(eb) if attach is Producer else ''}",
                 )
             )
     work = Path(tempfile.mkdtemp(prefix="gpucost-bench-ebpf-"))
@@ -334,15 +170,15 @@ def _ebpf(rows: list[tuple[str, str]], notes: list[str]) -> bool | None:
 def _cuda(rows: list[tuple[str, str]], notes: list[str]) -> None:
     """The CUDA probes, on the tests' stand-in libcuda.so.1 called as CUDA programs call it: bare launches and
     allocations, then the GPU-shaped programs, each under the producer and under empty uprobes."""
-    lib = _build([ROOT / "tests" / "c" / "fake_libcuda.c"], "libcuda.so.1", "-shared", "-fPIC")
+    lib = build([ROOT / "tests" / "c" / "fake_libcuda.c"], "libcuda.so.1", "-shared", "-fPIC")
 
-    def empty() -> _Floor:
-        return _Floor(f"uprobe:{lib}:cuLaunchKernel {{ }} uprobe:{lib}:cuMemAlloc_v2 {{ }}")
+    def empty() -> Floor:
+        return Floor(f"uprobe:{lib}:cuLaunchKernel {{ }} uprobe:{lib}:cuMemAlloc_v2 {{ }}")
 
-    launcher = _build([ROOT / "tests" / "c" / "launch_kernels.c"], "launch_kernels", "-ldl")
+    launcher = build([ROOT / "tests" / "c" / "launch_kernels.c"], "launch_kernels", "-ldl")
     probed = [
         under_probe([str(launcher), str(lib), str(LAUNCHES)], repeat=CUDA_REPEAT, attach=attach)
-        for attach in (lambda: _Producer(lib), empty)
+        for attach in (lambda: Producer(lib), empty)
     ]
     if isinstance(probed[0], str) or isinstance(probed[1], str):
         notes.append(f"eBPF, CUDA probes: not measured here: {probed[0]}")
@@ -373,12 +209,10 @@ def _cuda(rows: list[tuple[str, str]], notes: list[str]) -> None:
         "launching and the kernels. A job slows by the probes' cost per launch only where launching, with "
         "that cost added, outlasts its kernels: a GPU-bound job pays for its start-up page faults alone."
     )
-    gpu_shaped = _build([ROOT / "benchmarks" / "c" / "gpu_shaped.c"], "gpu_shaped", "-ldl")
+    gpu_shaped = build([ROOT / "benchmarks" / "c" / "gpu_shaped.c"], "gpu_shaped", "-ldl")
     for what, host_mib, steps, launches, kernel_us, repeat in GPU_SHAPED:
         argv = [str(gpu_shaped), str(lib), str(host_mib), str(steps), str(launches), str(kernel_us)]
-        runs = [
-            under_probe(argv, repeat=repeat, attach=attach) for attach in (lambda: _Producer(lib), _Producer, empty)
-        ]
+        runs = [under_probe(argv, repeat=repeat, attach=attach) for attach in (lambda: Producer(lib), Producer, empty)]
         assert not any(isinstance(r, str) for r in runs)  # the probes attached just before
         eb, default, floor = runs
         assert isinstance(eb, Probed) and isinstance(default, Probed) and isinstance(floor, Probed)

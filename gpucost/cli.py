@@ -26,7 +26,7 @@ from gpucost.sinks.lock import OutputBusyError
 from gpucost.sinks.parquet import SinkWriteError
 from gpucost.wiring import UsageError
 
-__all__ = ["main", "build_parser", "TABLE", "COMMANDS"]
+__all__ = ["main", "build_parser", "subcommand_parsers", "command_flags", "TABLE", "COMMANDS"]
 
 
 #: every command, in the order ``gpucost --help`` lists them; each module declares its own (``gpucost.command``)
@@ -58,11 +58,30 @@ COMMANDS = {command.name: command for command in TABLE}
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line, from ``TABLE``."""
+    return _parser_and_commands()[0]
+
+
+def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's sub-parser by name, in the order ``gpucost --help`` lists them, from argparse's own record of
+    them (the sub-parsers action's ``choices``), not from ``TABLE``: so that what reads a command's help (the checks
+    of the service files, the compose file and the table itself) sees what the parser really holds without reaching
+    into argparse's private attributes."""
+    return dict(_parser_and_commands()[1].choices)
+
+
+def command_flags(name: str) -> list[argparse.Action]:
+    """Every flag and argument of command ``name`` (``-h`` and those of its argument groups included), each with its
+    ``option_strings``, ``dest`` and ``help``. argparse keeps them in a private list and offers no public way to
+    them; it is read here, in the one module that builds the parser, so that no caller depends on it."""
+    return list(subcommand_parsers()[name]._actions)
+
+
+def _parser_and_commands() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="gpucost", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in TABLE:
         command.arguments(sub.add_parser(command.name, help=command.help))
-    return parser
+    return parser, sub
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ import pytest
 
 from gpucost.embedded import run_embedded
 from gpucost.producers.attribution import Attribution, AttributionSettings, ProcessEnvironment, start_ticks
-from gpucost.producers.live import LiveSettings, _Sampled
+from gpucost.producers.live import LiveSettings, open_live
 from gpucost.producers.nvml import NvmlSampler
 from gpucost.producers.synthetic import SYNTHETIC_PID_BASE
 from gpucost.schemas.events import TS_MIN_NS, Price, ProcessSample, TenantBinding
@@ -204,7 +204,7 @@ def test_a_live_nvml_run_bills_real_processes_to_the_commits_they_were_started_w
     )
     sampler = NvmlSampler("node-0", fake_pynvml(FakeState(cap)))
     sampler.open()
-    live = _Sampled(sampler, "fake", LiveSettings(node_id="node-0", period_s=0.05, duration_s=1.0), sampler.close)
+    live = open_live("nvml", LiveSettings(node_id="node-0", period_s=0.05, duration_s=1.0), nvml=sampler)
     events = attributed(argparse.Namespace(attribution=("environ",), attribution_sla="Bronze"), live)
     price = Price(gpu_model="default", ts_ns=TS_MIN_NS, usd_per_gpu_hour=Decimal("4"))
     run_embedded(

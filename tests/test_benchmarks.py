@@ -37,10 +37,10 @@ def test_the_gpu_shaped_program_waits_for_its_emulated_device(tmp_path: Path) ->
     """Benchmark 5's GPU-shaped program takes the longer of its launching and its kernels: a step of
     big kernels lasts as long as they do, whatever its launches cost; a step of tiny ones, as its
     launches, so that only a launch-bound program can show what a probe on the launch path costs."""
-    from benchmarks.producer_overhead import _build
+    from benchmarks.probe_harness import build
 
-    lib = _build([ROOT / "tests" / "c" / "fake_libcuda.c"], "libcuda.so.1", "-shared", "-fPIC")
-    exe = _build([ROOT / "benchmarks" / "c" / "gpu_shaped.c"], "gpu_shaped", "-ldl")
+    lib = build([ROOT / "tests" / "c" / "fake_libcuda.c"], "libcuda.so.1", "-shared", "-fPIC")
+    exe = build([ROOT / "benchmarks" / "c" / "gpu_shaped.c"], "gpu_shaped", "-ldl")
 
     def seconds(steps: int, launches: int, kernel_us: int) -> float:
         start = time.perf_counter()

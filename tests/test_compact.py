@@ -1,72 +1,27 @@
-"""Compaction of the sink's small files: every row once, in order, and never a half-swapped view."""
+"""Compaction of the sink's small files: every row once, in order, and never a half-swapped view. The sink that
+compacts as it goes, and the commands that guard an output a sink writes, are in tests/test_sink_compaction.py."""
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import os
 import threading
-from collections import Counter, defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpucost.kafka.sink
 import gpucost.sinks.compact
 from gpucost.cli import main
-from gpucost.kafka.sink import JOURNAL, run_kafka_sink
-from gpucost.producers.simulate import FleetSpec, simulate
-from gpucost.schemas.blocks import expand
-from gpucost.schemas.codec import encode_event
-from gpucost.schemas.records import kind_of
+from gpucost.kafka.sink import JOURNAL
 from gpucost.sinks.compact import RETIRED, STAGING, compact, partition_folders
-from gpucost.sinks.lock import OutputBusyError, OutputLock
+from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.parquet import Journal, ParquetSink
 from gpucost.sinks.views import connect, straddled, swaps
-from gpucost.streams.audit import Auditor
-from gpucost.streams.settings import AuditSettings
-from tests.fake_kafka import Message, ScriptedConsumer
-
-NS = 1_000_000_000
-# two GPUs for 3 h across midnight UTC, and two bad lines: records of every kind, on two dates
-_LINES = [
-    encode_event(e).encode()
-    for e in simulate(replace(FleetSpec(gpus=2, hours=3, interval_s=20), start_ns=FleetSpec().start_ns - 90 * 60 * NS))
-]
-_auditor = Auditor(AuditSettings())
-RECORDS = expand(
-    _auditor.ingest_lines([*_LINES, b"{not json", b'{"kind": "gpu_sample"}'], lambda i: f"f:{i}") + _auditor.finish()
-)
-VIEWS = ("idle_index", "cost", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
-
-
-def write_as_flushes(out: Path, cuts: list[int]) -> None:
-    """The records as a sink writes them: a file per kind and date at every flush, here after each cut."""
-    sink = ParquetSink(out)
-    for lo, hi in zip([0, *cuts], [*cuts, len(RECORDS)]):
-        for record in RECORDS[lo:hi]:
-            sink.write(record)
-        sink.flush()
-
-
-def rows(out: Path) -> dict[str, list[tuple]]:
-    """Every row of every view, as a sorted multiset (DuckDB over the files, as an analyst reads them)."""
-    con = connect(out)
-    return {v: con.execute(f"SELECT * FROM {v} ORDER BY ALL").fetchall() for v in VIEWS}
-
-
-def part_files(folder: Path) -> list[Path]:
-    return sorted(folder.glob("part-*.parquet"))
-
-
-def in_file_order(files: list[Path]) -> list[dict]:
-    return [r for f in files for r in pq.ParquetFile(f).read().to_pylist()]
+from tests.support.compaction import RECORDS, in_file_order, part_files, rows, write_as_flushes
 
 
 @pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
@@ -175,7 +130,7 @@ def test_a_query_begun_before_a_swap_and_failing_before_the_old_folder_is_retire
     change in the retired folders. It began while the folder was staged, which ``straddled`` counts (a
     query error taken for a real one failed the suite under load once)."""
     write_as_flushes(tmp_path, list(range(0, len(RECORDS), max(1, len(RECORDS) // 20))))
-    exchange = gpucost.sinks.compact._exchange
+    exchange = gpucost.sinks.compact.exchange_folders
     verdicts: list[tuple[bool, bool]] = []
 
     def watched(a: Path, b: Path) -> None:
@@ -184,7 +139,7 @@ def test_a_query_begun_before_a_swap_and_failing_before_the_old_folder_is_retire
         verdicts.append((straddled(tmp_path, begun), straddled(tmp_path, swaps(tmp_path))))  # … and fails after it
         # (the second: a query begun after the swap, while the old folder is not yet retired, may not either)
 
-    monkeypatch.setattr(gpucost.sinks.compact, "_exchange", watched)
+    monkeypatch.setattr(gpucost.sinks.compact, "exchange_folders", watched)
     assert compact(tmp_path, 2).partitions > 0
     assert verdicts and all(first for first, _ in verdicts)
     quiet = swaps(tmp_path)  # nothing being compacted: an error then is a real one
@@ -221,7 +176,7 @@ def _die_at(out: str, step: str) -> None:
     if step == "writing":
         ParquetSink.flush = die  # type: ignore[method-assign]
     elif step == "swapping":
-        gpucost.sinks.compact._exchange = die  # type: ignore[attr-defined]
+        gpucost.sinks.compact.exchange_folders = die
     else:  # swapped, the old files not yet removed
         gpucost.sinks.compact.fsync_dir = die  # type: ignore[attr-defined]
     compact(Path(out))
@@ -277,140 +232,3 @@ def test_an_unreadable_file_leaves_its_folder_as_it_is(tmp_path: Path) -> None:
     assert all("is not a readable" in why for why in stats.skipped.values())
     assert {f: part_files(f) for f in (idle, cost)} == before
     assert stats.partitions == len(due) > 0
-
-
-def run_sink(out: Path, per_poll: int, min_files: int, monkeypatch: pytest.MonkeyPatch) -> gpucost.kafka.sink.SinkStats:
-    """The sink over ``RECORDS`` as its topics would hold them, ``per_poll`` a poll, flushing after each."""
-    offsets: Counter[str] = Counter()
-    polls = []
-    for lo in range(0, len(RECORDS), per_poll):
-        poll = defaultdict(list)
-        for record in RECORDS[lo : lo + per_poll]:
-            kind = kind_of(record)
-            poll[TopicPartition(f"t.{kind}", 0)].append(
-                Message(b"", record.model_dump_json().encode(), offsets[kind], topic=f"t.{kind}", partition=0)
-            )
-            offsets[kind] += 1
-        polls.append(dict(poll))
-    monkeypatch.setattr(ScriptedConsumer, "polls", polls)
-    monkeypatch.setattr(gpucost.kafka.sink, "AIOKafkaConsumer", ScriptedConsumer)
-
-    async def main() -> gpucost.kafka.sink.SinkStats:
-        ScriptedConsumer.done = asyncio.Event()
-        return await run_kafka_sink(
-            {},
-            {k: f"t.{k}" for k in VIEWS},
-            out,
-            "g",
-            ScriptedConsumer.done,
-            flush_interval_s=0,
-            compact_min_files=min_files,
-        )
-
-    return asyncio.run(main())
-
-
-@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
-@pytest.mark.parametrize("min_files", [2, 5])
-def test_the_sink_compacts_as_it_goes_and_writes_each_record_once(tmp_path: Path, monkeypatch, min_files: int) -> None:
-    reference = tmp_path / "reference"
-    write_as_flushes(reference, [])
-    stats = run_sink(tmp_path / "out", 25, min_files, monkeypatch)
-    assert rows(tmp_path / "out") == rows(reference)
-    flushes = -(-len(RECORDS) // 25)
-    assert stats.compacted_files > flushes  # most of a flush's files were merged away
-    for folder in partition_folders(tmp_path / "out"):  # left at most: a merged file, the files since, the last flush's
-        assert sum(pq.read_metadata(p).num_rows < 1 << 20 for p in part_files(folder)) <= min_files + 1
-
-
-@pytest.mark.slow  # seconds of a whole run: CI runs it, the inner loop does not
-def test_the_sink_merges_a_few_files_at_a_time_and_within_its_budget(tmp_path: Path, monkeypatch, caplog) -> None:
-    """A sink that finds many files (an old sink's) merges them a few at a time, over several commits."""
-    write_as_flushes(tmp_path, list(range(0, len(RECORDS), 10)))  # what a sink without compaction left
-    monkeypatch.setattr(gpucost.kafka.sink, "COMPACT_MAX_FILES", 3)
-    before = max(len(part_files(f)) for f in partition_folders(tmp_path))
-    with caplog.at_level("INFO", logger="gpucost.compact"):
-        stats = run_sink(tmp_path, 25, 2, monkeypatch)
-    merges = [int(r.getMessage().split(": ")[1].split(" files")[0]) for r in caplog.records]
-    assert merges and max(merges) == 3 and sum(merges) == stats.compacted_files
-    assert stats.compacted_files > before  # the fullest folder took more than one round
-    monkeypatch.setattr(gpucost.kafka.sink, "COMPACT_BUDGET_S", 0.0)  # nothing begun after a commit
-    assert run_sink(tmp_path / "other", 25, 2, monkeypatch).compacted_files == 0
-
-
-def test_the_sink_leaves_its_files_as_flushed_with_compaction_off(tmp_path: Path, monkeypatch) -> None:
-    stats = run_sink(tmp_path, 25, 0, monkeypatch)
-    assert stats.compacted_files == 0
-    assert max(len(part_files(f)) for f in partition_folders(tmp_path)) > 20
-
-
-def test_a_second_sink_on_one_directory_is_refused(tmp_path: Path, monkeypatch) -> None:
-    with OutputLock(tmp_path, "gpucost sink"), pytest.raises(OutputBusyError, match="one sink per directory"):
-        run_sink(tmp_path, 25, 2, monkeypatch)
-
-
-@pytest.mark.parametrize(
-    "argv,words",
-    [
-        (["sink", "--compact-min-files", "1"], "--compact-min-files must be 0"),
-        (["sink", "--compact-min-files", "-3"], "--compact-min-files must be 0"),
-        (["compact", "--min-files", "1"], "--min-files must be at least 2"),
-    ],
-)
-def test_thresholds_that_merge_nothing_are_usage_errors(tmp_path: Path, capsys, argv: list[str], words: str) -> None:
-    write_as_flushes(tmp_path, [10])
-    assert main([*argv, "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and words in err
-
-
-def test_a_replay_never_overwrites_a_directory_a_sink_writes(tmp_path: Path, capsys) -> None:
-    write_as_flushes(tmp_path / "out", [10])
-    want = rows(tmp_path / "out")
-    events = tmp_path / "events.jsonl"
-    events.write_bytes(b"\n".join(_LINES[:50]) + b"\n")
-    with OutputLock(tmp_path / "out", "gpucost sink"):
-        assert main(["replay", str(events), "--out", str(tmp_path / "out"), "--overwrite"]) == 2
-        assert "is being written by gpucost sink" in capsys.readouterr().err
-    assert rows(tmp_path / "out") == want
-    assert main(["replay", str(events), "--out", str(tmp_path / "out"), "--overwrite"]) == 0
-    assert rows(tmp_path / "out") != want
-
-
-class _Vanishing:
-    """A connection whose first ``fails`` queries meet a file a compaction swapped away."""
-
-    def __init__(self, out: Path, fails: int) -> None:
-        self.con, self.fails = connect(out), fails
-
-    def execute(self, sql: str) -> duckdb.DuckDBPyConnection:
-        if self.fails:
-            self.fails -= 1
-            raise duckdb.IOException('IO Error: Cannot open file "cost/date=x/part-00001.parquet": No such file')
-        return self.con.execute(sql)
-
-
-@pytest.mark.parametrize("fails", [1, 2, 3])
-def test_gpucost_query_runs_a_query_again_when_compaction_swapped_its_files(
-    tmp_path: Path, capsys, monkeypatch, fails: int
-) -> None:
-    write_as_flushes(tmp_path, [10])
-    tries = iter([_Vanishing(tmp_path, fails)] * 3)
-    monkeypatch.setattr("gpucost.sinks.views.connect", lambda *args: next(tries))
-    rc = main(["query", "--out", str(tmp_path), "SELECT count(*) FROM cost", "--format", "csv"])
-    out, err = capsys.readouterr()
-    if fails < 3:  # the third failure in a row is reported
-        assert rc == 0 and out.splitlines()[1] == str(len(rows(tmp_path)["cost"]))
-    else:
-        assert rc == 2 and "No such file" in err and err.count("\n") == 1
-
-
-def test_an_output_directory_that_cannot_be_made_is_said_so(tmp_path: Path, capsys) -> None:
-    (tmp_path / "file").write_text("")
-    events = tmp_path / "events.jsonl"
-    events.write_bytes(b"\n".join(_LINES[:5]) + b"\n")
-    assert main(["replay", str(events), "--out", str(tmp_path / "file" / "out")]) == 4
-    assert (
-        capsys.readouterr().err == f"gpucost: error: cannot create the output directory {tmp_path}/file/out: "
-        "Not a directory\n"
-    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from gpucost.cli import build_parser
+from gpucost.cli import build_parser, subcommand_parsers
 from tests.conftest import ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
@@ -80,9 +80,7 @@ def test_worker_and_sink_are_checked_through_their_health_endpoint() -> None:
         port = service["environment"]["GPUCOST_METRICS_ADDRESS"].rpartition(":")[2]
         probe = " ".join(service["healthcheck"]["test"])
         assert f"127.0.0.1:{port}/healthz" in probe
-        assert "--metrics-address" in " ".join(
-            build_parser()._subparsers._group_actions[0].choices[name].format_help().split()
-        )
+        assert "--metrics-address" in " ".join(subcommand_parsers()[name].format_help().split())
 
 
 def test_prometheus_scrapes_every_service_that_serves_metrics_and_grafana_gets_the_dashboards() -> None:

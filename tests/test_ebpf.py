@@ -89,7 +89,7 @@ def test_drained_addresses_come_out_in_time_order_and_losses_are_counted() -> No
     for line in ["@a0[7, 300, 0]: 4096", "@a0[7, 100, 1]: 8192", "@a0[8, 200, 0]: 12288"]:
         assert probe.parse(line) == []  # held until the drain ends
     out = probe.parse("@sampled: 4")
-    assert [(e.pid, e.ts_ns - probe._epoch_offset_ns, e.address) for e in out] == [
+    assert [(e.pid, e.ts_ns - probe.epoch_offset_ns, e.address) for e in out] == [
         (7, 100, 8192),
         (8, 200, 12288),
         (7, 300, 4096),
@@ -199,7 +199,7 @@ def test_numa_migrations_become_events_for_each_gpu_of_the_process() -> None:
         ("numa_event", "GPU-a", 4242, 1, 21),
         ("numa_event", "GPU-b", 4242, 1, 21),
     ]
-    assert events[0].ts_ns == 1000 + probe._epoch_offset_ns  # monotonic → epoch
+    assert events[0].ts_ns == 1000 + probe.epoch_offset_ns  # monotonic → epoch
     assert [(e.hops, e.latency_weight) for e in probe.parse("N 4242 2000 0 2")] == [(2, 32), (2, 32)]
     assert probe.parse("N 4242 3000 0 0")[0].hops == 0  # a move within the node costs no hop
     assert probe.parse("N 7 4000 0 1") == [] and probe.counts["numa_move_unresolved"] == 1  # on no GPU: counted

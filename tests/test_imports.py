@@ -133,3 +133,120 @@ def test_the_check_finds_a_test_module_imported_by_another(tmp_path: Path) -> No
         "tests.test_d": {"tests.test_c"},
         "tests.test_e": set(),
     }
+
+
+# --- the tests reach the code through its public names ---------------------------------------------------------------
+
+#: names behind an underscore that are public all the same: ``os._exit`` (a child that dies as SIGKILL would leave it,
+#: without exit handlers or flushing) and a named tuple's documented API (the underscore only keeps it apart from
+#: the fields)
+ALLOWED_ATTRIBUTES = {"os._exit"}
+NAMEDTUPLE_API = {"_fields", "_field_defaults", "_asdict", "_replace", "_make"}
+
+#: TEMPORARY, being removed on branch h-kafka (the Kafka worker's and the sinks' tests): emptied when it merges.
+#: A pair here that is no longer found fails the test below, so the list only shrinks.
+BEING_REMOVED_ON_H_KAFKA = {
+    ("tests.test_closing", "worker._process"),
+    ("tests.test_hostile_billing", "worker._process"),
+    ("tests.test_hostile_messages", "worker._process"),
+    ("tests.test_kafka_rebalance", "w._read_state"),
+    ("tests.test_kafka_rebalance", "a._in_sequence"),
+    ("tests.test_kafka_rebalance", "b._in_sequence"),
+    ("tests.test_metrics", "worker._process"),
+    ("tests.test_outbox", "box._memory"),
+    ("tests.test_sinks", "failing._buffers"),
+    ("tests.test_worker", "worker._apply"),
+    ("tests.test_worker", "worker._process"),
+    ("tests.test_worker", "worker._parked"),
+    ("tests.test_worker", "worker._own"),
+    ("tests.test_worker", "worker._take"),
+    ("tests.test_worker", "a.panes._open"),
+    ("tests.test_worker", "auditor.panes._open"),
+}
+#: TEMPORARY, found when this check was written, in modules and code outside the branch that added it (h-split); each
+#: waits for a public seam in the module named, by whoever owns it
+WAITING_FOR_A_SEAM = {
+    ("tests.test_cupti", "collector.records._max_pending"),  # gpucost/producers/cupti.py
+    ("tests.test_live", "from gpucost.producers.live import _Sampled"),  # gpucost/producers/live.py
+    ("tests.test_live", "from gpucost.producers.live import _Traced"),
+    ("tests.test_panes", "from gpucost.streams.idle_index import _Window"),  # gpucost/streams/idle_index.py
+    ("tests.test_revisions", "idle_index._Window"),
+    ("tests.test_hostile_query", "setattr('gpucost.sinks.landlock._CREATE_RULESET')"),  # gpucost/sinks/landlock.py
+    ("tests.test_dashboards", "getattr('_labelnames')"),  # prometheus_client's families: the exposition has no labels
+}
+
+
+def is_private(name: str) -> bool:
+    """``_name`` or ``__name``, not ``__name__``."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(path: Path) -> set[str]:
+    """What the test code at ``path`` reaches behind a leading underscore, as written: an attribute ``x._name`` of
+    anything but ``self`` and ``cls``; ``_name`` imported from gpucost or benchmarks, or any name from a private module
+    of theirs; and ``getattr``, ``setattr``, ``delattr``, ``hasattr`` or ``monkeypatch.setattr`` naming ``_name``, or a
+    dotted ``gpucost.…._name`` path through a private part."""
+    out: set[str] = set()
+    ours = ("gpucost", "benchmarks")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            text = f"{ast.unparse(node.value)}.{node.attr}"
+            if text not in ALLOWED_ATTRIBUTES and node.attr not in NAMEDTUPLE_API:
+                out.add(text)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ours:
+            private_module = any(map(is_private, node.module.split(".")))
+            out |= {f"from {node.module} import {a.name}" for a in node.names if private_module or is_private(a.name)}
+        elif isinstance(node, ast.Import):
+            out |= {f"import {a.name}" for a in node.names if a.name.split(".")[0] in ours and "._" in a.name}
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute):
+            call = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+            if call not in ("getattr", "setattr", "delattr", "hasattr"):
+                continue
+            for arg in node.args[:2]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    parts = arg.value.split(".")
+                    if (len(parts) == 1 and is_private(arg.value)) or (
+                        parts[0] in ours and any(map(is_private, parts))
+                    ):
+                        out.add(f"{call}({arg.value!r})")
+    return out
+
+
+def test_no_test_module_reaches_a_private_name() -> None:
+    """A test that reaches behind an underscore pins the code's insides: it breaks when they are renamed, and
+    passes while the public behaviour it stands for is broken. What a test needs is a documented public name (a
+    parameter, a hook, a function of the module); the two temporary lists above hold what is not there yet."""
+    known = modules_of_tests(ROOT)
+    found = {(name, use) for name, path in known.items() for use in private_uses(path)}
+    waiting = BEING_REMOVED_ON_H_KAFKA | WAITING_FOR_A_SEAM
+    assert sorted(found - waiting) == [], "reach these through public names (or add one to the code)"
+    assert sorted(waiting - found) == [], "gone: remove them from the temporary list"
+
+
+def test_the_check_finds_each_way_of_reaching_a_private_name(tmp_path: Path) -> None:
+    """The check itself, on a module written here: each form is found; ``self``/``cls``, dunders, ``os._exit``, a
+    named tuple's API and private names of the test module's own (not of gpucost) are not."""
+    (tmp_path / "test_x.py").write_text(
+        "import os\nimport gpucost._native\nimport gpucost.sinks.compact\n"
+        "from gpucost.sinks.compact import _exchange, compact\nfrom gpucost._hidden import thing\n"
+        "from benchmarks.producer_overhead import _build\nfrom tests.support.hostile import _helper\n"
+        "def test(monkeypatch, probe, t):\n"
+        "    probe._epoch_offset_ns\n    gpucost.sinks.compact._exchange = None\n    probe.__dict__\n"
+        "    os._exit(0)\n    t._fields\n    self._x\n    cls._y\n    _local()\n"
+        "    monkeypatch.setattr(gpucost.sinks.compact, '_exchange', None)\n"
+        "    monkeypatch.setattr('gpucost.sinks.landlock._CREATE_RULESET', -1)\n"
+        "    monkeypatch.setattr('gpucost.sinks.compact.exchange_folders', None)\n"
+        "    getattr(probe, '__name__')\n"
+    )
+    assert private_uses(tmp_path / "test_x.py") == {
+        "import gpucost._native",
+        "from gpucost.sinks.compact import _exchange",
+        "from gpucost._hidden import thing",
+        "from benchmarks.producer_overhead import _build",
+        "probe._epoch_offset_ns",
+        "gpucost.sinks.compact._exchange",
+        "setattr('_exchange')",
+        "setattr('gpucost.sinks.landlock._CREATE_RULESET')",
+    }

@@ -1,5 +1,7 @@
 """Attribution on a Kubernetes node, against a fake kubelet (the pod-resources gRPC service) and a fake
-API server (a ``PodList`` over HTTP): no cluster needed.
+API server (a ``PodList`` over HTTP): no cluster needed. Each process is bound to its pod (by its cgroup, or by
+the GPU the kubelet gave a pod), through the source and through ``gpucost run``'s wiring; what the node itself
+answers (cgroups, devices, pod lists) is in tests/test_kubernetes_pods.py.
 
 What is expected comes from the pods the test describes (their labels, namespaces, containers, the GPUs
 given to them), by the documented rule, never from the code under test.
@@ -9,30 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import secrets
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from gpucost.cli import build_parser
 from gpucost.embedded import run_embedded
 from gpucost.producers.attribution import Attribution, AttributionSettings, ProcessEnvironment
-from gpucost.producers.kubernetes import (
-    KubernetesPods,
-    KubernetesSettings,
-    cgroup_pod,
-    list_pod_devices,
-    list_pods,
-    pods_from,
-)
-from gpucost.producers.live import LiveSettings, _Sampled
+from gpucost.producers.kubernetes import KubernetesPods
+from gpucost.producers.live import LiveSettings, open_live
 from gpucost.producers.nvml import NvmlSampler
 from gpucost.schemas.events import TS_MIN_NS, Price, ProcessSample, TenantBinding
 from gpucost.sinks.views import connect
@@ -41,128 +32,7 @@ from gpucost.wiring import attributed
 from tests.fake_kubernetes import FakeContainer, FakeNode, FakePod
 from tests.fake_nvml import FakeState, fake_pynvml, parse
 from tests.strategies import BASE_NS
-
-GPU = "nvidia.com/gpu"
-S = 10**9
-
-_hex = st.text("0123456789abcdef", min_size=64, max_size=64)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.uuids(),
-    _hex,
-    st.sampled_from(["", "burstable", "besteffort"]),
-    st.sampled_from(["cgroupfs-v1", "cgroupfs-v2", "systemd-v1", "systemd-v2"]),
-    st.sampled_from(["cri-containerd-", "crio-", "docker-"]),
-    st.sampled_from(["", "/../.."]),
-)
-def test_a_cgroup_names_its_pod_and_container_under_every_driver(
-    pod: object, container: str, qos: str, layout: str, runtime: str, namespaced: str
-) -> None:
-    """The kubelet's cgroup layouts (cgroupfs and systemd drivers, v1 and v2, each runtime's scope, a path seen
-    from another cgroup namespace): the pod UID and container id come back as they were put in."""
-    uid = str(pod)
-    if layout.startswith("cgroupfs"):
-        path = "/".join(p for p in ("/kubepods", qos, f"pod{uid}", container) if p)
-    else:
-        u = uid.replace("-", "_")
-        slices = "kubepods.slice/" + (
-            f"kubepods-{qos}.slice/kubepods-{qos}-pod{u}.slice" if qos else f"kubepods-pod{u}.slice"
-        )
-        path = f"/{slices}/{runtime}{container}.scope"
-    path = namespaced + path
-    if layout.endswith("v1"):
-        text = "".join(f"{i}:{c}:{path}\n" for i, c in enumerate(["cpu,cpuacct", "memory", "pids"], 1))
-        text = "12:name=systemd:/system.slice/containerd.service\n" + text if "systemd" in layout else text
-    else:
-        text = f"0::{path}\n"
-    assert cgroup_pod(text) == (uid, container)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "0::/\n",
-        "0::/user.slice/user-1000.slice/session-4.scope\n",
-        "0::/system.slice/docker-" + "ab" * 32 + ".scope\n",  # a container, but no pod's
-        "4:memory:/process_api/5ad3b08a8f4945964e99e5f7f9bff8c4\n",
-    ],
-)
-def test_a_process_in_no_pod_has_none(text: str) -> None:
-    assert cgroup_pod(text) is None
-
-
-def _node(tmp_path: Path) -> FakeNode:
-    search = FakePod(
-        "search-prod",
-        "ranker-7d9f-x2k4",
-        [FakeContainer("trainer", {GPU: ["GPU-aaa"]}), FakeContainer("sidecar")],
-        labels={"gpucost.io/team": "search", "app.kubernetes.io/name": "ranker", "env": "prod"},
-        annotations={
-            "gpucost.io/git-commit": "9fbe6a5",
-            "gpucost.io/sla": "Gold",
-            "gpucost.io/ci-pipeline-id": "88231",
-            "gpucost.io/team": "a label wins",
-        },
-    )
-    bare = FakePod(
-        "research", "notebook-0", [FakeContainer("jupyter", {GPU: ["GPU-bbb"], "example.com/fpga": ["fpga-0"]})]
-    )
-    shared_a = FakePod("vision", "infer-a", [FakeContainer("server", {GPU: ["GPU-ccc"]})])
-    shared_b = FakePod("speech", "infer-b", [FakeContainer("server", {GPU: ["GPU-ccc"]})])
-    mig = FakePod(
-        "batch",
-        "mig-job",
-        [FakeContainer("worker", {"nvidia.com/mig-1g.10gb": ["MIG-ddd"]})],
-        labels={"team": "batch-team", "tier": "spot"},
-    )
-    late = FakePod(
-        "search-prod",
-        "ranker-new",
-        [FakeContainer("trainer", {GPU: ["GPU-eee"]})],
-        labels={"gpucost.io/team": "search"},
-        listed=False,
-    )
-    static = FakePod(
-        "kube-system", "gpu-burn-node-7", [FakeContainer("burn", {GPU: ["GPU-fff"]})], static_hash=secrets.token_hex(16)
-    )
-    return FakeNode(tmp_path, [search, bare, shared_a, shared_b, mig, late, static])
-
-
-def _settings(node: FakeNode, url: str) -> KubernetesSettings:
-    return KubernetesSettings(pods_url=url, token_file=node.token_file, pod_resources=node.socket, refresh_ns=5 * S)
-
-
-def test_the_kubelet_s_answer_names_each_gpu_s_pods(tmp_path: Path) -> None:
-    """``List`` in the kubelet's fuller layout (CPU ids, memory, NUMA topology): each GPU device (whole, or a MIG
-    profile's) maps to the containers it was given to, the FPGA is no GPU, a time-sliced GPU has two."""
-    node = _node(tmp_path)
-    with node.serving() as url:
-        owners = list_pod_devices(_settings(node, url))
-    want: dict[str, list[tuple[str, str, str]]] = {}
-    for pod in node.pods:
-        for c in pod.containers:
-            for resource, ids in c.devices.items():
-                if resource.startswith("nvidia.com/"):
-                    for device in ids:
-                        want.setdefault(device, []).append((pod.namespace, pod.name, c.name))
-    assert owners == want and len(want["GPU-ccc"]) == 2 and node.grpc_calls == 1
-
-
-def test_the_api_server_s_pod_list_is_read_with_the_token_for_this_node(tmp_path: Path) -> None:
-    node = _node(tmp_path)
-    with node.serving() as url:
-        pods = pods_from(list_pods(_settings(node, url)), counts := Counter[str]())
-        with pytest.raises(OSError):  # without the token: refused, and said as an error to count, not a crash
-            list_pods(dataclasses.replace(_settings(node, url), token_file=tmp_path / "absent"))
-    assert node.refused == ["token"]
-    listed = [p for p in node.pods if p.listed]
-    assert {uid: (p.namespace, p.name) for uid, p in pods.items()} == {p.uid: (p.namespace, p.name) for p in listed}
-    for p in listed:
-        assert dict(pods[p.uid].containers) == {c.container_id: c.name for c in p.containers}
-        assert dict(pods[p.uid].labels) == p.labels and dict(pods[p.uid].annotations) == p.annotations
-    assert not counts
+from tests.support.kubernetes_node import GPU, S, pod_node, settings_for
 
 
 def _proc(root: Path, pid: int, cgroup: str, environ: dict[str, str] | None = None) -> None:
@@ -214,7 +84,7 @@ def test_each_process_is_bound_to_its_pod_by_cgroup_or_by_its_gpu(tmp_path: Path
     (left unattributed, counted), in a pod not listed yet (bound once it is), and with both a pod and a tagged
     environment (the pod wins: the stated precedence)."""
     (tmp_path / "k8s").mkdir()
-    node = _node(tmp_path / "k8s")
+    node = pod_node(tmp_path / "k8s")
     search, bare, _, _, mig, late, static = node.pods
     proc = tmp_path / "proc"
     host = "0::/system.slice/slurmd.service\n"
@@ -228,7 +98,7 @@ def test_each_process_is_bound_to_its_pod_by_cgroup_or_by_its_gpu(tmp_path: Path
     _proc(proc, 18, static.cgroup(static.containers[0]))  # a static pod, listed as its mirror
     attribution_settings = AttributionSettings(proc=proc)
     with node.serving() as url:
-        pods = KubernetesPods(_settings(node, url), attribution_settings)
+        pods = KubernetesPods(settings_for(node, url), attribution_settings)
         attribution = Attribution([pods, ProcessEnvironment(attribution_settings)], attribution_settings)
         first = [
             _sample(11, "GPU-aaa", 0),
@@ -264,14 +134,14 @@ def test_each_process_is_bound_to_its_pod_by_cgroup_or_by_its_gpu(tmp_path: Path
 
 
 def test_an_api_server_away_is_counted_and_its_pods_bound_once_it_answers(tmp_path: Path) -> None:
-    node = _node(tmp_path)
+    node = pod_node(tmp_path)
     search = node.pods[0]
     proc = tmp_path / "proc"
     _proc(proc, 21, search.cgroup(search.containers[0]))
     settings = AttributionSettings(proc=proc)
     with node.serving() as url:
         node.api_up = False
-        pods = KubernetesPods(_settings(node, url), settings)
+        pods = KubernetesPods(settings_for(node, url), settings)
         attribution = Attribution([pods], settings)
         out = list(attribution.bind([_sample(21, "GPU-aaa", t) for t in range(0, 5)]))
         node.api_up = True
@@ -320,7 +190,7 @@ def test_a_live_nvml_run_bills_the_pod_the_kubelet_gave_the_gpu(
     node = FakeNode(tmp_path, [pod])
     sampler = NvmlSampler("node-0", fake_pynvml(FakeState(cap)))
     sampler.open()
-    live = _Sampled(sampler, "fake", LiveSettings(node_id="node-0", period_s=0.05, duration_s=1.0), sampler.close)
+    live = open_live("nvml", LiveSettings(node_id="node-0", period_s=0.05, duration_s=1.0), nvml=sampler)
     with node.serving() as url:
         # as a user writes it, in either order: the pod's binding comes first all the same
         args = build_parser().parse_args(
@@ -355,52 +225,6 @@ def test_a_live_nvml_run_bills_the_pod_the_kubelet_gave_the_gpu(
     assert live.counts["bound:kubernetes"] == len(children)
 
 
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=20,
-)
-_meta = st.fixed_dictionaries(
-    {},
-    optional={
-        "uid": _json | st.uuids().map(str) | st.just(""),
-        "namespace": _json | st.sampled_from(["ns", ""]),
-        "name": _json | st.sampled_from(["p", ""]),
-        "labels": _json,
-        "annotations": _json,
-    },
-)
-_item = _json | st.fixed_dictionaries({"metadata": _meta | _json}, optional={"status": _json})
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(_json, st.fixed_dictionaries({"items": st.lists(_item, max_size=6)})))
-def test_a_hostile_pod_list_is_refused_or_counted_never_fatal(doc: object) -> None:
-    """Whatever a pods URL answers: not a PodList is a ValueError (counted by the source, never fatal); in a
-    PodList, an item without a string UID, namespace and name is counted and left out, and labels that are not
-    strings are dropped."""
-    counts: Counter[str] = Counter()
-    items = doc.get("items") if isinstance(doc, dict) else None
-    if not isinstance(items, list):
-        with pytest.raises(ValueError):
-            pods_from(doc, counts)
-        return
-    pods = pods_from(doc, counts)
-
-    def valid(item: object) -> bool:
-        meta = item.get("metadata") if isinstance(item, dict) else None
-        fields = ("uid", "namespace", "name")
-        return isinstance(meta, dict) and all(isinstance(meta.get(f), str) and meta[f] for f in fields)
-
-    good = [i for i in items if valid(i)]
-    assert counts["kube_pod_invalid"] == len(items) - len(good)
-    assert set(pods) == {i["metadata"]["uid"] for i in good}
-    for pod in pods.values():
-        assert all(
-            isinstance(k, str) and isinstance(v, str) for tags in (pod.labels, pod.annotations) for k, v in tags.items()
-        )
-
-
 def test_labels_no_tenant_can_hold_and_a_garbled_kubelet_answer_are_counted_not_billed(tmp_path: Path) -> None:
     """A team label with the key separator, a team label naming a reserved party (the idle one), and a kubelet
     whose answer is not its message: no binding, each counted, nothing raised."""
@@ -418,7 +242,7 @@ def test_labels_no_tenant_can_hold_and_a_garbled_kubelet_answer_are_counted_not_
     settings_ = AttributionSettings(proc=proc)
     node.response = lambda: b"\xff\xff\xff not a ListPodResourcesResponse"  # type: ignore[method-assign]
     with node.serving() as url:
-        pods = KubernetesPods(_settings(node, url), settings_)
+        pods = KubernetesPods(settings_for(node, url), settings_)
         out = list(
             Attribution([pods], settings_).bind(
                 [_sample(31, "GPU-1", 0), _sample(32, "GPU-2", 0), _sample(33, "GPU-9", 0)]

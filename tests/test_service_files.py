@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from gpucost.cli import build_parser
+from gpucost.cli import build_parser, command_flags
 from gpucost.config import AUDIT_ENV_PREFIX, FLAG_FIELDS
 from gpucost.metrics import Health, MetricsServer
 from tests.conftest import ROOT
@@ -66,15 +66,13 @@ def gpucost_argv(service: list[tuple[str, str]]) -> list[str]:
 def run_env_names() -> set[str]:
     """Every environment variable `gpucost run` reads, from the code: each flag's help names its variable
     (``flags.env_flag`` and the others write "env NAME"), and the audit settings are GPUCOST_<FIELD>."""
-    run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
-    helps = " ".join(a.help or "" for a in run._actions)
+    helps = " ".join(a.help or "" for a in command_flags("run"))
     return set(re.findall(r"env (\w+)", helps)) | {AUDIT_ENV_PREFIX + f.upper() for f in FLAG_FIELDS}
 
 
 def flag_of(env: str) -> str:
     """The `gpucost run` flag whose help names ``env`` (or the audit setting's flag)."""
-    run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
-    for action in run._actions:
+    for action in command_flags("run"):
         if re.search(rf"env {env}\b", action.help or ""):
             return action.option_strings[0]
     return "--" + env.removeprefix(AUDIT_ENV_PREFIX).lower().replace("_", "-")

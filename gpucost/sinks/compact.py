@@ -58,6 +58,7 @@ __all__ = [
     "CompactError",
     "CompactStats",
     "compact",
+    "exchange_folders",
     "part_files",
     "partition_folders",
 ]
@@ -86,7 +87,10 @@ class CompactStats:
     small_left: dict[Path, int] = field(default_factory=dict)  # folder → its files under file_rows rows, after
 
 
-def _exchange(a: Path, b: Path) -> None:
+def exchange_folders(a: Path, b: Path) -> None:
+    """Swap folders ``a`` and ``b`` in one ``renameat2(RENAME_EXCHANGE)``: the one step at which a partition changes
+    for a reader. A name of its own, looked up when ``compact`` calls it, so that the tests can stop a compaction
+    at exactly this step (killed mid-swap, or a query begun just before it) through a public name."""
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is None:
         raise CompactError(
@@ -180,7 +184,7 @@ def _compact_folder(
         raise CompactError(
             f"compacting {folder} would change its row count; it was left unchanged (a bug: please report it)"
         )
-    _exchange(staged, folder)
+    exchange_folders(staged, folder)
     fsync_dir(folder.parent)
     fsync_dir(staged.parent)
     retired = out_dir / RETIRED / str(time.time_ns()) / kind
