@@ -33,7 +33,7 @@ from prometheus_client.core import Metric
 from gpucost.kafka.apply import Poll
 from gpucost.kafka.closing import moved_on, send_markers
 from gpucost.kafka.outputs import send_records
-from gpucost.kafka.owned import Owned, read_state, take_partition
+from gpucost.kafka.owned import Owned, take_partition
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer
@@ -176,7 +176,7 @@ class Worker(ConsumerRebalanceListener):
             self.kafka,
             self.audit,
             tp,
-            self._state_partition(tp),
+            self.state_partition(tp),
             f"{self.group}-{tp.topic}-{tp.partition}",
             parked,
             self.audit_key,
@@ -184,19 +184,21 @@ class Worker(ConsumerRebalanceListener):
         self.taken[how] += 1
         return owned
 
-    def _state_partition(self, tp: TopicPartition) -> TopicPartition:
-        """The state partition of input partition ``tp``."""
+    def state_partition(self, tp: TopicPartition) -> TopicPartition:
+        """The state partition of input partition ``tp``: where each transaction commits the state of the keys it
+        touched and the partition's progress, and what the partition's next owner restores. Public for what reads
+        a partition's committed state without owning it (``gpucost.kafka.owned.read_state``): a check of what a
+        restart would resume from, a benchmark of restores."""
         return TopicPartition(self.kafka.topic(state_topic_suffix(self.inputs[tp.topic])), tp.partition)
 
-    async def _read_state(self, tp: TopicPartition, since: int = 0) -> tuple[dict[bytes, bytes | None], int, int]:
-        """The state partition of input partition ``tp`` read from ``since`` (``read_state``)."""
-        return await read_state(self.kafka, self._state_partition(tp), since)
-
     # --- processing ----------------------------------------------------------------------
-    def _apply(self, owned: Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
+    def apply(self, owned: Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
         """The outputs of a partition's messages, each key's in the order of its messages (``Poll``), then those
         of its keys gone silent. The keys applied to, or whose state a silent close changed, join ``touched``;
-        the events the auditors took, by kind, ``taken``."""
+        the events the auditors took, by kind, ``taken``. Nothing is sent or committed: ``process`` does that
+        with what this gives. Public as the worker's pure half, so that what a poll bills can be computed, and
+        checked, on any partition's state (``owned``: one this worker owns, or one built by the caller) without
+        a producer or a broker."""
         poll = Poll(owned, self.audit, self.audit_key, self.keyring, self.counts, self.monotonic, touched, taken)
         out = poll.apply(messages)
         self.ends_applied += poll.ends
@@ -211,7 +213,13 @@ class Worker(ConsumerRebalanceListener):
         touched |= changed
         return out
 
-    async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
+    async def process(self, tp: TopicPartition, messages: list[Any]) -> None:
+        """One poll's messages of owned partition ``tp`` applied in one transaction: their records, the state of
+        the keys they touched and the partition's progress are committed together or not at all, and the
+        partition's next offset moves past them. The step ``run``'s poll loop takes for each partition once the
+        offsets already applied are dropped (``_in_sequence``); public because it is the worker's unit of
+        exactly-once work, which a caller holding the messages itself (a test with a recording producer, a
+        benchmark, a replay of a partition) drives as the loop does, without a consumer."""
         try:
             await self._transaction(tp, messages)
         except BaseException:
@@ -222,7 +230,7 @@ class Worker(ConsumerRebalanceListener):
     async def _transaction(self, tp: TopicPartition, messages: list[Any]) -> None:
         owned = self.owned[tp]
         producer = owned.producer
-        state_topic = self._state_partition(tp).topic
+        state_topic = self.state_partition(tp).topic
         out: Counter[str] = Counter()
         letters: Counter[str] = Counter()
         taken: Counter[str] = Counter()  # events the auditors took, by kind
@@ -231,7 +239,7 @@ class Worker(ConsumerRebalanceListener):
             touched: set[str] = set()
             sent = await send_records(
                 producer,
-                self._apply(owned, messages, touched, taken),
+                self.apply(owned, messages, touched, taken),
                 self.kafka,
                 self.output_signer,
                 self._partitions,
@@ -275,6 +283,7 @@ class Worker(ConsumerRebalanceListener):
             # also committed to the group, for lag monitoring; restarts use the progress record
             await producer.send_offsets_to_transaction({tp: next_offset}, self.group)
         owned.state_end = progress.result().offset + 1  # the batch's last state record, now committed
+        owned.next_offset = next_offset
         if final is not None:
             owned.closed_through = final
             self.markers_sent += len(markers)
@@ -302,8 +311,7 @@ class Worker(ConsumerRebalanceListener):
                 owned.next_offset,
                 fresh[0].offset - 1,
             )
-        await self._process(tp, fresh)
-        owned.next_offset = fresh[-1].offset + 1
+        await self.process(tp, fresh)
 
     async def _take_batch(self, consumer: AIOKafkaConsumer, tp: TopicPartition, messages: list[Any]) -> None:
         if tp in self.owned:
