@@ -175,7 +175,7 @@ def test_a_query_begun_before_a_swap_and_failing_before_the_old_folder_is_retire
     change in the retired folders. It began while the folder was staged, which ``straddled`` counts (a
     query error taken for a real one failed the suite under load once)."""
     write_as_flushes(tmp_path, list(range(0, len(RECORDS), max(1, len(RECORDS) // 20))))
-    exchange = gpucost.sinks.compact._exchange
+    exchange = gpucost.sinks.compact.exchange
     verdicts: list[tuple[bool, bool]] = []
 
     def watched(a: Path, b: Path) -> None:
@@ -184,7 +184,7 @@ def test_a_query_begun_before_a_swap_and_failing_before_the_old_folder_is_retire
         verdicts.append((straddled(tmp_path, begun), straddled(tmp_path, swaps(tmp_path))))  # … and fails after it
         # (the second: a query begun after the swap, while the old folder is not yet retired, may not either)
 
-    monkeypatch.setattr(gpucost.sinks.compact, "_exchange", watched)
+    monkeypatch.setattr(gpucost.sinks.compact, "exchange", watched)
     assert compact(tmp_path, 2).partitions > 0
     assert verdicts and all(first for first, _ in verdicts)
     quiet = swaps(tmp_path)  # nothing being compacted: an error then is a real one
@@ -221,7 +221,7 @@ def _die_at(out: str, step: str) -> None:
     if step == "writing":
         ParquetSink.flush = die  # type: ignore[method-assign]
     elif step == "swapping":
-        gpucost.sinks.compact._exchange = die  # type: ignore[attr-defined]
+        gpucost.sinks.compact.exchange = die
     else:  # swapped, the old files not yet removed
         gpucost.sinks.compact.fsync_dir = die  # type: ignore[attr-defined]
     compact(Path(out))

@@ -58,6 +58,7 @@ __all__ = [
     "CompactError",
     "CompactStats",
     "compact",
+    "exchange",
     "part_files",
     "partition_folders",
 ]
@@ -86,7 +87,12 @@ class CompactStats:
     small_left: dict[Path, int] = field(default_factory=dict)  # folder → its files under file_rows rows, after
 
 
-def _exchange(a: Path, b: Path) -> None:
+def exchange(a: Path, b: Path) -> None:
+    """``a`` and ``b`` swapped in one ``renameat2(RENAME_EXCHANGE)``: each path names the other's entry at once, with
+    no instant at which either is missing. Public because it is the one step of a compaction a reader can see (the
+    module's docstring says what a listing that straddles it reads), and the primitive for any caller that rebuilds
+    a folder beside a live one and swaps it in; raises ``CompactError``, with both left as they were, where the C
+    library or the filesystem cannot do it."""
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is None:
         raise CompactError(
@@ -180,7 +186,7 @@ def _compact_folder(
         raise CompactError(
             f"compacting {folder} would change its row count; it was left unchanged (a bug: please report it)"
         )
-    _exchange(staged, folder)
+    exchange(staged, folder)
     fsync_dir(folder.parent)
     fsync_dir(staged.parent)
     retired = out_dir / RETIRED / str(time.time_ns()) / kind
