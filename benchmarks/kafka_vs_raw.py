@@ -76,9 +76,9 @@ class _Timed(Worker):
         if self.owned_at is None and len(self.owned) == len(INPUTS) * self.kafka.partitions:
             self.owned_at = time.perf_counter()
 
-    async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
+    async def process(self, tp: TopicPartition, messages: list[Any]) -> None:
         self.began_at = self.began_at or time.perf_counter()
-        await super()._process(tp, messages)
+        await super().process(tp, messages)
         if self.first_at is None:
             self.first_at, self.first_messages = time.perf_counter(), self.processed
 

@@ -33,6 +33,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from benchmarks.common import Result
 from benchmarks.state_memory import NS, T0, samples
+from gpucost.kafka.owned import read_state
 from gpucost.kafka.publish import create_topics, publish
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
@@ -83,7 +84,7 @@ async def restore_s(kafka: KafkaSettings, partition: int) -> tuple[float, int]:
     """Seconds to read the events state partition ``partition`` and rebuild its keys, as a new owner does."""
     worker = Worker(kafka, AuditSettings(), group="bench-restore")
     start = time.perf_counter()
-    latest, _, _ = await worker._read_state(TopicPartition(kafka.topic("events"), partition))
+    latest, _, _ = await read_state(kafka, worker.state_partition(TopicPartition(kafka.topic("events"), partition)))
     keys = len(restored(worker.audit, latest).auditors)
     return time.perf_counter() - start, keys
 

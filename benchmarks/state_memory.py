@@ -125,7 +125,7 @@ def live_state_writes(gpus: int = 8, hours: int = 72, polls: int = 600) -> tuple
             for i, (key, v) in enumerate(lines.items())
         ]
         offset += len(messages)
-        runner.run(worker._process(tp, messages))
+        runner.run(worker.process(tp, messages))
 
     runner = asyncio.Runner()  # one event loop, as a worker has: making one per poll was 8 % of a poll's CPU
     for hour in range(hours):  # the window filled an hour at a time, at a sample a minute

@@ -104,7 +104,7 @@ def test_no_record_of_a_closed_hour_follows_its_marker_and_each_marker_says_the_
     for i in range(0, len(messages), 4):
         batch = messages[i : i + 4]
         published = len(producer.published)
-        asyncio.run(worker._process(tp, batch))
+        asyncio.run(worker.process(tp, batch))
         ended = any(m.headers for m in batch)
         for m in batch:
             times = [json.loads(line)["ts_ns"] for line in m.value.split(b"\n") if any(k in line for k in GPU_KINDS)]

@@ -254,14 +254,14 @@ def test_a_state_over_the_message_limit_is_split_and_a_refused_delivery_aborts(
     worker = Worker(KafkaSettings(), audit, group="g")
     producer = RecordingProducer(max_message_bytes=300 << 10)
     owned = worker.owned[TP] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
-    asyncio.run(worker._process(TP, [Message(KEY, b"\n".join(bindings + LINES[KEY][:200]), 0)]))
+    asyncio.run(worker.process(TP, [Message(KEY, b"\n".join(bindings + LINES[KEY][:200]), 0)]))
     latest = {key: value for _, key, value in producer.transactions[-1]}
     assert max(len(v or b"") for v in latest.values()) <= 300 << 10 < sum(len(v or b"") for v in latest.values())
     assert restored(audit, latest).auditors[KEY.decode()].to_state() == owned.auditors[KEY.decode()].to_state()
     # a record the broker refuses aborts the transaction and stops the worker, offsets uncommitted
     monkeypatch.setattr(state_module, "STATE_CHUNK_BYTES", 4 << 20)
     with pytest.raises(MessageSizeTooLargeError):
-        asyncio.run(worker._process(TP, [Message(KEY, b"\n".join(LINES[KEY][200:400]), 1)]))
+        asyncio.run(worker.process(TP, [Message(KEY, b"\n".join(LINES[KEY][200:400]), 1)]))
     assert producer.aborted == 1 and len(producer.transactions) == 1
 
 

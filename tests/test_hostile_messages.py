@@ -150,7 +150,7 @@ def test_the_sink_writes_only_what_a_worker_signed(
     )
     owned = worker.owned[TP] = Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
     asyncio.run(
-        worker._process(
+        worker.process(
             TP, [Message(KEY, b"\n".join(LINES[KEY]), 0), Message(KEY, b"", 1, [(CONTROL_HEADER, END_OF_INPUT)])]
         )
     )

@@ -21,6 +21,7 @@ def test_a_partition_kept_across_a_rebalance_is_not_read_again_unless_another_ow
     """aiokafka revokes every partition at each rebalance and most come back: their state is kept, not read
     again from the state topic, unless another owner applied a batch meanwhile (a member the group dropped
     misses a generation). Either way the state owned equals what the state topic holds."""
+    from gpucost.kafka.owned import read_state
     from gpucost.kafka.publish import create_topics, publish
     from gpucost.kafka.settings import KafkaSettings
     from gpucost.kafka.state import restored
@@ -33,7 +34,7 @@ def test_a_partition_kept_across_a_rebalance_is_not_read_again_unless_another_ow
 
     async def committed(w: Worker, tp: TopicPartition) -> dict[str, Any]:
         """What the state topic holds for ``tp``, restored: what a new owner would start from."""
-        latest, _, _ = await w._read_state(tp)
+        latest, _, _ = await read_state(w.kafka, w.state_partition(tp))
         return {k: a.to_state() for k, a in restored(w.audit, latest).auditors.items()}
 
     async def scenario() -> None:
@@ -65,16 +66,16 @@ def test_a_partition_kept_across_a_rebalance_is_not_read_again_unless_another_ow
             w.consumer.assign([tp])
         try:
             await a.on_partitions_assigned([tp])
-            await a._in_sequence(a.consumer, tp, thirds[0])
+            await a.process(tp, thirds[0])
             await a.on_partitions_revoked([tp])
             await a.on_partitions_assigned([tp])  # back to the member that had it
             assert a.taken == {"restored": 1, "kept": 1}
             assert {k: o.to_state() for k, o in a.owned[tp].auditors.items()} == await committed(a, tp)
-            await a._in_sequence(a.consumer, tp, thirds[1])
+            await a.process(tp, thirds[1])
             await a.on_partitions_revoked([tp])
             await b.on_partitions_assigned([tp])  # a generation that a missed
             assert b.taken == {"restored": 1} and b.owned[tp].next_offset == thirds[1][-1].offset + 1
-            await b._in_sequence(b.consumer, tp, thirds[2])
+            await b.process(tp, thirds[2])
             await b.on_partitions_revoked([tp])
             await a.on_partitions_assigned([tp])
             assert a.taken == {"restored": 2, "kept": 1}

@@ -47,7 +47,7 @@ def test_a_worker_serves_what_it_committed() -> None:
             Message(key, b"", len(messages) + 1, [(CONTROL_HEADER, END_OF_INPUT)]),
         ]
     for i in range(0, len(messages), 3):
-        asyncio.run(worker._process(tp, messages[i : i + 3]))
+        asyncio.run(worker.process(tp, messages[i : i + 3]))
     server = MetricsServer("127.0.0.1:0", worker.metrics, worker.health)
     try:
         got = scrape(server.port)

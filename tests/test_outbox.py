@@ -49,7 +49,7 @@ def test_fifo_through_memory_and_spool(ops: list[tuple[str, int]], bound: int, c
                 box.pop(len(head))
                 acked += head
             if step == crash_at:  # the producer dies here: the next one sends what the spool holds, in order
-                memory_only = [m for m, from_spool in box._memory if not from_spool]  # dies with the process
+                memory_only = box.memory_only()  # dies with the process
                 survivors = Outbox(spool, bound)
                 resent = []
                 while head := survivors.head(7):

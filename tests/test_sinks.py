@@ -74,7 +74,7 @@ def test_a_file_that_cannot_be_written_keeps_its_records_and_those_after_it(tmp_
         for item in out:
             sink.write_block(item) if isinstance(item, ClosedPanes) else sink.write(item)
     reference.flush()
-    keys = sorted(failing._buffers)
+    keys = failing.buffered_partitions
     refused = keys[len(keys) // 2]
     write = pq.write_table
 
@@ -89,7 +89,7 @@ def test_a_file_that_cannot_be_written_keeps_its_records_and_those_after_it(tmp_
     published = files(tmp_path / "failing")
     assert {tuple(name.split("/")[:2]) for name in published} == {(k, f"date={d}") for k, d in keys[: len(keys) // 2]}
     assert not list((tmp_path / "failing").rglob("*.tmp"))
-    assert sorted(failing._buffers) == keys[len(keys) // 2 :]
+    assert failing.buffered_partitions == keys[len(keys) // 2 :]
     monkeypatch.setattr(pq, "write_table", write)
     failing.flush()
     assert files(tmp_path / "failing") == files(tmp_path / "ok")

@@ -94,7 +94,7 @@ def test_a_poll_gives_each_key_its_messages_outputs_in_order(messages: list[Mess
     key_at = {m.offset: m.key for m in messages}
     got: dict[bytes, list] = defaultdict(list)
     for i in range(0, len(messages), polls_of):  # the messages as several polls
-        for record in worker._apply(owned, messages[i : i + polls_of], set(), Counter()):
+        for record in worker.apply(owned, messages[i : i + polls_of], set(), Counter()):
             if isinstance(record, DeadLetter):  # source: topic[partition]@offset#line
                 got[key_at[int(record.source.split("@")[1].split("#")[0])]].append(record)
             else:
@@ -137,7 +137,7 @@ def test_the_state_topic_restores_every_key_and_writes_idle_windows_only_when_a_
     latest: dict[bytes, bytes | None] = {}
     for i in range(0, len(messages), polls_of):
         before = {k: (a, a.idle.rolls) for k, a in owned.auditors.items()}
-        asyncio.run(worker._process(tp, messages[i : i + polls_of]))
+        asyncio.run(worker.process(tp, messages[i : i + polls_of]))
         for topic, key, value in producer.transactions[-1]:
             assert topic == "gpucost.state.events"
             latest[key] = value
@@ -175,7 +175,7 @@ def _written(lines: list[bytes]) -> tuple[Auditor, dict[bytes, bytes | None]]:
     tp = TopicPartition("gpucost.events", 0)
     owned = worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     key = b"GPU-v"
-    asyncio.run(worker._process(tp, [Message(key, b"\n".join(lines), 0)]))
+    asyncio.run(worker.process(tp, [Message(key, b"\n".join(lines), 0)]))
     return owned.auditors[key.decode()], {k: v for _, k, v in producer.transactions[-1]}
 
 
@@ -218,12 +218,12 @@ def test_a_key_ended_and_begun_again_in_one_poll_writes_its_new_idle_windows() -
     producer = RecordingProducer()
     owned = worker.owned[tp] = Owned(producer, {}, {}, 0)  # type: ignore[arg-type]
     latest: dict[bytes, bytes | None] = {}
-    asyncio.run(worker._process(tp, [Message(key, b"\n".join(lines[:half]), 0)]))
+    asyncio.run(worker.process(tp, [Message(key, b"\n".join(lines[:half]), 0)]))
     latest.update((key, value) for _, key, value in producer.transactions[-1])
     old = owned.auditors[key.decode()]
     rolls_written = old.idle.rolls
     asyncio.run(
-        worker._process(
+        worker.process(
             tp, [Message(key, b"", 1, [(CONTROL_HEADER, END_OF_INPUT)]), Message(key, b"\n".join(lines[half:]), 2)]
         )
     )  # later panes
@@ -258,15 +258,15 @@ def test_a_process_gone_silent_has_its_mae_window_published_once_its_partition_m
     clock = [0.0]
     worker.monotonic = lambda: clock[0]
     owned = Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
-    out = worker._apply(owned, [Message(exited, b"\n".join(lines(7, 0, 100, 1000)), 0)], set(), Counter())
+    out = worker.apply(owned, [Message(exited, b"\n".join(lines(7, 0, 100, 1000)), 0)], set(), Counter())
     assert [r.n for r in out if isinstance(r, MaeRecord)] == [64]  # the 36 after it: an open window
     # the other process an hour ahead in event time, but the first heard from a moment ago: only behind
     clock[0] = audit.idle_timeout_s - 1
     touched: set[str] = set()
-    out = worker._apply(owned, [Message(busy, b"\n".join(lines(9, 3600, 10, 1000)), 1)], touched, Counter())
+    out = worker.apply(owned, [Message(busy, b"\n".join(lines(9, 3600, 10, 1000)), 1)], touched, Counter())
     assert not [r for r in out if isinstance(r, MaeRecord)] and exited.decode() not in touched
     clock[0] = audit.idle_timeout_s  # and now silent in both times
-    out = worker._apply(owned, [Message(busy, b"\n".join(lines(9, 3610, 1, 1000)), 2)], touched, Counter())
+    out = worker.apply(owned, [Message(busy, b"\n".join(lines(9, 3610, 1, 1000)), 2)], touched, Counter())
     closed = [r for r in out if isinstance(r, MaeRecord)]
     assert [(r.pid, r.n, r.first_ts_ns, r.last_ts_ns) for r in closed] == [
         (7, 36, BASE_NS + 64 * NS, BASE_NS + 99 * NS)
@@ -274,7 +274,7 @@ def test_a_process_gone_silent_has_its_mae_window_published_once_its_partition_m
     assert exited.decode() in touched and owned.auditors[exited.decode()].counts["mae_silent_closes"] == 1
     state = dict(state_records(exited.decode(), owned.auditors[exited.decode()], SeenSequences(), None, {}))
     assert restored(audit, state).auditors[exited.decode()].mae.latest_ns() == {}  # written closed
-    again = worker._apply(owned, [Message(exited, b"\n".join(lines(7, 7200, 64, 1000)), 3)], set(), Counter())
+    again = worker.apply(owned, [Message(exited, b"\n".join(lines(7, 7200, 64, 1000)), 3)], set(), Counter())
     assert [(r.n, r.first_ts_ns) for r in again if isinstance(r, MaeRecord)] == [(64, BASE_NS + 7200 * NS)]
 
 
@@ -295,20 +295,20 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     clock = [0.0]
     worker.monotonic = lambda: clock[0]
     owned = Owned(RecordingProducer(), {}, {}, 0, since=0.0)  # type: ignore[arg-type]
-    out = worker._apply(owned, [Message(gone, b"\n".join(first), 0, [(SEQUENCE_HEADER, b"s:1")])], set(), Counter())
+    out = worker.apply(owned, [Message(gone, b"\n".join(first), 0, [(SEQUENCE_HEADER, b"s:1")])], set(), Counter())
     assert {r.pane_start_ns for r in out if isinstance(r, IdleIndexRecord)} < panes  # the last ones stay open
     # another key 20 min ahead in event time, but the silent one was heard from a moment ago: only behind
     clock[0] = AUDIT.idle_timeout_s - 1
     touched: set[str] = set()
-    out += worker._apply(owned, [Message(other, b"\n".join(LINES[other]), 1)], touched, Counter())
+    out += worker.apply(owned, [Message(other, b"\n".join(LINES[other]), 1)], touched, Counter())
     assert gone.decode() not in touched
     clock[0] = AUDIT.idle_timeout_s  # and now silent in both times
-    out += worker._apply(owned, [Message(other, b"\n".join(LINES[other][-1:]), 2)], touched, Counter())
+    out += worker.apply(owned, [Message(other, b"\n".join(LINES[other][-1:]), 2)], touched, Counter())
     mine = [r for r in out if getattr(r, "gpu_uuid", None) == gone.decode()]
     assert {r.pane_start_ns for r in mine if isinstance(r, IdleIndexRecord)} == panes
     assert sum(r.cost_micro_usd for r in mine if isinstance(r, CostRecord)) == want
     assert gone.decode() in touched and owned.auditors[gone.decode()].counts["silent_closes"] > 0
-    again = worker._apply(owned, [Message(gone, b"\n".join(first), 3, [(SEQUENCE_HEADER, b"s2:1")])], set(), Counter())
+    again = worker.apply(owned, [Message(gone, b"\n".join(first), 3, [(SEQUENCE_HEADER, b"s2:1")])], set(), Counter())
     assert not [r for r in again if isinstance(r, CostRecord)]
     samples = sum(1 for line in first if b'"gpu_sample"' in line or b'"process_sample"' in line)
     assert Counter(
@@ -322,7 +322,7 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     assert owned.auditors[gone.decode()].idle.to_state()
     touched = set()
     clock[0] += AUDIT.idle_timeout_s
-    worker._apply(owned, [Message(other, b"\n".join(later), 4)], touched, Counter())
+    worker.apply(owned, [Message(other, b"\n".join(later), 4)], touched, Counter())
     assert gone.decode() in touched and owned.auditors[gone.decode()].idle.to_state() == {}
     # a GPU silent for the window and the horizon past the timeout is forgotten: nothing of it kept but the floor
     # its key's events are judged against, so that what it was billed for, sent again, is late, not billed again
@@ -331,14 +331,16 @@ def test_a_gpu_gone_silent_has_its_last_panes_closed_once_its_partition_moves_on
     assert auditor.counts["forgotten_gpus"] == 1
     state = auditor.to_state()
     assert gone.decode() not in json.dumps({k: v for k, v in state.items() if k != "health"})
-    again = worker._apply(owned, [Message(gone, b"\n".join(first), 5, [(SEQUENCE_HEADER, b"s3:1")])], set(), Counter())
+    again = worker.apply(owned, [Message(gone, b"\n".join(first), 5, [(SEQUENCE_HEADER, b"s3:1")])], set(), Counter())
     assert not [r for r in again if isinstance(r, (CostRecord, IdleIndexRecord))]
     assert Counter(
         r.reason for r in again if isinstance(r, DeadLetter) and r.kind in ("gpu_sample", "process_sample")
     ) == Counter({"late": samples})
 
 
-def test_where_partitions_begin_is_asked_for_new_ones_and_a_kept_one_whose_state_is_gone() -> None:
+def test_where_partitions_begin_is_asked_for_new_ones_and_a_kept_one_whose_state_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A partition kept across a rebalance knows its next offset, so where it begins is not asked (the
     consumer's connection answers only after its open fetch); if its state was read again and holds no
     progress (a state topic made anew), it is asked then, and the partition starts from its beginning."""
@@ -354,17 +356,35 @@ def test_where_partitions_begin_is_asked_for_new_ones_and_a_kept_one_whose_state
         def seek(self, tp: TopicPartition, offset: int) -> None:
             seeks[tp] = offset
 
-    worker = Worker(KafkaSettings(topic_prefix="t."), AuditSettings(), group="g")
-    worker.consumer = Consumer()  # type: ignore[assignment]
-    worker._parked = {kept: Owned(RecordingProducer(), {}, {}, 7), gone: Owned(RecordingProducer(), {}, {}, 9)}
+    class Producer(RecordingProducer):
+        async def stop(self) -> None:  # a revoked partition's producer is stopped
+            pass
 
-    async def own(tp: TopicPartition, parked: Owned | None = None) -> Owned:
+    async def take(
+        kafka: KafkaSettings,
+        audit: AuditSettings,
+        tp: TopicPartition,
+        state_tp: TopicPartition,
+        transactional_id: str,
+        parked: Owned | None = None,
+        audit_key: bytes | None = None,
+    ) -> tuple[Owned, str]:
+        """``take_partition`` without a broker: ``kept``'s state kept, the others' read again and empty."""
         if tp == kept:
             assert parked is not None
-            return parked
-        return Owned(RecordingProducer(), {}, {}, -1)  # never processed, or its state gone
+            return parked, "kept"
+        return Owned(Producer(), {}, {}, -1), "restored"  # never processed, or its state gone
 
-    worker._own = own  # type: ignore[method-assign]
-    asyncio.run(worker._take([new, kept, gone]))
+    monkeypatch.setattr("gpucost.kafka.worker.take_partition", take)
+    worker = Worker(KafkaSettings(topic_prefix="t."), AuditSettings(), group="g")
+    worker.consumer = Consumer()  # type: ignore[assignment]
+    worker.owned = {kept: Owned(Producer(), {}, {}, 7), gone: Owned(Producer(), {}, {}, 9)}  # type: ignore[arg-type]
+
+    async def rebalance() -> None:
+        await worker.on_partitions_revoked([kept, gone])  # aiokafka's eager protocol revokes every partition
+        await worker.on_partitions_assigned([new, kept, gone])
+
+    asyncio.run(rebalance())
     assert asked == [[new], [gone]]
     assert seeks == {new: 100, kept: 7, gone: 102}
+    assert worker.taken == {"kept": 1, "restored": 2}

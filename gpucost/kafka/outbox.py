@@ -79,6 +79,13 @@ class Outbox:
     def memory_bytes(self) -> int:
         return self._memory_bytes
 
+    def memory_only(self) -> list[Message]:
+        """The waiting messages held only in this process, oldest first: appended while memory had room, so never
+        written to the spool, and lost if the process dies now (those read back from the spool are still in it
+        until acknowledged; a producer stopped in order spools them all, ``close``). Public because that is the
+        outbox's promise to a caller: what a crash costs at this moment, and no more."""
+        return [message for message, from_spool in self._memory if not from_spool]
+
     def append(self, message: Message) -> None:
         if self._spooled == 0 and self._memory_bytes + message.size <= self.max_bytes:
             self._memory.append((message, False))

@@ -1,5 +1,6 @@
 """An input partition a worker owns: its transactional producer and the state of its keys, and how that state is
-read back from the partition's state partition when the worker takes it (``gpucost.kafka.worker``).
+read back from the partition's state partition when the worker takes it (``take_partition``, which
+``gpucost.kafka.worker`` calls for each partition a rebalance assigns it).
 
 Apart from the worker so that what a partition holds can be read, built in a test and restored without the
 transaction loop around it.
@@ -7,6 +8,7 @@ transaction loop around it.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -14,9 +16,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
+from gpucost.kafka.state import restored
 from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
 
-__all__ = ["Owned", "read_state"]
+__all__ = ["Owned", "read_state", "take_partition"]
+
+#: the worker's logger: the lines on taking a partition were always under that name, which operators filter on
+log = logging.getLogger("gpucost.kafka.worker")
 
 
 @dataclass
@@ -80,3 +87,49 @@ async def read_state(
     finally:
         await reader.stop()
     return latest, first, end
+
+
+async def take_partition(
+    kafka: KafkaSettings,
+    audit: AuditSettings,
+    tp: TopicPartition,
+    state_tp: TopicPartition,
+    transactional_id: str,
+    parked: Owned | None = None,
+    audit_key: bytes | None = None,
+) -> tuple[Owned, str]:
+    """Own input partition ``tp``: a producer (``transactional_id``) that fences any earlier owner, and the
+    partition's state, from its state partition ``state_tp``; returns them and how the state was had, ``kept`` or
+    ``restored``. The state of ``parked`` (this worker's own, from before the rebalance) is kept if no record was
+    written to the state partition since its last: each applied batch writes one, so nobody else applied any.
+    ``audit_key`` signs the health records' snapshot hashes of the auditors restored."""
+    producer = AIOKafkaProducer(
+        **kafka.producer_options(),
+        acks="all",
+        transactional_id=transactional_id,
+        max_request_size=8 << 20,
+        max_batch_size=1 << 20,
+        linger_ms=5,
+    )
+    # init_transactions: fences the previous owner and settles its open batch, so that what the state
+    # partition holds is final when it is read below
+    await producer.start()
+    try:
+        if parked is not None:
+            newer, first, end = await read_state(kafka, state_tp, parked.state_end)
+            # nothing written since, nor deleted by retention (nor the topic made again)
+            if not newer and first <= parked.state_end <= end:
+                parked.producer = producer
+                return parked, "kept"
+            log.info(
+                "%s[%d] was written by another owner since this worker had it: its state is read again",
+                tp.topic,
+                tp.partition,
+            )
+        latest, _, end = await read_state(kafka, state_tp)
+        state = restored(audit, latest, audit_key)
+    except BaseException:
+        await producer.stop()
+        raise
+    next_offset = -1 if state.next_offset is None else state.next_offset  # -1: never processed
+    return Owned(producer, state.auditors, state.sequences, next_offset, state.owners, state_end=end), "restored"

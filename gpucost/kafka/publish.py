@@ -1,4 +1,7 @@
-"""Kafka side of the producers: create the topics, publish events in keyed batches."""
+"""Kafka side of the producers: create the topics, publish events in keyed batches.
+
+Events are routed and batched here into an outbox; ``gpucost.kafka.delivery`` sends the outbox to the broker.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +20,10 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError
 from prometheus_client.core import Metric
 
+from gpucost.kafka.delivery import deliver
 from gpucost.kafka.outbox import Message, Outbox
 from gpucost.kafka.retention import topic_config
 from gpucost.kafka.routing import Router, duplicate_letter
@@ -145,83 +149,6 @@ class Stopped(Exception):
     is not acknowledged is in the spool, and the next run sends it first."""
 
 
-async def _deliver(
-    outbox: Outbox, kafka: KafkaSettings, wake: asyncio.Event, done: asyncio.Event, stats: ProducerStats
-) -> None:
-    """Send the outbox's oldest messages, in order, until ``done`` and empty; ride out broker outages.
-
-    After a failed attempt the producer is replaced (a new idempotent session) and everything
-    from the first unacknowledged message on is sent again, in order; a copy that did arrive
-    the first time is a duplicate the workers dead-letter, never a second bill.
-    """
-    producer: AIOKafkaProducer | None = None
-    backoff = 0.5
-    try:
-        while True:
-            head = outbox.head(2000)
-            if not head:
-                if done.is_set():
-                    return
-                await wake.wait()
-                wake.clear()
-                continue
-            try:
-                if producer is None:
-                    producer = AIOKafkaProducer(
-                        **kafka.producer_options(),
-                        enable_idempotence=True,
-                        acks="all",
-                        linger_ms=20,
-                        max_batch_size=1 << 20,
-                        max_request_size=8 << 20,
-                        request_timeout_ms=15_000,
-                    )
-                    await producer.start()
-                futures = [
-                    await producer.send(m.topic, m.value, key=m.key, headers=list(m.headers) or None) for m in head
-                ]
-                results = await asyncio.gather(*futures, return_exceptions=True)
-            except KafkaError as exc:
-                results = [exc]
-            ok = next((i for i, r in enumerate(results) if isinstance(r, BaseException)), len(head))
-            for m in head[:ok]:
-                stats.sent[m.topic.removeprefix(kafka.topic_prefix)] += 1
-            outbox.pop(ok)
-            if ok == len(head):
-                if stats.outage_since is not None:
-                    log.warning(
-                        "broker reachable again after %.0f s; %d message(s) still waiting",
-                        time.monotonic() - stats.outage_since,
-                        len(outbox),
-                    )
-                backoff, stats.outage_since = 0.5, None
-                continue
-            if stats.outage_since is None:
-                stats.outage_since = time.monotonic()
-                log.warning(
-                    "cannot deliver to %s (%s); buffering: %d message(s) waiting, %d bytes in memory, retrying%s",
-                    kafka.bootstrap,
-                    results[ok],
-                    len(outbox),
-                    outbox.memory_bytes,
-                    "; input read to its end" if stats.input_ended else "",
-                )
-            if producer is not None:
-                await _stop_quietly(producer)
-                producer = None
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-    finally:
-        if producer is not None:
-            await _stop_quietly(producer)
-
-
-async def _stop_quietly(producer: AIOKafkaProducer) -> None:
-    # the broker may be away: what was not acknowledged is still in the outbox
-    with contextlib.suppress(KafkaError, TimeoutError, OSError):
-        await asyncio.wait_for(producer.stop(), timeout=5)
-
-
 def split_batch(lines: list[str], max_bytes: int) -> list[list[str]]:
     """``lines`` cut, in order, into runs whose JSON Lines text fits ``max_bytes`` (a line alone over
     it is a run of its own, for the caller to refuse)."""
@@ -319,7 +246,7 @@ async def publish(
         name="source",
         daemon=True,
     )
-    deliverer = asyncio.create_task(_deliver(outbox, kafka, wake, done, stats))
+    deliverer = asyncio.create_task(deliver(outbox, kafka, wake, done, stats))
     pump.start()
     try:
         router = Router()

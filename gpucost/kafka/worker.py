@@ -13,9 +13,10 @@ The worker is plain ``aiokafka`` around the pure operators (``gpucost.streams.au
 per message key): it owns the transactions, the state topic and the clock that holds silent closes
 back; what is billed, and how, is the operators'. This module holds the partitions' ownership across
 rebalances and the transaction loop; its parts are ``gpucost.kafka.owned`` (a partition's keys and
-their state read back), ``gpucost.kafka.apply`` (a poll's messages checked and applied),
-``gpucost.kafka.outputs`` (records sent in batches per partition) and ``gpucost.streams.silence``
-(when a silent key's panes close, the rule the embedded run shares).
+their state, read back when it is taken), ``gpucost.kafka.apply`` (a poll's messages checked and applied),
+``gpucost.kafka.outputs`` (records sent in batches per partition), ``gpucost.streams.silence`` (when a
+silent key's panes close, the rule the embedded run shares) and ``gpucost.kafka.worker_metrics`` (what
+``--metrics-address`` serves).
 """
 
 from __future__ import annotations
@@ -26,18 +27,19 @@ import time
 from collections import Counter
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from prometheus_client.core import Metric
 
 from gpucost.kafka.apply import Poll
 from gpucost.kafka.closing import moved_on, send_markers
 from gpucost.kafka.outputs import send_records
-from gpucost.kafka.owned import Owned, read_state
+from gpucost.kafka.owned import Owned, take_partition
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer
-from gpucost.kafka.state import PROGRESS_KEY, progress_record, restored, state_records
-from gpucost.metrics import Health, counter, gauge
+from gpucost.kafka.state import PROGRESS_KEY, progress_record, state_records
+from gpucost.kafka.worker_metrics import worker_metrics
+from gpucost.metrics import Health
 from gpucost.schemas.records import Output
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.silence import close_partition
@@ -169,52 +171,34 @@ class Worker(ConsumerRebalanceListener):
             )
 
     async def _own(self, tp: TopicPartition, parked: Owned | None = None) -> Owned:
-        """Own ``tp``: a producer that fences any earlier owner, and the partition's state. The state of
-        ``parked`` (this worker's own, from before the rebalance) is kept if no record was written to the
-        state partition since its last: each applied batch writes one, so nobody else applied any."""
-        producer = AIOKafkaProducer(
-            **self.kafka.producer_options(),
-            acks="all",
-            transactional_id=f"{self.group}-{tp.topic}-{tp.partition}",
-            max_request_size=8 << 20,
-            max_batch_size=1 << 20,
-            linger_ms=5,
+        """``tp`` taken (``take_partition``: its producer, and ``parked``'s state or the state topic's), counted."""
+        owned, how = await take_partition(
+            self.kafka,
+            self.audit,
+            tp,
+            self.state_partition(tp),
+            f"{self.group}-{tp.topic}-{tp.partition}",
+            parked,
+            self.audit_key,
         )
-        # init_transactions: fences the previous owner and settles its open batch, so that what the state
-        # partition holds is final when it is read below
-        await producer.start()
-        try:
-            if parked is not None:
-                newer, first, end = await self._read_state(tp, parked.state_end)
-                # nothing written since, nor deleted by retention (nor the topic made again)
-                if not newer and first <= parked.state_end <= end:
-                    self.taken["kept"] += 1
-                    parked.producer = producer
-                    return parked
-                log.info(
-                    "%s[%d] was written by another owner since this worker had it: its state is read again",
-                    tp.topic,
-                    tp.partition,
-                )
-            latest, _, end = await self._read_state(tp)
-            state = restored(self.audit, latest, self.audit_key)
-        except BaseException:
-            await producer.stop()
-            raise
-        self.taken["restored"] += 1
-        next_offset = -1 if state.next_offset is None else state.next_offset  # -1: never processed
-        return Owned(producer, state.auditors, state.sequences, next_offset, state.owners, state_end=end)
+        self.taken[how] += 1
+        return owned
 
-    async def _read_state(self, tp: TopicPartition, since: int = 0) -> tuple[dict[bytes, bytes | None], int, int]:
-        """The state partition of input partition ``tp`` read from ``since`` (``read_state``)."""
-        state_tp = TopicPartition(self.kafka.topic(state_topic_suffix(self.inputs[tp.topic])), tp.partition)
-        return await read_state(self.kafka, state_tp, since)
+    def state_partition(self, tp: TopicPartition) -> TopicPartition:
+        """The state partition of input partition ``tp``: where each transaction commits the state of the keys it
+        touched and the partition's progress, and what the partition's next owner restores. Public for what reads
+        a partition's committed state without owning it (``gpucost.kafka.owned.read_state``): a check of what a
+        restart would resume from, a benchmark of restores."""
+        return TopicPartition(self.kafka.topic(state_topic_suffix(self.inputs[tp.topic])), tp.partition)
 
     # --- processing ----------------------------------------------------------------------
-    def _apply(self, owned: Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
+    def apply(self, owned: Owned, messages: list[Any], touched: set[str], taken: Counter[str]) -> list[Output]:
         """The outputs of a partition's messages, each key's in the order of its messages (``Poll``), then those
         of its keys gone silent. The keys applied to, or whose state a silent close changed, join ``touched``;
-        the events the auditors took, by kind, ``taken``."""
+        the events the auditors took, by kind, ``taken``. Nothing is sent or committed: ``process`` does that
+        with what this gives. Public as the worker's pure half, so that what a poll bills can be computed, and
+        checked, on any partition's state (``owned``: one this worker owns, or one built by the caller) without
+        a producer or a broker."""
         poll = Poll(owned, self.audit, self.audit_key, self.keyring, self.counts, self.monotonic, touched, taken)
         out = poll.apply(messages)
         self.ends_applied += poll.ends
@@ -229,7 +213,13 @@ class Worker(ConsumerRebalanceListener):
         touched |= changed
         return out
 
-    async def _process(self, tp: TopicPartition, messages: list[Any]) -> None:
+    async def process(self, tp: TopicPartition, messages: list[Any]) -> None:
+        """One poll's messages of owned partition ``tp`` applied in one transaction: their records, the state of
+        the keys they touched and the partition's progress are committed together or not at all, and the
+        partition's next offset moves past them. The step ``run``'s poll loop takes for each partition once the
+        offsets already applied are dropped (``_in_sequence``); public because it is the worker's unit of
+        exactly-once work, which a caller holding the messages itself (a test with a recording producer, a
+        benchmark, a replay of a partition) drives as the loop does, without a consumer."""
         try:
             await self._transaction(tp, messages)
         except BaseException:
@@ -240,7 +230,7 @@ class Worker(ConsumerRebalanceListener):
     async def _transaction(self, tp: TopicPartition, messages: list[Any]) -> None:
         owned = self.owned[tp]
         producer = owned.producer
-        state_topic = self.kafka.topic(state_topic_suffix(self.inputs[tp.topic]))
+        state_topic = self.state_partition(tp).topic
         out: Counter[str] = Counter()
         letters: Counter[str] = Counter()
         taken: Counter[str] = Counter()  # events the auditors took, by kind
@@ -249,7 +239,7 @@ class Worker(ConsumerRebalanceListener):
             touched: set[str] = set()
             sent = await send_records(
                 producer,
-                self._apply(owned, messages, touched, taken),
+                self.apply(owned, messages, touched, taken),
                 self.kafka,
                 self.output_signer,
                 self._partitions,
@@ -293,6 +283,7 @@ class Worker(ConsumerRebalanceListener):
             # also committed to the group, for lag monitoring; restarts use the progress record
             await producer.send_offsets_to_transaction({tp: next_offset}, self.group)
         owned.state_end = progress.result().offset + 1  # the batch's last state record, now committed
+        owned.next_offset = next_offset
         if final is not None:
             owned.closed_through = final
             self.markers_sent += len(markers)
@@ -320,8 +311,7 @@ class Worker(ConsumerRebalanceListener):
                 owned.next_offset,
                 fresh[0].offset - 1,
             )
-        await self._process(tp, fresh)
-        owned.next_offset = fresh[-1].offset + 1
+        await self.process(tp, fresh)
 
     async def _take_batch(self, consumer: AIOKafkaConsumer, tp: TopicPartition, messages: list[Any]) -> None:
         if tp in self.owned:
@@ -368,85 +358,5 @@ class Worker(ConsumerRebalanceListener):
                 await owned.producer.stop()
 
     def metrics(self) -> list[Metric]:
-        """What ``gpucost worker --metrics-address`` serves (docs/operations.md, "Metrics")."""
-        owned = dict(self.owned)
-        now_ns = time.time_ns()
-        lag_s, behind, panes, gpus = {}, {}, 0, 0
-        final = {
-            f"{tp.topic}[{tp.partition}]": o.closed_through / 1e9
-            for tp, o in owned.items()
-            if o.closed_through is not None
-        }
-        for tp, o in owned.items():
-            auditors = list(o.auditors.values())
-            marks = [m for m in (a.largest_watermark() for a in auditors) if m is not None]
-            name = f"{tp.topic}[{tp.partition}]"
-            if marks:
-                lag_s[name] = (now_ns - max(marks)) / 1e9
-            panes += sum(a.open_panes() for a in auditors)
-            gpus += len(auditors)
-            high = self.consumer.highwater(tp) if self.consumer is not None else None
-            if high is not None:
-                behind[name] = max(0, high - o.next_offset)
-        return [
-            counter("gpucost_worker_input_messages", "input messages applied and committed", self.processed),
-            counter(
-                "gpucost_worker_events",
-                "events taken (counted in a pane, a window or a table), by kind",
-                self.events_in,
-                "kind",
-            ),
-            counter("gpucost_worker_records", "records published, by kind", self.records_out, "kind"),
-            counter("gpucost_worker_dead_letters", "dead letters published, by reason", self.dead_letters, "reason"),
-            counter(
-                "gpucost_worker_refused_messages",
-                "messages refused before any auditor (and re-deliveries skipped), by reason",
-                dict(self.counts),
-                "reason",
-            ),
-            counter("gpucost_worker_transactions", "transactions, by outcome", self.transactions, "outcome"),
-            counter(
-                "gpucost_worker_closed_markers",
-                "closed markers committed (one per cost partition each time an input partition's final hour moves on)",
-                self.markers_sent,
-            ),
-            counter(
-                "gpucost_worker_state_bytes_written",
-                "bytes of state written to the state topics",
-                self.state_bytes_written,
-            ),
-            counter(
-                "gpucost_worker_partitions_taken",
-                "input partitions taken, by how: state restored from its topic, or kept across a rebalance",
-                self.taken,
-                "how",
-            ),
-            gauge("gpucost_worker_partitions", "input partitions owned", len(owned)),
-            gauge(
-                "gpucost_worker_owns",
-                "1 for each input partition this worker owns",
-                {f"{tp.topic}[{tp.partition}]": 1 for tp in owned},
-                "partition",
-            ),
-            gauge("gpucost_worker_keys", "keys (GPUs, processes) held", gpus),
-            gauge("gpucost_worker_open_panes", "panes open, not yet billed", panes),
-            gauge(
-                "gpucost_worker_event_time_lag_seconds",
-                "wall clock minus the largest watermark, per partition",
-                lag_s,
-                "partition",
-            ),
-            gauge(
-                "gpucost_worker_consumer_lag_messages",
-                "input messages not yet applied, per partition",
-                behind,
-                "partition",
-            ),
-            gauge(
-                "gpucost_worker_final_through_seconds",
-                "the last closed marker committed, per input partition: "
-                "records of panes ending at or before it are final (Unix seconds)",
-                final,
-                "partition",
-            ),
-        ]
+        """What ``gpucost worker --metrics-address`` serves (``gpucost.kafka.worker_metrics``)."""
+        return worker_metrics(self)

@@ -240,6 +240,13 @@ class ParquetSink:
     def buffered_rows(self) -> int:
         return sum(self._rows.values())
 
+    @property
+    def buffered_partitions(self) -> list[tuple[str, str]]:
+        """The (kind, date) partitions holding buffered rows, in the order a flush writes them. A flush that
+        failed part way leaves exactly those from the file that failed on: public so that a caller can say which
+        partitions a failed flush left unwritten, and a retry writes them."""
+        return sorted(key for key, parts in self._buffers.items() if parts)
+
     def stage_all(self, publication: int) -> list[Staged]:
         """Every buffered row into fsynced temporaries, files of at most ``file_rows`` rows, and the buffers
         emptied: what a checkpoint names before ``publish`` renames them into place. The temporaries' names hold
@@ -249,7 +256,7 @@ class ParquetSink:
         staged: list[Staged] = []
         numbers: dict[Path, int] = {}  # the next part number of each folder, past the files staged here
         try:
-            for kind, date in sorted(key for key, parts in self._buffers.items() if parts):
+            for kind, date in self.buffered_partitions:
                 whole = self._whole(kind, date)
                 for lo in range(0, whole.num_rows, self.file_rows):
                     folder = self.out_dir / kind / f"date={date}"
@@ -282,7 +289,7 @@ class ParquetSink:
         GIL; half the time on two cores); then they are renamed into place one by one, in order. A
         file that cannot be written stops the flush there: the files after it are not published,
         and their records stay buffered for the next one."""
-        keys = sorted(key for key, parts in self._buffers.items() if parts)
+        keys = self.buffered_partitions
         with ThreadPoolExecutor(max_workers=min(len(keys), _CORES) or 1) as pool:
             staged = [pool.submit(self._stage, *key) for key in keys]
         try:

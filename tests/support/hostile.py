@@ -60,7 +60,7 @@ def expected_micro_usd(lines: list[bytes], audit: AuditSettings) -> int:
 
 def apply(worker: Worker, messages: list[Message], owned: Owned | None = None) -> tuple[list, Owned]:
     owned = owned or Owned(RecordingProducer(), {}, {}, 0)  # type: ignore[arg-type]
-    return worker._apply(owned, messages, set(), Counter()), owned
+    return worker.apply(owned, messages, set(), Counter()), owned
 
 
 def billed(out: list) -> int:
