@@ -30,6 +30,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python scripts/module_sizes.py
 
 bench: venv
 	$(BIN)/python -m benchmarks.run $(ARGS)
