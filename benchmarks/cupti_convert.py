@@ -155,6 +155,7 @@ def main() -> int:
 
         t0 = time.perf_counter()
         forms["cupti_python"] = (cupti_objects(forms["cupti_shaped"][0]), cupti)
+        assert before(forms["cupti_python"][0]) == after(forms["cupti_python"][0], cupti)  # reads its bytes right
         made = (time.perf_counter() - t0) / sum(len(b) for b in plain) * 1e9  # from_ptr, before any callback
     records = sum(len(b) for b in plain)
     assert before(plain) == after(plain) == after(forms["cupti_shaped"][0], raw)  # same JSON Lines, same length
