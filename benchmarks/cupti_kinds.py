@@ -68,7 +68,7 @@ def _setup(mode: str) -> Any:
         from gpucost.producers.cupti import Collector, Identity  # noqa: PLC0415
 
         _nvtx_injection()
-        collector = Collector(cupti, Identity("bench", os.getpid(), {}), lambda batch: None)
+        collector = Collector(cupti, Identity("bench", os.getpid(), {}), lambda lines: None, text=True)
         collector.start()
         return collector.stop
     kinds = [kind.CONCURRENT_KERNEL]

@@ -2,7 +2,10 @@
 
 Checks: kernels present with end ≥ start and epoch times near now (the clock offset), launch links present
 (launch_ns ≤ start_ns), NVTX ranges present and named, and that every kernel launched inside the "smoke"
-range on its thread falls in it by the launch rule.  Prints a JSON verdict; exit 1 on any failed check.
+range on its thread falls in it by the launch rule.  Then, in a process of its own, the collector reads the
+same buffers twice, from the records' bytes (as it does) and attribute by attribute (``layouts=None``):
+every record type must be read from its bytes and both readings must give the same objects.  Prints a JSON
+verdict; exit 1 on any failed check.
 
     python benchmarks/cupti_smoke.py
 """
@@ -28,6 +31,42 @@ torch.cuda.nvtx.range_pop()
 torch.cuda.synchronize()
 b = a.cpu()
 """
+
+BOTH_READINGS = """
+import json, os, torch
+from cupti import cupti
+from gpucost.collect_kernels import _nvtx_injection
+from gpucost.producers.cupti import Collector, Identity
+_nvtx_injection()
+got, plain = [], []
+ident = Identity("smoke", os.getpid())
+collector, other = Collector(cupti, ident, got.extend), Collector(cupti, ident, plain.extend)
+other.records._layouts, other.records._offset_ns = None, collector.records._offset_ns
+fast = collector._buffer_completed
+def both(activities):
+    activities = list(activities)
+    plain.extend(other.records.objects(other.records.add(activities)))
+    fast(activities)
+collector._buffer_completed = both
+collector.start()
+a = torch.randn(256, 256, device="cuda")
+for _ in range(50):
+    torch.cuda.nvtx.range_push("r")
+    a = torch.tanh(a @ a) * 0.5
+    torch.cuda.nvtx.range_pop()
+torch.cuda.synchronize()
+a.cpu()
+collector.stop()
+plain.extend(other.records.objects(other.records.finish()))
+readers = {t.__name__: (r[0] if r else None) for t, r in collector.records._readers.items()}
+print(json.dumps({"readers": readers, "same": got == plain, "objects": len(got)}))
+"""
+
+
+def both_readings() -> dict:
+    done = subprocess.run([sys.executable, "-c", BOTH_READINGS], capture_output=True, text=True)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{"readers"')]
+    return json.loads(lines[-1]) if lines else {"error": done.stderr[-2000:]}
 
 
 def main() -> int:
@@ -77,6 +116,12 @@ def main() -> int:
         "kernels_in_smoke_range": len(inside) >= 20,
         "memcpy_present": any(k["category"] == "memcpy" for k in kernels),
     }
+    readings = both_readings()
+    readers = readings.get("readers", {})
+    checks["read_from_bytes"] = {"ActivityKernel10", "ActivityAPI", "ActivityMarker2"} <= set(readers) and all(
+        readers.values()
+    )
+    checks["bytes_reading_equals_attributes"] = readings.get("same") is True and readings.get("objects", 0) > 100
     print(
         json.dumps(
             {
@@ -86,6 +131,7 @@ def main() -> int:
                 "kernels": len(kernels),
                 "ranges": len(ranges),
                 "stderr_tail": done.stderr[-2000:],
+                "readings": readings,
                 "sample": (gemms[:1] + ranges[:1]),
             }
         )

@@ -16,7 +16,7 @@ import runpy
 import signal
 import socket
 import sys
-from typing import Any, TextIO
+from typing import Any
 
 from gpucost.command import Command
 from gpucost.producers.cupti import Collector, Identity
@@ -79,13 +79,6 @@ def _nvtx_injection() -> str | None:
     return path
 
 
-def _writer(out: TextIO) -> Any:
-    def write(batch: list[dict[str, Any]]) -> None:
-        out.writelines(json.dumps(obj, separators=(",", ":")) + "\n" for obj in batch)
-
-    return write
-
-
 def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
     job = _job(list(args.job))
     nvtx = None  # a given module (the tests' stand-in) needs no NVTX hook
@@ -100,7 +93,7 @@ def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
     identity = Identity(args.node_id, os.getpid(), _gpu_uuids())
     with open(args.out, "w", encoding="utf-8") as out:
         try:
-            collector = Collector(cupti, identity, _writer(out))
+            collector = Collector(cupti, identity, out.write, text=True)  # JSON Lines rendered once per buffer
             collector.start()
         except Exception as exc:  # noqa: BLE001 — cupti raises NotSupportedError and others without a GPU
             raise UsageError(

@@ -295,3 +295,79 @@ def test_without_cupti_python_the_command_says_what_to_install(tmp_path, monkeyp
     script.write_text("pass\n")
     assert main(["collect-kernels", "--out", str(tmp_path / "k.jsonl"), "--", "python", str(script)]) == 2
     assert "pip install 'gpucost[cupti]'" in capsys.readouterr().err
+
+
+# --- the fast path against the reference conversion, record for record ---
+
+STRANGE = ["gemm", 'a"b\\c', "100%d %s", "é→ü", "ncclDevKernel_x", "k" * 1024, "k" * 1025, ""]
+
+
+@st.composite
+def streams(draw):
+    """Records of every kind in any order, some broken, with names that need escaping; times CUPTI-sized."""
+    records, _ = draw(recordings())
+    for r in records:  # CUPTI's clocks are unsigned: keep every time positive
+        for field in ("start", "end", "timestamp"):
+            if hasattr(r, field):
+                setattr(r, field, getattr(r, field) + 1000)
+        if hasattr(r, "name") and draw(st.booleans()):
+            r.name = draw(st.sampled_from(STRANGE))
+        if hasattr(r, "domain") and draw(st.booleans()):
+            r.domain = draw(st.sampled_from(STRANGE))
+    for corr in draw(st.lists(st.integers(1, 15), max_size=4)):  # launches and work sharing ids
+        records.append(launch(corr, 9, 2000 + corr))
+    if draw(st.booleans()):
+        records.append(kernel(99, 50, 40))  # ends before it starts
+    return records, draw(st.randoms())
+
+
+def _run_both(buffers, offset, max_pending, node):
+    from gpucost.producers.cupti_records import KernelRecords, Stats
+    from tests.cupti_standin import raw
+    from tests.cupti_standin.reference import ReferenceRecords
+
+    kinds = {int(k): v for k, v in {K.CONCURRENT_KERNEL: "kernel", K.MEMCPY: "memcpy", K.MEMSET: "memset",
+             K.RUNTIME: "runtime", K.DRIVER: "runtime", K.MARKER: "marker"}.items()}  # fmt: skip
+    flags = (int(standin.ActivityFlag.MARKER_START), standin.MARKER_END)
+    identity = Identity(node, PID, {1: 'GPU-1"%'})
+    ref = ReferenceRecords(identity, offset, kinds, flags, Stats(), max_pending)
+    fast = KernelRecords(identity, offset, kinds, flags, Stats(), max_pending, layouts=raw)
+    ref_batches = [ref.add(b) for b in buffers] + [ref.finish()]
+    fast_batches = [fast.add(b) for b in buffers] + [fast.finish()]
+    return ref, ref_batches, fast, fast_batches
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.integers(-(10**12), 10**12), st.integers(0, 6), st.integers(1, 6), st.booleans(), st.booleans())
+def test_fast_path_gives_exactly_the_reference_records(stream, offset, n_cuts, max_pending, as_raw, odd_node):
+    """Same objects, same order, same batches, same stats; JSON Lines byte for byte as json.dumps writes them.
+    Records come plain (attribute reads) or shaped as cupti-python's (bytes reads), with small bounds."""
+    from tests.cupti_standin import raw
+
+    records, rnd = stream
+    rnd.shuffle(records)
+    if as_raw:
+        records = [raw.raw(r) if len(vars(r)) > 1 else r for r in records]
+    cuts = sorted(rnd.randint(0, len(records)) for _ in range(n_cuts))
+    buffers = [records[a:b] for a, b in zip([0, *cuts], [*cuts, len(records)])]
+    node = 'n"%s\\1' if odd_node else NODE
+    ref, ref_batches, fast, fast_batches = _run_both(buffers, offset, max_pending, node)
+    assert [fast.objects(b) for b in fast_batches] == ref_batches
+    expected = ["".join(json.dumps(o, separators=(",", ":")) + "\n" for o in b) for b in ref_batches]
+    assert [fast.lines(b) for b in fast_batches] == expected
+    assert fast.stats == ref.stats
+
+
+def test_cupti_shaped_records_are_read_from_their_bytes(monkeypatch):
+    """The bytes reader is what reads cupti-python-shaped records (not the attributes), and gives their values."""
+    from tests.cupti_standin import raw
+
+    records = [kernel(1, 1000, 1010, name="gemm"), launch(1, 7, 990), copy(2, 5, 9, kind=K.MEMSET), launch(2, 7, 3)]
+    records += [
+        marker(4, standin.ActivityFlag.MARKER_START, 980, tid=7, name="step"),
+        marker(4, standin.MARKER_END, 1020),
+    ]
+    ref, ref_batches, fast, fast_batches = _run_both([[raw.raw(r) for r in records]], 0, 10, NODE)
+    assert set(fast._readers) == {raw.ActivityKernel10, raw.ActivityAPI, raw.ActivityMemset4, raw.ActivityMarker2}
+    assert all(reader is not None for reader in fast._readers.values())
+    assert [fast.objects(b) for b in fast_batches] == ref_batches and len(ref_batches[0]) == 3
