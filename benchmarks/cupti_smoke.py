@@ -58,7 +58,7 @@ torch.cuda.synchronize()
 a.cpu()
 collector.stop()
 plain.extend(other.records.objects(other.records.finish()))
-readers = {t.__name__: (r[0] if r else None) for t, r in collector.records._readers.items()}
+readers = {t.__name__: kind for t, kind in collector.records.bytes_readers().items()}
 print(json.dumps({"readers": readers, "same": got == plain, "objects": len(got)}))
 """
 

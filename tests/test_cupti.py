@@ -368,6 +368,7 @@ def test_cupti_shaped_records_are_read_from_their_bytes(monkeypatch):
         marker(4, standin.MARKER_END, 1020),
     ]
     ref, ref_batches, fast, fast_batches = _run_both([[raw.raw(r) for r in records]], 0, 10, NODE)
-    assert set(fast._readers) == {raw.ActivityKernel10, raw.ActivityAPI, raw.ActivityMemset4, raw.ActivityMarker2}
-    assert all(reader is not None for reader in fast._readers.values())
+    readers = fast.bytes_readers()
+    assert set(readers) == {raw.ActivityKernel10, raw.ActivityAPI, raw.ActivityMemset4, raw.ActivityMarker2}
+    assert all(kind is not None for kind in readers.values())
     assert [fast.objects(b) for b in fast_batches] == ref_batches and len(ref_batches[0]) == 3

@@ -115,6 +115,12 @@ class KernelRecords:
         self._linked = {self._kernel_u: self._kernel_l, self._copy_u: self._copy_l}
         self._range_t = self._template("annotation_range", '"tid":%d,%s,"start_ns":%d,"end_ns":%d,"source":"cupti"}\n')
 
+    def bytes_readers(self) -> dict[type, str | None]:
+        """Each record type met so far, and the kind its bytes are read as (None: read by attributes, the slower
+        fallback taken where its bytes disagreed with its attributes): what tells a check on a real GPU, and the
+        tests, that the fast path is the one in use."""
+        return {t: (r[0] if r else None) for t, r in self._readers.items()}
+
     def _template(self, kind: str, tail: str) -> str:
         """A row's %-template; its first item is the template itself, printed as nothing by ``%.0s``."""
         head = _json((kind, self._id.node_id, self._id.pid), ("kind", "node_id", "pid"))
