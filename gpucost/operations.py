@@ -17,6 +17,7 @@ from gpucost.flags import add_kafka, add_out, env_default, env_flag
 from gpucost.health import audit_secrets, read_json, snapshot_of, snapshot_problems
 from gpucost.kafka.signing import parse_keys
 from gpucost.kafka_commands import follow_discovery, follow_reclaim
+from gpucost.local_state import state_dir
 from gpucost.otlp import (
     admission_coverage,
     coverage_report,
@@ -26,7 +27,7 @@ from gpucost.otlp import (
     read_requests,
     to_json,
 )
-from gpucost.output_files import check_writable, write_whole
+from gpucost.output_files import check_writable, made_folder, write_whole
 from gpucost.reclaim import Ledger, Reclaimer
 from gpucost.reclaim import from_output as reclaim_from_output
 from gpucost.sinks.views import sql_string, view_records
@@ -163,6 +164,10 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
         settings = WebhookSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(WebhookSettings)})
     except ValueError as exc:
         raise UsageError(f"{exc}; see gpucost reclaim --help") from None
+    if args.ledger is None:
+        args.ledger = state_dir() / "reclaim-ledger.txt"
+        if not args.dry_run:
+            made_folder(args.ledger.parent, "--ledger")
     if not args.dry_run:  # a path it cannot append to is said now, not when the first trigger comes
         for path, flag in ((args.actions_file, "--actions-file"), (args.ledger, "--ledger")):
             if path is not None:
@@ -253,8 +258,9 @@ def _reclaim_arguments(p: argparse.ArgumentParser) -> None:
         "--ledger",
         "GPUCOST_RECLAIM_LEDGER",
         Path,
-        "reclaim-ledger.txt",
-        "the trigger ids already acted on (never acted on again)",
+        None,
+        "the trigger ids already acted on, never acted on again (default: reclaim-ledger.txt in the state folder, "
+        "$XDG_STATE_HOME/gpucost or ~/.local/state/gpucost, shared by every run on this machine)",
     )
     p.add_argument("--dry-run", action="store_true", help="print what would be done; act on nothing, commit nothing")
     env_flag(p, "--group", "GPUCOST_RECLAIM_GROUP", str, "gpucost-reclaim", "the Kafka consumer group")

@@ -9,7 +9,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import os
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ from gpucost.kafka.retention import topic_config
 from gpucost.kafka.routing import Router, duplicate_letter
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
+from gpucost.local_state import state_dir
 from gpucost.metrics import Health, counter, gauge, source_counts
 from gpucost.schemas.codec import Rejected, encode_event, raw_text
 from gpucost.schemas.events import Event
@@ -165,8 +165,7 @@ def split_batch(lines: list[str], max_bytes: int) -> list[list[str]]:
 
 
 def default_spool(kafka: KafkaSettings, source: str) -> Path:
-    state = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "gpucost"
-    return state / f"{kafka.topic_prefix}{source}.spool"
+    return state_dir() / f"{kafka.topic_prefix}{source}.spool"
 
 
 async def publish(
