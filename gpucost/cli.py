@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 from aiokafka.errors import KafkaConnectionError
 
@@ -78,6 +79,8 @@ def command_flags(name: str) -> list[argparse.Action]:
 
 def _parser_and_commands() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="gpucost", description=__doc__)
+    # the installed distribution's version: what a bug report, a billing audit or a fleet inventory quotes
+    parser.add_argument("--version", action="version", version=f"gpucost {version('gpucost')}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in TABLE:
         command.arguments(sub.add_parser(command.name, help=command.help))

@@ -44,3 +44,14 @@ def test_every_command_is_run_by_a_test() -> None:
         )
     ]
     assert untested == []
+
+
+def test_version_prints_the_version_the_project_declares(capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpucost --version``: what a bug report or an audit quotes, the version pyproject.toml declares."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code in (0, None)
+    assert capsys.readouterr().out.strip() == f"gpucost {declared}"
