@@ -32,6 +32,7 @@ from gpucost.reclaim import Ledger, Reclaimer
 from gpucost.reclaim import from_output as reclaim_from_output
 from gpucost.sinks.views import sql_string, view_records
 from gpucost.streams.discovery import TARGET_PORT
+from gpucost.times import iso_ns
 from gpucost.webhook import WebhookSettings, url_problem
 from gpucost.wiring import UsageError, invoked_as, load_keys, output_to_read
 
@@ -51,7 +52,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         write_whole(args.file, json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "--file")
         record = doc["record"]
         print(
-            f"{args.file}: GPU {args.gpu}, window ending {record['window_end_ns']}, grade {record['grade']}, "
+            f"{args.file}: GPU {args.gpu}, window ending {iso_ns(record['window_end_ns'])}, grade {record['grade']}, "
             f"breaker {record['breaker_state']}, {'signed' if record['signature'] else 'unsigned'}"
         )
         return 0

@@ -36,6 +36,7 @@ from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
 from gpucost.schemas.records import DeadLetter, ReclaimRecord
 from gpucost.sinks.views import view_records
+from gpucost.times import iso_ns
 from gpucost.webhook import WebhookSettings, post
 
 __all__ = ["action_of", "Ledger", "Reclaimer", "RETRYABLE", "from_output", "run_kafka_reclaim"]
@@ -106,7 +107,11 @@ class Reclaimer:
                 continue
             action = action_of(record)
             if self.dry_run:
-                print(f"would reclaim: {json.dumps(action)}")
+                # the times as a person reads them first, then the action exactly as a receiver would get it
+                print(
+                    f"would reclaim: GPU {record.gpu_uuid} from {record.tenant_key}, idle since "
+                    f"{iso_ns(record.run_start_ns)}, triggered {iso_ns(record.trigger_ns)}: {json.dumps(action)}"
+                )
                 continue
             outcome = "delivered"
             if self.webhook is not None:

@@ -5,6 +5,7 @@ GPUs is removed or in probation, record by record.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from pathlib import Path
@@ -20,7 +21,7 @@ from tests.support.file_sd import prometheus_file_sd_problems
 from tests.support.health_fleet import MODELS, SCRIPTS, audit_settings, by_rows, fleet, replayed
 
 
-def test_a_snapshot_verifies_and_every_forgery_fails(tmp_path: Path) -> None:
+def test_a_snapshot_verifies_and_every_forgery_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     key, other = b"a" * 32, b"b" * 32
     (tmp_path / "audit.key").write_text(f"audit-1 {key.hex()}\n")
     (tmp_path / "other.key").write_text(f"audit-2 {other.hex()}\n")
@@ -28,6 +29,9 @@ def test_a_snapshot_verifies_and_every_forgery_fails(tmp_path: Path) -> None:
     snap = tmp_path / "snap.json"
     assert main(["health", "snapshot", "--out", str(out), "--gpu", "GPU-h100", "--file", str(snap)]) == 0
     doc = json.loads(snap.read_text())
+    said = capsys.readouterr().out
+    end_s = doc["record"]["window_end_ns"] // 10**9  # said as a time a person reads, not nanoseconds
+    assert f"window ending {dt.datetime.fromtimestamp(end_s, dt.UTC).strftime('%Y-%m-%dT%H:%M:%S')}" in said, said
     latest = connect(out).execute("SELECT max(window_start_ns) FROM health WHERE gpu_uuid = 'GPU-h100'").fetchone()
     assert doc["record"]["window_start_ns"] == latest[0] and doc["device"]["gpu_model"] == MODELS["GPU-h100"]
     assert main(["health", "verify", str(snap), "--key-file", str(tmp_path / "audit.key")]) == 0

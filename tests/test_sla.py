@@ -9,6 +9,7 @@ paths are checked.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from decimal import Decimal
@@ -263,5 +264,12 @@ def test_a_dry_run_says_what_it_would_do_and_does_nothing(tmp_path: Path, capsys
     events.write_text("".join(encode_event(e) + "\n" for e in fleet(SCRIPTS, GAPS)))
     run_embedded(read_inputs([events]), AuditSettings(lateness_s=0), tmp_path / "out")
     assert main(["reclaim", "--out", str(tmp_path / "out"), "--dry-run", "--ledger", str(tmp_path / "ledger")]) == 0
-    assert capsys.readouterr().out.count("would reclaim:") == 7
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("would reclaim:")]
+    assert len(lines) == 7
     assert not (tmp_path / "ledger").exists()
+    for line in lines:  # the times a person reads are the action's own nanoseconds, to the second
+        said, action = line.split(": {", 1)
+        sent = json.loads("{" + action)
+        for label, field in (("idle since ", "idle_since_ns"), ("triggered ", "triggered_ns")):
+            text = said.split(label, 1)[1][:19]
+            assert dt.datetime.fromisoformat(text + "+00:00").timestamp() == sent[field] // 10**9, line
