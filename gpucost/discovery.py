@@ -26,6 +26,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from gpucost.health import seal_refusal
+from gpucost.kafka.clients import start, stop_quietly
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
@@ -105,9 +106,13 @@ async def run_kafka_discovery(
     sd = ServiceDiscovery()
     topic = kafka.topic("health")
     consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, isolation_level="read_committed")
-    producer = AIOKafkaProducer(**kafka.producer_options(), enable_idempotence=True)
-    await consumer.start()
-    await producer.start()
+    await start(consumer)
+    try:  # made once the consumer is up: a producer made and never started still warns "Unclosed" at exit
+        producer = AIOKafkaProducer(**kafka.producer_options(), enable_idempotence=True)
+        await start(producer)
+    except BaseException:
+        await stop_quietly(consumer)
+        raise
     try:
         if topic not in await consumer.topics():  # also fetches the cluster's metadata
             raise RuntimeError(f"topic {topic} does not exist; create the topics first (gpucost topics create)")

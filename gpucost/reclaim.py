@@ -31,6 +31,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
+from gpucost.kafka.clients import start
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
@@ -186,7 +187,7 @@ async def run_kafka_reclaim(
         isolation_level="read_committed",
     )
     reclaimer.counts.setdefault("unverified", 0)
-    await consumer.start()
+    await start(consumer)
     try:
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=500)

@@ -10,7 +10,6 @@ can be read here without the source thread and the batching around it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -19,6 +18,7 @@ from typing import Protocol
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from gpucost.kafka.clients import start, stop_quietly
 from gpucost.kafka.outbox import Outbox
 from gpucost.kafka.settings import KafkaSettings
 
@@ -68,7 +68,7 @@ async def deliver(
                         max_request_size=8 << 20,
                         request_timeout_ms=15_000,
                     )
-                    await producer.start()
+                    await start(producer)
                 futures = [
                     await producer.send(m.topic, m.value, key=m.key, headers=list(m.headers) or None) for m in head
                 ]
@@ -99,16 +99,10 @@ async def deliver(
                     "; input read to its end" if stats.input_ended else "",
                 )
             if producer is not None:
-                await _stop_quietly(producer)
+                await stop_quietly(producer)
                 producer = None
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
     finally:
         if producer is not None:
-            await _stop_quietly(producer)
-
-
-async def _stop_quietly(producer: AIOKafkaProducer) -> None:
-    # the broker may be away: what was not acknowledged is still in the outbox
-    with contextlib.suppress(KafkaError, TimeoutError, OSError):
-        await asyncio.wait_for(producer.stop(), timeout=5)
+            await stop_quietly(producer)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from gpucost.kafka.clients import start
 from gpucost.kafka.sequences import SeenSequences
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.state import restored
@@ -59,7 +60,7 @@ async def read_state(
     reader = AIOKafkaConsumer(
         **kafka.client_options(), isolation_level="read_committed", enable_auto_commit=False, fetch_max_wait_ms=10
     )
-    await reader.start()
+    await start(reader)
     try:
         # assigned first, which asks for the topic's metadata (an offset asked before it is known is asked
         # again after retry.backoff.ms), and positioned at once: an assigned partition with no position is
@@ -113,7 +114,7 @@ async def take_partition(
     )
     # init_transactions: fences the previous owner and settles its open batch, so that what the state
     # partition holds is final when it is read below
-    await producer.start()
+    await start(producer)
     try:
         if parked is not None:
             newer, first, end = await read_state(kafka, state_tp, parked.state_end)

@@ -22,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from prometheus_client.core import Metric
 
+from gpucost.kafka.clients import start
 from gpucost.kafka.delivery import deliver
 from gpucost.kafka.outbox import Message, Outbox
 from gpucost.kafka.retention import topic_config
@@ -51,7 +52,7 @@ log = logging.getLogger("gpucost.kafka.publish")
 async def create_topics(kafka: KafkaSettings) -> list[str]:
     """Create every topic of the contract that is missing; returns the names created."""
     admin = AIOKafkaAdminClient(**kafka.client_options())
-    await admin.start()
+    await start(admin)
     try:
         existing = set(await admin.list_topics())
         new = []
@@ -320,7 +321,7 @@ async def publish(
 async def publish_dead_letters(rejected: list[tuple[Rejected, str, str]], kafka: KafkaSettings) -> None:
     """Lines a producer could not decode: to the dead-letter topic, keyed by where they came from."""
     producer = AIOKafkaProducer(**kafka.producer_options(), enable_idempotence=True, acks="all")
-    await producer.start()
+    await start(producer)
     try:
         for rej, source, raw in rejected:
             letter = DeadLetter(

@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
+from gpucost.kafka.clients import start
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.schemas.topics import TopicSpec, topic_specs
 
@@ -57,7 +58,7 @@ async def retention_warnings(kafka: KafkaSettings) -> list[str]:
     """One line per existing output topic that keeps its records for less than ``output_retention_days``, saying
     how to raise it; said by ``topics create``, since it creates only missing topics."""
     admin = AIOKafkaAdminClient(**kafka.client_options())
-    await admin.start()
+    await start(admin)
     try:
         short = await short_retention(admin, kafka, set(await admin.list_topics()))
     except KafkaError as exc:  # DescribeConfigs refused (an ACL), say: the topics are made, the check is not

@@ -29,6 +29,7 @@ from prometheus_client.core import Metric
 from pydantic import BaseModel, ValidationError
 
 from gpucost.cost_metrics import CostMetrics
+from gpucost.kafka.clients import start
 from gpucost.kafka.closing import is_control
 from gpucost.kafka.signing import Keyring, Verdict
 from gpucost.metrics import Health, counter
@@ -326,7 +327,7 @@ async def _run(
             stats.compacted_files += done.files_merged
             stats.compactions += 1
 
-    await consumer.start()
+    await start(consumer)
     try:
         last_flush, dirty = time.monotonic(), False
         while not stop.is_set():

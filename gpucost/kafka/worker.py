@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from prometheus_client.core import Metric
 
 from gpucost.kafka.apply import Poll
+from gpucost.kafka.clients import start
 from gpucost.kafka.closing import moved_on, send_markers
 from gpucost.kafka.outputs import send_records
 from gpucost.kafka.owned import Owned, take_partition
@@ -331,7 +332,7 @@ class Worker(ConsumerRebalanceListener):
             max_partition_fetch_bytes=16 << 20,
             fetch_max_bytes=64 << 20,
         )
-        await consumer.start()
+        await start(consumer)
         self.consumer = consumer
         consumer.subscribe(list(self.inputs), listener=self)
         try:
