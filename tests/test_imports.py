@@ -150,8 +150,6 @@ BEING_REMOVED_ON_H_KAFKA: set[tuple[str, str]] = set()
 #: waits for a public seam in the module named, by whoever owns it
 WAITING_FOR_A_SEAM = {
     ("tests.test_cupti", "collector.records._max_pending"),  # gpucost/producers/cupti.py
-    ("tests.test_panes", "from gpucost.streams.idle_index import _Window"),  # gpucost/streams/idle_index.py
-    ("tests.test_revisions", "idle_index._Window"),
     ("tests.test_hostile_query", "setattr('gpucost.sinks.landlock._CREATE_RULESET')"),  # gpucost/sinks/landlock.py
     ("tests.test_dashboards", "getattr('_labelnames')"),  # prometheus_client's families: the exposition has no labels
 }
