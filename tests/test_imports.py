@@ -150,7 +150,6 @@ BEING_REMOVED_ON_H_KAFKA: set[tuple[str, str]] = set()
 #: waits for a public seam in the module named, by whoever owns it
 WAITING_FOR_A_SEAM = {
     ("tests.test_cupti", "collector.records._max_pending"),  # gpucost/producers/cupti.py
-    ("tests.test_hostile_query", "setattr('gpucost.sinks.landlock._CREATE_RULESET')"),  # gpucost/sinks/landlock.py
     ("tests.test_dashboards", "getattr('_labelnames')"),  # prometheus_client's families: the exposition has no labels
 }
 
@@ -215,7 +214,7 @@ def test_the_check_finds_each_way_of_reaching_a_private_name(tmp_path: Path) -> 
         "    probe._epoch_offset_ns\n    gpucost.sinks.compact._exchange = None\n    probe.__dict__\n"
         "    os._exit(0)\n    t._fields\n    self._x\n    cls._y\n    _local()\n"
         "    monkeypatch.setattr(gpucost.sinks.compact, '_exchange', None)\n"
-        "    monkeypatch.setattr('gpucost.sinks.landlock._CREATE_RULESET', -1)\n"
+        "    monkeypatch.setattr('gpucost.sinks.landlock._RESTRICT_SELF', -1)\n"
         "    monkeypatch.setattr('gpucost.sinks.compact.exchange_folders', None)\n"
         "    getattr(probe, '__name__')\n"
     )
@@ -227,5 +226,5 @@ def test_the_check_finds_each_way_of_reaching_a_private_name(tmp_path: Path) -> 
         "probe._epoch_offset_ns",
         "gpucost.sinks.compact._exchange",
         "setattr('_exchange')",
-        "setattr('gpucost.sinks.landlock._CREATE_RULESET')",
+        "setattr('gpucost.sinks.landlock._RESTRICT_SELF')",
     }
