@@ -46,6 +46,9 @@ def exported() -> dict[str, set[str]]:
     registry = CollectorRegistry()
     registry.register(_Families(families))  # type: ignore[arg-type]
     typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", generate_latest(registry).decode(), re.M))
+    # the label names each family declares: prometheus_client has no public name for them (a family offers name,
+    # documentation, type, unit, samples) and a component that has seen nothing has no labelled sample, so a
+    # scrape shows none; read where the library keeps them (tests/test_imports.py's THIRD_PARTY allows this one)
     labels = {f.name + ("_total" if f.type == "counter" else ""): set(getattr(f, "_labelnames", ())) for f in families}
     return {name: labels[name] for name in typed}
 

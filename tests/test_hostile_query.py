@@ -240,7 +240,7 @@ def test_a_query_of_no_statement_is_a_usage_error_not_a_traceback(
 def test_without_landlock_the_query_is_refused_not_run_unguarded(
     out: Path, horizon: AuditSettings, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gpucost.sinks.landlock._CREATE_RULESET", -1)  # a system call the kernel does not have: ENOSYS
+    monkeypatch.setattr("gpucost.sinks.landlock.CREATE_RULESET", -1)  # a system call the kernel does not have: ENOSYS
     rc = main(["query", "--out", str(out), "SELECT count(*) FROM cost"])
     err = capsys.readouterr().err
     HOSTILE_LINES.append(f"query: a kernel without Landlock {horizon_label(horizon)} | exit {rc} | {_said(err)}")

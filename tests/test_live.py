@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
-from gpucost.producers.live import LiveSettings, _Sampled, _Traced
+from gpucost.producers.live import LiveSettings, LiveSource, TracedSource, open_live
 from gpucost.schemas.events import Event, MemAccess
 
 T0 = 1_736_121_600 * 10**9
@@ -31,7 +31,7 @@ class _Probe:
         return "summary"
 
 
-def _drain(source: _Sampled | _Traced) -> tuple[threading.Thread, list[Event]]:
+def _drain(source: LiveSource) -> tuple[threading.Thread, list[Event]]:
     got: list[Event] = []
     thread = threading.Thread(target=lambda: got.extend(source.events()))
     thread.start()
@@ -41,7 +41,7 @@ def _drain(source: _Sampled | _Traced) -> tuple[threading.Thread, list[Event]]:
 def test_a_traced_source_stopped_before_its_duration_leaves_no_timer_behind() -> None:
     """`run --source ebpf --duration-s 30`, Ctrl-C at 7 s, exited only at 32 s: its timer kept the process."""
     said: list[str] = []
-    source = _Traced(_Probe(), "tracing", LiveSettings(node_id="n", duration_s=30), None, said.append)  # type: ignore[arg-type]
+    source = TracedSource(_Probe(), "tracing", LiveSettings(node_id="n", duration_s=30), None, said.append)
     thread, got = _drain(source)
     time.sleep(0.2)
     source.stop()
@@ -52,7 +52,7 @@ def test_a_traced_source_stopped_before_its_duration_leaves_no_timer_behind() ->
 
 
 def test_a_traced_source_ends_at_its_duration() -> None:
-    source = _Traced(_Probe(), "tracing", LiveSettings(node_id="n", duration_s=0.3), None, lambda _: None)  # type: ignore[arg-type]
+    source = TracedSource(_Probe(), "tracing", LiveSettings(node_id="n", duration_s=0.3), None, lambda _: None)
     started = time.monotonic()
     thread, got = _drain(source)
     thread.join(5)
@@ -63,10 +63,17 @@ def test_a_sampled_source_ends_after_stop_and_closes_what_it_opened() -> None:
     closed = threading.Event()
 
     class Sampler:
+        """NVML's stand-in, opened already (as ``--source auto`` hands one to ``open_live``)."""
+
+        devices: list[object] = []
+
         def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
             return [MemAccess(node_id="n", pid=1, ts_ns=ts_ns, address=0)]
 
-    source = _Sampled(Sampler(), "sampling", LiveSettings(node_id="n", period_s=0.05), closed.set)
+        def close(self) -> None:
+            closed.set()
+
+    source = open_live("nvml", LiveSettings(node_id="n", period_s=0.05), nvml=Sampler())  # type: ignore[arg-type]
     thread, got = _drain(source)
     time.sleep(0.3)
     source.stop()

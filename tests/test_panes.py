@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpucost.schemas.events import GpuSample
 from gpucost.streams import idle_index
-from gpucost.streams.idle_index import IdleIndex, _Window
+from gpucost.streams.idle_index import IdleIndex, IdleWindow
 from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.panes import GpuPanes
@@ -113,7 +113,7 @@ def test_rolling_panes_in_at_once_is_rolling_them_one_by_one(
 
 
 def roll_both(n: int, calls: list[list[tuple[int, int, int, int]]], keep: int = 0) -> None:
-    one, many = _Window(n, keep), _Window(n, keep)
+    one, many = IdleWindow(n, keep), IdleWindow(n, keep)
     k = 0
     all_ks: list[int] = []
     all_idle: list[int] = []
@@ -138,7 +138,7 @@ def roll_both(n: int, calls: list[list[tuple[int, int, int, int]]], keep: int = 
         assert many.to_state() == one.to_state()
         brute = [(k, i, c) for k, i, c in zip(all_ks, all_idle, all_covered) if k > k_last - n]
         assert (one.idle_sum, one.covered_sum) == (sum(i for _, i, _ in brute), sum(c for _, _, c in brute))
-        restored = _Window.from_state(json.loads(json.dumps(one.to_state())), n, keep)
+        restored = IdleWindow.from_state(json.loads(json.dumps(one.to_state())), n, keep)
         assert restored.to_state() == one.to_state()
 
 

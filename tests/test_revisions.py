@@ -301,11 +301,11 @@ def test_a_late_event_sent_again_revises_once(
 def test_a_window_knows_the_sums_ending_at_any_pane_a_revision_reaches(
     n: int, keep: int, steps: list[tuple[int, int, int, int, int]], sparse: int
 ) -> None:
-    """``_Window`` against a plain dict of every pane's figures: after each new pane or revision, the window's
+    """``IdleWindow`` against a plain dict of every pane's figures: after each new pane or revision, the window's
     sums, and those ending at every pane within ``keep`` of the newest (in lists and in rings)."""
     saved, idle_index.SPARSE_PANES = idle_index.SPARSE_PANES, sparse
     try:
-        window, known, last = idle_index._Window(n, keep), {}, None  # type: ignore[var-annotated]
+        window, known, last = idle_index.IdleWindow(n, keep), {}, None  # type: ignore[var-annotated]
         for kind, value, back, idle, extra in steps:
             if kind or last is None:  # a new pane, after a gap of 0 to 3
                 last = (last or 0) + 1 + kind % 4

@@ -103,7 +103,7 @@ def test_a_poll_gives_each_key_its_messages_outputs_in_order(messages: list[Mess
     assert {k: [r.model_dump() for r in v] for k, v in got.items()} == {
         k: [r.model_dump() for r in v] for k, v in want.items() if v
     }
-    assert not any(a.panes._open for a in owned.auditors.values())  # every key ended
+    assert not any(a.open_panes() for a in owned.auditors.values())  # every key ended
 
 
 @given(st.binary(min_size=1, max_size=64), st.integers(1, 64))
@@ -118,8 +118,8 @@ def test_output_partitions_are_the_default_partitioners(key: bytes, partitions: 
 
 
 def seen_sets(auditor: Auditor) -> dict[tuple[str, int], dict[tuple[str, int], list[int]]]:
-    """What each open pane holds to refuse duplicates, read directly (``to_state`` may write it from a cache)."""
-    return {(gpu, start): pane.seen for gpu, panes in auditor.panes._open.items() for start, pane in panes.items()}
+    """What each open pane holds to refuse duplicates, as held (``to_state`` may write it from a cache)."""
+    return {(pane.gpu_uuid, pane.pane_start_ns): pane.seen for pane in auditor.panes.open_totals()}
 
 
 @pytest.mark.slow

@@ -13,16 +13,22 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from gpucost.producers.nvml import NvmlSampler, NvmlUnavailable
 from gpucost.producers.periodic import Sampler, sample_forever
 from gpucost.schemas.events import Event
 
-if TYPE_CHECKING:
-    from gpucost.producers.ebpf import EbpfProbe
-
-__all__ = ["LIVE_SOURCES", "LiveSettings", "LiveSource", "SourceUnavailable", "open_live", "open_nvml"]
+__all__ = [
+    "LIVE_SOURCES",
+    "LiveSettings",
+    "LiveSource",
+    "SourceUnavailable",
+    "TraceProbe",
+    "TracedSource",
+    "open_live",
+    "open_nvml",
+]
 
 LIVE_SOURCES = ("nvml", "dcgm", "ebpf")
 
@@ -87,11 +93,31 @@ class _Sampled:
         self._stop.set()
 
 
-class _Traced:
-    """bpftrace's page faults (and CUDA launches), attributed to GPUs through NVML where it works."""
+class TraceProbe(Protocol):
+    """What ``TracedSource`` runs: ``gpucost.producers.ebpf.EbpfProbe`` (bpftrace), started."""
+
+    counts: Counter[str]
+
+    def events(self) -> Iterator[Event]:
+        """Events until ``stop()``."""
+        ...
+
+    def stop(self) -> None: ...
+
+    def summary(self) -> str:
+        """What it saw and lost, for a person, once its events end."""
+        ...
+
+
+class TracedSource:
+    """bpftrace's page faults (and CUDA launches), attributed to GPUs through NVML where it works.
+
+    Public, beside ``open_live`` (which starts bpftrace, checks it and builds one), so that a probe started
+    otherwise, or one standing in for bpftrace where it cannot run (a test), gets the same rules: events end
+    at ``stop()`` or the duration, whichever comes first, and nothing (no timer) is left running after."""
 
     def __init__(
-        self, probe: EbpfProbe, what: str, s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]
+        self, probe: TraceProbe, what: str, s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]
     ) -> None:
         self.probe, self.what, self.settings, self.nvml, self.say = probe, what, s, nvml, say
         self.counts = probe.counts
@@ -193,4 +219,4 @@ def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], N
         )
         + " with bpftrace"
     )
-    return _Traced(probe, what, s, nvml, say)
+    return TracedSource(probe, what, s, nvml, say)

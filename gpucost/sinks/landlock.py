@@ -29,12 +29,15 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["WritesNotRefused", "landlock_abi", "without_writes"]
+__all__ = ["CREATE_RULESET", "WritesNotRefused", "landlock_abi", "without_writes"]
 
 T = TypeVar("T")
 
 # the system calls (one number on every Linux architecture but alpha) and access rights of linux/landlock.h
-_CREATE_RULESET, _RESTRICT_SELF = 444, 446
+#: landlock_create_ruleset's number, read at each call: public so that a test can set it to one no kernel has
+#: (-1: ENOSYS) and see a kernel without Landlock refuse the query, on a kernel that has it
+CREATE_RULESET = 444
+_RESTRICT_SELF = 446
 _CREATE_RULESET_VERSION = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _WRITE_FILE = 1 << 1
@@ -56,7 +59,7 @@ def landlock_abi() -> int:
         )
     libc = ctypes.CDLL(None, use_errno=True)
     abi = libc.syscall(
-        ctypes.c_long(_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)
+        ctypes.c_long(CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)
     )
     if abi < 1:
         raise WritesNotRefused(
@@ -71,7 +74,7 @@ def _refuse_writes(abi: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     handled = _WRITE_FILE | _REMOVE_AND_MAKE | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
     attr = ctypes.c_uint64(handled)  # struct landlock_ruleset_attr's first field, the one every ABI has
-    fd = libc.syscall(ctypes.c_long(_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    fd = libc.syscall(ctypes.c_long(CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
     if fd < 0:
         raise WritesNotRefused(f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}")
     try:  # no rule is added: each right handled is refused beneath every path

@@ -29,7 +29,7 @@ from gpucost.schemas.records import IdleIndexRecord, computed
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.settings import AuditSettings
 
-__all__ = ["IdleIndex"]
+__all__ = ["IdleIndex", "IdleWindow"]
 
 
 #: a GPU with at most this many panes in its window keeps them as a list, not as a ring of ⌈W/P⌉ slots:
@@ -37,11 +37,12 @@ __all__ = ["IdleIndex"]
 SPARSE_PANES = 64
 
 
-class _Window:
+class IdleWindow:
     """One GPU's panes in the window, ``(last − n, last]``: while they are few, as ``panes`` (pane k →
     (idle, covered), ascending); past ``SPARSE_PANES``, as a ring where slot k % n holds pane k (and
     ``panes`` is None). A ring whose panes all left the window is a list again; a state is written in
-    the one form its panes call for, whatever form held them (``to_state``)."""
+    the one form its panes call for, whatever form held them (``to_state``). Public, a unit of its own: that
+    ``roll_many`` sums as ``roll`` does and ``sums_ending`` at any pane a revision reaches is checked on it."""
 
     __slots__ = ("n", "keep", "left", "panes", "idle", "covered", "last", "idle_sum", "covered_sum")
 
@@ -256,7 +257,7 @@ class _Window:
         ]
 
     @classmethod
-    def from_state(cls, state: list[Any], n: int, keep: int = 0) -> _Window:
+    def from_state(cls, state: list[Any], n: int, keep: int = 0) -> IdleWindow:
         window = cls(n, keep)
         form, window.last, window.idle_sum, window.covered_sum = state[:4]
         rest = 5 if form == "panes" else 6
@@ -277,7 +278,7 @@ class IdleIndex:
         self.window_ns = settings.window_ns
         self.slots = -(-self.window_ns // self.pane_ns)  # panes with start in (s − W, s]: ⌈W / P⌉ of them
         self.keep = -(-settings.revision_horizon_ns // self.pane_ns)  # panes a revision can reach back
-        self._gpus: dict[str, _Window] = {}
+        self._gpus: dict[str, IdleWindow] = {}
         #: changes to the windows so far (a pane rolled in, a window expired): the windows are most of a
         #: GPU's state and change only then, so a changelog writes them again only when this moved
         self.rolls = 0
@@ -382,10 +383,10 @@ class IdleIndex:
         if gone:
             self.rolls += 1
 
-    def _window(self, gpu_uuid: str) -> _Window:
+    def _window(self, gpu_uuid: str) -> IdleWindow:
         window = self._gpus.get(gpu_uuid)
         if window is None:
-            window = self._gpus[gpu_uuid] = _Window(self.slots, self.keep)
+            window = self._gpus[gpu_uuid] = IdleWindow(self.slots, self.keep)
         return window
 
     def to_state(self) -> dict[str, Any]:
@@ -394,5 +395,5 @@ class IdleIndex:
     @classmethod
     def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> IdleIndex:
         index = cls(settings)
-        index._gpus = {g: _Window.from_state(s, index.slots, index.keep) for g, s in state.items()}
+        index._gpus = {g: IdleWindow.from_state(s, index.slots, index.keep) for g, s in state.items()}
         return index

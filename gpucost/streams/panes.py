@@ -172,6 +172,12 @@ class GpuPanes(PaneBatch):
             self._max_ts[gpu] = pane_start_ns(last, self.pane_ns) + self.pane_ns + self.lateness_ns
         self._forgotten = finished._forgotten
 
+    def open_totals(self) -> list[PaneTotals]:
+        """The open panes themselves, by GPU then start, as held now: not as ``to_state`` writes them, which may
+        be from a cache (``PaneTotals`` keeps its ``seen`` as last written while it has not grown). For a reader
+        that must see what is held, such as a check that a restored state holds what the live one does."""
+        return [self._open[g][s] for g in sorted(self._open) for s in sorted(self._open[g])]
+
     def open_count(self) -> int:
         """Panes open (counted, not yet billed), over every GPU."""
         return sum(map(len, list(self._open.values())))  # list(): one step, should another thread ask
