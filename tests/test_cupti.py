@@ -242,8 +242,7 @@ def test_launches_whose_work_never_comes_do_not_block_later_links():
     """Launch records wait oldest-out: a long run's host functions must not use up the room for later kernels."""
     standin.load([[launch(c, 1, c) for c in range(1, 11)] + [launch(99, 5, 50)], [kernel(99, 60, 70)]])
     got: list[dict] = []
-    collector = Collector(standin, Identity(NODE, PID), got.extend, wall_now=lambda: 0)
-    collector.records._max_pending = 4
+    collector = Collector(standin, Identity(NODE, PID), got.extend, wall_now=lambda: 0, max_pending=4)
     collector.start()
     stats = collector.stop()
     assert [(o["correlation_id"], o.get("launch_tid")) for o in got] == [(99, 5)] and stats.unlinked_kernels == 0

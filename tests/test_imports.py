@@ -148,9 +148,6 @@ NAMEDTUPLE_API = {"_fields", "_field_defaults", "_asdict", "_replace", "_make"}
 #: documentation, type, unit and samples), and a family with no samples yet, as every labelled one of a component
 #: that has seen nothing, shows no label in the exposition, so test_dashboards reads them there
 THIRD_PARTY = {("tests.test_dashboards", "getattr('_labelnames')")}
-#: TEMPORARY: waits for a public seam in gpucost/producers/cupti.py, made on the branch that owns it; the set (and
-#: this name) goes when it merges. A pair here that is no longer found fails the test below, so it only shrinks.
-WAITING_FOR_CUPTI = {("tests.test_cupti", "collector.records._max_pending")}
 
 
 def is_private(name: str) -> bool:
@@ -195,10 +192,10 @@ def test_no_test_module_reaches_a_private_name() -> None:
     """A test that reaches behind an underscore pins the code's insides: it breaks when they are renamed, and
     passes while the public behaviour it stands for is broken. What a test needs is a documented public name (a
     parameter, a hook, a function of the module). Allowed: a third party's name with no public counterpart
-    (``THIRD_PARTY``) and, for now, the one use waiting for its seam (``WAITING_FOR_CUPTI``)."""
+    (``THIRD_PARTY``)."""
     known = modules_of_tests(ROOT)
     found = {(name, use) for name, path in known.items() for use in private_uses(path)}
-    allowed = THIRD_PARTY | WAITING_FOR_CUPTI
+    allowed = THIRD_PARTY
     assert sorted(found - allowed) == [], "reach these through public names (or add one to the code)"
     assert sorted(allowed - found) == [], "gone: remove them from their list"
 

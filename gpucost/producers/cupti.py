@@ -100,8 +100,11 @@ class Collector:
         sink: Callable[[Any], object],
         wall_now: Callable[[], int] = time.time_ns,
         text: bool = False,
+        max_pending: int = 100_000,
     ) -> None:
-        """``sink`` gets each batch as a list of wire objects, or with ``text`` as their JSON Lines in one str."""
+        """``sink`` gets each batch as a list of wire objects, or with ``text`` as their JSON Lines in one str;
+        ``max_pending`` bounds each table of records waiting for their other half (a kernel for its launch, a
+        range's start for its end), so that a long run's memory stays bounded (``KernelRecords``)."""
         self._cupti, self._sink, self._wall_now, self._text = cupti, sink, wall_now, text
         kind = cupti.ActivityKind
         self._enabled = [kind.CONCURRENT_KERNEL, kind.RUNTIME, kind.DRIVER, kind.MARKER, kind.MEMCPY, kind.MEMSET]
@@ -119,7 +122,13 @@ class Collector:
         # its stubs; the C header's value is the fallback
         flags = (int(cupti.ActivityFlag.MARKER_START), int(getattr(cupti.ActivityFlag, "MARKER_END", 1 << 2)))
         self.records = KernelRecords(
-            identity, self._start_offset, {int(k): v for k, v in names.items()}, flags, self.stats, layouts=cupti
+            identity,
+            self._start_offset,
+            {int(k): v for k, v in names.items()},
+            flags,
+            self.stats,
+            max_pending=max_pending,
+            layouts=cupti,
         )
         self._stopped = False
 
