@@ -181,6 +181,13 @@ def cmd_reclaim(args: argparse.Namespace) -> int:
     output_to_read(args.out, holding=True)
     asyncio.run(reclaimer.act(reclaim_from_output(args.out)))
     print(", ".join(f"{k}: {v:,}" for k, v in reclaimer.counts.items()))
+    if failed := reclaimer.counts["failed"]:  # a cron job or a script must see it: exit 1, as a failed check does
+        print(
+            f"gpucost: reclaim: {failed:,} trigger(s) not delivered (not in the ledger); run the same command "
+            "again to retry them",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -88,7 +88,8 @@ class Ledger:
 @dataclass
 class Reclaimer:
     """Acts on triggers: ``webhook`` (a URL) and/or ``actions_file`` (JSON Lines); ``dry_run`` only says what it
-    would do. ``counts``: ``delivered``, ``already_done``, ``refused``, ``failed``, ``retries``."""
+    would do. ``counts``: ``delivered``, ``already_done``, ``refused``, ``failed``, ``retries`` (and, in a dry run,
+    ``would_act``)."""
 
     ledger: Ledger | None
     webhook: str | None = None
@@ -108,6 +109,7 @@ class Reclaimer:
                 continue
             action = action_of(record)
             if self.dry_run:
+                self.counts["would_act"] = self.counts.get("would_act", 0) + 1
                 # the times as a person reads them first, then the action exactly as a receiver would get it
                 print(
                     f"would reclaim: GPU {record.gpu_uuid} from {record.tenant_key}, idle since "
