@@ -7,6 +7,7 @@ import argparse
 import decimal
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import duckdb
@@ -73,7 +74,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             prices=price_events(args.prices) if args.prices else (),
             idle_policy=args.idle_policy,
         )
-        rows = bills(args.out, scenario)
+        unpriced: Counter[str] = Counter()
+        rows = bills(args.out, scenario, unpriced)
     except (ValueError, decimal.InvalidOperation) as exc:
         raise UsageError(str(exc)) from None
     except duckdb.BinderException as exc:  # cost records written before they carried their numerators
@@ -82,6 +84,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             f"busy_num, covered_ms: written by a gpucost before them); replay their events with this "
             f"one first ({str(exc).splitlines()[0]})"
         ) from None
+    if unpriced:  # said, as run says its unpriced panes: a model missing from --prices bills 0 µ$ in the scenario
+        print(
+            f"gpucost: whatif: {sum(unpriced.values()):,} GPU-pane(s) of {', '.join(sorted(unpriced))} have no price "
+            "among --prices (nor a 'default' one): billed 0 µ$ in the scenario; add their prices to bill them",
+            file=sys.stderr,
+        )
     columns = ["team", "base_micro_usd", "scenario_micro_usd", "difference_micro_usd"]
     table = [[b.team, b.base_micro_usd, b.scenario_micro_usd, b.difference_micro_usd] for b in rows]
     table.append(["(total)", *(sum(r[i] for r in table) for i in (1, 2, 3))])
@@ -166,7 +174,9 @@ def _whatif_arguments(p: argparse.ArgumentParser) -> None:
         help="separate: idle is its own party (as billed); share: each pane's idle µ$ go to its tenants by weight",
     )
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    add_settings(p, writes_out=False)
+    # the weights alone: a what-if bills the published panes again, so the settings that made them (pane length,
+    # idle threshold, lateness…) cannot change here, and a flag for one would be silently ignored
+    add_settings(p, writes_out=False, fields=("alpha", "beta", "gamma"), signs=False)
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import argparse
 import datetime as dt
 import os
 import socket
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -66,7 +67,11 @@ def add_out(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def add_settings(p: argparse.ArgumentParser, writes_out: bool = True) -> None:
+def add_settings(
+    p: argparse.ArgumentParser, writes_out: bool = True, fields: Sequence[str] = FLAG_FIELDS, signs: bool = True
+) -> None:
+    """``--config``, the audit settings ``fields`` as flags (each also its environment variable), and, where the
+    command writes records (``signs``), the audit key that signs health records."""
     p.add_argument(
         "--config",
         type=Path,
@@ -75,17 +80,18 @@ def add_settings(p: argparse.ArgumentParser, writes_out: bool = True) -> None:
     )
     if writes_out:
         p.add_argument("--overwrite", action="store_true", help="replace output already in --out")
-    env_flag(
-        p,
-        "--audit-key-file",
-        "GPUCOST_AUDIT_KEY_FILE",
-        Path,
-        None,
-        "sign every health record's snapshot hash with the one key in this file, '<key_id> <secret hex>' "
-        "(unset: health records unsigned)",
-    )
+    if signs:
+        env_flag(
+            p,
+            "--audit-key-file",
+            "GPUCOST_AUDIT_KEY_FILE",
+            Path,
+            None,
+            "sign every health record's snapshot hash with the one key in this file, '<key_id> <secret hex>' "
+            "(unset: health records unsigned)",
+        )
     g = p.add_argument_group("audit settings (each also env GPUCOST_<NAME>, e.g. GPUCOST_PANE_S)")
-    for name in FLAG_FIELDS:
+    for name in fields:
         info = AuditSettings.model_fields[name]
         g.add_argument(
             f"--{name.replace('_', '-')}",

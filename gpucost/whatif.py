@@ -11,7 +11,7 @@ weighted tenant keeps it as idle.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -38,6 +38,7 @@ _COLUMNS = (
     "tenant_key",
     *TENANT_FIELDS,
     "usd_per_gpu_hour",
+    "unpriced",
     "cost_micro_usd",
     "t_num",
     "b_num",
@@ -140,15 +141,20 @@ def whatif(records: list[dict[str, Any]], scenario: Scenario) -> list[CostRecord
     return out
 
 
-def bills(out_dir: Path, scenario: Scenario) -> list[TeamBill]:
+def bills(out_dir: Path, scenario: Scenario, unpriced: Counter[str] | None = None) -> list[TeamBill]:
     """Per team, what the published records bill and what ``scenario`` bills, in µ$ (teams by name); a
-    ``ValueError`` where ``out_dir`` holds no cost record (not a zero bill: nothing was billed there)."""
+    ``ValueError`` where ``out_dir`` holds no cost record (not a zero bill: nothing was billed there).
+    ``unpriced`` (if given) counts, by GPU model, the panes billed at a price that the scenario's prices leave
+    without one (no price of their model, nor a ``default``): 0 µ$ in the scenario, which the caller says."""
     base: dict[str, int] = defaultdict(int)
     new: dict[str, int] = defaultdict(int)
     for records in cost_panes(out_dir):
         for r in records:
             base[r["team"]] += r["cost_micro_usd"]
-        for again in whatif(records, scenario):
+        again_records = whatif(records, scenario)
+        if unpriced is not None and again_records and again_records[0].unpriced and not records[0]["unpriced"]:
+            unpriced[str(records[0]["gpu_model"])] += 1
+        for again in again_records:
             new[again.team] += again.cost_micro_usd
     if not base:
         raise ValueError(

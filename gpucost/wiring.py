@@ -104,7 +104,7 @@ def audit_key(args: argparse.Namespace) -> bytes | None:
 
 
 def audit_settings(args: argparse.Namespace) -> AuditSettings:
-    return load_settings(args.config, **{f: getattr(args, f) for f in FLAG_FIELDS})
+    return load_settings(args.config, **{f: getattr(args, f, None) for f in FLAG_FIELDS})  # a command's own flags
 
 
 def fleet_spec(args: argparse.Namespace) -> FleetSpec:

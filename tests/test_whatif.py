@@ -282,3 +282,33 @@ def test_a_pane_revised_by_a_late_binding_bills_again_as_revised(tmp_path: Path)
     s = AuditSettings()
     for bill in bills(tmp_path / "out", Scenario.of(s.alpha, s.beta, s.gamma)):
         assert bill.difference_micro_usd == 0, bill
+
+
+def test_settings_a_whatif_cannot_change_are_refused(billed: tuple[Path, Path, Path]) -> None:
+    """A what-if bills the published panes again: a pane length or an idle threshold cannot change there, so a
+    flag for one is refused, never silently ignored (it once printed the bill unchanged)."""
+    _, out, _ = billed
+    for flag, value in (("--pane-s", "30"), ("--idle-threshold-pct", "50"), ("--audit-key-file", "k")):
+        proc = gpucost("whatif", "--out", str(out), flag, value, check=False)
+        assert proc.returncode == 2 and flag in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_model_missing_from_the_prices_is_said(billed: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """--prices with one model's price alone bills every other model's panes 0 µ$: said on stderr with their
+    number, counted here with SQL over the published cost records."""
+    _, out, _ = billed
+    model = GPU_MODELS[0][0]
+    (tmp_path / "one.jsonl").write_text(
+        encode_event(Price(gpu_model=model, ts_ns=SPEC.start_ns - 10**9, usd_per_gpu_hour=Decimal("10"))) + "\n"
+    )
+    proc = gpucost("whatif", "--out", str(out), "--prices", str(tmp_path / "one.jsonl"))
+    (others,) = (
+        connect(out)
+        .execute(
+            "SELECT count(DISTINCT (gpu_uuid, pane_start_ns)) FROM cost WHERE gpu_model <> ? AND NOT unpriced", [model]
+        )
+        .fetchone()
+    )
+    assert others > 0 and f"{others:,} GPU-pane(s)" in proc.stderr, proc.stderr
+    everything = gpucost("whatif", "--out", str(out), "--prices", str(billed[0] / "prices.jsonl"))
+    assert "no price" not in everything.stderr  # a 'default' price covers every model
