@@ -215,7 +215,7 @@ def read_secrets(path: Path) -> dict[str, bytes]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # the first paragraph
     p.add_argument("--bootstrap", default=None, help="default: GPUCOST_KAFKA_BOOTSTRAP or 127.0.0.1:19092")
     p.add_argument("--topic", default="gpucost.cost")
     p.add_argument("--group", default="billing-example")

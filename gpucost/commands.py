@@ -264,8 +264,8 @@ def _query_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--unsafe",
         action="store_true",
-        help="run any statement with DuckDB's full file access (by default: SELECT or EXPLAIN only, "
-        "reading files under --out only)",
+        help="run any statement with DuckDB's full file access (by default: reads only, SELECT, WITH, DESCRIBE, "
+        "SUMMARIZE, SHOW, PIVOT, and EXPLAIN or PREPARE of one, reading files under --out only)",
     )
     p.add_argument(
         "--raw-times",

@@ -74,6 +74,8 @@ def cmd_health(args: argparse.Namespace) -> int:
         secrets = {
             k.key_id: k.secret for k in load_keys(lambda p: parse_keys(p.read_text(), str(p)), args.key_file).values()
         }
+        if not secrets:  # else every signature would "match none of the keys given", blaming the snapshot
+            raise UsageError(f"--key-file {args.key_file} holds no key; give the '<key_id> <secret hex>' lines")
     try:
         doc = read_json(args.file)
     except ValueError as exc:

@@ -36,6 +36,10 @@ def test_a_snapshot_verifies_and_every_forgery_fails(tmp_path: Path, capsys: pyt
     assert doc["record"]["window_start_ns"] == latest[0] and doc["device"]["gpu_model"] == MODELS["GPU-h100"]
     assert main(["health", "verify", str(snap), "--key-file", str(tmp_path / "audit.key")]) == 0
     assert main(["health", "verify", str(snap)]) == 0  # the hash alone
+    (tmp_path / "empty.key").write_text("")  # not "matches none of the keys": there were none to match
+    capsys.readouterr()
+    assert main(["health", "verify", str(snap), "--key-file", str(tmp_path / "empty.key")]) == 2
+    assert "holds no key" in capsys.readouterr().err
 
     def forged(change: Any) -> Path:
         bad = json.loads(snap.read_text())

@@ -77,7 +77,10 @@ class Signer:
     def from_file(cls, path: Path) -> Signer:
         keys = parse_keys(path.read_text(), str(path))
         if len(keys) != 1:
-            raise ValueError(f"{path}: a producer's key file holds exactly one key, found {len(keys)}")
+            raise ValueError(
+                f"{path}: a key file that signs (a producer's, or the audit key of health records) holds exactly one "
+                f"'<key_id> <secret hex>' line, found {len(keys)}"
+            )
         return cls(next(iter(keys.values())))
 
     def headers(self, key: bytes, value: bytes, headers: dict[str, bytes] | None = None) -> list[tuple[str, bytes]]:
