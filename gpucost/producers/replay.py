@@ -1,8 +1,8 @@
-"""Recorded events: JSON Lines files (plain or gzip) or Parquet files, in file-name order, event by event."""
+"""Recorded events: JSON Lines files (plain or gzip, told by content) or Parquet files, in file-name order, event by
+event."""
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpucost.producers.compressed import open_bytes
 from gpucost.schemas.codec import present_fields
 from gpucost.schemas.records import OUTPUT_KINDS
 
@@ -85,8 +86,7 @@ def read_batches(files: list[Path], lines_per_batch: int = 65_536) -> Iterator[R
                 yield RowBatch(batch, path, first, size * batch.num_rows // rows)
                 first += batch.num_rows
             continue
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as fh:
+        with open_bytes(path) as fh:  # gzip by content: a compressed file's name need not end .gz
             lines: list[bytes] = []
             linenos: list[int] = []
             nbytes = 0
