@@ -4,6 +4,7 @@ under other terms (what-if), draw the report, export FOCUS."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import decimal
 import json
 import sys
@@ -20,6 +21,7 @@ from gpucost.flags import add_out, add_settings, date_arg, env_flag
 from gpucost.focus import FORMATS, MONTH, cost_months, export_focus
 from gpucost.output_files import check_writable, write_whole
 from gpucost.report import format_table
+from gpucost.sinks.views import query
 from gpucost.whatif import IDLE_POLICIES, Scenario, bills
 from gpucost.wiring import (
     UsageError,
@@ -143,6 +145,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.since and args.until and args.since > args.until:
         raise UsageError(f"--since {args.since} is after --until {args.until}")
     check_writable(args.html, "--html")
+    if args.since or args.until:  # a period with no cost record is an error, as export focus's month is
+        since, until = (d.isoformat() for d in (args.since or dt.date.min, args.until or dt.date.max))  # dates
+        _, ((first, last, within),) = query(
+            args.out,
+            f"SELECT min(date), max(date), count(*) FILTER (WHERE date BETWEEN DATE '{since}' AND DATE '{until}') "
+            "FROM cost",
+        )
+        if not within:
+            raise UsageError(
+                f"no cost record from {args.since or 'the start'} to {args.until or 'the end'} in {args.out}; "
+                f"nothing written (its dates: {first} to {last})"
+            )
     page = build_report(args.out, args.since, args.until)
     write_whole(args.html, page, "--html")
     print(f"wrote {args.html} ({len(page.encode()) / 1e6:.1f} MB, self-contained: open it in any browser)")

@@ -4,6 +4,7 @@ Parquet, and the team table equal to a DuckDB query."""
 
 from __future__ import annotations
 
+import datetime as dt
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -138,3 +139,13 @@ def test_a_date_range_narrows_every_plot(page: tuple[Path, Path], tmp_path: Path
         check=False,
     )
     assert proc.returncode == 2 and "after" in proc.stderr
+
+
+def test_a_period_without_cost_records_is_an_error_not_an_empty_page(page: tuple[Path, Path], tmp_path: Path) -> None:
+    """As export focus refuses a month without cost records: a --since past the data wrote a page of nothing."""
+    out, _ = page
+    (last,) = connect(out).execute("SELECT max(date) FROM cost").fetchone()
+    later = (last + dt.timedelta(days=1)).isoformat()
+    proc = gpucost("report", "--out", str(out), "--html", str(tmp_path / "x.html"), "--since", later, check=False)
+    assert proc.returncode == 2 and "no cost record" in proc.stderr and str(last) in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.html").exists()
