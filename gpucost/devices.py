@@ -4,19 +4,26 @@ Prints one JSON object per device or partition and sample time (``--format json`
 table (``text``); what a capture held that could not be used goes to stderr, counted by reason.
 ``--live NAME`` also runs the vendor's tool now (when installed, with a timeout). The exit status
 is 0 when every source gave samples, 1 when one gave none, 2 for a file that cannot be opened.
+``--events OUT --node NODE`` writes the billed devices' ``gpu_sample`` and ``process_sample`` events
+instead (``gpucost.producers.accelerators.events``), for ``gpucost replay`` or ``produce --source replay``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import Any, TextIO
 
 from gpucost.command import Command
 from gpucost.producers.accelerators.detect import FORMATS, parse
+from gpucost.producers.accelerators.events import Placement, at_ns, to_events
 from gpucost.producers.accelerators.live import COMMANDS, run_tool
 from gpucost.schemas.devices import DeviceSample, Parsed, sample_json
+from gpucost.wiring import UsageError
 
 __all__ = ["cmd_devices", "DEVICES"]
 
@@ -62,6 +69,12 @@ def _devices_arguments(cmd: argparse.ArgumentParser) -> None:
         default=os.environ.get("GPUCOST_INPUT_FORMAT"),
         help="force the parser instead of detecting it (env GPUCOST_INPUT_FORMAT)",
     )
+    bill = cmd.add_argument_group("billing: write the pipeline's events instead of printing samples")
+    bill.add_argument("--events", type=Path, metavar="OUT", help="write gpu_sample/process_sample JSON Lines to OUT")
+    bill.add_argument("--node", help="the node the captures were taken on (needed with --events)")
+    bill.add_argument("--interval-s", metavar="S", help="sampling step of a capture that shows each device once")
+    bill.add_argument("--at", metavar="ISO-TIME", help="time of a capture without times, e.g. 2026-12-04T18:00:00Z")
+    bill.add_argument("--model", help="the platforms.toml model of devices whose capture names none")
 
 
 def _text_row(sample: DeviceSample) -> str:
@@ -70,15 +83,42 @@ def _text_row(sample: DeviceSample) -> str:
     return "\t".join([*cells, procs])
 
 
-def _emit(source: str, name: str | None, parsed: Parsed, fmt: str) -> int:
-    """Print the samples and the counted reasons; 1 when the source gave no sample."""
-    for sample in parsed.samples:
+def _placement(args: argparse.Namespace) -> Placement:
+    """The ``--events`` flags checked; UsageError saying what to give."""
+    if not args.node:
+        raise UsageError("--events needs --node NODE, the node the captures were taken on")
+    step = None
+    if args.interval_s is not None:
+        try:
+            step = Decimal(args.interval_s)
+        except InvalidOperation:
+            step = Decimal("NaN")
+        if not step.is_finite() or not 0 < step <= 3600:
+            raise UsageError(
+                f"--interval-s {args.interval_s!r}: give the sampling step in seconds, above 0, at most 3600"
+            )
+    try:
+        at = None if args.at is None else at_ns(args.at)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return Placement(args.node, step, at, args.model)
+
+
+def _emit(source: str, name: str | None, parsed: Parsed, fmt: str, events: tuple[TextIO, Placement] | None) -> int:
+    """Print the samples (or write their events) and the counted reasons; 1 when the source gave no sample."""
+    wire: list[dict[str, Any]] = []
+    if events is not None:
+        wire = to_events(parsed.samples, events[1], parsed)
+        events[0].writelines(json.dumps(e, separators=(",", ":")) + "\n" for e in wire)
+        print(f"gpucost devices: {source}: {len(wire)} events", file=sys.stderr)
+    for sample in parsed.samples if events is None else ():
         print(sample_json(sample) if fmt == "json" else _text_row(sample))
     for reason, count in sorted(parsed.dead_letters.items()):
         print(f"gpucost devices: {source}: {count} × {reason}", file=sys.stderr)
-    if parsed.samples:
+    if parsed.samples and (events is None or wire):
         return 0
-    print(f"gpucost devices: {source}: no device samples ({name or 'format not recognised'})", file=sys.stderr)
+    what = "device samples" if not parsed.samples else "billable events (the reasons above say why)"
+    print(f"gpucost devices: {source}: no {what} ({name or 'format not recognised'})", file=sys.stderr)
     return 1
 
 
@@ -87,8 +127,19 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if not args.files and not args.live:
         print("gpucost devices: name a FILE or --live NAME", file=sys.stderr)
         return 2
+    if args.events is None:
+        return _each(args, None)
+    placement = _placement(args)
+    try:
+        with args.events.open("w", encoding="utf-8") as out:
+            return _each(args, (out, placement))
+    except OSError as exc:
+        raise UsageError(f"cannot write {args.events}: {exc.strerror}; give --events a writable path") from None
+
+
+def _each(args: argparse.Namespace, events: tuple[TextIO, Placement] | None) -> int:
     status = 0
-    if args.format == "text":
+    if args.format == "text" and events is None:
         print("\t".join([*_COLUMNS, "pids"]))
     for path in args.files:
         try:
@@ -98,16 +149,16 @@ def cmd_devices(args: argparse.Namespace) -> int:
             status = 2
             continue
         name, parsed = parse(text, args.input_format)
-        status = max(status, _emit(str(path), name, parsed, args.format))
+        status = max(status, _emit(str(path), name, parsed, args.format, events))
     for fmt in args.live:
-        status = max(status, _emit(f"live {fmt}", fmt, run_tool(fmt, args.timeout_s), args.format))
+        status = max(status, _emit(f"live {fmt}", fmt, run_tool(fmt, args.timeout_s), args.format, events))
     return status
 
 
 DEVICES = Command(
     "devices",
     "print the neutral device samples of AMD, AWS Neuron, Google TPU, Intel Gaudi and Alveo "
-    "tool captures (format detected from content)",
+    "tool captures (format detected from content); --events OUT writes them as billable events",
     _devices_arguments,
     cmd_devices,
 )

@@ -1,0 +1,224 @@
+"""Neutral device samples as the pipeline's events: what ``gpucost devices FILE… --events OUT`` writes.
+
+Nothing here branches on a vendor: every rule reads the neutral ``DeviceSample`` fields
+(docs/sources.md, "Billing a mixed fleet", states each rule and why).
+
+- **What is billed.** A device is billed as its partitions when the capture has partitions of it at
+  that time (the parent gets no event, so it is never billed too), else as itself.
+- **What partitions share.** The parent row alone carries the power, memory and temperature the tool
+  repeats on every partition; each partition without its own figure takes an equal share of the
+  parent's power (in integer mW) and memory (in bytes), split by largest remainder with the odd
+  units to the first partitions by id, so the shares add up to the parent's figure exactly; the
+  temperature is the parent's.
+- **What is not reported** is never a silent 0: ``power_w`` falls back to the platform table's
+  ``tdp_w`` (its field named in the event's ``estimated``), else 0; ``temp_c``, ``mem_bw_util_pct``,
+  memory and busy without a reading are 0. Each such field is named in the event's ``not_reported``.
+- **Processes.** A process's busy is its own reading, else an equal share (in hundredths of a
+  percent, largest remainder) of what its device's busy leaves after the processes that report theirs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpucost.schemas.devices import DeviceSample, Parsed, platform_for
+from gpucost.schemas.events import GpuSample, ProcessSample
+from gpucost.schemas.exact import round_scaled
+
+__all__ = ["Placement", "at_ns", "shares", "to_events"]
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how the capture was taken, as far as it does not say itself."""
+
+    node: str
+    interval_s: Decimal | None = None  # the step of a capture with one time per device
+    at_ns: int | None = None  # the time of a capture without times
+    model: str | None = None  # the model of devices whose capture names none
+
+
+def at_ns(text: str) -> int:
+    """An ISO-8601 time with its zone as integer ns since the epoch; ValueError saying what is wrong."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--at {text!r} is not an ISO-8601 time such as 2026-12-04T18:00:00Z") from None
+    if when.tzinfo is None:
+        raise ValueError(f"--at {text!r} has no zone: add Z (UTC) or +HH:MM")
+    gap = when - _EPOCH
+    return (gap.days * 86_400 + gap.seconds) * 10**9 + gap.microseconds * 1000
+
+
+def shares(total: int, n: int) -> list[int]:
+    """``total`` split into ``n`` equal integer shares by largest remainder: the ``total mod n`` odd
+    units go to the first shares (equal remainders, ties to the smaller id)."""
+    q, r = divmod(total, n)
+    return [q + (i < r) for i in range(n)]
+
+
+def _steps(times: dict[str, list[int]], fallback: Decimal | None) -> dict[tuple[str, int], Decimal | None]:
+    """Each (device, time)'s interval in s: the gap to the device's previous time (its first time takes
+    the gap to its second), or ``fallback`` for a device the capture shows once."""
+    out: dict[tuple[str, int], Decimal | None] = {}
+    for device, ts in times.items():
+        ts = sorted(set(ts))
+        for i, t in enumerate(ts):
+            gap = None if len(ts) < 2 else (ts[1] - ts[0] if i == 0 else t - ts[i - 1])
+            out[(device, t)] = fallback if gap is None else Decimal(gap) / 10**9
+    return out
+
+
+def _w(value: int, scale: int) -> float:
+    """An integer count of 1/scale units as the float whose shortest text is that exact decimal."""
+    return float(Decimal(value) / scale)
+
+
+class _Fields:
+    """One billed device's figures, and which of them are estimates or not reported."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.estimated: list[str] = []
+        self.not_reported: list[str] = []
+
+    def labelled(self, wire: dict[str, Any]) -> dict[str, Any]:
+        if self.estimated:
+            wire["estimated"] = self.estimated
+        if self.not_reported:
+            wire["not_reported"] = self.not_reported
+        return wire
+
+
+def _figures(s: DeviceSample, parent: DeviceSample | None, share: int, of: int) -> _Fields:
+    f = _Fields()
+    root = parent or s
+    row = platform_for(s.model or root.model)
+    if s.power_w is not None:
+        f.values["power_mw"] = round_scaled(s.power_w, 1000)
+    elif root.power_w is not None:
+        f.values["power_mw"] = shares(round_scaled(root.power_w, 1000), of)[share]
+    elif row is not None and "tdp_w" in row[1]:
+        f.values["power_mw"] = shares(round_scaled(Decimal(row[1]["tdp_w"]), 1000), of)[share]
+        f.estimated.append("power_w")
+    else:
+        f.values["power_mw"] = 0
+        f.not_reported.append("power_w")
+    for name in ("mem_total_bytes", "mem_used_bytes"):
+        own, whole = getattr(s, name), getattr(root, name)
+        if own is None and whole is not None and parent is not None:
+            own = shares(whole, of)[share]
+        f.values[name] = 0 if own is None else own
+        if own is None:
+            f.not_reported.append(name)
+    temp = s.temperature_c if s.temperature_c is not None else root.temperature_c
+    f.values["temp_c"] = 0.0 if temp is None else float(temp)
+    f.values["busy_cp"] = 0 if s.busy_pct is None else round_scaled(s.busy_pct, 100)
+    f.not_reported += [n for n, v in (("temp_c", temp), ("sm_util_pct", s.busy_pct)) if v is None]
+    f.not_reported.append("mem_bw_util_pct")
+    return f
+
+
+def _checked(model: type[GpuSample] | type[ProcessSample], wire: dict[str, Any], out: Parsed) -> list[dict[str, Any]]:
+    try:
+        model.model_validate(wire)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        out.reject(f"{wire['kind']} of {wire['gpu_uuid']}: {'.'.join(map(str, first['loc']))}: {first['msg']}")
+        return []
+    return [wire]
+
+
+def _processes(s: DeviceSample, base: dict[str, Any], busy_cp: int, out: Parsed) -> list[dict[str, Any]]:
+    procs = sorted(s.processes or (), key=lambda p: p.pid)
+    own = {p.pid: round_scaled(p.busy_pct, 100) for p in procs if p.busy_pct is not None}
+    rest = [p.pid for p in procs if p.busy_pct is None]
+    share = dict(zip(rest, shares(max(0, busy_cp - sum(own.values())), len(rest)) if rest else []))
+    events: list[dict[str, Any]] = []
+    for p in procs:
+        not_reported = ["mem_bw_util_pct"] + (["mem_used_bytes"] if p.mem_used_bytes is None else [])
+        wire = {
+            **base,
+            "kind": "process_sample",
+            "pid": p.pid,
+            "sm_util_pct": _w(own.get(p.pid, share.get(p.pid, 0)), 100),
+            "mem_used_bytes": p.mem_used_bytes or 0,
+            "not_reported": not_reported,
+        }
+        if p.pid in share:
+            wire["estimated"] = ["sm_util_pct"]
+        events += _checked(ProcessSample, wire, out)
+    return events
+
+
+def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> list[dict[str, Any]]:
+    """The wire objects (``gpu_sample`` then its ``process_sample``\\ s) of the billed devices of ``samples``;
+    what cannot be billed is counted in ``out`` with its reason."""
+    groups: dict[int, list[DeviceSample]] = defaultdict(list)
+    for s in samples:
+        ts = s.ts_ns if s.ts_ns is not None else place.at_ns
+        if ts is None:
+            out.reject("no sample time in the capture: give --at ISO-TIME")
+        else:
+            groups[ts].append(s)
+    billed: list[tuple[int, DeviceSample, DeviceSample | None, int, int]] = []
+    for ts, group in sorted(groups.items()):
+        by_id = {s.device_id: s for s in group}
+        parts: dict[str, list[DeviceSample]] = defaultdict(list)
+        for s in group:
+            if s.parent_id is not None and s.parent_id in by_id:
+                parts[s.parent_id].append(s)
+        for s in group:
+            if s.device_id in parts:
+                continue  # billed as its partitions
+            parent = by_id.get(s.parent_id) if s.parent_id is not None else None
+            siblings = sorted(parts[parent.device_id], key=lambda p: p.device_id) if parent else [s]
+            billed.append((ts, s, parent, siblings.index(s), len(siblings)))
+    times: dict[str, list[int]] = defaultdict(list)
+    for ts, s, *_ in billed:
+        times[s.device_id].append(ts)
+    steps = _steps(times, place.interval_s)
+    events: list[dict[str, Any]] = []
+    for ts, s, parent, share, of in billed:
+        step = steps[(s.device_id, ts)]
+        model = s.model or (parent.model if parent else None) or place.model
+        row = platform_for(model)
+        if step is None:
+            out.reject("one time per device and no sampling step: give --interval-s S")
+            continue
+        if model is None:
+            out.reject("model not reported: give --model NAME (a platforms.toml row or alias)")
+            continue
+        f = _figures(s if s.model else replace(s, model=model), parent, share, of)
+        base = {
+            "node_id": place.node,
+            "gpu_uuid": f"{place.node}/{s.device_id}",
+            "ts_ns": ts,
+            "interval_s": _w(round_scaled(step, 1000), 1000),
+            "mem_bw_util_pct": 0.0,
+        }
+        wire = {
+            "kind": "gpu_sample",
+            **base,
+            "gpu_model": row[0] if row else model,
+            "sm_util_pct": _w(f.values["busy_cp"], 100),
+            "mem_used_bytes": f.values["mem_used_bytes"],
+            "mem_total_bytes": f.values["mem_total_bytes"],
+            "power_w": _w(f.values["power_mw"], 1000),
+            "temp_c": f.values["temp_c"],
+        }
+        if parent is not None:
+            wire["partition_of"] = f"{place.node}/{parent.device_id}"
+        gpu = _checked(GpuSample, f.labelled(wire), out)
+        events += gpu
+        if gpu and s.processes is not None:
+            events += _processes(s, base, f.values["busy_cp"], out)
+    return events
