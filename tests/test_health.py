@@ -87,7 +87,9 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
         keys = sorted((k for k in peaks if k != "default" and k in model.lower()), key=lambda k: (-len(k), k))
         peak = peaks[keys[0] if keys else "default"]
         kw = (
-            None if busy == 0 else (Fraction(energy, covered * 1000) / 1000) / (peak * Fraction(busy, 10_000 * covered))
+            None
+            if busy == 0 or energy == 0
+            else (Fraction(energy, covered * 1000) / 1000) / (peak * Fraction(busy, 10_000 * covered))
         )
         sd, coverage = Fraction(dev, covered), Fraction(covered, h_ms)
         grade, reasons = judged(kw, sd, coverage)

@@ -28,7 +28,7 @@ def expected(windows: list[tuple[int, dict]], admission_h: int) -> list[dict]:
         covered_ms = w["covered_ms"]
         mean_power_w = F(w["energy_uj"], covered_ms) / 1000
         effective_tops = PEAK * w["busy_cp_ms"] / (10_000 * covered_ms)
-        kw_per_tops = (mean_power_w / 1000) / effective_tops if effective_tops else None
+        kw_per_tops = (mean_power_w / 1000) / effective_tops if effective_tops and mean_power_w else None
         dev = F(w["idle_ms"] if w["placed"] else covered_ms - w["idle_ms"], covered_ms)
         coverage = F(covered_ms, H_MS)
         grade, reasons = judged(kw_per_tops, dev, coverage)

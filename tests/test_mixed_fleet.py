@@ -257,3 +257,18 @@ def test_kafka_path_gives_the_embedded_records(fleet: dict[str, Any], deployment
     deployment.sink()
     run_to_completion(deployment, fleet["out"])
     assert_same_parquet(deployment.out, fleet["out"])
+
+
+def test_a_device_that_reports_no_power_is_not_graded_on_it(fleet: dict[str, Any]) -> None:
+    """0 W from a platform that reports no power (Neuron, TPU) once graded the device excellent (kW per TOPS 0),
+    raising its tenants' quota entitlement: its windows are not judged on efficiency (kW per TOPS null)."""
+    unpowered = {
+        e["gpu_uuid"]
+        for e in fleet["converted"]
+        if e["kind"] == "gpu_sample" and "power_w" in e.get("not_reported", [])
+    }
+    graded = connect(fleet["out"]).execute("SELECT gpu_uuid, kw_per_tops, grade, energy_uj FROM health").fetchall()
+    mine = [(gpu, kw, grade) for gpu, kw, grade, energy in graded if gpu in unpowered and energy == 0]
+    assert mine, "the Neuron and TPU devices have health windows"
+    assert all(kw is None and grade != "excellent" for _, kw, grade in mine), mine
+    assert any(kw is not None for gpu, kw, _, _ in graded if gpu not in unpowered)  # the others still are

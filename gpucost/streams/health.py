@@ -252,7 +252,9 @@ class HealthAudit:
             breaker.advance(False, False, self.admission_windows, s.readmit_passes)
         peak = Fraction(peak_tops(s.peak_tops, w.gpu_model))
         effective_tops = peak * w.busy_cp_ms / (10_000 * w.covered_ms)
-        kw_per_tops = Fraction(w.energy_uj, 100 * w.busy_cp_ms) / peak if w.busy_cp_ms else None
+        # null, so ungraded ("idle"), with no busy time or no power: a platform that reports none (Neuron, TPU)
+        # sends 0 W, which would otherwise grade it excellent and raise its tenants' quota entitlement
+        kw_per_tops = Fraction(w.energy_uj, 100 * w.busy_cp_ms) / peak if w.busy_cp_ms and w.energy_uj else None
         deviation = Fraction(w.deviation_ms, w.covered_ms)
         coverage = Fraction(w.covered_ms, self.window_ms)
         grade = grade_of(kw_per_tops, deviation, s)
