@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
+from typing import NoReturn
 
 from aiokafka.errors import KafkaConnectionError
 
@@ -78,13 +79,22 @@ def command_flags(name: str) -> list[argparse.Action]:
 
 
 def _parser_and_commands() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog="gpucost", description=__doc__)
+    parser = _Parser(prog="gpucost", description=__doc__)
     # the installed distribution's version: what a bug report, a billing audit or a fleet inventory quotes
     parser.add_argument("--version", action="version", version=f"gpucost {version('gpucost')}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in TABLE:
         command.arguments(sub.add_parser(command.name, help=command.help))
     return parser, sub
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (each command's sub-parser is one too), its errors one line like every other error of
+    gpucost (README: ``gpucost: error: …``, exit 2) instead of the whole usage block first."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("gpucost").strip()
+        self.exit(2, f"gpucost: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

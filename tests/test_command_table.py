@@ -55,3 +55,18 @@ def test_version_prints_the_version_the_project_declares(capsys: pytest.CaptureF
         main(["--version"])
     assert exit_.value.code in (0, None)
     assert capsys.readouterr().out.strip() == f"gpucost {declared}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "--hours", "abc"], ["query", "--format", "xml", "SELECT 1"], [], ["nosuch"], ["health", "snapshot"]],
+    ids=["bad value", "bad choice", "no command", "no such command", "missing required flag"],
+)
+def test_a_bad_command_line_is_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's contract for every error: one line ``gpucost: error: …`` and exit 2 (argparse printed its
+    whole usage block first)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("gpucost: error: "), err
+    assert "--help" in err  # where to look next
