@@ -105,7 +105,8 @@ def _placement(args: argparse.Namespace) -> Placement:
 
 
 def _emit(source: str, name: str | None, parsed: Parsed, fmt: str, events: tuple[TextIO, Placement] | None) -> int:
-    """Print the samples (or write their events) and the counted reasons; 1 when the source gave no sample."""
+    """Print the samples (or write their events) and the counted reasons; 2 (an input error, README's status)
+    when the source gave no sample or no billable event, said in one ``gpucost: error:`` line."""
     wire: list[dict[str, Any]] = []
     if events is not None:
         wire = to_events(parsed.samples, events[1], parsed)
@@ -114,19 +115,26 @@ def _emit(source: str, name: str | None, parsed: Parsed, fmt: str, events: tuple
     for sample in parsed.samples if events is None else ():
         print(sample_json(sample) if fmt == "json" else _text_row(sample))
     for reason, count in sorted(parsed.dead_letters.items()):
-        print(f"gpucost devices: {source}: {count} × {reason}", file=sys.stderr)
+        if name is not None or parsed.samples:  # an unrecognised file's one reason is the error line below
+            print(f"gpucost devices: {source}: {count} × {reason}", file=sys.stderr)
     if parsed.samples and (events is None or wire):
         return 0
-    what = "device samples" if not parsed.samples else "billable events (the reasons above say why)"
-    print(f"gpucost devices: {source}: no {what} ({name or 'format not recognised'})", file=sys.stderr)
-    return 1
+    if name is None and not parsed.samples:
+        print(
+            f"gpucost: error: {source}: no device samples, its format not recognised (none of {', '.join(FORMATS)}); "
+            "force one with --input-format NAME",
+            file=sys.stderr,
+        )
+    else:
+        what = "device samples" if not parsed.samples else "billable events (the reasons above say why)"
+        print(f"gpucost: error: {source}: no {what} ({name})", file=sys.stderr)
+    return 2
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
     """Parse each file, run each live tool, print the samples; dead letters to stderr."""
     if not args.files and not args.live:
-        print("gpucost devices: name a FILE or --live NAME", file=sys.stderr)
-        return 2
+        raise UsageError("name a FILE or --live NAME (see gpucost devices --help)")
     if args.events is None:
         return _each(args, None)
     placement = _placement(args)
@@ -145,7 +153,7 @@ def _each(args: argparse.Namespace, events: tuple[TextIO, Placement] | None) -> 
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            print(f"gpucost devices: cannot read {path}: {exc.strerror}", file=sys.stderr)
+            print(f"gpucost: error: cannot read {path}: {exc.strerror}", file=sys.stderr)
             status = 2
             continue
         name, parsed = parse(text, args.input_format)

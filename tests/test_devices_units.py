@@ -164,12 +164,12 @@ def test_cli_json_lines(shared_data: Path, capsys: pytest.CaptureFixture[str]) -
 def test_cli_forced_format_and_errors(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     unknown = tmp_path / "notes.txt"
     unknown.write_text("nothing to see\n")
-    assert main(["devices", str(unknown)]) == 1
+    assert main(["devices", str(unknown)]) == 2
     assert "format not recognised" in capsys.readouterr().err
     assert main(["devices", str(tmp_path / "absent.txt")]) == 2
     assert "cannot read" in capsys.readouterr().err
     tpu = shared_data / "accelerators" / "google-tpu" / "tpu-info_process_readme-0.14.2.txt"
-    assert main(["devices", str(tpu), "--input-format", "hl-smi"]) == 1  # forced wrong: nothing, said so
+    assert main(["devices", str(tpu), "--input-format", "hl-smi"]) == 2  # forced wrong: nothing, said so
     assert main(["devices", str(tpu), "--input-format", "tpu-info", "--format", "text"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("vendor\tmodel") and len(out) == 1 + 8

@@ -232,10 +232,10 @@ def test_a_capture_that_cannot_be_billed_says_why(tmp_path: Path) -> None:
         pytest.skip(f"the shared outside data is not at {SHARED_DATA}")
     out = tmp_path / "e.jsonl"
     no_time = gpucost("devices", name, "--events", str(out), "--node", "n", check=False)
-    assert no_time.returncode == 1 and out.read_text() == ""
+    assert no_time.returncode == 2 and out.read_text() == ""
     assert "5 × no sample time in the capture: give --at ISO-TIME" in no_time.stderr
     no_step = gpucost("devices", name, "--events", str(out), "--node", "n", "--at", AT, check=False)
-    assert no_step.returncode == 1 and "4 × one time per device and no sampling step" in no_step.stderr
+    assert no_step.returncode == 2 and "4 × one time per device and no sampling step" in no_step.stderr
     for flags, says in (
         ((), "--events needs --node NODE"),
         (("--node", "n", "--at", "noon"), "is not an ISO-8601 time"),
