@@ -42,8 +42,9 @@ BEFORE_1_3 = {
     "2025-01.csv": "29714d43587f5b2112090707f162beb7cf299ff356be9d523cc57b55d9f46e4f",
     "2025-02.csv": "604c819d95fd3f35c0e7e324d952472a40ba5536d3c931194aedb17945e7563a",
 }
-#: the columns that are metrics: summed over allocated rows (A-003-M) or, unit prices, equal to the origin's
-METRICS = {"BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ConsumedQuantity", "PricingQuantity"}
+#: the summable metrics: over an origin's rows they add up to the origin's (A-003-M); every other FOCUS column,
+#: unit prices too, is the origin's (A-004-M)
+SUMMABLE = {"BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ConsumedQuantity", "PricingQuantity"}
 ALLOCATION = {"AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName", "AllocatedTags"}
 ORIGIN = ("ResourceId", "ChargePeriodStart", "x_Revision")
 
@@ -170,7 +171,7 @@ def test_the_1_3_requirements_of_split_cost_allocation(billed: Path, tmp_path: P
                 assert "UsageQuantity" not in element or isinstance(element["UsageUnit"], str)  # conditional
                 assert all(k in ("AllocatedRatio", "UsageUnit", "UsageQuantity") or custom.match(k) for k in element)
     # A-004-M: every dimension and non-summable metric of an allocated row is its origin's; A-005-M: so are its Tags
-    same = [c for c in rows[0] if c not in METRICS | ALLOCATION and not c.startswith("x_")]
+    same = [c for c in rows[0] if c not in SUMMABLE | ALLOCATION and not c.startswith("x_")]
     table = tmp_path / "f.parquet"
     differing = duckdb.sql(
         f"SELECT {', '.join(f'count(DISTINCT coalesce(CAST({c} AS VARCHAR), chr(0))) AS {c}' for c in same)} "
