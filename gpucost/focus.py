@@ -1,6 +1,6 @@
 """The cost records as a FinOps FOCUS 1.2 Cost and Usage dataset (docs/definitions.md, "Late data become
 revisions" and "Readings of the contract": FOCUS export); FOCUS 1.3, with split cost allocation, is
-``gpucost.focus13``, built on this module's ``month_rows``.
+``gpucost.focus13``; both are made from ``gpucost.focus_rows``.
 
 One row per cost record of the month (per GPU, pane and tenant, idle rows included), written by
 DuckDB from the ``cost`` view: no record passes through a float. Costs are the µ$ as decimals
@@ -11,43 +11,19 @@ every name as the records do; the CSV's text cells are made safe for a spreadshe
 
 from __future__ import annotations
 
-import re
 from decimal import Decimal
 from pathlib import Path
 
 from gpucost.csv_cells import copy_csv
+from gpucost.focus13 import check_weights, focus13_sql
+from gpucost.focus_rows import MONTH, TAGS, USD, month_rows
 from gpucost.sinks.views import connect, sql_string
 
-__all__ = ["FORMATS", "MONTH", "VERSIONS", "TAGS", "USD", "cost_months", "focus_sql", "month_rows", "export_focus"]
+__all__ = ["FORMATS", "MONTH", "VERSIONS", "cost_months", "focus_sql", "export_focus"]
 
 FORMATS = ("csv", "parquet")
 #: the FOCUS versions written; 1.2 the default (docs/analysts.md, "FOCUS export")
 VERSIONS = ("1.2", "1.3")
-MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
-#: the tenant fields a row's Tags carry
-TAGS = ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id")
-
-
-#: a cost record's µ$ as dollars, exactly: µ$ · 10^-6 in a DECIMAL(38, 6)
-USD = "CAST(CAST(cost_micro_usd AS DECIMAL(38, 6)) * 0.000001 AS DECIMAL(38, 6))"
-
-
-def month_rows(month: str) -> str:
-    """``WITH c0 AS (…), c AS (…)``: ``month``'s cost records with ``ps``/``pe`` (the pane), ``bs`` (its month) and
-    ``gpu_hours`` (the party's GPU-hours: the pane's covered hours × its µ$ over the pane's, or in an unpriced pane
-    its share of the split), exact in DECIMAL(38, 12)."""
-    return f"""WITH c0 AS (
-  SELECT *, make_timestamp(pane_start_ns // 1000) AS ps, make_timestamp(pane_end_ns // 1000) AS pe,
-         sum(weight) FILTER (WHERE tenant_key <> 'idle') OVER (PARTITION BY gpu_uuid, pane_start_ns) AS w_all
-  FROM cost WHERE strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') = {sql_string(month)}),
-c AS (
-  SELECT *, date_trunc('month', ps) AS bs,
-         CAST(CAST(covered_ms AS DECIMAL(38, 12)) / 3600000 * CASE
-           WHEN pane_cost_micro_usd > 0 THEN CAST(cost_micro_usd AS DECIMAL(38, 12)) / pane_cost_micro_usd
-           WHEN tenant_key = 'idle' THEN 1 - CAST(busy_fraction AS DECIMAL(38, 12))
-           ELSE coalesce(CAST(busy_fraction * weight / nullif(w_all, 0) AS DECIMAL(38, 12)), 0) END
-           AS DECIMAL(38, 12)) AS gpu_hours
-  FROM c0)"""
 
 
 def focus_sql(month: str, provider: str, billing_account: str, iso_text: bool, invoice_id: str | None = None) -> str:
@@ -110,8 +86,6 @@ def export_focus(
     if version == "1.2":
         sql = focus_sql(month, provider, billing_account, iso_text=fmt == "csv", invoice_id=invoice_id)
     else:
-        from gpucost.focus13 import check_weights, focus13_sql  # it builds on this module's month_rows
-
         if weights is None:
             raise ValueError("FOCUS 1.3 needs the weights alpha, beta, gamma the records were split with")
         check_weights(con, month, *weights)

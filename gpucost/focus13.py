@@ -31,7 +31,7 @@ from decimal import Decimal
 
 import duckdb
 
-from gpucost.focus import MONTH, TAGS, USD, month_rows
+from gpucost.focus_rows import MONTH, TAGS, USD, month_rows
 from gpucost.sinks.views import sql_string
 
 __all__ = ["METHOD", "RATIO_UNITS", "check_weights", "focus13_sql"]

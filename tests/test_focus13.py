@@ -7,11 +7,9 @@ A-0xx of attributes/datageneratorcalculatedsplitcostallocationhandling.json, the
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import re
-import subprocess
 from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
@@ -25,7 +23,7 @@ from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.codec import encode_event
 from gpucost.sinks.views import connect
 from tests.support.cli import gpucost
-from tests.test_focus import validator  # noqa: F401  (the fixture: focus-validator 2.2.1 in its own venv)
+from tests.support.focus_validator import run_validator, validator  # noqa: F401  (validator: a fixture)
 
 pytestmark = pytest.mark.slow
 NS = 1_000_000_000
@@ -222,24 +220,6 @@ def test_version_and_weights_errors_say_what_to_do(tmp_path: Path, tmp_path_fact
         (line,) = done.stderr.strip().splitlines()
         assert line.startswith("gpucost: error: ") and says in line
         assert not (tmp_path / "f.csv").exists()
-
-
-def run_validator(venv: Path, data: Path, version: str) -> subprocess.CompletedProcess[str]:
-    (site,) = glob.glob(str(venv / "lib" / "python3.12" / "site-packages"))  # it reads its rules from there
-    return subprocess.run(
-        [
-            str(venv / "bin" / "focus-validator"),
-            "--data-file",
-            str(data),
-            "--validate-version",
-            version,
-            "--block-download",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=site,
-        timeout=600,
-    )
 
 
 def test_the_finops_validator_on_the_1_3_export(billed: Path, tmp_path: Path, validator: Path) -> None:  # noqa: F811
