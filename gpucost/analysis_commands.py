@@ -18,7 +18,7 @@ from gpucost.commands import price_events
 from gpucost.csv_cells import write_rows
 from gpucost.fit import RESOURCES, fit_weights, pane_features
 from gpucost.flags import add_out, add_settings, date_arg, env_flag
-from gpucost.focus import FORMATS, MONTH, cost_months, export_focus
+from gpucost.focus import FORMATS, MONTH, VERSIONS, cost_months, export_focus
 from gpucost.output_files import check_writable, write_whole
 from gpucost.report import format_table
 from gpucost.sinks.views import query
@@ -105,11 +105,22 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """``gpucost export focus``: the month's cost records as a FOCUS 1.2 Cost and Usage file, written whole; a
+    """``gpucost export focus``: the month's cost records as a FOCUS 1.2 or 1.3 Cost and Usage file, written whole; a
     month with no cost record is an error, not an empty file."""
     output_to_read(args.out, holding=True)
     if not MONTH.match(args.month):
         raise UsageError(f"--month {args.month!r} is not YYYY-MM")
+    if args.focus_version not in VERSIONS:
+        raise UsageError(
+            f"--focus-version {args.focus_version!r} (or env GPUCOST_FOCUS_VERSION): choose {' or '.join(VERSIONS)}"
+        )
+    weights = None
+    if args.focus_version == "1.3":  # AllocatedMethodDetails names the weights the records were split with
+        try:
+            s = audit_settings(args)
+        except ValueError as exc:
+            raise UsageError(str(exc).replace("\n", " ")) from None
+        weights = (s.alpha, s.beta, s.gamma)
     if args.file.exists() and not args.overwrite:
         raise UsageError(f"{args.file} exists; pass --overwrite to replace it")
     named = {f".{f}": f for f in FORMATS}.get(args.file.suffix.lower())
@@ -122,7 +133,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         nonlocal rows
         try:
             rows = export_focus(
-                args.out, args.month, tmp, fmt, args.provider, args.billing_account, args.invoice_id or None
+                args.out,
+                args.month,
+                tmp,
+                fmt,
+                args.provider,
+                args.billing_account,
+                args.invoice_id or None,
+                args.focus_version,
+                weights,
             )
         except (ValueError, duckdb.Error) as exc:
             raise UsageError(f"FILE {args.file}: {exc}".replace("\n", " ")) from None
@@ -133,7 +152,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
 
     write_whole(args.file, write, "FILE")
-    print(f"wrote {rows:,} FOCUS 1.2 rows of {args.month} to {args.file}")
+    print(f"wrote {rows:,} FOCUS {args.focus_version} rows of {args.month} to {args.file}")
     return 0
 
 
@@ -203,7 +222,9 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 def _export_arguments(p: argparse.ArgumentParser) -> None:
     export_sub = p.add_subparsers(dest="export_format", required=True)
     focus = export_sub.add_parser(
-        "focus", help="a month of cost records as a FinOps FOCUS 1.2 Cost and Usage file (exact decimal costs)"
+        "focus",
+        help="a month of cost records as a FinOps FOCUS 1.2 or 1.3 (split cost allocation) Cost and Usage file "
+        "(exact decimal costs)",
     )
     focus.add_argument("file", type=Path, help="the file to write")
     add_out(focus, "output directory holding the cost records")
@@ -240,6 +261,16 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         "InvoiceId of every row: the invoice these charges are billed on; without one it is null, as FOCUS "
         "wants for charges no invoice carries",
     )
+    env_flag(
+        focus,
+        "--focus-version",
+        "GPUCOST_FOCUS_VERSION",
+        str,
+        "1.2",
+        "1.2, or 1.3: each pane's cost split into allocated rows (AllocatedMethodId gpucost-usage), idle its own; "
+        "1.3 takes the weights the records were split with from --config / --alpha --beta --gamma",
+    )
+    add_settings(focus, writes_out=False)
 
 
 FIT_WEIGHTS = Command(

@@ -1,5 +1,6 @@
 """The cost records as a FinOps FOCUS 1.2 Cost and Usage dataset (docs/definitions.md, "Late data become
-revisions" and "Readings of the contract": FOCUS export).
+revisions" and "Readings of the contract": FOCUS export); FOCUS 1.3, with split cost allocation, is
+``gpucost.focus13``; both are made from ``gpucost.focus_rows``.
 
 One row per cost record of the month (per GPU, pane and tenant, idle rows included), written by
 DuckDB from the ``cost`` view: no record passes through a float. Costs are the µ$ as decimals
@@ -10,18 +11,19 @@ every name as the records do; the CSV's text cells are made safe for a spreadshe
 
 from __future__ import annotations
 
-import re
+from decimal import Decimal
 from pathlib import Path
 
 from gpucost.csv_cells import copy_csv
+from gpucost.focus13 import check_weights, focus13_sql
+from gpucost.focus_rows import MONTH, TAGS, USD, month_rows
 from gpucost.sinks.views import connect, sql_string
 
-__all__ = ["FORMATS", "MONTH", "cost_months", "focus_sql", "export_focus"]
+__all__ = ["FORMATS", "MONTH", "VERSIONS", "cost_months", "focus_sql", "export_focus"]
 
 FORMATS = ("csv", "parquet")
-MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
-#: the tenant fields a row's Tags carry
-_TAGS = ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id")
+#: the FOCUS versions written; 1.2 the default (docs/analysts.md, "FOCUS export")
+VERSIONS = ("1.2", "1.3")
 
 
 def focus_sql(month: str, provider: str, billing_account: str, iso_text: bool, invoice_id: str | None = None) -> str:
@@ -36,23 +38,12 @@ def focus_sql(month: str, provider: str, billing_account: str, iso_text: bool, i
     def when(column: str) -> str:
         return f"strftime({column}, '%Y-%m-%dT%H:%M:%SZ')" if iso_text else column
 
-    usd = "CAST(CAST(cost_micro_usd AS DECIMAL(38, 6)) * 0.000001 AS DECIMAL(38, 6))"  # exact: µ$ · 10^-6
-    tags = ", ".join(f"{f} := {f}" for f in _TAGS)
+    usd = USD
+    tags = ", ".join(f"{f} := {f}" for f in TAGS)
     provider, account = sql_string(provider), sql_string(billing_account)
     invoice = "NULL::VARCHAR" if invoice_id is None else sql_string(invoice_id)
     return f"""
-WITH c0 AS (
-  SELECT *, make_timestamp(pane_start_ns // 1000) AS ps, make_timestamp(pane_end_ns // 1000) AS pe,
-         sum(weight) FILTER (WHERE tenant_key <> 'idle') OVER (PARTITION BY gpu_uuid, pane_start_ns) AS w_all
-  FROM cost WHERE strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') = {sql_string(month)}),
-c AS (
-  SELECT *, date_trunc('month', ps) AS bs,
-         CAST(CAST(covered_ms AS DECIMAL(38, 12)) / 3600000 * CASE
-           WHEN pane_cost_micro_usd > 0 THEN CAST(cost_micro_usd AS DECIMAL(38, 12)) / pane_cost_micro_usd
-           WHEN tenant_key = 'idle' THEN 1 - CAST(busy_fraction AS DECIMAL(38, 12))
-           ELSE coalesce(CAST(busy_fraction * weight / nullif(w_all, 0) AS DECIMAL(38, 12)), 0) END
-           AS DECIMAL(38, 12)) AS gpu_hours
-  FROM c0)
+{month_rows(month)}
 SELECT
   {usd} AS BilledCost, {usd} AS EffectiveCost, {usd} AS ListCost, {usd} AS ContractedCost,
   'USD' AS BillingCurrency,
@@ -82,12 +73,23 @@ def export_focus(
     provider: str = "gpucost",
     billing_account: str = "gpucost",
     invoice_id: str | None = None,
+    version: str = "1.2",
+    weights: tuple[Decimal, Decimal, Decimal] | None = None,
 ) -> int:
-    """Write ``month``'s cost records of ``out_dir`` as FOCUS rows to ``dest``; the number of rows."""
+    """Write ``month``'s cost records of ``out_dir`` as FOCUS ``version`` rows to ``dest``; the number of rows.
+    FOCUS 1.3 (split cost allocation, ``gpucost.focus13``) needs the weights α, β, γ the records were split with."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if version not in VERSIONS:
+        raise ValueError(f"FOCUS version {version!r}: choose one of {', '.join(VERSIONS)}")
     con = connect(out_dir)
-    sql = focus_sql(month, provider, billing_account, iso_text=fmt == "csv", invoice_id=invoice_id)
+    if version == "1.2":
+        sql = focus_sql(month, provider, billing_account, iso_text=fmt == "csv", invoice_id=invoice_id)
+    else:
+        if weights is None:
+            raise ValueError("FOCUS 1.3 needs the weights alpha, beta, gamma the records were split with")
+        check_weights(con, month, *weights)
+        sql = focus13_sql(month, provider, billing_account, fmt == "csv", weights, invoice_id)
     if fmt == "csv":  # names from input reach a spreadsheet as text, never as a formula (gpucost.csv_cells)
         return copy_csv(con, sql, dest)
     (rows,) = con.execute(f"COPY ({sql}) TO {sql_string(str(dest))} (FORMAT PARQUET, COMPRESSION zstd)").fetchone()  # type: ignore[misc]

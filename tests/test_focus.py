@@ -4,11 +4,8 @@ and by the FinOps Foundation's own validator (``focus-validator`` 2.2.1, in a vi
 from __future__ import annotations
 
 import datetime as dt
-import glob
 import json
 import re
-import shutil
-import subprocess
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
@@ -21,12 +18,12 @@ from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.codec import encode_event
 from gpucost.sinks.views import connect
 from tests.support.cli import gpucost
+from tests.support.focus_validator import run_validator, validator  # noqa: F401  (validator: a fixture)
 
 pytestmark = pytest.mark.slow
 NS = 1_000_000_000
 #: a fleet across a month's end: 2025-01-31 22:00 to 2025-02-01 02:00 UTC
 SPEC = replace(FleetSpec(gpus=3, hours=4, seed=8, interval_s=20), start_ns=1_738_360_800 * NS)
-VALIDATOR = "focus-validator==2.2.1"
 #: InvoiceId-C-003-C (MUST) is "null when no invoice OR not null when one", and passes; focus-validator 2.2.1 counts
 #: its two branches as rules too, and cannot know whether a charge is invoiced, so the branch the column does not
 #: take fails on every row: C-005-C ("not null") when InvoiceId is null, C-004-C ("null") when it is given
@@ -115,40 +112,6 @@ def test_bad_arguments_are_usage_errors(billed: Path, tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and (tmp_path / "f.csv").read_text() == "keep me"
 
 
-def python312() -> str | None:
-    """An interpreter focus-validator 2.2.1 installs on (it needs Python 3.12): on PATH, then pyenv's, the first that
-    starts (a pyenv shim on PATH may name a version it will not run), as .ci/run looks for a second interpreter."""
-    pyenv = Path.home() / ".pyenv" / "versions"
-    candidates = [shutil.which("python3.12"), *sorted(glob.glob(str(pyenv / "3.12*" / "bin" / "python3.12")))]
-    for found in filter(None, candidates):
-        if subprocess.run([found, "-c", "pass"], capture_output=True).returncode == 0:
-            return found
-    return None
-
-
-@pytest.fixture(scope="module")
-def validator() -> Path:
-    """focus-validator in a virtual environment of its own (kept under ~/.cache for the next run), with the numpy
-    and pyarrow it was built for."""
-    python = python312()
-    if python is None:
-        pytest.skip("focus-validator 2.2.1 needs Python 3.12, and this machine has none")
-    venv = Path.home() / ".cache" / "gpucost" / "focus-validator-2.2.1"
-    if not (venv / "bin" / "focus-validator").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([python, "-m", "venv", str(venv)], check=True)
-        done = subprocess.run(
-            [str(venv / "bin" / "pip"), "install", "-q", VALIDATOR, "numpy<2", "pyarrow<18"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if done.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            pytest.skip(f"could not install {VALIDATOR}: {done.stderr.strip()[-300:]}")
-    return venv
-
-
 @pytest.mark.parametrize("fmt,invoice", [("csv", None), ("parquet", None), ("parquet", "INV-2025-01-0042")])
 def test_the_finops_validator_accepts_the_export(
     billed: Path, tmp_path: Path, validator: Path, fmt: str, invoice: str | None
@@ -166,22 +129,7 @@ def test_the_finops_validator_accepts_the_export(
         fmt,
         *(["--invoice-id", invoice] if invoice else []),
     )
-    # it opens its rules' data files relative to the working directory: run it from its own package's folder
-    (site,) = glob.glob(str(validator / "lib" / "python3.12" / "site-packages"))
-    done = subprocess.run(
-        [
-            str(validator / "bin" / "focus-validator"),
-            "--data-file",
-            str(export),
-            "--validate-version",
-            "1.2",
-            "--block-download",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=site,
-        timeout=600,
-    )
+    done = run_validator(validator, export, "1.2")
     total = re.search(r"Total: (\d+) \| Pass: (\d+) \| Fail: (\d+) \| Skipped: (\d+)", done.stdout)
     assert total is not None, done.stdout[-2000:] + done.stderr[-2000:]
     failed = set(re.findall(r"^- ([A-Za-z]+-[A-Z]-\d+-[A-Z]): violations", done.stdout, re.MULTILINE))
