@@ -270,7 +270,8 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         "1.2, or 1.3: each pane's cost split into allocated rows (AllocatedMethodId gpucost-usage), idle its own; "
         "1.3 takes the weights the records were split with from --config / --alpha --beta --gamma",
     )
-    add_settings(focus, writes_out=False)
+    # the weights the records were split with (FOCUS 1.3 states them); no other setting changes an export
+    add_settings(focus, writes_out=False, fields=("alpha", "beta", "gamma"), signs=False)
 
 
 FIT_WEIGHTS = Command(
