@@ -8,6 +8,7 @@ import asyncio
 import logging
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpucost.command import Command
@@ -109,14 +110,19 @@ def cmd_sink(args: argparse.Namespace) -> int:
                 stats,
             )
         print(
-            f"sink stopped: consumed {stats.consumed:,}, written {dict(stats.written)}, "
-            f"duplicates dropped {dict(stats.duplicates)}, unverified {stats.unverified:,}, "
+            f"sink stopped: consumed {stats.consumed:,}, written {_by_kind(stats.written)}, "
+            f"duplicates dropped {_by_kind(stats.duplicates)}, unverified {stats.unverified:,}, "
             f"small files merged {stats.compacted_files:,}",
             file=sys.stderr,
         )
 
     asyncio.run(main())
     return 0
+
+
+def _by_kind(counts: Mapping[str, int]) -> str:
+    """``cost 1,204, mae 4`` (``none`` for no count): what a person reads, not a Python dict."""
+    return ", ".join(f"{kind} {n:,}" for kind, n in sorted(counts.items())) or "none"
 
 
 def follow_discovery(args: argparse.Namespace, labels: dict[str, str], secrets: dict[str, bytes] | None) -> int:
