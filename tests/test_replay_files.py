@@ -26,3 +26,18 @@ def test_gzip_is_read_whatever_its_name(tmp_path: Path) -> None:
         got[name] = rows(out)
     assert got["plain.jsonl"]["cost"] and not got["plain.jsonl"]["dlq"]
     assert got["packed.jsonl"] == got["plain.jsonl"] == got["packed.jsonl.gz"]
+
+
+def test_progress_counts_every_byte_of_a_file(tmp_path: Path) -> None:
+    """The batches' byte counts (what the progress bar adds) sum to the file's size: a Parquet file read in
+    several batches ended a byte or more short (each batch's share rounded down)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpucost.producers.replay import read_batches
+
+    pq.write_table(pa.table({"ts_ns": list(range(150_001))}), tmp_path / "rows.parquet")
+    (tmp_path / "lines.jsonl").write_text("".join(f'{{"n": {i}}}\n\n' for i in range(70_001)))
+    for name in ("rows.parquet", "lines.jsonl"):
+        batches = list(read_batches([tmp_path / name]))
+        assert len(batches) > 1 and sum(b.nbytes for b in batches) == (tmp_path / name).stat().st_size, name

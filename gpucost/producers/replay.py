@@ -83,7 +83,9 @@ def read_batches(files: list[Path], lines_per_batch: int = 65_536) -> Iterator[R
             parquet = pq.ParquetFile(path)
             size, rows, first = path.stat().st_size, max(parquet.metadata.num_rows, 1), 1
             for batch in parquet.iter_batches(batch_size=65_536):
-                yield RowBatch(batch, path, first, size * batch.num_rows // rows)
+                # its share of the size, as the difference of two cumulative floors: the shares sum to the size
+                done = first - 1
+                yield RowBatch(batch, path, first, size * (done + batch.num_rows) // rows - size * done // rows)
                 first += batch.num_rows
             continue
         with open_bytes(path) as fh:  # gzip by content: a compressed file's name need not end .gz
