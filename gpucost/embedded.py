@@ -46,6 +46,8 @@ class RunStats:
     """What a run did; kept up to date while it runs (``run_embedded``), for ``--metrics-address``."""
 
     inputs: int = 0
+    #: inputs taken before a restart (from the checkpoint this run went on from): in ``inputs``, not in ``seconds``
+    resumed_inputs: int = 0
     dead_letters: Counter[str] = field(default_factory=Counter)
     counts: Counter[str] = field(default_factory=Counter)  # the auditor's: events taken by kind, and more
     rows: dict[str, int] = field(default_factory=dict)

@@ -138,11 +138,13 @@ def _service(con: duckdb.DuckDBPyConnection) -> str:
 def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
     con = connect(out_dir, opex_usd_per_gpu_hour)
     parts = []
-    rate = stats.inputs / stats.seconds if stats.seconds else 0.0
+    here = stats.inputs - stats.resumed_inputs  # what this run read, in the seconds it ran
+    rate = here / stats.seconds if stats.seconds else 0.0
+    before = f" ({stats.resumed_inputs:,} of them before a restart)" if stats.resumed_inputs else ""
     parts.append(
-        f"processed {stats.inputs:,} inputs in {stats.seconds:.1f} s ({rate:,.0f}/s); "
+        f"processed {stats.inputs:,} inputs{before} in {stats.seconds:.1f} s ({rate:,.0f}/s); "
         + ", ".join(f"{k}: {v:,}" for k, v in sorted(stats.rows.items()))
-        + " rows written"
+        + (" rows written by this run" if stats.resumed_inputs else " rows written")
     )
     parts.append(period_covered(con))
     parts.append(

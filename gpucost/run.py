@@ -123,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         auditor, read_prices, skip = None, bool(prices), 0
         if restored is not None:
             auditor, checkpoint = restored
-            stats.inputs = checkpoint.inputs
+            stats.inputs = stats.resumed_inputs = checkpoint.inputs
             skip = checkpoint.inputs if live is None else 0  # a live source samples what is new
             read_prices = bool(prices) and checkpoint.prices_sha256 != publication.prices_sha256
             print(

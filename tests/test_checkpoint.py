@@ -6,6 +6,7 @@ resume refuses what would mix two runs; compaction keeps a partition's files few
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -280,7 +281,10 @@ def test_the_same_settings_spelled_otherwise_resume(tmp_path: Path, monkeypatch,
     killed_midway(monkeypatch, out, 4)
     alpha = f"{AuditSettings().alpha}0"
     assert main([*RUN, "--out", str(out), "--alpha", alpha, "--opex-usd-per-gpu-hour", "0.35"]) == 0
-    assert "going on from the checkpoint" in capsys.readouterr().err
+    said = capsys.readouterr()
+    (taken,) = re.findall(r"going on from the checkpoint in .* \(([\d,]+) inputs taken\)", said.err)
+    # the summary says how many came before the restart; its rate is this run's own (a newcomer saw both mixed)
+    assert f"({taken} of them before a restart)" in said.out and "rows written by this run" in said.out, said.out
 
 
 def test_progress_goes_on_while_the_source_is_quiet(tmp_path: Path) -> None:
