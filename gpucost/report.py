@@ -84,7 +84,9 @@ FROM cost c WHERE revision > 0 GROUP BY team ORDER BY team"""
 _OUT_OF_SERVICE = """
 SELECT * FROM (
   SELECT gpu_uuid, arg_max(node_id, window_start_ns) AS node_id, arg_max(breaker_state, window_start_ns) AS state,
-         epoch_ms(max(window_end_ns) // 1000000) AS as_of_utc,
+         -- the end of the GPU's last audit window, not the time it was said: a window closed at the end of the
+         -- input (a short live run) ends later than the run did
+         epoch_ms(max(window_end_ns) // 1000000) AS window_end_utc,
          arg_max(array_to_string(fail_reasons, ','), window_start_ns) AS last_fail_reasons
   FROM health GROUP BY gpu_uuid)
 WHERE state <> 'in_service' ORDER BY array_position(['removed', 'observation', 'probation'], state), gpu_uuid"""
