@@ -1,7 +1,7 @@
 """Kernels and host ranges as columns: what ``gpucost kernels`` needs of each event, and nothing more.
 
 A validated ``KernelActivity`` costs about 1.5 KiB of Python objects; a row here is 8-byte integers in
-``array``/numpy columns (about 60 bytes a kernel, 36 a range), with names and nodes interned, so a trace of
+``array``/numpy columns (about 67 bytes a kernel, 36 a range), with names and nodes interned, so a trace of
 millions of kernels fits where its models would not (BENCHMARKS.md, "Kineto reader memory"). Rows are only
 ever appended; ``-1`` stands for "not known" in the optional columns (launch thread and time, bytes), none of
 which can be negative when known (their bounds are ``ge=0`` or later than 2000).
@@ -16,9 +16,14 @@ import numpy as np
 
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, AnnotationRange, KernelActivity
 
-__all__ = ["KernelTable", "RangeTable"]
+__all__ = ["KernelTable", "RangeTable", "as_bytes"]
 
 _CATEGORY = {c: i for i, c in enumerate(KERNEL_CATEGORIES)}
+
+
+def as_bytes(values: np.ndarray) -> np.ndarray:
+    """A numpy column as the bytes ``array.frombytes`` takes, without a copy where it is contiguous."""
+    return np.ascontiguousarray(values).view(np.uint8)
 
 
 class _Interned:
@@ -55,8 +60,9 @@ class _Table:
     def keep(self, mask: np.ndarray) -> None:
         """Drop the rows where ``mask`` is False, in place."""
         for name in self.COLUMNS:
-            col: array = getattr(self, name)
-            setattr(self, name, array(col.typecode, self.column(name)[mask].tobytes()))
+            kept = array(getattr(self, name).typecode)
+            kept.frombytes(as_bytes(self.column(name)[mask]))
+            setattr(self, name, kept)
 
     def extend(self, other: _Table) -> None:
         """Append another table's rows, its names and nodes re-interned."""
@@ -66,7 +72,7 @@ class _Table:
             values = other.column(name)
             if name in ("name", "node"):
                 values = (names if name == "name" else nodes)[values]
-            getattr(self, name).frombytes(values.astype(getattr(self, name).typecode).tobytes())
+            getattr(self, name).frombytes(as_bytes(values.astype(getattr(self, name).typecode)))
 
 
 class KernelTable(_Table):
@@ -82,17 +88,19 @@ class KernelTable(_Table):
         self.start_ns, self.end_ns, self.pid = array("q"), array("q"), array("q")
         self.launch_tid, self.launch_ns, self.bytes, self.correlation = array("q"), array("q"), array("q"), array("q")
 
-    def append(self, k: KernelActivity) -> None:
-        """One validated kernel's row (its fields are within their bounds, so each fits its column)."""
+    def append(self, k: KernelActivity, launch: bool = True) -> None:
+        """One validated kernel's row (its fields are within their bounds, so each fits its column); with
+        ``launch`` False its pid and launch columns are left to be set whole later (``kineto_launches``)."""
         self.node.append(self.nodes.index(k.node_id))
         self.device.append(k.device)
         self.category.append(_CATEGORY[k.category])
         self.name.append(self.names.index(k.name))
         self.start_ns.append(k.start_ns)
         self.end_ns.append(k.end_ns)
-        self.pid.append(k.pid)
-        self.launch_tid.append(-1 if k.launch_tid is None else k.launch_tid)
-        self.launch_ns.append(-1 if k.launch_ns is None else k.launch_ns)
+        if launch:
+            self.pid.append(k.pid)
+            self.launch_tid.append(-1 if k.launch_tid is None else k.launch_tid)
+            self.launch_ns.append(-1 if k.launch_ns is None else k.launch_ns)
         self.bytes.append(-1 if k.bytes is None else k.bytes)
         self.correlation.append(k.correlation_id)
 

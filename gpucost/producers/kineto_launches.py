@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 from pydantic import ValidationError
 
-from gpucost.producers.kernel_table import KernelTable
+from gpucost.producers.kernel_table import KernelTable, as_bytes
 from gpucost.schemas.bounds import field_bounds
 from gpucost.schemas.events import TS_MIN_NS
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, KernelActivity, rejection_reason
@@ -67,9 +67,11 @@ class Launches:
             last[:-1] = ordered[1:] != ordered[:-1]
             self._keys, self._rows = ordered[last], order[last]
             del corr, order, ordered, last
+            self.corr = array("q")  # no more launches come: the ids are in _keys
         if not len(self._keys):
             return np.full(len(corrs), -1, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self._keys, corrs), len(self._keys) - 1)
+        at = np.searchsorted(self._keys, corrs)
+        np.minimum(at, len(self._keys) - 1, out=at)
         return np.where(self._keys[at] == corrs, self._rows[at], -1)
 
     def _launch(self, row: int) -> Launch:
@@ -83,8 +85,9 @@ class Launches:
         return default if row < 0 else self._launch(row)
 
     def tie(self, kernels: KernelTable, rejected: Counter) -> None:
-        """Give each kernel its launch (pid, thread, time; a kernel without one keeps pid 0 and -1), and take out,
-        counted by the model's reason, the kernels whose launch fails the model's bounds."""
+        """Set the pid and launch columns of kernels appended without them: each kernel's launch (pid, thread,
+        time; pid 0 and -1 without one). Then take out, counted by the model's reason, the kernels whose launch
+        fails the model's bounds."""
         if not len(kernels):
             return
         rows = self._rows_of(kernels.column("correlation"))
@@ -103,9 +106,10 @@ class Launches:
         for name, values in columns.items():
             ok &= field_bounds(KernelActivity, name).holds(values)
         ok |= ~found
-        for name, values in columns.items():
-            setattr(kernels, name, array("q", values.tobytes()))
-        del columns
+        for name in list(columns):
+            kernels_col = array("q")
+            kernels_col.frombytes(as_bytes(columns.pop(name)))
+            setattr(kernels, name, kernels_col)
         if ok.all():
             return
         category = kernels.column("category")
