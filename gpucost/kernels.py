@@ -12,12 +12,15 @@ from collections import Counter
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+import numpy as np
+
 from gpucost.command import Command
 from gpucost.flags import env_flag
+from gpucost.producers.kernel_table import KernelTable, RangeTable
 from gpucost.producers.kineto import read_kineto
 from gpucost.producers.nsys import read_nsys
 from gpucost.schemas.exact import micro_usd_per_hour
-from gpucost.schemas.kernels import AnnotationRange, KernelActivity
+from gpucost.schemas.kernels import KERNEL_CATEGORIES, AnnotationRange, KernelActivity
 from gpucost.streams.kernel_split import (
     Interval,
     Span,
@@ -47,44 +50,60 @@ def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("json", "text"), default="json")
 
 
-def read_trace(path: Path) -> tuple[list[KernelActivity], list[AnnotationRange], dict, Counter]:
+def read_trace(path: Path) -> tuple[KernelTable, RangeTable, dict, Counter]:
     """One file's kernels, ranges, GPU models by (node, device) and rejects; the kind is read from its first bytes."""
     with path.open("rb") as f:
         magic = f.read(16)
     if magic.startswith(b"SQLite format 3"):
         t = read_nsys(path)
-        return t.kernels, t.ranges, {(t.node_id, d): m for d, m in t.gpu_models.items()}, t.rejected
-    t = read_kineto(path)
-    return t.kernels, t.ranges, {(path.name, d): m for d, m in t.gpu_models.items()}, t.rejected
+        models = {(t.node_id, d): m for d, m in t.gpu_models.items()}
+        return KernelTable.of(t.kernels), RangeTable.of(t.ranges), models, t.rejected
+    k = read_kineto(path)
+    return k.kernels, k.ranges, {(path.name, d): m for d, m in k.gpu_models.items()}, k.rejected
 
 
 def kernel_report(
-    kernels: list[KernelActivity], ranges: list[AnnotationRange], models: dict, micro_per_hour: int
+    kernels: KernelTable | list[KernelActivity],
+    ranges: RangeTable | list[AnnotationRange],
+    models: dict,
+    micro_per_hour: int,
 ) -> dict:
     """The ``devices`` figures of docs/definitions.md "Kernel cost", keyed by (node, device), in key order."""
-    by_device: dict[tuple[str, int], list[KernelActivity]] = {}
-    for k in kernels:
-        by_device.setdefault((k.node_id, k.device), []).append(k)
+    if not isinstance(kernels, KernelTable):
+        kernels = KernelTable.of(kernels)
+    if not isinstance(ranges, RangeTable):
+        ranges = RangeTable.of(ranges)
+    node, device = kernels.column("node"), kernels.column("device")
+    keys = sorted({(kernels.nodes.values[n], d) for n, d in set(zip(node.tolist(), device.tolist()))})
     devices = []
-    for key in sorted(by_device):
-        devices.append(
-            _device(key, by_device[key], [r for r in ranges if r.node_id == key[0]], models.get(key), micro_per_hour)
-        )
+    for key in keys:
+        rows = np.flatnonzero((node == kernels.nodes.index(key[0])) & (device == key[1]))
+        devices.append(_device(key, kernels, rows, ranges, models.get(key), micro_per_hour))
     return {"devices": devices}
 
 
-def _device(key, acts: list[KernelActivity], ranges: list[AnnotationRange], model, micro_per_hour: int) -> dict:
-    compute = [k for k in acts if k.category in _COMPUTE]
-    ivs = [Interval(k.name, k.start_ns, k.end_ns, k.launch_tid, k.launch_ns) for k in compute]
+def _device(key, kt: KernelTable, rows: np.ndarray, rt: RangeTable, model, micro_per_hour: int) -> dict:
+    names = kt.names.values
+    compute_codes = [KERNEL_CATEGORIES.index(c) for c in _COMPUTE]
+    is_compute = np.isin(kt.column("category")[rows], compute_codes)
+    compute = rows[is_compute]
+    name_of = kt.column("name")[compute].tolist()
+    start, end = kt.column("start_ns")[compute].tolist(), kt.column("end_ns")[compute].tolist()
+    ivs = [
+        Interval(names[n], s, e, None if t < 0 else t, None if ns < 0 else ns)
+        for n, s, e, t, ns in zip(
+            name_of, start, end, kt.column("launch_tid")[compute].tolist(), kt.column("launch_ns")[compute].tolist()
+        )
+    ]
     busy, denominator, shares = busy_shares(ivs)
     micro = device_cost(busy, micro_per_hour)
     by_name: dict[str, int] = {}
     calls: Counter = Counter()
     category = {}
-    for k, s in zip(compute, shares):
-        by_name[k.name] = by_name.get(k.name, 0) + s
-        calls[k.name] += 1
-        category[k.name] = k.category
+    for n, c, s in zip(name_of, kt.column("category")[compute].tolist(), shares):
+        by_name[names[n]] = by_name.get(names[n], 0) + s
+        calls[names[n]] += 1
+        category[names[n]] = KERNEL_CATEGORIES[c]
     ns, mu = split_by_name(busy, by_name), split_by_name(micro, by_name)
     kernels = sorted(
         (
@@ -93,20 +112,30 @@ def _device(key, acts: list[KernelActivity], ranges: list[AnnotationRange], mode
         ),
         key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["name"]),
     )
-    pids = {k.pid for k in compute}
-    spans = [Span(r.tid, r.name, r.start_ns, r.end_ns) for r in ranges if r.pid in pids]
+    pids = np.unique(kt.column("pid")[compute])
+    in_node = rt.column("node") == (rt.nodes.index(key[0]) if key[0] in rt.nodes.values else -1)
+    spans_at = np.flatnonzero(in_node & np.isin(rt.column("pid"), pids))
+    spans = [
+        Span(t, rt.names.values[n], s, e)
+        for t, n, s, e in zip(
+            *(rt.column(c)[spans_at].tolist() for c in ("tid", "name", "start_ns", "end_ns")),
+        )
+    ]
     weights: dict[tuple[str, ...], int] = {}
     for path, s in zip(range_paths(ivs, spans), shares):
         weights[path] = weights.get(path, 0) + s
+    del ivs, spans
     tree = split_tree(busy, micro, weights)
-    window = (max(k.end_ns for k in compute) - min(k.start_ns for k in compute)) if compute else 0
+    window = (max(end) - min(start)) if compute.size else 0
     transfers: dict[tuple[str, str], list[int]] = {}
-    for k in acts:
-        if k.category not in _COMPUTE:
-            t = transfers.setdefault((k.category, k.name), [0, 0, 0])
-            t[0] += 1
-            t[1] += k.end_ns - k.start_ns
-            t[2] += k.bytes or 0
+    others = rows[~is_compute]
+    for c, n, s, e, b in zip(
+        *(kt.column(col)[others].tolist() for col in ("category", "name", "start_ns", "end_ns", "bytes"))
+    ):
+        t = transfers.setdefault((KERNEL_CATEGORIES[c], names[n]), [0, 0, 0])
+        t[0] += 1
+        t[1] += e - s
+        t[2] += max(b, 0)
     return {
         "device": {"node": key[0], "device": key[1]},
         "gpu_model": model,
@@ -135,7 +164,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         micro_per_hour = micro_usd_per_hour(price)
     except (InvalidOperation, ValueError) as exc:
         raise UsageError(f"--usd-per-gpu-hour {args.usd_per_gpu_hour!r}: {exc}; give a price such as 2.5") from None
-    kernels, ranges, models, rejected = [], [], {}, Counter()
+    kernels, ranges, models, rejected = KernelTable(), RangeTable(), {}, Counter()
     for path in args.files:
         if not path.is_file():
             raise UsageError(f"{path}: no such file; give Kineto JSON traces or nsys SQLite exports")
@@ -145,8 +174,12 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"{path}: not a Kineto trace or nsys SQLite export ({type(exc).__name__}: {exc})"
             ) from None
-        kernels += k
-        ranges += r
+        if len(kernels) or len(ranges):
+            kernels.extend(k)
+            ranges.extend(r)
+        else:  # the first file's tables are taken as they are, not copied
+            kernels, ranges = k, r
+        del k, r
         models |= m
         rejected.update({f"{path.name}: {reason}": n for reason, n in bad.items()})
     report = kernel_report(kernels, ranges, models, micro_per_hour)
