@@ -162,7 +162,11 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         if not price.is_finite() or price < 0:
             raise ValueError("a price is a finite number of dollars, 0 or more")
         micro_per_hour = micro_usd_per_hour(price)
-    except (InvalidOperation, ValueError) as exc:
+    except InvalidOperation:  # its text is a list of decimal's internal classes, no use to a person
+        raise UsageError(
+            f"--usd-per-gpu-hour {args.usd_per_gpu_hour!r} is not a number; give a price such as 2.5"
+        ) from None
+    except ValueError as exc:
         raise UsageError(f"--usd-per-gpu-hour {args.usd_per_gpu_hour!r}: {exc}; give a price such as 2.5") from None
     kernels, ranges, models, rejected = KernelTable(), RangeTable(), {}, Counter()
     for path in args.files:
@@ -171,8 +175,9 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         try:
             k, r, m, bad = read_trace(path)
         except Exception as exc:  # a file that is neither format: say which and why, no traceback
+            why = " ".join(str(exc).split()).removesuffix(" (right here) ------^")  # one line: ijson draws a caret
             raise UsageError(
-                f"{path}: not a Kineto trace or nsys SQLite export ({type(exc).__name__}: {exc})"
+                f"{path}: not a Kineto trace or nsys SQLite export ({type(exc).__name__}: {why})"
             ) from None
         if len(kernels) or len(ranges):
             kernels.extend(k)

@@ -188,6 +188,10 @@ def test_unreadable_file_is_a_usage_error(capsys, tmp_path):
     junk.write_text("{not json")
     assert main(["kernels", str(junk)]) == 2
     assert "not a Kineto trace or nsys SQLite export" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("")  # ijson's message draws a caret over three lines
+    assert main(["kernels", str(tmp_path / "empty.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "premature EOF" in err, err
     assert main(["kernels", str(tmp_path / "absent.json")]) == 2
 
 
@@ -199,6 +203,7 @@ def test_a_price_that_is_not_one_is_a_usage_error(capsys, tmp_path, price):
     assert main(["kernels", str(trace), "--usd-per-gpu-hour", price]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--usd-per-gpu-hour" in err and "give a price such as 2.5" in err
+    assert "class" not in err  # decimal's internals (ConversionSyntax) are not the user's words
 
 
 WIRE = {
