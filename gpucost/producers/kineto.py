@@ -10,17 +10,16 @@ are counted by reason, never raised.
 
 from __future__ import annotations
 
-import gzip
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
-from typing import IO
 
 import ijson
 from pydantic import ValidationError
 
+from gpucost.producers.compressed import open_bytes
 from gpucost.producers.kernel_table import KernelTable, RangeTable
 from gpucost.producers.kineto_launches import Launches
 from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity, rejection_reason
@@ -45,15 +44,9 @@ class KinetoTrace:
     rejected: Counter = field(default_factory=Counter)
 
 
-def _open(path: Path) -> IO[bytes]:
-    with path.open("rb") as probe:
-        magic = probe.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
-
-
 def _header(path: Path) -> tuple[int, dict[int, str]]:
     base, models, dev_id, dev_name = 0, {}, None, None
-    with _open(path) as f:
+    with open_bytes(path) as f:
         for prefix, event, value in ijson.parse(f, use_float=False):
             if prefix == "baseTimeNanoseconds" and event == "number":
                 base = int(value)
@@ -150,7 +143,7 @@ def _gpu_event(ev: dict, node: str, base: int, out: KinetoTrace, refused: list[d
 
 
 def _events(path: Path, rejected: Counter) -> Iterator[dict]:
-    with _open(path) as f:
+    with open_bytes(path) as f:
         for ev in ijson.items(f, "traceEvents.item", use_float=False):
             if isinstance(ev, dict) and ev.get("ph") == "X":
                 yield ev
