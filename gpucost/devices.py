@@ -11,6 +11,7 @@ instead (``gpucost.producers.accelerators.events``), for ``gpucost replay`` or `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -27,18 +28,8 @@ from gpucost.wiring import UsageError
 
 __all__ = ["cmd_devices", "DEVICES"]
 
-_COLUMNS = (
-    "vendor",
-    "model",
-    "device_id",
-    "parent_id",
-    "ts_ns",
-    "busy_pct",
-    "power_w",
-    "mem_used_bytes",
-    "mem_total_bytes",
-    "temperature_c",
-)
+#: the text format's columns: the sample's fields, its processes apart (a ``pids`` column)
+_COLUMNS = tuple(f.name for f in dataclasses.fields(DeviceSample) if f.name != "processes")
 
 
 def _devices_arguments(cmd: argparse.ArgumentParser) -> None:
