@@ -23,6 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from prometheus_client.core import Metric
 
+from gpucost.kafka.clients import stop_quietly
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.metrics import gauge
 
@@ -121,8 +122,5 @@ class GroupLag:
 
 async def _close(clients: tuple[AIOKafkaAdminClient, AIOKafkaConsumer] | None) -> None:
     """Close both clients, whatever state a failed start left them in."""
-    if clients is not None:
-        with contextlib.suppress(KafkaError, OSError):
-            await clients[1].stop()
-        with contextlib.suppress(KafkaError, OSError):
-            await clients[0].close()
+    for client in reversed(clients or ()):  # the consumer, then the admin client
+        await stop_quietly(client)
