@@ -7,12 +7,13 @@ Run as subprocesses, since the warning comes as the interpreter collects the cli
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_ports
 
 COMMANDS = {
     "reclaim": ["reclaim", "--actions-file", "{tmp}/actions.jsonl"],
@@ -23,16 +24,9 @@ COMMANDS = {
 }
 
 
-def closed_port() -> int:
-    """A port of 127.0.0.1 that nothing listens on (taken from the kernel, then let go)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_no_broker_gives_one_clean_error_and_leaves_no_client_open(name: str, tmp_path: Path) -> None:
-    args = [a.format(tmp=tmp_path) for a in COMMANDS[name]] + ["--bootstrap", f"127.0.0.1:{closed_port()}"]
+    args = [a.format(tmp=tmp_path) for a in COMMANDS[name]] + ["--bootstrap", f"127.0.0.1:{free_ports(1)}"]
     done = subprocess.run(
         [sys.executable, "-c", "import sys; from gpucost.cli import main; sys.exit(main())", *args],
         capture_output=True,
