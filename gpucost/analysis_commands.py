@@ -17,7 +17,7 @@ from gpucost.command import Command
 from gpucost.commands import price_events
 from gpucost.csv_cells import write_rows
 from gpucost.fit import RESOURCES, fit_weights, pane_features
-from gpucost.flags import add_out, add_settings, date_arg, env_flag
+from gpucost.flags import WEIGHT_FIELDS, add_out, add_settings, date_arg, env_flag
 from gpucost.focus import FORMATS, MONTH, VERSIONS, cost_months, export_focus
 from gpucost.output_files import check_writable, write_whole
 from gpucost.report import format_table
@@ -209,7 +209,7 @@ def _whatif_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     # the weights alone: a what-if bills the published panes again, so the settings that made them (pane length,
     # idle threshold, lateness…) cannot change here, and a flag for one would be silently ignored
-    add_settings(p, writes_out=False, fields=("alpha", "beta", "gamma"), signs=False)
+    add_settings(p, writes_out=False, fields=WEIGHT_FIELDS, signs=False)
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:
@@ -271,7 +271,7 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         "1.3 takes the weights the records were split with from --config / --alpha --beta --gamma",
     )
     # the weights the records were split with (FOCUS 1.3 states them); no other setting changes an export
-    add_settings(focus, writes_out=False, fields=("alpha", "beta", "gamma"), signs=False)
+    add_settings(focus, writes_out=False, fields=WEIGHT_FIELDS, signs=False)
 
 
 FIT_WEIGHTS = Command(

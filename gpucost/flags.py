@@ -67,6 +67,11 @@ def add_out(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+#: the audit settings a command that reads published records may take: the cost split's weights (``whatif`` bills
+#: again with them, ``export focus`` states them); the others made the panes and cannot change afterwards
+WEIGHT_FIELDS = ("alpha", "beta", "gamma")
+
+
 def add_settings(
     p: argparse.ArgumentParser, writes_out: bool = True, fields: Sequence[str] = FLAG_FIELDS, signs: bool = True
 ) -> None:
