@@ -204,6 +204,36 @@ def test_sampling_stays_on_its_grid(shared_data: Path) -> None:
     assert sleeps[1:] == [pytest.approx(0.7)] * 4
 
 
+def test_a_loop_held_up_past_grid_points_skips_them_instead_of_sampling_them_back_to_back() -> None:
+    """A consumer that keeps the generator waiting 3.5 periods: the next sample is at the next grid point, and no
+    sample stands for less than half a period (back to back, they stood for microseconds and rounded to 0 ms)."""
+    clock = [T0]
+    taken: list[tuple[int, float]] = []
+
+    class Sampler:
+        def sample(self, ts_ns: int, interval_s: float) -> list:
+            taken.append((ts_ns, interval_s))
+            return [None]
+
+    def sleep(s: float) -> None:
+        clock[0] += int(s * 1e9)
+
+    loop = sample_forever(Sampler(), 1.0, ticks=4, clock_ns=lambda: clock[0], sleep=sleep)
+    next(loop)
+    clock[0] += 3_500_000_000  # held up between samples
+    list(loop)
+    assert [ts for ts, _ in taken] == [T0 + NS, T0 + 5 * NS, T0 + 6 * NS, T0 + 7 * NS]
+    assert [i for _, i in taken] == [1.0, 4.0, 1.0, 1.0]
+    # a sleep that overshoots by 0.9 s: the first sample at 1.9 s, and the grid point 0.1 s after it is skipped
+    clock[0], taken[:], late = T0, [], [900_000_000]
+
+    def overshooting(s: float) -> None:
+        clock[0] += int(s * 1e9) + (late.pop() if late else 0)
+
+    list(sample_forever(Sampler(), 1.0, ticks=2, clock_ns=lambda: clock[0], sleep=overshooting))
+    assert taken == [(T0 + 1_900_000_000, 1.9), (T0 + 3 * NS, 1.1)]
+
+
 def test_gpucost_run_audits_the_nvml_source(
     shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -22,12 +23,18 @@ def sample_forever(
     clock_ns: Callable[[], int] = time.time_ns,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[Event]:
-    """Sample every ``period_s`` on a fixed grid (no drift), each sample standing for the real elapsed time."""
+    """Sample every ``period_s`` on a fixed grid (no drift), each sample standing for the real elapsed time.
+
+    A loop held up past grid points (a slow sample, a consumer that kept the generator waiting) takes its next
+    sample at the next grid point at least half a period after the last one, not at each missed point back to
+    back: those would stand for microseconds each, intervals that round to 0 ms, which the events refuse (a
+    live NVML run once died of it under load)."""
     period_ns = int(period_s * 1e9)
     start = prev = clock_ns()
     k = 0
-    while ticks is None or k < ticks:
-        k += 1
+    for _ in itertools.repeat(None) if ticks is None else range(ticks):
+        earliest = max(start + (k + 1) * period_ns, clock_ns(), prev + period_ns // 2)
+        k = -(-(earliest - start) // period_ns)  # the first grid point at or after it
         wait_ns = start + k * period_ns - clock_ns()
         if wait_ns > 0:
             sleep(wait_ns / 1e9)
