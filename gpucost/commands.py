@@ -28,6 +28,7 @@ from gpucost.report import format_table, summary
 from gpucost.schemas.arrow import events_table
 from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.events import Price
+from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.landlock import WritesNotRefused
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.statements import read_only_problem
@@ -128,7 +129,7 @@ def finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) -
         ) from None
     print(f"\nreport: {out / REPORT} (plots of all of the above; open it in a browser)")
     print(
-        f"\noutput: {out}/{{idle_index,mae,cost,health,quota,reclaim,efficiency,dlq}}/date=YYYY-MM-DD/*.parquet; "
+        f"\noutput: {out}/{{{','.join(OUTPUT_KINDS)}}}/date=YYYY-MM-DD/*.parquet; "
         f'try: {invoked_as()} query --out {out} "SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team"'
     )
     return 0

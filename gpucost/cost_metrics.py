@@ -8,6 +8,9 @@ serve these beside their own metrics at ``--metrics-address`` (docs/operations.m
   ``unattributed`` included, so the series sum to what the GPUs cost.
 - ``gpucost_cost_credit_micro_usd_total{…}``: µ$ credited back by revisions (a revision's negative
   differences, as positive amounts). A counter only rises, so the bill in Prometheus is charged − credited.
+- ``gpucost_allocated_micro_usd_total{…}`` and ``gpucost_allocated_credit_micro_usd_total{…}``: the same on the
+  allocation basis (docs/definitions.md, "Allocation basis"; team ``unallocated`` the capacity no one held), for
+  the GPUs with allocations: a team's allocated − charged there is what it held and did not use.
 - ``gpucost_idle_cost_micro_usd_total{gpu_model, node}``: the idle party's µ$: idle = cost of unused capacity.
 - ``gpucost_reclaim_triggers_total{sla, team}``; ``gpucost_gpus{grade, breaker_state}``: GPUs by the grade
   and breaker state of their latest health record.
@@ -39,6 +42,8 @@ class CostMetrics:
     def __init__(self, max_series: int = 2000) -> None:
         self.charged = BoundedSeries(max_series, len(COST_LABELS))
         self.credited = BoundedSeries(max_series, len(COST_LABELS))
+        self.allocated = BoundedSeries(max_series, len(COST_LABELS))
+        self.allocated_credit = BoundedSeries(max_series, len(COST_LABELS))
         self.idle = BoundedSeries(max_series, 2)
         self.triggers = BoundedSeries(max_series, 2)
         self.gpus = BoundedSeries(max_series, 2)  # GPUs by the series their latest health record is counted in
@@ -47,7 +52,10 @@ class CostMetrics:
     def observe(self, kind: str, table: pa.Table) -> None:
         """A table of ``kind``'s records just written."""
         if kind == "cost":
-            self._cost(table)
+            self._split(table, self.charged, self.credited)
+            self._idle(table)
+        elif kind == "allocation":
+            self._split(table, self.allocated, self.allocated_credit)
         elif kind == "reclaim":
             for sla, team in zip(table.column("sla").to_pylist(), table.column("team").to_pylist()):
                 self.triggers.add((sla or "", team), 1)
@@ -60,11 +68,13 @@ class CostMetrics:
                         self.gpus.add(self._latest[gpu][1], -1)
                     self._latest[gpu] = (end, self.gpus.add((grade, state), 1))
 
-    def _cost(self, table: pa.Table) -> None:
+    @staticmethod
+    def _split(table: pa.Table, charged: BoundedSeries, credited: BoundedSeries) -> None:
+        """A basis's records: their µ$ charged and credited, by the cost labels."""
         cost = table.column("cost_micro_usd")
         for counter, rows in (
-            (self.charged, table.filter(pc.greater(cost, 0))),
-            (self.credited, table.filter(pc.less(cost, 0))),
+            (charged, table.filter(pc.greater(cost, 0))),
+            (credited, table.filter(pc.less(cost, 0))),
         ):
             if not rows.num_rows:
                 continue
@@ -75,6 +85,8 @@ class CostMetrics:
             )
             for *key, total in zip(*(sums.column(c).to_pylist() for c in (*COST_LABELS, "cost_micro_usd_sum"))):
                 counter.add(tuple(k or "" for k in key), abs(total))
+
+    def _idle(self, table: pa.Table) -> None:
         idle = table.filter(pc.equal(table.column("team"), IDLE_TEAM))
         if idle.num_rows:
             sums = idle.group_by(["gpu_model", "node_id"], use_threads=False).aggregate([("cost_micro_usd", "sum")])
@@ -105,6 +117,26 @@ class CostMetrics:
                     "credited",
                     COST_LABELS,
                     dict(self.credited),
+                ),
+            ),
+            (
+                self.allocated,
+                labelled(
+                    CounterMetricFamily,
+                    "gpucost_allocated_micro_usd",
+                    "µ$ charged by the allocation records written (what was held)",
+                    COST_LABELS,
+                    dict(self.allocated),
+                ),
+            ),
+            (
+                self.allocated_credit,
+                labelled(
+                    CounterMetricFamily,
+                    "gpucost_allocated_credit_micro_usd",
+                    "µ$ credited back by revisions of the allocation records (as positive amounts)",
+                    COST_LABELS,
+                    dict(self.allocated_credit),
                 ),
             ),
             (

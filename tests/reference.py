@@ -14,6 +14,7 @@ from fractions import Fraction
 import numpy as np
 
 from gpucost.schemas.events import (
+    Allocation,
     EbpfTrace,
     Event,
     GpuSample,
@@ -69,6 +70,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
     samples: dict[tuple, list[int]] = defaultdict(list)  # accepted sample times by (GPU, kind, pid, pane)
     stored: dict[tuple[str, int], dict[int, tuple]] = defaultdict(dict)  # each process's bindings taken, by ts_ns
     addresses: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)  # each process's taken, in order
+    holds: dict[tuple[str, str], tuple[tuple, int | None]] = {}  # each allocation taken: what is fixed, its end
     out: list[str | None] = []
     for ev in events:
         key: tuple | None = None
@@ -105,6 +107,24 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
                 held[ev.ts_ns] = tenant
         elif isinstance(ev, Price):
             key = ("p", ev.gpu_model, ev.ts_ns)
+        elif isinstance(ev, Allocation):  # a hold: fixed by its first event, which a later one may only end, once
+            hold = holds.get((ev.gpu_uuid, ev.allocation_id))
+            fixed = (ev.ts_ns, ev.fraction_num, ev.fraction_den, ev.sharing, ev.team, ev.env, ev.app, ev.tier, ev.sla)
+            fixed += (ev.git_commit, ev.ci_pipeline_id)
+            if hold is not None:
+                if hold[0] != fixed or (hold[1] is not None and ev.end_ts_ns not in (None, hold[1])):
+                    verdict = "conflict"
+                elif ev.end_ts_ns is None or ev.end_ts_ns == hold[1]:
+                    verdict = "duplicate"
+            end = ev.end_ts_ns
+            if verdict is None and end is not None and ev.gpu_uuid in max_ts:
+                last_pane_end = ((end - 1) // s.pane_ns + 1) * s.pane_ns
+                if last_pane_end <= max_ts[ev.gpu_uuid] - s.lateness_ns:
+                    verdict = "late"  # wholly in closed panes (the reference revises none)
+            if verdict is None:
+                holds[(ev.gpu_uuid, ev.allocation_id)] = (fixed, ev.end_ts_ns)
+            out.append(verdict)
+            continue
         elif isinstance(ev, MemAccess):  # an address taken before is sent again; one too far back cannot be told
             before = addresses[(ev.node_id, ev.pid)]
             if before and ev.ts_ns < max(t for t, _ in before) - s.lateness_ns:

@@ -8,6 +8,8 @@ from decimal import Decimal
 from hypothesis import strategies as st
 
 from gpucost.schemas.events import (
+    SHARING_MODES,
+    Allocation,
     EbpfTrace,
     Event,
     GpuSample,
@@ -176,6 +178,23 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
                     latency_weight=draw(st.integers(0, 40)),
                 )
             )
+        for a in range(draw(st.integers(0, 3))):  # a scheduler's holds on the device, and the ends of some
+            num, den = draw(st.sampled_from([(1, 1), (1, 4), (1, 3), (30, 100), (2, 7)]))
+            t = draw(tenant)
+            hold = Allocation(
+                node_id=node,
+                gpu_uuid=gpu,
+                allocation_id=f"pod-{a}",
+                ts_ns=draw(ts),
+                sharing=draw(st.sampled_from(SHARING_MODES)),
+                fraction_num=num,
+                fraction_den=den,
+                team=t[0],
+                env=t[1],
+            )
+            body.append(hold)
+            if draw(st.booleans()):
+                body.append(hold.model_copy(update={"end_ts_ns": hold.ts_ns + draw(st.integers(1, 3600)) * NS}))
     for _ in range(draw(st.integers(0, 120))):
         addr = draw(
             st.one_of(st.integers(0, (1 << 16) - 1), st.integers(0, (1 << 32) - 1), st.integers(1 << 32, (1 << 64) - 1))

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from gpucost.schemas.events import (
     TENANT_FIELDS,
+    Allocation,
     EbpfTrace,
     Event,
     GpuSample,
@@ -31,6 +32,7 @@ from gpucost.schemas.events import (
     ProcessSample,
     TenantBinding,
 )
+from gpucost.streams.allocations import AllocationTable
 from gpucost.streams.audit import Auditor
 from gpucost.streams.mae import Mae
 from gpucost.streams.operator import EventOperator
@@ -48,6 +50,7 @@ KINDS: dict[type, tuple[type[Event], ...]] = {
     Revisions: (GpuSample, ProcessSample, NumaEvent),
     BindingTable: (TenantBinding,),
     PriceTable: (Price,),
+    AllocationTable: (Allocation,),
 }
 
 

@@ -266,8 +266,8 @@ N = 20_000
 
 
 def hostile_tables(rnd: random.Random) -> dict[str, pa.Table]:
-    """Cost, idle cost, reclaim and health records with ``N`` names, models, nodes and grades never seen twice,
-    as a sink reads them back from topics anyone may write."""
+    """Cost, allocation, idle cost, reclaim and health records with ``N`` names, models, nodes and grades never seen
+    twice, as a sink reads them back from topics anyone may write."""
     names = [f"=cmd|'{i}'!A0<a href=\"https://x/{i}\">" for i in range(N)]
     costs = [rnd.choice([-1, 1]) * rnd.randrange(1, 10**6) for _ in range(N)]
     cost = pa.table(
@@ -283,6 +283,7 @@ def hostile_tables(rnd: random.Random) -> dict[str, pa.Table]:
     )
     return {
         "cost": cost,
+        "allocation": cost.set_column(0, "team", pa.array(names + ["unallocated"] * N)),
         "reclaim": pa.table({"sla": [f"@{n}" for n in names], "team": names}),
         "health": pa.table(
             {
@@ -325,6 +326,8 @@ def test_metric_series_stay_within_the_cap_whatever_the_names() -> None:
     want = {
         "gpucost_cost_micro_usd": sum(c for c in cost["cost_micro_usd"] if c > 0),
         "gpucost_cost_credit_micro_usd": -sum(c for c in cost["cost_micro_usd"] if c < 0),
+        "gpucost_allocated_micro_usd": sum(c for c in cost["cost_micro_usd"] if c > 0),
+        "gpucost_allocated_credit_micro_usd": -sum(c for c in cost["cost_micro_usd"] if c < 0),
         "gpucost_idle_cost_micro_usd": sum(c for t, c in zip(cost["team"], cost["cost_micro_usd"]) if t == "idle"),
         "gpucost_reclaim_triggers": N,
         "gpucost_gpus": N,
@@ -333,6 +336,9 @@ def test_metric_series_stay_within_the_cap_whatever_the_names() -> None:
     distinct = {
         "gpucost_cost_micro_usd_total": sum(c > 0 for c in cost["cost_micro_usd"]),
         "gpucost_cost_credit_micro_usd_total": sum(c < 0 for c in cost["cost_micro_usd"]),
+        # the allocation table's rows: the names' own, then N 'unallocated' ones, each of another env, app and model
+        "gpucost_allocated_micro_usd_total": sum(c > 0 for c in cost["cost_micro_usd"][:N]) + N,
+        "gpucost_allocated_credit_micro_usd_total": sum(c < 0 for c in cost["cost_micro_usd"]),
         "gpucost_idle_cost_micro_usd_total": N,
         "gpucost_reclaim_triggers_total": N,
         "gpucost_gpus": N,

@@ -18,7 +18,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.schemas.events import TENANT_FIELDS
+from gpucost.schemas.events import TENANT_FIELDS, Allocation
 from gpucost.streams.audit import Auditor
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.operator import Closing, ClosingMany, PaneOperator
@@ -86,8 +86,41 @@ def closed_panes(draw: Any) -> tuple[list[PaneTotals], list[Decimal | None]]:
     return panes, prices
 
 
+#: holds on both GPUs for the allocation basis (pane times here start at 0, before any valid event time: built
+#: without validation), one ending mid-pane, one still held, one a third of the device
+HOLDS = [
+    Allocation.model_construct(
+        node_id="node-0",
+        gpu_uuid="GPU-0",
+        allocation_id="a",
+        ts_ns=PANE_NS // 2,
+        end_ts_ns=9 * PANE_NS + 7,
+        sharing="mps",
+        fraction_num=30,
+        fraction_den=100,
+        team="a",
+        sla="Gold",
+    ),
+    Allocation.model_construct(
+        node_id="node-1",
+        gpu_uuid="GPU-1",
+        allocation_id="b",
+        ts_ns=3 * PANE_NS,
+        end_ts_ns=None,
+        sharing="time_slicing",
+        fraction_num=1,
+        fraction_den=3,
+        team="b",
+        sla="Silver",
+    ),
+]
+
+
 def operators() -> list[PaneOperator]:
-    return Auditor(SETTINGS).pane_operators
+    auditor = Auditor(SETTINGS)
+    for hold in HOLDS:
+        auditor.allocations.table.take(hold)
+    return auditor.pane_operators
 
 
 def published(records: list[Any]) -> list[str]:
@@ -162,4 +195,4 @@ def test_snapshot_then_restore_then_the_rest_gives_the_uninterrupted_run(generat
 def test_every_operator_the_auditor_closes_panes_with_is_checked_here() -> None:
     """The list is the auditor's: the checks above see a new operator once it is added there."""
     names = [type(op).__name__ for op in operators()]
-    assert names == ["CostSplit", "SlaOperator", "Efficiency", "HealthAudit"]
+    assert names == ["CostSplit", "AllocationSplit", "SlaOperator", "Efficiency", "HealthAudit"]

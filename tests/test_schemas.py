@@ -205,6 +205,7 @@ def test_every_kind_has_a_model() -> None:
         "ebpf_trace",
         "tenant_binding",
         "price",
+        "allocation",
     }
 
 

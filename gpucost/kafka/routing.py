@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import (
+    Allocation,
     EbpfTrace,
     Event,
     GpuSample,
@@ -45,7 +46,7 @@ class Router:
         self.unchanged_bindings = 0
 
     def route(self, ev: Event) -> list[Route]:
-        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)):
+        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace, Allocation)):
             gpu, node, out = ev.gpu_uuid, ev.node_id, []
             if gpu not in self._primed:
                 self._primed[gpu] = set()

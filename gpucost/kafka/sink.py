@@ -55,6 +55,7 @@ log = logging.getLogger("gpucost.sink")
 #: the natural key of each output kind: the same key means the same record
 DEDUPE_KEYS: dict[str, tuple[str, ...]] = {
     "cost": ("record_id",),
+    "allocation": ("record_id",),
     "idle_index": ("gpu_uuid", "pane_start_ns", "revision"),
     "mae": ("node_id", "pid", "first_ts_ns"),
     "health": ("gpu_uuid", "window_start_ns"),

@@ -18,6 +18,7 @@ from decimal import Decimal
 import numpy as np
 
 from gpucost.schemas.events import (
+    Allocation,
     EbpfTrace,
     Event,
     GpuSample,
@@ -79,6 +80,10 @@ class FleetSpec:
     watts_per_sm_pct: float = 3.0
     watts_per_bw_pct: float = 1.5
     watt_ms_per_numa: float = 20_000.0
+    #: each bound job's pod holds its GPU from before its process starts until after it ends (``allocation``
+    #: events, docs/definitions.md, "Allocation basis"): time-sliced, MPS or exclusive by GPU, so that the
+    #: allocation basis, and the gap between what was held and what was used, have something to split
+    allocations: bool = True
 
     def __post_init__(self) -> None:
         for name in ("gpus", "gpus_per_node"):
@@ -124,6 +129,7 @@ class _Gpu:
 
     def __init__(self, spec: FleetSpec, index: int) -> None:
         self.spec = spec
+        self.index = index
         self.rng = np.random.default_rng([spec.seed, index])
         self.node_id = f"node-{index // spec.gpus_per_node:03d}"
         self.uuid = f"GPU-{uuid.UUID(bytes=self.rng.bytes(16))}"
@@ -161,6 +167,43 @@ class _Gpu:
         late = int(job.git_commit[:4], 16) < 65536 * self.spec.late_binding_fraction
         return int(job.git_commit[4:10], 16) % max(1, int(self.spec.late_binding_max_s)) * NS + NS if late else 0
 
+    def _allocations(self) -> Iterator[Allocation]:
+        """Each bound job's hold on the GPU, and its end if it falls within the fleet's time: from 1 to 16 minutes
+        before the process starts until 0 to 45 minutes after it ends (a pod scheduled, then its container
+        starting; a finished job's pod left running), all from the job's commit digits so that no random draw
+        moves. The GPU's mode by its index: time-slicing in 4 replicas, MPS at 25 to 100 %, or exclusive (its
+        jobs then overlap past the device: an oversubscribed hold). The pod names its tenant as the job's binding
+        does, all seven fields, so that what it held and what it used meet in ``allocation_gap``."""
+        mode = ("time_slicing", "mps", "time_slicing", "exclusive")[self.index % 4]
+        for j in self.jobs:
+            if j.tenant is None:
+                continue
+            team, env, app, tier, sla = j.tenant
+            digits = int(j.git_commit[:8], 16)
+            num, den = {"time_slicing": (1, 4), "mps": (25 * (1 + digits % 4), 100), "exclusive": (1, 1)}[mode]
+            start = j.start_ns - (1 + digits % 16) * 60 * NS
+            end = j.end_ns + (digits >> 4) % 46 * 60 * NS
+            hold = Allocation(
+                node_id=self.node_id,
+                gpu_uuid=self.uuid,
+                allocation_id=f"pod-{j.pid}",
+                ts_ns=start,
+                sharing=mode,
+                fraction_num=num,
+                fraction_den=den,
+                team=team,
+                env=env,
+                app=app,
+                tier=tier,
+                sla=sla,
+                git_commit=j.git_commit,
+                ci_pipeline_id=j.ci_pipeline_id,
+                origin="kubernetes",
+            )
+            yield hold
+            if end < self.spec.end_ns:
+                yield hold.model_copy(update={"end_ts_ns": end})
+
     def _address(self, job: _Job) -> int:
         rng = self.rng
         if job.pattern == "stream":
@@ -180,6 +223,10 @@ class _Gpu:
         seq = 0
         addr_p = spec.addresses_per_hour * spec.interval_s / 3600 / 16  # bursts of 16
         bound = {j.pid for j in self.jobs if j.tenant is None}
+        if spec.allocations:
+            for ev in self._allocations():
+                heapq.heappush(pending, (ev.end_ts_ns or ev.ts_ns, seq, ev))
+                seq += 1
         for tick in range(spec.start_ns, spec.end_ns, step_ns):
             ts = tick + int(rng.integers(0, 50)) * 1_000_000
             interval = round(spec.interval_s + float(rng.normal(0, 0.002)), 4)

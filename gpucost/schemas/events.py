@@ -35,6 +35,8 @@ __all__ = [
     "Origin",
     "TenantBinding",
     "Price",
+    "SHARING_MODES",
+    "Allocation",
     "Event",
     "EVENT_MODELS",
     "GPU_KEYED",
@@ -42,10 +44,11 @@ __all__ = [
 
 TS_MIN_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
 TS_MAX_NS = 4_102_444_800 * 10**9  # 2100-01-01T00:00:00Z
-RESERVED_TEAMS = frozenset({"idle", "unattributed"})
+#: the pipeline's own parties: ``idle`` (usage basis), ``unattributed`` (no binding), ``unallocated`` (allocation basis)
+RESERVED_TEAMS = frozenset({"idle", "unattributed", "unallocated"})
 
 #: letters from other scripts that render like the Latin letters of the reserved names (Unicode's
-#: confusables for a, b, d, e, i, l, n, r, t, u), which NFKC and case folding leave apart
+#: confusables for a, b, c, d, e, i, l, n, o, r, t, u), which NFKC and case folding leave apart
 _LOOKALIKES = str.maketrans(
     {
         "ı": "i",
@@ -70,6 +73,10 @@ _LOOKALIKES = str.maketrans(
         "ս": "u",
         "Ь": "b",
         "ь": "b",
+        "о": "o",
+        "ο": "o",
+        "с": "c",
+        "ϲ": "c",
     }
 )
 
@@ -247,6 +254,23 @@ SLAS: tuple[str, ...] = get_args(Sla)
 Origin = Literal["environ", "slurm", "kubernetes", "dcgm"]
 
 
+def _no_separator(value: str | None) -> str | None:
+    """A tenant field of a binding or an allocation: ``:`` would break the tenant key apart."""
+    if value is not None and ":" in value:
+        raise ValueError("must not contain ':' (it separates the parts of a tenant key)")
+    return value
+
+
+def _not_reserved(value: str) -> str:
+    """A team of a binding or an allocation: never one of the pipeline's own parties, nor one that reads as one."""
+    if skeleton(value) in RESERVED_TEAMS:
+        raise ValueError(
+            f"team {value!r} reads as a name reserved for the pipeline's own records "
+            f"({', '.join(sorted(RESERVED_TEAMS))}); choose another"
+        )
+    return value
+
+
 class TenantBinding(_Event):
     kind: Literal["tenant_binding"] = "tenant_binding"
     node_id: Ident
@@ -261,22 +285,8 @@ class TenantBinding(_Event):
     ci_pipeline_id: TenantField | None = None
     origin: Origin | None = None
 
-    @field_validator("team", "env", "app", "tier", "git_commit", "ci_pipeline_id")
-    @classmethod
-    def _no_separator(cls, value: str | None) -> str | None:
-        if value is not None and ":" in value:
-            raise ValueError("must not contain ':' (it separates the parts of a tenant key)")
-        return value
-
-    @field_validator("team")
-    @classmethod
-    def _not_reserved(cls, value: str) -> str:
-        if skeleton(value) in RESERVED_TEAMS:
-            raise ValueError(
-                f"team {value!r} reads as a name reserved for the pipeline's own records "
-                f"({', '.join(sorted(RESERVED_TEAMS))}); choose another"
-            )
-        return value
+    _no_separator = field_validator("team", "env", "app", "tier", "git_commit", "ci_pipeline_id")(_no_separator)
+    _not_reserved = field_validator("team")(_not_reserved)
 
 
 #: what a binding says of a process, in order: the tenant's fields, which cost records repeat after
@@ -297,10 +307,60 @@ class Price(_Event):
     signature: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
-Event = GpuSample | ProcessSample | MemAccess | NumaEvent | EbpfTrace | TenantBinding | Price
+#: how a device is shared (docs/definitions.md, "Allocation basis"): the whole device, a MIG instance (itself a device
+#: of the fleet, held whole), a CUDA MPS active-thread percentage, a Kubernetes time-slicing replica, a HAMi vGPU
+Sharing = Literal["exclusive", "mig", "mps", "time_slicing", "hami"]
+SHARING_MODES: tuple[str, ...] = get_args(Sharing)
+Fraction_ = Annotated[int, Field(ge=1, le=1_000_000)]
+
+
+class Allocation(_Event):
+    """A tenant's hold on a device, or on a fraction of one, from ``ts_ns`` until ``end_ts_ns`` (None: still held):
+    what a scheduler granted (a pod's devices from the kubelet's pod-resources API, a Slurm ``gres``), whether or
+    not anything ran. The allocation basis splits each pane's cost by these (``gpucost.streams.allocations``).
+
+    One ``allocation_id`` per hold on a device: sent again with ``end_ts_ns`` set when it ends; anything else about
+    it (start, fraction, tenant) is fixed at its first event. ``fraction_num / fraction_den`` of the device: 1 for
+    a whole device or a MIG instance, an MPS percentage over 100, ``1 / replicas`` for time-slicing, HAMi's
+    ``gpucores`` over 100."""
+
+    kind: Literal["allocation"] = "allocation"
+    node_id: Ident
+    gpu_uuid: Ident
+    allocation_id: Ident
+    ts_ns: TsNs
+    end_ts_ns: TsNs | None = None
+    sharing: Sharing = "exclusive"
+    fraction_num: Fraction_ = 1
+    fraction_den: Fraction_ = 1
+    team: Annotated[str, Field(min_length=1, max_length=256)]
+    env: TenantField | None = None
+    app: TenantField | None = None
+    tier: TenantField | None = None
+    sla: Sla | None = None
+    git_commit: TenantField | None = None
+    ci_pipeline_id: TenantField | None = None
+    origin: Literal["kubernetes", "slurm"] | None = None
+
+    _no_separator = field_validator("team", "env", "app", "tier", "git_commit", "ci_pipeline_id")(_no_separator)
+    _not_reserved = field_validator("team")(_not_reserved)
+
+    @model_validator(mode="after")
+    def _a_hold(self) -> Allocation:
+        if self.end_ts_ns is not None and self.end_ts_ns <= self.ts_ns:
+            raise ValueError(f"end_ts_ns {self.end_ts_ns} must be after ts_ns {self.ts_ns} (the hold's start)")
+        if self.fraction_num > self.fraction_den:
+            raise ValueError(
+                f"fraction {self.fraction_num}/{self.fraction_den} is more than the whole device; "
+                "an allocation holds at most one device (send one allocation per device)"
+            )
+        return self
+
+
+Event = GpuSample | ProcessSample | MemAccess | NumaEvent | EbpfTrace | TenantBinding | Price | Allocation
 EVENT_MODELS: dict[str, type[_Event]] = {
     m.model_fields["kind"].default: m
-    for m in (GpuSample, ProcessSample, MemAccess, NumaEvent, EbpfTrace, TenantBinding, Price)
+    for m in (GpuSample, ProcessSample, MemAccess, NumaEvent, EbpfTrace, TenantBinding, Price, Allocation)
 }
 #: kinds whose events advance their GPU's watermark (docs/definitions.md, "Time, panes and watermarks")
 GPU_KEYED = (GpuSample, ProcessSample, NumaEvent)

@@ -29,12 +29,16 @@ __all__ = [
     "record_id",
     "record_ids",
     "IDLE_TENANT",
+    "UNALLOCATED_TENANT",
+    "AllocationRecord",
     "Wide",
     "computed",
     "computed_from",
 ]
 
 IDLE_TENANT = "idle"
+#: the allocation basis's party for the capacity no allocation held (docs/definitions.md, "Allocation basis")
+UNALLOCATED_TENANT = "unallocated"
 #: every integer column is a Parquet int64: a record from an output topic with a larger one (2^70 µ$, say)
 #: is not a record of its kind, and the sink dead-letters it rather than dying on it at every restart
 Int64 = Annotated[int, Field(ge=-(1 << 63), lt=1 << 63)]
@@ -114,6 +118,44 @@ class CostRecord(_Record):
     l_num: WideInt
     busy_num: WideInt
     covered_ms: Int64
+
+
+class AllocationRecord(_Record):
+    """One party's share of a pane's cost on the allocation basis (docs/definitions.md, "Allocation basis"): the
+    same pane cost as its usage records, split by what each tenant held of the device instead of what it used.
+    A table of its own, never mixed into ``cost``: a sum over either table is one bill, counted once.
+
+    ``allocated_num / capacity_num`` is the party's mean fraction of the device over the pane (exact integers:
+    Σ fraction × held ns, over the allocations' common denominator; the ``unallocated`` party holds the rest);
+    ``allocated_share`` its share of the pane's cost, ``allocated_num`` over the larger of ``capacity_num`` and Σ held
+    (an oversubscribed device splits by what is held)."""
+
+    record_id: str
+    gpu_uuid: str
+    node_id: str
+    gpu_model: str
+    pane_start_ns: Int64
+    pane_end_ns: Int64
+    tenant_key: str
+    team: str
+    env: str | None
+    app: str | None
+    tier: str | None
+    sla: str | None
+    git_commit: str | None
+    ci_pipeline_id: str | None
+    sharing: str | None
+    allocations: Int64
+    allocated_share: float
+    allocated_fraction: float
+    usd_per_gpu_hour: Decimal | None
+    pane_cost_micro_usd: Int64
+    cost_micro_usd: Int64
+    unpriced: bool
+    revision: Int64
+    cost_basis: str
+    allocated_num: WideInt
+    capacity_num: WideInt
 
 
 class HealthRecord(_Record):
@@ -225,6 +267,7 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "idle_index": IdleIndexRecord,
     "mae": MaeRecord,
     "cost": CostRecord,
+    "allocation": AllocationRecord,
     "health": HealthRecord,
     "quota": QuotaRecord,
     "reclaim": ReclaimRecord,
@@ -237,6 +280,7 @@ Output = (
     IdleIndexRecord
     | MaeRecord
     | CostRecord
+    | AllocationRecord
     | HealthRecord
     | QuotaRecord
     | ReclaimRecord
@@ -278,18 +322,24 @@ def computed_from(cls: type[R], values: dict[str, Any]) -> R:
     return record
 
 
-def record_id(gpu_uuid: str, pane_start_ns: int, tenant_key: str, revision: int) -> str:
+def record_id(gpu_uuid: str, pane_start_ns: int, tenant_key: str, revision: int, basis: str = "usage") -> str:
     """Deterministic id, so a consumer recognises a record it has already seen."""
-    return record_ids([(gpu_uuid, pane_start_ns)], [0], [tenant_key], revision)[0]
+    return record_ids([(gpu_uuid, pane_start_ns)], [0], [tenant_key], revision, basis)[0]
 
 
 def record_ids(
-    panes: Sequence[tuple[str, int]], pane_of: Iterable[int], tenant_keys: Sequence[str], revision: int
+    panes: Sequence[tuple[str, int]],
+    pane_of: Iterable[int],
+    tenant_keys: Sequence[str],
+    revision: int,
+    basis: str = "usage",
 ) -> list[str]:
     """``record_id`` of each (GPU and pane start ``panes[pane_of[i]]``, ``tenant_keys[i]``): the text
-    hashed is built once per pane and once per key, not per record."""
+    hashed is built once per pane and once per key, not per record. A basis other than ``usage`` is hashed too
+    (a tenant's allocation record of a pane is not its usage record); usage ids are as they always were."""
     heads = [f"{gpu_uuid}\x1f{pane_start_ns}\x1f".encode() for gpu_uuid, pane_start_ns in panes]
-    tails = {key: f"{key}\x1f{revision}".encode() for key in set(tenant_keys)}
+    suffix = "" if basis == "usage" else f"\x1f{basis}"
+    tails = {key: f"{key}\x1f{revision}{suffix}".encode() for key in set(tenant_keys)}
     return [blake2b(heads[j] + tails[key], digest_size=16).hexdigest() for j, key in zip(pane_of, tenant_keys)]
 
 

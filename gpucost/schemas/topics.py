@@ -58,6 +58,12 @@ _SPECS = (
     TopicSpec("mae", "node_id/pid", "one MaeRecord as JSON", output=True),
     TopicSpec("cost", "gpu_uuid", "one CostRecord as JSON: what billing systems consume", output=True),
     TopicSpec(
+        "allocation",
+        "gpu_uuid",
+        "one AllocationRecord as JSON: a party's share of a pane's cost by what it held (the allocation basis)",
+        output=True,
+    ),
+    TopicSpec(
         "health", "gpu_uuid", "one HealthRecord as JSON: a GPU's audit window, grade and breaker state", output=True
     ),
     TopicSpec("quota", "gpu_uuid", "one QuotaRecord as JSON: a tenant's quota scale on a GPU, per pane", output=True),

@@ -27,6 +27,7 @@ from gpucost.schemas.arrow import to_table
 from gpucost.schemas.blocks import ClosedPanes
 from gpucost.schemas.records import (
     OUTPUT_KINDS,
+    AllocationRecord,
     CostRecord,
     DeadLetter,
     EfficiencyRecord,
@@ -70,7 +71,7 @@ def remove_stale_temporaries(out_dir: Path) -> int:
 
 def partition_date(record: BaseModel) -> str:
     """UTC date of the record's event time (a dead letter without a valid time: ``unknown``)."""
-    if isinstance(record, (IdleIndexRecord, CostRecord)):
+    if isinstance(record, (IdleIndexRecord, CostRecord, AllocationRecord)):
         ts_ns: int | None = record.pane_start_ns
     elif isinstance(record, MaeRecord):
         ts_ns = record.first_ts_ns

@@ -42,6 +42,7 @@ _DATE_TYPE = {
     "idle_index": "DATE",
     "mae": "DATE",
     "cost": "DATE",
+    "allocation": "DATE",
     "health": "DATE",
     "quota": "DATE",
     "reclaim": "DATE",
@@ -129,15 +130,45 @@ CREATE OR REPLACE VIEW idle_index_as_revised AS
 SELECT * FROM idle_index QUALIFY revision = max(revision) OVER (PARTITION BY gpu_uuid, pane_start_ns);"""
 
 
+#: the two bases (docs/definitions.md, "Allocation basis"): both tables' records with ``cost_basis`` as a column, and
+#: per (GPU, pane, tenant) of the panes on the allocation basis what was held against what was used, each summed
+#: over its revisions: ``reserved_idle`` is held and not used (what a reclaim saves), ``borrowed`` used beyond
+#: what was held (a time-sliced neighbour's slack)
+_BASES = """CREATE OR REPLACE VIEW cost_by_basis AS
+SELECT 'usage' AS cost_basis, gpu_uuid, node_id, gpu_model, pane_start_ns, pane_end_ns, tenant_key, team, env, app,
+       tier, sla, usd_per_gpu_hour, pane_cost_micro_usd, cost_micro_usd, revision, date FROM cost
+UNION ALL
+SELECT cost_basis, gpu_uuid, node_id, gpu_model, pane_start_ns, pane_end_ns, tenant_key, team, env, app,
+       tier, sla, usd_per_gpu_hour, pane_cost_micro_usd, cost_micro_usd, revision, date FROM allocation;
+CREATE OR REPLACE VIEW allocation_gap AS
+WITH panes AS (SELECT DISTINCT gpu_uuid, pane_start_ns FROM allocation),
+held AS (SELECT gpu_uuid, pane_start_ns, tenant_key, any_value(team) AS team, any_value(node_id) AS node_id,
+                any_value(gpu_model) AS gpu_model, sum(cost_micro_usd) AS allocated_micro_usd
+         FROM allocation GROUP BY ALL),
+used AS (SELECT gpu_uuid, pane_start_ns, tenant_key, any_value(team) AS team, any_value(node_id) AS node_id,
+                any_value(gpu_model) AS gpu_model, sum(cost_micro_usd) AS used_micro_usd
+         FROM cost JOIN panes USING (gpu_uuid, pane_start_ns) GROUP BY ALL)
+SELECT gpu_uuid, coalesce(h.node_id, u.node_id) AS node_id, coalesce(h.gpu_model, u.gpu_model) AS gpu_model,
+       pane_start_ns, tenant_key, coalesce(h.team, u.team) AS team,
+       coalesce(allocated_micro_usd, 0)::BIGINT AS allocated_micro_usd,
+       coalesce(used_micro_usd, 0)::BIGINT AS used_micro_usd,
+       greatest(coalesce(allocated_micro_usd, 0) - coalesce(used_micro_usd, 0), 0)::BIGINT AS reserved_idle_micro_usd,
+       greatest(coalesce(used_micro_usd, 0) - coalesce(allocated_micro_usd, 0), 0)::BIGINT AS borrowed_micro_usd
+FROM held h FULL OUTER JOIN used u USING (gpu_uuid, pane_start_ns, tenant_key)
+WHERE coalesce(h.team, u.team) NOT IN ('idle', 'unallocated', 'unattributed');"""
+
+
 def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
     """Every kind's view, the revised bill's (``cost_as_first_published``, ``cost_as_revised``,
-    ``idle_index_as_revised``) and ``unit_cost`` at the opex rate given (USD per GPU-hour)."""
+    ``idle_index_as_revised``), the two bases' (``cost_by_basis``, ``allocation_gap``) and ``unit_cost`` at the
+    opex rate given (USD per GPU-hour)."""
     views = [_view(out_dir, kind) for kind in ARROW_SCHEMAS]
     return (
         "\n".join(
             [
                 *views,
                 _REVISED,
+                _BASES,
                 _UNIT_COST.format(
                     opex=Decimal(opex_usd_per_gpu_hour),
                     unit=unit_cost_sql("efu_source", "cost_micro_usd", "opex_usd", "effective_tflop_hours"),

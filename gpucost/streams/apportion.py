@@ -18,7 +18,7 @@ from gpucost.streams.money import split_in_order
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.tables import Tenant
 
-__all__ = ["Weights", "apportion", "apportion_many", "tenant_weights"]
+__all__ = ["Weights", "apportion", "apportion_many", "pane_cost_micro_usd", "tenant_weights"]
 
 MS_PER_HOUR = 3_600_000
 FULL_UTIL_CP = 100 * 100  # 100 % in hundredths of a percent
@@ -32,6 +32,13 @@ class Weights:
         exact = [Fraction(alpha), Fraction(beta), Fraction(gamma)]
         self.denominator = math.lcm(*(f.denominator for f in exact))
         self.alpha, self.beta, self.gamma = (int(f * self.denominator) for f in exact)
+
+
+def pane_cost_micro_usd(usd_per_gpu_hour: Decimal | None, covered_ms: int) -> int:
+    """A pane's cost C in µ$ (docs/definitions.md, "Cost split", step 2): the price × its covered time, rounded
+    half to even once; 0 unpriced. Every basis splits this one figure."""
+    rate = 0 if usd_per_gpu_hour is None else micro_usd_per_hour(usd_per_gpu_hour)
+    return div_half_even(rate * covered_ms, MS_PER_HOUR)
 
 
 def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weights) -> list[CostRecord]:
@@ -48,8 +55,7 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     if pane.covered_ms == 0 or pane.node_id is None or pane.gpu_model is None:
         return []
     unpriced = usd_per_gpu_hour is None
-    rate = 0 if usd_per_gpu_hour is None else micro_usd_per_hour(usd_per_gpu_hour)
-    cost = div_half_even(rate * pane.covered_ms, MS_PER_HOUR)
+    cost = pane_cost_micro_usd(usd_per_gpu_hour, pane.covered_ms)
 
     tenants = sorted(pane.tenants.items())  # by tenant key
     sm_all = sum(t.sm for _, t in tenants)

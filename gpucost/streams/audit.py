@@ -7,7 +7,6 @@ events and the settings.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Container, Sequence
 from decimal import Decimal
 from typing import Any
@@ -18,6 +17,7 @@ import pyarrow as pa
 from gpucost.schemas.blocks import ClosedPanes, Outputs
 from gpucost.schemas.codec import Rejected, raw_text
 from gpucost.schemas.events import (
+    Allocation,
     EbpfTrace,
     Event,
     GpuSample,
@@ -28,26 +28,18 @@ from gpucost.schemas.events import (
     TenantBinding,
 )
 from gpucost.schemas.records import Output
+from gpucost.streams.audit_state import AuditState
 from gpucost.streams.columnar import ingest_batch, ingest_lines
-from gpucost.streams.efficiency import Efficiency
-from gpucost.streams.health import HealthAudit
-from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.late_data import LateData
-from gpucost.streams.mae import Mae
-from gpucost.streams.operator import Closing, ClosingMany, CostSplit, EventOperator, PaneOperator
+from gpucost.streams.operator import Closing, ClosingMany, EventOperator, PaneOperator
 from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
-from gpucost.streams.panes import GpuPanes
-from gpucost.streams.revisions import Revisions
 from gpucost.streams.scope import Scope, decode_in_scope
-from gpucost.streams.settings import AuditSettings
-from gpucost.streams.sla import SlaOperator
-from gpucost.streams.tables import BindingTable, PriceTable
 
 __all__ = ["Auditor"]
 
 
-class Auditor(LateData):
+class Auditor(LateData, AuditState):
     """Routes each event to the operator that owns it and collects what closes.
 
     ``counts`` tallies accepted events by kind, each dead-letter reason, ``unbilled``
@@ -66,43 +58,20 @@ class Auditor(LateData):
     taken (counted under its kind and ``revised_by_late``), the pane recomputed, and the records that changed
     published as differences with the pane's next revision number. A binding re-attributes the samples it
     covers in open panes as well as closed ones, so a process's tenant is its binding as of each sample's
-    time, whatever order they arrive in.
+    time, whatever order they arrive in. An allocation does the same to the allocation basis's records.
     """
-
-    def __init__(
-        self, settings: AuditSettings, clock: Callable[[], int] | None = None, audit_key: bytes | None = None
-    ) -> None:
-        self.settings = settings
-        self.clock = clock
-        # signs the health records (docs/definitions.md, "Health audit": HMAC of their hash); None: unsigned
-        self.audit_key = audit_key
-        self.panes = GpuPanes(settings)
-        self.idle = IdleIndex(settings)
-        self.cost = CostSplit(settings)
-        self.sla = SlaOperator(settings)
-        self.health = HealthAudit(settings, audit_key)
-        self.efficiency = Efficiency(settings)
-        self.mae = Mae(settings)
-        self.revisions = Revisions(settings)
-        self.bindings = BindingTable()
-        self.prices = PriceTable()
-        self.counts: Counter[str] = Counter()
-        #: called with every pane as it closes and again each time a revision changes it, whichever path
-        #: closed it (``close``, ``close_many``, ``_republish``): the one hook for a reader of closed panes (the
-        #: weights fit), so that none can miss a revised pane by overriding one path
-        self.on_closed: Callable[[PaneColumns], None] | None = None
 
     @property
     def pane_operators(self) -> list[PaneOperator]:
         """The operators on closed panes (``gpucost.streams.operator``), in the order their records of a pane
         are published: both close paths walk this one list."""
-        return [self.cost, self.sla, self.efficiency, self.health]
+        return [self.cost, self.allocations, self.sla, self.efficiency, self.health]
 
     @property
     def event_operators(self) -> list[EventOperator[Any]]:
         """The operators on events (``gpucost.streams.operator``), each owning the events of its kinds: the
-        panes, the MAE windows, the revision log, the bindings and the prices."""
-        return [self.panes, self.mae, self.revisions, self.bindings, self.prices]
+        panes, the MAE windows, the revision log, the bindings, the prices and the allocations."""
+        return [self.panes, self.mae, self.revisions, self.bindings, self.prices, self.allocations.table]
 
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]:
         """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
@@ -125,6 +94,8 @@ class Auditor(LateData):
             return [rec] if rec is not None else []
         if isinstance(event, TenantBinding):
             return self._binding(event, raw, source)
+        if isinstance(event, Allocation):
+            return self._allocation(event, raw, source)
         elif isinstance(event, Price):
             if self.prices.admit(event) is not None:
                 return [
@@ -225,6 +196,7 @@ class Auditor(LateData):
         for gpu in forgotten:
             self.revisions.drop(gpu)
             self.sla.drop(gpu)
+            self.allocations.table.drop(gpu)
         if forgotten:
             self.counts["forgotten_gpus"] += len(forgotten)
         return out
@@ -331,69 +303,3 @@ class Auditor(LateData):
         closing = ClosingMany(panes, prices, self.idle.close_many(panes))
         block = ClosedPanes(closing.idle, tuple(operator.close_many(closing) for operator in self.pane_operators))
         return [block.slice(lo, hi) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])]
-
-    def successor(self) -> Auditor:
-        """What stays of a key once its finite input ended (after ``finish``): a fresh auditor whose
-        watermark of each GPU stands at the end of the last pane closed, so that later panes open as usual,
-        and which keeps everything the same input sent again (a second ``produce`` of a file, signed messages
-        copied back into the topic) is checked against (docs/definitions.md, "Re-sent input"): the revision log (samples
-        and NUMA events), the bindings and prices (a binding or price of an instant already taken), and each
-        process's addresses taken (``Mae.resume_after``). It is then a ``duplicate`` or ``late``, never billed or
-        attributed again; a re-sent binding once met an empty table, was taken as new, and moved every logged
-        pane of its process to its tenant, recomputed against no binding at all."""
-        nxt = Auditor(self.settings, self.clock, self.audit_key)
-        nxt.revisions = self.revisions  # what a late event, or the same input again, is checked against
-        nxt.bindings, nxt.prices = self.bindings, self.prices
-        nxt.mae.resume_after(self.mae)
-        nxt.panes.resume_after(self.panes)
-        nxt.health.resume_after(self.health)
-        nxt.on_closed = self.on_closed
-        return nxt
-
-    def prune(self) -> None:
-        """Drop the bindings no on-time event can reach any more (superseded before the oldest pane an
-        event may still fall in), so that a long-lived key's state does not grow with every process
-        its node ever ran."""
-        floor = self.panes.earliest_on_time_ns()
-        if floor is not None:
-            self.bindings.prune(floor - self.settings.revision_horizon_ns)  # a revision looks bindings up too
-
-    def to_state(self, idle: bool = True) -> dict[str, Any]:
-        """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the
-        idle windows, which a changelog writes apart, only when they changed)."""
-        return {
-            "panes": self.panes.to_state(),
-            **({"idle": self.idle.to_state()} if idle else {}),
-            "mae": self.mae.to_state(),
-            "sla": self.sla.to_state(),
-            "health": self.health.to_state(),
-            "bindings": self.bindings.to_state(),
-            "revisions": self.revisions.to_state(),
-            "prices": self.prices.to_state(),
-            "counts": dict(self.counts),
-        }
-
-    @classmethod
-    def from_state(
-        cls,
-        state: dict[str, Any],
-        settings: AuditSettings,
-        clock: Callable[[], int] | None = None,
-        audit_key: bytes | None = None,
-    ) -> Auditor:
-        """The auditor ``to_state`` wrote, under ``settings`` (arguments in the order every operator's
-        ``from_state`` takes them)."""
-        auditor = cls(settings, clock, audit_key)
-        if "sla" in state:  # a state written before the SLA tiers starts its runs afresh
-            auditor.sla = SlaOperator.from_state(state["sla"], settings)
-        if "health" in state:  # a state written before the health audit starts its GPUs afresh
-            auditor.health = HealthAudit.from_state(state["health"], settings, audit_key)
-        auditor.panes = GpuPanes.from_state(state["panes"], settings)
-        auditor.idle = IdleIndex.from_state(state["idle"], settings)
-        auditor.mae = Mae.from_state(state["mae"], settings)
-        auditor.bindings = BindingTable.from_state(state["bindings"], settings)
-        if "revisions" in state:  # a state written before revisions (or with none) keeps nothing to revise
-            auditor.revisions = Revisions.from_state(state["revisions"], settings)
-        auditor.prices = PriceTable.from_state(state["prices"], settings)
-        auditor.counts = Counter(state["counts"])
-        return auditor

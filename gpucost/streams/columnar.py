@@ -36,7 +36,7 @@ from gpucost.streams.scope import Scope
 
 __all__ = ["ingest_batch", "ingest_lines", "revising_rows"]
 
-_BINDING, _NO_KIND = 126, 127  # a binding, and a row of no kind, to ``revising_rows``
+_ALLOCATION, _BINDING, _NO_KIND = 125, 126, 127  # an allocation, a binding, and a row of no kind, to ``revising_rows``
 _NONE_TS = np.iinfo(np.int64).min // 2  # no time yet (halved: the lateness is taken off it)
 #: a batch with more rows that may revise than this goes row by row (a replay of a shuffled file)
 MANY_REVISING = 64
@@ -111,13 +111,18 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     at or before its GPU's watermark, and a binding older than the largest watermark (or than the revision
     horizon and a pane before it, where it may be late), each taken against
     watermarks that count every earlier row of the batch (so at or above the true ones: no row that does
-    revise is missed); and rows of no readable kind, which the batch path decodes one by one."""
+    revise is missed); every allocation (rare: a scheduler's grants; each may revise the allocation basis, and
+    changes how every later close splits); and rows of no readable kind (``read_lines`` leaves a line it could not
+    read as columns empty: it may be an allocation too), which the batch path decodes one by one."""
     n = batch.num_rows
     kinds = pc.dictionary_encode(batch.column("kind")) if "kind" in batch.schema.names else None
     if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
         return []
     codes = np.array(
-        [KIND_CODES.get(k, -1) if k != "tenant_binding" else _BINDING for k in kinds.dictionary.to_pylist()]
+        [
+            {"tenant_binding": _BINDING, "allocation": _ALLOCATION, "": _NO_KIND}.get(k, KIND_CODES.get(k, -1))
+            for k in kinds.dictionary.to_pylist()
+        ]
         + [_NO_KIND],
         np.int8,
     )
@@ -144,4 +149,4 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     largest = np.maximum(moved, max(latest.values(), default=_NONE_TS))
     horizon = settings.revision_horizon_ns + pane_ns  # older than this, a binding may be late (``Auditor._binding``)
     binding = (code == _BINDING) & has_ts & ((ts < largest - lateness) | (ts < largest - horizon))
-    return np.flatnonzero(late | binding | (code == _NO_KIND)).tolist()
+    return np.flatnonzero(late | binding | (code == _NO_KIND) | (code == _ALLOCATION)).tolist()

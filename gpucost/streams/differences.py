@@ -2,20 +2,37 @@
 cost records as differences from what was published before, so that summing a party's records over every
 revision gives its current amount, and a party left with nothing gets a closing record. Apart from
 ``gpucost.streams.revisions``, which keeps what a pane is recomputed from: this is what is published of it.
+Both bases go through it: the usage split's ``CostRecord`` and the allocation split's ``AllocationRecord``.
 """
 
 from __future__ import annotations
 
-from gpucost.schemas.records import CostRecord, record_id
+from typing import Any, TypeVar
+
+from gpucost.schemas.records import IDLE_TENANT, UNALLOCATED_TENANT, AllocationRecord, CostRecord, record_id
 
 __all__ = ["differences"]
 
+Split = TypeVar("Split", CostRecord, AllocationRecord)
 
-def differences(old: list[CostRecord], new: list[CostRecord], revision: int) -> list[CostRecord]:
+#: per record type: the party's own figures, which a closing record zeroes, and the pane's, which it takes from the
+#: pane's new records (the rest keeps the party's last values: who it was)
+_PARTY: dict[type, dict[str, Any]] = {
+    CostRecord: {"t_share": 0.0, "b_share": 0.0, "l_share": 0.0, "weight": 0.0, "t_num": 0, "b_num": 0, "l_num": 0},
+    AllocationRecord: {"allocated_share": 0.0, "allocated_fraction": 0.0, "allocated_num": 0, "allocations": 0},
+}
+_PANE: dict[type, tuple[str, ...]] = {
+    CostRecord: ("busy_fraction", "pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "busy_num", "covered_ms"),
+    AllocationRecord: ("pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "capacity_num"),
+}
+_OWN_PARTIES = (IDLE_TENANT, UNALLOCATED_TENANT)
+
+
+def differences(old: list[Split], new: list[Split], revision: int) -> list[Split]:
     """The records a recomputation publishes: one for every party whose record changed in any value or that
     is new, its ``cost_micro_usd`` the difference from its previous total, its other fields the new values;
-    a closing record of −(its total), shares 0, for a party left with nothing. Empty if nothing changed.
-    ``old`` and ``new`` are one pane's records (``apportion``), ``old`` empty if it was never published."""
+    a closing record of −(its total), its own figures 0, for a party left with nothing. Empty if nothing changed.
+    ``old`` and ``new`` are one pane's records of one basis, ``old`` empty if it was never published."""
     before = {r.tenant_key: r for r in old}
     after = {r.tenant_key: r for r in new}
     out = []
@@ -27,7 +44,7 @@ def differences(old: list[CostRecord], new: list[CostRecord], revision: int) -> 
         out.append(
             r.model_copy(
                 update={
-                    "record_id": record_id(r.gpu_uuid, r.pane_start_ns, key, revision),
+                    "record_id": record_id(r.gpu_uuid, r.pane_start_ns, key, revision, _basis(r)),
                     "revision": revision,
                     "cost_micro_usd": r.cost_micro_usd - (0 if was is None else was.cost_micro_usd),
                 }
@@ -40,30 +57,16 @@ def differences(old: list[CostRecord], new: list[CostRecord], revision: int) -> 
         if key in after:
             continue
         closing = {
-            "record_id": record_id(was.gpu_uuid, was.pane_start_ns, key, revision),
+            "record_id": record_id(was.gpu_uuid, was.pane_start_ns, key, revision, _basis(was)),
             "revision": revision,
             "cost_micro_usd": -was.cost_micro_usd,
-            "t_share": 0.0,
-            "b_share": 0.0,
-            "l_share": 0.0,
-            "weight": 0.0,
-            "t_num": 0,
-            "b_num": 0,
-            "l_num": 0,
+            **_PARTY[type(was)],
         }
         if pane is not None:
-            closing.update(
-                {
-                    f: getattr(pane, f)
-                    for f in (
-                        "busy_fraction",
-                        "pane_cost_micro_usd",
-                        "usd_per_gpu_hour",
-                        "unpriced",
-                        "busy_num",
-                        "covered_ms",
-                    )
-                }
-            )
+            closing.update({f: getattr(pane, f) for f in _PANE[type(was)]})
         out.append(was.model_copy(update=closing))
-    return sorted(out, key=lambda r: (r.tenant_key != "idle", r.tenant_key))
+    return sorted(out, key=lambda r: (r.tenant_key not in _OWN_PARTIES, r.tenant_key))
+
+
+def _basis(record: CostRecord | AllocationRecord) -> str:
+    return record.cost_basis if isinstance(record, AllocationRecord) else "usage"

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample, TenantBinding
+from gpucost.schemas.events import Allocation, GpuSample, NumaEvent, ProcessSample, TenantBinding
 from gpucost.schemas.records import Output
+from gpucost.streams.allocations import AllocationSplit
 from gpucost.streams.apportion import apportion
 from gpucost.streams.differences import differences
 from gpucost.streams.idle_index import IdleIndex
@@ -36,6 +37,7 @@ class LateData(DeadLetters):
     revisions: Revisions
     bindings: BindingTable
     prices: PriceTable
+    allocations: AllocationSplit
     on_closed: Callable[[PaneColumns], None] | None
 
     def _binding(self, event: TenantBinding, raw: str | bytes | None, source: str) -> list[Output]:
@@ -132,6 +134,8 @@ class LateData(DeadLetters):
         old = apportion(before, held.price, self.cost.weights) if held.revision is not None else []
         revision = 0 if held.revision is None else held.revision + 1
         out: list[Output] = list(differences(old, apportion(after, held.price, self.cost.weights), revision))
+        old_held = self.allocations.records(before, held.price) if held.revision is not None else []
+        out += differences(old_held, self.allocations.records(after, held.price), revision)
         if (
             after.node_id is not None
             and after.gpu_model is not None
@@ -145,4 +149,56 @@ class LateData(DeadLetters):
             held.revision = revision
         if self.on_closed is not None:
             self.on_closed(PaneColumns.of([after]))
+        return out
+
+    def _allocation(self, event: Allocation, raw: str | bytes | None, source: str) -> list[Output]:
+        """An allocation, or its end: taken into the table (closes from now on split by it), and every published
+        pane within the horizon whose allocation records it changes republished as differences, with the pane's
+        next revision number. One whose hold lies wholly in panes already closed, none of them revisable, is
+        ``late``; one that repeats or contradicts an allocation taken is a ``duplicate`` or a ``conflict``."""
+        table = self.allocations.table
+        verdict = table.admit(event)
+        what = f"allocation {event.allocation_id!r} of {event.gpu_uuid}"
+        if verdict is not None:
+            detail = (
+                f"{what} was already taken as it is; the first one stays in force"
+                if verdict == "duplicate"
+                else f"{what} was taken with another start, fraction, sharing, tenant or end; an allocation's "
+                "event may only add its end, once: give a new hold a new allocation_id"
+            )
+            return [self._dead(verdict, event, raw, source, detail)]
+        gpu, changed_ns = event.gpu_uuid, table.changes_from(event)
+        reached = self.revisions.published(gpu, changed_ns)
+        end = event.end_ts_ns
+        if not reached and end is not None and self.panes.is_late(gpu, end - 1):
+            return [
+                self._dead(
+                    "late",
+                    event,
+                    raw,
+                    source,
+                    f"{what} from ts_ns {event.ts_ns} to {end} lies in panes already closed beyond the revision "
+                    f"horizon ({self.settings.revision_horizon_s} s): they are billed for good",
+                )
+            ]
+        if self.panes.is_late(gpu, changed_ns) and (
+            not reached or reached[0] > pane_start_ns(changed_ns, self.settings.pane_ns)
+        ):
+            self.counts["allocation_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
+        panes = [
+            (self.revisions.totals(gpu, start, self.bindings), self.revisions.held(gpu, start)) for start in reached
+        ]
+        before = [self.allocations.records(pane, held.price) for pane, held in panes]
+        table.take(event)
+        self.counts[event.kind] += 1
+        out: list[Output] = []
+        for (pane, held), old in zip(panes, before):
+            assert held.revision is not None
+            changed = differences(old, self.allocations.records(pane, held.price), held.revision + 1)
+            if changed:
+                held.revision += 1
+                out += changed
+        if out:
+            self.counts["revised_by_late"] += 1
+            self.counts[f"revised_by_late:{event.kind}"] += 1
         return out

@@ -215,6 +215,12 @@ class Revisions:
         self._held_oldest[gpu_uuid] = min(self._held_oldest.get(gpu_uuid, pane_start_ns), pane_start_ns)
         return self._held.setdefault(gpu_uuid, {}).setdefault(pane_start_ns, Held())
 
+    def published(self, gpu_uuid: str, after_ns: int) -> list[int]:
+        """The starts of the GPU's closed panes within the horizon that were published and end after ``after_ns``,
+        ascending: the panes a late allocation of that time may revise."""
+        held = self._held.get(gpu_uuid, {})
+        return sorted(s for s, h in held.items() if h.revision is not None and s + self.pane_ns > after_ns)
+
     def prune(self, gpu_uuid: str, watermark_ns: int | None) -> None:
         """Forget the GPU's panes that ended more than the horizon before its watermark."""
         if watermark_ns is None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from gpucost.schemas.events import TENANT_FIELDS, Price, TenantBinding
+from gpucost.schemas.events import TENANT_FIELDS, Allocation, Price, TenantBinding
 
 if TYPE_CHECKING:
     from gpucost.streams.settings import AuditSettings
@@ -33,7 +33,8 @@ class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):
         ci_pipeline_id: str | None
 
     @classmethod
-    def of(cls, binding: TenantBinding) -> Tenant:
+    def of(cls, binding: TenantBinding | Allocation) -> Tenant:
+        """The tenant a binding, or an allocation, names."""
         return cls(*(getattr(binding, f) for f in TENANT_FIELDS))
 
     @classmethod

@@ -30,7 +30,7 @@ _auditor = Auditor(AuditSettings())
 RECORDS = expand(
     _auditor.ingest_lines([*LINES, b"{not json", b'{"kind": "gpu_sample"}'], lambda i: f"f:{i}") + _auditor.finish()
 )
-VIEWS = ("idle_index", "cost", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
+VIEWS = ("idle_index", "cost", "allocation", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
 
 
 def write_as_flushes(out: Path, cuts: list[int]) -> None:

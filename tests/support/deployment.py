@@ -26,6 +26,7 @@ from tests.conftest import ROOT
 VIEWS = [
     ("idle_index", "gpu_uuid, pane_start_ns"),
     ("cost", "record_id"),
+    ("allocation", "record_id"),
     ("mae", "node_id, pid, first_ts_ns"),
     ("health", "gpu_uuid, window_start_ns"),
     ("quota", "gpu_uuid, pane_start_ns, tenant_key"),

@@ -1,0 +1,244 @@
+"""The allocation basis (docs/definitions.md, "Allocation basis"): each pane's cost split by what each tenant
+held of the device (a scheduler's allocation), beside the usage split of what it used.
+
+Two parts on the audit's two operator shapes (``gpucost.streams.operator``):
+
+- ``AllocationTable``, an event operator over ``allocation`` events: each device's holds by ``allocation_id``,
+  and the time its first hold began (from then on its panes are split on this basis too, so a pane that no
+  allocation reaches shows its whole cost ``unallocated`` rather than nothing);
+- ``AllocationSplit``, a pane operator: at each close, the pane's cost (the usage split's own figure, so both
+  bases reconcile to the same C) split by largest remainder over ``unallocated`` then the tenants by key.
+
+Why a table of holds rather than samples: an allocation is a fact of the scheduler with a start and an end, not
+a measurement; whether anything ran on it is the usage basis's question, and the gap between the two is what
+a reclaim saves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+from gpucost.schemas.blocks import Emitted
+from gpucost.schemas.events import TENANT_FIELDS, Allocation
+from gpucost.schemas.records import UNALLOCATED_TENANT, AllocationRecord, Output, computed, record_id
+from gpucost.streams.apportion import pane_cost_micro_usd
+from gpucost.streams.money import split_in_order
+from gpucost.streams.operator import Closing, ClosingMany
+from gpucost.streams.pane_totals import PaneTotals
+from gpucost.streams.settings import AuditSettings
+from gpucost.streams.tables import Tenant
+
+__all__ = ["AllocationTable", "AllocationSplit", "Hold"]
+
+UNALLOCATED = Tenant.named(UNALLOCATED_TENANT)
+
+
+class Hold(NamedTuple):
+    """One allocation as the table keeps it (``end_ns`` None: still held)."""
+
+    start_ns: int
+    end_ns: int | None
+    num: int
+    den: int
+    sharing: str
+    tenant: Tenant
+
+    @classmethod
+    def of(cls, a: Allocation) -> Hold:
+        return cls(a.ts_ns, a.end_ts_ns, a.fraction_num, a.fraction_den, a.sharing, Tenant.of(a))
+
+    def overlap_ns(self, start_ns: int, end_ns: int) -> int:
+        """How long this hold covers of ``[start_ns, end_ns)``."""
+        end = end_ns if self.end_ns is None else min(end_ns, self.end_ns)
+        return max(0, end - max(start_ns, self.start_ns))
+
+
+class AllocationTable:
+    """Each device's holds, by ``allocation_id``; an event operator (``admit``, ``take``, ``to_state``).
+
+    An allocation's start, fraction, sharing and tenant are fixed by its first event; a later event of the same
+    id may only set its end, once. The same event again is a ``duplicate``; one that contradicts what was taken
+    is a ``conflict`` (two schedulers, or a reused id): the first one stays in force, as for every other kind."""
+
+    def __init__(self) -> None:
+        self._holds: dict[str, dict[str, Hold]] = {}
+        #: each device's first hold's start: the device is split on the allocation basis from then on. Kept
+        #: when its holds are pruned, so that pruning changes no pane's records
+        self._since: dict[str, int] = {}
+
+    def admit(self, a: Allocation) -> str | None:
+        """``duplicate``, ``conflict`` or None (taken), changing nothing."""
+        held = self._holds.get(a.gpu_uuid, {}).get(a.allocation_id)
+        if held is None:
+            return None
+        new = Hold.of(a)
+        if held._replace(end_ns=None) != new._replace(end_ns=None):
+            return "conflict"
+        if new.end_ns is None or new.end_ns == held.end_ns:
+            return "duplicate"  # the start again (before or after its end came), or the end again
+        return "conflict" if held.end_ns is not None else None
+
+    def changes_from(self, a: Allocation) -> int:
+        """The earliest time whose split an admitted allocation changes: a new hold's start, or the end it adds."""
+        known = a.allocation_id in self._holds.get(a.gpu_uuid, {})
+        return a.end_ts_ns if known and a.end_ts_ns is not None else a.ts_ns
+
+    def take(self, a: Allocation) -> None:
+        """Take an admitted allocation: a new hold, or the end of one."""
+        self._holds.setdefault(a.gpu_uuid, {})[a.allocation_id] = Hold.of(a)
+        self._since[a.gpu_uuid] = min(self._since.get(a.gpu_uuid, a.ts_ns), a.ts_ns)
+
+    def since(self, gpu_uuid: str) -> int | None:
+        """When the device's first hold began (None: it never had one)."""
+        return self._since.get(gpu_uuid)
+
+    def holds(self, gpu_uuid: str, start_ns: int, end_ns: int) -> list[Hold]:
+        """The device's holds that cover part of ``[start_ns, end_ns)``."""
+        return [h for h in self._holds.get(gpu_uuid, {}).values() if h.overlap_ns(start_ns, end_ns) > 0]
+
+    def prune(self, floor_ns: int) -> None:
+        """Drop the holds that ended before ``floor_ns``: no pane they cover can be closed or revised any more."""
+        for gpu, holds in self._holds.items():
+            if any(h.end_ns is not None and h.end_ns <= floor_ns for h in holds.values()):
+                self._holds[gpu] = {k: h for k, h in holds.items() if h.end_ns is None or h.end_ns > floor_ns}
+
+    def drop(self, gpu_uuid: str) -> None:
+        """Forget a device gone from the fleet (``GpuPanes.forget``)."""
+        self._holds.pop(gpu_uuid, None)
+        self._since.pop(gpu_uuid, None)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "holds": {
+                gpu: {key: [*h[:5], list(h.tenant)] for key, h in holds.items()} for gpu, holds in self._holds.items()
+            },
+            "since": dict(self._since),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> AllocationTable:
+        table = cls()
+        table._holds = {
+            gpu: {key: Hold(h[0], h[1], h[2], h[3], h[4], Tenant(*h[5])) for key, h in holds.items()}
+            for gpu, holds in state["holds"].items()
+        }
+        table._since = dict(state["since"])
+        return table
+
+
+class AllocationSplit:
+    """The allocation basis on the pane-operator shape: its state is the table of holds it splits by."""
+
+    def __init__(self, settings: AuditSettings) -> None:
+        self.table = AllocationTable()
+
+    def records(
+        self,
+        pane: PaneTotals,
+        usd_per_gpu_hour: Decimal | None,
+    ) -> list[AllocationRecord]:
+        """The pane's allocation records (revision 0), ``unallocated`` first, then the tenants by key; none for a
+        pane without covered time or before its device's first hold."""
+        since = self.table.since(pane.gpu_uuid)
+        if since is None or since >= pane.pane_end_ns or pane.covered_ms == 0:
+            return []
+        assert pane.node_id is not None and pane.gpu_model is not None
+        return split(
+            pane.gpu_uuid,
+            pane.node_id,
+            pane.gpu_model,
+            pane.pane_start_ns,
+            pane.pane_end_ns,
+            pane_cost_micro_usd(usd_per_gpu_hour, pane.covered_ms),
+            usd_per_gpu_hour,
+            self.table.holds(pane.gpu_uuid, pane.pane_start_ns, pane.pane_end_ns),
+        )
+
+    def on_close(self, closing: Closing) -> list[Output]:
+        return list(self.records(closing.pane, closing.price))
+
+    def close_many(self, closing: ClosingMany) -> Emitted:
+        """``on_close`` of each pane, its records tagged with it: devices without holds (most, in a fleet that sends
+        no allocations) cost one lookup a pane."""
+        panes, tagged = closing.panes, list[tuple[int, Output]]()
+        for j in range(len(panes)):
+            gpu = panes.gpu_uuid[j]
+            since = self.table.since(gpu)
+            if since is None or since >= panes.pane_end_ns[j] or not panes.covered_ms[j]:
+                continue
+            pane = PaneTotals(gpu, int(panes.pane_start_ns[j]), int(panes.pane_end_ns[j]))
+            pane.node_id, pane.gpu_model, pane.covered_ms = (
+                panes.node_id[j],
+                panes.gpu_model[j],
+                int(panes.covered_ms[j]),
+            )
+            tagged += [(j, r) for r in self.records(pane, closing.prices[j])]
+        return Emitted(tagged=tagged)
+
+    def to_state(self) -> dict[str, Any]:
+        return self.table.to_state()
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> AllocationSplit:
+        split_ = cls(settings)
+        split_.table = AllocationTable.from_state(state, settings)
+        return split_
+
+
+def split(
+    gpu_uuid: str,
+    node_id: str,
+    gpu_model: str,
+    start_ns: int,
+    end_ns: int,
+    cost: int,
+    usd_per_gpu_hour: Decimal | None,
+    holds: list[Hold],
+) -> list[AllocationRecord]:
+    """``cost`` µ$ of the pane ``[start_ns, end_ns)`` split by the holds covering it (docs/definitions.md,
+    "Allocation basis"): tenant i's weight ``Σ fraction × held ns`` over its holds, over one common denominator
+    ``D`` (the fractions' least common multiple), the device's capacity ``D × pane ns``; ``unallocated`` holds the
+    capacity no one held. An oversubscribed device (Σ held > capacity) splits by what is held, none unallocated."""
+    den = math.lcm(*(h.den for h in holds)) if holds else 1
+    capacity = den * (end_ns - start_ns)
+    by_tenant: dict[Tenant, list[Hold]] = defaultdict(list)
+    for h in holds:
+        by_tenant[h.tenant].append(h)
+    tenants = sorted(by_tenant.items(), key=lambda item: item[0].key)
+    weights = [sum(h.num * (den // h.den) * h.overlap_ns(start_ns, end_ns) for h in hs) for _, hs in tenants]
+    held = sum(weights)
+    total = max(capacity, held)
+    unallocated = total - held
+    shares = split_in_order(cost, [unallocated, *weights], total)
+    parties = [(UNALLOCATED, None, 0, unallocated), *((t, hs, len(hs), w) for (t, hs), w in zip(tenants, weights))]
+    out = []
+    for (tenant, hs, count, weight), micro_usd in zip(parties, shares):
+        out.append(
+            computed(
+                AllocationRecord,
+                record_id=record_id(gpu_uuid, start_ns, tenant.key, 0, "allocation"),
+                gpu_uuid=gpu_uuid,
+                node_id=node_id,
+                gpu_model=gpu_model,
+                pane_start_ns=start_ns,
+                pane_end_ns=end_ns,
+                tenant_key=tenant.key,
+                **dict(zip(TENANT_FIELDS, tenant)),
+                sharing=None if hs is None else ",".join(sorted({h.sharing for h in hs})),
+                allocations=count,
+                allocated_share=weight / total,
+                allocated_fraction=weight / capacity,
+                usd_per_gpu_hour=usd_per_gpu_hour,
+                pane_cost_micro_usd=cost,
+                cost_micro_usd=micro_usd,
+                unpriced=usd_per_gpu_hour is None,
+                revision=0,
+                cost_basis="allocation",
+                allocated_num=weight,
+                capacity_num=capacity,
+            )
+        )
+    return out
