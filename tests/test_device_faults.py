@@ -139,7 +139,7 @@ def test_cli_prints_faults(shared_data: Path, tmp_path: Path, capsys: pytest.Cap
     if not monitor.exists():
         pytest.skip(f"{monitor} is absent")
     bad = tmp_path / "monitor.txt"  # line 6 with DOUBLE_ECC 2 and PCIE_REPLAY 9
-    bad.write_text(monitor.read_text().replace("           0           0            0", "           0           2            9"))
+    bad.write_text(monitor.read_text().replace("   0           0            0", "   0           2            9"))
     rows = [json.loads(line) for line in _devices(capsys, str(monitor), str(bad), "--format", "json")]
     assert [(r["ecc_corrected"], r["ecc_uncorrected"], r["pcie_replays"], r["xid"]) for r in rows] == [
         (0, 0, 0, None),

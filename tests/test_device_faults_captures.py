@@ -123,7 +123,7 @@ def test_amd_smi_monitor_ecc_and_replays(shared_data: Path) -> None:
     # line 6, columns SINGLE_ECC, DOUBLE_ECC, PCIE_REPLAY (header line 5): 0, 0, 0
     assert _faults(sample) == {"ecc_corrected": 0, "ecc_uncorrected": 0, "pcie_replays": 0}
     row = _line(text, 6)
-    changed = text.replace(row, row.replace("           0           0            0", "           7           2            9"))
+    changed = text.replace(row, row.replace("   0           0            0", "   7           2            9"))
     assert _faults(_only(changed, "amd-smi-text")) == {"ecc_corrected": 7, "ecc_uncorrected": 2, "pcie_replays": 9}
 
 
@@ -159,7 +159,8 @@ def test_amd_exporter_ecc_as_documented(shared_data: Path) -> None:
     mini = _read(shared_data, f"{ACC}/amd-device-metrics-exporter/metrics_mini.txt")
     line = next(ln for ln in mini.splitlines() if ln.startswith("gpu_power_usage{"))
     labels = line[line.index("{") : line.rindex("}") + 1]
-    scrape = mini + f"gpu_ecc_correct_total{labels} 3\ngpu_ecc_uncorrect_total{labels} 0\npcie_replay_count{labels} 11\n"
+    added = ("gpu_ecc_correct_total", 3), ("gpu_ecc_uncorrect_total", 0), ("pcie_replay_count", 11)
+    scrape = mini + "".join(f"{name}{labels} {value}\n" for name, value in added)
     _, parsed = parse(scrape)
     assert not parsed.dead_letters
     assert [_faults(s) for s in parsed.samples] == [{"ecc_corrected": 3, "ecc_uncorrected": 0, "pcie_replays": 11}]

@@ -37,8 +37,8 @@ _FIELDS = {
     "pcie_replay_count": "pcie_replays",
 }
 _RANK = {name: rank for rank, name in enumerate(_FIELDS)}  # of two metrics for one field, the earlier wins
-_SHARED = ("power_w", "temperature_c", "mem_used_bytes", "mem_total_bytes", "ecc_corrected", "ecc_uncorrected", "pcie_replays")
 _COUNTS = ("ecc_corrected", "ecc_uncorrected", "pcie_replays")
+_SHARED = ("power_w", "temperature_c", "mem_used_bytes", "mem_total_bytes", *_COUNTS)
 
 
 def _label(labels: dict[str, str], *names: str) -> str | None:

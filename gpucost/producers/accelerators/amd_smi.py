@@ -66,7 +66,6 @@ def _count(cell: str) -> int | None:
     return None if is_missing(cell) else to_count(cell)
 
 
-_MONITOR_FAULTS = {"ecc_corrected": "SINGLE_ECC", "ecc_uncorrected": "DOUBLE_ECC", "pcie_replays": "PCIE_REPLAY"}
 _THROTTLE = {"UNTHROTTLED": (), "THROTTLED": ("throttled",)}  # amd-smi's status names no cause
 
 
@@ -76,6 +75,11 @@ def _throttle(cell: str) -> tuple[str, ...] | None:
     if cell.strip() not in _THROTTLE:
         raise UnitError(f"throttle status {cell!r} is neither THROTTLED nor UNTHROTTLED")
     return _THROTTLE[cell.strip()]
+
+
+def _monitor_count(out: Parsed, row: dict[str, str], column: str) -> int | None:
+    """A fault column's count; a bad cell is counted and left null, the row's readings stand."""
+    return guarded(out, f"amd-smi monitor {column}", lambda: _count(row.get(column, "N/A")))
 
 
 def _columns(line: str) -> list[str]:
@@ -119,10 +123,9 @@ def _monitor(lines: list[str], out: Parsed) -> None:
                 mem_total_bytes=_size(row.get("VRAM_TOTAL", "N/A")),
                 temperature_c=_temp(row.get("GPU_TEMP", "N/A")),
                 processes=tuple(procs.get(row["GPU"], ())) if has_procs else None,
-                **{  # a bad fault cell is counted and left null; the row's readings stand
-                    field: guarded(out, f"amd-smi monitor {col}", lambda col=col: _count(row.get(col, "N/A")))
-                    for field, col in _MONITOR_FAULTS.items()
-                },
+                ecc_corrected=_monitor_count(out, row, "SINGLE_ECC"),
+                ecc_uncorrected=_monitor_count(out, row, "DOUBLE_ECC"),
+                pcie_replays=_monitor_count(out, row, "PCIE_REPLAY"),
             )
 
         got = guarded(out, "amd-smi monitor row", sample)
@@ -284,10 +287,13 @@ def _json_gpu(entry: dict[str, Any], out: Parsed) -> None:
             mem_total_bytes=_json_size(mem.get("total_vram")),
             temperature_c=_json_opt(temp.get("hotspot"), lambda v, _u: number(v)),
             processes=None if procs is None else tuple(procs),
-            **{  # a bad fault value is counted and left null; the GPU's readings stand
-                field: guarded(out, f"amd-smi JSON ecc.{key}", lambda key=key: _json_opt(ecc.get(key), _json_count))
-                for field, key in (("ecc_corrected", "total_correctable_count"), ("ecc_uncorrected", "total_uncorrectable_count"))
-            },
+            # a bad fault value is counted and left null; the GPU's readings stand
+            ecc_corrected=guarded(
+                out, "amd-smi JSON ecc", lambda: _json_opt(ecc.get("total_correctable_count"), _json_count)
+            ),
+            ecc_uncorrected=guarded(
+                out, "amd-smi JSON ecc", lambda: _json_opt(ecc.get("total_uncorrectable_count"), _json_count)
+            ),
             throttle_reasons=guarded(
                 out, "amd-smi JSON throttle_status", lambda: _json_opt(power.get("throttle_status"), _json_throttle)
             ),
