@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpucost.devices import DEVICES
+from gpucost.producers.accelerators.detect import FORMATS, parse
 from gpucost.schemas.devices import DeviceSample, UnitError, to_count
 from gpucost.schemas.faults import faults, is_fatal, throttle_names
 
@@ -30,6 +31,9 @@ NVML = {
     0x0000000000000080: "hw_power_brake_slowdown",
     0x0000000000000100: "display_clock_setting",
 }
+
+
+COUNTS = ("ecc_corrected", "ecc_uncorrected", "retired_pages", "remapped_rows", "xid", "link_errors", "pcie_replays")
 
 
 def _gpu(**faults: object) -> DeviceSample:
@@ -157,3 +161,26 @@ def test_cli_text_of_unreported_faults(shared_data: Path, capsys: pytest.Capture
         pytest.skip(f"{tpu} is absent")
     text = _devices(capsys, str(tpu), "--format", "text")
     assert {line.split("\t")[-1] for line in text[1:]} == {"-"}  # tpu-info reports no fault: unknown, not clear
+
+
+HOSTILE_FAULTS = [
+    'DCGM_FI_DEV_XID_ERRORS{UUID="GPU-x"} -3\nDCGM_FI_DEV_CLOCK_THROTTLE_REASONS{UUID="GPU-x"} 1e30\n',
+    'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="0"} 1\nDCGM_FI_DEV_RETIRED_SBE{UUID="GPU-x"} nan\n',
+    'gpu_ecc_uncorrect_total{gpu_id="0"} 0.5\npcie_replay_count{gpu_id="0"} -1\n',
+    'neuron_hardware_info{neuroncore_per_device_count="4"} 1\n'
+    'hardware_ecc_events_total{event_type="mem_ecc_melted",neuron_device_index="x"} 1\n'
+    'execution_errors_total{error_type="hardware",runtime_tag="NEURON_PROCESS"} 2\n',
+    "GPU  POWER  SINGLE_ECC  DOUBLE_ECC  PCIE_REPLAY\n  0  10 W  many  -2  0.5\n",
+    "GPU: 0\n    POWER:\n        THROTTLE_STATUS: MAYBE\n    ECC:\n        TOTAL_UNCORRECTABLE_COUNT: lots\n",
+    '[{"gpu": 0, "ecc": {"total_uncorrectable_count": {"value": []}}, "power": {"throttle_status": 3}}]',
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_FAULTS)
+def test_malformed_faults_are_reported_never_raised(text: str) -> None:
+    for fmt in [None, *FORMATS]:
+        _name, parsed = parse(text, fmt)
+        for sample in parsed.samples:  # a fault kept is a valid one
+            assert all(getattr(sample, f) is None or getattr(sample, f) >= 0 for f in COUNTS)
+    _name, parsed = parse(text)  # the format the text is written in says what was wrong with it
+    assert parsed.dead_letters
