@@ -1,7 +1,8 @@
 """``gpucost devices FILE…``: the neutral samples of any accelerator tool's capture.
 
 Prints one JSON object per device or partition and sample time (``--format json``) or an aligned
-table (``text``); what a capture held that could not be used goes to stderr, counted by reason.
+table (``text``, its ``faults`` column the fault fields reported), what a capture held that could not
+be used to stderr, counted by reason.
 ``--live NAME`` also runs the vendor's tool now (when installed, with a timeout). The exit status
 is 0 when every source gave samples, 1 when one gave none, 2 for a file that cannot be opened.
 ``--events OUT --node NODE`` writes the billed devices' ``gpu_sample`` and ``process_sample`` events
@@ -170,8 +171,8 @@ def _each(args: argparse.Namespace, events: tuple[TextIO, Placement] | None) -> 
 
 DEVICES = Command(
     "devices",
-    "print the neutral device samples of AMD, AWS Neuron, Google TPU, Intel Gaudi and Alveo "
-    "tool captures (format detected from content); --events OUT writes them as billable events",
+    "print the neutral device samples, faults included, of AMD, AWS Neuron, Google TPU, Intel Gaudi, Alveo "
+    "and dcgm-exporter captures (format detected from content); --events OUT writes them as billable events",
     _devices_arguments,
     cmd_devices,
 )
