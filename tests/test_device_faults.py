@@ -184,3 +184,20 @@ def test_malformed_faults_are_reported_never_raised(text: str) -> None:
             assert all(getattr(sample, f) is None or getattr(sample, f) >= 0 for f in COUNTS)
     _name, parsed = parse(text)  # the format the text is written in says what was wrong with it
     assert parsed.dead_letters
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "GPU  POWER  SINGLE_ECC  DOUBLE_ECC  PCIE_REPLAY\n  0  10 W  many  -2  0.5\n",
+        '[{"gpu": 0, "power": {"socket_power": {"value": 10, "unit": "W"}, "throttle_status": "HOT"},'
+        ' "ecc": {"total_correctable_count": -4}}]',
+        "HL-SMI Version\n| AIP  Name  Persistence-M| Bus-Id  Disp.A | Volatile Uncorr. ECC |\n"
+        "|   0  HL-225  N/A  | 0000:4d:00.0  N/A |  lots  |\n| N/A  31C  N/A  10W / 600W | 1MiB / 2MiB | 0% N/A |\n",
+    ],
+)
+def test_a_bad_fault_value_leaves_the_readings(text: str) -> None:
+    _name, parsed = parse(text)
+    (sample,) = parsed.samples
+    assert sample.power_w == 10 and all(getattr(sample, f) is None for f in COUNTS)
+    assert parsed.dead_letters

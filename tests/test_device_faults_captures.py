@@ -194,6 +194,9 @@ def test_gaudi_volatile_uncorrected_ecc(shared_data: Path) -> None:
     row = _line(two, 15)  # device 1's row: "|                   0  |"
     _, parsed = parse(two.replace(row, row.replace("                   0  |", "                   3  |")))
     assert [s.ecc_uncorrected for s in parsed.samples] == [0, 3]  # line 12 unchanged, line 15 now 3
+    # newer hl-smi heads the column "Volatile Uncor-Events" (shared README): not mapped to ECC
+    _, parsed = parse(two.replace("Volatile Uncorr. ECC", "Volatile Uncor-Events"))
+    assert [s.ecc_uncorrected for s in parsed.samples] == [None, None] and parsed.samples[0].power_w == 95
 
 
 @pytest.mark.parametrize(
