@@ -117,6 +117,14 @@ def test_dcgm_newer_clocks_event_name_and_bad_values(shared_data: Path) -> None:
     assert parsed.samples[0].xid is None and sum(parsed.dead_letters.values()) == 1
 
 
+def test_dcgm_the_later_of_two_scrapes_wins(shared_data: Path) -> None:
+    # one file, two scrapes of the GPU (as l4-kops-output.md is): each metric's later value is the reading
+    first = _l4_with(shared_data, "DCGM_FI_DEV_XID_ERRORS 13", "DCGM_FI_DEV_RETIRED_SBE 2")
+    again = first + "".join(first.splitlines(keepends=True)[-2:]).replace("} 13", "} 79").replace("} 2", "} 3")
+    faults = _faults(_only(again, "dcgm-exporter"))
+    assert (faults["xid"], faults["retired_pages"]) == (79, 3)
+
+
 def test_amd_smi_monitor_ecc_and_replays(shared_data: Path) -> None:
     text = _read(shared_data, f"{ACC}/amd-instinct/amd-smi_monitor-q_with-process.txt")
     sample = _only(text, "amd-smi-text")
@@ -180,9 +188,19 @@ def test_neuron_ecc_events_and_hardware_errors(shared_data: Path) -> None:
     changed[54 - 1] = changed[54 - 1].replace("} 0.0", "} 1.0")  # sram_ecc_uncorrected
     changed[53 - 1] = changed[53 - 1].replace("} 0.0", "} 5.0")  # sram_ecc_corrected
     changed[87 - 1] = changed[87 - 1].replace("} 0.0", "} 4.0")  # hardware, the second runtime
+    # line 80, the first runtime's error_type="runtime", set to 6 and moved after its "hardware" line 81:
+    # the workload's errors, not the device's
+    changed.append(changed.pop(80 - 1).replace("} 0.0", "} 6.0"))
     _, parsed = parse("\n".join(changed) + "\n")
     device = next(s for s in parsed.samples if s.device_id == "nd0")
     assert _faults(device) == {"ecc_corrected": 5, "ecc_uncorrected": 2 + 1, "hardware_errors": 4}
+    # a second device (line 51 with neuron_device_index="1"): a runtime's errors name no device
+    second = changed[51 - 1].replace('neuron_device_index="0"', 'neuron_device_index="1"')
+    _, parsed = parse("\n".join([*changed, second]) + "\n")
+    devices = {s.device_id: s for s in parsed.samples if s.parent_id is None}
+    assert [devices[d].hardware_errors for d in ("nd0", "nd1")] == [None, None]
+    assert devices["nd1"].ecc_corrected == 0 and devices["nd0"].ecc_uncorrected == 3
+    assert any("hardware execution errors are per runtime" in reason for reason in parsed.dead_letters)
 
 
 def test_gaudi_volatile_uncorrected_ecc(shared_data: Path) -> None:
