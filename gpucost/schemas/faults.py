@@ -4,8 +4,9 @@ One place decides, for every vendor, so the health audit never branches on one: 
 window's last sample of a device and the previous window's (``before``), and gets the faults that
 appeared in between. The counters are cumulative as the tools report them, so a fault is new when
 its counter rose (a counter that fell was reset — a driver reload — and its whole value is new); the
-XID is the last code the driver logged, new when it differs from ``before``'s. Without ``before``
-everything the sample reports counts as new: the first window of a device has nothing to compare.
+XID is the last code the driver logged, new when it differs from ``before``'s; a clock slowdown is
+a state, reported in every window whose sample shows it. Without ``before`` everything the sample
+reports counts as new: the first window of a device has nothing to compare.
 
 Fatal (the window fails, the breaker acts): an uncorrectable ECC error, a failed row remapping, a
 hardware error of a Neuron execution, a fatal XID (``FATAL_XIDS``). Warnings: corrected ECC errors,
