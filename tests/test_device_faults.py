@@ -16,7 +16,8 @@ import pytest
 
 from gpucost.devices import DEVICES
 from gpucost.producers.accelerators.detect import FORMATS, parse
-from gpucost.schemas.devices import DeviceSample, UnitError, to_count
+from gpucost.producers.accelerators.prometheus import series
+from gpucost.schemas.devices import DeviceSample, Parsed, UnitError, to_count
 from gpucost.schemas.faults import faults, is_fatal, throttle_names
 
 # NVML clocks event reasons, from its header: value → documented name
@@ -201,3 +202,25 @@ def test_a_bad_fault_value_leaves_the_readings(text: str) -> None:
     (sample,) = parsed.samples
     assert sample.power_w == 10 and all(getattr(sample, f) is None for f in COUNTS)
     assert parsed.dead_letters
+
+
+def test_counters_are_read_under_the_names_the_scrape_writes() -> None:
+    # prometheus_client's parser names the samples of a counter typed without ``_total`` NAME_total (its
+    # OpenMetrics name); one typed with ``_total`` (Neuron's ``execution_errors_total``) keeps its name
+    text = (
+        '# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter\nDCGM_FI_DEV_PCIE_REPLAY_COUNTER{UUID="a"} 3\n'
+        '# TYPE execution_errors_total counter\nexecution_errors_total{error_type="hardware"} 2\n'
+        '# TYPE DCGM_FI_DEV_XID_ERRORS gauge\nDCGM_FI_DEV_XID_ERRORS{UUID="a"} 79\n'
+    )
+    wanted = {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "execution_errors_total", "DCGM_FI_DEV_XID_ERRORS"}
+    out = Parsed()
+    got = [(name, int(value)) for name, _, value in series(text, out, wanted)]
+    assert got == [
+        ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 3),
+        ("execution_errors_total", 2),
+        ("DCGM_FI_DEV_XID_ERRORS", 79),
+    ]
+    assert not out.dead_letters
+    # the AMD exporter's PCIe replay count, typed counter, is read as well
+    amd = '# TYPE pcie_replay_count counter\npcie_replay_count{gpu_id="0",serial_number="S"} 4\n'
+    assert [s.pcie_replays for s in parse(amd, "amd-exporter")[1].samples] == [4]

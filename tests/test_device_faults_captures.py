@@ -69,15 +69,38 @@ def test_dcgm_l40s_and_t4_and_vgpu(shared_data: Path) -> None:
     assert _faults(vgpu) == {}  # a vGPU scrape (lines 61-93) reports none of them
 
 
-def _l4_with(shared_data: Path, *lines: str) -> str:
-    """The L4 scrape's own line 72 relabelled as each ``NAME VALUE`` given (its labels kept)."""
+#: the fault metrics NVIDIA/dcgm-exporter's etc/default-counters.csv and etc/dcp-metrics-included.csv type
+#: ``counter`` (XID_ERRORS and ROW_REMAP_FAILURE are ``gauge`` there)
+_COUNTERS = {
+    *(f"DCGM_FI_DEV_ECC_{bits}_{kind}_TOTAL" for bits in ("SBE", "DBE") for kind in ("VOL", "AGG")),
+    *(f"DCGM_FI_DEV_NVLINK_{kind}_ERROR_COUNT_TOTAL" for kind in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")),
+    "DCGM_FI_DEV_RETIRED_SBE",
+    "DCGM_FI_DEV_RETIRED_DBE",
+}
+
+
+def _l4_with(shared_data: Path, *lines: str, typed: bool = False) -> str:
+    """The L4 scrape's own line 72 relabelled as each ``NAME VALUE`` given (its labels kept); ``typed``, each
+    after a ``# TYPE`` line as the exporter writes one: line 71 (``counter``) or 101 (``gauge``) relabelled."""
     text = metric_text(shared_data, "l4-kops-output.md")
-    template = _line(_read(shared_data, "dcgm-exporter/l4-kops-output.md"), 72)
+    capture = _read(shared_data, "dcgm-exporter/l4-kops-output.md")
+    template = _line(capture, 72)
     labels = template[template.index("{") : template.rindex("}") + 1]
-    return text + "".join(f"{name}{labels} {value}\n" for name, value in (ln.split() for ln in lines))
+    counter, gauge = _line(capture, 71).split()[2], _line(capture, 101).split()[2]
+    for name, value in (ln.split() for ln in lines):
+        if typed:
+            text += (
+                _line(capture, 71).replace(counter, name)
+                if name in _COUNTERS
+                else _line(capture, 101).replace(gauge, name)
+            ) + "\n"
+        text += f"{name}{labels} {value}\n"
+    return text
 
 
-def test_dcgm_ecc_xid_throttle_nvlink(shared_data: Path) -> None:
+@pytest.mark.parametrize("typed", [False, True], ids=["untyped", "typed"])
+def test_dcgm_ecc_xid_throttle_nvlink(shared_data: Path, typed: bool) -> None:
+    # typed: prometheus_client's parser names a counter typed without ``_total`` NAME_total; read as NAME
     text = _l4_with(
         shared_data,
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL 5",
@@ -89,6 +112,7 @@ def test_dcgm_ecc_xid_throttle_nvlink(shared_data: Path) -> None:
         "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL 3",
         "DCGM_FI_DEV_RETIRED_SBE 4",
         "DCGM_FI_DEV_RETIRED_DBE 1",
+        typed=typed,
     )
     faults = _faults(_only(text, "dcgm-exporter"))
     assert faults == {
