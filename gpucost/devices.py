@@ -1,7 +1,8 @@
 """``gpucost devices FILE…``: the neutral samples of any accelerator tool's capture.
 
 Prints one JSON object per device or partition and sample time (``--format json``) or an aligned
-table (``text``); what a capture held that could not be used goes to stderr, counted by reason.
+table (``text``, its ``faults`` column the fault fields reported), what a capture held that could not
+be used to stderr, counted by reason.
 ``--live NAME`` also runs the vendor's tool now (when installed, with a timeout). The exit status
 is 0 when every source gave samples, 1 when one gave none, 2 for a file that cannot be opened.
 ``--events OUT --node NODE`` writes the billed devices' ``gpu_sample`` and ``process_sample`` events
@@ -23,13 +24,15 @@ from gpucost.command import Command
 from gpucost.producers.accelerators.detect import FORMATS, parse
 from gpucost.producers.accelerators.events import Placement, at_ns, to_events
 from gpucost.producers.accelerators.live import COMMANDS, run_tool
-from gpucost.schemas.devices import DeviceSample, Parsed, sample_json
+from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed, sample_json
 from gpucost.wiring import UsageError
 
 __all__ = ["cmd_devices", "DEVICES"]
 
-#: the text format's columns: the sample's fields, its processes apart (a ``pids`` column)
-_COLUMNS = tuple(f.name for f in dataclasses.fields(DeviceSample) if f.name != "processes")
+#: the text format's columns: the sample's fields, its processes (a ``pids`` column) and faults apart
+_COLUMNS = tuple(
+    f.name for f in dataclasses.fields(DeviceSample) if f.name != "processes" and f.name not in FAULT_FIELDS
+)
 
 
 def _devices_arguments(cmd: argparse.ArgumentParser) -> None:
@@ -71,7 +74,19 @@ def _devices_arguments(cmd: argparse.ArgumentParser) -> None:
 def _text_row(sample: DeviceSample) -> str:
     cells = ["-" if getattr(sample, c) is None else str(getattr(sample, c)) for c in _COLUMNS]
     procs = "-" if sample.processes is None else ",".join(str(p.pid) for p in sample.processes) or "none"
-    return "\t".join([*cells, procs])
+    return "\t".join([*cells, procs, _faults_cell(sample)])
+
+
+def _faults_cell(sample: DeviceSample) -> str:
+    """The fault fields the tool reported with something in them (``ecc_uncorrected=2,xid=79``); ``none``
+    when it reported them all clear, ``-`` when it reported none, so a clean device is not an unknown one."""
+    reported = {name: getattr(sample, name) for name in FAULT_FIELDS if getattr(sample, name) is not None}
+    shown = [
+        f"{name}={'+'.join(value) if isinstance(value, tuple) else str(value).lower()}"
+        for name, value in reported.items()
+        if value
+    ]
+    return ",".join(shown) or ("none" if reported else "-")
 
 
 def _placement(args: argparse.Namespace) -> Placement:
@@ -139,7 +154,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def _each(args: argparse.Namespace, events: tuple[TextIO, Placement] | None) -> int:
     status = 0
     if args.format == "text" and events is None:
-        print("\t".join([*_COLUMNS, "pids"]))
+        print("\t".join([*_COLUMNS, "pids", "faults"]))
     for path in args.files:
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
@@ -156,8 +171,8 @@ def _each(args: argparse.Namespace, events: tuple[TextIO, Placement] | None) -> 
 
 DEVICES = Command(
     "devices",
-    "print the neutral device samples of AMD, AWS Neuron, Google TPU, Intel Gaudi and Alveo "
-    "tool captures (format detected from content); --events OUT writes them as billable events",
+    "print the neutral device samples, faults included, of AMD, AWS Neuron, Google TPU, Intel Gaudi, Alveo "
+    "and dcgm-exporter captures (format detected from content); --events OUT writes them as billable events",
     _devices_arguments,
     cmd_devices,
 )

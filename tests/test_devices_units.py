@@ -28,6 +28,17 @@ FIELDS = [
     "mem_total_bytes",
     "temperature_c",
     "processes",
+    # the fault fields (docs/definitions.md, "Device faults"), after the list
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "retired_pages",
+    "remapped_rows",
+    "remap_failed",
+    "xid",
+    "throttle_reasons",
+    "link_errors",
+    "pcie_replays",
+    "hardware_errors",
 ]
 
 

@@ -21,7 +21,7 @@ from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
 from gpucost.schemas.events import Event, GpuSample, TenantBinding
 
-__all__ = ["DcgmUnavailable", "DcgmScraper", "scrape_to_events"]
+__all__ = ["DcgmUnavailable", "DcgmScraper", "scrape_to_events", "device_of", "SENTINEL_MIN"]
 
 log = logging.getLogger("gpucost.dcgm")
 MIB = 1 << 20
@@ -61,6 +61,15 @@ def _families(text: str, counts: Counter[str]) -> list[Any]:
     return families
 
 
+def device_of(labels: dict[str, str]) -> tuple[str, str | None, str]:
+    """(device, parent, model suffix) of a sample with a ``UUID`` label: the GPU itself, or with MIG its
+    instance ``UUID/GI-<GPU_I_ID>`` under the GPU, the model then suffixed `` MIG <GPU_I_PROFILE>``."""
+    uuid, instance, profile = labels["UUID"], labels.get("GPU_I_ID"), labels.get("GPU_I_PROFILE")
+    if not instance:
+        return uuid, None, ""
+    return f"{uuid}/GI-{instance}", uuid, f" MIG {profile}" if profile else ""
+
+
 def scrape_to_events(
     text: str, ts_ns: int, interval_s: float, default_node: str, counts: Counter[str] | None = None, sla: str = "Bronze"
 ) -> list[Event]:
@@ -87,13 +96,11 @@ def scrape_to_events(
             if not uuid:
                 counts["sample_without_uuid"] += 1
                 continue
-            instance, profile = sample.labels.get("GPU_I_ID"), sample.labels.get("GPU_I_PROFILE")
-            device = f"{uuid}/GI-{instance}" if instance else uuid
-            if instance:
-                parents_of_instances.add(uuid)
+            device, parent, mig = device_of(sample.labels)
+            if parent:
+                parents_of_instances.add(parent)
             gpu = gpus.setdefault(device, {})
-            gpu["parent"] = uuid if instance else None
-            mig = f" MIG {profile}" if instance and profile else ""
+            gpu["parent"] = parent
             gpu["model"] = sample.labels.get("modelName", "unknown") + mig
             if sample.labels.get("pod") and sample.labels.get("namespace"):
                 gpu["owner"] = (sample.labels["namespace"], sample.labels["pod"], sample.labels.get("container", ""))

@@ -9,6 +9,10 @@ Partitions (AMD compute partitions XCP, Neuron cores of a Neuron device) are dev
 with ``parent_id`` naming the whole device. The parent alone carries what the partitions share
 and the tool repeats for each of them — power, temperature and the device's memory — so power and
 memory are never counted twice; a partition row carries its own busy fraction and processes.
+
+Fault fields (``FAULT_FIELDS``) are what the tool says about the device's health: counters are
+cumulative as the tool reports them (since the driver or monitor started), never per interval, so
+an audit window takes the difference of two samples (``gpucost.schemas.faults``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +36,8 @@ __all__ = [
     "to_bytes",
     "to_watts",
     "to_pct",
+    "to_count",
+    "FAULT_FIELDS",
     "number",
     "sample_json",
     "platforms",
@@ -104,6 +110,14 @@ def to_pct(value: str | int | float | Decimal, *, ratio: bool = False) -> Decima
     return pct
 
 
+def to_count(value: str | int | float | Decimal) -> int:
+    """An event counter's reading as an int (``"3"``, ``3.0`` → 3); a fraction or a negative is a misread."""
+    exact = number(value)
+    if exact < 0 or exact != exact.to_integral_value():
+        raise UnitError(f"count {value} is not a whole number 0 or above")
+    return int(exact)
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessUsage:
     """One process on one device, as far as the tool reports it."""
@@ -111,6 +125,9 @@ class ProcessUsage:
     pid: int
     mem_used_bytes: int | None = None
     busy_pct: Decimal | None = None
+
+
+_FAULT = {"fault": True}  # the metadata that marks a DeviceSample field as a fault field
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +145,21 @@ class DeviceSample:
     mem_total_bytes: int | None = None
     temperature_c: Decimal | None = None
     processes: tuple[ProcessUsage, ...] | None = None
+    # faults (docs/definitions.md, "Device faults"): counters cumulative as reported, None = not reported
+    ecc_corrected: int | None = field(default=None, metadata=_FAULT)
+    ecc_uncorrected: int | None = field(default=None, metadata=_FAULT)
+    retired_pages: int | None = field(default=None, metadata=_FAULT)
+    remapped_rows: int | None = field(default=None, metadata=_FAULT)
+    remap_failed: bool | None = field(default=None, metadata=_FAULT)
+    xid: int | None = field(default=None, metadata=_FAULT)  # the last XID the driver logged; 0: none since it loaded
+    throttle_reasons: tuple[str, ...] | None = field(default=None, metadata=_FAULT)  # (): "not throttled"
+    link_errors: int | None = field(default=None, metadata=_FAULT)
+    pcie_replays: int | None = field(default=None, metadata=_FAULT)
+    hardware_errors: int | None = field(default=None, metadata=_FAULT)
+
+
+#: the fault fields of ``DeviceSample``, in its order (the JSON output, the text ``faults`` column)
+FAULT_FIELDS = tuple(f.name for f in fields(DeviceSample) if f.metadata.get("fault"))
 
 
 @dataclass
@@ -165,8 +197,14 @@ def sample_json(sample: DeviceSample) -> str:
         f'"ts_ns":{json.dumps(sample.ts_ns)},"busy_pct":{_num(sample.busy_pct)},'
         f'"power_w":{_num(sample.power_w)},"mem_used_bytes":{json.dumps(sample.mem_used_bytes)},'
         f'"mem_total_bytes":{json.dumps(sample.mem_total_bytes)},'
-        f'"temperature_c":{_num(sample.temperature_c)},"processes":{procs}}}'
+        f'"temperature_c":{_num(sample.temperature_c)},"processes":{procs}'
+        + "".join(f',"{name}":{_fault_json(getattr(sample, name))}' for name in FAULT_FIELDS)
+        + "}"
     )
+
+
+def _fault_json(value: object) -> str:
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
 @lru_cache(maxsize=1)

@@ -6,7 +6,8 @@ docs mask labels as ``xxxx``, which count as absent. Memory gauges are MB (their
 so); amd-smi's MB is binary and the exporter reads the same library, so MB is read as MiB.
 In a compute-partition mode other than ``spx`` each partition (``gpu<gpu_id>``) is a device under
 its socket (the serial number, else ``socket<gpu_id - gpu_partition_id>``), and a socket row alone
-carries the power, temperature and memory every partition repeats.
+carries the power, temperature and memory every partition repeats, and the ECC and PCIe replay
+counts, which amd-smi keeps per socket.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from decimal import Decimal
 
 from gpucost.producers.accelerators.capture import guarded
 from gpucost.producers.accelerators.prometheus import series
-from gpucost.schemas.devices import DeviceSample, Parsed, to_bytes, to_pct, to_watts
+from gpucost.schemas.devices import DeviceSample, Parsed, to_bytes, to_count, to_pct, to_watts
 
 __all__ = ["parse"]
 
@@ -30,9 +31,14 @@ _FIELDS = {
     "gpu_junction_temperature": "temperature_c",
     "gpu_edge_temperature": "temperature_c",
     "gpu_clock": "",
+    # faults, from the exporter's metric list (docs/configuration/metricslist.md), not from a capture
+    "gpu_ecc_correct_total": "ecc_corrected",
+    "gpu_ecc_uncorrect_total": "ecc_uncorrected",
+    "pcie_replay_count": "pcie_replays",
 }
 _RANK = {name: rank for rank, name in enumerate(_FIELDS)}  # of two metrics for one field, the earlier wins
-_SHARED = ("power_w", "temperature_c", "mem_used_bytes", "mem_total_bytes")
+_COUNTS = ("ecc_corrected", "ecc_uncorrected", "pcie_replays")
+_SHARED = ("power_w", "temperature_c", "mem_used_bytes", "mem_total_bytes", *_COUNTS)
 
 
 def _label(labels: dict[str, str], *names: str) -> str | None:
@@ -46,6 +52,8 @@ def _convert(field: str, value: Decimal) -> object:
         return to_pct(value)
     if field.startswith("mem_"):
         return to_bytes(value, "MiB")
+    if field in _COUNTS:
+        return to_count(value)
     return value
 
 

@@ -7,6 +7,8 @@ rounded for display, so the bytes are only as exact as the printed digits. ``GFX
 process are cumulative engine nanoseconds, not a fraction: a process's busy is not reported.
 ``GFX_BUSY_INST`` lists each compute partition (``XCP_n``) with its XCDs: a partition becomes a
 device ``gpu<N>.xcp<n>`` whose parent ``gpu<N>`` alone carries power, temperature and memory.
+Faults: ``monitor``'s ``SINGLE_ECC``/``DOUBLE_ECC``/``PCIE_REPLAY`` (cumulative counts), ``metric``'s
+``ECC: TOTAL_CORRECTABLE_COUNT``/``TOTAL_UNCORRECTABLE_COUNT`` and ``POWER: THROTTLE_STATUS``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,17 @@ from decimal import Decimal
 from typing import Any
 
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, json_body
-from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, UnitError, number, to_bytes, to_pct, to_watts
+from gpucost.schemas.devices import (
+    DeviceSample,
+    Parsed,
+    ProcessUsage,
+    UnitError,
+    number,
+    to_bytes,
+    to_count,
+    to_pct,
+    to_watts,
+)
 
 __all__ = ["parse_text", "parse_json"]
 
@@ -48,6 +60,26 @@ def _pct(cell: str) -> Decimal | None:
 
 def _temp(cell: str) -> Decimal | None:
     return None if is_missing(cell) else number(_split(cell)[0])
+
+
+def _count(cell: str) -> int | None:
+    return None if is_missing(cell) else to_count(cell)
+
+
+_THROTTLE = {"UNTHROTTLED": (), "THROTTLED": ("throttled",)}  # amd-smi's status names no cause
+
+
+def _throttle(cell: str) -> tuple[str, ...] | None:
+    if is_missing(cell):
+        return None
+    if cell.strip() not in _THROTTLE:
+        raise UnitError(f"throttle status {cell!r} is neither THROTTLED nor UNTHROTTLED")
+    return _THROTTLE[cell.strip()]
+
+
+def _monitor_count(out: Parsed, row: dict[str, str], column: str) -> int | None:
+    """A fault column's count; a bad cell is counted and left null, the row's readings stand."""
+    return guarded(out, f"amd-smi monitor {column}", lambda: _count(row.get(column, "N/A")))
 
 
 def _columns(line: str) -> list[str]:
@@ -91,6 +123,9 @@ def _monitor(lines: list[str], out: Parsed) -> None:
                 mem_total_bytes=_size(row.get("VRAM_TOTAL", "N/A")),
                 temperature_c=_temp(row.get("GPU_TEMP", "N/A")),
                 processes=tuple(procs.get(row["GPU"], ())) if has_procs else None,
+                ecc_corrected=_monitor_count(out, row, "SINGLE_ECC"),
+                ecc_uncorrected=_monitor_count(out, row, "DOUBLE_ECC"),
+                pcie_replays=_monitor_count(out, row, "PCIE_REPLAY"),
             )
 
         got = guarded(out, "amd-smi monitor row", sample)
@@ -169,6 +204,9 @@ def _gpu(node: _Node, out: Parsed) -> None:
             mem_total_bytes=_size(node.text("MEM_USAGE", "TOTAL_VRAM")),
             temperature_c=_temp(node.text("TEMPERATURE", "HOTSPOT")),
             processes=tuple(procs) if node.get("PROCESS_INFO") is not None else None,
+            ecc_corrected=guarded(out, "amd-smi ECC", lambda: _count(node.text("ECC", "TOTAL_CORRECTABLE_COUNT"))),
+            ecc_uncorrected=guarded(out, "amd-smi ECC", lambda: _count(node.text("ECC", "TOTAL_UNCORRECTABLE_COUNT"))),
+            throttle_reasons=guarded(out, "amd-smi POWER", lambda: _throttle(node.text("POWER", "THROTTLE_STATUS"))),
         ),
     )
     if sample is not None:
@@ -213,6 +251,14 @@ def _json_opt(field: Any, convert: Any) -> Any:
     return None if value is None or value == "N/A" else convert(value, unit)
 
 
+def _json_count(value: Any, _unit: str) -> int:
+    return to_count(value)
+
+
+def _json_throttle(value: Any, _unit: str) -> tuple[str, ...] | None:
+    return _throttle(str(value))
+
+
 def _json_gpu(entry: dict[str, Any], out: Parsed) -> None:
     dev = f"gpu{int(entry['gpu'])}"
     procs = None
@@ -229,7 +275,7 @@ def _json_gpu(entry: dict[str, Any], out: Parsed) -> None:
             if pid is not None:
                 procs.append(ProcessUsage(pid, mem, None))
     power, usage = entry.get("power") or {}, entry.get("usage") or {}
-    mem, temp = entry.get("mem_usage") or {}, entry.get("temperature") or {}
+    mem, temp, ecc = entry.get("mem_usage") or {}, entry.get("temperature") or {}, entry.get("ecc") or {}
     out.samples.append(
         DeviceSample(
             VENDOR,
@@ -241,6 +287,16 @@ def _json_gpu(entry: dict[str, Any], out: Parsed) -> None:
             mem_total_bytes=_json_size(mem.get("total_vram")),
             temperature_c=_json_opt(temp.get("hotspot"), lambda v, _u: number(v)),
             processes=None if procs is None else tuple(procs),
+            # a bad fault value is counted and left null; the GPU's readings stand
+            ecc_corrected=guarded(
+                out, "amd-smi JSON ecc", lambda: _json_opt(ecc.get("total_correctable_count"), _json_count)
+            ),
+            ecc_uncorrected=guarded(
+                out, "amd-smi JSON ecc", lambda: _json_opt(ecc.get("total_uncorrectable_count"), _json_count)
+            ),
+            throttle_reasons=guarded(
+                out, "amd-smi JSON throttle_status", lambda: _json_opt(power.get("throttle_status"), _json_throttle)
+            ),
         )
     )
 

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Callable
 
-from gpucost.producers.accelerators import amd_exporter, amd_smi, gaudi, neuron, rocm_smi, tpu, xbutil
+from gpucost.producers.accelerators import amd_exporter, amd_smi, dcgm_exporter, gaudi, neuron, rocm_smi, tpu, xbutil
 from gpucost.producers.accelerators.capture import body
 from gpucost.schemas.devices import Parsed
 
@@ -17,6 +17,7 @@ FORMATS: dict[str, Callable[[str], Parsed]] = {
     "amd-smi-json": amd_smi.parse_json,
     "rocm-smi": rocm_smi.parse,
     "amd-exporter": amd_exporter.parse,
+    "dcgm-exporter": dcgm_exporter.parse,
     "neuron-monitor": neuron.parse_scrape,
     "neuron-monitor-json": neuron.parse_json,
     "neuron-ls": neuron.parse_ls,
@@ -54,6 +55,8 @@ def detect(text: str) -> str | None:
         return _json_format(joined)
     if "neuroncore_utilization_ratio" in joined or "neuron_hardware_info" in joined:
         return "neuron-monitor"
+    if re.search(r"^DCGM_FI_\w+[{ ]", joined, re.M):
+        return "dcgm-exporter"
     if re.search(r"^gpu_\w+\{", joined, re.M):
         return "amd-exporter"
     if re.search(r"\|\s*NEURON\s*\|\s*NEURON", joined):

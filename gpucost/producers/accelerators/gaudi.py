@@ -3,7 +3,8 @@
 The device is named by its PCI bus id, which survives reboots. In a log whose lines carry a
 ``[YYYY-MM-DD HH:MM:SS.mmm]`` prefix, each snapshot's time is its device row's prefix, read as UTC
 (hl-smi's log has no zone). A process row reads ``AIP PID Type Process-name Usage``; ``N/A`` is an
-idle device, and a busy row can lose its closing ``|``. No per-process busy is reported.
+idle device, and a busy row can lose its closing ``|``. No per-process busy is reported. The
+``Volatile Uncorr. ECC`` cell is the device's uncorrectable ECC count since the driver loaded.
 CSV headers name units as nvidia-smi does (``memory.used [MiB]``); ``-f csv,nounits`` drops them.
 """
 
@@ -15,7 +16,17 @@ import re
 from datetime import UTC, datetime
 
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, pipe_rows
-from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, UnitError, number, to_bytes, to_pct, to_watts
+from gpucost.schemas.devices import (
+    DeviceSample,
+    Parsed,
+    ProcessUsage,
+    UnitError,
+    number,
+    to_bytes,
+    to_count,
+    to_pct,
+    to_watts,
+)
 
 __all__ = ["parse_table", "parse_csv"]
 
@@ -37,7 +48,7 @@ def _unit(cell: str, units: tuple[str, ...]) -> tuple[str, str]:
 
 
 def _device(
-    first: list[str], second: list[str], ts_ns: int | None, procs: dict[str, list[ProcessUsage]]
+    first: list[str], second: list[str], ts_ns: int | None, procs: dict[str, list[ProcessUsage]], ecc: int | None
 ) -> DeviceSample:
     index, model = first[0].split()[0], " ".join(first[0].split()[1:-1]) or None
     bus = first[1].split()[0]
@@ -57,7 +68,15 @@ def _device(
         mem_total_bytes=None if is_missing(total) else to_bytes(*_unit(total, ("MiB", "GiB", "KiB"))),
         temperature_c=None if is_missing(temp) else number(temp.rstrip("C")),
         processes=tuple(procs.get(index, ())),
+        ecc_uncorrected=ecc,
     )
+
+
+def _ecc(first: list[str], header: bool) -> int | None:
+    """The device row's third cell, when the header names it ``Volatile Uncorr. ECC`` (a count since the
+    driver loaded); another header (``Volatile Uncor-Events``) names something we cannot map."""
+    cell = first[2]
+    return None if not header or is_missing(cell) else to_count(cell)
 
 
 def parse_table(text: str) -> Parsed:
@@ -66,11 +85,14 @@ def parse_table(text: str) -> Parsed:
     pending: list[tuple[list[str], list[str], int | None]] = []
     procs: dict[str, list[ProcessUsage]] = {}
     first: list[str] | None = None
-    in_procs = False
+    in_procs = ecc_header = False
 
     def flush() -> None:
         for a, b, ts in pending:
-            got = guarded(out, f"hl-smi device {a[0].split()[:1]}", lambda a=a, b=b, ts=ts: _device(a, b, ts, procs))
+            ecc = guarded(out, "hl-smi Volatile Uncorr. ECC", lambda a=a: _ecc(a, ecc_header))  # bad: null, counted
+            got = guarded(
+                out, f"hl-smi device {a[0].split()[:1]}", lambda a=a, b=b, ts=ts, ecc=ecc: _device(a, b, ts, procs, ecc)
+            )
             if got is not None:
                 out.samples.append(got)
         pending.clear()
@@ -86,6 +108,8 @@ def parse_table(text: str) -> Parsed:
             in_procs = True
             continue
         cells = pipe_rows(line.rstrip() + ("" if line.rstrip().endswith("|") else "|"))
+        if cells is not None and len(cells) == 3 and "AIP" in cells[0] and "Name" in cells[0]:
+            ecc_header = "Uncorr. ECC" in cells[2]
         if cells is None or "AIP" in cells[0] or "Version" in cells[0] or "Fan" in cells[0]:
             continue
         if in_procs:

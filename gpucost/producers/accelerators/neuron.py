@@ -4,7 +4,10 @@ A NeuronCore is a partition of its Neuron device: a core row (``nd<D>.nc<C>``) c
 (``neuroncore_utilization_ratio`` summed over the runtimes on it; each runtime is a process,
 ``runtime_tag`` being its PID) and the device row (``nd<D>``) carries device memory. Neither tool
 reports power or temperature: they stay None (the platform table's TDP is an estimate, used only
-where a later step needs power). Scrapes and ``neuron-ls`` carry no time.
+where a later step needs power). Scrapes and ``neuron-ls`` carry no time. The scrape's faults go on
+the device row: ``hardware_ecc_events_total`` (memory and SRAM, corrected and uncorrected, per
+device) and ``execution_errors_total{error_type="hardware"}`` (per runtime, so on a one-device host
+only), both cumulative since neuron-monitor started.
 """
 
 from __future__ import annotations
@@ -15,14 +18,20 @@ from typing import Any
 
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, json_body, pipe_rows
 from gpucost.producers.accelerators.prometheus import series
-from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, to_bytes, to_pct
+from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, to_bytes, to_count, to_pct
 
 __all__ = ["parse_scrape", "parse_json", "parse_ls"]
 
 VENDOR = "AWS"
 # neuron-ls's "8 GB" is the 8 GiB that neuron-monitor reports for the same inf1 device (8589934592 B)
 _LS_UNITS = {"MB": "MiB", "GB": "GiB", "TB": "TiB"}
-_METRICS = {"neuroncore_utilization_ratio", "neuron_runtime_memory_used_bytes", "neuron_hardware_info"}
+_METRICS = {
+    "neuroncore_utilization_ratio",
+    "neuron_runtime_memory_used_bytes",
+    "neuron_hardware_info",
+    "hardware_ecc_events_total",
+    "execution_errors_total",
+}
 
 
 def _model(instance_type: str | None) -> str | None:
@@ -40,6 +49,14 @@ class _Readings:
     model: str | None = None
     busy: dict[int, dict[int, Decimal]] = field(default_factory=dict)  # core → PID → %
     device_mem: dict[int, int] = field(default_factory=dict)  # PID → device bytes
+    ecc: dict[int, dict[str, int]] = field(default_factory=dict)  # device → event_type → count
+    hardware_errors: dict[int, int] = field(default_factory=dict)  # PID → failed executions
+
+
+def _ecc(events: dict[str, int], suffix: str) -> int | None:
+    """A device's ECC count of one kind: its memory's and its SRAM's (``mem_ecc_*`` + ``sram_ecc_*``)."""
+    kinds = [n for kind, n in events.items() if kind.endswith(suffix)]
+    return sum(kinds) if kinds else None
 
 
 def _emit(r: _Readings, out: Parsed) -> Parsed:
@@ -47,10 +64,12 @@ def _emit(r: _Readings, out: Parsed) -> Parsed:
         if r.busy:
             out.reject("neuron-monitor: no neuroncore_per_device_count, cores cannot be put on devices")
         return out
-    devices = sorted({core // r.per_device for core in r.busy} | ({0} if r.size is not None else set()))
+    devices = sorted({core // r.per_device for core in r.busy} | ({0} if r.size is not None else set()) | set(r.ecc))
     single = len(devices) == 1
     if not single and r.device_mem:
         out.reject("neuron-monitor: runtime memory is per runtime, not per device, on a multi-device host")
+    if not single and r.hardware_errors:
+        out.reject("neuron-monitor: hardware execution errors are per runtime, not per device, on a multi-device host")
     for dev in devices:
         procs = tuple(ProcessUsage(pid, mem, None) for pid, mem in sorted(r.device_mem.items()))
         out.samples.append(
@@ -61,6 +80,9 @@ def _emit(r: _Readings, out: Parsed) -> Parsed:
                 mem_total_bytes=r.size,
                 mem_used_bytes=sum(p.mem_used_bytes or 0 for p in procs) if single else None,
                 processes=procs if single else None,
+                ecc_corrected=_ecc(r.ecc.get(dev, {}), "_ecc_corrected"),
+                ecc_uncorrected=_ecc(r.ecc.get(dev, {}), "_ecc_uncorrected"),
+                hardware_errors=sum(r.hardware_errors.values()) if single and r.hardware_errors else None,
             )
         )
     for core, runtimes in sorted(r.busy.items()):
@@ -99,6 +121,8 @@ def parse_scrape(text: str) -> Parsed:
                 lambda labels=labels: to_bytes(labels["neuron_device_memory_size"], "B"),
             )
             r.model = _model(labels.get("instance_type"))
+        elif name in ("hardware_ecc_events_total", "execution_errors_total"):
+            _fault(name, labels, value, r, out)
         elif not tag.isdigit():
             out.reject(f"{name}: runtime_tag {tag!r} is not a PID")
         elif name == "neuroncore_utilization_ratio":
@@ -110,6 +134,24 @@ def parse_scrape(text: str) -> Parsed:
             if mem is not None:
                 r.device_mem[int(tag)] = mem
     return _emit(r, out)
+
+
+def _fault(name: str, labels: dict[str, str], value: Decimal, r: _Readings, out: Parsed) -> None:
+    """An ECC event count of a device, or a runtime's executions failed by the hardware; the other
+    ``error_type``s (generic, numerical, transient, model, runtime) are the workload's, not the device's."""
+    kind = labels.get("event_type") or labels.get("error_type", "")
+    if name == "execution_errors_total" and kind != "hardware":
+        return
+    count = guarded(out, f"{name} {kind}", lambda: to_count(value))
+    key = labels.get("neuron_device_index" if name == "hardware_ecc_events_total" else "runtime_tag", "")
+    if count is None:
+        return
+    if not key.isdigit() or (name == "hardware_ecc_events_total" and not kind.endswith("corrected")):
+        out.reject(f"{name}: {kind!r} of {key!r} is not a known event of a device or runtime")
+    elif name == "hardware_ecc_events_total":
+        r.ecc.setdefault(int(key), {})[kind] = count
+    else:
+        r.hardware_errors[int(key)] = count
 
 
 def parse_json(text: str) -> Parsed:

@@ -1,4 +1,12 @@
-"""Prometheus text scrapes read exactly: each sample's value as the decimal the exporter wrote."""
+"""Prometheus text scrapes read exactly: each sample's value as the decimal the exporter wrote, under
+the name it wrote it.
+
+prometheus_client's text parser gives a counter whose ``# TYPE`` line names it without ``_total``
+(dcgm-exporter's ``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``, ``DCGM_FI_DEV_ECC_SBE_VOL_TOTAL``: the suffix
+is case-sensitive) its OpenMetrics name, the written name + ``_total``; ``series`` hands such a
+sample back under the written name, as every parser's table keys it. A counter typed with ``_total``
+(``execution_errors_total``) is left as the parser reads it: its samples keep their written name.
+"""
 
 from __future__ import annotations
 
@@ -13,17 +21,26 @@ from gpucost.schemas.devices import Parsed, UnitError, number
 __all__ = ["series"]
 
 
+def _counters_suffixed(lines: list[str]) -> set[str]:
+    """The counters whose ``# TYPE`` line names them without ``_total``: the parser suffixes their samples."""
+    types = (line.split() for line in lines if line.lstrip().startswith("#"))
+    return {p[2] for p in types if p[:2] == ["#", "TYPE"] and p[3:4] == ["counter"] and not p[2].endswith("_total")}
+
+
 def series(text: str, out: Parsed, wanted: set[str]) -> Iterator[tuple[str, dict[str, str], Decimal]]:
     """(name, labels, value) of each sample of the ``wanted`` metrics; a bad scrape is counted, not raised."""
     lines = [line for line in body(text) if line.strip()]
+    suffixed = _counters_suffixed(lines)
     try:
         for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+            written = family.name if family.type == "counter" and family.name in suffixed else None
             for sample in family.samples:
-                if sample.name not in wanted:
+                name = written if written and sample.name == written + "_total" else sample.name
+                if name not in wanted:
                     continue
                 try:
-                    yield sample.name, sample.labels, number(sample.value)
+                    yield name, sample.labels, number(sample.value)
                 except UnitError as exc:
-                    out.reject(f"{sample.name}: {exc}")
+                    out.reject(f"{name}: {exc}")
     except ValueError as exc:
         out.reject(f"Prometheus text: {exc}")
