@@ -156,6 +156,7 @@ class AllocationRecord(_Record):
     cost_basis: str
     allocated_num: WideInt
     capacity_num: WideInt
+    covered_ms: Int64
 
 
 class HealthRecord(_Record):

@@ -152,7 +152,7 @@ class AllocationSplit:
             pane.gpu_model,
             pane.pane_start_ns,
             pane.pane_end_ns,
-            pane_cost_micro_usd(usd_per_gpu_hour, pane.covered_ms),
+            pane.covered_ms,
             usd_per_gpu_hour,
             self.table.holds(pane.gpu_uuid, pane.pane_start_ns, pane.pane_end_ns),
         )
@@ -194,14 +194,16 @@ def split(
     gpu_model: str,
     start_ns: int,
     end_ns: int,
-    cost: int,
+    covered_ms: int,
     usd_per_gpu_hour: Decimal | None,
     holds: list[Hold],
 ) -> list[AllocationRecord]:
-    """``cost`` µ$ of the pane ``[start_ns, end_ns)`` split by the holds covering it (docs/definitions.md,
-    "Allocation basis"): tenant i's weight ``Σ fraction × held ns`` over its holds, over one common denominator
-    ``D`` (the fractions' least common multiple), the device's capacity ``D × pane ns``; ``unallocated`` holds the
-    capacity no one held. An oversubscribed device (Σ held > capacity) splits by what is held, none unallocated."""
+    """The cost of the pane ``[start_ns, end_ns)`` with ``covered_ms`` of GPU samples (the usage split's own C) split
+    by the holds covering it (docs/definitions.md, "Allocation basis"): tenant i's weight ``Σ fraction × held ns``
+    over its holds, over one common denominator ``D`` (the fractions' least common multiple), the device's capacity
+    ``D × pane ns``; ``unallocated`` holds the capacity no one held. An oversubscribed device (Σ held > capacity)
+    splits by what is held, none unallocated."""
+    cost = pane_cost_micro_usd(usd_per_gpu_hour, covered_ms)
     den = math.lcm(*(h.den for h in holds)) if holds else 1
     capacity = den * (end_ns - start_ns)
     by_tenant: dict[Tenant, list[Hold]] = defaultdict(list)
@@ -239,6 +241,7 @@ def split(
                 cost_basis="allocation",
                 allocated_num=weight,
                 capacity_num=capacity,
+                covered_ms=covered_ms,
             )
         )
     return out

@@ -23,7 +23,7 @@ _PARTY: dict[type, dict[str, Any]] = {
 }
 _PANE: dict[type, tuple[str, ...]] = {
     CostRecord: ("busy_fraction", "pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "busy_num", "covered_ms"),
-    AllocationRecord: ("pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "capacity_num"),
+    AllocationRecord: ("pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "capacity_num", "covered_ms"),
 }
 _OWN_PARTIES = (IDLE_TENANT, UNALLOCATED_TENANT)
 
