@@ -336,12 +336,13 @@ def test_ranges_hold_the_kernels_launched_inside_them(tmp_path_factory, kernels,
 
 
 def test_ranges_opened_together_nest_the_longer_outside():
-    from gpucost.streams.kernel_split import Interval, Span, range_paths
+    import numpy as np
 
-    spans = [Span(1, "inner", 0, 50), Span(1, "outer", 0, 100), Span(2, "other", 0, 100)]
-    kernels = [
-        Interval("k", 500, 900, launch_tid=1, launch_ns=10),
-        Interval("k", 5, 9, launch_tid=1, launch_ns=60),
-        Interval("k", 5, 9),
-    ]
-    assert range_paths(kernels, spans) == [("outer", "inner"), ("outer",), ()]
+    from gpucost.streams.kernel_split import Spans, range_paths
+
+    # (thread, name, start, end): inner and outer open together on thread 1, other on thread 2
+    rows = [(1, 0, 0, 50), (1, 1, 0, 100), (2, 2, 0, 100)]
+    spans = Spans(*(np.array(c, dtype=np.int64) for c in zip(*rows)), names=["inner", "outer", "other"])
+    # launches (thread, ns): inside both, inside outer only, unknown
+    tid, ns = np.array([1, 1, -1], dtype=np.int64), np.array([10, 60, -1], dtype=np.int64)
+    assert range_paths(tid, ns, spans) == [("outer", "inner"), ("outer",), ()]

@@ -12,33 +12,36 @@ import bisect
 from dataclasses import dataclass
 from math import lcm
 
+import numpy as np
+
 from gpucost.schemas.exact import div_half_even
 from gpucost.streams.money import split_in_order
 
-__all__ = ["Interval", "Span", "busy_shares", "device_cost", "split_by_name", "range_paths", "split_tree"]
+__all__ = ["Interval", "Spans", "busy_shares", "device_cost", "split_by_name", "range_paths", "split_tree"]
 
 NS_PER_HOUR = 3_600_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class Interval:
-    """One kernel as the split sees it: its name, GPU time, and the (thread, time) of its launch if known."""
+    """One kernel as the split sees it: its name and GPU time."""
 
     name: str
     start_ns: int
     end_ns: int
-    launch_tid: int | None = None
-    launch_ns: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One host range on one thread."""
+@dataclass(frozen=True)
+class Spans:
+    """Host spans of one kind (ranges, or PyTorch operators) as int64 columns: thread, name code, start and end
+    ns, with ``names[code]`` the text. Columns rather than one object a span, because a trace holds a
+    ``cpu_op`` for every PyTorch operator called, millions of them, most launching nothing."""
 
-    tid: int
-    name: str
-    start_ns: int
-    end_ns: int
+    tid: np.ndarray
+    name: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    names: list[str]
 
 
 def busy_shares(kernels: list[Interval]) -> tuple[int, int, list[int]]:
@@ -87,21 +90,86 @@ def _refuse(total: int) -> dict[str, int]:
     raise ValueError(f"{total} µ$ to split over parts that all weigh nothing")
 
 
-def range_paths(kernels: list[Interval], spans: list[Span]) -> list[tuple[str, ...]]:
-    """Each kernel's range path: the ranges open on its launching thread at its launch time, outermost first
-    (never by GPU-time overlap). A kernel with no known launch has the empty path."""
-    by_tid: dict[int, list[Span]] = {}
-    for s in sorted(spans, key=lambda s: (s.start_ns, -s.end_ns, s.name)):
-        by_tid.setdefault(s.tid, []).append(s)
-    starts = {tid: [s.start_ns for s in ss] for tid, ss in by_tid.items()}
+def range_paths(launch_tid: np.ndarray, launch_ns: np.ndarray, spans: Spans) -> list[tuple[str, ...]]:
+    """Each kernel's path from its launch's thread and time (int64, -1 unknown): the names of the spans open
+    on that thread at that time (start ≤ launch ≤ end), outermost first (earlier start, then the longer, then
+    the name), never by GPU-time overlap; the empty path without a known launch or with no span open.
+
+    Spans are sorted once and each gets a parent: the innermost span of its thread still open at its start
+    (the stack they make). Every span open at a launch is then the last span begun by it or on that span's
+    chain of parents, so a kernel walks up from there past the spans already closed, and the path of the
+    innermost open one is built once and shared. Where a thread's spans cross instead of nesting, the spans
+    of that chain that have closed are left out of the path one by one."""
+    if not len(spans.names) or not len(launch_tid):
+        return [()] * len(launch_tid)
+    rank = np.argsort(np.argsort(np.array(spans.names, dtype=object)))
+    order = np.lexsort((rank[spans.name], -spans.end_ns, spans.start_ns, spans.tid))
+    tid, start, end, name = (c[order] for c in (spans.tid, spans.start_ns, spans.end_ns, spans.name))
+    parent, low = _parents(tid.tolist(), start.tolist(), end.tolist())
+    innermost = np.full(len(launch_tid), -1, dtype=np.int64)  # the last span begun by the launch, then walked up
+    known = launch_ns >= 0
+    for t in np.unique(launch_tid[known]).tolist():
+        lo, hi = np.searchsorted(tid, t, side="left"), np.searchsorted(tid, t, side="right")
+        at = np.flatnonzero(known & (launch_tid == t))
+        begun = np.searchsorted(start[lo:hi], launch_ns[at], side="right")  # spans of thread t begun by then
+        innermost[at] = np.where(begun > 0, lo + begun - 1, -1)
+    parents = np.array(parent, dtype=np.int64)
+    while True:
+        live = np.flatnonzero(innermost >= 0)
+        closed = live[end[innermost[live]] < launch_ns[live]]
+        if not closed.size:
+            break
+        innermost[closed] = parents[innermost[closed]]
+    text = [spans.names[n] for n in name.tolist()]
+    paths: dict[int, tuple[str, ...]] = {-1: ()}
+    interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+    end_at = end.tolist()
     out: list[tuple[str, ...]] = []
-    for k in kernels:
-        if k.launch_tid is None or k.launch_ns is None or k.launch_tid not in by_tid:
-            out.append(())
+    for i, t in zip(innermost.tolist(), launch_ns.tolist()):
+        if i < 0 or low[i] >= t:  # every span on its chain is open
+            out.append(_path(i, parent, text, paths, interned))
             continue
-        open_ = by_tid[k.launch_tid][: bisect.bisect_right(starts[k.launch_tid], k.launch_ns)]
-        out.append(tuple(s.name for s in open_ if s.end_ns >= k.launch_ns))
+        chain = []
+        while i >= 0:
+            if end_at[i] >= t:
+                chain.append(text[i])
+            i = parent[i]
+        out.append(tuple(reversed(chain)))
     return out
+
+
+def _parents(tid: list[int], start: list[int], end: list[int]) -> tuple[list[int], list[int]]:
+    """For sorted spans: each one's parent (-1 for none) and the earliest end on its chain of parents, itself
+    included (where that is before a launch, some span of the chain closed before it: they cross)."""
+    parent, low = [-1] * len(tid), [0] * len(tid)
+    stack: list[int] = []
+    for i in range(len(tid)):
+        if i and tid[i] != tid[i - 1]:
+            stack.clear()
+        while stack and end[stack[-1]] < start[i]:
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        low[i] = min(end[i], low[parent[i]]) if stack else end[i]
+        stack.append(i)
+    return parent, low
+
+
+def _path(
+    i: int,
+    parent: list[int],
+    text: list[str],
+    paths: dict[int, tuple[str, ...]],
+    interned: dict[tuple[str, ...], tuple[str, ...]],
+) -> tuple[str, ...]:
+    """The names on span ``i``'s chain, outermost first, built once per span and once per distinct path."""
+    todo = []
+    while i not in paths:
+        todo.append(i)
+        i = parent[i]
+    for j in reversed(todo):
+        path = paths[parent[j]] + (text[j],)
+        paths[j] = interned.setdefault(path, path)
+    return paths[todo[0]] if todo else paths[i]
 
 
 def split_tree(
