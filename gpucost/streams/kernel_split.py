@@ -9,6 +9,7 @@ and µ$ are then dealt by largest remainder (ties by ascending name), so parts a
 from __future__ import annotations
 
 import bisect
+from array import array
 from dataclasses import dataclass
 from math import lcm
 
@@ -97,79 +98,56 @@ def range_paths(launch_tid: np.ndarray, launch_ns: np.ndarray, spans: Spans) -> 
 
     Spans are sorted once and each gets a parent: the innermost span of its thread still open at its start
     (the stack they make). Every span open at a launch is then the last span begun by it or on that span's
-    chain of parents, so a kernel walks up from there past the spans already closed, and the path of the
-    innermost open one is built once and shared. Where a thread's spans cross instead of nesting, the spans
-    of that chain that have closed are left out of the path one by one."""
+    chain of parents, so a kernel walks up that chain (as long as the spans nest deep) and keeps those not
+    yet closed; a thread's spans that cross instead of nesting are kept or left out one by one alike. Equal
+    paths are one tuple, and nothing is kept per span beyond int64 columns."""
     if not len(spans.names) or not len(launch_tid):
         return [()] * len(launch_tid)
     rank = np.argsort(np.argsort(np.array(spans.names, dtype=object)))
     order = np.lexsort((rank[spans.name], -spans.end_ns, spans.start_ns, spans.tid))
-    tid, start, end, name = (c[order] for c in (spans.tid, spans.start_ns, spans.end_ns, spans.name))
-    parent, low = _parents(tid.tolist(), start.tolist(), end.tolist())
-    innermost = np.full(len(launch_tid), -1, dtype=np.int64)  # the last span begun by the launch, then walked up
+    tid, start, end, name = (c[order].astype(np.int64) for c in (spans.tid, spans.start_ns, spans.end_ns, spans.name))
+    last = np.full(len(launch_tid), -1, dtype=np.int64)  # the last span of the launching thread begun by then
     known = launch_ns >= 0
     for t in np.unique(launch_tid[known]).tolist():
         lo, hi = np.searchsorted(tid, t, side="left"), np.searchsorted(tid, t, side="right")
         at = np.flatnonzero(known & (launch_tid == t))
-        begun = np.searchsorted(start[lo:hi], launch_ns[at], side="right")  # spans of thread t begun by then
-        innermost[at] = np.where(begun > 0, lo + begun - 1, -1)
-    parents = np.array(parent, dtype=np.int64)
-    while True:
-        live = np.flatnonzero(innermost >= 0)
-        closed = live[end[innermost[live]] < launch_ns[live]]
-        if not closed.size:
-            break
-        innermost[closed] = parents[innermost[closed]]
-    text = [spans.names[n] for n in name.tolist()]
-    paths: dict[int, tuple[str, ...]] = {-1: ()}
+        begun = np.searchsorted(start[lo:hi], launch_ns[at], side="right")
+        last[at] = np.where(begun > 0, lo + begun - 1, -1)
+    ends, codes = _int64s(end), _int64s(name)
+    parent = _parents(_int64s(tid), _int64s(start), ends)
     interned: dict[tuple[str, ...], tuple[str, ...]] = {}
-    end_at = end.tolist()
     out: list[tuple[str, ...]] = []
-    for i, t in zip(innermost.tolist(), launch_ns.tolist()):
-        if i < 0 or low[i] >= t:  # every span on its chain is open
-            out.append(_path(i, parent, text, paths, interned))
-            continue
+    for i, t in zip(last.tolist(), launch_ns.tolist()):
         chain = []
         while i >= 0:
-            if end_at[i] >= t:
-                chain.append(text[i])
+            if ends[i] >= t:
+                chain.append(spans.names[codes[i]])
             i = parent[i]
-        out.append(tuple(reversed(chain)))
+        path = tuple(reversed(chain))
+        out.append(interned.setdefault(path, path))
     return out
 
 
-def _parents(tid: list[int], start: list[int], end: list[int]) -> tuple[list[int], list[int]]:
-    """For sorted spans: each one's parent (-1 for none) and the earliest end on its chain of parents, itself
-    included (where that is before a launch, some span of the chain closed before it: they cross)."""
-    parent, low = [-1] * len(tid), [0] * len(tid)
-    stack: list[int] = []
+def _int64s(column: np.ndarray) -> array[int]:
+    """A column as an ``array``: read one item at a time in a Python loop without a Python int kept per item."""
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(column, dtype=np.int64).tobytes())
+    return out
+
+
+def _parents(tid: array[int], start: array[int], end: array[int]) -> array[int]:
+    """For sorted spans, each one's parent: the innermost span of its thread still open at its start, -1 for
+    none (equally, the last span before it on its thread that ends at or after its start)."""
+    parent = array("q", bytes(8 * len(tid)))
+    stack: list[int] = []  # as deep as the spans nest
     for i in range(len(tid)):
         if i and tid[i] != tid[i - 1]:
             stack.clear()
         while stack and end[stack[-1]] < start[i]:
             stack.pop()
         parent[i] = stack[-1] if stack else -1
-        low[i] = min(end[i], low[parent[i]]) if stack else end[i]
         stack.append(i)
-    return parent, low
-
-
-def _path(
-    i: int,
-    parent: list[int],
-    text: list[str],
-    paths: dict[int, tuple[str, ...]],
-    interned: dict[tuple[str, ...], tuple[str, ...]],
-) -> tuple[str, ...]:
-    """The names on span ``i``'s chain, outermost first, built once per span and once per distinct path."""
-    todo = []
-    while i not in paths:
-        todo.append(i)
-        i = parent[i]
-    for j in reversed(todo):
-        path = paths[parent[j]] + (text[j],)
-        paths[j] = interned.setdefault(path, path)
-    return paths[todo[0]] if todo else paths[i]
+    return parent
 
 
 def split_tree(
