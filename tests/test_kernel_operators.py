@@ -4,8 +4,8 @@ Each kernel's operator path is found here by brute force: every ``cpu_op`` of th
 open at the launch's time (start ≤ launch ≤ end), outermost first (earlier start, then the longer, then the
 name), or ``(no operator)`` where none is open or the launch is not in the trace. Each kernel's exact share of
 busy time is swept slice by slice with fractions, and every level of the tree is dealt from its parent with the
-largest-remainder deal of ``test_kernels`` (its parent's own kernels, key ``""``, a party of the deal). Expected
-figures come from the raw trace read with the standard library, never from the code under test."""
+largest-remainder deal of ``tests/support/kernel_money`` (its parent's own kernels, key ``""``, a party of the
+deal). Expected figures come from the raw trace read with the standard library, never from the code under test."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.cli import main
-from tests.test_kernels import KINETO, _deal, _half_even
+from tests.support.kernel_money import KINETO, deal, half_even
 
 NO_OPERATOR = "(no operator)"  # docs/definitions.md, "Kernel cost"
 BASE = 1_711_964_646_000_000_000
@@ -76,7 +76,7 @@ def expected_tree(paths: list[tuple[str, ...]], share: list[Fraction], busy: int
         if not children:
             return
         parts[""] += 0
-        dealt_ns, dealt_mu = _deal(ns, parts), _deal(mu, parts)
+        dealt_ns, dealt_mu = deal(ns, parts), deal(mu, parts)
         for c in children:
             out["/".join(prefix + (c,))] = (dealt_ns[c], dealt_mu[c])
             level(prefix + (c,), dealt_ns[c], dealt_mu[c])
@@ -86,7 +86,7 @@ def expected_tree(paths: list[tuple[str, ...]], share: list[Fraction], busy: int
 
 
 def _micro(busy: int, price: str) -> int:
-    return _half_even(Fraction(busy) * Fraction(Decimal(price)) * 10**6 / (3600 * 10**9))
+    return half_even(Fraction(busy) * Fraction(Decimal(price)) * 10**6 / (3600 * 10**9))
 
 
 def _run(path: Path, price: str, fmt: str = "json") -> str:
