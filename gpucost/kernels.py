@@ -1,4 +1,5 @@
-"""``gpucost kernels FILE…``: what each kernel and host range cost, from profiler traces alone (no fleet).
+"""``gpucost kernels FILE…``: what each kernel, host range and PyTorch operator cost, from profiler traces alone
+(no fleet).
 
 Figures follow docs/definitions.md, section "Kernel cost"; the split rules are in ``streams.kernel_split``.
 """
@@ -9,6 +10,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from gpucost.schemas.exact import micro_usd_per_hour
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, AnnotationRange, KernelActivity
 from gpucost.streams.kernel_split import (
     Interval,
-    Span,
+    Spans,
     busy_shares,
     device_cost,
     range_paths,
@@ -32,9 +34,12 @@ from gpucost.streams.kernel_split import (
 )
 from gpucost.wiring import UsageError
 
-__all__ = ["KERNELS", "cmd_kernels", "kernel_report", "read_trace"]
+__all__ = ["KERNELS", "NO_OPERATOR", "cmd_kernels", "kernel_report", "read_trace"]
 
 _COMPUTE = ("kernel", "communication")  # what makes a GPU busy; memcpy and memset are transfers, apart
+# the operator path of kernels launched in no cpu_op (or whose launch is not in the trace): named, so that the
+# operators' top level sums to the device as the kernels' does
+NO_OPERATOR = "(no operator)"
 
 
 def _kernels_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,16 +55,17 @@ def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("json", "text"), default="json")
 
 
-def read_trace(path: Path) -> tuple[KernelTable, RangeTable, dict, Counter]:
-    """One file's kernels, ranges, GPU models by (node, device) and rejects; the kind is read from its first bytes."""
+def read_trace(path: Path) -> tuple[KernelTable, RangeTable, RangeTable, dict, Counter]:
+    """One file's kernels, ranges, operators, GPU models by (node, device) and rejects; the kind is read from its
+    first bytes. Nsight Systems exports have no PyTorch operators: their table is empty."""
     with path.open("rb") as f:
         magic = f.read(16)
     if magic.startswith(b"SQLite format 3"):
         t = read_nsys(path)
         models = {(t.node_id, d): m for d, m in t.gpu_models.items()}
-        return KernelTable.of(t.kernels), RangeTable.of(t.ranges), models, t.rejected
+        return KernelTable.of(t.kernels), RangeTable.of(t.ranges), RangeTable(), models, t.rejected
     k = read_kineto(path)
-    return k.kernels, k.ranges, {(path.name, d): m for d, m in k.gpu_models.items()}, k.rejected
+    return k.kernels, k.ranges, k.operators, {(path.name, d): m for d, m in k.gpu_models.items()}, k.rejected
 
 
 def kernel_report(
@@ -67,35 +73,57 @@ def kernel_report(
     ranges: RangeTable | list[AnnotationRange],
     models: dict,
     micro_per_hour: int,
+    operators: RangeTable | Sequence[AnnotationRange] = (),
 ) -> dict:
-    """The ``devices`` figures of docs/definitions.md "Kernel cost", keyed by (node, device), in key order."""
+    """The ``devices`` figures of docs/definitions.md "Kernel cost", keyed by (node, device), in key order;
+    without ``operators`` every kernel is in the ``(no operator)`` party."""
     if not isinstance(kernels, KernelTable):
         kernels = KernelTable.of(kernels)
     if not isinstance(ranges, RangeTable):
         ranges = RangeTable.of(ranges)
+    if not isinstance(operators, RangeTable):
+        operators = RangeTable.of(operators)
     node, device = kernels.column("node"), kernels.column("device")
     keys = sorted({(kernels.nodes.values[n], d) for n, d in set(zip(node.tolist(), device.tolist()))})
     devices = []
     for key in keys:
         rows = np.flatnonzero((node == kernels.nodes.index(key[0])) & (device == key[1]))
-        devices.append(_device(key, kernels, rows, ranges, models.get(key), micro_per_hour))
+        devices.append(_device(key, kernels, rows, (ranges, operators), models.get(key), micro_per_hour))
     return {"devices": devices}
 
 
-def _device(key, kt: KernelTable, rows: np.ndarray, rt: RangeTable, model, micro_per_hour: int) -> dict:
+def _spans(rt: RangeTable, node: str, pids: np.ndarray) -> Spans:
+    """The spans of ``rt`` on ``node`` in the processes that launched the device's kernels, as columns."""
+    in_node = rt.column("node") == (rt.nodes.index(node) if node in rt.nodes.values else -1)
+    at = np.flatnonzero(in_node & np.isin(rt.column("pid"), pids))
+    return Spans(*(rt.column(c)[at] for c in ("tid", "name", "start_ns", "end_ns")), names=rt.names.values)
+
+
+def _tree(busy: int, micro: int, paths: list[tuple[str, ...]], shares: list[int]) -> list[dict]:
+    """Busy ns and µ$ of every path (``split_tree``), largest µ$ first, as the report lists them."""
+    weights: dict[tuple[str, ...], int] = {}
+    for path, s in zip(paths, shares):
+        weights[path] = weights.get(path, 0) + s
+    tree = split_tree(busy, micro, weights)
+    return [
+        {"path": "/".join(p), "busy_ns": tree[p][0], "cost_micro_usd": tree[p][1]}
+        for p in sorted(tree, key=lambda p: (-tree[p][1], -tree[p][0], p))
+        if p
+    ]
+
+
+def _device(
+    key, kt: KernelTable, rows: np.ndarray, spans: tuple[RangeTable, RangeTable], model, micro_per_hour: int
+) -> dict:
     names = kt.names.values
     compute_codes = [KERNEL_CATEGORIES.index(c) for c in _COMPUTE]
     is_compute = np.isin(kt.column("category")[rows], compute_codes)
     compute = rows[is_compute]
     name_of = kt.column("name")[compute].tolist()
     start, end = kt.column("start_ns")[compute].tolist(), kt.column("end_ns")[compute].tolist()
-    ivs = [
-        Interval(names[n], s, e, None if t < 0 else t, None if ns < 0 else ns)
-        for n, s, e, t, ns in zip(
-            name_of, start, end, kt.column("launch_tid")[compute].tolist(), kt.column("launch_ns")[compute].tolist()
-        )
-    ]
+    ivs = [Interval(names[n], s, e) for n, s, e in zip(name_of, start, end)]
     busy, denominator, shares = busy_shares(ivs)
+    del ivs
     micro = device_cost(busy, micro_per_hour)
     by_name: dict[str, int] = {}
     calls: Counter = Counter()
@@ -113,19 +141,8 @@ def _device(key, kt: KernelTable, rows: np.ndarray, rt: RangeTable, model, micro
         key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["name"]),
     )
     pids = np.unique(kt.column("pid")[compute])
-    in_node = rt.column("node") == (rt.nodes.index(key[0]) if key[0] in rt.nodes.values else -1)
-    spans_at = np.flatnonzero(in_node & np.isin(rt.column("pid"), pids))
-    spans = [
-        Span(t, rt.names.values[n], s, e)
-        for t, n, s, e in zip(
-            *(rt.column(c)[spans_at].tolist() for c in ("tid", "name", "start_ns", "end_ns")),
-        )
-    ]
-    weights: dict[tuple[str, ...], int] = {}
-    for path, s in zip(range_paths(ivs, spans), shares):
-        weights[path] = weights.get(path, 0) + s
-    del ivs, spans
-    tree = split_tree(busy, micro, weights)
+    launch = kt.column("launch_tid")[compute], kt.column("launch_ns")[compute]
+    ranges, operators = (range_paths(*launch, _spans(t, key[0], pids)) for t in spans)
     window = (max(end) - min(start)) if compute.size else 0
     transfers: dict[tuple[str, str], list[int]] = {}
     others = rows[~is_compute]
@@ -144,11 +161,8 @@ def _device(key, kt: KernelTable, rows: np.ndarray, rt: RangeTable, model, micro
         "cost_micro_usd": micro,
         "launch_gaps": {"idle_ns": window - busy, "cost_micro_usd": device_cost(window, micro_per_hour) - micro},
         "kernels": kernels,
-        "ranges": [
-            {"path": "/".join(p), "busy_ns": tree[p][0], "cost_micro_usd": tree[p][1]}
-            for p in sorted(tree, key=lambda p: (-tree[p][1], -tree[p][0], p))
-            if p
-        ],
+        "ranges": _tree(busy, micro, ranges, shares),
+        "operators": _tree(busy, micro, [p or (NO_OPERATOR,) for p in operators], shares),
         "transfers": [
             {"category": c, "name": n, "calls": v[0], "duration_ns": v[1], "bytes": v[2]}
             for (c, n), v in sorted(transfers.items())
@@ -168,26 +182,27 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         ) from None
     except ValueError as exc:
         raise UsageError(f"--usd-per-gpu-hour {args.usd_per_gpu_hour!r}: {exc}; give a price such as 2.5") from None
-    kernels, ranges, models, rejected = KernelTable(), RangeTable(), {}, Counter()
+    kernels, ranges, operators, models, rejected = KernelTable(), RangeTable(), RangeTable(), {}, Counter()
     for path in args.files:
         if not path.is_file():
             raise UsageError(f"{path}: no such file; give Kineto JSON traces or nsys SQLite exports")
         try:
-            k, r, m, bad = read_trace(path)
+            k, r, o, m, bad = read_trace(path)
         except Exception as exc:  # a file that is neither format: say which and why, no traceback
             why = " ".join(str(exc).split()).removesuffix(" (right here) ------^")  # one line: ijson draws a caret
             raise UsageError(
                 f"{path}: not a Kineto trace or nsys SQLite export ({type(exc).__name__}: {why})"
             ) from None
-        if len(kernels) or len(ranges):
+        if len(kernels) or len(ranges) or len(operators):
             kernels.extend(k)
             ranges.extend(r)
+            operators.extend(o)
         else:  # the first file's tables are taken as they are, not copied
-            kernels, ranges = k, r
-        del k, r
+            kernels, ranges, operators = k, r, o
+        del k, r, o
         models |= m
         rejected.update({f"{path.name}: {reason}": n for reason, n in bad.items()})
-    report = kernel_report(kernels, ranges, models, micro_per_hour)
+    report = kernel_report(kernels, ranges, models, micro_per_hour, operators)
     report["rejected"] = dict(sorted(rejected.items()))
     if args.format == "json":
         print(json.dumps(report, indent=1))
@@ -208,15 +223,17 @@ def _print_text(report: dict) -> None:
                 f"  {k['cost_micro_usd']:>12} µ$ {k['busy_ns']:>14} ns {k['calls']:>7}× {k['category']:<13} "
                 f"{k['name'][:100]}"
             )
-        for r in d["ranges"][:20]:
-            print(f"  range {r['cost_micro_usd']:>12} µ$ {r['busy_ns']:>14} ns  {r['path'][:100]}")
+        for section in ("ranges", "operators"):
+            for r in d[section][:20]:
+                print(f"  {section[:-1]:<8} {r['cost_micro_usd']:>12} µ$ {r['busy_ns']:>14} ns  {r['path'][:100]}")
     for reason, n in report.get("rejected", {}).items():
         print(f"read with a note or left out: {n} × {reason}", file=sys.stderr)
 
 
 KERNELS = Command(
     "kernels",
-    "cost per kernel and per host range from PyTorch profiler (Kineto) traces and Nsight Systems SQLite exports alone",
+    "cost per kernel, host range and PyTorch operator from PyTorch profiler (Kineto) traces and Nsight Systems "
+    "SQLite exports alone",
     _kernels_arguments,
     cmd_kernels,
 )

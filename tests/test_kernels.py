@@ -16,28 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.cli import main
+from tests.support.kernel_money import DATA, KINETO, deal, half_even
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "profiler-traces"
-KINETO = sorted((DATA / "hta-kineto").glob("*.json.gz"))
 NSYS = sorted((DATA / "pipit-nsys").glob("*.sqlite"))
 PRICE = Decimal("2.5")
-
-
-def _half_even(x: Fraction) -> int:
-    floor = x.numerator // x.denominator
-    rest = x - floor
-    return floor + (1 if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and floor % 2) else 0)
-
-
-def _deal(total: int, weights: dict[str, Fraction]) -> dict[str, int]:
-    whole = sum(weights.values())
-    if not whole:
-        return {n: 0 for n in weights}
-    quota = {n: Fraction(total) * w / whole for n, w in weights.items()}
-    out = {n: q.numerator // q.denominator for n, q in quota.items()}
-    for n in sorted(quota, key=lambda n: (-(quota[n] - out[n]), n))[: total - sum(out.values())]:
-        out[n] += 1
-    return out
 
 
 def brute(kernels: list[tuple[str, int, int]], price: Decimal) -> dict:
@@ -51,13 +33,13 @@ def brute(kernels: list[tuple[str, int, int]], price: Decimal) -> dict:
             busy += hi - lo
             for n in running:
                 share[n] += Fraction(hi - lo, len(running))
-    micro = _half_even(Fraction(busy) * Fraction(price) * 10**6 / (3600 * 10**9))
+    micro = half_even(Fraction(busy) * Fraction(price) * 10**6 / (3600 * 10**9))
     return {
         "busy_ns": busy,
         "window_ns": (max(e for _, _, e in kernels) - min(s for _, s, _ in kernels)),
         "cost_micro_usd": micro,
-        "busy_by_name": _deal(busy, share),
-        "micro_by_name": _deal(micro, share),
+        "busy_by_name": deal(busy, share),
+        "micro_by_name": deal(micro, share),
     }
 
 
@@ -336,12 +318,13 @@ def test_ranges_hold_the_kernels_launched_inside_them(tmp_path_factory, kernels,
 
 
 def test_ranges_opened_together_nest_the_longer_outside():
-    from gpucost.streams.kernel_split import Interval, Span, range_paths
+    import numpy as np
 
-    spans = [Span(1, "inner", 0, 50), Span(1, "outer", 0, 100), Span(2, "other", 0, 100)]
-    kernels = [
-        Interval("k", 500, 900, launch_tid=1, launch_ns=10),
-        Interval("k", 5, 9, launch_tid=1, launch_ns=60),
-        Interval("k", 5, 9),
-    ]
-    assert range_paths(kernels, spans) == [("outer", "inner"), ("outer",), ()]
+    from gpucost.streams.kernel_split import Spans, range_paths
+
+    # (thread, name, start, end): inner and outer open together on thread 1, other on thread 2
+    rows = [(1, 0, 0, 50), (1, 1, 0, 100), (2, 2, 0, 100)]
+    spans = Spans(*(np.array(c, dtype=np.int64) for c in zip(*rows)), names=["inner", "outer", "other"])
+    # launches (thread, ns): inside both, inside outer only, unknown
+    tid, ns = np.array([1, 1, -1], dtype=np.int64), np.array([10, 60, -1], dtype=np.int64)
+    assert range_paths(tid, ns, spans) == [("outer", "inner"), ("outer",), ()]

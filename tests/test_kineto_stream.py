@@ -1,7 +1,8 @@
 """The streaming Kineto reader (rows of columns, launches tied at the end) against the reading it replaced: the
 whole file loaded with the standard library's json, every GPU event held until the end and each event made a
-model, written out here as it was (issue 38). Generated traces mix kernels, memcpys, memsets, launches
-(repeated, missing, shared by a CUDA graph's kernels, after or before their kernels), ranges, flows, metadata
+model, written out here as it was (issue 38), its range rule applied to operators (``cpu_op``) too, since
+operators are now read as ranges are. Generated traces mix kernels, memcpys, memsets, launches
+(repeated, missing, shared by a CUDA graph's kernels, after or before their kernels), ranges, operators, flows, metadata
 and bad events, in any order, gzip or not; rows, rejects and the report must be equal."""
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ def _int_or_none(v):
 
 
 def whole_file_read(path: Path, node: str):
-    """The reader before issue 38, over ``json.loads`` of the whole file: (kernels, ranges, rejected)."""
+    """The reader before issue 38, over ``json.loads`` of the whole file: (kernels, ranges, operators, rejected)."""
     raw = path.read_bytes()
     doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, parse_float=Decimal)
     base = doc.get("baseTimeNanoseconds", 0)
     base = int(base) if isinstance(base, (int, Decimal)) and not isinstance(base, bool) else 0
     rejected: Counter = Counter()
-    launches, pending, ranges, kernels = {}, [], [], []
+    launches, pending, kernels = {}, [], []
+    spans: dict[str, list] = {"user_annotation": [], "cpu_op": []}
     for ev in doc["traceEvents"]:
         if not isinstance(ev, dict):
             rejected["traceEvents: an item that is not an object"] += 1
@@ -65,9 +67,9 @@ def whole_file_read(path: Path, node: str):
                 pending.append(ev)
             elif cat in ("cuda_runtime", "cuda_driver"):
                 launches[int(ev["args"]["correlation"])] = (int(ev["pid"]), int(ev["tid"]), base + _ns(ev["ts"]))
-            elif cat == "user_annotation":
+            elif cat in spans:
                 start = base + _ns(ev["ts"])
-                ranges.append(
+                spans[cat].append(
                     AnnotationRange(
                         node_id=node,
                         pid=int(ev["pid"]),
@@ -113,7 +115,7 @@ def whole_file_read(path: Path, node: str):
             )
         except _CAUGHT as exc:
             rejected[f"{ev.get('cat')}: {rejection_reason(exc)}"] += 1
-    return kernels, ranges, rejected
+    return kernels, spans["user_annotation"], spans["cpu_op"], rejected
 
 
 def _kernel_rows(table) -> list[tuple]:
@@ -175,7 +177,8 @@ def launch_event(draw):
 
 @st.composite
 def range_event(draw):
-    ev = {"ph": "X", "cat": "user_annotation", "name": draw(st.sampled_from(["step", "fwd", "bwd", "z" * 1030]))}
+    ev = {"ph": "X", "cat": draw(st.sampled_from(["user_annotation", "cpu_op"]))}
+    ev["name"] = draw(st.sampled_from(["step", "fwd", "bwd", "z" * 1030]))
     ev |= {"pid": draw(st.integers(1, 2)), "tid": draw(st.integers(1, 3)), "ts": draw(_us), "dur": draw(_us)}
     return _spoil(draw, ev, ["pid", "tid", "ts", "dur", "name"])
 
@@ -198,7 +201,6 @@ _other = st.sampled_from(
         {"ph": "s", "id": 3, "pid": 1, "tid": 1, "ts": 5, "cat": "ac2g", "name": "ac2g"},  # a flow's two ends
         {"ph": "f", "id": 3, "pid": 0, "tid": 7, "ts": 9, "cat": "ac2g", "name": "ac2g", "bp": "e"},
         {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 4, "dur": 2},
         {"ph": "X", "cat": "gpu_user_annotation", "name": "fwd", "pid": 0, "tid": 7, "ts": 4, "dur": 2},
         [1, 2],
         "not an event",
@@ -246,14 +248,15 @@ def test_streaming_reader_equals_the_whole_file_reading(tmp_path_factory, events
     if old[0] == "raised" or (isinstance(new, tuple) and new[0] == "raised"):
         assert new == old
         return
-    kernels, ranges, rejected = old
+    kernels, ranges, operators, rejected = old
     assert _kernel_rows(new.kernels) == _model_rows(kernels)
     assert _range_rows(new.ranges) == [(r.node_id, r.pid, r.tid, r.name, r.start_ns, r.end_ns) for r in ranges]
+    assert _range_rows(new.operators) == [(r.node_id, r.pid, r.tid, r.name, r.start_ns, r.end_ns) for r in operators]
     assert new.rejected == rejected
     assert new.gpu_models == {0: "NVIDIA H100", 1: "NVIDIA H200"}
     price = 2_500_000
-    report = kernel_report(new.kernels, new.ranges, {}, price)
-    assert report == kernel_report(kernels, ranges, {}, price)
+    report = kernel_report(new.kernels, new.ranges, {}, price, new.operators)
+    assert report == kernel_report(kernels, ranges, {}, price, operators)
     for d in report["devices"]:  # memcpy and memset, summed here from the old reader's models
         sums: dict = {}
         for k in kernels:

@@ -1,4 +1,4 @@
-"""PyTorch profiler (Kineto) Chrome traces, JSON or gzip, as kernel and range events.
+"""PyTorch profiler (Kineto) Chrome traces, JSON or gzip, as kernel, range and operator events.
 
 The file is read as a stream of events (ijson, C backend), never whole: one pass for the header figures
 (``baseTimeNanoseconds``, ``deviceProperties``), one for the events. Times are the decimal text of the
@@ -28,18 +28,21 @@ __all__ = ["KinetoTrace", "read_kineto"]
 
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
-_RANGE_CATS = {"user_annotation"}  # CPU time on the launching thread; gpu_user_annotation is GPU time, not used
+# host spans, each kind its own table: record_function ranges and PyTorch operators, both CPU time on the
+# launching thread; gpu_user_annotation is GPU time (docs/definitions.md, "Kernel cost"), not read
+_SPAN_TABLES = {"user_annotation": "ranges", "cpu_op": "operators"}
 _REJECTED = (KeyError, TypeError, ValueError, InvalidOperation, ValidationError)  # an event's fault: counted
 _NO_LAUNCHES: dict = {}
 
 
 @dataclass
 class KinetoTrace:
-    """What one trace file gave: its kernels and ranges as columns, the GPU models by device index, and the
-    events left out by reason."""
+    """What one trace file gave: its kernels, ranges (``user_annotation``) and operators (``cpu_op``) as
+    columns, the GPU models by device index, and the events left out by reason."""
 
     kernels: KernelTable = field(default_factory=KernelTable)
     ranges: RangeTable = field(default_factory=RangeTable)
+    operators: RangeTable = field(default_factory=RangeTable)
     gpu_models: dict[int, str] = field(default_factory=dict)
     rejected: Counter = field(default_factory=Counter)
 
@@ -74,15 +77,16 @@ def _category(cat: str, name: str) -> str:
 
 
 def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
-    """All kernels and ``user_annotation`` ranges of one trace; ``node_id`` defaults to the file's name.
+    """All kernels, ``user_annotation`` ranges and ``cpu_op`` operators of one trace; ``node_id`` defaults to
+    the file's name.
 
     Each event is validated as it is read (the models of ``schemas.kernels``) and kept as a row of columns.
     A kernel is validated with its launch not yet known: launches may come after their kernels, and the last
     launch of a correlation id wins, so launches are tied to kernels once the file has ended (``Launches``),
     and a kernel whose launch then fails the model's bounds is taken out with the reason the model gives. A
     kernel that fails on its own fields is kept whole (a rejected event, so rare) and rejected at the end with
-    its launch, as the model says. Memory: 43 bytes a kernel (67 once tied), 36 a range and 32 a launch,
-    every distinct name once, and the raw events of rejected kernels (docs/kernels.md, "Memory")."""
+    its launch, as the model says. Memory: 43 bytes a kernel (67 once tied), 36 a range or operator and 32 a
+    launch, every distinct name once, and the raw events of rejected kernels (docs/kernels.md, "Memory")."""
     node = node_id or path.name
     base, models = _header(path)
     out = KinetoTrace(gpu_models=models)
@@ -98,9 +102,9 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
             elif cat in _LAUNCH_CATS:
                 launch = (int(ev["pid"]), int(ev["tid"]), base + _ns(ev["ts"]))
                 launches.add(int(ev["args"]["correlation"]), *launch)
-            elif cat in _RANGE_CATS:
+            elif cat in _SPAN_TABLES:
                 start = base + _ns(ev["ts"])
-                out.ranges.append(
+                getattr(out, _SPAN_TABLES[cat]).append(
                     AnnotationRange(
                         node_id=node,
                         pid=int(ev["pid"]),

@@ -9,36 +9,40 @@ and µ$ are then dealt by largest remainder (ties by ascending name), so parts a
 from __future__ import annotations
 
 import bisect
+from array import array
 from dataclasses import dataclass
 from math import lcm
+
+import numpy as np
 
 from gpucost.schemas.exact import div_half_even
 from gpucost.streams.money import split_in_order
 
-__all__ = ["Interval", "Span", "busy_shares", "device_cost", "split_by_name", "range_paths", "split_tree"]
+__all__ = ["Interval", "Spans", "busy_shares", "device_cost", "split_by_name", "range_paths", "split_tree"]
 
 NS_PER_HOUR = 3_600_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class Interval:
-    """One kernel as the split sees it: its name, GPU time, and the (thread, time) of its launch if known."""
+    """One kernel as the split sees it: its name and GPU time."""
 
     name: str
     start_ns: int
     end_ns: int
-    launch_tid: int | None = None
-    launch_ns: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One host range on one thread."""
+@dataclass(frozen=True)
+class Spans:
+    """Host spans of one kind (ranges, or PyTorch operators) as int64 columns: thread, name code, start and end
+    ns, with ``names[code]`` the text. Columns rather than one object a span, because a trace holds a
+    ``cpu_op`` for every PyTorch operator called, millions of them, most launching nothing."""
 
-    tid: int
-    name: str
-    start_ns: int
-    end_ns: int
+    tid: np.ndarray
+    name: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    names: list[str]
 
 
 def busy_shares(kernels: list[Interval]) -> tuple[int, int, list[int]]:
@@ -87,21 +91,63 @@ def _refuse(total: int) -> dict[str, int]:
     raise ValueError(f"{total} µ$ to split over parts that all weigh nothing")
 
 
-def range_paths(kernels: list[Interval], spans: list[Span]) -> list[tuple[str, ...]]:
-    """Each kernel's range path: the ranges open on its launching thread at its launch time, outermost first
-    (never by GPU-time overlap). A kernel with no known launch has the empty path."""
-    by_tid: dict[int, list[Span]] = {}
-    for s in sorted(spans, key=lambda s: (s.start_ns, -s.end_ns, s.name)):
-        by_tid.setdefault(s.tid, []).append(s)
-    starts = {tid: [s.start_ns for s in ss] for tid, ss in by_tid.items()}
+def range_paths(launch_tid: np.ndarray, launch_ns: np.ndarray, spans: Spans) -> list[tuple[str, ...]]:
+    """Each kernel's path from its launch's thread and time (int64, -1 unknown): the names of the spans open
+    on that thread at that time (start ≤ launch ≤ end), outermost first (earlier start, then the longer, then
+    the name), never by GPU-time overlap; the empty path without a known launch or with no span open.
+
+    Spans are sorted once and each gets a parent: the innermost span of its thread still open at its start
+    (the stack they make). Every span open at a launch is then the last span begun by it or on that span's
+    chain of parents, so a kernel walks up that chain (as long as the spans nest deep) and keeps those not
+    yet closed; a thread's spans that cross instead of nesting are kept or left out one by one alike. Equal
+    paths are one tuple, and nothing is kept per span beyond int64 columns."""
+    if not len(spans.names) or not len(launch_tid):
+        return [()] * len(launch_tid)
+    rank = np.argsort(np.argsort(np.array(spans.names, dtype=object)))
+    order = np.lexsort((rank[spans.name], -spans.end_ns, spans.start_ns, spans.tid))
+    tid, start, end, name = (c[order].astype(np.int64) for c in (spans.tid, spans.start_ns, spans.end_ns, spans.name))
+    last = np.full(len(launch_tid), -1, dtype=np.int64)  # the last span of the launching thread begun by then
+    known = launch_ns >= 0
+    for t in np.unique(launch_tid[known]).tolist():
+        lo, hi = np.searchsorted(tid, t, side="left"), np.searchsorted(tid, t, side="right")
+        at = np.flatnonzero(known & (launch_tid == t))
+        begun = np.searchsorted(start[lo:hi], launch_ns[at], side="right")
+        last[at] = np.where(begun > 0, lo + begun - 1, -1)
+    ends, codes = _int64s(end), _int64s(name)
+    parent = _parents(_int64s(tid), _int64s(start), ends)
+    interned: dict[tuple[str, ...], tuple[str, ...]] = {}
     out: list[tuple[str, ...]] = []
-    for k in kernels:
-        if k.launch_tid is None or k.launch_ns is None or k.launch_tid not in by_tid:
-            out.append(())
-            continue
-        open_ = by_tid[k.launch_tid][: bisect.bisect_right(starts[k.launch_tid], k.launch_ns)]
-        out.append(tuple(s.name for s in open_ if s.end_ns >= k.launch_ns))
+    for i, t in zip(last.tolist(), launch_ns.tolist()):
+        chain = []
+        while i >= 0:
+            if ends[i] >= t:
+                chain.append(spans.names[codes[i]])
+            i = parent[i]
+        path = tuple(reversed(chain))
+        out.append(interned.setdefault(path, path))
     return out
+
+
+def _int64s(column: np.ndarray) -> array[int]:
+    """A column as an ``array``: read one item at a time in a Python loop without a Python int kept per item."""
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(column, dtype=np.int64).tobytes())
+    return out
+
+
+def _parents(tid: array[int], start: array[int], end: array[int]) -> array[int]:
+    """For sorted spans, each one's parent: the innermost span of its thread still open at its start, -1 for
+    none (equally, the last span before it on its thread that ends at or after its start)."""
+    parent = array("q", bytes(8 * len(tid)))
+    stack: list[int] = []  # as deep as the spans nest
+    for i in range(len(tid)):
+        if i and tid[i] != tid[i - 1]:
+            stack.clear()
+        while stack and end[stack[-1]] < start[i]:
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    return parent
 
 
 def split_tree(

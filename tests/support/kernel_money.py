@@ -1,0 +1,28 @@
+"""Exact money for the ``gpucost kernels`` tests, written from docs/definitions.md ("Kernel cost"), sharing no
+code with ``streams/kernel_split``: the shared Kineto traces, rounding half-even of an exact fraction, and the
+largest-remainder deal (ties to the ascending name) over exact fractional weights."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "profiler-traces"
+KINETO = sorted((DATA / "hta-kineto").glob("*.json.gz"))
+
+
+def half_even(x: Fraction) -> int:
+    floor = x.numerator // x.denominator
+    rest = x - floor
+    return floor + (1 if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and floor % 2) else 0)
+
+
+def deal(total: int, weights: dict[str, Fraction]) -> dict[str, int]:
+    whole = sum(weights.values())
+    if not whole:
+        return {n: 0 for n in weights}
+    quota = {n: Fraction(total) * w / whole for n, w in weights.items()}
+    out = {n: q.numerator // q.denominator for n, q in quota.items()}
+    for n in sorted(quota, key=lambda n: (-(quota[n] - out[n]), n))[: total - sum(out.values())]:
+        out[n] += 1
+    return out
