@@ -79,8 +79,16 @@ class FleetSpec:
     watts_per_sm_pct: float = 3.0
     watts_per_bw_pct: float = 1.5
     watt_ms_per_numa: float = 20_000.0
+    #: a mixed fleet's platforms draw unlike each other (the per-platform fit of ``gpucost fit-weights``,
+    #: tests/test_calibration.py): ``(model, idle W, W per SM %, W per BW %, W·ms per NUMA)`` for each model named
+    #: here, the four fields above for the others. Empty by default, so a fleet's events stay those it always had
+    power_by_model: tuple[tuple[str, float, float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
+        models = [m for m, *_ in GPU_MODELS]
+        for model, *_ in self.power_by_model:
+            if model not in models:
+                raise ValueError(f"power_by_model names {model!r}, which is no simulated model: name one of {models}")
         for name in ("gpus", "gpus_per_node"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
@@ -128,6 +136,10 @@ class _Gpu:
         self.node_id = f"node-{index // spec.gpus_per_node:03d}"
         self.uuid = f"GPU-{uuid.UUID(bytes=self.rng.bytes(16))}"
         self.model, _, self.mem_total = GPU_MODELS[int(self.rng.integers(len(GPU_MODELS)))]
+        own = {model: (idle, sm, bw, numa) for model, idle, sm, bw, numa in spec.power_by_model}
+        self.power: tuple[float, float, float, float] = own.get(
+            self.model, (spec.idle_power_w, spec.watts_per_sm_pct, spec.watts_per_bw_pct, spec.watt_ms_per_numa)
+        )
         self.pid_base = 10_000 + 1_000 * (index % spec.gpus_per_node)
         self.jobs = self._schedule()
 
@@ -267,13 +279,8 @@ class _Gpu:
                             trace_source="blas",
                         )
                     )
-            power = (
-                spec.idle_power_w
-                + spec.watts_per_sm_pct * sum(sm)
-                + spec.watts_per_bw_pct * sum(bw)
-                + spec.watt_ms_per_numa * numa / (interval * 1000)
-                + noise
-            )
+            idle_w, per_sm, per_bw, per_numa = self.power
+            power = idle_w + per_sm * sum(sm) + per_bw * sum(bw) + per_numa * numa / (interval * 1000) + noise
             out.insert(
                 0,
                 GpuSample(
