@@ -26,31 +26,27 @@ pytestmark = pytest.mark.slow
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 #: two models drawing by their own formula (idle W, W per SM %, W per BW %, W·ms per NUMA), the others by the
 #: fleet's (``FleetSpec``'s defaults: 70 W, 3, 1.5, 20,000)
-SPEC = FleetSpec(
-    gpus=8,
-    hours=12,
-    seed=2,  # three A100, two H100, two H200, one L40S
-    interval_s=10,
-    power_by_model=((H100, 110.0, 2.0, 0.5, 8_000.0), (A100, 45.0, 4.5, 2.5, 30_000.0)),
-)
+POWER = {H100: (110.0, 2.0, 0.5, 8_000.0), A100: (45.0, 4.5, 2.5, 30_000.0)}
+SPEC = FleetSpec(gpus=8, hours=12, seed=2, interval_s=10)  # seed 2: three A100, two H100, two H200, one L40S
 
 
-def formula(spec: FleetSpec, model: str) -> tuple[float, np.ndarray]:
-    own = {m: (idle, np.array(c)) for m, idle, *c in spec.power_by_model}
-    default = (spec.idle_power_w, np.array([spec.watts_per_sm_pct, spec.watts_per_bw_pct, spec.watt_ms_per_numa]))
-    return own.get(model, default)
+def formula(model: str) -> tuple[float, np.ndarray]:
+    idle, *slopes = POWER.get(
+        model, (SPEC.idle_power_w, SPEC.watts_per_sm_pct, SPEC.watts_per_bw_pct, SPEC.watt_ms_per_numa)
+    )
+    return idle, np.array(slopes)
 
 
-def recovers(fit: Fit, spec: FleetSpec, model: str) -> bool:
+def recovers(fit: Fit, model: str) -> bool:
     """The idle draw within 2 W and the SM and bandwidth slopes within 5 %: the simulator's noise (3 W a sample,
     only while a job runs) over hundreds of panes. NUMA events are rare (2 % of ticks), so the L slope is not held."""
-    idle, slopes = formula(spec, model)
+    idle, slopes = formula(model)
     return abs(fit.intercept_w - idle) < 2 and bool(np.all(np.abs(fit.slopes[:2] - slopes[:2]) < 0.05 * slopes[:2]))
 
 
 def write_fleet(path: Path, spec: FleetSpec) -> Path:
     path.mkdir()
-    (path / "events.jsonl").write_text("".join(encode_event(e) + "\n" for e in simulate(spec)))
+    (path / "events.jsonl").write_text("".join(encode_event(e) + "\n" for e in simulate(spec, POWER)))
     return path
 
 
@@ -61,10 +57,10 @@ def test_each_simulated_platform_recovers_its_formula_and_the_pooled_fit_none(tm
     assert cal.pooled is not None
     for model, p in by_model.items():
         assert p.fit is not None and p.why_not is None, (model, p.why_not)
-        assert recovers(p.fit, SPEC, model), (model, p.fit)
+        assert recovers(p.fit, model), (model, p.fit)
         assert p.r2 is not None and p.r2 > 0.95
     for model in (H100, A100):
-        assert not recovers(cal.pooled, SPEC, model) and not recovers(cal.fleet, SPEC, model)
+        assert not recovers(cal.pooled, model) and not recovers(cal.fleet, model)
         p = by_model[model]
         assert p.pooled_rmse_w is not None and p.rmse_w is not None and p.pooled_rmse_w > 2 * p.rmse_w
 
@@ -72,12 +68,14 @@ def test_each_simulated_platform_recovers_its_formula_and_the_pooled_fit_none(tm
 def test_power_by_model_changes_only_the_watts_of_the_models_it_names() -> None:
     """Every record of a fleet stays as it was: the per-model power draws nothing from the generators, so only the
     named model's GPU samples' power_w moves."""
-    base = replace(SPEC, gpus=4, hours=0.5, power_by_model=())
-    before, after = list(simulate(base)), list(simulate(replace(base, power_by_model=SPEC.power_by_model[:1])))
+    base = replace(SPEC, gpus=4, hours=0.5)
+    before, after = list(simulate(base)), list(simulate(base, {H100: POWER[H100]}))
     assert len(before) == len(after)
     moved = [(a, b) for a, b in zip(before, after) if a != b]
     assert moved and all(a.kind == "gpu_sample" and a.gpu_model == H100 for a, _ in moved)  # type: ignore[union-attr]
     assert all(a.model_dump(exclude={"power_w"}) == b.model_dump(exclude={"power_w"}) for a, b in moved)
+    with pytest.raises(ValueError, match="power_by_model names 'NVIDIA B300', which is no simulated model"):
+        next(simulate(base, {"NVIDIA B300": POWER[H100]}))
 
 
 def devices_without_power(start_ns: int, minutes: int) -> list[str]:
