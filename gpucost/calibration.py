@@ -26,7 +26,18 @@ from gpucost.fit import RESOURCES, Features, Fit, fit_weights
 from gpucost.report import format_table
 from gpucost.schemas.devices import platform_for
 
-__all__ = ["HELD_OUT", "MIN_FIT", "MIN_HELD_OUT", "Calibration", "Platform", "calibrate", "held_out", "scores"]
+__all__ = [
+    "HELD_OUT",
+    "MIN_FIT",
+    "MIN_HELD_OUT",
+    "Calibration",
+    "Platform",
+    "as_json",
+    "as_text",
+    "calibrate",
+    "held_out",
+    "scores",
+]
 
 #: the share of each platform's panes, the latest by pane start, held out of its fit and scored
 HELD_OUT = 0.2
@@ -34,8 +45,6 @@ HELD_OUT = 0.2
 #: spare, so twenty leave the fit room for noise, and five held-out panes are the fewest an R² says anything on
 MIN_FIT = 20
 MIN_HELD_OUT = 5
-#: the resolution of a pane's mean power (the samples' power is integer mW): watts that vary less are constant
-_MW = 1e-3
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ class Platform:
 
 @dataclass(frozen=True)
 class Calibration:
+    """What ``gpucost fit-weights`` reports: the fleet-wide fit it writes, and the per-platform ones it only shows."""
+
     fleet: Fit  # every pane with a power reading, as ``gpucost fit-weights`` has always fitted
     pooled: Fit | None  # the fitted platforms' earlier panes, pooled: the per-platform fits' baseline
     platforms: list[Platform]

@@ -43,7 +43,7 @@ class Features:
     x: np.ndarray  # (panes, 3): T (SM %), B (memory-bandwidth %), L (Σ hops · latency_weight per ms)
     model: np.ndarray  # object: the gpu_model of the pane's GPU samples
     start_ns: np.ndarray
-    read: np.ndarray  # bool: no GPU sample of the pane labels its power_w not_reported or estimated (``unread``)
+    read: np.ndarray  # bool: no GPU sample of the pane labels its power_w not_reported or estimated (``_unread``)
 
     def take(self, rows: np.ndarray) -> Features:
         """The panes ``rows`` selects (a boolean mask or indices), every column alike."""
@@ -79,7 +79,7 @@ class _Panes:
                 self.rows.pop(key, None)
 
 
-def unread(lines: list[bytes], pane_ns: int, into: set[tuple[str, int]]) -> None:
+def _unread(lines: list[bytes], pane_ns: int, into: set[tuple[str, int]]) -> None:
     """Add to ``into`` the (GPU, pane start) of each GPU sample among ``lines`` whose ``power_w`` is labelled
     ``not_reported`` or ``estimated`` (gpucost/producers/accelerators/events.py): its watts, 0 or the platform
     table's TDP, stand in for a reading the device does not give, and a fit on them would learn the stand-in.
@@ -108,7 +108,7 @@ def pane_features(paths: Iterable[Path], settings: AuditSettings) -> Features:
         if isinstance(item, RowBatch):
             auditor.ingest_batch(item.batch, item.label)
         elif isinstance(item, LineBatch):
-            unread(item.lines, settings.pane_ns, not_read)
+            _unread(item.lines, settings.pane_ns, not_read)
             auditor.ingest_lines(item.lines, item.label)
     auditor.finish()
     keys = sorted(panes.rows)
