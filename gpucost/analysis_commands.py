@@ -13,10 +13,11 @@ from pathlib import Path
 
 import duckdb
 
+from gpucost.calibration import as_json, as_text, calibrate
 from gpucost.command import Command
 from gpucost.commands import price_events
 from gpucost.csv_cells import write_rows
-from gpucost.fit import RESOURCES, fit_weights, pane_features
+from gpucost.fit import RESOURCES, pane_features
 from gpucost.flags import WEIGHT_FIELDS, add_out, add_settings, date_arg, env_flag
 from gpucost.focus import FORMATS, MONTH, VERSIONS, cost_months, export_focus
 from gpucost.output_files import check_writable, write_whole
@@ -43,24 +44,35 @@ __all__ = [
 
 
 def cmd_fit_weights(args: argparse.Namespace) -> int:
+    """The fleet-wide weights, as ever, then each platform's fit scored on its held-out panes (gpucost/calibration.py);
+    ``--write`` writes the fleet-wide snippet only, since a bill splits every pane with one α, β, γ."""
     settings = audit_settings(args)
     if args.write is not None:
         check_writable(args.write, "--write")
     try:
-        fit = fit_weights(pane_features(event_files(args.input), settings))
+        cal = calibrate(pane_features(event_files(args.input), settings))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(f"panes used: {fit.panes:,}   R² = {fit.r2:.4f}   idle draw {fit.intercept_w:.1f} W")
-    for name, resource, slope in zip(("alpha", "beta", "gamma"), RESOURCES, fit.slopes.tolist()):
-        value = fit.weights[name]
-        print(
-            f"{name:5} = {value if value is not None else 'not estimated: ' + fit.why_not[name]}"
-            f"   (power slope on {resource}: {slope:.6g})"
-        )
+    fit = cal.fleet
+    if args.format == "json":
+        print(json.dumps({**as_json(cal), "snippet": fit.snippet()}, indent=1))
+    else:
+        print(f"panes used: {fit.panes:,}   R² = {fit.r2:.4f}   idle draw {fit.intercept_w:.1f} W")
+        for name, resource, slope in zip(("alpha", "beta", "gamma"), RESOURCES, fit.slopes.tolist()):
+            value = fit.weights[name]
+            print(
+                f"{name:5} = {value if value is not None else 'not estimated: ' + fit.why_not[name]}"
+                f"   (power slope on {resource}: {slope:.6g})"
+            )
+        print("\n" + as_text(cal), end="")
     if args.write is not None:
         write_whole(args.write, fit.snippet(), "--write")
-        print(f"settings written to {args.write}; use it with --config {args.write}")
-    else:
+        # on stderr under --format json, so that stdout stays one JSON document
+        print(
+            f"settings written to {args.write}; use it with --config {args.write}",
+            file=sys.stderr if args.format == "json" else sys.stdout,
+        )
+    elif args.format != "json":
         print("\n" + fit.snippet(), end="")
     return 0
 
@@ -188,6 +200,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _fit_weights_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, nargs="+", help="JSON Lines or Parquet event files, or directories of them")
     p.add_argument("--write", type=Path, help="write the snippet to this TOML file (default: print it)")
+    p.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default="text",
+        help="text: the fleet-wide weights, the per-platform table, the snippet; json: all of it as one object",
+    )
     add_settings(p, writes_out=False)
 
 
@@ -277,7 +295,7 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
 FIT_WEIGHTS = Command(
     "fit-weights",
     "fit α, β, γ to the GPUs' power over recorded events (docs/definitions.md, "
-    "Weights fit): prints them with R² and writes a settings snippet",
+    "Weights fit): prints them with R², each platform's fit scored on held-out panes, and a settings snippet",
     _fit_weights_arguments,
     cmd_fit_weights,
 )

@@ -15,6 +15,7 @@ whenever a revision changes it, so the fit sees every pane as it finally stands.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -24,6 +25,7 @@ import numpy as np
 
 from gpucost.producers.replay import LineBatch, RowBatch, input_files, read_batches
 from gpucost.streams.audit import Auditor
+from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneColumns
 from gpucost.streams.settings import AuditSettings
 
@@ -34,10 +36,18 @@ RESOURCES = ("T", "B", "L")
 
 @dataclass(frozen=True)
 class Features:
-    """One row per pane with covered time: its mean power (W) and T, B, L."""
+    """One row per pane with covered time: its mean power (W) and T, B, L, and what the per-platform fit splits
+    them by (gpucost/calibration.py): the pane's GPU model as its events name it, and the pane's start."""
 
     power_w: np.ndarray
     x: np.ndarray  # (panes, 3): T (SM %), B (memory-bandwidth %), L (Σ hops · latency_weight per ms)
+    model: np.ndarray  # object: the gpu_model of the pane's GPU samples
+    start_ns: np.ndarray
+    read: np.ndarray  # bool: no GPU sample of the pane labels its power_w not_reported or estimated (``_unread``)
+
+    def take(self, rows: np.ndarray) -> Features:
+        """The panes ``rows`` selects (a boolean mask or indices), every column alike."""
+        return Features(self.power_w[rows], self.x[rows], self.model[rows], self.start_ns[rows], self.read[rows])
 
 
 class _Panes:
@@ -45,7 +55,7 @@ class _Panes:
     every pane as it finally stands (``Auditor.on_closed`` is called on every close path, revisions included)."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, int], np.ndarray] = {}
+        self.rows: dict[tuple[str, int], tuple[np.ndarray, str]] = {}
 
     def __call__(self, panes: PaneColumns) -> None:
         covered = panes.covered_ms.astype(np.float64)
@@ -57,27 +67,59 @@ class _Panes:
             rows = np.column_stack(
                 [panes.energy_uj / covered / 1000, sums[0] / 100 / covered, sums[1] / 100 / covered, sums[2] / covered]
             )
-        for key, row, kept in zip(
-            zip(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist()), rows, (covered > 0).tolist()
+        for key, row, model, kept in zip(
+            zip(panes.gpu_uuid.tolist(), panes.pane_start_ns.tolist()),
+            rows,
+            panes.gpu_model.tolist(),
+            (covered > 0).tolist(),
         ):
             if kept:
-                self.rows[key] = row
+                self.rows[key] = (row, model)
             else:
                 self.rows.pop(key, None)
 
 
+def _unread(lines: list[bytes], pane_ns: int, into: set[tuple[str, int]]) -> None:
+    """Add to ``into`` the (GPU, pane start) of each GPU sample among ``lines`` whose ``power_w`` is labelled
+    ``not_reported`` or ``estimated`` (gpucost/producers/accelerators/events.py): its watts, 0 or the platform
+    table's TDP, stand in for a reading the device does not give, and a fit on them would learn the stand-in.
+    The labels are JSON Lines fields the event schema ignores, so they are read here, from the lines, before
+    the auditor drops them; a line that is not such a sample is left to the auditor to take or refuse."""
+    for line in lines:
+        if b'"not_reported"' not in line and b'"estimated"' not in line:
+            continue  # the cheap test first: most lines carry no label
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or event.get("kind") != "gpu_sample":
+            continue
+        labels = [event.get(k) for k in ("not_reported", "estimated")]
+        gpu, ts = event.get("gpu_uuid"), event.get("ts_ns")
+        if isinstance(gpu, str) and isinstance(ts, int) and any(isinstance(v, list) and "power_w" in v for v in labels):
+            into.add((gpu, pane_start_ns(ts, pane_ns)))
+
+
 def pane_features(paths: Iterable[Path], settings: AuditSettings) -> Features:
     """Every pane's features, from event files (or directories of them) as ``gpucost replay`` reads them."""
-    panes, auditor = _Panes(), Auditor(settings)
+    panes, auditor, not_read = _Panes(), Auditor(settings), set[tuple[str, int]]()
     auditor.on_closed = panes
     for item in read_batches(input_files(list(paths))):
         if isinstance(item, RowBatch):
             auditor.ingest_batch(item.batch, item.label)
         elif isinstance(item, LineBatch):
+            _unread(item.lines, settings.pane_ns, not_read)
             auditor.ingest_lines(item.lines, item.label)
     auditor.finish()
-    rows = np.stack([panes.rows[k] for k in sorted(panes.rows)]) if panes.rows else np.zeros((0, 4))
-    return Features(rows[:, 0], rows[:, 1:])
+    keys = sorted(panes.rows)
+    rows = np.stack([panes.rows[k][0] for k in keys]) if keys else np.zeros((0, 4))
+    return Features(
+        rows[:, 0],
+        rows[:, 1:],
+        np.array([panes.rows[k][1] for k in keys], dtype=object),
+        np.array([k[1] for k in keys], dtype=np.int64),
+        np.array([k not in not_read for k in keys], dtype=bool),
+    )
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:

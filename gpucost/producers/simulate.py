@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -75,7 +75,8 @@ class FleetSpec:
     unbound_fraction: float = 0.1
     #: the power model (``_Gpu.events``): a GPU sample's watts are ``idle_power_w`` plus these times the sum of
     #: its processes' SM %, their memory-bandwidth %, and the tick's NUMA Σ hops · latency_weight per ms, plus
-    #: noise: known coefficients, which ``gpucost fit-weights`` must recover (tests/test_fit.py)
+    #: noise: known coefficients, which ``gpucost fit-weights`` must recover (tests/test_fit.py); ``simulate``'s
+    #: ``power_by_model`` gives chosen models others
     idle_power_w: float = 70.0
     watts_per_sm_pct: float = 3.0
     watts_per_bw_pct: float = 1.5
@@ -124,16 +125,23 @@ def _pct(x: float) -> float:
     return round(min(100.0, max(0.0, x)), 2)
 
 
+#: a power model: idle W, W per SM %, W per memory-bandwidth %, W·ms per NUMA Σ hops · latency_weight
+Power = tuple[float, float, float, float]
+
+
 class _Gpu:
     """One GPU's events, generated lazily tick by tick."""
 
-    def __init__(self, spec: FleetSpec, index: int) -> None:
+    def __init__(self, spec: FleetSpec, index: int, power_by_model: Mapping[str, Power]) -> None:
         self.spec = spec
         self.index = index
         self.rng = np.random.default_rng([spec.seed, index])
         self.node_id = f"node-{index // spec.gpus_per_node:03d}"
         self.uuid = f"GPU-{uuid.UUID(bytes=self.rng.bytes(16))}"
         self.model, _, self.mem_total = GPU_MODELS[int(self.rng.integers(len(GPU_MODELS)))]
+        self.power = power_by_model.get(
+            self.model, (spec.idle_power_w, spec.watts_per_sm_pct, spec.watts_per_bw_pct, spec.watt_ms_per_numa)
+        )
         self.pid_base = 10_000 + 1_000 * (index % spec.gpus_per_node)
         self.jobs = self._schedule()
 
@@ -314,13 +322,8 @@ class _Gpu:
                             trace_source="blas",
                         )
                     )
-            power = (
-                spec.idle_power_w
-                + spec.watts_per_sm_pct * sum(sm)
-                + spec.watts_per_bw_pct * sum(bw)
-                + spec.watt_ms_per_numa * numa / (interval * 1000)
-                + noise
-            )
+            idle_w, per_sm, per_bw, per_numa = self.power
+            power = idle_w + per_sm * sum(sm) + per_bw * sum(bw) + per_numa * numa / (interval * 1000) + noise
             out.insert(
                 0,
                 GpuSample(
@@ -368,11 +371,21 @@ def _prices(spec: FleetSpec) -> list[Price]:
     return prices
 
 
-def simulate(spec: FleetSpec) -> Iterator[Event]:
-    """Every event of the fleet in arrival order, prices first."""
+def simulate(spec: FleetSpec, power_by_model: Mapping[str, Power] | None = None) -> Iterator[Event]:
+    """Every event of the fleet in arrival order, prices first. ``power_by_model`` gives the models it names a power
+    formula of their own (the others draw by ``FleetSpec``'s): a mixed fleet whose platforms draw unlike each other,
+    for the per-platform fit of ``gpucost fit-weights`` (tests/test_calibration_fleet.py). It draws nothing from the
+    generators, so every other field of every event stays as without it. It is an argument, not a ``FleetSpec``
+    field, because a spec's fields are a simulated run's identity in its checkpoint (gpucost/run.py): one more would
+    make every checkpoint written before it another run's."""
+    power = dict(power_by_model or {})
+    models = [m for m, *_ in GPU_MODELS]
+    for model in power:
+        if model not in models:
+            raise ValueError(f"power_by_model names {model!r}, which is no simulated model: name one of {models}")
     prices = _prices(spec)
     yield from (p for p in prices if p.ts_ns <= spec.start_ns)
     later = [(p.ts_ns, -1, i, p) for i, p in enumerate(prices) if p.ts_ns > spec.start_ns]
-    streams = [((arr, g, i, ev) for i, (arr, ev) in enumerate(_Gpu(spec, g).events())) for g in range(spec.gpus)]
+    streams = [((arr, g, i, ev) for i, (arr, ev) in enumerate(_Gpu(spec, g, power).events())) for g in range(spec.gpus)]
     for _, _, _, ev in heapq.merge(later, *streams, key=lambda x: (x[0], x[1], x[2])):
         yield ev
