@@ -128,7 +128,7 @@ def recomputed(final: list[Allocation], pane_costs: dict[tuple[str, int], int]) 
                 held[key] += Fraction(a.fraction_num, a.fraction_den) * overlap
         keys = sorted(held)
         free = max(Fraction(PANE_NS), sum(held.values())) - sum(held.values())
-        for key, share in zip(["unallocated::::::", *keys], largest_remainder(cost, [free, *(held[k] for k in keys)])):
+        for key, share in zip(["unallocated", *keys], largest_remainder(cost, [free, *(held[k] for k in keys)])):
             out[(gpu, start, key)] = share
     return out
 

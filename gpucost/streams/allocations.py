@@ -218,16 +218,17 @@ def split(
     parties = [(UNALLOCATED, None, 0, unallocated), *((t, hs, len(hs), w) for (t, hs), w in zip(tenants, weights))]
     out = []
     for (tenant, hs, count, weight), micro_usd in zip(parties, shares):
+        key = UNALLOCATED_TENANT if hs is None else tenant.key  # the pipeline's own party: its name, as ``idle``
         out.append(
             computed(
                 AllocationRecord,
-                record_id=record_id(gpu_uuid, start_ns, tenant.key, 0, "allocation"),
+                record_id=record_id(gpu_uuid, start_ns, key, 0, "allocation"),
                 gpu_uuid=gpu_uuid,
                 node_id=node_id,
                 gpu_model=gpu_model,
                 pane_start_ns=start_ns,
                 pane_end_ns=end_ns,
-                tenant_key=tenant.key,
+                tenant_key=key,
                 **dict(zip(TENANT_FIELDS, tenant)),
                 sharing=None if hs is None else ",".join(sorted({h.sharing for h in hs})),
                 allocations=count,
