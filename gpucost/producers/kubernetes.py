@@ -16,6 +16,7 @@ server away, a pod not yet listed), ``LATER`` asks ``Attribution`` to look again
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import importlib.util
 import json
@@ -45,6 +46,7 @@ __all__ = [
     "pods_from",
     "list_pods",
     "list_pod_devices",
+    "pod_tenant",
 ]
 
 log = logging.getLogger("gpucost.kubernetes")
@@ -62,6 +64,7 @@ LABELS: Mapping[str, tuple[str, ...]] = {
     "ci_pipeline_id": ("gpucost.io/ci-pipeline-id",),
 }
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STATIC = "kubernetes.io/config.mirror"  # on a static pod's mirror: the UID the kubelet runs it under
 
 
@@ -106,6 +109,11 @@ class Pod:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     containers: Mapping[str, str]  # container id (no runtime prefix) → container name
+    #: when the kubelet admitted the pod (``status.startTime``), which is when its devices were allocated
+    started_ns: int | None = None
+    #: each container's resource limits and the environment variables its spec sets to a literal, by its name
+    limits: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 # a pod's UID (a static pod's is its config's 32-digit hash)
@@ -147,6 +155,8 @@ def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
         for c in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
             if isinstance(c, dict) and isinstance(c.get("containerID"), str) and isinstance(c.get("name"), str):
                 containers[c["containerID"].rpartition("://")[2]] = c["name"]
+        spec = item.get("spec") if isinstance(item.get("spec"), dict) else {}
+        specs = [c for c in spec.get("containers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
         pods[uid] = Pod(
             uid=uid,
             namespace=namespace,
@@ -154,14 +164,41 @@ def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
             labels=_strings(meta.get("labels")),
             annotations=_strings(meta.get("annotations")),
             containers=containers,
+            started_ns=_rfc3339_ns(status.get("startTime")),
+            limits={c["name"]: _strings((c.get("resources") or {}).get("limits")) for c in specs},
+            env={c["name"]: _strings({e.get("name"): e.get("value") for e in _dicts(c.get("env"))}) for c in specs},
         )
     return pods
+
+
+def _dicts(value: object) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _rfc3339_ns(value: object) -> int | None:
+    """A Kubernetes time (``2026-11-30T08:00:05Z``, whole seconds) in ns since the epoch; None if absent or not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        at = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        return None
+    return (at - _EPOCH) // dt.timedelta(microseconds=1) * 1000
 
 
 def _strings(value: object) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def pod_tenant(pod: Pod, container: str, settings: KubernetesSettings) -> dict[str, str]:
+    """The tenant's fields of ``pod``'s ``container``: its labels' and annotations' (a label first), the
+    namespace, pod and container names where none is set (dcgm-exporter's rule)."""
+    found, _ = first_set(settings.labels, pod.labels, pod.annotations)
+    return {"team": pod.namespace, "app": pod.name, "tier": container, **found}
 
 
 def list_pods(settings: KubernetesSettings) -> object:
@@ -317,12 +354,11 @@ class KubernetesPods:
         return None if self._devices_failed else self._devices.get(gpu_uuid, [])
 
     def _binding(self, pod: Pod, container: str, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
-        found, _ = first_set(self.settings.labels, pod.labels, pod.annotations)  # a label before an annotation
         return tenant_binding(
             node_id,
             pid,
             ts_ns,
-            {"team": pod.namespace, "app": pod.name, "tier": container, **found},
+            pod_tenant(pod, container, self.settings),
             self.attribution,
             self.origin,
             self.counts,
