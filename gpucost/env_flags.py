@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["env_default", "env_flag"]
 
@@ -14,7 +16,9 @@ def env_default(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
-def env_flag(p: argparse.ArgumentParser, flag: str, env: str, kind: type, default: str | None, what: str) -> None:
+def env_flag(
+    p: argparse._ActionsContainer, flag: str, env: str, kind: Callable[[str], Any], default: str | None, what: str
+) -> None:
     """A flag that falls back to an environment variable; the help says both, and the default."""
     shown = "unset" if default is None else default
     p.add_argument(

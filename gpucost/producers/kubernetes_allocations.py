@@ -24,7 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import ValidationError
 
@@ -105,7 +105,7 @@ def share(device: str, limits: Mapping[str, str], env: Mapping[str, str], sharin
 class KubernetesAllocations:
     """Allocation events from the node's kubelet, polled as a live source's events pass (``interleave``)."""
 
-    origin = "kubernetes"
+    origin: Literal["kubernetes"] = "kubernetes"
 
     def __init__(
         self,
