@@ -29,7 +29,7 @@ def _on_off(text: str) -> bool:
 
 
 def _replicas(text: str) -> int:
-    if not text.isdigit() or not 2 <= int(text) <= 1_000_000:
+    if not (text.isascii() and text.isdigit()) or not 2 <= int(text) <= 1_000_000:
         raise argparse.ArgumentTypeError(
             f"{text!r}: write the device plugin config's replicas per GPU, a whole number from 2 (its "
             "sharing.timeSlicing or sharing.mps resources' replicas)"

@@ -26,7 +26,7 @@ from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from gpucost.wiring import attributed
 from tests.fake_kubernetes import FakeContainer, FakeNode, FakePod
-from tests.test_allocation_basis import largest_remainder
+from tests.support.split import largest_remainder
 
 S = 10**9
 PANE = 60 * S
@@ -237,13 +237,17 @@ def test_bad_kubelet_answers_are_counted_with_their_reason_and_no_hold_ends_for_
     held = pod("vision", "held", f"{TS}::0", T0)
     bad_mps = pod("speech", "bad-mps", f"{MPS}::0", T0, env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "140"})
     late = pod("search", "late", MIG3, T0)
+    odd = pod("nlp", "odd", f"{HAMI}-5", T0, limits={"nvidia.com/gpucores": "³0"})  # a digit int() refuses
     late.listed = False  # the kubelet lists it before the API server does
-    kube = FakeNode(tmp_path, [held, bad_mps, late], node="gpu-a")
+    kube = FakeNode(tmp_path, [held, bad_mps, late, odd], node="gpu-a")
     with kube.serving() as url:
         unset = source(kube, url, SharingSettings())  # no replicas: a replica's share is unknown, not guessed
         assert unset.poll("gpu-a", T0) == []
         assert unset.counts == Counter(
-            kube_alloc_replicas_unset=1, kube_alloc_mps_percentage_invalid=1, kube_alloc_pod_unlisted=1
+            kube_alloc_replicas_unset=1,
+            kube_alloc_mps_percentage_invalid=1,
+            kube_alloc_pod_unlisted=1,
+            kube_alloc_gpucores_invalid=1,
         )
         told = source(kube, url, SharingSettings(replicas=4))
         assert [a.app for a in told.poll("gpu-a", T0)] == ["held"]

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from gpucost.producers.attribution import LATER, AttributionSettings, Later, first_set, tenant_binding
 from gpucost.schemas.events import TenantBinding
@@ -152,11 +153,11 @@ def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
             continue
         status = item.get("status") if isinstance(item.get("status"), dict) else {}
         containers = {}
-        for c in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
-            if isinstance(c, dict) and isinstance(c.get("containerID"), str) and isinstance(c.get("name"), str):
+        for c in [*_dicts(status.get("containerStatuses")), *_dicts(status.get("initContainerStatuses"))]:
+            if isinstance(c.get("containerID"), str) and isinstance(c.get("name"), str):
                 containers[c["containerID"].rpartition("://")[2]] = c["name"]
         spec = item.get("spec") if isinstance(item.get("spec"), dict) else {}
-        specs = [c for c in spec.get("containers") or [] if isinstance(c, dict) and isinstance(c.get("name"), str)]
+        specs = [c for c in _dicts(spec.get("containers")) if isinstance(c.get("name"), str)]
         pods[uid] = Pod(
             uid=uid,
             namespace=namespace,
@@ -165,13 +166,22 @@ def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
             annotations=_strings(meta.get("annotations")),
             containers=containers,
             started_ns=_rfc3339_ns(status.get("startTime")),
-            limits={c["name"]: _strings((c.get("resources") or {}).get("limits")) for c in specs},
-            env={c["name"]: _strings({e.get("name"): e.get("value") for e in _dicts(c.get("env"))}) for c in specs},
+            limits={c["name"]: _strings(_dict(c.get("resources")).get("limits")) for c in specs},
+            env={c["name"]: {e["name"]: e["value"] for e in _dicts(c.get("env")) if _literal(e)} for c in specs},
         )
     return pods
 
 
-def _dicts(value: object) -> list[dict]:
+def _literal(variable: dict[str, Any]) -> bool:
+    """An ``env`` entry with a name and a literal value (not one ``valueFrom`` a ConfigMap, a Secret, a field)."""
+    return isinstance(variable.get("name"), str) and isinstance(variable.get("value"), str)
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(value: object) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 

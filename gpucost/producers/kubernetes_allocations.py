@@ -76,7 +76,7 @@ class Share(NamedTuple):
 
 def _percent(text: str | None) -> int | None:
     """A whole percentage 1 to 100 (HAMi's cores, an MPS client's threads), or None if ``text`` is not one."""
-    return int(text) if text is not None and text.isdigit() and 1 <= int(text) <= 100 else None
+    return int(text) if text is not None and text.isascii() and text.isdigit() and 1 <= int(text) <= 100 else None
 
 
 def share(device: str, limits: Mapping[str, str], env: Mapping[str, str], sharing: SharingSettings) -> Share | str:
