@@ -287,3 +287,23 @@ def test_gpucost_run_s_wiring_sends_allocations_beside_the_samples(tmp_path: Pat
         ("ts-1", "time_slicing", 4),
     ]
     assert [e for e in on if not isinstance(e, Allocation)] == off
+
+
+def test_the_sharing_settings_come_from_flags_or_their_variables_and_a_wrong_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUCOST_KUBE_REPLICAS", "4")
+    monkeypatch.setenv("GPUCOST_KUBE_SHARING", "mps")
+    args = build_parser().parse_args(["run"])
+    assert (args.kube_allocations, args.kube_replicas, args.kube_sharing) == (False, 4, "mps")
+    args = build_parser().parse_args(["run", "--kube-replicas", "8", "--kube-sharing", "time_slicing"])
+    assert (args.kube_replicas, args.kube_sharing) == (8, "time_slicing")
+    for wrong in (
+        ["--kube-replicas", "1"],
+        ["--kube-replicas", "²"],
+        ["--kube-sharing", "hami"],
+        ["--kube-allocations", "yes"],
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", *wrong])
+        assert "write" in capsys.readouterr().err  # says what to write

@@ -9,6 +9,9 @@ declared in ``podresources.proto``). The pod's labels and annotations, listed fr
 (or the kubelet), give the tenant by configurable keys (``LABELS``); a pod without them is its
 namespace's, as dcgm-exporter's pods are.
 
+What each pod holds of the node's GPUs, for the allocation basis, is read from the same two answers by
+``gpucost.producers.kubernetes_allocations``.
+
 Nothing here is fatal: what cannot be read is counted and, where it may be there later (the API
 server away, a pod not yet listed), ``LATER`` asks ``Attribution`` to look again. docs/sources.md,
 "Kubernetes", is the user's account; docs/operations.md has the DaemonSet's RBAC and mounts.
