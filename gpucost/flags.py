@@ -13,9 +13,10 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from gpucost.config import FLAG_FIELDS
+from gpucost.env_flags import env_default, env_flag
 from gpucost.kafka.settings import KafkaSettings
+from gpucost.kube_flags import add_kubernetes
 from gpucost.producers.attribution import ATTRIBUTION_SOURCES
-from gpucost.producers.kubernetes import LABELS, KubernetesSettings
 from gpucost.producers.simulate import FleetSpec
 from gpucost.schemas.events import SLAS
 from gpucost.streams.settings import AuditSettings
@@ -36,21 +37,6 @@ __all__ = [
 ]
 
 DEFAULT_OUT = "gpucost-out"
-
-
-def env_default(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_flag(p: argparse.ArgumentParser, flag: str, env: str, kind: type, default: str | None, what: str) -> None:
-    """A flag that falls back to an environment variable; the help says both, and the default."""
-    shown = "unset" if default is None else default
-    p.add_argument(
-        flag,
-        type=kind,
-        default=os.environ.get(env, default),
-        help=f"{what} (env {env}; default {shown})".replace("%", "%%"),
-    )
 
 
 def _library(value: str) -> Path | str | None:
@@ -242,14 +228,6 @@ def _attribution(text: str) -> tuple[str, ...]:
     return tuple(n for n in ATTRIBUTION_SOURCES if n in names)
 
 
-def _kube_label(text: str) -> tuple[str, tuple[str, ...]]:
-    name, sep, keys = text.partition("=")
-    found = tuple(k for k in keys.split(",") if k)
-    if not sep or name not in LABELS or not found:
-        raise argparse.ArgumentTypeError(f"{text!r}: write FIELD=KEY[,KEY…] with FIELD one of {', '.join(LABELS)}")
-    return name, found
-
-
 def add_live(p: argparse.ArgumentParser) -> None:
     """Flags of the live sources (nvml, dcgm, ebpf), shared by run and produce."""
     p.add_argument(
@@ -308,54 +286,7 @@ def add_live(p: argparse.ArgumentParser) -> None:
         "(its pod's labels), both as 'kubernetes,environ' (a pod's binding first), or 'none' (only "
         "bindings given) (env GPUCOST_ATTRIBUTION; default environ)",
     )
-    g = p.add_argument_group("Kubernetes attribution (with --attribution kubernetes: docs/operations.md)")
-    env_flag(
-        g,
-        "--kube-pods-url",
-        "GPUCOST_KUBE_PODS_URL",
-        str,
-        None,
-        "a URL answering a PodList of this node's pods, with the service account's token (unset: the API "
-        "server the pod runs under, pods of --kube-node)",
-    )
-    env_flag(
-        g, "--kube-node", "NODE_NAME", str, None, "this node's name in Kubernetes (the Downward API's spec.nodeName)"
-    )
-    env_flag(
-        g,
-        "--kube-token-file",
-        "GPUCOST_KUBE_TOKEN_FILE",
-        Path,
-        str(KubernetesSettings.token_file),
-        "a bearer token for the pods' URL (a pod's service account's, by default), sent where the file exists",
-    )
-    env_flag(
-        g,
-        "--kube-ca-file",
-        "GPUCOST_KUBE_CA_FILE",
-        Path,
-        str(KubernetesSettings.ca_file),
-        "the CA that signed the pods' URL's certificate (the cluster's, by default), where the file exists",
-    )
-    env_flag(
-        g,
-        "--kube-pod-resources",
-        "GPUCOST_KUBE_POD_RESOURCES",
-        Path,
-        str(KubernetesSettings.pod_resources),
-        "the kubelet's pod-resources socket, which tells the pod a GPU was given to",
-    )
-    g.add_argument(
-        "--kube-label",
-        type=_kube_label,
-        action="append",
-        metavar="FIELD=KEY[,KEY…]",
-        default=[_kube_label(v) for v in os.environ.get("GPUCOST_KUBE_LABELS", "").split()],
-        help="the pod label or annotation keys that give a binding field, first set wins; again for each "
-        "field (env GPUCOST_KUBE_LABELS, space-separated; default: "
-        + "; ".join(f"{k}={','.join(v)}" for k, v in LABELS.items())
-        + ")",
-    )
+    add_kubernetes(p)
     p.add_argument(
         "--attribution-sla",
         choices=SLAS,

@@ -23,6 +23,7 @@ from gpucost.kafka.signing import Signer
 from gpucost.metrics import Health, MetricsServer
 from gpucost.producers.attribution import Attribution, AttributionSettings, BindingSource, ProcessEnvironment
 from gpucost.producers.kubernetes import LABELS, KubernetesPods, KubernetesSettings
+from gpucost.producers.kubernetes_allocations import KubernetesAllocations, SharingSettings
 from gpucost.producers.live import LiveSettings, LiveSource, SourceUnavailable, open_live
 from gpucost.producers.nvml import NvmlSampler
 from gpucost.producers.replay import input_files, read_inputs
@@ -168,10 +169,13 @@ def attributed(
     """``before`` (a reference file's events), then the live source's, each GPU process's first event preceded
     by the binding found for it at the source (``--attribution``; none for a process ``given`` or ``before``
     binds), counted with the source's own counters."""
-    events = itertools.chain(before, live.events())
+    events: Iterable[Event] = itertools.chain(before, live.events())
     if not args.attribution:
-        return events
+        return iter(events)
     settings = AttributionSettings(sla=args.attribution_sla)
+    if "kubernetes" in args.attribution and args.kube_allocations:  # beside the bindings, from the same kubelet
+        sharing = SharingSettings(replicas=args.kube_replicas, mode=args.kube_sharing)
+        events = KubernetesAllocations(kubernetes_settings(args), sharing, settings, live.counts).interleave(events)
     sources: list[BindingSource] = []
     for name in args.attribution:  # in their precedence (``ATTRIBUTION_SOURCES``)
         if name == "kubernetes":

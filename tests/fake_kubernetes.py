@@ -50,6 +50,8 @@ message NUMANode { int64 ID = 1; }
 class FakeContainer:
     name: str
     devices: dict[str, list[str]] = field(default_factory=dict)  # resource name → device ids
+    limits: dict[str, str] = field(default_factory=dict)  # resource limits beside the devices' (HAMi's gpucores)
+    env: dict[str, str] = field(default_factory=dict)  # the spec's environment (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
     container_id: str = field(default_factory=lambda: secrets.token_hex(32))
 
 
@@ -64,6 +66,7 @@ class FakePod:
     listed: bool = True  # in the API server's answer (a pod just created may not be yet)
     #: a static pod runs under its config's hash, which its mirror in the API server (another UID) annotates
     static_hash: str | None = None
+    started: str = "2026-11-30T08:00:01Z"  # status.startTime: when the kubelet admitted the pod
 
     def __post_init__(self) -> None:
         if self.static_hash is not None:
@@ -101,7 +104,8 @@ class FakePod:
                     {
                         "name": c.name,
                         "image": "nvcr.io/nvidia/pytorch:25.10-py3",
-                        "resources": {"limits": {r: str(len(ids)) for r, ids in c.devices.items()}},
+                        "resources": {"limits": {**{r: str(len(ids)) for r, ids in c.devices.items()}, **c.limits}},
+                        "env": [{"name": k, "value": v} for k, v in c.env.items()],
                     }
                     for c in self.containers
                 ],
@@ -110,6 +114,7 @@ class FakePod:
                 "phase": "Running",
                 "podIP": "10.1.2.3",
                 "qosClass": "Burstable",
+                "startTime": self.started,
                 "containerStatuses": [
                     {
                         "name": c.name,

@@ -4,7 +4,6 @@ path, in the default configuration (revisions on), whatever order the allocation
 
 from __future__ import annotations
 
-import math
 import random
 from collections import defaultdict
 from fractions import Fraction
@@ -18,6 +17,7 @@ from gpucost.schemas.records import AllocationRecord, CostRecord, DeadLetter, Ou
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.support.batch_path import closing_at
+from tests.support.split import largest_remainder
 
 NS = 10**9
 PANE_NS = 60 * NS
@@ -98,18 +98,6 @@ def by_batches(events: list[Event], s: AuditSettings, seed: int) -> list[Output]
             out += expand(auditor.ingest_lines(lines[lo:hi], lambda i: "test"))
             lo = hi
     return out + auditor.finish()
-
-
-def largest_remainder(total: int, weights: list[Fraction]) -> list[int]:
-    """``total`` split in proportion to ``weights``, each party its floor and the rest one µ$ each to the largest
-    fractional parts, ties to the party listed first: written from the definition, not from the code."""
-    whole = sum(weights)
-    quotas = [total * w / whole for w in weights]
-    shares = [math.floor(q) for q in quotas]
-    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - shares[i]), i))
-    for i in order[: total - sum(shares)]:
-        shares[i] += 1
-    return shares
 
 
 def recomputed(final: list[Allocation], pane_costs: dict[tuple[str, int], int]) -> dict[tuple[str, int, str], int]:

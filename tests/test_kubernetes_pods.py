@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpucost.producers.kubernetes import cgroup_pod, list_pod_devices, list_pods, pods_from
@@ -113,7 +113,16 @@ _meta = st.fixed_dictionaries(
         "annotations": _json,
     },
 )
-_item = _json | st.fixed_dictionaries({"metadata": _meta | _json}, optional={"status": _json})
+_status = _json | st.fixed_dictionaries({"startTime": _json | st.sampled_from(["2026-11-30T08:00:01Z", "08:00"])})
+_item = _json | st.fixed_dictionaries({"metadata": _meta | _json}, optional={"status": _status})
+_variable = st.fixed_dictionaries({"name": st.just("V") | _json}, optional={"value": _json, "valueFrom": _json})
+_container = st.fixed_dictionaries(
+    {"name": st.just("main")},
+    optional={
+        "resources": st.fixed_dictionaries({"limits": st.dictionaries(st.text(max_size=4), _json)}) | _json,
+        "env": st.lists(_variable | _json, max_size=3) | _json,
+    },
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -142,3 +151,16 @@ def test_a_hostile_pod_list_is_refused_or_counted_never_fatal(doc: object) -> No
         assert all(
             isinstance(k, str) and isinstance(v, str) for tags in (pod.labels, pod.annotations) for k, v in tags.items()
         )
+        assert pod.started_ns in (None, 1_796_025_601 * 10**9)  # only a Kubernetes time is one
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_container | _json, max_size=3) | _json)
+@example([{"name": "main", "resources": 1, "env": [{"name": "V", "value": 1}, {"name": 2, "value": "x"}]}])
+def test_a_hostile_container_spec_keeps_only_string_limits_and_literal_variables(containers: object) -> None:
+    """A pod's containers as a pods URL may garble them: never fatal, and what is kept of each named container
+    (its limits, the variables its spec sets to a literal: what allocations read) is strings only."""
+    item = {"metadata": {"uid": "u", "namespace": "ns", "name": "p"}, "spec": {"containers": containers}}
+    pod = pods_from({"items": [item]}, Counter())["u"]
+    for tags in (*pod.limits.values(), *pod.env.values()):
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items())

@@ -41,6 +41,7 @@ __all__ = [
     "first_set",
     "start_ticks",
     "tenant_binding",
+    "tenant_values",
 ]
 
 #: the binding sources ``--attribution`` may name, in their precedence: a pod's labels are the platform's word
@@ -109,6 +110,22 @@ def first_set(fields: Mapping[str, tuple[str, ...]], *tags: Mapping[str, str]) -
     return found, used
 
 
+def tenant_values(fields: Mapping[str, str], settings: AttributionSettings) -> dict[str, str | None]:
+    """A tenant's fields as a source's binding (or allocation) carries them: ``team`` from ``fields``; ``env``,
+    ``app``, ``tier`` empty where absent; an SLA not one of ``SLAS`` is ``settings.sla``. One rule for both, so
+    that a pod's usage and what it held are billed to the same tenant."""
+    sla = fields.get("sla", settings.sla)
+    return {
+        "team": fields["team"],
+        "env": fields.get("env", ""),
+        "app": fields.get("app", ""),
+        "tier": fields.get("tier", ""),
+        "sla": sla if sla in SLAS else settings.sla,
+        "git_commit": fields.get("git_commit"),
+        "ci_pipeline_id": fields.get("ci_pipeline_id"),
+    }
+
+
 def tenant_binding(
     node_id: str,
     pid: int,
@@ -119,24 +136,10 @@ def tenant_binding(
     counts: Counter[str],
     invalid: str,
 ) -> TenantBinding | None:
-    """The binding of ``fields`` (``team`` among them; ``env``, ``app``, ``tier`` empty where absent; an SLA not one
-    of ``SLAS`` is ``settings.sla``), or None, counted as ``invalid``, for a value no tenant key can hold (a ':',
-    too long, a reserved team): a source's data, never fatal."""
-    sla = fields.get("sla", settings.sla)
+    """The binding of ``fields`` (``tenant_values``), or None, counted as ``invalid``, for a value no tenant key can
+    hold (a ':', too long, a reserved team): a source's data, never fatal."""
     try:
-        return TenantBinding(
-            node_id=node_id,
-            pid=pid,
-            ts_ns=ts_ns,
-            team=fields["team"],
-            env=fields.get("env", ""),
-            app=fields.get("app", ""),
-            tier=fields.get("tier", ""),
-            sla=sla if sla in SLAS else settings.sla,
-            git_commit=fields.get("git_commit"),
-            ci_pipeline_id=fields.get("ci_pipeline_id"),
-            origin=origin,
-        )  # type: ignore[arg-type]
+        return TenantBinding(node_id=node_id, pid=pid, ts_ns=ts_ns, origin=origin, **tenant_values(fields, settings))  # type: ignore[arg-type]
     except ValidationError:
         counts[invalid] += 1
         return None

@@ -9,6 +9,9 @@ declared in ``podresources.proto``). The pod's labels and annotations, listed fr
 (or the kubelet), give the tenant by configurable keys (``LABELS``); a pod without them is its
 namespace's, as dcgm-exporter's pods are.
 
+What each pod holds of the node's GPUs, for the allocation basis, is read from the same two answers by
+``gpucost.producers.kubernetes_allocations``.
+
 Nothing here is fatal: what cannot be read is counted and, where it may be there later (the API
 server away, a pod not yet listed), ``LATER`` asks ``Attribution`` to look again. docs/sources.md,
 "Kubernetes", is the user's account; docs/operations.md has the DaemonSet's RBAC and mounts.
@@ -16,6 +19,7 @@ server away, a pod not yet listed), ``LATER`` asks ``Attribution`` to look again
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import importlib.util
 import json
@@ -31,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from gpucost.producers.attribution import LATER, AttributionSettings, Later, first_set, tenant_binding
 from gpucost.schemas.events import TenantBinding
@@ -45,6 +50,7 @@ __all__ = [
     "pods_from",
     "list_pods",
     "list_pod_devices",
+    "pod_tenant",
 ]
 
 log = logging.getLogger("gpucost.kubernetes")
@@ -62,6 +68,7 @@ LABELS: Mapping[str, tuple[str, ...]] = {
     "ci_pipeline_id": ("gpucost.io/ci-pipeline-id",),
 }
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STATIC = "kubernetes.io/config.mirror"  # on a static pod's mirror: the UID the kubelet runs it under
 
 
@@ -106,6 +113,11 @@ class Pod:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     containers: Mapping[str, str]  # container id (no runtime prefix) → container name
+    #: when the kubelet admitted the pod (``status.startTime``), which is when its devices were allocated
+    started_ns: int | None = None
+    #: each container's resource limits and the environment variables its spec sets to a literal, by its name
+    limits: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 # a pod's UID (a static pod's is its config's 32-digit hash)
@@ -144,9 +156,11 @@ def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
             continue
         status = item.get("status") if isinstance(item.get("status"), dict) else {}
         containers = {}
-        for c in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
-            if isinstance(c, dict) and isinstance(c.get("containerID"), str) and isinstance(c.get("name"), str):
+        for c in [*_dicts(status.get("containerStatuses")), *_dicts(status.get("initContainerStatuses"))]:
+            if isinstance(c.get("containerID"), str) and isinstance(c.get("name"), str):
                 containers[c["containerID"].rpartition("://")[2]] = c["name"]
+        spec = item.get("spec") if isinstance(item.get("spec"), dict) else {}
+        specs = [c for c in _dicts(spec.get("containers")) if isinstance(c.get("name"), str)]
         pods[uid] = Pod(
             uid=uid,
             namespace=namespace,
@@ -154,14 +168,50 @@ def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
             labels=_strings(meta.get("labels")),
             annotations=_strings(meta.get("annotations")),
             containers=containers,
+            started_ns=_rfc3339_ns(status.get("startTime")),
+            limits={c["name"]: _strings(_dict(c.get("resources")).get("limits")) for c in specs},
+            env={c["name"]: {e["name"]: e["value"] for e in _dicts(c.get("env")) if _literal(e)} for c in specs},
         )
     return pods
+
+
+def _literal(variable: dict[str, Any]) -> bool:
+    """An ``env`` entry with a name and a literal value (not one ``valueFrom`` a ConfigMap, a Secret, a field)."""
+    return isinstance(variable.get("name"), str) and isinstance(variable.get("value"), str)
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(value: object) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _rfc3339_ns(value: object) -> int | None:
+    """A Kubernetes time (``2026-11-30T08:00:05Z``, whole seconds) in ns since the epoch; None if absent or not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        at = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        return None
+    return (at - _EPOCH) // dt.timedelta(microseconds=1) * 1000
 
 
 def _strings(value: object) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def pod_tenant(pod: Pod, container: str, settings: KubernetesSettings) -> dict[str, str]:
+    """The tenant's fields of ``pod``'s ``container``: its labels' and annotations' (a label first), the
+    namespace, pod and container names where none is set (dcgm-exporter's rule)."""
+    found, _ = first_set(settings.labels, pod.labels, pod.annotations)
+    return {"team": pod.namespace, "app": pod.name, "tier": container, **found}
 
 
 def list_pods(settings: KubernetesSettings) -> object:
@@ -317,12 +367,11 @@ class KubernetesPods:
         return None if self._devices_failed else self._devices.get(gpu_uuid, [])
 
     def _binding(self, pod: Pod, container: str, node_id: str, pid: int, ts_ns: int) -> TenantBinding | None:
-        found, _ = first_set(self.settings.labels, pod.labels, pod.annotations)  # a label before an annotation
         return tenant_binding(
             node_id,
             pid,
             ts_ns,
-            {"team": pod.namespace, "app": pod.name, "tier": container, **found},
+            pod_tenant(pod, container, self.settings),
             self.attribution,
             self.origin,
             self.counts,
