@@ -203,7 +203,7 @@ def test_the_held_out_scenario_bills_each_pane_as_the_definition_splits_it(tmp_p
                 tenant: f * max(0, min(start + PANE, end or END) - max(start, since)) for tenant, f, since, end in held
             }
             weights = {t: w for t, w in weights.items() if w}
-            parties = ["unallocated::::::", *sorted(weights)]
+            parties = ["unallocated", *sorted(weights)]
             free = max(Fraction(PANE), sum(weights.values())) - sum(weights.values())
             split = largest_remainder(cost[(gpu, start)], [free, *(weights[t] for t in parties[1:])])
             want |= {(gpu, start, p): v for p, v in zip(parties, split)}
