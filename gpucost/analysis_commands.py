@@ -20,6 +20,7 @@ from gpucost.csv_cells import write_rows
 from gpucost.fit import RESOURCES, pane_features
 from gpucost.flags import WEIGHT_FIELDS, add_out, add_settings, date_arg, env_flag
 from gpucost.focus import FORMATS, MONTH, VERSIONS, cost_months, export_focus
+from gpucost.focus13 import BASES
 from gpucost.output_files import check_writable, write_whole
 from gpucost.report import format_table
 from gpucost.sinks.views import query
@@ -127,6 +128,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"--focus-version {args.focus_version!r} (or env GPUCOST_FOCUS_VERSION): choose {' or '.join(VERSIONS)}"
         )
     weights = None
+    if args.basis not in BASES:
+        raise UsageError(f"--basis {args.basis!r} (or env GPUCOST_FOCUS_BASIS): choose {' or '.join(BASES)}")
+    if args.basis != "usage" and args.focus_version != "1.3":
+        raise UsageError(f"--basis {args.basis} is written as FOCUS 1.3 split cost allocation: add --focus-version 1.3")
     if args.focus_version == "1.3":  # AllocatedMethodDetails names the weights the records were split with
         try:
             s = audit_settings(args)
@@ -154,13 +159,15 @@ def cmd_export(args: argparse.Namespace) -> int:
                 args.invoice_id or None,
                 args.focus_version,
                 weights,
+                args.basis,
             )
         except (ValueError, duckdb.Error) as exc:
             raise UsageError(f"FILE {args.file}: {exc}".replace("\n", " ")) from None
         if not rows:
+            table = "cost" if args.basis == "usage" else "allocation"
             raise UsageError(
-                f"no cost record of {args.month} in {args.out}; nothing written (its months: "
-                f"{', '.join(cost_months(args.out)) or 'none'})"
+                f"no {table} record of {args.month} in {args.out}; nothing written (its months: "
+                f"{', '.join(cost_months(args.out, table)) or 'none'})"
             )
 
     write_whole(args.file, write, "FILE")
@@ -287,6 +294,15 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         "1.2",
         "1.2, or 1.3: each pane's cost split into allocated rows (AllocatedMethodId gpucost-usage), idle its own; "
         "1.3 takes the weights the records were split with from --config / --alpha --beta --gamma",
+    )
+    env_flag(
+        focus,
+        "--basis",
+        "GPUCOST_FOCUS_BASIS",
+        str,
+        "usage",
+        "usage (the cost records), or allocation (the allocation records: each pane's cost split by what tenants "
+        "held, AllocatedMethodId gpucost-allocation, unallocated its own row); allocation needs --focus-version 1.3",
     )
     # the weights the records were split with (FOCUS 1.3 states them); no other setting changes an export
     add_settings(focus, writes_out=False, fields=WEIGHT_FIELDS, signs=False)

@@ -75,33 +75,42 @@ def export_focus(
     invoice_id: str | None = None,
     version: str = "1.2",
     weights: tuple[Decimal, Decimal, Decimal] | None = None,
+    basis: str = "usage",
 ) -> int:
     """Write ``month``'s cost records of ``out_dir`` as FOCUS ``version`` rows to ``dest``; the number of rows.
-    FOCUS 1.3 (split cost allocation, ``gpucost.focus13``) needs the weights α, β, γ the records were split with."""
+    FOCUS 1.3 (split cost allocation, ``gpucost.focus13``) needs the weights α, β, γ the records were split with;
+    it alone writes the allocation basis (its records split by what tenants held), one basis a file."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if version not in VERSIONS:
         raise ValueError(f"FOCUS version {version!r}: choose one of {', '.join(VERSIONS)}")
+    if basis != "usage" and version == "1.2":
+        raise ValueError(f"the {basis} basis is written as FOCUS 1.3 split cost allocation: pass --focus-version 1.3")
     con = connect(out_dir)
     if version == "1.2":
         sql = focus_sql(month, provider, billing_account, iso_text=fmt == "csv", invoice_id=invoice_id)
     else:
         if weights is None:
             raise ValueError("FOCUS 1.3 needs the weights alpha, beta, gamma the records were split with")
-        check_weights(con, month, *weights)
-        sql = focus13_sql(month, provider, billing_account, fmt == "csv", weights, invoice_id)
+        if basis == "usage":
+            check_weights(con, month, *weights)
+        sql = focus13_sql(month, provider, billing_account, fmt == "csv", weights, invoice_id, basis)
     if fmt == "csv":  # names from input reach a spreadsheet as text, never as a formula (gpucost.csv_cells)
         return copy_csv(con, sql, dest)
     (rows,) = con.execute(f"COPY ({sql}) TO {sql_string(str(dest))} (FORMAT PARQUET, COMPRESSION zstd)").fetchone()  # type: ignore[misc]
     return int(rows)
 
 
-def cost_months(out_dir: Path) -> list[str]:
-    """The months (YYYY-MM, UTC) that hold cost records in ``out_dir``, in order: what an export of another month
-    can be told to pick instead."""
+def cost_months(out_dir: Path, table: str = "cost") -> list[str]:
+    """The months (YYYY-MM, UTC) that hold records of ``table`` (``cost`` or ``allocation``) in ``out_dir``, in order:
+    what an export of another month can be told to pick instead."""
+    if table not in ("cost", "allocation"):
+        raise ValueError(f"table {table!r}: cost or allocation")
     rows = (
         connect(out_dir)
-        .execute("SELECT DISTINCT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') AS m FROM cost ORDER BY m")
+        .execute(
+            f"SELECT DISTINCT strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') AS m FROM {table} ORDER BY m"
+        )
         .fetchall()
     )
     return [m for (m,) in rows]

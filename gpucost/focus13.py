@@ -31,13 +31,15 @@ from decimal import Decimal
 
 import duckdb
 
-from gpucost.focus_rows import MONTH, TAGS, USD, month_rows
+from gpucost.focus_rows import MONTH, TAGS, USD, allocation_month_rows, month_rows
 from gpucost.sinks.views import sql_string
 
-__all__ = ["METHOD", "RATIO_UNITS", "check_weights", "focus13_sql"]
+__all__ = ["BASES", "METHOD", "RATIO_UNITS", "check_weights", "focus13_sql"]
 
-#: AllocatedMethodId: the usage split of docs/definitions.md, "Cost split"
-METHOD = "gpucost-usage"
+#: AllocatedMethodId of each basis: the usage split (docs/definitions.md, "Cost split") and the allocation split
+#: ("Allocation basis"); a file holds one basis, so its BilledCost adds up to what the panes cost, once
+METHOD = {"usage": "gpucost-usage", "allocation": "gpucost-allocation"}
+BASES = tuple(METHOD)
 #: AllocatedRatio's resolution: ratios are whole multiples of 1 / RATIO_UNITS
 RATIO_UNITS = 10**12
 #: a record's float weight against α·t + β·b + γ·l of the weights given: further apart, they are other weights
@@ -67,10 +69,15 @@ def focus13_sql(
     iso_text: bool,
     weights: tuple[Decimal, Decimal, Decimal],
     invoice_id: str | None = None,
+    basis: str = "usage",
 ) -> str:
-    """The SELECT over the ``cost`` view giving ``month``'s FOCUS 1.3 rows (``iso_text``: times as ISO 8601 text)."""
+    """The SELECT over the ``cost`` view (``basis`` usage) or the ``allocation`` view (allocation) giving ``month``'s
+    FOCUS 1.3 rows (``iso_text``: times as ISO 8601 text). The unallocated portion is each basis's own party:
+    ``idle`` on the usage basis, ``unallocated`` on the allocation basis."""
     if not MONTH.match(month):
         raise ValueError(f"month {month!r} is not YYYY-MM")
+    if basis not in METHOD:
+        raise ValueError(f"basis {basis!r}: choose one of {', '.join(BASES)}")
 
     def when(column: str) -> str:
         return f"strftime({column}, '%Y-%m-%dT%H:%M:%SZ')" if iso_text else column
@@ -79,6 +86,20 @@ def focus13_sql(
         return f"CAST({sql_string(str(value))} AS DECIMAL(38, 12))"
 
     alpha, beta, gamma = weights
+    own = "'idle'" if basis == "usage" else "'unallocated'"
+    rows = month_rows(month) if basis == "usage" else allocation_month_rows(month)
+    element = (
+        "'x_TimeShare', t_share, 'x_MemoryBandwidthShare', b_share, 'x_NumaShare', l_share, 'x_Weight', weight, "
+        "'x_BusyFraction', busy_fraction"
+        if basis == "usage"
+        else "'x_AllocatedShare', allocated_share, 'x_AllocatedFraction', allocated_fraction, 'x_Sharing', sharing, "
+        "'x_Holds', allocations"
+    )
+    split_by = (
+        f"'x_Alpha', {dec(alpha)}, 'x_Beta', {dec(beta)}, 'x_Gamma', {dec(gamma)}, 'x_IdlePolicy', 'separate'"
+        if basis == "usage"
+        else "'x_Capacity', 'held fraction × held time; unallocated the rest'"
+    )
     tags = ", ".join(f"{f} := {f}" for f in TAGS)
     provider, account = sql_string(provider), sql_string(billing_account)
     invoice = "NULL::VARCHAR" if invoice_id is None else sql_string(invoice_id)
@@ -86,7 +107,7 @@ def focus13_sql(
     units = RATIO_UNITS
     # each row's ratio numerator and the origin's denominator, as integers: µ$, else GPU-hours · 10^12
     return f"""
-{month_rows(month)},
+{rows},
 h AS (
   SELECT *, CAST(gpu_hours * 1000000000000 AS HUGEINT) AS h_int,
          sum(cost_micro_usd) OVER ({origin}) AS o_cost
@@ -121,18 +142,16 @@ SELECT
   'Compute' AS ServiceCategory, 'Other (Compute)' AS ServiceSubcategory, 'GPU compute' AS ServiceName,
   gpu_model AS SkuId, NULL::VARCHAR AS SubAccountId, NULL::VARCHAR AS SubAccountName,
   NULL::VARCHAR AS Tags,
-  {sql_string(METHOD)} AS AllocatedMethodId,
+  {sql_string(METHOD[basis])} AS AllocatedMethodId,
   CASE WHEN ratio_units IS NOT NULL THEN json_object(
     'Elements', [json_object(
       'AllocatedRatio', CAST(CAST(ratio_units AS DECIMAL(38, 12)) * 0.000000000001 AS DECIMAL(38, 12)),
-      'UsageUnit', 'GPU-Hours', 'UsageQuantity', gpu_hours,
-      'x_TimeShare', t_share, 'x_MemoryBandwidthShare', b_share, 'x_NumaShare', l_share, 'x_Weight', weight,
-      'x_BusyFraction', busy_fraction)],
-    'x_Basis', 'usage', 'x_RatioOf', CASE WHEN o_cost <> 0 THEN 'BilledCost' ELSE 'ConsumedQuantity' END,
-    'x_Alpha', {dec(alpha)}, 'x_Beta', {dec(beta)}, 'x_Gamma', {dec(gamma)}, 'x_IdlePolicy', 'separate'
+      'UsageUnit', 'GPU-Hours', 'UsageQuantity', gpu_hours, {element})],
+    'x_Basis', {sql_string(basis)}, 'x_RatioOf', CASE WHEN o_cost <> 0 THEN 'BilledCost' ELSE 'ConsumedQuantity' END,
+    {split_by}
   ) END AS AllocatedMethodDetails,
-  CASE WHEN tenant_key <> 'idle' THEN tenant_key END AS AllocatedResourceId,
-  CASE WHEN tenant_key <> 'idle' THEN team END AS AllocatedResourceName,
-  CASE WHEN tenant_key <> 'idle' THEN to_json(struct_pack({tags})) END AS AllocatedTags,
+  CASE WHEN tenant_key <> {own} THEN tenant_key END AS AllocatedResourceId,
+  CASE WHEN tenant_key <> {own} THEN team END AS AllocatedResourceName,
+  CASE WHEN tenant_key <> {own} THEN to_json(struct_pack({tags})) END AS AllocatedTags,
   record_id AS x_RecordId, tenant_key AS x_TenantKey, revision AS x_Revision
 FROM r ORDER BY ps, gpu_uuid, revision, tenant_key"""

@@ -7,7 +7,7 @@ import re
 
 from gpucost.sinks.views import sql_string
 
-__all__ = ["MONTH", "TAGS", "USD", "month_rows"]
+__all__ = ["MONTH", "TAGS", "USD", "allocation_month_rows", "month_rows"]
 
 MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 #: the tenant fields a row's Tags carry
@@ -32,5 +32,20 @@ c AS (
            WHEN pane_cost_micro_usd > 0 THEN CAST(cost_micro_usd AS DECIMAL(38, 12)) / pane_cost_micro_usd
            WHEN tenant_key = 'idle' THEN 1 - CAST(busy_fraction AS DECIMAL(38, 12))
            ELSE coalesce(CAST(busy_fraction * weight / nullif(w_all, 0) AS DECIMAL(38, 12)), 0) END
+           AS DECIMAL(38, 12)) AS gpu_hours
+  FROM c0)"""
+
+
+def allocation_month_rows(month: str) -> str:
+    """``month_rows`` of the allocation records (docs/definitions.md, "Allocation basis"): a party's GPU-hours are the
+    pane's covered hours × its µ$ over the pane's, or in an unpriced pane its ``allocated_share``."""
+    return f"""WITH c0 AS (
+  SELECT *, make_timestamp(pane_start_ns // 1000) AS ps, make_timestamp(pane_end_ns // 1000) AS pe
+  FROM allocation WHERE strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') = {sql_string(month)}),
+c AS (
+  SELECT *, date_trunc('month', ps) AS bs,
+         CAST(CAST(covered_ms AS DECIMAL(38, 12)) / 3600000 * CASE
+           WHEN pane_cost_micro_usd > 0 THEN CAST(cost_micro_usd AS DECIMAL(38, 12)) / pane_cost_micro_usd
+           ELSE CAST(allocated_share AS DECIMAL(38, 12)) END
            AS DECIMAL(38, 12)) AS gpu_hours
   FROM c0)"""
