@@ -17,6 +17,9 @@ datageneratorcalculatedsplitcostallocationhandling.json), and how it is met:
 - A-004-M: every dimension and unit price of an allocated row is the origin's: the row says the GPU, the pane, the
   price; ChargeDescription no longer names the party, and SubAccount and Tags (the tenant, in 1.2) are null.
   The party is in AllocatedResourceId/Name/Tags, which are the columns made for it.
+- The allocation basis (``basis="allocation"``) reads the ``allocation`` records instead (docs/definitions.md,
+  "Allocation basis"): method ``gpucost-allocation``, ``unallocated`` the unallocated portion as ``idle`` is on the
+  usage basis. One basis a file, so its BilledCost adds up to what the panes cost, once.
 - ``idle`` is the unallocated portion (A-009-O allows it as its own row): AllocatedResourceId, AllocatedResourceName
   and AllocatedTags are null on it (CAU-AllocatedResourceId-C-005-C).
 - AllocatedMethodDetails: ``{"Elements": [{"AllocatedRatio", "UsageUnit", "UsageQuantity", x_…}], x_…}``; the
