@@ -31,9 +31,16 @@ from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import Tenant
 
-__all__ = ["AllocationTable", "AllocationSplit", "Hold"]
+__all__ = ["AllocationTable", "AllocationSplit", "Hold", "MAX_DENOMINATOR", "MAX_HOLDS"]
 
 UNALLOCATED = Tenant.named(UNALLOCATED_TENANT)
+#: the most holds a device keeps (ended ones until pruned): what one pane's close reads and a device's state holds,
+#: bounded against a producer that sends hold after hold (a real node's churn is a few hundred within the horizon)
+MAX_HOLDS = 10_000
+#: the largest common denominator of a device's fractions: its capacity ``D × pane ns`` then stays far below the
+#: 38 digits a record's exact integers are stored in, whatever denominators the holds bring (primes near 10^6, five
+#: of them, would pass it)
+MAX_DENOMINATOR = 10**12
 
 
 class Hold(NamedTuple):
@@ -61,18 +68,25 @@ class AllocationTable:
 
     An allocation's start, fraction, sharing and tenant are fixed by its first event; a later event of the same
     id may only set its end, once. The same event again is a ``duplicate``; one that contradicts what was taken
-    is a ``conflict`` (two schedulers, or a reused id): the first one stays in force, as for every other kind."""
+    is a ``conflict`` (two schedulers, or a reused id): the first one stays in force, as for every other kind. A new
+    hold past ``MAX_HOLDS`` on its device, or whose denominator takes the device's past ``MAX_DENOMINATOR``, is
+    ``out_of_range``."""
 
     def __init__(self) -> None:
         self._holds: dict[str, dict[str, Hold]] = {}
         #: each device's first hold's start: the device is split on the allocation basis from then on. Kept
         #: when its holds are pruned, so that pruning changes no pane's records
         self._since: dict[str, int] = {}
+        #: each device's common denominator over the holds it keeps (what ``admit`` bounds), kept as they change
+        self._den: dict[str, int] = {}
 
     def admit(self, a: Allocation) -> str | None:
-        """``duplicate``, ``conflict`` or None (taken), changing nothing."""
-        held = self._holds.get(a.gpu_uuid, {}).get(a.allocation_id)
+        """``duplicate``, ``conflict``, ``out_of_range`` or None (taken), changing nothing."""
+        holds = self._holds.get(a.gpu_uuid, {})
+        held = holds.get(a.allocation_id)
         if held is None:
+            if len(holds) >= MAX_HOLDS or math.lcm(a.fraction_den, self._den.get(a.gpu_uuid, 1)) > MAX_DENOMINATOR:
+                return "out_of_range"
             return None
         new = Hold.of(a)
         if held._replace(end_ns=None) != new._replace(end_ns=None):
@@ -90,6 +104,7 @@ class AllocationTable:
         """Take an admitted allocation: a new hold, or the end of one."""
         self._holds.setdefault(a.gpu_uuid, {})[a.allocation_id] = Hold.of(a)
         self._since[a.gpu_uuid] = min(self._since.get(a.gpu_uuid, a.ts_ns), a.ts_ns)
+        self._den[a.gpu_uuid] = math.lcm(self._den.get(a.gpu_uuid, 1), a.fraction_den)
 
     def since(self, gpu_uuid: str) -> int | None:
         """When the device's first hold began (None: it never had one)."""
@@ -104,11 +119,13 @@ class AllocationTable:
         for gpu, holds in self._holds.items():
             if any(h.end_ns is not None and h.end_ns <= floor_ns for h in holds.values()):
                 self._holds[gpu] = {k: h for k, h in holds.items() if h.end_ns is None or h.end_ns > floor_ns}
+                self._den[gpu] = math.lcm(1, *(h.den for h in self._holds[gpu].values()))
 
     def drop(self, gpu_uuid: str) -> None:
         """Forget a device gone from the fleet (``GpuPanes.forget``)."""
         self._holds.pop(gpu_uuid, None)
         self._since.pop(gpu_uuid, None)
+        self._den.pop(gpu_uuid, None)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -126,6 +143,7 @@ class AllocationTable:
             for gpu, holds in state["holds"].items()
         }
         table._since = dict(state["since"])
+        table._den = {gpu: math.lcm(1, *(h.den for h in holds.values())) for gpu, holds in table._holds.items()}
         return table
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from gpucost.schemas.events import Allocation, GpuSample, NumaEvent, ProcessSample, TenantBinding
 from gpucost.schemas.records import Output
-from gpucost.streams.allocations import AllocationSplit
+from gpucost.streams.allocations import MAX_DENOMINATOR, MAX_HOLDS, AllocationSplit
 from gpucost.streams.apportion import apportion
 from gpucost.streams.differences import differences
 from gpucost.streams.idle_index import IdleIndex
@@ -160,12 +160,14 @@ class LateData(DeadLetters):
         verdict = table.admit(event)
         what = f"allocation {event.allocation_id!r} of {event.gpu_uuid}"
         if verdict is not None:
-            detail = (
-                f"{what} was already taken as it is; the first one stays in force"
-                if verdict == "duplicate"
-                else f"{what} was taken with another start, fraction, sharing, tenant or end; an allocation's "
-                "event may only add its end, once: give a new hold a new allocation_id"
-            )
+            detail = {
+                "duplicate": f"{what} was already taken as it is; the first one stays in force",
+                "conflict": f"{what} was taken with another start, fraction, sharing, tenant or end; an allocation's "
+                "event may only add its end, once: give a new hold a new allocation_id",
+                "out_of_range": f"{what}: its device already keeps {MAX_HOLDS:,} holds, or its fraction's denominator "
+                f"{event.fraction_den} with theirs needs a common denominator past {MAX_DENOMINATOR:,}; send "
+                "fractions over a common base (100 for percentages) and an end for every hold",
+            }[verdict]
             return [self._dead(verdict, event, raw, source, detail)]
         gpu, changed_ns = event.gpu_uuid, table.changes_from(event)
         reached = self.revisions.published(gpu, changed_ns)

@@ -1,0 +1,96 @@
+"""Allocations a hostile or broken producer sends (docs/definitions.md, "Allocation basis"): denominators whose
+common multiple would outgrow the records' 38-digit integers, and hold after hold on one device. Each is refused
+with a reason that says what to send, in the default configuration; what was taken still adds up to each pane's
+cost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpucost.schemas.events import Allocation, Event, GpuSample, Price
+from gpucost.schemas.records import AllocationRecord, DeadLetter, Output
+from gpucost.streams import allocations
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
+
+NS = 10**9
+T0 = 1_750_000_020 * NS - (1_750_000_020 * NS) % (60 * NS)
+#: primes just under 10^6: any two have a common multiple under 10^12, any three one past it
+PRIMES = (999_983, 999_979, 999_961)
+
+
+def samples(minutes: int = 5) -> list[Event]:
+    return [
+        Price(gpu_model="M", ts_ns=T0 - 3600 * NS, usd_per_gpu_hour="3.141592"),
+        *(
+            GpuSample(
+                node_id="n1",
+                gpu_uuid="GPU-0",
+                gpu_model="M",
+                ts_ns=T0 + k * 10 * NS,
+                interval_s=10.0,
+                sm_util_pct=50.0,
+                mem_bw_util_pct=10.0,
+                power_w=100,
+                mem_used_bytes=1,
+                mem_total_bytes=2,
+                temp_c=40,
+            )
+            for k in range(minutes * 6)
+        ),
+    ]
+
+
+def hold(i: int, den: int = 4) -> Allocation:
+    return Allocation(
+        node_id="n1",
+        gpu_uuid="GPU-0",
+        allocation_id=f"pod-{i}",
+        ts_ns=T0 + i,
+        fraction_num=1,
+        fraction_den=den,
+        sharing="mps",
+        team="ads",
+    )
+
+
+def run(events: list[Event]) -> list[Output]:
+    auditor = Auditor(AuditSettings())
+    out = [r for e in events for r in auditor.update(e)]
+    return out + auditor.finish()
+
+
+def test_a_denominator_that_would_outgrow_the_records_is_refused_and_the_rest_adds_up() -> None:
+    out = run([*(hold(i, p) for i, p in enumerate(PRIMES)), *samples()])
+    letters = [r for r in out if isinstance(r, DeadLetter)]
+    assert [(r.reason, json.loads(r.raw)["allocation_id"]) for r in letters] == [("out_of_range", "pod-2")]
+    assert "common denominator" in letters[0].detail and "100 for percentages" in letters[0].detail
+    records = [r for r in out if isinstance(r, AllocationRecord)]
+    assert records and max(r.capacity_num for r in records) < 10**38
+    panes: dict[int, list[AllocationRecord]] = {}
+    for r in records:
+        panes.setdefault(r.pane_start_ns, []).append(r)
+    assert all(sum(r.cost_micro_usd for r in rs) == rs[0].pane_cost_micro_usd for rs in panes.values())
+    assert all(r.allocations == 2 for r in records if r.team == "ads")
+
+
+def test_hold_after_hold_on_one_device_stops_at_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocations, "MAX_HOLDS", 5)
+    out = run([*(hold(i) for i in range(8)), *samples(2)])
+    assert [r.reason for r in out if isinstance(r, DeadLetter)] == ["out_of_range"] * 3
+    assert {r.allocations for r in out if isinstance(r, AllocationRecord) and r.team == "ads"} == {5}
+    # an end of a hold already taken is still taken at the bound: the bound is on new holds
+    ended = hold(0).model_copy(update={"end_ts_ns": T0 + 30 * NS})
+    out = run([*(hold(i) for i in range(5)), ended, *samples(2)])
+    assert not [r for r in out if isinstance(r, DeadLetter)]
+
+
+def test_the_bound_on_denominators_survives_a_snapshot() -> None:
+    """The device's common denominator is restored with its holds: after a restore the same hold is refused."""
+    first = Auditor(AuditSettings())
+    for e in (hold(0, PRIMES[0]), hold(1, PRIMES[1])):
+        assert first.update(e) == []
+    again = Auditor.from_state(json.loads(json.dumps(first.to_state())), AuditSettings())
+    assert [r.reason for r in again.update(hold(2, PRIMES[2])) if isinstance(r, DeadLetter)] == ["out_of_range"]
