@@ -18,6 +18,7 @@ from decimal import Decimal
 import numpy as np
 
 from gpucost.schemas.events import (
+    TENANT_FIELDS,
     Allocation,
     EbpfTrace,
     Event,
@@ -186,7 +187,6 @@ class _Gpu:
         for j in self.jobs:
             if j.tenant is None:
                 continue
-            team, env, app, tier, sla = j.tenant
             digits = int(j.git_commit[:8], 16)
             num, den = {"time_slicing": (1, 4), "mps": (25 * (1 + digits % 4), 100), "exclusive": (1, 1)}[mode]
             start = j.start_ns - (1 + digits % 16) * 60 * NS
@@ -199,13 +199,7 @@ class _Gpu:
                 sharing=mode,
                 fraction_num=num,
                 fraction_den=den,
-                team=team,
-                env=env,
-                app=app,
-                tier=tier,
-                sla=sla,
-                git_commit=j.git_commit,
-                ci_pipeline_id=j.ci_pipeline_id,
+                **dict(zip(TENANT_FIELDS, (*j.tenant, j.git_commit, j.ci_pipeline_id))),
                 origin="kubernetes",
             )
             yield hold

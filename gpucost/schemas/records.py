@@ -84,7 +84,10 @@ class MaeRecord(_Record):
     l2_evictions_per_1k_est: float
 
 
-class CostRecord(_Record):
+class _PaneParty(_Record):
+    """The fields a party's record of a pane begins with, on either basis: which pane, which party (its tenant's
+    fields, in ``TENANT_FIELDS``' order), and the record's id."""
+
     record_id: str
     gpu_uuid: str
     node_id: str
@@ -99,6 +102,9 @@ class CostRecord(_Record):
     sla: str | None
     git_commit: str | None
     ci_pipeline_id: str | None
+
+
+class CostRecord(_PaneParty):
     t_share: float
     b_share: float
     l_share: float
@@ -120,7 +126,7 @@ class CostRecord(_Record):
     covered_ms: Int64
 
 
-class AllocationRecord(_Record):
+class AllocationRecord(_PaneParty):
     """One party's share of a pane's cost on the allocation basis (docs/definitions.md, "Allocation basis"): the
     same pane cost as its usage records, split by what each tenant held of the device instead of what it used.
     A table of its own, never mixed into ``cost``: a sum over either table is one bill, counted once.
@@ -130,20 +136,6 @@ class AllocationRecord(_Record):
     ``allocated_share`` its share of the pane's cost, ``allocated_num`` over the larger of ``capacity_num`` and Σ held
     (an oversubscribed device splits by what is held)."""
 
-    record_id: str
-    gpu_uuid: str
-    node_id: str
-    gpu_model: str
-    pane_start_ns: Int64
-    pane_end_ns: Int64
-    tenant_key: str
-    team: str
-    env: str | None
-    app: str | None
-    tier: str | None
-    sla: str | None
-    git_commit: str | None
-    ci_pipeline_id: str | None
     sharing: str | None
     allocations: Int64
     allocated_share: float
