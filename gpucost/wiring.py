@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from gpucost.config import FLAG_FIELDS, KAFKA_ENV_PREFIX, ConfigError, environment, load_settings
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Signer
+from gpucost.local_state import state_dir
 from gpucost.metrics import Health, MetricsServer
 from gpucost.producers.attribution import Attribution, AttributionSettings, BindingSource, ProcessEnvironment
 from gpucost.producers.kubernetes import LABELS, KubernetesPods, KubernetesSettings
@@ -175,7 +176,8 @@ def attributed(
     settings = AttributionSettings(sla=args.attribution_sla)
     if "kubernetes" in args.attribution and args.kube_allocations:  # beside the bindings, from the same kubelet
         sharing = SharingSettings(replicas=args.kube_replicas, mode=args.kube_sharing)
-        events = KubernetesAllocations(kubernetes_settings(args), sharing, settings, live.counts).interleave(events)
+        allocations = KubernetesAllocations(kubernetes_settings(args), sharing, settings, live.counts, state_dir())
+        events = allocations.interleave(events)
     sources: list[BindingSource] = []
     for name in args.attribution:  # in their precedence (``ATTRIBUTION_SOURCES``)
         if name == "kubernetes":

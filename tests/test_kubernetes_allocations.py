@@ -68,11 +68,16 @@ def samples(node: str, gpus: tuple[str, ...], changes: dict[int, Callable[[], No
             )
 
 
-def source(kube: FakeNode, url: str, sharing: SharingSettings) -> KubernetesAllocations:
+def source(kube: FakeNode, url: str, sharing: SharingSettings, ledger: Path | None = None) -> KubernetesAllocations:
     settings = KubernetesSettings(
         pods_url=url, token_file=kube.token_file, pod_resources=kube.socket, refresh_ns=10 * S
     )
-    return KubernetesAllocations(settings, sharing, AttributionSettings())
+    return KubernetesAllocations(settings, sharing, AttributionSettings(), ledger_dir=ledger)
+
+
+def samples_until(node: str, end_ns: int) -> list[Event]:
+    """The GPU samples of the shared GPU and the 3g MIG device from ``T0`` to ``end_ns``."""
+    return [e for e in samples(node, (TS, MIG3), {}) if e.ts_ns < end_ns]
 
 
 def polled(events: list[Event]) -> list[tuple[int, Allocation]]:
@@ -263,9 +268,41 @@ def test_bad_kubelet_answers_are_counted_with_their_reason_and_no_hold_ends_for_
     assert told.counts["kube_pod_resources_unavailable"] == 1
 
 
-def test_gpucost_run_s_wiring_sends_allocations_beside_the_samples(tmp_path: Path) -> None:
+def test_a_hold_ended_while_the_source_was_down_is_ended_by_the_next_one(tmp_path: Path) -> None:
+    """The ledger of holds sent (per node, in the state folder): a restarted source sends no start again for a hold
+    still listed, and ends, at its first answered poll, the hold whose pod went away while it was down; an
+    unreadable ledger is counted and the source goes on without it."""
+    kept, gone = pod("vision", "kept", f"{TS}::0", T0), pod("search", "gone", MIG3, T0)
+    kube = FakeNode(tmp_path, [kept, gone], node="gpu-a")
+    ledger = tmp_path / "state"
+    with kube.serving() as url:
+        first = source(kube, url, SharingSettings(replicas=4), ledger)
+        sent = first.poll("gpu-a", T0)
+        assert sorted(a.app for a in sent) == ["gone", "kept"]
+        kube.pods.remove(gone)  # while no source runs
+        second = source(kube, url, SharingSettings(replicas=4), ledger)
+        after = second.poll("gpu-a", T0 + 60 * S)
+        other_node = source(kube, url, SharingSettings(replicas=4), ledger).poll("gpu-b", T0 + 60 * S)
+    ended = next(a for a in sent if a.app == "gone").model_copy(update={"end_ts_ns": T0 + 60 * S})
+    assert after == [ended]  # the end, and no start sent again
+    # another node's ledger is its own: nothing of gpu-a's ended there
+    assert other_node and all(a.node_id == "gpu-b" and a.end_ts_ns is None for a in other_node)
+    out = audited([*sent, *samples_until("gpu-a", T0 + 60 * S), *after])
+    assert not [r for r in out if isinstance(r, DeadLetter)]
+    (path,) = ledger.glob("kube-allocations.gpu-a-*.json")
+    path.write_text("{not json")
+    with kube.serving() as url:
+        broken = source(kube, url, SharingSettings(replicas=4), ledger)
+        assert [a.app for a in broken.poll("gpu-a", T0 + 70 * S)] == ["kept"]  # sent again: the auditor's duplicate
+    assert broken.counts["kube_alloc_ledger_unreadable"] == 1
+
+
+def test_gpucost_run_s_wiring_sends_allocations_beside_the_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``--attribution kubernetes --kube-allocations on``: a live source's events, the kubelet's allocations polled
     among them; off by default, so a node that attributes by pod sends no allocation it was not asked for."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the ledger of holds sent: this test's own
     kube = FakeNode(tmp_path, [pod("vision", "ts-1", f"{TS}::0", T0), pod("batch", "mig-3", MIG3, T0)], node="gpu-a")
     live = SimpleNamespace(events=lambda: samples("gpu-a", (TS, MIG3), {}), counts=Counter())
     with kube.serving() as url:

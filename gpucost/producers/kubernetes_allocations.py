@@ -15,15 +15,24 @@ GPU's UUID (``GPU-…``), a MIG device's (``MIG-…``), a shared GPU's replica (
 plugin under time-slicing or MPS), or a HAMi vGPU slot (``<uuid>-<n>``, with ``nvidia.com/gpucores`` in the
 container's limits). How many replicas a shared GPU has, and whether they are time slices or MPS clients, is in
 the device plugin's config, not in any answer here: ``SharingSettings`` says it.
+
+Why a ledger of the holds sent (``ledger_dir``, the state folder by default): a hold that ends while the producer
+is down is listed neither before nor after the restart, so without a record of what was sent its end would never be
+sent and the allocation basis would bill it on and on. The open holds are written after every poll that changes
+them, per node; a restarted source reads them back and ends, at its first answered poll, those no longer listed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, NamedTuple
 
 from pydantic import ValidationError
@@ -103,7 +112,8 @@ def share(device: str, limits: Mapping[str, str], env: Mapping[str, str], sharin
 
 
 class KubernetesAllocations:
-    """Allocation events from the node's kubelet, polled as a live source's events pass (``interleave``)."""
+    """Allocation events from the node's kubelet, polled as a live source's events pass (``interleave``): one
+    source serves one node, the producer's, and keeps its ledger under that node's name."""
 
     origin: Literal["kubernetes"] = "kubernetes"
 
@@ -113,9 +123,12 @@ class KubernetesAllocations:
         sharing: SharingSettings,
         attribution: AttributionSettings,
         counts: Counter[str] | None = None,
+        ledger_dir: Path | None = None,
     ) -> None:
         self.settings, self.sharing, self.attribution = settings, sharing, attribution
         self.counts: Counter[str] = Counter() if counts is None else counts
+        self.ledger_dir = ledger_dir  # None: nothing outlives this source (a restart cannot end a hold gone meanwhile)
+        self._loaded: set[str] = set()  # the nodes whose ledger was read
         self._open: dict[Held, Allocation] = {}
         self._refused: set[Held] = set()  # holds counted once as not billable, not counted again at every poll
         self._polled_at: int | None = None
@@ -134,6 +147,7 @@ class KubernetesAllocations:
     def poll(self, node_id: str, ts_ns: int) -> list[Allocation]:
         """The holds first listed now, as allocations, then those no longer listed, ended at ``ts_ns``. Where the
         kubelet or the pods' listing does not answer, nothing: no hold is ended for want of an answer."""
+        self._load(node_id)
         listed = self._listed()
         if listed is None:
             return []
@@ -155,7 +169,49 @@ class KubernetesAllocations:
             out.append(start.model_copy(update={"end_ts_ns": max(ts_ns, start.ts_ns + 1)}))
             self.counts["kube_alloc_ended"] += 1
         self._refused &= held
+        if out:
+            self._save(node_id)
         return out
+
+    def _ledger(self, node_id: str) -> Path | None:
+        if self.ledger_dir is None:
+            return None
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", node_id)[:64] + "-" + hashlib.sha256(node_id.encode()).hexdigest()[:8]
+        return self.ledger_dir / f"kube-allocations.{name}.json"
+
+    def _load(self, node_id: str) -> None:
+        """The node's holds a run before this one sent and did not end, once: they end at the first answered poll
+        that no longer lists them. An unreadable ledger is counted and said, and the source starts without it."""
+        path = self._ledger(node_id)
+        if path is None or node_id in self._loaded:
+            return
+        self._loaded.add(node_id)
+        try:
+            entries = json.loads(path.read_text()) if path.exists() else []
+            loaded = {Held(*e["held"]): Allocation.model_validate_json(json.dumps(e["allocation"])) for e in entries}
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            self.counts["kube_alloc_ledger_unreadable"] += 1
+            log.warning("cannot read the holds sent before (%s: %s); holds ended meanwhile stay open", path, exc)
+            return
+        self._open.update(loaded)
+
+    def _save(self, node_id: str) -> None:
+        """The node's open holds, written whole (a temporary file renamed over the last)."""
+        path = self._ledger(node_id)
+        if path is None:
+            return
+        entries = [{"held": list(h), "allocation": a.to_wire()} for h, a in sorted(self._open.items())]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(entries))
+            os.replace(tmp, path)
+        except OSError as exc:
+            if not self.counts["kube_alloc_ledger_unwritable"]:
+                log.warning(
+                    "cannot write the holds sent (%s: %s); a restart will not end those gone meanwhile", path, exc
+                )
+            self.counts["kube_alloc_ledger_unwritable"] += 1
 
     def _listed(self) -> tuple[dict[str, list[tuple[str, str, str]]], dict[str, Pod]] | None:
         try:
