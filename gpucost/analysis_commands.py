@@ -19,7 +19,7 @@ from gpucost.commands import price_events
 from gpucost.csv_cells import write_rows
 from gpucost.fit import RESOURCES, pane_features
 from gpucost.flags import WEIGHT_FIELDS, add_out, add_settings, date_arg, env_flag
-from gpucost.focus import FORMATS, MONTH, VERSIONS, cost_months, export_focus
+from gpucost.focus import FORMATS, MONTH, VERSIONS, cost_months, export_focus, usage_only
 from gpucost.focus13 import BASES
 from gpucost.output_files import check_writable, write_whole
 from gpucost.report import format_table
@@ -131,7 +131,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.basis not in BASES:
         raise UsageError(f"--basis {args.basis!r} (or env GPUCOST_FOCUS_BASIS): choose {' or '.join(BASES)}")
     if args.basis != "usage" and args.focus_version != "1.3":
-        raise UsageError(f"--basis {args.basis} is written as FOCUS 1.3 split cost allocation: add --focus-version 1.3")
+        raise UsageError(
+            f"--basis {args.basis} (or env GPUCOST_FOCUS_BASIS) is written as FOCUS 1.3 split cost allocation: add "
+            "--focus-version 1.3"
+        )
     if args.focus_version == "1.3":  # AllocatedMethodDetails names the weights the records were split with
         try:
             s = audit_settings(args)
@@ -172,6 +175,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     write_whole(args.file, write, "FILE")
     print(f"wrote {rows:,} FOCUS {args.focus_version} rows of {args.month} to {args.file}")
+    if args.basis == "allocation" and (left := usage_only(args.out, args.month))[0]:
+        print(
+            f"{left[0]:,} panes (${left[1] / 1e6:,.2f}) of {args.month} are on the usage basis only (before their "
+            "device's first hold, or on devices with none): not in this file; the usage export has them"
+        )
     return 0
 
 

@@ -12,6 +12,7 @@ instead (``gpucost.producers.accelerators.events``), for ``gpucost replay`` or `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpucost.command import Command
+from gpucost.output_files import write_whole
 from gpucost.producers.accelerators.detect import FORMATS, parse
 from gpucost.producers.accelerators.events import Placement, at_ns, to_events
 from gpucost.producers.accelerators.live import COMMANDS, run_tool
@@ -144,11 +146,23 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.events is None:
         return _each(args, None)
     placement = _placement(args)
-    try:
-        with args.events.open("w", encoding="utf-8") as out:
-            return _each(args, (out, placement))
-    except OSError as exc:
-        raise UsageError(f"cannot write {args.events}: {exc.strerror}; give --events a writable path") from None
+    status = 0
+
+    def write(tmp: Path) -> None:
+        """The events into the file written whole: a failed run leaves the file it would have replaced."""
+        nonlocal status
+        with tmp.open("w", encoding="utf-8") as out:
+            status = _each(args, (out, placement))
+        if status:
+            raise _Failed
+
+    with contextlib.suppress(_Failed):
+        write_whole(args.events, write, "--events")
+    return status
+
+
+class _Failed(Exception):
+    """A capture gave no billable events: nothing replaces the --events file."""
 
 
 def _each(args: argparse.Namespace, events: tuple[TextIO, Placement] | None) -> int:

@@ -114,3 +114,15 @@ def cost_months(out_dir: Path, table: str = "cost") -> list[str]:
         .fetchall()
     )
     return [m for (m,) in rows]
+
+
+def usage_only(out_dir: Path, month: str) -> tuple[int, int]:
+    """The panes of ``month`` billed on the usage basis and absent from the allocation basis (before their device's
+    first hold, or on a device that never had one), and their µ$: what an allocation-basis export leaves out."""
+    (panes, micro_usd) = connect(out_dir).execute(
+        """WITH m AS (SELECT * FROM cost WHERE strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') = ?)
+            SELECT count(DISTINCT (gpu_uuid, pane_start_ns)), coalesce(sum(cost_micro_usd), 0)::BIGINT FROM m
+            WHERE (gpu_uuid, pane_start_ns) NOT IN (SELECT (gpu_uuid, pane_start_ns) FROM allocation)""",
+        [month],
+    ).fetchone() or (0, 0)
+    return int(panes), int(micro_usd)

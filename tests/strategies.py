@@ -179,14 +179,16 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
                 )
             )
         for a in range(draw(st.integers(0, 3))):  # a scheduler's holds on the device, and the ends of some
-            num, den = draw(st.sampled_from([(1, 1), (1, 4), (1, 3), (30, 100), (2, 7)]))
+            sharing = draw(st.sampled_from(SHARING_MODES))
+            whole = sharing in ("exclusive", "mig")  # the whole device, or a share of it
+            num, den = (1, 1) if whole else draw(st.sampled_from([(1, 1), (1, 4), (1, 3), (30, 100), (2, 7)]))
             t = draw(tenant)
             hold = Allocation(
                 node_id=node,
                 gpu_uuid=gpu,
                 allocation_id=f"pod-{a}",
                 ts_ns=draw(ts),
-                sharing=draw(st.sampled_from(SHARING_MODES)),
+                sharing=sharing,
                 fraction_num=num,
                 fraction_den=den,
                 team=t[0],

@@ -162,3 +162,35 @@ def test_the_allocation_basis_needs_1_3_and_says_so(billed: Path, tmp_path: Path
     )
     assert out.returncode == 2 and "no allocation record of 2024-12" in out.stderr and "2025-01, 2025-02" in out.stderr
     assert not (tmp_path / "f.csv").exists() and not (tmp_path / "g.csv").exists()
+
+
+def test_the_export_says_which_panes_of_the_month_it_leaves_on_the_usage_basis(billed: Path, tmp_path: Path) -> None:
+    """Panes before a device's first hold are on the usage basis only: the allocation file has them not, and says
+    how many and what they cost, counted here from the two tables."""
+    month = "2025-01"
+    said = gpucost(
+        "export",
+        "focus",
+        str(tmp_path / "f.csv"),
+        "--out",
+        str(billed),
+        "--month",
+        month,
+        "--focus-version",
+        "1.3",
+        "--basis",
+        "allocation",
+    ).stdout
+    con = connect(billed)
+    usage = {
+        (g, s): c
+        for g, s, c in con.execute(
+            "SELECT gpu_uuid, pane_start_ns, sum(cost_micro_usd) FROM cost "
+            "WHERE strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') = ? GROUP BY ALL",
+            [month],
+        ).fetchall()
+    }
+    held = set(con.execute("SELECT DISTINCT gpu_uuid, pane_start_ns FROM allocation").fetchall())
+    left = {k: c for k, c in usage.items() if k not in held}
+    assert left  # the fleet's GPUs ran before their pods' first holds
+    assert f"{len(left):,} panes (${sum(left.values()) / 1e6:,.2f}) of {month} are on the usage basis only" in said

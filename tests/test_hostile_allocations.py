@@ -94,3 +94,34 @@ def test_the_bound_on_denominators_survives_a_snapshot() -> None:
         assert first.update(e) == []
     again = Auditor.from_state(json.loads(json.dumps(first.to_state())), AuditSettings())
     assert [r.reason for r in again.update(hold(2, PRIMES[2])) if isinstance(r, DeadLetter)] == ["out_of_range"]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"end_ts_ns": T0}, "must be after ts_ns"),
+        ({"fraction_num": 3, "fraction_den": 2}, "more than the whole device"),
+        ({"sharing": "exclusive", "fraction_num": 1, "fraction_den": 2}, "send the fraction with mps"),
+        ({"sharing": "mig", "fraction_num": 3, "fraction_den": 7}, "a MIG instance is a device of its own"),
+        ({"team": "unallocated"}, "reserved"),
+        ({"team": "Unаllocated"}, "reserved"),  # a Cyrillic а: reads as the reserved name
+        ({"fraction_den": 0}, "fraction_den"),
+    ],
+)
+def test_an_allocation_that_cannot_be_true_is_invalid_and_says_what_to_send(change: dict, says: str) -> None:
+    line = json.dumps({**hold(0).to_wire(), "ts_ns": T0 + 1, **change})
+    (letter,) = Auditor(AuditSettings()).ingest(line, "f:1")
+    assert isinstance(letter, DeadLetter) and letter.reason in ("invalid", "out_of_range") and says in letter.detail
+
+
+def test_a_conflict_names_what_it_contradicts_and_a_second_end_keeps_the_first() -> None:
+    first, ended = hold(0), hold(0).model_copy(update={"end_ts_ns": T0 + 60 * NS})
+    sent = [first, ended, first.model_copy(update={"fraction_num": 3}), ended.model_copy(update={"team": "nlp"})]
+    sent.append(ended.model_copy(update={"end_ts_ns": T0 + 90 * NS}))
+    letters = [r for r in run([*sent, *samples(3)]) if isinstance(r, DeadLetter)]
+    assert [r.reason for r in letters] == ["conflict"] * 3
+    assert "its fraction is 3/4, taken as 1/4" in letters[0].detail
+    assert "its tenant is nlp::::::, taken as ads::::::" in letters[1].detail
+    assert (
+        f"it already ended at ts_ns {T0 + 60 * NS}" in letters[2].detail and "the first end stays" in letters[2].detail
+    )

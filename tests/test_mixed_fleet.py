@@ -232,7 +232,10 @@ def test_a_capture_that_cannot_be_billed_says_why(tmp_path: Path) -> None:
         pytest.skip(f"the shared outside data is not at {SHARED_DATA}")
     out = tmp_path / "e.jsonl"
     no_time = gpucost("devices", name, "--events", str(out), "--node", "n", check=False)
-    assert no_time.returncode == 2 and out.read_text() == ""
+    assert no_time.returncode == 2 and not out.exists() and not list(tmp_path.iterdir())  # nothing left behind
+    out.write_text("earlier events\n")  # a failed run leaves the file it would have replaced
+    assert gpucost("devices", name, "--events", str(out), "--node", "n", check=False).returncode == 2
+    assert out.read_text() == "earlier events\n"
     assert "5 × no sample time in the capture: give --at ISO-TIME" in no_time.stderr
     no_step = gpucost("devices", name, "--events", str(out), "--node", "n", "--at", AT, check=False)
     assert no_step.returncode == 2 and "4 × one time per device and no sampling step" in no_step.stderr

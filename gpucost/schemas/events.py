@@ -354,6 +354,11 @@ class Allocation(_Event):
                 f"fraction {self.fraction_num}/{self.fraction_den} is more than the whole device; "
                 "an allocation holds at most one device (send one allocation per device)"
             )
+        if self.sharing in ("exclusive", "mig") and self.fraction_num != self.fraction_den:
+            raise ValueError(
+                f"sharing {self.sharing!r} holds the whole device (a MIG instance is a device of its own), not "
+                f"{self.fraction_num}/{self.fraction_den}: send the fraction with mps, time_slicing or hami"
+            )
         return self
 
 

@@ -95,6 +95,26 @@ class AllocationTable:
             return "duplicate"  # the start again (before or after its end came), or the end again
         return "conflict" if held.end_ns is not None else None
 
+    def contradiction(self, a: Allocation) -> str:
+        """What a ``conflict`` contradicts, in words: the first field that differs from the hold taken, both values."""
+        held, new = self._holds[a.gpu_uuid][a.allocation_id], Hold.of(a)
+        if held._replace(end_ns=None) == new._replace(end_ns=None):
+            return f"it already ended at ts_ns {held.end_ns}, and an end is sent once: the first end stays"
+        name, was, now = next(
+            field
+            for field in (
+                ("ts_ns", held.start_ns, new.start_ns),
+                ("fraction", f"{held.num}/{held.den}", f"{new.num}/{new.den}"),
+                ("sharing", held.sharing, new.sharing),
+                ("tenant", held.tenant.key, new.tenant.key),
+            )
+            if field[1] != field[2]
+        )
+        return (
+            f"its {name} is {now}, taken as {was}: a hold's start, fraction, sharing and tenant are fixed by its "
+            "first event; send another hold with its own allocation_id"
+        )
+
     def changes_from(self, a: Allocation) -> int:
         """The earliest time whose split an admitted allocation changes: a new hold's start, or the end it adds."""
         known = a.allocation_id in self._holds.get(a.gpu_uuid, {})

@@ -159,15 +159,17 @@ class LateData(DeadLetters):
         table = self.allocations.table
         verdict = table.admit(event)
         what = f"allocation {event.allocation_id!r} of {event.gpu_uuid}"
-        if verdict is not None:
-            detail = {
-                "duplicate": f"{what} was already taken as it is; the first one stays in force",
-                "conflict": f"{what} was taken with another start, fraction, sharing, tenant or end; an allocation's "
-                "event may only add its end, once: give a new hold a new allocation_id",
-                "out_of_range": f"{what}: its device already keeps {MAX_HOLDS:,} holds, or its fraction's denominator "
+        if verdict == "duplicate":
+            detail = f"{what} was already taken as it is; the first one stays in force"
+        elif verdict == "conflict":
+            detail = f"{what}: {table.contradiction(event)}"
+        elif verdict is not None:
+            detail = (
+                f"{what}: its device already keeps {MAX_HOLDS:,} holds, or its fraction's denominator "
                 f"{event.fraction_den} with theirs needs a common denominator past {MAX_DENOMINATOR:,}; send "
-                "fractions over a common base (100 for percentages) and an end for every hold",
-            }[verdict]
+                "fractions over a common base (100 for percentages) and an end for every hold"
+            )
+        if verdict is not None:
             return [self._dead(verdict, event, raw, source, detail)]
         gpu, changed_ns = event.gpu_uuid, table.changes_from(event)
         reached = self.revisions.published(gpu, changed_ns)
