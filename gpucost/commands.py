@@ -127,7 +127,7 @@ def finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) -
         raise UsageError(
             f"{exc}; every record is written: build the page later with `{invoked_as()} report --out {out} --html FILE`"
         ) from None
-    print(f"\nreport: {out / REPORT} (plots of all of the above; open it in a browser)")
+    print(f"\nreport: {out / REPORT} (plots of the bill, idle index, health and efficiency; open it in a browser)")
     print(
         f"\noutput: {out}/{{{','.join(OUTPUT_KINDS)}}}/date=YYYY-MM-DD/*.parquet; "
         f'try: {invoked_as()} query --out {out} "SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team"'

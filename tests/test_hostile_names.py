@@ -14,7 +14,24 @@ from gpucost.schemas.events import TenantBinding
 
 
 @pytest.mark.parametrize(
-    "team", ["idle ", "Idle", "idle\u00a0", "ıdle", "unattributed\u200b", "ＩＤＬＥ", "іdle", "un\u0301attributed"]
+    "team",
+    [
+        "idle ",
+        "Idle",
+        "idle\u00a0",
+        "ıdle",
+        "unattributed\u200b",
+        "ＩＤＬＥ",
+        "іdle",
+        "un\u0301attributed",
+        "IdIe",  # capital i for the l: the vertical strokes read alike
+        "id1e",
+        "unaIlocated",
+        "una1located",
+        "unaǀlocated",
+        "ᴜnallocated",
+        "unall0cated",
+    ],
 )
 def test_reserved_team_names_are_matched_as_they_read(team: str) -> None:
     line = json.dumps(

@@ -55,8 +55,8 @@ _LOOKALIKES = str.maketrans(
         "і": "i",
         "ɩ": "i",
         "ι": "i",
-        "ӏ": "l",
-        "ⅼ": "l",
+        "ӏ": "i",
+        "ⅼ": "i",
         "а": "a",
         "ɑ": "a",
         "α": "a",
@@ -77,6 +77,16 @@ _LOOKALIKES = str.maketrans(
         "ο": "o",
         "с": "c",
         "ϲ": "c",
+        "ᴜ": "u",
+        "0": "o",
+        # the vertical strokes, which no font keeps apart from each other: one letter for all (``idle`` reads
+        # ``idie``, and so does ``IdIe``)
+        "l": "i",
+        "1": "i",
+        "|": "i",
+        "ǀ": "i",
+        "ꓲ": "i",
+        "ⵏ": "i",
     }
 )
 
@@ -84,11 +94,14 @@ _LOOKALIKES = str.maketrans(
 def skeleton(name: str) -> str:
     """What a name reads as: NFKC, case-folded, without the characters that render as nothing or as
     space (format, control and separator characters, combining marks) and with look-alike letters of
-    other scripts mapped to Latin. Two names with one skeleton look the same on a report."""
+    other scripts mapped to Latin, and every vertical stroke (i, l, 1, |…) to one letter. Two names with one skeleton
+    look the same on a report."""
     folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", name).casefold())
     kept = "".join(c for c in folded if unicodedata.category(c)[0] not in "CZM")
     return kept.translate(_LOOKALIKES)
 
+
+_RESERVED_SKELETONS = frozenset(skeleton(team) for team in RESERVED_TEAMS)
 
 TsNs = Annotated[int, Field(ge=TS_MIN_NS, lt=TS_MAX_NS)]
 Pct = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
@@ -263,7 +276,7 @@ def _no_separator(value: str | None) -> str | None:
 
 def _not_reserved(value: str) -> str:
     """A team of a binding or an allocation: never one of the pipeline's own parties, nor one that reads as one."""
-    if skeleton(value) in RESERVED_TEAMS:
+    if skeleton(value) in _RESERVED_SKELETONS:
         raise ValueError(
             f"team {value!r} reads as a name reserved for the pipeline's own records "
             f"({', '.join(sorted(RESERVED_TEAMS))}); choose another"

@@ -48,8 +48,8 @@ _SPECS = (
     TopicSpec(
         "events",
         "gpu_uuid",
-        "JSON Lines: gpu_sample, process_sample, numa_event, ebpf_trace of that GPU, and a copy of each "
-        "tenant_binding of the GPU's node and each price, in the order the producer saw them",
+        "JSON Lines: gpu_sample, process_sample, numa_event, ebpf_trace and allocation of that GPU, and a copy of "
+        "each tenant_binding of the GPU's node and each price, in the order the producer saw them",
     ),
     TopicSpec("mem_access", "node_id/pid", "JSON Lines: mem_access of that process, in arrival order"),
     TopicSpec("bindings", "node_id/pid/ts_ns", "one tenant_binding (the durable record)", compacted=True),

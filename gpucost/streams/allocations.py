@@ -70,7 +70,12 @@ class AllocationTable:
     id may only set its end, once. The same event again is a ``duplicate``; one that contradicts what was taken
     is a ``conflict`` (two schedulers, or a reused id): the first one stays in force, as for every other kind. A new
     hold past ``MAX_HOLDS`` on its device, or whose denominator takes the device's past ``MAX_DENOMINATOR``, is
-    ``out_of_range``."""
+    ``out_of_range``.
+
+    Holds that ended before the revision horizon of their own device's watermark are dropped as the device takes an
+    allocation (``take``'s ``floor_ns``: in event order, so every path and every restart drops the same ones), each
+    leaving its id as a tombstone, so that one sent again (a second ``produce`` of a file) is ``late``, never a new
+    hold billed again. The tombstones are bounded as the holds are, the earliest ended going first."""
 
     def __init__(self) -> None:
         self._holds: dict[str, dict[str, Hold]] = {}
@@ -79,11 +84,16 @@ class AllocationTable:
         self._since: dict[str, int] = {}
         #: each device's common denominator over the holds it keeps (what ``admit`` bounds), kept as they change
         self._den: dict[str, int] = {}
+        #: each device's holds dropped past the horizon: their id and end (a tombstone)
+        self._gone: dict[str, dict[str, int]] = {}
 
     def admit(self, a: Allocation) -> str | None:
-        """``duplicate``, ``conflict``, ``out_of_range`` or None (taken), changing nothing."""
+        """``duplicate``, ``conflict``, ``late`` (a hold dropped past the horizon, sent again), ``out_of_range`` or
+        None (taken), changing nothing."""
         holds = self._holds.get(a.gpu_uuid, {})
         held = holds.get(a.allocation_id)
+        if held is None and a.allocation_id in self._gone.get(a.gpu_uuid, {}):
+            return "late"
         if held is None:
             if len(holds) >= MAX_HOLDS or math.lcm(a.fraction_den, self._den.get(a.gpu_uuid, 1)) > MAX_DENOMINATOR:
                 return "out_of_range"
@@ -115,16 +125,38 @@ class AllocationTable:
             "first event; send another hold with its own allocation_id"
         )
 
+    def gone_at(self, a: Allocation) -> int:
+        """When the dropped hold ``a`` names ended (``admit`` said ``late``)."""
+        return self._gone[a.gpu_uuid][a.allocation_id]
+
+    def known(self, a: Allocation) -> bool:
+        """Whether ``a`` is the end of a hold taken (not a new hold)."""
+        return a.allocation_id in self._holds.get(a.gpu_uuid, {})
+
     def changes_from(self, a: Allocation) -> int:
         """The earliest time whose split an admitted allocation changes: a new hold's start, or the end it adds."""
-        known = a.allocation_id in self._holds.get(a.gpu_uuid, {})
-        return a.end_ts_ns if known and a.end_ts_ns is not None else a.ts_ns
+        return a.end_ts_ns if self.known(a) and a.end_ts_ns is not None else a.ts_ns
 
-    def take(self, a: Allocation) -> None:
-        """Take an admitted allocation: a new hold, or the end of one."""
-        self._holds.setdefault(a.gpu_uuid, {})[a.allocation_id] = Hold.of(a)
-        self._since[a.gpu_uuid] = min(self._since.get(a.gpu_uuid, a.ts_ns), a.ts_ns)
-        self._den[a.gpu_uuid] = math.lcm(self._den.get(a.gpu_uuid, 1), a.fraction_den)
+    def take(self, a: Allocation, floor_ns: int | None = None) -> None:
+        """Take an admitted allocation: a new hold, or the end of one; then drop the device's holds that ended
+        before ``floor_ns`` (its watermark less the revision horizon and a pane: no pane they cover can be closed
+        or revised any more), each to a tombstone."""
+        gpu = a.gpu_uuid
+        self._holds.setdefault(gpu, {})[a.allocation_id] = Hold.of(a)
+        self._since[gpu] = min(self._since.get(gpu, a.ts_ns), a.ts_ns)
+        self._den[gpu] = math.lcm(self._den.get(gpu, 1), a.fraction_den)
+        holds = self._holds[gpu]
+        if floor_ns is None or not any(h.end_ns is not None and h.end_ns <= floor_ns for h in holds.values()):
+            return
+        gone = self._gone.setdefault(gpu, {})
+        for key, h in list(holds.items()):
+            if h.end_ns is not None and h.end_ns <= floor_ns:
+                gone[key] = h.end_ns
+                del holds[key]
+        if len(gone) > MAX_HOLDS:  # the earliest ended first: in event order, as everything here
+            for key, _ in sorted(gone.items(), key=lambda item: (item[1], item[0]))[: len(gone) - MAX_HOLDS]:
+                del gone[key]
+        self._den[gpu] = math.lcm(1, *(h.den for h in holds.values()))
 
     def since(self, gpu_uuid: str) -> int | None:
         """When the device's first hold began (None: it never had one)."""
@@ -134,18 +166,17 @@ class AllocationTable:
         """The device's holds that cover part of ``[start_ns, end_ns)``."""
         return [h for h in self._holds.get(gpu_uuid, {}).values() if h.overlap_ns(start_ns, end_ns) > 0]
 
-    def prune(self, floor_ns: int) -> None:
-        """Drop the holds that ended before ``floor_ns``: no pane they cover can be closed or revised any more."""
-        for gpu, holds in self._holds.items():
-            if any(h.end_ns is not None and h.end_ns <= floor_ns for h in holds.values()):
-                self._holds[gpu] = {k: h for k, h in holds.items() if h.end_ns is None or h.end_ns > floor_ns}
-                self._den[gpu] = math.lcm(1, *(h.den for h in self._holds[gpu].values()))
-
     def drop(self, gpu_uuid: str) -> None:
-        """Forget a device gone from the fleet (``GpuPanes.forget``)."""
-        self._holds.pop(gpu_uuid, None)
-        self._since.pop(gpu_uuid, None)
+        """Forget what a device gone silent (``GpuPanes.forget``) ended: its open holds stay, with when it came on
+        this basis, since no pod released it; should it come back, its panes are split by them."""
+        held = {k: h for k, h in self._holds.pop(gpu_uuid, {}).items() if h.end_ns is None}
+        self._gone.pop(gpu_uuid, None)
         self._den.pop(gpu_uuid, None)
+        if held:
+            self._holds[gpu_uuid] = held
+            self._den[gpu_uuid] = math.lcm(1, *(h.den for h in held.values()))
+        else:
+            self._since.pop(gpu_uuid, None)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -153,6 +184,7 @@ class AllocationTable:
                 gpu: {key: [*h[:5], list(h.tenant)] for key, h in holds.items()} for gpu, holds in self._holds.items()
             },
             "since": dict(self._since),
+            "gone": {gpu: dict(gone) for gpu, gone in self._gone.items()},
         }
 
     @classmethod
@@ -163,6 +195,7 @@ class AllocationTable:
             for gpu, holds in state["holds"].items()
         }
         table._since = dict(state["since"])
+        table._gone = {gpu: dict(gone) for gpu, gone in state.get("gone", {}).items()}
         table._den = {gpu: math.lcm(1, *(h.den for h in holds.values())) for gpu, holds in table._holds.items()}
         return table
 

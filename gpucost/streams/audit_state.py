@@ -77,7 +77,6 @@ class AuditState:
         floor = self.panes.earliest_on_time_ns()
         if floor is not None:
             self.bindings.prune(floor - self.settings.revision_horizon_ns)  # a revision looks bindings up too
-            self.allocations.table.prune(floor - self.settings.revision_horizon_ns)
 
     def to_state(self, idle: bool = True) -> dict[str, Any]:
         """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the

@@ -163,6 +163,11 @@ class LateData(DeadLetters):
             detail = f"{what} was already taken as it is; the first one stays in force"
         elif verdict == "conflict":
             detail = f"{what}: {table.contradiction(event)}"
+        elif verdict == "late":
+            detail = (
+                f"{what} ended at ts_ns {table.gone_at(event)}, in panes billed for good beyond the revision horizon "
+                f"({self.settings.revision_horizon_s} s): sent again, it is not billed again"
+            )
         elif verdict is not None:
             detail = (
                 f"{what}: its device already keeps {MAX_HOLDS:,} holds, or its fraction's denominator "
@@ -171,29 +176,36 @@ class LateData(DeadLetters):
             )
         if verdict is not None:
             return [self._dead(verdict, event, raw, source, detail)]
-        gpu, changed_ns = event.gpu_uuid, table.changes_from(event)
+        gpu, changed_ns, end = event.gpu_uuid, table.changes_from(event), event.end_ts_ns
         reached = self.revisions.published(gpu, changed_ns)
-        end = event.end_ts_ns
-        if not reached and end is not None and self.panes.is_late(gpu, end - 1):
-            return [
-                self._dead(
-                    "late",
-                    event,
-                    raw,
-                    source,
-                    f"{what} from ts_ns {event.ts_ns} to {end} lies in panes already closed beyond the revision "
-                    f"horizon ({self.settings.revision_horizon_s} s): they are billed for good",
-                )
-            ]
-        if self.panes.is_late(gpu, changed_ns) and (
-            not reached or reached[0] > pane_start_ns(changed_ns, self.settings.pane_ns)
-        ):
+        since, new = table.since(gpu), not table.known(event)
+        if new and end is not None:
+            covered = [s for s in reached if s < end]  # the published panes the hold itself covers
+            # wholly in panes closed and beyond the horizon: late (an end of a hold taken is never late: it changes
+            # the panes after it, open ones too; the closed ones beyond R stay as billed)
+            if not covered and self.panes.is_late(gpu, end - 1):
+                return [
+                    self._dead(
+                        "late",
+                        event,
+                        raw,
+                        source,
+                        f"{what} from ts_ns {event.ts_ns} to {end} lies in panes already closed beyond the revision "
+                        f"horizon ({self.settings.revision_horizon_s} s): they are billed for good",
+                    )
+                ]
+            if since is not None and since <= event.ts_ns:
+                reached = covered  # it moves no device's start: the panes after its end do not change
+        first = pane_start_ns(changed_ns, self.settings.pane_ns)
+        if self.panes.is_late(gpu, changed_ns) and (not reached or reached[0] > first):
             self.counts["allocation_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
         panes = [
             (self.revisions.totals(gpu, start, self.bindings), self.revisions.held(gpu, start)) for start in reached
         ]
         before = [self.allocations.records(pane, held.price) for pane, held in panes]
-        table.take(event)
+        watermark = self.panes.watermark(gpu)
+        horizon = self.settings.revision_horizon_ns + self.settings.pane_ns
+        table.take(event, None if watermark is None else watermark - horizon)
         self.counts[event.kind] += 1
         out: list[Output] = []
         for (pane, held), old in zip(panes, before):

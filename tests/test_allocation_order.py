@@ -1,0 +1,105 @@
+"""The allocation basis whatever the order of arrival and whatever a transport does between events
+(docs/definitions.md, "Allocation basis", "Re-sent input"): a late end ends its hold; an input sent again after
+its holds were dropped past the horizon bills nothing again; a device's holds are dropped against its own
+watermark, in event order, never by another device's or by when a transport prunes; a device forgotten while
+silent keeps the holds no pod released. All in the default configuration (a 6 h revision horizon)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gpucost.schemas.events import Allocation, Event, GpuSample, Price
+from gpucost.schemas.records import AllocationRecord, DeadLetter, Output
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
+
+NS = 10**9
+T0 = 1_750_000_020 * NS - (1_750_000_020 * NS) % (60 * NS)
+PRICE = Price(gpu_model="M", ts_ns=T0 - 3600 * NS, usd_per_gpu_hour="2.718281")
+
+
+def sample(k: int, gpu: str = "GPU-0", step_s: int = 10) -> GpuSample:
+    return GpuSample(
+        node_id="n1",
+        gpu_uuid=gpu,
+        gpu_model="M",
+        ts_ns=T0 + k * step_s * NS,
+        interval_s=float(step_s),
+        sm_util_pct=50.0,
+        mem_bw_util_pct=10.0,
+        power_w=100,
+        mem_used_bytes=1,
+        mem_total_bytes=2,
+        temp_c=40,
+    )
+
+
+def hold(name: str, start: int, end: int | None = None, gpu: str = "GPU-0", team: str = "search") -> Allocation:
+    return Allocation(node_id="n1", gpu_uuid=gpu, allocation_id=name, ts_ns=start, end_ts_ns=end, team=team)
+
+
+def run(events: list[Event], auditor: Auditor | None = None) -> list[Output]:
+    a = auditor or Auditor(AuditSettings())
+    return [r for e in events for r in a.update(e)] + a.finish()
+
+
+def billed(out: list[Output], gpu: str = "GPU-0", after_ns: int = 0) -> Counter[str]:
+    """Each party's µ$ on the allocation basis (summed over revisions) of the GPU's panes from ``after_ns`` on."""
+    total: Counter[str] = Counter()
+    for r in out:
+        if isinstance(r, AllocationRecord) and r.gpu_uuid == gpu and r.pane_start_ns >= after_ns:
+            total[r.team] += r.cost_micro_usd
+    return total
+
+
+def test_a_late_end_ends_its_hold_whenever_it_arrives() -> None:
+    """The GPU goes quiet 8 h (a node rebooted) and the end of a hold that started on time comes before it is back,
+    or just after: either way the hold ends and the panes after it are unallocated (a late end was once dead-lettered
+    and the tenant billed the whole device for good)."""
+    start, end = hold("pod", T0 + NS), hold("pod", T0 + NS, T0 + 300 * NS)
+    before = [PRICE, start, *(sample(k) for k in range(60))]
+    back = [sample(k) for k in range(2880, 2892)]
+    after = [sample(k) for k in range(2892, 3000)]
+    early, late = run([*before, end, *back, *after]), run([*before, *back, end, *after])
+    assert not [r for r in early + late if isinstance(r, DeadLetter)]
+    returned = T0 + 8 * 3600 * NS
+    assert billed(early, after_ns=returned) == billed(late, after_ns=returned)
+    assert billed(late, after_ns=returned)["search"] == 0 and billed(late, after_ns=returned)["unallocated"] > 0
+
+
+def test_an_input_sent_again_after_its_holds_were_dropped_bills_nothing_again() -> None:
+    """A hold of minutes, 8 h of samples, then another hold (its device drops the first past the horizon): the first
+    hold's start and end sent again (a second ``produce`` of the file) are ``late``, and no µ$ moves."""
+    first = [hold("a", T0 + NS), hold("a", T0 + NS, T0 + 120 * NS)]
+    events = [PRICE, *first, *(sample(k) for k in range(2880)), hold("b", T0 + 2879 * 10 * NS, team="ads")]
+    once, twice = run(events), run([*events, *first, sample(2880)])
+    assert [r.reason for r in twice if isinstance(r, DeadLetter)] == ["late", "late"]
+    assert all("sent again, it is not billed again" in r.detail for r in twice if isinstance(r, DeadLetter))
+    assert billed(twice) == billed(run([*events, sample(2880)])) and billed(once)["search"] > 0
+
+
+def test_a_devices_holds_are_dropped_against_its_own_watermark_in_event_order() -> None:
+    """GPU-B's hold comes before any of its samples, GPU-A runs 8 h, GPU-A takes a hold and the transport prunes;
+    GPU-B's samples, on time for GPU-B, still split by GPU-B's hold, as when they came first."""
+    b_hold = hold("pod-b", T0 + NS, T0 + 180 * NS, gpu="GPU-B")
+    a_run = [*(sample(k, "GPU-A") for k in range(2880)), hold("pod-a", T0 + 2879 * 10 * NS, gpu="GPU-A", team="ads")]
+    b_run = [sample(k, "GPU-B") for k in range(60)]
+    auditor = Auditor(AuditSettings())
+    out = [r for e in [PRICE, b_hold, *a_run] for r in auditor.update(e)]
+    auditor.prune()  # a publication's, or a Kafka state write's: when it runs is no event's business
+    out += run(b_run, auditor)
+    first = run([PRICE, b_hold, *b_run, *a_run])
+    assert billed(out, "GPU-B") == billed(first, "GPU-B") and billed(out, "GPU-B")["search"] > 0
+
+
+def test_a_device_forgotten_while_silent_keeps_the_holds_no_pod_released() -> None:
+    """GPU-B silent for 80 h is forgotten; its hold has no end, so when it comes back its panes are still split by
+    that hold (forgetting it once dropped every hold and the device left the allocation basis)."""
+    auditor = Auditor(AuditSettings())
+    out = [r for e in [PRICE, hold("pod-b", T0 + NS, gpu="GPU-B"), sample(0, "GPU-B", 600)] for r in auditor.update(e)]
+    for k in range(480):
+        out += auditor.update(sample(k, "GPU-A", 600))
+    out += auditor.close_silent(auditor.largest_watermark() or 0)
+    assert auditor.counts["forgotten_gpus"] == 1
+    came_back = run([sample(k, "GPU-B", 600) for k in range(480, 486)], auditor)
+    assert billed(came_back, "GPU-B")["search"] > 0 and billed(came_back, "GPU-B")["unallocated"] == 0
