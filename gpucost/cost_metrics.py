@@ -12,6 +12,10 @@ serve these beside their own metrics at ``--metrics-address`` (docs/operations.m
   allocation basis (docs/definitions.md, "Allocation basis"; team ``unallocated`` the capacity no one held), for
   the GPUs with allocations: a team's allocated − charged there is what it held and did not use.
 - ``gpucost_idle_cost_micro_usd_total{gpu_model, node}``: the idle party's µ$: idle = cost of unused capacity.
+- ``gpucost_node_cost_micro_usd_total{basis, node, gpu_model}`` and ``gpucost_label_cost_micro_usd_total{basis, label,
+  value}`` (each with its ``…_credit_…`` twin): the same µ$ by node, and by each label the tenants carry (a
+  Kubernetes namespace or pod, an environment variable named in the sources' settings; docs/definitions.md,
+  "Labels"): a label's series sum to the bill of the tenants carrying it, on each basis.
 - ``gpucost_reclaim_triggers_total{sla, team}``; ``gpucost_gpus{grade, breaker_state}``: GPUs by the grade
   and breaker state of their latest health record.
 
@@ -22,6 +26,8 @@ series whose every label is ``_other``, and in ``gpucost_cost_series_folded_tota
 """
 
 from __future__ import annotations
+
+import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +42,16 @@ OTHER_TEAM = OTHER  # the team (as every other label) of a family's series past 
 IDLE_TEAM = "idle"
 
 
+def _label_items(text: str | None) -> list[tuple[str, str]]:
+    """A record's labels as (key, value) pairs; none for text that is not an object of strings (a record on a topic
+    anyone may write: its µ$ still count in the other families)."""
+    try:
+        labels = json.loads(text) if text is not None else {}
+    except ValueError:
+        return []
+    return [(k, v) for k, v in labels.items() if isinstance(v, str)] if isinstance(labels, dict) else []
+
+
 class CostMetrics:
     """Sums of the records written, by bounded labels; ``observe`` each table as its file is published."""
 
@@ -44,6 +60,8 @@ class CostMetrics:
         self.credited = BoundedSeries(max_series, len(COST_LABELS))
         self.allocated = BoundedSeries(max_series, len(COST_LABELS))
         self.allocated_credit = BoundedSeries(max_series, len(COST_LABELS))
+        self.nodes = {sign: BoundedSeries(max_series, 3) for sign in (1, -1)}  # charged, credited
+        self.labels = {sign: BoundedSeries(max_series, 3) for sign in (1, -1)}
         self.idle = BoundedSeries(max_series, 2)
         self.triggers = BoundedSeries(max_series, 2)
         self.gpus = BoundedSeries(max_series, 2)  # GPUs by the series their latest health record is counted in
@@ -54,8 +72,10 @@ class CostMetrics:
         if kind == "cost":
             self._split(table, self.charged, self.credited)
             self._idle(table)
+            self._dimensions(table, "usage")
         elif kind == "allocation":
             self._split(table, self.allocated, self.allocated_credit)
+            self._dimensions(table, "allocation")
         elif kind == "reclaim":
             for sla, team in zip(table.column("sla").to_pylist(), table.column("team").to_pylist()):
                 self.triggers.add((sla or "", team), 1)
@@ -85,6 +105,28 @@ class CostMetrics:
             )
             for *key, total in zip(*(sums.column(c).to_pylist() for c in (*COST_LABELS, "cost_micro_usd_sum"))):
                 counter.add(tuple(k or "" for k in key), abs(total))
+
+    def _dimensions(self, table: pa.Table, basis: str) -> None:
+        """A basis's records by node and by label: each distinct label set's sum read once (a label set is the
+        same text in every record of its tenant), each series added to once per table."""
+        if "labels" not in table.column_names:  # a table of records written before labels existed
+            table = table.append_column("labels", pa.nulls(table.num_rows, pa.string()))
+        cost = table.column("cost_micro_usd")
+        for sign, rows in ((1, table.filter(pc.greater(cost, 0))), (-1, table.filter(pc.less(cost, 0)))):
+            if not rows.num_rows:
+                continue
+            nodes = rows.group_by(["node_id", "gpu_model"], use_threads=False).aggregate([("cost_micro_usd", "sum")])
+            for node, model, total in zip(
+                *(nodes.column(c).to_pylist() for c in ("node_id", "gpu_model", "cost_micro_usd_sum"))
+            ):
+                self.nodes[sign].add((basis, node, model), abs(total))
+            sets = rows.group_by(["labels"], use_threads=False).aggregate([("cost_micro_usd", "sum")])
+            labelled: dict[tuple[str, str, str], int] = {}
+            for labels, total in zip(*(sets.column(c).to_pylist() for c in ("labels", "cost_micro_usd_sum"))):
+                for key, value in _label_items(labels):
+                    labelled[(basis, key, value)] = labelled.get((basis, key, value), 0) + abs(total)
+            for series, total in labelled.items():  # one add per series: what folds past the cap is counted once
+                self.labels[sign].add(series, total)
 
     def _idle(self, table: pa.Table) -> None:
         idle = table.filter(pc.equal(table.column("team"), IDLE_TEAM))
@@ -148,6 +190,24 @@ class CostMetrics:
                     ("gpu_model", "node"),
                     dict(self.idle),
                 ),
+            ),
+            *(
+                (
+                    series[sign],
+                    labelled(
+                        CounterMetricFamily,
+                        f"gpucost_{what}{'' if sign > 0 else '_credit'}_micro_usd",
+                        f"µ$ {'charged' if sign > 0 else 'credited back (as positive amounts)'} by the records "
+                        f"written, on each basis, by {doc}",
+                        names,
+                        dict(series[sign]),
+                    ),
+                )
+                for what, series, names, doc in (
+                    ("node_cost", self.nodes, ("basis", "node", "gpu_model"), "node"),
+                    ("label_cost", self.labels, ("basis", "label", "value"), "each label of the tenants"),
+                )
+                for sign in (1, -1)
             ),
             (
                 self.triggers,

@@ -18,7 +18,7 @@ from gpucost.kafka.settings import KafkaSettings
 from gpucost.kube_flags import add_kubernetes
 from gpucost.producers.attribution import ATTRIBUTION_SOURCES
 from gpucost.producers.simulate import FleetSpec
-from gpucost.schemas.events import SLAS
+from gpucost.schemas.events import LABELS_MAX, SLAS, labels_text
 from gpucost.streams.settings import AuditSettings
 from gpucost.wiring import UsageError
 
@@ -228,6 +228,20 @@ def _attribution(text: str) -> tuple[str, ...]:
     return tuple(n for n in ATTRIBUTION_SOURCES if n in names)
 
 
+def _label_keys(text: str) -> tuple[str, ...]:
+    """``--label-keys``: label names separated by commas, each one a label can have (docs/definitions.md,
+    "Labels"), at most as many as a tenant may carry."""
+    keys = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    if len(keys) > LABELS_MAX:
+        raise argparse.ArgumentTypeError(f"{len(keys)} label keys: a tenant carries at most {LABELS_MAX}")
+    for key in keys:
+        try:
+            labels_text({key: ""})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return keys
+
+
 def add_live(p: argparse.ArgumentParser) -> None:
     """Flags of the live sources (nvml, dcgm, ebpf), shared by run and produce."""
     p.add_argument(
@@ -287,6 +301,16 @@ def add_live(p: argparse.ArgumentParser) -> None:
         "bindings given) (env GPUCOST_ATTRIBUTION; default environ)",
     )
     add_kubernetes(p)
+    env_flag(
+        p,
+        "--label-keys",
+        "GPUCOST_LABEL_KEYS",
+        _label_keys,
+        "",
+        "with --attribution: the labels each tenant carries, to group cost by (docs/definitions.md, 'Labels'), "
+        "separated by commas: a pod's 'namespace', 'pod', 'container', 'controller', or any pod label or "
+        "annotation; any environment variable of the process (SLURM_JOB_PARTITION)",
+    )
     p.add_argument(
         "--attribution-sla",
         choices=SLAS,

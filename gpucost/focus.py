@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpucost.csv_cells import copy_csv
 from gpucost.focus13 import check_weights, focus13_sql
-from gpucost.focus_rows import MONTH, TAGS, USD, month_rows
+from gpucost.focus_rows import MONTH, TAGS_JSON, USD, month_rows
 from gpucost.sinks.views import connect, sql_string
 
 __all__ = ["FORMATS", "MONTH", "VERSIONS", "cost_months", "focus_sql", "export_focus"]
@@ -39,7 +39,6 @@ def focus_sql(month: str, provider: str, billing_account: str, iso_text: bool, i
         return f"strftime({column}, '%Y-%m-%dT%H:%M:%SZ')" if iso_text else column
 
     usd = USD
-    tags = ", ".join(f"{f} := {f}" for f in TAGS)
     provider, account = sql_string(provider), sql_string(billing_account)
     invoice = "NULL::VARCHAR" if invoice_id is None else sql_string(invoice_id)
     return f"""
@@ -60,7 +59,7 @@ SELECT
   gpu_uuid AS ResourceId, node_id || '/' || gpu_uuid AS ResourceName, 'GPU' AS ResourceType,
   'Compute' AS ServiceCategory, 'Other (Compute)' AS ServiceSubcategory, 'GPU compute' AS ServiceName,
   gpu_model AS SkuId, team AS SubAccountId, team AS SubAccountName,
-  to_json(struct_pack({tags})) AS Tags,
+  {TAGS_JSON} AS Tags,
   record_id AS x_RecordId, tenant_key AS x_TenantKey
 FROM c ORDER BY ps, gpu_uuid, tenant_key"""
 

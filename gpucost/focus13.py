@@ -34,7 +34,7 @@ from decimal import Decimal
 
 import duckdb
 
-from gpucost.focus_rows import MONTH, TAGS, USD, allocation_month_rows, month_rows
+from gpucost.focus_rows import MONTH, TAGS_JSON, USD, allocation_month_rows, month_rows
 from gpucost.sinks.views import sql_string
 
 __all__ = ["BASES", "METHOD", "RATIO_UNITS", "check_weights", "focus13_sql"]
@@ -103,7 +103,6 @@ def focus13_sql(
         if basis == "usage"
         else "'x_Capacity', 'held fraction × held time; unallocated the rest'"
     )
-    tags = ", ".join(f"{f} := {f}" for f in TAGS)
     provider, account = sql_string(provider), sql_string(billing_account)
     invoice = "NULL::VARCHAR" if invoice_id is None else sql_string(invoice_id)
     origin = "PARTITION BY gpu_uuid, pane_start_ns, revision"
@@ -155,6 +154,6 @@ SELECT
   ) END AS AllocatedMethodDetails,
   CASE WHEN tenant_key <> {own} THEN tenant_key END AS AllocatedResourceId,
   CASE WHEN tenant_key <> {own} THEN team END AS AllocatedResourceName,
-  CASE WHEN tenant_key <> {own} THEN to_json(struct_pack({tags})) END AS AllocatedTags,
+  CASE WHEN tenant_key <> {own} THEN {TAGS_JSON} END AS AllocatedTags,
   record_id AS x_RecordId, tenant_key AS x_TenantKey, revision AS x_Revision
 FROM r ORDER BY ps, gpu_uuid, revision, tenant_key"""

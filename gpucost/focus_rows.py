@@ -7,11 +7,19 @@ import re
 
 from gpucost.sinks.views import sql_string
 
-__all__ = ["MONTH", "TAGS", "USD", "allocation_month_rows", "month_rows"]
+__all__ = ["MONTH", "TAGS", "TAGS_JSON", "USD", "allocation_month_rows", "month_rows"]
 
 MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 #: the tenant fields a row's Tags carry
 TAGS = ("team", "env", "app", "tier", "sla", "git_commit", "ci_pipeline_id")
+_FIELDS = f"to_json(struct_pack({', '.join(f'{f} := {f}' for f in TAGS)}))"
+_NOT_FIELDS = "'{" + ",".join(f'"{f}":null' for f in TAGS) + "}'"  # a merge patch taking the fields' keys out
+#: a row's tags as a JSON object: the tenant's fields (null where unset), and its labels beside them
+#: (docs/definitions.md, "Labels"); a label named as a tenant field gives way to the field
+TAGS_JSON = (
+    f"CASE WHEN labels IS NULL THEN {_FIELDS} "
+    f"ELSE json_merge_patch({_FIELDS}, json_merge_patch(labels, {_NOT_FIELDS})) END"
+)
 
 
 #: a cost record's µ$ as dollars, exactly: µ$ · 10^-6 in a DECIMAL(38, 6)

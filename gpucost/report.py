@@ -11,6 +11,7 @@ from typing import Any
 import duckdb
 
 from gpucost.embedded import RunStats
+from gpucost.report_bases import allocation_gap, by_label
 from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
 from gpucost.streams.discovery import OUT_OF_SERVICE
@@ -44,13 +45,6 @@ _BY_TEAM = """
 SELECT team, sum(cost_micro_usd) AS micro_usd, printf('%.2f', sum(cost_micro_usd) / 1e6) AS usd,
        printf('%.1f%%', 100.0 * sum(cost_micro_usd) / nullif(sum(sum(cost_micro_usd)) OVER (), 0)) AS share
 FROM cost GROUP BY team ORDER BY micro_usd DESC, team"""
-#: what each team held against what it used, over the panes on the allocation basis (the ``allocation_gap`` view)
-_GAP = """
-SELECT team, printf('%.2f', sum(allocated_micro_usd) / 1e6) AS allocated_usd,
-       printf('%.2f', sum(used_micro_usd) / 1e6) AS used_usd,
-       printf('%.2f', sum(reserved_idle_micro_usd) / 1e6) AS reserved_idle_usd,
-       printf('%.2f', sum(borrowed_micro_usd) / 1e6) AS borrowed_usd
-FROM allocation_gap GROUP BY team ORDER BY sum(reserved_idle_micro_usd) DESC, team"""
 _GRADES = f"""
 SELECT grade, count(*) AS windows, count(*) FILTER (WHERE passed) AS passed,
        printf('%.1f%%', 100.0 * count(*) / sum(count(*)) OVER ()) AS share
@@ -161,13 +155,9 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
         "threshold):\n" + _table(con, _MOST_IDLE, "no idle index records")
     )
     parts.append(f"\nCost by team over the run ({IDLE_WORDS}):\n" + _table(con, _BY_TEAM, "no cost records"))
-    res = con.execute(_GAP)
-    if gaps := res.fetchall():
-        parts.append(
-            "\nAllocated against used by team, on the GPUs with allocations (reserved idle: held and not used, what a "
-            "reclaim saves; borrowed: used beyond what was held):\n"
-            + format_table([d[0] for d in res.description], gaps)
-        )
+    for section in (allocation_gap(con), by_label(con)):
+        if section is not None:
+            parts.append(f"\n{section[0]}:\n" + format_table(section[1], section[2]))
     res = con.execute(_GRADES)
     graded = res.fetchall()
     if graded:

@@ -173,7 +173,7 @@ def attributed(
     events: Iterable[Event] = itertools.chain(before, live.events())
     if not args.attribution:
         return iter(events)
-    settings = AttributionSettings(sla=args.attribution_sla)
+    settings = AttributionSettings(sla=args.attribution_sla, label_keys=args.label_keys)
     if "kubernetes" in args.attribution and args.kube_allocations:  # beside the bindings, from the same kubelet
         sharing = SharingSettings(replicas=args.kube_replicas, mode=args.kube_sharing)
         allocations = KubernetesAllocations(kubernetes_settings(args), sharing, settings, live.counts, state_dir())

@@ -7,6 +7,7 @@ agree with it record for record.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from decimal import Decimal
 from fractions import Fraction
@@ -99,7 +100,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
         elif isinstance(ev, TenantBinding):
             key = ("b", ev.node_id, ev.pid, ev.ts_ns)
             held = stored[(ev.node_id, ev.pid)]
-            tenant = (ev.team, ev.env, ev.app, ev.tier, ev.sla, ev.git_commit, ev.ci_pipeline_id)
+            tenant = (ev.team, ev.env, ev.app, ev.tier, ev.sla, ev.git_commit, ev.ci_pipeline_id, _labels(ev))
             if held and ev.ts_ns > max(held) and held[max(held)] == tenant:
                 out.append(None)  # repeats, later, the tenant in force: changes nothing, refused for nothing
                 continue
@@ -110,7 +111,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
         elif isinstance(ev, Allocation):  # a hold: fixed by its first event, which a later one may only end, once
             hold = holds.get((ev.gpu_uuid, ev.allocation_id))
             fixed = (ev.ts_ns, ev.fraction_num, ev.fraction_den, ev.sharing, ev.team, ev.env, ev.app, ev.tier, ev.sla)
-            fixed += (ev.git_commit, ev.ci_pipeline_id)
+            fixed += (ev.git_commit, ev.ci_pipeline_id, _labels(ev))
             if hold is not None:
                 if hold[0] != fixed or (hold[1] is not None and ev.end_ts_ns not in (None, hold[1])):
                     verdict = "conflict"
@@ -139,6 +140,13 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
             taken.add(key)
         out.append(verdict)
     return out
+
+
+def _labels(ev: TenantBinding | Allocation) -> str | None:
+    """The labels as the wire has them, written out as the definition says: an object's keys sorted, no spaces,
+    its text as is; none, or an empty object, is no labels."""
+    sent = ev.to_wire().get("labels")
+    return json.dumps(dict(sorted(sent.items())), separators=(",", ":"), ensure_ascii=False) if sent else None
 
 
 def _as_of(history: dict[int, object], ts: int) -> object | None:
@@ -171,13 +179,14 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
                 ev.sla,
                 ev.git_commit,
                 ev.ci_pipeline_id,
+                _labels(ev),
             )
         elif isinstance(ev, Price):
             prices[ev.gpu_model][ev.ts_ns] = ev.usd_per_gpu_hour
 
     def tenant_of(node: str, pid: int, ts: int) -> tuple:
         t = _as_of(bindings.get((node, pid), {}), ts)
-        return t if t is not None else ("unattributed", None, None, None, None, None, None)
+        return t if t is not None else ("unattributed", None, None, None, None, None, None, None)
 
     P = s.pane_ns
     panes: dict[tuple[str, int], dict] = defaultdict(
@@ -237,7 +246,8 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         if price is None:
             price = _as_of(prices.get("default", {}), start)
         C = 0 if price is None else half_even(Fraction(price) * 1_000_000 * p["covered"] / 3_600_000)
-        keys = {t: ":".join("" if v is None else v for v in t) for t in p["t"]}
+        # the fields joined; labels, the last, after one more ':' only where there are any
+        keys = {t: ":".join("" if v is None else v for v in (t if t[-1] is not None else t[:-1])) for t in p["t"]}
         tot = [sum(v[i] for v in p["t"].values()) for i in range(3)]
         share = {t: [Fraction(v[i], tot[i]) if tot[i] else Fraction(0) for i in range(3)] for t, v in p["t"].items()}
         w = {t: a * x[0] + b * x[1] + g * x[2] for t, x in share.items()}

@@ -72,6 +72,12 @@ tenant = st.tuples(
     st.sampled_from(["Gold", "Bronze"]),
     st.one_of(st.none(), st.just("abc123")),
     st.one_of(st.none(), st.just("77")),
+    # labels: none, an empty object (no labels, the same tenant), or a few, one value with the key's separator
+    st.one_of(
+        st.none(),
+        st.just({}),
+        st.sampled_from([{"namespace": "ml"}, {"pod": "p-1", "namespace": "ml"}, {"app.kubernetes.io/name": "a:b"}]),
+    ),
 )
 
 
@@ -106,6 +112,7 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
                         sla=t[4],
                         git_commit=t[5],
                         ci_pipeline_id=t[6],
+                        labels=t[7],
                     )
                 )
     for model in draw(st.lists(st.sampled_from(MODELS + ("default",)), unique=True)):
@@ -193,6 +200,7 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
                 fraction_den=den,
                 team=t[0],
                 env=t[1],
+                labels=t[7],
             )
             body.append(hold)
             if draw(st.booleans()):

@@ -205,7 +205,7 @@ def test_a_live_nvml_run_bills_real_processes_to_the_commits_they_were_started_w
     sampler = NvmlSampler("node-0", fake_pynvml(FakeState(cap)))
     sampler.open()
     live = open_live("nvml", LiveSettings(node_id="node-0", period_s=0.05, duration_s=1.0), nvml=sampler)
-    events = attributed(argparse.Namespace(attribution=("environ",), attribution_sla="Bronze"), live)
+    events = attributed(argparse.Namespace(attribution=("environ",), attribution_sla="Bronze", label_keys=()), live)
     price = Price(gpu_model="default", ts_ns=TS_MIN_NS, usd_per_gpu_hour=Decimal("4"))
     run_embedded(
         [(price, "prices")] + [(e, "nvml") for e in events], AuditSettings(pane_s=1, lateness_s=0), tmp_path / "out"

@@ -279,6 +279,10 @@ def hostile_tables(rnd: random.Random) -> dict[str, pa.Table]:
             "gpu_model": [f"model-{n}" for n in names] * 2,
             "node_id": [f"node-{n}" for n in names] * 2,
             "cost_micro_usd": pa.array(costs + [abs(c) for c in costs], pa.int64()),
+            # the names as label values too (a pod's name, any annotation): idle carries none
+            "labels": [json.dumps({"ns": n}, separators=(",", ":")) for n in names]
+            + ["not json", '{"ns": 7}', "[1]"]  # labels no source writes: shown by node, not by label
+            + [None] * (N - 3),
         }
     )
     return {
@@ -331,6 +335,11 @@ def test_metric_series_stay_within_the_cap_whatever_the_names() -> None:
         "gpucost_idle_cost_micro_usd": sum(c for t, c in zip(cost["team"], cost["cost_micro_usd"]) if t == "idle"),
         "gpucost_reclaim_triggers": N,
         "gpucost_gpus": N,
+        # both tables, by node: every row; by label: the names' rows, on each basis
+        "gpucost_node_cost_micro_usd": 2 * sum(c for c in cost["cost_micro_usd"] if c > 0),
+        "gpucost_node_cost_credit_micro_usd": -2 * sum(c for c in cost["cost_micro_usd"] if c < 0),
+        "gpucost_label_cost_micro_usd": 2 * sum(c for c in cost["cost_micro_usd"][:N] if c > 0),  # idle: none
+        "gpucost_label_cost_credit_micro_usd": -2 * sum(c for c in cost["cost_micro_usd"] if c < 0),
     }
     assert {name: sum(s.values()) for name, s in series.items()} == want  # folded, nothing lost
     distinct = {
@@ -342,6 +351,10 @@ def test_metric_series_stay_within_the_cap_whatever_the_names() -> None:
         "gpucost_idle_cost_micro_usd_total": N,
         "gpucost_reclaim_triggers_total": N,
         "gpucost_gpus": N,
+        "gpucost_node_cost_micro_usd_total": 2 * N,  # each node's idle row is a charge, on each basis
+        "gpucost_node_cost_credit_micro_usd_total": 2 * sum(c < 0 for c in cost["cost_micro_usd"]),
+        "gpucost_label_cost_micro_usd_total": 2 * sum(c > 0 for c in cost["cost_micro_usd"][:N]),
+        "gpucost_label_cost_credit_micro_usd_total": 2 * sum(c < 0 for c in cost["cost_micro_usd"]),
     }
     assert folded == {name: n - (cap - 1) for name, n in distinct.items()}  # all but cap - 1 kept, counted
     assert kept < 16 * 2**20  # the GPUs' latest records (20,000 GPUs), not the names' series

@@ -232,6 +232,7 @@ def test_round_scaled_digit_path_equals_the_decimal_path(value: float, scale: in
             sla="Gold",
             git_commit=None,
             ci_pipeline_id="7",
+            labels=None if c % 3 else '{"namespace":"ml"}',
             t_share=u,
             b_share=0.0,
             l_share=1.0,

@@ -22,12 +22,12 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from gpucost.producers.synthetic import SYNTHETIC_PID_BASE
-from gpucost.schemas.events import SLAS, Event, TenantBinding
+from gpucost.schemas.events import SLAS, Event, TenantBinding, labels_text
 
 __all__ = [
     "ATTRIBUTION_SOURCES",
@@ -41,6 +41,7 @@ __all__ = [
     "first_set",
     "start_ticks",
     "tenant_binding",
+    "labels_of",
     "tenant_values",
 ]
 
@@ -72,6 +73,9 @@ class AttributionSettings:
     proc: Path = Path("/proc")
     #: how often (event time) a pid already attributed is looked at again, for a new process behind it
     recheck_ns: int = 1_000_000_000
+    #: the labels a tenant carries as dimensions (``--label-keys``; docs/definitions.md, "Labels"): each source
+    #: takes the keys it knows (a pod's labels, annotations and metadata; a process's environment variables)
+    label_keys: tuple[str, ...] = ()
 
 
 class Later:
@@ -110,10 +114,33 @@ def first_set(fields: Mapping[str, tuple[str, ...]], *tags: Mapping[str, str]) -
     return found, used
 
 
-def tenant_values(fields: Mapping[str, str], settings: AttributionSettings) -> dict[str, str | None]:
+def labels_of(
+    settings: AttributionSettings, *tags: Mapping[str, str], counts: Counter[str] | None = None
+) -> dict[str, str] | None:
+    """The labels named in ``settings.label_keys``, each from the first of ``tags`` that sets it (None: none set). A
+    value no label can hold (too long, control characters) is left out and counted ``label_refused``: the tenant
+    keeps its other labels and its binding, rather than the process going unattributed."""
+    found: dict[str, str] = {}
+    for key in settings.label_keys:
+        value = next((t[key] for t in tags if key in t), None)
+        if value is None:
+            continue
+        try:
+            labels_text({key: value})
+        except ValueError:
+            if counts is not None:
+                counts["label_refused"] += 1
+            continue
+        found[key] = value
+    return found or None
+
+
+def tenant_values(
+    fields: Mapping[str, str], settings: AttributionSettings, labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """A tenant's fields as a source's binding (or allocation) carries them: ``team`` from ``fields``; ``env``,
-    ``app``, ``tier`` empty where absent; an SLA not one of ``SLAS`` is ``settings.sla``. One rule for both, so
-    that a pod's usage and what it held are billed to the same tenant."""
+    ``app``, ``tier`` empty where absent; an SLA not one of ``SLAS`` is ``settings.sla``; ``labels`` (``labels_of``)
+    as they are. One rule for both, so that a pod's usage and what it held are billed to the same tenant."""
     sla = fields.get("sla", settings.sla)
     return {
         "team": fields["team"],
@@ -123,6 +150,7 @@ def tenant_values(fields: Mapping[str, str], settings: AttributionSettings) -> d
         "sla": sla if sla in SLAS else settings.sla,
         "git_commit": fields.get("git_commit"),
         "ci_pipeline_id": fields.get("ci_pipeline_id"),
+        "labels": dict(labels) if labels else None,
     }
 
 
@@ -135,11 +163,14 @@ def tenant_binding(
     origin: str,
     counts: Counter[str],
     invalid: str,
+    labels: Mapping[str, str] | None = None,
 ) -> TenantBinding | None:
     """The binding of ``fields`` (``tenant_values``), or None, counted as ``invalid``, for a value no tenant key can
     hold (a ':', too long, a reserved team): a source's data, never fatal."""
     try:
-        return TenantBinding(node_id=node_id, pid=pid, ts_ns=ts_ns, origin=origin, **tenant_values(fields, settings))  # type: ignore[arg-type]
+        return TenantBinding(
+            node_id=node_id, pid=pid, ts_ns=ts_ns, origin=origin, **tenant_values(fields, settings, labels)
+        )
     except ValidationError:
         counts[invalid] += 1
         return None
@@ -214,6 +245,7 @@ class ProcessEnvironment:
             "slurm" if used & SLURM else self.origin,
             self.counts,
             "environ_invalid",
+            labels_of(self.settings, environ, counts=self.counts),
         )
 
 

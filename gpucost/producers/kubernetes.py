@@ -37,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpucost.producers.attribution import LATER, AttributionSettings, Later, first_set, tenant_binding
+from gpucost.producers.attribution import LATER, AttributionSettings, Later, first_set, labels_of, tenant_binding
 from gpucost.schemas.events import TenantBinding
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "pods_from",
     "list_pods",
     "list_pod_devices",
+    "pod_labels",
     "pod_tenant",
 ]
 
@@ -118,6 +119,8 @@ class Pod:
     #: each container's resource limits and the environment variables its spec sets to a literal, by its name
     limits: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: the controller that owns it, as ``Kind/name`` (``ReplicaSet/trainer-7f9c``, ``Job/eval``), if any
+    controller: str | None = None
 
 
 # a pod's UID (a static pod's is its config's 32-digit hash)
@@ -171,6 +174,14 @@ def pods_from(doc: object, counts: Counter[str]) -> dict[str, Pod]:
             started_ns=_rfc3339_ns(status.get("startTime")),
             limits={c["name"]: _strings(_dict(c.get("resources")).get("limits")) for c in specs},
             env={c["name"]: {e["name"]: e["value"] for e in _dicts(c.get("env")) if _literal(e)} for c in specs},
+            controller=next(
+                (
+                    f"{o['kind']}/{o['name']}"
+                    for o in _dicts(meta.get("ownerReferences"))
+                    if o.get("controller") is True and isinstance(o.get("kind"), str) and isinstance(o.get("name"), str)
+                ),
+                None,
+            ),
         )
     return pods
 
@@ -212,6 +223,18 @@ def pod_tenant(pod: Pod, container: str, settings: KubernetesSettings) -> dict[s
     namespace, pod and container names where none is set (dcgm-exporter's rule)."""
     found, _ = first_set(settings.labels, pod.labels, pod.annotations)
     return {"team": pod.namespace, "app": pod.name, "tier": container, **found}
+
+
+def pod_labels(
+    pod: Pod, container: str, settings: AttributionSettings, counts: Counter[str] | None = None
+) -> dict[str, str] | None:
+    """The labels named in ``--label-keys`` for ``pod``'s ``container`` (``labels_of``): ``namespace``, ``pod``,
+    ``container`` and ``controller`` (its owner, ``Kind/name``) are the pod's own; any other key is a pod label of
+    that name, else an annotation. The same for a pod's bindings and its allocations, so both name one tenant."""
+    own = {"namespace": pod.namespace, "pod": pod.name, "container": container}
+    if pod.controller is not None:
+        own["controller"] = pod.controller
+    return labels_of(settings, own, pod.labels, pod.annotations, counts=counts)
 
 
 def list_pods(settings: KubernetesSettings) -> object:
@@ -376,4 +399,5 @@ class KubernetesPods:
             self.origin,
             self.counts,
             "kube_labels_invalid",
+            pod_labels(pod, container, self.attribution, self.counts),
         )

@@ -38,7 +38,15 @@ from typing import Literal, NamedTuple
 from pydantic import ValidationError
 
 from gpucost.producers.attribution import AttributionSettings, tenant_values
-from gpucost.producers.kubernetes import KubernetesSettings, Pod, list_pod_devices, list_pods, pod_tenant, pods_from
+from gpucost.producers.kubernetes import (
+    KubernetesSettings,
+    Pod,
+    list_pod_devices,
+    list_pods,
+    pod_labels,
+    pod_tenant,
+    pods_from,
+)
 from gpucost.schemas.events import GPU_KEYED, Allocation, Event
 
 __all__ = ["SHARED_MODES", "Held", "KubernetesAllocations", "Share", "SharingSettings", "share"]
@@ -253,7 +261,11 @@ class KubernetesAllocations:
                 fraction_num=found.num,
                 fraction_den=found.den,
                 origin=self.origin,
-                **tenant_values(pod_tenant(pod, h.container, self.settings), self.attribution),  # type: ignore[arg-type]
+                **tenant_values(
+                    pod_tenant(pod, h.container, self.settings),
+                    self.attribution,
+                    pod_labels(pod, h.container, self.attribution, self.counts),
+                ),
             )
         except ValidationError:  # a label no tenant can hold (':', too long, a reserved team), a start out of range
             self.counts["kube_alloc_invalid"] += 1

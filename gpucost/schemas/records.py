@@ -102,6 +102,9 @@ class _PaneParty(_Record):
     sla: str | None
     git_commit: str | None
     ci_pipeline_id: str | None
+    #: the tenant's labels as canonical JSON text (an object of strings; docs/definitions.md, "Labels"), None
+    #: where it carries none: ``json_each(labels)`` in DuckDB, the view ``cost_by_label``
+    labels: str | None = None
 
 
 class CostRecord(_PaneParty):

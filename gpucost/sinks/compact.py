@@ -125,7 +125,14 @@ def _read(path: Path, schema: pa.Schema) -> pa.Table:
     """One file's rows, without the hive partitioning that reading by path would add."""
     table = pq.ParquetFile(path).read()
     if not table.schema.equals(schema):
-        table = table.cast(schema)  # a file of an earlier version whose types widen losslessly, or ArrowInvalid
+        # a file of an earlier version: a nullable column added since (the tenant's ``labels``) is null in it, and
+        # types widen losslessly, or ArrowInvalid
+        for f in schema:
+            if f.name not in table.column_names and f.nullable:
+                table = table.append_column(f, pa.nulls(len(table), f.type))
+        if set(table.column_names) <= set(schema.names):  # a column unknown to this version: cast refuses it
+            table = table.select(schema.names)
+        table = table.cast(schema)
     return table
 
 

@@ -60,18 +60,22 @@ def _sql_type(t: pa.DataType) -> str:
 
 
 def _view(out_dir: Path, kind: str) -> str:
+    """``kind``'s view: its files, each column of this version's schema there (null in a file written before the
+    column existed: the tenant's ``labels``), or no rows of the same columns while there is no file."""
     folder = out_dir.resolve() / kind
+    cols = [f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in ARROW_SCHEMAS[kind]]
+    cols.append(f"CAST(NULL AS {_DATE_TYPE[kind]}) AS date")
+    empty = f"SELECT {', '.join(cols)} WHERE false"
     if not any(folder.glob("**/*.parquet")):
-        cols = [f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in ARROW_SCHEMAS[kind]]
-        cols.append(f"CAST(NULL AS {_DATE_TYPE[kind]}) AS date")
         return (
             f"-- {kind}: no file under {folder} yet; run this again once there is one\n"
-            f"CREATE OR REPLACE VIEW {kind} AS SELECT {', '.join(cols)} WHERE false;"
+            f"CREATE OR REPLACE VIEW {kind} AS {empty};"
         )
     glob = (folder / "**" / "*.parquet").as_posix().replace("'", "''")
     return (
         f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet('{glob}', "
-        f"hive_partitioning = true, hive_types = {{'date': {_DATE_TYPE[kind]}}});"
+        f"hive_partitioning = true, hive_types = {{'date': {_DATE_TYPE[kind]}}}, union_by_name = true) "
+        f"UNION ALL BY NAME {empty};"
     )
 
 
@@ -130,16 +134,22 @@ CREATE OR REPLACE VIEW idle_index_as_revised AS
 SELECT * FROM idle_index QUALIFY revision = max(revision) OVER (PARTITION BY gpu_uuid, pane_start_ns);"""
 
 
-#: the two bases (docs/definitions.md, "Allocation basis"): both tables' records with ``cost_basis`` as a column, and
+#: the two bases (docs/definitions.md, "Allocation basis"): both tables' records with ``cost_basis`` as a column;
+#: each record once per label its tenant carries (``label_key``, ``label_value``: docs/definitions.md, "Labels"), so
+#: that a sum by one key is a bill (records without that key left out); and
 #: per (GPU, pane, tenant) of the panes on the allocation basis what was held against what was used, each summed
 #: over its revisions: ``reserved_idle`` is held and not used (what a reclaim saves), ``borrowed`` used beyond
 #: what was held (a time-sliced neighbour's slack)
 _BASES = """CREATE OR REPLACE VIEW cost_by_basis AS
 SELECT 'usage' AS cost_basis, gpu_uuid, node_id, gpu_model, pane_start_ns, pane_end_ns, tenant_key, team, env, app,
-       tier, sla, usd_per_gpu_hour, pane_cost_micro_usd, cost_micro_usd, revision, date FROM cost
+       tier, sla, labels, usd_per_gpu_hour, pane_cost_micro_usd, cost_micro_usd, revision, date FROM cost
 UNION ALL
 SELECT cost_basis, gpu_uuid, node_id, gpu_model, pane_start_ns, pane_end_ns, tenant_key, team, env, app,
-       tier, sla, usd_per_gpu_hour, pane_cost_micro_usd, cost_micro_usd, revision, date FROM allocation;
+       tier, sla, labels, usd_per_gpu_hour, pane_cost_micro_usd, cost_micro_usd, revision, date FROM allocation;
+CREATE OR REPLACE VIEW cost_by_label AS
+SELECT b.cost_basis, b.gpu_uuid, b.node_id, b.gpu_model, b.pane_start_ns, b.tenant_key, b.team,
+       l.key AS label_key, l.value ->> '$' AS label_value, b.cost_micro_usd, b.revision, b.date
+FROM cost_by_basis b, json_each(b.labels) l;
 CREATE OR REPLACE VIEW allocation_gap AS
 WITH panes AS (SELECT DISTINCT gpu_uuid, pane_start_ns FROM allocation),
 held AS (SELECT gpu_uuid, pane_start_ns, tenant_key, any_value(team) AS team, any_value(node_id) AS node_id,
@@ -160,7 +170,8 @@ WHERE coalesce(h.team, u.team) NOT IN ('idle', 'unallocated', 'unattributed');""
 
 def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
     """Every kind's view, the revised bill's (``cost_as_first_published``, ``cost_as_revised``,
-    ``idle_index_as_revised``), the two bases' (``cost_by_basis``, ``allocation_gap``) and ``unit_cost`` at the
+    ``idle_index_as_revised``), the two bases' and the labels' (``cost_by_basis``, ``cost_by_label``,
+    ``allocation_gap``) and ``unit_cost`` at the
     opex rate given (USD per GPU-hour)."""
     views = [_view(out_dir, kind) for kind in ARROW_SCHEMAS]
     return (

@@ -18,8 +18,14 @@ if TYPE_CHECKING:
 __all__ = ["Tenant", "UNATTRIBUTED", "BindingTable", "PriceTable"]
 
 
-class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):  # type: ignore[misc]
-    """A binding's tenant fields (``gpucost.schemas.events.TENANT_FIELDS``, declared once, on the binding)."""
+_TenantFields = NamedTuple("_TenantFields", [(f, "str | None") for f in TENANT_FIELDS])  # type: ignore[misc]
+#: ``labels``, the last field, is None where absent: a tenant read back from the state of a version without labels
+_TenantFields.__new__.__defaults__ = (None,)
+
+
+class Tenant(_TenantFields):
+    """A binding's tenant fields (``gpucost.schemas.events.TENANT_FIELDS``, declared once, on the binding), its
+    labels (canonical JSON text, ``gpucost.schemas.events.labels_text``) last."""
 
     __slots__ = ()
     if TYPE_CHECKING:  # the fields as a type checker reads them (it cannot run the list above); never run,
@@ -31,6 +37,7 @@ class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):
         sla: str | None
         git_commit: str | None
         ci_pipeline_id: str | None
+        labels: str | None
 
     @classmethod
     def of(cls, binding: TenantBinding | Allocation) -> Tenant:
@@ -46,8 +53,12 @@ class Tenant(NamedTuple("_Tenant", [(f, "str | None") for f in TENANT_FIELDS])):
 
     @property
     def key(self) -> str:
-        """The values joined by ``:``, missing values empty (docs/definitions.md, "Tenants and prices")."""
+        """The values joined by ``:``, missing values empty, and the labels' text after one more ``:`` where there
+        are labels (docs/definitions.md, "Tenants and prices"): a tenant without labels keeps the key it had
+        before labels were carried, so its records' ids do not change."""
         values: tuple[str | None, ...] = self  # what mypy cannot read from the class line (it sees no fields)
+        if values[-1] is None:
+            values = values[:-1]
         return ":".join("" if v is None else v for v in values)
 
 
