@@ -44,7 +44,7 @@ REFERENCE_SQL = """
 WITH g AS (
   SELECT gpu_uuid, node_id, gpu_model, ts_ns - ts_ns % {P} AS pane, ts_ns - ts_ns % {H} AS win,
          CAST(round(interval_s * 1000) AS BIGINT) AS iv, CAST(round(sm_util_pct * 100) AS BIGINT) AS sm,
-         CAST(round(power_w * 1000) AS BIGINT) AS mw
+         CAST(round(power_w * 1000) AS BIGINT) AS mw, fault_fatal, fault_warning
   FROM ev WHERE kind = 'gpu_sample'),
 placed AS (
   SELECT DISTINCT gpu_uuid, ts_ns - ts_ns % {P} AS pane FROM ev
@@ -58,7 +58,8 @@ panes AS (
 windows AS (
   SELECT gpu_uuid, win, min(node_id) AS node_id, min(gpu_model) AS gpu_model, sum(iv) AS covered,
          sum(CASE WHEN sm < {THR} THEN iv ELSE 0 END) AS idle, sum(mw * iv) AS energy, sum(sm * iv) AS busy,
-         max(pane) AS last_pane
+         max(pane) AS last_pane, count(coalesce(fault_fatal, fault_warning)) AS fault_samples,
+         coalesce(sum(fault_fatal), 0) AS fatal, coalesce(sum(fault_warning), 0) AS warning
   FROM g GROUP BY ALL),
 deviation AS (
   SELECT gpu_uuid, win, sum(CASE WHEN allocated THEN idle ELSE covered - idle END) AS dev FROM panes GROUP BY ALL)
@@ -66,7 +67,7 @@ SELECT w.gpu_uuid, w.win, w.node_id, w.gpu_model, w.covered, w.idle, w.energy, w
        (SELECT sum(p.idle) FROM panes p WHERE p.gpu_uuid = w.gpu_uuid AND p.pane > w.last_pane - {W}
           AND p.pane <= w.last_pane) AS idle72,
        (SELECT sum(p.covered) FROM panes p WHERE p.gpu_uuid = w.gpu_uuid AND p.pane > w.last_pane - {W}
-          AND p.pane <= w.last_pane) AS covered72
+          AND p.pane <= w.last_pane) AS covered72, w.fault_samples, w.fatal, w.warning
 FROM windows w JOIN deviation d USING (gpu_uuid, win)
 ORDER BY w.gpu_uuid, w.win
 """
@@ -83,7 +84,7 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
     h_ms = s.health_window_h * H_S * 1000
     peaks = {k.lower(): Fraction(v) for k, v in s.peak_tops.items()}
     out, per_gpu = [], {}
-    for gpu, win, node, model, covered, idle, energy, busy, dev, idle72, covered72 in found:
+    for gpu, win, node, model, covered, idle, energy, busy, dev, idle72, covered72, reported, fatal, warning in found:
         keys = sorted((k for k in peaks if k != "default" and k in model.lower()), key=lambda k: (-len(k), k))
         peak = peaks[keys[0] if keys else "default"]
         kw = (
@@ -92,7 +93,7 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
             else (Fraction(energy, covered * 1000) / 1000) / (peak * Fraction(busy, 10_000 * covered))
         )
         sd, coverage = Fraction(dev, covered), Fraction(covered, h_ms)
-        grade, reasons = judged(kw, sd, coverage)
+        grade, reasons = judged(kw, sd, coverage, fatal)
         record = {
             "gpu_uuid": gpu,
             "node_id": node,
@@ -112,6 +113,8 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
             "entitlement": {"excellent": 1.25, "good": 1.0, "needs_optimisation": 0.75, "idle": 1.0}[grade],
             "passed": not reasons,
             "fail_reasons": reasons,
+            "faults_fatal": fatal if reported else None,
+            "faults_warning": warning if reported else None,
         }
         per_gpu.setdefault(gpu, []).append((win // (h_ms * 1_000_000), record))
         out.append(record)

@@ -6,8 +6,11 @@ from __future__ import annotations
 from fractions import Fraction
 
 
-def judged(kw_per_tops: Fraction | None, sched_deviation: Fraction, coverage: Fraction) -> tuple[str, list[str]]:
-    """A window's grade and its failed checks, in the definition's order (grade, sched_deviation, coverage)."""
+def judged(
+    kw_per_tops: Fraction | None, sched_deviation: Fraction, coverage: Fraction, faults_fatal: int = 0
+) -> tuple[str, list[str]]:
+    """A window's grade and its failed checks, in the definition's order (grade, sched_deviation, coverage,
+    device_fault: a fatal device fault new in one of its samples)."""
     if kw_per_tops is None:
         grade = "idle"
     elif kw_per_tops < Fraction("0.18") and sched_deviation < Fraction("0.021"):
@@ -20,6 +23,7 @@ def judged(kw_per_tops: Fraction | None, sched_deviation: Fraction, coverage: Fr
         ("grade", grade == "needs_optimisation"),
         ("sched_deviation", sched_deviation > Fraction("0.05")),
         ("coverage", coverage < Fraction("0.95")),
+        ("device_fault", faults_fatal > 0),
     )
     return grade, [reason for reason, failed in checks if failed]
 
