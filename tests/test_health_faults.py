@@ -198,3 +198,26 @@ def test_a_real_capture_through_devices_events_into_the_audit(tmp_path: Path) ->
         (record,) = [r for r in path(events, s) if isinstance(r, HealthRecord)]
         assert (record.faults_fatal, record.faults_warning) == (1, 0) and "device_fault" in record.fail_reasons
         assert not record.passed
+    # two errors already in the first snapshot and no more after: new in the first sample only (the capture's
+    # first sample has nothing before it), not again in the second, whose counter did not rise
+    faulty.write_text(text.replace(GAUDI_ECC, GAUDI_ECC.replace("   0  |", "   2  |")))
+    events = _events_of(faulty, tmp_path)
+    assert [(e.fault_fatal, e.fault_warning) for e in events if isinstance(e, GpuSample)] == [(1, 0), (0, 0)]
+
+
+def test_a_partition_carries_its_whole_device_faults() -> None:
+    from decimal import Decimal
+
+    from gpucost.devices import with_faults as written
+    from gpucost.producers.accelerators.events import Placement, to_events
+    from gpucost.schemas.devices import Parsed
+
+    at = T0
+    parent = DeviceSample("AMD", "MI300X", "0", ts_ns=at, ecc_uncorrected=1, ecc_corrected=0)
+    parts = [DeviceSample("AMD", "MI300X", f"0.{k}", parent_id="0", ts_ns=at, busy_pct=Decimal(5)) for k in (0, 1)]
+    alone = DeviceSample("AMD", "MI300X", "1", ts_ns=at, busy_pct=Decimal(5))  # reports no fault field
+    place = Placement("n1", Decimal(10))
+    samples = [parent, *parts, alone]
+    wire = written(to_events(samples, place, Parsed()), samples, place)
+    got = {e["gpu_uuid"]: (e.get("fault_fatal"), e.get("fault_warning")) for e in wire if e["kind"] == "gpu_sample"}
+    assert got == {"n1/0.0": (1, 0), "n1/0.1": (1, 0), "n1/1": (None, None)}
