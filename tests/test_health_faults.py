@@ -221,3 +221,34 @@ def test_a_partition_carries_its_whole_device_faults() -> None:
     wire = written(to_events(samples, place, Parsed()), samples, place)
     got = {e["gpu_uuid"]: (e.get("fault_fatal"), e.get("fault_warning")) for e in wire if e["kind"] == "gpu_sample"}
     assert got == {"n1/0.0": (1, 0), "n1/0.1": (1, 0), "n1/1": (None, None)}
+
+
+def test_the_report_and_the_metrics_show_them(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+    from prometheus_client.core import Metric
+
+    from gpucost.cost_metrics import CostMetrics
+    from gpucost.embedded import run_embedded
+    from gpucost.producers.replay import read_inputs
+    from gpucost.report import _faults
+    from gpucost.schemas.codec import encode_event
+    from gpucost.sinks.views import connect
+
+    lines = tmp_path / "events.jsonl"
+    lines.write_text("".join(encode_event(e) + "\n" for e in with_faults(fleet(SCRIPT), FAULTS)))
+    out = tmp_path / "out"
+    run_embedded(read_inputs([lines]), audit_settings(), out)
+    text = _faults(connect(out))
+    assert text is not None and "2 of the 2 GPUs" in text
+    rows = [line.split() for line in text.splitlines()[4:]]
+    # gpu_uuid, node_id, failed_windows, fatal, warning, then the last window's end (date and time)
+    assert [r[:5] for r in rows] == [["GPU-h100", "node-0", "2", "2", "4"], ["GPU-t4", "node-4", "1", "2", "1"]]
+    metrics = CostMetrics()
+    metrics.observe("health", pq.read_table(out / "health"))
+    (family,) = [m for m in metrics.metrics() if isinstance(m, Metric) and m.name == "gpucost_device_faults"]
+    got = {(s.labels["node"], s.labels["severity"]): s.value for s in family.samples if s.name.endswith("_total")}
+    assert got == {("node-0", "fatal"): 2, ("node-0", "warning"): 4, ("node-4", "fatal"): 2, ("node-4", "warning"): 1}
+    # without faults reported, the report says nothing of them
+    lines.write_text("".join(encode_event(e) + "\n" for e in fleet(SCRIPT)))
+    run_embedded(read_inputs([lines]), audit_settings(), tmp_path / "clean")
+    assert _faults(connect(tmp_path / "clean")) is None
