@@ -180,16 +180,22 @@ class CostMetrics:
                     {k: v for k, v in dict(self.gpus).items() if v},
                 ),
             ),  # a state no GPU holds any more
-            (
-                self.faults,
-                labelled(
-                    CounterMetricFamily,
-                    "gpucost_device_faults",
-                    "device faults new in the audit windows' GPU samples, by node and severity (a fatal one "
-                    "fails its window)",
-                    ("node", "severity"),
-                    dict(self.faults),
-                ),
+            *(
+                [
+                    (
+                        self.faults,
+                        labelled(
+                            CounterMetricFamily,
+                            "gpucost_device_faults",
+                            "device faults new in the audit windows' GPU samples, by node and severity (a fatal one "
+                            "fails its window)",
+                            ("node", "severity"),
+                            dict(self.faults),
+                        ),
+                    )
+                ]
+                if self.faults
+                else []  # no family until a fault is seen: most tools report none, and an empty family says nothing
             ),
         ]
         folded = {(f.name + ("_total" if f.type == "counter" else ""),): s.folded for s, f in shown}
