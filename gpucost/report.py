@@ -15,7 +15,7 @@ from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
 from gpucost.streams.discovery import OUT_OF_SERVICE
 
-__all__ = ["IDLE_WORDS", "format_table", "period_covered", "printable", "summary"]
+__all__ = ["IDLE_WORDS", "device_faults", "format_table", "period_covered", "printable", "summary"]
 
 #: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"):
 #: the cost of the GPUs' capacity no tenant's process used, each pane's 1 − busy fraction
@@ -154,7 +154,7 @@ def _service(con: duckdb.DuckDBPyConnection) -> str:
     return text
 
 
-def _faults(con: duckdb.DuckDBPyConnection) -> str | None:
+def device_faults(con: duckdb.DuckDBPyConnection) -> str | None:
     """The device faults per GPU, or that there were none among the GPUs whose tools report them (a GPU whose
     tool reports no fault field is not a GPU without faults: with none reporting, nothing is said)."""
     (reporting,) = con.execute(_FAULTS_REPORTED).fetchone() or (0,)
@@ -202,7 +202,7 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
             + format_table([d[0] for d in res.description], graded)
         )
         parts.append(_service(con))
-        if faults := _faults(con):
+        if faults := device_faults(con):
             parts.append(faults)
     res = con.execute(_RECLAIMS)
     triggers = res.fetchall()

@@ -22,7 +22,7 @@ from gpucost.schemas.records import CostRecord, HealthRecord, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.support.health_fleet import H_S, NS, T0, audit_settings, by_batches, by_rows, fleet
-from tests.test_health import checked, reference
+from tests.support.health_oracle import checked, reference
 
 GAUDI = Path("/work/shared/data/accelerators/intel-gaudi/hl-smi_log_gaudi2_hl-225_1.18.0.txt")
 #: the second snapshot's device line of that capture, whose last column is the volatile uncorrectable ECC count
@@ -230,7 +230,7 @@ def test_the_report_and_the_metrics_show_them(tmp_path: Path) -> None:
     from gpucost.cost_metrics import CostMetrics
     from gpucost.embedded import run_embedded
     from gpucost.producers.replay import read_inputs
-    from gpucost.report import _faults
+    from gpucost.report import device_faults
     from gpucost.schemas.codec import encode_event
     from gpucost.sinks.views import connect
 
@@ -238,7 +238,7 @@ def test_the_report_and_the_metrics_show_them(tmp_path: Path) -> None:
     lines.write_text("".join(encode_event(e) + "\n" for e in with_faults(fleet(SCRIPT), FAULTS)))
     out = tmp_path / "out"
     run_embedded(read_inputs([lines]), audit_settings(), out)
-    text = _faults(connect(out))
+    text = device_faults(connect(out))
     assert text is not None and "2 of the 2 GPUs" in text
     rows = [line.split() for line in text.splitlines()[4:]]
     # gpu_uuid, node_id, failed_windows, fatal, warning, then the last window's end (date and time)
@@ -251,4 +251,4 @@ def test_the_report_and_the_metrics_show_them(tmp_path: Path) -> None:
     # without faults reported, the report says nothing of them
     lines.write_text("".join(encode_event(e) + "\n" for e in fleet(SCRIPT)))
     run_embedded(read_inputs([lines]), audit_settings(), tmp_path / "clean")
-    assert _faults(connect(tmp_path / "clean")) is None
+    assert device_faults(connect(tmp_path / "clean")) is None
