@@ -18,6 +18,9 @@ serve these beside their own metrics at ``--metrics-address`` (docs/operations.m
   "Labels"): a label's series sum to the bill of the tenants carrying it, on each basis.
 - ``gpucost_reclaim_triggers_total{sla, team}``; ``gpucost_gpus{grade, breaker_state}``: GPUs by the grade
   and breaker state of their latest health record.
+- ``gpucost_device_faults_total{node, severity}``: device faults new in the audit windows' GPU samples
+  (``fatal``: each failed its window; ``warning``), from the health records' ``faults_fatal`` and
+  ``faults_warning``; by node, not GPU (the rule below): the report names the GPU.
 
 Label cardinality is bounded: no commit, pipeline, pid or GPU label, and every family here (its labels come
 from input: names in bindings, models and nodes in samples, grades in records read back) keeps at most
@@ -65,6 +68,7 @@ class CostMetrics:
         self.idle = BoundedSeries(max_series, 2)
         self.triggers = BoundedSeries(max_series, 2)
         self.gpus = BoundedSeries(max_series, 2)  # GPUs by the series their latest health record is counted in
+        self.faults = BoundedSeries(max_series, 2)  # by (node, severity)
         self._latest: dict[str, tuple[int, tuple[str, ...]]] = {}  # per GPU: its latest window's end, its series
 
     def observe(self, kind: str, table: pa.Table) -> None:
@@ -87,6 +91,13 @@ class CostMetrics:
                     if gpu in self._latest:
                         self.gpus.add(self._latest[gpu][1], -1)
                     self._latest[gpu] = (end, self.gpus.add((grade, state), 1))
+            if "faults_fatal" in table.column_names:  # a table written before device faults has none
+                for node, *found in zip(
+                    *(table.column(c).to_pylist() for c in ("node_id", "faults_fatal", "faults_warning"))
+                ):
+                    for severity, n in zip(("fatal", "warning"), found):
+                        if n:  # None: not reported; 0: none, no series of its own
+                            self.faults.add((node, severity), n)
 
     @staticmethod
     def _split(table: pa.Table, charged: BoundedSeries, credited: BoundedSeries) -> None:
@@ -229,6 +240,23 @@ class CostMetrics:
                     {k: v for k, v in dict(self.gpus).items() if v},
                 ),
             ),  # a state no GPU holds any more
+            *(
+                [
+                    (
+                        self.faults,
+                        labelled(
+                            CounterMetricFamily,
+                            "gpucost_device_faults",
+                            "device faults new in the audit windows' GPU samples, by node and severity (a fatal one "
+                            "fails its window)",
+                            ("node", "severity"),
+                            dict(self.faults),
+                        ),
+                    )
+                ]
+                if self.faults
+                else []  # no family until a fault is seen: most tools report none, and an empty family says nothing
+            ),
         ]
         folded = {(f.name + ("_total" if f.type == "counter" else ""),): s.folded for s, f in shown}
         return [

@@ -16,7 +16,7 @@ from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
 from gpucost.streams.discovery import OUT_OF_SERVICE
 
-__all__ = ["IDLE_WORDS", "format_table", "period_covered", "printable", "summary"]
+__all__ = ["IDLE_WORDS", "device_faults", "format_table", "period_covered", "printable", "summary"]
 
 #: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"):
 #: the cost of the GPUs' capacity no tenant's process used, each pane's 1 − busy fraction
@@ -92,6 +92,16 @@ SELECT * FROM (
   FROM health GROUP BY gpu_uuid)
 WHERE state <> 'in_service' ORDER BY array_position(['removed', 'observation', 'probation'], state), gpu_uuid"""
 
+#: per GPU, the device faults of its audit windows (docs/definitions.md, "Health audit"): the windows a fatal one
+#: failed, the faults summed, and the end of the last window with any; GPUs whose windows reported none left out
+_FAULTS = """
+SELECT gpu_uuid, arg_max(node_id, window_start_ns) AS node_id,
+       count(*) FILTER (WHERE faults_fatal > 0) AS failed_windows,
+       sum(faults_fatal) AS fatal, sum(faults_warning) AS warning,
+       epoch_ms(max(window_end_ns) // 1000000) AS last_window_end_utc
+FROM health WHERE faults_fatal > 0 OR faults_warning > 0
+GROUP BY gpu_uuid ORDER BY fatal DESC, warning DESC, gpu_uuid"""
+_FAULTS_REPORTED = "SELECT count(DISTINCT gpu_uuid) FROM health WHERE faults_fatal IS NOT NULL"
 
 #: the period the output covers: the event time of the first and last pane of its cost and idle records
 _PERIOD = (
@@ -138,6 +148,22 @@ def _service(con: duckdb.DuckDBPyConnection) -> str:
     return text
 
 
+def device_faults(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The device faults per GPU, or that there were none among the GPUs whose tools report them (a GPU whose
+    tool reports no fault field is not a GPU without faults: with none reporting, nothing is said)."""
+    (reporting,) = con.execute(_FAULTS_REPORTED).fetchone() or (0,)
+    if not reporting:
+        return None
+    res = con.execute(_FAULTS)
+    rows = res.fetchall()
+    if not rows:
+        return f"\nDevice faults: none in the audit windows of the {reporting:,} GPUs whose samples report them."
+    return (
+        f"\nDevice faults by GPU ({len(rows):,} of the {reporting:,} GPUs whose samples report them; a fatal fault "
+        "fails its audit window):\n" + format_table([d[0] for d in res.description], rows)
+    )
+
+
 def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
     con = connect(out_dir, opex_usd_per_gpu_hour)
     parts = []
@@ -166,6 +192,8 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
             + format_table([d[0] for d in res.description], graded)
         )
         parts.append(_service(con))
+        if faults := device_faults(con):
+            parts.append(faults)
     res = con.execute(_RECLAIMS)
     triggers = res.fetchall()
     if triggers:

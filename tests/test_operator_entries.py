@@ -163,7 +163,7 @@ def pane_rows(events: list[Keyed], first_row: int) -> PaneRows:
         ints([e.power_mw if isinstance(e, GpuSample) else 0 for e in ev]),
         *(
             ints([-1 if not isinstance(e, GpuSample) or getattr(e, f) is None else getattr(e, f) for e in ev])
-            for f in ("tensor_active_cp", "dram_active_cp")
+            for f in ("tensor_active_cp", "dram_active_cp", "fault_fatal", "fault_warning")
         ),
         ints([e.hops * e.latency_weight if isinstance(e, NumaEvent) else 0 for e in ev]),
         ints([nodes.index(e.node_id) for e in ev]),

@@ -123,6 +123,8 @@ IntervalS = Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
 NonNegBytes = Annotated[int, Field(ge=0, lt=2**63)]
 Pid = Annotated[int, Field(ge=0, lt=2**32)]
 Ident = Annotated[str, Field(min_length=1, max_length=256)]
+#: faults of one sample: at most one per fault field of a device (``gpucost.schemas.devices.FAULT_FIELDS``)
+FaultCount = Annotated[int, Field(ge=0, le=64)]
 
 
 class _Event(BaseModel):
@@ -175,6 +177,12 @@ class GpuSample(_Sample):
     #: efficiency operators, not the bill)
     tensor_active_pct: Pct | None = None
     dram_active_pct: Pct | None = None
+    #: the device faults new in this sample (docs/definitions.md, "Device faults"), as the producer classified
+    #: them with ``gpucost.schemas.faults`` against the device's previous sample: how many fail its health
+    #: window and how many only warn. None: the source reports no fault fields (never "no faults", which is 0);
+    #: the producer writes both or neither. Read by the health audit, never by the bill.
+    fault_fatal: FaultCount | None = None
+    fault_warning: FaultCount | None = None
 
     @cached_property
     def tensor_active_cp(self) -> int | None:

@@ -1,12 +1,15 @@
 """Device faults: which of a sample's fault fields fail a device's audit window and which only warn.
 
-One place decides, for every vendor, so the health audit never branches on one: it passes the
-window's last sample of a device and the previous window's (``before``), and gets the faults that
-appeared in between. The counters are cumulative as the tools report them, so a fault is new when
+One place decides, for every vendor, so neither the producer nor the health audit branches on one: the
+producer (``gpucost devices --events``) passes each sample of a device and the device's previous sample in
+the capture (``before``), and writes what ``counts`` gives as the ``gpu_sample`` event's ``fault_fatal`` and
+``fault_warning``; the health audit sums those per window. The classification is done where the raw counters
+are, once: the event carries two small counts, not ten counters, and the pipeline keeps no counters per
+device between windows. The counters are cumulative as the tools report them, so a fault is new when
 its counter rose (a counter that fell was reset — a driver reload — and its whole value is new); the
 XID is the last code the driver logged, new when it differs from ``before``'s; a clock slowdown is
-a state, reported in every window whose sample shows it. Without ``before`` everything the sample
-reports counts as new: the first window of a device has nothing to compare.
+a state, reported in every sample that shows it. Without ``before`` everything the sample
+reports counts as new: a device's first sample in a capture has nothing to compare.
 
 Fatal (the window fails, the breaker acts): an uncorrectable ECC error, a failed row remapping, a
 hardware error of a Neuron execution, a fatal XID (``FATAL_XIDS``). Warnings: corrected ECC errors,
@@ -19,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpucost.schemas.devices import DeviceSample, UnitError
+from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, UnitError
 
-__all__ = ["Fault", "FATAL_XIDS", "SLOWDOWNS", "THROTTLE_BITS", "throttle_names", "faults", "is_fatal"]
+__all__ = ["Fault", "FATAL_XIDS", "SLOWDOWNS", "THROTTLE_BITS", "throttle_names", "faults", "is_fatal", "counts"]
 
 #: NVML's clocks event (formerly throttle) reasons, bit → name, as ``nvmlClocksEventReasons`` documents
 #: them (docs.nvidia.com/deploy/nvml-api/group__nvmlClocksEventReasons.html); DCGM's
@@ -96,3 +99,14 @@ def faults(sample: DeviceSample, before: DeviceSample | None = None) -> tuple[Fa
 def is_fatal(sample: DeviceSample, before: DeviceSample | None = None) -> bool:
     """Whether a fault new since ``before`` fails the device's audit window."""
     return any(f.severity == "fatal" for f in faults(sample, before))
+
+
+def counts(sample: DeviceSample, before: DeviceSample | None = None) -> tuple[int, int] | None:
+    """How many of the faults new since ``before`` are fatal and how many warnings: the ``fault_fatal`` and
+    ``fault_warning`` of the sample's ``gpu_sample`` event. None when ``sample`` reports no fault field at all
+    (not reported, which is not "no faults": that is (0, 0))."""
+    if all(getattr(sample, name) is None for name in FAULT_FIELDS):
+        return None
+    found = faults(sample, before)
+    fatal = sum(f.severity == "fatal" for f in found)
+    return fatal, len(found) - fatal

@@ -176,6 +176,10 @@ class HealthRecord(_Record):
     entitlement: float
     passed: bool
     fail_reasons: list[str]  # of FAIL_REASONS, in that order
+    #: device faults new in the window's GPU samples (docs/definitions.md, "Health audit"): fatal ones fail it
+    #: (``device_fault``), warnings are counted; None: no sample of the window reported fault fields
+    faults_fatal: Int64 | None
+    faults_warning: Int64 | None
     windows_skipped: Int64
     breaker_state: str  # probation, in_service, observation or removed
     snapshot_sha256: str
@@ -241,7 +245,7 @@ class ReclaimRecord(_Record):
 
 GRADES = ("excellent", "good", "needs_optimisation", "idle")
 DIAGNOSES = ("idle", "compute_bound", "memory_bound", "latency_bound")
-FAIL_REASONS = ("grade", "sched_deviation", "coverage")
+FAIL_REASONS = ("grade", "sched_deviation", "coverage", "device_fault")
 #: what the snapshot hash leaves out: itself, and the signature of it
 UNHASHED = ("snapshot_sha256", "signature")
 

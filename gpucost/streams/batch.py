@@ -149,6 +149,7 @@ class Batch:
         self.bw_cp = np.zeros(self.n, np.int64)
         self.power_mw = np.zeros(self.n, np.int64)
         self.tensor_cp, self.dram_cp = np.full(self.n, -1, np.int64), np.full(self.n, -1, np.int64)
+        self.fatal, self.warning = np.full(self.n, -1, np.int64), np.full(self.n, -1, np.int64)  # -1: not reported
         self.flops: dict[int, int] = {}  # each blas trace's flops_64b, by row
         self._gpu_code: dict[str, int] | None = None  # gpu_names' codes, once a trace names a GPU
         if sample.any():
@@ -163,6 +164,9 @@ class Batch:
             for out, name in ((self.tensor_cp, "tensor_active_pct"), (self.dram_cp, "dram_active_pct")):
                 measured = gpu & columns[name][1]
                 out[measured] = exact_round(columns[name][0][measured], 100)
+            for out, name in ((self.fatal, "fault_fatal"), (self.warning, "fault_warning")):
+                reported = gpu & columns[name][1]
+                out[reported] = columns[name][0][reported]
         # the models' cross-field validators: _Sample._interval_not_zero, GpuSample._used_within_total
         used, total = columns["mem_used_bytes"][0], columns["mem_total_bytes"][0]
         gpu_row = valid[GpuSample] & (self.interval_ms > 0) & (used <= total)
@@ -190,8 +194,9 @@ class Batch:
                     )
                 if isinstance(event, GpuSample):
                     self.power_mw[i] = event.power_mw
-                    self.tensor_cp[i], self.dram_cp[i] = (
-                        -1 if v is None else v for v in (event.tensor_active_cp, event.dram_active_cp)
+                    self.tensor_cp[i], self.dram_cp[i], self.fatal[i], self.warning[i] = (
+                        -1 if v is None else v
+                        for v in (event.tensor_active_cp, event.dram_active_cp, event.fault_fatal, event.fault_warning)
                     )
             elif isinstance(event, EbpfTrace):  # always here: the packed struct is decoded row by row
                 self._trace(i, event)
@@ -290,6 +295,8 @@ class Batch:
             self.power_mw[rows],
             self.tensor_cp[rows],
             self.dram_cp[rows],
+            self.fatal[rows],
+            self.warning[rows],
             self.numa_w[rows],
             self.node[rows],
             self.node_names,

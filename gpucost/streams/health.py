@@ -7,6 +7,11 @@ order, and a late event is refused, so nothing more can reach it), or at end of 
 none of whose panes had a GPU sample is *skipped*: it publishes nothing, counts as a failed
 window for the breaker, and the next record of the GPU says how many were skipped.
 
+Device faults reach it as each pane's sums of its GPU samples' ``fault_fatal`` and ``fault_warning`` (the
+producer classified them: ``gpucost.schemas.faults``) and the count of samples that reported them: a fatal
+one fails the window (``device_fault``), warnings are counted on the record, and a window none of whose
+samples reported faults says None for both. A late sample revises the bill, not a published window.
+
 State per GPU: the open window's few integers and the breaker's state and count, whatever the
 window's length: nothing per pane or per sample.
 
@@ -75,6 +80,9 @@ class _Window:
     deviation_ms: int = 0  # Σ dev(p): placed but idle, or busy with nothing placed
     idle_ms_72h: int = 0  # the idle index's sums at the window's last pane
     covered_ms_72h: int = 0
+    fault_samples: int = 0  # GPU samples that reported fault fields, and Σ of their fatal and warning counts
+    fault_fatal: int = 0
+    fault_warning: int = 0
 
     def add(
         self,
@@ -87,6 +95,9 @@ class _Window:
         deviation_ms: int,
         idle_ms_72h: int,
         covered_ms_72h: int,
+        fault_samples: int,
+        fault_fatal: int,
+        fault_warning: int,
     ) -> None:
         self.node_id, self.gpu_model = min(self.node_id, node_id), min(self.gpu_model, gpu_model)
         self.covered_ms += covered_ms
@@ -95,6 +106,9 @@ class _Window:
         self.busy_cp_ms += busy_cp_ms
         self.deviation_ms += deviation_ms
         self.idle_ms_72h, self.covered_ms_72h = idle_ms_72h, covered_ms_72h
+        self.fault_samples += fault_samples
+        self.fault_fatal += fault_fatal
+        self.fault_warning += fault_warning
 
 
 @dataclass
@@ -157,6 +171,9 @@ class HealthAudit:
                 deviation,
                 idle.idle_ms_72h,
                 idle.covered_ms_72h,
+                pane.fault_samples,
+                pane.fault_fatal,
+                pane.fault_warning,
             )
         ]
 
@@ -194,7 +211,16 @@ class HealthAudit:
         deviation = np.where(panes.placed > 0, panes.idle_ms, panes.covered_ms - panes.idle_ms)
         sums = [
             np.add.reduceat(v[order], firsts).tolist()
-            for v in (panes.covered_ms, panes.idle_ms, panes.energy_uj, panes.busy_cp_ms, deviation)
+            for v in (
+                panes.covered_ms,
+                panes.idle_ms,
+                panes.energy_uj,
+                panes.busy_cp_ms,
+                deviation,
+                panes.fault_samples,
+                panes.fault_fatal,
+                panes.fault_warning,
+            )
         ]
         node, model = panes.node_id[order], panes.gpu_model[order]
         out: list[tuple[int, Output]] = []
@@ -210,9 +236,10 @@ class HealthAudit:
                 int(panes.pane_end_ns[last]),
                 min(node[lo:hi].tolist()),
                 min(model[lo:hi].tolist()),
-                *(s[r] for s in sums),
+                *(s[r] for s in sums[:5]),
                 int(idle_ms_72h[last]),
                 int(covered_ms_72h[last]),
+                *(s[r] for s in sums[5:]),
             )
             out += [(last, record) for record in records]
         out.sort(key=lambda t: t[0])  # stable: one pane's records keep their order
@@ -259,9 +286,8 @@ class HealthAudit:
         coverage = Fraction(w.covered_ms, self.window_ms)
         grade = grade_of(kw_per_tops, deviation, s)
         covered = coverage >= s.pass_coverage
-        fails = dict(
-            zip(FAIL_REASONS, (grade == "needs_optimisation", deviation > s.pass_sched_deviation, not covered))
-        )
+        checks = (grade == "needs_optimisation", deviation > s.pass_sched_deviation, not covered, w.fault_fatal > 0)
+        fails = dict(zip(FAIL_REASONS, checks))
         passed = not any(fails.values())
         breaker.advance(passed, covered, self.admission_windows, s.readmit_passes)
         breaker.last_window = k
@@ -284,6 +310,8 @@ class HealthAudit:
             "entitlement": ENTITLEMENT[grade],
             "passed": passed,
             "fail_reasons": [reason for reason, failed in fails.items() if failed],
+            "faults_fatal": w.fault_fatal if w.fault_samples else None,  # None: no sample reported faults
+            "faults_warning": w.fault_warning if w.fault_samples else None,
             "windows_skipped": skipped,
             "breaker_state": breaker.state,
         }

@@ -19,6 +19,7 @@ from gpucost.streams.pane_rules import (
 )
 from gpucost.streams.pane_totals import (
     EFFICIENCY_SUMS,
+    FAULT_SUMS,
     PaneColumns,
     PaneRows,
     PaneTotals,
@@ -85,9 +86,10 @@ class PaneBatch(PaneVerdicts):
         trace_rows = per_pane(is_trace.astype(np.int64))
         tensor, dram = rows.tensor_cp[at], rows.dram_cp[at]
         has_tensor, has_dram = is_gpu & (tensor >= 0), is_gpu & (dram >= 0)
+        fatal, warning = rows.fault_fatal[at], rows.fault_warning[at]  # -1: not reported
         sums = dict(
             zip(
-                EFFICIENCY_SUMS,
+                EFFICIENCY_SUMS + FAULT_SUMS,
                 (
                     per_pane(v)
                     for v in (
@@ -96,6 +98,9 @@ class PaneBatch(PaneVerdicts):
                         np.where(has_tensor, interval, 0),
                         np.where(has_dram, dram * interval, 0),
                         np.where(has_dram, interval, 0),
+                        (is_gpu & ((fatal >= 0) | (warning >= 0))).astype(np.int64),
+                        np.where(is_gpu, np.maximum(fatal, 0), 0),
+                        np.where(is_gpu, np.maximum(warning, 0), 0),
                     )
                 ),
             )

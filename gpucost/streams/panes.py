@@ -119,6 +119,10 @@ class GpuPanes(PaneBatch):
         if s.dram_active_pct is not None:
             pane.dram_cp_ms += s.dram_active_cp * s.interval_ms  # type: ignore[operator]
             pane.dram_ms += s.interval_ms
+        if s.fault_fatal is not None or s.fault_warning is not None:  # the faults the producer found new in it
+            pane.fault_samples += 1
+            pane.fault_fatal += s.fault_fatal or 0
+            pane.fault_warning += s.fault_warning or 0
 
     def _process_sample(self, s: ProcessSample, tenant: Tenant) -> None:
         pane = self._pane(s.gpu_uuid, s.ts_ns)
