@@ -19,6 +19,7 @@ from gpucost.kube_flags import add_kubernetes
 from gpucost.producers.attribution import ATTRIBUTION_SOURCES
 from gpucost.producers.simulate import FleetSpec
 from gpucost.schemas.events import SLAS
+from gpucost.slurm_flags import add_slurm
 from gpucost.streams.settings import AuditSettings
 from gpucost.wiring import UsageError
 
@@ -287,6 +288,7 @@ def add_live(p: argparse.ArgumentParser) -> None:
         "bindings given) (env GPUCOST_ATTRIBUTION; default environ)",
     )
     add_kubernetes(p)
+    add_slurm(p)
     p.add_argument(
         "--attribution-sla",
         choices=SLAS,
