@@ -81,15 +81,15 @@ def index_list(text: str) -> list[int]:
     return out
 
 
-def _split_items(detail: str) -> Iterator[str]:
-    """The GRES of a node's detail, split at the commas outside parentheses."""
+def _split_outside(text: str, brackets: str) -> Iterator[str]:
+    """``text`` split at the commas outside ``brackets`` (``()``: a node's GRES; ``[]``: a hostlist's names)."""
     depth, start = 0, 0
-    for i, ch in enumerate(detail):
-        depth += (ch == "(") - (ch == ")")
+    for i, ch in enumerate(text):
+        depth += (ch == brackets[0]) - (ch == brackets[1])
         if ch == "," and depth == 0:
-            yield detail[start:i]
+            yield text[start:i]
             start = i + 1
-    yield detail[start:]
+    yield text[start:]
 
 
 def gres_holds(detail: str) -> tuple[list[GresHold], list[str]]:
@@ -98,7 +98,7 @@ def gres_holds(detail: str) -> tuple[list[GresHold], list[str]]:
     format at all."""
     holds: list[GresHold] = []
     unbillable: list[str] = []
-    for item in _split_items(detail.strip()):
+    for item in _split_outside(detail.strip(), "()"):
         m = _ITEM.fullmatch(item)
         if m is None:
             raise ValueError(f"not a GRES detail: {item!r}")
@@ -134,22 +134,11 @@ def hostnames(hostlist: str) -> list[str]:
     """A Slurm hostlist expanded in its order (``gpu-[005-006],cn1`` → gpu-005, gpu-006, cn1): a range keeps its
     zero padding; several bracket groups in one name expand left to right, the last fastest."""
     out: list[str] = []
-    for name in _host_names(hostlist):
+    for name in _split_outside(hostlist, "[]"):
         parts = re.split(r"\[([^\]]*)\]", name)
         choices = [[p] if i % 2 == 0 else _expand(p) for i, p in enumerate(parts)]
         out += ["".join(c) for c in itertools.product(*choices)]
     return out
-
-
-def _host_names(hostlist: str) -> Iterator[str]:
-    """The comma-separated names of a hostlist, a comma inside brackets not splitting."""
-    depth, start = 0, 0
-    for i, ch in enumerate(hostlist):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            yield hostlist[start:i]
-            start = i + 1
-    yield hostlist[start:]
 
 
 def _expand(ranges: str) -> list[str]:
