@@ -174,7 +174,7 @@ def attributed(
     the source's own counters."""
     events: Iterable[Event] = itertools.chain(before, live.events())
     settings = AttributionSettings(sla=args.attribution_sla)
-    if args.slurm_allocations:  # what Slurm's jobs hold, their tenants by attribution's rule for their processes
+    if getattr(args, "slurm_allocations", False):  # what Slurm's jobs hold, tenants by attribution's rule
         slurm = SlurmSettings(node=args.slurm_node, gpus=args.slurm_gpus)
         events = SlurmAllocations(slurm, settings, live.counts, state_dir()).interleave(events)
     if not args.attribution:

@@ -35,8 +35,8 @@ from gpucost.producers.slurm_jobs import gres_holds, hostnames, index_list, jobs
 from gpucost.schemas.events import Allocation, Event
 from gpucost.schemas.records import AllocationRecord, CostRecord, DeadLetter
 from gpucost.wiring import attributed
+from tests.support.allocations import END, PANE, T0, S, audited, by_party, polled, samples
 from tests.support.split import largest_remainder
-from tests.test_kubernetes_allocations import END, PANE, T0, S, audited, by_party, polled, samples
 
 J = dict[str, Any]  # a job as the stand-in scontrol serves it
 A = [f"GPU-a{n}000000-0000-4000-8000-00000000000{n}" for n in range(4)]  # gpu-01, by a --slurm-gpus file
