@@ -17,6 +17,7 @@ Slurm's ``AutoDetect=nvml`` gives its GPUs (src/plugins/gres/gpu/gres_gpu.c sort
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -92,6 +93,9 @@ def gpu_map(gpus: str, nvml: ModuleType | None = None) -> dict[int, str]:
             found.append((key, uuid.decode() if isinstance(uuid, bytes) else uuid))
     except nv.NVMLError as exc:
         raise ValueError(f"NVML cannot list the GPUs ({exc})") from None
+    finally:
+        with contextlib.suppress(nv.NVMLError):  # never initialised
+            nv.nvmlShutdown()  # NVML counts its inits: the NVML source's own stays open
     return {n: uuid for n, (_, uuid) in enumerate(sorted(found))}
 
 
