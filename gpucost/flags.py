@@ -19,6 +19,7 @@ from gpucost.kube_flags import add_kubernetes
 from gpucost.producers.attribution import ATTRIBUTION_SOURCES
 from gpucost.producers.simulate import FleetSpec
 from gpucost.schemas.events import LABELS_MAX, SLAS, labels_text
+from gpucost.slurm_flags import add_slurm
 from gpucost.streams.settings import AuditSettings
 from gpucost.wiring import UsageError
 
@@ -311,6 +312,7 @@ def add_live(p: argparse.ArgumentParser) -> None:
         "separated by commas: a pod's 'namespace', 'pod', 'container', 'controller', or any pod label or "
         "annotation; any environment variable of the process (SLURM_JOB_PARTITION)",
     )
+    add_slurm(p)
     p.add_argument(
         "--attribution-sla",
         choices=SLAS,

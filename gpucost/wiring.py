@@ -29,6 +29,7 @@ from gpucost.producers.live import LiveSettings, LiveSource, SourceUnavailable, 
 from gpucost.producers.nvml import NvmlSampler
 from gpucost.producers.replay import input_files, read_inputs
 from gpucost.producers.simulate import FleetSpec
+from gpucost.producers.slurm_allocations import SlurmAllocations, SlurmSettings
 from gpucost.schemas.codec import decode_line, explain
 from gpucost.schemas.events import Event, TenantBinding
 from gpucost.schemas.records import OUTPUT_KINDS
@@ -169,11 +170,15 @@ def attributed(
 ) -> Iterator[Event]:
     """``before`` (a reference file's events), then the live source's, each GPU process's first event preceded
     by the binding found for it at the source (``--attribution``; none for a process ``given`` or ``before``
-    binds), counted with the source's own counters."""
+    binds), with the allocations of ``--kube-allocations`` and ``--slurm-allocations`` among them, counted with
+    the source's own counters."""
     events: Iterable[Event] = itertools.chain(before, live.events())
+    settings = AttributionSettings(sla=args.attribution_sla, label_keys=getattr(args, "label_keys", ()))
+    if getattr(args, "slurm_allocations", False):  # what Slurm's jobs hold, tenants by attribution's rule
+        slurm = SlurmSettings(node=args.slurm_node, gpus=args.slurm_gpus)
+        events = SlurmAllocations(slurm, settings, live.counts, state_dir()).interleave(events)
     if not args.attribution:
         return iter(events)
-    settings = AttributionSettings(sla=args.attribution_sla, label_keys=args.label_keys)
     if "kubernetes" in args.attribution and args.kube_allocations:  # beside the bindings, from the same kubelet
         sharing = SharingSettings(replicas=args.kube_replicas, mode=args.kube_sharing)
         allocations = KubernetesAllocations(kubernetes_settings(args), sharing, settings, live.counts, state_dir())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,21 +19,16 @@ from gpucost.cli import build_parser
 from gpucost.producers.attribution import AttributionSettings
 from gpucost.producers.kubernetes import KubernetesSettings
 from gpucost.producers.kubernetes_allocations import KubernetesAllocations, SharingSettings
-from gpucost.schemas.events import Allocation, Event, GpuSample, Price
-from gpucost.schemas.records import AllocationRecord, CostRecord, DeadLetter, Output
-from gpucost.streams.audit import Auditor
-from gpucost.streams.settings import AuditSettings
+from gpucost.schemas.events import Allocation, Event
+from gpucost.schemas.records import AllocationRecord, CostRecord, DeadLetter
 from gpucost.wiring import attributed
 from tests.fake_kubernetes import FakeContainer, FakeNode, FakePod
+from tests.support.allocations import END, PANE, T0, S, audited, by_party, polled, samples
 from tests.support.split import largest_remainder
 
-S = 10**9
-PANE = 60 * S
-T0 = 1_780_000_000 * S - (1_780_000_000 * S) % PANE
 GPU, SHARED = "nvidia.com/gpu", "nvidia.com/gpu.shared"
 TS, MPS, HAMI = (f"GPU-{n}{n}{n}{n}{n}{n}{n}{n}-0000-4000-8000-00000000000{n}" for n in (1, 2, 3))
 MIG3, MIG4 = "MIG-3g-0000-4000-8000-000000000003", "MIG-4g-0000-4000-8000-000000000004"
-END = T0 + 4 * PANE
 
 
 def at(ns: int) -> str:
@@ -47,27 +41,6 @@ def pod(team: str, name: str, device: str, started: int, **container: dict[str, 
     return FakePod(team, name, [FakeContainer("main", {resource: [device]}, **container)], started=at(started))
 
 
-def samples(node: str, gpus: tuple[str, ...], changes: dict[int, Callable[[], None]]) -> Iterator[Event]:
-    """Every 10 s until ``END``, one sample of each GPU; at a time in ``changes``, the node's pods change first."""
-    for t in range(T0, END, 10 * S):
-        if t in changes:
-            changes[t]()
-        for gpu in gpus:
-            yield GpuSample(
-                node_id=node,
-                gpu_uuid=gpu,
-                gpu_model="H100",
-                ts_ns=t,
-                interval_s=10.0,
-                sm_util_pct=40.0,
-                mem_bw_util_pct=20.0,
-                power_w=300,
-                mem_used_bytes=1,
-                mem_total_bytes=2,
-                temp_c=50,
-            )
-
-
 def source(kube: FakeNode, url: str, sharing: SharingSettings, ledger: Path | None = None) -> KubernetesAllocations:
     settings = KubernetesSettings(
         pods_url=url, token_file=kube.token_file, pod_resources=kube.socket, refresh_ns=10 * S
@@ -78,18 +51,6 @@ def source(kube: FakeNode, url: str, sharing: SharingSettings, ledger: Path | No
 def samples_until(node: str, end_ns: int) -> list[Event]:
     """The GPU samples of the shared GPU and the 3g MIG device from ``T0`` to ``end_ns``."""
     return [e for e in samples(node, (TS, MIG3), {}) if e.ts_ns < end_ns]
-
-
-def polled(events: list[Event]) -> list[tuple[int, Allocation]]:
-    """Each allocation with the time of the poll that sent it (the GPU event right after it)."""
-    out, pending = [], []
-    for e in events:
-        if isinstance(e, Allocation):
-            pending.append(e)
-        else:
-            out += [(e.ts_ns, a) for a in pending]
-            pending = []
-    return out
 
 
 def expect(
@@ -180,18 +141,6 @@ def scenario(
         ],
     }
     return events, got, holds, on_a.counts, a.pods
-
-
-def audited(events: list[Event]) -> list[Output]:
-    auditor = Auditor(AuditSettings())
-    price = Price(gpu_model="H100", ts_ns=T0 - 3600 * S, usd_per_gpu_hour="3.1415")
-    return [r for e in [price, *events] for r in auditor.update(e)] + auditor.finish()
-
-
-def by_party(out: list[Output]) -> dict[tuple[str, int, str], int]:
-    return {
-        (r.gpu_uuid, r.pane_start_ns, r.tenant_key): r.cost_micro_usd for r in out if isinstance(r, AllocationRecord)
-    }
 
 
 def test_the_held_out_scenario_bills_each_pane_as_the_definition_splits_it(tmp_path: Path) -> None:

@@ -16,18 +16,12 @@ plugin under time-slicing or MPS), or a HAMi vGPU slot (``<uuid>-<n>``, with ``n
 container's limits). How many replicas a shared GPU has, and whether they are time slices or MPS clients, is in
 the device plugin's config, not in any answer here: ``SharingSettings`` says it.
 
-Why a ledger of the holds sent (``ledger_dir``, the state folder by default): a hold that ends while the producer
-is down is listed neither before nor after the restart, so without a record of what was sent its end would never be
-sent and the allocation basis would bill it on and on. The open holds are written after every poll that changes
-them, per node; a restarted source reads them back and ends, at its first answered poll, those no longer listed.
+Why a ledger of the holds sent: ``gpucost.producers.allocation_ledger``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -37,6 +31,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import ValidationError
 
+from gpucost.producers.allocation_ledger import Holds, polled_among
 from gpucost.producers.attribution import AttributionSettings, tenant_values
 from gpucost.producers.kubernetes import (
     KubernetesSettings,
@@ -47,7 +42,7 @@ from gpucost.producers.kubernetes import (
     pod_tenant,
     pods_from,
 )
-from gpucost.schemas.events import GPU_KEYED, Allocation, Event
+from gpucost.schemas.events import Allocation, Event
 
 __all__ = ["SHARED_MODES", "Held", "KubernetesAllocations", "Share", "SharingSettings", "share"]
 
@@ -134,92 +129,42 @@ class KubernetesAllocations:
         ledger_dir: Path | None = None,
     ) -> None:
         self.settings, self.sharing, self.attribution = settings, sharing, attribution
-        self.counts: Counter[str] = Counter() if counts is None else counts
-        self.ledger_dir = ledger_dir  # None: nothing outlives this source (a restart cannot end a hold gone meanwhile)
-        self._loaded: set[str] = set()  # the nodes whose ledger was read
-        self._open: dict[Held, Allocation] = {}
-        self._refused: set[Held] = set()  # holds counted once as not billable, not counted again at every poll
-        self._polled_at: int | None = None
+        #: the holds sent and not ended, their ledger (None: nothing outlives this source), and the source's counts
+        self.holds: Holds[Held] = Holds(
+            "kube-allocations", "kube_alloc", Held, Counter() if counts is None else counts, ledger_dir
+        )
 
     def interleave(self, events: Iterable[Event]) -> Iterator[Event]:
-        """``events``, with the allocations of a poll ahead of the first GPU event at least ``refresh_ns`` after the
-        last poll (event time: the live source's clock), its node the event's."""
-        for event in events:
-            if isinstance(event, GPU_KEYED) and (
-                self._polled_at is None or event.ts_ns - self._polled_at >= self.settings.refresh_ns
-            ):
-                self._polled_at = event.ts_ns
-                yield from self.poll(event.node_id, event.ts_ns)
-            yield event
+        """``events``, with the allocations of a poll every ``refresh_ns`` of event time among them."""
+        return polled_among(events, self.settings.refresh_ns, self.poll)
+
+    @property
+    def counts(self) -> Counter[str]:
+        return self.holds.counts
+
+    @counts.setter
+    def counts(self, counts: Counter[str]) -> None:
+        self.holds.counts = counts
 
     def poll(self, node_id: str, ts_ns: int) -> list[Allocation]:
         """The holds first listed now, as allocations, then those no longer listed, ended at ``ts_ns``. Where the
         kubelet or the pods' listing does not answer, nothing: no hold is ended for want of an answer."""
-        self._load(node_id)
+        self.holds.load(node_id)
         listed = self._listed()
         if listed is None:
             return []
         devices, pods = listed
         named = {(p.namespace, p.name): p for p in pods.values()}
         held = {Held(ns, pod, c, d) for d, owners in devices.items() for ns, pod, c in owners}
-        out = []
-        for h in sorted(held - self._open.keys() - self._refused):
+
+        def start(h: Held) -> Allocation | None:
             pod = named.get((h.namespace, h.pod))
             if pod is None:
                 self.counts["kube_alloc_pod_unlisted"] += 1  # listed by the kubelet before the API server: next poll
-                continue
-            started = self._started(h, pod, node_id, ts_ns)
-            if started is not None:
-                self._open[h] = started
-                out.append(started)
-        for h in sorted(self._open.keys() - held):
-            start = self._open.pop(h)
-            out.append(start.model_copy(update={"end_ts_ns": max(ts_ns, start.ts_ns + 1)}))
-            self.counts["kube_alloc_ended"] += 1
-        self._refused &= held
-        if out:
-            self._save(node_id)
-        return out
+                return None
+            return self._started(h, pod, node_id, ts_ns)
 
-    def _ledger(self, node_id: str) -> Path | None:
-        if self.ledger_dir is None:
-            return None
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", node_id)[:64] + "-" + hashlib.sha256(node_id.encode()).hexdigest()[:8]
-        return self.ledger_dir / f"kube-allocations.{name}.json"
-
-    def _load(self, node_id: str) -> None:
-        """The node's holds a run before this one sent and did not end, once: they end at the first answered poll
-        that no longer lists them. An unreadable ledger is counted and said, and the source starts without it."""
-        path = self._ledger(node_id)
-        if path is None or node_id in self._loaded:
-            return
-        self._loaded.add(node_id)
-        try:
-            entries = json.loads(path.read_text()) if path.exists() else []
-            loaded = {Held(*e["held"]): Allocation.model_validate_json(json.dumps(e["allocation"])) for e in entries}
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            self.counts["kube_alloc_ledger_unreadable"] += 1
-            log.warning("cannot read the holds sent before (%s: %s); holds ended meanwhile stay open", path, exc)
-            return
-        self._open.update(loaded)
-
-    def _save(self, node_id: str) -> None:
-        """The node's open holds, written whole (a temporary file renamed over the last)."""
-        path = self._ledger(node_id)
-        if path is None:
-            return
-        entries = [{"held": list(h), "allocation": a.to_wire()} for h, a in sorted(self._open.items())]
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(entries))
-            os.replace(tmp, path)
-        except OSError as exc:
-            if not self.counts["kube_alloc_ledger_unwritable"]:
-                log.warning(
-                    "cannot write the holds sent (%s: %s); a restart will not end those gone meanwhile", path, exc
-                )
-            self.counts["kube_alloc_ledger_unwritable"] += 1
+        return self.holds.poll(node_id, ts_ns, held, start)
 
     def _listed(self) -> tuple[dict[str, list[tuple[str, str, str]]], dict[str, Pod]] | None:
         try:
@@ -249,7 +194,7 @@ class KubernetesAllocations:
         found = share(h.device, pod.limits.get(h.container, {}), pod.env.get(h.container, {}), self.sharing)
         if isinstance(found, str):
             self.counts[found] += 1
-            self._refused.add(h)
+            self.holds.refused.add(h)
             return None
         try:
             allocation = Allocation(
@@ -269,7 +214,7 @@ class KubernetesAllocations:
             )
         except ValidationError:  # a label no tenant can hold (':', too long, a reserved team), a start out of range
             self.counts["kube_alloc_invalid"] += 1
-            self._refused.add(h)
+            self.holds.refused.add(h)
             return None
         self.counts[f"kube_alloc_{found.sharing}"] += 1
         return allocation

@@ -1,0 +1,399 @@
+"""Allocation events from Slurm (gpucost/producers/slurm_allocations.py, slurm_jobs.py), against a stand-in
+``scontrol`` first on PATH that answers what Slurm's own source says it prints (SchedMD/slurm):
+
+- ``scontrol show job -d --json``: data_parser v0.0.40 (Slurm 23.11), ``{"jobs": [...]}`` with ``job_id``,
+  ``account``, ``partition``, ``user_name``, ``job_state`` a list (its flags after it), ``start_time`` and
+  ``end_time`` as ``{"set", "infinite", "number"}``, ``nodes`` a hostlist and ``gres_detail`` one string per node of
+  it, in its order (src/plugins/data_parser/v0.0.40/parsers.c, ``JOB_INFO_GRES_DETAIL``);
+- ``scontrol show job -d``: a record per job, blank lines between, a ``Nodes=<hostlist> CPU_IDs=… Mem=… GRES=…``
+  line per group of nodes (src/scontrol/info_job.c), times as the ``SLURM_TIME_FORMAT`` the caller sets says;
+- a GRES detail: ``gpu:a100:3(IDX:0,2-3)`` (``bit_fmt``, src/common/bitstring.c), a shared GRES as one
+  ``allocated/available`` per GPU of the node, ``shard:a100:1(0/4,1/4,0/4,0/4)`` (``_build_shared_gres_details``,
+  src/stepmgr/gres_stepmgr.c); an MPS percentage is count × 100 / the GPU's configured Count (doc/html/gres.shtml).
+
+Two nodes of one cluster, polled as jobs come and go; each event checked field by field, then billed by the
+auditor and checked against the split docs/definitions.md ("Allocation basis") gives, worked out here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpucost.cli import build_parser
+from gpucost.producers.attribution import AttributionSettings
+from gpucost.producers.slurm_allocations import SlurmAllocations, SlurmSettings, gpu_map
+from gpucost.producers.slurm_jobs import gres_holds, hostnames, index_list, jobs_from_json, jobs_from_text
+from gpucost.schemas.events import Allocation, Event
+from gpucost.schemas.records import AllocationRecord, CostRecord, DeadLetter
+from gpucost.wiring import attributed
+from tests.support.allocations import END, PANE, T0, S, audited, by_party, polled, samples
+from tests.support.split import largest_remainder
+
+J = dict[str, Any]  # a job as the stand-in scontrol serves it
+A = [f"GPU-a{n}000000-0000-4000-8000-00000000000{n}" for n in range(4)]  # gpu-01, by a --slurm-gpus file
+B = [f"GPU-b{n}000000-0000-4000-8000-00000000000{n}" for n in range(4)]  # gpu-02, by NVML's order
+SCONTROL = """#!{python}
+import os, sys
+d = os.environ["FAKE_SLURM"]
+with open(os.path.join(d, "calls"), "a") as calls:
+    calls.write(" ".join(sys.argv[1:]) + " SLURM_TIME_FORMAT=" + os.environ.get("SLURM_TIME_FORMAT", "") + "\\n")
+mode = open(os.path.join(d, "mode")).read()
+if mode == "down":
+    sys.exit("slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
+if "--json" in sys.argv and mode == "text":
+    sys.exit("scontrol: unrecognized option '--json'")
+sys.stdout.write(open(os.path.join(d, "jobs.json" if "--json" in sys.argv else "jobs.txt")).read())
+"""
+
+
+def job(jid: int, account: str, part: str, nodes: str, gres: list[str], start: int | None, **kw: Any) -> J:
+    return {"job_id": jid, "account": account, "partition": part, "user_name": "alice", "nodes": nodes,
+            "gres_detail": gres, "start": start, "end": kw.get("end"), "state": kw.get("state", "RUNNING")}  # fmt: skip
+
+
+def as_time(seconds: int | None) -> J:
+    return {"set": seconds is not None, "infinite": False, "number": seconds or 0}
+
+
+def as_json(jobs: list[J]) -> str:
+    """data_parser v0.0.40's ``scontrol show job -d --json``, trimmed to the fields read (and a few not)."""
+    out = [
+        {k: v for k, v in j.items() if k not in ("start", "end", "state")}
+        | {"job_state": [j["state"]], "start_time": as_time(j["start"]), "end_time": as_time(j["end"])}
+        | {"cpus": as_time(8), "qos": "normal", "tres_per_node": "gres/gpu"}
+        for j in jobs
+    ]
+    return json.dumps({"jobs": out, "meta": {"plugin": {"data_parser": "data_parser/v0.0.40"}}, "errors": []})
+
+
+def as_text(jobs: list[J]) -> str:
+    """``scontrol show job -d`` with ``SLURM_TIME_FORMAT=%s``, as src/scontrol/info_job.c lays it out."""
+    records = []
+    for j in jobs:
+        hosts = hostnames(j["nodes"]) if j["nodes"] else []
+        lines = [
+            f"JobId={j['job_id']} JobName=train",
+            "   UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A",
+            f"   Priority=4294901759 Nice=0 Account={j['account']} QOS=normal",
+            f"   JobState={j['state']} Reason=None Dependency=(null)",
+            f"   StartTime={j['start'] or 'Unknown'} EndTime={j['end'] or 'Unknown'} Deadline=N/A",
+            f"   Partition={j['partition']} AllocNode:Sid=login1:4242",
+            f"   NodeList={j['nodes'] or '(null)'}",
+            "   JOB_GRES=gpu:a100:4",
+        ]
+        lines += [f"     Nodes={h} CPU_IDs=0-7 Mem=32768 GRES={g}" for h, g in zip(hosts, j["gres_detail"])]
+        records.append("\n".join([*lines, "   MinCPUsNode=8 MinMemoryNode=32G MinTmpDiskNode=0"]))
+    return "\n\n".join(records) + "\n\n" if records else "No jobs in the system\n"
+
+
+class FakeSlurm:
+    """A cluster's jobs as the stand-in ``scontrol`` serves them; ``mode``: json (Slurm ≥ 21.08), text (older: the
+    JSON form refused), down (slurmctld not answering)."""
+
+    def __init__(self, path: Path, monkeypatch: pytest.MonkeyPatch, jobs: list[J]) -> None:
+        self.path, self.jobs = path, jobs
+        (path / "bin").mkdir(parents=True)
+        scontrol = path / "bin" / "scontrol"
+        scontrol.write_text(SCONTROL.format(python=sys.executable))
+        scontrol.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{path / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        monkeypatch.setenv("FAKE_SLURM", str(path))
+        self.mode("json")
+
+    def mode(self, mode: str) -> None:
+        (self.path / "mode").write_text(mode)
+
+    def change(self, *, drop: tuple[int, ...] = (), add: tuple[J, ...] = (), **update: J) -> None:
+        self.jobs[:] = [j | update.get(f"j{j['job_id']}", {}) for j in self.jobs if j["job_id"] not in drop]
+        self.jobs += add
+
+    def write(self) -> None:
+        (self.path / "jobs.json").write_text(as_json(self.jobs))
+        (self.path / "jobs.txt").write_text(as_text(self.jobs))
+
+    def calls(self) -> list[str]:
+        return (self.path / "calls").read_text().splitlines()
+
+
+def fake_nvml(devices: list[tuple[str, int, bool]]) -> Any:
+    """An NVML of ``(uuid, minor number, MIG enabled)`` in its enumeration (PCI bus id) order."""
+
+    class NVMLError(Exception):
+        pass
+
+    return SimpleNamespace(
+        NVMLError=NVMLError,
+        NVML_DEVICE_MIG_ENABLE=1,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: len(devices),
+        nvmlDeviceGetHandleByIndex=lambda i: devices[i],
+        nvmlDeviceGetUUID=lambda d: d[0].encode(),
+        nvmlDeviceGetMinorNumber=lambda d: d[1],
+        nvmlDeviceGetMigMode=lambda d: (int(d[2]), int(d[2])),
+    )
+
+
+def sources(tmp_path: Path, ledger: Path | None = None) -> tuple[SlurmAllocations, SlurmAllocations]:
+    """gpu-01's source, its GPUs from a file; gpu-02's, from NVML's order (minor numbers reversed: not that)."""
+    mapping = tmp_path / "gpus.txt"
+    mapping.write_text("# index uuid\n" + "".join(f"{i} {u}\n" for i, u in enumerate(A)))
+    nvml = fake_nvml([(u, 3 - i, False) for i, u in enumerate(B)])
+    one = SlurmAllocations(SlurmSettings("gpu-01", str(mapping), refresh_ns=10 * S), AttributionSettings(),
+                           ledger_dir=ledger)  # fmt: skip
+    two = SlurmAllocations(SlurmSettings("gpu-02", refresh_ns=10 * S), AttributionSettings(), one.counts, ledger,
+                           gpus=lambda: gpu_map("nvml", nvml))  # fmt: skip
+    return one, two
+
+
+def cluster() -> list[J]:
+    """gpu-01: four GPUs, gres gpu and shard (4 a GPU); gpu-02: four, gpu and mps (100 a GPU)."""
+    return [
+        job(101, "physics", "a100", "gpu-[01-02]", ["gpu:a100:3(IDX:0,2-3)", "gpu:a100:2(IDX:2-3)"], T0 // S),
+        job(103, "bio", "shared", "gpu-01", ["shard:a100:2(0/4,2/4,0/4,0/4)"], T0 // S),
+        job(114, "ads", "a100", "gpu-[00,02]", ["gpu:a100:4(IDX:0-3)", "gpu:a100:1(IDX:0)"], T0 // S),
+        job(104, "ml", "mps", "gpu-02", ["mps:a100:25(0/100,25/100,0/100,0/100)"], T0 // S),
+        job(112, "nlp", "mps", "gpu-02", ["mps:a100:50(0/100,50/100,0/100,0/100)"], T0 // S),
+        job(105, "ml", "a100", "", [], None, state="PENDING"),
+        job(106, "ml", "a100", "gpu-01", ["gpu:a100:1(IDX:1)"], T0 // S - 900, end=T0 // S - 60, state="COMPLETED"),
+        job(107, "ml", "a100", "gpu-03", ["gpu:a100:4(IDX:0-3)"], T0 // S),
+        job(116, "ml", "a100", "gpu-01", ["gpu:a100:1(IDX:x)"], T0 // S),  # garbled: counted once, never sent
+    ]
+
+
+def expect(jid: int, node: str, gpu: str, sharing: Any, num: int, den: int, start: int, **kw: Any) -> Allocation:
+    """The allocation docs/sources.md says a job's hold is: account → team, partition → app, job id → pipeline."""
+    team, app = {101: ("physics", "a100"), 102: ("chem", "shared"), 103: ("bio", "shared"), 104: ("ml", "mps"),
+                 112: ("nlp", "mps"), 114: ("ads", "a100")}[jid]  # fmt: skip
+    return Allocation(node_id=node, gpu_uuid=gpu, allocation_id=f"slurm/{jid}/{gpu}", ts_ns=start,
+                      end_ts_ns=kw.get("end"), sharing=sharing, fraction_num=num, fraction_den=den, team=team,
+                      env="", app=app, tier="", sla="Bronze", ci_pipeline_id=str(jid), origin="slurm")  # fmt: skip
+
+
+def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str = "json") -> tuple[list[Event], Counter[str]]:
+    """Both nodes sampled every 10 s from T0 as jobs change: job 102 (chem, one shard of A1) started T0+25 s,
+    listed from T0+30 s; it completes at T0+55 s, listed as COMPLETED from T0+60 s; job 103 is purged from the
+    listing at T0+120 s (its end unknown: the poll's time)."""
+    slurm = FakeSlurm(tmp_path / "slurm", monkeypatch, cluster())
+    slurm.mode(mode)
+    chem = job(102, "chem", "shared", "gpu-01", ["shard:a100:1(0/4,1/4,0/4,0/4)"], T0 // S + 25)
+    changes = {
+        T0 + 30 * S: lambda: slurm.change(add=(chem,)),
+        T0 + 60 * S: lambda: slurm.change(j102={"state": "COMPLETED", "end": T0 // S + 55}),
+        T0 + 120 * S: lambda: slurm.change(drop=(103,)),
+    }
+    one, two = sources(tmp_path)
+    slurm.write()
+    events: list[Event] = []
+    every = [*samples("gpu-01", tuple(A), {}), *samples("gpu-02", tuple(B), {})]
+    for t in range(T0, END, 10 * S):  # each node polled, then sampled, every 10 s, after the cluster changes
+        if t in changes:
+            changes[t]()
+            slurm.write()
+        for node, source in (("gpu-01", one), ("gpu-02", two)):
+            events += [*source.poll(node, t), *(e for e in every if e.ts_ns == t and getattr(e, "node_id", "") == node)]
+    assert all(c.endswith("SLURM_TIME_FORMAT=%s") for c in slurm.calls())  # times as seconds, never local time
+    return events, one.counts
+
+
+WANT = [
+    (T0, expect(101, "gpu-01", A[0], "exclusive", 1, 1, T0)),
+    (T0, expect(101, "gpu-01", A[2], "exclusive", 1, 1, T0)),
+    (T0, expect(101, "gpu-01", A[3], "exclusive", 1, 1, T0)),
+    (T0, expect(103, "gpu-01", A[1], "time_slicing", 2, 4, T0)),
+    (T0 + 30 * S, expect(102, "gpu-01", A[1], "time_slicing", 1, 4, T0 + 25 * S)),
+    (T0 + 60 * S, expect(102, "gpu-01", A[1], "time_slicing", 1, 4, T0 + 25 * S, end=T0 + 55 * S)),
+    (T0 + 120 * S, expect(103, "gpu-01", A[1], "time_slicing", 2, 4, T0, end=T0 + 120 * S)),
+    (T0, expect(101, "gpu-02", B[2], "exclusive", 1, 1, T0)),
+    (T0, expect(101, "gpu-02", B[3], "exclusive", 1, 1, T0)),
+    (T0, expect(114, "gpu-02", B[0], "exclusive", 1, 1, T0)),
+    (T0, expect(104, "gpu-02", B[1], "mps", 25, 100, T0)),
+    (T0, expect(112, "gpu-02", B[1], "mps", 50, 100, T0)),
+]
+
+
+@pytest.mark.parametrize("mode", ["json", "text"])
+def test_each_hold_is_sent_once_and_ended_once_field_by_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """The JSON form (Slurm ≥ 21.08) and the text form (older: the JSON refused) give the very same events."""
+    events, counts = scenario(tmp_path, monkeypatch, mode)
+    assert sorted(polled(events), key=repr) == sorted(WANT, key=repr)
+    assert counts["slurm_alloc_gres_invalid"] == 1  # job 116, once, not once a poll
+    assert counts["slurm_alloc_ended"] == 2 and counts["slurm_alloc_exclusive"] == 6
+
+
+def test_the_scenario_bills_each_pane_as_the_definition_splits_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events, _ = scenario(tmp_path, monkeypatch)
+    out = audited(events)
+    assert not [r for r in out if isinstance(r, DeadLetter)]
+    cost = {(r.gpu_uuid, r.pane_start_ns): r.pane_cost_micro_usd for r in out if isinstance(r, CostRecord)}
+    holds: dict[str, list[tuple[str, Fraction, int, int]]] = {}
+    for _, a in WANT:  # each hold's (tenant key, fraction, start, end), its end from its second event
+        spans = holds.setdefault(a.gpu_uuid, [])
+        key = f"{a.team}::{a.app}::Bronze::{a.ci_pipeline_id}"
+        spans[:] = [s for s in spans if s[0] != key]
+        spans.append((key, Fraction(a.fraction_num, a.fraction_den), a.ts_ns, a.end_ts_ns or END))
+    want: dict[tuple[str, int, str], int] = {}
+    for (gpu, start), c in cost.items():
+        covered = {k: f * max(0, min(start + PANE, e) - max(start, b)) for k, f, b, e in holds.get(gpu, [])}
+        parties = sorted(k for k, w in covered.items() if w)
+        held = sum((covered[k] for k in parties), Fraction(0))
+        split = largest_remainder(c, [max(Fraction(PANE), held) - held, *(covered[k] for k in parties)])
+        want |= dict(zip([(gpu, start, p) for p in ["unallocated", *parties]], split))
+    assert by_party(out) == want
+    # one pane by hand: A1's first, bio's half from T0 and chem's quarter over 30 of its 60 s (T0+25 to T0+55)
+    first = {r.tenant_key: r.allocated_fraction for r in out if isinstance(r, AllocationRecord)
+             and (r.gpu_uuid, r.pane_start_ns) == (A[1], T0)}  # fmt: skip
+    assert first == pytest.approx({"bio::shared::Bronze::103": 0.5, "chem::shared::Bronze::102": 0.125,
+                                   "unallocated": 0.375})  # fmt: skip
+
+
+def test_a_restarted_source_ends_from_its_ledger_the_holds_gone_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger of holds sent (per node, in the state folder): a restart sends no start again for a job still
+    running, and ends those gone while it was down, at the job's end time where Slurm still lists it, else at the
+    first answered poll; without the ledger, a start sent again is the auditor's ``duplicate``."""
+    slurm = FakeSlurm(tmp_path / "slurm", monkeypatch, cluster())
+    slurm.write()
+    ledger = tmp_path / "state"
+    sent = sources(tmp_path, ledger)[0].poll("gpu-01", T0)
+    assert sorted(a.allocation_id for a in sent) == sorted(f"slurm/{j}/{A[i]}" for j, i in
+                                                           ((101, 0), (101, 2), (101, 3), (103, 1)))  # fmt: skip
+    slurm.change(drop=(103,), j101={"state": "COMPLETED", "end": T0 // S + 40})  # while no source runs
+    slurm.write()
+    after = sources(tmp_path, ledger)[0].poll("gpu-01", T0 + 90 * S)
+    ends = {a.allocation_id: a.end_ts_ns for a in after}
+    assert ends == {f"slurm/101/{A[i]}": T0 + 40 * S for i in (0, 2, 3)} | {f"slurm/103/{A[1]}": T0 + 90 * S}
+    assert all(a == next(s for s in sent if s.allocation_id == a.allocation_id).model_copy(
+        update={"end_ts_ns": a.end_ts_ns}) for a in after)  # fmt: skip
+    out = audited([*sent, *(e for e in samples("gpu-01", tuple(A), {}) if e.ts_ns < T0 + 90 * S), *after])
+    assert not [r for r in out if isinstance(r, DeadLetter)]
+    again = sources(tmp_path, None)[0].poll("gpu-01", T0 + 100 * S)  # no ledger: nothing ends, 102 is not there
+    assert again == []
+    slurm.change(j101={"state": "RUNNING", "end": None})
+    slurm.write()
+    resent = sources(tmp_path, None)[0].poll("gpu-01", T0 + 100 * S)
+    assert [r.reason for r in audited([*sent, *resent]) if isinstance(r, DeadLetter)] == ["duplicate"] * 3
+
+
+def test_no_answer_or_a_garbled_one_is_counted_and_ends_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slurm = FakeSlurm(tmp_path / "slurm", monkeypatch, cluster())
+    slurm.write()
+    one, _ = sources(tmp_path)
+    assert len(one.poll("gpu-01", T0)) == 4
+    slurm.mode("down")
+    assert one.poll("gpu-01", T0 + 10 * S) == [] and one.poll("gpu-01", T0 + 20 * S) == []
+    assert one.counts["slurm_unavailable"] == 2
+    slurm.mode("json")
+    (slurm.path / "jobs.json").write_text('{"jobs": [{"job_id": "not a number"}]}')
+    (slurm.path / "jobs.txt").write_text("JobId=12 Account=x\n\nsegmentation fault\n")
+    assert one.poll("gpu-01", T0 + 30 * S) == []
+    assert one.counts["slurm_output_invalid"] == 1
+    slurm.change(j101={"gres_detail": ["gpu:a100:3(IDX:0,2-3", "x"]})  # one job's detail cut short
+    slurm.write()
+    assert one.poll("gpu-01", T0 + 40 * S) == []  # its holds kept, not ended; the other job's unchanged
+    assert one.counts["slurm_alloc_gres_invalid"] == 2  # 116's and 101's
+    slurm.change(drop=(101,))
+    slurm.write()
+    assert {a.allocation_id for a in one.poll("gpu-01", T0 + 50 * S)} == {f"slurm/101/{A[i]}" for i in (0, 2, 3)}
+    lost = SlurmAllocations(SlurmSettings("gpu-01", str(tmp_path / "none.txt")), AttributionSettings())
+    assert lost.poll("gpu-01", T0) == [] and lost.counts["slurm_gpus_unknown"] == 1
+
+
+def test_slurm_s_formats_are_read_exactly() -> None:
+    assert index_list("0") == [0] and index_list("0-1") == [0, 1] and index_list("0,2-3,7") == [0, 2, 3, 7]
+    for bad in ("", "1-0", "2,1", "0,,1", "0-", "a", "١"):
+        with pytest.raises(ValueError):
+            index_list(bad)
+    holds, unbillable = gres_holds("gpu:a100:2(IDX:0,2),shard:1(0/8,1/8),mps:h100:200(200/1300),nic:1(CNT:1)")
+    assert [(h.index, h.gres, h.type, h.num, h.den) for h in holds] == [
+        (0, "gpu", "a100", 1, 1), (2, "gpu", "a100", 1, 1), (1, "shard", None, 1, 8), (0, "mps", "h100", 200, 1300),
+    ]  # fmt: skip
+    assert unbillable == []
+    assert gres_holds("gpu:1g.10gb:1(IDX:4),gpu(CNT:2),mps:50(IDX:0)") == (
+        [gres_holds("gpu:1g.10gb:1(IDX:4)")[0][0]],
+        ["slurm_alloc_gres_without_index", "slurm_alloc_shared_without_counts"],
+    )
+    for bad in ("gpu:2(IDX:0-1", "shard:1(5/4)", "shard:1(1:4)", "gpu:2(0-1)"):
+        with pytest.raises(ValueError):
+            gres_holds(bad)
+    assert hostnames("gpu-[005-006,9],cn1,r[1-2]n[01-02]") == [
+        "gpu-005", "gpu-006", "gpu-9", "cn1", "r1n01", "r1n02", "r2n01", "r2n02",
+    ]  # fmt: skip
+    # data_parser v0.0.38 (Slurm 23.02): times as plain seconds, the state a string
+    old = {"job_id": 7, "account": "", "partition": "p", "user_name": "bob", "job_state": "RUNNING",
+           "start_time": 1780000000, "end_time": 1780003600, "nodes": "cn[1-2]", "gres_detail": ["gpu:1(IDX:0)",
+           "gpu:1(IDX:3)"]}  # fmt: skip
+    (seven,) = jobs_from_json(json.dumps({"jobs": [old]}), "cn2")
+    assert (seven.gres, seven.start_s, seven.end_s, seven.holding, seven.user) == ("gpu:1(IDX:3)", 1780000000,
+                                                                                   1780003600, True, "bob")  # fmt: skip
+    # the text form groups the nodes whose detail is the same into one line (src/scontrol/info_job.c)
+    text = ("JobId=8 JobName=x\n   UserId=bob(1) GroupId=bob(1)\n   Account=(null) QOS=normal\n"
+            "   JobState=COMPLETING Reason=None\n   StartTime=2026-12-05T01:00:00 EndTime=Unknown Deadline=N/A\n"
+            "   Partition=p AllocNode:Sid=l:1\n     Nodes=cn[1-3] CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)\n")  # fmt: skip
+    (eight,) = jobs_from_text(text, "cn2")
+    assert (eight.gres, eight.account, eight.holding, eight.end_s) == ("gpu:2(IDX:0-1)", "", False, None)
+
+
+def test_the_gpu_order_is_nvml_s_or_the_minor_numbers_or_a_file_and_mig_needs_a_file(tmp_path: Path) -> None:
+    nvml = fake_nvml([("GPU-x", 1, False), ("GPU-y", 0, False)])
+    assert gpu_map("nvml", nvml) == {0: "GPU-x", 1: "GPU-y"}
+    assert gpu_map("minor", nvml) == {0: "GPU-y", 1: "GPU-x"}
+    with pytest.raises(ValueError, match="MIG"):
+        gpu_map("nvml", fake_nvml([("GPU-x", 0, True)]))
+    path = tmp_path / "gpus"
+    path.write_text("0 GPU-x\n1 MIG-y  # a MIG device, by hand\n")
+    assert gpu_map(str(path)) == {0: "GPU-x", 1: "MIG-y"}
+    for bad in ("0 GPU-x\n0 GPU-y\n", "zero GPU-x\n", "0\n"):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match="index"):
+            gpu_map(str(path))
+
+
+def test_a_mig_device_named_by_the_file_is_held_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm = FakeSlurm(
+        tmp_path / "slurm", monkeypatch, [job(9, "ml", "mig", "gpu-01", ["gpu:3g.40gb:1(IDX:1)"], T0 // S - 5)]
+    )
+    slurm.write()
+    (tmp_path / "gpus").write_text("0 MIG-aaaa\n1 MIG-bbbb\n")
+    source = SlurmAllocations(SlurmSettings("gpu-01", str(tmp_path / "gpus")), AttributionSettings())
+    (hold,) = source.poll("gpu-01", T0)
+    assert (hold.gpu_uuid, hold.sharing, hold.fraction_num, hold.ts_ns) == ("MIG-bbbb", "mig", 1, T0 - 5 * S)
+
+
+def test_the_produce_wiring_sends_slurm_s_allocations_beside_the_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    FakeSlurm(tmp_path / "slurm", monkeypatch, cluster()).write()
+    (tmp_path / "gpus").write_text("".join(f"{i} {u}\n" for i, u in enumerate(A)))
+    live = SimpleNamespace(events=lambda: samples("gpu-01", tuple(A), {}), counts=Counter())
+    flags = f"produce --source nvml --attribution none --slurm-node gpu-01 --slurm-gpus {tmp_path / 'gpus'}".split()
+    off = list(attributed(build_parser().parse_args(flags), live))
+    on = list(attributed(build_parser().parse_args([*flags, "--slurm-allocations", "on"]), live))
+    assert not [e for e in off if isinstance(e, Allocation)]
+    assert sorted(a.allocation_id for a in on if isinstance(a, Allocation)) == sorted(
+        a.allocation_id for t, a in WANT if t == T0 and a.node_id == "gpu-01"
+    )
+    assert [e for e in on if not isinstance(e, Allocation)] == off
+    monkeypatch.setenv("GPUCOST_SLURM_ALLOCATIONS", "on")
+    monkeypatch.setenv("GPUCOST_SLURM_GPUS", "minor")
+    args = build_parser().parse_args(["produce", "--source", "nvml"])
+    assert (args.slurm_allocations, args.slurm_gpus) == (True, "minor")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["produce", "--source", "nvml", "--slurm-allocations", "yes"])
