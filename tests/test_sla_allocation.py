@@ -20,13 +20,21 @@ from gpucost.schemas.records import Output, QuotaRecord, ReclaimRecord, trigger_
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.reference import sla
-from tests.support.sla_fleet import NS, P_S, T0, TENANTS, fleet
+from tests.support.sla_fleet import NS, P_S, T0, TENANTS
+from tests.support.sla_fleet import fleet as scripted
 
 S = AuditSettings()  # the default configuration: revisions on, a 6 h horizon
 P = P_S * NS
 BUSY, IDLE = 40.0, 1.0  # 1 %: idle for Gold (< 5 %) and Silver (< 10 %)
 #: what each path left of the SLA operator, by path name
 STATES: dict[str, Any] = {}
+#: every fleet's panes: a GPU of its own (``GP``, busy) makes each GPU report this many, so that the batch path's
+#: halves close enough panes at once (``batch.FEW_CLOSES``) to take the SLA operator's batch entry
+PANES = 24
+
+
+def fleet(scripts: dict[str, dict[int, list[float | None]]]) -> list[Event]:
+    return scripted({**scripts, "GP": {1: [BUSY] * PANES}})
 
 
 def hold(gpu: str, pid: int, start: int, end: int | None = None, name: str = "pod") -> list[Allocation]:
@@ -105,10 +113,17 @@ def published(out: list[Output]) -> tuple[dict[tuple, tuple], dict[tuple, tuple]
     return q, t
 
 
+def in_order(out: list[Output]) -> list[tuple[str, dict[str, Any]]]:
+    """The SLA records as published, in order (a price compared as a number: the batch path's has Arrow's scale)."""
+    return [(type(r).__name__, r.model_dump()) for r in out if isinstance(r, (QuotaRecord, ReclaimRecord))]
+
+
 def both_paths(events: list[Event]) -> tuple[dict[tuple, tuple], dict[tuple, tuple]]:
     """The records of both paths, each held to the reference, and the states they leave held to each other."""
     want = sla(events, S)
-    rows, batches = published(by_rows(events)), published(by_batches(events))
+    rows_out, batches_out = by_rows(events), by_batches(events)
+    assert in_order(rows_out) == in_order(batches_out), "the paths published in different orders"
+    rows, batches = published(rows_out), published(batches_out)
     assert rows == want
     assert batches == want
     assert STATES["rows"] == STATES["batches"], "the paths left different runs"
@@ -131,7 +146,7 @@ def test_a_held_gpu_with_no_process_triggers_after_its_tiers_duration() -> None:
 
 
 def test_a_held_gpu_kept_busy_does_not_trigger() -> None:
-    events = with_holds(fleet({"G0": {2: [BUSY] * 6}}), hold("G0", 2, T0))
+    events = with_holds(fleet({"G0": {2: [BUSY] * PANES}}), hold("G0", 2, T0))
     quotas, reclaims = both_paths(events)
     assert reclaims == {}
     assert {q[2:4] for k, q in quotas.items() if k[2] == key(2)} == {(40.0, 0)}
@@ -141,7 +156,7 @@ def test_a_tenant_holding_and_bound_is_one_candidate() -> None:
     # the Silver tenant holds the GPU and runs on it, idle: one quota record a pane, one trigger, held
     events = with_holds(fleet({"G0": {2: [IDLE] * 5}}), hold("G0", 2, T0))
     quotas, reclaims = both_paths(events)
-    assert sorted(k for k in quotas if k[2] == key(2)) == [("G0", T0 + p * P, key(2)) for p in range(5)]
+    assert sorted(k for k in quotas if k[2] == key(2)) == [("G0", T0 + p * P, key(2)) for p in range(PANES)]
     assert len(reclaims) == 1 and reclaims[("G0", key(2), T0)][-1] is True
     assert quotas[("G0", T0, key(2))][2] == 1.0  # its processes' utilisation, not 0
 
