@@ -64,6 +64,7 @@ def action_of(record: ReclaimRecord) -> dict[str, Any]:
         "idle_run_ms": record.idle_run_ms,
         "deadline_ns": record.deadline_ns,
         "usd_per_gpu_hour": None if record.usd_per_gpu_hour is None else str(record.usd_per_gpu_hour),
+        "held": record.held,  # the tenant held the GPU (an allocation) in the trigger pane: reserved idle
     }
 
 

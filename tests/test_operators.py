@@ -19,11 +19,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucost.schemas.events import TENANT_FIELDS, Allocation
+from gpucost.streams.allocations import AllocationSplit
 from gpucost.streams.audit import Auditor
 from gpucost.streams.idle_index import IdleIndex
 from gpucost.streams.operator import Closing, ClosingMany, PaneOperator
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals, TenantTotals
 from gpucost.streams.settings import AuditSettings
+from gpucost.streams.sla import SlaOperator
 from gpucost.streams.tables import Tenant
 
 SETTINGS = AuditSettings(pane_s=600, health_window_h=1, admission_h=1)
@@ -186,6 +188,11 @@ def test_snapshot_then_restore_then_the_rest_gives_the_uninterrupted_run(generat
     idle_before = IdleIndex(SETTINGS)
     first = by_rows(before, panes[:cut], prices[:cut], idle_before)
     restored = [type(op).from_state(state, SETTINGS) for op, state in zip(before, states(before), strict=True)]
+    # wired as ``AuditState.from_state`` wires them: the SLA operator reads the restored allocation split's holds
+    [holds] = [op.table for op in restored if isinstance(op, AllocationSplit)]
+    for op in restored:
+        if isinstance(op, SlaOperator):
+            op.allocations = holds
     idle_after = IdleIndex.from_state(json.loads(json.dumps(idle_before.to_state())), SETTINGS)
     rest = by_rows(restored, panes[cut:], prices[cut:], idle_after)
     assert [a + b for a, b in zip(first, rest, strict=True)] == expected

@@ -155,6 +155,10 @@ FIELD_DOCS: dict[str, tuple[str | None, str]] = {
     "run_start_ns": (NS, "start of the idle run"),
     "trigger_ns": (NS, "end of the pane where the idle run reached the tier's duration"),
     "deadline_ns": (NS, "run_start_ns + the tier's max_idle_s"),
+    "held": (
+        None,
+        "whether the tenant held an allocation on the GPU in the trigger pane (reserved idle); null: written before",
+    ),
     "flops": ("flops", "Σ flops_64b of the pane's blas traces (rounded once to a float)"),
     "efu": ("fraction", "effective FLOPs utilisation (null: no source)"),
     "efu_source": (None, "what efu comes from: flops or tensor_active"),

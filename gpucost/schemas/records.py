@@ -224,7 +224,9 @@ class QuotaRecord(_Record):
 class ReclaimRecord(_Record):
     """A tenant idle on a GPU for its tier's duration: the GPU may be reclaimed by ``deadline_ns``.
     ``trigger_id`` (a hash of GPU, tenant key and run start) names the trigger for whoever acts on it,
-    so that acting twice on one trigger can be refused."""
+    so that acting twice on one trigger can be refused. ``held``: whether the tenant held an allocation on the
+    GPU in the trigger pane (a scheduler's hold: reserved idle, what a reclaim frees; false: it was judged on its
+    processes alone); None only in a record written before the field."""
 
     trigger_id: str
     gpu_uuid: str
@@ -241,6 +243,7 @@ class ReclaimRecord(_Record):
     idle_run_ms: Int64
     deadline_ns: Int64
     usd_per_gpu_hour: Decimal | None
+    held: bool | None = None  # last, and None by default: a reclaim message or file written before it still reads
 
 
 GRADES = ("excellent", "good", "needs_optimisation", "idle")

@@ -38,14 +38,15 @@ class AuditState:
         self.panes = GpuPanes(settings)
         self.idle = IdleIndex(settings)
         self.cost = CostSplit(settings)
-        self.sla = SlaOperator(settings)
+        self.allocations = AllocationSplit(settings)
+        # reads the allocation split's holds (a held GPU idle is a reclaim candidate), never writes them
+        self.sla = SlaOperator(settings, self.allocations.table)
         self.health = HealthAudit(settings, audit_key)
         self.efficiency = Efficiency(settings)
         self.mae = Mae(settings)
         self.revisions = Revisions(settings)
         self.bindings = BindingTable()
         self.prices = PriceTable()
-        self.allocations = AllocationSplit(settings)
         self.counts: Counter[str] = Counter()
         #: called with every pane as it closes and again each time a revision changes it, whichever path
         #: closed it (``close``, ``close_many``, ``_republish``): the one hook for a reader of closed panes (the
@@ -64,6 +65,7 @@ class AuditState:
         nxt = type(self)(self.settings, self.clock, self.audit_key)
         nxt.revisions = self.revisions  # what a late event, or the same input again, is checked against
         nxt.bindings, nxt.prices, nxt.allocations = self.bindings, self.prices, self.allocations
+        nxt.sla.allocations = nxt.allocations.table  # the holds it reads are the ones handed on
         nxt.mae.resume_after(self.mae)
         nxt.panes.resume_after(self.panes)
         nxt.health.resume_after(self.health)
@@ -105,8 +107,11 @@ class AuditState:
         """The auditor ``to_state`` wrote, under ``settings`` (arguments in the order every operator's
         ``from_state`` takes them)."""
         auditor = cls(settings, clock, audit_key)
+        if "allocations" in state:  # a state written before the allocation basis has no holds
+            auditor.allocations = AllocationSplit.from_state(state["allocations"], settings)
+        auditor.sla.allocations = auditor.allocations.table
         if "sla" in state:  # a state written before the SLA tiers starts its runs afresh
-            auditor.sla = SlaOperator.from_state(state["sla"], settings)
+            auditor.sla = SlaOperator.from_state(state["sla"], settings, auditor.allocations.table)
         if "health" in state:  # a state written before the health audit starts its GPUs afresh
             auditor.health = HealthAudit.from_state(state["health"], settings, audit_key)
         auditor.panes = GpuPanes.from_state(state["panes"], settings)
@@ -116,7 +121,5 @@ class AuditState:
         if "revisions" in state:  # a state written before revisions (or with none) keeps nothing to revise
             auditor.revisions = Revisions.from_state(state["revisions"], settings)
         auditor.prices = PriceTable.from_state(state["prices"], settings)
-        if "allocations" in state:  # a state written before the allocation basis has no holds
-            auditor.allocations = AllocationSplit.from_state(state["allocations"], settings)
         auditor.counts = Counter(state["counts"])
         return auditor

@@ -1,8 +1,11 @@
 """SLA tiers in action: per GPU and tenant, idle runs, reclaim triggers and the quota scale.
 
 docs/definitions.md, "SLA tiers". The operator sees each closed pane that has GPU samples, each GPU's in
-ascending order. A tenant (with a tier: its binding's ``sla`` in the tier table) is idle in a
-pane when its process samples' ``Σ sm_util_cp · interval_ms`` over the pane's ``covered_ms`` is
+ascending order. Its candidates in a pane are the tenants with process samples there and, on a device with
+holds, the tenants holding an allocation that covers part of the pane (``gpucost.streams.sla_holds``: read from
+the allocation basis's table, as it stands when the pane closes), with process samples or not; one candidate per
+tenant key. A candidate (with a tier: its ``sla`` in the tier table) is idle in a
+pane when its process samples' ``Σ sm_util_cp · interval_ms`` (0 without any) over the pane's ``covered_ms`` is
 below its tier's threshold (compared as integers: ``Σ < threshold_cp · covered_ms``; a threshold of
 0 means "is 0"). An idle run is the tenant's consecutive panes of the GPU, each idle; a pane of the
 GPU without the tenant, with it busy, or a pane index skipped (no GPU sample there) ends it. The
@@ -28,9 +31,11 @@ from gpucost.schemas.arrow import ARROW_SCHEMAS
 from gpucost.schemas.blocks import Emitted
 from gpucost.schemas.exact import ratios
 from gpucost.schemas.records import Output, QuotaRecord, ReclaimRecord, computed, trigger_id
+from gpucost.streams.allocations import AllocationTable
 from gpucost.streams.operator import Closing, ClosingMany
-from gpucost.streams.pane_totals import PaneColumns
+from gpucost.streams.pane_totals import PaneColumns, TenantTotals
 from gpucost.streams.settings import AuditSettings, SlaTier
+from gpucost.streams.sla_holds import held_by, held_in
 from gpucost.streams.tables import Tenant
 
 __all__ = ["SlaOperator", "quota_scale"]
@@ -63,9 +68,14 @@ class _Run:
 
 
 class SlaOperator:
-    """Row entry ``on_close`` (one closed pane), batch entry ``close_many`` (a block), over one state."""
+    """Row entry ``on_close`` (one closed pane), batch entry ``close_many`` (a block), over one state.
 
-    def __init__(self, settings: AuditSettings) -> None:
+    ``allocations``: the holds it reads, read-only (the auditor's ``AllocationSplit.table``, wired by
+    ``AuditState``; None: no holds, only tenants with process samples are judged). Not its state: the table is
+    the allocation split's, snapshotted there."""
+
+    def __init__(self, settings: AuditSettings, allocations: AllocationTable | None = None) -> None:
+        self.allocations = allocations
         self.tiers = settings.sla_tiers
         self.pane_ns = settings.pane_ns
         self.pane_ms = self.pane_ns // 1_000_000
@@ -87,8 +97,14 @@ class SlaOperator:
         runs: dict[str, _Run] = {}
         quotas: list[Output] = []
         triggers: list[Output] = []
-        for key, t in sorted(pane.tenants.items()):
-            tier = self.tiers.get(t.tenant.sla or "") if t.samples else None
+        held = held_by(self.allocations, pane.gpu_uuid, pane.pane_start_ns, pane.pane_end_ns)
+        for key in sorted(pane.tenants.keys() | held.keys()):
+            t = pane.tenants.get(key)
+            if t is None or not t.samples:  # held, with no process sample here: its processes' sm, if any
+                if key not in held:
+                    continue
+                t = TenantTotals(held[key], 0 if t is None else t.sm)
+            tier = self.tiers.get(t.tenant.sla or "")
             if tier is None:
                 continue
             idle_run_ms = 0
@@ -102,7 +118,9 @@ class SlaOperator:
                 runs[key] = run
                 idle_run_ms = run.panes * self.pane_ms
                 if idle_run_ms >= tier.duration_s * 1000 > idle_run_ms - self.pane_ms:
-                    triggers.append(self._trigger(pane, t.tenant, key, run.start_ns, idle_run_ms, tier, price))
+                    triggers.append(
+                        self._trigger(pane, t.tenant, key, run.start_ns, idle_run_ms, tier, price, key in held)
+                    )
             quotas.append(
                 computed(
                     QuotaRecord,
@@ -125,7 +143,15 @@ class SlaOperator:
         self._runs.pop(gpu_uuid, None)
 
     def _trigger(
-        self, pane: Any, tenant: Tenant, key: str, start_ns: int, idle_run_ms: int, tier: SlaTier, price: Decimal | None
+        self,
+        pane: Any,
+        tenant: Tenant,
+        key: str,
+        start_ns: int,
+        idle_run_ms: int,
+        tier: SlaTier,
+        price: Decimal | None,
+        held: bool,
     ) -> ReclaimRecord:
         return computed(
             ReclaimRecord,
@@ -144,6 +170,7 @@ class SlaOperator:
             idle_run_ms=idle_run_ms,
             deadline_ns=start_ns + tier.max_idle_s * 1_000_000_000,
             usd_per_gpu_hour=price,
+            held=held,
         )
 
     # --- the batch entry -------------------------------------------------------------------------
@@ -154,20 +181,15 @@ class SlaOperator:
 
         The runs are found with numpy: the tenant rows sorted by (GPU, tenant key, pane); a row continues
         the run of the row before it when both are idle, of one (GPU, tenant), and a pane apart; the first
-        row of a (GPU, tenant) continues the run the state holds when that run ended in the pane before."""
+        row of a (GPU, tenant) continues the run the state holds when that run ended in the pane before. The
+        tenants holding a pane's device with no process sample there join as rows of their own (``_candidates``)."""
         panes, prices = closing.panes, closing.prices
-        codes, who = panes.distinct_tenants  # each tier's figures are taken per distinct tenant
-        tier_of = [self.tiers.get(t.sla or "") for t in who]
-        tiered = np.array([tier is not None for tier in tier_of], bool)
-        rows = np.flatnonzero(tiered[codes] & (panes.t_samples > 0)) if len(codes) else np.zeros(0, np.int64)
-        pane = panes.t_pane[rows]
+        pane, key, sm, code, held, who, tier_of = self._candidates(panes)
         gpu_of, gpu_names = panes.gpus
         gpu = gpu_of[pane]  # grouped by codes, not by sorting strings
-        key = panes.t_key[rows]
         key_of = pa.array(key, pa.string()).dictionary_encode().indices.to_numpy()
         k = panes.pane_start_ns[pane] // self.pane_ns
-        sm, covered = panes.t_sm[rows], panes.covered_ms[pane]
-        code = codes[rows]
+        covered = panes.covered_ms[pane]
         figures = [
             (t.threshold_cp, t.duration_s * 1000, float(t.quota_base)) if t is not None else (0, 0, 0.0)
             for t in tier_of
@@ -251,11 +273,58 @@ class SlaOperator:
                         int(idle_run_ms[j]),
                         tier,
                         prices[p],
+                        bool(held[r]),
                     ),
                 )
             )
         triggers.sort(key=lambda t: (t[0], t[1].tenant_key))  # type: ignore[union-attr]  # triggers only
         return Emitted("quota", table, np.bincount(pane, minlength=len(panes)), tagged=triggers)
+
+    def _candidates(
+        self, panes: PaneColumns
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[Tenant], list[SlaTier | None]]:
+        """The candidates of ``panes`` with a tier, in the row entry's order (by pane, then tenant key): each one's
+        pane, tenant key, ``sm`` (Python integers), tenant code (into the tenants and their tiers, also returned)
+        and whether it held the device there. The tenant rows with process samples, then, on devices with holds,
+        the holders with none (their fields the hold's, their ``sm`` their row's if they have one)."""
+        codes, who = panes.distinct_tenants  # each tier's figures are taken per distinct tenant
+        tier_of = [self.tiers.get(t.sla or "") for t in who]
+        tiered = np.array([tier is not None for tier in tier_of], bool)
+        rows = np.flatnonzero(tiered[codes] & (panes.t_samples > 0)) if len(codes) else np.zeros(0, np.int64)
+        pane, key, sm, code = panes.t_pane[rows], panes.t_key[rows], panes.t_sm[rows], codes[rows]
+        holders = held_in(self.allocations, panes)
+        if not holders:
+            return pane, key, sm, code, np.zeros(len(rows), bool), who, tier_of
+        who, tier_of = list(who), list(tier_of)  # the cached distinct tenants stay as they are
+        index = {t: c for c, t in enumerate(who)}
+        held_rows: list[int] = []
+        extra: list[tuple[int, str, Any, int]] = []
+        for (j, name), tenant in holders.items():
+            lo, hi = np.searchsorted(panes.t_pane, [j, j + 1]).tolist()
+            names = panes.t_key[lo:hi].tolist()
+            r = lo + names.index(name) if name in names else None
+            if r is not None and panes.t_samples[r] > 0:
+                held_rows.append(r)  # a candidate already, if it has a tier
+                continue
+            tier = self.tiers.get(tenant.sla or "")
+            if tier is None:
+                continue
+            if tenant not in index:
+                index[tenant] = len(who)
+                who.append(tenant)
+                tier_of.append(tier)
+            extra.append((j, name, 0 if r is None else panes.t_sm[r], index[tenant]))
+        held = np.isin(rows, held_rows)
+        if extra:
+            pane = np.concatenate([pane, np.array([e[0] for e in extra], np.int64)])
+            key = np.concatenate([key, np.fromiter((e[1] for e in extra), object)])
+            sm = np.concatenate([sm, np.fromiter((e[2] for e in extra), object)])
+            code = np.concatenate([code, np.array([e[3] for e in extra], np.int64)])
+            held = np.concatenate([held, np.ones(len(extra), bool)])
+            _, rank = np.unique(key, return_inverse=True)  # keys are text: ranked as Python sorts them
+            order = np.lexsort((rank, pane))
+            pane, key, sm, code, held = pane[order], key[order], sm[order], code[order], held[order]
+        return pane, key, sm, code, held, who, tier_of
 
     # --- state -----------------------------------------------------------------------------------
 
@@ -263,8 +332,10 @@ class SlaOperator:
         return {g: {key: list(astuple(run)) for key, run in runs.items()} for g, runs in self._runs.items()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> SlaOperator:
-        op = cls(settings)
+    def from_state(
+        cls, state: dict[str, Any], settings: AuditSettings, allocations: AllocationTable | None = None
+    ) -> SlaOperator:
+        op = cls(settings, allocations)
         op._runs = {g: {key: _Run(*run) for key, run in runs.items()} for g, runs in state.items()}
         return op
 
