@@ -200,6 +200,7 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
                 fraction_den=den,
                 team=t[0],
                 env=t[1],
+                sla=t[4],  # a tier: a held-only tenant is an SLA candidate (docs/definitions.md, "SLA tiers")
                 labels=t[7],
             )
             body.append(hold)
