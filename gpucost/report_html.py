@@ -65,6 +65,13 @@ def _stacked(rows: list[tuple[Any, ...]]) -> go.Figure:
     return fig
 
 
+def _grouped(rows: list[tuple[Any, ...]]) -> go.Figure:
+    """Rows ``(x, series, y)`` as bars side by side, one colour per series."""
+    fig = _stacked(rows)
+    fig.update_layout(barmode="group")
+    return fig
+
+
 def _line(rows: list[tuple[Any, ...]]) -> go.Figure:
     return go.Figure([go.Scatter(x=[r[0] for r in rows], y=[r[1] for r in rows], mode="lines", name="idle share")])
 
@@ -125,6 +132,20 @@ PLOTS = (
         "hour (UTC)",
         "cost (USD)",
         "no cost records",
+    ),
+    Plot(
+        "held-against-used",
+        "Held against used by team, on the GPUs with allocations (USD)",
+        "Per team, what it held (the allocation basis: its holds' share of each pane's cost) beside what it used "
+        "(the usage basis, over the same panes): held and not used is reserved idle, what a reclaim saves.",
+        "SELECT team, what, usd FROM (SELECT team, 'held' AS what, sum(cost_micro_usd) / 1e6 AS usd "
+        "FROM allocation {where} GROUP BY ALL UNION ALL SELECT team, 'used', sum(cost_micro_usd) / 1e6 "
+        "FROM (SELECT * FROM cost {where}) SEMI JOIN (SELECT DISTINCT gpu_uuid, pane_start_ns FROM allocation) "
+        "USING (gpu_uuid, pane_start_ns) GROUP BY ALL) ORDER BY team, what",
+        _grouped,
+        "team",
+        "cost (USD)",
+        "no allocation records (no GPU with allocations)",
     ),
     Plot(
         "idle-share",

@@ -47,7 +47,7 @@ def test_the_page_is_self_contained(page: tuple[Path, Path]) -> None:
     fetches = _Fetches()
     fetches.feed(text)
     assert fetches.urls == []  # scripts and data inline: nothing fetched at view time
-    assert text.count('class="plotly-graph-div"') == 9
+    assert text.count('class="plotly-graph-div"') == 10
 
 
 def test_replay_leaves_the_report_beside_its_output(page: tuple[Path, Path]) -> None:
@@ -75,6 +75,14 @@ def test_every_plot_renders_what_duckdb_counts(page: tuple[Path, Path], browser)
     ).fetchall()
     assert [t["x"] for t in plots["cost-by-team"]["traces"]] == [n for _, n in teams]
     assert plots["cost-by-team"]["marks"] == sum(n for _, n in teams)
+    # held against used: a bar per team that held (unallocated among them), and per team that used those panes
+    held = one("SELECT count(DISTINCT team) FROM allocation")
+    used = one(
+        "SELECT count(DISTINCT team) FROM cost SEMI JOIN (SELECT DISTINCT gpu_uuid, pane_start_ns FROM allocation) "
+        "USING (gpu_uuid, pane_start_ns)"
+    )
+    assert held > 1 and sorted(t["x"] for t in plots["held-against-used"]["traces"]) == sorted([held, used])
+    assert plots["held-against-used"]["marks"] == held + used
     hours = one("SELECT count(DISTINCT pane_start_ns // 3600000000000) FROM cost")
     assert [t["x"] for t in plots["idle-share"]["traces"]] == [hours] and hours >= 30
     # the heatmap: a row per GPU, a column per day, drawn

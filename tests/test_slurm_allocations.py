@@ -29,11 +29,12 @@ from typing import Any
 import pytest
 
 from gpucost.cli import build_parser
-from gpucost.producers.attribution import AttributionSettings
+from gpucost.producers.attribution import AttributionSettings, ProcessEnvironment
 from gpucost.producers.slurm_allocations import SlurmAllocations, SlurmSettings, gpu_map
 from gpucost.producers.slurm_jobs import gres_holds, hostnames, index_list, jobs_from_json, jobs_from_text
 from gpucost.schemas.events import Allocation, Event
 from gpucost.schemas.records import AllocationRecord, CostRecord, DeadLetter
+from gpucost.streams.tables import Tenant
 from gpucost.wiring import attributed
 from tests.support.allocations import END, PANE, T0, S, audited, by_party, polled, samples
 from tests.support.split import largest_remainder
@@ -397,3 +398,37 @@ def test_the_produce_wiring_sends_slurm_s_allocations_beside_the_samples(
     assert (args.slurm_allocations, args.slurm_gpus) == (True, "minor")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["produce", "--source", "nvml", "--slurm-allocations", "yes"])
+
+
+def test_a_job_s_holds_carry_the_labels_its_processes_bindings_carry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--label-keys`` naming Slurm's job variables: a hold's labels are what the job's process environment gives
+    its bindings (docs/sources.md, "Labels as dimensions"), so both bases name one tenant; a key Slurm's listing
+    does not give (the QOS) is no label of either."""
+    slurm = FakeSlurm(tmp_path / "slurm", monkeypatch, cluster())
+    slurm.write()
+    keys = ("SLURM_JOB_PARTITION", "SLURM_JOB_USER", "SLURM_JOB_QOS")
+    mapping = tmp_path / "gpus.txt"
+    mapping.write_text("".join(f"{i} {u}\n" for i, u in enumerate(A)))
+    settings = AttributionSettings(proc=tmp_path / "proc", label_keys=keys)
+    source = SlurmAllocations(SlurmSettings("gpu-01", str(mapping), refresh_ns=10 * S), settings)
+    holds = [e for e in source.poll("gpu-01", T0) if isinstance(e, Allocation)]
+    assert {a.allocation_id.split("/")[1] for a in holds} == {"101", "103"}
+    for a in holds:
+        jid = int(a.allocation_id.split("/")[1])
+        j = next(j for j in cluster() if j["job_id"] == jid)
+        environ = {  # as slurmd sets them in the job's processes (the QOS is in the job's environment only)
+            "SLURM_JOB_ACCOUNT": j["account"],
+            "SLURM_JOB_PARTITION": j["partition"],
+            "SLURM_JOB_ID": str(jid),
+            "SLURM_JOB_USER": j["user_name"],
+        }
+        proc = tmp_path / "proc" / str(jid)
+        proc.mkdir(parents=True, exist_ok=True)
+        (proc / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
+        (proc / "stat").write_text(f"{jid} (python3) S " + " ".join(["0"] * 18) + f" {1000 + jid} 0 0\n")
+        binding = ProcessEnvironment(settings).binding("gpu-01", jid, T0, a.gpu_uuid)
+        assert binding is not None
+        assert json.loads(a.labels or "{}") == {"SLURM_JOB_PARTITION": j["partition"], "SLURM_JOB_USER": "alice"}
+        assert Tenant.of(a).key == Tenant.of(binding).key
