@@ -172,6 +172,10 @@ def test_a_devices_list_tells_two_entries_of_one_resource_apart(tmp_path: Path) 
         "on-c": (C, "time_slicing", 1, 5),
     }
     assert not counts["kube_sharing_config_ambiguous"]
+    # a list of UUIDs that does not name the GPU is not its entry; one by index may be, and is the only one left
+    mixed = DEVICES_LISTED.replace(f'["{B}", "{C}"]', "[1, 2]")
+    got, counts = polled(tmp_path, pods[1:], config(tmp_path, mixed, "mixed.yaml"))
+    assert got == {"on-b": (B, "time_slicing", 1, 5), "on-c": (C, "time_slicing", 1, 5)}
 
 
 def test_devices_by_index_cannot_tell_entries_apart_so_the_flags_say_and_it_is_counted(tmp_path: Path) -> None:
