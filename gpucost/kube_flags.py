@@ -120,3 +120,14 @@ def add_kubernetes(p: argparse.ArgumentParser) -> None:
         "with --kube-allocations on: what the device plugin's replicas are, time_slicing or mps (its config's "
         "sharing section)",
     )
+    env_flag(
+        g,
+        "--kube-sharing-config",
+        "GPUCOST_KUBE_SHARING_CONFIG",
+        Path,
+        None,
+        "with --kube-allocations on: the NVIDIA device plugin's config file (its ConfigMap, mounted), YAML or "
+        "JSON; each shared GPU gets the mode and replicas of its resource's entry there, and --kube-replicas, "
+        "--kube-sharing where the file does not say or cannot be read (docs/sources.md, \"The device plugin's "
+        'config")',
+    )

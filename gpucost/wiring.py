@@ -180,7 +180,7 @@ def attributed(
     if not args.attribution:
         return iter(events)
     if "kubernetes" in args.attribution and args.kube_allocations:  # beside the bindings, from the same kubelet
-        sharing = SharingSettings(replicas=args.kube_replicas, mode=args.kube_sharing)
+        sharing = SharingSettings(replicas=args.kube_replicas, mode=args.kube_sharing, config=args.kube_sharing_config)
         allocations = KubernetesAllocations(kubernetes_settings(args), sharing, settings, live.counts, state_dir())
         events = allocations.interleave(events)
     sources: list[BindingSource] = []

@@ -271,9 +271,12 @@ def pod_resources_api() -> ModuleType:
     return module
 
 
-def list_pod_devices(settings: KubernetesSettings) -> dict[str, list[tuple[str, str, str]]]:
+def list_pod_devices(
+    settings: KubernetesSettings, resources: dict[str, str] | None = None
+) -> dict[str, list[tuple[str, str, str]]]:
     """Each GPU device id the kubelet allocated, and the (namespace, pod, container) it went to (more
-    than one where a GPU is shared by time-slicing); a ``grpc.RpcError`` where the kubelet cannot answer."""
+    than one where a GPU is shared by time-slicing); a ``grpc.RpcError`` where the kubelet cannot answer.
+    ``resources``, where given, is refilled with each device id's resource name (``nvidia.com/gpu.shared``)."""
     import grpc
 
     api = pod_resources_api()
@@ -286,12 +289,15 @@ def list_pod_devices(settings: KubernetesSettings) -> dict[str, list[tuple[str, 
         )
         response = call(api.ListPodResourcesRequest(), timeout=settings.timeout_s)
     owners: dict[str, list[tuple[str, str, str]]] = {}
+    named = {} if resources is None else resources
+    named.clear()
     for pod in response.pod_resources:
         for container in pod.containers:
             for devices in container.devices:
                 if devices.resource_name.startswith(settings.gpu_resources):
                     for device in devices.device_ids:
                         owners.setdefault(device, []).append((pod.namespace, pod.name, container.name))
+                        named[device] = devices.resource_name
     return owners
 
 

@@ -14,7 +14,9 @@ What the kubelet says and what it does not (docs/sources.md, "Allocations from t
 GPU's UUID (``GPU-…``), a MIG device's (``MIG-…``), a shared GPU's replica (``<uuid>::<n>``, NVIDIA's device
 plugin under time-slicing or MPS), or a HAMi vGPU slot (``<uuid>-<n>``, with ``nvidia.com/gpucores`` in the
 container's limits). How many replicas a shared GPU has, and whether they are time slices or MPS clients, is in
-the device plugin's config, not in any answer here: ``SharingSettings`` says it.
+the device plugin's config, not in any answer here: ``SharingSettings`` says it, from that config's file where
+``--kube-sharing-config`` names it (``gpucost.producers.device_plugin_config``), by the resource name the kubelet
+lists each device under, else from ``--kube-replicas`` and ``--kube-sharing``.
 
 Why a ledger of the holds sent: ``gpucost.producers.allocation_ledger``.
 """
@@ -25,7 +27,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -33,6 +35,7 @@ from pydantic import ValidationError
 
 from gpucost.producers.allocation_ledger import Holds, polled_among
 from gpucost.producers.attribution import AttributionSettings, tenant_values
+from gpucost.producers.device_plugin_config import SharingConfigFile
 from gpucost.producers.kubernetes import (
     KubernetesSettings,
     Pod,
@@ -60,12 +63,29 @@ MPS_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 @dataclass(frozen=True)
 class SharingSettings:
-    """What the node's device plugin config says of its shared GPUs and the kubelet does not
-    (``--kube-replicas``, ``--kube-sharing``)."""
+    """What the node's device plugin config says of its shared GPUs and the kubelet does not: its file's
+    (``--kube-sharing-config``) where it says, else the flags' (``--kube-replicas``, ``--kube-sharing``)."""
 
     #: the config's ``sharing.timeSlicing`` (or ``sharing.mps``) ``replicas``; None: a replica is not sent
     replicas: int | None = None
     mode: str = "time_slicing"  # which of SHARED_MODES the config's ``sharing`` section is
+    #: the device plugin's config file; None: the two above for every shared GPU
+    config: Path | None = None
+    _file: dict[Path, SharingConfigFile] = field(default_factory=dict, compare=False, repr=False)
+
+    def replicated(self, resource: str, gpu: str, counts: Counter[str]) -> tuple[str, int | None]:
+        """The mode and replicas of ``gpu`` (a GPU's or MIG device's UUID) shared as ``resource``: the config
+        file's entry for that resource (its name or rename) and GPU, else the flags' (docs/sources.md)."""
+        if self.config is None:
+            return self.mode, self.replicas
+        table = self._file.setdefault(self.config, SharingConfigFile(self.config)).table(counts)
+        if table is None:  # unreadable, or not the plugin's schema: counted and logged as it was read
+            return self.mode, self.replicas
+        found = table.lookup(resource, gpu)
+        if isinstance(found, str):  # the file does not say, or says two things: the flags', counted
+            counts[found] += 1
+            return self.mode, self.replicas
+        return found.mode, found.replicas
 
 
 class Held(NamedTuple):
@@ -91,9 +111,17 @@ def _percent(text: str | None) -> int | None:
     return int(text) if text is not None and text.isascii() and text.isdigit() and 1 <= int(text) <= 100 else None
 
 
-def share(device: str, limits: Mapping[str, str], env: Mapping[str, str], sharing: SharingSettings) -> Share | str:
-    """What ``device`` (an id as pod-resources lists it) is of, given its container's limits and environment;
-    or the reason it cannot be billed (a ``kube_alloc_*`` count)."""
+def share(
+    device: str,
+    limits: Mapping[str, str],
+    env: Mapping[str, str],
+    sharing: SharingSettings,
+    resource: str = "",
+    counts: Counter[str] | None = None,
+) -> Share | str:
+    """What ``device`` (an id as pod-resources lists it, under ``resource``) is of, given its container's limits
+    and environment; or the reason it cannot be billed (a ``kube_alloc_*`` count). ``counts`` gets the config
+    file's (``kube_sharing_config_*``)."""
     if HAMI_CORES in limits:  # HAMi's slots are placeholders for a GPU: its cores limit is the share
         cores = _percent(limits[HAMI_CORES])
         if cores is None:
@@ -109,9 +137,8 @@ def share(device: str, limits: Mapping[str, str], env: Mapping[str, str], sharin
     if MPS_PERCENTAGE in env:  # the pod spec caps its MPS client: that is its share
         percent = _percent(env[MPS_PERCENTAGE])
         return "kube_alloc_mps_percentage_invalid" if percent is None else Share(gpu, "mps", percent, 100)
-    if sharing.replicas is None:
-        return "kube_alloc_replicas_unset"
-    return Share(gpu, sharing.mode, 1, sharing.replicas)
+    mode, replicas = sharing.replicated(resource, gpu, Counter() if counts is None else counts)
+    return "kube_alloc_replicas_unset" if replicas is None else Share(gpu, mode, 1, replicas)
 
 
 class KubernetesAllocations:
@@ -133,6 +160,7 @@ class KubernetesAllocations:
         self.holds: Holds[Held] = Holds(
             "kube-allocations", "kube_alloc", Held, Counter() if counts is None else counts, ledger_dir
         )
+        self.resources: dict[str, str] = {}  # each device id's resource name, as the last poll listed it
 
     def interleave(self, events: Iterable[Event]) -> Iterator[Event]:
         """``events``, with the allocations of a poll every ``refresh_ns`` of event time among them."""
@@ -168,7 +196,7 @@ class KubernetesAllocations:
 
     def _listed(self) -> tuple[dict[str, list[tuple[str, str, str]]], dict[str, Pod]] | None:
         try:
-            devices = list_pod_devices(self.settings)
+            devices = list_pod_devices(self.settings, self.resources)
         except Exception as exc:  # grpc.RpcError, or grpc itself missing: counted, said once
             self._unavailable("kube_pod_resources_unavailable", exc, "the pod-resources socket (--kube-pod-resources)")
             return None
@@ -191,7 +219,8 @@ class KubernetesAllocations:
 
     def _started(self, h: Held, pod: Pod, node_id: str, ts_ns: int) -> Allocation | None:
         """The allocation ``h`` begins, or None, counted with its reason, for one that cannot be billed."""
-        found = share(h.device, pod.limits.get(h.container, {}), pod.env.get(h.container, {}), self.sharing)
+        limits, env = pod.limits.get(h.container, {}), pod.env.get(h.container, {})
+        found = share(h.device, limits, env, self.sharing, self.resources.get(h.device, ""), self.counts)
         if isinstance(found, str):
             self.counts[found] += 1
             self.holds.refused.add(h)
