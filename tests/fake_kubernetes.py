@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlparse
 import grpc
 from grpc_tools import protoc
 
-from gpucost.producers.kubernetes import pod_resources_api
+from gpucost.producers.pod_resources import pod_resources_api
 
 #: the kubelet's own messages carry more than gpucost declares (exclusive CPUs, memory, NUMA topology): the
 #: fake kubelet answers with them, field numbers as in k8s.io/kubelet/pkg/apis/podresources/v1, so that a

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpucost.producers.kubernetes import cgroup_pod, list_pod_devices, list_pods, pods_from
+from gpucost.producers.kubernetes import cgroup_pod, list_pods, pods_from
+from gpucost.producers.pod_resources import list_pod_devices
 from tests.support.kubernetes_node import pod_node, settings_for
 
 _hex = st.text("0123456789abcdef", min_size=64, max_size=64)

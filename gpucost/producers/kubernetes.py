@@ -20,24 +20,21 @@ server away, a pod not yet listed), ``LATER`` asks ``Attribution`` to look again
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import importlib.util
 import json
 import logging
 import os
 import re
 import ssl
-import tempfile
 import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from gpucost.producers.attribution import LATER, AttributionSettings, Later, first_set, labels_of, tenant_binding
+from gpucost.producers.pod_resources import list_pod_devices
 from gpucost.schemas.events import TenantBinding
 
 __all__ = [
@@ -46,10 +43,8 @@ __all__ = [
     "LABELS",
     "Pod",
     "cgroup_pod",
-    "pod_resources_api",
     "pods_from",
     "list_pods",
-    "list_pod_devices",
     "pod_labels",
     "pod_tenant",
 ]
@@ -248,57 +243,6 @@ def list_pods(settings: KubernetesSettings) -> object:
         context = ssl.create_default_context(cafile=str(settings.ca_file) if settings.ca_file.exists() else None)
     with urllib.request.urlopen(request, timeout=settings.timeout_s, context=context) as response:
         return json.load(response)
-
-
-@functools.cache
-def pod_resources_api() -> ModuleType:
-    """The messages of ``podresources.proto``, compiled on first use (grpcio-tools), so the one
-    declaration serves the client here and the tests' server."""
-    try:
-        from grpc_tools import protoc
-    except ImportError as exc:
-        raise ImportError(
-            "the kubelet's pod-resources API needs grpcio and grpcio-tools: pip install 'gpucost[kubernetes]'"
-        ) from exc
-    proto = Path(__file__).with_name("podresources.proto")
-    with tempfile.TemporaryDirectory() as out:
-        if protoc.main(["protoc", f"-I{proto.parent}", f"--python_out={out}", proto.name]) != 0:
-            raise ImportError(f"cannot compile {proto} (a damaged installation: reinstall gpucost)")
-        spec = importlib.util.spec_from_file_location("gpucost_podresources_pb2", Path(out) / "podresources_pb2.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
-
-
-def list_pod_devices(
-    settings: KubernetesSettings, resources: dict[str, str] | None = None
-) -> dict[str, list[tuple[str, str, str]]]:
-    """Each GPU device id the kubelet allocated, and the (namespace, pod, container) it went to (more
-    than one where a GPU is shared by time-slicing); a ``grpc.RpcError`` where the kubelet cannot answer.
-    ``resources``, where given, is refilled with each device id's resource name (``nvidia.com/gpu.shared``)."""
-    import grpc
-
-    api = pod_resources_api()
-    service = api.DESCRIPTOR.services_by_name["PodResourcesLister"]
-    with grpc.insecure_channel(f"unix://{settings.pod_resources}") as channel:
-        call = channel.unary_unary(
-            f"/{service.full_name}/List",
-            request_serializer=api.ListPodResourcesRequest.SerializeToString,
-            response_deserializer=api.ListPodResourcesResponse.FromString,
-        )
-        response = call(api.ListPodResourcesRequest(), timeout=settings.timeout_s)
-    owners: dict[str, list[tuple[str, str, str]]] = {}
-    named = {} if resources is None else resources
-    named.clear()
-    for pod in response.pod_resources:
-        for container in pod.containers:
-            for devices in container.devices:
-                if devices.resource_name.startswith(settings.gpu_resources):
-                    for device in devices.device_ids:
-                        owners.setdefault(device, []).append((pod.namespace, pod.name, container.name))
-                        named[device] = devices.resource_name
-    return owners
 
 
 class KubernetesPods:

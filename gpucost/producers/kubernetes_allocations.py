@@ -39,12 +39,12 @@ from gpucost.producers.device_plugin_config import SharingConfigFile
 from gpucost.producers.kubernetes import (
     KubernetesSettings,
     Pod,
-    list_pod_devices,
     list_pods,
     pod_labels,
     pod_tenant,
     pods_from,
 )
+from gpucost.producers.pod_resources import list_pod_devices
 from gpucost.schemas.events import Allocation, Event
 
 __all__ = ["SHARED_MODES", "Held", "KubernetesAllocations", "Share", "SharingSettings", "share"]
