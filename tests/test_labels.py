@@ -56,9 +56,11 @@ _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,127}")
 
 def _allowed(labels: dict[str, str]) -> bool:
     """The documented bounds, written out: at most 16; keys by the pattern; values ≤ 256 characters, no control
-    character (Unicode's Cc: U+0000–U+001F, U+007F–U+009F)."""
+    character (Unicode's Cc: U+0000–U+001F, U+007F–U+009F) and no lone surrogate (U+D800–U+DFFF: no UTF-8 has it)."""
     return len(labels) <= 16 and all(
-        _KEY.fullmatch(k) and len(v) <= 256 and not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in v)
+        _KEY.fullmatch(k)
+        and len(v) <= 256
+        and not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF for c in v)
         for k, v in labels.items()
     )
 
@@ -72,7 +74,12 @@ _GOOD_VALUE = st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size
         st.dictionaries(_GOOD_KEY, _GOOD_VALUE, max_size=20),  # mostly taken: order, canonical text, the count
         st.dictionaries(
             st.one_of(_GOOD_KEY, st.from_regex(_KEY, fullmatch=True), st.text(max_size=3)),
-            st.one_of(_GOOD_VALUE, st.text(max_size=8), st.text(min_size=250, max_size=260)),
+            st.one_of(
+                _GOOD_VALUE,
+                st.text(max_size=8),
+                st.text(min_size=250, max_size=260),
+                st.sampled_from(["\ud800", "ok\udfff", "\udc00\ud800"]),  # lone surrogates (JSON's \u escapes)
+            ),
             max_size=4,
         ),
     )

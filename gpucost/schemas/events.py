@@ -316,11 +316,11 @@ def labels_text(value: Any) -> str | None:
         if (
             not isinstance(text, str)
             or len(text) > LABEL_VALUE_MAX
-            or any(unicodedata.category(c) == "Cc" for c in text)
+            or any(unicodedata.category(c) in ("Cc", "Cs") for c in text)
         ):
             raise ValueError(
                 f"label {key!r}: its value must be a string of at most {LABEL_VALUE_MAX} characters, "
-                "without control characters"
+                "without control characters or unpaired surrogates (text that is not UTF-8)"
             )
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if value else None
 
