@@ -355,7 +355,8 @@ def sla(events: list[Event], s: AuditSettings) -> tuple[dict[tuple, tuple], dict
     start, tenant key) and the reclaim triggers by (GPU, tenant key, run start).
 
     A pane with GPU samples is judged; its candidates are the tenants with process samples there (the binding as
-    of each sample) and the tenants whose allocations cover part of it (a hold's fields; one per key). A hold is
+    of each sample) and the tenants whose allocations cover all of it (a hold's fields; one per key), unless some
+    tenant with usage there holds nothing on the device. A hold is
     taken as final: the callers send each hold and its end before the panes it covers close (the operator reads
     the holds as they stand at a pane's close, and revises no SLA record)."""
     kept = [ev for ev, verdict in zip(events, verdicts(events, s)) if verdict is None]
@@ -397,10 +398,23 @@ def sla(events: list[Event], s: AuditSettings) -> tuple[dict[tuple, tuple], dict
         candidates: dict[str, tuple[tuple, int, bool]] = {}  # key → (tenant, Σ sm, held)
         for t, sm in use[(gpu, start)].items():
             candidates[key(t)] = (t, sm, False)
+        spans: dict[str, list[tuple[int, int]]] = defaultdict(list)  # each holder's holds, clipped to the pane
+        fields: dict[str, tuple] = {}
         for (g, _), (h_start, h_end, t) in holds.items():
             if g == gpu and h_start < start + P and (h_end is None or h_end > start):
-                had = candidates.get(key(t))
-                candidates[key(t)] = (t, 0, True) if had is None else (had[0], had[1], True)
+                spans[key(t)].append((max(h_start, start), start + P if h_end is None else min(h_end, start + P)))
+                fields.setdefault(key(t), t)
+        # usage under a key that holds nothing here may be a holder's: then none is judged on its holds alone
+        unheld_busy = any(sm > 0 and key(t) not in spans for t, sm in use[(gpu, start)].items())
+        for k, parts in spans.items():
+            covered_to = start  # the instant up to which its holds cover the pane, without a gap
+            for a, b in sorted(parts):
+                covered_to = max(covered_to, b) if a <= covered_to else covered_to
+            had = candidates.get(k)
+            if had is not None:
+                candidates[k] = (had[0], had[1], True)
+            elif covered_to >= start + P and not unheld_busy:
+                candidates[k] = (fields[k], 0, True)
         for k in sorted(candidates):
             t, sm, held = candidates[k]
             tier = s.sla_tiers.get(t[4] or "")

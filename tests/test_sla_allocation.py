@@ -136,8 +136,9 @@ def key(pid: int) -> str:
 
 
 def test_a_held_gpu_with_no_process_triggers_after_its_tiers_duration() -> None:
-    # the Gold tenant (pid 1) runs busy; the Silver tenant (pid 2) holds the GPU and runs nothing on it
-    events = with_holds(fleet({"G0": {1: [BUSY] * 6}}), hold("G0", 2, T0))
+    # a time-sliced GPU: the Gold tenant (pid 1) holds it and runs busy; the Silver tenant (pid 2) holds it and runs
+    # nothing on it
+    events = with_holds(fleet({"G0": {1: [BUSY] * PANES}}), [*hold("G0", 2, T0), *hold("G0", 1, T0, name="busy")])
     quotas, reclaims = both_paths(events)
     assert list(reclaims) == [("G0", key(2), T0)]
     fired = reclaims[("G0", key(2), T0)]
@@ -161,37 +162,64 @@ def test_a_tenant_holding_and_bound_is_one_candidate() -> None:
     assert quotas[("G0", T0, key(2))][2] == 1.0  # its processes' utilisation, not 0
 
 
+def test_usage_under_a_key_that_holds_nothing_keeps_the_holders_from_being_judged_on_their_holds() -> None:
+    """The Silver tenant holds the GPU and runs nothing; the GPU is busy with a process whose binding names another
+    tenant that holds nothing there (a job whose processes set other fields than its hold's, or unattributed work):
+    that usage could be the holder's own, so no reclaim; once the busy tenant holds the GPU too, the holder is
+    judged and triggers."""
+    for busy_pid in (1, 99):  # a bound tenant without a hold; a process with no binding (unattributed)
+        events = with_holds(fleet({"G0": {busy_pid: [BUSY] * PANES}}), hold("G0", 2, T0))
+        quotas, reclaims = both_paths(events)
+        assert reclaims == {} and not [k for k in quotas if k[2] == key(2)], busy_pid
+    events = with_holds(fleet({"G0": {1: [BUSY] * PANES}}), [*hold("G0", 2, T0), *hold("G0", 1, T0, name="busy")])
+    assert list(both_paths(events)[1]) == [("G0", key(2), T0)]
+
+
 def test_a_trigger_without_a_hold_says_so() -> None:
     quotas, reclaims = both_paths(fleet({"G0": {2: [IDLE] * 4}}))
     assert reclaims[("G0", key(2), T0)][-1] is False
 
 
 def test_a_hold_that_ends_mid_run_ends_the_run() -> None:
-    # held through the first half of pane 1, not in pane 2, held again from pane 3 on: the run starts again at 3
-    events = fleet({"G0": {1: [BUSY] * 8}})
-    events = with_holds(events, hold("G0", 2, T0, T0 + P + 30 * NS, "first"))
+    # held through pane 0 and the first half of pane 1, not in pane 2, held again from pane 3 on: a pane held in
+    # part is not judged, so the run of pane 0 ends there, and starts again at 3
+    events = fleet({"G0": {1: [BUSY] * PANES}})
+    events = with_holds(events, [*hold("G0", 2, T0, T0 + P + 30 * NS, "first"), *hold("G0", 1, T0, name="busy")])
     events = with_holds(events, hold("G0", 2, T0 + 3 * P, None, "second"), at_pane=3)
     quotas, reclaims = both_paths(events)
-    assert ("G0", T0 + 2 * P, key(2)) not in quotas
-    assert quotas[("G0", T0 + P, key(2))][3] == 120_000  # covered in part: judged
+    assert ("G0", T0 + 2 * P, key(2)) not in quotas and ("G0", T0 + P, key(2)) not in quotas  # held in part: not
+    assert quotas[("G0", T0, key(2))][3] == 60_000
     assert list(reclaims) == [("G0", key(2), T0 + 3 * P)]
     assert reclaims[("G0", key(2), T0 + 3 * P)][7] == T0 + 6 * P
 
 
+def test_holds_covering_a_pane_end_to_end_count_as_whole_and_a_gap_between_them_does_not() -> None:
+    # the Silver tenant's pod replaced in pane 1: back to back, its run goes on; 10 s apart, pane 1 is not judged
+    for gap_s, judged in ((0, True), (10, False)):
+        events = fleet({"G0": {1: [BUSY] * PANES}})
+        first = hold("G0", 2, T0, T0 + P + 20 * NS, "old")
+        events = with_holds(events, [*first, *hold("G0", 2, T0 + P + (20 + gap_s) * NS, None, "new")])
+        events = with_holds(events, hold("G0", 1, T0, name="busy"))
+        quotas, reclaims = both_paths(events)
+        assert (("G0", T0 + P, key(2)) in quotas) is judged, gap_s
+        assert list(reclaims) == [("G0", key(2), T0 if judged else T0 + 2 * P)], gap_s
+
+
 def test_a_hold_ended_before_its_pane_closes_is_read_as_ended() -> None:
     # the end sent mid-stream, in the pane it falls in (still open): Bronze (0 %, 60 s) triggers in pane 0 only
-    events = fleet({"G0": {1: [BUSY] * 4}})
-    events = with_holds(events, hold("G0", 3, T0))
+    events = fleet({"G0": {1: [BUSY] * PANES}})
+    events = with_holds(events, [*hold("G0", 3, T0), *hold("G0", 1, T0, name="busy")])
     end = hold("G0", 3, T0, T0 + 2 * P + NS)[1]
     events = with_holds(events, [end], at_pane=2)
     quotas, reclaims = both_paths(events)
     assert list(reclaims) == [("G0", key(3), T0)]
-    assert [k[1] for k in quotas if k[2] == key(3)] == [T0, T0 + P, T0 + 2 * P]
+    assert [k[1] for k in quotas if k[2] == key(3)] == [T0, T0 + P]  # pane 2 held for 1 ns of it: not judged
 
 
 def test_snapshot_mid_run_then_the_rest_gives_the_uninterrupted_run() -> None:
     events = with_holds(
-        fleet({"G0": {2: [BUSY] * 16}, "G1": {1: [IDLE] * 16}}), [*hold("G0", 1, T0), *hold("G1", 1, T0)]
+        fleet({"G0": {2: [BUSY] * PANES}, "G1": {1: [IDLE] * 16}}),
+        [*hold("G0", 1, T0), *hold("G0", 2, T0, name="busy"), *hold("G1", 1, T0)],
     )
     straight = by_rows(events)
     for cut in (len(events) // 3, len(events) // 2):

@@ -35,7 +35,7 @@ from gpucost.streams.allocations import AllocationTable
 from gpucost.streams.operator import Closing, ClosingMany
 from gpucost.streams.pane_totals import PaneColumns, TenantTotals
 from gpucost.streams.settings import AuditSettings, SlaTier
-from gpucost.streams.sla_holds import held_by, held_in
+from gpucost.streams.sla_holds import held_by, held_in, held_only
 from gpucost.streams.tables import Tenant
 
 __all__ = ["SlaOperator", "quota_scale"]
@@ -98,12 +98,13 @@ class SlaOperator:
         quotas: list[Output] = []
         triggers: list[Output] = []
         held = held_by(self.allocations, pane.gpu_uuid, pane.pane_start_ns, pane.pane_end_ns)
-        for key in sorted(pane.tenants.keys() | held.keys()):
+        alone = held_only(held, (key for key, t in pane.tenants.items() if t.samples and t.sm > 0))
+        for key in sorted(pane.tenants.keys() | alone):
             t = pane.tenants.get(key)
-            if t is None or not t.samples:  # held, with no process sample here: its processes' sm, if any
-                if key not in held:
+            if t is None or not t.samples:  # held all the pane, with no process sample here: judged at sm 0
+                if key not in alone:
                     continue
-                t = TenantTotals(held[key], 0 if t is None else t.sm)
+                t = TenantTotals(held[key].tenant, 0 if t is None else t.sm)
             tier = self.tiers.get(t.tenant.sla or "")
             if tier is None:
                 continue
@@ -299,21 +300,24 @@ class SlaOperator:
         index = {t: c for c, t in enumerate(who)}
         held_rows: list[int] = []
         extra: list[tuple[int, str, Any, int]] = []
-        for (j, name), tenant in holders.items():
+        for j, holding in holders.items():
             lo, hi = np.searchsorted(panes.t_pane, [j, j + 1]).tolist()
             names = panes.t_key[lo:hi].tolist()
-            r = lo + names.index(name) if name in names else None
-            if r is not None and panes.t_samples[r] > 0:
-                held_rows.append(r)  # a candidate already, if it has a tier
-                continue
-            tier = self.tiers.get(tenant.sla or "")
-            if tier is None:
-                continue
-            if tenant not in index:
-                index[tenant] = len(who)
-                who.append(tenant)
-                tier_of.append(tier)
-            extra.append((j, name, 0 if r is None else panes.t_sm[r], index[tenant]))
+            busy = (n for n, s_, u in zip(names, panes.t_samples[lo:hi], panes.t_sm[lo:hi]) if s_ > 0 and u > 0)
+            alone = held_only(holding, busy)
+            for name, (tenant, _) in holding.items():
+                r = lo + names.index(name) if name in names else None
+                if r is not None and panes.t_samples[r] > 0:
+                    held_rows.append(r)  # a candidate already, if it has a tier
+                    continue
+                tier = self.tiers.get(tenant.sla or "")
+                if tier is None or name not in alone:
+                    continue
+                if tenant not in index:
+                    index[tenant] = len(who)
+                    who.append(tenant)
+                    tier_of.append(tier)
+                extra.append((j, name, 0 if r is None else panes.t_sm[r], index[tenant]))
         held = np.isin(rows, held_rows)
         if extra:
             pane = np.concatenate([pane, np.array([e[0] for e in extra], np.int64)])

@@ -2,34 +2,74 @@
 "SLA tiers"), read from the allocation basis's table of holds, never written.
 
 A tenant that holds a GPU (a pod's GPU, a Slurm job) and runs nothing on it is the money a reclaim saves: it is
-judged in every pane its holds cover part of, with its processes' ``sm`` there (0 without them). Its key is the
+judged in every pane its holds cover whole, with its processes' ``sm`` there (0 without them). Its key is the
 ``Tenant.key`` a binding's tenant has, so a tenant that holds the GPU and runs on it is one candidate.
+
+Two guards keep a reclaim off a GPU in use. A hold that covers only part of a pane (it began or ended inside it)
+makes no candidate of it there: judged over the whole pane, a job released at 00:30:00.000000001 or admitted a
+second before a pane's end would be idle for the whole of it. And usage under a key that holds nothing on the
+device (``unattributed``, or a job's processes bound under other fields than its hold's: a ``GPUCOST_SLA`` in its
+environment, a label its scheduler does not list) could be a holder's own: then no holder is judged on its
+holds alone in that pane.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from gpucost.streams.allocations import AllocationTable
 from gpucost.streams.pane_totals import PaneColumns
 from gpucost.streams.tables import Tenant
 
-__all__ = ["held_by", "held_in"]
+__all__ = ["Held", "held_by", "held_in", "held_only"]
 
 
-def held_by(table: AllocationTable | None, gpu_uuid: str, start_ns: int, end_ns: int) -> dict[str, Tenant]:
+class Held(NamedTuple):
+    """A tenant holding the device in a pane: its hold's fields, and whether its holds cover all of the pane."""
+
+    tenant: Tenant
+    whole: bool
+
+
+def held_by(table: AllocationTable | None, gpu_uuid: str, start_ns: int, end_ns: int) -> dict[str, Held]:
     """The tenants whose holds cover part of ``[start_ns, end_ns)`` of the device, by key: a tenant with several
-    holds once (its first hold's fields, should two tenants' fields join to one key)."""
-    held: dict[str, Tenant] = {}
+    holds once (its first hold's fields, should two tenants' fields join to one key), ``whole`` where its holds
+    together leave no instant of the pane uncovered."""
     if table is None:
-        return held
+        return {}
+    tenants: dict[str, Tenant] = {}
+    spans: dict[str, list[tuple[int, int]]] = {}
     for hold in table.holds(gpu_uuid, start_ns, end_ns):
-        held.setdefault(hold.tenant.key, hold.tenant)
-    return held
+        key = hold.tenant.key
+        tenants.setdefault(key, hold.tenant)
+        end = end_ns if hold.end_ns is None else min(end_ns, hold.end_ns)
+        spans.setdefault(key, []).append((max(start_ns, hold.start_ns), end))
+    return {key: Held(tenant, _covers(spans[key], start_ns, end_ns)) for key, tenant in tenants.items()}
 
 
-def held_in(table: AllocationTable | None, panes: PaneColumns) -> dict[tuple[int, str], Tenant]:
-    """``held_by`` of each pane of ``panes``, as (pane index, tenant key) → tenant: a device without holds (most, in
-    a fleet that sends no allocations) costs one lookup a pane."""
-    held: dict[tuple[int, str], Tenant] = {}
+def _covers(spans: list[tuple[int, int]], start_ns: int, end_ns: int) -> bool:
+    reach = start_ns
+    for start, end in sorted(spans):
+        if start > reach:
+            return False
+        reach = max(reach, end)
+    return reach >= end_ns
+
+
+def held_only(held: dict[str, Held], busy: Iterable[str]) -> set[str]:
+    """The holders a pane judges on their holds alone (those without a process sample there are among them): the
+    ones whose holds cover the whole pane, unless a tenant busy in the pane (``busy``: keys with process samples
+    and ``sm > 0``) holds nothing on the device, whose usage could be a holder's under other fields."""
+    if any(key not in held for key in busy):
+        return set()
+    return {key for key, h in held.items() if h.whole}
+
+
+def held_in(table: AllocationTable | None, panes: PaneColumns) -> dict[int, dict[str, Held]]:
+    """``held_by`` of each pane of ``panes`` with holders, by pane index: a device without holds (most, in a fleet
+    that sends no allocations) costs one lookup a pane."""
+    held: dict[int, dict[str, Held]] = {}
     if table is None:
         return held
     for j, (gpu, start, end) in enumerate(
@@ -38,6 +78,6 @@ def held_in(table: AllocationTable | None, panes: PaneColumns) -> dict[tuple[int
         since = table.since(gpu)
         if since is None or since >= end:
             continue
-        for key, tenant in held_by(table, gpu, start, end).items():
-            held[(j, key)] = tenant
+        if found := held_by(table, gpu, start, end):
+            held[j] = found
     return held
