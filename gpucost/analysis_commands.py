@@ -24,7 +24,7 @@ from gpucost.focus13 import BASES
 from gpucost.output_files import check_writable, write_whole
 from gpucost.report import format_table
 from gpucost.sinks.views import query
-from gpucost.whatif import IDLE_POLICIES, Scenario, bills
+from gpucost.whatif import IDLE_POLICIES, Scenario, bills, lacking_numerators
 from gpucost.wiring import (
     UsageError,
     audit_settings,
@@ -94,11 +94,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     except (ValueError, decimal.InvalidOperation) as exc:
         raise UsageError(str(exc)) from None
     except duckdb.BinderException as exc:  # cost records written before they carried their numerators
-        raise UsageError(
-            f"the cost records in {args.out} lack the numerators a what-if needs (t_num, b_num, l_num, "
-            f"busy_num, covered_ms: written by a gpucost before them); replay their events with this "
-            f"one first ({str(exc).splitlines()[0]})"
-        ) from None
+        raise UsageError(lacking_numerators(args.out, str(exc).splitlines()[0])) from None
     if unpriced:  # said, as run says its unpriced panes: a model missing from --prices bills 0 µ$ in the scenario
         print(
             f"gpucost: whatif: {sum(unpriced.values()):,} GPU-pane(s) of {', '.join(sorted(unpriced))} have no price "

@@ -26,7 +26,7 @@ from gpucost.streams.money import split_in_order
 from gpucost.streams.pane_totals import PaneTotals, TenantTotals
 from gpucost.streams.tables import PriceTable, Tenant
 
-__all__ = ["IDLE_POLICIES", "Scenario", "TeamBill", "cost_panes", "whatif", "bills"]
+__all__ = ["IDLE_POLICIES", "Scenario", "TeamBill", "cost_panes", "whatif", "bills", "lacking_numerators"]
 
 IDLE_POLICIES = ("separate", "share")
 _COLUMNS = (
@@ -95,12 +95,22 @@ def cost_panes(out_dir: Path) -> Iterator[list[dict[str, Any]]]:
     pane: list[dict[str, Any]] = []
     for row in rows:
         record = dict(zip(columns, row))
+        if record["t_num"] is None or record["covered_ms"] is None:  # a file written before the numerators
+            raise ValueError(lacking_numerators(out_dir, "t_num is null in a record of the cost view"))
         if pane and (record["gpu_uuid"], record["pane_start_ns"]) != (pane[0]["gpu_uuid"], pane[0]["pane_start_ns"]):
             yield pane
             pane = []
         pane.append(record)
     if pane:
         yield pane
+
+
+def lacking_numerators(out_dir: Path, detail: str) -> str:
+    """What to do about cost records written before they carried the numerators a what-if bills from."""
+    return (
+        f"the cost records in {out_dir} lack the numerators a what-if needs (t_num, b_num, l_num, busy_num, "
+        f"covered_ms: written by a gpucost before them); replay their events with this one first ({detail})"
+    )
 
 
 def _rebuilt(records: list[dict[str, Any]]) -> PaneTotals:
@@ -116,7 +126,7 @@ def _rebuilt(records: list[dict[str, Any]]) -> PaneTotals:
     )
     for r in records:
         if r["tenant_key"] != IDLE_TENANT:
-            tenant = Tenant(*(r[f] for f in TENANT_FIELDS))
+            tenant = Tenant(*(r.get(f) for f in TENANT_FIELDS))  # labels: absent from a record before them
             pane.tenants[r["tenant_key"]] = TenantTotals(tenant, int(r["t_num"]), int(r["b_num"]), int(r["l_num"]))
     return pane
 
