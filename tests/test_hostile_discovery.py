@@ -44,8 +44,9 @@ AUDIT_SECRET, OTHER_SECRET = b"k" * 32, b"o" * 32
 
 def canonical_sha256(fields: dict[str, Any]) -> str:
     """The hash of a health record (docs/definitions.md, "Health audit"), written here from its text: sorted
-    keys, no spaces, UTF-8."""
+    keys, no spaces, UTF-8; the fault counts only when set."""
     rest = {k: v for k, v in fields.items() if k not in ("snapshot_sha256", "signature")}
+    rest = {k: v for k, v in rest.items() if not (v is None and k in ("faults_fatal", "faults_warning"))}
     return hashlib.sha256(
         json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     ).hexdigest()

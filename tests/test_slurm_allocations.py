@@ -432,3 +432,37 @@ def test_a_job_s_holds_carry_the_labels_its_processes_bindings_carry(
         assert binding is not None
         assert json.loads(a.labels or "{}") == {"SLURM_JOB_PARTITION": j["partition"], "SLURM_JOB_USER": "alice"}
         assert Tenant.of(a).key == Tenant.of(binding).key
+
+
+def test_huge_ranges_are_refused_not_expanded_and_the_producer_keeps_polling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bitmap or hostlist of hundreds of millions is no node's: a ValueError that says so, counted as garbled,
+    never a MemoryError out of every poll. Each call below finishes only because nothing is expanded."""
+    assert index_list("0-1023") == list(range(1024)) and len(hostnames("n[0-65535]")) == 65_536  # the bounds
+    for bad_index in ("1024", "0-400000000", "0,5-400000000"):
+        with pytest.raises(ValueError, match="at most 1024 GPU indices"):
+            index_list(bad_index)
+    with pytest.raises(ValueError, match="at most 1024 GPU indices"):
+        gres_holds("gpu:a100:1(IDX:0-400000000)")
+    for bad_hosts in ("n[0-400000000]", "a[0-9999]b[0-9999]", "n[0-65535],x", "a[0-256]b[0-255]c"):
+        with pytest.raises(ValueError, match="more than 65,536"):
+            hostnames(bad_hosts)
+    slurm = FakeSlurm(tmp_path / "slurm", monkeypatch, cluster())
+    slurm.change(j101={"gres_detail": ["gpu:a100:1(IDX:0-400000000)", "gpu:a100:1(IDX:0)"]})
+    slurm.write()
+    one, _ = sources(tmp_path)
+    assert {a.allocation_id for a in one.poll("gpu-01", T0)} == {f"slurm/103/{A[1]}"}  # 101 refused, 103 sent
+    assert one.counts["slurm_alloc_gres_invalid"] == 2  # 101's and 116's
+    huge = job(120, "ml", "a100", "n[0-400000000]", ["gpu:a100:1(IDX:0)"], T0 // S)
+    (slurm.path / "jobs.json").write_text(as_json([*slurm.jobs, huge]))
+    record = "JobId=120 JobName=x\n   JobState=RUNNING Reason=None\n     Nodes=n[0-400000000] CPU_IDs=0 Mem=1 GRES=x\n"
+    (slurm.path / "jobs.txt").write_text(as_text(slurm.jobs) + record)
+    for t in (T0 + 10 * S, T0 + 20 * S):  # polled again and again: counted each time, nothing ended
+        assert one.poll("gpu-01", t) == []
+    assert one.counts["slurm_output_invalid"] == 2
+    slurm.write()  # the huge job gone: the node's jobs read again, 103's hold still open, nothing new
+    assert one.poll("gpu-01", T0 + 30 * S) == []
+    slurm.change(drop=(103,))
+    slurm.write()
+    assert {a.allocation_id for a in one.poll("gpu-01", T0 + 40 * S)} == {f"slurm/103/{A[1]}"}  # ended now

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,13 @@ HOLDING = frozenset({"RUNNING", "SUSPENDED"})
 _ITEM = re.compile(r"(?P<head>[A-Za-z0-9_][^():,]*(?::[^():,]+)*)\((?P<detail>[^()]*)\)")
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _SHARE = re.compile(r"([0-9]+)/([0-9]+)")
+#: the highest GPU index a node's GRES may name, plus one: a node's GRES indices are its GPUs (MIG devices too) in
+#: its gres.conf order, a few dozen on the largest nodes today (8 or 16 GPUs, up to 7 MIG devices each); 1,024
+#: leaves room for any real node and refuses a bitmap that would be a list of millions (ValueError, not MemoryError)
+MAX_GPU_INDICES = 1024
+#: the most names a hostlist may expand to: more nodes than any Slurm cluster has; a bigger one is no node list,
+#: and expanding it would exhaust memory
+MAX_HOSTNAMES = 65_536
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ def index_list(text: str) -> list[int]:
         first, last = int(m.group(1)), int(m.group(2) or m.group(1))
         if last < first or (out and first <= out[-1]):
             raise ValueError(f"not an ascending index list: {text!r}")
+        if last >= MAX_GPU_INDICES:
+            raise ValueError(f"GPU index {last} in {text[:100]!r}: a node has at most {MAX_GPU_INDICES} GPU indices")
         out += range(first, last + 1)
     return out
 
@@ -132,23 +142,47 @@ def gres_holds(detail: str) -> tuple[list[GresHold], list[str]]:
 
 def hostnames(hostlist: str) -> list[str]:
     """A Slurm hostlist expanded in its order (``gpu-[005-006],cn1`` → gpu-005, gpu-006, cn1): a range keeps its
-    zero padding; several bracket groups in one name expand left to right, the last fastest."""
-    out: list[str] = []
+    zero padding; several bracket groups in one name expand left to right, the last fastest. ValueError for one that
+    is not a hostlist, or that names more than ``MAX_HOSTNAMES`` (counted before anything is expanded)."""
+    names = []
     for name in _split_outside(hostlist, "[]"):
         parts = re.split(r"\[([^\]]*)\]", name)
-        choices = [[p] if i % 2 == 0 else _expand(p) for i, p in enumerate(parts)]
+        names.append([[(p, 0, 0)] if i % 2 == 0 else _ranges(p) for i, p in enumerate(parts)])
+    total = sum(math.prod(sum(_size(r) for r in group) for group in groups) for groups in names)
+    if total > MAX_HOSTNAMES:
+        raise ValueError(f"the hostlist {hostlist[:100]!r} names {total:,} nodes, more than {MAX_HOSTNAMES:,}")
+    out: list[str] = []
+    for groups in names:
+        choices = [[n for r in group for n in _expand(r)] for group in groups]
         out += ["".join(c) for c in itertools.product(*choices)]
     return out
 
 
-def _expand(ranges: str) -> list[str]:
-    out = []
+#: a piece of a hostlist name: literal text ``(text, 0, 0)``, or a bracket's range ``("", first, last)`` whose
+#: numbers are written ``width`` digits wide (``(width, first, last)`` with width an int)
+_Piece = tuple[str | int, int, int]
+
+
+def _ranges(ranges: str) -> list[_Piece]:
+    """A bracket group's ranges, each as its width (the zero padding of its first number), first and last."""
+    out: list[_Piece] = []
     for part in ranges.split(","):
         first, _, last = part.partition("-")
         if not (first.isascii() and first.isdigit() and (not last or (last.isascii() and last.isdigit()))):
             raise ValueError(f"not a hostlist range: {ranges!r}")
-        out += [str(n).zfill(len(first)) for n in range(int(first), int(last or first) + 1)]
+        out.append((len(first), int(first), int(last or first)))
     return out
+
+
+def _size(piece: _Piece) -> int:
+    """How many names a piece stands for: 1 for literal text, the numbers in a range."""
+    width, first, last = piece
+    return 1 if isinstance(width, str) else max(0, last - first + 1)
+
+
+def _expand(piece: _Piece) -> list[str]:
+    width, first, last = piece
+    return [width] if isinstance(width, str) else [str(n).zfill(width) for n in range(first, last + 1)]
 
 
 def _seconds(value: Any) -> int | None:

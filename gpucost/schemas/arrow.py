@@ -6,6 +6,7 @@ Derived from declarations (never from data), so each field is written down once,
 
 from __future__ import annotations
 
+import json
 import types
 from decimal import Decimal
 from functools import cache
@@ -15,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel
 
+from gpucost.schemas.codec import JSON_TEXT_FIELDS
 from gpucost.schemas.events import EVENT_MODELS, EbpfTrace, Event
 from gpucost.schemas.records import OUTPUT_KINDS, Wide
 
@@ -81,8 +83,10 @@ def _event_schema() -> pa.Schema:
     """Every wire field of every input kind, nullable (a row holds one event), ``kind`` first.
 
     Derived from the event models like the output schemas. Exceptions, by what the wire
-    carries: ``kind`` is text, ``address`` is unsigned 64-bit, and
-    ``ebpf_trace`` travels as its ``trace_hex`` (and ``trace_source``).
+    carries: ``kind`` is text, ``address`` is unsigned 64-bit,
+    ``ebpf_trace`` travels as its ``trace_hex`` (and ``trace_source``), and ``labels`` (a JSON object of
+    strings on the wire) as the object's JSON text, read back into the object before validation
+    (``gpucost.schemas.codec.JSON_TEXT_FIELDS``).
     """
     fields: dict[str, pa.Field] = {"kind": pa.field("kind", pa.string(), nullable=False)}
     for model in EVENT_MODELS.values():
@@ -104,6 +108,11 @@ EVENT_SCHEMA = _event_schema()
 
 
 def events_table(events: list[Event]) -> pa.Table:
-    """Events as rows of ``EVENT_SCHEMA`` (the wire values: what a JSON Lines file holds)."""
+    """Events as rows of ``EVENT_SCHEMA`` (the wire values: what a JSON Lines file holds, a JSON object as its
+    canonical JSON text)."""
     rows = [e.to_wire() if isinstance(e, EbpfTrace) else e.model_dump(exclude_none=True) for e in events]
+    for row in rows:
+        for name in JSON_TEXT_FIELDS:
+            if isinstance(row.get(name), dict):
+                row[name] = json.dumps(row[name], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)

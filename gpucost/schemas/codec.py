@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, NamedTuple
 
@@ -16,6 +17,7 @@ __all__ = [
     "decode_object",
     "encode_event",
     "explain",
+    "JSON_TEXT_FIELDS",
     "present_fields",
     "raw_text",
     "reason_of",
@@ -127,9 +129,21 @@ def decode_object(obj: object) -> Event | Rejected:
         return Rejected("invalid", str(exc), kind)
 
 
+#: the fields that are a JSON object on the wire and the object's JSON text in an events Parquet file (a Parquet
+#: column has one type: ``EVENT_SCHEMA``'s, text); every Parquet row is read back through ``present_fields``
+JSON_TEXT_FIELDS = ("labels",)
+
+
 def present_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """A Parquet row as the wire object it stands for: its non-null fields."""
-    return {k: v for k, v in row.items() if v is not None}
+    """A Parquet row as the wire object it stands for: its non-null fields, a ``JSON_TEXT_FIELDS`` text as the
+    object it holds. A text that is not JSON is left as it is: validation refuses it (``invalid``), as it does a
+    JSON text that is not an object."""
+    out = {k: v for k, v in row.items() if v is not None}
+    for name in JSON_TEXT_FIELDS:
+        if isinstance(out.get(name), str):
+            with contextlib.suppress(ValueError, RecursionError):  # not JSON: refused as it is, by validation
+                out[name] = json.loads(out[name])
+    return out
 
 
 #: a dead letter keeps at most this much of its input. Events are a few hundred bytes; a line of

@@ -22,6 +22,7 @@ __all__ = [
     "GRADES",
     "FAIL_REASONS",
     "UNHASHED",
+    "UNHASHED_IF_NONE",
     "DeadLetter",
     "OUTPUT_KINDS",
     "Output",
@@ -177,9 +178,11 @@ class HealthRecord(_Record):
     passed: bool
     fail_reasons: list[str]  # of FAIL_REASONS, in that order
     #: device faults new in the window's GPU samples (docs/definitions.md, "Health audit"): fatal ones fail it
-    #: (``device_fault``), warnings are counted; None: no sample of the window reported fault fields
-    faults_fatal: Int64 | None
-    faults_warning: Int64 | None
+    #: (``device_fault``), warnings are counted; None: no sample of the window reported fault fields. None by
+    #: default, and then out of the seal (``UNHASHED_IF_NONE``): a record or message written before them still reads
+    #: and verifies
+    faults_fatal: Int64 | None = None
+    faults_warning: Int64 | None = None
     windows_skipped: Int64
     breaker_state: str  # probation, in_service, observation or removed
     snapshot_sha256: str
@@ -251,6 +254,10 @@ DIAGNOSES = ("idle", "compute_bound", "memory_bound", "latency_bound")
 FAIL_REASONS = ("grade", "sched_deviation", "coverage", "device_fault")
 #: what the snapshot hash leaves out: itself, and the signature of it
 UNHASHED = ("snapshot_sha256", "signature")
+#: fields added to the health record after its first version, which the snapshot hash leaves out while they are
+#: None: a record written before them (which has none) hashes as it did then, and so does a new one that reports
+#: nothing in them; set, they are hashed like any figure. A field added later that may be None joins this list.
+UNHASHED_IF_NONE = ("faults_fatal", "faults_warning")
 
 
 class DeadLetter(_Record):

@@ -3,7 +3,9 @@
 Why here, apart from the operator: the operator seals each record as it publishes it, and
 ``gpucost health verify`` checks a snapshot file with the very same functions, so the two can
 never hash differently. The canonical form is docs/definitions.md's ("Health audit"): Python's
-``json.dumps`` with sorted keys, no spaces and ``ensure_ascii=False``, floats as Python writes them, UTF-8.
+``json.dumps`` with sorted keys, no spaces and ``ensure_ascii=False``, floats as Python writes them, UTF-8,
+of every field but the seal's own and, while None, the fields added after the record's first version
+(``UNHASHED_IF_NONE``): a record written before those verifies as it did, with any version's code.
 """
 
 from __future__ import annotations
@@ -14,18 +16,32 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from gpucost.schemas.records import UNHASHED
+from gpucost.schemas.records import UNHASHED, UNHASHED_IF_NONE
 
-__all__ = ["canonical_json", "snapshot_sha256", "signature_of", "sealed", "seal_faults", "seal_problems"]
+__all__ = [
+    "canonical_json",
+    "hashed_fields",
+    "snapshot_sha256",
+    "signature_of",
+    "sealed",
+    "seal_faults",
+    "seal_problems",
+]
 
 
 def canonical_json(fields: Mapping[str, Any]) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def hashed_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """What the seal covers: every field but the seal's own (``UNHASHED``) and the later fields that are None
+    (``UNHASHED_IF_NONE``), so that a record written before those fields verifies as it did."""
+    return {k: v for k, v in fields.items() if k not in UNHASHED and not (v is None and k in UNHASHED_IF_NONE)}
+
+
 def snapshot_sha256(fields: Mapping[str, Any]) -> str:
-    """The hash of every field but the seal's own (``UNHASHED``)."""
-    return hashlib.sha256(canonical_json({k: v for k, v in fields.items() if k not in UNHASHED})).hexdigest()
+    """The hash of ``hashed_fields`` as canonical JSON: the one rule that sealing and every check use."""
+    return hashlib.sha256(canonical_json(hashed_fields(fields))).hexdigest()
 
 
 def signature_of(digest: str, secret: bytes) -> str:

@@ -165,7 +165,8 @@ def checked(records: list[Output], key: bytes | None = None) -> list[dict[str, A
         fields = r.model_dump()
         digest = fields.pop("snapshot_sha256")
         signature = fields.pop("signature")
-        text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        hashed = {k: v for k, v in fields.items() if not (v is None and k in ("faults_fatal", "faults_warning"))}
+        text = json.dumps(hashed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         assert digest == hashlib.sha256(text).hexdigest(), r
         assert signature == (None if key is None else hmac.new(key, digest.encode(), hashlib.sha256).hexdigest())
         out.append(fields)
