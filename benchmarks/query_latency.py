@@ -52,7 +52,7 @@ def one_day(con: duckdb.DuckDBPyConnection, gpus: int, path: Path, row_group: in
                CASE WHEN t = 0 THEN 'idle' ELSE {teams}[(1 + hash(g // 8, t) % 6)::BIGINT] END AS team,
                CASE WHEN t = 0 THEN NULL ELSE 'prod' END AS env, CASE WHEN t = 0 THEN NULL ELSE 'app' END AS app,
                CASE WHEN t = 0 THEN NULL ELSE 'online' END AS tier, CASE WHEN t = 0 THEN NULL ELSE 'Gold' END AS sla,
-               NULL::VARCHAR AS git_commit, NULL::VARCHAR AS ci_pipeline_id,
+               NULL::VARCHAR AS git_commit, NULL::VARCHAR AS ci_pipeline_id, NULL::VARCHAR AS labels,
                0.3 AS t_share, 0.3 AS b_share, 0.0 AS l_share, 0.27 AS weight, 0.5 AS busy_fraction,
                3.99::DECIMAL(18,6) AS usd_per_gpu_hour, c AS pane_cost_micro_usd,
                CASE WHEN t = 0 THEN c // 2 ELSE c // (2 * tenants) END AS cost_micro_usd,

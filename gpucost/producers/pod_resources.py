@@ -10,12 +10,21 @@ import importlib.util
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from gpucost.producers.kubernetes import KubernetesSettings
+__all__ = ["PodResourcesSettings", "list_pod_devices", "pod_resources_api"]
 
-__all__ = ["list_pod_devices", "pod_resources_api"]
+
+class PodResourcesSettings(Protocol):
+    """What the client reads of ``gpucost.producers.kubernetes.KubernetesSettings`` (a protocol, not an import:
+    that module uses this one)."""
+
+    @property
+    def pod_resources(self) -> Path: ...
+    @property
+    def gpu_resources(self) -> tuple[str, ...]: ...
+    @property
+    def timeout_s(self) -> float: ...
 
 
 @functools.cache
@@ -40,7 +49,7 @@ def pod_resources_api() -> ModuleType:
 
 
 def list_pod_devices(
-    settings: KubernetesSettings, resources: dict[str, str] | None = None
+    settings: PodResourcesSettings, resources: dict[str, str] | None = None
 ) -> dict[str, list[tuple[str, str, str]]]:
     """Each GPU device id the kubelet allocated, and the (namespace, pod, container) it went to (more
     than one where a GPU is shared by time-slicing); a ``grpc.RpcError`` where the kubelet cannot answer.
