@@ -307,8 +307,9 @@ def add_live(p: argparse.ArgumentParser) -> None:
         "--label-keys",
         "GPUCOST_LABEL_KEYS",
         _label_keys,
-        "",
-        "with --attribution: the labels each tenant carries, to group cost by (docs/definitions.md, 'Labels'), "
+        None,
+        "with --attribution (or --slurm-allocations): the labels each tenant carries, to group cost by "
+        "(docs/definitions.md, 'Labels'; unset: none), "
         "separated by commas: a pod's 'namespace', 'pod', 'container', 'controller', or any pod label or "
         "annotation; any environment variable of the process (SLURM_JOB_PARTITION)",
     )

@@ -17,13 +17,17 @@ __all__ = ["Section", "allocation_gap", "by_label"]
 #: a section of the report: its heading, its columns and its rows (``gpucost.report`` lays it out)
 Section = tuple[str, list[str], list[tuple[Any, ...]]]
 
-#: per team, held against used, over the panes on the allocation basis (the ``allocation_gap`` view); then the
+#: per team, held against used, over the panes on the allocation basis (the ``allocation_gap`` view, its tenants of a
+#: team netted per pane first: a team's hold under one key and its use under another, an SLA or a label apart, is
+#: neither reserved idle nor borrowed at the team's level); then the
 #: capacity no one held (``unallocated``), what the usage basis gave no tenant there (``idle``, ``unattributed``), and
 #: the total of each side, which is the same µ$: the cost of those panes
 _GAP = """
 WITH panes AS (SELECT DISTINCT gpu_uuid, pane_start_ns FROM allocation),
-teams AS (SELECT team, sum(allocated_micro_usd) AS a, sum(used_micro_usd) AS u, sum(reserved_idle_micro_usd) AS r,
-                 sum(borrowed_micro_usd) AS b, 0 AS o FROM allocation_gap GROUP BY team),
+by_team AS (SELECT team, sum(allocated_micro_usd) AS a, sum(used_micro_usd) AS u FROM allocation_gap
+            GROUP BY gpu_uuid, pane_start_ns, team),
+teams AS (SELECT team, sum(a) AS a, sum(u) AS u, sum(greatest(a - u, 0)) AS r, sum(greatest(u - a, 0)) AS b, 0 AS o
+          FROM by_team GROUP BY team),
 own AS (SELECT 'unallocated' AS team, sum(cost_micro_usd) AS a, NULL AS u, NULL AS r, NULL AS b, 1 AS o
         FROM allocation WHERE tenant_key = 'unallocated'
         UNION ALL
@@ -74,8 +78,8 @@ def by_label(con: duckdb.DuckDBPyConnection, top: int = 10) -> Section | None:
     if not rows:
         return None
     return (
-        f"Cost by label over the run (the {top} values costing most of each label, the rest as one row, and the "
-        "tenants without it; --label-keys)",
+        f"Cost by label over the run, usage basis (the {top} values costing most of each label, the rest as one row, "
+        "and the parties without it, idle included; labels: docs/definitions.md, 'Labels')",
         [d[0] for d in res.description],
         rows,
     )

@@ -75,6 +75,18 @@ def run_facts(stats: RunStats, publication: Publication) -> dict[str, int]:
     }
 
 
+def _live_only(args: argparse.Namespace) -> list[str]:
+    """The flags given that only a live source reads (``gpucost.wiring.attributed``, the price files)."""
+    given = (
+        ("--prices", args.prices),
+        ("--label-keys", getattr(args, "label_keys", ())),
+        ("--slurm-allocations", getattr(args, "slurm_allocations", False)),
+        ("--kube-allocations", getattr(args, "kube_allocations", False)),
+        ("--kube-sharing-config", getattr(args, "kube_sharing_config", None)),
+    )
+    return [flag for flag, value in given if value]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from gpucost.commands import finish
 
@@ -93,6 +105,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
     live = live_source(args, source, nvml) if source in LIVE_SOURCES else None
     prices = event_files(args.prices) if args.prices and live is not None else []
+    if live is None and (unread := _live_only(args)):  # said, never dropped without a word
+        print(
+            f"gpucost: run: {', '.join(unread)} apply to a live source (nvml, dcgm, ebpf) and are not read with the "
+            "simulated fleet, which has its own prices and tenants; to bill events of your own, use gpucost replay",
+            file=sys.stderr,
+        )
     identity = (
         {"source": "simulate", "spec": dataclasses.asdict(spec)}
         if live is None

@@ -173,7 +173,7 @@ def attributed(
     binds), with the allocations of ``--kube-allocations`` and ``--slurm-allocations`` among them, counted with
     the source's own counters."""
     events: Iterable[Event] = itertools.chain(before, live.events())
-    settings = AttributionSettings(sla=args.attribution_sla, label_keys=getattr(args, "label_keys", ()))
+    settings = AttributionSettings(sla=args.attribution_sla, label_keys=getattr(args, "label_keys", None) or ())
     if getattr(args, "slurm_allocations", False):  # what Slurm's jobs hold, tenants by attribution's rule
         slurm = SlurmSettings(node=args.slurm_node, gpus=args.slurm_gpus)
         events = SlurmAllocations(slurm, settings, live.counts, state_dir()).interleave(events)

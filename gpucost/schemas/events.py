@@ -306,21 +306,22 @@ def labels_text(value: Any) -> str | None:
     if not isinstance(value, dict):
         raise ValueError(f"labels must be a JSON object of strings, not {type(value).__name__}")
     if len(value) > LABELS_MAX:
-        raise ValueError(f"{len(value)} labels, at most {LABELS_MAX}: name fewer label keys in the source's settings")
+        raise ValueError(f"{len(value)} labels, at most {LABELS_MAX}: send fewer (a source: name fewer --label-keys)")
     for key, text in value.items():
         if not isinstance(key, str) or len(key) > LABEL_KEY_MAX or not _LABEL_KEY.fullmatch(key):
             raise ValueError(
                 f"label key {key!r} must be 1 to {LABEL_KEY_MAX} letters, digits, '_', '.', '/' or '-', "
                 "beginning with a letter or digit"
             )
-        if (
-            not isinstance(text, str)
-            or len(text) > LABEL_VALUE_MAX
-            or any(unicodedata.category(c) in ("Cc", "Cs") for c in text)
-        ):
+        if not isinstance(text, str):
+            kind = "null" if text is None else type(text).__name__
+            raise ValueError(f"label {key!r}: its value must be a string, not {kind}")
+        if len(text) > LABEL_VALUE_MAX:
+            raise ValueError(f"label {key!r}: its value has {len(text)} characters, at most {LABEL_VALUE_MAX}")
+        if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
             raise ValueError(
-                f"label {key!r}: its value must be a string of at most {LABEL_VALUE_MAX} characters, "
-                "without control characters or unpaired surrogates (text that is not UTF-8)"
+                f"label {key!r}: its value holds a control character or an unpaired surrogate (a \\uD800 escape, "
+                "which no UTF-8 text can hold): send printable text"
             )
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if value else None
 
