@@ -31,9 +31,11 @@ from gpucost.producers.attribution import AttributionSettings, ProcessEnvironmen
 from gpucost.producers.kubernetes import pod_labels, pods_from
 from gpucost.producers.replay import read_inputs
 from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.reclaim import action_of
 from gpucost.report_bases import allocation_gap, by_label
 from gpucost.schemas.codec import decode_line, encode_event
 from gpucost.schemas.events import Allocation, Event, TenantBinding
+from gpucost.schemas.records import ReclaimRecord
 from gpucost.sinks.compact import compact
 from gpucost.sinks.views import connect
 from gpucost.streams.settings import AuditSettings
@@ -376,3 +378,15 @@ def test_the_held_against_used_table_nets_a_team_per_pane_and_its_totals_are_the
     assert rows["total"][:2] == (f"{total / 1e6:.2f}", f"{sum(used.values()) / 1e6:.2f}") and total == sum(
         used.values()
     )
+
+
+def test_a_reclaim_carries_its_tenant_s_labels_and_the_webhook_action_the_object(labelled_run: Path) -> None:
+    rows = _rows(labelled_run, "reclaim")
+    assert any(r["labels"] is not None for r in rows)
+    for r in rows:
+        fields = r["tenant_key"].split(":", 7)
+        assert r["labels"] == (fields[7] if len(fields) == 8 else None)  # the key's labels, nothing else
+        action = action_of(ReclaimRecord.model_validate(r))
+        assert action["labels"] == (None if r["labels"] is None else json.loads(r["labels"]))
+    hostile = ReclaimRecord.model_validate({**rows[0], "labels": "not json"})  # a record anyone may write
+    assert action_of(hostile)["labels"] == "not json"

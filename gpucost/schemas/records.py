@@ -247,6 +247,9 @@ class ReclaimRecord(_Record):
     deadline_ns: Int64
     usd_per_gpu_hour: Decimal | None
     held: bool | None = None  # last, and None by default: a reclaim message or file written before it still reads
+    #: the tenant's labels (docs/definitions.md, "Labels"), so that whoever acts on a trigger finds the namespace or
+    #: pod without parsing the tenant key; None without labels, and in a record written before the field
+    labels: str | None = None
 
 
 GRADES = ("excellent", "good", "needs_optimisation", "idle")

@@ -172,6 +172,7 @@ class SlaOperator:
             deadline_ns=start_ns + tier.max_idle_s * 1_000_000_000,
             usd_per_gpu_hour=price,
             held=held,
+            labels=tenant.labels,
         )
 
     # --- the batch entry -------------------------------------------------------------------------
