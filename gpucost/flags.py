@@ -18,7 +18,8 @@ from gpucost.kafka.settings import KafkaSettings
 from gpucost.kube_flags import add_kubernetes
 from gpucost.producers.attribution import ATTRIBUTION_SOURCES
 from gpucost.producers.simulate import FleetSpec
-from gpucost.schemas.events import LABELS_MAX, SLAS, labels_text
+from gpucost.schemas.events import SLAS
+from gpucost.schemas.labels import LABELS_MAX, labels_text
 from gpucost.slurm_flags import add_slurm
 from gpucost.streams.settings import AuditSettings
 from gpucost.wiring import UsageError

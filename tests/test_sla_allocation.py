@@ -19,7 +19,7 @@ from gpucost.schemas.events import Allocation, Event
 from gpucost.schemas.records import Output, QuotaRecord, ReclaimRecord, trigger_id
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
-from tests.reference import sla
+from tests.sla_reference import sla
 from tests.support.sla_fleet import NS, P_S, T0, TENANTS
 from tests.support.sla_fleet import fleet as scripted
 

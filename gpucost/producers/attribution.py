@@ -27,7 +27,8 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from gpucost.producers.synthetic import SYNTHETIC_PID_BASE
-from gpucost.schemas.events import SLAS, Event, TenantBinding, labels_text
+from gpucost.schemas.events import SLAS, Event, TenantBinding
+from gpucost.schemas.labels import labels_text
 
 __all__ = [
     "ATTRIBUTION_SOURCES",

@@ -25,7 +25,7 @@ _TenantFields.__new__.__defaults__ = (None,)
 
 class Tenant(_TenantFields):
     """A binding's tenant fields (``gpucost.schemas.events.TENANT_FIELDS``, declared once, on the binding), its
-    labels (canonical JSON text, ``gpucost.schemas.events.labels_text``) last."""
+    labels (canonical JSON text, ``gpucost.schemas.labels.labels_text``) last."""
 
     __slots__ = ()
     if TYPE_CHECKING:  # the fields as a type checker reads them (it cannot run the list above); never run,
