@@ -245,17 +245,19 @@ def _label_keys(text: str) -> tuple[str, ...]:
 
 
 def add_live(p: argparse.ArgumentParser) -> None:
-    """Flags of the live sources (nvml, dcgm, ebpf), shared by run and produce."""
+    """Flags of the live sources (nvml, dcgm, hami, ebpf), shared by run and produce."""
     p.add_argument(
         "--url",
-        default=os.environ.get("GPUCOST_DCGM_URL"),
-        help="with --source dcgm: the exporter's /metrics URL (env GPUCOST_DCGM_URL)",
+        help="with --source dcgm or hami: the exporter's /metrics URL (env GPUCOST_DCGM_URL, GPUCOST_HAMI_URL)",
     )
     p.add_argument(
+        "--pod-sla",
         "--dcgm-sla",
+        dest="pod_sla",
         choices=["Gold", "Silver", "Bronze"],
-        default=env_default("GPUCOST_DCGM_SLA", "Bronze"),
-        help="with --source dcgm: SLA of the tenants made from pod labels (env GPUCOST_DCGM_SLA)",
+        default=env_default("GPUCOST_POD_SLA", os.environ.get("GPUCOST_DCGM_SLA", "Bronze")),
+        help="with --source dcgm or hami: SLA of the tenants made from the exporter's pod labels "
+        "(env GPUCOST_POD_SLA, formerly GPUCOST_DCGM_SLA; default Bronze)",
     )
     p.add_argument(
         "--node-id",

@@ -147,8 +147,8 @@ def live_source(args: argparse.Namespace, source: str, nvml: NvmlSampler | None 
         node_id=args.node_id,
         period_s=args.period_s,
         duration_s=args.duration_s,
-        dcgm_url=args.url,
-        dcgm_sla=args.dcgm_sla,
+        url=args.url,
+        pod_sla=args.pod_sla,
         ebpf_sample_every=args.ebpf_sample_every,
         libcuda=args.libcuda,
         libcublas=args.libcublas,
@@ -186,7 +186,9 @@ def attributed(
     sources: list[BindingSource] = []
     for name in args.attribution:  # in their precedence (``ATTRIBUTION_SOURCES``)
         if name == "kubernetes":
-            sources.append(KubernetesPods(kubernetes_settings(args), settings, live.counts))
+            pods = KubernetesPods(kubernetes_settings(args), settings, live.counts)
+            events = pods.named(events)  # an exporter's pods named by their labels, as their allocations are
+            sources.append(pods)
         else:
             sources.append(ProcessEnvironment(settings, live.counts))
     return Attribution(sources, settings, given, live.counts).bind(events)

@@ -10,26 +10,18 @@ from __future__ import annotations
 
 import logging
 import math
-import urllib.request
 from collections import Counter
-from typing import Any
-from urllib.error import URLError
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from gpucost.producers.scrape import Scraper, container_binding, families
 from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
-from gpucost.schemas.events import Event, GpuSample, TenantBinding
+from gpucost.schemas.events import Event, GpuSample
 
-__all__ = ["DcgmUnavailable", "DcgmScraper", "scrape_to_events", "device_of", "SENTINEL_MIN"]
+__all__ = ["DcgmScraper", "scrape_to_events", "device_of", "SENTINEL_MIN"]
 
 log = logging.getLogger("gpucost.dcgm")
 MIB = 1 << 20
 SENTINEL_MIN = 2**62  # dcgm-exporter's "blank" values, e.g. 9223372036854775794
-
-
-class DcgmUnavailable(Exception):
-    """The exporter cannot be scraped; the message says where and why."""
 
 
 def _value(v: float) -> float | None:
@@ -39,26 +31,6 @@ def _value(v: float) -> float | None:
 def _pct(ratio: object) -> float | None:
     """A profiling ratio (0–1) as a percentage, clamped as the exporter's rounding may pass 1."""
     return None if ratio is None else min(100.0, max(0.0, float(ratio) * 100))  # type: ignore[arg-type]
-
-
-def _families(text: str, counts: Counter[str]) -> list[Any]:
-    """The scrape's metric families; a text one bad line spoils is read again line by line, each
-    line that cannot be read counted (``line_unparseable``), so that one line never costs the scrape."""
-    try:
-        return list(text_string_to_metric_families(text))
-    except ValueError:
-        pass
-    families = []
-    for line in text.splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        try:
-            families += text_string_to_metric_families(line + "\n")
-        except ValueError:
-            counts["line_unparseable"] += 1
-    if not families:
-        raise ValueError("no line of it is a Prometheus sample")
-    return families
 
 
 def device_of(labels: dict[str, str]) -> tuple[str, str | None, str]:
@@ -88,7 +60,7 @@ def scrape_to_events(
     counts = counts if counts is not None else Counter()
     gpus: dict[str, dict[str, object]] = {}
     parents_of_instances: set[str] = set()
-    for family in _families(text, counts):
+    for family in families(text, counts):
         for sample in family.samples:
             uuid = sample.labels.get("UUID")
             if not sample.name.startswith("DCGM_FI_"):
@@ -170,19 +142,7 @@ def _gpu_events(
         pid = container_pid(namespace, pod, container)
         if pid not in bound:
             bound.add(pid)
-            out.append(
-                TenantBinding(
-                    node_id=gpu.node_id,
-                    pid=pid,
-                    ts_ns=ts_ns,
-                    team=namespace,
-                    env="",
-                    app=pod,
-                    tier=container,
-                    sla=sla,
-                    origin="dcgm",
-                )
-            )  # type: ignore[arg-type]
+            out.append(container_binding(gpu.node_id, pid, ts_ns, namespace, pod, container, sla, "dcgm"))
     elif gpu.sm_util_pct > 0:
         pid = unclaimed_pid(uuid)
         counts["busy_unclaimed"] += 1
@@ -192,30 +152,10 @@ def _gpu_events(
     return out
 
 
-class DcgmScraper:
-    """Scrapes one exporter each period; a failed scrape is logged and counted, never fatal."""
+class DcgmScraper(Scraper):
+    """dcgm-exporter, scraped each period."""
 
-    def __init__(self, url: str, default_node: str, timeout_s: float = 5.0, sla: str = "Bronze") -> None:
-        self.url, self.default_node, self.timeout_s, self.sla = url, default_node, timeout_s, sla
-        self.counts: Counter[str] = Counter()
+    name = "dcgm"
 
-    def fetch(self) -> str:
-        try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:  # noqa: S310 (configured URL)
-                return resp.read().decode("utf-8", "replace")
-        except (URLError, OSError, ValueError) as exc:
-            raise DcgmUnavailable(f"cannot scrape {self.url}: {exc}") from None
-
-    def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
-        try:
-            text = self.fetch()
-        except DcgmUnavailable as exc:
-            log.warning("%s", exc)
-            self.counts["scrape_failed"] += 1
-            return []
-        try:
-            return scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla)
-        except ValueError as exc:  # not Prometheus text (a proxy's error page, a truncated body)
-            log.warning("dcgm: %s did not return Prometheus text: %s", self.url, exc)
-            self.counts["scrape_unparseable"] += 1
-            return []
+    def parse(self, text: str, ts_ns: int, interval_s: float) -> list[Event]:
+        return scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla)

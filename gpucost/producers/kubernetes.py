@@ -28,14 +28,14 @@ import ssl
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpucost.producers.attribution import LATER, AttributionSettings, Later, first_set, labels_of, tenant_binding
 from gpucost.producers.pod_resources import list_pod_devices
-from gpucost.schemas.events import TenantBinding
+from gpucost.schemas.events import Event, TenantBinding
 
 __all__ = [
     "KubernetesSettings",
@@ -47,9 +47,13 @@ __all__ = [
     "list_pods",
     "pod_labels",
     "pod_tenant",
+    "EXPORTER_ORIGINS",
 ]
 
 log = logging.getLogger("gpucost.kubernetes")
+
+#: where an exporter bound a pod's container by its names alone (``gpucost.producers.scrape.container_binding``)
+EXPORTER_ORIGINS = ("dcgm", "hami")
 
 #: each binding field and the pod label or annotation keys that give it, first set wins (labels before
 #: annotations). A pod none of them names a team of is its namespace's; with no app, its pod's name; with
@@ -287,6 +291,20 @@ class KubernetesPods:
         if pod is None:
             return LATER
         return self._binding(pod, container, node_id, pid, ts_ns)
+
+    def named(self, events: Iterable[Event]) -> Iterator[Event]:
+        """``events``, each binding an exporter made of a pod's container (``EXPORTER_ORIGINS``: team = namespace,
+        app = pod, tier = container) replaced by the binding this pod's labels give it, so that its use is named as
+        its allocation and its processes' bindings are; kept as it came where the pod is not listed (yet, or the API
+        server is away) or its labels make no tenant, counted either way."""
+        for event in events:
+            if isinstance(event, TenantBinding) and event.origin in EXPORTER_ORIGINS:
+                b = event
+                pod = self._named.get((b.team, b.app)) or self._relisted_by_name(b.team, b.app, b.ts_ns)
+                found = None if pod is None else self._binding(pod, b.tier, b.node_id, b.pid, b.ts_ns)
+                self.counts["kube_exporter_named" if found else "kube_exporter_pod_unnamed"] += 1
+                event = found or event
+            yield event
 
     def _due(self, last: int | None, ts_ns: int) -> bool:
         return last is None or ts_ns - last >= self.settings.refresh_ns

@@ -8,6 +8,7 @@ only decides when to call ``stop()`` (the CLI: on the first SIGINT or SIGTERM).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ __all__ = [
     "open_nvml",
 ]
 
-LIVE_SOURCES = ("nvml", "dcgm", "ebpf")
+LIVE_SOURCES = ("nvml", "dcgm", "hami", "ebpf")
 
 
 class SourceUnavailable(Exception):
@@ -44,8 +45,9 @@ class LiveSettings:
     node_id: str
     period_s: float = 1.0
     duration_s: float | None = None  # None: until stop()
-    dcgm_url: str | None = None
-    dcgm_sla: str = "Bronze"
+    #: the exporter's /metrics (dcgm-exporter's, HAMi's vGPU monitor's) and the SLA of the tenants its pods make
+    url: str | None = None
+    pod_sla: str = "Bronze"
     ebpf_sample_every: int = 16
     #: the libraries probed: "auto", where the loader finds them (if anywhere); None, not probed. Kernel launches
     #: are not probed unless asked for: a uprobe per launch can double a launch-bound program's time, for traces
@@ -71,7 +73,7 @@ class LiveSource(Protocol):
 
 
 class _Sampled:
-    """A sampler read on a drift-free grid of ``period_s`` (NVML, dcgm-exporter)."""
+    """A sampler read on a drift-free grid of ``period_s`` (NVML, an exporter's scrape)."""
 
     def __init__(self, sampler: Sampler, what: str, s: LiveSettings, close: Callable[[], None]) -> None:
         self.sampler, self.what, self.settings, self._close = sampler, what, s, close
@@ -161,20 +163,35 @@ def open_live(
             except NvmlUnavailable as exc:
                 raise SourceUnavailable(str(exc)) from None
         return _Sampled(nvml, f"sampling {len(nvml.devices)} GPU(s) via NVML every {s.period_s:g} s", s, nvml.close)
-    if name == "dcgm":
-        from gpucost.producers.dcgm import DcgmScraper, DcgmUnavailable
-
-        if not s.dcgm_url:
-            raise SourceUnavailable("--source dcgm needs --url (or GPUCOST_DCGM_URL), e.g. http://host:9400/metrics")
-        dcgm = DcgmScraper(s.dcgm_url, s.node_id, sla=s.dcgm_sla)
-        try:
-            dcgm.fetch()  # reachable now, or one clear error
-        except DcgmUnavailable as exc:
-            raise SourceUnavailable(str(exc)) from None
-        return _Sampled(dcgm, f"sampling dcgm-exporter at {s.dcgm_url} every {s.period_s:g} s", s, lambda: None)
+    if name in _SCRAPED:
+        return _open_scraped(name, s)
     if name == "ebpf":
         return _open_ebpf(s, nvml, say)
     raise ValueError(f"unknown live source {name!r}; the live sources are {', '.join(LIVE_SOURCES)}")
+
+
+#: the scraped sources: what each is called, its URL's variable and an example URL
+_SCRAPED = {
+    "dcgm": ("dcgm-exporter", "GPUCOST_DCGM_URL", "http://host:9400/metrics"),
+    "hami": ("HAMi's vGPU monitor", "GPUCOST_HAMI_URL", "http://host:31992/metrics"),
+}
+
+
+def _open_scraped(name: str, s: LiveSettings) -> LiveSource:
+    from gpucost.producers.dcgm import DcgmScraper
+    from gpucost.producers.hami import HamiScraper
+    from gpucost.producers.scrape import ScrapeUnavailable
+
+    what, variable, example = _SCRAPED[name]
+    url = s.url or os.environ.get(variable)
+    if not url:
+        raise SourceUnavailable(f"--source {name} needs --url (or {variable}), e.g. {example}")
+    scraper = (DcgmScraper if name == "dcgm" else HamiScraper)(url, s.node_id, sla=s.pod_sla)
+    try:
+        scraper.fetch()  # reachable now, or one clear error
+    except ScrapeUnavailable as exc:
+        raise SourceUnavailable(str(exc)) from None
+    return _Sampled(scraper, f"sampling {what} at {url} every {s.period_s:g} s", s, lambda: None)
 
 
 def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]) -> LiveSource:

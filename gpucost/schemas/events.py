@@ -271,9 +271,9 @@ class EbpfTrace(_Event):
 TenantField = Annotated[str, Field(max_length=256)]
 Sla = Literal["Gold", "Silver", "Bronze"]
 SLAS: tuple[str, ...] = get_args(Sla)
-#: where a binding was found (``gpucost.producers.attribution``, ``.kubernetes``, ``.dcgm``); a binding
+#: where a binding was found (``gpucost.producers.attribution``, ``.kubernetes``, ``.dcgm``, ``.hami``); a binding
 #: without one was given (a file, another system)
-Origin = Literal["environ", "slurm", "kubernetes", "dcgm"]
+Origin = Literal["environ", "slurm", "kubernetes", "dcgm", "hami"]
 
 
 def _no_separator(value: str | None) -> str | None:

@@ -1,0 +1,101 @@
+"""A Prometheus exporter read each tick: dcgm-exporter, HAMi's vGPU monitor.
+
+Why one class: both sources fetch a ``/metrics`` page, turn it into events and must never stop a
+live run over one bad scrape. The fetch, the counting of what failed and the tolerant reading of
+the text are here once; each source says only how its scrape becomes events (``parse``).
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+from collections import Counter
+from typing import Any
+from urllib.error import URLError
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpucost.schemas.events import Event, TenantBinding
+
+__all__ = ["ScrapeUnavailable", "Scraper", "families", "container_binding"]
+
+log = logging.getLogger("gpucost.scrape")
+
+
+class ScrapeUnavailable(Exception):
+    """The exporter cannot be scraped; the message says where and why."""
+
+
+def families(text: str, counts: Counter[str]) -> list[Any]:
+    """The scrape's metric families; a text one bad line spoils is read again line by line, each
+    line that cannot be read counted (``line_unparseable``), so that one line never costs the scrape."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError:
+        pass
+    found = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            found += text_string_to_metric_families(line + "\n")
+        except ValueError:
+            counts["line_unparseable"] += 1
+    if not found:
+        raise ValueError("no line of it is a Prometheus sample")
+    return found
+
+
+def container_binding(
+    node_id: str, pid: int, ts_ns: int, namespace: str, pod: str, container: str, sla: str, origin: str
+) -> TenantBinding:
+    """The tenant of a Kubernetes container an exporter names: team = namespace, app = pod, tier = container
+    (the rule of ``gpucost.producers.kubernetes.LABELS`` for a pod without gpucost labels, so that an exporter
+    and the pod's allocation name one tenant); ValueError for a name no tenant field may hold (a ``:``)."""
+    return TenantBinding(
+        node_id=node_id,
+        pid=pid,
+        ts_ns=ts_ns,
+        team=namespace,
+        env="",
+        app=pod,
+        tier=container,
+        sla=sla,  # type: ignore[arg-type]
+        origin=origin,  # type: ignore[arg-type]
+    )
+
+
+class Scraper:
+    """Scrapes one exporter each period; a failed scrape is logged and counted, never fatal."""
+
+    #: the source's name in messages ("dcgm")
+    name = "exporter"
+
+    def __init__(self, url: str, default_node: str, timeout_s: float = 5.0, sla: str = "Bronze") -> None:
+        self.url, self.default_node, self.timeout_s, self.sla = url, default_node, timeout_s, sla
+        self.counts: Counter[str] = Counter()
+
+    def parse(self, text: str, ts_ns: int, interval_s: float) -> list[Event]:
+        """The events of one scrape (ValueError: not Prometheus text at all)."""
+        raise NotImplementedError
+
+    def fetch(self) -> str:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:  # noqa: S310 (configured URL)
+                return resp.read().decode("utf-8", "replace")
+        except (URLError, OSError, ValueError) as exc:
+            raise ScrapeUnavailable(f"cannot scrape {self.url}: {exc}") from None
+
+    def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
+        try:
+            text = self.fetch()
+        except ScrapeUnavailable as exc:
+            log.warning("%s", exc)
+            self.counts["scrape_failed"] += 1
+            return []
+        try:
+            return self.parse(text, ts_ns, interval_s)
+        except ValueError as exc:  # not Prometheus text (a proxy's error page, a truncated body)
+            log.warning("%s: %s did not return Prometheus text: %s", self.name, self.url, exc)
+            self.counts["scrape_unparseable"] += 1
+            return []
