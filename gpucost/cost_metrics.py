@@ -30,29 +30,18 @@ series whose every label is ``_other``, and in ``gpucost_cost_series_folded_tota
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpucost.metrics import OTHER, BoundedSeries, labelled
+from gpucost.schemas.labels import labels_read
 
 __all__ = ["CostMetrics", "COST_LABELS", "OTHER_TEAM"]
 
 COST_LABELS = ("team", "env", "app", "sla", "gpu_model")
 OTHER_TEAM = OTHER  # the team (as every other label) of a family's series past the cap
 IDLE_TEAM = "idle"
-
-
-def _label_items(text: str | None) -> list[tuple[str, str]]:
-    """A record's labels as (key, value) pairs; none for text that is not an object of strings (a record on a topic
-    anyone may write: its µ$ still count in the other families)."""
-    try:
-        labels = json.loads(text) if text is not None else {}
-    except ValueError:
-        return []
-    return [(k, v) for k, v in labels.items() if isinstance(v, str)] if isinstance(labels, dict) else []
 
 
 class CostMetrics:
@@ -74,12 +63,10 @@ class CostMetrics:
     def observe(self, kind: str, table: pa.Table) -> None:
         """A table of ``kind``'s records just written."""
         if kind == "cost":
-            self._split(table, self.charged, self.credited)
+            self._basis(table, "usage", self.charged, self.credited)
             self._idle(table)
-            self._dimensions(table, "usage")
         elif kind == "allocation":
-            self._split(table, self.allocated, self.allocated_credit)
-            self._dimensions(table, "allocation")
+            self._basis(table, "allocation", self.allocated, self.allocated_credit)
         elif kind == "reclaim":
             for sla, team in zip(table.column("sla").to_pylist(), table.column("team").to_pylist()):
                 self.triggers.add((sla or "", team), 1)
@@ -99,45 +86,45 @@ class CostMetrics:
                         if n:  # None: not reported; 0: none, no series of its own
                             self.faults.add((node, severity), n)
 
-    @staticmethod
-    def _split(table: pa.Table, charged: BoundedSeries, credited: BoundedSeries) -> None:
-        """A basis's records: their µ$ charged and credited, by the cost labels."""
-        cost = table.column("cost_micro_usd")
-        for counter, rows in (
-            (charged, table.filter(pc.greater(cost, 0))),
-            (credited, table.filter(pc.less(cost, 0))),
-        ):
-            if not rows.num_rows:
-                continue
-            sums = (
-                rows.select([*COST_LABELS, "cost_micro_usd"])
-                .group_by(list(COST_LABELS), use_threads=False)
-                .aggregate([("cost_micro_usd", "sum")])
-            )
-            for *key, total in zip(*(sums.column(c).to_pylist() for c in (*COST_LABELS, "cost_micro_usd_sum"))):
-                counter.add(tuple(k or "" for k in key), abs(total))
-
-    def _dimensions(self, table: pa.Table, basis: str) -> None:
-        """A basis's records by node and by label: each distinct label set's sum read once (a label set is the
-        same text in every record of its tenant), each series added to once per table."""
+    def _basis(self, table: pa.Table, basis: str, charged: BoundedSeries, credited: BoundedSeries) -> None:
+        """A basis's records, charged and credited apart (each filtered once): by the cost labels, by node and by
+        label."""
         if "labels" not in table.column_names:  # a table of records written before labels existed
             table = table.append_column("labels", pa.nulls(table.num_rows, pa.string()))
         cost = table.column("cost_micro_usd")
-        for sign, rows in ((1, table.filter(pc.greater(cost, 0))), (-1, table.filter(pc.less(cost, 0)))):
-            if not rows.num_rows:
-                continue
-            nodes = rows.group_by(["node_id", "gpu_model"], use_threads=False).aggregate([("cost_micro_usd", "sum")])
-            for node, model, total in zip(
-                *(nodes.column(c).to_pylist() for c in ("node_id", "gpu_model", "cost_micro_usd_sum"))
-            ):
-                self.nodes[sign].add((basis, node, model), abs(total))
-            sets = rows.group_by(["labels"], use_threads=False).aggregate([("cost_micro_usd", "sum")])
-            labelled: dict[tuple[str, str, str], int] = {}
-            for labels, total in zip(*(sets.column(c).to_pylist() for c in ("labels", "cost_micro_usd_sum"))):
-                for key, value in _label_items(labels):
-                    labelled[(basis, key, value)] = labelled.get((basis, key, value), 0) + abs(total)
-            for series, total in labelled.items():  # one add per series: what folds past the cap is counted once
-                self.labels[sign].add(series, total)
+        for sign, counter, rows in (
+            (1, charged, table.filter(pc.greater(cost, 0))),
+            (-1, credited, table.filter(pc.less(cost, 0))),
+        ):
+            if rows.num_rows:
+                self._by_cost_labels(rows, counter)
+                self._dimensions(rows, basis, sign)
+
+    @staticmethod
+    def _by_cost_labels(rows: pa.Table, counter: BoundedSeries) -> None:
+        sums = (
+            rows.select([*COST_LABELS, "cost_micro_usd"])
+            .group_by(list(COST_LABELS), use_threads=False)
+            .aggregate([("cost_micro_usd", "sum")])
+        )
+        for *key, total in zip(*(sums.column(c).to_pylist() for c in (*COST_LABELS, "cost_micro_usd_sum"))):
+            counter.add(tuple(k or "" for k in key), abs(total))
+
+    def _dimensions(self, rows: pa.Table, basis: str, sign: int) -> None:
+        """Records of one sign by node and by label: each distinct label set's sum read once (a label set is the
+        same text in every record of its tenant), each series added to once per table."""
+        nodes = rows.group_by(["node_id", "gpu_model"], use_threads=False).aggregate([("cost_micro_usd", "sum")])
+        for node, model, total in zip(
+            *(nodes.column(c).to_pylist() for c in ("node_id", "gpu_model", "cost_micro_usd_sum"))
+        ):
+            self.nodes[sign].add((basis, node, model), abs(total))
+        sets = rows.group_by(["labels"], use_threads=False).aggregate([("cost_micro_usd", "sum")])
+        labelled: dict[tuple[str, str, str], int] = {}
+        for labels, total in zip(*(sets.column(c).to_pylist() for c in ("labels", "cost_micro_usd_sum"))):
+            for key, value in (labels_read(labels) or {}).items():
+                labelled[(basis, key, value)] = labelled.get((basis, key, value), 0) + abs(total)
+        for series, total in labelled.items():  # one add per series: what folds past the cap is counted once
+            self.labels[sign].add(series, total)
 
     def _idle(self, table: pa.Table) -> None:
         idle = table.filter(pc.equal(table.column("team"), IDLE_TEAM))

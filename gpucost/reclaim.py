@@ -35,6 +35,7 @@ from gpucost.kafka.clients import start
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
+from gpucost.schemas.labels import labels_read
 from gpucost.schemas.records import DeadLetter, ReclaimRecord
 from gpucost.sinks.views import view_records
 from gpucost.times import iso_ns
@@ -65,17 +66,9 @@ def action_of(record: ReclaimRecord) -> dict[str, Any]:
         "deadline_ns": record.deadline_ns,
         "usd_per_gpu_hour": None if record.usd_per_gpu_hour is None else str(record.usd_per_gpu_hour),
         "held": record.held,  # the tenant held the GPU (an allocation) in the trigger pane: reserved idle
-        "labels": _labels(record.labels),
+        # the object they were sent as; a text that is not one (a record on a topic anyone may write) as the text
+        "labels": record.labels if (labels := labels_read(record.labels)) is None else labels,
     }
-
-
-def _labels(text: str | None) -> Any:
-    """A trigger's labels as the object they were sent as; a text that is not one (a record on a topic anyone may
-    write) as the text, never an error that stops the acting."""
-    try:
-        return None if text is None else json.loads(text)
-    except ValueError:
-        return text
 
 
 class Ledger:

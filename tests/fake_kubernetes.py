@@ -164,6 +164,11 @@ class FakeNode:
         self.refused: list[str] = []  # why a request was refused (a wrong token, another node)
         self._layout = _compiled(KUBELET_LAYOUT)
 
+    def run_flags(self, url: str, *more: str) -> list[str]:
+        """``gpucost run``'s flags that attribute by this node's pods (``url``: ``serving``'s), then ``more``."""
+        where = ["--kube-pods-url", url, "--kube-token-file", str(self.token_file)]
+        return ["run", "--attribution", "kubernetes", *where, "--kube-pod-resources", str(self.socket), *more]
+
     def response(self) -> bytes:
         """``List``'s answer, in the kubelet's layout (with CPU ids and NUMA topology)."""
         m = self._layout

@@ -195,16 +195,7 @@ def test_with_pod_attribution_the_pod_s_labels_name_its_use_as_they_name_its_all
     live = SimpleNamespace(events=lambda: iter(scrapes), counts=Counter())
     kube = FakeNode(tmp_path, [labelled], node="gpu-a")
     with kube.serving() as url:
-        flags = [
-            "run",
-            "--attribution",
-            "kubernetes",
-            "--kube-pods-url",
-            url,
-            "--kube-token-file",
-            str(kube.token_file),
-        ]
-        flags += ["--kube-pod-resources", str(kube.socket), "--kube-allocations", "on"]
+        flags = kube.run_flags(url, "--kube-allocations", "on")
         events = list(attributed(build_parser().parse_args(flags), live))  # type: ignore[arg-type]
     out = audited(events)
     used = {r.team: r.tenant_key for r in out if isinstance(r, CostRecord)}

@@ -288,15 +288,6 @@ def test_the_flag_and_its_variable_name_the_file_and_run_s_wiring_reads_it(
     kube = FakeNode(tmp_path, [held("gpu", GPU, f"{A}::0"), held("mig1", MIG1G, f"{MIGX}::0")], node="gpu-a")
     live = SimpleNamespace(events=lambda: samples("gpu-a", (A, MIGX), {}), counts=Counter())
     with kube.serving() as url:
-        flags = [
-            "run",
-            "--attribution",
-            "kubernetes",
-            "--kube-pods-url",
-            url,
-            "--kube-token-file",
-            str(kube.token_file),
-        ]
-        flags += ["--kube-pod-resources", str(kube.socket), "--kube-replicas", "8", "--kube-allocations", "on"]
+        flags = kube.run_flags(url, "--kube-replicas", "8", "--kube-allocations", "on")
         out = list(attributed(build_parser().parse_args([*flags, "--kube-sharing-config", str(path)]), live))  # type: ignore[arg-type]
     assert sorted((a.app, a.fraction_den) for a in out if isinstance(a, Allocation)) == [("gpu", 4), ("mig1", 2)]

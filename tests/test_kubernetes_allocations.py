@@ -255,16 +255,7 @@ def test_gpucost_run_s_wiring_sends_allocations_beside_the_samples(
     kube = FakeNode(tmp_path, [pod("vision", "ts-1", f"{TS}::0", T0), pod("batch", "mig-3", MIG3, T0)], node="gpu-a")
     live = SimpleNamespace(events=lambda: samples("gpu-a", (TS, MIG3), {}), counts=Counter())
     with kube.serving() as url:
-        flags = [
-            "run",
-            "--attribution",
-            "kubernetes",
-            "--kube-pods-url",
-            url,
-            "--kube-token-file",
-            str(kube.token_file),
-        ]
-        flags += ["--kube-pod-resources", str(kube.socket), "--kube-replicas", "4"]
+        flags = kube.run_flags(url, "--kube-replicas", "4")
         off = list(attributed(build_parser().parse_args(flags), live))  # type: ignore[arg-type]
         on = list(attributed(build_parser().parse_args([*flags, "--kube-allocations", "on"]), live))  # type: ignore[arg-type]
     assert not [e for e in off if isinstance(e, Allocation)]

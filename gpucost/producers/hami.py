@@ -22,9 +22,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpucost.producers.scrape import Scraper, container_binding, families
-from gpucost.producers.synthetic import container_pid, unclaimed_pid
+from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
-from gpucost.schemas.events import Event, GpuSample, ProcessSample
+from gpucost.schemas.events import Event, GpuSample
 from gpucost.schemas.exact import round_scaled
 
 __all__ = ["HamiScraper", "scrape_to_events", "HOST_METRICS", "CONTAINER_METRICS"]
@@ -185,30 +185,15 @@ def _gpu_events(
                 log.warning("hami: container %s/%s/%s not bound: %s", namespace, pod, container, explain(exc))
                 continue
             bound.add(pid)
-        events.append(_busy(sample, pid, busy_cp, int(figures.values.get("mem_used", 0))))
+        events.append(busy_as(sample, pid, int(figures.values.get("mem_used", 0)), busy_cp))
         claimed_cp += busy_cp
     rest_cp = sample.sm_util_cp - claimed_cp
     if rest_cp > 0:
         counts["busy_unclaimed"] += 1
-        events.append(_busy(sample, unclaimed_pid(uuid), rest_cp, 0))
+        events.append(busy_as(sample, unclaimed_pid(uuid), 0, rest_cp))
     elif rest_cp < 0:
         counts["containers_above_host"] += 1  # read at other instants: the containers' own figures are billed
     return events
-
-
-def _busy(gpu: GpuSample, pid: int, busy_cp: int, mem_used_bytes: int) -> ProcessSample:
-    """A process sample of ``pid`` on ``gpu``: ``busy_cp`` hundredths of a percent of SM time and its memory.
-    No memory bandwidth: HAMi measures none per container, so the split's ``b`` is 0 for all on this GPU."""
-    return ProcessSample(
-        node_id=gpu.node_id,
-        gpu_uuid=gpu.gpu_uuid,
-        pid=pid,
-        ts_ns=gpu.ts_ns,
-        interval_s=gpu.interval_s,
-        sm_util_pct=busy_cp / 100,
-        mem_bw_util_pct=0.0,
-        mem_used_bytes=mem_used_bytes,
-    )
 
 
 class HamiScraper(Scraper):

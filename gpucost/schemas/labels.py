@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
-__all__ = ["LABELS_MAX", "LABEL_KEY_MAX", "LABEL_VALUE_MAX", "Labels", "labels_text"]
+__all__ = ["LABELS_MAX", "LABEL_KEY_MAX", "LABEL_VALUE_MAX", "Labels", "labels_read", "labels_text"]
 
 #: how many labels a binding or an allocation carries at most, and how long a key and a value may be: a label is
 #: part of its tenant's key, which every cost record repeats (Kubernetes' own limits are 63 characters for a
@@ -47,6 +47,18 @@ def labels_text(value: Any) -> str | None:
                 "which no UTF-8 text can hold): send printable text"
             )
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if value else None
+
+
+def labels_read(text: str | None) -> dict[str, str] | None:
+    """A record's ``labels`` text as the object it holds, read leniently: None for none, or for a text that is not
+    a JSON object of strings (a record on a topic anyone may write: what reads it carries on without them)."""
+    try:
+        found = None if text is None else json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        return None
+    return found
 
 
 def _labels_wire(text: str | None) -> dict[str, str] | None:
