@@ -20,7 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.cli import build_parser
+from gpucost.producers.attribution import AttributionSettings
 from gpucost.producers.hami import HamiScraper, scrape_to_events
+from gpucost.producers.kubernetes import KubernetesPods, KubernetesSettings
+from gpucost.producers.scrape import container_binding
 from gpucost.producers.synthetic import container_pid, unclaimed_pid
 from gpucost.schemas.events import Allocation, GpuSample, ProcessSample, TenantBinding
 from gpucost.schemas.records import AllocationRecord, CostRecord, DeadLetter
@@ -46,8 +49,9 @@ def scrapes(draw: st.DrawFn) -> list[Gpu]:
     gpus = []
     for uuid in UUIDS[: draw(st.integers(1, 3))]:
         names = draw(st.lists(st.tuples(NAMES, st.sampled_from(["p1", "p2", "p3"])), max_size=4, unique=True))
+        memory = st.none() | st.integers(0, 2**40) | st.just(2**64)  # 2^64: past any count a sample holds
         containers = tuple(
-            Container(ns, pod, "main", pct(draw(CENTI)), draw(st.none() | st.integers(0, 2**40))) for ns, pod in names
+            Container(ns, pod, "main", pct(draw(st.integers(0, 15_000))), draw(memory)) for ns, pod in names
         )
         gpus.append(Gpu(uuid, pct(draw(CENTI)), draw(st.integers(0, 2**40)), containers=containers))
     return gpus
@@ -63,7 +67,8 @@ def _cp(text: str) -> int:
 @given(gpus=scrapes(), legacy=st.booleans())
 def test_each_gpu_and_container_of_a_scrape_with_its_values(gpus: list[Gpu], legacy: bool) -> None:
     """Per GPU its sample; per container a binding (team = namespace, app = pod, tier = container) and its own
-    busy; the GPU's busy the containers leave, unclaimed. Either spelling of the monitor's metrics gives the same."""
+    busy (at most 100 %); the GPU's busy the containers leave, unclaimed; where they claim more than the host saw,
+    the host's busy split in proportion to their claims. Either spelling of the monitor's metrics gives the same."""
     counts: Counter[str] = Counter()
     events = scrape_to_events(metrics_text(gpus, "gpu-a", legacy), T0, 1.0, "fallback", counts)
     samples = {e.gpu_uuid: e for e in events if isinstance(e, GpuSample)}
@@ -74,15 +79,19 @@ def test_each_gpu_and_container_of_a_scrape_with_its_values(gpus: list[Gpu], leg
         assert samples[g.uuid].node_id == "gpu-a" and samples[g.uuid].gpu_model == "H100"
         assert samples[g.uuid].sm_util_cp == _cp(g.util)  # type: ignore[arg-type]
         assert samples[g.uuid].mem_used_bytes == g.mem_bytes
-        claimed = 0
-        for c in g.containers:
+        claims = {}
+        for c in sorted(g.containers, key=lambda c: (c.namespace, c.pod)):
             pid = container_pid(c.namespace, c.pod, c.name)
             b = bindings[pid]
             assert (b.team, b.env, b.app, b.tier, b.sla, b.origin) == (c.namespace, "", c.pod, "main", "Bronze", "hami")
-            assert busy[(g.uuid, pid)] == (_cp(c.util), c.mem_bytes or 0)
-            claimed += _cp(c.util)
-        rest = _cp(g.util) - claimed  # type: ignore[arg-type]
-        assert busy.get((g.uuid, unclaimed_pid(g.uuid))) == ((rest, 0) if rest > 0 else None)
+            assert busy[(g.uuid, pid)][1] == (c.mem_bytes if c.mem_bytes and c.mem_bytes < 2**63 else 0)
+            claims[pid] = min(10_000, _cp(c.util))
+        host, total = _cp(g.util), sum(claims.values())  # type: ignore[arg-type]
+        if total > host:  # the host's busy, split by largest remainder in proportion to the claims
+            claims = dict(zip(claims, largest_remainder(host, [Fraction(v) for v in claims.values()])))
+        elif host > total:
+            claims[unclaimed_pid(g.uuid)] = host - total
+        assert {pid: busy[(g.uuid, pid)][0] for pid in claims} == claims
     assert len(busy) == sum(len(g.containers) for g in gpus) + sum(1 for k in busy if k[1] == unclaimed_pid(k[0]))
     assert len(bindings) == len({(c.namespace, c.pod) for g in gpus for c in g.containers})  # once a scrape
 
@@ -118,11 +127,67 @@ def test_bad_figures_are_counted_and_the_rest_billed() -> None:
         "sample_without_device_uuid": 1,
         "container_name_invalid": 1,  # 'a:b' cannot be a tenant field: not bound, its busy left to the rest
         "gpu_without_host_figures": 1,  # the second GPU: its container cannot be billed without it
-        "containers_above_host": 1,  # nlp's 150 % is clamped to 100 %, past the host's 80 %
+        "clamped:hami_container_device_utilization_ratio": 1,  # nlp's 150 %: 100 %
+        "containers_above_host": 1,  # 30 % (a:b's, no one's) and nlp's 100 % past the host's 80 %
     }
-    busy = {e.pid: e.sm_util_pct for e in events if isinstance(e, ProcessSample)}
-    assert busy == {container_pid("nlp", "p", "main"): 100.0}
+    busy = {e.pid: e.sm_util_cp for e in events if isinstance(e, ProcessSample)}
+    nobody, nlp = largest_remainder(8000, [Fraction(3000), Fraction(10_000)])  # the host's 80 %, by the claims
+    assert busy == {unclaimed_pid(UUIDS[0]): nobody, container_pid("nlp", "p", "main"): nlp}
     assert [e.gpu_uuid for e in events if isinstance(e, GpuSample)] == [UUIDS[0]]
+
+
+def test_one_bad_figure_costs_that_figure_never_its_gpu_s_bill() -> None:
+    """An unsigned underflow as memory (HAMi #1181), a limit, power or temperature no device has, a memory
+    controller past 100 %: each figure counted and left out, the GPU and its containers billed all the same; a GPU
+    no event can describe (a model name past 256 characters) is skipped, and its containers are bound on their other
+    GPUs."""
+    ml = Container("ml", "p1", "main", "30", mem_bytes=18446744073707737660, limit_bytes=10**30)
+    a = Gpu(UUIDS[0], "50", power_w="1e30", temp_c="1e30", mem_ctrl="150", containers=(ml,))
+    b = Gpu(UUIDS[1], "50", containers=(Container("ml", "p1", "main", "30"),))
+    counts: Counter[str] = Counter()
+    events = scrape_to_events(metrics_text([a, b], "n"), T0, 1.0, "n", counts)
+    assert [e.gpu_uuid for e in events if isinstance(e, GpuSample)] == [UUIDS[0], UUIDS[1]]
+    assert [e.mem_bw_util_pct for e in events if isinstance(e, GpuSample)] == [100.0, 0.0]
+    pid = container_pid("ml", "p1", "main")
+    assert [
+        (e.gpu_uuid, e.sm_util_cp, e.mem_used_bytes) for e in events if isinstance(e, ProcessSample) and e.pid == pid
+    ] == [
+        (UUIDS[0], 3000, 0),
+        (UUIDS[1], 3000, 0),
+    ]
+    assert {k for k in counts if ":" in k} == {
+        "unreadable:hami_container_device_memory_bytes",
+        "unreadable:hami_vgpu_memory_limit_bytes",
+        "unreadable:hami_host_gpu_power_usage_watts",
+        "unreadable:hami_host_gpu_temperature_celsius",
+        "clamped:hami_host_gpu_memory_controller_utilization_ratio",
+    }
+    long = metrics_text([a, b], "n", model="NVIDIA-" + "H" * 300)
+    broken = metrics_text([a], "n", model="NVIDIA-" + "H" * 300) + metrics_text([b], "n").split("\n", 1)[1]
+    counts = Counter()
+    events = scrape_to_events(broken, T0, 1.0, "n", counts)
+    assert counts["gpu_sample_invalid"] == 1 and [e.gpu_uuid for e in events if isinstance(e, GpuSample)] == [UUIDS[1]]
+    assert [e.pid for e in events if isinstance(e, TenantBinding)] == [pid]  # bound on the GPU that was kept
+    assert scrape_to_events(long, T0, 1.0, "n") == []
+
+
+def test_two_containers_one_synthetic_pid_bind_the_first_and_leave_the_second_unclaimed() -> None:
+    first, second = Container("team-34", "job-634", "main", "20"), Container("team-47", "job-104097", "main", "30")
+    assert container_pid("team-34", "job-634", "main") == container_pid("team-47", "job-104097", "main")
+    counts: Counter[str] = Counter()
+    events = scrape_to_events(
+        metrics_text([Gpu(UUIDS[0], "60", containers=(first, second))], "n"), T0, 1.0, "n", counts
+    )
+    assert [(e.team, e.app) for e in events if isinstance(e, TenantBinding)] == [("team-34", "job-634")]
+    busy = {e.pid: e.sm_util_cp for e in events if isinstance(e, ProcessSample)}
+    assert busy == {container_pid("team-34", "job-634", "main"): 2000, unclaimed_pid(UUIDS[0]): 4000}
+    assert counts["container_pid_collision"] == 1
+
+
+def test_a_byte_order_mark_hides_nothing() -> None:
+    text = metrics_text([Gpu(UUIDS[0], "60", containers=(Container("ml", "p", "main", "20"),))], "n")
+    text = text.split("\n", 1)[1]  # the first line a sample's
+    assert scrape_to_events("\ufeff" + text, T0, 1.0, "n") == scrape_to_events(text, T0, 1.0, "n") != []
 
 
 def test_a_shared_gpu_bills_each_container_its_own_busy_and_its_allocation_beside_it() -> None:
@@ -203,6 +268,25 @@ def test_with_pod_attribution_the_pod_s_labels_name_its_use_as_they_name_its_all
     assert set(used) == {"research", "ml", "unattributed", "idle"} and "nlp" not in held
     assert used["research"] == held["research"]
     assert live.counts["kube_exporter_named"] == live.counts["kube_exporter_pod_unnamed"] == len(range(T0, END, 10 * S))
+
+
+def test_a_pod_made_again_under_its_name_is_named_by_its_new_labels(tmp_path: Path) -> None:
+    def made(team: str) -> FakePod:
+        return FakePod("ml", "db-0", [FakeContainer("main")], labels={"gpucost.io/team": team})
+
+    kube = FakeNode(tmp_path, [made("alpha")], node="gpu-a")
+    pid = container_pid("ml", "db-0", "main")
+    seen = [container_binding("gpu-a", pid, T0 + k * S, "ml", "db-0", "main", "Bronze", "hami") for k in (0, 5, 20)]
+    with kube.serving() as url:
+        settings = KubernetesSettings(
+            pods_url=url, token_file=kube.token_file, pod_resources=kube.socket, refresh_ns=10 * S
+        )
+        named = KubernetesPods(settings, AttributionSettings()).named(iter(seen))
+        first = next(named)
+        kube.pods[:] = [made("beta")]  # deleted and made again, another UID and other labels
+        teams = [first.team, *(b.team for b in named)]  # type: ignore[attr-defined]
+    assert teams == ["alpha", "alpha", "beta"]  # listed again once a refresh (10 s), not at every binding
+    assert kube.list_calls == 2
 
 
 def test_gpucost_run_audits_a_hami_monitor_and_says_what_it_needs(tmp_path: Path) -> None:

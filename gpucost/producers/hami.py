@@ -11,21 +11,27 @@ Per scrape, per GPU: a GPU sample (the host's utilisation, memory-controller uti
 power and temperature); per container on it, its binding (once a scrape, however many GPUs it holds)
 and a process sample under the container's synthetic pid with its SM utilisation and memory; and
 the GPU's busy time no container claims (the host's utilisation less the containers', in hundredths
-of a percent) as a process sample with no binding, billed to ``unattributed``, never to idle.
+of a percent) as a process sample with no binding, billed to ``unattributed``, never to idle. The
+host's figure is the GPU's busy time: containers that claim more of it (read at other instants)
+share it in proportion to their claims, so their figures never turn the GPU's idle time into theirs.
+One bad figure costs that figure only (``_held``), never its GPU's bill.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from gpucost.producers.scrape import Scraper, container_binding, families
 from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
+from gpucost.schemas.bounds import field_bounds
 from gpucost.schemas.codec import explain
 from gpucost.schemas.events import Event, GpuSample
 from gpucost.schemas.exact import round_scaled
+from gpucost.streams.money import split_in_order
 
 __all__ = ["HamiScraper", "scrape_to_events", "HOST_METRICS", "CONTAINER_METRICS"]
 
@@ -94,6 +100,31 @@ def _model(device_type: str | None) -> str:
     return name if vendor == "NVIDIA" and name else device_type
 
 
+#: each figure's field of a GPU sample, whose declared bounds it must meet (``gpucost.schemas.bounds``)
+_FIELDS = {
+    "sm": "sm_util_pct",
+    "mem_bw": "mem_bw_util_pct",
+    "mem_used": "mem_used_bytes",
+    "mem_limit": "mem_total_bytes",
+    "power": "power_w",
+    "temp": "temp_c",
+}
+
+
+def _held(name: str, what: str, value: float, counts: Counter[str]) -> float | None:
+    """``value`` as a figure: a percentage past 100 (a rounding, or HAMi's figure of a container over several
+    processes) is 100, counted ``clamped:<metric>``; a value its field cannot hold (NaN, infinite, negative, a
+    byte count past 2^63 such as an unsigned underflow of HAMi's) is no figure, counted ``unreadable:<metric>``.
+    So one bad figure costs that figure, never its GPU's bill."""
+    if what in ("sm", "mem_bw") and value > 100:
+        counts[f"clamped:{name}"] += 1
+        return 100.0
+    if not field_bounds(GpuSample, _FIELDS[what]).holds(np.array([value], dtype=float)).all():
+        counts[f"unreadable:{name}"] += 1
+        return None
+    return value
+
+
 def _read(text: str, counts: Counter[str]) -> dict[str, _Gpu]:
     gpus: dict[str, _Gpu] = {}
     for family in families(text, counts):
@@ -106,12 +137,12 @@ def _read(text: str, counts: Counter[str]) -> dict[str, _Gpu]:
             if not uuid:
                 counts["sample_without_device_uuid"] += 1
                 continue
-            if math.isnan(sample.value) or math.isinf(sample.value) or sample.value < 0:
-                counts[f"unreadable:{sample.name}"] += 1
+            value = _held(sample.name, what, sample.value, counts)
+            if value is None:
                 continue
             gpu = gpus.setdefault(uuid, _Gpu())
             if sample.name in HOST_METRICS:
-                gpu.figures.take(sample.name, what, sample.value)
+                gpu.figures.take(sample.name, what, value)
                 gpu.node = gpu.node or labels.get("node")
                 gpu.model = gpu.model or labels.get("device_type")
                 continue
@@ -119,7 +150,7 @@ def _read(text: str, counts: Counter[str]) -> dict[str, _Gpu]:
             if not owner[0] or not owner[1]:
                 counts["container_without_pod"] += 1
                 continue
-            gpu.containers.setdefault(owner, _Figures()).take(sample.name, what, sample.value)
+            gpu.containers.setdefault(owner, _Figures()).take(sample.name, what, value)
     return gpus
 
 
@@ -130,16 +161,19 @@ def scrape_to_events(
     reason in ``counts`` (a GPU without its host figures, a value out of range), never raised."""
     counts = counts if counts is not None else Counter()
     out: list[Event] = []
-    bound: set[int] = set()  # containers bound in this scrape: one binding each, however many devices
+    owners: dict[int, tuple[str, str, str]] = {}  # the containers bound in this scrape, by pid: one binding each
     for uuid, gpu in sorted(_read(text, counts).items()):
         if "sm" not in gpu.figures.values:
             counts["gpu_without_host_figures"] += 1  # no device utilisation: its containers cannot be billed
             continue
         try:
-            out += _gpu_events(uuid, gpu, ts_ns, interval_s, default_node, sla, bound, counts)
-        except ValueError as exc:  # a value no GPU can have (over 100 %), a pod name with ':': counted
+            events, bound = _gpu_events(uuid, gpu, ts_ns, interval_s, default_node, sla, owners, counts)
+        except ValueError as exc:  # a name or model no event field may hold (over 256 characters): counted
             counts["gpu_sample_invalid"] += 1
             log.warning("hami: GPU %s skipped this scrape: %s", uuid, explain(exc))
+            continue
+        out += events
+        owners |= bound  # only once its GPU's events are kept: a container's other GPUs then bind it
     return out
 
 
@@ -150,9 +184,10 @@ def _gpu_events(
     interval_s: float,
     default_node: str,
     sla: str,
-    bound: set[int],
+    owners: dict[int, tuple[str, str, str]],
     counts: Counter[str],
-) -> list[Event]:
+) -> tuple[list[Event], dict[int, tuple[str, str, str]]]:
+    """One GPU's events and the containers they bind (``owners``: those bound already in this scrape)."""
     host = gpu.figures.values
     used = int(host.get("mem_used", 0))
     limits = sum(int(c.values.get("mem_limit", 0)) for c in gpu.containers.values())
@@ -165,35 +200,68 @@ def _gpu_events(
         sm_util_pct=host["sm"],
         mem_bw_util_pct=host.get("mem_bw", 0.0),
         mem_used_bytes=used,
-        mem_total_bytes=max(used, limits),  # HAMi reports no device total: a lower bound, which no figure reads
+        mem_total_bytes=min(max(used, limits), 2**63 - 1),  # HAMi reports no device total; no figure reads it
         power_w=host.get("power", 0.0),
         temp_c=host.get("temp", 0.0),
     )
     events: list[Event] = [sample]
-    claimed_cp = 0
-    for (namespace, pod, container), figures in sorted(gpu.containers.items()):
+    bound: dict[int, tuple[str, str, str]] = {}
+    claims: dict[int, int] = {}  # busy claimed per pid, hundredths of a percent; unclaimed_pid for no one's
+    memory: dict[int, int] = {}
+    nobody = unclaimed_pid(uuid)
+    for owner, figures in sorted(gpu.containers.items()):
         if "sm" not in figures.values:
             counts["container_without_utilisation"] += 1
             continue
-        busy_cp = min(10_000, round_scaled(figures.values["sm"], 100))
-        pid = container_pid(namespace, pod, container)
-        if pid not in bound:
-            try:
-                events.append(container_binding(sample.node_id, pid, ts_ns, namespace, pod, container, sla, "hami"))
-            except ValueError as exc:  # a name no tenant field may hold: its busy time stays unclaimed, counted
-                counts["container_name_invalid"] += 1
-                log.warning("hami: container %s/%s/%s not bound: %s", namespace, pod, container, explain(exc))
-                continue
-            bound.add(pid)
-        events.append(busy_as(sample, pid, int(figures.values.get("mem_used", 0)), busy_cp))
-        claimed_cp += busy_cp
-    rest_cp = sample.sm_util_cp - claimed_cp
-    if rest_cp > 0:
-        counts["busy_unclaimed"] += 1
-        events.append(busy_as(sample, unclaimed_pid(uuid), 0, rest_cp))
-    elif rest_cp < 0:
-        counts["containers_above_host"] += 1  # read at other instants: the containers' own figures are billed
-    return events
+        pid = _bound_pid(owner, sample, sla, owners | bound, events, counts)
+        if pid is None:
+            pid = nobody  # not bound: its busy time no one's, billed to unattributed
+        else:
+            bound[pid] = owner
+            memory[pid] = int(figures.values.get("mem_used", 0))
+        claims[pid] = claims.get(pid, 0) + round_scaled(figures.values["sm"], 100)
+    for pid, busy_cp in _busy_split(sample.sm_util_cp, claims, nobody, counts).items():
+        if busy_cp or pid != nobody:
+            events.append(busy_as(sample, pid, memory.get(pid, 0), busy_cp))
+    return events, bound
+
+
+def _bound_pid(
+    owner: tuple[str, str, str],
+    sample: GpuSample,
+    sla: str,
+    owners: dict[int, tuple[str, str, str]],
+    events: list[Event],
+    counts: Counter[str],
+) -> int | None:
+    """The synthetic pid of ``owner``, its binding appended to ``events`` unless bound already; None where it
+    cannot be bound: a name no tenant field may hold, or a pid another container of the scrape hashed to."""
+    pid = container_pid(*owner)
+    if pid in owners:
+        if owners[pid] == owner:
+            return pid
+        counts["container_pid_collision"] += 1
+        log.warning("hami: containers %s and %s share a synthetic pid: the second not bound", owners[pid], owner)
+        return None
+    try:
+        events.append(container_binding(sample.node_id, pid, sample.ts_ns, *owner, sla, "hami"))
+    except ValueError as exc:
+        counts["container_name_invalid"] += 1
+        log.warning("hami: container %s not bound: %s", "/".join(owner), explain(exc))
+        return None
+    return pid
+
+
+def _busy_split(host_cp: int, claims: dict[int, int], nobody: int, counts: Counter[str]) -> dict[int, int]:
+    """The GPU's busy time (the host's figure, in hundredths of a percent) per pid: each container's own figure,
+    and what they leave to ``nobody``; where they claim more than the host saw (read at other instants), the
+    host's figure split in proportion to their claims, by largest remainder, so the GPU's idle time stays idle."""
+    total = sum(claims.values())
+    if total <= host_cp:
+        counts["busy_unclaimed"] += host_cp > total
+        return claims | {nobody: claims.get(nobody, 0) + host_cp - total}
+    counts["containers_above_host"] += 1
+    return dict(zip(claims, split_in_order(host_cp, list(claims.values()), total)))
 
 
 class HamiScraper(Scraper):

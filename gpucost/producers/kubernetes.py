@@ -296,11 +296,13 @@ class KubernetesPods:
         """``events``, each binding an exporter made of a pod's container (``EXPORTER_ORIGINS``: team = namespace,
         app = pod, tier = container) replaced by the binding this pod's labels give it, so that its use is named as
         its allocation and its processes' bindings are; kept as it came where the pod is not listed (yet, or the API
-        server is away) or its labels make no tenant, counted either way."""
+        server is away) or its labels make no tenant, counted either way. The pods are listed again once a refresh
+        (``refresh_ns``), so a pod made again under its name with other labels is named by its new ones."""
         for event in events:
             if isinstance(event, TenantBinding) and event.origin in EXPORTER_ORIGINS:
                 b = event
-                pod = self._named.get((b.team, b.app)) or self._relisted_by_name(b.team, b.app, b.ts_ns)
+                self._relist(b.ts_ns)  # when due: a pod made again under its name, with other labels, is seen
+                pod = self._named.get((b.team, b.app))
                 found = None if pod is None else self._binding(pod, b.tier, b.node_id, b.pid, b.ts_ns)
                 self.counts["kube_exporter_named" if found else "kube_exporter_pod_unnamed"] += 1
                 event = found or event

@@ -29,6 +29,7 @@ class ScrapeUnavailable(Exception):
 def families(text: str, counts: Counter[str]) -> list[Any]:
     """The scrape's metric families; a text one bad line spoils is read again line by line, each
     line that cannot be read counted (``line_unparseable``), so that one line never costs the scrape."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark would hide the first line's metric name
     try:
         return list(text_string_to_metric_families(text))
     except ValueError:
