@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from aiokafka.errors import KafkaConnectionError
 
@@ -88,9 +88,39 @@ def _parser_and_commands() -> tuple[argparse.ArgumentParser, argparse._SubParser
     return parser, sub
 
 
+#: a flag's value named by what its ``dest`` ends with, in the help (``--read-timeout-s S``, not ``READ_TIMEOUT_S``)
+_METAVARS = (
+    ("_file", "FILE"),
+    ("_dir", "DIR"),
+    ("_url", "URL"),
+    ("_address", "HOST:PORT"),
+    ("_bytes", "BYTES"),
+    ("_fraction", "FRACTION"),
+    ("_per_gpu_hour", "USD"),
+    ("_sd", "FILE"),
+    ("write", "FILE"),
+    ("_pod_resources", "SOCKET"),
+    ("_allocations", "on|off"),
+    ("_s", "S"),
+)
+
+
+class _Help(argparse.HelpFormatter):
+    """argparse's help, a flag's value named short: by its unit or kind where its name ends with one, else by the
+    name's last word (``--kube-sharing SHARING``); a flag that names its own metavar keeps it."""
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        found = next((name for suffix, name in _METAVARS if action.dest.endswith(suffix)), None)
+        return found or ("N" if action.type is int else action.dest.rsplit("_", 1)[-1].upper())
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser (each command's sub-parser is one too), its errors one line like every other error of
-    gpucost (README: ``gpucost: error: …``, exit 2) instead of the whole usage block first."""
+    gpucost (README: ``gpucost: error: …``, exit 2) instead of the whole usage block first, its help ``_Help``'s."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("gpucost").strip()

@@ -32,7 +32,7 @@ from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.landlock import WritesNotRefused
 from gpucost.sinks.lock import OutputLock
 from gpucost.sinks.statements import read_only_problem
-from gpucost.sinks.views import query, views_sql
+from gpucost.sinks.views import VIEW_NAMES, query, views_sql
 from gpucost.streams.scope import PRICE_SCOPE, price_mac
 from gpucost.times import raw_times_env, readable_times
 from gpucost.wiring import (
@@ -255,7 +255,11 @@ def _replay_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _query_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sql")
+    p.add_argument(
+        "sql",
+        metavar="SQL",
+        help='one statement over the views, e.g. "SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team"',
+    )
     p.add_argument(
         "--format",
         choices=["table", "csv", "json", "lines"],
@@ -317,7 +321,7 @@ REPLAY = Command(
 )
 QUERY = Command(
     "query",
-    "run SQL over the views idle_index, mae, cost, health, quota, reclaim, efficiency, dlq and unit_cost",
+    f"run SQL over the views {', '.join(VIEW_NAMES[:-1])} and {VIEW_NAMES[-1]}",
     _query_arguments,
     cmd_query,
 )

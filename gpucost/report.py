@@ -16,11 +16,16 @@ from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
 from gpucost.streams.discovery import OUT_OF_SERVICE
 
-__all__ = ["IDLE_WORDS", "device_faults", "format_table", "period_covered", "printable", "summary"]
+__all__ = ["IDLE_WORDS", "device_faults", "format_table", "gpus", "period_covered", "printable", "summary"]
 
 #: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"):
 #: the cost of the GPUs' capacity no tenant's process used, each pane's 1 − busy fraction
 IDLE_WORDS = "idle = cost of unused capacity"
+
+
+def gpus(n: int) -> str:
+    """``n`` GPUs in words: "1 GPU", "1,024 GPUs"."""
+    return f"{n:,} GPU{'' if n == 1 else 's'}"
 
 
 def printable(text: str) -> str:
@@ -157,9 +162,9 @@ def device_faults(con: duckdb.DuckDBPyConnection) -> str | None:
     res = con.execute(_FAULTS)
     rows = res.fetchall()
     if not rows:
-        return f"\nDevice faults: none in the audit windows of the {reporting:,} GPUs whose samples report them."
+        return f"\nDevice faults: none in the audit windows of the {gpus(reporting)} whose samples report them."
     return (
-        f"\nDevice faults by GPU ({len(rows):,} of the {reporting:,} GPUs whose samples report them; a fatal fault "
+        f"\nDevice faults by GPU ({len(rows):,} of the {gpus(reporting)} whose samples report them; a fatal fault "
         "fails its audit window):\n" + format_table([d[0] for d in res.description], rows)
     )
 
@@ -237,7 +242,7 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
     if stats.counts.get("silent_closes"):
         parts.append(
             f"{stats.counts['silent_closes']:,} panes of GPUs gone silent closed before the end of the "
-            f"input; {stats.counts.get('forgotten_gpus', 0):,} GPUs gone for good forgotten"
+            f"input; {gpus(stats.counts.get('forgotten_gpus', 0))} gone for good forgotten"
         )
     if stats.counts.get("mae_silent_closes"):
         parts.append(

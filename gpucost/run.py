@@ -39,6 +39,7 @@ from gpucost.producers.replay import read_inputs
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.progress import Progress
 from gpucost.publication import Publication, resumed
+from gpucost.report import gpus
 from gpucost.sinks.checkpoint import CheckpointError
 from gpucost.wiring import (
     Signals,
@@ -99,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except NvmlUnavailable as exc:
             source = "simulate"
             print(
-                f"gpucost: NVML is not available ({exc.reason}); running the simulated fleet: {spec.gpus} GPUs, "
+                f"gpucost: NVML is not available ({exc.reason}); running the simulated fleet: {gpus(spec.gpus)}, "
                 f"{spec.hours:g} h, seed {spec.seed}",
                 file=sys.stderr,
             )

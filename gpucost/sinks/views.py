@@ -10,6 +10,7 @@ of the right columns and types, so queries work before the first record arrives.
 from __future__ import annotations
 
 import os
+import re
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -26,6 +27,7 @@ from gpucost.sinks.landlock import without_writes
 __all__ = [
     "MIN_EFFECTIVE_TFLOP_HOURS",
     "QUERY_ATTEMPTS",
+    "VIEW_NAMES",
     "confine",
     "straddled",
     "swaps",
@@ -166,6 +168,14 @@ SELECT gpu_uuid, coalesce(h.node_id, u.node_id) AS node_id, coalesce(h.gpu_model
        greatest(coalesce(used_micro_usd, 0) - coalesce(allocated_micro_usd, 0), 0)::BIGINT AS borrowed_micro_usd
 FROM held h FULL OUTER JOIN used u USING (gpu_uuid, pane_start_ns, tenant_key)
 WHERE coalesce(h.team, u.team) NOT IN ('idle', 'unallocated', 'unattributed');"""
+
+
+#: every view ``views_sql`` creates, by name: one per record kind, then the derived ones (what ``gpucost query``
+#: says it can read)
+VIEW_NAMES: tuple[str, ...] = (
+    *ARROW_SCHEMAS,
+    *re.findall(r"CREATE OR REPLACE VIEW (\w+)", _REVISED + _BASES + _UNIT_COST),
+)
 
 
 def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
