@@ -194,6 +194,7 @@ def test_platform_table_rows_cite_sources_and_never_zero() -> None:
         "B200",
         "A100",
         "L4",
+        "T4",
         "L40S",
         "MI300X",
         "MI325X",

@@ -4,6 +4,7 @@ holds the grade and the breaker as the definition states them), one pane per win
 
 from __future__ import annotations
 
+import tomllib
 from decimal import Decimal
 from fractions import Fraction as F
 
@@ -13,12 +14,13 @@ from hypothesis import strategies as st
 from gpucost.streams.health import HealthAudit
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
+from tests.conftest import ROOT
 from tests.support.health_oracle import judged, reference_breaker
 from tests.support.panes import closing
 
 H_MS = 3_600_000
 H_NS = H_MS * 1_000_000
-PEAK = F(989)  # the H100's default peak_tops
+PEAK = F(str(tomllib.loads((ROOT / "gpucost" / "schemas" / "platforms.toml").read_text())["H100"]["fp16"]))  # its peak
 
 
 def expected(windows: list[tuple[int, dict]], admission_h: int) -> list[dict]:

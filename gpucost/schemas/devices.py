@@ -42,6 +42,8 @@ __all__ = [
     "sample_json",
     "platforms",
     "platform_for",
+    "platform_peaks",
+    "PEAK_PRECISIONS",
 ]
 
 # Binary units are what the tools print as MiB/GiB; plain "MB"/"GB" are SI unless a parser
@@ -205,6 +207,24 @@ def sample_json(sample: DeviceSample) -> str:
 
 def _fault_json(value: object) -> str:
     return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+#: a part's dense peak is read in the first of these its row gives: FP16 tensor (what the health audit has always
+#: judged NVIDIA parts by), BF16 where a part gives no FP16 (TPU, Trainium, Gaudi), INT8 TOPS where it gives neither
+#: (an FPGA)
+PEAK_PRECISIONS = ("fp16", "bf16", "int8")
+
+
+def platform_peaks() -> dict[str, Decimal]:
+    """Each platform row's dense peak (``PEAK_PRECISIONS``) under its name and each alias: the health audit's and
+    EFU's built-in ``peak_tops`` keys (docs/definitions.md, "Health audit"). A part whose row gives none of them is
+    absent, so it takes the table's ``default``, never a guess."""
+    out: dict[str, Decimal] = {}
+    for name, row in platforms().items():
+        peak = next((row[p] for p in PEAK_PRECISIONS if p in row), None)
+        if peak is not None:
+            out |= dict.fromkeys([name, *row.get("aliases", [])], Decimal(str(peak)))
+    return out
 
 
 @lru_cache(maxsize=1)

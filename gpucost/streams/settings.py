@@ -12,20 +12,16 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpucost.schemas.devices import platform_peaks
+
 __all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION", "DEFAULT_PEAK_TOPS", "SlaTier", "DEFAULT_SLA_TIERS"]
 
 DEFAULT_L2_CALIBRATION: tuple[tuple[float, float], ...] = ((2.1, 8.3), (5.7, 41.9), (7.9, 127.4))
-#: dense FP16 tensor TFLOPS from the vendors' datasheets, by the text a ``gpu_model`` contains (the longest
-#: key it contains, case-insensitively, wins); ``default`` for a model none matches
-DEFAULT_PEAK_TOPS: dict[str, Decimal] = {
-    "H100": Decimal(989),
-    "H200": Decimal(989),
-    "A100": Decimal(312),
-    "L40S": Decimal(362),
-    "L4": Decimal(121),
-    "T4": Decimal(65),
-    "default": Decimal(100),
-}
+#: each part of the platform table (``schemas/platforms.toml``: vendors' datasheets, one row per part) at its dense
+#: peak, under its name and aliases (``platform_peaks``), by the text a ``gpu_model`` contains (the longest key it
+#: contains, case-insensitively, wins); ``default`` for a model none matches. One table for every vendor: a
+#: device the table lists is judged against its own peak, not the default's
+DEFAULT_PEAK_TOPS: dict[str, Decimal] = {**platform_peaks(), "default": Decimal(100)}
 Weight = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
 
 
