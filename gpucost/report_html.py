@@ -205,6 +205,20 @@ PLOTS = (
         "no health audit windows",
     ),
     Plot(
+        "device-faults",
+        "Device faults per GPU, summed over its audit windows",
+        "Per GPU, the device faults its samples reported (ECC, XID, retired or remapped memory, link and PCIe "
+        "errors…), fatal and warning apart: a fatal fault fails its audit window, and the breaker acts on it. "
+        "GPUs without faults, and those whose tools report none, are not drawn.",
+        "SELECT gpu_uuid, severity, n FROM (SELECT gpu_uuid, 'fatal' AS severity, sum(faults_fatal) AS n "
+        "FROM health {where} GROUP BY ALL UNION ALL SELECT gpu_uuid, 'warning', sum(faults_warning) "
+        "FROM health {where} GROUP BY ALL) WHERE n > 0 ORDER BY severity, gpu_uuid",
+        _grouped,
+        "GPU",
+        "device faults",
+        "no device faults (or no GPU whose samples report them)",
+    ),
+    Plot(
         "reclaims",
         "Reclaim triggers by SLA tier",
         "Idle runs that reached their tier's duration.",

@@ -12,23 +12,35 @@ import pytest
 
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.codec import encode_event
+from gpucost.schemas.events import Event, GpuSample
 from gpucost.sinks.views import connect
 from tests.support.cli import gpucost
 
 pytestmark = pytest.mark.slow
 SPEC = FleetSpec(gpus=4, hours=30, seed=3, interval_s=30)
+FAULTY = sorted(
+    {e.gpu_uuid for e in simulate(FleetSpec(gpus=4, hours=1, seed=3, interval_s=30)) if isinstance(e, GpuSample)}
+)[:2]
 
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("report")
     (base / "events").mkdir()
-    lines = [encode_event(e) for e in simulate(SPEC)]
+    lines = [encode_event(faulty(e)) for e in simulate(SPEC)]
     lines[100:100] = ['{"kind": "gpu_sample"}', "not json"]  # two dead letters of two reasons
     (base / "events" / "events.jsonl").write_text("\n".join(lines) + "\n")
     gpucost("replay", str(base / "events"), "--out", str(base / "out"))
     gpucost("report", "--out", str(base / "out"), "--html", str(base / "report.html"))
     return base / "out", base / "report.html"
+
+
+def faulty(event: Event) -> Event:
+    """A simulated event, the samples of two GPUs in some hours carrying device faults (fatal ones for the first)."""
+    if not isinstance(event, GpuSample) or event.gpu_uuid not in FAULTY or (event.ts_ns // 3600 // 10**9) % 7:
+        return event
+    fatal = int(event.gpu_uuid == FAULTY[0])
+    return event.model_copy(update={"fault_fatal": fatal, "fault_warning": 1 + fatal})
 
 
 class _Fetches(HTMLParser):
@@ -47,7 +59,7 @@ def test_the_page_is_self_contained(page: tuple[Path, Path]) -> None:
     fetches = _Fetches()
     fetches.feed(text)
     assert fetches.urls == []  # scripts and data inline: nothing fetched at view time
-    assert text.count('class="plotly-graph-div"') == 10
+    assert text.count('class="plotly-graph-div"') == 11
 
 
 def test_replay_leaves_the_report_beside_its_output(page: tuple[Path, Path]) -> None:
@@ -91,6 +103,12 @@ def test_every_plot_renders_what_duckdb_counts(page: tuple[Path, Path], browser)
         one("SELECT count(DISTINCT date) FROM idle_index"),
     )
     assert plots["idle-heatmap"]["traces"] == [{"x": days, "z": gpus}] and plots["idle-heatmap"]["heat"] == 1
+    # device faults: a bar per GPU with fatal faults, and per GPU with warnings
+    fatal = one("SELECT count(DISTINCT gpu_uuid) FROM health WHERE faults_fatal > 0")
+    warning = one("SELECT count(DISTINCT gpu_uuid) FROM health WHERE faults_warning > 0")
+    assert (fatal, warning) == (1, 2)  # as ``faulty`` made them
+    assert [t["x"] for t in plots["device-faults"]["traces"]] == [fatal, warning]  # fatal first, as sorted
+    assert plots["device-faults"]["marks"] == fatal + warning
     for plot, sql in (
         ("most-idle", "SELECT least(10, count(DISTINCT gpu_uuid)) FROM idle_index"),
         ("health-grades", "SELECT count(DISTINCT grade) FROM health"),
