@@ -7,7 +7,7 @@ be used to stderr, counted by reason.
 is 0 when every source gave samples, 1 when one gave none, 2 for a file that cannot be opened.
 ``--events OUT --node NODE`` writes the billed devices' ``gpu_sample`` and ``process_sample`` events
 instead (``gpucost.producers.accelerators.events``), for ``gpucost replay`` or ``produce --source replay``,
-each ``gpu_sample`` with the faults new in it where the tool reports fault fields (``with_faults``).
+each ``gpu_sample`` with the faults new in it where the tool reports fault fields (``events.with_faults``).
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from typing import Any, TextIO
 from gpucost.command import Command
 from gpucost.output_files import write_whole
 from gpucost.producers.accelerators.detect import FORMATS, parse
-from gpucost.producers.accelerators.events import Placement, at_ns, to_events
+from gpucost.producers.accelerators.events import Placement, at_ns, to_events, with_faults
 from gpucost.producers.accelerators.live import COMMANDS, run_tool
 from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed, sample_json
-from gpucost.schemas.faults import counts
 from gpucost.wiring import UsageError
 
-__all__ = ["cmd_devices", "DEVICES", "with_faults"]
+__all__ = ["cmd_devices", "DEVICES"]
 
 #: the text format's columns: the sample's fields, its processes (a ``pids`` column) and faults apart
 _COLUMNS = tuple(
@@ -112,33 +111,6 @@ def _placement(args: argparse.Namespace) -> Placement:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return Placement(args.node, step, at, args.model)
-
-
-def with_faults(wire: list[dict[str, Any]], samples: list[DeviceSample], place: Placement) -> list[dict[str, Any]]:
-    """Each ``gpu_sample`` with its ``fault_fatal`` and ``fault_warning`` (``gpucost.schemas.faults.counts``: the
-    faults new since the device's previous sample in the capture), where the tool reported fault fields; a
-    partition that reports none has its whole device's, which are every partition's. Others are left without."""
-    history: dict[str, list[tuple[int, DeviceSample]]] = {}
-    for s in samples:
-        ts = s.ts_ns if s.ts_ns is not None else place.at_ns
-        if ts is not None:
-            history.setdefault(s.device_id, []).append((ts, s))
-    found: dict[tuple[str, int], tuple[int, int] | None] = {}
-    for device, seen in history.items():
-        before = None
-        for ts, s in sorted(seen, key=lambda t: t[0]):  # stable: rows of one time keep the capture's order
-            found.setdefault((device, ts), counts(s, before))
-            before = s
-    prefix = len(place.node) + 1  # gpu_uuid and partition_of are NODE/DEVICE_ID
-    for event in wire:
-        if event["kind"] != "gpu_sample":
-            continue
-        got = found.get((event["gpu_uuid"][prefix:], event["ts_ns"]))
-        if got is None and "partition_of" in event:
-            got = found.get((event["partition_of"][prefix:], event["ts_ns"]))
-        if got is not None:
-            event["fault_fatal"], event["fault_warning"] = got
-    return wire
 
 
 def _emit(source: str, name: str | None, parsed: Parsed, fmt: str, events: tuple[TextIO, Placement] | None) -> int:

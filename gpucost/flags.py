@@ -16,6 +16,7 @@ from gpucost.config import FLAG_FIELDS
 from gpucost.env_flags import env_default, env_flag
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kube_flags import add_kubernetes
+from gpucost.producers.accelerators.live import COMMANDS
 from gpucost.producers.attribution import ATTRIBUTION_SOURCES
 from gpucost.producers.simulate import FleetSpec
 from gpucost.schemas.events import SLAS
@@ -245,7 +246,7 @@ def _label_keys(text: str) -> tuple[str, ...]:
 
 
 def add_live(p: argparse.ArgumentParser) -> None:
-    """Flags of the live sources (nvml, dcgm, hami, ebpf), shared by run and produce."""
+    """Flags of the live sources (nvml, dcgm, hami, devices, ebpf), shared by run and produce."""
     p.add_argument(
         "--url",
         help="with --source dcgm or hami: the exporter's /metrics URL (env GPUCOST_DCGM_URL, GPUCOST_HAMI_URL)",
@@ -258,6 +259,21 @@ def add_live(p: argparse.ArgumentParser) -> None:
         default=env_default("GPUCOST_POD_SLA", os.environ.get("GPUCOST_DCGM_SLA", "Bronze")),
         help="with --source dcgm or hami: SLA of the tenants made from the exporter's pod labels "
         "(env GPUCOST_POD_SLA, formerly GPUCOST_DCGM_SLA; default Bronze)",
+    )
+    p.add_argument(
+        "--device-tool",
+        choices=sorted(COMMANDS),
+        default=os.environ.get("GPUCOST_DEVICE_TOOL"),
+        metavar="NAME",
+        help="with --source devices: the vendor tool run each period, by the format it prints (one of "
+        f"{', '.join(sorted(COMMANDS))}; env GPUCOST_DEVICE_TOOL; each run at most GPUCOST_DEVICES_TIMEOUT_S, 10 s)",
+    )
+    p.add_argument(
+        "--device-model",
+        default=os.environ.get("GPUCOST_DEVICE_MODEL"),
+        metavar="NAME",
+        help="with --source devices: the platforms.toml model of devices whose tool names none (amd-smi monitor; "
+        "env GPUCOST_DEVICE_MODEL)",
     )
     p.add_argument(
         "--node-id",

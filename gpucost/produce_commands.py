@@ -181,7 +181,7 @@ def _topics_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _produce_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source", choices=["simulate", "replay", "nvml", "dcgm", "hami", "ebpf"], required=True)
+    p.add_argument("--source", choices=["simulate", "replay", "nvml", "dcgm", "hami", "devices", "ebpf"], required=True)
     p.add_argument(
         "--flush-interval-s",
         type=float,

@@ -108,8 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     prices = event_files(args.prices) if args.prices and live is not None else []
     if live is None and (unread := _live_only(args)):  # said, never dropped without a word
         print(
-            f"gpucost: run: {', '.join(unread)} apply to a live source (nvml, dcgm, hami, ebpf) and are not read "
-            "with the simulated fleet, which has its own prices and tenants; to bill events of your own, use "
+            f"gpucost: run: {', '.join(unread)} apply to a live source ({', '.join(LIVE_SOURCES)}) and are not "
+            "read with the simulated fleet, which has its own prices and tenants; to bill events of your own, use "
             "gpucost replay",
             file=sys.stderr,
         )
@@ -190,7 +190,7 @@ def _items(
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--source",
-        choices=["auto", "simulate", "nvml", "dcgm", "hami", "ebpf"],
+        choices=["auto", "simulate", "nvml", "dcgm", "hami", "devices", "ebpf"],
         default=env_default("GPUCOST_SOURCE", "auto"),
         help="where events come from: auto = nvml where NVML works, else simulate (env GPUCOST_SOURCE)",
     )

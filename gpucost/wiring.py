@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import shutil
 import signal
 import sys
@@ -149,6 +150,9 @@ def live_source(args: argparse.Namespace, source: str, nvml: NvmlSampler | None 
         duration_s=args.duration_s,
         url=args.url,
         pod_sla=args.pod_sla,
+        device_tool=args.device_tool,
+        device_model=args.device_model,
+        device_timeout_s=float(os.environ.get("GPUCOST_DEVICES_TIMEOUT_S", "10")),
         ebpf_sample_every=args.ebpf_sample_every,
         libcuda=args.libcuda,
         libcublas=args.libcublas,

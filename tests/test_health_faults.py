@@ -208,8 +208,8 @@ def test_a_real_capture_through_devices_events_into_the_audit(tmp_path: Path) ->
 def test_a_partition_carries_its_whole_device_faults() -> None:
     from decimal import Decimal
 
-    from gpucost.devices import with_faults as written
     from gpucost.producers.accelerators.events import Placement, to_events
+    from gpucost.producers.accelerators.events import with_faults as written
     from gpucost.schemas.devices import Parsed
 
     at = T0

@@ -24,6 +24,7 @@ from gpucost.embedded import run_embedded
 from gpucost.producers.accelerators.events import Placement, to_events
 from gpucost.producers.replay import input_files, read_inputs
 from gpucost.producers.simulate import FleetSpec, simulate
+from gpucost.producers.synthetic import unclaimed_pid
 from gpucost.schemas.codec import decode_line, encode_event
 from gpucost.schemas.devices import DeviceSample, Parsed
 from gpucost.schemas.events import Event
@@ -189,7 +190,7 @@ def test_a_parents_odd_power_and_memory_split_by_largest_remainder() -> None:
             parent = DeviceSample("V", "MI300X", "g", power_w=Decimal(mw) / 1000, mem_total_bytes=7 * n + mw)
             parts = [DeviceSample("V", "MI300X", f"g.p{i}", parent_id="g", busy_pct=Decimal(1)) for i in range(n)]
             out = to_events([parent, *parts[::-1]], Placement("n", Decimal(1), 1_736_121_600 * 10**9), Parsed())
-            out.sort(key=lambda e: str(e["gpu_uuid"]))
+            out = sorted((e for e in out if e["kind"] == "gpu_sample"), key=lambda e: str(e["gpu_uuid"]))
             power = [round(Decimal(repr(e["power_w"])) * 1000) for e in out]
             total = [e["mem_total_bytes"] for e in out]
             assert [e["gpu_uuid"] for e in out] == [f"n/g.p{i}" for i in range(n)]
@@ -275,3 +276,28 @@ def test_a_device_that_reports_no_power_is_not_graded_on_it(fleet: dict[str, Any
     assert mine, "the Neuron and TPU devices have health windows"
     assert all(kw is None and grade != "excellent" for _, kw, grade in mine), mine
     assert any(kw is not None for gpu, kw, _, _ in graded if gpu not in unpowered)  # the others still are
+
+
+def test_busy_time_no_process_claims_is_unattributed_never_idle(fleet: dict[str, Any]) -> None:
+    """Per device and time, the process sample of the device's own synthetic pid carries what the device's busy
+    leaves after its processes' (all of it where the tool names none), in 0.01 %; in the bill that time is
+    ``unattributed``'s, not ``idle``'s. Worked out from the converted events' own numbers."""
+    seen: dict[tuple[str, int], tuple[int, dict[int, int]]] = {}
+    for e in fleet["converted"]:
+        busy, procs = seen.setdefault((e["gpu_uuid"], e["ts_ns"]), (0, {}))
+        cp = round(Decimal(repr(e["sm_util_pct"])) * 100)
+        if e["kind"] == "gpu_sample":
+            seen[(e["gpu_uuid"], e["ts_ns"])] = (cp, procs)
+        else:
+            procs[e["pid"]] = cp
+    left = 0
+    for (gpu, _), (busy, procs) in seen.items():
+        nobody = procs.pop(unclaimed_pid(gpu), 0)
+        assert nobody == max(0, busy - sum(procs.values())), gpu
+        left += nobody
+    assert left > 0  # TPU chips and partitions whose tools name no process were busy
+    con = connect(fleet["out"])
+    (unattributed,) = con.execute(
+        "SELECT sum(cost_micro_usd) FROM cost WHERE team = 'unattributed' AND gpu_uuid NOT LIKE 'GPU-%'"
+    ).fetchone()
+    assert unattributed > 0

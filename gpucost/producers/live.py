@@ -31,7 +31,7 @@ __all__ = [
     "open_nvml",
 ]
 
-LIVE_SOURCES = ("nvml", "dcgm", "hami", "ebpf")
+LIVE_SOURCES = ("nvml", "dcgm", "hami", "devices", "ebpf")
 
 
 class SourceUnavailable(Exception):
@@ -48,6 +48,11 @@ class LiveSettings:
     #: the exporter's /metrics (dcgm-exporter's, HAMi's vGPU monitor's) and the SLA of the tenants its pods make
     url: str | None = None
     pod_sla: str = "Bronze"
+    #: with ``devices``: the vendor tool's format run each period (``gpucost.producers.accelerators.live.COMMANDS``),
+    #: the model of devices its output names none of, and how long one run may take
+    device_tool: str | None = None
+    device_model: str | None = None
+    device_timeout_s: float = 10.0
     ebpf_sample_every: int = 16
     #: the libraries probed: "auto", where the loader finds them (if anywhere); None, not probed. Kernel launches
     #: are not probed unless asked for: a uprobe per launch can double a launch-bound program's time, for traces
@@ -165,6 +170,8 @@ def open_live(
         return _Sampled(nvml, f"sampling {len(nvml.devices)} GPU(s) via NVML every {s.period_s:g} s", s, nvml.close)
     if name in _SCRAPED:
         return _open_scraped(name, s)
+    if name == "devices":
+        return _open_tool(s)
     if name == "ebpf":
         return _open_ebpf(s, nvml, say)
     raise ValueError(f"unknown live source {name!r}; the live sources are {', '.join(LIVE_SOURCES)}")
@@ -192,6 +199,27 @@ def _open_scraped(name: str, s: LiveSettings) -> LiveSource:
     except ScrapeUnavailable as exc:
         raise SourceUnavailable(str(exc)) from None
     return _Sampled(scraper, f"sampling {what} at {url} every {s.period_s:g} s", s, lambda: None)
+
+
+def _open_tool(s: LiveSettings) -> LiveSource:
+    from gpucost.producers.accelerators.live import COMMANDS, ToolSampler
+
+    if s.device_tool not in COMMANDS:
+        raise SourceUnavailable(
+            f"--source devices needs --device-tool NAME (or GPUCOST_DEVICE_TOOL), one of {', '.join(sorted(COMMANDS))}"
+        )
+    sampler = ToolSampler(s.device_tool, s.node_id, s.device_model, s.device_timeout_s)
+    now, answer = sampler.first()  # runs here now, or one clear error
+    if not now:
+        why = "; ".join(sorted(answer.dead_letters)) or "it printed no device"
+        raise SourceUnavailable(f"--device-tool {s.device_tool}: no device samples ({why})")
+    if s.device_model is None and any(x.model is None for x in now):
+        raise SourceUnavailable(
+            f"--device-tool {s.device_tool} names no model of its devices: give --device-model NAME "
+            "(a row or alias of gpucost/schemas/platforms.toml, e.g. MI300X), which prices and peaks go by"
+        )
+    what = f"running {COMMANDS[s.device_tool][0]} ({s.device_tool}) every {s.period_s:g} s"
+    return _Sampled(sampler, f"{what}: {len(now)} device(s) and partition(s)", s, lambda: None)
 
 
 def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]) -> LiveSource:

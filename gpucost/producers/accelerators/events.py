@@ -15,6 +15,9 @@ Nothing here branches on a vendor: every rule reads the neutral ``DeviceSample``
   memory and busy without a reading are 0. Each such field is named in the event's ``not_reported``.
 - **Processes.** A process's busy is its own reading, else an equal share (in hundredths of a
   percent, largest remainder) of what its device's busy leaves after the processes that report theirs.
+  What the device's busy leaves after all of them (all of it, for a device whose tool names no process)
+  is a process sample of the device's own synthetic pid that no binding names: billed to
+  ``unattributed``, never to idle, as dcgm-exporter's busy time no pod claims is.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpucost.producers.synthetic import unclaimed_pid
 from gpucost.schemas.devices import DeviceSample, Parsed, platform_for
 from gpucost.schemas.events import GpuSample, ProcessSample
 from gpucost.schemas.exact import round_scaled
+from gpucost.schemas.faults import counts
 
-__all__ = ["Placement", "at_ns", "shares", "to_events"]
+__all__ = ["Placement", "at_ns", "shares", "to_events", "with_faults"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -156,6 +161,12 @@ def _processes(s: DeviceSample, base: dict[str, Any], busy_cp: int, out: Parsed)
         if p.pid in share:
             wire["estimated"] = ["sm_util_pct"]
         events += _checked(ProcessSample, wire, out)
+    left = busy_cp - sum(own.values()) - sum(share.values())
+    if left > 0:  # busy time no process of the capture claims: no one's, never idle (dcgm-exporter's rule)
+        wire = {**base, "kind": "process_sample", "pid": unclaimed_pid(base["gpu_uuid"]), "mem_used_bytes": 0}
+        events += _checked(
+            ProcessSample, {**wire, "sm_util_pct": _w(left, 100), "not_reported": ["mem_bw_util_pct"]}, out
+        )
     return events
 
 
@@ -219,6 +230,33 @@ def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> lis
             wire["partition_of"] = f"{place.node}/{parent.device_id}"
         gpu = _checked(GpuSample, f.labelled(wire), out)
         events += gpu
-        if gpu and s.processes is not None:
+        if gpu:
             events += _processes(s, base, f.values["busy_cp"], out)
     return events
+
+
+def with_faults(wire: list[dict[str, Any]], samples: list[DeviceSample], place: Placement) -> list[dict[str, Any]]:
+    """Each ``gpu_sample`` with its ``fault_fatal`` and ``fault_warning`` (``gpucost.schemas.faults.counts``: the
+    faults new since the device's previous sample in the capture), where the tool reported fault fields; a
+    partition that reports none has its whole device's, which are every partition's. Others are left without."""
+    history: dict[str, list[tuple[int, DeviceSample]]] = {}
+    for s in samples:
+        ts = s.ts_ns if s.ts_ns is not None else place.at_ns
+        if ts is not None:
+            history.setdefault(s.device_id, []).append((ts, s))
+    found: dict[tuple[str, int], tuple[int, int] | None] = {}
+    for device, seen in history.items():
+        before = None
+        for ts, s in sorted(seen, key=lambda t: t[0]):  # stable: rows of one time keep the capture's order
+            found.setdefault((device, ts), counts(s, before))
+            before = s
+    prefix = len(place.node) + 1  # gpu_uuid and partition_of are NODE/DEVICE_ID
+    for event in wire:
+        if event["kind"] != "gpu_sample":
+            continue
+        got = found.get((event["gpu_uuid"][prefix:], event["ts_ns"]))
+        if got is None and "partition_of" in event:
+            got = found.get((event["partition_of"][prefix:], event["ts_ns"]))
+        if got is not None:
+            event["fault_fatal"], event["fault_warning"] = got
+    return wire

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import Counter
+from dataclasses import replace
+from decimal import Decimal
 
 from gpucost.producers.accelerators.detect import FORMATS
-from gpucost.schemas.devices import Parsed
+from gpucost.producers.accelerators.events import Placement, to_events, with_faults
+from gpucost.schemas.devices import DeviceSample, Parsed
+from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
-__all__ = ["COMMANDS", "run_tool"]
+__all__ = ["COMMANDS", "ToolSampler", "run_tool"]
 
 COMMANDS: dict[str, list[str]] = {
     "amd-smi-text": ["amd-smi", "monitor", "-ptumv"],
@@ -67,3 +72,36 @@ def run_tool(fmt: str, timeout_s: float = 10.0) -> Parsed:
         out.reject(f"{argv[0]}: exit status {done.returncode}: {done.stderr.strip()[:200]}")
         return out
     return FORMATS[fmt](done.stdout)
+
+
+class ToolSampler:
+    """A vendor's tool run once each period (``gpucost run --source devices --device-tool NAME``): its devices' and
+    partitions' samples as the pipeline's events, by the rules a capture replayed through ``gpucost devices --events``
+    is billed by (``events.to_events``), the faults of each sample counted against the device's previous one, the
+    previous run's included (``events.with_faults``). A run that fails gives no events and its reason counted."""
+
+    def __init__(self, fmt: str, node_id: str, model: str | None = None, timeout_s: float = 10.0) -> None:
+        self.fmt, self.node_id, self.model, self.timeout_s = fmt, node_id, model, timeout_s
+        self.counts: Counter[str] = Counter()
+        self._before: list[DeviceSample] = []  # the previous run's samples, for the faults new since
+
+    def first(self) -> tuple[list[DeviceSample], Parsed]:
+        """The tool's answer now, each device's latest reading and the whole answer: to check before a run starts."""
+        parsed = run_tool(self.fmt, self.timeout_s)
+        return self._latest(parsed), parsed
+
+    def _latest(self, parsed: Parsed) -> list[DeviceSample]:
+        """Each device's (or partition's) latest reading of one answer: a tool that prints several (hl-smi's log
+        form) is sampled once a period, as every other, the rest counted ``readings_superseded``."""
+        latest = {s.device_id: s for s in sorted(parsed.samples, key=lambda s: s.ts_ns or 0)}
+        self.counts["readings_superseded"] += len(parsed.samples) - len(latest)
+        return list(latest.values())
+
+    def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
+        parsed = run_tool(self.fmt, self.timeout_s)
+        now = [replace(s, ts_ns=ts_ns) for s in self._latest(parsed)]  # the sampling grid's time, not the tool's
+        place = Placement(self.node_id, Decimal(repr(interval_s)), ts_ns, self.model)
+        wire = with_faults(to_events(now, place, parsed), [*self._before, *now], place)
+        self._before = now or self._before
+        self.counts.update(parsed.dead_letters)
+        return [(GpuSample if w["kind"] == "gpu_sample" else ProcessSample).model_validate(w) for w in wire]

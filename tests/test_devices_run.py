@@ -1,0 +1,102 @@
+"""A vendor's tool as a live source (``gpucost run --source devices --device-tool NAME``), against the stand-in
+executables of tests/stand_ins/ that print the real captures: each period's answer billed by the rules a replayed
+capture is (docs/sources.md, "Billing a mixed fleet"), the faults of each sample counted against the previous
+run's, a failed run counted and never fatal, and what the source needs said before it starts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucost.cli import main
+from gpucost.producers.accelerators.live import ToolSampler
+from gpucost.schemas.events import GpuSample, ProcessSample
+from gpucost.sinks.views import connect
+
+STAND_INS = Path(__file__).parent / "stand_ins"
+S = 10**9
+T0 = 1_780_000_000 * S
+WITH_PROCESS = "amd-instinct/amd-smi_monitor-q_with-process.txt"  # line 6: GPU 0, 99 % busy, ECC 0 and 0
+GAUDI = "intel-gaudi/hl-smi_log_gaudi2_hl-225_1.18.0.txt"  # one HL-225 read twice, at 04:40:27 and 04:40:34
+
+
+@pytest.fixture
+def tool(monkeypatch: pytest.MonkeyPatch, shared_data: Path, tmp_path: Path) -> Path:
+    """The stand-ins and this Python alone on PATH; the capture they print, a copy the test may change."""
+    monkeypatch.setenv("PATH", f"{STAND_INS}{os.pathsep}{Path(sys.executable).parent}")
+    copy = tmp_path / "capture.txt"
+    copy.write_text((shared_data / "accelerators" / WITH_PROCESS).read_text(encoding="utf-8"))
+    monkeypatch.setenv("STAND_IN_CAPTURE", str(copy))
+    return copy
+
+
+def test_each_run_bills_the_tool_s_answer_at_the_sampling_time_with_new_faults(tool: Path) -> None:
+    sampler = ToolSampler("amd-smi-text", "mi-a", model="MI300X")
+    first, second = sampler.sample(T0, 10.0), sampler.sample(T0 + 10 * S, 10.0)
+    tool.write_text(
+        tool.read_text().replace("           0           0            0", "           0           2            0")
+    )
+    third = sampler.sample(T0 + 20 * S, 10.0)
+    for k, events in enumerate((first, second, third)):
+        gpu = [e for e in events if isinstance(e, GpuSample)]
+        procs = [e for e in events if isinstance(e, ProcessSample)]
+        assert [(g.gpu_uuid, g.gpu_model, g.ts_ns, g.interval_s, g.sm_util_pct) for g in gpu] == [
+            ("mi-a/gpu0", "MI300X", T0 + 10 * k * S, 10.0, 99.0)
+        ]
+        assert [(p.pid, p.sm_util_pct, p.ts_ns) for p in procs] == [(1564865, 99.0, T0 + 10 * k * S)]  # all of it
+    faults = [next(e for e in run if isinstance(e, GpuSample)) for run in (first, second, third)]
+    assert sampler.counts["readings_superseded"] == 0  # amd-smi prints one reading a device
+    # two new uncorrectable errors: one fatal fault (a field that rose), as docs/definitions.md counts them
+    assert [(g.fault_fatal, g.fault_warning) for g in faults] == [(0, 0), (0, 0), (1, 0)]
+
+
+def test_a_failed_run_is_counted_and_the_next_one_bills_against_the_last_answer(
+    tool: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tool.write_text(
+        tool.read_text().replace("           0           0            0", "           0           2            0")
+    )
+    sampler = ToolSampler("amd-smi-text", "mi-a", model="MI300X")
+    gpu = next(e for e in sampler.sample(T0, 10.0) if isinstance(e, GpuSample))
+    assert (gpu.fault_fatal, gpu.fault_warning) == (1, 0)  # uncorrectable errors since the driver started
+    monkeypatch.setenv("STAND_IN_EXIT", "3")
+    assert sampler.sample(T0 + 10 * S, 10.0) == []
+    assert [reason for reason in sampler.counts if "exit status 3" in reason]
+    monkeypatch.setenv("STAND_IN_EXIT", "0")
+    gpu = next(e for e in sampler.sample(T0 + 20 * S, 10.0) if isinstance(e, GpuSample))
+    assert (gpu.fault_fatal, gpu.fault_warning) == (0, 0)  # against the last answer, not none: nothing new
+
+
+def test_gpucost_run_bills_a_fleet_of_gaudis_from_hl_smi(
+    tool: Path, shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STAND_IN_CAPTURE", str(shared_data / "accelerators" / GAUDI))
+    prices = tmp_path / "prices.jsonl"
+    prices.write_text('{"kind":"price","gpu_model":"Gaudi 2","ts_ns":1000000000000000000,"usd_per_gpu_hour":"3.6"}\n')
+    flags = ["run", "--source", "devices", "--device-tool", "hl-smi", "--node-id", "gaudi-a", "--prices", str(prices)]
+    assert main([*flags, "--period-s", "0.1", "--duration-s", "0.6", "--out", str(tmp_path / "out")]) == 0
+    assert "running hl-smi (hl-smi) every 0.1 s: 1 device(s)" in capsys.readouterr().err
+    con = connect(tmp_path / "out")
+    gpus = con.execute("SELECT DISTINCT gpu_uuid, gpu_model FROM idle_index ORDER BY 1").fetchall()
+    assert gpus == [("gaudi-a/0000:4d:00.0", "Gaudi 2")]  # hl-smi names a device by its bus id
+    (priced,) = con.execute("SELECT sum(pane_cost_micro_usd) FROM cost WHERE team = 'idle'").fetchone()
+    assert priced > 0
+    # each run at the sampling grid's time, not the log's: no run is a duplicate of the one before
+    assert con.execute("SELECT count(*) FROM dlq").fetchone() == (0,)
+    (covered,) = con.execute("SELECT sum(covered_ms) FROM idle_index").fetchone()
+    assert covered >= 300  # of the 0.6 s sampled every 0.1 s, each run its own 0.1 s
+
+
+def test_what_the_source_needs_is_said_before_it_starts(
+    tool: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = ["--out", str(tmp_path / "out"), "--duration-s", "0.2"]
+    assert main(["run", "--source", "devices", *out]) == 2
+    assert "--source devices needs --device-tool NAME" in capsys.readouterr().err
+    assert main(["run", "--source", "devices", "--device-tool", "amd-smi-text", *out]) == 2
+    assert "give --device-model NAME" in capsys.readouterr().err  # amd-smi monitor names no model
+    assert main(["run", "--source", "devices", "--device-tool", "xbutil", *out]) == 2
+    assert "xbutil: not installed" in capsys.readouterr().err
