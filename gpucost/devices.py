@@ -51,7 +51,7 @@ def _devices_arguments(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument(
         "--timeout-s",
         type=float,
-        default=float(os.environ.get("GPUCOST_DEVICES_TIMEOUT_S", "10")),
+        default=os.environ.get("GPUCOST_DEVICES_TIMEOUT_S", "10"),  # a string: argparse converts it, or says why not
         help="seconds a live tool may take (default 10; env GPUCOST_DEVICES_TIMEOUT_S)",
     )
     cmd.add_argument(

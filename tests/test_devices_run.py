@@ -100,3 +100,59 @@ def test_what_the_source_needs_is_said_before_it_starts(
     assert "give --device-model NAME" in capsys.readouterr().err  # amd-smi monitor names no model
     assert main(["run", "--source", "devices", "--device-tool", "xbutil", *out]) == 2
     assert "xbutil: not installed" in capsys.readouterr().err
+    monkeypatch.setenv("GPUCOST_DEVICES_TIMEOUT_S", "ten")
+    assert main(["run", "--source", "devices", "--device-tool", "amd-smi-text", *out]) == 2
+    assert "GPUCOST_DEVICES_TIMEOUT_S='ten': give a number of seconds" in capsys.readouterr().err
+    monkeypatch.delenv("GPUCOST_DEVICES_TIMEOUT_S")
+    bogus = ["--device-model", "Acme X1", "--period-s", "0.1"]
+    assert main(["run", "--source", "devices", "--device-tool", "amd-smi-text", *bogus, *out]) == 0
+    assert "--device-model 'Acme X1' is no row or alias" in capsys.readouterr().err  # said, and billed all the same
+
+
+def test_faults_are_new_since_the_device_s_last_reading_from_the_start_of_the_run(tool: Path) -> None:
+    """The answer read before the run starts is the baseline (a device's lifetime errors are not the run's, nor
+    counted again at a restart); a device missing from an answer, or a counter one answer could not read, keeps its
+    last reading as the baseline."""
+    text = tool.read_text()
+    row = next(r for r in text.splitlines() if r.startswith("  0  199 W"))  # GPU 0's row, DOUBLE_ECC 0
+    ecc, ecc2 = "           0           0            0", "           0           2            0"
+    both = row.replace(ecc, ecc2) + "\n" + row.replace(ecc, ecc2).replace("  0", "  1", 1)
+    two, one = text.replace(row, both), text.replace(row, row.replace(ecc, ecc2))
+    unread = text.replace(row, both.replace(ecc2, "           0         N/A            0", 1))
+    tool.write_text(two)
+    sampler = ToolSampler("amd-smi-text", "mi-a", model="MI300X")
+    latest, _ = sampler.first()
+    assert sorted(s.device_id for s in latest) == ["gpu0", "gpu1"] and all(s.ecc_uncorrected == 2 for s in latest)
+    seen = []
+    for k, answer in enumerate((two, one, unread, two)):
+        tool.write_text(answer)
+        seen += [(e.gpu_uuid, e.fault_fatal) for e in sampler.sample(T0 + k * S, 1.0) if isinstance(e, GpuSample)]
+    assert all(fatal == 0 for _, fatal in seen) and len(seen) == 2 + 1 + 2 + 2
+    tool.write_text(two.replace(ecc2, "           0           3            0", 1))
+    assert [(e.gpu_uuid, e.fault_fatal) for e in sampler.sample(T0 + 9 * S, 1.0) if isinstance(e, GpuSample)] == [
+        ("mi-a/gpu0", 1),
+        ("mi-a/gpu1", 0),
+    ]
+
+
+def test_an_answer_the_parser_refuses_is_a_counted_reason_never_an_exception(tool: Path, shared_data: Path) -> None:
+    capture = (shared_data / "accelerators" / "google-tpu" / "tpu-info_v6e_streaming_readme-0.14.2.txt").read_text()
+    tool.write_text(capture.replace("11:00:59 UTC", "11:00:59 PDT"))
+    sampler = ToolSampler("tpu-info", "tpu-a")
+    assert sampler.sample(T0, 1.0) == []
+    assert [reason for reason in sampler.counts if reason.startswith("tpu-info: its output could not be read")]
+    tool.write_text(capture)
+    assert sampler.sample(T0 + S, 1.0)  # the next answer bills
+
+
+def test_a_process_listed_twice_on_a_device_is_one_process_billed_its_whole_share() -> None:
+    from decimal import Decimal
+
+    from gpucost.producers.accelerators.events import Placement, to_events
+    from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage
+
+    twice = (ProcessUsage(7, 10), ProcessUsage(7, 20), ProcessUsage(8, 5))
+    device = DeviceSample("AMD", "MI300X", "gpu0", busy_pct=Decimal(50), processes=twice)
+    events = to_events([device], Placement("n", Decimal(1), T0), Parsed())
+    procs = [(e["pid"], e["sm_util_pct"], e["mem_used_bytes"]) for e in events if e["kind"] == "process_sample"]
+    assert procs == [(7, 25.0, 30), (8, 25.0, 5)]  # two processes share the busy; 7's memory is both entries'

@@ -171,7 +171,7 @@ def open_live(
     if name in _SCRAPED:
         return _open_scraped(name, s)
     if name == "devices":
-        return _open_tool(s)
+        return _open_tool(s, say)
     if name == "ebpf":
         return _open_ebpf(s, nvml, say)
     raise ValueError(f"unknown live source {name!r}; the live sources are {', '.join(LIVE_SOURCES)}")
@@ -201,8 +201,9 @@ def _open_scraped(name: str, s: LiveSettings) -> LiveSource:
     return _Sampled(scraper, f"sampling {what} at {url} every {s.period_s:g} s", s, lambda: None)
 
 
-def _open_tool(s: LiveSettings) -> LiveSource:
+def _open_tool(s: LiveSettings, say: Callable[[str], None]) -> LiveSource:
     from gpucost.producers.accelerators.live import COMMANDS, ToolSampler
+    from gpucost.schemas.devices import platform_for
 
     if s.device_tool not in COMMANDS:
         raise SourceUnavailable(
@@ -217,6 +218,11 @@ def _open_tool(s: LiveSettings) -> LiveSource:
         raise SourceUnavailable(
             f"--device-tool {s.device_tool} names no model of its devices: give --device-model NAME "
             "(a row or alias of gpucost/schemas/platforms.toml, e.g. MI300X), which prices and peaks go by"
+        )
+    if s.device_model is not None and platform_for(s.device_model) is None:
+        say(
+            f"--device-model {s.device_model!r} is no row or alias of gpucost/schemas/platforms.toml: its devices are "
+            "priced by that name (else the default price) and judged against the default peak"
         )
     what = f"running {COMMANDS[s.device_tool][0]} ({s.device_tool}) every {s.period_s:g} s"
     return _Sampled(sampler, f"{what}: {len(now)} device(s) and partition(s)", s, lambda: None)

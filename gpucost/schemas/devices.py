@@ -210,7 +210,7 @@ def _fault_json(value: object) -> str:
 
 
 #: a part's dense peak is read in the first of these its row gives: FP16 tensor (what the health audit has always
-#: judged NVIDIA parts by), BF16 where a part gives no FP16 (TPU, Trainium, Gaudi), INT8 TOPS where it gives neither
+#: judged NVIDIA parts by), BF16 where a part gives no FP16 (TPU, Gaudi), INT8 TOPS where it gives neither
 #: (an FPGA)
 PEAK_PRECISIONS = ("fp16", "bf16", "int8")
 

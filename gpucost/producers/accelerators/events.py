@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpucost.producers.synthetic import unclaimed_pid
-from gpucost.schemas.devices import DeviceSample, Parsed, platform_for
+from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, platform_for
 from gpucost.schemas.events import GpuSample, ProcessSample
 from gpucost.schemas.exact import round_scaled
 from gpucost.schemas.faults import counts
@@ -142,8 +143,26 @@ def _checked(model: type[GpuSample] | type[ProcessSample], wire: dict[str, Any],
     return [wire]
 
 
+def _plus(a: Any, b: Any) -> Any:
+    return None if a is None and b is None else (a or 0) + (b or 0)
+
+
+def _by_pid(processes: tuple[ProcessUsage, ...]) -> list[ProcessUsage]:
+    """The processes of one device by pid: one listed twice (a tool listing each of its allocations) is one, its
+    memory and its own busy summed, so that it is one process sample, billed its whole share."""
+    merged: dict[int, ProcessUsage] = {}
+    for p in processes:
+        q = merged.get(p.pid)
+        merged[p.pid] = (
+            p
+            if q is None
+            else ProcessUsage(p.pid, _plus(q.mem_used_bytes, p.mem_used_bytes), _plus(q.busy_pct, p.busy_pct))
+        )
+    return sorted(merged.values(), key=lambda p: p.pid)
+
+
 def _processes(s: DeviceSample, base: dict[str, Any], busy_cp: int, out: Parsed) -> list[dict[str, Any]]:
-    procs = sorted(s.processes or (), key=lambda p: p.pid)
+    procs = _by_pid(s.processes or ())
     own = {p.pid: round_scaled(p.busy_pct, 100) for p in procs if p.busy_pct is not None}
     rest = [p.pid for p in procs if p.busy_pct is None]
     share = dict(zip(rest, shares(max(0, busy_cp - sum(own.values())), len(rest)) if rest else []))
@@ -235,10 +254,16 @@ def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> lis
     return events
 
 
-def with_faults(wire: list[dict[str, Any]], samples: list[DeviceSample], place: Placement) -> list[dict[str, Any]]:
+def with_faults(
+    wire: list[dict[str, Any]],
+    samples: list[DeviceSample],
+    place: Placement,
+    earlier: Mapping[str, DeviceSample] | None = None,
+) -> list[dict[str, Any]]:
     """Each ``gpu_sample`` with its ``fault_fatal`` and ``fault_warning`` (``gpucost.schemas.faults.counts``: the
-    faults new since the device's previous sample in the capture), where the tool reported fault fields; a
-    partition that reports none has its whole device's, which are every partition's. Others are left without."""
+    faults new since the device's previous sample in the capture, its first since its reading in ``earlier``, by
+    device id, where given), where the tool reported fault fields; a partition that reports none has its whole
+    device's, which are every partition's. Others are left without."""
     history: dict[str, list[tuple[int, DeviceSample]]] = {}
     for s in samples:
         ts = s.ts_ns if s.ts_ns is not None else place.at_ns
@@ -246,7 +271,7 @@ def with_faults(wire: list[dict[str, Any]], samples: list[DeviceSample], place: 
             history.setdefault(s.device_id, []).append((ts, s))
     found: dict[tuple[str, int], tuple[int, int] | None] = {}
     for device, seen in history.items():
-        before = None
+        before = (earlier or {}).get(device)
         for ts, s in sorted(seen, key=lambda t: t[0]):  # stable: rows of one time keep the capture's order
             found.setdefault((device, ts), counts(s, before))
             before = s

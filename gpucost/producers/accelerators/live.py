@@ -14,7 +14,7 @@ from decimal import Decimal
 
 from gpucost.producers.accelerators.detect import FORMATS
 from gpucost.producers.accelerators.events import Placement, to_events, with_faults
-from gpucost.schemas.devices import DeviceSample, Parsed
+from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed
 from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
 __all__ = ["COMMANDS", "ToolSampler", "run_tool"]
@@ -61,7 +61,9 @@ def run_tool(fmt: str, timeout_s: float = 10.0) -> Parsed:
         out.reject(f"{argv[0]}: not installed (not on PATH)")
         return out
     try:
-        done = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout_s, check=False)
+        done = subprocess.run(
+            [exe, *argv[1:]], capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired:
         out.reject(f"{argv[0]}: no answer within {timeout_s:g} s")
         return out
@@ -71,7 +73,11 @@ def run_tool(fmt: str, timeout_s: float = 10.0) -> Parsed:
     if done.returncode != 0:
         out.reject(f"{argv[0]}: exit status {done.returncode}: {done.stderr.strip()[:200]}")
         return out
-    return FORMATS[fmt](done.stdout)
+    try:
+        return FORMATS[fmt](done.stdout)
+    except (ValueError, RecursionError) as exc:  # a parser refusing the whole answer (a time it cannot read)
+        out.reject(f"{argv[0]}: its output could not be read ({type(exc).__name__}: {str(exc)[:200]})")
+        return out
 
 
 class ToolSampler:
@@ -83,12 +89,24 @@ class ToolSampler:
     def __init__(self, fmt: str, node_id: str, model: str | None = None, timeout_s: float = 10.0) -> None:
         self.fmt, self.node_id, self.model, self.timeout_s = fmt, node_id, model, timeout_s
         self.counts: Counter[str] = Counter()
-        self._before: list[DeviceSample] = []  # the previous run's samples, for the faults new since
+        #: per device, its fault fields as last read (a field an answer left unread keeps its earlier value): what
+        #: the faults of its next reading are new since, across an answer it was missing from or a failed run
+        self._before: dict[str, DeviceSample] = {}
 
     def first(self) -> tuple[list[DeviceSample], Parsed]:
-        """The tool's answer now, each device's latest reading and the whole answer: to check before a run starts."""
+        """The tool's answer now (each device's latest reading, and the whole answer), to check before a run starts;
+        it is the baseline of the faults counted: the lifetime counters a device had before the run (since its
+        driver loaded) are not the run's, nor counted again at each restart."""
         parsed = run_tool(self.fmt, self.timeout_s)
-        return self._latest(parsed), parsed
+        latest = self._latest(parsed)
+        self._remember(latest)
+        return latest, parsed
+
+    def _remember(self, readings: list[DeviceSample]) -> None:
+        for s in readings:
+            old = self._before.get(s.device_id)
+            kept = {} if old is None else {f: getattr(old, f) for f in FAULT_FIELDS if getattr(s, f) is None}
+            self._before[s.device_id] = replace(s, **kept)
 
     def _latest(self, parsed: Parsed) -> list[DeviceSample]:
         """Each device's (or partition's) latest reading of one answer: a tool that prints several (hl-smi's log
@@ -101,7 +119,7 @@ class ToolSampler:
         parsed = run_tool(self.fmt, self.timeout_s)
         now = [replace(s, ts_ns=ts_ns) for s in self._latest(parsed)]  # the sampling grid's time, not the tool's
         place = Placement(self.node_id, Decimal(repr(interval_s)), ts_ns, self.model)
-        wire = with_faults(to_events(now, place, parsed), [*self._before, *now], place)
-        self._before = now or self._before
+        wire = with_faults(to_events(now, place, parsed), now, place, self._before)
+        self._remember(now)
         self.counts.update(parsed.dead_letters)
         return [(GpuSample if w["kind"] == "gpu_sample" else ProcessSample).model_validate(w) for w in wire]
