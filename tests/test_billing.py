@@ -208,7 +208,12 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
         240,
         d.tmp,
     )
-    assert set(v for (name, _), v in scrape(port).items() if name == "gpucost_worker_group_lag_messages") == {0}
+    wait_for(  # the gauges are read every --lag-interval-s: within a few of them, each partition's is 0
+        "every partition's lag gauge at 0",
+        lambda: {v for (name, _), v in scrape(port).items() if name == "gpucost_worker_group_lag_messages"} == {0},
+        10,
+        d.tmp,
+    )
 
 
 def test_produce_shows_progress_lines_off_a_terminal_and_a_bar_on_one(kafka_bootstrap: str, tmp_path: Path) -> None:
