@@ -21,7 +21,7 @@ from gpucost.flags import (
     env_flag,
 )
 from gpucost.kafka.signing import Signer
-from gpucost.producers.live import LiveSource
+from gpucost.producers.live import LIVE_SOURCES, LiveSource
 from gpucost.producers.replay import read_inputs
 from gpucost.producers.simulate import simulate
 from gpucost.report import format_table
@@ -181,7 +181,7 @@ def _topics_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _produce_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source", choices=["simulate", "replay", "nvml", "dcgm", "hami", "devices", "ebpf"], required=True)
+    p.add_argument("--source", choices=["simulate", "replay", *LIVE_SOURCES], required=True)
     p.add_argument(
         "--flush-interval-s",
         type=float,

@@ -190,7 +190,7 @@ def _items(
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--source",
-        choices=["auto", "simulate", "nvml", "dcgm", "hami", "devices", "ebpf"],
+        choices=["auto", "simulate", *LIVE_SOURCES],
         default=env_default("GPUCOST_SOURCE", "auto"),
         help="where events come from: auto = nvml where NVML works, else simulate (env GPUCOST_SOURCE)",
     )

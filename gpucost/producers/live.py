@@ -180,7 +180,7 @@ def open_live(
 #: the scraped sources: what each is called, its URL's variable and an example URL
 _SCRAPED = {
     "dcgm": ("dcgm-exporter", "GPUCOST_DCGM_URL", "http://host:9400/metrics"),
-    "hami": ("HAMi's vGPU monitor", "GPUCOST_HAMI_URL", "http://host:31992/metrics"),
+    "hami": ("HAMi's vGPU monitor", "GPUCOST_HAMI_URL", "http://<this node's monitor pod>:9394/metrics"),
 }
 
 
