@@ -176,7 +176,14 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
         120,
         d.tmp,
     )
-    wait_for("the group caught up", lambda: "caught up" in a_log.read_text() + b_log.read_text(), 240, d.tmp)
+    # each worker says it once it has applied an end of input and the group is committed to the end; waiting
+    # for one only let the other's first line arrive after the kill and pass for the takeover's
+    wait_for(
+        "both workers saying the group caught up",
+        lambda: "caught up" in a_log.read_text() and "caught up" in b_log.read_text(),
+        240,
+        d.tmp,
+    )
 
     port = metrics_port(b_log)
     victim.send_signal(signal.SIGKILL)
