@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import re
 
+from gpucost.schemas.partitions import share_sql
 from gpucost.sinks.views import sql_string
 
 __all__ = ["MONTH", "TAGS", "TAGS_JSON", "USD", "allocation_month_rows", "month_rows"]
+
+#: a partition's share of its device: its covered hours are that share of GPU-hours (docs/definitions.md, "Partitions")
+_SHARE = share_sql("gpu_model")
 
 MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 #: the tenant fields a row's Tags carry
@@ -36,7 +40,7 @@ def month_rows(month: str) -> str:
   FROM cost WHERE strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') = {sql_string(month)}),
 c AS (
   SELECT *, date_trunc('month', ps) AS bs,
-         CAST(CAST(covered_ms AS DECIMAL(38, 12)) / 3600000 * CASE
+         CAST(CAST(covered_ms AS DECIMAL(38, 12)) * {_SHARE[0]} / (3600000 * {_SHARE[1]}) * CASE
            WHEN pane_cost_micro_usd > 0 THEN CAST(cost_micro_usd AS DECIMAL(38, 12)) / pane_cost_micro_usd
            WHEN tenant_key = 'idle' THEN 1 - CAST(busy_fraction AS DECIMAL(38, 12))
            ELSE coalesce(CAST(busy_fraction * weight / nullif(w_all, 0) AS DECIMAL(38, 12)), 0) END
@@ -52,7 +56,7 @@ def allocation_month_rows(month: str) -> str:
   FROM allocation WHERE strftime(make_timestamp(pane_start_ns // 1000), '%Y-%m') = {sql_string(month)}),
 c AS (
   SELECT *, date_trunc('month', ps) AS bs,
-         CAST(CAST(covered_ms AS DECIMAL(38, 12)) / 3600000 * CASE
+         CAST(CAST(covered_ms AS DECIMAL(38, 12)) * {_SHARE[0]} / (3600000 * {_SHARE[1]}) * CASE
            WHEN pane_cost_micro_usd > 0 THEN CAST(cost_micro_usd AS DECIMAL(38, 12)) / pane_cost_micro_usd
            ELSE CAST(allocated_share AS DECIMAL(38, 12)) END
            AS DECIMAL(38, 12)) AS gpu_hours

@@ -12,6 +12,7 @@ import duckdb
 
 from gpucost.embedded import RunStats
 from gpucost.report_bases import allocation_gap, by_label
+from gpucost.schemas.partitions import share_sql
 from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
 from gpucost.streams.discovery import OUT_OF_SERVICE
@@ -62,17 +63,22 @@ SELECT gpu_model, coalesce(efu_source, 'none') AS efu_source, round(sum(gpu_hour
     unit_cost_sql("efu_source", "sum(cost_micro_usd)", "sum(opex_usd)", "sum(effective_tflop_hours)")
 }), 'n/a') AS usd_per_eff_tflop_hour
 FROM unit_cost GROUP BY gpu_model, efu_source ORDER BY gpu_model, efu_source NULLS LAST"""
+_SHARE = share_sql("gpu_model")
 #: what the triggers put at stake, per tier and over all tiers ('all tiers'): each GPU counted once, at its price at
 #: its latest trigger (a trigger of an unpriced GPU frees nothing known), and the union of the idle runs up to their
-#: triggers per GPU (two tenants idle on one GPU at once hold one GPU-hour, not two)
-_RECLAIMS = """
-WITH r AS (SELECT sla AS tier, gpu_uuid, run_start_ns AS s, trigger_ns AS e, usd_per_gpu_hour AS usd FROM reclaim
-           UNION ALL SELECT 'all tiers', gpu_uuid, run_start_ns, trigger_ns, usd_per_gpu_hour FROM reclaim),
+#: triggers per GPU (two tenants idle on one GPU at once hold one GPU-hour, not two); a partition at its share of
+#: its device's price and GPU-hours (docs/definitions.md, "Partitions")
+_RECLAIMS = f"""
+WITH x AS (SELECT *, usd_per_gpu_hour * {_SHARE[0]} / {_SHARE[1]} AS usd, {_SHARE[0]} / {_SHARE[1]} AS share
+           FROM reclaim),
+r AS (SELECT sla AS tier, gpu_uuid, run_start_ns AS s, trigger_ns AS e, usd, share FROM x
+      UNION ALL SELECT 'all tiers', gpu_uuid, run_start_ns, trigger_ns, usd, share FROM x),
 o AS (SELECT *, max(e) OVER (PARTITION BY tier, gpu_uuid ORDER BY s, e
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM r),
 i AS (SELECT *, sum(CASE WHEN reach >= s THEN 0 ELSE 1 END) OVER (PARTITION BY tier, gpu_uuid ORDER BY s, e
                                                                 ROWS UNBOUNDED PRECEDING) AS island FROM o),
-u AS (SELECT tier, sum(e - s) AS ns FROM (SELECT tier, min(s) AS s, max(e) AS e FROM i GROUP BY tier, gpu_uuid, island)
+u AS (SELECT tier, sum((e - s) * share) AS ns
+      FROM (SELECT tier, min(s) AS s, max(e) AS e, any_value(share) AS share FROM i GROUP BY tier, gpu_uuid, island)
       GROUP BY tier),
 g AS (SELECT tier, gpu_uuid, count(*) AS triggers, arg_max(coalesce(usd, 0), e) AS usd FROM r GROUP BY ALL)
 SELECT tier, sum(triggers) AS triggers, count(*) AS gpus, printf('%.2f', any_value(u.ns) / 3.6e12) AS idle_gpu_hours,

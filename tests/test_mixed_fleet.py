@@ -21,6 +21,7 @@ import duckdb
 import pytest
 
 from gpucost.embedded import run_embedded
+from gpucost.focus import export_focus
 from gpucost.producers.accelerators.events import Placement, to_events
 from gpucost.producers.replay import input_files, read_inputs
 from gpucost.producers.simulate import FleetSpec, simulate
@@ -44,6 +45,8 @@ from tests.support.deployment import (
 ACC = SHARED_DATA / "accelerators"
 AT, STEP = "2025-01-06T00:10:00Z", "10"  # the simulated fleet starts 2025-01-06T00:00:00Z
 PRICES = {"MI300X": "3.600000", "Inferentia": "0.760000", "TPU v6e": "2.700000"}
+#: the whole devices' model per node (the --model given, or the capture's)
+NODE_MODEL = {"mi-a": "MI300X", "mi-b": "MI300X", "inf-a": "Inferentia", "tpu-a": "TPU v6e"}
 #: (file under ACC, node, extra flags): AMD compute partitions without power, an AMD GPU with power and a
 #: process, a Neuron device of four cores with per-process busy, four TPU v6e chips of a streaming capture
 CAPTURES = (
@@ -121,12 +124,18 @@ def test_parties_add_up_to_the_pane_cost_recomputed_from_sql(fleet: dict[str, An
         panes[(gpu, start)].append(cost)
         assert pane_cost.setdefault((gpu, start), pane) == pane
     assert all(sum(v) == pane_cost[k] for k, v in panes.items())
-    rows = _sql(fleet["converted"], "SELECT gpu_uuid, pane, gpu_model, covered FROM gpu")
-    for gpu, start, model, covered in rows:
-        price_uh = Decimal(PRICES[model]) * 10**6
-        exact = (price_uh * covered / Decimal(3_600_000)).quantize(Decimal(1), rounding=ROUND_HALF_EVEN)
-        assert pane_cost[(gpu, start)] == int(exact), (gpu, start)
-    assert any(c > 0 for c in pane_cost.values())
+    rows = _sql(fleet["converted"], "SELECT gpu_uuid, pane, gpu_model, covered, parts, partition_of FROM gpu")
+    devices: dict[tuple[str, int], list[tuple[int, Decimal]]] = defaultdict(list)
+    for gpu, start, model, covered, parts, parent in rows:
+        whole = NODE_MODEL[gpu.split("/")[0]]
+        assert model == (whole if parts == 1 else f"{whole} 1/{parts}"), (gpu, model)
+        # each of n partitions pays 1/n of its device's price: rounded once, half to even
+        exact = Decimal(PRICES[whole]) * 10**6 * covered / 3_600_000 / parts
+        assert pane_cost[(gpu, start)] == int(exact.quantize(Decimal(1), rounding=ROUND_HALF_EVEN)), (gpu, start)
+        devices[(parent or gpu, start)].append((pane_cost[(gpu, start)], exact * parts))
+    for (device, _), costs in devices.items():  # a device costs its price once, never once per partition
+        assert abs(sum(c for c, _ in costs) - costs[0][1]) <= Decimal(len(costs)) / 2, device
+    assert sum(len(c) > 1 for c in devices.values()) >= 3 and any(c > 0 for c in pane_cost.values())
 
 
 def _sql(events: list[dict[str, Any]], query: str) -> list[tuple[Any, ...]]:
@@ -135,16 +144,21 @@ def _sql(events: list[dict[str, Any]], query: str) -> list[tuple[Any, ...]]:
     con = duckdb.connect()
     con.execute(
         "CREATE TABLE e (kind VARCHAR, gpu_uuid VARCHAR, ts_ns BIGINT, interval_s DOUBLE, sm_util_pct DOUBLE, "
-        "gpu_model VARCHAR)"
+        "gpu_model VARCHAR, partition_of VARCHAR)"
     )
     con.executemany(
-        "INSERT INTO e VALUES (?, ?, ?, ?, ?, ?)",
-        [(e["kind"], e["gpu_uuid"], e["ts_ns"], e["interval_s"], e["sm_util_pct"], e.get("gpu_model")) for e in events],
+        "INSERT INTO e VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (e["kind"], e["gpu_uuid"], e["ts_ns"], e["interval_s"], e["sm_util_pct"])
+            + (e.get("gpu_model"), e.get("partition_of"))
+            for e in events
+        ],
     )
-    con.execute(
+    con.execute(  # parts: how many partitions of its device the capture shows beside it (1: a whole device)
         "CREATE VIEW gpu AS SELECT gpu_uuid, ts_ns // 60000000000 * 60000000000 AS pane, any_value(gpu_model) "
-        "AS gpu_model, sum(CAST(round(interval_s * 1000) AS BIGINT)) AS covered FROM e WHERE kind = 'gpu_sample' "
-        "GROUP BY ALL"
+        "AS gpu_model, sum(CAST(round(interval_s * 1000) AS BIGINT)) AS covered, any_value(parts) AS parts, "
+        "any_value(partition_of) AS partition_of FROM (SELECT *, CASE WHEN partition_of IS NULL THEN 1 ELSE "
+        "count(*) OVER (PARTITION BY partition_of, ts_ns) END AS parts FROM e WHERE kind = 'gpu_sample') GROUP BY ALL"
     )
     con.execute(
         "CREATE VIEW proc AS SELECT gpu_uuid, ts_ns // 60000000000 * 60000000000 AS pane, "
@@ -301,3 +315,25 @@ def test_busy_time_no_process_claims_is_unattributed_never_idle(fleet: dict[str,
         "SELECT sum(cost_micro_usd) FROM cost WHERE team = 'unattributed' AND gpu_uuid NOT LIKE 'GPU-%'"
     ).fetchone()
     assert unattributed > 0
+
+
+def test_a_partitions_gpu_hours_are_its_share_in_unit_cost_and_focus(fleet: dict[str, Any], tmp_path: Path) -> None:
+    """GPU-hours counted in SQL take each partition's share: ``unit_cost`` per model equals the converted events'
+    covered hours over the partitions shown beside each; in FOCUS, ListUnitPrice (the device's price) ×
+    PricingQuantity is each priced row's cost, partitions included."""
+    rows = _sql(fleet["converted"], "SELECT gpu_model, covered, parts FROM gpu")
+    want: dict[str, Decimal] = defaultdict(Decimal)
+    for model, covered, parts in rows:
+        want[model] += Decimal(covered) / 3_600_000 / parts
+    got = dict(connect(fleet["out"]).execute("SELECT gpu_model, sum(gpu_hours) FROM unit_cost GROUP BY ALL").fetchall())
+    assert {m: round(Decimal(got[m]), 9) for m in want} == {m: round(h, 9) for m, h in want.items()}
+    assert any(" 1/" in m for m in want)
+    export_focus(fleet["out"], "2025-01", tmp_path / "f.parquet", fmt="parquet")
+    focus = duckdb.execute(
+        f"SELECT SkuId, ListUnitPrice, PricingQuantity, BilledCost FROM '{tmp_path / 'f.parquet'}' "
+        "WHERE ListUnitPrice IS NOT NULL"
+    ).fetchall()
+    parts = [r for r in focus if " 1/" in r[0]]
+    assert parts and len(parts) < len(focus)
+    for sku, price, quantity, cost in focus:
+        assert abs(Decimal(price) * Decimal(quantity) - Decimal(cost)) < Decimal("0.000001"), (sku, price, quantity)

@@ -13,11 +13,12 @@ from decimal import Decimal
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpucost.schemas.ebpf import TraceEvent, decode_trace_event, encode_trace_event
 from gpucost.schemas.exact import round_scaled
 from gpucost.schemas.labels import Labels
+from gpucost.schemas.partitions import whole_device
 
 __all__ = [
     "TS_MIN_NS",
@@ -321,7 +322,7 @@ TENANT_FIELDS: tuple[str, ...] = tuple(
 
 class Price(_Event):
     kind: Literal["price"] = "price"
-    gpu_model: Ident
+    gpu_model: Annotated[Ident, AfterValidator(whole_device)]  # a partition pays its share of its device's price
     ts_ns: TsNs
     usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, decimal_places=6, strict=False, allow_inf_nan=False)]
     #: the price authority's key and HMAC (``gpucost.streams.scope.price_mac``): a worker with a keyring takes

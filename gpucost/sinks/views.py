@@ -20,6 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.partitions import share_sql
 from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.compact import RETIRED, STAGING
 from gpucost.sinks.landlock import without_writes
@@ -104,7 +105,8 @@ p AS (SELECT coalesce(c.gpu_model, e.gpu_model) AS gpu_model, coalesce(c.date, e
              e.effective_tflop_hours
       FROM c FULL JOIN e USING (gpu_uuid, pane_start_ns)),
 g AS (SELECT gpu_model, date, efu_source, CAST(sum(cost_micro_usd) AS BIGINT) AS cost_micro_usd,
-             sum(covered_ms) / 3.6e6 AS gpu_hours, coalesce(sum(effective_tflop_hours), 0) AS effective_tflop_hours
+             sum(covered_ms * {share}) / 3.6e6 AS gpu_hours,
+             coalesce(sum(effective_tflop_hours), 0) AS effective_tflop_hours
       FROM p GROUP BY ALL)
 SELECT gpu_model, date, efu_source, cost_micro_usd, gpu_hours, CAST({opex} AS DOUBLE) * gpu_hours AS opex_usd,
        effective_tflop_hours,
@@ -193,6 +195,7 @@ def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str
                 _UNIT_COST.format(
                     opex=Decimal(opex_usd_per_gpu_hour),
                     unit=unit_cost_sql("efu_source", "cost_micro_usd", "opex_usd", "effective_tflop_hours"),
+                    share="{} / {}".format(*share_sql("gpu_model")),
                 ),
             ]
         )

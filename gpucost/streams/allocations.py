@@ -274,7 +274,7 @@ def split(
     over its holds, over one common denominator ``D`` (the fractions' least common multiple), the device's capacity
     ``D × pane ns``; ``unallocated`` holds the capacity no one held. An oversubscribed device (Σ held > capacity)
     splits by what is held, none unallocated."""
-    cost = pane_cost_micro_usd(usd_per_gpu_hour, covered_ms)
+    cost = pane_cost_micro_usd(usd_per_gpu_hour, covered_ms, gpu_model)
     den = math.lcm(*(h.den for h in holds)) if holds else 1
     capacity = den * (end_ns - start_ns)
     by_tenant: dict[Tenant, list[Hold]] = defaultdict(list)

@@ -13,6 +13,7 @@ import pyarrow as pa
 from gpucost.schemas.arrow import ARROW_SCHEMAS, wide_array
 from gpucost.schemas.events import TENANT_FIELDS
 from gpucost.schemas.exact import div_half_even, micro_usd_per_hour, ratios
+from gpucost.schemas.partitions import device_share
 from gpucost.schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
 from gpucost.streams.money import split_in_order
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
@@ -22,7 +23,6 @@ __all__ = ["Weights", "apportion", "apportion_many", "pane_cost_micro_usd", "ten
 
 MS_PER_HOUR = 3_600_000
 FULL_UTIL_CP = 100 * 100  # 100 % in hundredths of a percent
-_div_half_even = np.frompyfunc(div_half_even, 2, 1)  # over object arrays: one pane's cost each
 
 
 class Weights:
@@ -34,11 +34,13 @@ class Weights:
         self.alpha, self.beta, self.gamma = (int(f * self.denominator) for f in exact)
 
 
-def pane_cost_micro_usd(usd_per_gpu_hour: Decimal | None, covered_ms: int) -> int:
-    """A pane's cost C in µ$ (docs/definitions.md, "Cost split", step 2): the price × its covered time, rounded
-    half to even once; 0 unpriced. Every basis splits this one figure."""
+def pane_cost_micro_usd(usd_per_gpu_hour: Decimal | None, covered_ms: int, gpu_model: str) -> int:
+    """A pane's cost C in µ$ (docs/definitions.md, "Cost split", step 2): the price × the device's share
+    (``gpucost.schemas.partitions``: 1 but for a partition) × its covered time, rounded half to even once; 0
+    unpriced. Every basis splits this one figure."""
     rate = 0 if usd_per_gpu_hour is None else micro_usd_per_hour(usd_per_gpu_hour)
-    return div_half_even(rate * covered_ms, MS_PER_HOUR)
+    share = device_share(gpu_model)[1]
+    return div_half_even(rate * share.numerator * covered_ms, share.denominator * MS_PER_HOUR)
 
 
 def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weights) -> list[CostRecord]:
@@ -55,7 +57,7 @@ def apportion(pane: PaneTotals, usd_per_gpu_hour: Decimal | None, weights: Weigh
     if pane.covered_ms == 0 or pane.node_id is None or pane.gpu_model is None:
         return []
     unpriced = usd_per_gpu_hour is None
-    cost = pane_cost_micro_usd(usd_per_gpu_hour, pane.covered_ms)
+    cost = pane_cost_micro_usd(usd_per_gpu_hour, pane.covered_ms, pane.gpu_model)
 
     tenants = sorted(pane.tenants.items())  # by tenant key
     sm_all = sum(t.sm for _, t in tenants)
@@ -188,8 +190,7 @@ def apportion_many(
     idle_n = np.where(nothing, 1, (busy_d - busy_n) * w_all).astype(object)
     tenant_n = busy_n[pane] * big_w  # 0 in a pane of nothing, as busy_n is
 
-    rates = np.array([0 if price is None else micro_usd_per_hour(price) for price in prices], object)
-    cost = _div_half_even(rates * covered, MS_PER_HOUR)
+    cost = np.array([pane_cost_micro_usd(*p) for p in zip(prices, covered.tolist(), panes.gpu_model.tolist())], object)
     idle_share, tenant_share = cost * idle_n, cost[pane] * tenant_n
     idle_usd, tenant_usd = idle_share // denominator, tenant_share // denominator[pane]
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gpucost.schemas.blocks import Emitted
+from gpucost.schemas.partitions import device_share
 from gpucost.schemas.records import FAIL_REASONS, GRADES, HealthRecord, Output, computed_from
 from gpucost.schemas.snapshot import sealed
 from gpucost.streams.operator import Closing, ClosingMany
@@ -42,10 +43,12 @@ __all__ = ["HealthAudit", "peak_tops", "grade_of", "ENTITLEMENT", "Breaker"]
 ENTITLEMENT = dict(zip(GRADES, (1.25, 1.0, 0.75, 1.0)))
 
 
-def peak_tops(table: dict[str, Any], gpu_model: str) -> Any:
-    """The table's value for the longest key ``gpu_model`` contains, case-insensitively (ties: the
-    first key in sorted order); ``default`` when none does."""
-    return _lookup(tuple(sorted(table.items())), gpu_model)
+def peak_tops(table: dict[str, Any], gpu_model: str) -> Fraction:
+    """The table's value for the longest key the whole device's model contains, case-insensitively (ties: the
+    first key in sorted order; ``default`` when none does), × the device's share: a partition's peak is its share
+    of its device's (``gpucost.schemas.partitions``)."""
+    whole, share = device_share(gpu_model)
+    return Fraction(_lookup(tuple(sorted(table.items())), whole)) * share
 
 
 @lru_cache(maxsize=1024)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from gpucost.schemas.events import TENANT_FIELDS, Allocation, Price, TenantBinding
+from gpucost.schemas.partitions import device_share
 
 if TYPE_CHECKING:
     from gpucost.streams.settings import AuditSettings
@@ -230,11 +231,13 @@ class PriceTable:
         return price
 
     def lookup_many(self, gpu_models: np.ndarray, ts_ns: np.ndarray) -> np.ndarray:
-        """``lookup`` of each model (None: no price) as of each time, a model's times at once."""
+        """``lookup`` of each model (None: no price) as of each time, a model's times at once. A partition's model
+        (``MI300X 1/8``) takes its whole device's price, which its cost then takes its share of
+        (``gpucost.schemas.partitions``)."""
         out = np.full(len(ts_ns), None, object)
         for model in set(gpu_models.tolist()) - {None}:
             at = np.flatnonzero(gpu_models == model)
-            out[at] = self._as_of(model, ts_ns[at])
+            out[at] = self._as_of(device_share(model)[0], ts_ns[at])
             # numpy compares with None as with an object scalar; its stubs take no None as an operand
             unpriced = at[np.equal(out[at], None)]  # type: ignore[call-overload]
             out[unpriced] = self._as_of("default", ts_ns[unpriced])

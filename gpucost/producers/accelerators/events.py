@@ -4,7 +4,10 @@ Nothing here branches on a vendor: every rule reads the neutral ``DeviceSample``
 (docs/sources.md, "Billing a mixed fleet", states each rule and why).
 
 - **What is billed.** A device is billed as its partitions when the capture has partitions of it at
-  that time (the parent gets no event, so it is never billed too), else as itself.
+  that time (the parent gets no event, so it is never billed too), else as itself. Each of ``n``
+  partitions that takes its device's model is billed as ``<model> 1/<n>``: its share of the device's
+  price and peak (``gpucost.schemas.partitions``), so the device costs its price once; a partition with
+  a model of its own (a MIG profile) is a device of that model.
 - **What partitions share.** The parent row alone carries the power, memory and temperature the tool
   repeats on every partition; each partition without its own figure takes an equal share of the
   parent's power (in integer mW) and memory (in bytes), split by largest remainder with the odd
@@ -36,6 +39,7 @@ from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, platform
 from gpucost.schemas.events import GpuSample, ProcessSample
 from gpucost.schemas.exact import round_scaled
 from gpucost.schemas.faults import counts
+from gpucost.schemas.partitions import MAX_PARTITIONS, partition_model
 
 __all__ = ["Placement", "at_ns", "shares", "to_events", "with_faults"]
 
@@ -204,13 +208,13 @@ def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> lis
         by_id = {s.device_id: s for s in group}
         parts: dict[str, list[DeviceSample]] = defaultdict(list)
         for s in group:
-            if s.parent_id is not None and s.parent_id in by_id:
+            if s.parent_id is not None:
                 parts[s.parent_id].append(s)
         for s in group:
             if s.device_id in parts:
                 continue  # billed as its partitions
             parent = by_id.get(s.parent_id) if s.parent_id is not None else None
-            siblings = sorted(parts[parent.device_id], key=lambda p: p.device_id) if parent else [s]
+            siblings = sorted(parts[s.parent_id], key=lambda p: p.device_id) if s.parent_id is not None else [s]
             billed.append((ts, s, parent, siblings.index(s), len(siblings)))
     times: dict[str, list[int]] = defaultdict(list)
     for ts, s, *_ in billed:
@@ -227,7 +231,14 @@ def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> lis
         if model is None:
             out.reject("model not reported: give --model NAME (a platforms.toml row or alias)")
             continue
+        if of > MAX_PARTITIONS:
+            out.reject(f"more than {MAX_PARTITIONS} partitions of one device: no device has as many")
+            continue
         f = _figures(s if s.model else replace(s, model=model), parent, share, of)
+        # a partition with no model of its own, or its device's, is billed as its share of the device; one with a
+        # model of its own (a MIG profile) is a device of that model
+        whole = row[0] if row else model
+        shared = s.parent_id is not None and (s.model is None or (parent is not None and s.model == parent.model))
         base = {
             "node_id": place.node,
             "gpu_uuid": f"{place.node}/{s.device_id}",
@@ -238,15 +249,15 @@ def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> lis
         wire = {
             "kind": "gpu_sample",
             **base,
-            "gpu_model": row[0] if row else model,
+            "gpu_model": partition_model(whole, of) if shared else whole,
             "sm_util_pct": _w(f.values["busy_cp"], 100),
             "mem_used_bytes": f.values["mem_used_bytes"],
             "mem_total_bytes": f.values["mem_total_bytes"],
             "power_w": _w(f.values["power_mw"], 1000),
             "temp_c": f.values["temp_c"],
         }
-        if parent is not None:
-            wire["partition_of"] = f"{place.node}/{parent.device_id}"
+        if s.parent_id is not None:
+            wire["partition_of"] = f"{place.node}/{s.parent_id}"
         gpu = _checked(GpuSample, f.labelled(wire), out)
         events += gpu
         if gpu:
