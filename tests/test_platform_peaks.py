@@ -55,3 +55,22 @@ def test_a_device_of_each_part_is_judged_against_its_own_peak(row: str, model: s
     assert {Fraction(r.peak_tops).limit_denominator(1000) for r in efficiency} == {expected}
     for h in health:
         assert h.effective_tops == pytest.approx(float(expected * Fraction(40, 100)), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("model", "row"),
+    [
+        ("NVIDIA L40", None),  # a part of its own, not an L4: unknown, so the default
+        ("Trainium3", None),  # not a Trainium (Trn1)
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA GH200 480GB", "H200"),  # a name holding a part's name, followed by no letter or digit
+        ("xilinx_u280_gen3x16_xdma_base_1", "Alveo U280"),
+        ("MI300X 1/8", "MI300X"),  # a partition: its share of its device's peak
+    ],
+)
+def test_a_key_followed_by_a_letter_or_digit_is_another_part(model: str, row: str | None) -> None:
+    want = Fraction(100) if row is None else peak(TABLE[row])
+    assert want is not None
+    share = Fraction(1, 8) if model.endswith(" 1/8") else Fraction(1)
+    efficiency, _ = judged(model)
+    assert {Fraction(r.peak_tops).limit_denominator(10**6) for r in efficiency} == {want * share}

@@ -22,6 +22,7 @@ both paths, and any re-computation, give the same bits, which the snapshot hash 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Container
 from dataclasses import astuple, dataclass
 from fractions import Fraction
@@ -44,9 +45,10 @@ ENTITLEMENT = dict(zip(GRADES, (1.25, 1.0, 0.75, 1.0)))
 
 
 def peak_tops(table: dict[str, Any], gpu_model: str) -> Fraction:
-    """The table's value for the longest key the whole device's model contains, case-insensitively (ties: the
-    first key in sorted order; ``default`` when none does), × the device's share: a partition's peak is its share
-    of its device's (``gpucost.schemas.partitions``)."""
+    """The table's value for the longest key the whole device's model contains, case-insensitively and not followed
+    by a letter or digit (ties: the first key in sorted order; ``default`` when none does), × the device's share: a
+    partition's peak is its share of its device's (``gpucost.schemas.partitions``). "NVIDIA L40" is no L4 and
+    "Trainium3" no Trainium, while "NVIDIA GH200" holds an H200 and "xilinx_u280_gen3x16" a U280."""
     whole, share = device_share(gpu_model)
     return Fraction(_lookup(tuple(sorted(table.items())), whole)) * share
 
@@ -54,7 +56,11 @@ def peak_tops(table: dict[str, Any], gpu_model: str) -> Fraction:
 @lru_cache(maxsize=1024)
 def _lookup(table: tuple[tuple[str, Any], ...], gpu_model: str) -> Any:
     model = gpu_model.casefold()
-    hits = [(-len(key), key) for key, _ in table if key != "default" and key.casefold() in model]
+    hits = [
+        (-len(key), key)
+        for key, _ in table
+        if key != "default" and re.search(re.escape(key.casefold()) + r"(?![^\W_])", model)
+    ]
     return dict(table)[min(hits)[1] if hits else "default"]
 
 

@@ -18,9 +18,9 @@ __all__ = ["AuditSettings", "DEFAULT_L2_CALIBRATION", "DEFAULT_PEAK_TOPS", "SlaT
 
 DEFAULT_L2_CALIBRATION: tuple[tuple[float, float], ...] = ((2.1, 8.3), (5.7, 41.9), (7.9, 127.4))
 #: each part of the platform table (``schemas/platforms.toml``: vendors' datasheets, one row per part) at its dense
-#: peak, under its name and aliases (``platform_peaks``), by the text a ``gpu_model`` contains (the longest key it
-#: contains, case-insensitively, wins); ``default`` for a model none matches. One table for every vendor: a
-#: device the table lists is judged against its own peak, not the default's
+#: peak, under its name and aliases (``platform_peaks``), by the text a ``gpu_model`` contains (``peak_tops``: the
+#: longest key it contains, case-insensitively and followed by no letter or digit, wins); ``default`` for a model
+#: none matches. One table for every vendor: a device the table lists is judged against its own peak, not the default's
 DEFAULT_PEAK_TOPS: dict[str, Decimal] = {**platform_peaks(), "default": Decimal(100)}
 Weight = Annotated[Decimal, Field(ge=0, le=1000, allow_inf_nan=False)]
 
