@@ -16,7 +16,7 @@ from gpucost.config import FLAG_FIELDS
 from gpucost.env_flags import env_default, env_flag
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kube_flags import add_kubernetes
-from gpucost.producers.accelerators.live import COMMANDS
+from gpucost.producers.accelerators.live import COMMANDS, SERVED
 from gpucost.producers.attribution import ATTRIBUTION_SOURCES
 from gpucost.producers.simulate import FleetSpec
 from gpucost.schemas.events import SLAS
@@ -249,7 +249,8 @@ def add_live(p: argparse.ArgumentParser) -> None:
     """Flags of the live sources (nvml, dcgm, hami, devices, ebpf), shared by run and produce."""
     p.add_argument(
         "--url",
-        help="with --source dcgm or hami: the exporter's /metrics URL (env GPUCOST_DCGM_URL, GPUCOST_HAMI_URL)",
+        help="with --source dcgm or hami, or devices with an exporter's --device-tool (amd-exporter, neuron-monitor): "
+        "the exporter's /metrics URL (env GPUCOST_DCGM_URL, GPUCOST_HAMI_URL, GPUCOST_DEVICES_URL)",
     )
     p.add_argument(
         "--pod-sla",
@@ -262,11 +263,12 @@ def add_live(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--device-tool",
-        choices=sorted(COMMANDS),
+        choices=sorted({*COMMANDS, *SERVED}),
         default=os.environ.get("GPUCOST_DEVICE_TOOL"),
         metavar="NAME",
         help="with --source devices: the vendor tool run each period, by the format it prints (one of "
-        f"{', '.join(sorted(COMMANDS))}; env GPUCOST_DEVICE_TOOL; each run at most GPUCOST_DEVICES_TIMEOUT_S, 10 s)",
+        f"{', '.join(sorted(COMMANDS))}), or the exporter read at --url ({', '.join(sorted(SERVED))}); env "
+        "GPUCOST_DEVICE_TOOL; each run or read at most GPUCOST_DEVICES_TIMEOUT_S, 10 s",
     )
     p.add_argument(
         "--device-model",

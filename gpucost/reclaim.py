@@ -36,6 +36,7 @@ from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.sink import output_record, output_refusal
 from gpucost.schemas.labels import labels_read
+from gpucost.schemas.partitions import device_share
 from gpucost.schemas.records import DeadLetter, ReclaimRecord
 from gpucost.sinks.views import view_records
 from gpucost.times import iso_ns
@@ -65,6 +66,8 @@ def action_of(record: ReclaimRecord) -> dict[str, Any]:
         "idle_run_ms": record.idle_run_ms,
         "deadline_ns": record.deadline_ns,
         "usd_per_gpu_hour": None if record.usd_per_gpu_hour is None else str(record.usd_per_gpu_hour),
+        # the whole device's price: a partition's ("MI300X 1/8") is its share of it, "1" for a whole device
+        "device_share": str(device_share(record.gpu_model)[1]),
         "held": record.held,  # the tenant held the GPU (an allocation) in the trigger pane: reserved idle
         # the object they were sent as; a text that is not one (a record on a topic anyone may write) as the text
         "labels": record.labels if (labels := labels_read(record.labels)) is None else labels,

@@ -5,6 +5,7 @@ run's, a failed run counted and never fatal, and what the source needs said befo
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from gpucost.cli import main
 from gpucost.producers.accelerators.live import ToolSampler
 from gpucost.schemas.events import GpuSample, ProcessSample
 from gpucost.sinks.views import connect
+from tests.support.dcgm_exporter import serving
 
 STAND_INS = Path(__file__).parent / "stand_ins"
 S = 10**9
@@ -156,3 +158,71 @@ def test_a_process_listed_twice_on_a_device_is_one_process_billed_its_whole_shar
     events = to_events([device], Placement("n", Decimal(1), T0), Parsed())
     procs = [(e["pid"], e["sm_util_pct"], e["mem_used_bytes"]) for e in events if e["kind"] == "process_sample"]
     assert procs == [(7, 25.0, 30), (8, 25.0, 5)]  # two processes share the busy; 7's memory is both entries'
+
+
+AMD_EXPORTER = "amd-device-metrics-exporter/metrics_mini.txt"  # line 3: gpu_average_package_power … 41
+NEURON = "aws-neuron/aws_neuron_metrics.txt"  # inf1.xlarge: one device, neuroncore="0".."3"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "capture", "node", "model"),
+    [("amd-exporter", AMD_EXPORTER, "mi-x", "MI300X"), ("neuron-monitor", NEURON, "inf-a", None)],
+)
+def test_an_exporter_read_each_period_bills_as_its_scrape_replayed_from_a_file(
+    fmt: str, capture: str, node: str, model: str | None, shared_data: Path, tmp_path: Path
+) -> None:
+    """The exporter's page read from its URL at the grid's time gives the events ``gpucost devices --events`` writes
+    from the same scrape saved to a file, given that time and step: one rule for a capture and a live read."""
+    text = (shared_data / "accelerators" / capture).read_text(encoding="utf-8")
+    events = tmp_path / "e.jsonl"
+    at = "2026-05-28T20:26:40Z"  # T0
+    gpucost_cli = ["devices", str(shared_data / "accelerators" / capture), "--events", str(events), "--node", node]
+    assert main([*gpucost_cli, "--at", at, "--interval-s", "10", *(["--model", model] if model else [])]) == 0
+    want = [json.loads(line) for line in events.read_text().splitlines()]
+    with serving(text) as url:
+        live = ToolSampler(fmt, node, model=model, url=url).sample(T0, 10.0)
+    got = [e.model_dump(mode="json", exclude_none=True) for e in live]
+    # what a file's events say of their figures and device, for its reader; the event models (and so the pipeline,
+    # and a live source's events) keep none of them
+    labels = ("not_reported", "estimated", "partition_of")
+    assert got == [{k: v for k, v in e.items() if k not in labels} for e in want]
+    gpus = [e for e in got if e["kind"] == "gpu_sample"]
+    if fmt == "amd-exporter":  # one GPU at 41 W, 68,702 MB of VRAM (the exporter's MB are MiB)
+        assert [(g["gpu_model"], g["power_w"], g["mem_total_bytes"]) for g in gpus] == [("MI300X", 41.0, 68702 << 20)]
+    else:  # four NeuronCores of one device, each a quarter of it
+        assert [g["gpu_uuid"] for g in gpus] == [f"{node}/nd0.nc{c}" for c in range(4)]
+        assert {g["gpu_model"] for g in gpus} == {"Inferentia 1/4"}
+
+
+def test_an_exporter_that_stops_answering_is_counted_and_the_next_read_bills(shared_data: Path) -> None:
+    text = (shared_data / "accelerators" / NEURON).read_text(encoding="utf-8")
+    with serving(text) as url:
+        sampler = ToolSampler("neuron-monitor", "inf-a", url=url)
+        assert sampler.sample(T0, 1.0)
+    assert sampler.sample(T0 + S, 1.0) == []  # the server is gone
+    assert [reason for reason in sampler.counts if reason.startswith("neuron-monitor: cannot scrape")]
+    with serving("<html>502 Bad Gateway</html>\n") as url:
+        sampler.url = url
+        assert sampler.sample(T0 + 2 * S, 1.0) == []
+    with serving(text) as url:
+        sampler.url = url
+        assert sampler.sample(T0 + 3 * S, 1.0)
+
+
+def test_gpucost_run_reads_an_exporter_at_its_url_or_says_what_it_needs(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GPUCOST_DEVICES_URL", raising=False)
+    out = ["--out", str(tmp_path / "out"), "--period-s", "0.1", "--duration-s", "0.5", "--node-id", "inf-a"]
+    assert main(["run", "--source", "devices", "--device-tool", "neuron-monitor", *out]) == 2
+    assert "reads an exporter: give --url (or GPUCOST_DEVICES_URL), e.g. http://" in capsys.readouterr().err
+    with serving("") as dead:
+        pass
+    assert main(["run", "--source", "devices", "--device-tool", "neuron-monitor", "--url", dead, *out]) == 2
+    assert "cannot scrape" in capsys.readouterr().err
+    with serving((shared_data / "accelerators" / NEURON).read_text(encoding="utf-8")) as url:
+        monkeypatch.setenv("GPUCOST_DEVICES_URL", url)
+        assert main(["run", "--source", "devices", "--device-tool", "neuron-monitor", *out]) == 0
+    assert f"reading neuron-monitor at {url} every 0.1 s: 5 device(s) and partition(s)" in capsys.readouterr().err
+    gpus = connect(tmp_path / "out").execute("SELECT DISTINCT gpu_uuid FROM idle_index ORDER BY 1").fetchall()
+    assert gpus == [(f"inf-a/nd0-nc{c}",) for c in range(4)] or len(gpus) == 4

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from fractions import Fraction
+from pathlib import Path
 
 import duckdb
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpucost.producers.accelerators.events import Placement, to_events
+from gpucost.producers.accelerators.neuron import parse_scrape
 from gpucost.report import _RECLAIMS
 from gpucost.schemas.codec import Rejected, decode_line
 from gpucost.schemas.devices import DeviceSample, Parsed
@@ -71,6 +73,8 @@ def test_a_price_for_a_partition_is_dead_lettered_saying_to_price_the_device() -
     assert isinstance(got, Rejected) and "price the whole device, 'MI300X'" in got.detail, got
     ok = decode_line(line.replace("1/8", "MIG 1g.10gb"))  # a partition with a model of its own is priced as that
     assert isinstance(ok, Price)
+    whole = decode_line(line.replace("1/8", "1/1"))  # a pane of "MI300X 1/1" is priced as "MI300X": so is its price
+    assert isinstance(whole, Rejected) and "price the whole device, 'MI300X'" in whole.detail, whole
 
 
 def test_a_partition_is_judged_against_its_share_of_the_peak() -> None:
@@ -85,6 +89,9 @@ _TEXT = st.text(st.sampled_from("ab X/ 0123456789\n'"), max_size=14)
 
 
 @settings(max_examples=400, deadline=None)
+@example("MI300X 1/2\n")  # Python's $ matches before a last newline, RE2's does not: fullmatch here
+@example("MI300X 1/2\r")
+@example("X 1/2 1/4")
 @given(
     st.one_of(
         _TEXT,
@@ -132,6 +139,8 @@ def test_a_partition_with_a_model_of_its_own_is_that_model_billed_whole() -> Non
         (DeviceSample("V", "MI300X", "g"), "MI300X", "MI300X 1/3"),
         (DeviceSample("V", "MI300X", "g"), None, "MI300X 1/3"),
         (None, None, "MI300X 1/3"),  # the model --model gives, the device's
+        (None, "MI300X", "MI300X 1/3"),  # a part of the table, with no row of its device
+        (DeviceSample("V", "AMD Instinct MI300X", "g"), "MI300X", "MI300X 1/3"),  # an alias of the device's part
     ):
         parts = [DeviceSample("V", model, f"g.{i}", parent_id="g", busy_pct=Decimal(1)) for i in range(3)]
         events = to_events([*([parent] if parent else []), *parts], place, Parsed())
@@ -154,3 +163,16 @@ def test_the_reclaim_summary_puts_a_partitions_share_at_stake() -> None:
     rows = con.execute(_RECLAIMS).fetchall()
     gold = [r for r in rows if r[0] == "Gold"]
     assert [(r[2], r[3], r[4], r[5]) for r in gold] == [(3, "1.25", 20_000_000, "20.00")]
+
+
+def test_a_neuron_device_is_billed_as_all_its_cores_whether_a_runtime_uses_them_or_not(shared_data: Path) -> None:
+    """The inf1.xlarge scrape with only core 0's runtime lines kept: its four cores are still four quarters of the
+    device (cores 1-3 at 0 %), so a runtime starting or stopping never changes what a core's share is."""
+    text = (shared_data / "accelerators" / "aws-neuron" / "aws_neuron_metrics.txt").read_text(encoding="utf-8")
+    only_core_0 = "\n".join(line for line in text.splitlines() if "neuroncore=" not in line or 'neuroncore="0"' in line)
+    for scrape in (text, only_core_0):
+        events = to_events(parse_scrape(scrape).samples, Placement("inf-a", Decimal(10), T0), Parsed())
+        gpus = {e["gpu_uuid"]: (e["gpu_model"], e["sm_util_pct"]) for e in events if e["kind"] == "gpu_sample"}
+        assert sorted(gpus) == [f"inf-a/nd0.nc{c}" for c in range(4)]
+        assert {m for m, _ in gpus.values()} == {"Inferentia 1/4"}
+    assert [gpus[f"inf-a/nd0.nc{c}"][1] for c in (1, 2, 3)] == [0.0, 0.0, 0.0]

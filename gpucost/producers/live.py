@@ -202,14 +202,21 @@ def _open_scraped(name: str, s: LiveSettings) -> LiveSource:
 
 
 def _open_tool(s: LiveSettings, say: Callable[[str], None]) -> LiveSource:
-    from gpucost.producers.accelerators.live import COMMANDS, ToolSampler
+    from gpucost.producers.accelerators.live import COMMANDS, SERVED, ToolSampler
     from gpucost.schemas.devices import platform_for
 
-    if s.device_tool not in COMMANDS:
+    tools = sorted({*COMMANDS, *SERVED})
+    if s.device_tool not in tools:
         raise SourceUnavailable(
-            f"--source devices needs --device-tool NAME (or GPUCOST_DEVICE_TOOL), one of {', '.join(sorted(COMMANDS))}"
+            f"--source devices needs --device-tool NAME (or GPUCOST_DEVICE_TOOL), one of {', '.join(tools)}"
         )
-    sampler = ToolSampler(s.device_tool, s.node_id, s.device_model, s.device_timeout_s)
+    url = (s.url or os.environ.get("GPUCOST_DEVICES_URL")) if s.device_tool in SERVED else None
+    if s.device_tool in SERVED and not url:
+        raise SourceUnavailable(
+            f"--device-tool {s.device_tool} reads an exporter: give --url (or GPUCOST_DEVICES_URL), "
+            f"e.g. {SERVED[s.device_tool]}"
+        )
+    sampler = ToolSampler(s.device_tool, s.node_id, s.device_model, s.device_timeout_s, url)
     now, answer = sampler.first()  # runs here now, or one clear error
     if not now:
         why = "; ".join(sorted(answer.dead_letters)) or "it printed no device"
@@ -224,7 +231,8 @@ def _open_tool(s: LiveSettings, say: Callable[[str], None]) -> LiveSource:
             f"--device-model {s.device_model!r} is no row or alias of gpucost/schemas/platforms.toml: its devices are "
             "priced by that name (else the default price) and judged against the default peak"
         )
-    what = f"running {COMMANDS[s.device_tool][0]} ({s.device_tool}) every {s.period_s:g} s"
+    how = f"reading {s.device_tool} at {url}" if url else f"running {COMMANDS[s.device_tool][0]} ({s.device_tool})"
+    what = f"{how} every {s.period_s:g} s"
     return _Sampled(sampler, f"{what}: {len(now)} device(s) and partition(s)", s, lambda: None)
 
 

@@ -17,13 +17,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpucost.schemas.events import Event, TenantBinding
 
-__all__ = ["ScrapeUnavailable", "Scraper", "families", "container_binding"]
+__all__ = ["ScrapeUnavailable", "Scraper", "container_binding", "families", "fetch"]
 
 log = logging.getLogger("gpucost.scrape")
 
 
 class ScrapeUnavailable(Exception):
     """The exporter cannot be scraped; the message says where and why."""
+
+
+def fetch(url: str, timeout_s: float) -> str:
+    """The page at ``url`` as text (bytes that are not UTF-8 replaced); ScrapeUnavailable saying where and why."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (a configured URL)
+            return str(resp.read().decode("utf-8", "replace"))
+    except (URLError, OSError, ValueError) as exc:
+        raise ScrapeUnavailable(f"cannot scrape {url}: {exc}") from None
 
 
 def families(text: str, counts: Counter[str]) -> list[Any]:
@@ -81,11 +90,7 @@ class Scraper:
         raise NotImplementedError
 
     def fetch(self) -> str:
-        try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:  # noqa: S310 (configured URL)
-                return resp.read().decode("utf-8", "replace")
-        except (URLError, OSError, ValueError) as exc:
-            raise ScrapeUnavailable(f"cannot scrape {self.url}: {exc}") from None
+        return fetch(self.url, self.timeout_s)
 
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
         try:

@@ -8,7 +8,6 @@ of a percent), computed once per event from the wire text (see ``gpucost.schemas
 
 from __future__ import annotations
 
-import unicodedata
 from decimal import Decimal
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
@@ -18,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from gpucost.schemas.ebpf import TraceEvent, decode_trace_event, encode_trace_event
 from gpucost.schemas.exact import round_scaled
 from gpucost.schemas.labels import Labels
+from gpucost.schemas.names import RESERVED_SKELETONS, RESERVED_TEAMS, skeleton
 from gpucost.schemas.partitions import whole_device
 
 __all__ = [
@@ -46,64 +46,6 @@ __all__ = [
 
 TS_MIN_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
 TS_MAX_NS = 4_102_444_800 * 10**9  # 2100-01-01T00:00:00Z
-#: the pipeline's own parties: ``idle`` (usage basis), ``unattributed`` (no binding), ``unallocated`` (allocation basis)
-RESERVED_TEAMS = frozenset({"idle", "unattributed", "unallocated"})
-
-#: letters from other scripts that render like the Latin letters of the reserved names (Unicode's
-#: confusables for a, b, c, d, e, i, l, n, o, r, t, u), which NFKC and case folding leave apart
-_LOOKALIKES = str.maketrans(
-    {
-        "ı": "i",
-        "і": "i",
-        "ɩ": "i",
-        "ι": "i",
-        "ӏ": "i",
-        "ⅼ": "i",
-        "а": "a",
-        "ɑ": "a",
-        "α": "a",
-        "е": "e",
-        "ε": "e",
-        "ԁ": "d",
-        "ɗ": "d",
-        "ո": "n",
-        "η": "n",
-        "г": "r",
-        "т": "t",
-        "τ": "t",
-        "υ": "u",
-        "ս": "u",
-        "Ь": "b",
-        "ь": "b",
-        "о": "o",
-        "ο": "o",
-        "с": "c",
-        "ϲ": "c",
-        "ᴜ": "u",
-        "0": "o",
-        # the vertical strokes, which no font keeps apart from each other: one letter for all (``idle`` reads
-        # ``idie``, and so does ``IdIe``)
-        "l": "i",
-        "1": "i",
-        "|": "i",
-        "ǀ": "i",
-        "ꓲ": "i",
-        "ⵏ": "i",
-    }
-)
-
-
-def skeleton(name: str) -> str:
-    """What a name reads as: NFKC, case-folded, without the characters that render as nothing or as
-    space (format, control and separator characters, combining marks) and with look-alike letters of
-    other scripts mapped to Latin, and every vertical stroke (i, l, 1, |…) to one letter. Two names with one skeleton
-    look the same on a report."""
-    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", name).casefold())
-    kept = "".join(c for c in folded if unicodedata.category(c)[0] not in "CZM")
-    return kept.translate(_LOOKALIKES)
-
-
-_RESERVED_SKELETONS = frozenset(skeleton(team) for team in RESERVED_TEAMS)
 
 TsNs = Annotated[int, Field(ge=TS_MIN_NS, lt=TS_MAX_NS)]
 Pct = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
@@ -286,7 +228,7 @@ def _no_separator(value: str | None) -> str | None:
 
 def _not_reserved(value: str) -> str:
     """A team of a binding or an allocation: never one of the pipeline's own parties, nor one that reads as one."""
-    if skeleton(value) in _RESERVED_SKELETONS:
+    if skeleton(value) in RESERVED_SKELETONS:
         raise ValueError(
             f"team {value!r} reads as a name reserved for the pipeline's own records "
             f"({', '.join(sorted(RESERVED_TEAMS))}); choose another"

@@ -22,7 +22,9 @@ __all__ = ["MAX_PARTITIONS", "device_share", "partition_model", "share_sql", "wh
 
 #: more partitions than any device has: a larger count in a model's text is no share, only text
 MAX_PARTITIONS = 1024
-_SHARE = re.compile(r"^(.+) ([1-9][0-9]{0,3})/([1-9][0-9]{0,3})$")
+#: the whole text: ``fullmatch`` here and ``^…$`` in DuckDB's RE2 (whose ``$`` is the end of the text, where
+#: Python's is also before a last newline); ``.`` matches no newline in either
+_SHARE = re.compile(r"(.+) ([1-9][0-9]{0,3})/([1-9][0-9]{0,3})")
 
 
 def partition_model(model: str, of: int) -> str:
@@ -38,7 +40,7 @@ def device_share(gpu_model: str) -> tuple[str, Fraction]:
     """(the whole device's model, the share of it) of ``gpu_model``: ``("MI300X", 1/8)`` for ``"MI300X 1/8"``,
     ``(gpu_model, 1)`` for a model without a share. A text whose share is not a fraction of one device (over
     1, or over ``MAX_PARTITIONS`` parts) is no share: the whole text is the model, billed whole."""
-    found = _SHARE.match(gpu_model)
+    found = _SHARE.fullmatch(gpu_model)
     if found is None:
         return gpu_model, Fraction(1)
     num, den = int(found[2]), int(found[3])
@@ -50,8 +52,8 @@ def device_share(gpu_model: str) -> tuple[str, Fraction]:
 def whole_device(gpu_model: str) -> str:
     """``gpu_model`` where it names a whole device, as a price's must: a partition's model (``MI300X 1/8``) pays
     its share of its device's price, so a price of its own would never be used; ValueError saying which to price."""
-    whole, share = device_share(gpu_model)
-    if share != 1:
+    whole, _ = device_share(gpu_model)
+    if whole != gpu_model:  # "X 1/8", and "X 1/1" too: a pane of either is priced as "X"
         raise ValueError(f"{gpu_model!r} is a partition's model: price the whole device, {whole!r}")
     return gpu_model
 
@@ -60,7 +62,7 @@ def share_sql(col: str) -> tuple[str, str]:
     """``device_share``'s share of the ``gpu_model`` column ``col`` in DuckDB's SQL, as (numerator, denominator)
     INTEGER expressions, (1, 1) for a model without one: the SQL that counts GPU-hours takes it exactly (a
     partition of 1/8 for an hour is an eighth of a GPU-hour)."""
-    pattern = _SHARE.pattern.replace("'", "''")
+    pattern = "^" + _SHARE.pattern.replace("'", "''") + "$"
     num, den = (f"TRY_CAST(regexp_extract({col}, '{pattern}', {g}) AS INTEGER)" for g in (2, 3))
     valid = f"(regexp_matches({col}, '{pattern}') AND {num} <= {den} AND {den} <= {MAX_PARTITIONS})"
     return f"(CASE WHEN {valid} THEN {num} ELSE 1 END)", f"(CASE WHEN {valid} THEN {den} ELSE 1 END)"

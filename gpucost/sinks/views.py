@@ -94,7 +94,7 @@ MIN_EFFECTIVE_TFLOP_HOURS = Decimal(1)
 #: GPU), so one figure never mixes them; panes with no EFU (or no efficiency record) are the rows whose ``efu_source``
 #: is NULL, with no unit cost
 _UNIT_COST = """CREATE OR REPLACE VIEW unit_cost AS
-WITH c AS (SELECT gpu_uuid, pane_start_ns, any_value(gpu_model) AS gpu_model, any_value(date) AS date,
+WITH c AS (SELECT gpu_uuid, pane_start_ns, arg_max(gpu_model, revision) AS gpu_model, any_value(date) AS date,
                   sum(cost_micro_usd) AS cost_micro_usd, arg_max(covered_ms, revision) AS covered_ms
            FROM cost GROUP BY gpu_uuid, pane_start_ns),
 e AS (SELECT gpu_uuid, pane_start_ns, gpu_model, date, efu_source, covered_ms,

@@ -193,6 +193,18 @@ def _processes(s: DeviceSample, base: dict[str, Any], busy_cp: int, out: Parsed)
     return events
 
 
+def _takes_devices_model(s: DeviceSample, parent: DeviceSample | None) -> bool:
+    """Whether partition ``s`` is billed as its share of its device: it names no model of its own, or its device's
+    part (the platform row both names resolve to, an alias included), or with no row of its device a part of the
+    platform table. One with a model of its own (a MIG profile, no part of the table) is a device of that model."""
+    if s.model is None:
+        return True
+    own = platform_for(s.model)
+    if parent is None:
+        return own is not None
+    return s.model == parent.model or (own is not None and own[0] == (platform_for(parent.model) or ("",))[0])
+
+
 def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> list[dict[str, Any]]:
     """The wire objects (``gpu_sample`` then its ``process_sample``\\ s) of the billed devices of ``samples``;
     what cannot be billed is counted in ``out`` with its reason."""
@@ -235,10 +247,8 @@ def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> lis
             out.reject(f"more than {MAX_PARTITIONS} partitions of one device: no device has as many")
             continue
         f = _figures(s if s.model else replace(s, model=model), parent, share, of)
-        # a partition with no model of its own, or its device's, is billed as its share of the device; one with a
-        # model of its own (a MIG profile) is a device of that model
         whole = row[0] if row else model
-        shared = s.parent_id is not None and (s.model is None or (parent is not None and s.model == parent.model))
+        shared = s.parent_id is not None and _takes_devices_model(s, parent)
         base = {
             "node_id": place.node,
             "gpu_uuid": f"{place.node}/{s.device_id}",

@@ -1,7 +1,9 @@
-"""Live mode: run the vendor's own tool, when installed, and parse what it prints.
+"""Live mode: run the vendor's own tool, when installed, or read its exporter's page, and parse the answer.
 
-Each format names the command that prints it. A tool that is missing, fails, or outlives its
-timeout gives no samples and one counted reason; nothing here raises to the caller.
+Each format names the command that prints it (``COMMANDS``), or is served by an exporter over HTTP
+(``SERVED``: read from its URL each period, as a tool's output is). A tool that is missing, fails, or
+outlives its timeout, or a page that cannot be read, gives no samples and one counted reason; nothing
+here raises to the caller.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from decimal import Decimal
 
 from gpucost.producers.accelerators.detect import FORMATS
 from gpucost.producers.accelerators.events import Placement, to_events, with_faults
+from gpucost.producers.scrape import ScrapeUnavailable, fetch
 from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed
 from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
-__all__ = ["COMMANDS", "ToolSampler", "run_tool"]
+__all__ = ["COMMANDS", "SERVED", "ToolSampler", "run_tool"]
 
 COMMANDS: dict[str, list[str]] = {
     "amd-smi-text": ["amd-smi", "monitor", "-ptumv"],
@@ -48,13 +51,21 @@ COMMANDS: dict[str, list[str]] = {
     ],
 }
 
+#: the formats an exporter serves as Prometheus text, each with an example of its URL (the exporter's default port)
+SERVED: dict[str, str] = {
+    "amd-exporter": "http://<this node>:5000/metrics",  # AMD's device-metrics-exporter
+    "neuron-monitor": "http://<this node>:8000/metrics",  # neuron-monitor | neuron-monitor-prometheus.py
+}
 
-def run_tool(fmt: str, timeout_s: float = 10.0) -> Parsed:
-    """The samples the tool of ``fmt`` prints now (scrape formats are read with ``curl`` into a file)."""
+
+def run_tool(fmt: str, timeout_s: float = 10.0, url: str | None = None) -> Parsed:
+    """The samples the tool of ``fmt`` prints now, or (a ``SERVED`` format) its exporter serves at ``url``."""
     out = Parsed()
+    if fmt in SERVED:
+        return _served(fmt, url, timeout_s, out)
     argv = COMMANDS.get(fmt)
     if argv is None:
-        out.reject(f"{fmt}: no live command (scrape it to a file; live: {', '.join(COMMANDS)})")
+        out.reject(f"{fmt}: no live command (live: {', '.join(sorted({*COMMANDS, *SERVED}))})")
         return out
     exe = shutil.which(argv[0])
     if exe is None:
@@ -73,21 +84,42 @@ def run_tool(fmt: str, timeout_s: float = 10.0) -> Parsed:
     if done.returncode != 0:
         out.reject(f"{argv[0]}: exit status {done.returncode}: {done.stderr.strip()[:200]}")
         return out
+    return _parsed(fmt, argv[0], done.stdout, out)
+
+
+def _served(fmt: str, url: str | None, timeout_s: float, out: Parsed) -> Parsed:
+    if not url:
+        out.reject(f"{fmt}: no URL to read (give --url, e.g. {SERVED[fmt]})")
+        return out
     try:
-        return FORMATS[fmt](done.stdout)
-    except (ValueError, RecursionError) as exc:  # a parser refusing the whole answer (a time it cannot read)
-        out.reject(f"{argv[0]}: its output could not be read ({type(exc).__name__}: {str(exc)[:200]})")
+        text = fetch(url, timeout_s)
+    except ScrapeUnavailable as exc:
+        out.reject(f"{fmt}: {exc}")
+        return out
+    return _parsed(fmt, url, text, out)
+
+
+def _parsed(fmt: str, source: str, text: str, out: Parsed) -> Parsed:
+    """``text`` read as ``fmt``, or ``out`` with the reason a parser refused the whole answer (a time it cannot
+    read, nesting past the recursion limit, a page that is no Prometheus text)."""
+    try:
+        return FORMATS[fmt](text)
+    except (ValueError, RecursionError) as exc:
+        out.reject(f"{source}: its output could not be read ({type(exc).__name__}: {str(exc)[:200]})")
         return out
 
 
 class ToolSampler:
-    """A vendor's tool run once each period (``gpucost run --source devices --device-tool NAME``): its devices' and
-    partitions' samples as the pipeline's events, by the rules a capture replayed through ``gpucost devices --events``
-    is billed by (``events.to_events``), the faults of each sample counted against the device's previous one, the
-    previous run's included (``events.with_faults``). A run that fails gives no events and its reason counted."""
+    """A vendor's tool run, or its exporter's page read from ``url``, once each period (``gpucost run --source
+    devices --device-tool NAME``): its devices' and partitions' samples as the pipeline's events, by the rules a
+    capture replayed through ``gpucost devices --events`` is billed by (``events.to_events``), the faults of each
+    sample counted against the device's previous one, the previous run's included (``events.with_faults``). A run
+    that fails gives no events and its reason counted."""
 
-    def __init__(self, fmt: str, node_id: str, model: str | None = None, timeout_s: float = 10.0) -> None:
-        self.fmt, self.node_id, self.model, self.timeout_s = fmt, node_id, model, timeout_s
+    def __init__(
+        self, fmt: str, node_id: str, model: str | None = None, timeout_s: float = 10.0, url: str | None = None
+    ) -> None:
+        self.fmt, self.node_id, self.model, self.timeout_s, self.url = fmt, node_id, model, timeout_s, url
         self.counts: Counter[str] = Counter()
         #: per device, its fault fields as last read (a field an answer left unread keeps its earlier value): what
         #: the faults of its next reading are new since, across an answer it was missing from or a failed run
@@ -97,7 +129,7 @@ class ToolSampler:
         """The tool's answer now (each device's latest reading, and the whole answer), to check before a run starts;
         it is the baseline of the faults counted: the lifetime counters a device had before the run (since its
         driver loaded) are not the run's, nor counted again at each restart."""
-        parsed = run_tool(self.fmt, self.timeout_s)
+        parsed = run_tool(self.fmt, self.timeout_s, self.url)
         latest = self._latest(parsed)
         self._remember(latest)
         return latest, parsed
@@ -116,7 +148,7 @@ class ToolSampler:
         return list(latest.values())
 
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
-        parsed = run_tool(self.fmt, self.timeout_s)
+        parsed = run_tool(self.fmt, self.timeout_s, self.url)
         now = [replace(s, ts_ns=ts_ns) for s in self._latest(parsed)]  # the sampling grid's time, not the tool's
         place = Placement(self.node_id, Decimal(repr(interval_s)), ts_ns, self.model)
         wire = with_faults(to_events(now, place, parsed), now, place, self._before)

@@ -19,6 +19,7 @@ from typing import Any
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, json_body, pipe_rows
 from gpucost.producers.accelerators.prometheus import series
 from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, to_bytes, to_count, to_pct
+from gpucost.schemas.partitions import MAX_PARTITIONS
 
 __all__ = ["parse_scrape", "parse_json", "parse_ls"]
 
@@ -64,6 +65,9 @@ def _emit(r: _Readings, out: Parsed) -> Parsed:
         if r.busy:
             out.reject("neuron-monitor: no neuroncore_per_device_count, cores cannot be put on devices")
         return out
+    if r.per_device > MAX_PARTITIONS:
+        out.reject(f"neuron-monitor: neuroncore_per_device_count {r.per_device}: no device has as many cores")
+        return out
     devices = sorted({core // r.per_device for core in r.busy} | ({0} if r.size is not None else set()) | set(r.ecc))
     single = len(devices) == 1
     if not single and r.device_mem:
@@ -85,7 +89,10 @@ def _emit(r: _Readings, out: Parsed) -> Parsed:
                 hardware_errors=sum(r.hardware_errors.values()) if single and r.hardware_errors else None,
             )
         )
-    for core, runtimes in sorted(r.busy.items()):
+    # every core of each device, a core no runtime uses at 0 % (neuron-monitor reports only the runtimes' cores): a
+    # device's cores are its partitions, each billed its share of it, so their count must not follow the runtimes
+    every = {core: {} for dev in devices for core in range(dev * r.per_device, (dev + 1) * r.per_device)}
+    for core, runtimes in sorted((every | r.busy).items()):
         total = sum(runtimes.values(), Decimal(0))
         if total > 100:
             out.reject(f"neuroncore {core}: its runtimes' utilisation adds up to {total} %")
