@@ -17,7 +17,7 @@ from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
 from gpucost.streams.discovery import OUT_OF_SERVICE
 
-__all__ = ["IDLE_WORDS", "device_faults", "format_table", "gpus", "period_covered", "printable", "summary"]
+__all__ = ["IDLE_WORDS", "RECLAIMS", "device_faults", "format_table", "gpus", "period_covered", "printable", "summary"]
 
 #: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"):
 #: the cost of the GPUs' capacity no tenant's process used, each pane's 1 − busy fraction
@@ -68,7 +68,7 @@ _SHARE = share_sql("gpu_model")
 #: its latest trigger (a trigger of an unpriced GPU frees nothing known), and the union of the idle runs up to their
 #: triggers per GPU (two tenants idle on one GPU at once hold one GPU-hour, not two); a partition at its share of
 #: its device's price and GPU-hours (docs/definitions.md, "Partitions")
-_RECLAIMS = f"""
+RECLAIMS = f"""
 WITH x AS (SELECT *, usd_per_gpu_hour * {_SHARE[0]} / {_SHARE[1]} AS usd, {_SHARE[0]} / {_SHARE[1]} AS share
            FROM reclaim),
 r AS (SELECT sla AS tier, gpu_uuid, run_start_ns AS s, trigger_ns AS e, usd, share FROM x
@@ -205,7 +205,7 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
         parts.append(_service(con))
         if faults := device_faults(con):
             parts.append(faults)
-    res = con.execute(_RECLAIMS)
+    res = con.execute(RECLAIMS)
     triggers = res.fetchall()
     if triggers:
         parts.append(

@@ -43,7 +43,8 @@ def test_live_equals_replay(on_path: pytest.MonkeyPatch, shared_data: Path, fmt:
 
 def test_missing_slow_and_failing_tools_are_reasons(on_path: pytest.MonkeyPatch, shared_data: Path) -> None:
     assert "not installed" in next(iter(run_tool("xbutil").dead_letters))
-    assert "no live command" in next(iter(run_tool("amd-exporter").dead_letters))
+    assert "no live command" in next(iter(run_tool("dcgm-exporter").dead_letters))  # the dcgm source reads it
+    assert "no URL to read (give --url" in next(iter(run_tool("amd-exporter").dead_letters))
     on_path.setenv("STAND_IN_CAPTURE", str(shared_data / "accelerators" / "amd-instinct" / "amd-smi_process.txt"))
     on_path.setenv("STAND_IN_SLEEP_S", "5")
     assert "no answer within 0.5 s" in next(iter(run_tool("amd-smi-text", timeout_s=0.5).dead_letters))

@@ -290,8 +290,10 @@ def test_neuron_monitor_json_example() -> None:
     name, parsed = parse(NEURON_JSON)
     assert name == "neuron-monitor-json"
     rows = {s.device_id: s for s in parsed.samples}
-    assert sorted(rows) == ["nd0", "nd0.nc0", "nd1", "nd1.nc3"]  # core 3 ÷ 2 cores per device = device 1
+    # core 3 ÷ 2 cores per device = device 1; every core of each device, those no runtime uses at 0 %
+    assert sorted(rows) == ["nd0", "nd0.nc0", "nd0.nc1", "nd1", "nd1.nc2", "nd1.nc3"]
     assert rows["nd0.nc0"].busy_pct == Decimal("52.5")  # 42.5 % (pid 4321) + 10 % (pid 4400)
+    assert (rows["nd0.nc1"].busy_pct, rows["nd0.nc1"].processes) == (Decimal(0), ())
     assert rows["nd0"].model == "Trainium" and rows["nd0"].power_w is None
     assert rows["nd0"].mem_used_bytes is None  # two devices: a runtime's memory names no device, counted once
     assert list(parsed.dead_letters.values()) == [1] and "multi-device" in next(iter(parsed.dead_letters))

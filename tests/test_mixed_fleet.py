@@ -329,10 +329,14 @@ def test_a_partitions_gpu_hours_are_its_share_in_unit_cost_and_focus(fleet: dict
     assert {m: round(Decimal(got[m]), 9) for m in want} == {m: round(h, 9) for m, h in want.items()}
     assert any(" 1/" in m for m in want)
     export_focus(fleet["out"], "2025-01", tmp_path / "f.parquet", fmt="parquet")
-    focus = duckdb.execute(
-        f"SELECT SkuId, ListUnitPrice, PricingQuantity, BilledCost FROM '{tmp_path / 'f.parquet'}' "
-        "WHERE ListUnitPrice IS NOT NULL"
-    ).fetchall()
+    focus = (
+        duckdb.connect()
+        .execute(
+            f"SELECT SkuId, ListUnitPrice, PricingQuantity, BilledCost FROM '{tmp_path / 'f.parquet'}' "
+            "WHERE ListUnitPrice IS NOT NULL"
+        )
+        .fetchall()
+    )
     parts = [r for r in focus if " 1/" in r[0]]
     assert parts and len(parts) < len(focus)
     for sku, price, quantity, cost in focus:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from gpucost.producers.accelerators.events import Placement, to_events
 from gpucost.producers.accelerators.neuron import parse_scrape
-from gpucost.report import _RECLAIMS
+from gpucost.report import RECLAIMS
 from gpucost.schemas.codec import Rejected, decode_line
 from gpucost.schemas.devices import DeviceSample, Parsed
 from gpucost.schemas.events import Price
@@ -101,7 +101,8 @@ _TEXT = st.text(st.sampled_from("ab X/ 0123456789\n'"), max_size=14)
 def test_sql_reads_the_share_as_python_does(model: str) -> None:
     """The SQL that counts GPU-hours and Python's pricing agree on every text, shares or not."""
     num, den = share_sql("m")
-    got = duckdb.execute(f"SELECT {num}, {den} FROM (SELECT ? AS m)", [model]).fetchone()
+    with duckdb.connect() as con:  # its own: a result left unfetched on the default one blocks the next test's
+        (got,) = con.execute(f"SELECT {num}, {den} FROM (SELECT ? AS m)", [model]).fetchall()
     assert got is not None and Fraction(*got) == device_share(model)[1], model
 
 
@@ -160,7 +161,7 @@ def test_the_reclaim_summary_puts_a_partitions_share_at_stake() -> None:
         "INSERT INTO reclaim VALUES ('Gold', ?, ?, ?, ?, 16)",
         [("n/g.0", "MI300X 1/8", 0, hour), ("n/g.1", "MI300X 1/8", 0, hour), ("n/h", "MI300X", hour, 2 * hour)],
     )
-    rows = con.execute(_RECLAIMS).fetchall()
+    rows = con.execute(RECLAIMS).fetchall()
     gold = [r for r in rows if r[0] == "Gold"]
     assert [(r[2], r[3], r[4], r[5]) for r in gold] == [(3, "1.25", 20_000_000, "20.00")]
 
