@@ -16,6 +16,7 @@ from gpucost.config import FLAG_FIELDS
 from gpucost.env_flags import env_default, env_flag
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kube_flags import add_kubernetes
+from gpucost.producers.accelerators.libraries import LIBRARIES
 from gpucost.producers.accelerators.live import COMMANDS, SERVED
 from gpucost.producers.attribution import ATTRIBUTION_SOURCES
 from gpucost.producers.simulate import FleetSpec
@@ -263,12 +264,13 @@ def add_live(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--device-tool",
-        choices=sorted({*COMMANDS, *SERVED}),
+        choices=sorted({*COMMANDS, *SERVED, *LIBRARIES}),
         default=os.environ.get("GPUCOST_DEVICE_TOOL"),
         metavar="NAME",
         help="with --source devices: the vendor tool run each period, by the format it prints (one of "
-        f"{', '.join(sorted(COMMANDS))}), or the exporter read at --url ({', '.join(sorted(SERVED))}); env "
-        "GPUCOST_DEVICE_TOOL; each run or read at most GPUCOST_DEVICES_TIMEOUT_S, 10 s",
+        f"{', '.join(sorted(COMMANDS))}), the exporter read at --url ({', '.join(sorted(SERVED))}), or the vendor's "
+        f"Python library ({', '.join(sorted(LIBRARIES))}); env GPUCOST_DEVICE_TOOL; each tool run or page read at "
+        "most GPUCOST_DEVICES_TIMEOUT_S, 10 s",
     )
     p.add_argument(
         "--device-model",

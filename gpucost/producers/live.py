@@ -202,10 +202,11 @@ def _open_scraped(name: str, s: LiveSettings) -> LiveSource:
 
 
 def _open_tool(s: LiveSettings, say: Callable[[str], None]) -> LiveSource:
+    from gpucost.producers.accelerators.libraries import LIBRARIES, LibraryUnavailable
     from gpucost.producers.accelerators.live import COMMANDS, SERVED, ToolSampler
     from gpucost.schemas.devices import platform_for
 
-    tools = sorted({*COMMANDS, *SERVED})
+    tools = sorted({*COMMANDS, *SERVED, *LIBRARIES})
     if s.device_tool not in tools:
         raise SourceUnavailable(
             f"--source devices needs --device-tool NAME (or GPUCOST_DEVICE_TOOL), one of {', '.join(tools)}"
@@ -217,7 +218,10 @@ def _open_tool(s: LiveSettings, say: Callable[[str], None]) -> LiveSource:
             f"e.g. {SERVED[s.device_tool]}"
         )
     sampler = ToolSampler(s.device_tool, s.node_id, s.device_model, s.device_timeout_s, url)
-    now, answer = sampler.first()  # runs here now, or one clear error
+    try:
+        now, answer = sampler.first()  # runs here now, or one clear error
+    except LibraryUnavailable as exc:
+        raise SourceUnavailable(str(exc)) from None
     if not now:
         why = "; ".join(sorted(answer.dead_letters)) or "it printed no device"
         raise SourceUnavailable(f"--device-tool {s.device_tool}: no device samples ({why})")
@@ -231,9 +235,13 @@ def _open_tool(s: LiveSettings, say: Callable[[str], None]) -> LiveSource:
             f"--device-model {s.device_model!r} is no row or alias of gpucost/schemas/platforms.toml: its devices are "
             "priced by that name (else the default price) and judged against the default peak"
         )
-    how = f"reading {s.device_tool} at {url}" if url else f"running {COMMANDS[s.device_tool][0]} ({s.device_tool})"
-    what = f"{how} every {s.period_s:g} s"
-    return _Sampled(sampler, f"{what}: {len(now)} device(s) and partition(s)", s, lambda: None)
+    if url:
+        how = f"reading {s.device_tool} at {url}"
+    elif s.device_tool in LIBRARIES:
+        how = f"reading the {s.device_tool} library"
+    else:
+        how = f"running {COMMANDS[s.device_tool][0]} ({s.device_tool})"
+    return _Sampled(sampler, f"{how} every {s.period_s:g} s: {len(now)} device(s) and partition(s)", s, sampler.close)
 
 
 def _open_ebpf(s: LiveSettings, nvml: NvmlSampler | None, say: Callable[[str], None]) -> LiveSource:

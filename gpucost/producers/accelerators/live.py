@@ -16,6 +16,7 @@ from decimal import Decimal
 
 from gpucost.producers.accelerators.detect import FORMATS
 from gpucost.producers.accelerators.events import Placement, to_events, with_faults
+from gpucost.producers.accelerators.libraries import LIBRARIES
 from gpucost.producers.scrape import ScrapeUnavailable, fetch
 from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed
 from gpucost.schemas.events import Event, GpuSample, ProcessSample
@@ -120,6 +121,8 @@ class ToolSampler:
         self, fmt: str, node_id: str, model: str | None = None, timeout_s: float = 10.0, url: str | None = None
     ) -> None:
         self.fmt, self.node_id, self.model, self.timeout_s, self.url = fmt, node_id, model, timeout_s, url
+        #: a vendor library (``libraries.LIBRARIES``) opened by ``first`` and read each period, instead of a tool
+        self._library = LIBRARIES[fmt]() if fmt in LIBRARIES else None
         self.counts: Counter[str] = Counter()
         #: per device, its fault fields as last read (a field an answer left unread keeps its earlier value): what
         #: the faults of its next reading are new since, across an answer it was missing from or a failed run
@@ -129,7 +132,9 @@ class ToolSampler:
         """The tool's answer now (each device's latest reading, and the whole answer), to check before a run starts;
         it is the baseline of the faults counted: the lifetime counters a device had before the run (since its
         driver loaded) are not the run's, nor counted again at each restart."""
-        parsed = run_tool(self.fmt, self.timeout_s, self.url)
+        if self._library is not None:
+            self._library.open()  # LibraryUnavailable: not installed, or cannot start
+        parsed = self._answer()
         latest = self._latest(parsed)
         self._remember(latest)
         return latest, parsed
@@ -147,8 +152,15 @@ class ToolSampler:
         self.counts["readings_superseded"] += len(parsed.samples) - len(latest)
         return list(latest.values())
 
+    def _answer(self) -> Parsed:
+        return self._library.read() if self._library is not None else run_tool(self.fmt, self.timeout_s, self.url)
+
+    def close(self) -> None:
+        if self._library is not None:
+            self._library.close()
+
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
-        parsed = run_tool(self.fmt, self.timeout_s, self.url)
+        parsed = self._answer()
         now = [replace(s, ts_ns=ts_ns) for s in self._latest(parsed)]  # the sampling grid's time, not the tool's
         place = Placement(self.node_id, Decimal(repr(interval_s)), ts_ns, self.model)
         wire = with_faults(to_events(now, place, parsed), now, place, self._before)
