@@ -17,20 +17,26 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gpucost.embedded import run_embedded
 from gpucost.producers.accelerators.events import Placement, to_events
 from gpucost.producers.accelerators.neuron import parse_scrape
+from gpucost.producers.replay import input_files, read_inputs
 from gpucost.report import RECLAIMS
-from gpucost.schemas.codec import Rejected, decode_line
+from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.devices import DeviceSample, Parsed
-from gpucost.schemas.events import Price
+from gpucost.schemas.events import Event, GpuSample, Price
 from gpucost.schemas.partitions import device_share, partition_model, share_sql
+from gpucost.schemas.records import HealthRecord
+from gpucost.sinks.views import connect
 from gpucost.streams.apportion import pane_cost_micro_usd
 from gpucost.streams.health import peak_tops
-from gpucost.streams.settings import DEFAULT_PEAK_TOPS
+from gpucost.streams.settings import DEFAULT_PEAK_TOPS, AuditSettings
 from gpucost.streams.tables import PriceTable
+from tests.support.batch_path import closing_at
+from tests.support.bills import bills, run
 
 MS_PER_HOUR = 3_600_000
-T0 = 1_780_000_000 * 10**9
+T0 = 1_780_000_000 * 10**9 // (3600 * 10**9) * (3600 * 10**9)  # an hour's start: a pane's
 
 
 def half_even(q: Fraction) -> int:
@@ -177,3 +183,68 @@ def test_a_neuron_device_is_billed_as_all_its_cores_whether_a_runtime_uses_them_
         assert sorted(gpus) == [f"inf-a/nd0.nc{c}" for c in range(4)]
         assert {m for m, _ in gpus.values()} == {"Inferentia 1/4"}
     assert [gpus[f"inf-a/nd0.nc{c}"][1] for c in (1, 2, 3)] == [0.0, 0.0, 0.0]
+
+
+def _pane_events(late_whole: bool) -> list[Event]:
+    """Eight partitions of 1/8 of a $3.6/h MI300X, each sampled every 10 s for a minute, busy; partition 0's last
+    sample, at 50 s, names the whole device instead (a mode switch, a forged sample), arriving in time or, with
+    ``late_whole``, after the pane has closed (within the revision horizon)."""
+    events: list[Event] = [Price(gpu_model="MI300X", ts_ns=T0 - 10**9, usd_per_gpu_hour="3.6")]
+    odd: list[Event] = []
+    for t in range(0, 250, 10):  # the 2 min of allowed lateness past the first minute close it
+        for i in range(8):
+            model = "MI300X" if (i, t) == (0, 50) else "MI300X 1/8"
+            common = {"node_id": "n", "gpu_uuid": f"n/g.{i}", "ts_ns": T0 + t * 10**9, "interval_s": 10.0}
+            sample = GpuSample(
+                **common, gpu_model=model, sm_util_pct=50.0, mem_bw_util_pct=0.0, mem_used_bytes=0,
+                mem_total_bytes=1, power_w=100.0, temp_c=40.0,
+            )  # fmt: skip
+            (odd if late_whole and (i, t) == (0, 50) else events).append(sample)
+    return events + odd
+
+
+def test_a_pane_whose_samples_name_two_shares_bills_the_smaller_on_both_paths_and_in_revisions(
+    tmp_path: Path,
+) -> None:
+    """By text, ``MI300X`` comes before ``MI300X 1/8``: partition 0's first pane was once billed as a whole MI300X,
+    8 × its share (and a late sample naming it revised the pane by as much). Each pane keeps the smaller share."""
+    share = half_even(Fraction(3_600_000 * 60_000, 8 * MS_PER_HOUR))  # µ$ of a 1/8 for 60 s at $3.6/h
+    for late in (False, True):
+        events = _pane_events(late)
+        records = run(AuditSettings(), events)
+        row = bills(records)
+        # the health window judges the partition against its share of the peak, too
+        assert {r.gpu_model for r in records if isinstance(r, HealthRecord) and r.gpu_uuid == "n/g.0"} == {"MI300X 1/8"}
+        first = {gpu: sum(c for (g, start, _), c in row.items() if g == gpu and start == T0) for gpu, *_ in row}
+        assert set(first.values()) == {share}, (late, first)
+        files = tmp_path / f"in-{late}"
+        files.mkdir()
+        (files / "e.jsonl").write_text("".join(encode_event(e) + "\n" for e in events))
+        with closing_at(1):
+            run_embedded(read_inputs(input_files([files])), AuditSettings(), tmp_path / f"out-{late}")
+        batch = connect(tmp_path / f"out-{late}").execute(
+            "SELECT gpu_uuid, sum(cost_micro_usd) FROM cost WHERE pane_start_ns = ? GROUP BY ALL", [T0]
+        )
+        assert {c for _, c in batch.fetchall()} == {share}
+
+
+def test_a_health_window_whose_panes_name_two_shares_keeps_the_smaller() -> None:
+    """A GPU whose first minute names the whole device and the rest a partition of it (a mode switch): its audit
+    window keeps one model, by the panes' rule, whatever the order the panes close in."""
+    events: list[Event] = []
+    for t in range(0, 250, 10):
+        common = {"node_id": "n", "gpu_uuid": "n/g.0", "ts_ns": T0 + t * 10**9, "interval_s": 10.0}
+        events.append(
+            GpuSample(
+                **common,
+                gpu_model="MI300X" if t < 60 else "MI300X 1/8",
+                sm_util_pct=50.0,
+                mem_bw_util_pct=0.0,
+                mem_used_bytes=0,
+                mem_total_bytes=1,
+                power_w=100.0,
+                temp_c=40.0,
+            )  # fmt: skip
+        )
+    health = [r for r in run(AuditSettings(), events) if isinstance(r, HealthRecord)]
+    assert health and {r.gpu_model for r in health} == {"MI300X 1/8"}

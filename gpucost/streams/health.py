@@ -36,6 +36,7 @@ from gpucost.schemas.partitions import device_share
 from gpucost.schemas.records import FAIL_REASONS, GRADES, HealthRecord, Output, computed_from
 from gpucost.schemas.snapshot import sealed
 from gpucost.streams.operator import Closing, ClosingMany
+from gpucost.streams.pane_rules import first_model
 from gpucost.streams.runs import runs
 from gpucost.streams.settings import AuditSettings
 
@@ -108,7 +109,7 @@ class _Window:
         fault_fatal: int,
         fault_warning: int,
     ) -> None:
-        self.node_id, self.gpu_model = min(self.node_id, node_id), min(self.gpu_model, gpu_model)
+        self.node_id, self.gpu_model = min(self.node_id, node_id), first_model(self.gpu_model, gpu_model)
         self.covered_ms += covered_ms
         self.idle_ms += idle_ms
         self.energy_uj += energy_uj

@@ -14,7 +14,9 @@ from gpucost.streams.pane_rules import (
     NO_TS,
     PROC,
     TRACE,
+    first_model,
     gpu_sums,
+    model_order,
     process_sums,
 )
 from gpucost.streams.pane_totals import (
@@ -135,14 +137,17 @@ class PaneBatch(PaneVerdicts):
             ]
             t_first = np.minimum.reduceat(rows.row[t_pos], t_firsts)
 
-        # the smallest node and model name of each pane's GPU samples (a GPU that reports two names
-        # in one pane gets the same one whatever the order), by rank among the batch's names
-        node_by_rank, model_by_rank = sorted(rows.node_names), sorted(rows.model_names)
+        # the smallest node name and first model (``model_order``) of each pane's GPU samples (a GPU that reports
+        # two names in one pane gets the same one whatever the order), by rank among the batch's names
+        node_by_rank, model_by_rank = sorted(rows.node_names), sorted(rows.model_names, key=model_order)
         big = max(len(node_by_rank), len(model_by_rank))
         # rank of each batch name, and `big` at index -1 (no name)
         node_rank, model_rank = (
-            np.array([*np.argsort(np.argsort(np.array(v, dtype=object))).tolist(), big])
-            for v in (rows.node_names, rows.model_names)
+            np.array([*(rank[n] for n in names), big])
+            for names, rank in (
+                (rows.node_names, {n: i for i, n in enumerate(node_by_rank)}),
+                (rows.model_names, {n: i for i, n in enumerate(model_by_rank)}),
+            )
         )
         node_min = per_pane(np.where(is_gpu, node_rank[rows.node[at]], big), np.minimum)
         model_min = per_pane(np.where(is_gpu, model_rank[rows.model[at]], big), np.minimum)
@@ -180,7 +185,7 @@ class PaneBatch(PaneVerdicts):
             if gpu_rows[k]:
                 node, model = node_by_rank[node_min[k]], model_by_rank[model_min[k]]
                 totals.node_id = node if totals.node_id is None else min(node, totals.node_id)
-                totals.gpu_model = model if totals.gpu_model is None else min(model, totals.gpu_model)
+                totals.gpu_model = first_model(totals.gpu_model, model)
             totals.covered_ms += covered[k]
             totals.idle_ms += idle[k]
             totals.energy_uj += energy[k]

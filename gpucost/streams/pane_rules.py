@@ -6,9 +6,12 @@ another of its device, how a GPU's largest time moves (``jump``).
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
+
+from gpucost.schemas.partitions import device_share
 
 __all__ = [
     "KINDS",
@@ -21,6 +24,8 @@ __all__ = [
     "pane_closed",
     "overlaps",
     "first_name",
+    "first_model",
+    "model_order",
     "jump",
     "gpu_sums",
     "process_sums",
@@ -60,6 +65,21 @@ def overlaps(gap_ns: Any, interval_ms: Any) -> Any:
 def first_name(current: str | None, value: str) -> str:
     """The name a pane keeps: order-independent if a GPU ever reported two names within one pane."""
     return value if current is None or value < current else current
+
+
+def model_order(gpu_model: str) -> tuple[Fraction, str]:
+    """The order by which a pane, and a health window, keeps the first of the models its GPU reported in it: the
+    smallest share of a device first, then the text (``gpucost.schemas.partitions``). A GPU reports one model; two
+    in one pane are a partition count that changed within it (a mode switch) or a forged sample, and by text
+    ``MI300X`` would come before ``MI300X 1/8`` and bill the partition's whole pane as the whole device. The smaller
+    share bills the pane no more than either reading claims (docs/definitions.md, "Partitions"). A total order, so
+    order-independent: each path, and a revision, keeps the same one."""
+    return device_share(gpu_model)[1], gpu_model
+
+
+def first_model(current: str | None, value: str) -> str:
+    """``first_name`` of a pane's GPU model, by ``model_order``."""
+    return value if current is None or model_order(value) < model_order(current) else current
 
 
 def jump(max_ts: int | None, pending: int | None, ts_ns: int, max_jump_ns: int) -> tuple[int | None, int | None]:

@@ -17,6 +17,7 @@ from typing import Any
 from gpucost.schemas.events import EbpfTrace, GpuSample, NumaEvent, ProcessSample
 from gpucost.streams.pane_batch import PaneBatch
 from gpucost.streams.pane_rules import (
+    first_model,
     first_name,
     gpu_sums,
     jump,
@@ -106,7 +107,7 @@ class GpuPanes(PaneBatch):
         pane = self._pane(s.gpu_uuid, s.ts_ns)
         pane.remember(s.kind, -1, s.ts_ns)
         pane.node_id = first_name(pane.node_id, s.node_id)
-        pane.gpu_model = first_name(pane.gpu_model, s.gpu_model)
+        pane.gpu_model = first_model(pane.gpu_model, s.gpu_model)
         covered, idle, busy, energy = gpu_sums(s.interval_ms, s.sm_util_cp, s.power_mw, self.idle_threshold_cp)
         pane.covered_ms += covered
         pane.idle_ms += idle

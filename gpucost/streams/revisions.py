@@ -25,7 +25,18 @@ from typing import Any
 import numpy as np
 
 from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
-from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, energy_uj, gpu_sums, numa_sum, overlaps, process_sums
+from gpucost.streams.pane_rules import (
+    GPU,
+    KINDS,
+    NUMA,
+    PROC,
+    energy_uj,
+    gpu_sums,
+    model_order,
+    numa_sum,
+    overlaps,
+    process_sums,
+)
 from gpucost.streams.pane_totals import PaneRows, PaneTotals, TenantTotals, nearest_gap
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import UNATTRIBUTED, BindingTable
@@ -292,7 +303,7 @@ class Revisions:
         gpu = rows[rows["kind"] == GPU]
         if len(gpu):
             pane.node_id = min(names[n] for n in set(gpu["node"].tolist()))
-            pane.gpu_model = min(names[m] for m in set(gpu["model"].tolist()))
+            pane.gpu_model = min((names[m] for m in set(gpu["model"].tolist())), key=model_order)
             covered, idle, busy, _ = gpu_sums(
                 gpu["interval"].astype(object), gpu["sm"].astype(object), 0, self.idle_threshold_cp
             )  # energy: logged as each row's ``extra``
