@@ -89,7 +89,7 @@ class _Sampled:
         s = self.settings
         ticks = None if s.duration_s is None else max(1, int(s.duration_s / s.period_s))
         try:
-            for ev in sample_forever(self.sampler, s.period_s, ticks):
+            for ev in sample_forever(self.sampler, s.period_s, ticks, stopped=self._stop.is_set):
                 yield ev
                 if self._stop.is_set():
                     return
@@ -222,14 +222,18 @@ def _open_tool(s: LiveSettings, say: Callable[[str], None]) -> LiveSource:
         now, answer = sampler.first()  # runs here now, or one clear error
     except LibraryUnavailable as exc:
         raise SourceUnavailable(str(exc)) from None
+    refused = None
     if not now:
-        why = "; ".join(sorted(answer.dead_letters)) or "it printed no device"
-        raise SourceUnavailable(f"--device-tool {s.device_tool}: no device samples ({why})")
-    if s.device_model is None and any(x.model is None for x in now):
-        raise SourceUnavailable(
+        why = "; ".join(sorted(answer.dead_letters)) or "its answer names no device"
+        refused = f"--device-tool {s.device_tool}: no device samples ({why})"
+    elif s.device_model is None and any(x.model is None for x in now):
+        refused = (
             f"--device-tool {s.device_tool} names no model of its devices: give --device-model NAME "
             "(a row or alias of gpucost/schemas/platforms.toml, e.g. MI300X), which prices and peaks go by"
         )
+    if refused is not None:
+        sampler.close()  # a library opened by first()
+        raise SourceUnavailable(refused)
     if s.device_model is not None and platform_for(s.device_model) is None:
         say(
             f"--device-model {s.device_model!r} is no row or alias of gpucost/schemas/platforms.toml: its devices are "

@@ -7,7 +7,10 @@ the text are here once; each source says only how its scrape becomes events (``p
 
 from __future__ import annotations
 
+import http.client
 import logging
+import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from typing import Any
@@ -26,12 +29,30 @@ class ScrapeUnavailable(Exception):
     """The exporter cannot be scraped; the message says where and why."""
 
 
+#: the most a page may hold: an exporter's is a few MB; more is a misconfigured URL, never read into memory whole
+MAX_PAGE_BYTES = 64 << 20
+
+
 def fetch(url: str, timeout_s: float) -> str:
-    """The page at ``url`` as text (bytes that are not UTF-8 replaced); ScrapeUnavailable saying where and why."""
+    """The page at ``url`` (http or https) as text, bytes that are not UTF-8 replaced, read within ``timeout_s`` in
+    all (a server trickling bytes is cut off) and at most ``MAX_PAGE_BYTES``; ScrapeUnavailable saying where and why
+    otherwise (an answer cut short by an exporter restarting, a malformed one, none)."""
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise ScrapeUnavailable(f"cannot scrape {url}: give an http:// or https:// URL")
+    deadline = time.monotonic() + timeout_s
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (a configured URL)
-            return str(resp.read().decode("utf-8", "replace"))
-    except (URLError, OSError, ValueError) as exc:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (a configured http(s) URL)
+            body = bytearray()
+            while chunk := resp.read1(1 << 16):
+                body += chunk
+                if len(body) > MAX_PAGE_BYTES:
+                    raise ScrapeUnavailable(f"cannot scrape {url}: the page is over {MAX_PAGE_BYTES >> 20} MiB")
+                if time.monotonic() > deadline:
+                    raise ScrapeUnavailable(f"cannot scrape {url}: the page took over {timeout_s:g} s")
+            if getattr(resp, "length", None):  # bytes its Content-Length promised and the connection never sent
+                raise ScrapeUnavailable(f"cannot scrape {url}: the page was cut short ({resp.length} bytes missing)")
+            return body.decode("utf-8", "replace")
+    except (URLError, OSError, ValueError, http.client.HTTPException) as exc:
         raise ScrapeUnavailable(f"cannot scrape {url}: {exc}") from None
 
 

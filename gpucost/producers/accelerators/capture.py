@@ -41,7 +41,7 @@ def guarded(out: Parsed, reason: str, read: Callable[[], T]) -> T | None:
     """``read()``, or None with the failure counted under ``reason`` (a bad cell never stops a capture)."""
     try:
         return read()
-    except (UnitError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+    except (UnitError, ValueError, ArithmeticError, KeyError, IndexError, TypeError, AttributeError) as exc:
         out.reject(f"{reason}: {exc}")
         return None
 

@@ -108,7 +108,7 @@ class _Fields:
         return wire
 
 
-def _figures(s: DeviceSample, parent: DeviceSample | None, share: int, of: int) -> _Fields:
+def _figures(s: DeviceSample, parent: DeviceSample | None, share: int, of: int, out: Parsed) -> _Fields:
     f = _Fields()
     root = parent or s
     row = platform_for(s.model or root.model)
@@ -126,10 +126,17 @@ def _figures(s: DeviceSample, parent: DeviceSample | None, share: int, of: int) 
         own, whole = getattr(s, name), getattr(root, name)
         if own is None and whole is not None and parent is not None:
             own = shares(whole, of)[share]
+        if name == "mem_used_bytes" and own is not None and own > f.values["mem_total_bytes"]:
+            # a misread, or a total the tool does not give: not reported, never the device's whole sample
+            out.reject(f"{s.device_id}: memory used over its total (or with none), not reported")
+            own = None
         f.values[name] = 0 if own is None else own
         if own is None:
             f.not_reported.append(name)
     temp = s.temperature_c if s.temperature_c is not None else root.temperature_c
+    if temp is not None and not -60 <= temp <= 200:  # a misread: not reported, never the device's whole sample
+        out.reject(f"{s.device_id}: temperature outside -60 to 200 °C, not reported")
+        temp = None
     f.values["temp_c"] = 0.0 if temp is None else float(temp)
     f.values["busy_cp"] = 0 if s.busy_pct is None else round_scaled(s.busy_pct, 100)
     f.not_reported += [n for n, v in (("temp_c", temp), ("sm_util_pct", s.busy_pct)) if v is None]
@@ -246,7 +253,7 @@ def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> lis
         if of > MAX_PARTITIONS:
             out.reject(f"more than {MAX_PARTITIONS} partitions of one device: no device has as many")
             continue
-        f = _figures(s if s.model else replace(s, model=model), parent, share, of)
+        f = _figures(s if s.model else replace(s, model=model), parent, share, of, out)
         whole = row[0] if row else model
         shared = s.parent_id is not None and _takes_devices_model(s, parent)
         base = {

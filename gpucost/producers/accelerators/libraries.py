@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from decimal import Decimal
@@ -32,14 +33,28 @@ class LibraryUnavailable(Exception):
 
 
 def _text(value: Any) -> str | None:
-    """A library's string (``bytes`` from ctypes, or ``str``), None where it is empty or amdsmi's ``"N/A"``."""
+    """A library's string (``bytes`` from ctypes, or ``str``), None where it is none, empty or amdsmi's ``"N/A"``."""
+    if value is None:
+        return None
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     text = text.strip().strip("\x00")
     return None if not text or text == "N/A" else text
 
 
 def _known(value: Any) -> Any:
-    return None if value is None or (isinstance(value, str) and value.strip() in ("", "N/A")) else value
+    """``value``, or None where the library has none: None, amdsmi's ``"N/A"``, a NaN."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "N/A")):
+        return None
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _celsius(value: Any) -> Decimal:
+    """A temperature in °C, within what a device's sensor reads (-60 to 200 °C, the events' bounds): a reading
+    outside is a misread, not reported, so that it never costs its device's sample."""
+    celsius = Decimal(int(value))
+    if not -60 <= celsius <= 200:
+        raise ValueError(f"temperature {value} °C is outside -60 to 200 °C")
+    return celsius
 
 
 def _as(out: Parsed, what: str, value: Any, convert: Callable[[Any], Any]) -> Any:
@@ -172,7 +187,7 @@ class AmdSmi(_Reader):
             "power_w": _as(out, "amdsmi power", next((v for v in powers if v is not None), None), to_watts),
             "mem_total_bytes": _as(out, "amdsmi vram_total", vram.get("vram_total"), mib),
             "mem_used_bytes": _as(out, "amdsmi vram_used", vram.get("vram_used"), mib),
-            "temperature_c": _as(out, "amdsmi temperature", temp, lambda v: Decimal(int(v))),
+            "temperature_c": _as(out, "amdsmi temperature", temp, _celsius),
             "ecc_corrected": _as(out, "amdsmi ecc", ecc.get("correctable_count"), to_count),
             "ecc_uncorrected": _as(out, "amdsmi ecc", ecc.get("uncorrectable_count"), to_count),
         }
@@ -218,7 +233,7 @@ class Hlml(_Reader):
                     power_w=_as(out, "hlml power", mw, lambda v: to_watts(v, "mW")),
                     mem_total_bytes=_as(out, "hlml memory", getattr(mem, "total", None), lambda v: to_bytes(v, "B")),
                     mem_used_bytes=_as(out, "hlml memory", getattr(mem, "used", None), lambda v: to_bytes(v, "B")),
-                    temperature_c=_as(out, "hlml temperature", temp, lambda v: Decimal(int(v))),
+                    temperature_c=_as(out, "hlml temperature", temp, _celsius),
                     ecc_uncorrected=_as(out, "hlml ecc", ecc, to_count),
                 )
             )

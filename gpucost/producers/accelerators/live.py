@@ -110,6 +110,10 @@ def _parsed(fmt: str, source: str, text: str, out: Parsed) -> Parsed:
         return out
 
 
+#: distinct reasons a live source counts by their own text (``ToolSampler._count``)
+MAX_REASONS = 100
+
+
 class ToolSampler:
     """A vendor's tool run, or its exporter's page read from ``url``, once each period (``gpucost run --source
     devices --device-tool NAME``): its devices' and partitions' samples as the pipeline's events, by the rules a
@@ -139,6 +143,14 @@ class ToolSampler:
         self._remember(latest)
         return latest, parsed
 
+    def _count(self, parsed: Parsed) -> None:
+        """The answer's reasons counted: the first ``MAX_REASONS`` distinct texts each under its own (they name a
+        value, a device), the rest as ``other_reasons``, so that a long run's counters (each a series on
+        ``/metrics``) stay bounded."""
+        for reason, n in parsed.dead_letters.items():
+            known = reason in self.counts or len(self.counts) < MAX_REASONS
+            self.counts[reason if known else "other_reasons"] += n
+
     def _remember(self, readings: list[DeviceSample]) -> None:
         for s in readings:
             old = self._before.get(s.device_id)
@@ -165,5 +177,7 @@ class ToolSampler:
         place = Placement(self.node_id, Decimal(repr(interval_s)), ts_ns, self.model)
         wire = with_faults(to_events(now, place, parsed), now, place, self._before)
         self._remember(now)
-        self.counts.update(parsed.dead_letters)
+        if not parsed.samples and not parsed.dead_letters:  # an answer of no device at all: a silent gap, else
+            parsed.reject("no_devices: the answer names no device")
+        self._count(parsed)
         return [(GpuSample if w["kind"] == "gpu_sample" else ProcessSample).model_validate(w) for w in wire]

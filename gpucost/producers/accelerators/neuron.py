@@ -19,7 +19,6 @@ from typing import Any
 from gpucost.producers.accelerators.capture import body, guarded, is_missing, json_body, pipe_rows
 from gpucost.producers.accelerators.prometheus import series
 from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, to_bytes, to_count, to_pct
-from gpucost.schemas.partitions import MAX_PARTITIONS
 
 __all__ = ["parse_scrape", "parse_json", "parse_ls"]
 
@@ -46,6 +45,7 @@ class _Readings:
     """What neuron-monitor said, in either of its outputs, before it becomes samples."""
 
     per_device: int = 0
+    device_count: int | None = None  # neuron_device_count: the host's devices, busy or not
     size: int | None = None
     model: str | None = None
     busy: dict[int, dict[int, Decimal]] = field(default_factory=dict)  # core → PID → %
@@ -60,15 +60,29 @@ def _ecc(events: dict[str, int], suffix: str) -> int | None:
     return sum(kinds) if kinds else None
 
 
+#: more than any Neuron host has (trn2.48xlarge: 16 devices of 8 cores): a larger figure is a misread, and would
+#: make a few bytes of a page into millions of samples
+MAX_DEVICES, MAX_CORES = 64, 64
+
+
 def _emit(r: _Readings, out: Parsed) -> Parsed:
     if r.per_device <= 0:
         if r.busy:
             out.reject("neuron-monitor: no neuroncore_per_device_count, cores cannot be put on devices")
         return out
-    if r.per_device > MAX_PARTITIONS:
-        out.reject(f"neuron-monitor: neuroncore_per_device_count {r.per_device}: no device has as many cores")
+    if r.per_device > MAX_CORES or (r.device_count or 0) > MAX_DEVICES:
+        out.reject(
+            f"neuron-monitor: {r.device_count} device(s) of {r.per_device} core(s): no host has more than "
+            f"{MAX_DEVICES} devices of {MAX_CORES} cores"
+        )
         return out
-    devices = sorted({core // r.per_device for core in r.busy} | ({0} if r.size is not None else set()) | set(r.ecc))
+    # the host's devices (neuron_device_count: an idle device too), and any a core or an ECC count names
+    beyond = [core for core in r.busy if core // r.per_device >= MAX_DEVICES]
+    for core in beyond:
+        out.reject(f"neuroncore {core}: beyond the {MAX_DEVICES} devices a host may have")
+        del r.busy[core]
+    named = {core // r.per_device for core in r.busy} | ({0} if r.size is not None else set()) | set(r.ecc)
+    devices = sorted({*range(r.device_count or 0), *(d for d in named if d < MAX_DEVICES)})
     single = len(devices) == 1
     if not single and r.device_mem:
         out.reject("neuron-monitor: runtime memory is per runtime, not per device, on a multi-device host")
@@ -128,13 +142,17 @@ def parse_scrape(text: str) -> Parsed:
                 lambda labels=labels: to_bytes(labels["neuron_device_memory_size"], "B"),
             )
             r.model = _model(labels.get("instance_type"))
+            if "neuron_device_count" in labels:
+                r.device_count = guarded(
+                    out, "neuron_device_count", lambda labels=labels: to_count(labels["neuron_device_count"])
+                )
         elif name in ("hardware_ecc_events_total", "execution_errors_total"):
             _fault(name, labels, value, r, out)
-        elif not tag.isdigit():
+        elif not tag.isdecimal():
             out.reject(f"{name}: runtime_tag {tag!r} is not a PID")
         elif name == "neuroncore_utilization_ratio":
             pct = guarded(out, f"{name} core {core}", lambda value=value: to_pct(value, ratio=True))
-            if pct is not None and core.isdigit():
+            if pct is not None and core.isdecimal():
                 r.busy.setdefault(int(core), {})[int(tag)] = pct
         elif labels.get("memory_location") == "neuron_device":
             mem = guarded(out, name, lambda value=value: to_bytes(value, "B"))
@@ -153,7 +171,7 @@ def _fault(name: str, labels: dict[str, str], value: Decimal, r: _Readings, out:
     key = labels.get("neuron_device_index" if name == "hardware_ecc_events_total" else "runtime_tag", "")
     if count is None:
         return
-    if not key.isdigit() or (name == "hardware_ecc_events_total" and not kind.endswith("corrected")):
+    if not key.isdecimal() or (name == "hardware_ecc_events_total" and not kind.endswith("corrected")):
         out.reject(f"{name}: {kind!r} of {key!r} is not a known event of a device or runtime")
     elif name == "hardware_ecc_events_total":
         r.ecc.setdefault(int(key), {})[kind] = count
@@ -172,6 +190,8 @@ def parse_json(text: str) -> Parsed:
         return out
     hw = data.get("neuron_hardware_info") or {}
     r.per_device = guarded(out, "neuroncore_per_device_count", lambda: int(hw["neuroncore_per_device_count"])) or 0
+    if "neuron_device_count" in hw:
+        r.device_count = guarded(out, "neuron_device_count", lambda: to_count(hw["neuron_device_count"]))
     r.model = _model((data.get("instance_info") or {}).get("instance_type"))
     if "neuron_device_memory_size" in hw:
         r.size = guarded(out, "neuron_device_memory_size", lambda: to_bytes(hw["neuron_device_memory_size"], "B"))
@@ -184,6 +204,9 @@ def _runtime(runtime: dict[str, Any], r: _Readings, out: Parsed) -> None:
     pid, report = int(runtime["pid"]), runtime.get("report") or {}
     cores = (report.get("neuroncore_counters") or {}).get("neuroncores_in_use") or {}
     for core, counters in cores.items():
+        if not str(core).isdecimal():
+            out.reject(f"neuroncore {core!r}: not a core number")
+            continue
         pct = guarded(out, f"neuroncore {core}", lambda counters=counters: to_pct(counters["neuroncore_utilization"]))
         if pct is not None:
             r.busy.setdefault(int(core), {})[pid] = pct
