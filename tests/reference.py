@@ -118,10 +118,12 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
                 elif ev.end_ts_ns is None or ev.end_ts_ns == hold[1]:
                     verdict = "duplicate"
             end = ev.end_ts_ns
-            if verdict is None and end is not None and ev.gpu_uuid in max_ts:
+            # a new hold wholly in closed panes is late (the reference revises none); an end of a hold taken is
+            # never late (docs/definitions.md, "Allocation basis", "Late holds revise")
+            if verdict is None and hold is None and end is not None and ev.gpu_uuid in max_ts:
                 last_pane_end = ((end - 1) // s.pane_ns + 1) * s.pane_ns
                 if last_pane_end <= max_ts[ev.gpu_uuid] - s.lateness_ns:
-                    verdict = "late"  # wholly in closed panes (the reference revises none)
+                    verdict = "late"
             if verdict is None:
                 holds[(ev.gpu_uuid, ev.allocation_id)] = (fixed, ev.end_ts_ns)
             out.append(verdict)

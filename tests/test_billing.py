@@ -176,16 +176,16 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
         120,
         d.tmp,
     )
-    # each worker says it once it has applied an end of input and the group is committed to the end; waiting
-    # for one only let the other's first line arrive after the kill and pass for the takeover's
+    # the survivor's gauge and its "caught up" line come from one reading of the group's offsets: once it reads 1,
+    # any line the first input gives the survivor is written (waiting for either worker's line let the survivor's
+    # own arrive after the kill and pass for its takeover's; a worker that joined after the input says none)
+    port = metrics_port(b_log)
     wait_for(
-        "both workers saying the group caught up",
-        lambda: "caught up" in a_log.read_text() and "caught up" in b_log.read_text(),
+        "the group caught up, as the survivor reads it",
+        lambda: scrape(port).get(("gpucost_worker_group_caught_up", ()), 0) == 1,
         240,
         d.tmp,
     )
-
-    port = metrics_port(b_log)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     killed_at = time.monotonic()
