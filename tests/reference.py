@@ -101,7 +101,8 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
             key = ("b", ev.node_id, ev.pid, ev.ts_ns)
             held = stored[(ev.node_id, ev.pid)]
             tenant = (ev.team, ev.env, ev.app, ev.tier, ev.sla, ev.git_commit, ev.ci_pipeline_id, wire_labels(ev))
-            if held and ev.ts_ns > max(held) and held[max(held)] == tenant:
+            if held and ev.ts_ns > max(held) and held[max(held)] == tenant and key not in taken:
+                taken.add(key)  # a repeat is taken too: sent again, it is a duplicate
                 out.append(None)  # repeats, later, the tenant in force: changes nothing, refused for nothing
                 continue
             if key not in taken:
