@@ -68,10 +68,21 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
         max_ts[gpu] = max(max_ts.get(gpu, ts), ts)
         ahead[gpu] = [t for t in ahead[gpu] if t > max_ts[gpu]]
 
+    def prune(gpu: str) -> None:
+        """As a device takes a hold, its holds that ended before its watermark less the revision horizon and a
+        pane are dropped (docs/definitions.md, "Allocation basis"): no pane they cover can change any more."""
+        if gpu not in max_ts:
+            return
+        floor = max_ts[gpu] - s.lateness_ns - s.revision_horizon_ns - s.pane_ns
+        for key in [k for k, (_, end) in holds.items() if k[0] == gpu and end is not None and end <= floor]:
+            gone.add(key)
+            del holds[key]
+
     samples: dict[tuple, list[int]] = defaultdict(list)  # accepted sample times by (GPU, kind, pid, pane)
     stored: dict[tuple[str, int], dict[int, tuple]] = defaultdict(dict)  # each process's bindings taken, by ts_ns
     addresses: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)  # each process's taken, in order
     holds: dict[tuple[str, str], tuple[tuple, int | None]] = {}  # each allocation taken: what is fixed, its end
+    gone: set[tuple[str, str]] = set()  # holds dropped past the horizon: one sent again is late, never new
     out: list[str | None] = []
     for ev in events:
         key: tuple | None = None
@@ -111,6 +122,9 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
             key = ("p", ev.gpu_model, ev.ts_ns)
         elif isinstance(ev, Allocation):  # a hold: fixed by its first event, which a later one may only end, once
             hold = holds.get((ev.gpu_uuid, ev.allocation_id))
+            if hold is None and (ev.gpu_uuid, ev.allocation_id) in gone:
+                out.append("late")
+                continue
             fixed = (ev.ts_ns, ev.fraction_num, ev.fraction_den, ev.sharing, ev.team, ev.env, ev.app, ev.tier, ev.sla)
             fixed += (ev.git_commit, ev.ci_pipeline_id, wire_labels(ev))
             if hold is not None:
@@ -127,6 +141,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
                     verdict = "late"
             if verdict is None:
                 holds[(ev.gpu_uuid, ev.allocation_id)] = (fixed, ev.end_ts_ns)
+                prune(ev.gpu_uuid)
             out.append(verdict)
             continue
         elif isinstance(ev, MemAccess):  # an address taken before is sent again; one too far back cannot be told
