@@ -108,10 +108,18 @@ class _Fields:
         return wire
 
 
-def _figures(s: DeviceSample, parent: DeviceSample | None, share: int, of: int, out: Parsed) -> _Fields:
+def _figures(
+    s: DeviceSample,
+    parent: DeviceSample | None,
+    row: tuple[str, dict[str, Any]] | None,
+    at: tuple[int, int],
+    out: Parsed,
+) -> _Fields:
+    """The figures of ``s``, share ``at[0]`` of ``at[1]`` partitions of ``parent`` (or the device itself), whose
+    platform row is ``row``."""
     f = _Fields()
     root = parent or s
-    row = platform_for(s.model or root.model)
+    share, of = at
     if s.power_w is not None:
         f.values["power_mw"] = round_scaled(s.power_w, 1000)
     elif root.power_w is not None:
@@ -200,13 +208,13 @@ def _processes(s: DeviceSample, base: dict[str, Any], busy_cp: int, out: Parsed)
     return events
 
 
-def _takes_devices_model(s: DeviceSample, parent: DeviceSample | None) -> bool:
+def _takes_devices_model(s: DeviceSample, parent: DeviceSample | None, own: tuple[str, dict[str, Any]] | None) -> bool:
     """Whether partition ``s`` is billed as its share of its device: it names no model of its own, or its device's
     part (the platform row both names resolve to, an alias included), or with no row of its device a part of the
-    platform table. One with a model of its own (a MIG profile, no part of the table) is a device of that model."""
+    platform table. One with a model of its own (a MIG profile, no part of the table) is a device of that model.
+    ``own`` is the platform row of ``s``'s model."""
     if s.model is None:
         return True
-    own = platform_for(s.model)
     if parent is None:
         return own is not None
     return s.model == parent.model or (own is not None and own[0] == (platform_for(parent.model) or ("",))[0])
@@ -253,9 +261,9 @@ def to_events(samples: list[DeviceSample], place: Placement, out: Parsed) -> lis
         if of > MAX_PARTITIONS:
             out.reject(f"more than {MAX_PARTITIONS} partitions of one device: no device has as many")
             continue
-        f = _figures(s if s.model else replace(s, model=model), parent, share, of, out)
+        f = _figures(s if s.model else replace(s, model=model), parent, row, (share, of), out)
         whole = row[0] if row else model
-        shared = s.parent_id is not None and _takes_devices_model(s, parent)
+        shared = s.parent_id is not None and _takes_devices_model(s, parent, row)
         base = {
             "node_id": place.node,
             "gpu_uuid": f"{place.node}/{s.device_id}",

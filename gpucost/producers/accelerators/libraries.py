@@ -22,7 +22,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from gpucost.producers.accelerators.capture import guarded
+from gpucost.producers.accelerators import amd_smi, gaudi
+from gpucost.producers.accelerators.capture import guarded, is_missing
 from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, to_bytes, to_count, to_pct, to_watts
 
 __all__ = ["LIBRARIES", "AmdSmi", "Hlml", "LibraryUnavailable"]
@@ -33,17 +34,18 @@ class LibraryUnavailable(Exception):
 
 
 def _text(value: Any) -> str | None:
-    """A library's string (``bytes`` from ctypes, or ``str``), None where it is none, empty or amdsmi's ``"N/A"``."""
+    """A library's string (``bytes`` from ctypes, or ``str``), None where it is none or missing (``is_missing``:
+    blank, amdsmi's ``"N/A"``)."""
     if value is None:
         return None
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     text = text.strip().strip("\x00")
-    return None if not text or text == "N/A" else text
+    return None if is_missing(text) else text
 
 
 def _known(value: Any) -> Any:
-    """``value``, or None where the library has none: None, amdsmi's ``"N/A"``, a NaN."""
-    if value is None or (isinstance(value, str) and value.strip() in ("", "N/A")):
+    """``value``, or None where the library has none: None, a missing text (``is_missing``), a NaN."""
+    if value is None or (isinstance(value, str) and is_missing(value)):
         return None
     return None if isinstance(value, float) and math.isnan(value) else value
 
@@ -142,11 +144,13 @@ class AmdSmi(_Reader):
             model = _text(handles[0][2].get("market_name", ""))
             whole = self._whole(out, handles[0][1])
             if len(handles) == 1:
-                out.samples.append(DeviceSample("AMD", model, handles[0][0], **whole, **self._own(out, handles[0][1])))
+                out.samples.append(
+                    DeviceSample(amd_smi.VENDOR, model, handles[0][0], **whole, **self._own(out, handles[0][1]))
+                )
                 continue
-            out.samples.append(DeviceSample("AMD", model, serial, **whole))
+            out.samples.append(DeviceSample(amd_smi.VENDOR, model, serial, **whole))
             for bdf, h, _ in handles:
-                out.samples.append(DeviceSample("AMD", model, bdf, parent_id=serial, **self._own(out, h)))
+                out.samples.append(DeviceSample(amd_smi.VENDOR, model, bdf, parent_id=serial, **self._own(out, h)))
 
     def _own(self, out: Parsed, h: Any) -> dict[str, Any]:
         """What a GPU or a partition reports of itself: busy, processes."""
@@ -226,7 +230,7 @@ class Hlml(_Reader):
             )
             out.samples.append(
                 DeviceSample(
-                    "Intel",
+                    gaudi.VENDOR,
                     name,
                     bus_id,
                     busy_pct=_as(out, "hlml aip", aip, to_pct),
