@@ -9,9 +9,9 @@ panes), so the table shows what a per-platform model gains.
 
 Watts that are no reading are fitted nowhere, the fleet-wide fit included, since a fit on them would learn the
 stand-in, not the device: a pane whose GPU samples label ``power_w`` ``not_reported`` (Neuron and TPU tools give
-no power: 0 W is sent) or ``estimated`` (the platform table's TDP is sent) is left out (``Features.read``), and a
-platform left with no pane, or with 0 W in every pane (a source that sends 0 W without the label, or an events
-Parquet file, which keeps no labels), is listed with the reason.
+no power: 0 W is sent) or that are ``power_estimated`` (the platform table's TDP is sent) is left out
+(``Features.read``), and a platform left with no pane, or with 0 W in every pane (a source that sends 0 W
+without the label, or an events Parquet file, which keeps no labels), is listed with the reason.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def _no_reading(power_w: np.ndarray) -> str | None:
     """Why a platform's panes with a power reading (``Features.read``) give nothing to fit, or None."""
     if not len(power_w):
         return (
-            "no power reading: its GPU samples label power_w not_reported (sent as 0 W) or estimated (the platform "
-            "table's TDP)"
+            "no power reading: its GPU samples label power_w not_reported (sent as 0 W) or are power_estimated "
+            "(the platform table's TDP)"
         )
     if not (power_w > 0).any():
         return "no power reported: 0 W in every pane (a source without a power reading sends 0 W)"

@@ -81,12 +81,12 @@ class _Panes:
 
 def _unread(lines: list[bytes], pane_ns: int, into: set[tuple[str, int]]) -> None:
     """Add to ``into`` the (GPU, pane start) of each GPU sample among ``lines`` whose ``power_w`` is labelled
-    ``not_reported`` or ``estimated`` (gpucost/producers/accelerators/events.py): its watts, 0 or the platform
-    table's TDP, stand in for a reading the device does not give, and a fit on them would learn the stand-in.
-    The labels are JSON Lines fields the event schema ignores, so they are read here, from the lines, before
-    the auditor drops them; a line that is not such a sample is left to the auditor to take or refuse."""
+    ``not_reported`` or that is ``power_estimated`` (gpucost/producers/accelerators/events.py): its watts, 0 or the
+    platform table's TDP, stand in for a reading the device does not give, and a fit on them would learn the
+    stand-in. ``not_reported`` is a JSON Lines label the event schema ignores, so it is read here, from the lines,
+    before the auditor drops it; a line that is not such a sample is left to the auditor to take or refuse."""
     for line in lines:
-        if b'"not_reported"' not in line and b'"estimated"' not in line:
+        if b'"not_reported"' not in line and b'"power_estimated"' not in line:
             continue  # the cheap test first: most lines carry no label
         try:
             event = json.loads(line)
@@ -94,9 +94,10 @@ def _unread(lines: list[bytes], pane_ns: int, into: set[tuple[str, int]]) -> Non
             continue
         if not isinstance(event, dict) or event.get("kind") != "gpu_sample":
             continue
-        labels = [event.get(k) for k in ("not_reported", "estimated")]
+        unread = event.get("power_estimated") is True
+        unread |= isinstance(event.get("not_reported"), list) and "power_w" in event["not_reported"]
         gpu, ts = event.get("gpu_uuid"), event.get("ts_ns")
-        if isinstance(gpu, str) and isinstance(ts, int) and any(isinstance(v, list) and "power_w" in v for v in labels):
+        if isinstance(gpu, str) and isinstance(ts, int) and unread:
             into.add((gpu, pane_start_ns(ts, pane_ns)))
 
 

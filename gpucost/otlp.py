@@ -52,6 +52,7 @@ FIGURES: dict[str, str] = {
     "coverage": "1",
     "entitlement": "1",
     "passed": "1",
+    "power_estimated_ms": "ms",  # the window's ms whose power is the platform table's TDP (none: no point)
 }
 #: the metric whose points say which windows a GPU was audited in
 COVERAGE_METRIC = "gpucost.health.coverage"
@@ -63,7 +64,8 @@ def _attribute(key: str, value: str) -> KeyValue:
 
 
 def export_request(records: Iterable[HealthRecord]) -> ExportMetricsServiceRequest:
-    """One request holding every record's figures (a null ``kw_per_tops`` is left out: no point)."""
+    """One request holding every record's figures (a null one, ``kw_per_tops`` or ``power_estimated_ms``, is left
+    out: no point; a figure with no point is no metric, an empty gauge)."""
     request = ExportMetricsServiceRequest()
     resource = request.resource_metrics.add()
     resource.resource.attributes.append(_attribute("service.name", "gpucost"))
@@ -84,6 +86,9 @@ def export_request(records: Iterable[HealthRecord]) -> ExportMetricsServiceReque
                 start_time_unix_nano=record.window_start_ns, time_unix_nano=record.window_end_ns, attributes=attributes
             )
             point.as_double = float(value)
+    for i in reversed(range(len(scope.metrics))):  # a figure no record has (no estimate in the fleet): no metric
+        if not scope.metrics[i].gauge.data_points:
+            del scope.metrics[i]
     return request
 
 

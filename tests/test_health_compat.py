@@ -141,12 +141,14 @@ def test_the_previous_versions_health_message_is_a_record_not_a_dead_letter() ->
 
 
 def as_previous_version(out: Path) -> int:
-    """Every health file under ``out`` rewritten as the previous version wrote it: no fault columns, sealed over
-    the rest. The number of records rewritten."""
+    """Every health file under ``out`` rewritten as the previous version wrote it: no fault or power-estimate
+    columns, sealed over the rest. The number of records rewritten."""
     n = 0
     for path in sorted((out / "health").glob("**/*.parquet")):
         table = pq.ParquetFile(path).read()
-        table = table.drop_columns([c for c in ("faults_fatal", "faults_warning") if c in table.column_names])
+        table = table.drop_columns(
+            [c for c in ("faults_fatal", "faults_warning", "power_estimated_ms") if c in table.column_names]
+        )
         rows = [old_seal(r, KEY) for r in table.to_pylist()]
         assert all(set(r) == set(OLD_FIELDS) for r in rows)
         table = table.set_column(

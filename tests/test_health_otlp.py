@@ -93,7 +93,7 @@ def test_health_figures_reach_an_otlp_receiver_at_their_event_times(tmp_path: Pa
         connect(out)
         .execute(
             "SELECT gpu_uuid, window_start_ns, window_end_ns, mean_power_w, effective_tops, "
-            "kw_per_tops, sched_deviation, idle_index_72h, coverage, entitlement, passed "
+            "kw_per_tops, sched_deviation, idle_index_72h, coverage, entitlement, passed, power_estimated_ms "
             "FROM health"
         )
         .fetchall()
@@ -110,6 +110,7 @@ def test_health_figures_reach_an_otlp_receiver_at_their_event_times(tmp_path: Pa
                 "coverage",
                 "entitlement",
                 "passed",
+                "power_estimated_ms",
             ),
             figures,
         ):

@@ -53,7 +53,8 @@ def test_a_snapshot_verifies_and_every_forgery_fails(tmp_path: Path, capsys: pyt
 
         doc["record"]["grade"] = "excellent"
         fields = {k: v for k, v in doc["record"].items() if k not in ("snapshot_sha256", "signature")}
-        fields = {k: v for k, v in fields.items() if not (v is None and k in ("faults_fatal", "faults_warning"))}
+        unhashed = ("faults_fatal", "faults_warning", "power_estimated_ms")
+        fields = {k: v for k, v in fields.items() if not (v is None and k in unhashed)}
         digest = hashlib.sha256(
             json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         ).hexdigest()

@@ -189,7 +189,7 @@ def test_partitions_share_the_parents_power_and_memory_exactly(fleet: dict[str, 
             sums[e["partition_of"]].update(
                 mw=round(Decimal(repr(e["power_w"])) * 1000), total=e["mem_total_bytes"], used=e["mem_used_bytes"]
             )
-            assert ("power_w" in e.get("estimated", [])) is e["partition_of"].startswith("mi-a/")
+            assert (e.get("power_estimated") is True) is e["partition_of"].startswith("mi-a/")
     assert sums["mi-a/gpu0"]["mw"] == sums["mi-a/gpu1"]["mw"] == tdp * 1000
     (nd0,) = [r for r in fleet["samples"]["inf-a"] if r["device_id"] == "nd0"]
     assert (sums["inf-a/nd0"]["total"], sums["inf-a/nd0"]["used"]) == (nd0["mem_total_bytes"], nd0["mem_used_bytes"])
@@ -218,6 +218,7 @@ def test_what_the_platform_does_not_report_is_labelled(fleet: dict[str, Any]) ->
     for gpu, e in gpus.items():
         labelled = set(e.get("estimated", [])) | set(e.get("not_reported", []))
         assert e["power_w"] > 0 or "power_w" in labelled, gpu
+        assert "power_w" not in e.get("estimated", [])  # a TDP is the event's power_estimated, not a label
         assert "mem_bw_util_pct" in labelled
     assert "power_w" not in gpus["mi-b/gpu0"].get("not_reported", []) and gpus["mi-b/gpu0"]["power_w"] == 199
     assert all("power_w" in gpus[f"tpu-a/tpu{c}"]["not_reported"] for c in (8, 9, 12, 13))

@@ -183,6 +183,10 @@ class HealthRecord(_Record):
     #: and verifies
     faults_fatal: Int64 | None = None
     faults_warning: Int64 | None = None
+    #: the covered ms of the window whose power is the platform table's TDP, not a reading (the GPU samples'
+    #: ``power_estimated``): that much of ``energy_uj``, ``mean_power_w`` and ``kw_per_tops`` is an estimate.
+    #: None: every sample's power was read (and out of the seal, as the fault fields)
+    power_estimated_ms: Int64 | None = None
     windows_skipped: Int64
     breaker_state: str  # probation, in_service, observation or removed
     snapshot_sha256: str
@@ -260,7 +264,7 @@ UNHASHED = ("snapshot_sha256", "signature")
 #: fields added to the health record after its first version, which the snapshot hash leaves out while they are
 #: None: a record written before them (which has none) hashes as it did then, and so does a new one that reports
 #: nothing in them; set, they are hashed like any figure. A field added later that may be None joins this list.
-UNHASHED_IF_NONE = ("faults_fatal", "faults_warning")
+UNHASHED_IF_NONE = ("faults_fatal", "faults_warning", "power_estimated_ms")
 
 
 class DeadLetter(_Record):

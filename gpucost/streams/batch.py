@@ -150,6 +150,7 @@ class Batch:
         self.power_mw = np.zeros(self.n, np.int64)
         self.tensor_cp, self.dram_cp = np.full(self.n, -1, np.int64), np.full(self.n, -1, np.int64)
         self.fatal, self.warning = np.full(self.n, -1, np.int64), np.full(self.n, -1, np.int64)  # -1: not reported
+        self.estimated = np.zeros(self.n, np.int64)  # 1: a GPU sample's power is the platform table's TDP
         self.flops: dict[int, int] = {}  # each blas trace's flops_64b, by row
         self._gpu_code: dict[str, int] | None = None  # gpu_names' codes, once a trace names a GPU
         if sample.any():
@@ -167,6 +168,7 @@ class Batch:
             for out, name in ((self.fatal, "fault_fatal"), (self.warning, "fault_warning")):
                 reported = gpu & columns[name][1]
                 out[reported] = columns[name][0][reported]
+            self.estimated[gpu] = np.where(columns["power_estimated"][1][gpu], columns["power_estimated"][0][gpu], 0)
         # the models' cross-field validators: _Sample._interval_not_zero, GpuSample._used_within_total
         used, total = columns["mem_used_bytes"][0], columns["mem_total_bytes"][0]
         gpu_row = valid[GpuSample] & (self.interval_ms > 0) & (used <= total)
@@ -198,6 +200,7 @@ class Batch:
                         -1 if v is None else v
                         for v in (event.tensor_active_cp, event.dram_active_cp, event.fault_fatal, event.fault_warning)
                     )
+                    self.estimated[i] = int(bool(event.power_estimated))
             elif isinstance(event, EbpfTrace):  # always here: the packed struct is decoded row by row
                 self._trace(i, event)
             else:
@@ -297,6 +300,7 @@ class Batch:
             self.dram_cp[rows],
             self.fatal[rows],
             self.warning[rows],
+            self.estimated[rows],
             self.numa_w[rows],
             self.node[rows],
             self.node_names,

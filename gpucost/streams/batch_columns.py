@@ -60,6 +60,8 @@ def hot_columns(batch: pa.RecordBatch) -> tuple[Columns, dict[str, tuple[np.ndar
             idents[name], columns[name] = (codes, values), (length, codes >= 0)
         elif pa.types.is_floating(arrow):
             columns[name] = _floats(column(batch, name))
+        elif pa.types.is_boolean(arrow):  # a flag as 0 or 1
+            columns[name] = _ints(pc.cast(column(batch, name), pa.int64()))
         else:
             columns[name] = _ints(column(batch, name), np.uint64 if pa.types.is_unsigned_integer(arrow) else np.int64)
     return columns, idents

@@ -26,7 +26,7 @@ import re
 from collections.abc import Container
 from dataclasses import astuple, dataclass
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, reduce
 from typing import Any
 
 import numpy as np
@@ -93,6 +93,7 @@ class _Window:
     fault_samples: int = 0  # GPU samples that reported fault fields, and Σ of their fatal and warning counts
     fault_fatal: int = 0
     fault_warning: int = 0
+    power_estimated_ms: int = 0  # the covered ms whose power is the platform table's TDP
 
     def add(
         self,
@@ -108,6 +109,7 @@ class _Window:
         fault_samples: int,
         fault_fatal: int,
         fault_warning: int,
+        power_estimated_ms: int,
     ) -> None:
         self.node_id, self.gpu_model = min(self.node_id, node_id), first_model(self.gpu_model, gpu_model)
         self.covered_ms += covered_ms
@@ -119,6 +121,7 @@ class _Window:
         self.fault_samples += fault_samples
         self.fault_fatal += fault_fatal
         self.fault_warning += fault_warning
+        self.power_estimated_ms += power_estimated_ms
 
 
 @dataclass
@@ -184,6 +187,7 @@ class HealthAudit:
                 pane.fault_samples,
                 pane.fault_fatal,
                 pane.fault_warning,
+                pane.power_estimated_ms,
             )
         ]
 
@@ -230,6 +234,7 @@ class HealthAudit:
                 panes.fault_samples,
                 panes.fault_fatal,
                 panes.fault_warning,
+                panes.power_estimated_ms,
             )
         ]
         node, model = panes.node_id[order], panes.gpu_model[order]
@@ -245,7 +250,7 @@ class HealthAudit:
                 int(panes.pane_start_ns[first]),
                 int(panes.pane_end_ns[last]),
                 min(node[lo:hi].tolist()),
-                min(model[lo:hi].tolist()),
+                reduce(first_model, model[lo:hi].tolist()),
                 *(s[r] for s in sums[:5]),
                 int(idle_ms_72h[last]),
                 int(covered_ms_72h[last]),
@@ -322,6 +327,7 @@ class HealthAudit:
             "fail_reasons": [reason for reason, failed in fails.items() if failed],
             "faults_fatal": w.fault_fatal if w.fault_samples else None,  # None: no sample reported faults
             "faults_warning": w.fault_warning if w.fault_samples else None,
+            "power_estimated_ms": w.power_estimated_ms or None,  # None: every sample's power was read
             "windows_skipped": skipped,
             "breaker_state": breaker.state,
         }

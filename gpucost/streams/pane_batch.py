@@ -21,7 +21,7 @@ from gpucost.streams.pane_rules import (
 )
 from gpucost.streams.pane_totals import (
     EFFICIENCY_SUMS,
-    FAULT_SUMS,
+    HEALTH_SUMS,
     PaneColumns,
     PaneRows,
     PaneTotals,
@@ -91,7 +91,7 @@ class PaneBatch(PaneVerdicts):
         fatal, warning = rows.fault_fatal[at], rows.fault_warning[at]  # -1: not reported
         sums = dict(
             zip(
-                EFFICIENCY_SUMS + FAULT_SUMS,
+                EFFICIENCY_SUMS + HEALTH_SUMS,
                 (
                     per_pane(v)
                     for v in (
@@ -103,6 +103,7 @@ class PaneBatch(PaneVerdicts):
                         (is_gpu & ((fatal >= 0) | (warning >= 0))).astype(np.int64),
                         np.where(is_gpu, np.maximum(fatal, 0), 0),
                         np.where(is_gpu, np.maximum(warning, 0), 0),
+                        np.where(is_gpu & (rows.power_estimated[at] > 0), interval, 0),
                     )
                 ),
             )

@@ -20,7 +20,7 @@ __all__ = [
     "TenantTotals",
     "PaneTotals",
     "EFFICIENCY_SUMS",
-    "FAULT_SUMS",
+    "HEALTH_SUMS",
     "PaneColumns",
     "PaneRows",
     "Verdicts",
@@ -67,11 +67,13 @@ class PaneTotals:
     tensor_ms: int = 0
     dram_cp_ms: int = 0
     dram_ms: int = 0
-    #: the health audit's device faults (``FAULT_SUMS``): the GPU samples that reported fault fields, and Σ of
+    #: the health audit's device faults (``HEALTH_SUMS``): the GPU samples that reported fault fields, and Σ of
     #: their ``fault_fatal`` and ``fault_warning``
     fault_samples: int = 0
     fault_fatal: int = 0
     fault_warning: int = 0
+    #: and the ms of its GPU samples whose power is the platform table's TDP (``power_estimated``)
+    power_estimated_ms: int = 0
     #: Σ flops_64b of the pane's ``blas`` traces, by pid (launch traces count threads, not FLOPs: never here)
     flops: dict[int, int] = field(default_factory=dict)
     #: the sorted ``ts_ns`` of every event counted in this pane, by (kind, pid) (pid -1 for GPU samples):
@@ -135,8 +137,8 @@ class PaneTotals:
             self.placed,
             *(getattr(self, f) for f in EFFICIENCY_SUMS),
             sorted(self.flops.items()),
-            # only a pane whose samples reported faults: the state of every other pane stays as it was
-            *([[getattr(self, f) for f in FAULT_SUMS]] if self.fault_samples else []),
+            # only a pane whose samples reported faults or estimated power: every other pane's state stays as it was
+            *([[getattr(self, f) for f in HEALTH_SUMS]] if self.fault_samples or self.power_estimated_ms else []),
         ]
 
     @classmethod
@@ -148,8 +150,8 @@ class PaneTotals:
             for name, value in zip(EFFICIENCY_SUMS, s[13:18]):
                 setattr(pane, name, value)
             pane.flops = {pid: flops for pid, flops in s[18]}
-        if len(s) > 19:  # a pane whose samples reported faults
-            for name, value in zip(FAULT_SUMS, s[19]):
+        if len(s) > 19:  # a pane whose samples reported faults or estimated power (a state before the latter: 3)
+            for name, value in zip(HEALTH_SUMS, s[19]):
                 setattr(pane, name, value)
         for tenant, *sums in s[8]:  # a state written before the SLA tiers has no sample count
             t = Tenant(*tenant)
@@ -167,8 +169,8 @@ class PaneTotals:
 
 #: the efficiency operator's sums a pane keeps (``PaneTotals``, ``PaneColumns``: one integer each)
 EFFICIENCY_SUMS = ("bw_cp_ms", "tensor_cp_ms", "tensor_ms", "dram_cp_ms", "dram_ms")
-#: the health audit's fault sums a pane keeps (``PaneTotals``, ``PaneColumns``: one integer each)
-FAULT_SUMS = ("fault_samples", "fault_fatal", "fault_warning")
+#: the health audit's sums a pane keeps beyond energy and busy (``PaneTotals``, ``PaneColumns``: one integer each)
+HEALTH_SUMS = ("fault_samples", "fault_fatal", "fault_warning", "power_estimated_ms")
 
 
 @dataclass
@@ -197,6 +199,7 @@ class PaneColumns:
     fault_samples: np.ndarray
     fault_fatal: np.ndarray
     fault_warning: np.ndarray
+    power_estimated_ms: np.ndarray
     t_pane: np.ndarray  # the pane of each tenant row
     t_key: np.ndarray
     t_tenant: np.ndarray
@@ -242,7 +245,7 @@ class PaneColumns:
                 "busy_cp_ms",
                 "placed",
                 *EFFICIENCY_SUMS,
-                *FAULT_SUMS,
+                *HEALTH_SUMS,
             )
         ]
         flops = [(j, pid, n) for j, p in enumerate(panes) for pid, n in sorted(p.flops.items())]
@@ -290,7 +293,7 @@ class PaneColumns:
                     "energy_uj": values[8],
                     "busy_cp_ms": values[9],
                     "placed": values[10],
-                    **dict(zip(EFFICIENCY_SUMS + FAULT_SUMS, values[11:])),
+                    **dict(zip(EFFICIENCY_SUMS + HEALTH_SUMS, values[11:])),
                 },
             )
             for values in zip(
@@ -305,7 +308,7 @@ class PaneColumns:
                 self.energy_uj.tolist(),
                 self.busy_cp_ms.tolist(),
                 self.placed.tolist(),
-                *(getattr(self, f).tolist() for f in EFFICIENCY_SUMS + FAULT_SUMS),
+                *(getattr(self, f).tolist() for f in EFFICIENCY_SUMS + HEALTH_SUMS),
             )
         ]
         for j, key, tenant, sm, bw, numa, samples in zip(
@@ -365,6 +368,7 @@ class PaneRows:
     dram_cp: np.ndarray  # a GPU sample's dram_active_cp, else -1
     fault_fatal: np.ndarray  # a GPU sample's fault_fatal, else -1 (not reported)
     fault_warning: np.ndarray  # a GPU sample's fault_warning, else -1
+    power_estimated: np.ndarray  # 1 where a GPU sample's power is the platform table's TDP, else 0
     numa: np.ndarray  # a NUMA event's hops · latency_weight, else 0
     node: np.ndarray  # code into node_names (-1: none)
     node_names: list[str]

@@ -124,6 +124,8 @@ class GpuPanes(PaneBatch):
             pane.fault_samples += 1
             pane.fault_fatal += s.fault_fatal or 0
             pane.fault_warning += s.fault_warning or 0
+        if s.power_estimated:
+            pane.power_estimated_ms += s.interval_ms
 
     def _process_sample(self, s: ProcessSample, tenant: Tenant) -> None:
         pane = self._pane(s.gpu_uuid, s.ts_ns)

@@ -74,7 +74,8 @@ REFERENCE_SQL = """
 WITH g AS (
   SELECT gpu_uuid, node_id, gpu_model, ts_ns - ts_ns % {P} AS pane, ts_ns - ts_ns % {H} AS win,
          CAST(round(interval_s * 1000) AS BIGINT) AS iv, CAST(round(sm_util_pct * 100) AS BIGINT) AS sm,
-         CAST(round(power_w * 1000) AS BIGINT) AS mw, fault_fatal, fault_warning
+         CAST(round(power_w * 1000) AS BIGINT) AS mw, fault_fatal, fault_warning,
+         coalesce(power_estimated, false) AS est
   FROM ev WHERE kind = 'gpu_sample'),
 placed AS (
   SELECT DISTINCT gpu_uuid, ts_ns - ts_ns % {P} AS pane FROM ev
@@ -89,7 +90,8 @@ windows AS (
   SELECT gpu_uuid, win, min(node_id) AS node_id, min(gpu_model) AS gpu_model, sum(iv) AS covered,
          sum(CASE WHEN sm < {THR} THEN iv ELSE 0 END) AS idle, sum(mw * iv) AS energy, sum(sm * iv) AS busy,
          max(pane) AS last_pane, count(coalesce(fault_fatal, fault_warning)) AS fault_samples,
-         coalesce(sum(fault_fatal), 0) AS fatal, coalesce(sum(fault_warning), 0) AS warning
+         coalesce(sum(fault_fatal), 0) AS fatal, coalesce(sum(fault_warning), 0) AS warning,
+         sum(CASE WHEN est THEN iv ELSE 0 END) AS estimated
   FROM g GROUP BY ALL),
 deviation AS (
   SELECT gpu_uuid, win, sum(CASE WHEN allocated THEN idle ELSE covered - idle END) AS dev FROM panes GROUP BY ALL)
@@ -97,7 +99,7 @@ SELECT w.gpu_uuid, w.win, w.node_id, w.gpu_model, w.covered, w.idle, w.energy, w
        (SELECT sum(p.idle) FROM panes p WHERE p.gpu_uuid = w.gpu_uuid AND p.pane > w.last_pane - {W}
           AND p.pane <= w.last_pane) AS idle72,
        (SELECT sum(p.covered) FROM panes p WHERE p.gpu_uuid = w.gpu_uuid AND p.pane > w.last_pane - {W}
-          AND p.pane <= w.last_pane) AS covered72, w.fault_samples, w.fatal, w.warning
+          AND p.pane <= w.last_pane) AS covered72, w.fault_samples, w.fatal, w.warning, w.estimated
 FROM windows w JOIN deviation d USING (gpu_uuid, win)
 ORDER BY w.gpu_uuid, w.win
 """
@@ -114,7 +116,8 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
     h_ms = s.health_window_h * H_S * 1000
     peaks = {k.lower(): Fraction(v) for k, v in s.peak_tops.items()}
     out, per_gpu = [], {}
-    for gpu, win, node, model, covered, idle, energy, busy, dev, idle72, covered72, reported, fatal, warning in found:
+    for row in found:
+        gpu, win, node, model, covered, idle, energy, busy, dev, idle72, covered72, reported, fatal, warning, est = row
         keys = sorted((k for k in peaks if k != "default" and k in model.lower()), key=lambda k: (-len(k), k))
         peak = peaks[keys[0] if keys else "default"]
         kw = (
@@ -145,6 +148,7 @@ def reference(events: list[Event], s: AuditSettings) -> list[dict[str, Any]]:
             "fail_reasons": reasons,
             "faults_fatal": fatal if reported else None,
             "faults_warning": warning if reported else None,
+            "power_estimated_ms": int(est) or None,
         }
         per_gpu.setdefault(gpu, []).append((win // (h_ms * 1_000_000), record))
         out.append(record)
@@ -165,7 +169,11 @@ def checked(records: list[Output], key: bytes | None = None) -> list[dict[str, A
         fields = r.model_dump()
         digest = fields.pop("snapshot_sha256")
         signature = fields.pop("signature")
-        hashed = {k: v for k, v in fields.items() if not (v is None and k in ("faults_fatal", "faults_warning"))}
+        hashed = {
+            k: v
+            for k, v in fields.items()
+            if not (v is None and k in ("faults_fatal", "faults_warning", "power_estimated_ms"))
+        }
         text = json.dumps(hashed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         assert digest == hashlib.sha256(text).hexdigest(), r
         assert signature == (None if key is None else hmac.new(key, digest.encode(), hashlib.sha256).hexdigest())

@@ -14,7 +14,7 @@ Nothing here branches on a vendor: every rule reads the neutral ``DeviceSample``
   units to the first partitions by id, so the shares add up to the parent's figure exactly; the
   temperature is the parent's.
 - **What is not reported** is never a silent 0: ``power_w`` falls back to the platform table's
-  ``tdp_w`` (its field named in the event's ``estimated``), else 0; ``temp_c``, ``mem_bw_util_pct``,
+  ``tdp_w`` (with the event's ``power_estimated`` true), else 0; ``temp_c``, ``mem_bw_util_pct``,
   memory and busy without a reading are 0. Each such field is named in the event's ``not_reported``.
 - **Processes.** A process's busy is its own reading, else an equal share (in hundredths of a
   percent, largest remainder) of what its device's busy leaves after the processes that report theirs.
@@ -99,8 +99,13 @@ class _Fields:
         self.values: dict[str, Any] = {}
         self.estimated: list[str] = []
         self.not_reported: list[str] = []
+        #: the power is the platform table's TDP: the event's ``power_estimated`` field, which the health audit
+        #: reads (the other estimates are labels only)
+        self.power_estimated = False
 
     def labelled(self, wire: dict[str, Any]) -> dict[str, Any]:
+        if self.power_estimated:
+            wire["power_estimated"] = True
         if self.estimated:
             wire["estimated"] = self.estimated
         if self.not_reported:
@@ -126,7 +131,7 @@ def _figures(
         f.values["power_mw"] = shares(round_scaled(root.power_w, 1000), of)[share]
     elif row is not None and "tdp_w" in row[1]:
         f.values["power_mw"] = shares(round_scaled(Decimal(row[1]["tdp_w"]), 1000), of)[share]
-        f.estimated.append("power_w")
+        f.power_estimated = True
     else:
         f.values["power_mw"] = 0
         f.not_reported.append("power_w")
