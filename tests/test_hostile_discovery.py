@@ -46,7 +46,8 @@ def canonical_sha256(fields: dict[str, Any]) -> str:
     """The hash of a health record (docs/definitions.md, "Health audit"), written here from its text: sorted
     keys, no spaces, UTF-8; the fault counts only when set."""
     rest = {k: v for k, v in fields.items() if k not in ("snapshot_sha256", "signature")}
-    rest = {k: v for k, v in rest.items() if not (v is None and k in ("faults_fatal", "faults_warning", "power_estimated_ms"))}
+    unhashed = ("faults_fatal", "faults_warning", "power_estimated_ms")
+    rest = {k: v for k, v in rest.items() if not (v is None and k in unhashed)}
     return hashlib.sha256(
         json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     ).hexdigest()

@@ -67,13 +67,11 @@ class PaneTotals:
     tensor_ms: int = 0
     dram_cp_ms: int = 0
     dram_ms: int = 0
-    #: the health audit's device faults (``HEALTH_SUMS``): the GPU samples that reported fault fields, and Σ of
-    #: their ``fault_fatal`` and ``fault_warning``
+    #: the health audit's sums (``HEALTH_SUMS``): GPU samples reporting fault fields, Σ fault_fatal, Σ fault_warning
     fault_samples: int = 0
     fault_fatal: int = 0
     fault_warning: int = 0
-    #: and the ms of its GPU samples whose power is the platform table's TDP (``power_estimated``)
-    power_estimated_ms: int = 0
+    power_estimated_ms: int = 0  # and the ms of its GPU samples whose power is the platform table's TDP
     #: Σ flops_64b of the pane's ``blas`` traces, by pid (launch traces count threads, not FLOPs: never here)
     flops: dict[int, int] = field(default_factory=dict)
     #: the sorted ``ts_ns`` of every event counted in this pane, by (kind, pid) (pid -1 for GPU samples):
