@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpucost.command import Command
+from gpucost.env_flags import add_tool_timeout
 from gpucost.output_files import write_whole
 from gpucost.producers.accelerators.detect import FORMATS, parse
 from gpucost.producers.accelerators.events import Placement, at_ns, to_events, with_faults
@@ -48,12 +49,7 @@ def _devices_arguments(cmd: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"also run the vendor tool of NAME now, if installed (one of {', '.join(sorted(COMMANDS))})",
     )
-    cmd.add_argument(
-        "--timeout-s",
-        type=float,
-        default=os.environ.get("GPUCOST_DEVICES_TIMEOUT_S", "10"),  # a string: argparse converts it, or says why not
-        help="seconds a live tool may take (default 10; env GPUCOST_DEVICES_TIMEOUT_S)",
-    )
+    add_tool_timeout(cmd, "--timeout-s", "seconds a live tool may take")
     cmd.add_argument(
         "--format",
         choices=("json", "text"),

@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from gpucost.config import FLAG_FIELDS
-from gpucost.env_flags import env_default, env_flag
+from gpucost.env_flags import add_tool_timeout, env_default, env_flag
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kube_flags import add_kubernetes
 from gpucost.producers.accelerators.libraries import LIBRARIES
@@ -270,8 +270,9 @@ def add_live(p: argparse.ArgumentParser) -> None:
         help="with --source devices: the vendor tool run each period, by the format it prints (one of "
         f"{', '.join(sorted(COMMANDS))}), the exporter read at --url ({', '.join(sorted(SERVED))}), or the vendor's "
         f"Python library ({', '.join(sorted(LIBRARIES))}); env GPUCOST_DEVICE_TOOL; each tool run or page read at "
-        "most GPUCOST_DEVICES_TIMEOUT_S, 10 s",
+        "most --device-timeout-s",
     )
+    add_tool_timeout(p, "--device-timeout-s", "with --source devices: seconds each tool run or exporter page may take")
     p.add_argument(
         "--device-model",
         default=os.environ.get("GPUCOST_DEVICE_MODEL"),

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import math
-import os
 import shutil
 import signal
 import sys
@@ -143,18 +141,6 @@ def event_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def _seconds(variable: str, default: str) -> float:
-    """A number of seconds from ``variable``, or a usage error saying what it holds."""
-    text = os.environ.get(variable, default)
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 3600:
-        raise UsageError(f"{variable}={text!r}: give a number of seconds above 0, at most 3600")
-    return value
-
-
 def live_source(args: argparse.Namespace, source: str, nvml: NvmlSampler | None = None) -> LiveSource:
     """The live source of ``--source``, opened now (or one clear usage error); it says what it does."""
     settings = LiveSettings(
@@ -165,7 +151,7 @@ def live_source(args: argparse.Namespace, source: str, nvml: NvmlSampler | None 
         pod_sla=args.pod_sla,
         device_tool=args.device_tool,
         device_model=args.device_model,
-        device_timeout_s=_seconds("GPUCOST_DEVICES_TIMEOUT_S", "10"),
+        device_timeout_s=args.device_timeout_s,
         ebpf_sample_every=args.ebpf_sample_every,
         libcuda=args.libcuda,
         libcublas=args.libcublas,

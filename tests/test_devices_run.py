@@ -103,9 +103,16 @@ def test_what_the_source_needs_is_said_before_it_starts(
     assert main(["run", "--source", "devices", "--device-tool", "xbutil", *out]) == 2
     assert "xbutil: not installed" in capsys.readouterr().err
     monkeypatch.setenv("GPUCOST_DEVICES_TIMEOUT_S", "ten")
-    assert main(["run", "--source", "devices", "--device-tool", "amd-smi-text", *out]) == 2
-    assert "GPUCOST_DEVICES_TIMEOUT_S='ten': give a number of seconds" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["run", "--source", "devices", "--device-tool", "amd-smi-text", *out])
+    assert refused.value.code == 2 and "'ten': give a number of seconds above 0" in capsys.readouterr().err
     monkeypatch.delenv("GPUCOST_DEVICES_TIMEOUT_S")
+    for bad in ("0", "nan", "inf", "3601"):  # the flag as the variable, and `devices --timeout-s` as `run`'s
+        for command in (["run", "--source", "devices", "--device-tool", "amd-smi-text", *out], ["devices"]):
+            flag = "--device-timeout-s" if command[0] == "run" else "--timeout-s"
+            with pytest.raises(SystemExit) as refused:
+                main([*command, flag, bad])
+            assert refused.value.code == 2 and "give a number of seconds" in capsys.readouterr().err
     bogus = ["--device-model", "Acme X1", "--period-s", "0.1"]
     assert main(["run", "--source", "devices", "--device-tool", "amd-smi-text", *bogus, *out]) == 0
     assert "--device-model 'Acme X1' is no row or alias" in capsys.readouterr().err  # said, and billed all the same
