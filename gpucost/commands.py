@@ -18,7 +18,7 @@ from gpucost.command import Command
 from gpucost.config import ConfigError
 from gpucost.csv_cells import write_rows
 from gpucost.embedded import RunStats, run_embedded
-from gpucost.flags import add_fleet, add_log_format, add_opex, add_out, add_settings
+from gpucost.flags import add_fleet, add_log_format, add_opex, add_out, add_report, add_settings
 from gpucost.kafka.signing import Signer
 from gpucost.output_files import made_folder, write_whole
 from gpucost.producers.replay import read_batches
@@ -114,20 +114,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
             audit_key=key,
             on_batch=lambda b: bar.update(sum(item.nbytes for item in b)),
         )  # type: ignore[union-attr]
-    return finish(args.out, stats, settings.opex_usd_per_gpu_hour)
+    return finish(args.out, stats, settings.opex_usd_per_gpu_hour, args.report)
 
 
-def finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal) -> int:
-    from gpucost.report_html import build_report
-
+def finish(out: Path, stats: RunStats, opex_usd_per_gpu_hour: decimal.Decimal, report: bool) -> int:
+    """The run's summary, and with ``report`` (``--report on``) the HTML page beside the output."""
     print(summary(out, stats, opex_usd_per_gpu_hour))
-    try:
-        write_whole(out / REPORT, build_report(out), "--out")
-    except UsageError as exc:  # every record is in place: only the page is missing
-        raise UsageError(
-            f"{exc}; every record is written: build the page later with `{invoked_as()} report --out {out} --html FILE`"
-        ) from None
-    print(f"\nreport: {out / REPORT} (plots of the bill, idle index, health and efficiency; open it in a browser)")
+    later = f"{invoked_as()} report --out {out} --html FILE"
+    if report:
+        from gpucost.report_html import build_report  # Plotly's page: only when it is asked for
+
+        try:
+            write_whole(out / REPORT, build_report(out), "--out")
+        except UsageError as exc:  # every record is in place: only the page is missing
+            raise UsageError(f"{exc}; every record is written: build the page later with `{later}`") from None
+        print(f"\nreport: {out / REPORT} (plots of the bill, idle index, health and efficiency; open it in a browser)")
+    else:
+        print(f"\nreport: not built (--report off); build the page of plots with `{later}`")
     print(
         f"\noutput: {out}/{{{','.join(OUTPUT_KINDS)}}}/date=YYYY-MM-DD/*.parquet; "
         f'try: {invoked_as()} query --out {out} "SELECT team, sum(cost_micro_usd) FROM cost GROUP BY team"'
@@ -251,6 +254,7 @@ def _replay_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, nargs="+", help="JSON Lines or Parquet files, or directories of them")
     add_out(p, "output directory")
     add_settings(p)
+    add_report(p, "off")
     add_log_format(p)
 
 

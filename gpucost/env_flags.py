@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["env_default", "env_flag", "add_tool_timeout", "TOOL_TIMEOUT_ENV"]
+__all__ = ["env_default", "env_flag", "add_tool_timeout", "on_off", "TOOL_TIMEOUT_ENV"]
 
 #: how long one run of a vendor tool, or one read of an exporter's page, may take (``gpucost devices --timeout-s``,
 #: ``run``/``produce --device-timeout-s``): one variable for both
@@ -50,3 +50,10 @@ def add_tool_timeout(p: argparse._ActionsContainer, flag: str, what: str) -> Non
     """The deadline of a live vendor tool's run or an exporter's page, ``flag`` falling back to
     ``TOOL_TIMEOUT_ENV``, 10 s."""
     env_flag(p, flag, TOOL_TIMEOUT_ENV, _tool_seconds, "10", what)
+
+
+def on_off(text: str) -> bool:
+    """A switch written ``on`` or ``off``."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r}: write on or off")
+    return text == "on"

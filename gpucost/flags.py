@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from gpucost.config import FLAG_FIELDS
-from gpucost.env_flags import add_tool_timeout, env_default, env_flag
+from gpucost.env_flags import add_tool_timeout, env_default, env_flag, on_off
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kube_flags import add_kubernetes
 from gpucost.producers.accelerators.libraries import LIBRARIES
@@ -153,6 +153,12 @@ def compact_min_files(args: argparse.Namespace) -> int:
     if args.compact_min_files == 1 or args.compact_min_files < 0:
         raise UsageError(f"--compact-min-files must be 0 (never) or at least 2, got {args.compact_min_files}")
     return int(args.compact_min_files)
+
+
+def add_report(p: argparse.ArgumentParser, default: str) -> None:
+    """Whether the command leaves ``OUT/report.html`` (on by default for ``run``, which a person watches; off for
+    ``replay``, a batch step: ``gpucost report`` builds the page from the output whenever it is wanted)."""
+    env_flag(p, "--report", "GPUCOST_REPORT", on_off, default, "write OUT/report.html at the end: on or off")
 
 
 def add_log_format(p: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from gpucost.env_flags import env_flag
+from gpucost.env_flags import env_flag, on_off
 from gpucost.producers.kubernetes import LABELS, KubernetesSettings
 from gpucost.producers.kubernetes_allocations import SHARED_MODES
 
@@ -20,12 +20,6 @@ def _kube_label(text: str) -> tuple[str, tuple[str, ...]]:
     if not sep or name not in LABELS or not found:
         raise argparse.ArgumentTypeError(f"{text!r}: write FIELD=KEY[,KEY…] with FIELD one of {', '.join(LABELS)}")
     return name, found
-
-
-def _on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"{text!r}: write on or off")
-    return text == "on"
 
 
 def _replicas(text: str) -> int:
@@ -97,7 +91,7 @@ def add_kubernetes(p: argparse.ArgumentParser) -> None:
         g,
         "--kube-allocations",
         "GPUCOST_KUBE_ALLOCATIONS",
-        _on_off,
+        on_off,
         "off",
         "on: also send what each pod holds of the node's GPUs, as allocation events from the kubelet (the "
         'allocation basis: docs/sources.md, "Allocations from the kubelet")',

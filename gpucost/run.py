@@ -29,6 +29,7 @@ from gpucost.flags import (
     add_metrics,
     add_out,
     add_publication,
+    add_report,
     add_settings,
     compact_min_files,
     env_default,
@@ -162,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             auditor=auditor,
         )
     say_source_counts(live)
-    return finish(args.out, stats, settings.opex_usd_per_gpu_hour)
+    return finish(args.out, stats, settings.opex_usd_per_gpu_hour, args.report)
 
 
 def _items(
@@ -199,6 +200,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     add_out(p, "output directory")
     add_settings(p)
     add_publication(p)
+    add_report(p, "on")
     add_log_format(p)
     add_metrics(p)
     add_cost_series(p)

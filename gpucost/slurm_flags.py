@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from gpucost.env_flags import env_flag
-from gpucost.kube_flags import _on_off
+from gpucost.env_flags import env_flag, on_off
 
 __all__ = ["add_slurm"]
 
@@ -18,7 +17,7 @@ def add_slurm(p: argparse.ArgumentParser) -> None:
     for flag, kind, default, what in (
         (
             "allocations",
-            _on_off,
+            on_off,
             "off",
             "on: also send what each Slurm job holds of this node's GPUs (its gpu, shard and mps GRES), as "
             'allocation events read from scontrol (the allocation basis: docs/sources.md, "Allocations from Slurm")',

@@ -83,7 +83,7 @@ def replayed(horizon: AuditSettings, tmp_path_factory: pytest.TempPathFactory) -
         base = tmp_path_factory.mktemp(f"hostile-exports-{label}")
         (base / "events").mkdir()
         (base / "events" / "events.jsonl").write_text("\n".join(hostile_events()) + "\n")
-        gpucost("replay", str(base / "events"), "--out", str(base / "out"))
+        gpucost("replay", str(base / "events"), "--out", str(base / "out"), "--report", "on")
         _RUNS[label] = base / "out"
     return _RUNS[label]
 

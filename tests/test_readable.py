@@ -95,7 +95,7 @@ def test_a_section_with_no_data_says_so_instead_of_an_empty_plot(fleet: tuple[Pa
     assert "no dead letters" in page and "dead-letters" not in plots(page)
     # nothing but dead letters: every other section says what it lacks, and the one figure drawn still gets its script
     (tmp_path / "bad.jsonl").write_text('not json\n{"kind": "gpu_sample"}\n')
-    rc, text, _ = run("replay", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o"))
+    rc, text, _ = run("replay", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o"), "--report", "on")
     assert rc == 0 and "no cost records" in text and "no idle index records" in text  # the summary, likewise
     assert "team  micro_usd" not in text
     page = (tmp_path / "o" / "report.html").read_text()
