@@ -113,6 +113,7 @@ SELECT gpu_uuid, arg_max(node_id, window_start_ns) AS node_id,
 FROM health WHERE faults_fatal > 0 OR faults_warning > 0
 GROUP BY gpu_uuid ORDER BY fatal DESC, warning DESC, gpu_uuid"""
 _FAULTS_REPORTED = "SELECT count(DISTINCT gpu_uuid) FROM health WHERE faults_fatal IS NOT NULL"
+_ESTIMATED = "SELECT count(*), count(DISTINCT gpu_uuid) FROM health WHERE power_estimated_ms > 0"
 
 #: the period the output covers: the event time of the first and last pane of its cost and idle records
 _PERIOD = (
@@ -202,6 +203,13 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
             "\nHealth audit windows (one per GPU and audit hour) by grade:\n"
             + format_table([d[0] for d in res.description], graded)
         )
+        windows, gpus = con.execute(_ESTIMATED).fetchone() or (0, 0)
+        if windows:  # docs/definitions.md, "Health audit": power_estimated_ms
+            parts.append(
+                f"({windows:,} of these windows, on {gpus:,} GPU(s), were judged on power estimated from the platform "
+                "table's TDP, their devices reporting none: their kW/TOPS and grades are estimates; the health "
+                "records' power_estimated_ms says how much of each window)"
+            )
         parts.append(_service(con))
         if faults := device_faults(con):
             parts.append(faults)

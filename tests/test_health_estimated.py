@@ -198,3 +198,31 @@ def test_the_otlp_export_carries_the_estimated_ms_and_no_empty_metric() -> None:
     want = {(r.gpu_uuid, r.window_start_ns): float(r.power_estimated_ms) for r in records if r.power_estimated_ms}
     assert want and points(records) == want
     assert points([r for r in by_rows(fleet(SCRIPT), s) if isinstance(r, HealthRecord)]) == {}
+
+
+def test_the_summary_says_how_many_windows_were_judged_on_an_estimate(tmp_path: Path) -> None:
+    import re
+
+    import duckdb
+
+    from gpucost.embedded import RunStats, run_embedded
+    from gpucost.producers.replay import read_inputs
+    from gpucost.report import summary
+
+    def said(events: list[Event], out: Path) -> str:
+        lines = out.with_suffix(".jsonl")
+        lines.write_text("".join(encode_event(e) + "\n" for e in events))
+        run_embedded(read_inputs([lines]), audit_settings(), out)
+        return summary(out, RunStats())
+
+    events = estimated(fleet(SCRIPT), 13, share=0.02)
+    text = said(events, tmp_path / "estimated")
+    found = re.search(r"\((\d+) of these windows, on (\d+) GPU\(s\), were judged on power estimated", text)
+    assert found is not None, text
+    with duckdb.connect() as con:  # the records' own figures, read apart from the views
+        want = con.execute(
+            f"SELECT count(*), count(DISTINCT gpu_uuid) FROM '{tmp_path / 'estimated' / 'health'}/**/*.parquet' "
+            "WHERE power_estimated_ms > 0"
+        ).fetchone()
+    assert (int(found[1]), int(found[2])) == want and want[0] > 0
+    assert "judged on power estimated" not in said(fleet(SCRIPT), tmp_path / "read")
