@@ -11,7 +11,7 @@ Watts that are no reading are fitted nowhere, the fleet-wide fit included, since
 stand-in, not the device: a pane whose GPU samples label ``power_w`` ``not_reported`` (Neuron and TPU tools give
 no power: 0 W is sent) or that are ``power_estimated`` (the platform table's TDP is sent) is left out
 (``Features.read``), and a platform left with no pane, or with 0 W in every pane (a source that sends 0 W
-without the label, or an events Parquet file, which keeps no labels), is listed with the reason.
+without the label, or an events Parquet file without the not_reported label), is listed with the reason.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpucost.producers.replay import LineBatch, RowBatch, input_files, read_batches
 from gpucost.streams.audit import Auditor
@@ -81,12 +83,13 @@ class _Panes:
 
 def _unread(lines: list[bytes], pane_ns: int, into: set[tuple[str, int]]) -> None:
     """Add to ``into`` the (GPU, pane start) of each GPU sample among ``lines`` whose ``power_w`` is labelled
-    ``not_reported`` or that is ``power_estimated`` (gpucost/producers/accelerators/events.py): its watts, 0 or the
-    platform table's TDP, stand in for a reading the device does not give, and a fit on them would learn the
-    stand-in. ``not_reported`` is a JSON Lines label the event schema ignores, so it is read here, from the lines,
-    before the auditor drops it; a line that is not such a sample is left to the auditor to take or refuse."""
+    ``not_reported``, or that is ``power_estimated`` (gpucost/producers/accelerators/events.py; files written before
+    that field label the TDP ``estimated``): its watts, 0 or the platform table's TDP, stand in for a reading the
+    device does not give, and a fit on them would learn the stand-in. The labels are JSON Lines fields the event
+    schema ignores, so they are read here, from the lines, before the auditor drops them; a line that is not such a
+    sample is left to the auditor to take or refuse."""
     for line in lines:
-        if b'"not_reported"' not in line and b'"power_estimated"' not in line:
+        if b'"not_reported"' not in line and b'"estimated"' not in line and b'"power_estimated"' not in line:
             continue  # the cheap test first: most lines carry no label
         try:
             event = json.loads(line)
@@ -94,10 +97,21 @@ def _unread(lines: list[bytes], pane_ns: int, into: set[tuple[str, int]]) -> Non
             continue
         if not isinstance(event, dict) or event.get("kind") != "gpu_sample":
             continue
-        unread = event.get("power_estimated") is True
-        unread |= isinstance(event.get("not_reported"), list) and "power_w" in event["not_reported"]
+        labels = [event.get(k) for k in ("not_reported", "estimated")]
+        unread = event.get("power_estimated") is True or any(isinstance(v, list) and "power_w" in v for v in labels)
         gpu, ts = event.get("gpu_uuid"), event.get("ts_ns")
         if isinstance(gpu, str) and isinstance(ts, int) and unread:
+            into.add((gpu, pane_start_ns(ts, pane_ns)))
+
+
+def _unread_rows(batch: pa.RecordBatch, pane_ns: int, into: set[tuple[str, int]]) -> None:
+    """``_unread`` of an events Parquet batch: its GPU samples that are ``power_estimated`` (Parquet keeps that
+    field, and no label)."""
+    if "power_estimated" not in batch.schema.names:
+        return
+    rows = batch.filter(pc.and_kleene(pc.equal(batch.column("kind"), "gpu_sample"), batch.column("power_estimated")))
+    for gpu, ts in zip(rows.column("gpu_uuid").to_pylist(), rows.column("ts_ns").to_pylist()):
+        if isinstance(gpu, str) and isinstance(ts, int):
             into.add((gpu, pane_start_ns(ts, pane_ns)))
 
 
@@ -107,6 +121,7 @@ def pane_features(paths: Iterable[Path], settings: AuditSettings) -> Features:
     auditor.on_closed = panes
     for item in read_batches(input_files(list(paths))):
         if isinstance(item, RowBatch):
+            _unread_rows(item.batch, settings.pane_ns, not_read)
             auditor.ingest_batch(item.batch, item.label)
         elif isinstance(item, LineBatch):
             _unread(item.lines, settings.pane_ns, not_read)

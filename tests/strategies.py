@@ -147,6 +147,7 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
                     temp_c=40.0,
                     tensor_active_pct=tensor,
                     dram_active_pct=dram,
+                    power_estimated=draw(st.sampled_from([None, None, False, True])),  # the platform's TDP
                 )
             )
         for _ in range(draw(st.integers(0, 8))):  # BLAS calls (FLOPs, past 2^63 too) and kernel launches

@@ -1,5 +1,6 @@
 """A TDP estimate on the health record (docs/definitions.md, "Health audit"): a GPU sample whose ``power_w`` is the
-platform table's TDP (``power_estimated``: Neuron, TPU, an AMD capture without power) adds its ms to its window's
+platform table's TDP (``power_estimated``: a tool that gives no power for a part whose row has a TDP, as an amd-smi
+capture without power) adds its ms to its window's
 ``power_estimated_ms``; a window none of whose samples is estimated says None. Both paths against the reference of
 tests/support/health_oracle.py (written from the definition), in the default settings (revisions on), across a
 snapshot, from a state written before the field, hostile values of the flag, and a real capture through
@@ -226,3 +227,34 @@ def test_the_summary_says_how_many_windows_were_judged_on_an_estimate(tmp_path: 
         ).fetchone()
     assert (int(found[1]), int(found[2])) == want and want[0] > 0
     assert "judged on power estimated" not in said(fleet(SCRIPT), tmp_path / "read")
+
+
+@pytest.mark.parametrize("form", ["field", "old_label", "parquet"])
+def test_fit_weights_leaves_out_the_panes_of_an_estimated_power(form: str, tmp_path: Path) -> None:
+    """The fit never learns a TDP stand-in: from JSON Lines with the field, from files written before it (which
+    labelled the TDP ``estimated``), and from Parquet, which keeps the field. A pane is left out where any of its
+    GPU samples is estimated; the others are fitted."""
+    import pyarrow.parquet as pq
+
+    from gpucost.fit import pane_features
+    from gpucost.schemas.arrow import events_table
+
+    events = estimated(fleet({"GPU-x": ["excellent"] * 2}), 17, share=0.05)
+    flagged = {
+        (e.gpu_uuid, e.ts_ns - e.ts_ns % (60 * NS)) for e in events if isinstance(e, GpuSample) and e.power_estimated
+    }
+    path = tmp_path / "events.jsonl"
+    if form == "parquet":
+        path = tmp_path / "events.parquet"
+        pq.write_table(events_table(events), path)
+    else:
+        lines = []
+        for e in events:
+            wire = json.loads(encode_event(e))
+            if form == "old_label" and wire.pop("power_estimated", None):
+                wire["estimated"] = ["power_w"]  # as gpucost devices --events wrote a TDP before the field
+            lines.append(json.dumps(wire))
+        path.write_text("\n".join(lines) + "\n")
+    f = pane_features([path], audit_settings())
+    left_out = {("GPU-x", int(start)) for start, read in zip(f.start_ns, f.read) if not read}
+    assert flagged and left_out == flagged and len(f.read) > len(flagged)

@@ -165,6 +165,7 @@ def pane_rows(events: list[Keyed], first_row: int) -> PaneRows:
             ints([-1 if not isinstance(e, GpuSample) or getattr(e, f) is None else getattr(e, f) for e in ev])
             for f in ("tensor_active_cp", "dram_active_cp", "fault_fatal", "fault_warning")
         ),
+        ints([int(bool(e.power_estimated)) if isinstance(e, GpuSample) else 0 for e in ev]),
         ints([e.hops * e.latency_weight if isinstance(e, NumaEvent) else 0 for e in ev]),
         ints([nodes.index(e.node_id) for e in ev]),
         nodes,
@@ -215,6 +216,7 @@ def gpu_keyed(draw: st.DrawFn) -> tuple[AuditSettings, list[Keyed]]:
                             temp_c=40.0,
                             tensor_active_pct=draw(st.sampled_from([None, 0.0, 50.005])),
                             dram_active_pct=draw(st.sampled_from([None, 12.5])),
+                            power_estimated=draw(st.sampled_from([None, None, False, True])),
                         )
                     )
                 elif kind == "process_sample":

@@ -113,9 +113,9 @@ class GpuSample(_Sample):
     #: the producer writes both or neither. Read by the health audit, never by the bill.
     fault_fatal: FaultCount | None = None
     fault_warning: FaultCount | None = None
-    #: True: ``power_w`` is not a reading but the platform table's TDP (a tool that reports no power: Neuron,
-    #: TPU), so the health audit's energy and kW/TOPS over this sample are estimates and its record says so
-    #: (docs/definitions.md, "Health audit"). Absent or False: the device's own reading.
+    #: True: ``power_w`` is not a reading but the platform table's TDP (a tool that reports no power for a part
+    #: whose row gives a TDP), so the health audit's energy and kW/TOPS over this sample are estimates and its
+    #: record says so (docs/definitions.md, "Health audit"). Absent or False: the device's own reading.
     power_estimated: bool | None = None
 
     @cached_property

@@ -93,21 +93,17 @@ def _w(value: int, scale: int) -> float:
 
 
 class _Fields:
-    """One billed device's figures, and which of them are estimates or not reported."""
+    """One billed device's figures: which are not reported (the ``not_reported`` label), and whether its power is
+    the platform table's TDP (the event's ``power_estimated`` field, which the health audit reads)."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
-        self.estimated: list[str] = []
         self.not_reported: list[str] = []
-        #: the power is the platform table's TDP: the event's ``power_estimated`` field, which the health audit
-        #: reads (the other estimates are labels only)
         self.power_estimated = False
 
     def labelled(self, wire: dict[str, Any]) -> dict[str, Any]:
         if self.power_estimated:
             wire["power_estimated"] = True
-        if self.estimated:
-            wire["estimated"] = self.estimated
         if self.not_reported:
             wire["not_reported"] = self.not_reported
         return wire
