@@ -213,8 +213,7 @@ class AllocationSplit:
     ) -> list[AllocationRecord]:
         """The pane's allocation records (revision 0), ``unallocated`` first, then the tenants by key; none for a
         pane without covered time or before its device's first hold."""
-        since = self.table.since(pane.gpu_uuid)
-        if since is None or since >= pane.pane_end_ns or pane.covered_ms == 0:
+        if not self._billed(pane.gpu_uuid, pane.pane_end_ns, pane.covered_ms):
             return []
         assert pane.node_id is not None and pane.gpu_model is not None
         return split(
@@ -228,6 +227,12 @@ class AllocationSplit:
             self.table.holds(pane.gpu_uuid, pane.pane_start_ns, pane.pane_end_ns),
         )
 
+    def _billed(self, gpu_uuid: str, pane_end_ns: int, covered_ms: int) -> bool:
+        """Whether a pane is split on the allocation basis: it has covered time and ends after its device's first
+        hold began."""
+        since = self.table.since(gpu_uuid)
+        return since is not None and since < pane_end_ns and covered_ms > 0
+
     def on_close(self, closing: Closing) -> list[Output]:
         return list(self.records(closing.pane, closing.price))
 
@@ -237,8 +242,7 @@ class AllocationSplit:
         panes, tagged = closing.panes, list[tuple[int, Output]]()
         for j in range(len(panes)):
             gpu = panes.gpu_uuid[j]
-            since = self.table.since(gpu)
-            if since is None or since >= panes.pane_end_ns[j] or not panes.covered_ms[j]:
+            if not self._billed(gpu, int(panes.pane_end_ns[j]), int(panes.covered_ms[j])):
                 continue
             pane = PaneTotals(gpu, int(panes.pane_start_ns[j]), int(panes.pane_end_ns[j]))
             pane.node_id, pane.gpu_model, pane.covered_ms = (

@@ -37,6 +37,8 @@ from gpucost.streams.scope import Scope
 __all__ = ["ingest_batch", "ingest_lines", "revising_rows"]
 
 _ALLOCATION, _BINDING, _NO_KIND = 125, 126, 127  # an allocation, a binding, and a row of no kind, to ``revising_rows``
+#: each kind's code in ``revising_rows`` (another kind: -1)
+_REVISING_CODES = {**KIND_CODES, "tenant_binding": _BINDING, "allocation": _ALLOCATION, "": _NO_KIND}
 _NONE_TS = np.iinfo(np.int64).min // 2  # no time yet (halved: the lateness is taken off it)
 #: a batch with more rows that may revise than this goes row by row (a replay of a shuffled file)
 MANY_REVISING = 64
@@ -119,11 +121,7 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
         return []
     codes = np.array(
-        [
-            {"tenant_binding": _BINDING, "allocation": _ALLOCATION, "": _NO_KIND}.get(k, KIND_CODES.get(k, -1))
-            for k in kinds.dictionary.to_pylist()
-        ]
-        + [_NO_KIND],
+        [_REVISING_CODES.get(k, -1) for k in kinds.dictionary.to_pylist()] + [_NO_KIND],
         np.int8,
     )
     code = codes[np.asarray(pc.fill_null(kinds.indices, len(codes) - 1).to_numpy(zero_copy_only=False))]
