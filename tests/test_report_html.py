@@ -30,7 +30,7 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     lines = [encode_event(faulty(e)) for e in simulate(SPEC)]
     lines[100:100] = ['{"kind": "gpu_sample"}', "not json"]  # two dead letters of two reasons
     (base / "events" / "events.jsonl").write_text("\n".join(lines) + "\n")
-    gpucost("replay", str(base / "events"), "--out", str(base / "out"))
+    gpucost("replay", str(base / "events"), "--out", str(base / "out"), "--report", "on")
     gpucost("report", "--out", str(base / "out"), "--html", str(base / "report.html"))
     return base / "out", base / "report.html"
 
@@ -62,7 +62,7 @@ def test_the_page_is_self_contained(page: tuple[Path, Path]) -> None:
     assert text.count('class="plotly-graph-div"') == 11
 
 
-def test_replay_leaves_the_report_beside_its_output(page: tuple[Path, Path]) -> None:
+def test_replay_asked_for_it_leaves_the_report_beside_its_output(page: tuple[Path, Path]) -> None:
     assert (page[0] / "report.html").stat().st_size > 1_000_000
 
 
