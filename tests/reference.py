@@ -8,9 +8,12 @@ agree with it record for record.
 from __future__ import annotations
 
 import json
+import tomllib
 from collections import defaultdict
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -172,6 +175,17 @@ def as_of(history: dict[int, object], ts: int) -> object | None:
     return history[max(eligible)] if eligible else None
 
 
+@lru_cache
+def price_names(model: str) -> tuple[str, ...]:
+    """The names whose price a model takes, first priced first: its own, its platform table row's name and
+    aliases in the file's order, ``default`` (docs/definitions.md, "Tenants and prices"), read from the table's
+    file here, not through the product's lookup."""
+    with (Path(__file__).parent.parent / "gpucost" / "schemas" / "platforms.toml").open("rb") as f:
+        rows = tomllib.load(f)
+    row = next(([n, *r.get("aliases", [])] for n, r in rows.items() if model in [n, *r.get("aliases", [])]), [])
+    return (model, *(n for n in row if n != model), "default")
+
+
 def split(total: int, shares: list[tuple[str, Fraction]]) -> dict[str, int]:
     """Largest remainder, written out plainly: floor each, then hand out the rest in order."""
     base = {k: (total * s).numerator // (total * s).denominator for k, s in shares}
@@ -260,9 +274,7 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         idle[(gpu, start)] = (min(p["nodes"]), min(p["models"]), p["idle"], p["covered"], i72, c72, i72 / c72)
 
         model = min(p["models"])
-        price = as_of(prices.get(model, {}), start)
-        if price is None:
-            price = as_of(prices.get("default", {}), start)
+        price = next((q for q in (as_of(prices.get(n, {}), start) for n in price_names(model)) if q is not None), None)
         C = 0 if price is None else half_even(Fraction(price) * 1_000_000 * p["covered"] / 3_600_000)
         # the fields joined; labels, the last, after one more ':' only where there are any
         keys = {t: ":".join("" if v is None else v for v in (t if t[-1] is not None else t[:-1])) for t in p["t"]}

@@ -23,7 +23,8 @@ from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
 BASE_NS = 1_767_571_200 * NS
-MODELS = ("H100", "H200", "L40S")
+#: two names of one platform row (the table's and NVML's), whose prices stand in for each other's
+MODELS = ("H100", "NVIDIA H100 80GB HBM3", "H200", "L40S")
 
 # (α, β, γ); the zeros make Σw = 0 possible while SM work exists
 WEIGHTS = [

@@ -42,6 +42,7 @@ __all__ = [
     "sample_json",
     "platforms",
     "platform_for",
+    "platform_names",
     "platform_peaks",
     "PEAK_PRECISIONS",
 ]
@@ -244,3 +245,13 @@ def platform_for(model: str | None) -> tuple[str, dict[str, Any]] | None:
         if model in names or any(model.startswith(a + "_") for a in names):
             return name, row
     return None
+
+
+@lru_cache(maxsize=1024)
+def platform_names(model: str) -> tuple[str, ...]:
+    """Every name of ``model``'s platform row, the row's own first, then its aliases in the table's order (empty
+    for a model of no row): the names a price of the same part may be given under, which a model with no price of
+    its own takes in this order (docs/definitions.md, "Tenants and prices"), so that a tool's name (``NVIDIA H100
+    80GB HBM3``) and the platform table's (``H100``) price alike whichever of them the price book uses."""
+    row = platform_for(model)
+    return () if row is None else (row[0], *row[1].get("aliases", []))

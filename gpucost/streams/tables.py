@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from gpucost.schemas.devices import platform_names
 from gpucost.schemas.events import TENANT_FIELDS, Allocation, Price, TenantBinding
 from gpucost.schemas.partitions import device_share
 
@@ -231,16 +232,20 @@ class PriceTable:
         return price
 
     def lookup_many(self, gpu_models: np.ndarray, ts_ns: np.ndarray) -> np.ndarray:
-        """``lookup`` of each model (None: no price) as of each time, a model's times at once. A partition's model
+        """``lookup`` of each model (None: no price) as of each time, a model's times at once: its own price, else
+        the first name of its platform row with one (``platform_names``), else ``default``'s. A partition's model
         (``MI300X 1/8``) takes its whole device's price, which its cost then takes its share of
         (``gpucost.schemas.partitions``)."""
         out = np.full(len(ts_ns), None, object)
         for model in set(gpu_models.tolist()) - {None}:
-            at = np.flatnonzero(gpu_models == model)
-            out[at] = self._as_of(device_share(model)[0], ts_ns[at])
-            # numpy compares with None as with an object scalar; its stubs take no None as an operand
-            unpriced = at[np.equal(out[at], None)]  # type: ignore[call-overload]
-            out[unpriced] = self._as_of("default", ts_ns[unpriced])
+            unpriced = np.flatnonzero(gpu_models == model)
+            device = device_share(model)[0]
+            for name in (device, *(n for n in platform_names(device) if n != device), "default"):
+                out[unpriced] = self._as_of(name, ts_ns[unpriced])
+                # numpy compares with None as with an object scalar; its stubs take no None as an operand
+                unpriced = unpriced[np.equal(out[unpriced], None)]  # type: ignore[call-overload]
+                if not len(unpriced):
+                    break
         return out
 
     def to_state(self) -> dict[str, list[list[Any]]]:
