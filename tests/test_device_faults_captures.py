@@ -15,7 +15,7 @@ import pytest
 
 from gpucost.producers.accelerators.detect import parse
 from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample
-from tests.support.dcgm_exporter import metric_text
+from tests.support.dcgm_exporter import l4_with, metric_text
 
 ACC = "accelerators"
 L4 = "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"  # l4-kops-output.md line 72, label UUID
@@ -69,39 +69,10 @@ def test_dcgm_l40s_and_t4_and_vgpu(shared_data: Path) -> None:
     assert _faults(vgpu) == {}  # a vGPU scrape (lines 61-93) reports none of them
 
 
-#: the fault metrics NVIDIA/dcgm-exporter's etc/default-counters.csv and etc/dcp-metrics-included.csv type
-#: ``counter`` (XID_ERRORS and ROW_REMAP_FAILURE are ``gauge`` there)
-_COUNTERS = {
-    *(f"DCGM_FI_DEV_ECC_{bits}_{kind}_TOTAL" for bits in ("SBE", "DBE") for kind in ("VOL", "AGG")),
-    *(f"DCGM_FI_DEV_NVLINK_{kind}_ERROR_COUNT_TOTAL" for kind in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")),
-    "DCGM_FI_DEV_RETIRED_SBE",
-    "DCGM_FI_DEV_RETIRED_DBE",
-}
-
-
-def _l4_with(shared_data: Path, *lines: str, typed: bool = False) -> str:
-    """The L4 scrape's own line 72 relabelled as each ``NAME VALUE`` given (its labels kept); ``typed``, each
-    after a ``# TYPE`` line as the exporter writes one: line 71 (``counter``) or 101 (``gauge``) relabelled."""
-    text = metric_text(shared_data, "l4-kops-output.md")
-    capture = _read(shared_data, "dcgm-exporter/l4-kops-output.md")
-    template = _line(capture, 72)
-    labels = template[template.index("{") : template.rindex("}") + 1]
-    counter, gauge = _line(capture, 71).split()[2], _line(capture, 101).split()[2]
-    for name, value in (ln.split() for ln in lines):
-        if typed:
-            text += (
-                _line(capture, 71).replace(counter, name)
-                if name in _COUNTERS
-                else _line(capture, 101).replace(gauge, name)
-            ) + "\n"
-        text += f"{name}{labels} {value}\n"
-    return text
-
-
 @pytest.mark.parametrize("typed", [False, True], ids=["untyped", "typed"])
 def test_dcgm_ecc_xid_throttle_nvlink(shared_data: Path, typed: bool) -> None:
     # typed: prometheus_client's parser names a counter typed without ``_total`` NAME_total; read as NAME
-    text = _l4_with(
+    text = l4_with(
         shared_data,
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL 5",
         "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL 40",  # lifetime: the volatile count is the one read
@@ -130,20 +101,20 @@ def test_dcgm_ecc_xid_throttle_nvlink(shared_data: Path, typed: bool) -> None:
 
 
 def test_dcgm_newer_clocks_event_name_and_bad_values(shared_data: Path) -> None:
-    text = _l4_with(shared_data, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS 1", "DCGM_FI_DEV_XID_ERRORS 1.5")
+    text = l4_with(shared_data, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS 1", "DCGM_FI_DEV_XID_ERRORS 1.5")
     name, parsed = parse(text)
     (sample,) = parsed.samples
     assert sample.throttle_reasons == ("gpu_idle",)  # NVML 0x01 GpuIdle
     assert sample.xid is None and sample.busy_pct == 0  # the bad XID is null, the readings stand
     assert list(parsed.dead_letters) == ["DCGM_FI_DEV_XID_ERRORS: count 1.5 is not a whole number 0 or above"]
-    blank = _l4_with(shared_data, "DCGM_FI_DEV_XID_ERRORS 9223372036854775794")  # the exporter's "blank"
+    blank = l4_with(shared_data, "DCGM_FI_DEV_XID_ERRORS 9223372036854775794")  # the exporter's "blank"
     name, parsed = parse(blank)
     assert parsed.samples[0].xid is None and sum(parsed.dead_letters.values()) == 1
 
 
 def test_dcgm_the_later_of_two_scrapes_wins(shared_data: Path) -> None:
     # one file, two scrapes of the GPU (as l4-kops-output.md is): each metric's later value is the reading
-    first = _l4_with(shared_data, "DCGM_FI_DEV_XID_ERRORS 13", "DCGM_FI_DEV_RETIRED_SBE 2")
+    first = l4_with(shared_data, "DCGM_FI_DEV_XID_ERRORS 13", "DCGM_FI_DEV_RETIRED_SBE 2")
     again = first + "".join(first.splitlines(keepends=True)[-2:]).replace("} 13", "} 79").replace("} 2", "} 3")
     faults = _faults(_only(again, "dcgm-exporter"))
     assert (faults["xid"], faults["retired_pages"]) == (79, 3)

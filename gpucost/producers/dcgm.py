@@ -3,7 +3,9 @@
 Where a cluster already runs NVIDIA's dcgm-exporter, its scrape gives the GPU-level figures
 (no per-process ones: DCGM has none). Parsed with prometheus_client's parser; label names of
 every release are accepted (``Hostname`` became ``hostname``); blank values, which the
-exporter writes as huge sentinels, count as missing.
+exporter writes as huge sentinels, count as missing. The device faults on its GPU samples come
+from the neutral reading of the same scrape (``gpucost.producers.accelerators.dcgm_exporter``), so
+the fault metrics are mapped in one place.
 """
 
 from __future__ import annotations
@@ -12,16 +14,20 @@ import logging
 import math
 from collections import Counter
 
+from gpucost.producers.accelerators import dcgm_exporter
+from gpucost.producers.accelerators.dcgm_exporter import SENTINEL_MIN, device_of
+from gpucost.producers.accelerators.events import FaultBaseline
 from gpucost.producers.scrape import Scraper, container_binding, families
 from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
+from gpucost.schemas.devices import DeviceSample
 from gpucost.schemas.events import Event, GpuSample
+from gpucost.schemas.faults import counts as fault_counts
 
-__all__ = ["DcgmScraper", "scrape_to_events", "device_of", "SENTINEL_MIN"]
+__all__ = ["DcgmScraper", "scrape_to_events"]
 
 log = logging.getLogger("gpucost.dcgm")
 MIB = 1 << 20
-SENTINEL_MIN = 2**62  # dcgm-exporter's "blank" values, e.g. 9223372036854775794
 
 
 def _value(v: float) -> float | None:
@@ -31,15 +37,6 @@ def _value(v: float) -> float | None:
 def _pct(ratio: object) -> float | None:
     """A profiling ratio (0–1) as a percentage, clamped as the exporter's rounding may pass 1."""
     return None if ratio is None else min(100.0, max(0.0, float(ratio) * 100))  # type: ignore[arg-type]
-
-
-def device_of(labels: dict[str, str]) -> tuple[str, str | None, str]:
-    """(device, parent, model suffix) of a sample with a ``UUID`` label: the GPU itself, or with MIG its
-    instance ``UUID/GI-<GPU_I_ID>`` under the GPU, the model then suffixed `` MIG <GPU_I_PROFILE>``."""
-    uuid, instance, profile = labels["UUID"], labels.get("GPU_I_ID"), labels.get("GPU_I_PROFILE")
-    if not instance:
-        return uuid, None, ""
-    return f"{uuid}/GI-{instance}", uuid, f" MIG {profile}" if profile else ""
 
 
 def scrape_to_events(
@@ -153,9 +150,37 @@ def _gpu_events(
 
 
 class DcgmScraper(Scraper):
-    """dcgm-exporter, scraped each period."""
+    """dcgm-exporter, scraped each period; its GPU samples carry the device faults new since the device's previous
+    scrape (``with_faults``)."""
 
     name = "dcgm"
 
+    def __init__(self, url: str, default_node: str, timeout_s: float = 5.0, sla: str = "Bronze") -> None:
+        super().__init__(url, default_node, timeout_s, sla)
+        self.faults = FaultBaseline()
+
     def parse(self, text: str, ts_ns: int, interval_s: float) -> list[Event]:
-        return scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla)
+        events = scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla)
+        return with_faults(events, dcgm_exporter.parse(text).samples, self.faults)
+
+
+def with_faults(events: list[Event], readings: list[DeviceSample], baseline: FaultBaseline) -> list[Event]:
+    """``events`` with each GPU sample's ``fault_fatal`` and ``fault_warning``: the faults of its device's reading in
+    ``readings`` (``dcgm_exporter.parse`` of the same scrape) new since the device's reading in ``baseline``, which
+    then takes these. A device's first reading is its own baseline, so the counters it had before the run (ECC
+    counts since the driver loaded or for its lifetime, its last XID) are not the run's, nor counted again at each
+    restart; throttling, a state, counts in every sample it is in. A MIG instance takes its GPU's faults (DCGM
+    keeps them per GPU); a device whose reading has no fault field gets neither field (not reported)."""
+    for s in readings:
+        baseline.before.setdefault(s.device_id, s)
+    found = {s.device_id: fault_counts(s, baseline.before[s.device_id]) for s in readings}
+    parent = {s.device_id: s.parent_id for s in readings}
+    baseline.remember(readings)
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, GpuSample):
+            got = found.get(e.gpu_uuid) or found.get(parent.get(e.gpu_uuid) or "")
+            if got is not None:
+                e = e.model_copy(update={"fault_fatal": got[0], "fault_warning": got[1]})
+        out.append(e)
+    return out

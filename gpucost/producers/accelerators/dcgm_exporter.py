@@ -1,7 +1,7 @@
 """NVIDIA dcgm-exporter ``/metrics`` scrape as neutral samples, faults included.
 
-The billing path reads the same scrape into events (``gpucost.producers.dcgm``); this reading is
-the one ``gpucost devices`` prints and the health audit's fault classification takes. Devices are
+The billing path reads the same scrape into events (``gpucost.producers.dcgm``) and takes each
+device's faults from this reading, which is also the one ``gpucost devices`` prints. Devices are
 named as there (``device_of``: the ``UUID``, a MIG instance ``UUID/GI-<id>`` under its GPU), and
 values the exporter writes as huge sentinels (its "blank") are counted, never read.
 
@@ -19,14 +19,23 @@ from decimal import Decimal
 
 from gpucost.producers.accelerators.capture import guarded
 from gpucost.producers.accelerators.prometheus import series
-from gpucost.producers.dcgm import SENTINEL_MIN, device_of
 from gpucost.schemas.devices import DeviceSample, Parsed, number, to_bytes, to_count, to_pct, to_watts
 from gpucost.schemas.faults import throttle_names
 
-__all__ = ["parse"]
+__all__ = ["SENTINEL_MIN", "device_of", "parse"]
 
 VENDOR = "NVIDIA"
+SENTINEL_MIN = 2**62  # dcgm-exporter's "blank" values, e.g. 9223372036854775794
 _Convert = Callable[[Decimal], object]
+
+
+def device_of(labels: dict[str, str]) -> tuple[str, str | None, str]:
+    """(device, parent, model suffix) of a sample with a ``UUID`` label: the GPU itself, or with MIG its
+    instance ``UUID/GI-<GPU_I_ID>`` under the GPU, the model then suffixed `` MIG <GPU_I_PROFILE>``."""
+    uuid, instance, profile = labels["UUID"], labels.get("GPU_I_ID"), labels.get("GPU_I_PROFILE")
+    if not instance:
+        return uuid, None, ""
+    return f"{uuid}/GI-{instance}", uuid, f" MIG {profile}" if profile else ""
 
 
 def _flag(value: Decimal) -> bool:

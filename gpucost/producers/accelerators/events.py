@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -35,13 +35,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpucost.producers.synthetic import unclaimed_pid
-from gpucost.schemas.devices import DeviceSample, Parsed, ProcessUsage, platform_for
+from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed, ProcessUsage, platform_for
 from gpucost.schemas.events import GpuSample, ProcessSample
 from gpucost.schemas.exact import round_scaled
 from gpucost.schemas.faults import counts
 from gpucost.schemas.partitions import MAX_PARTITIONS, partition_model
 
-__all__ = ["Placement", "at_ns", "shares", "to_events", "with_faults"]
+__all__ = ["FaultBaseline", "Placement", "at_ns", "shares", "to_events", "with_faults"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -322,3 +322,18 @@ def with_faults(
         if got is not None:
             event["fault_fatal"], event["fault_warning"] = got
     return wire
+
+
+class FaultBaseline:
+    """Each device's fault fields as last read, by device id: what the faults of its next reading are new since, in
+    a live source (``with_faults``' ``earlier``). A field a reading leaves out keeps its earlier value, so a reading
+    that misses a line (or a failed run) resets no counter, and the line's return is no new fault."""
+
+    def __init__(self) -> None:
+        self.before: dict[str, DeviceSample] = {}
+
+    def remember(self, readings: Iterable[DeviceSample]) -> None:
+        for s in readings:
+            old = self.before.get(s.device_id)
+            kept = {} if old is None else {f: getattr(old, f) for f in FAULT_FIELDS if getattr(s, f) is None}
+            self.before[s.device_id] = replace(s, **kept)

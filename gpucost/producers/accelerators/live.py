@@ -15,10 +15,10 @@ from dataclasses import replace
 from decimal import Decimal
 
 from gpucost.producers.accelerators.detect import FORMATS
-from gpucost.producers.accelerators.events import Placement, to_events, with_faults
+from gpucost.producers.accelerators.events import FaultBaseline, Placement, to_events, with_faults
 from gpucost.producers.accelerators.libraries import LIBRARIES
 from gpucost.producers.scrape import ScrapeUnavailable, fetch
-from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed
+from gpucost.schemas.devices import DeviceSample, Parsed
 from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
 __all__ = ["COMMANDS", "SERVED", "ToolSampler", "run_tool"]
@@ -128,9 +128,9 @@ class ToolSampler:
         #: a vendor library (``libraries.LIBRARIES``) opened by ``first`` and read each period, instead of a tool
         self._library = LIBRARIES[fmt]() if fmt in LIBRARIES else None
         self.counts: Counter[str] = Counter()
-        #: per device, its fault fields as last read (a field an answer left unread keeps its earlier value): what
-        #: the faults of its next reading are new since, across an answer it was missing from or a failed run
-        self._before: dict[str, DeviceSample] = {}
+        #: what the faults of each device's next reading are new since, across an answer it was missing from or a
+        #: failed run
+        self._before = FaultBaseline()
 
     def first(self) -> tuple[list[DeviceSample], Parsed]:
         """The tool's answer now (each device's latest reading, and the whole answer), to check before a run starts;
@@ -140,7 +140,7 @@ class ToolSampler:
             self._library.open()  # LibraryUnavailable: not installed, or cannot start
         parsed = self._answer()
         latest = self._latest(parsed)
-        self._remember(latest)
+        self._before.remember(latest)
         return latest, parsed
 
     def _count(self, parsed: Parsed) -> None:
@@ -150,12 +150,6 @@ class ToolSampler:
         for reason, n in parsed.dead_letters.items():
             known = reason in self.counts or len(self.counts) < MAX_REASONS
             self.counts[reason if known else "other_reasons"] += n
-
-    def _remember(self, readings: list[DeviceSample]) -> None:
-        for s in readings:
-            old = self._before.get(s.device_id)
-            kept = {} if old is None else {f: getattr(old, f) for f in FAULT_FIELDS if getattr(s, f) is None}
-            self._before[s.device_id] = replace(s, **kept)
 
     def _latest(self, parsed: Parsed) -> list[DeviceSample]:
         """Each device's (or partition's) latest reading of one answer: a tool that prints several (hl-smi's log
@@ -175,8 +169,8 @@ class ToolSampler:
         parsed = self._answer()
         now = [replace(s, ts_ns=ts_ns) for s in self._latest(parsed)]  # the sampling grid's time, not the tool's
         place = Placement(self.node_id, Decimal(repr(interval_s)), ts_ns, self.model)
-        wire = with_faults(to_events(now, place, parsed), now, place, self._before)
-        self._remember(now)
+        wire = with_faults(to_events(now, place, parsed), now, place, self._before.before)
+        self._before.remember(now)
         if not parsed.samples and not parsed.dead_letters:  # an answer of no device at all: a silent gap, else
             parsed.reject("no_devices: the answer names no device")
         self._count(parsed)
