@@ -98,7 +98,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     if unpriced:  # said, as run says its unpriced panes: a model missing from --prices bills 0 µ$ in the scenario
         print(
             f"gpucost: whatif: {sum(unpriced.values()):,} GPU-pane(s) of {', '.join(sorted(unpriced))} have no price "
-            "among --prices (nor a 'default' one): billed 0 µ$ in the scenario; add their prices to bill them",
+            "among --prices (under no name of their platform row, nor a 'default' one): billed 0 µ$ in the scenario; "
+            "add their prices to bill them",
             file=sys.stderr,
         )
     columns = ["team", "base_micro_usd", "scenario_micro_usd", "difference_micro_usd"]

@@ -242,7 +242,9 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
         )
     (unpriced,) = con.execute("SELECT count(DISTINCT (gpu_uuid, pane_start_ns)) FROM cost WHERE unpriced").fetchone()
     if unpriced:
-        parts.append(f"\n{unpriced:,} GPU-panes had no price (model unpriced, no 'default'): billed 0 µ$")
+        parts.append(
+            f"\n{unpriced:,} GPU-panes had no price (model and its platform row unpriced, no 'default'): billed 0 µ$"
+        )
     if stats.counts.get("unbilled"):
         parts.append(
             f"{stats.counts['unbilled']:,} process/NUMA events fell in panes without a GPU sample "

@@ -182,7 +182,8 @@ def price_names(model: str) -> tuple[str, ...]:
     file here, not through the product's lookup."""
     with (Path(__file__).parent.parent / "gpucost" / "schemas" / "platforms.toml").open("rb") as f:
         rows = tomllib.load(f)
-    row = next(([n, *r.get("aliases", [])] for n, r in rows.items() if model in [n, *r.get("aliases", [])]), [])
+    names = [[n, *r.get("aliases", [])] for n, r in rows.items()]
+    row = next((ns for ns in names if any(model == n or model.startswith(n + "_") for n in ns)), [])
     return (model, *(n for n in row if n != model), "default")
 
 

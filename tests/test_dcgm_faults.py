@@ -27,12 +27,20 @@ L4 = "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"  # l4-kops-output.md line 72, la
 
 #: (the fault lines of one scrape, the (fatal, warning) its GPU sample must carry)
 SCRAPES = [
-    (("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 2", "DCGM_FI_DEV_XID_ERRORS 48"), (0, 0)),  # before the run: the baseline
-    (("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 3", "DCGM_FI_DEV_XID_ERRORS 48"), (1, 0)),  # one more uncorrectable
+    (
+        ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 2", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL 0", "DCGM_FI_DEV_XID_ERRORS 48"),
+        (0, 0),
+    ),  # before
+    (
+        ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 3", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL 0", "DCGM_FI_DEV_XID_ERRORS 48"),
+        (1, 0),
+    ),  # +1 DBE
     (("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 3", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL 7"), (0, 1)),  # XID line missing; corrected
     (("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 3", "DCGM_FI_DEV_XID_ERRORS 48"), (0, 0)),  # the XID line back: no new XID
     (("DCGM_FI_DEV_XID_ERRORS 79", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS 64"), (1, 1)),  # fell off the bus; hot
     (("DCGM_FI_DEV_XID_ERRORS 13", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS 64"), (0, 2)),  # a warning XID; still hot
+    (("DCGM_FI_DEV_XID_ERRORS 13", "DCGM_FI_DEV_RETIRED_DBE 4"), (0, 0)),  # a counter first read: its baseline
+    (("DCGM_FI_DEV_XID_ERRORS 13", "DCGM_FI_DEV_RETIRED_DBE 5"), (0, 1)),  # one more page retired
 ]
 
 
@@ -76,10 +84,14 @@ def test_a_scrape_without_fault_lines_reports_none(shared_data: Path) -> None:
     assert (gpu.fault_fatal, gpu.fault_warning) == (None, None)  # not reported, which is not "none"
 
 
-@pytest.mark.parametrize("repeated", [False, True], ids=["on-the-gpu", "repeated-per-instance"])
-def test_mig_instances_take_their_gpus_faults(shared_data: Path, repeated: bool) -> None:
-    """Fault lines on the GPU's own series only, or repeated on each instance's series (the GPU's values): each
-    instance's sample carries the GPU's faults either way."""
+@pytest.mark.parametrize(
+    "repeated",
+    [r"$^", r"DCGM_FI_DEV_", r"DCGM_FI_DEV_XID"],
+    ids=["on-the-gpu", "repeated-per-instance", "xid-per-instance"],
+)
+def test_mig_instances_take_their_gpus_faults(shared_data: Path, repeated: str) -> None:
+    """Fault lines on the GPU's own series only, repeated on each instance's series (the GPU's values), or some
+    of them repeated: each instance's sample carries the GPU's faults, field by field."""
     faulty = re.compile(r"DCGM_FI_DEV_(ECC|XID|PCIE_REPLAY|ROW_REMAP|CORRECTABLE|UNCORRECTABLE)")
     scraper = DcgmScraper("http://unused", "n")
     for k, (lines, want) in enumerate(SCRAPES[:2]):
@@ -88,18 +100,57 @@ def test_mig_instances_take_their_gpus_faults(shared_data: Path, repeated: bool)
             re.sub(r"(DCGM_FI_\w+\{)", rf'\1GPU_I_ID="{gi}",GPU_I_PROFILE="1g.6gb",', ln)
             for gi in ("1", "2")
             for ln in base
-            if repeated or not faulty.match(ln)
+            if re.match(repeated, ln) or not faulty.match(ln)
         ]
         gpus = [e for e in scraper.parse("\n".join(base + migs) + "\n", T0 + k * NS, 1.0) if isinstance(e, GpuSample)]
         assert sorted(g.gpu_uuid for g in gpus) == [f"{L4}/GI-1", f"{L4}/GI-2"]
         assert {(g.fault_fatal, g.fault_warning) for g in gpus} == {want}
 
 
+def test_the_faults_of_a_skipped_scrape_come_with_the_next_sample(shared_data: Path) -> None:
+    """A GPU fallen off the bus: its utilisation and memory lines blank (the exporter's sentinel), so that scrape
+    bills nothing; its XID comes with its next sample, never lost."""
+    scraper = DcgmScraper("http://unused", "n")
+    blank = re.compile(r"^(DCGM_FI_(DEV_GPU_UTIL|PROF_GR_ENGINE_ACTIVE|DEV_FB_USED)\{[^}]*\}) \S+$", re.M)
+    texts = [
+        l4_with(shared_data, "DCGM_FI_DEV_XID_ERRORS 0"),
+        blank.sub(r"\1 9223372036854775794", l4_with(shared_data, "DCGM_FI_DEV_XID_ERRORS 79")),
+        l4_with(shared_data, "DCGM_FI_DEV_XID_ERRORS 79"),
+    ]
+    got = [
+        [(e.fault_fatal, e.fault_warning) for e in scraper.parse(t, T0 + k * NS, 1.0) if isinstance(e, GpuSample)]
+        for k, t in enumerate(texts)
+    ]
+    assert got == [[(0, 0)], [], [(1, 0)]]
+
+
+def test_a_blank_volatile_count_leaves_the_field_unread_not_the_lifetime_count(shared_data: Path) -> None:
+    """DCGM's volatile ECC count (since the driver loaded) is read, the lifetime one only where the scrape has no
+    volatile series: a volatile value the exporter blanks for one scrape is no jump to the lifetime count."""
+    scraper = DcgmScraper("http://unused", "n")
+    got = []
+    for k, vol in enumerate(("0", "9223372036854775794", "0", "1")):
+        text = l4_with(shared_data, f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL {vol}", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL 40")
+        got.append(_gpu(scraper.parse(text, T0 + k * NS, 1.0)).fault_fatal)
+    assert got == [0, 0, 0, 1]
+
+
+def test_a_scrape_with_a_bad_line_or_a_byte_order_mark_keeps_its_faults(shared_data: Path) -> None:
+    scraper = DcgmScraper("http://unused", "n")
+    first = l4_with(shared_data, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 0")
+    spoilt = "this is { no sample\n" + l4_with(shared_data, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 1")
+    marked = "\ufeff" + l4_with(shared_data, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 2")
+    got = [_gpu(scraper.parse(t, T0 + k * NS, 1.0)).fault_fatal for k, t in enumerate((first, spoilt, marked))]
+    assert got == [0, 1, 1] and scraper.counts["line_unparseable"] == 1
+
+
 def test_faults_leave_the_bill_unchanged(shared_data: Path) -> None:
     scraper = DcgmScraper("http://unused", "n")
     texts = _scrapes(shared_data)
-    events = [e for k in range(120) for e in scraper.parse(texts[min(k // 20, 5)], T0 + k * NS, 1.0)]
-    plain = [e for k in range(120) for e in scrape_to_events(texts[min(k // 20, 5)], T0 + k * NS, 1.0, "n")]
+    events = [e for k in range(120) for e in scraper.parse(texts[min(k // 15, len(texts) - 1)], T0 + k * NS, 1.0)]
+    plain = [
+        e for k in range(120) for e in scrape_to_events(texts[min(k // 15, len(texts) - 1)], T0 + k * NS, 1.0, "n")
+    ]
     assert any(isinstance(e, GpuSample) and e.fault_fatal for e in events)
     assert bills(run(AuditSettings(), events)) == bills(run(AuditSettings(), plain)) != {}
 

@@ -63,13 +63,16 @@ def test_a_failed_run_is_counted_and_the_next_one_bills_against_the_last_answer(
     )
     sampler = ToolSampler("amd-smi-text", "mi-a", model="MI300X")
     gpu = next(e for e in sampler.sample(T0, 10.0) if isinstance(e, GpuSample))
-    assert (gpu.fault_fatal, gpu.fault_warning) == (1, 0)  # uncorrectable errors since the driver started
+    assert (gpu.fault_fatal, gpu.fault_warning) == (0, 0)  # errors from before its first reading are not the run's
     monkeypatch.setenv("STAND_IN_EXIT", "3")
     assert sampler.sample(T0 + 10 * S, 10.0) == []
     assert [reason for reason in sampler.counts if "exit status 3" in reason]
     monkeypatch.setenv("STAND_IN_EXIT", "0")
+    tool.write_text(
+        tool.read_text().replace("           0           2            0", "           0           3            0")
+    )
     gpu = next(e for e in sampler.sample(T0 + 20 * S, 10.0) if isinstance(e, GpuSample))
-    assert (gpu.fault_fatal, gpu.fault_warning) == (0, 0)  # against the last answer, not none: nothing new
+    assert (gpu.fault_fatal, gpu.fault_warning) == (1, 0)  # against the last answer (2), kept over the failed run
 
 
 def test_gpucost_run_bills_a_fleet_of_gaudis_from_hl_smi(
@@ -142,6 +145,21 @@ def test_faults_are_new_since_the_device_s_last_reading_from_the_start_of_the_ru
         ("mi-a/gpu0", 1),
         ("mi-a/gpu1", 0),
     ]
+
+
+def test_a_counter_first_read_mid_run_is_its_own_baseline(tool: Path) -> None:
+    """A counter the answers before could not read (``N/A``) counts from its first value, never all of it: what it
+    held before is not the run's (docs/sources.md, "Device faults")."""
+    text = tool.read_text()
+    ecc = "           0           0            0"  # GPU 0's SINGLE_ECC, DOUBLE_ECC, PCIE_REPLAY
+    sampler = ToolSampler("amd-smi-text", "mi-a", model="MI300X")
+    tool.write_text(text.replace(ecc, "           0         N/A            0"))
+    sampler.first()
+    seen = []
+    for k, double in enumerate(("5", "5", "6")):
+        tool.write_text(text.replace(ecc, f"           0           {double}            0"))
+        seen += [e.fault_fatal for e in sampler.sample(T0 + k * S, 1.0) if isinstance(e, GpuSample)]
+    assert seen == [0, 0, 1]
 
 
 def test_an_answer_the_parser_refuses_is_a_counted_reason_never_an_exception(tool: Path, shared_data: Path) -> None:

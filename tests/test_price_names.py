@@ -32,8 +32,9 @@ from tests.support.bills import bills, run
 with (ROOT / "gpucost" / "schemas" / "platforms.toml").open("rb") as f:
     ROWS = {name: [name, *row.get("aliases", [])] for name, row in tomllib.load(f).items()}
 #: names drawn: two platform rows' names in full, a part of no row, a partition of each row, and the fallback
-NAMES = [*ROWS["H100"], *ROWS["MI300X"], "Mystery X1"]
-MODELS = [*NAMES, "MI300X 1/8", "AMD Instinct MI300X 1/2", "NVIDIA H100 1/2"]
+NAMES = [*ROWS["H100"], *ROWS["MI300X"], *ROWS["Alveo U280"], "Mystery X1"]
+#: an Alveo shell's name: its row's alias and ``_`` then the shell (``platform_for``'s prefix rule)
+MODELS = [*NAMES, "MI300X 1/8", "AMD Instinct MI300X 1/2", "NVIDIA H100 1/2", "xilinx_u280_gen3x16_xdma_base_1"]
 T0 = 1_767_571_200 * 10**9
 
 
@@ -41,7 +42,7 @@ def expected(prices: list[Price], model: str, ts_ns: int) -> Decimal | None:
     """The price of ``model`` at ``ts_ns``: each candidate name's latest price at or before it (the first of an
     instant), its own name first, then its row's in the table's order, then ``default``."""
     whole = re.sub(r" [1-9][0-9]*/[1-9][0-9]*$", "", model)
-    row = next((names for names in ROWS.values() if whole in names), [])
+    row = next((ns for ns in ROWS.values() if any(whole == n or whole.startswith(n + "_") for n in ns)), [])
     for name in [whole, *(n for n in row if n != whole), "default"]:
         seen = [p for p in prices if p.gpu_model == name and p.ts_ns <= ts_ns]
         if seen:

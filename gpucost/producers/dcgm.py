@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from dataclasses import replace
 
 from gpucost.producers.accelerators import dcgm_exporter
 from gpucost.producers.accelerators.dcgm_exporter import SENTINEL_MIN, device_of
@@ -20,7 +21,7 @@ from gpucost.producers.accelerators.events import FaultBaseline
 from gpucost.producers.scrape import Scraper, container_binding, families
 from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
-from gpucost.schemas.devices import DeviceSample
+from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample
 from gpucost.schemas.events import Event, GpuSample
 from gpucost.schemas.faults import counts as fault_counts
 
@@ -166,20 +167,23 @@ class DcgmScraper(Scraper):
 
 def with_faults(events: list[Event], readings: list[DeviceSample], baseline: FaultBaseline) -> list[Event]:
     """``events`` with each GPU sample's ``fault_fatal`` and ``fault_warning``: the faults of its device's reading in
-    ``readings`` (``dcgm_exporter.parse`` of the same scrape) new since the device's reading in ``baseline``, which
-    then takes these. A device's first reading is its own baseline, so the counters it had before the run (ECC
-    counts since the driver loaded or for its lifetime, its last XID) are not the run's, nor counted again at each
-    restart; throttling, a state, counts in every sample it is in. A MIG instance takes its GPU's faults (DCGM
-    keeps them per GPU); a device whose reading has no fault field gets neither field (not reported)."""
-    for s in readings:
-        baseline.before.setdefault(s.device_id, s)
-    found = {s.device_id: fault_counts(s, baseline.before[s.device_id]) for s in readings}
-    parent = {s.device_id: s.parent_id for s in readings}
-    baseline.remember(readings)
+    ``readings`` (``dcgm_exporter.parse`` of the same scrape) new since ``baseline.since`` it, which then takes it.
+    A device's first reading, and each counter's first value, is its own baseline, so what DCGM held before the run
+    (ECC counts since the driver loaded or for the device's lifetime, the last XID) is not the run's, nor counted
+    again at each restart; throttling, a state, counts in every sample it is in. A MIG instance takes each fault
+    field its own series lack from its GPU's (DCGM keeps faults per GPU). Only a reading whose sample is sent moves
+    the baseline on, so the faults of a scrape whose sample was skipped (no utilisation: a GPU fallen off the bus)
+    come with the device's next sample. A device whose reading has no fault field gets neither field."""
+    by_id = {s.device_id: s for s in readings}
     out: list[Event] = []
     for e in events:
-        if isinstance(e, GpuSample):
-            got = found.get(e.gpu_uuid) or found.get(parent.get(e.gpu_uuid) or "")
+        reading = by_id.get(e.gpu_uuid) if isinstance(e, GpuSample) else None
+        if reading is not None:
+            gpu = by_id.get(reading.parent_id or "")
+            if gpu is not None:
+                reading = replace(reading, **{f: getattr(gpu, f) for f in FAULT_FIELDS if getattr(reading, f) is None})
+            got = fault_counts(reading, baseline.since(reading))
+            baseline.remember([reading])
             if got is not None:
                 e = e.model_copy(update={"fault_fatal": got[0], "fault_warning": got[1]})
         out.append(e)

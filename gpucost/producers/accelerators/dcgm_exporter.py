@@ -83,14 +83,17 @@ def parse(text: str) -> Parsed:
     rows: dict[str, dict[str, object]] = {}
     ranks: dict[tuple[str, str], int] = {}
     last: dict[str, dict[str, int]] = {}  # device → metric → its last value (bytes for memory, else a count)
+    blank: dict[tuple[str, str], int] = {}  # (device, field) → the best rank of a metric of it that was blank
     for name, labels, value in series(text, out, {*_ONE, *_SUM, *_FB}):
         if not labels.get("UUID"):
             out.reject(f"{name}: no UUID label")
             continue
+        device, parent, mig = device_of(labels)
         if value >= SENTINEL_MIN:
             out.reject(f"{name}: blank (sentinel {value})")
+            if name in _ONE:  # the field is unread this scrape: a metric after it in _ONE never stands in
+                blank[device, _ONE[name][0]] = min(_RANK[name], blank.get((device, _ONE[name][0]), len(_RANK)))
             continue
-        device, parent, mig = device_of(labels)
         model = labels.get("modelName")
         row = rows.setdefault(device, {"model": None if model is None else model + mig, "parent_id": parent})
         if name in _FB or name in _SUM:
@@ -103,6 +106,9 @@ def parse(text: str) -> Parsed:
             got = guarded(out, name, lambda convert=convert, value=value: convert(value))
             if got is not None:
                 row[field], ranks[device, field] = got, _RANK[name]
+    for (device, field), rank in blank.items():
+        if device in rows and ranks.get((device, field), len(_RANK)) > rank:
+            rows[device].pop(field, None)  # e.g. the lifetime ECC count, where the volatile one was blank
     for device, row in rows.items():
         used, free, reserved = (last.get(device, {}).get(n) for n in _FB)
         totals: dict[str, int] = {}

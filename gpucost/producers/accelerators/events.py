@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -295,12 +295,12 @@ def with_faults(
     wire: list[dict[str, Any]],
     samples: list[DeviceSample],
     place: Placement,
-    earlier: Mapping[str, DeviceSample] | None = None,
+    earlier: FaultBaseline | None = None,
 ) -> list[dict[str, Any]]:
     """Each ``gpu_sample`` with its ``fault_fatal`` and ``fault_warning`` (``gpucost.schemas.faults.counts``: the
-    faults new since the device's previous sample in the capture, its first since its reading in ``earlier``, by
-    device id, where given), where the tool reported fault fields; a partition that reports none has its whole
-    device's, which are every partition's. Others are left without."""
+    faults new since the device's previous sample in the capture, its first since ``earlier.since`` it, where
+    given), where the tool reported fault fields; a partition that reports none has its whole device's, which are
+    every partition's. Others are left without."""
     history: dict[str, list[tuple[int, DeviceSample]]] = {}
     for s in samples:
         ts = s.ts_ns if s.ts_ns is not None else place.at_ns
@@ -308,8 +308,9 @@ def with_faults(
             history.setdefault(s.device_id, []).append((ts, s))
     found: dict[tuple[str, int], tuple[int, int] | None] = {}
     for device, seen in history.items():
-        before = (earlier or {}).get(device)
-        for ts, s in sorted(seen, key=lambda t: t[0]):  # stable: rows of one time keep the capture's order
+        seen.sort(key=lambda t: t[0])  # stable: rows of one time keep the capture's order
+        before = None if earlier is None else earlier.since(seen[0][1])
+        for ts, s in seen:  # stable: rows of one time keep the capture's order
             found.setdefault((device, ts), counts(s, before))
             before = s
     prefix = len(place.node) + 1  # gpu_uuid and partition_of are NODE/DEVICE_ID
@@ -331,6 +332,12 @@ class FaultBaseline:
 
     def __init__(self) -> None:
         self.before: dict[str, DeviceSample] = {}
+
+    def since(self, s: DeviceSample) -> DeviceSample:
+        """The reading ``s``'s faults are new since: its device's last one, where a field had no value ``s``'s own
+        (a device, or one of its counters, first read now: what it held before is not the run's)."""
+        old = self.before.get(s.device_id)
+        return s if old is None else replace(old, **{f: getattr(s, f) for f in FAULT_FIELDS if getattr(old, f) is None})
 
     def remember(self, readings: Iterable[DeviceSample]) -> None:
         for s in readings:

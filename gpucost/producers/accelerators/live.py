@@ -169,7 +169,7 @@ class ToolSampler:
         parsed = self._answer()
         now = [replace(s, ts_ns=ts_ns) for s in self._latest(parsed)]  # the sampling grid's time, not the tool's
         place = Placement(self.node_id, Decimal(repr(interval_s)), ts_ns, self.model)
-        wire = with_faults(to_events(now, place, parsed), now, place, self._before.before)
+        wire = with_faults(to_events(now, place, parsed), now, place, self._before)
         self._before.remember(now)
         if not parsed.samples and not parsed.dead_letters:  # an answer of no device at all: a silent gap, else
             parsed.reject("no_devices: the answer names no device")

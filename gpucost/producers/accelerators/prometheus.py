@@ -10,12 +10,12 @@ sample back under the written name, as every parser's table keys it. A counter t
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpucost.producers.accelerators.capture import body
+from gpucost.producers.scrape import families
 from gpucost.schemas.devices import Parsed, UnitError, number
 
 __all__ = ["series"]
@@ -28,19 +28,26 @@ def _counters_suffixed(lines: list[str]) -> set[str]:
 
 
 def series(text: str, out: Parsed, wanted: set[str]) -> Iterator[tuple[str, dict[str, str], Decimal]]:
-    """(name, labels, value) of each sample of the ``wanted`` metrics; a bad scrape is counted, not raised."""
+    """(name, labels, value) of each sample of the ``wanted`` metrics; a bad scrape is counted, not raised. Read as
+    the billing sources read a scrape (``gpucost.producers.scrape.families``: a byte-order mark dropped, and a text
+    one bad line spoils read line by line), each such line counted, so that one line never costs the rest."""
     lines = [line for line in body(text) if line.strip()]
     suffixed = _counters_suffixed(lines)
+    bad: Counter[str] = Counter()
     try:
-        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-            written = family.name if family.type == "counter" and family.name in suffixed else None
-            for sample in family.samples:
-                name = written if written and sample.name == written + "_total" else sample.name
-                if name not in wanted:
-                    continue
-                try:
-                    yield name, sample.labels, number(sample.value)
-                except UnitError as exc:
-                    out.reject(f"{name}: {exc}")
+        found = families("\n".join(lines) + "\n", bad)
     except ValueError as exc:
         out.reject(f"Prometheus text: {exc}")
+        return
+    for _ in range(bad["line_unparseable"]):
+        out.reject("Prometheus text: a line that is no sample, skipped")
+    for family in found:
+        written = family.name if family.type == "counter" and family.name in suffixed else None
+        for sample in family.samples:
+            name = written if written and sample.name == written + "_total" else sample.name
+            if name not in wanted:
+                continue
+            try:
+                yield name, sample.labels, number(sample.value)
+            except UnitError as exc:
+                out.reject(f"{name}: {exc}")
