@@ -36,6 +36,57 @@ class Capture:
     fb_used_mib: int
     tx_kb_s: int
     rx_kb_s: int
+    #: NVML field values the -q section shows (``NVML_FI_DEV_…`` name → count; a field it does not show is absent:
+    #: NOT_SUPPORTED), and the clocks event mask of its active "Clocks Event Reasons"
+    fields: dict[str, int] = field(default_factory=dict)
+    clocks: int | None = None
+
+
+#: nvidia-smi -q's "Clocks Event Reasons" lines → NVML's ``nvmlClocksEventReason*`` bits
+CLOCK_BITS = {
+    "Idle": 0x1,
+    "Applications Clocks Setting": 0x2,
+    "SW Power Cap": 0x4,
+    "HW Slowdown": 0x8,
+    "Sync Boost": 0x10,
+    "SW Thermal Slowdown": 0x20,
+    "HW Thermal Slowdown": 0x40,
+    "HW Power Brake Slowdown": 0x80,
+    "Display Clock Setting": 0x100,
+}
+
+
+def fault_fields(q: str) -> tuple[dict[str, int], int | None]:
+    """The field values and clocks event mask of an ``nvidia-smi -q`` section: ECC counts (SRAM and DRAM, volatile
+    and aggregate; correctable as NVML's SBE totals, uncorrectable as its DBE), PCIe replays, remapped rows."""
+    out: dict[str, int] = {}
+    for scope, suffix in (("Volatile", "VOL"), ("Aggregate", "AGG")):
+        ecc = re.search(
+            rf"{scope}\s+SRAM Correctable\s+: (\d+)\s+SRAM Uncorrectable Parity\s+: (\d+)\s+"
+            rf"SRAM Uncorrectable SEC-DED\s+: (\d+)\s+DRAM Correctable\s+: (\d+)\s+DRAM Uncorrectable\s+: (\d+)",
+            q,
+        )
+        if ecc:
+            sram_c, parity, secded, dram_c, dram_u = map(int, ecc.groups())
+            out[f"NVML_FI_DEV_ECC_SBE_{suffix}_TOTAL"] = sram_c + dram_c
+            out[f"NVML_FI_DEV_ECC_DBE_{suffix}_TOTAL"] = parity + secded + dram_u
+    replays = re.search(r"Replays Since Reset\s+: (\d+)", q)
+    if replays:
+        out["NVML_FI_DEV_PCIE_REPLAY_COUNTER"] = int(replays[1])
+    rows = re.search(
+        r"Remapped Rows\s+Correctable Error\s+: (\d+)\s+Uncorrectable Error\s+: (\d+)\s+Pending\s+: \w+\s+"
+        r"Remapping Failure Occurred\s+: (\w+)",
+        q,
+    )
+    if rows:
+        out["NVML_FI_DEV_REMAPPED_COR"], out["NVML_FI_DEV_REMAPPED_UNC"] = int(rows[1]), int(rows[2])
+        out["NVML_FI_DEV_REMAPPED_FAILURE"] = int(rows[3] == "Yes")
+    block = re.search(r"Clocks Event Reasons\n(.*?)\n    Clocks Event Reasons Counters", q, re.S)
+    clocks = None
+    if block:
+        active = re.findall(r"^\s+(.+?)\s+: Active$", block[1], re.M)
+        clocks = sum(CLOCK_BITS[name] for name in active)
+    return out, clocks
 
 
 def parse(path: Path, phase: str) -> Capture:
@@ -68,12 +119,26 @@ def parse(path: Path, phase: str) -> Capture:
     placed = {
         int(pid): (int(g), int(c)) for g, c, pid in re.findall(r"^\|\s+0\s+(\d+)\s+(\d+)\s+(\d+)\s+C\s", table, re.M)
     }
+    fields, clocks = fault_fields(q)
     fb = re.search(r"FB Memory Usage\s+Total\s+: (\d+) MiB\s+Reserved\s+: \d+ MiB\s+Used\s+: (\d+) MiB", q)
     tx = re.search(r"Tx Throughput\s+: (\d+) KB/s", q)
     rx = re.search(r"Rx Throughput\s+: (\d+) KB/s", q)
     assert fb and tx and rx
     return Capture(
-        gpu[2], gpu[1], mig, instances, placed, dmon, pmon, apps, int(fb[1]), int(fb[2]), int(tx[1]), int(rx[1])
+        gpu[2],
+        gpu[1],
+        mig,
+        instances,
+        placed,
+        dmon,
+        pmon,
+        apps,
+        int(fb[1]),
+        int(fb[2]),
+        int(tx[1]),
+        int(rx[1]),
+        fields,
+        clocks,
     )
 
 
@@ -99,13 +164,15 @@ class FakeState:
     #: (busy, tensor, dram) % that ``nvmlGpmMetricsGet`` gives over a period ending at each tick
     gpm: dict[Any, list[tuple[float, float, float]]] | None = None
     gpm_unsupported: set[str] = field(default_factory=set)  # GPM metric constants answered NOT_SUPPORTED
+    #: the XIDs NVML will send as critical XID events, the first first (on the physical GPU); None: no XID events
+    xids: list[int] | None = field(default_factory=list)
 
 
 def fake_pynvml(state: FakeState) -> types.ModuleType:
     """A module with pynvml's errors and constants and these fakes for its functions."""
     mod = types.ModuleType("pynvml")
     for name in dir(pynvml):
-        if name.startswith(("NVMLError", "NVML_", "c_nvmlGpm")):
+        if name.startswith(("NVMLError", "NVML_", "c_nvmlGpm", "nvmlEventType")):
             setattr(mod, name, getattr(pynvml, name))
     cap = state.capture
     per_cycle = max(1, len({p for p, _, _ in cap.pmon}))
@@ -188,6 +255,42 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
     mod.nvmlGpmMigSampleGet = lambda h, gi, buffer: mig_parent_only(h, lambda: gpm_take(gi, buffer))
     mod.nvmlGpmMetricsGet = gpm_metrics
     mod.nvmlDeviceGetGpuInstanceId = lambda h: cap.mig_instance[int(h[3:])][0]
+
+    def field_values(h: Any, ids: list[int]) -> list[Any]:
+        """``cap.fields`` (which a test may change) as NVML's field values, each with its own return."""
+        if h != "gpu0" or "fields" in state.unsupported:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED if h == "gpu0" else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        names = {getattr(pynvml, n): n for n in dir(pynvml) if n.startswith("NVML_FI_")}
+        return [
+            types.SimpleNamespace(
+                nvmlReturn=pynvml.NVML_SUCCESS if names[i] in cap.fields else pynvml.NVML_ERROR_NOT_SUPPORTED,
+                valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                value=types.SimpleNamespace(ullVal=cap.fields.get(names[i], 0)),
+            )
+            for i in ids
+        ]
+
+    def clocks(h: Any) -> int:
+        if h != "gpu0" or cap.clocks is None:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return cap.clocks
+
+    def event_wait(events: Any, timeout_ms: int) -> Any:
+        assert events == "xid-events" and timeout_ms == 0  # the source never waits
+        if not state.xids:
+            raise err(pynvml.NVML_ERROR_TIMEOUT)
+        return types.SimpleNamespace(device="gpu0", eventData=state.xids.pop(0))
+
+    def register(h: Any, kinds: int, events: Any) -> None:
+        if state.xids is None or kinds != pynvml.nvmlEventTypeXidCriticalError:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    mod.nvmlDeviceGetFieldValues = field_values
+    mod.nvmlDeviceGetCurrentClocksEventReasons = clocks
+    mod.nvmlEventSetCreate = lambda: "xid-events"
+    mod.nvmlDeviceRegisterEvents = register
+    mod.nvmlEventSetWait_v2 = event_wait
+    mod.nvmlEventSetFree = lambda events: None
 
     row = lambda: cap.dmon[state.tick % len(cap.dmon)]  # noqa: E731
     mod.nvmlInit = init

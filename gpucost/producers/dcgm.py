@@ -23,7 +23,6 @@ from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
 from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample
 from gpucost.schemas.events import Event, GpuSample
-from gpucost.schemas.faults import counts as fault_counts
 
 __all__ = ["DcgmScraper", "scrape_to_events"]
 
@@ -182,8 +181,7 @@ def with_faults(events: list[Event], readings: list[DeviceSample], baseline: Fau
             gpu = by_id.get(reading.parent_id or "")
             if gpu is not None:
                 reading = replace(reading, **{f: getattr(gpu, f) for f in FAULT_FIELDS if getattr(reading, f) is None})
-            got = fault_counts(reading, baseline.since(reading))
-            baseline.remember([reading])
+            got = baseline.take(reading)
             if got is not None:
                 e = e.model_copy(update={"fault_fatal": got[0], "fault_warning": got[1]})
         out.append(e)

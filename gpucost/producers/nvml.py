@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from gpucost.producers.accelerators.events import FaultBaseline
+from gpucost.producers.nvml_faults import NvmlFaults
 from gpucost.producers.synthetic import busy_as, unclaimed_pid
 from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
@@ -56,10 +58,16 @@ class _Device:
     uuid: str
     name: str
     parent: Any | None  # the physical GPU of a MIG instance, for its power and temperature
+    physical_uuid: str  # the UUID of the physical GPU (its own, or a MIG instance's parent's): whose faults it has
     last_seen_us: int = 0  # newest per-process sample already read, so none is counted twice
     gpu_instance: int | None = None  # a MIG instance's GPU instance, whose GPM counters it reads
     gpm: list[Any] | None = None  # two GPM sample buffers, the older first, where GPM is supported
     gpm_shared: bool = False  # its GPU instance holds other compute instances: its GPM is theirs too
+
+    @property
+    def physical(self) -> Any:
+        """The physical GPU's handle: its own, or a MIG instance's parent's."""
+        return self.parent if self.parent is not None else self.handle
 
 
 def _text(value: str | bytes) -> str:
@@ -75,6 +83,9 @@ class NvmlSampler:
         self.devices: list[_Device] = []
         self.counts: Counter[str] = Counter()
         self._warned: set[tuple[str, str]] = set()
+        self.faults = NvmlFaults(nvml, self.counts)
+        #: each device's faults as last sent: a device's first reading this run is its baseline
+        self._baseline = FaultBaseline()
 
     def open(self) -> None:
         nv = self.nvml
@@ -82,9 +93,12 @@ class NvmlSampler:
             nv.nvmlInit()
         except nv.NVMLError as exc:
             raise NvmlUnavailable(str(exc)) from None
+        physical: dict[str, Any] = {}
         for i in range(nv.nvmlDeviceGetCount()):
             handle = nv.nvmlDeviceGetHandleByIndex(i)
             name = _text(nv.nvmlDeviceGetName(handle))
+            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            physical[uuid] = handle
             if self._mig_enabled(handle):
                 for j in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
                     try:
@@ -92,10 +106,13 @@ class NvmlSampler:
                     except nv.NVMLError_NotFound:
                         continue  # an empty slot
                     self.devices.append(
-                        _Device(mig, _text(nv.nvmlDeviceGetUUID(mig)), _text(nv.nvmlDeviceGetName(mig)), handle)
+                        _Device(mig, _text(nv.nvmlDeviceGetUUID(mig)), _text(nv.nvmlDeviceGetName(mig)), handle, uuid)
                     )
             else:
-                self.devices.append(_Device(handle, _text(nv.nvmlDeviceGetUUID(handle)), name, None))
+                self.devices.append(_Device(handle, uuid, name, None, uuid))
+        self.faults.open(physical)
+        for dev in self.devices:  # the faults the GPUs had before the run are the baseline, not the run's
+            self._baseline.remember([self.faults.read(dev.uuid, dev.physical, dev.physical_uuid)])
         for dev in self.devices:
             self._open_gpm(dev)
         instances = Counter((id(d.parent), d.gpu_instance) for d in self.devices if d.gpu_instance is not None)
@@ -106,7 +123,7 @@ class NvmlSampler:
         """GPM sample buffers for the device, and its first sample, where its GPU supports GPM."""
         nv = self.nvml
         try:
-            if not nv.nvmlGpmQueryDeviceSupport(dev.parent if dev.parent is not None else dev.handle).isSupportedDevice:
+            if not nv.nvmlGpmQueryDeviceSupport(dev.physical).isSupportedDevice:
                 return
             if dev.parent is not None:
                 dev.gpu_instance = int(nv.nvmlDeviceGetGpuInstanceId(dev.handle))
@@ -169,6 +186,7 @@ class NvmlSampler:
         return out
 
     def close(self) -> None:
+        self.faults.close()
         self.nvml.nvmlShutdown()
 
     def _mig_enabled(self, handle: Any) -> bool:
@@ -192,6 +210,7 @@ class NvmlSampler:
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
         """One sample of every device; a device that fell off the bus is dropped, with a warning."""
         out: list[Event] = []
+        self.faults.drain()
         for dev in list(self.devices):
             try:
                 out += self._sample_device(dev, ts_ns, interval_s)
@@ -203,7 +222,7 @@ class NvmlSampler:
 
     def _sample_device(self, dev: _Device, ts_ns: int, interval_s: float) -> list[Event]:
         nv, h = self.nvml, dev.handle
-        physical = dev.parent if dev.parent is not None else h
+        physical = dev.physical
         gpm = self._gpm_read(dev)
         util = self._optional(dev, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
         if util is None and "busy" in gpm and "dram" in gpm:
@@ -239,12 +258,19 @@ class NvmlSampler:
                     pcie_rx_bytes_s=None if rx is None else int(rx) * 1024,
                     tensor_active_pct=gpm.get("tensor"),
                     dram_active_pct=gpm.get("dram"),
+                    **self._faults(dev, physical),
                 )
             )
         processes, per_process = self._processes(dev, ts_ns, interval_s)
         if out and not per_process and out[0].sm_util_pct > 0:
             processes = self._claimed(out[0], processes)  # type: ignore[arg-type]
         return out + processes
+
+    def _faults(self, dev: _Device, physical: Any) -> dict[str, int]:
+        """The sample's ``fault_fatal`` and ``fault_warning``, new since the device's last sample sent (none where
+        its GPU reports no fault field)."""
+        got = self._baseline.take(self.faults.read(dev.uuid, physical, dev.physical_uuid))
+        return {} if got is None else {"fault_fatal": got[0], "fault_warning": got[1]}
 
     def _claimed(self, gpu: GpuSample, processes: list[ProcessSample]) -> list[ProcessSample]:
         """A busy device without per-process utilisation (a MIG instance): its utilisation goes to its one

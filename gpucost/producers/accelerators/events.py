@@ -339,6 +339,14 @@ class FaultBaseline:
         old = self.before.get(s.device_id)
         return s if old is None else replace(old, **{f: getattr(s, f) for f in FAULT_FIELDS if getattr(old, f) is None})
 
+    def take(self, reading: DeviceSample) -> tuple[int, int] | None:
+        """The ``fault_fatal`` and ``fault_warning`` of ``reading``: its faults new ``since`` (None: it reports no
+        fault field); the reading then is its device's last. A live source takes the reading of each sample it
+        sends, so that the faults of one it skips come with the next."""
+        got = counts(reading, self.since(reading))
+        self.remember([reading])
+        return got
+
     def remember(self, readings: Iterable[DeviceSample]) -> None:
         for s in readings:
             old = self.before.get(s.device_id)
