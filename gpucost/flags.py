@@ -278,7 +278,12 @@ def add_live(p: argparse.ArgumentParser) -> None:
         f"Python library ({', '.join(sorted(LIBRARIES))}); env GPUCOST_DEVICE_TOOL; each tool run or page read at "
         "most --device-timeout-s",
     )
-    add_tool_timeout(p, "--device-timeout-s", "with --source devices: seconds each tool run or exporter page may take")
+    add_tool_timeout(
+        p,
+        "--device-timeout-s",
+        "seconds one sample of a live source may take (a vendor tool's run, a library or NVML read, an exporter page): "
+        "past it, that period is a gap, counted",
+    )
     p.add_argument(
         "--device-model",
         default=os.environ.get("GPUCOST_DEVICE_MODEL"),

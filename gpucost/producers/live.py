@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from gpucost.producers.nvml import NvmlSampler, NvmlUnavailable
-from gpucost.producers.periodic import Sampler, sample_forever
+from gpucost.producers.periodic import Deadlined, Sampler, sample_forever
 from gpucost.schemas.events import Event
 
 __all__ = [
@@ -49,9 +49,11 @@ class LiveSettings:
     url: str | None = None
     pod_sla: str = "Bronze"
     #: with ``devices``: the vendor tool's format run each period (``gpucost.producers.accelerators.live.COMMANDS``),
-    #: the model of devices its output names none of, and how long one run may take
+    #: and the model of devices its output names none of
     device_tool: str | None = None
     device_model: str | None = None
+    #: how long one run of a vendor tool may take, and one sample of any sampled source (NVML, a library, an
+    #: exporter: ``periodic.Deadlined``)
     device_timeout_s: float = 10.0
     ebpf_sample_every: int = 16
     #: the libraries probed: "auto", where the loader finds them (if anywhere); None, not probed. Kernel launches
@@ -89,7 +91,8 @@ class _Sampled:
         s = self.settings
         ticks = None if s.duration_s is None else max(1, int(s.duration_s / s.period_s))
         try:
-            for ev in sample_forever(self.sampler, s.period_s, ticks, stopped=self._stop.is_set):
+            sampler = Deadlined(self.sampler, s.device_timeout_s, self.counts)
+            for ev in sample_forever(sampler, s.period_s, ticks, stopped=self._stop.is_set):
                 yield ev
                 if self._stop.is_set():
                     return
