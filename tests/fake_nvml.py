@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import re
 import types
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,10 @@ class FakeState:
     gpm_unsupported: set[str] = field(default_factory=set)  # GPM metric constants answered NOT_SUPPORTED
     #: the XIDs NVML will send as critical XID events, the first first (on the physical GPU); None: no XID events
     xids: list[int] | None = field(default_factory=list)
+    #: field value name → the NVML error its next reads answer (other than NOT_SUPPORTED: a read that failed)
+    field_errors: dict[str, int] = field(default_factory=dict)
+    clocks_error: int | None = None  # the NVML error the clocks event reasons call raises
+    fault_calls: Counter[str] = field(default_factory=Counter)  # calls of the fault readings, by function
 
 
 def fake_pynvml(state: FakeState) -> types.ModuleType:
@@ -260,10 +265,14 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
         """``cap.fields`` (which a test may change) as NVML's field values, each with its own return."""
         if h != "gpu0" or "fields" in state.unsupported:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED if h == "gpu0" else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        state.fault_calls["nvmlDeviceGetFieldValues"] += 1
         names = {getattr(pynvml, n): n for n in dir(pynvml) if n.startswith("NVML_FI_")}
+        answer = lambda n: (  # noqa: E731
+            state.field_errors.get(n, pynvml.NVML_SUCCESS) if n in cap.fields else pynvml.NVML_ERROR_NOT_SUPPORTED
+        )
         return [
             types.SimpleNamespace(
-                nvmlReturn=pynvml.NVML_SUCCESS if names[i] in cap.fields else pynvml.NVML_ERROR_NOT_SUPPORTED,
+                nvmlReturn=answer(names[i]),
                 valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
                 value=types.SimpleNamespace(ullVal=cap.fields.get(names[i], 0)),
             )
@@ -271,6 +280,9 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
         ]
 
     def clocks(h: Any) -> int:
+        state.fault_calls["nvmlDeviceGetCurrentClocksEventReasons"] += 1
+        if state.clocks_error is not None:
+            raise err(state.clocks_error)
         if h != "gpu0" or cap.clocks is None:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return cap.clocks
@@ -287,6 +299,7 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
 
     mod.nvmlDeviceGetFieldValues = field_values
     mod.nvmlDeviceGetCurrentClocksEventReasons = clocks
+    mod.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: (state.fault_calls.update(["throttle"]), cap.clocks)[1]
     mod.nvmlEventSetCreate = lambda: "xid-events"
     mod.nvmlDeviceRegisterEvents = register
     mod.nvmlEventSetWait_v2 = event_wait

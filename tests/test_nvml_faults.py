@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from gpucost.producers.nvml import NvmlSampler
@@ -149,6 +150,45 @@ def test_mig_instances_report_their_gpus_faults(shared_data: Path) -> None:
     cap.fields[DBE] = cap.fields[DBE] + 1
     second = _faults(sampler.sample(T0 + NS, 1.0))
     assert len(first) == len(second) > 1 and set(first) == {(0, 0)} and set(second) == {(1, 0)}
+    # the GPU's counters are read once a period (and once at open), however many instances it has
+    assert state.fault_calls["nvmlDeviceGetFieldValues"] == 1 + 2
+
+
+def test_a_failed_read_is_no_fault(shared_data: Path) -> None:
+    """A field NVML fails to read for one period (not "not supported") is unread, never the lifetime count standing
+    in for a volatile one, nor a sum short of a part: no fault appears from nothing."""
+    cap = _capture(shared_data)
+    cap.fields |= {"NVML_FI_DEV_ECC_DBE_AGG_TOTAL": 2, "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 5}
+    cap.fields |= {"NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 6}
+    state = FakeState(cap)
+    sampler = NvmlSampler("n", fake_pynvml(state))
+    sampler.open()
+    got = _faults(sampler.sample(T0, 1.0))
+    state.field_errors = {DBE: pynvml.NVML_ERROR_UNKNOWN, "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 999}
+    got += _faults(sampler.sample(T0 + NS, 1.0))
+    state.field_errors = {}
+    got += _faults(sampler.sample(T0 + 2 * NS, 1.0))
+    assert got == [(0, 0)] * 3
+
+
+def test_a_clocks_error_or_an_old_driver_never_stops_the_source(shared_data: Path) -> None:
+    cap = _capture(shared_data)
+    old = FakeState(cap, clocks_error=pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # a driver before R535
+    sampler = NvmlSampler("n", fake_pynvml(old))
+    sampler.open()
+    assert _faults(sampler.sample(T0, 1.0)) == [(0, 0)] and old.fault_calls["throttle"] == 2  # the older call
+    failing = FakeState(cap, clocks_error=pynvml.NVML_ERROR_UNKNOWN)
+    sampler = NvmlSampler("n", fake_pynvml(failing))
+    sampler.open()
+    assert _faults(sampler.sample(T0, 1.0)) == [(0, 0)] and sampler.counts["clocks_failed"] == 2
+
+
+def test_a_fatal_xid_is_kept_over_a_later_warning_in_one_period(shared_data: Path) -> None:
+    state = FakeState(_capture(shared_data))
+    sampler = NvmlSampler("n", fake_pynvml(state))
+    sampler.open()
+    state.xids += [79, 13]  # fallen off the bus, then a warning XID, before one sample
+    assert _faults(sampler.sample(T0, 1.0)) == [(1, 0)]
 
 
 def test_faults_leave_the_bill_unchanged(shared_data: Path) -> None:

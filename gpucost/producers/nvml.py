@@ -9,6 +9,9 @@ counters are read every period, between the previous sample and this one: tensor
 activity for every device (``tensor_active_pct``, ``dram_active_pct``), and for a MIG
 instance, which has no utilisation counters of its own, its utilisation too (GPM per GPU
 instance, ``nvmlGpmMigSampleGet``).
+
+Each GPU sample carries the device faults new since the GPU's last sample sent (``gpucost.producers.nvml_faults``),
+the GPUs' readings at open being the baseline.
 """
 
 from __future__ import annotations
@@ -210,7 +213,7 @@ class NvmlSampler:
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
         """One sample of every device; a device that fell off the bus is dropped, with a warning."""
         out: list[Event] = []
-        self.faults.drain()
+        self.faults.begin()
         for dev in list(self.devices):
             try:
                 out += self._sample_device(dev, ts_ns, interval_s)

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from gpucost.schemas.devices import DeviceSample
-from gpucost.schemas.faults import throttle_names
+from gpucost.schemas.faults import FATAL_XIDS, throttle_names
 
 __all__ = ["NvmlFaults"]
 
@@ -45,18 +45,24 @@ _MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
 class NvmlFaults:
-    """The fault fields of each device, a ``DeviceSample`` with only those (and its id) filled."""
+    """The fault fields of each device, a ``DeviceSample`` with only those (and its id) filled. Reading faults never
+    stops a sample: an NVML error in it leaves the field unreported, but a GPU fallen off the bus, which the sample
+    handles (``NVMLError_GpuIsLost``)."""
 
     def __init__(self, nvml: ModuleType, counts: Counter[str]) -> None:
         self.nvml, self.counts = nvml, counts
         self._events: Any = None  # the XID event set, where NVML gives one
-        self._xid: dict[str, int] = {}  # physical GPU's UUID → its last XID this run
+        self._xid: dict[str, int] = {}  # physical GPU's UUID → its last XID this run (a fatal one kept over warnings)
+        self._period: dict[str, dict[str, Any]] = {}  # physical GPU's UUID → its fault fields read this period
+        self._warned: set[str] = set()
 
     def open(self, physical: dict[str, Any]) -> None:
         """Register for critical XID events on each physical GPU (UUID → handle); one that cannot is counted, and
         its devices report no ``xid``."""
         nv = self.nvml
         try:
+            if not hasattr(nv, "nvmlEventSetWait_v2"):
+                raise AttributeError("this pynvml has no nvmlEventSetWait_v2")
             self._events = nv.nvmlEventSetCreate()
         except (nv.NVMLError, AttributeError) as exc:
             self.counts["xid_events_unavailable"] += 1
@@ -71,71 +77,108 @@ class NvmlFaults:
             else:
                 self._xid[uuid] = 0
 
-    def drain(self) -> None:
-        """Take the XID events NVML has queued since the last drain, without waiting."""
+    def begin(self) -> None:
+        """A new period: take the XID events NVML has queued since the last, without waiting, and forget the fault
+        fields read (each physical GPU's are read once a period, however many MIG instances it has). Of several
+        XIDs of one GPU in a period, a fatal one is kept over a warning."""
+        self._period.clear()
+        fatal_now: set[str] = set()
         nv = self.nvml
         while self._events is not None:
             try:
                 data = nv.nvmlEventSetWait_v2(self._events, 0)
+                uuid = nv.nvmlDeviceGetUUID(data.device)
             except nv.NVMLError_Timeout:
                 return
             except nv.NVMLError as exc:
-                self.counts["xid_events_failed"] += 1
-                log.warning("XID events could not be read (%s)", exc)
+                self._failed("xid_events_failed", f"XID events could not be read ({exc})")
                 return
-            try:
-                uuid = nv.nvmlDeviceGetUUID(data.device)
-            except nv.NVMLError:
-                self.counts["xid_events_failed"] += 1
-                continue
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            if uuid in self._xid:
-                self._xid[uuid] = int(data.eventData)
+            xid = int(data.eventData)
+            if uuid not in self._xid:
+                self.counts["xid_event_unknown_gpu"] += 1
+            elif uuid not in fatal_now:
+                self._xid[uuid] = xid
+                if xid in FATAL_XIDS:
+                    fatal_now.add(uuid)
 
     def read(self, device_id: str, handle: Any, physical_uuid: str) -> DeviceSample:
         """The fault fields of the device ``device_id`` whose physical GPU is ``handle``."""
-        nv = self.nvml
-        values = self._values(handle)
+        fields = self._period.get(physical_uuid)
+        if fields is None:
+            fields = self._period[physical_uuid] = self._read(handle)
+        xid = self._xid.get(physical_uuid)
+        return DeviceSample(vendor="NVIDIA", model=None, device_id=device_id, xid=xid, **fields)
+
+    def _read(self, handle: Any) -> dict[str, Any]:
+        values, failed = self._values(handle)
         fields: dict[str, Any] = {}
-        for field, names in _FIRST.items():
-            fields[field] = next((values[n] for n in names if n in values), None)
+        for field, names in _FIRST.items():  # the first the GPU supports; unread where it failed this time
+            supported = [n for n in names if n in values or n in failed]
+            fields[field] = values.get(supported[0]) if supported else None
         if fields["remap_failed"] is not None:
             fields["remap_failed"] = fields["remap_failed"] != 0
-        for field, names in _SUMS.items():
+        for field, names in _SUMS.items():  # unread where a part failed this time: a sum short of it is no reset
             found = [values[n] for n in names if n in values]
-            fields[field] = sum(found) if found else None
-        try:
-            mask = nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
-        except AttributeError:  # a pynvml from before the rename
-            mask = nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
-        except nv.NVMLError_NotSupported:
-            mask = None
-        fields["throttle_reasons"] = None if mask is None else throttle_names(int(mask))
-        fields["xid"] = self._xid.get(physical_uuid)
-        return DeviceSample(vendor="NVIDIA", model=None, device_id=device_id, **fields)
+            fields[field] = sum(found) if found and not failed.intersection(names) else None
+        fields["throttle_reasons"] = self._clocks(handle)
+        return fields
 
-    def _values(self, handle: Any) -> dict[str, int]:
-        """The supported field values of ``_NAMES``, by name (none where the call itself fails)."""
+    def _clocks(self, handle: Any) -> tuple[str, ...] | None:
+        nv = self.nvml
+        try:
+            try:
+                mask = nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
+            except (AttributeError, nv.NVMLError_FunctionNotFound):  # a pynvml or a driver from before the rename
+                mask = nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+        except nv.NVMLError_GpuIsLost:
+            raise
+        except nv.NVMLError_NotSupported:
+            return None
+        except nv.NVMLError as exc:
+            self._failed("clocks_failed", f"clocks event reasons could not be read ({exc})")
+            return None
+        return throttle_names(int(mask))
+
+    def _values(self, handle: Any) -> tuple[dict[str, int], set[str]]:
+        """The field values of ``_NAMES`` read, by name, and the names whose read failed other than as not
+        supported (none where the call itself fails: every field is then unread)."""
         nv = self.nvml
         try:
             got = nv.nvmlDeviceGetFieldValues(handle, [getattr(nv, n) for n in _NAMES])
+        except nv.NVMLError_GpuIsLost:
+            raise
         except (nv.NVMLError, AttributeError) as exc:
-            self.counts["fault_fields_unavailable"] += 1
-            log.debug("no NVML field values (%s)", exc)
-            return {}
-        out = {}
+            self._failed("fault_fields_unavailable", f"no NVML field values ({exc})")
+            return {}, set()
+        out: dict[str, int] = {}
+        failed: set[str] = set()
         for name, value in zip(_NAMES, got):
-            if value.nvmlReturn != nv.NVML_SUCCESS or not 0 <= value.valueType < len(_MEMBERS):
+            if value.nvmlReturn == nv.NVML_ERROR_NOT_SUPPORTED:
                 continue
-            try:
-                count = int(getattr(value.value, _MEMBERS[value.valueType]))
-            except (ValueError, OverflowError):  # a NaN or an infinity where a double is given
-                continue
-            if count >= 0:  # a negative count is a misread: unreported, never a fault
+            count = None
+            if value.nvmlReturn == nv.NVML_SUCCESS and 0 <= value.valueType < len(_MEMBERS):
+                try:
+                    count = int(getattr(value.value, _MEMBERS[value.valueType]))
+                except (ValueError, OverflowError):  # a NaN or an infinity where a double is given
+                    count = None
+            if count is None or count < 0:  # an error, or a misread: unread this time, never a fault
+                failed.add(name)
+            else:
                 out[name] = count
-        return out
+        return out, failed
+
+    def _failed(self, reason: str, message: str) -> None:
+        """Counted each time, logged once a run."""
+        self.counts[reason] += 1
+        if reason not in self._warned:
+            self._warned.add(reason)
+            log.warning("%s", message)
 
     def close(self) -> None:
         if self._events is not None:
-            self.nvml.nvmlEventSetFree(self._events)
-            self._events = None
+            events, self._events = self._events, None
+            try:
+                self.nvml.nvmlEventSetFree(events)
+            except self.nvml.NVMLError as exc:
+                log.warning("the XID event set could not be freed (%s)", exc)
