@@ -5,11 +5,12 @@ what it sets can use it without importing every command's flags."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["env_default", "env_flag", "add_tool_timeout", "on_off", "TOOL_TIMEOUT_ENV"]
+__all__ = ["env_default", "env_flag", "add_tool_timeout", "on_off", "seconds", "TOOL_TIMEOUT_ENV"]
 
 #: how long one run of a vendor tool, or one read of an exporter's page, may take (``gpucost devices --timeout-s``,
 #: ``run``/``produce --device-timeout-s``): one variable for both
@@ -33,23 +34,27 @@ def env_flag(
     )
 
 
-def _tool_seconds(text: str) -> float:
-    """Seconds above 0, at most an hour (a NaN or an infinity would be no deadline)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a number of seconds above 0, at most 3600 (the flag, or env {TOOL_TIMEOUT_ENV})"
-        )
-    return value
+def seconds(env: str, at_most: float = math.inf) -> Callable[[str], float]:
+    """The type of a flag of seconds falling back to ``env``: finite, above 0 and at most ``at_most`` (a NaN or an
+    infinity would be no deadline, no period); its error names the flag's variable."""
+    bound = "" if math.isinf(at_most) else f", at most {at_most:g}"
+
+    def checked(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= at_most or math.isinf(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0{bound} (or env {env})")
+        return value
+
+    return checked
 
 
 def add_tool_timeout(p: argparse._ActionsContainer, flag: str, what: str) -> None:
-    """The deadline of a live vendor tool's run or an exporter's page, ``flag`` falling back to
-    ``TOOL_TIMEOUT_ENV``, 10 s."""
-    env_flag(p, flag, TOOL_TIMEOUT_ENV, _tool_seconds, "10", what)
+    """The deadline of a live source's sample (a vendor tool's run, a library or NVML read, an exporter's page),
+    ``flag`` falling back to ``TOOL_TIMEOUT_ENV``, 10 s, at most an hour."""
+    env_flag(p, flag, TOOL_TIMEOUT_ENV, seconds(TOOL_TIMEOUT_ENV, 3600), "10", what)
 
 
 def on_off(text: str) -> bool:

@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from gpucost.config import FLAG_FIELDS
-from gpucost.env_flags import add_tool_timeout, env_default, env_flag, on_off
+from gpucost.env_flags import add_tool_timeout, env_default, env_flag, on_off, seconds
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kube_flags import add_kubernetes
 from gpucost.producers.accelerators.libraries import LIBRARIES
@@ -127,16 +127,6 @@ def date_arg(text: str) -> dt.date:
         raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
 
 
-def _positive_s(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
-    return value
-
-
 def add_compact(p: argparse.ArgumentParser, env: str) -> None:
     env_flag(
         p,
@@ -177,7 +167,7 @@ def add_publication(p: argparse.ArgumentParser) -> None:
         p,
         "--publish-delay-s",
         "GPUCOST_PUBLISH_DELAY_S",
-        _positive_s,
+        seconds("GPUCOST_PUBLISH_DELAY_S"),
         "60",
         "publish the records of closed panes, with a checkpoint of the run's state, this often: the most a "
         "record waits to reach the Parquet, and the most input a kill loses",
