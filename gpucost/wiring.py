@@ -249,9 +249,10 @@ class Signals:
 
 def say_source_counts(live: LiveSource | None) -> None:
     """What the live source could not turn into events, so that a run never hides it behind a warning."""
-    if live is not None and +live.counts:
+    counts = {} if live is None else dict(live.counts)  # one copy: a sample that ran late may still count
+    if any(counts.values()):
         print(
-            "gpucost: the source counted " + ", ".join(f"{k} {v:,}" for k, v in sorted(live.counts.items()) if v),
+            "gpucost: the source counted " + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items()) if v),
             file=sys.stderr,
         )
 

@@ -36,10 +36,12 @@ class _Gated:
         return [_gpu(ts_ns, call)]
 
 
-def _gpu(ts_ns: int, call: int) -> GpuSample:
+def _gpu(ts_ns: int, call: int, uuid: str | None = None, faults: tuple[int, int] | None = None) -> GpuSample:
     return GpuSample(
+        fault_fatal=None if faults is None else faults[0],
+        fault_warning=None if faults is None else faults[1],
         node_id="n",
-        gpu_uuid=f"GPU-call-{call}",
+        gpu_uuid=uuid or f"GPU-call-{call}",
         gpu_model="H100",
         ts_ns=ts_ns,
         interval_s=1.0,
@@ -66,6 +68,64 @@ def test_a_hung_sample_is_a_counted_gap_and_the_next_answer_is_its_own() -> None
     time.sleep(0.05)  # the hung call's thread ends once its answer is dropped
     # the late answer (call 2) is dropped; the next period is answered by a call of its own
     assert [e.gpu_uuid for e in deadlined.sample(T0 + 3 * NS, 1.0)] == ["GPU-call-3"]
+
+
+class _LateFault:
+    """A GPU whose second sample hangs until ``gate`` and then reports a fatal fault (or raises ``error``)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.calls, self.gate, self.error = 0, threading.Event(), error
+
+    def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
+        self.calls += 1
+        if self.calls == 2:
+            self.gate.wait()
+            if self.error is not None:
+                raise self.error
+            return [_gpu(ts_ns, 2, "GPU-a", (1, 2))]
+        return [_gpu(ts_ns, self.calls, "GPU-a", (0, 1))]
+
+
+def _release(late: _LateFault, deadlined: Deadlined) -> None:
+    late.gate.set()
+    for _ in range(500):  # the hung call returns at once; wait for its thread to end
+        if not deadlined.busy:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the released call never ended")
+
+
+def test_the_faults_of_a_late_answer_come_with_the_gpus_next_sample() -> None:
+    late, counts = _LateFault(), Counter[str]()
+    deadlined = Deadlined(late, 0.1, counts)
+    got = [deadlined.sample(T0 + k * NS, 1.0) for k in range(2)]
+    _release(late, deadlined)
+    got += [deadlined.sample(T0 + k * NS, 1.0) for k in (2, 3)]
+    assert [[(e.fault_fatal, e.fault_warning) for e in events if isinstance(e, GpuSample)] for events in got] == [
+        [(0, 1)],
+        [],  # the hung period: a gap
+        [(0 + 1, 1 + 2)],  # its own faults and the late answer's
+        [(0, 1)],
+    ]
+
+
+def test_a_late_error_is_counted_and_the_source_goes_on() -> None:
+    late, counts = _LateFault(RuntimeError("the driver's late error")), Counter[str]()
+    deadlined = Deadlined(late, 0.1, counts)
+    deadlined.sample(T0, 1.0), deadlined.sample(T0 + NS, 1.0)
+    _release(late, deadlined)
+    assert len(deadlined.sample(T0 + 2 * NS, 1.0)) == 1 and counts["sample_failed_late"] == 1
+
+
+def test_a_stop_is_heard_while_a_sample_hangs() -> None:
+    late, counts, stop = _LateFault(), Counter[str](), threading.Event()
+    deadlined = Deadlined(late, 60.0, counts, stop.is_set)
+    deadlined.sample(T0, 1.0)
+    threading.Timer(0.2, stop.set).start()
+    began = time.monotonic()
+    assert deadlined.sample(T0 + NS, 1.0) == [] and time.monotonic() - began < 5
+    assert counts["sample_timed_out"] == 0  # a stop, not a timeout
+    late.gate.set()
 
 
 def test_an_exception_of_the_sample_is_raised_as_without_the_deadline() -> None:
@@ -107,6 +167,7 @@ def test_a_live_nvml_run_outlives_a_hung_driver(
     finally:
         never.set()
     assert time.monotonic() - began < 30
-    assert "sample_timed_out" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "sample_timed_out" in err and "close_skipped_sample_hung 1" in err  # never closed under the hung call
     (samples,) = connect(out).execute("SELECT count(*) FROM idle_index").fetchone()
     assert samples >= 1  # the panes of the samples before the driver hung are billed

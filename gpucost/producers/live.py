@@ -90,14 +90,18 @@ class _Sampled:
     def events(self) -> Iterator[Event]:
         s = self.settings
         ticks = None if s.duration_s is None else max(1, int(s.duration_s / s.period_s))
+        # a second's grace past the deadline, so that a vendor tool's own timeout (the same flag) answers first
+        sampler = Deadlined(self.sampler, s.device_timeout_s + 1.0, self.counts, self._stop.is_set)
         try:
-            sampler = Deadlined(self.sampler, s.device_timeout_s, self.counts)
             for ev in sample_forever(sampler, s.period_s, ticks, stopped=self._stop.is_set):
                 yield ev
                 if self._stop.is_set():
                     return
         finally:
-            self._close()
+            if sampler.busy:  # closing a driver under a call it never returned from could hang the run's end
+                self.counts["close_skipped_sample_hung"] += 1
+            else:
+                self._close()
 
     def stop(self) -> None:
         self._stop.set()

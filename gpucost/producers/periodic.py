@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from gpucost.schemas.events import Event
+from gpucost.schemas.events import FAULT_COUNT_MAX, Event, GpuSample
 
 __all__ = ["Deadlined", "Sampler", "sample_forever"]
 
@@ -23,20 +23,33 @@ class Sampler(Protocol):
 
 class Deadlined:
     """``sampler``, each ``sample`` given at most ``timeout_s``. Why: a library call has no deadline of its own (NVML,
-    amdsmi, HLML), and a wedged driver would hold the whole run, its panes and ``/healthz`` with it. So each sample
-    runs in a thread of its own: one that has not answered in time costs that period's events (counted
+    amdsmi, HLML), and a wedged driver would hold the source, so that the run billed nothing and could not stop. So
+    each sample runs in a thread of its own: one that has not answered in time costs that period's events (counted
     ``sample_timed_out``), never the loop; while it is still running no other is started (counted
     ``sample_still_running``), so a driver that never answers holds one thread, not one a period. What it answers
-    late is dropped, its period a gap. An exception the sample raises is raised here, as without the deadline."""
+    late is dropped, its period a gap, but for its device faults: the sampler has taken them as seen, so they come
+    with the device's next sample sent, as a skipped sample's do. An error it raises late is logged and counted
+    (``sample_failed_late``). ``stopped`` is asked while waiting, so that a stop is heard within a tenth of a
+    second."""
 
-    def __init__(self, sampler: Sampler, timeout_s: float, counts: Counter[str]) -> None:
-        self.sampler, self.timeout_s, self.counts = sampler, timeout_s, counts
+    def __init__(
+        self, sampler: Sampler, timeout_s: float, counts: Counter[str], stopped: Callable[[], bool] = lambda: False
+    ) -> None:
+        self.sampler, self.timeout_s, self.counts, self.stopped = sampler, timeout_s, counts, stopped
         self._running: threading.Thread | None = None
+        self._late: list[list[Event] | BaseException] = []  # the answer of the call that ran late, once it comes
+        self._faults: dict[str, tuple[int, int]] = {}  # GPU → the faults of late answers, not yet sent
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call that ran late has still not returned (a wedged driver: not to be closed under it)."""
+        return self._running is not None and self._running.is_alive()
 
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
-        if self._running is not None and self._running.is_alive():
+        if self.busy:
             self.counts["sample_still_running"] += 1
             return []
+        self._take_late()
         answer: list[list[Event] | BaseException] = []
 
         def run() -> None:
@@ -45,16 +58,43 @@ class Deadlined:
             except BaseException as exc:  # noqa: BLE001 (raised again in the caller's thread)
                 answer.append(exc)
 
-        self._running = threading.Thread(target=run, name="gpucost-sample", daemon=True)
-        self._running.start()
-        self._running.join(self.timeout_s)
+        self._running = thread = threading.Thread(target=run, name="gpucost-sample", daemon=True)
+        thread.start()
+        waited_until = time.monotonic() + self.timeout_s
+        while thread.is_alive() and time.monotonic() < waited_until and not self.stopped():
+            thread.join(min(0.1, max(0.0, waited_until - time.monotonic())))
         if not answer:
-            self.counts["sample_timed_out"] += 1
-            log.warning("a sample took over %g s (--device-timeout-s): that period is a gap", self.timeout_s)
+            self._late = answer
+            if not self.stopped():
+                self.counts["sample_timed_out"] += 1
+                log.warning("a sample took over %g s (--device-timeout-s): that period is a gap", self.timeout_s)
             return []
         if isinstance(answer[0], BaseException):
             raise answer[0]
-        return answer[0]
+        return self._with_late_faults(answer[0])
+
+    def _take_late(self) -> None:
+        """The faults of the answer that came late (an error it raised, logged), kept for each GPU's next sample."""
+        late, self._late = self._late, []
+        if late and isinstance(late[0], BaseException):
+            self.counts["sample_failed_late"] += 1
+            log.warning("a sample that ran late failed: %s", late[0])
+        elif late:
+            for e in late[0]:
+                if isinstance(e, GpuSample) and e.fault_fatal is not None:
+                    fatal, warning = self._faults.get(e.gpu_uuid, (0, 0))
+                    self._faults[e.gpu_uuid] = (fatal + e.fault_fatal, warning + (e.fault_warning or 0))
+
+    def _with_late_faults(self, events: list[Event]) -> list[Event]:
+        out: list[Event] = []
+        for e in events:
+            carried = self._faults.pop(e.gpu_uuid, None) if isinstance(e, GpuSample) else None
+            if isinstance(e, GpuSample) and carried is not None:
+                fatal = min((e.fault_fatal or 0) + carried[0], FAULT_COUNT_MAX)
+                warning = min((e.fault_warning or 0) + carried[1], FAULT_COUNT_MAX)
+                e = e.model_copy(update={"fault_fatal": fatal, "fault_warning": warning})
+            out.append(e)
+        return out
 
 
 def sample_forever(

@@ -54,7 +54,9 @@ NonNegBytes = Annotated[int, Field(ge=0, lt=2**63)]
 Pid = Annotated[int, Field(ge=0, lt=2**32)]
 Ident = Annotated[str, Field(min_length=1, max_length=256)]
 #: faults of one sample: at most one per fault field of a device (``gpucost.schemas.devices.FAULT_FIELDS``)
-FaultCount = Annotated[int, Field(ge=0, le=64)]
+#: the most faults of one kind a sample may carry (a sample's faults are far fewer: one per fault field)
+FAULT_COUNT_MAX = 64
+FaultCount = Annotated[int, Field(ge=0, le=FAULT_COUNT_MAX)]
 
 
 class _Event(BaseModel):
