@@ -165,8 +165,9 @@ class FakeState:
     #: (busy, tensor, dram) % that ``nvmlGpmMetricsGet`` gives over a period ending at each tick
     gpm: dict[Any, list[tuple[float, float, float]]] | None = None
     gpm_unsupported: set[str] = field(default_factory=set)  # GPM metric constants answered NOT_SUPPORTED
-    #: the XIDs NVML will send as critical XID events, the first first (on the physical GPU); None: no XID events
-    xids: list[int] | None = field(default_factory=list)
+    #: the XIDs NVML will send as critical XID events, the first first (on the physical GPU; an (XID, GPU instance)
+    #: pair for one NVML attributes to a MIG GPU instance); None: no XID events
+    xids: list[int | tuple[int, int]] | None = field(default_factory=list)
     #: field value name → the NVML error its next reads answer (other than NOT_SUPPORTED: a read that failed)
     field_errors: dict[str, int] = field(default_factory=dict)
     clocks_error: int | None = None  # the NVML error the clocks event reasons call raises
@@ -291,7 +292,9 @@ def fake_pynvml(state: FakeState) -> types.ModuleType:
         assert events == "xid-events" and timeout_ms == 0  # the source never waits
         if not state.xids:
             raise err(pynvml.NVML_ERROR_TIMEOUT)
-        return types.SimpleNamespace(device="gpu0", eventData=state.xids.pop(0))
+        xid = state.xids.pop(0)
+        xid, instance = xid if isinstance(xid, tuple) else (xid, 0xFFFFFFFF)  # NVML's "no GPU instance"
+        return types.SimpleNamespace(device="gpu0", eventData=xid, gpuInstanceId=instance)
 
     def register(h: Any, kinds: int, events: Any) -> None:
         if state.xids is None or kinds != pynvml.nvmlEventTypeXidCriticalError:

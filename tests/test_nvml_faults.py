@@ -191,6 +191,24 @@ def test_a_fatal_xid_is_kept_over_a_later_warning_in_one_period(shared_data: Pat
     assert _faults(sampler.sample(T0, 1.0)) == [(1, 0)]
 
 
+def test_an_xid_of_one_gpu_instance_is_its_instances_alone(shared_data: Path) -> None:
+    """An XID NVML attributes to a MIG GPU instance fails the samples of that instance's devices only; one it
+    attributes to none, every instance's."""
+    cap = _capture(shared_data, H100_MIG)
+    state = FakeState(cap, mig_enabled=True, now_us=10**9, gpm={gi: [(50.0, 1.0, 2.0)] for gi, _ in cap.mig_instance})
+    sampler = NvmlSampler("n", fake_pynvml(state))
+    sampler.open()
+    gi_of = {mig_uuid: cap.mig_instance[j][0] for j, (_, mig_uuid) in enumerate(cap.mig)}
+    first_gi = cap.mig_instance[0][0]
+    state.xids += [(94, first_gi)]  # a contained ECC error in one GPU instance
+    got = {e.gpu_uuid: e.fault_fatal for e in sampler.sample(T0, 1.0) if isinstance(e, GpuSample)}
+    assert got and got == {u: int(gi_of[u] == first_gi) for u in got}
+    assert 0 < sum(got.values()) < len(got)
+    state.xids += [79]  # the whole GPU fell off the bus
+    got = {e.gpu_uuid: e.fault_fatal for e in sampler.sample(T0 + NS, 1.0) if isinstance(e, GpuSample)}
+    assert set(got.values()) == {1}
+
+
 def test_faults_leave_the_bill_unchanged(shared_data: Path) -> None:
     cap = _capture(shared_data)
     state = FakeState(cap, now_us=10**9)

@@ -16,6 +16,7 @@ the GPUs' readings at open being the baseline.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import Counter
@@ -108,14 +109,15 @@ class NvmlSampler:
                         mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
                     except nv.NVMLError_NotFound:
                         continue  # an empty slot
-                    self.devices.append(
-                        _Device(mig, _text(nv.nvmlDeviceGetUUID(mig)), _text(nv.nvmlDeviceGetName(mig)), handle, uuid)
-                    )
+                    dev = _Device(mig, _text(nv.nvmlDeviceGetUUID(mig)), _text(nv.nvmlDeviceGetName(mig)), handle, uuid)
+                    with contextlib.suppress(nv.NVMLError):  # unknown: it has every XID of its GPU
+                        dev.gpu_instance = int(nv.nvmlDeviceGetGpuInstanceId(mig))
+                    self.devices.append(dev)
             else:
                 self.devices.append(_Device(handle, uuid, name, None, uuid))
         self.faults.open(physical)
         for dev in self.devices:  # the faults the GPUs had before the run are the baseline, not the run's
-            self._baseline.remember([self.faults.read(dev.uuid, dev.physical, dev.physical_uuid)])
+            self._baseline.remember([self.faults.read(dev.uuid, dev.physical, dev.physical_uuid, dev.gpu_instance)])
         for dev in self.devices:
             self._open_gpm(dev)
         instances = Counter((id(d.parent), d.gpu_instance) for d in self.devices if d.gpu_instance is not None)
@@ -272,7 +274,7 @@ class NvmlSampler:
     def _faults(self, dev: _Device, physical: Any) -> dict[str, int]:
         """The sample's ``fault_fatal`` and ``fault_warning``, new since the device's last sample sent (none where
         its GPU reports no fault field)."""
-        got = self._baseline.take(self.faults.read(dev.uuid, physical, dev.physical_uuid))
+        got = self._baseline.take(self.faults.read(dev.uuid, physical, dev.physical_uuid, dev.gpu_instance))
         return {} if got is None else {"fault_fatal": got[0], "fault_warning": got[1]}
 
     def _claimed(self, gpu: GpuSample, processes: list[ProcessSample]) -> list[ProcessSample]:

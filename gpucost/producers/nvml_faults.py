@@ -41,6 +41,8 @@ _SUMS = {
 }
 _NAMES = tuple(dict.fromkeys(n for names in (*_FIRST.values(), *_SUMS.values()) for n in names))
 #: the member of NVML's value union each value type is read from (``NVML_VALUE_TYPE_*``, in order)
+#: ``gpuInstanceId`` of an event NVML attributes to no GPU instance
+_WHOLE_GPU = 0xFFFFFFFF
 _MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
@@ -52,7 +54,9 @@ class NvmlFaults:
     def __init__(self, nvml: ModuleType, counts: Counter[str]) -> None:
         self.nvml, self.counts = nvml, counts
         self._events: Any = None  # the XID event set, where NVML gives one
-        self._xid: dict[str, int] = {}  # physical GPU's UUID → its last XID this run (a fatal one kept over warnings)
+        #: physical GPU's UUID → per GPU instance (None: the whole GPU) its last XID this run, as (its order, XID)
+        self._xid: dict[str, dict[int | None, tuple[int, int]]] = {}
+        self._xids_seen = 0
         self._period: dict[str, dict[str, Any]] = {}  # physical GPU's UUID → its fault fields read this period
         self._warned: set[str] = set()
 
@@ -75,14 +79,15 @@ class NvmlFaults:
                 self.counts["xid_events_unavailable"] += 1
                 log.warning("%s: no XID events (%s)", uuid, exc)
             else:
-                self._xid[uuid] = 0
+                self._xid[uuid] = {None: (0, 0)}
 
     def begin(self) -> None:
         """A new period: take the XID events NVML has queued since the last, without waiting, and forget the fault
         fields read (each physical GPU's are read once a period, however many MIG instances it has). Of several
-        XIDs of one GPU in a period, a fatal one is kept over a warning."""
+        XIDs of one GPU (or GPU instance) in a period, a fatal one is kept over a warning. An XID NVML attributes to
+        a MIG GPU instance is that instance's; any other, the whole GPU's."""
         self._period.clear()
-        fatal_now: set[str] = set()
+        fatal_now: set[tuple[str, int | None]] = set()
         nv = self.nvml
         while self._events is not None:
             try:
@@ -94,20 +99,28 @@ class NvmlFaults:
                 self._failed("xid_events_failed", f"XID events could not be read ({exc})")
                 return
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            xid = int(data.eventData)
+            xid, instance = int(data.eventData), int(getattr(data, "gpuInstanceId", _WHOLE_GPU))
+            key = (uuid, None if instance == _WHOLE_GPU else instance)
             if uuid not in self._xid:
                 self.counts["xid_event_unknown_gpu"] += 1
-            elif uuid not in fatal_now:
-                self._xid[uuid] = xid
+            elif key not in fatal_now:
+                self._xids_seen += 1
+                self._xid[uuid][key[1]] = (self._xids_seen, xid)
                 if xid in FATAL_XIDS:
-                    fatal_now.add(uuid)
+                    fatal_now.add(key)
 
-    def read(self, device_id: str, handle: Any, physical_uuid: str) -> DeviceSample:
-        """The fault fields of the device ``device_id`` whose physical GPU is ``handle``."""
+    def read(self, device_id: str, handle: Any, physical_uuid: str, gpu_instance: int | None = None) -> DeviceSample:
+        """The fault fields of the device ``device_id`` whose physical GPU is ``handle``: a MIG instance's
+        ``gpu_instance`` has the XIDs of its GPU instance and of the whole GPU (one whose instance is not known, every
+        XID of its GPU)."""
         fields = self._period.get(physical_uuid)
         if fields is None:
             fields = self._period[physical_uuid] = self._read(handle)
-        xid = self._xid.get(physical_uuid)
+        seen = self._xid.get(physical_uuid)
+        mine = (
+            None if seen is None else [v for k, v in seen.items() if gpu_instance is None or k in (None, gpu_instance)]
+        )
+        xid = None if mine is None else max(mine)[1]
         return DeviceSample(vendor="NVIDIA", model=None, device_id=device_id, xid=xid, **fields)
 
     def _read(self, handle: Any) -> dict[str, Any]:
