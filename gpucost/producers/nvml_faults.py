@@ -1,13 +1,13 @@
 """Device faults read from NVML for the NVML source (docs/sources.md, "Device faults").
 
-The counters are the ones dcgm-exporter reads, through NVML's own field values, one call per device and period
-(``nvmlDeviceGetFieldValues``; each field answers for itself, so a GPU that lacks one, retired pages on a GPU that
-remaps rows, leaves that field unreported): ECC counts since the driver loaded, the lifetime ones only where the
-volatile ones are not supported; retired pages, remapped rows and NVLink errors each summed over their causes or
-links; PCIe replays; whether a row remapping failed. Throttling is the clocks event mask now. An XID arrives only as
-an NVML event: the source registers for critical XID events at open and drains them each period, so a device's
-``xid`` is the last one NVML sent since the run began (0: none), on every device of that physical GPU. A MIG
-instance reports its GPU's faults: NVML keeps them per GPU.
+The counters are the ones dcgm-exporter reads, through NVML's own field values, one call per physical GPU and
+period however many MIG instances it has (``nvmlDeviceGetFieldValues``; each field answers for itself, so a GPU
+that lacks one, retired pages on a GPU that remaps rows, leaves that field unreported): ECC counts since the driver
+loaded, the lifetime ones only where the volatile ones are not supported; retired pages, remapped rows and NVLink
+errors each summed over their causes or links; PCIe replays; whether a row remapping failed. Throttling is the
+clocks event mask now. An XID arrives only as an NVML event: the source registers for critical XID events at open
+and drains them each period, so a device's ``xid`` is the last one NVML sent since the run began (0: none), for its
+GPU instance or its whole GPU. A MIG instance reports its GPU's counters: NVML keeps them per GPU.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ _SUMS = {
     ),
 }
 _NAMES = tuple(dict.fromkeys(n for names in (*_FIRST.values(), *_SUMS.values()) for n in names))
-#: the member of NVML's value union each value type is read from (``NVML_VALUE_TYPE_*``, in order)
-#: ``gpuInstanceId`` of an event NVML attributes to no GPU instance
+#: ``gpuInstanceId`` of an event NVML attributes to no GPU instance (``NVML_GPU_INSTANCE_ID_ANY``)
 _WHOLE_GPU = 0xFFFFFFFF
+#: the member of NVML's value union each value type is read from (``NVML_VALUE_TYPE_*``, in order)
 _MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 

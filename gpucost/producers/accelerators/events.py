@@ -310,7 +310,7 @@ def with_faults(
     for device, seen in history.items():
         seen.sort(key=lambda t: t[0])  # stable: rows of one time keep the capture's order
         before = None if earlier is None else earlier.since(seen[0][1])
-        for ts, s in seen:  # stable: rows of one time keep the capture's order
+        for ts, s in seen:
             found.setdefault((device, ts), counts(s, before))
             before = s
     prefix = len(place.node) + 1  # gpu_uuid and partition_of are NODE/DEVICE_ID
