@@ -171,3 +171,25 @@ def test_a_live_nvml_run_outlives_a_hung_driver(
     assert "sample_timed_out" in err and "close_skipped_sample_hung 1" in err  # never closed under the hung call
     (samples,) = connect(out).execute("SELECT count(*) FROM idle_index").fetchone()
     assert samples >= 1  # the panes of the samples before the driver hung are billed
+
+
+def test_a_stop_during_a_sample_still_closes_the_source() -> None:
+    """A stop heard while a sample is running (not hung): the source waits for it, then closes what it opened."""
+    from gpucost.producers.live import LiveSettings, open_live
+
+    closed, sampling = threading.Event(), threading.Event()
+
+    class Slow:
+        devices: list[object] = []
+
+        def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
+            sampling.set()
+            time.sleep(0.3)
+            return []
+
+        def close(self) -> None:
+            closed.set()
+
+    source = open_live("nvml", LiveSettings(node_id="n", period_s=0.05), nvml=Slow())  # type: ignore[arg-type]
+    threading.Thread(target=lambda: (sampling.wait(5), source.stop()), daemon=True).start()
+    assert list(source.events()) == [] and closed.is_set()

@@ -98,10 +98,10 @@ class _Sampled:
                 if self._stop.is_set():
                     return
         finally:
-            if sampler.busy:  # closing a driver under a call it never returned from could hang the run's end
-                self.counts["close_skipped_sample_hung"] += 1
-            else:
+            if sampler.settle():
                 self._close()
+            else:  # closing a driver under a call it never returned from could hang the run's end
+                self.counts["close_skipped_sample_hung"] += 1
 
     def stop(self) -> None:
         self._stop.set()

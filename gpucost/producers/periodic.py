@@ -45,6 +45,13 @@ class Deadlined:
         """Whether a call that ran late has still not returned (a wedged driver: not to be closed under it)."""
         return self._running is not None and self._running.is_alive()
 
+    def settle(self, grace_s: float = 1.0) -> bool:
+        """Whether no call is running, after waiting up to ``grace_s`` for one (a sample a stop interrupted the
+        wait for, which ends at once, unless its driver is wedged)."""
+        if self._running is not None:
+            self._running.join(grace_s)
+        return not self.busy
+
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
         if self.busy:
             self.counts["sample_still_running"] += 1
