@@ -162,6 +162,22 @@ def test_a_counter_first_read_mid_run_is_its_own_baseline(tool: Path) -> None:
     assert seen == [0, 0, 1]
 
 
+def test_the_faults_of_a_reading_whose_event_is_refused_come_with_the_next_sample_sent(tool: Path) -> None:
+    """An answer whose GPU event cannot be made (its power, 199 W on line 6, rewritten as 20,000 W: above any GPU's)
+    is counted, not billed; the uncorrectable ECC error it shows is not lost with it but fails the next
+    sample sent, as the NVML and dcgm sources keep a skipped sample's faults (docs/sources.md, "Device faults")."""
+    text = tool.read_text()
+    ecc = "           0           0            0"  # GPU 0's SINGLE_ECC, DOUBLE_ECC, PCIE_REPLAY
+    sampler = ToolSampler("amd-smi-text", "mi-a", model="MI300X")
+    sampler.first()
+    risen = text.replace(ecc, "           0           1            0")
+    tool.write_text(risen.replace("  0  199 W", "  0  20000 W"))
+    assert [e for e in sampler.sample(T0, 1.0) if isinstance(e, GpuSample)] == []
+    assert [reason for reason in sampler.counts if reason.startswith("gpu_sample of mi-a/gpu0: power_w")]
+    tool.write_text(risen)
+    assert [e.fault_fatal for e in sampler.sample(T0 + S, 1.0) if isinstance(e, GpuSample)] == [1]
+
+
 def test_an_answer_the_parser_refuses_is_a_counted_reason_never_an_exception(tool: Path, shared_data: Path) -> None:
     capture = (shared_data / "accelerators" / "google-tpu" / "tpu-info_v6e_streaming_readme-0.14.2.txt").read_text()
     tool.write_text(capture.replace("11:00:59 UTC", "11:00:59 PDT"))

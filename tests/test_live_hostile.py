@@ -18,11 +18,11 @@ from gpucost.cli import main
 from gpucost.producers import scrape
 from gpucost.producers.accelerators.events import Placement, to_events
 from gpucost.producers.accelerators.libraries import AmdSmi
-from gpucost.producers.accelerators.live import MAX_REASONS, ToolSampler
+from gpucost.producers.accelerators.live import ToolSampler
 from gpucost.producers.accelerators.neuron import parse_scrape
 from gpucost.producers.live import LiveSettings, open_live
 from gpucost.producers.scrape import ScrapeUnavailable, fetch
-from gpucost.schemas.devices import DeviceSample, Parsed
+from gpucost.schemas.devices import MAX_REASONS, DeviceSample, Parsed
 from tests.support.dcgm_exporter import serving
 from tests.support.vendor_libraries import AmdGpu, amdsmi_module
 

@@ -165,6 +165,10 @@ class DeviceSample:
 FAULT_FIELDS = tuple(f.name for f in fields(DeviceSample) if f.metadata.get("fault"))
 
 
+#: distinct reasons a live source counts by their own text (``Parsed.count_into``)
+MAX_REASONS = 100
+
+
 @dataclass
 class Parsed:
     """What a parser made of one capture: samples, and the parts it could not use, counted by reason."""
@@ -174,6 +178,14 @@ class Parsed:
 
     def reject(self, reason: str) -> None:
         self.dead_letters[reason] += 1
+
+    def count_into(self, counts: Counter[str]) -> None:
+        """The reasons added to a live source's ``counts``: each under its own text (it names a value, a device) while
+        ``counts`` holds fewer than ``MAX_REASONS`` names (the source's own counters among them), a new one after that
+        as ``other_reasons``, so that a long run's counters (each a series on ``/metrics``) stay bounded."""
+        for reason, n in self.dead_letters.items():
+            known = reason in counts or len(counts) < MAX_REASONS
+            counts[reason if known else "other_reasons"] += n
 
 
 def _num(value: Decimal | None) -> str:

@@ -13,6 +13,7 @@ import subprocess
 from collections import Counter
 from dataclasses import replace
 from decimal import Decimal
+from typing import Any
 
 from gpucost.producers.accelerators.detect import FORMATS
 from gpucost.producers.accelerators.events import FaultBaseline, Placement, to_events, with_faults
@@ -110,16 +111,12 @@ def _parsed(fmt: str, source: str, text: str, out: Parsed) -> Parsed:
         return out
 
 
-#: distinct reasons a live source counts by their own text (``ToolSampler._count``)
-MAX_REASONS = 100
-
-
 class ToolSampler:
     """A vendor's tool run, or its exporter's page read from ``url``, once each period (``gpucost run --source
     devices --device-tool NAME``): its devices' and partitions' samples as the pipeline's events, by the rules a
     capture replayed through ``gpucost devices --events`` is billed by (``events.to_events``), the faults of each
-    sample counted against the device's previous one, the previous run's included (``events.with_faults``). A run
-    that fails gives no events and its reason counted."""
+    sample counted against the device's previous one sent, the previous run's included (``events.with_faults``). A
+    run that fails gives no events and its reason counted."""
 
     def __init__(
         self, fmt: str, node_id: str, model: str | None = None, timeout_s: float = 10.0, url: str | None = None
@@ -143,14 +140,6 @@ class ToolSampler:
         self._before.remember(latest)
         return latest, parsed
 
-    def _count(self, parsed: Parsed) -> None:
-        """The answer's reasons counted: the first ``MAX_REASONS`` distinct texts each under its own (they name a
-        value, a device), the rest as ``other_reasons``, so that a long run's counters (each a series on
-        ``/metrics``) stay bounded."""
-        for reason, n in parsed.dead_letters.items():
-            known = reason in self.counts or len(self.counts) < MAX_REASONS
-            self.counts[reason if known else "other_reasons"] += n
-
     def _latest(self, parsed: Parsed) -> list[DeviceSample]:
         """Each device's (or partition's) latest reading of one answer: a tool that prints several (hl-smi's log
         form) is sampled once a period, as every other, the rest counted ``readings_superseded``."""
@@ -170,8 +159,16 @@ class ToolSampler:
         now = [replace(s, ts_ns=ts_ns) for s in self._latest(parsed)]  # the sampling grid's time, not the tool's
         place = Placement(self.node_id, Decimal(repr(interval_s)), ts_ns, self.model)
         wire = with_faults(to_events(now, place, parsed), now, place, self._before)
-        self._before.remember(now)
+        self._before.remember(s for s in now if s.device_id in _sent(wire, self.node_id))
         if not parsed.samples and not parsed.dead_letters:  # an answer of no device at all: a silent gap, else
             parsed.reject("no_devices: the answer names no device")
-        self._count(parsed)
+        parsed.count_into(self.counts)
         return [(GpuSample if w["kind"] == "gpu_sample" else ProcessSample).model_validate(w) for w in wire]
+
+
+def _sent(wire: list[dict[str, Any]], node_id: str) -> set[str]:
+    """The devices whose faults the GPU samples of ``wire`` carry: each sample's device and a partition's whole device
+    (its faults are the partition's where it reports none). Only their readings move the baseline on, so the faults
+    of a reading whose event was refused come with the device's next sample sent."""
+    prefix = len(node_id) + 1  # gpu_uuid and partition_of are NODE/DEVICE_ID
+    return {w[k][prefix:] for w in wire if w["kind"] == "gpu_sample" for k in ("gpu_uuid", "partition_of") if k in w}
