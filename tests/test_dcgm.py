@@ -23,6 +23,7 @@ from tests.conftest import ROOT
 from tests.support.dcgm_exporter import SCRAPES, expected, exporter, metric_text, serving  # noqa: F401 (exporter is a fixture)
 
 NS = 1_000_000_000
+UNREADABLE_LINE = "Prometheus text: a line that is no sample, skipped"
 T0 = 1_767_571_200 * NS
 
 
@@ -64,7 +65,7 @@ def test_blank_sentinels_count_as_missing(shared_data: Path) -> None:
     # GPU_UTIL blank: the profiling ratio GR_ENGINE_ACTIVE stands in, scaled to percent
     (e,) = scrape_to_events(blank(text, "DCGM_FI_DEV_GPU_UTIL"), T0, 1.0, "n", counts)
     assert e.sm_util_pct == pytest.approx(want[e.gpu_uuid]["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] * 100)
-    assert counts["blank:DCGM_FI_DEV_GPU_UTIL"] >= 1
+    assert counts["DCGM_FI_DEV_GPU_UTIL: blank (sentinel 9223372036854775794)"] >= 1
     # both blank: no utilisation at all, so nothing to bill: skipped and counted, never guessed
     both = blank(blank(text, "DCGM_FI_DEV_GPU_UTIL"), "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
     assert scrape_to_events(both, T0, 1.0, "n", counts) == [] and counts["gpu_sample_skipped"] == len(want)
@@ -285,7 +286,7 @@ def test_one_bad_line_costs_that_line_only(shared_data: Path) -> None:
     spoiled = text.replace("\nDCGM_FI_DEV_GPU_TEMP", "\nthis is { not prometheus\nDCGM_FI_DEV_GPU_TEMP", 1)
     assert spoiled != text
     assert scrape_to_events(spoiled, T0, 1.0, "n", counts) == scrape_to_events(text, T0, 1.0, "n")
-    assert counts["line_unparseable"] == 1
+    assert counts[UNREADABLE_LINE] == 1
 
 
 def test_mig_instances_are_billed_devices_each_with_its_pod(shared_data: Path) -> None:
@@ -341,4 +342,4 @@ def test_a_run_says_what_its_source_counted(
             == 0
         )
     counted = re.search(r"the source counted (.*)", capsys.readouterr().err)
-    assert counted and "busy_unclaimed" in counted[1] and re.search(r"line_unparseable \d", counted[1])
+    assert counted and "busy_unclaimed" in counted[1] and re.search(rf"{UNREADABLE_LINE} \d", counted[1])

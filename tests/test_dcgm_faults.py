@@ -141,7 +141,7 @@ def test_a_scrape_with_a_bad_line_or_a_byte_order_mark_keeps_its_faults(shared_d
     spoilt = "this is { no sample\n" + l4_with(shared_data, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 1")
     marked = "\ufeff" + l4_with(shared_data, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL 2")
     got = [_gpu(scraper.parse(t, T0 + k * NS, 1.0)).fault_fatal for k, t in enumerate((first, spoilt, marked))]
-    assert got == [0, 1, 1] and scraper.counts["line_unparseable"] == 1
+    assert got == [0, 1, 1] and scraper.counts["Prometheus text: a line that is no sample, skipped"] == 1
 
 
 def test_faults_leave_the_bill_unchanged(shared_data: Path) -> None:

@@ -1,51 +1,63 @@
 """The dcgm-exporter source: GPU samples from a ``/metrics`` scrape (Prometheus text).
 
 Where a cluster already runs NVIDIA's dcgm-exporter, its scrape gives the GPU-level figures
-(no per-process ones: DCGM has none). Parsed with prometheus_client's parser; label names of
-every release are accepted (``Hostname`` became ``hostname``); blank values, which the
-exporter writes as huge sentinels, count as missing. The device faults on its GPU samples come
-from the neutral reading of the same scrape (``gpucost.producers.accelerators.dcgm_exporter``), so
-the fault metrics are mapped in one place.
+(no per-process ones: DCGM has none). The scrape is read once, as the neutral reading of
+``gpucost.producers.accelerators.dcgm_exporter`` reads it (label names of every release, blank
+values written as huge sentinels counted as missing): each device's neutral sample gives the busy
+time, memory, power, temperature and faults billed, and its series only what the neutral model has
+no field for (memory-copy and profiling activity, PCIe rates, host and pod labels). So each DCGM
+metric is mapped in one place, for ``gpucost devices`` and the bill alike.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
+from decimal import Decimal
 
-from gpucost.producers.accelerators import dcgm_exporter
-from gpucost.producers.accelerators.dcgm_exporter import SENTINEL_MIN, device_of
+from gpucost.producers.accelerators.dcgm_exporter import Series, ratio_pct, read, sample_of
 from gpucost.producers.accelerators.events import FaultBaseline
-from gpucost.producers.scrape import Scraper, container_binding, families
+from gpucost.producers.scrape import Scraper, container_binding
 from gpucost.producers.synthetic import busy_as, container_pid, unclaimed_pid
 from gpucost.schemas.codec import explain
-from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample
+from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed, to_bytes, to_pct
 from gpucost.schemas.events import Event, GpuSample
 
 __all__ = ["DcgmScraper", "scrape_to_events"]
 
 log = logging.getLogger("gpucost.dcgm")
-MIB = 1 << 20
+#: read from each device's series beside its neutral sample (what the GPU sample has and the neutral model has not),
+#: each with its conversion: a value that is no reading is counted and read as missing
+_BILLED_RAW: dict[str, Callable[[Decimal], object]] = {
+    "DCGM_FI_DEV_MEM_COPY_UTIL": to_pct,
+    "DCGM_FI_PROF_DRAM_ACTIVE": ratio_pct,
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ratio_pct,
+    "DCGM_FI_PROF_PCIE_TX_BYTES": lambda value: to_bytes(value, "B"),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": lambda value: to_bytes(value, "B"),
+}
+#: what a MIG instance lacking it takes from its GPU's reading: DCGM keeps power, temperature and faults per GPU
+_FROM_GPU = ("power_w", "temperature_c", *FAULT_FIELDS)
 
 
-def _value(v: float) -> float | None:
-    return None if math.isnan(v) or math.isinf(v) or abs(v) >= SENTINEL_MIN else v
-
-
-def _pct(ratio: object) -> float | None:
-    """A profiling ratio (0–1) as a percentage, clamped as the exporter's rounding may pass 1."""
-    return None if ratio is None else min(100.0, max(0.0, float(ratio) * 100))  # type: ignore[arg-type]
+def _float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
 
 
 def scrape_to_events(
-    text: str, ts_ns: int, interval_s: float, default_node: str, counts: Counter[str] | None = None, sla: str = "Bronze"
+    text: str,
+    ts_ns: int,
+    interval_s: float,
+    default_node: str,
+    counts: Counter[str] | None = None,
+    sla: str = "Bronze",
+    faults: FaultBaseline | None = None,
 ) -> list[Event]:
     """One GPU sample per device in the scrape (the last value of each field wins): per ``UUID``, or
     with MIG per instance (``UUID`` and ``GPU_I_ID``, named ``UUID/GI-<id>``, model ``<model> MIG
-    <GPU_I_PROFILE>``), the parent GPU then not billed itself (its power and temperature go to its
-    instances), as the NVML source bills MIG instances.
+    <GPU_I_PROFILE>``), the parent GPU then not billed itself (its power, temperature and faults go to
+    its instances where theirs are missing), as the NVML source bills MIG instances.
 
     Where dcgm-exporter maps devices to Kubernetes pods (labels ``namespace``, ``pod``,
     ``container``), the container owns the device: a tenant binding (team = namespace, app = pod,
@@ -53,45 +65,32 @@ def scrape_to_events(
     and a process sample with the device's utilisation, under a synthetic pid, follow the GPU
     sample. A busy device no pod claims gets the same process sample under a pid of its own with
     no binding: its busy time is billed to ``unattributed``, never counted as idle.
+
+    With ``faults``, each GPU sample carries ``fault_fatal`` and ``fault_warning``: its reading's faults new
+    since ``faults.since`` it, which then takes it. A device's first reading, and each counter's first value, is
+    its own baseline, so what DCGM held before the run (ECC counts since the driver loaded or for the device's
+    lifetime, the last XID) is not the run's, nor counted again at each restart; throttling, a state, counts in
+    every sample it is in. Only a sample that is sent moves the baseline on, so the faults of a scrape whose
+    sample was skipped (no utilisation: a GPU fallen off the bus) come with the device's next sample.
     """
     counts = counts if counts is not None else Counter()
-    gpus: dict[str, dict[str, object]] = {}
-    parents_of_instances: set[str] = set()
-    for family in families(text, counts):
-        for sample in family.samples:
-            uuid = sample.labels.get("UUID")
-            if not sample.name.startswith("DCGM_FI_"):
-                continue  # the exporter's own metrics
-            if not uuid:
-                counts["sample_without_uuid"] += 1
-                continue
-            device, parent, mig = device_of(sample.labels)
-            if parent:
-                parents_of_instances.add(parent)
-            gpu = gpus.setdefault(device, {})
-            gpu["parent"] = parent
-            gpu["model"] = sample.labels.get("modelName", "unknown") + mig
-            if sample.labels.get("pod") and sample.labels.get("namespace"):
-                gpu["owner"] = (sample.labels["namespace"], sample.labels["pod"], sample.labels.get("container", ""))
-            gpu["node"] = sample.labels.get("Hostname") or sample.labels.get("hostname") or default_node
-            value = _value(sample.value)
-            if value is None:
-                counts[f"blank:{sample.name}"] += 1
-            else:
-                gpu[sample.name] = value
-    for uuid in parents_of_instances & set(gpus):  # a MIG parent: its time is its instances'
-        parent = gpus.pop(uuid)
-        counts["mig_parent_not_billed"] += 1
-        for g in gpus.values():
-            if g["parent"] == uuid:
-                for field in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"):
-                    if field in parent:
-                        g.setdefault(field, parent[field])
+    parsed = Parsed()
+    found = read(text, parsed, _BILLED_RAW, strict=True)
+    parsed.count_into(counts)
+    readings = {device: sample_of(device, s) for device, s in found.items()}
+    gpus = {s.parent_id for s in found.values()} & set(found)  # a MIG parent: its time is its instances'
+    if gpus:
+        counts["mig_parent_not_billed"] += len(gpus)
     out: list[Event] = []
     bound: set[int] = set()  # containers bound in this scrape: one binding each, however many devices
-    for device, g in sorted(gpus.items()):
+    for device, s in sorted(found.items()):
+        if device in gpus:
+            continue
+        reading, gpu = readings[device], readings.get(s.parent_id or "")
+        if gpu is not None:
+            reading = replace(reading, **{f: getattr(gpu, f) for f in _FROM_GPU if getattr(reading, f) is None})
         try:
-            out += _gpu_events(device, g, ts_ns, interval_s, counts, sla, bound)
+            out += _gpu_events(reading, s, ts_ns, interval_s, default_node, counts, sla, bound, faults)
         except ValueError as exc:  # a value no GPU can have (negative memory, a 'pod' with ':'): counted
             counts["gpu_sample_invalid"] += 1
             log.warning("dcgm: GPU %s skipped this scrape: %s", device, explain(exc))
@@ -99,59 +98,63 @@ def scrape_to_events(
 
 
 def _gpu_events(
-    uuid: str, g: dict[str, object], ts_ns: int, interval_s: float, counts: Counter[str], sla: str, bound: set[int]
+    reading: DeviceSample,
+    s: Series,
+    ts_ns: int,
+    interval_s: float,
+    default_node: str,
+    counts: Counter[str],
+    sla: str,
+    bound: set[int],
+    faults: FaultBaseline | None,
 ) -> list[Event]:
-    sm = g.get("DCGM_FI_DEV_GPU_UTIL")
-    if sm is None and "DCGM_FI_PROF_GR_ENGINE_ACTIVE" in g:
-        sm = float(g["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]) * 100  # type: ignore[arg-type]
-    bw = g.get("DCGM_FI_DEV_MEM_COPY_UTIL")
-    if bw is None and "DCGM_FI_PROF_DRAM_ACTIVE" in g:
-        bw = float(g["DCGM_FI_PROF_DRAM_ACTIVE"]) * 100  # type: ignore[arg-type]
-    if sm is None or "DCGM_FI_DEV_FB_USED" not in g:
+    if reading.busy_pct is None or reading.mem_used_bytes is None:
         counts["gpu_sample_skipped"] += 1  # no utilisation or memory: nothing to bill, counted
         return []
-    fb = [
-        float(g.get(f, 0.0))  # type: ignore[arg-type]
-        for f in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
-    ]
-    tx, rx = g.get("DCGM_FI_PROF_PCIE_TX_BYTES"), g.get("DCGM_FI_PROF_PCIE_RX_BYTES")
+    v = s.values
+    bw = v.get("DCGM_FI_DEV_MEM_COPY_UTIL", v.get("DCGM_FI_PROF_DRAM_ACTIVE"))  # both percentages by now
     gpu = GpuSample(
-        node_id=str(g["node"]),
-        gpu_uuid=uuid,
-        gpu_model=str(g["model"]),
+        node_id=s.host or default_node,
+        gpu_uuid=reading.device_id,
+        gpu_model=reading.model or f"unknown{s.mig}",
         ts_ns=ts_ns,
         interval_s=interval_s,
-        sm_util_pct=min(100.0, float(sm)),
-        mem_bw_util_pct=min(100.0, float(bw or 0.0)),  # type: ignore[arg-type]
-        mem_used_bytes=int(fb[0]) * MIB,
-        mem_total_bytes=int(sum(fb)) * MIB,
-        power_w=float(g.get("DCGM_FI_DEV_POWER_USAGE", 0.0)),  # type: ignore[arg-type]
-        temp_c=float(g.get("DCGM_FI_DEV_GPU_TEMP", 0.0)),  # type: ignore[arg-type]
-        pcie_tx_bytes_s=None if tx is None else int(tx),  # type: ignore[call-overload]
-        pcie_rx_bytes_s=None if rx is None else int(rx),  # type: ignore[call-overload]
-        tensor_active_pct=_pct(g.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")),
-        dram_active_pct=_pct(g.get("DCGM_FI_PROF_DRAM_ACTIVE")),
+        sm_util_pct=float(reading.busy_pct),
+        mem_bw_util_pct=_float(bw) or 0.0,
+        mem_used_bytes=reading.mem_used_bytes,
+        # without FB_FREE the scrape does not say the device's memory: what is used stands in for it
+        mem_total_bytes=reading.mem_used_bytes if reading.mem_total_bytes is None else reading.mem_total_bytes,
+        power_w=_float(reading.power_w) or 0.0,
+        temp_c=_float(reading.temperature_c) or 0.0,
+        pcie_tx_bytes_s=v.get("DCGM_FI_PROF_PCIE_TX_BYTES"),
+        pcie_rx_bytes_s=v.get("DCGM_FI_PROF_PCIE_RX_BYTES"),
+        tensor_active_pct=_float(v.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")),
+        dram_active_pct=_float(v.get("DCGM_FI_PROF_DRAM_ACTIVE")),
     )
     out: list[Event] = [gpu]
-    owner = g.get("owner")
-    if owner is not None:
-        namespace, pod, container = owner  # type: ignore[misc]
+    pid = None
+    if s.pod is not None:
+        namespace, pod, container = s.pod
         pid = container_pid(namespace, pod, container)
         if pid not in bound:
-            bound.add(pid)
             out.append(container_binding(gpu.node_id, pid, ts_ns, namespace, pod, container, sla, "dcgm"))
     elif gpu.sm_util_pct > 0:
-        pid = unclaimed_pid(uuid)
+        pid = unclaimed_pid(gpu.gpu_uuid)
+    if pid is not None:
+        out.append(busy_as(gpu, pid, gpu.mem_used_bytes))
+    # every event of the sample made (each may raise): only now does it count, and move the fault baseline on
+    if s.pod is not None:
+        bound.add(pid)  # type: ignore[arg-type]
+    elif pid is not None:
         counts["busy_unclaimed"] += 1
-    else:
-        return out
-    out.append(busy_as(gpu, pid, gpu.mem_used_bytes))
+    if faults is not None and (got := faults.take(reading)) is not None:
+        out[0] = gpu.model_copy(update={"fault_fatal": got[0], "fault_warning": got[1]})
     return out
 
 
 class DcgmScraper(Scraper):
     """dcgm-exporter, scraped each period; its GPU samples carry the device faults new since the device's previous
-    scrape (``with_faults``)."""
+    sample sent (``scrape_to_events``' ``faults``)."""
 
     name = "dcgm"
 
@@ -160,29 +163,4 @@ class DcgmScraper(Scraper):
         self.faults = FaultBaseline()
 
     def parse(self, text: str, ts_ns: int, interval_s: float) -> list[Event]:
-        events = scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla)
-        return with_faults(events, dcgm_exporter.parse(text).samples, self.faults)
-
-
-def with_faults(events: list[Event], readings: list[DeviceSample], baseline: FaultBaseline) -> list[Event]:
-    """``events`` with each GPU sample's ``fault_fatal`` and ``fault_warning``: the faults of its device's reading in
-    ``readings`` (``dcgm_exporter.parse`` of the same scrape) new since ``baseline.since`` it, which then takes it.
-    A device's first reading, and each counter's first value, is its own baseline, so what DCGM held before the run
-    (ECC counts since the driver loaded or for the device's lifetime, the last XID) is not the run's, nor counted
-    again at each restart; throttling, a state, counts in every sample it is in. A MIG instance takes each fault
-    field its own series lack from its GPU's (DCGM keeps faults per GPU). Only a reading whose sample is sent moves
-    the baseline on, so the faults of a scrape whose sample was skipped (no utilisation: a GPU fallen off the bus)
-    come with the device's next sample. A device whose reading has no fault field gets neither field."""
-    by_id = {s.device_id: s for s in readings}
-    out: list[Event] = []
-    for e in events:
-        reading = by_id.get(e.gpu_uuid) if isinstance(e, GpuSample) else None
-        if reading is not None:
-            gpu = by_id.get(reading.parent_id or "")
-            if gpu is not None:
-                reading = replace(reading, **{f: getattr(gpu, f) for f in FAULT_FIELDS if getattr(reading, f) is None})
-            got = baseline.take(reading)
-            if got is not None:
-                e = e.model_copy(update={"fault_fatal": got[0], "fault_warning": got[1]})
-        out.append(e)
-    return out
+        return scrape_to_events(text, ts_ns, interval_s, self.default_node, self.counts, self.sla, self.faults)

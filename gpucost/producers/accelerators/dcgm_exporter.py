@@ -1,28 +1,36 @@
 """NVIDIA dcgm-exporter ``/metrics`` scrape as neutral samples, faults included.
 
-The billing path reads the same scrape into events (``gpucost.producers.dcgm``) and takes each
-device's faults from this reading, which is also the one ``gpucost devices`` prints. Devices are
-named as there (``device_of``: the ``UUID``, a MIG instance ``UUID/GI-<id>`` under its GPU), and
-values the exporter writes as huge sentinels (its "blank") are counted, never read.
+The scrape is read once (``read``: each device's series, the last value of each metric) for both of
+its readers: ``sample_of`` makes the neutral sample that ``gpucost devices`` prints, and the billing
+source (``gpucost.producers.dcgm``) bills that sample, taking from the same series only what the
+neutral model has no field for (memory-copy and profiling activity, PCIe rates, the host and pod
+labels). So each DCGM metric is mapped in one place. Devices are named by ``device_of`` (the
+``UUID``, a MIG instance ``UUID/GI-<id>`` under its GPU), and values the exporter writes as huge
+sentinels (its "blank") are counted, never read.
 
-Counters are cumulative as DCGM keeps them: ECC counts are the volatile ones (since the driver
-loaded) where the scrape has them, else the aggregate (lifetime) ones; retired pages add the
-single- and double-bit causes, remapped rows the correctable and uncorrectable ones, link errors
-the four NVLink error totals. The XID is DCGM's last XID value, and the clocks event mask is decoded
-into NVML's names (``gpucost.schemas.faults.throttle_names``).
+Busy time is ``DCGM_FI_DEV_GPU_UTIL``, else the profiling ratio ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` as a
+percentage (clamped to 0–100: the exporter's rounding may pass 1). Counters are cumulative as DCGM
+keeps them: ECC counts are the volatile ones (since the driver loaded) where the scrape has them,
+else the aggregate (lifetime) ones; retired pages add the single- and double-bit causes, remapped
+rows the correctable and uncorrectable ones, link errors the four NVLink error totals. The XID is
+DCGM's last XID value, and the clocks event mask is decoded into NVML's names
+(``gpucost.schemas.faults.throttle_names``). A blank gauge lets the next metric of its field stand in
+(both measure the present); a blank counter does not, as its stand-in counts from another origin (the
+lifetime ECC count for a blank volatile one would read as a burst of new errors).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from gpucost.producers.accelerators.capture import guarded
 from gpucost.producers.accelerators.prometheus import series
-from gpucost.schemas.devices import DeviceSample, Parsed, number, to_bytes, to_count, to_pct, to_watts
+from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed, number, to_bytes, to_count, to_pct, to_watts
 from gpucost.schemas.faults import throttle_names
 
-__all__ = ["SENTINEL_MIN", "device_of", "parse"]
+__all__ = ["SENTINEL_MIN", "Series", "device_of", "parse", "ratio_pct", "read", "sample_of"]
 
 VENDOR = "NVIDIA"
 SENTINEL_MIN = 2**62  # dcgm-exporter's "blank" values, e.g. 9223372036854775794
@@ -46,10 +54,16 @@ def _mask(value: Decimal) -> tuple[str, ...]:
     return throttle_names(to_count(value))
 
 
-#: metric → (field, conversion); of two metrics for one field the earlier in this table wins, and of one
-#: metric seen twice (two scrapes in one file) the later, as on the billing path
+def ratio_pct(value: Decimal) -> Decimal:
+    """A profiling ratio (0–1) as a percentage, clamped to 0–100 (the exporter's rounding may pass 1)."""
+    return min(Decimal(100), max(Decimal(0), value * 100))
+
+
+#: metric → (field, conversion); of two metrics for one field the earlier in this table wins (a blank gauge lets the
+#: next stand in, a blank counter does not), and of one metric seen twice (two scrapes in one file) the later
 _ONE: dict[str, tuple[str, _Convert]] = {
     "DCGM_FI_DEV_GPU_UTIL": ("busy_pct", to_pct),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("busy_pct", ratio_pct),
     "DCGM_FI_DEV_POWER_USAGE": ("power_w", to_watts),
     "DCGM_FI_DEV_GPU_TEMP": ("temperature_c", number),
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_corrected", to_count),
@@ -62,7 +76,9 @@ _ONE: dict[str, tuple[str, _Convert]] = {
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", _mask),
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replays", to_count),
 }
-_RANK = {name: rank for rank, name in enumerate(_ONE)}
+_BY_FIELD: dict[str, list[str]] = {}
+for _metric, (_field, _) in _ONE.items():
+    _BY_FIELD.setdefault(_field, []).append(_metric)
 #: metric → the field it adds to: counts of one fault kept by cause or by link type (each metric's last value)
 _SUM = {
     "DCGM_FI_DEV_RETIRED_SBE": "retired_pages",
@@ -77,47 +93,90 @@ _SUM = {
 _FB = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
 
 
-def parse(text: str) -> Parsed:
-    """One sample per GPU or MIG instance in the scrape (no time: a scrape has none)."""
-    out = Parsed()
-    rows: dict[str, dict[str, object]] = {}
-    ranks: dict[tuple[str, str], int] = {}
-    last: dict[str, dict[str, int]] = {}  # device → metric → its last value (bytes for memory, else a count)
-    blank: dict[tuple[str, str], int] = {}  # (device, field) → the best rank of a metric of it that was blank
-    for name, labels, value in series(text, out, {*_ONE, *_SUM, *_FB}):
+@dataclass
+class Series:
+    """One device's series in one scrape, as read once: its labels and each metric's last value read."""
+
+    parent_id: str | None
+    mig: str  # `` MIG <GPU_I_PROFILE>`` for an instance, else ""
+    model_name: str | None = None  # the ``modelName`` label of its last sample with one
+    host: str | None = None  # the ``Hostname`` (or ``hostname``) label of its last sample
+    pod: tuple[str, str, str] | None = None  # (namespace, pod, container) of its last sample naming a pod
+    read_any: bool = False  # a sample of a metric read, not blank, was seen: the device has a neutral sample
+    #: metric → its last value read, converted (by this module's tables, or by ``read``'s ``raw``)
+    values: dict[str, object] = field(default_factory=dict)
+    unread: set[str] = field(default_factory=set)  # the metrics the scrape wrote blank, or as no reading, for it
+
+    @property
+    def model(self) -> str | None:
+        return None if self.model_name is None else self.model_name + self.mig
+
+
+def _convert(name: str, value: Decimal, raw: Mapping[str, _Convert]) -> object:
+    if name in _ONE:
+        return _ONE[name][1](value)
+    if name in _FB:
+        return to_bytes(value, "MiB")
+    return to_count(value) if name in _SUM else raw[name](value)
+
+
+def read(text: str, out: Parsed, raw: Mapping[str, _Convert] | None = None, strict: bool = False) -> dict[str, Series]:
+    """Every device with a ``DCGM_FI_`` series in the scrape, by ``device_of``'s name (one whose series are all blank,
+    or not read here, too: a MIG GPU is known as its instances' GPU even then), with the last value of each metric
+    mapped here and each ``raw`` one (metric → its conversion). What cannot be read is counted in ``out``; with
+    ``strict``, a text that is no Prometheus text at all raises ValueError."""
+    found: dict[str, Series] = {}
+    raw = raw or {}
+
+    def labelled(name: str, labels: dict[str, str]) -> None:
+        if name.startswith("DCGM_FI_") and labels.get("UUID"):
+            device, parent, mig = device_of(labels)
+            s = found.setdefault(device, Series(parent, mig))
+            s.model_name = labels.get("modelName") or s.model_name
+            s.host = labels.get("Hostname") or labels.get("hostname")
+            if labels.get("pod") and labels.get("namespace"):
+                s.pod = (labels["namespace"], labels["pod"], labels.get("container", ""))
+
+    for name, labels, value in series(text, out, {*_ONE, *_SUM, *_FB, *raw}, labelled, strict):
         if not labels.get("UUID"):
             out.reject(f"{name}: no UUID label")
             continue
-        device, parent, mig = device_of(labels)
-        if value >= SENTINEL_MIN:
+        s = found[device_of(labels)[0]]
+        if abs(value) >= SENTINEL_MIN:
             out.reject(f"{name}: blank (sentinel {value})")
-            if name in _ONE:  # the field is unread this scrape: a metric after it in _ONE never stands in
-                blank[device, _ONE[name][0]] = min(_RANK[name], blank.get((device, _ONE[name][0]), len(_RANK)))
+            s.unread.add(name)
             continue
-        model = labels.get("modelName")
-        row = rows.setdefault(device, {"model": None if model is None else model + mig, "parent_id": parent})
-        if name in _FB or name in _SUM:
-            unit = "MiB" if name in _FB else None
-            got = guarded(out, name, lambda unit=unit, value=value: to_bytes(value, unit) if unit else to_count(value))
-            if got is not None:
-                last.setdefault(device, {})[name] = got
-        elif _RANK[name] <= ranks.get((device, _ONE[name][0]), len(_RANK)):
-            field, convert = _ONE[name]
-            got = guarded(out, name, lambda convert=convert, value=value: convert(value))
-            if got is not None:
-                row[field], ranks[device, field] = got, _RANK[name]
-    for (device, field), rank in blank.items():
-        if device in rows and ranks.get((device, field), len(_RANK)) > rank:
-            rows[device].pop(field, None)  # e.g. the lifetime ECC count, where the volatile one was blank
-    for device, row in rows.items():
-        used, free, reserved = (last.get(device, {}).get(n) for n in _FB)
-        totals: dict[str, int] = {}
-        for name, count in last.get(device, {}).items():
-            if name in _SUM:
-                totals[_SUM[name]] = totals.get(_SUM[name], 0) + count
-        row.update(totals)
-        row["mem_used_bytes"] = used
-        # the device's memory is what DCGM splits into used, free and reserved (older exporters have no reserved)
-        row["mem_total_bytes"] = None if used is None or free is None else used + free + (reserved or 0)
-        out.samples.append(DeviceSample(vendor=VENDOR, device_id=device, **row))  # type: ignore[arg-type]
+        s.read_any = True
+        got = guarded(out, name, lambda name=name, value=value: _convert(name, value, raw))
+        if got is None:
+            s.unread.add(name)
+        else:
+            s.values[name] = got
+    return found
+
+
+def sample_of(device: str, s: Series) -> DeviceSample:
+    """The neutral sample of one device's series (no time: a scrape has none)."""
+    row: dict[str, object] = {}
+    for name, metrics in _BY_FIELD.items():
+        for metric in metrics:
+            if metric in s.values:
+                row[name] = s.values[metric]
+                break
+            if metric in s.unread and name in FAULT_FIELDS:
+                break  # a blank or unreadable counter: a stand-in would count from another origin
+    for metric, value in s.values.items():
+        if metric in _SUM:
+            row[_SUM[metric]] = row.get(_SUM[metric], 0) + value  # type: ignore[operator]
+    used, free, reserved = (s.values.get(n) for n in _FB)
+    row["mem_used_bytes"] = used
+    # the device's memory is what DCGM splits into used, free and reserved (older exporters have no reserved)
+    row["mem_total_bytes"] = None if used is None or free is None else used + free + (reserved or 0)  # type: ignore[operator]
+    return DeviceSample(vendor=VENDOR, model=s.model, device_id=device, parent_id=s.parent_id, **row)  # type: ignore[arg-type]
+
+
+def parse(text: str) -> Parsed:
+    """One sample per GPU or MIG instance in the scrape (no time: a scrape has none)."""
+    out = Parsed()
+    out.samples = [sample_of(device, s) for device, s in read(text, out).items() if s.read_any]
     return out

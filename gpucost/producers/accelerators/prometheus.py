@@ -11,7 +11,7 @@ sample back under the written name, as every parser's table keys it. A counter t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 
 from gpucost.producers.accelerators.capture import body
@@ -27,16 +27,26 @@ def _counters_suffixed(lines: list[str]) -> set[str]:
     return {p[2] for p in types if p[:2] == ["#", "TYPE"] and p[3:4] == ["counter"] and not p[2].endswith("_total")}
 
 
-def series(text: str, out: Parsed, wanted: set[str]) -> Iterator[tuple[str, dict[str, str], Decimal]]:
-    """(name, labels, value) of each sample of the ``wanted`` metrics; a bad scrape is counted, not raised. Read as
-    the billing sources read a scrape (``gpucost.producers.scrape.families``: a byte-order mark dropped, and a text
-    one bad line spoils read line by line), each such line counted, so that one line never costs the rest."""
+def series(
+    text: str,
+    out: Parsed,
+    wanted: set[str],
+    every: Callable[[str, dict[str, str]], object] | None = None,
+    strict: bool = False,
+) -> Iterator[tuple[str, dict[str, str], Decimal]]:
+    """(name, labels, value) of each sample of the ``wanted`` metrics; a bad scrape is counted, not raised (with
+    ``strict``, a text with no sample at all raises ValueError: a live source says its URL serves no metrics). Read
+    as the billing sources read a scrape (``gpucost.producers.scrape.families``: a byte-order mark dropped, and a text
+    one bad line spoils read line by line), each such line counted, so that one line never costs the rest. ``every``
+    is called with the name and labels of every sample, wanted or not, before its value is read."""
     lines = [line for line in body(text) if line.strip()]
     suffixed = _counters_suffixed(lines)
     bad: Counter[str] = Counter()
     try:
         found = families("\n".join(lines) + "\n", bad)
     except ValueError as exc:
+        if strict:
+            raise
         out.reject(f"Prometheus text: {exc}")
         return
     for _ in range(bad["line_unparseable"]):
@@ -45,6 +55,8 @@ def series(text: str, out: Parsed, wanted: set[str]) -> Iterator[tuple[str, dict
         written = family.name if family.type == "counter" and family.name in suffixed else None
         for sample in family.samples:
             name = written if written and sample.name == written + "_total" else sample.name
+            if every is not None:
+                every(name, sample.labels)
             if name not in wanted:
                 continue
             try:
