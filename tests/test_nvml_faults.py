@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pynvml
 import pytest
@@ -129,6 +130,32 @@ def test_the_faults_of_a_skipped_sample_come_with_the_next(shared_data: Path) ->
     assert _faults(sampler.sample(T0, 1.0)) == []
     state.unsupported.discard("utilization")
     assert _faults(sampler.sample(T0 + NS, 1.0)) == [(1, 0)]
+
+
+def test_a_reading_no_event_can_hold_skips_the_device_and_keeps_its_faults(shared_data: Path) -> None:
+    """A power of 20 kW (above any GPU's), 0xFFFFFFFF mW (4.3 MW: a driver's garbage) or a process said to hold 2^63
+    bytes skips the device's events that period, counted and never raised (the source goes on); the fatal XID of
+    that period fails the device's next sample sent."""
+    cap = _capture(shared_data)
+    state = FakeState(cap)
+    nvml = fake_pynvml(state)
+    sampler = NvmlSampler("n", nvml)
+    sampler.open()
+    power, processes = nvml.nvmlDeviceGetPowerUsage, nvml.nvmlDeviceGetComputeRunningProcesses
+    spoilers = [
+        ("nvmlDeviceGetPowerUsage", lambda h: 20_000_000),
+        ("nvmlDeviceGetPowerUsage", lambda h: 0xFFFFFFFF),
+        (
+            "nvmlDeviceGetComputeRunningProcesses",
+            lambda h: processes(h) + [SimpleNamespace(pid=4242, usedGpuMemory=2**63)],
+        ),
+    ]
+    for k, ((call, spoilt), xid) in enumerate(zip(spoilers, (79, 48, 94), strict=True)):  # three fatal XIDs
+        setattr(nvml, call, spoilt)
+        state.xids.append(xid)
+        assert _faults(sampler.sample(T0 + 2 * k * NS, 1.0)) == [] and sampler.counts["gpu_sample_invalid"] == k + 1
+        nvml.nvmlDeviceGetPowerUsage, nvml.nvmlDeviceGetComputeRunningProcesses = power, processes
+        assert _faults(sampler.sample(T0 + (2 * k + 1) * NS, 1.0)) == [(1, 0)]
 
 
 def test_a_gpu_without_fault_readings_reports_none(shared_data: Path) -> None:

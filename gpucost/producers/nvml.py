@@ -21,13 +21,15 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
 from gpucost.producers.accelerators.events import FaultBaseline
 from gpucost.producers.nvml_faults import NvmlFaults
 from gpucost.producers.synthetic import busy_as, unclaimed_pid
+from gpucost.schemas.codec import explain
+from gpucost.schemas.devices import DeviceSample, number, to_watts
 from gpucost.schemas.events import Event, GpuSample, ProcessSample
 
 __all__ = ["NvmlUnavailable", "NvmlSampler"]
@@ -213,7 +215,9 @@ class NvmlSampler:
             return None
 
     def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
-        """One sample of every device; a device that fell off the bus is dropped, with a warning."""
+        """One sample of every device; a device that fell off the bus is dropped, with a warning, and one whose
+        reading makes no valid event (a power above 10 kW) has no events this period, counted
+        (``gpu_sample_invalid``; warned once per device)."""
         out: list[Event] = []
         self.faults.begin()
         for dev in list(self.devices):
@@ -223,6 +227,11 @@ class NvmlSampler:
                 log.error("%s (%s) fell off the bus; no longer sampled", dev.uuid, dev.name)
                 self.devices.remove(dev)
                 self.counts["gpu_lost"] += 1
+            except ValueError as exc:  # a reading no event can hold (a power above 10 kW): this device, this period
+                if (dev.uuid, "invalid") not in self._warned:  # once per device: a broken sensor stays broken
+                    self._warned.add((dev.uuid, "invalid"))
+                    log.warning("%s (%s) skipped (counted gpu_sample_invalid): %s", dev.uuid, dev.name, explain(exc))
+                self.counts["gpu_sample_invalid"] += 1
         return out
 
     def _sample_device(self, dev: _Device, ts_ns: int, interval_s: float) -> list[Event]:
@@ -246,36 +255,57 @@ class NvmlSampler:
         if util is None:
             self.counts["gpu_sample_skipped"] += 1  # no utilisation, nothing to bill: counted, not guessed
         else:
-            out.append(
-                GpuSample(
-                    node_id=self.node_id,
-                    gpu_uuid=dev.uuid,
-                    gpu_model=dev.name,
-                    ts_ns=ts_ns,
-                    interval_s=interval_s,
-                    sm_util_pct=float(util.gpu),
-                    mem_bw_util_pct=float(util.memory),
-                    mem_used_bytes=int(mem.used),
-                    mem_total_bytes=int(mem.total),
-                    power_w=0.0 if power_mw is None else power_mw / 1000,
-                    temp_c=0.0 if temp is None else float(temp),
-                    pcie_tx_bytes_s=None if tx is None else int(tx) * 1024,  # NVML reports KB/s
-                    pcie_rx_bytes_s=None if rx is None else int(rx) * 1024,
-                    tensor_active_pct=gpm.get("tensor"),
-                    dram_active_pct=gpm.get("dram"),
-                    **self._faults(dev, physical),
-                )
+            reading = replace(
+                self.faults.read(dev.uuid, physical, dev.physical_uuid, dev.gpu_instance),
+                model=dev.name,
+                parent_id=None if dev.parent is None else dev.physical_uuid,
+                busy_pct=number(float(util.gpu)),  # float first: a wrapper's numpy scalar reads as its value
+                power_w=None if power_mw is None else to_watts(float(power_mw), "mW"),
+                mem_used_bytes=int(mem.used),
+                mem_total_bytes=int(mem.total),
+                temperature_c=None if temp is None else number(float(temp)),
             )
+            out.append(self._gpu_sample(reading, float(util.memory), (tx, rx), gpm, ts_ns, interval_s))
         processes, per_process = self._processes(dev, ts_ns, interval_s)
         if out and not per_process and out[0].sm_util_pct > 0:
             processes = self._claimed(out[0], processes)  # type: ignore[arg-type]
+        # every event of the device made (each may raise): only now do its faults move the baseline on
+        if out and (got := self._baseline.take(reading)) is not None:
+            out[0] = out[0].model_copy(update={"fault_fatal": got[0], "fault_warning": got[1]})
         return out + processes
 
-    def _faults(self, dev: _Device, physical: Any) -> dict[str, int]:
-        """The sample's ``fault_fatal`` and ``fault_warning``, new since the device's last sample sent (none where
-        its GPU reports no fault field)."""
-        got = self._baseline.take(self.faults.read(dev.uuid, physical, dev.physical_uuid, dev.gpu_instance))
-        return {} if got is None else {"fault_fatal": got[0], "fault_warning": got[1]}
+    def _gpu_sample(
+        self,
+        reading: DeviceSample,
+        mem_bw_pct: float,
+        pcie_kb_s: tuple[int | None, int | None],
+        gpm: dict[str, float],
+        ts_ns: int,
+        interval_s: float,
+    ) -> GpuSample:
+        """The GPU sample of a device's neutral reading with a busy time (its busy time, memory, power and
+        temperature), with what the neutral model has no field for: memory-interface busy, PCIe rates, GPM's tensor
+        and DRAM activity. Its faults, new since the device's last sample sent, are added once the device's events
+        are all made."""
+        tx, rx = pcie_kb_s
+        gpu = GpuSample(
+            node_id=self.node_id,
+            gpu_uuid=reading.device_id,
+            gpu_model=reading.model,
+            ts_ns=ts_ns,
+            interval_s=interval_s,
+            sm_util_pct=float(reading.busy_pct),  # type: ignore[arg-type]
+            mem_bw_util_pct=mem_bw_pct,
+            mem_used_bytes=reading.mem_used_bytes,
+            mem_total_bytes=reading.mem_total_bytes,
+            power_w=0.0 if reading.power_w is None else float(reading.power_w),
+            temp_c=0.0 if reading.temperature_c is None else float(reading.temperature_c),
+            pcie_tx_bytes_s=None if tx is None else int(tx) * 1024,  # NVML reports KB/s
+            pcie_rx_bytes_s=None if rx is None else int(rx) * 1024,
+            tensor_active_pct=gpm.get("tensor"),
+            dram_active_pct=gpm.get("dram"),
+        )
+        return gpu
 
     def _claimed(self, gpu: GpuSample, processes: list[ProcessSample]) -> list[ProcessSample]:
         """A busy device without per-process utilisation (a MIG instance): its utilisation goes to its one
