@@ -93,6 +93,9 @@ class Deadlined:
                     self._faults[e.gpu_uuid] = (fatal + e.fault_fatal, warning + (e.fault_warning or 0))
 
     def _with_late_faults(self, events: list[Event]) -> list[Event]:
+        """``events`` with the faults of a late answer added to each GPU's sample (each GPU's once)."""
+        if not self._faults:
+            return events
         out: list[Event] = []
         for e in events:
             carried = self._faults.pop(e.gpu_uuid, None) if isinstance(e, GpuSample) else None
