@@ -93,6 +93,17 @@ def test_fatal_xids(xid: int) -> None:
     assert not is_fatal(_gpu(xid=xid), _gpu(xid=xid))  # the same last XID: logged before
 
 
+@pytest.mark.parametrize(("xid", "severity"), [(79, "fatal"), (13, "warning")])
+def test_the_same_xid_again_is_new_where_the_source_counts_xid_events(xid: int, severity: str) -> None:
+    """NVML sends each XID as an event: the same code a second time (a GPU fallen off the bus again a day later) is a
+    new fault; where the tool gives only the last code (DCGM: no ``xid_events``), a repeat cannot be told apart."""
+    (fault,) = faults(_gpu(xid=xid, xid_events=2), _gpu(xid=xid, xid_events=1))
+    assert (fault.field, fault.severity) == ("xid", severity)
+    assert faults(_gpu(xid=xid, xid_events=2), _gpu(xid=xid, xid_events=2)) == ()
+    assert faults(_gpu(xid=xid), _gpu(xid=xid)) == ()
+    assert faults(_gpu(xid=0, xid_events=3), _gpu(xid=0, xid_events=2)) == ()  # no XID: nothing to be new
+
+
 @pytest.mark.parametrize("xid", [13, 31, 43, 63, 92])
 def test_other_xids_warn(xid: int) -> None:
     # 13 graphics exception, 31 page fault, 43 stopped processing (the application's), 63 row

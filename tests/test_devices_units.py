@@ -35,6 +35,7 @@ FIELDS = [
     "remapped_rows",
     "remap_failed",
     "xid",
+    "xid_events",
     "throttle_reasons",
     "link_errors",
     "pcie_replays",

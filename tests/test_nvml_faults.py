@@ -158,6 +158,19 @@ def test_a_reading_no_event_can_hold_skips_the_device_and_keeps_its_faults(share
         assert _faults(sampler.sample(T0 + (2 * k + 1) * NS, 1.0)) == [(1, 0)]
 
 
+def test_the_same_xid_again_is_a_new_fault(shared_data: Path) -> None:
+    """A GPU that falls off the bus twice (XID 79, periods apart) fails both samples, not only the first: NVML sends
+    each XID as an event, whatever the last one was; two in one period are one fault of that period."""
+    state = FakeState(_capture(shared_data))
+    sampler = NvmlSampler("n", fake_pynvml(state))
+    sampler.open()
+    got = []
+    for xids in ([79], [], [79], [79, 79], [13], [13]):
+        state.xids += xids
+        got += _faults(sampler.sample(T0 + len(got) * NS, 1.0))
+    assert got == [(1, 0), (0, 0), (1, 0), (1, 0), (0, 1), (0, 1)]
+
+
 def test_a_gpu_without_fault_readings_reports_none(shared_data: Path) -> None:
     cap = _capture(shared_data)
     cap.clocks = None

@@ -7,7 +7,8 @@ loaded, the lifetime ones only where the volatile ones are not supported; retire
 errors each summed over their causes or links; PCIe replays; whether a row remapping failed. Throttling is the
 clocks event mask now. An XID arrives only as an NVML event: the source registers for critical XID events at open
 and drains them each period, so a device's ``xid`` is the last one NVML sent since the run began (0: none), for its
-GPU instance or its whole GPU. A MIG instance reports its GPU's counters: NVML keeps them per GPU.
+GPU instance or its whole GPU, and its ``xid_events`` how many it has sent (so that the same XID again is a new
+fault). A MIG instance reports its GPU's counters: NVML keeps them per GPU.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class NvmlFaults:
     def __init__(self, nvml: ModuleType, counts: Counter[str]) -> None:
         self.nvml, self.counts = nvml, counts
         self._events: Any = None  # the XID event set, where NVML gives one
-        #: physical GPU's UUID → per GPU instance (None: the whole GPU) its last XID this run, as (its order, XID)
-        self._xid: dict[str, dict[int | None, tuple[int, int]]] = {}
+        #: physical GPU's UUID → per GPU instance (None: the whole GPU) its last XID this run, as (its order, XID, how
+        #: many XID events it has had)
+        self._xid: dict[str, dict[int | None, tuple[int, int, int]]] = {}
         self._xids_seen = 0
         self._period: dict[str, dict[str, Any]] = {}  # physical GPU's UUID → its fault fields read this period
         self._warned: set[str] = set()
@@ -79,7 +81,7 @@ class NvmlFaults:
                 self.counts["xid_events_unavailable"] += 1
                 log.warning("%s: no XID events (%s)", uuid, exc)
             else:
-                self._xid[uuid] = {None: (0, 0)}
+                self._xid[uuid] = {None: (0, 0, 0)}
 
     def begin(self) -> None:
         """A new period: take the XID events NVML has queued since the last, without waiting, and forget the fault
@@ -105,7 +107,8 @@ class NvmlFaults:
                 self.counts["xid_event_unknown_gpu"] += 1
             elif key not in fatal_now:
                 self._xids_seen += 1
-                self._xid[uuid][key[1]] = (self._xids_seen, xid)
+                had = self._xid[uuid].get(key[1], (0, 0, 0))[2]
+                self._xid[uuid][key[1]] = (self._xids_seen, xid, had + 1)
                 if xid in FATAL_XIDS:
                     fatal_now.add(key)
 
@@ -121,7 +124,8 @@ class NvmlFaults:
             None if seen is None else [v for k, v in seen.items() if gpu_instance is None or k in (None, gpu_instance)]
         )
         xid = None if mine is None else max(mine)[1]
-        return DeviceSample(vendor="NVIDIA", model=None, device_id=device_id, xid=xid, **fields)
+        events = None if mine is None else sum(n for _, _, n in mine)
+        return DeviceSample(vendor="NVIDIA", model=None, device_id=device_id, xid=xid, xid_events=events, **fields)
 
     def _read(self, handle: Any) -> dict[str, Any]:
         values, failed = self._values(handle)

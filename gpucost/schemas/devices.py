@@ -155,6 +155,9 @@ class DeviceSample:
     remapped_rows: int | None = field(default=None, metadata=_FAULT)
     remap_failed: bool | None = field(default=None, metadata=_FAULT)
     xid: int | None = field(default=None, metadata=_FAULT)  # the last XID the driver logged; 0: none since it loaded
+    #: XID events received, cumulative (NVML sends each XID as an event, so a repeat of the last XID is a new one);
+    #: None where the tool gives only the last XID (DCGM), whose repeat cannot be told from the same one
+    xid_events: int | None = field(default=None, metadata=_FAULT)
     throttle_reasons: tuple[str, ...] | None = field(default=None, metadata=_FAULT)  # (): "not throttled"
     link_errors: int | None = field(default=None, metadata=_FAULT)
     pcie_replays: int | None = field(default=None, metadata=_FAULT)

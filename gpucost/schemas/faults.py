@@ -7,7 +7,8 @@ the capture (``before``), and writes what ``counts`` gives as the ``gpu_sample``
 are, once: the event carries two small counts, not ten counters, and the pipeline keeps no counters per
 device between windows. The counters are cumulative as the tools report them, so a fault is new when
 its counter rose (a counter that fell was reset — a driver reload — and its whole value is new); the
-XID is the last code the driver logged, new when it differs from ``before``'s; a clock slowdown is
+XID is the last code the driver logged, new when it differs from ``before``'s or when more XID events
+have come since (``xid_events``, where the source counts them: a repeat of one XID); a clock slowdown is
 a state, reported in every sample that shows it. Without ``before`` everything the sample
 reports counts as new: a device's first sample in a capture has nothing to compare.
 
@@ -88,7 +89,7 @@ def faults(sample: DeviceSample, before: DeviceSample | None = None) -> tuple[Fa
             found.append(Fault(name, "fatal" if name in _FATAL_COUNTERS else "warning", f"+{rise}"))
     if sample.remap_failed and not (before is not None and before.remap_failed):
         found.append(Fault("remap_failed", "fatal", "row remapping failed"))
-    if sample.xid and (before is None or before.xid != sample.xid):
+    if sample.xid and (before is None or before.xid != sample.xid or _rise(sample.xid_events, before.xid_events)):
         found.append(Fault("xid", "fatal" if sample.xid in FATAL_XIDS else "warning", f"XID {sample.xid}"))
     slow = sorted(SLOWDOWNS & set(sample.throttle_reasons or ()))
     if slow:
