@@ -182,3 +182,16 @@ def test_an_unreadable_volatile_ecc_count_has_no_lifetime_stand_in(shared_data: 
     scraper = DcgmScraper("http://unused", "n")
     got = [scraper.parse(t.replace(" X\n", " 0.5\n"), T0 + k * NS, 1.0) for k, t in enumerate(scrapes)]
     assert [[e.fault_fatal for e in events if isinstance(e, GpuSample)] for events in got] == [[0], [0], [0]]
+
+
+def test_a_sum_with_a_blank_or_unreadable_part_is_unread(shared_data: Path) -> None:
+    """Retired pages are RETIRED_SBE + RETIRED_DBE: with one part blank (or NaN) the sum is unread, never the other
+    part alone, which would read as a reset of the counter and its return as new pages retired."""
+    labels = f'{{UUID="{T4_UUID}",modelName="Tesla T4"}}'
+    t4 = metric_text(shared_data, T4)
+    scraper = DcgmScraper("http://unused", "n")
+    seen = []
+    for k, sbe in enumerate(("5", "9223372036854775794", "5", "NaN", "5", "6")):
+        text = t4 + f"DCGM_FI_DEV_RETIRED_SBE{labels} {sbe}\nDCGM_FI_DEV_RETIRED_DBE{labels} 3\n"
+        seen += [e.fault_warning for e in scraper.parse(text, T0 + k * NS, 1.0) if isinstance(e, GpuSample)]
+    assert seen == [0, 0, 0, 0, 0, 1]  # only the last scrape retires a page

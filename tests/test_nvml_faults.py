@@ -249,6 +249,28 @@ def test_an_xid_of_one_gpu_instance_is_its_instances_alone(shared_data: Path) ->
     assert set(got.values()) == {1}
 
 
+def test_a_fatal_xid_of_an_instance_is_kept_over_a_later_warning_of_its_gpu(shared_data: Path) -> None:
+    """An instance's fatal XID then a whole-GPU warning in one period, or a whole-GPU fatal XID then a warning of the
+    instance: the instance's sample fails either way (its worst XID of the period, not its latest)."""
+    cap = _capture(shared_data, H100_MIG)
+    state = FakeState(cap, mig_enabled=True, now_us=10**9, gpm={gi: [(50.0, 1.0, 2.0)] for gi, _ in cap.mig_instance})
+    sampler = NvmlSampler("n", fake_pynvml(state))
+    sampler.open()
+    gi_of = {mig_uuid: cap.mig_instance[j][0] for j, (_, mig_uuid) in enumerate(cap.mig)}
+    first_gi = cap.mig_instance[0][0]
+    for k, xids in enumerate(([(79, first_gi), 13], [79, (13, first_gi)])):
+        state.xids += xids
+        got = {
+            e.gpu_uuid: (e.fault_fatal, e.fault_warning)
+            for e in sampler.sample(T0 + k * NS, 1.0)
+            if isinstance(e, GpuSample)
+        }
+        first = {u: faults for u, faults in got.items() if gi_of.get(u) == first_gi}
+        assert first and set(first.values()) == {(1, 0)}
+        others = {u: faults for u, faults in got.items() if u not in first and u in gi_of}
+        assert others and set(others.values()) == {(0, 1) if k == 0 else (1, 0)}
+
+
 def test_faults_leave_the_bill_unchanged(shared_data: Path) -> None:
     cap = _capture(shared_data)
     state = FakeState(cap, now_us=10**9)
@@ -256,7 +278,7 @@ def test_faults_leave_the_bill_unchanged(shared_data: Path) -> None:
     sampler.open()
     events: list[Event] = []
     for k in range(120):
-        if k % 30 == 29:  # fatal XIDs, each unlike the last (a repeat of the last XID is no new one)
+        if k % 30 == 29:  # fatal XIDs, 79 and 48 by turns
             state.xids.append((79, 48)[k // 30 % 2])
         state.tick = k
         events += sampler.sample(T0 + k * NS, 1.0)

@@ -59,6 +59,9 @@ class NvmlFaults:
         #: many XID events it has had)
         self._xid: dict[str, dict[int | None, tuple[int, int, int]]] = {}
         self._xids_seen = 0
+        #: (physical GPU's UUID, GPU instance) whose XID this period is fatal: kept over later warnings, of its own
+        #: key or of another key a device also reads
+        self._fatal_now: set[tuple[str, int | None]] = set()
         self._period: dict[str, dict[str, Any]] = {}  # physical GPU's UUID → its fault fields read this period
         self._warned: set[str] = set()
 
@@ -89,7 +92,8 @@ class NvmlFaults:
         XIDs of one GPU (or GPU instance) in a period, a fatal one is kept over a warning. An XID NVML attributes to
         a MIG GPU instance is that instance's; any other, the whole GPU's."""
         self._period.clear()
-        fatal_now: set[tuple[str, int | None]] = set()
+        fatal_now = self._fatal_now
+        fatal_now.clear()
         nv = self.nvml
         while self._events is not None:
             try:
@@ -120,11 +124,12 @@ class NvmlFaults:
         if fields is None:
             fields = self._period[physical_uuid] = self._read(handle)
         seen = self._xid.get(physical_uuid)
-        mine = (
-            None if seen is None else [v for k, v in seen.items() if gpu_instance is None or k in (None, gpu_instance)]
-        )
-        xid = None if mine is None else max(mine)[1]
-        events = None if mine is None else sum(n for _, _, n in mine)
+        if seen is None:
+            return DeviceSample(vendor="NVIDIA", model=None, device_id=device_id, **fields)
+        mine = [k for k in seen if gpu_instance is None or k in (None, gpu_instance)]
+        fatal = [seen[k] for k in mine if (physical_uuid, k) in self._fatal_now]
+        xid = max(fatal or [seen[k] for k in mine])[1]  # this period's fatal XID over a later warning of another key
+        events = sum(seen[k][2] for k in mine)
         return DeviceSample(vendor="NVIDIA", model=None, device_id=device_id, xid=xid, xid_events=events, **fields)
 
     def _read(self, handle: Any) -> dict[str, Any]:

@@ -105,7 +105,8 @@ class Series:
     read_any: bool = False  # a sample of a metric read, not blank, was seen: the device has a neutral sample
     #: metric → its last value read, converted (by this module's tables, or by ``read``'s ``raw``)
     values: dict[str, object] = field(default_factory=dict)
-    unread: set[str] = field(default_factory=set)  # the metrics the scrape wrote blank, or as no reading, for it
+    #: the metrics whose last sample for it was blank, or no reading (NaN, a value no reading can have)
+    unread: set[str] = field(default_factory=set)
 
     @property
     def model(self) -> str | None:
@@ -127,6 +128,7 @@ def read(text: str, out: Parsed, raw: Mapping[str, _Convert] | None = None, stri
     ``strict``, a text that is no Prometheus text at all raises ValueError."""
     found: dict[str, Series] = {}
     raw = raw or {}
+    wanted = {*_ONE, *_SUM, *_FB, *raw}
 
     def labelled(name: str, labels: dict[str, str]) -> None:
         if name.startswith("DCGM_FI_") and labels.get("UUID"):
@@ -136,22 +138,22 @@ def read(text: str, out: Parsed, raw: Mapping[str, _Convert] | None = None, stri
             s.host = labels.get("Hostname") or labels.get("hostname")
             if labels.get("pod") and labels.get("namespace"):
                 s.pod = (labels["namespace"], labels["pod"], labels.get("container", ""))
+            if name in wanted:
+                s.unread.add(name)  # until its value is read: NaN or a non-number never reaches the loop below
 
-    for name, labels, value in series(text, out, {*_ONE, *_SUM, *_FB, *raw}, labelled, strict):
+    for name, labels, value in series(text, out, wanted, labelled, strict):
         if not labels.get("UUID"):
             out.reject(f"{name}: no UUID label")
             continue
         s = found[device_of(labels)[0]]
         if abs(value) >= SENTINEL_MIN:
             out.reject(f"{name}: blank (sentinel {value})")
-            s.unread.add(name)
             continue
         s.read_any = True
         got = guarded(out, name, lambda name=name, value=value: _convert(name, value, raw))
-        if got is None:
-            s.unread.add(name)
-        else:
+        if got is not None:
             s.values[name] = got
+            s.unread.discard(name)
     return found
 
 
@@ -168,6 +170,9 @@ def sample_of(device: str, s: Series) -> DeviceSample:
     for metric, value in s.values.items():
         if metric in _SUM:
             row[_SUM[metric]] = row.get(_SUM[metric], 0) + value  # type: ignore[operator]
+    for metric in s.unread - s.values.keys():
+        if metric in _SUM:  # a sum short of a blank or unreadable part would read as a reset, a false fault
+            row[_SUM[metric]] = None
     used, free, reserved = (s.values.get(n) for n in _FB)
     row["mem_used_bytes"] = used
     # the device's memory is what DCGM splits into used, free and reserved (older exporters have no reserved)
