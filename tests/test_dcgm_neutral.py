@@ -195,3 +195,23 @@ def test_a_sum_with_a_blank_or_unreadable_part_is_unread(shared_data: Path) -> N
         text = t4 + f"DCGM_FI_DEV_RETIRED_SBE{labels} {sbe}\nDCGM_FI_DEV_RETIRED_DBE{labels} 3\n"
         seen += [e.fault_warning for e in scraper.parse(text, T0 + k * NS, 1.0) if isinstance(e, GpuSample)]
     assert seen == [0, 0, 0, 0, 0, 1]  # only the last scrape retires a page
+
+
+@pytest.mark.parametrize(
+    ("metric", "blank", "field", "read_as"),
+    [
+        ("DCGM_FI_DEV_GPU_TEMP", "2147483632", "temp_c", 0.0),  # DCGM_INT32_BLANK (0x7ffffff0): not 2,147,483,632 °C
+        ("DCGM_FI_DEV_POWER_USAGE", "140737488355328", "power_w", 0.0),  # DCGM_FP64_BLANK (2^47)
+        ("DCGM_FI_DEV_GPU_UTIL", "2147483634", "sm_util_pct", 15.6205),  # INT32 NOT_SUPPORTED: GR_ENGINE stands in
+        ("DCGM_FI_DEV_FB_FREE", "9223372036854775794", "mem_total_bytes", 5368709120),  # INT64: total is what is used
+    ],
+)
+def test_each_of_dcgm_s_blank_values_is_missing(
+    shared_data: Path, metric: str, blank: str, field: str, read_as: float
+) -> None:
+    """DCGM's blanks of every field type (dcgm_structs.h ``DCGM_*_BLANK``) are counted as blank and read as missing:
+    never a reading, and never the loss of the GPU's bill (a 2,147,483,632 °C temperature made the sample invalid)."""
+    counts: Counter[str] = Counter()
+    gpu = _gpus(_set(metric_text(shared_data, T4), metric, blank), counts)[T4_UUID]
+    assert getattr(gpu, field) == read_as
+    assert counts[f"{metric}: blank (sentinel {blank})"] == 1 and not counts["gpu_sample_invalid"]

@@ -30,10 +30,23 @@ from gpucost.producers.accelerators.prometheus import series
 from gpucost.schemas.devices import FAULT_FIELDS, DeviceSample, Parsed, number, to_bytes, to_count, to_pct, to_watts
 from gpucost.schemas.faults import throttle_names
 
-__all__ = ["SENTINEL_MIN", "Series", "device_of", "parse", "ratio_pct", "read", "sample_of"]
+__all__ = ["Series", "device_of", "is_blank", "parse", "ratio_pct", "read", "sample_of"]
 
 VENDOR = "NVIDIA"
-SENTINEL_MIN = 2**62  # dcgm-exporter's "blank" values, e.g. 9223372036854775794
+#: DCGM's blank values (dcgm_structs.h, ``DCGM_*_BLANK``: a base and its error codes above it, such as NOT_FOUND
+#: and NOT_SUPPORTED): a 64-bit integer field's from 0x7ffffffffffffff0 (9223372036854775794 is one), a double's
+#: from 2^47, a 32-bit integer field's from 0x7ffffff0 to 0x7fffffff. The scrape does not say a field's type, so
+#: any value at or above 2^47 (no metric read here comes near it) or in the 32-bit range is blank; a 32-bit blank
+#: value a 64-bit field really had would be misread as blank, one value in 2^27 of that field's range.
+FP64_BLANK = 2**47
+INT32_BLANKS = range(0x7FFFFFF0, 0x80000000)
+
+
+def is_blank(value: Decimal) -> bool:
+    """Whether ``value`` is one of DCGM's blank values (``FP64_BLANK``, ``INT32_BLANKS``), or its negative."""
+    return abs(value) >= FP64_BLANK or (value == value.to_integral_value() and int(abs(value)) in INT32_BLANKS)
+
+
 _Convert = Callable[[Decimal], object]
 
 
@@ -146,7 +159,7 @@ def read(text: str, out: Parsed, raw: Mapping[str, _Convert] | None = None, stri
             out.reject(f"{name}: no UUID label")
             continue
         s = found[device_of(labels)[0]]
-        if abs(value) >= SENTINEL_MIN:
+        if is_blank(value):
             out.reject(f"{name}: blank (sentinel {value})")
             continue
         s.read_any = True
