@@ -98,19 +98,31 @@ def source_counts(counts: Mapping[str, int]) -> Metric:
 
 class Health:
     """Alive while the component's loop keeps beating: a loop stalled past ``stall_s`` (a hung broker
-    call, a dead event loop) or a recorded failure makes ``/healthz`` answer 503 with the reason."""
+    call, a dead event loop), a call ``watch``ed that has gone unanswered past ``stall_s`` (a live source's
+    wedged driver, which the loop outlives: it goes on, billing nothing) or a recorded failure makes
+    ``/healthz`` answer 503 with the reason."""
 
     def __init__(self, stall_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.stall_s, self.clock = stall_s, clock
         self.last_beat = clock()
         self.failure: str | None = None
+        self._watched: list[tuple[str, Callable[[], float | None]]] = []
 
     def beat(self) -> None:
         self.last_beat = self.clock()
 
+    def watch(self, what: str, waiting_s: Callable[[], float | None]) -> None:
+        """Unwell too while ``waiting_s()`` (how long ``what``'s current call has gone unanswered; None: no call
+        running) exceeds ``stall_s``."""
+        self._watched.append((what, waiting_s))
+
     def problem(self) -> str | None:
         if self.failure is not None:
             return self.failure
+        for what, waiting_s in self._watched:
+            waited = waiting_s()
+            if waited is not None and waited > self.stall_s:
+                return f"{what} has not answered for {waited:.0f} s (a wedged driver?): nothing is sampled"
         idle = self.clock() - self.last_beat
         return f"the main loop has not run for {idle:.0f} s" if idle > self.stall_s else None
 

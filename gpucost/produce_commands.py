@@ -130,6 +130,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
         acknowledged is kept in the spool."""
         stop = stop_on_signals(live)
         stats = ProducerStats(source=live.counts if live is not None else Counter())
+        if live is not None:
+            stats.health.watch(f"the source ({live.what})", live.waiting_s)
         progress, finished = ProduceProgress(stats, args.progress_s), asyncio.Event()
         shown = asyncio.create_task(progress.run(finished))
         try:

@@ -131,6 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         source=live.counts if live is not None else Counter(),
         cost=CostMetrics(args.cost_series) if args.metrics_address else None,
     )
+    if live is not None:
+        stats.health.watch(f"the source ({live.what})", live.waiting_s)
     with (
         Signals(live, interrupt).installed(),
         output_dir(args.out, args.overwrite, "gpucost run", resumable=True),

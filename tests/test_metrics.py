@@ -92,6 +92,15 @@ def test_health_says_why_it_fails() -> None:
         assert check() == (503, "the main loop has not run for 61 s\n")
         health.beat()
         assert check()[0] == 200
+        waited: list[float | None] = [None]
+        health.watch("the source (NVML)", lambda: waited[0])
+        assert check()[0] == 200  # no call running
+        waited[0] = 60.0
+        assert check()[0] == 200  # not past the stall
+        waited[0] = 75.4
+        assert check() == (503, "the source (NVML) has not answered for 75 s (a wedged driver?): nothing is sampled\n")
+        waited[0] = None
+        assert check()[0] == 200  # it answered
         health.failure = "cannot take its partitions: a state of version 99"
         assert check() == (503, "cannot take its partitions: a state of version 99\n")
     finally:

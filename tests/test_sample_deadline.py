@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -137,14 +139,9 @@ def test_an_exception_of_the_sample_is_raised_as_without_the_deadline() -> None:
         Deadlined(Failing(), 1.0, Counter()).sample(T0, 1.0)
 
 
-def test_a_live_nvml_run_outlives_a_hung_driver(
-    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``gpucost run`` (NVML, default settings but the deadline) whose driver stops answering on its third sample
-    and never answers again: the run ends on time, with the samples before, and says what its source counted."""
-    from gpucost.cli import main
-    from gpucost.sinks.views import connect
-
+def _wedged_on_third_sample(shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """pynvml stood in for by the fake NVML serving the H100 capture, whose driver stops answering on the third
+    sample until the event returned is set."""
     path = shared_data / "nvidia-smi" / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
     if not path.exists():
         pytest.skip(f"{path} is absent")
@@ -159,6 +156,18 @@ def test_a_live_nvml_run_outlives_a_hung_driver(
 
     nv.nvmlDeviceGetMemoryInfo = wedged
     monkeypatch.setitem(sys.modules, "pynvml", nv)
+    return never
+
+
+def test_a_live_nvml_run_outlives_a_hung_driver(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gpucost run`` (NVML, default settings but the deadline) whose driver stops answering on its third sample
+    and never answers again: the run ends on time, with the samples before, and says what its source counted."""
+    from gpucost.cli import main
+    from gpucost.sinks.views import connect
+
+    never = _wedged_on_third_sample(shared_data, monkeypatch)
     out = tmp_path / "out"
     args = ["run", "--node-id", "n", "--period-s", "0.05", "--duration-s", "1", "--device-timeout-s", "0.1"]
     began = time.monotonic()
@@ -193,3 +202,80 @@ def test_a_stop_during_a_sample_still_closes_the_source() -> None:
     source = open_live("nvml", LiveSettings(node_id="n", period_s=0.05), nvml=Slow())  # type: ignore[arg-type]
     threading.Thread(target=lambda: (sampling.wait(5), source.stop()), daemon=True).start()
     assert list(source.events()) == [] and closed.is_set()
+
+
+def test_healthz_fails_while_a_sample_goes_unanswered_past_the_stall() -> None:
+    """A wedged driver holds its call while the run goes on, billing nothing: ``/healthz`` says so once the call has
+    gone unanswered past the stall (60 s in a run; 0.5 s here), and is well again once it answers."""
+    from gpucost.metrics import Health
+    from gpucost.producers.live import LiveSettings, open_live
+
+    never, sampling = threading.Event(), threading.Event()
+
+    class Wedged:
+        devices: list[object] = []
+
+        def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
+            sampling.set()
+            never.wait()
+            return []
+
+        def close(self) -> None:
+            pass
+
+    settings = LiveSettings(node_id="n", period_s=0.05, device_timeout_s=0.1)
+    source = open_live("nvml", settings, nvml=Wedged())  # type: ignore[arg-type]
+    health = Health(stall_s=0.5)
+    health.watch("the source (NVML)", source.waiting_s)
+    run = threading.Thread(target=lambda: list(source.events()), daemon=True)
+    run.start()
+    try:
+        assert sampling.wait(5) and health.problem() is None  # running, not yet past the stall
+        until = time.monotonic() + 10
+        while health.problem() is None and time.monotonic() < until:
+            health.beat()  # the run's loop goes on
+            time.sleep(0.05)
+        assert "the source (NVML) has not answered for" in (health.problem() or "")
+    finally:
+        never.set()
+        source.stop()
+        run.join(5)
+    health.beat()
+    assert health.problem() is None and source.waiting_s() is None
+
+
+def test_a_run_s_healthz_says_its_driver_is_wedged(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gpucost run --metrics-address`` whose NVML stops answering: its ``/healthz`` turns 503 with the reason once
+    the call has gone unanswered past the stall (60 s; 0.3 s here), though its loop goes on."""
+    from gpucost.cli import main
+    from gpucost.metrics import Health
+    from tests.conftest import free_ports
+
+    never = _wedged_on_third_sample(shared_data, monkeypatch)
+    monkeypatch.setattr(Health.__init__, "__defaults__", (0.3, time.monotonic))  # the stall, shortened
+    port, seen, done = free_ports(1), [], threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                    seen.append((r.status, r.read().decode()))
+            except urllib.error.HTTPError as exc:
+                seen.append((exc.code, exc.read().decode()))
+            except OSError:
+                pass  # not serving yet, or no longer
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    args = ["run", "--node-id", "n", "--period-s", "0.05", "--duration-s", "2", "--device-timeout-s", "0.1"]
+    try:
+        assert main([*args, "--metrics-address", f"127.0.0.1:{port}", "--out", str(tmp_path / "out")]) == 0
+    finally:
+        never.set()
+        done.set()
+        poller.join(10)
+    assert (200, "ok\n") in seen
+    assert [text for code, text in seen if code == 503 and "has not answered for" in text and "NVML" in text]

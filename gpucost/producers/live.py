@@ -78,6 +78,11 @@ class LiveSource(Protocol):
         """End the input soon (safe from a signal handler or another thread); what was sampled is kept."""
         ...
 
+    def waiting_s(self) -> float | None:
+        """How long its current call to the device (a driver, a tool) has gone unanswered; None: no call is running,
+        or the source's calls have no deadline to watch (``metrics.Health.watch`` reads it for ``/healthz``)."""
+        ...
+
 
 class _Sampled:
     """A sampler read on a drift-free grid of ``period_s`` (NVML, an exporter's scrape)."""
@@ -86,12 +91,16 @@ class _Sampled:
         self.sampler, self.what, self.settings, self._close = sampler, what, s, close
         self.counts: Counter[str] = getattr(sampler, "counts", Counter())
         self._stop = threading.Event()
+        self._deadlined: Deadlined | None = None
+
+    def waiting_s(self) -> float | None:
+        return None if self._deadlined is None else self._deadlined.waiting_s()
 
     def events(self) -> Iterator[Event]:
         s = self.settings
         ticks = None if s.duration_s is None else max(1, int(s.duration_s / s.period_s))
         # a second's grace past the deadline, so that a vendor tool's own timeout (the same flag) answers first
-        sampler = Deadlined(self.sampler, s.device_timeout_s + 1.0, self.counts, self._stop.is_set)
+        sampler = self._deadlined = Deadlined(self.sampler, s.device_timeout_s + 1.0, self.counts, self._stop.is_set)
         try:
             for ev in sample_forever(sampler, s.period_s, ticks, stopped=self._stop.is_set):
                 yield ev
@@ -153,6 +162,10 @@ class TracedSource:
 
     def stop(self) -> None:
         self.probe.stop()
+
+    def waiting_s(self) -> None:
+        """None: the probe's NVML calls (which GPU a process uses) are not under a deadline to watch."""
+        return None
 
 
 def open_nvml(node_id: str) -> NvmlSampler:

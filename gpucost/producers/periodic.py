@@ -37,6 +37,7 @@ class Deadlined:
     ) -> None:
         self.sampler, self.timeout_s, self.counts, self.stopped = sampler, timeout_s, counts, stopped
         self._running: threading.Thread | None = None
+        self._started = 0.0  # when the running call began (time.monotonic)
         self._late: list[list[Event] | BaseException] = []  # the answer of the call that ran late, once it comes
         self._faults: dict[str, tuple[int, int]] = {}  # GPU → the faults of late answers, not yet sent
 
@@ -44,6 +45,11 @@ class Deadlined:
     def busy(self) -> bool:
         """Whether a call that ran late has still not returned (a wedged driver: not to be closed under it)."""
         return self._running is not None and self._running.is_alive()
+
+    def waiting_s(self) -> float | None:
+        """How long the running call has gone unanswered (None: none is running), for ``/healthz``
+        (``metrics.Health.watch``): a wedged driver holds its call for good, while the loop goes on."""
+        return time.monotonic() - self._started if self.busy else None
 
     def settle(self, grace_s: float = 1.0) -> bool:
         """Whether no call is running, after waiting up to ``grace_s`` for one (a sample a stop interrupted the
@@ -66,6 +72,7 @@ class Deadlined:
                 answer.append(exc)
 
         self._running = thread = threading.Thread(target=run, name="gpucost-sample", daemon=True)
+        self._started = time.monotonic()
         thread.start()
         waited_until = time.monotonic() + self.timeout_s
         while thread.is_alive() and time.monotonic() < waited_until and not self.stopped():

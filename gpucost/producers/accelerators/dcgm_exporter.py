@@ -36,8 +36,8 @@ VENDOR = "NVIDIA"
 #: DCGM's blank values (dcgm_structs.h, ``DCGM_*_BLANK``: a base and its error codes above it, such as NOT_FOUND
 #: and NOT_SUPPORTED): a 64-bit integer field's from 0x7ffffffffffffff0 (9223372036854775794 is one), a double's
 #: from 2^47, a 32-bit integer field's from 0x7ffffff0 to 0x7fffffff. The scrape does not say a field's type, so
-#: any value at or above 2^47 (no metric read here comes near it) or in the 32-bit range is blank; a 32-bit blank
-#: value a 64-bit field really had would be misread as blank, one value in 2^27 of that field's range.
+#: any value at or above 2^47 (no metric read here comes near it) or in the 32-bit range is blank: a 64-bit field that
+#: really had one of those 16 values would be misread as blank.
 FP64_BLANK = 2**47
 INT32_BLANKS = range(0x7FFFFFF0, 0x80000000)
 
