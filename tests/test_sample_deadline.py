@@ -270,7 +270,7 @@ def test_a_run_s_healthz_says_its_driver_is_wedged(
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
-    args = ["run", "--node-id", "n", "--period-s", "0.05", "--duration-s", "2", "--device-timeout-s", "0.1"]
+    args = ["run", "--node-id", "n", "--period-s", "0.05", "--duration-s", "3", "--device-timeout-s", "0.1"]
     try:
         assert main([*args, "--metrics-address", f"127.0.0.1:{port}", "--out", str(tmp_path / "out")]) == 0
     finally:
@@ -279,3 +279,34 @@ def test_a_run_s_healthz_says_its_driver_is_wedged(
         poller.join(10)
     assert (200, "ok\n") in seen
     assert [text for code, text in seen if code == 503 and "has not answered for" in text and "NVML" in text]
+
+
+def test_a_slow_sample_within_its_deadline_is_healthy() -> None:
+    """A tool that takes 0.6 s where the deadline allows 1.5 s (a long ``--device-timeout-s``) is billed, and
+    ``/healthz`` stays well however short the stall: only a call past its deadline can be a wedged driver."""
+    from gpucost.metrics import Health
+
+    class Slow:
+        def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
+            time.sleep(0.6)
+            return [_gpu(ts_ns, 1)]
+
+    counts: Counter[str] = Counter()
+    deadlined = Deadlined(Slow(), 1.5, counts)
+    health, seen, done = Health(stall_s=0.1), [], threading.Event()
+    health.watch("the source", deadlined.waiting_s)
+
+    def watch() -> None:
+        while not done.is_set():
+            health.beat()
+            seen.append(health.problem())
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        assert all(len(deadlined.sample(T0 + k * NS, 1.0)) == 1 for k in range(3))
+    finally:
+        done.set()
+        watcher.join(5)
+    assert seen and set(seen) == {None} and not counts["sample_timed_out"]

@@ -47,9 +47,11 @@ class Deadlined:
         return self._running is not None and self._running.is_alive()
 
     def waiting_s(self) -> float | None:
-        """How long the running call has gone unanswered (None: none is running), for ``/healthz``
-        (``metrics.Health.watch``): a wedged driver holds its call for good, while the loop goes on."""
-        return time.monotonic() - self._started if self.busy else None
+        """How long the running call has gone unanswered, once it has outlived its deadline (None: none is running,
+        or it still may answer in time), for ``/healthz`` (``metrics.Health.watch``): a wedged driver holds its call
+        for good, while the loop goes on; a slow one within a long ``--device-timeout-s`` is no fault."""
+        waited = time.monotonic() - self._started
+        return waited if self.busy and waited > self.timeout_s else None
 
     def settle(self, grace_s: float = 1.0) -> bool:
         """Whether no call is running, after waiting up to ``grace_s`` for one (a sample a stop interrupted the
