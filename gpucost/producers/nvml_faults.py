@@ -7,8 +7,9 @@ loaded, the lifetime ones only where the volatile ones are not supported; retire
 errors each summed over their causes or links; PCIe replays; whether a row remapping failed. Throttling is the
 clocks event mask now. An XID arrives only as an NVML event: the source registers for critical XID events at open
 and drains them each period, so a device's ``xid`` is the last one NVML sent since the run began (0: none), for its
-GPU instance or its whole GPU, and its ``xid_events`` how many it has sent (so that the same XID again is a new
-fault). A MIG instance reports its GPU's counters: NVML keeps them per GPU.
+GPU instance or its whole GPU (of one period's, a fatal one over a later warning), and its ``xid_events`` how many
+of them it has kept (so that the same XID again is a new fault). A MIG instance reports its GPU's counters: NVML
+keeps them per GPU.
 """
 
 from __future__ import annotations
