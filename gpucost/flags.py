@@ -356,7 +356,8 @@ def add_live(p: argparse.ArgumentParser) -> None:
         "--duration-s",
         type=float,
         default=None,
-        help="stop a live source after this long (default: at Ctrl-C); results are written either way",
+        help="stop a live source after this long, in wall-clock seconds (default: at Ctrl-C); results are written "
+        "either way",
     )
 
 

@@ -218,7 +218,7 @@ def test_a_loop_held_up_past_grid_points_skips_them_instead_of_sampling_them_bac
     def sleep(s: float) -> None:
         clock[0] += int(s * 1e9)
 
-    loop = sample_forever(Sampler(), 1.0, ticks=4, clock_ns=lambda: clock[0], sleep=sleep)
+    loop = sample_forever(Sampler(), 1.0, ticks=7, clock_ns=lambda: clock[0], sleep=sleep)
     next(loop)
     clock[0] += 3_500_000_000  # held up between samples
     list(loop)
@@ -230,8 +230,27 @@ def test_a_loop_held_up_past_grid_points_skips_them_instead_of_sampling_them_bac
     def overshooting(s: float) -> None:
         clock[0] += int(s * 1e9) + (late.pop() if late else 0)
 
-    list(sample_forever(Sampler(), 1.0, ticks=2, clock_ns=lambda: clock[0], sleep=overshooting))
+    list(sample_forever(Sampler(), 1.0, ticks=3, clock_ns=lambda: clock[0], sleep=overshooting))
     assert taken == [(T0 + 1_900_000_000, 1.9), (T0 + 3 * NS, 1.1)]
+
+
+def test_the_duration_is_wall_clock_time_however_slow_the_samples() -> None:
+    """``--duration-s 10`` at 1 s whose samples each take 3 s (an exporter timing out): samples at 1, 4, 7 and 10 s,
+    and the loop ends there, not after ten samples (a newcomer's 85 s run took 166 s)."""
+    clock = [T0]
+    taken: list[int] = []
+
+    class Slow:
+        def sample(self, ts_ns: int, interval_s: float) -> list:
+            taken.append(ts_ns)
+            clock[0] += 3 * NS
+            return []
+
+    def sleep(s: float) -> None:
+        clock[0] += int(s * 1e9)
+
+    assert list(sample_forever(Slow(), 1.0, ticks=10, clock_ns=lambda: clock[0], sleep=sleep)) == []
+    assert taken == [T0 + k * NS for k in (1, 4, 7, 10)] and clock[0] == T0 + 13 * NS
 
 
 def test_gpucost_run_audits_the_nvml_source(

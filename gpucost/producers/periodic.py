@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -129,15 +128,19 @@ def sample_forever(
     A loop held up past grid points (a slow sample, a consumer that kept the generator waiting) takes its next
     sample at the next grid point at least half a period after the last one, not at each missed point back to
     back: those would stand for microseconds each, intervals that round to 0 ms, which the events refuse (a
-    live NVML run once died of it under load). ``stopped`` is asked before each sample."""
+    live NVML run once died of it under load). ``ticks`` bounds the grid, not the samples: the loop ends at its
+    last point (``--duration-s`` is wall-clock time, however many samples a slow source took in it). ``stopped``
+    is asked before each sample."""
     period_ns = int(period_s * 1e9)
     start = prev = clock_ns()
     k = 0
-    for _ in itertools.repeat(None) if ticks is None else range(ticks):
+    while True:
         if stopped():  # asked each period, whether or not the last gave events (a source failing every period)
             return
         earliest = max(start + (k + 1) * period_ns, clock_ns(), prev + period_ns // 2)
         k = -(-(earliest - start) // period_ns)  # the first grid point at or after it
+        if ticks is not None and k > ticks:  # past the grid's last point: the duration is over
+            return
         wait_ns = start + k * period_ns - clock_ns()
         if wait_ns > 0:
             sleep(wait_ns / 1e9)
