@@ -98,9 +98,9 @@ def source_counts(counts: Mapping[str, int]) -> Metric:
 
 class Health:
     """Alive while the component's loop keeps beating: a loop stalled past ``stall_s`` (a hung broker
-    call, a dead event loop), a call ``watch``ed that has gone unanswered past ``stall_s`` (a live source's
-    wedged driver, which the loop outlives: it goes on, billing nothing) or a recorded failure makes
-    ``/healthz`` answer 503 with the reason."""
+    call, a dead event loop), a source ``watch``ed that has given nothing past ``stall_s`` (a live source's
+    wedged driver or an exporter that never answers, which the loop outlives: it goes on, billing nothing) or a
+    recorded failure makes ``/healthz`` answer 503 with the reason."""
 
     def __init__(self, stall_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.stall_s, self.clock = stall_s, clock
@@ -111,18 +111,21 @@ class Health:
     def beat(self) -> None:
         self.last_beat = self.clock()
 
-    def watch(self, what: str, waiting_s: Callable[[], float | None]) -> None:
-        """Unwell too while ``waiting_s()`` (how long ``what``'s current call has gone unanswered; None: no call
-        running) exceeds ``stall_s``."""
-        self._watched.append((what, waiting_s))
+    def watch(self, what: str, silent_s: Callable[[], float | None]) -> None:
+        """Unwell too while ``silent_s()`` (how long ``what`` has given nothing; None: not worth saying) exceeds
+        ``stall_s``."""
+        self._watched.append((what, silent_s))
 
     def problem(self) -> str | None:
         if self.failure is not None:
             return self.failure
-        for what, waiting_s in self._watched:
-            waited = waiting_s()
-            if waited is not None and waited > self.stall_s:
-                return f"{what} has not answered for {waited:.0f} s (a wedged driver?): nothing is sampled"
+        for what, silent_s in self._watched:
+            quiet = silent_s()
+            if quiet is not None and quiet > self.stall_s:
+                return (
+                    f"{what} has given no events for {quiet:.0f} s (a wedged driver, an exporter that does not "
+                    "answer, devices with nothing to bill: see gpucost_source_not_taken_total); nothing is billed"
+                )
         idle = self.clock() - self.last_beat
         return f"the main loop has not run for {idle:.0f} s" if idle > self.stall_s else None
 

@@ -131,7 +131,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         stop = stop_on_signals(live)
         stats = ProducerStats(source=live.counts if live is not None else Counter())
         if live is not None:
-            stats.health.watch(f"the source ({live.what})", live.waiting_s)
+            stats.health.watch(f"the source ({live.what})", live.silent_s)
         progress, finished = ProduceProgress(stats, args.progress_s), asyncio.Event()
         shown = asyncio.create_task(progress.run(finished))
         try:

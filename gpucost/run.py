@@ -132,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cost=CostMetrics(args.cost_series) if args.metrics_address else None,
     )
     if live is not None:
-        stats.health.watch(f"the source ({live.what})", live.waiting_s)
+        stats.health.watch(f"the source ({live.what})", live.silent_s)
     with (
         Signals(live, interrupt).installed(),
         output_dir(args.out, args.overwrite, "gpucost run", resumable=True),

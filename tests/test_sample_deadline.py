@@ -226,7 +226,7 @@ def test_healthz_fails_while_a_sample_goes_unanswered_past_the_stall() -> None:
     settings = LiveSettings(node_id="n", period_s=0.05, device_timeout_s=0.1)
     source = open_live("nvml", settings, nvml=Wedged())  # type: ignore[arg-type]
     health = Health(stall_s=0.5)
-    health.watch("the source (NVML)", source.waiting_s)
+    health.watch("the source (NVML)", source.silent_s)
     run = threading.Thread(target=lambda: list(source.events()), daemon=True)
     run.start()
     try:
@@ -235,13 +235,13 @@ def test_healthz_fails_while_a_sample_goes_unanswered_past_the_stall() -> None:
         while health.problem() is None and time.monotonic() < until:
             health.beat()  # the run's loop goes on
             time.sleep(0.05)
-        assert "the source (NVML) has not answered for" in (health.problem() or "")
+        assert "the source (NVML) has given no events for" in (health.problem() or "")
     finally:
         never.set()
         source.stop()
         run.join(5)
     health.beat()
-    assert health.problem() is None and source.waiting_s() is None
+    assert health.problem() is None and source.silent_s() is None  # the run is over
 
 
 def test_a_run_s_healthz_says_its_driver_is_wedged(
@@ -278,7 +278,7 @@ def test_a_run_s_healthz_says_its_driver_is_wedged(
         done.set()
         poller.join(10)
     assert (200, "ok\n") in seen
-    assert [text for code, text in seen if code == 503 and "has not answered for" in text and "NVML" in text]
+    assert [text for code, text in seen if code == 503 and "has given no events for" in text and "NVML" in text]
 
 
 def test_a_slow_sample_within_its_deadline_is_healthy() -> None:
@@ -294,7 +294,7 @@ def test_a_slow_sample_within_its_deadline_is_healthy() -> None:
     counts: Counter[str] = Counter()
     deadlined = Deadlined(Slow(), 1.5, counts)
     health, seen, done = Health(stall_s=0.1), [], threading.Event()
-    health.watch("the source", deadlined.waiting_s)
+    health.watch("the source", deadlined.silent_s)
 
     def watch() -> None:
         while not done.is_set():
@@ -310,3 +310,27 @@ def test_a_slow_sample_within_its_deadline_is_healthy() -> None:
         done.set()
         watcher.join(5)
     assert seen and set(seen) == {None} and not counts["sample_timed_out"]
+
+
+def test_healthz_fails_while_every_call_fails_fast() -> None:
+    """An exporter that never answers (each scrape refused or timed out, each period a counted gap) leaves nothing
+    unanswered for long, yet nothing is billed: ``/healthz`` says so past the stall, and is well at the first events."""
+    from gpucost.metrics import Health
+
+    answers: list[list[Event]] = []
+
+    class Down:
+        def sample(self, ts_ns: int, interval_s: float) -> list[Event]:
+            return answers.pop() if answers else []
+
+    deadlined = Deadlined(Down(), 0.1, Counter())
+    health = Health(stall_s=0.3)
+    health.watch("the source (dcgm-exporter)", deadlined.silent_s)
+    until = time.monotonic() + 10
+    while health.problem() is None and time.monotonic() < until:
+        assert deadlined.sample(T0, 1.0) == []
+        health.beat()
+        time.sleep(0.05)
+    assert "the source (dcgm-exporter) has given no events for" in (health.problem() or "")
+    answers.append([_gpu(T0, 1)])
+    assert len(deadlined.sample(T0, 1.0)) == 1 and health.problem() is None

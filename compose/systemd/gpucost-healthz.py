@@ -4,8 +4,8 @@ reason on stderr.
 gpucost-run-healthz.service runs this every minute with gpucost-run.service's environment, and restarts
 the run when it fails. It asks ``/healthz`` at ``GPUCOST_METRICS_ADDRESS`` (on Linux, an address on every
 interface, 0.0.0.0 or [::], reaches this host), which answers 200, or 503 with the reason once the run's
-loop has not moved for 60 s, or its source's call to the device has gone unanswered for 60 s and past its
-deadline (a wedged driver; gpucost.metrics.Health). It asks up to ATTEMPTS times, PAUSE_S apart, so that
+loop has not moved for 60 s, or its source has given no events for 60 s and past its deadline (a wedged
+driver, an exporter that does not answer; gpucost.metrics.Health). It asks up to ATTEMPTS times, PAUSE_S apart, so that
 a run that is starting (a refused connection) or busy for a moment is not taken for a dead one.
 
 usage: gpucost-healthz.py [ATTEMPTS]

@@ -78,9 +78,10 @@ class LiveSource(Protocol):
         """End the input soon (safe from a signal handler or another thread); what was sampled is kept."""
         ...
 
-    def waiting_s(self) -> float | None:
-        """How long its current call to the device (a driver, a tool) has gone unanswered; None: no call is running,
-        or the source's calls have no deadline to watch (``metrics.Health.watch`` reads it for ``/healthz``)."""
+    def silent_s(self) -> float | None:
+        """How long it has given no events, where that is longer than its calls may take (a wedged driver, an
+        exporter that does not answer); None: not so long, or a source that may rightly be quiet
+        (``metrics.Health.watch`` reads it for ``/healthz``)."""
         ...
 
 
@@ -92,9 +93,10 @@ class _Sampled:
         self.counts: Counter[str] = getattr(sampler, "counts", Counter())
         self._stop = threading.Event()
         self._deadlined: Deadlined | None = None
+        self._ended = False
 
-    def waiting_s(self) -> float | None:
-        return None if self._deadlined is None else self._deadlined.waiting_s()
+    def silent_s(self) -> float | None:
+        return None if self._deadlined is None or self._ended else self._deadlined.silent_s()
 
     def events(self) -> Iterator[Event]:
         s = self.settings
@@ -107,6 +109,7 @@ class _Sampled:
                 if self._stop.is_set():
                     return
         finally:
+            self._ended = True
             if sampler.settle():
                 self._close()
             else:  # closing a driver under a call it never returned from could hang the run's end
@@ -163,8 +166,8 @@ class TracedSource:
     def stop(self) -> None:
         self.probe.stop()
 
-    def waiting_s(self) -> None:
-        """None: the probe's NVML calls (which GPU a process uses) are not under a deadline to watch."""
+    def silent_s(self) -> None:
+        """None: page faults come only while a process touches GPU memory, so an idle node is rightly quiet."""
         return None
 
 

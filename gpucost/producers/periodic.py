@@ -36,7 +36,7 @@ class Deadlined:
     ) -> None:
         self.sampler, self.timeout_s, self.counts, self.stopped = sampler, timeout_s, counts, stopped
         self._running: threading.Thread | None = None
-        self._started = 0.0  # when the running call began (time.monotonic)
+        self._heard = time.monotonic()  # when a call last answered in time with events (or when this began)
         self._late: list[list[Event] | BaseException] = []  # the answer of the call that ran late, once it comes
         self._faults: dict[str, tuple[int, int]] = {}  # GPU → the faults of late answers, not yet sent
 
@@ -45,12 +45,13 @@ class Deadlined:
         """Whether a call that ran late has still not returned (a wedged driver: not to be closed under it)."""
         return self._running is not None and self._running.is_alive()
 
-    def waiting_s(self) -> float | None:
-        """How long the running call has gone unanswered, once it has outlived its deadline (None: none is running,
-        or it still may answer in time), for ``/healthz`` (``metrics.Health.watch``): a wedged driver holds its call
-        for good, while the loop goes on; a slow one within a long ``--device-timeout-s`` is no fault."""
-        waited = time.monotonic() - self._started
-        return waited if self.busy and waited > self.timeout_s else None
+    def silent_s(self) -> float | None:
+        """How long no call has answered in time with events, once that is longer than the deadline (None: not so
+        long), for ``/healthz`` (``metrics.Health.watch``): a wedged driver holds its call for good, and an exporter
+        that never answers fails every call, while the loop goes on, billing nothing; a slow call within a long
+        ``--device-timeout-s`` is no fault."""
+        quiet = time.monotonic() - self._heard
+        return quiet if quiet > self.timeout_s else None
 
     def settle(self, grace_s: float = 1.0) -> bool:
         """Whether no call is running, after waiting up to ``grace_s`` for one (a sample a stop interrupted the
@@ -73,7 +74,6 @@ class Deadlined:
                 answer.append(exc)
 
         self._running = thread = threading.Thread(target=run, name="gpucost-sample", daemon=True)
-        self._started = time.monotonic()
         thread.start()
         waited_until = time.monotonic() + self.timeout_s
         while thread.is_alive() and time.monotonic() < waited_until and not self.stopped():
@@ -86,6 +86,8 @@ class Deadlined:
             return []
         if isinstance(answer[0], BaseException):
             raise answer[0]
+        if answer[0]:
+            self._heard = time.monotonic()
         return self._with_late_faults(answer[0])
 
     def _take_late(self) -> None:
