@@ -231,15 +231,20 @@ def test_a_fatal_xid_is_kept_over_a_later_warning_in_one_period(shared_data: Pat
     assert _faults(sampler.sample(T0, 1.0)) == [(1, 0)]
 
 
-def test_an_xid_of_one_gpu_instance_is_its_instances_alone(shared_data: Path) -> None:
-    """An XID NVML attributes to a MIG GPU instance fails the samples of that instance's devices only; one it
-    attributes to none, every instance's."""
+def _mig(shared_data: Path) -> tuple[FakeState, NvmlSampler, dict[str, int]]:
+    """The fake NVML serving the H100 MIG capture with GPM, opened, and each instance's GPU instance by UUID."""
     cap = _capture(shared_data, H100_MIG)
     state = FakeState(cap, mig_enabled=True, now_us=10**9, gpm={gi: [(50.0, 1.0, 2.0)] for gi, _ in cap.mig_instance})
     sampler = NvmlSampler("n", fake_pynvml(state))
     sampler.open()
-    gi_of = {mig_uuid: cap.mig_instance[j][0] for j, (_, mig_uuid) in enumerate(cap.mig)}
-    first_gi = cap.mig_instance[0][0]
+    return state, sampler, {mig_uuid: cap.mig_instance[j][0] for j, (_, mig_uuid) in enumerate(cap.mig)}
+
+
+def test_an_xid_of_one_gpu_instance_is_its_instances_alone(shared_data: Path) -> None:
+    """An XID NVML attributes to a MIG GPU instance fails the samples of that instance's devices only; one it
+    attributes to none, every instance's."""
+    state, sampler, gi_of = _mig(shared_data)
+    first_gi = next(iter(gi_of.values()))  # the first instance's GPU instance
     state.xids += [(94, first_gi)]  # a contained ECC error in one GPU instance
     got = {e.gpu_uuid: e.fault_fatal for e in sampler.sample(T0, 1.0) if isinstance(e, GpuSample)}
     assert got and got == {u: int(gi_of[u] == first_gi) for u in got}
@@ -252,12 +257,8 @@ def test_an_xid_of_one_gpu_instance_is_its_instances_alone(shared_data: Path) ->
 def test_a_fatal_xid_of_an_instance_is_kept_over_a_later_warning_of_its_gpu(shared_data: Path) -> None:
     """An instance's fatal XID then a whole-GPU warning in one period, or a whole-GPU fatal XID then a warning of the
     instance: the instance's sample fails either way (its worst XID of the period, not its latest)."""
-    cap = _capture(shared_data, H100_MIG)
-    state = FakeState(cap, mig_enabled=True, now_us=10**9, gpm={gi: [(50.0, 1.0, 2.0)] for gi, _ in cap.mig_instance})
-    sampler = NvmlSampler("n", fake_pynvml(state))
-    sampler.open()
-    gi_of = {mig_uuid: cap.mig_instance[j][0] for j, (_, mig_uuid) in enumerate(cap.mig)}
-    first_gi = cap.mig_instance[0][0]
+    state, sampler, gi_of = _mig(shared_data)
+    first_gi = next(iter(gi_of.values()))  # the first instance's GPU instance
     for k, xids in enumerate(([(79, first_gi), 13], [79, (13, first_gi)])):
         state.xids += xids
         got = {
