@@ -18,7 +18,7 @@ import numpy as np
 
 from gpucost.command import Command
 from gpucost.flags import env_flag
-from gpucost.producers.kernel_table import KernelTable, RangeTable
+from gpucost.producers.kernel_table import KernelTable, OperatorTable, RangeTable
 from gpucost.producers.kineto import read_kineto
 from gpucost.producers.nsys import read_nsys
 from gpucost.schemas.exact import micro_usd_per_hour
@@ -32,6 +32,7 @@ from gpucost.streams.kernel_split import (
     split_by_name,
     split_tree,
 )
+from gpucost.streams.kernel_work import PRECISIONS, operator_work, peaks, work_row
 from gpucost.wiring import UsageError
 
 __all__ = ["KERNELS", "NO_OPERATOR", "cmd_kernels", "kernel_report", "read_trace"]
@@ -52,10 +53,19 @@ def _kernels_arguments(p: argparse.ArgumentParser) -> None:
         "0",
         "the price of one GPU hour of busy time, at most 6 decimal places",
     )
+    env_flag(
+        p,
+        "--gpu-model",
+        "GPUCOST_KERNELS_GPU_MODEL",
+        str,
+        None,
+        "the GPU model of devices whose trace names none (Kineto writes deviceProperties only since 2023): the "
+        "platform table's peaks for the operators' EFU are read for it",
+    )
     p.add_argument("--format", choices=("json", "text"), default="json")
 
 
-def read_trace(path: Path) -> tuple[KernelTable, RangeTable, RangeTable, dict, Counter]:
+def read_trace(path: Path) -> tuple[KernelTable, RangeTable, OperatorTable, dict, Counter]:
     """One file's kernels, ranges, operators, GPU models by (node, device) and rejects; the kind is read from its
     first bytes. Nsight Systems exports have no PyTorch operators: their table is empty."""
     with path.open("rb") as f:
@@ -63,7 +73,7 @@ def read_trace(path: Path) -> tuple[KernelTable, RangeTable, RangeTable, dict, C
     if magic.startswith(b"SQLite format 3"):
         t = read_nsys(path)
         models = {(t.node_id, d): m for d, m in t.gpu_models.items()}
-        return KernelTable.of(t.kernels), RangeTable.of(t.ranges), RangeTable(), models, t.rejected
+        return KernelTable.of(t.kernels), RangeTable.of(t.ranges), OperatorTable(), models, t.rejected
     k = read_kineto(path)
     return k.kernels, k.ranges, k.operators, {(path.name, d): m for d, m in k.gpu_models.items()}, k.rejected
 
@@ -73,38 +83,48 @@ def kernel_report(
     ranges: RangeTable | list[AnnotationRange],
     models: dict,
     micro_per_hour: int,
-    operators: RangeTable | Sequence[AnnotationRange] = (),
+    operators: OperatorTable | Sequence[AnnotationRange] = (),
+    gpu_model: str | None = None,
 ) -> dict:
     """The ``devices`` figures of docs/definitions.md "Kernel cost", keyed by (node, device), in key order;
-    without ``operators`` every kernel is in the ``(no operator)`` party."""
+    without ``operators`` every kernel is in the ``(no operator)`` party. ``gpu_model`` names the GPU of a device
+    whose trace names none (the peaks of its operators' work are read for it)."""
     if not isinstance(kernels, KernelTable):
         kernels = KernelTable.of(kernels)
     if not isinstance(ranges, RangeTable):
         ranges = RangeTable.of(ranges)
-    if not isinstance(operators, RangeTable):
-        operators = RangeTable.of(operators)
+    if not isinstance(operators, OperatorTable):
+        operators = OperatorTable.of(operators)
     node, device = kernels.column("node"), kernels.column("device")
     keys = sorted({(kernels.nodes.values[n], d) for n, d in set(zip(node.tolist(), device.tolist()))})
     devices = []
     for key in keys:
         rows = np.flatnonzero((node == kernels.nodes.index(key[0])) & (device == key[1]))
-        devices.append(_device(key, kernels, rows, (ranges, operators), models.get(key), micro_per_hour))
+        model = models.get(key) or gpu_model
+        devices.append(_device(key, kernels, rows, (ranges, operators), model, micro_per_hour))
     return {"devices": devices}
 
 
-def _spans(rt: RangeTable, node: str, pids: np.ndarray) -> Spans:
-    """The spans of ``rt`` on ``node`` in the processes that launched the device's kernels, as columns."""
+def _spans(rt: RangeTable, node: str, pids: np.ndarray) -> tuple[Spans, np.ndarray]:
+    """The spans of ``rt`` on ``node`` in the processes that launched the device's kernels, as columns, and
+    their rows in ``rt``."""
     in_node = rt.column("node") == (rt.nodes.index(node) if node in rt.nodes.values else -1)
     at = np.flatnonzero(in_node & np.isin(rt.column("pid"), pids))
-    return Spans(*(rt.column(c)[at] for c in ("tid", "name", "start_ns", "end_ns")), names=rt.names.values)
+    return Spans(*(rt.column(c)[at] for c in ("tid", "name", "start_ns", "end_ns")), names=rt.names.values), at
 
 
-def _tree(busy: int, micro: int, paths: list[tuple[str, ...]], shares: list[int]) -> list[dict]:
-    """Busy ns and µ$ of every path (``split_tree``), largest µ$ first, as the report lists them."""
+def _tree(
+    busy: int, micro: int, paths: list[tuple[str, ...]], shares: list[int]
+) -> dict[tuple[str, ...], tuple[int, int]]:
+    """Busy ns and µ$ of every path (``split_tree``)."""
     weights: dict[tuple[str, ...], int] = {}
     for path, s in zip(paths, shares):
         weights[path] = weights.get(path, 0) + s
-    tree = split_tree(busy, micro, weights)
+    return split_tree(busy, micro, weights)
+
+
+def _listed(tree: dict[tuple[str, ...], tuple[int, int]]) -> list[dict]:
+    """A tree's paths, largest µ$ first, as the report lists them."""
     return [
         {"path": "/".join(p), "busy_ns": tree[p][0], "cost_micro_usd": tree[p][1]}
         for p in sorted(tree, key=lambda p: (-tree[p][1], -tree[p][0], p))
@@ -113,7 +133,7 @@ def _tree(busy: int, micro: int, paths: list[tuple[str, ...]], shares: list[int]
 
 
 def _device(
-    key, kt: KernelTable, rows: np.ndarray, spans: tuple[RangeTable, RangeTable], model, micro_per_hour: int
+    key, kt: KernelTable, rows: np.ndarray, spans: tuple[RangeTable, OperatorTable], model, micro_per_hour: int
 ) -> dict:
     names = kt.names.values
     compute_codes = [KERNEL_CATEGORIES.index(c) for c in _COMPUTE]
@@ -142,7 +162,21 @@ def _device(
     )
     pids = np.unique(kt.column("pid")[compute])
     launch = kt.column("launch_tid")[compute], kt.column("launch_ns")[compute]
-    ranges, operators = (range_paths(*launch, _spans(t, key[0], pids)) for t in spans)
+    ranges, _ = range_paths(*launch, _spans(spans[0], key[0], pids)[0])
+    op_spans, op_rows = _spans(spans[1], key[0], pids)
+    operators, innermost = range_paths(*launch, op_spans)
+    del op_spans
+    paths = [p or (NO_OPERATOR,) for p in operators]
+    op_tree = _tree(busy, micro, paths, shares)
+    ot = spans[1]
+    work = operator_work(
+        paths,
+        np.where(innermost >= 0, op_rows[np.maximum(innermost, 0)] if len(op_rows) else -1, -1),
+        np.asarray(end, dtype=np.int64) - np.asarray(start, dtype=np.int64),
+        ot.column("flops"),
+        ot.column("bytes"),
+        ot.column("precision"),
+    )
     window = (max(end) - min(start)) if compute.size else 0
     transfers: dict[tuple[str, str], list[int]] = {}
     others = rows[~is_compute]
@@ -161,8 +195,12 @@ def _device(
         "cost_micro_usd": micro,
         "launch_gaps": {"idle_ns": window - busy, "cost_micro_usd": device_cost(window, micro_per_hour) - micro},
         "kernels": kernels,
-        "ranges": _tree(busy, micro, ranges, shares),
-        "operators": _tree(busy, micro, [p or (NO_OPERATOR,) for p in operators], shares),
+        "ranges": _listed(_tree(busy, micro, ranges, shares)),
+        "operators": _listed(op_tree),
+        "work": sorted(
+            (work_row("/".join(p), w, model, *op_tree[p]) for p, w in work.items()),
+            key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["path"]),
+        ),
         "transfers": [
             {"category": c, "name": n, "calls": v[0], "duration_ns": v[1], "bytes": v[2]}
             for (c, n), v in sorted(transfers.items())
@@ -202,7 +240,14 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         del k, r, o
         models |= m
         rejected.update({f"{path.name}: {reason}": n for reason, n in bad.items()})
-    report = kernel_report(kernels, ranges, models, micro_per_hour, operators)
+    if args.gpu_model and not any(peaks(args.gpu_model, p) != (None, None) for p in PRECISIONS):
+        print(
+            f"gpucost kernels: --gpu-model {args.gpu_model!r} is in no row of the platform table "
+            "(gpucost/schemas/platforms.toml): its operators get no peak and no EFU; give a name the table has, "
+            "such as H100 or NVIDIA A100-SXM4-80GB",
+            file=sys.stderr,
+        )
+    report = kernel_report(kernels, ranges, models, micro_per_hour, operators, args.gpu_model or None)
     report["rejected"] = dict(sorted(rejected.items()))
     if args.format == "json":
         print(json.dumps(report, indent=1))
@@ -226,8 +271,18 @@ def _print_text(report: dict) -> None:
         for section in ("ranges", "operators"):
             for r in d[section][:20]:
                 print(f"  {section[:-1]:<8} {r['cost_micro_usd']:>12} µ$ {r['busy_ns']:>14} ns  {r['path'][:100]}")
+        for w in d["work"][:20]:
+            print(
+                f"  work     {w['cost_micro_usd']:>12} µ$ {w['calls']:>7}× {w['precision'] or 'mixed':<5} "
+                f"{_rounded(w['achieved_tflops'], ' TFLOP/s')} EFU {_rounded(w['efu'])} "
+                f"{w['bound'] or 'bound unknown'}  {w['path'][:100]}"
+            )
     for reason, n in report.get("rejected", {}).items():
         print(f"read with a note or left out: {n} × {reason}", file=sys.stderr)
+
+
+def _rounded(value: float | None, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.3g}{unit}"
 
 
 KERNELS = Command(

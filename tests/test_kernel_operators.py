@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.cli import main
-from tests.support.kernel_money import KINETO, deal, half_even
+from tests.support.kernel_money import KINETO, deal, half_even, ns, raw_events
 
 NO_OPERATOR = "(no operator)"  # docs/definitions.md, "Kernel cost"
 BASE = 1_711_964_646_000_000_000
@@ -187,18 +187,8 @@ def _raw_operator_paths(path: Path) -> dict[int, tuple[list, list]]:
     """Per device: the kernels' (start, end) and operator paths, from the raw trace and the rule above."""
     doc = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)
     base = int(doc.get("baseTimeNanoseconds", 0))
-    ns = lambda us: int(Decimal(us) * 1000)  # noqa: E731 (Kineto writes whole ns)
-    launches, ops, kernels = {}, defaultdict(list), []
-    for ev in doc["traceEvents"]:
-        if ev.get("ph") != "X":
-            continue
-        if ev.get("cat") in ("cuda_runtime", "cuda_driver"):
-            launches[ev["args"]["correlation"]] = (ev["pid"], ev["tid"], base + ns(ev["ts"]))
-        elif ev.get("cat") == "cpu_op":
-            start = base + ns(ev["ts"])
-            ops[ev["pid"], ev["tid"]].append((ev["name"][:1024], start, start + ns(ev["dur"])))
-        elif ev.get("cat") == "kernel":
-            kernels.append(ev)
+    launches, raw_ops, kernels = raw_events(doc)
+    ops = {key: [(ev["name"][:1024], s, e) for s, e, ev in spans] for key, spans in raw_ops.items()}
     out: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
     for ev in kernels:
         start = base + ns(ev["ts"])

@@ -327,4 +327,6 @@ def test_ranges_opened_together_nest_the_longer_outside():
     spans = Spans(*(np.array(c, dtype=np.int64) for c in zip(*rows)), names=["inner", "outer", "other"])
     # launches (thread, ns): inside both, inside outer only, unknown
     tid, ns = np.array([1, 1, -1], dtype=np.int64), np.array([10, 60, -1], dtype=np.int64)
-    assert range_paths(tid, ns, spans) == [("outer", "inner"), ("outer",), ()]
+    paths, innermost = range_paths(tid, ns, spans)
+    assert paths == [("outer", "inner"), ("outer",), ()]
+    assert innermost.tolist() == [0, 1, -1]  # each kernel's innermost open span, as its row in ``spans``

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gpucost.kernels import kernel_report
+from gpucost.producers.kernel_table import RangeTable
 from gpucost.producers.kineto import read_kineto
 from gpucost.schemas.kernels import AnnotationRange, KernelActivity, rejection_reason
 
@@ -137,7 +138,7 @@ def _model_rows(kernels: list[KernelActivity]) -> list[tuple]:
 
 
 def _range_rows(table) -> list[tuple]:
-    cols = [table.column(c).tolist() for c in table.COLUMNS]
+    cols = [table.column(c).tolist() for c in RangeTable.COLUMNS]  # an operator's work columns are not the old's
     return [(table.nodes.values[n], p, t, table.names.values[m], s, e) for n, p, t, m, s, e in zip(*cols)]
 
 

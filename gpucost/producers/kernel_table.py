@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable
+from typing import Self, get_args
 
 import numpy as np
 
+from gpucost.schemas.gemm import Precision
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, AnnotationRange, KernelActivity
 
-__all__ = ["KernelTable", "RangeTable", "as_bytes"]
+__all__ = ["KernelTable", "OperatorTable", "PRECISION_CODES", "RangeTable", "as_bytes"]
 
 _CATEGORY = {c: i for i, c in enumerate(KERNEL_CATEGORIES)}
+#: an operator's precision as its column's code (-1: not known)
+PRECISION_CODES = {p: i for i, p in enumerate(get_args(Precision))}
 
 
 def as_bytes(values: np.ndarray) -> np.ndarray:
@@ -131,8 +135,26 @@ class RangeTable(_Table):
         self.end_ns.append(r.end_ns)
 
     @classmethod
-    def of(cls, ranges: Iterable[AnnotationRange]) -> RangeTable:
+    def of(cls, ranges: Iterable[AnnotationRange]) -> Self:
         table = cls()
         for r in ranges:
             table.append(r)
         return table
+
+
+class OperatorTable(RangeTable):
+    """A host range table of PyTorch operators, with each call's work where its shapes give it
+    (``gpucost.schemas.gemm``): FLOPs, least bytes moved, precision code (``PRECISION_CODES``); -1 not known.
+    Apart from ``RangeTable`` so that ranges, which never have work, do not carry 17 bytes of -1 each."""
+
+    COLUMNS = RangeTable.COLUMNS + ("flops", "bytes", "precision")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops, self.bytes, self.precision = array("q"), array("q"), array("b")
+
+    def append(self, r: AnnotationRange) -> None:
+        super().append(r)
+        self.flops.append(-1 if r.flops is None else r.flops)
+        self.bytes.append(-1 if r.bytes is None else r.bytes)
+        self.precision.append(-1 if r.precision is None else PRECISION_CODES[r.precision])

@@ -20,8 +20,9 @@ import ijson
 from pydantic import ValidationError
 
 from gpucost.producers.compressed import open_bytes
-from gpucost.producers.kernel_table import KernelTable, RangeTable
+from gpucost.producers.kernel_table import KernelTable, OperatorTable, RangeTable
 from gpucost.producers.kineto_launches import Launches
+from gpucost.schemas.gemm import gemm_work
 from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity, rejection_reason
 
 __all__ = ["KinetoTrace", "read_kineto"]
@@ -42,7 +43,7 @@ class KinetoTrace:
 
     kernels: KernelTable = field(default_factory=KernelTable)
     ranges: RangeTable = field(default_factory=RangeTable)
-    operators: RangeTable = field(default_factory=RangeTable)
+    operators: OperatorTable = field(default_factory=OperatorTable)
     gpu_models: dict[int, str] = field(default_factory=dict)
     rejected: Counter = field(default_factory=Counter)
 
@@ -85,7 +86,7 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
     launch of a correlation id wins, so launches are tied to kernels once the file has ended (``Launches``),
     and a kernel whose launch then fails the model's bounds is taken out with the reason the model gives. A
     kernel that fails on its own fields is kept whole (a rejected event, so rare) and rejected at the end with
-    its launch, as the model says. Memory: 43 bytes a kernel (67 once tied), 36 a range or operator and 32 a
+    its launch, as the model says. Memory: 43 bytes a kernel (67 once tied), 36 a range, 53 an operator and 32 a
     launch, every distinct name once, and the raw events of rejected kernels (docs/kernels.md, "Memory")."""
     node = node_id or path.name
     base, models = _header(path)
@@ -104,16 +105,18 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
                 launches.add(int(ev["args"]["correlation"]), *launch)
             elif cat in _SPAN_TABLES:
                 start = base + _ns(ev["ts"])
+                pid, tid, name = int(ev["pid"]), int(ev["tid"]), _name(ev, out.rejected)  # in the order checked
                 getattr(out, _SPAN_TABLES[cat]).append(
                     AnnotationRange(
                         node_id=node,
-                        pid=int(ev["pid"]),
-                        tid=int(ev["tid"]),
+                        pid=pid,
+                        tid=tid,
                         domain="torch",
-                        name=_name(ev, out.rejected),
+                        name=name,
                         start_ns=start,
                         end_ns=start + _ns(ev["dur"]),
                         source="kineto",
+                        **_work(cat, name, ev.get("args")),
                     )
                 )
         except _REJECTED as exc:
@@ -191,6 +194,14 @@ def _kernel(ev: dict, node: str, base: int, launches: dict | Launches, rejected:
         bytes=_int_or_none(args.get("bytes")),
         **dims,
     )
+
+
+def _work(cat: str, name: str, args: object) -> dict:
+    """A GEMM operator's FLOPs, bytes and precision from its recorded shapes (``gemm_work``), as fields."""
+    if cat != "cpu_op" or not isinstance(args, dict):
+        return {}
+    work = gemm_work(name, args.get("Input Dims"), args.get("Input type"))
+    return {} if work is None else {"flops": work.flops, "bytes": work.bytes, "precision": work.precision}
 
 
 def _int_or_none(value: object) -> int | None:

@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpucost.schemas.events import Ident, Pid, TsNs
+from gpucost.schemas.gemm import Precision
 
 __all__ = ["KERNEL_CATEGORIES", "NAME_MAX_CHARS", "KernelActivity", "AnnotationRange", "rejection_reason"]
 
@@ -66,6 +67,10 @@ class AnnotationRange(_Timed):
     kind: Literal["annotation_range"] = "annotation_range"
     tid: Count
     domain: Ident
+    #: a PyTorch GEMM operator's work from its recorded shapes (``gpucost.schemas.gemm``); None where not known
+    flops: Count | None = None
+    bytes: Count | None = None
+    precision: Precision | None = None
 
 
 def rejection_reason(exc: Exception) -> str:

@@ -91,18 +91,22 @@ def _refuse(total: int) -> dict[str, int]:
     raise ValueError(f"{total} µ$ to split over parts that all weigh nothing")
 
 
-def range_paths(launch_tid: np.ndarray, launch_ns: np.ndarray, spans: Spans) -> list[tuple[str, ...]]:
+def range_paths(
+    launch_tid: np.ndarray, launch_ns: np.ndarray, spans: Spans
+) -> tuple[list[tuple[str, ...]], np.ndarray]:
     """Each kernel's path from its launch's thread and time (int64, -1 unknown): the names of the spans open
     on that thread at that time (start ≤ launch ≤ end), outermost first (earlier start, then the longer, then
-    the name), never by GPU-time overlap; the empty path without a known launch or with no span open.
+    the name), never by GPU-time overlap; the empty path without a known launch or with no span open. With the
+    paths, each kernel's innermost open span as its row in ``spans`` (-1: none), the call a PyTorch operator's
+    work is read from.
 
     Spans are sorted once and each gets a parent: the innermost span of its thread still open at its start
     (the stack they make). Every span open at a launch is then the last span begun by it or on that span's
     chain of parents, so a kernel walks up that chain (as long as the spans nest deep) and keeps those not
     yet closed; a thread's spans that cross instead of nesting are kept or left out one by one alike. Equal
     paths are one tuple, and nothing is kept per span beyond int64 columns."""
-    if not len(spans.names) or not len(launch_tid):
-        return [()] * len(launch_tid)
+    if not len(spans.names) or not len(spans.tid) or not len(launch_tid):
+        return [()] * len(launch_tid), np.full(len(launch_tid), -1, dtype=np.int64)
     rank = np.argsort(np.argsort(np.array(spans.names, dtype=object)))
     order = np.lexsort((rank[spans.name], -spans.end_ns, spans.start_ns, spans.tid))
     tid, start, end, name = (c[order].astype(np.int64) for c in (spans.tid, spans.start_ns, spans.end_ns, spans.name))
@@ -118,17 +122,23 @@ def range_paths(launch_tid: np.ndarray, launch_ns: np.ndarray, spans: Spans) -> 
     outlives = _outliving(parent, ends)
     interned: dict[tuple[str, ...], tuple[str, ...]] = {}
     out: list[tuple[str, ...]] = []
-    for i, t in zip(last.tolist(), launch_ns.tolist()):
+    innermost = array("q", bytes(8 * len(launch_tid)))
+    for k, (i, t) in enumerate(zip(last.tolist(), launch_ns.tolist())):
         chain = []
+        inner = -1
         while i >= 0:
             if ends[i] >= t:
+                if inner < 0:
+                    inner = i
                 chain.append(spans.names[codes[i]])
                 i = parent[i]
             else:  # closed by then, and so is every ancestor up to the first that outlives it
                 i = outlives[i]
+        innermost[k] = inner
         path = tuple(reversed(chain))
         out.append(interned.setdefault(path, path))
-    return out
+    inner_rows = np.frombuffer(innermost, dtype=np.int64) if len(innermost) else np.zeros(0, np.int64)
+    return out, np.where(inner_rows >= 0, order[np.maximum(inner_rows, 0)], -1)
 
 
 def _int64s(column: np.ndarray) -> array[int]:

@@ -4,6 +4,8 @@ largest-remainder deal (ties to the ascending name) over exact fractional weight
 
 from __future__ import annotations
 
+from collections import defaultdict
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -26,3 +28,26 @@ def deal(total: int, weights: dict[str, Fraction]) -> dict[str, int]:
     for n in sorted(quota, key=lambda n: (-(quota[n] - out[n]), n))[: total - sum(out.values())]:
         out[n] += 1
     return out
+
+
+def ns(us: object) -> int:
+    """A Kineto time (µs, an int or a decimal) as integer ns; every trace here writes whole ns."""
+    return int(Decimal(str(us)) * 1000)
+
+
+def raw_events(doc: dict) -> tuple[dict, dict, list]:
+    """A Kineto trace's launches (correlation → (pid, tid, epoch ns)), ``cpu_op``s by (pid, tid) as (start ns, end
+    ns, event) and kernel events, read with the standard library alone."""
+    base = int(doc.get("baseTimeNanoseconds", 0))
+    launches, ops, kernels = {}, defaultdict(list), []
+    for ev in doc["traceEvents"]:
+        if ev.get("ph") != "X":
+            continue
+        if ev.get("cat") in ("cuda_runtime", "cuda_driver"):
+            launches[ev["args"]["correlation"]] = (ev["pid"], ev["tid"], base + ns(ev["ts"]))
+        elif ev.get("cat") == "cpu_op":
+            start = base + ns(ev["ts"])
+            ops[ev["pid"], ev["tid"]].append((start, start + ns(ev["dur"]), ev))
+        elif ev.get("cat") == "kernel":
+            kernels.append(ev)
+    return launches, ops, kernels

@@ -1,0 +1,123 @@
+"""Work and efficiency per PyTorch operator path (docs/definitions.md, "Kernel cost", "Work and EFU per operator"),
+pure: no I/O, no clock.
+
+A GEMM operator call's FLOPs and least bytes (``gpucost.schemas.gemm``) are set against the GPU time of the kernels
+it launched itself (those whose innermost open operator at launch is that call): the achieved rate, its share of
+the device's peak at the call's precision (EFU) and of its memory bandwidth, and which of the two bounds it by the
+roofline. Why per call and not per kernel: one ``aten::mm`` may launch a GEMM kernel and a reduction (split-K), and
+its FLOPs belong to the call; a call is counted once however many kernels it launched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+from typing import get_args
+
+import numpy as np
+
+from gpucost.schemas.devices import platforms
+from gpucost.schemas.gemm import Precision
+from gpucost.streams.health import peak_tops
+
+__all__ = ["PRECISIONS", "OperatorWork", "operator_work", "peaks", "work_row"]
+
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+
+
+@dataclass
+class OperatorWork:
+    """The sums of one operator path: calls with work, their FLOPs and bytes, their kernels' GPU ns, and the
+    precisions met (one, for an EFU)."""
+
+    calls: int = 0
+    flops: int = 0
+    bytes: int = 0
+    kernel_ns: int = 0
+    precisions: set[str] = field(default_factory=set)
+    _seen: set[int] = field(default_factory=set, repr=False)
+
+
+@lru_cache(maxsize=256)
+def peaks(gpu_model: str | None, precision: str | None) -> tuple[Fraction | None, Fraction | None]:
+    """The platform table's dense peak TFLOPS at ``precision`` and memory GB/s for ``gpu_model``, found by the
+    health audit's rule (the longest row name or alias the model contains, a partition's share of it); None for
+    each the table does not give, never a guess."""
+    if gpu_model is None:
+        return None, None
+    rows = platforms().items()
+    found = []
+    for figure in (precision, "mem_bw_gbps"):
+        table: dict[str, object] = {"default": 0}
+        if figure is not None:
+            for name, row in rows:
+                if figure in row:
+                    table |= dict.fromkeys([name, *row.get("aliases", [])], Fraction(str(row[figure])))
+        value = peak_tops(table, gpu_model)
+        found.append(value if value else None)
+    return found[0], found[1]
+
+
+def operator_work(
+    paths: list[tuple[str, ...]],
+    calls: np.ndarray,
+    duration_ns: np.ndarray,
+    flops: np.ndarray,
+    moved: np.ndarray,
+    precision: np.ndarray,
+) -> dict[tuple[str, ...], OperatorWork]:
+    """Per operator path, the work of the calls that launched the device's kernels: kernel ``i`` has the path
+    ``paths[i]``, was launched by operator call ``calls[i]`` (a row of the operator columns ``flops``, ``moved``,
+    ``precision`` (codes into ``PRECISIONS``); -1: in no operator) and ran ``duration_ns[i]``. Kernels of calls
+    with no work (-1 FLOPs) are left out."""
+    out: dict[tuple[str, ...], OperatorWork] = {}
+    known = np.flatnonzero(calls >= 0)
+    known = known[flops[calls[known]] >= 0]
+    for i, call, ns in zip(known.tolist(), calls[known].tolist(), duration_ns[known].tolist()):
+        w = out.get(paths[i])
+        if w is None:
+            w = out[paths[i]] = OperatorWork()
+        w.kernel_ns += ns
+        if call not in w._seen:
+            w._seen.add(call)
+            w.calls += 1
+            w.flops += int(flops[call])
+            w.bytes += int(moved[call])
+            w.precisions.add(PRECISIONS[int(precision[call])])
+    return out
+
+
+def work_row(path: str, w: OperatorWork, gpu_model: str | None, busy_ns: int, micro: int) -> dict[str, object]:
+    """One row of the report's ``work``: the sums, the path's busy ns and µ$ from the operator tree, and the
+    figures derived from them, each exact until it is rounded once to a float (null where not known)."""
+    precision = next(iter(w.precisions)) if len(w.precisions) == 1 else None
+    peak, bandwidth = peaks(gpu_model, precision)
+    rate = Fraction(w.flops, w.kernel_ns * 1000) if w.kernel_ns else None  # FLOP/ns ÷ 1000 = TFLOP/s
+    if precision == "fp32" and rate is not None and peak is not None and rate > peak:
+        tf32, _ = peaks(gpu_model, "tf32")  # faster than FP32 can go: the calls ran on tensor cores as TF32
+        if tf32 is not None:
+            precision, peak = "tf32", tf32
+    moved = Fraction(w.bytes, w.kernel_ns) if w.kernel_ns else None  # byte/ns = GB/s
+    intensity = Fraction(w.flops, w.bytes) if w.bytes else None
+    ridge = peak * 1000 / bandwidth if peak is not None and bandwidth is not None else None  # FLOP per byte
+    return {
+        "path": path,
+        "precision": precision,
+        "calls": w.calls,
+        "flops": w.flops,
+        "bytes": w.bytes,
+        "kernel_ns": w.kernel_ns,
+        "busy_ns": busy_ns,
+        "cost_micro_usd": micro,
+        "achieved_tflops": _float(rate),
+        "arithmetic_intensity": _float(intensity),
+        "peak_tflops": _float(peak),
+        "efu": _float(rate / peak if rate is not None and peak is not None else None),
+        "bw_util": _float(moved / bandwidth if moved is not None and bandwidth is not None else None),
+        "bound": None if ridge is None or intensity is None else ("compute" if intensity >= ridge else "memory"),
+    }
+
+
+def _float(value: Fraction | None) -> float | None:
+    return None if value is None else float(value)
