@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,10 @@ from gpucost.flags import env_flag
 from gpucost.producers.kernel_table import KernelTable, OperatorTable, RangeTable
 from gpucost.producers.kineto import read_kineto
 from gpucost.producers.nsys import read_nsys
-from gpucost.schemas.exact import micro_usd_per_hour
+from gpucost.schemas.exact import div_half_even, micro_usd_per_hour
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, AnnotationRange, KernelActivity
 from gpucost.streams.kernel_split import (
+    NS_PER_HOUR,
     Interval,
     Spans,
     busy_shares,
@@ -32,7 +34,7 @@ from gpucost.streams.kernel_split import (
     split_by_name,
     split_tree,
 )
-from gpucost.streams.kernel_work import PRECISIONS, operator_work, peaks, work_row
+from gpucost.streams.kernel_work import PRECISIONS, operator_work, peaks, retimed, roofline_ns, work_row
 from gpucost.wiring import UsageError
 
 __all__ = ["KERNELS", "NO_OPERATOR", "cmd_kernels", "kernel_report", "read_trace"]
@@ -62,6 +64,23 @@ def _kernels_arguments(p: argparse.ArgumentParser) -> None:
         "the GPU model of devices whose trace names none (Kineto writes deviceProperties only since 2023): the "
         "platform table's peaks for the operators' EFU are read for it",
     )
+    env_flag(
+        p,
+        "--whatif-gpu",
+        "GPUCOST_KERNELS_WHATIF_GPU",
+        str,
+        None,
+        "a GPU model of the platform table to re-time the GEMM operators on by the roofline, and bill the device "
+        "as if it had run there (each device's 'whatif')",
+    )
+    env_flag(
+        p,
+        "--whatif-usd-per-gpu-hour",
+        "GPUCOST_KERNELS_WHATIF_USD_PER_GPU_HOUR",
+        str,
+        None,
+        "the price of a GPU hour of --whatif-gpu (unset: --usd-per-gpu-hour's)",
+    )
     p.add_argument("--format", choices=("json", "text"), default="json")
 
 
@@ -85,10 +104,12 @@ def kernel_report(
     micro_per_hour: int,
     operators: OperatorTable | Sequence[AnnotationRange] = (),
     gpu_model: str | None = None,
+    whatif: tuple[str, int] | None = None,
 ) -> dict:
     """The ``devices`` figures of docs/definitions.md "Kernel cost", keyed by (node, device), in key order;
     without ``operators`` every kernel is in the ``(no operator)`` party. ``gpu_model`` names the GPU of a device
-    whose trace names none (the peaks of its operators' work are read for it)."""
+    whose trace names none (the peaks of its operators' work are read for it); ``whatif``, a GPU model and its price
+    in µ$ an hour, adds each device's bill had its GEMM operators run there."""
     if not isinstance(kernels, KernelTable):
         kernels = KernelTable.of(kernels)
     if not isinstance(ranges, RangeTable):
@@ -101,16 +122,21 @@ def kernel_report(
     for key in keys:
         rows = np.flatnonzero((node == kernels.nodes.index(key[0])) & (device == key[1]))
         model = models.get(key) or gpu_model
-        devices.append(_device(key, kernels, rows, (ranges, operators), model, micro_per_hour))
+        devices.append(_device(key, kernels, rows, (ranges, operators), model, micro_per_hour, whatif))
     return {"devices": devices}
 
 
-def _spans(rt: RangeTable, node: str, pids: np.ndarray) -> tuple[Spans, np.ndarray]:
-    """The spans of ``rt`` on ``node`` in the processes that launched the device's kernels, as columns, and
-    their rows in ``rt``."""
+def _spans(rt: RangeTable, node: str, pid: np.ndarray, tid: np.ndarray) -> tuple[Spans, np.ndarray, np.ndarray]:
+    """The spans of ``rt`` on ``node`` in the processes that launched the device's kernels, as columns, their rows
+    in ``rt``, and the kernels' launching threads (``pid``, ``tid``) as codes of the spans' ``tid`` column: a
+    thread is its process and its id, since two processes have threads of the same number."""
     in_node = rt.column("node") == (rt.nodes.index(node) if node in rt.nodes.values else -1)
-    at = np.flatnonzero(in_node & np.isin(rt.column("pid"), pids))
-    return Spans(*(rt.column(c)[at] for c in ("tid", "name", "start_ns", "end_ns")), names=rt.names.values), at
+    at = np.flatnonzero(in_node & np.isin(rt.column("pid"), pid))
+    spans, launches = np.column_stack([rt.column("pid")[at], rt.column("tid")[at]]), np.column_stack([pid, tid])
+    _, codes = np.unique(np.concatenate([spans, launches]), axis=0, return_inverse=True)
+    codes = codes.reshape(-1).astype(np.int64)
+    columns = (rt.column(c)[at] for c in ("name", "start_ns", "end_ns"))
+    return Spans(codes[: len(at)], *columns, names=rt.names.values), at, codes[len(at) :]
 
 
 def _tree(
@@ -133,7 +159,13 @@ def _listed(tree: dict[tuple[str, ...], tuple[int, int]]) -> list[dict]:
 
 
 def _device(
-    key, kt: KernelTable, rows: np.ndarray, spans: tuple[RangeTable, OperatorTable], model, micro_per_hour: int
+    key,
+    kt: KernelTable,
+    rows: np.ndarray,
+    spans: tuple[RangeTable, OperatorTable],
+    model,
+    micro_per_hour: int,
+    whatif: tuple[str, int] | None,
 ) -> dict:
     names = kt.names.values
     compute_codes = [KERNEL_CATEGORIES.index(c) for c in _COMPUTE]
@@ -160,18 +192,19 @@ def _device(
         ),
         key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["name"]),
     )
-    pids = np.unique(kt.column("pid")[compute])
-    launch = kt.column("launch_tid")[compute], kt.column("launch_ns")[compute]
-    ranges, _ = range_paths(*launch, _spans(spans[0], key[0], pids)[0])
-    op_spans, op_rows = _spans(spans[1], key[0], pids)
-    operators, innermost = range_paths(*launch, op_spans)
-    del op_spans
+    pid, tid, launch_ns = (kt.column(c)[compute] for c in ("pid", "launch_tid", "launch_ns"))
+    range_spans, _, threads = _spans(spans[0], key[0], pid, tid)
+    ranges, _ = range_paths(threads, launch_ns, range_spans)
+    op_spans, op_rows, threads = _spans(spans[1], key[0], pid, tid)
+    operators, innermost = range_paths(threads, launch_ns, op_spans)
+    del op_spans, range_spans
     paths = [p or (NO_OPERATOR,) for p in operators]
     op_tree = _tree(busy, micro, paths, shares)
     ot = spans[1]
-    work = operator_work(
+    work, work_paths = operator_work(
         paths,
         np.where(innermost >= 0, op_rows[np.maximum(innermost, 0)] if len(op_rows) else -1, -1),
+        launch_ns,
         np.asarray(end, dtype=np.int64) - np.asarray(start, dtype=np.int64),
         ot.column("flops"),
         ot.column("bytes"),
@@ -187,7 +220,8 @@ def _device(
         t[0] += 1
         t[1] += e - s
         t[2] += max(b, 0)
-    return {
+    work_rows = {p: work_row("/".join(p), w, model, *op_tree[p]) for p, w in work.items()}
+    out = {
         "device": {"node": key[0], "device": key[1]},
         "gpu_model": model,
         "busy_ns": busy,
@@ -197,29 +231,81 @@ def _device(
         "kernels": kernels,
         "ranges": _listed(_tree(busy, micro, ranges, shares)),
         "operators": _listed(op_tree),
-        "work": sorted(
-            (work_row("/".join(p), w, model, *op_tree[p]) for p, w in work.items()),
-            key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["path"]),
-        ),
+        "work": sorted(work_rows.values(), key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["path"])),
         "transfers": [
             {"category": c, "name": n, "calls": v[0], "duration_ns": v[1], "bytes": v[2]}
             for (c, n), v in sorted(transfers.items())
         ],
     }
+    if whatif is not None:
+        out["whatif"] = _whatif(whatif, model, work_rows, work_paths, shares, denominator)
+    return out
+
+
+def _whatif(
+    whatif: tuple[str, int],
+    model: str | None,
+    rows: dict[tuple[str, ...], dict],
+    work_paths: list[tuple[str, ...] | None],
+    shares: list[int],
+    denominator: int,
+) -> dict:
+    """The device's bill had it been ``whatif``'s GPU at its price (docs/definitions.md, "Kernel cost", "What-if
+    per operator"): each GEMM path's kernels take the ratio of the two parts' roofline times for its work."""
+    target, micro_per_hour = whatif
+    scales = {}
+    for path, r in rows.items():
+        now = roofline_ns(r["flops"], r["bytes"], r["precision"], model)
+        there = roofline_ns(r["flops"], r["bytes"], r["precision"], target)
+        if now and there is not None:
+            scales[path] = there / now
+    total, own = retimed(work_paths, shares, scales)
+    busy = total / denominator
+    retimed_rows = [
+        {
+            "path": "/".join(p),
+            "scale": float(scale),
+            "busy_ns": div_half_even(own[p], denominator),
+            "projected_busy_ns": _half_even(own[p] * scale / denominator),
+        }
+        for p, scale in scales.items()
+    ]
+    return {
+        "gpu_model": target,
+        "busy_ns": _half_even(busy),
+        "cost_micro_usd": _half_even(busy * micro_per_hour / NS_PER_HOUR),
+        "retimed": sorted(retimed_rows, key=lambda r: (-r["busy_ns"], r["path"])),
+    }
+
+
+def _half_even(value: Fraction) -> int:
+    return div_half_even(value.numerator, value.denominator)
+
+
+def _micro_per_hour(flag: str, text: str) -> int:
+    """A price flag's µ$ an hour; a usage error that says what is wrong."""
+    try:
+        price = Decimal(text)
+        if not price.is_finite() or price < 0:
+            raise ValueError("a price is a finite number of dollars, 0 or more")
+        return micro_usd_per_hour(price)
+    except InvalidOperation:  # its text is a list of decimal's internal classes, no use to a person
+        raise UsageError(f"{flag} {text!r} is not a number; give a price such as 2.5") from None
+    except ValueError as exc:
+        raise UsageError(f"{flag} {text!r}: {exc}; give a price such as 2.5") from None
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
-    try:
-        price = Decimal(args.usd_per_gpu_hour)
-        if not price.is_finite() or price < 0:
-            raise ValueError("a price is a finite number of dollars, 0 or more")
-        micro_per_hour = micro_usd_per_hour(price)
-    except InvalidOperation:  # its text is a list of decimal's internal classes, no use to a person
-        raise UsageError(
-            f"--usd-per-gpu-hour {args.usd_per_gpu_hour!r} is not a number; give a price such as 2.5"
-        ) from None
-    except ValueError as exc:
-        raise UsageError(f"--usd-per-gpu-hour {args.usd_per_gpu_hour!r}: {exc}; give a price such as 2.5") from None
+    micro_per_hour = _micro_per_hour("--usd-per-gpu-hour", args.usd_per_gpu_hour)
+    whatif = None
+    if args.whatif_gpu:
+        if _unknown(args.whatif_gpu) or peaks(args.whatif_gpu, None)[1] is None:
+            raise UsageError(
+                f"--whatif-gpu {args.whatif_gpu!r}: the platform table (gpucost/schemas/platforms.toml) has no peak "
+                "and bandwidth for it; give a part it has, such as H100, H200, A100 or L4"
+            )
+        price = args.usd_per_gpu_hour if args.whatif_usd_per_gpu_hour is None else args.whatif_usd_per_gpu_hour
+        whatif = args.whatif_gpu, _micro_per_hour("--whatif-usd-per-gpu-hour", price)
     kernels, ranges, operators, models, rejected = KernelTable(), RangeTable(), RangeTable(), {}, Counter()
     for path in args.files:
         if not path.is_file():
@@ -240,14 +326,15 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         del k, r, o
         models |= m
         rejected.update({f"{path.name}: {reason}": n for reason, n in bad.items()})
-    if args.gpu_model and not any(peaks(args.gpu_model, p) != (None, None) for p in PRECISIONS):
+    report = kernel_report(kernels, ranges, models, micro_per_hour, operators, args.gpu_model or None, whatif)
+    unknown = {d["gpu_model"] for d in report["devices"] if d["work"] and _unknown(d["gpu_model"])}
+    for model in sorted(unknown | ({args.gpu_model} if args.gpu_model and _unknown(args.gpu_model) else set())):
         print(
-            f"gpucost kernels: --gpu-model {args.gpu_model!r} is in no row of the platform table "
-            "(gpucost/schemas/platforms.toml): its operators get no peak and no EFU; give a name the table has, "
-            "such as H100 or NVIDIA A100-SXM4-80GB",
+            f"gpucost kernels: GPU model {model!r} is in no row of the platform table "
+            "(gpucost/schemas/platforms.toml): its operators get no peak and no EFU; name a part the table has, "
+            "such as H100 or NVIDIA A100-SXM4-80GB, with --gpu-model (a trace that names its GPU keeps its name)",
             file=sys.stderr,
         )
-    report = kernel_report(kernels, ranges, models, micro_per_hour, operators, args.gpu_model or None)
     report["rejected"] = dict(sorted(rejected.items()))
     if args.format == "json":
         print(json.dumps(report, indent=1))
@@ -271,6 +358,12 @@ def _print_text(report: dict) -> None:
         for section in ("ranges", "operators"):
             for r in d[section][:20]:
                 print(f"  {section[:-1]:<8} {r['cost_micro_usd']:>12} µ$ {r['busy_ns']:>14} ns  {r['path'][:100]}")
+        if "whatif" in d:
+            w = d["whatif"]
+            print(
+                f"  what if {w['gpu_model']}: busy {w['busy_ns']} ns, {w['cost_micro_usd']} µ$ "
+                f"({len(w['retimed'])} GEMM operator paths re-timed by the roofline, the rest as measured)"
+            )
         for w in d["work"][:20]:
             print(
                 f"  work     {w['cost_micro_usd']:>12} µ$ {w['calls']:>7}× {w['precision'] or 'mixed':<5} "
@@ -281,8 +374,13 @@ def _print_text(report: dict) -> None:
         print(f"read with a note or left out: {n} × {reason}", file=sys.stderr)
 
 
+def _unknown(model: str | None) -> bool:
+    """Whether the platform table gives ``model`` (None: no model) no peak at any precision."""
+    return all(peaks(model, p)[0] is None for p in PRECISIONS)
+
+
 def _rounded(value: float | None, unit: str = "") -> str:
-    return "n/a" if value is None else f"{value:.3g}{unit}"
+    return ("n/a" if value is None else f"{value:.3g}") + unit
 
 
 KERNELS = Command(

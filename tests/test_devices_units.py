@@ -191,9 +191,11 @@ def test_platform_table_rows_cite_sources_and_never_zero() -> None:
     table = platforms()
     wanted = {
         "H100",
+        "H100 PCIe",
         "H200",
         "B200",
         "A100",
+        "A100 40GB",
         "L4",
         "T4",
         "L40S",

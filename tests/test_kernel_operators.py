@@ -23,33 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.cli import main
-from tests.support.kernel_money import KINETO, deal, half_even, ns, raw_events
+from tests.support.kernel_money import KINETO, deal, half_even, ns, raw_events, shares
 
 NO_OPERATOR = "(no operator)"  # docs/definitions.md, "Kernel cost"
 BASE = 1_711_964_646_000_000_000
 OPS = ["aten::linear", "aten::addmm", "aten::mm", "aten::relu"]
-
-
-def _shares(kernels: list[tuple[int, int]]) -> tuple[int, list[Fraction]]:
-    """Busy ns and each (start, end)'s exact part of it: a sweep over the slices between boundaries, each
-    slice shared equally by the kernels running through it."""
-    bounds = sorted({t for s, e in kernels for t in (s, e)})
-    starting, ending = defaultdict(list), defaultdict(list)
-    for i, (s, e) in enumerate(kernels):
-        if e > s:
-            starting[s].append(i)
-            ending[e].append(i)
-    running: set[int] = set()
-    share = [Fraction(0)] * len(kernels)
-    busy = 0
-    for lo, hi in zip(bounds, bounds[1:]):
-        running.difference_update(ending[lo])
-        running.update(starting[lo])
-        if running:
-            busy += hi - lo
-            for i in running:
-                share[i] += Fraction(hi - lo, len(running))
-    return busy, share
 
 
 def _open_ops(ops: list[tuple[str, int, int]], t: int | None) -> tuple[str, ...]:
@@ -174,7 +152,7 @@ def test_generated_traces_equal_brute_force(tmp_path_factory, ops, loose, other_
     path = tmp_path_factory.mktemp("ops") / "t.json"
     path.write_text(json.dumps({"baseTimeNanoseconds": BASE, "traceEvents": events}))
     (device,) = json.loads(_run(path, price))["devices"]
-    busy, share = _shares(intervals)
+    busy, share = shares(intervals)
     micro = _micro(busy, price)
     assert (device["busy_ns"], device["cost_micro_usd"]) == (busy, micro)
     assert {o["path"]: (o["busy_ns"], o["cost_micro_usd"]) for o in device["operators"]} == expected_tree(
@@ -208,7 +186,7 @@ def test_real_traces_price_their_operators(path):
     assert sorted(d["device"]["device"] for d in report["devices"]) == sorted(raw)
     for device in report["devices"]:
         intervals, paths = raw[device["device"]["device"]]
-        busy, share = _shares(intervals)
+        busy, share = shares(intervals)
         micro = _micro(busy, "2.5")
         assert micro > 0 and len(device["operators"]) > 1
         got = {o["path"]: (o["busy_ns"], o["cost_micro_usd"]) for o in device["operators"]}

@@ -41,20 +41,23 @@ class Work:
 
 def gemm_work(op: str, dims: object, types: object) -> Work | None:
     """The work of one call of ``op`` from its ``Input Dims`` and ``Input type``; None where ``op`` is no GEMM
-    counted here or its shapes are not a product's (a wrong rank, inner sizes that differ, operand types that
-    differ or are no float type listed in ``PRECISIONS``), never a guess."""
+    counted here or its shapes are not a product's (another number of inputs, a wrong rank, inner sizes that
+    differ, operand and bias types that differ or are no float type listed in ``PRECISIONS``), never a guess."""
     at = {"aten::mm": 0, "aten::bmm": 0, "aten::addmm": 1, "aten::baddbmm": 1}.get(op)
-    if at is None or not isinstance(dims, list) or not isinstance(types, list) or len(dims) < at + 2:
+    # mm and bmm take two tensors; addmm and baddbmm a bias and two, then beta and alpha where recorded
+    if at is None or not isinstance(dims, list) or not isinstance(types, list) or len(types) != len(dims):
+        return None
+    if len(dims) not in ((3, 5) if at else (2,)):
         return None
     a, b = dims[at], dims[at + 1]
     batched = op.endswith("bmm")
     rank = 3 if batched else 2
-    if not (_shape(a, rank) and _shape(b, rank) and len(types) >= at + 2 and types[at] == types[at + 1]):
+    if not (_shape(a, rank) and _shape(b, rank) and types[at] == types[at + 1] == types[0]):
         return None
     if at and not _shape(dims[0], len(dims[0]) if isinstance(dims[0], list) else -1):
         return None
     kind = PRECISIONS.get(types[at]) if isinstance(types[at], str) else None
-    if kind is None or (at and isinstance(types[0], str) and types[0] != types[at]):
+    if kind is None:
         return None
     batch, (m, k), (k2, n) = (a[0] if batched else 1), a[-2:], b[-2:]
     if k != k2 or (batched and b[0] != batch):

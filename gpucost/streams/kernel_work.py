@@ -21,7 +21,7 @@ from gpucost.schemas.devices import platforms
 from gpucost.schemas.gemm import Precision
 from gpucost.streams.health import peak_tops
 
-__all__ = ["PRECISIONS", "OperatorWork", "operator_work", "peaks", "work_row"]
+__all__ = ["PRECISIONS", "OperatorWork", "operator_work", "peaks", "retimed", "roofline_ns", "work_row"]
 
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
@@ -36,7 +36,6 @@ class OperatorWork:
     bytes: int = 0
     kernel_ns: int = 0
     precisions: set[str] = field(default_factory=set)
-    _seen: set[int] = field(default_factory=set, repr=False)
 
 
 @lru_cache(maxsize=256)
@@ -62,30 +61,64 @@ def peaks(gpu_model: str | None, precision: str | None) -> tuple[Fraction | None
 def operator_work(
     paths: list[tuple[str, ...]],
     calls: np.ndarray,
+    launch_ns: np.ndarray,
     duration_ns: np.ndarray,
     flops: np.ndarray,
     moved: np.ndarray,
     precision: np.ndarray,
-) -> dict[tuple[str, ...], OperatorWork]:
+) -> tuple[dict[tuple[str, ...], OperatorWork], list[tuple[str, ...] | None]]:
     """Per operator path, the work of the calls that launched the device's kernels: kernel ``i`` has the path
-    ``paths[i]``, was launched by operator call ``calls[i]`` (a row of the operator columns ``flops``, ``moved``,
-    ``precision`` (codes into ``PRECISIONS``); -1: in no operator) and ran ``duration_ns[i]``. Kernels of calls
-    with no work (-1 FLOPs) are left out."""
-    out: dict[tuple[str, ...], OperatorWork] = {}
+    ``paths[i]``, was launched at ``launch_ns[i]`` by operator call ``calls[i]`` (a row of the operator columns
+    ``flops``, ``moved``, ``precision`` (codes into ``PRECISIONS``); -1: in no operator) and ran ``duration_ns[i]``.
+    Kernels of calls with no work (-1 FLOPs) are left out. Where operators cross instead of nesting, one call's
+    kernels can be launched under different paths: the call and all its kernels go with the path of its first
+    launch (the earliest, then the first kernel), so that it is counted once. With the sums, each kernel's work
+    path (None: no work)."""
     known = np.flatnonzero(calls >= 0)
     known = known[flops[calls[known]] >= 0]
-    for i, call, ns in zip(known.tolist(), calls[known].tolist(), duration_ns[known].tolist()):
-        w = out.get(paths[i])
+    path_of: dict[int, tuple[str, ...]] = {}
+    for i in known[np.lexsort((known, launch_ns[known]))].tolist():
+        path_of.setdefault(int(calls[i]), paths[i])
+    out: dict[tuple[str, ...], OperatorWork] = {}
+    for call, path in path_of.items():
+        w = out.get(path)
         if w is None:
-            w = out[paths[i]] = OperatorWork()
-        w.kernel_ns += ns
-        if call not in w._seen:
-            w._seen.add(call)
-            w.calls += 1
-            w.flops += int(flops[call])
-            w.bytes += int(moved[call])
-            w.precisions.add(PRECISIONS[int(precision[call])])
-    return out
+            w = out[path] = OperatorWork()
+        w.calls += 1
+        w.flops += int(flops[call])
+        w.bytes += int(moved[call])
+        w.precisions.add(PRECISIONS[int(precision[call])])
+    kernel_paths: list[tuple[str, ...] | None] = [None] * len(calls)
+    for i, call, ns in zip(known.tolist(), calls[known].tolist(), duration_ns[known].tolist()):
+        kernel_paths[i] = path = path_of[call]
+        out[path].kernel_ns += ns
+    return out, kernel_paths
+
+
+def roofline_ns(flops: int, moved: int, precision: str | None, gpu_model: str | None) -> Fraction | None:
+    """The least time ``gpu_model`` can do the work in by the roofline, ``max(flops / peak, bytes / bandwidth)``
+    ns (TFLOP/s × 1000 is FLOP per ns, GB/s byte per ns); None where the table lacks either figure."""
+    peak, bandwidth = peaks(gpu_model, precision)
+    if peak is None or bandwidth is None:
+        return None
+    return max(Fraction(flops) / (peak * 1000), Fraction(moved) / bandwidth)
+
+
+def retimed(
+    kernel_paths: list[tuple[str, ...] | None], shares: list[int], scales: dict[tuple[str, ...], Fraction]
+) -> tuple[Fraction, dict[tuple[str, ...], int]]:
+    """The busy time's exact sum (× the shares' denominator) had each kernel with work taken its work path's
+    factor ``scales[path]`` of the time it took (a kernel without work, or of a path without a factor, as long as
+    it did), and each scaled path's own share (× the denominator) before scaling."""
+    total, own = Fraction(0), dict.fromkeys(scales, 0)
+    for path, share in zip(kernel_paths, shares):
+        scale = None if path is None else scales.get(path)
+        if scale is None:
+            total += share
+        else:
+            total += share * scale
+            own[path] += share  # type: ignore[index]  # a path with a scale is no None
+    return total, own
 
 
 def work_row(path: str, w: OperatorWork, gpu_model: str | None, busy_ns: int, micro: int) -> dict[str, object]:

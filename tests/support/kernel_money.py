@@ -51,3 +51,25 @@ def raw_events(doc: dict) -> tuple[dict, dict, list]:
         elif ev.get("cat") == "kernel":
             kernels.append(ev)
     return launches, ops, kernels
+
+
+def shares(kernels: list[tuple[int, int]]) -> tuple[int, list[Fraction]]:
+    """Busy ns and each (start, end)'s exact part of it: a sweep over the slices between boundaries, each
+    slice shared equally by the kernels running through it."""
+    bounds = sorted({t for s, e in kernels for t in (s, e)})
+    starting, ending = defaultdict(list), defaultdict(list)
+    for i, (s, e) in enumerate(kernels):
+        if e > s:
+            starting[s].append(i)
+            ending[e].append(i)
+    running: set[int] = set()
+    share = [Fraction(0)] * len(kernels)
+    busy = 0
+    for lo, hi in zip(bounds, bounds[1:]):
+        running.difference_update(ending[lo])
+        running.update(starting[lo])
+        if running:
+            busy += hi - lo
+            for i in running:
+                share[i] += Fraction(hi - lo, len(running))
+    return busy, share
