@@ -10,11 +10,13 @@ are counted by reason, never raised.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
+from typing import IO
 
 import ijson
 from pydantic import ValidationError
@@ -48,9 +50,39 @@ class KinetoTrace:
     rejected: Counter = field(default_factory=Counter)
 
 
+_DIGITS = bytes(49 if 48 <= b <= 57 else 48 for b in range(256))  # each byte as b"1" if a digit, else b"0"
+
+
+class _DigitGuard:
+    """A trace's bytes as ijson reads them, refusing a run of digits as long as Python's limit on an integer's
+    digits (``sys.get_int_max_str_digits``, 4,300 by default): ijson's C backend does not handle the ValueError
+    Python raises for such a number and the process dies (SIGSEGV). Lifting the limit instead would let one number
+    of ten million digits take minutes to read (the conversion is quadratic). No trace has such a number; a name of
+    that many digits is refused with it, since the bytes do not say which it is."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f, self._tail, self._at = f, b"", 0
+        limit = sys.get_int_max_str_digits()
+        self._run = b"1" * limit if limit else None  # digits as 1s, all else as 0s (``_DIGITS``): one substring search
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        if self._run is not None and data:
+            seen = self._tail + data.translate(_DIGITS)
+            if (hit := seen.find(self._run)) >= 0:
+                raise ValueError(
+                    f"a run of {len(self._run):,} digits or more at byte {self._at - len(self._tail) + hit:,}: no "
+                    "trace has a number that long, and the JSON reader cannot take one"
+                )
+            self._tail = seen[len(seen.rstrip(b"1")) :]  # digits that may go on in the next read
+            self._at += len(data)
+        return data
+
+
 def _header(path: Path) -> tuple[int, dict[int, str]]:
     base, models, dev_id, dev_name = 0, {}, None, None
-    with open_bytes(path) as f:
+    with open_bytes(path) as raw:
+        f = _DigitGuard(raw)
         for prefix, event, value in ijson.parse(f, use_float=False):
             if prefix == "baseTimeNanoseconds" and event == "number":
                 base = int(value)
@@ -151,7 +183,7 @@ def _gpu_event(ev: dict, node: str, base: int, out: KinetoTrace, refused: list[d
 
 def _events(path: Path, rejected: Counter) -> Iterator[dict]:
     with open_bytes(path) as f:
-        for ev in ijson.items(f, "traceEvents.item", use_float=False):
+        for ev in ijson.items(_DigitGuard(f), "traceEvents.item", use_float=False):
             if isinstance(ev, dict) and ev.get("ph") == "X":
                 yield ev
             elif not isinstance(ev, dict):

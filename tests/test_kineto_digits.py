@@ -1,0 +1,78 @@
+"""A Kineto trace with a number of more digits than Python turns into an int (4,300 by default) is refused with a
+line that says so, where ijson's C backend had killed the process (SIGSEGV): ``producers/kineto._DigitGuard``."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpucost.producers.kineto import _DigitGuard
+
+LIMIT = sys.get_int_max_str_digits()
+
+
+def _trace(ts: str) -> bytes:
+    return b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 1, "ts": %s, "dur": 1}]}' % (
+        ts.encode()
+    )
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_number_too_long_for_python_is_one_line_not_a_crash(tmp_path, gzipped):
+    data = _trace("9" * (LIMIT + 700))
+    path = tmp_path / ("t.json.gz" if gzipped else "t.json")
+    path.write_bytes(gzip.compress(data) if gzipped else data)
+    run = subprocess.run(
+        [sys.executable, "-m", "gpucost.cli", "kernels", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2, run.returncode  # -11 (SIGSEGV) before
+    assert f"a run of {LIMIT:,} digits or more at byte {data.index(b'9'):,}" in run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_number_one_digit_shorter_is_read_and_its_event_left_out(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(_trace("9" * (LIMIT - 1)))
+    run = subprocess.run(
+        [sys.executable, "-m", "gpucost.cli", "kernels", str(path)], capture_output=True, text=True, timeout=120
+    )
+    report = json.loads(run.stdout)
+    assert run.returncode == 0 and report["devices"] == []
+    (reason,) = report["rejected"]  # left out by its reason, counted
+    assert reason.startswith("t.json: kernel: start_ns: Input should be less than")
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, 65536])
+@pytest.mark.parametrize("run", [LIMIT - 1, LIMIT, LIMIT + 1])
+def test_the_guard_sees_a_run_across_reads(size, run):
+    """Digits split over many reads (reads of ``size`` bytes) are one run; a run one short of the limit passes."""
+    data = b'[1, "x", ' + b"7" * run + b", 2]"
+    guard = _DigitGuard(io.BytesIO(data))
+    out = b""
+    try:
+        while chunk := guard.read(size):
+            out += chunk
+    except ValueError as exc:
+        assert run >= LIMIT and f"at byte {data.index(b'7'):,}" in str(exc)
+    else:
+        assert run < LIMIT and out == data
+
+
+@pytest.mark.parametrize("reader", ["_header(p)", "list(_events(p, Counter()))"])
+def test_each_pass_over_the_file_is_guarded(tmp_path, reader):
+    """The reader reads the file twice (header figures, then events); a file rewritten between the two (a trace
+    still being written) is guarded in the second pass too."""
+    path = tmp_path / "t.json"
+    path.write_bytes(_trace("9" * (LIMIT + 1)))
+    code = (
+        "from collections import Counter; from pathlib import Path; "
+        "from gpucost.producers.kineto import _events, _header; "
+        f"p = Path({str(path)!r})\ntry:\n    {reader}\nexcept ValueError as e:\n    print('refused', e)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("refused a run of"), (run.returncode, run.stderr[-300:])
