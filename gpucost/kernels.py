@@ -26,13 +26,13 @@ from gpucost.schemas.exact import div_half_even, micro_usd_per_hour
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, AnnotationRange, KernelActivity
 from gpucost.streams.kernel_split import (
     NS_PER_HOUR,
-    Interval,
     Spans,
     busy_shares,
     device_cost,
     range_paths,
     split_by_name,
     split_tree,
+    sums_by,
 )
 from gpucost.streams.kernel_work import PRECISIONS, operator_work, peaks, retimed, roofline_ns, work_row
 from gpucost.wiring import UsageError
@@ -140,13 +140,12 @@ def _spans(rt: RangeTable, node: str, pid: np.ndarray, tid: np.ndarray) -> tuple
 
 
 def _tree(
-    busy: int, micro: int, paths: list[tuple[str, ...]], shares: list[int]
+    busy: int, micro: int, paths: list[tuple[str, ...]], shares: np.ndarray
 ) -> dict[tuple[str, ...], tuple[int, int]]:
-    """Busy ns and µ$ of every path (``split_tree``)."""
-    weights: dict[tuple[str, ...], int] = {}
-    for path, s in zip(paths, shares):
-        weights[path] = weights.get(path, 0) + s
-    return split_tree(busy, micro, weights)
+    """Busy ns and µ$ of every path (``split_tree``), the shares summed by path as columns."""
+    index: dict[tuple[str, ...], int] = {}
+    codes = np.fromiter((index.setdefault(p, len(index)) for p in paths), dtype=np.int64, count=len(paths))
+    return split_tree(busy, micro, dict(zip(index, sums_by(codes, shares, len(index)))))
 
 
 def _listed(tree: dict[tuple[str, ...], tuple[int, int]]) -> list[dict]:
@@ -171,24 +170,20 @@ def _device(
     compute_codes = [KERNEL_CATEGORIES.index(c) for c in _COMPUTE]
     is_compute = np.isin(kt.column("category")[rows], compute_codes)
     compute = rows[is_compute]
-    name_of = kt.column("name")[compute].tolist()
-    start, end = kt.column("start_ns")[compute].tolist(), kt.column("end_ns")[compute].tolist()
-    ivs = [Interval(names[n], s, e) for n, s, e in zip(name_of, start, end)]
-    busy, denominator, shares = busy_shares(ivs)
-    del ivs
+    start, end = kt.column("start_ns")[compute], kt.column("end_ns")[compute]
+    busy, denominator, shares = busy_shares(start, end)
     micro = device_cost(busy, micro_per_hour)
-    by_name: dict[str, int] = {}
-    calls: Counter = Counter()
-    category = {}
-    for n, c, s in zip(name_of, kt.column("category")[compute].tolist(), shares):
-        by_name[names[n]] = by_name.get(names[n], 0) + s
-        calls[names[n]] += 1
-        category[names[n]] = KERNEL_CATEGORIES[c]
+    used, by_code = np.unique(kt.column("name")[compute], return_inverse=True)
+    by_code = by_code.reshape(-1)
+    by_name = dict(zip((names[u] for u in used.tolist()), sums_by(by_code, shares, len(used))))
+    calls = np.bincount(by_code, minlength=len(used)).tolist()
+    category = np.zeros(len(used), dtype=np.int64)
+    category[by_code] = kt.column("category")[compute]  # a compute kernel's category follows from its name
     ns, mu = split_by_name(busy, by_name), split_by_name(micro, by_name)
     kernels = sorted(
         (
-            {"name": n, "category": category[n], "calls": calls[n], "busy_ns": ns[n], "cost_micro_usd": mu[n]}
-            for n in by_name
+            {"name": n, "category": KERNEL_CATEGORIES[c], "calls": k, "busy_ns": ns[n], "cost_micro_usd": mu[n]}
+            for n, c, k in zip(by_name, category.tolist(), calls)
         ),
         key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["name"]),
     )
@@ -205,12 +200,12 @@ def _device(
         paths,
         np.where(innermost >= 0, op_rows[np.maximum(innermost, 0)] if len(op_rows) else -1, -1),
         launch_ns,
-        np.asarray(end, dtype=np.int64) - np.asarray(start, dtype=np.int64),
+        end - start,
         ot.column("flops"),
         ot.column("bytes"),
         ot.column("precision"),
     )
-    window = (max(end) - min(start)) if compute.size else 0
+    window = int(end.max() - start.min()) if compute.size else 0
     transfers: dict[tuple[str, str], list[int]] = {}
     others = rows[~is_compute]
     for c, n, s, e, b in zip(
@@ -247,7 +242,7 @@ def _whatif(
     model: str | None,
     rows: dict[tuple[str, ...], dict],
     work_paths: list[tuple[str, ...] | None],
-    shares: list[int],
+    shares: np.ndarray,
     denominator: int,
 ) -> dict:
     """The device's bill had it been ``whatif``'s GPU at its price (docs/definitions.md, "Kernel cost", "What-if
@@ -259,7 +254,7 @@ def _whatif(
         there = roofline_ns(r["flops"], r["bytes"], r["precision"], target)
         if now and there is not None:
             scales[path] = there / now
-    total, own = retimed(work_paths, shares, scales)
+    total, own = retimed(work_paths, shares.tolist(), scales)
     busy = total / denominator
     retimed_rows = [
         {
