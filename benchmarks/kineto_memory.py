@@ -4,10 +4,11 @@
 with its ``cuda_runtime`` launch, a ``user_annotation`` per 100 kernels, a flow pair per kernel, µs with ns
 digits relative to ``baseTimeNanoseconds``), then, each in a fresh process, reads it with
 
-- ``before``: the reader of ``--before`` (default ``main``), taken with ``git show`` and loaded as a module;
+- ``before``: the reader of ``--before`` (default ``main``): that revision's whole ``gpucost`` package, taken
+  with ``git archive`` into a folder of its own;
 - ``after``: this checkout's ``gpucost.producers.kineto``;
 
-and, with ``--report``, also builds the report (``kernel_report``: the split), with that revision's
+and, with ``--report``, also builds the report (``kernel_report``: the split), with the same revision's
 ``gpucost/kernels.py``. Memory is tracemalloc's peak of Python allocations (numpy's included) during the call;
 bytes per kernel is the slope between the two sizes, so the interpreter and the imports fall out. A JSON line
 per run, then one per reader with the slope and the projected peak for a 1 GiB trace of the same shape.
@@ -16,8 +17,8 @@ per run, then one per reader with the slope and the projected peak for a 1 GiB t
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import os
 import random
 import subprocess
 import sys
@@ -59,36 +60,19 @@ def write_trace(path: Path, kernels: int, seed: int = 0) -> None:
         f.write(f'{{"ph": "M", "name": "end", "pid": 0, "tid": 0}}\n], "baseTimeNanoseconds": {BASE_NS}}}\n')
 
 
-def _module(name: str, source: str, tmp: Path):
-    path = tmp / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _measure(which: str, trace: Path, report: bool) -> dict:
+    """One reading in this process, with the ``gpucost`` its ``PYTHONPATH`` gives (``main`` sets it to the
+    revision's tree): tracemalloc's peak and the time of ``read_kineto`` (and the report)."""
+    from gpucost import kernels as kernels_mod
+    from gpucost.producers import kineto as reader
 
-
-def _measure(which: str, rev: str, trace: Path, report: bool) -> dict:
-    """One reading in this process: tracemalloc's peak and the time of ``read_kineto`` (and the report)."""
-    if which == "before":
-        tmp = Path(tempfile.mkdtemp())
-        git = ["git", "-C", str(ROOT), "show"]
-        reader = _module(
-            "kineto_before", subprocess.check_output([*git, f"{rev}:gpucost/producers/kineto.py"], text=True), tmp
-        )
-        kernels_src = subprocess.check_output([*git, f"{rev}:gpucost/kernels.py"], text=True)
-        kernels_mod = _module("kernels_before", kernels_src, tmp) if report else None
-    else:
-        from gpucost import kernels as kernels_mod
-        from gpucost.producers import kineto as reader
     tracemalloc.start()
     start = time.perf_counter()
     trace_out = reader.read_kineto(trace)
     read_s, read_peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
     n = len(trace_out.kernels)
     out = {"reader": which, "kernels": n, "read_s": round(read_s, 2), "read_peak_bytes": read_peak}
+    out["package"] = str(Path(kernels_mod.__file__).parent)
     if report:
         tracemalloc.reset_peak()
         start = time.perf_counter()
@@ -97,6 +81,16 @@ def _measure(which: str, rev: str, trace: Path, report: bool) -> dict:
         out["report_peak_bytes"] = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return out
+
+
+def package_tree(rev: str, tmp: Path) -> Path:
+    """The revision's whole ``gpucost`` package in a folder of its own (``git archive``): its reader and report
+    run with the rest of their own code, not this checkout's (a module taken alone imports this checkout's)."""
+    tree = tmp / "before"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "gpucost"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
 
 
 def main() -> None:
@@ -108,10 +102,13 @@ def main() -> None:
     p.add_argument("--measure", nargs=2, metavar=("READER", "FILE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
-        print(json.dumps(_measure(args.measure[0], args.before, Path(args.measure[1]), args.report)), flush=True)
+        print(json.dumps(_measure(args.measure[0], Path(args.measure[1]), args.report)), flush=True)
         return
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        trees = {"after": ROOT}
+        if "before" in args.readers.split(","):
+            trees["before"] = package_tree(args.before, Path(tmp))
         sizes = {}
         for n in args.kernels:
             path = Path(tmp) / f"trace-{n}.json"
@@ -119,9 +116,10 @@ def main() -> None:
             sizes[n] = path.stat().st_size
             print(json.dumps({"kernels": n, "file_bytes": sizes[n], "file_bytes_per_kernel": round(sizes[n] / n)}))
             for which in args.readers.split(","):
-                cmd = [sys.executable, "-m", "benchmarks.kineto_memory", "--before", args.before]
-                cmd += ["--measure", which, str(path)] + (["--report"] if args.report else [])
-                line = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--measure", which, str(path)]
+                cmd += ["--report"] if args.report else []
+                env = os.environ | {"PYTHONPATH": str(trees[which])}
+                line = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=trees[which], env=env).stdout
                 run = json.loads(line) | {"file_bytes": sizes[n]}
                 print(json.dumps(run), flush=True)
                 runs.setdefault(which, []).append(run)

@@ -11,8 +11,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from decimal import Decimal, InvalidOperation
-from fractions import Fraction
+from decimal import Decimal, DecimalException, InvalidOperation
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +21,10 @@ from gpucost.flags import env_flag
 from gpucost.producers.kernel_table import KernelTable, OperatorTable, RangeTable
 from gpucost.producers.kineto import read_kineto
 from gpucost.producers.nsys import read_nsys
-from gpucost.schemas.exact import div_half_even, micro_usd_per_hour
+from gpucost.schemas.events import MAX_USD_PER_GPU_HOUR
+from gpucost.schemas.exact import micro_usd_per_hour
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, AnnotationRange, KernelActivity
 from gpucost.streams.kernel_split import (
-    NS_PER_HOUR,
     Spans,
     busy_shares,
     device_cost,
@@ -34,7 +33,7 @@ from gpucost.streams.kernel_split import (
     split_tree,
     sums_by,
 )
-from gpucost.streams.kernel_work import PRECISIONS, operator_work, peaks, retimed, roofline_ns, work_row
+from gpucost.streams.kernel_work import PRECISIONS, operator_work, peaks, whatif_bill, work_row
 from gpucost.wiring import UsageError
 
 __all__ = ["KERNELS", "NO_OPERATOR", "cmd_kernels", "kernel_report", "read_trace"]
@@ -233,56 +232,16 @@ def _device(
         ],
     }
     if whatif is not None:
-        out["whatif"] = _whatif(whatif, model, work_rows, work_paths, shares, denominator)
+        out["whatif"] = whatif_bill(whatif, model, work_rows, work_paths, shares, denominator)
     return out
-
-
-def _whatif(
-    whatif: tuple[str, int],
-    model: str | None,
-    rows: dict[tuple[str, ...], dict],
-    work_paths: list[tuple[str, ...] | None],
-    shares: np.ndarray,
-    denominator: int,
-) -> dict:
-    """The device's bill had it been ``whatif``'s GPU at its price (docs/definitions.md, "Kernel cost", "What-if
-    per operator"): each GEMM path's kernels take the ratio of the two parts' roofline times for its work."""
-    target, micro_per_hour = whatif
-    scales = {}
-    for path, r in rows.items():
-        now = roofline_ns(r["flops"], r["bytes"], r["precision"], model)
-        there = roofline_ns(r["flops"], r["bytes"], r["precision"], target)
-        if now and there is not None:
-            scales[path] = there / now
-    total, own = retimed(work_paths, shares.tolist(), scales)
-    busy = total / denominator
-    retimed_rows = [
-        {
-            "path": "/".join(p),
-            "scale": float(scale),
-            "busy_ns": div_half_even(own[p], denominator),
-            "projected_busy_ns": _half_even(own[p] * scale / denominator),
-        }
-        for p, scale in scales.items()
-    ]
-    return {
-        "gpu_model": target,
-        "busy_ns": _half_even(busy),
-        "cost_micro_usd": _half_even(busy * micro_per_hour / NS_PER_HOUR),
-        "retimed": sorted(retimed_rows, key=lambda r: (-r["busy_ns"], r["path"])),
-    }
-
-
-def _half_even(value: Fraction) -> int:
-    return div_half_even(value.numerator, value.denominator)
 
 
 def _micro_per_hour(flag: str, text: str) -> int:
     """A price flag's µ$ an hour; a usage error that says what is wrong."""
     try:
         price = Decimal(text)
-        if not price.is_finite() or price < 0:
-            raise ValueError("a price is a finite number of dollars, 0 or more")
+        if not price.is_finite() or not 0 <= price < MAX_USD_PER_GPU_HOUR:
+            raise ValueError(f"a price is a finite number of dollars, 0 or more and under {MAX_USD_PER_GPU_HOUR:,}")
         return micro_usd_per_hour(price)
     except InvalidOperation:  # its text is a list of decimal's internal classes, no use to a person
         raise UsageError(f"{flag} {text!r} is not a number; give a price such as 2.5") from None
@@ -293,6 +252,8 @@ def _micro_per_hour(flag: str, text: str) -> int:
 def cmd_kernels(args: argparse.Namespace) -> int:
     micro_per_hour = _micro_per_hour("--usd-per-gpu-hour", args.usd_per_gpu_hour)
     whatif = None
+    if args.whatif_usd_per_gpu_hour is not None and not args.whatif_gpu:
+        raise UsageError("--whatif-usd-per-gpu-hour prices the part of --whatif-gpu: give that part too")
     if args.whatif_gpu:
         if _unknown(args.whatif_gpu) or peaks(args.whatif_gpu, None)[1] is None:
             raise UsageError(
@@ -301,16 +262,18 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             )
         price = args.usd_per_gpu_hour if args.whatif_usd_per_gpu_hour is None else args.whatif_usd_per_gpu_hour
         whatif = args.whatif_gpu, _micro_per_hour("--whatif-usd-per-gpu-hour", price)
-    kernels, ranges, operators, models, rejected = KernelTable(), RangeTable(), RangeTable(), {}, Counter()
+    kernels, ranges, operators, models, rejected = KernelTable(), RangeTable(), OperatorTable(), {}, Counter()
     for path in args.files:
         if not path.is_file():
             raise UsageError(f"{path}: no such file; give Kineto JSON traces or nsys SQLite exports")
         try:
             k, r, o, m, bad = read_trace(path)
-        except Exception as exc:  # a file that is neither format: say which and why, no traceback
+        except Exception as exc:  # a file that is neither format, or one it cannot hold: say why, no traceback
             why = " ".join(str(exc).split()).removesuffix(" (right here) ------^")  # one line: ijson draws a caret
+            if isinstance(exc, DecimalException):  # its text is a list of decimal's internal classes
+                why = "a number too large for any reader (an exponent past what a decimal holds)"
             raise UsageError(
-                f"{path}: not a Kineto trace or nsys SQLite export ({type(exc).__name__}: {why})"
+                f"{path}: cannot be read as a Kineto trace or nsys SQLite export ({type(exc).__name__}: {why})"
             ) from None
         if len(kernels) or len(ranges) or len(operators):
             kernels.extend(k)
@@ -322,14 +285,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         models |= m
         rejected.update({f"{path.name}: {reason}": n for reason, n in bad.items()})
     report = kernel_report(kernels, ranges, models, micro_per_hour, operators, args.gpu_model or None, whatif)
-    unknown = {d["gpu_model"] for d in report["devices"] if d["work"] and _unknown(d["gpu_model"])}
-    for model in sorted(unknown | ({args.gpu_model} if args.gpu_model and _unknown(args.gpu_model) else set())):
-        print(
-            f"gpucost kernels: GPU model {model!r} is in no row of the platform table "
-            "(gpucost/schemas/platforms.toml): its operators get no peak and no EFU; name a part the table has, "
-            "such as H100 or NVIDIA A100-SXM4-80GB, with --gpu-model (a trace that names its GPU keeps its name)",
-            file=sys.stderr,
-        )
+    _say_unknown_models(report, args.gpu_model)
     report["rejected"] = dict(sorted(rejected.items()))
     if args.format == "json":
         print(json.dumps(report, indent=1))
@@ -359,6 +315,8 @@ def _print_text(report: dict) -> None:
                 f"  what if {w['gpu_model']}: busy {w['busy_ns']} ns, {w['cost_micro_usd']} µ$ "
                 f"({len(w['retimed'])} GEMM operator paths re-timed by the roofline, the rest as measured)"
             )
+            for r in w["not_retimed"]:
+                print(f"  not re-timed: {r['path'][:100]}: {r['reason']}")
         for w in d["work"][:20]:
             print(
                 f"  work     {w['cost_micro_usd']:>12} µ$ {w['calls']:>7}× {w['precision'] or 'mixed':<5} "
@@ -367,6 +325,23 @@ def _print_text(report: dict) -> None:
             )
     for reason, n in report.get("rejected", {}).items():
         print(f"read with a note or left out: {n} × {reason}", file=sys.stderr)
+
+
+def _say_unknown_models(report: dict, given: str | None) -> None:
+    """On stderr, each GPU model whose operators get no peak: one the table lacks, or none named."""
+    unknown = {d["gpu_model"] for d in report["devices"] if d["work"] and _unknown(d["gpu_model"])}
+    unknown |= {given} if given and _unknown(given) else set()
+    for model in sorted(unknown, key=str):
+        what = (
+            "no GPU model is named (the trace names none and --gpu-model is not given)"
+            if model is None
+            else f"GPU model {model!r} is in no row of the platform table (gpucost/schemas/platforms.toml)"
+        )
+        print(
+            f"gpucost kernels: {what}: its operators get no peak and no EFU; name a part the table has, such as "
+            "H100 or NVIDIA A100-SXM4-80GB, with --gpu-model (a trace that names its GPU keeps its name)",
+            file=sys.stderr,
+        )
 
 
 def _unknown(model: str | None) -> bool:

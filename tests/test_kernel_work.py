@@ -124,7 +124,7 @@ kernel_st = st.tuples(
     st.dictionaries(st.sampled_from([(1, 1), (1, 2), (2, 1)]), st.lists(op_st, max_size=8), max_size=3),
     st.lists(kernel_st, min_size=1, max_size=20),
     st.sampled_from([None, "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA L4 (rev 2)", "Tesla T4"]),
-    st.sampled_from(["H200", "A100", "L4"]),
+    st.sampled_from(["H200", "A100", "L4", "T4", "B200"]),  # T4 has no TF32, B200 no FP32 in the table
 )
 def test_generated_traces_equal_recomputation(tmp_path_factory, ops, kernels, model, target):
     events = []

@@ -76,3 +76,41 @@ def test_each_pass_over_the_file_is_guarded(tmp_path, reader):
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.startswith("refused a run of"), (run.returncode, run.stderr[-300:])
+
+
+def _kernels(path, *flags: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "gpucost.cli", "kernels", str(path), *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("ts", ["1e999990", "1e1000000", "-1e999990", "1e40"])
+def test_a_short_number_of_a_huge_magnitude_is_one_event_left_out(tmp_path, ts):
+    """``1e999990`` is nine characters that ``int`` would spend a minute turning into a million digits, and
+    ``1e1000000`` overflows a decimal's arithmetic: each leaves its event out, counted, and the rest is read."""
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 1, "dur": 2}
+    events = [kernel | {"ts": "TS"}, kernel | {"ts": 5}]
+    text = json.dumps({"baseTimeNanoseconds": 1_711_964_646_000_000_000, "traceEvents": events})
+    path = tmp_path / "t.json"
+    path.write_text(text.replace('"TS"', ts))
+    run = _kernels(path)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert list(report["rejected"].values()) == [1]
+    assert "is no id, count or time a trace holds" in next(iter(report["rejected"]))
+    (device,) = report["devices"]
+    assert device["busy_ns"] == 2000  # the other kernel is read
+
+
+@pytest.mark.parametrize(
+    ("header", "said"),
+    [
+        ('"baseTimeNanoseconds": 1e99999999, ', "is no id, count or time a trace holds"),
+        ('"baseTimeNanoseconds": 1e99999999999999999999, ', "a number too large for any reader"),
+    ],
+)
+def test_a_header_number_no_reader_holds_refuses_the_file_in_one_line(tmp_path, header, said):
+    path = tmp_path / "t.json"
+    path.write_bytes(b"{" + header.encode() + _trace("5")[1:])
+    run = _kernels(path)
+    assert run.returncode == 2 and said in run.stderr and "Traceback" not in run.stderr
+    assert "cannot be read as a Kineto trace" in run.stderr

@@ -50,6 +50,7 @@ class KinetoTrace:
     rejected: Counter = field(default_factory=Counter)
 
 
+_DIGITS_BEFORE_POINT = 40  # more than any id, count or ns a trace holds (int64 has 19 digits)
 _DIGITS = bytes(49 if 48 <= b <= 57 else 48 for b in range(256))  # each byte as b"1" if a digit, else b"0"
 
 
@@ -85,7 +86,7 @@ def _header(path: Path) -> tuple[int, dict[int, str]]:
         f = _DigitGuard(raw)
         for prefix, event, value in ijson.parse(f, use_float=False):
             if prefix == "baseTimeNanoseconds" and event == "number":
-                base = int(value)
+                base = _whole(value)
             elif prefix == "deviceProperties.item.id":
                 dev_id = value
             elif prefix == "deviceProperties.item.name":
@@ -101,7 +102,21 @@ def _ns(us: object) -> int:
     """µs as written (int or decimal text) → integer ns, half-even below 1 ns."""
     if isinstance(us, bool) or not isinstance(us, (int, Decimal)):
         raise ValueError("not a number")
-    return int((Decimal(us) * 1000).to_integral_value(ROUND_HALF_EVEN))
+    return int((Decimal(_bounded(us)) * 1000).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _whole(value: object) -> int:
+    """A field read as an integer (an int, an integral decimal, digits in a string, as ``int`` takes them)."""
+    return int(_bounded(value))  # type: ignore[call-overload]  # int's own refusal names what it cannot take
+
+
+def _bounded(value: object) -> object:
+    """``value``, unless it is a decimal of ``_DIGITS_BEFORE_POINT`` digits or more before its point, or no finite
+    number: ``1e999990`` is a short text that ``int`` spends a minute turning into a million digits (and
+    ``Decimal`` arithmetic on ``1e1000000`` overflows), so it is refused before either is tried."""
+    if isinstance(value, Decimal) and (not value.is_finite() or value.adjusted() >= _DIGITS_BEFORE_POINT):
+        raise ValueError(f"{value:.3e} is no id, count or time a trace holds")
+    return value
 
 
 def _category(cat: str, name: str) -> str:
@@ -133,11 +148,11 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
                 if fatal is None:
                     fatal = _gpu_event(ev, node, base, out, refused)
             elif cat in _LAUNCH_CATS:
-                launch = (int(ev["pid"]), int(ev["tid"]), base + _ns(ev["ts"]))
-                launches.add(int(ev["args"]["correlation"]), *launch)
+                launch = (_whole(ev["pid"]), _whole(ev["tid"]), base + _ns(ev["ts"]))
+                launches.add(_whole(ev["args"]["correlation"]), *launch)
             elif cat in _SPAN_TABLES:
                 start = base + _ns(ev["ts"])
-                pid, tid, name = int(ev["pid"]), int(ev["tid"]), _name(ev, out.rejected)  # in the order checked
+                pid, tid, name = _whole(ev["pid"]), _whole(ev["tid"]), _name(ev, out.rejected)  # in the order checked
                 getattr(out, _SPAN_TABLES[cat]).append(
                     AnnotationRange(
                         node_id=node,
@@ -202,18 +217,18 @@ def _name(ev: dict, rejected: Counter) -> str:
 
 def _kernel(ev: dict, node: str, base: int, launches: dict | Launches, rejected: Counter) -> KernelActivity:
     args = ev.get("args") or {}
-    device = int(args.get("device", ev["pid"]))
+    device = _whole(args.get("device", ev["pid"]))
     start = base + _ns(ev["ts"])
-    corr = int(args.get("correlation", 0))
+    corr = _whole(args.get("correlation", 0))
     pid, tid, launch_ns = launches.get(corr, (0, None, None))
     name = _name(ev, rejected)
-    dims = {k: tuple(int(v) for v in args[k]) for k in ("grid", "block") if isinstance(args.get(k), list)}
+    dims = {k: tuple(_whole(v) for v in args[k]) for k in ("grid", "block") if isinstance(args.get(k), list)}
     return KernelActivity(
         node_id=node,
         pid=pid,
         gpu_uuid=f"{node}/{device}",
         device=device,
-        stream=int(args.get("stream", ev["tid"])),
+        stream=_whole(args.get("stream", ev["tid"])),
         correlation_id=corr,
         category=_category(ev["cat"], name),
         name=name,
@@ -237,4 +252,4 @@ def _work(cat: str, name: str, args: object) -> dict:
 
 
 def _int_or_none(value: object) -> int | None:
-    return int(value) if isinstance(value, (int, Decimal)) and not isinstance(value, bool) else None
+    return _whole(value) if isinstance(value, (int, Decimal)) and not isinstance(value, bool) else None

@@ -23,6 +23,7 @@ from gpucost.schemas.partitions import whole_device
 __all__ = [
     "TS_MIN_NS",
     "TS_MAX_NS",
+    "MAX_USD_PER_GPU_HOUR",
     "RESERVED_TEAMS",
     "TENANT_FIELDS",
     "GpuSample",
@@ -268,11 +269,17 @@ TENANT_FIELDS: tuple[str, ...] = tuple(
 )
 
 
+#: a price at or past this many dollars a GPU hour is no price (a typo of units): refused wherever one is given
+MAX_USD_PER_GPU_HOUR = 10**9
+
+
 class Price(_Event):
     kind: Literal["price"] = "price"
     gpu_model: Annotated[Ident, AfterValidator(whole_device)]  # a partition pays its share of its device's price
     ts_ns: TsNs
-    usd_per_gpu_hour: Annotated[Decimal, Field(ge=0, lt=10**9, decimal_places=6, strict=False, allow_inf_nan=False)]
+    usd_per_gpu_hour: Annotated[
+        Decimal, Field(ge=0, lt=MAX_USD_PER_GPU_HOUR, decimal_places=6, strict=False, allow_inf_nan=False)
+    ]
     #: the price authority's key and HMAC (``gpucost.streams.scope.price_mac``): a worker with a keyring takes
     #: only prices signed by a key that may sign prices, whichever node's producer relays them
     key_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None

@@ -18,10 +18,12 @@ from typing import get_args
 import numpy as np
 
 from gpucost.schemas.devices import platforms
+from gpucost.schemas.exact import div_half_even
 from gpucost.schemas.gemm import Precision
 from gpucost.streams.health import peak_tops
+from gpucost.streams.kernel_split import NS_PER_HOUR
 
-__all__ = ["PRECISIONS", "OperatorWork", "operator_work", "peaks", "retimed", "roofline_ns", "work_row"]
+__all__ = ["PRECISIONS", "OperatorWork", "operator_work", "peaks", "retimed", "roofline_ns", "whatif_bill", "work_row"]
 
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
@@ -154,3 +156,66 @@ def work_row(path: str, w: OperatorWork, gpu_model: str | None, busy_ns: int, mi
 
 def _float(value: Fraction | None) -> float | None:
     return None if value is None else float(value)
+
+
+def whatif_bill(
+    whatif: tuple[str, int],
+    model: str | None,
+    rows: dict[tuple[str, ...], dict[str, object]],
+    work_paths: list[tuple[str, ...] | None],
+    shares: np.ndarray,
+    denominator: int,
+) -> dict[str, object]:
+    """A device's bill had it been ``whatif``'s GPU at its price in µ$ an hour (docs/definitions.md, "Kernel cost",
+    "What-if per operator"): each work row's kernels take the ratio of the two parts' roofline times for its work;
+    the rows that cannot be re-timed are listed with why."""
+    target, micro_per_hour = whatif
+    scales, skipped = {}, []
+    for path, r in rows.items():
+        scale, why = _scale(r, model, target)
+        if scale is None:
+            skipped.append({"path": "/".join(path), "precision": r["precision"], "reason": why})
+        else:
+            scales[path] = scale
+    total, own = retimed(work_paths, shares.tolist(), scales)
+    busy = total / denominator
+    listed: list[dict[str, object]] = [
+        {
+            "path": "/".join(p),
+            "scale": float(scale),
+            "busy_ns": div_half_even(own[p], denominator),
+            "projected_busy_ns": _half_even(own[p] * scale / denominator),
+        }
+        for p, scale in sorted(scales.items(), key=lambda item: (-own[item[0]], item[0]))
+    ]
+    return {
+        "gpu_model": target,
+        "busy_ns": _half_even(busy),
+        "cost_micro_usd": _half_even(busy * micro_per_hour / NS_PER_HOUR),
+        "retimed": listed,  # the largest share of busy time first
+        "not_retimed": sorted(skipped, key=lambda r: str(r["path"])),
+    }
+
+
+def _scale(row: dict[str, object], model: str | None, target: str) -> tuple[Fraction | None, str | None]:
+    """A work row's ratio of roofline times, ``target``'s over ``model``'s, or None and why not. A part without
+    TF32 runs a float32 GEMM on its FP32 cores, so a ``tf32`` row is re-timed at the target's ``fp32`` there."""
+    precision, flops, moved = row["precision"], row["flops"], row["bytes"]
+    assert isinstance(flops, int) and isinstance(moved, int)
+    if not isinstance(precision, str):
+        return None, "its calls have several precisions"
+    now = roofline_ns(flops, moved, precision, model)
+    if now is None:
+        return None, f"the device's GPU ({model or 'not named'}) has no {precision} peak and bandwidth in the table"
+    if not now:
+        return None, "its calls do no work (0 FLOPs, 0 bytes)"
+    there = roofline_ns(flops, moved, precision, target)
+    if there is None and precision == "tf32":
+        there = roofline_ns(flops, moved, "fp32", target)
+    if there is None:
+        return None, f"{target} has no {precision} peak and bandwidth in the table"
+    return there / now, None
+
+
+def _half_even(value: Fraction) -> int:
+    return div_half_even(value.numerator, value.denominator)

@@ -97,15 +97,20 @@ def roofline(s: list, precision: str | None, model: str | None) -> Fraction | No
 
 def expected_whatif(doc: dict, model: str | None, target: str, price: str) -> dict[int, dict]:
     """Per device, the ``whatif`` recomputed: each kernel with work takes its path's ratio of roofline times,
-    ``target``'s over ``model``'s, on its exact share of busy time; the sum rounded once."""
+    ``target``'s over ``model``'s (a TF32 path on a part without TF32 at its FP32), on its exact share of busy
+    time; the sum rounded once. The paths not re-timed, with their precision."""
     out = {}
     for device, (listed, sums) in raw_work(doc).items():
-        scales = {}
+        scales, skipped = {}, {}
         for path, s in sums.items():
             precision = figures(s, model)["precision"]
             now, there = roofline(s, precision, model), roofline(s, precision, target)
+            if there is None and precision == "tf32":
+                there = roofline(s, "fp32", target)
             if now and there is not None:
                 scales[path] = there / now
+            else:
+                skipped[path] = precision
         _, share = shares([(a, b) for a, b, _ in listed])
         total, own = Fraction(0), dict.fromkeys(scales, Fraction(0))
         for (_, _, path), part in zip(listed, share):
@@ -118,6 +123,7 @@ def expected_whatif(doc: dict, model: str | None, target: str, price: str) -> di
             "busy_ns": half_even(total),
             "cost_micro_usd": half_even(total * Fraction(Decimal(price)) * 10**6 / (3600 * 10**9)),
             "retimed": {p: (float(scales[p]), half_even(own[p]), half_even(own[p] * scales[p])) for p in scales},
+            "not_retimed": skipped,
         }
     return out
 
@@ -178,6 +184,7 @@ def check_whatif(report: dict, expected: dict[int, dict]) -> None:
     for device in report["devices"]:
         got = dict(device["whatif"])
         got["retimed"] = {r["path"]: (r["scale"], r["busy_ns"], r["projected_busy_ns"]) for r in got["retimed"]}
+        got["not_retimed"] = {r["path"]: r["precision"] for r in got["not_retimed"]}
         assert got == expected[device["device"]["device"]]
 
 
