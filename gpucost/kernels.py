@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from decimal import Decimal, DecimalException, InvalidOperation
@@ -18,6 +17,7 @@ import numpy as np
 
 from gpucost.command import Command
 from gpucost.flags import env_flag
+from gpucost.kernel_words import print_text, say_notes, unknown_model
 from gpucost.producers.kernel_table import KernelTable, OperatorTable, RangeTable
 from gpucost.producers.kineto import read_kineto
 from gpucost.producers.nsys import read_nsys
@@ -33,7 +33,7 @@ from gpucost.streams.kernel_split import (
     split_tree,
     sums_by,
 )
-from gpucost.streams.kernel_work import PRECISIONS, operator_work, peaks, whatif_bill, work_row
+from gpucost.streams.kernel_work import operator_work, peaks, whatif_bill, work_row
 from gpucost.wiring import UsageError
 
 __all__ = ["KERNELS", "NO_OPERATOR", "cmd_kernels", "kernel_report", "read_trace"]
@@ -44,12 +44,19 @@ _COMPUTE = ("kernel", "communication")  # what makes a GPU busy; memcpy and mems
 NO_OPERATOR = "(no operator)"
 
 
+#: the price flags' environment variables, which their refusals name too
+_PRICE_VARIABLES = {
+    "--usd-per-gpu-hour": "GPUCOST_KERNELS_USD_PER_GPU_HOUR",
+    "--whatif-usd-per-gpu-hour": "GPUCOST_KERNELS_WHATIF_USD_PER_GPU_HOUR",
+}
+
+
 def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="Kineto JSON (.json, .json.gz) or nsys .sqlite")
     env_flag(
         p,
         "--usd-per-gpu-hour",
-        "GPUCOST_KERNELS_USD_PER_GPU_HOUR",
+        _PRICE_VARIABLES["--usd-per-gpu-hour"],
         str,
         "0",
         "the price of one GPU hour of busy time, at most 6 decimal places",
@@ -75,25 +82,43 @@ def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(
         p,
         "--whatif-usd-per-gpu-hour",
-        "GPUCOST_KERNELS_WHATIF_USD_PER_GPU_HOUR",
+        _PRICE_VARIABLES["--whatif-usd-per-gpu-hour"],
         str,
         None,
         "the price of a GPU hour of --whatif-gpu (unset: --usd-per-gpu-hour's)",
     )
-    p.add_argument("--format", choices=("json", "text"), default="json")
+    p.add_argument("--format", choices=("json", "text"), default="json", help="the report as JSON (default) or text")
 
 
-def read_trace(path: Path) -> tuple[KernelTable, RangeTable, OperatorTable, dict, Counter]:
+def read_trace(path: Path, node: str | None = None) -> tuple[KernelTable, RangeTable, OperatorTable, dict, Counter]:
     """One file's kernels, ranges, operators, GPU models by (node, device) and rejects; the kind is read from its
-    first bytes. Nsight Systems exports have no PyTorch operators: their table is empty."""
+    first bytes, the node is ``node`` or the file's name. Nsight Systems exports have no PyTorch operators: their
+    table is empty."""
+    node = node or path.name
     with path.open("rb") as f:
         magic = f.read(16)
     if magic.startswith(b"SQLite format 3"):
-        t = read_nsys(path)
-        models = {(t.node_id, d): m for d, m in t.gpu_models.items()}
+        t = read_nsys(path, node)
+        models = {(node, d): m for d, m in t.gpu_models.items()}
         return KernelTable.of(t.kernels), RangeTable.of(t.ranges), OperatorTable(), models, t.rejected
-    k = read_kineto(path)
-    return k.kernels, k.ranges, k.operators, {(path.name, d): m for d, m in k.gpu_models.items()}, k.rejected
+    k = read_kineto(path, node)
+    return k.kernels, k.ranges, k.operators, {(node, d): m for d, m in k.gpu_models.items()}, k.rejected
+
+
+def _nodes(paths: list[Path]) -> list[str]:
+    """Each file's node: its name, or the path as given where two files share a name (two runs' ``trace.json``
+    would otherwise be one device). The same file twice is refused: its kernels would count twice."""
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        if path.is_dir():
+            raise UsageError(f"{path} is a folder: give the trace files in it, such as {path}/*.json.gz")
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file; give Kineto JSON traces or nsys SQLite exports")
+        if (same := seen.get(path.resolve())) is not None:
+            raise UsageError(f"{path} is {same} given again: each file once, or its kernels count twice")
+        seen[path.resolve()] = path
+    names = Counter(p.name for p in paths)
+    return [p.name if names[p.name] == 1 else str(p) for p in paths]
 
 
 def kernel_report(
@@ -237,7 +262,8 @@ def _device(
 
 
 def _micro_per_hour(flag: str, text: str) -> int:
-    """A price flag's µ$ an hour; a usage error that says what is wrong."""
+    """A price flag's µ$ an hour; a usage error that says what is wrong, naming the flag and its variable."""
+    flag = f"{flag} (or {_PRICE_VARIABLES[flag]})"
     try:
         price = Decimal(text)
         if not price.is_finite() or not 0 <= price < MAX_USD_PER_GPU_HOUR:
@@ -255,7 +281,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     if args.whatif_usd_per_gpu_hour is not None and not args.whatif_gpu:
         raise UsageError("--whatif-usd-per-gpu-hour prices the part of --whatif-gpu: give that part too")
     if args.whatif_gpu:
-        if _unknown(args.whatif_gpu) or peaks(args.whatif_gpu, None)[1] is None:
+        if unknown_model(args.whatif_gpu) or peaks(args.whatif_gpu, None)[1] is None:
             raise UsageError(
                 f"--whatif-gpu {args.whatif_gpu!r}: the platform table (gpucost/schemas/platforms.toml) has no peak "
                 "and bandwidth for it; give a part it has, such as H100, H200, A100 or L4"
@@ -263,11 +289,9 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         price = args.usd_per_gpu_hour if args.whatif_usd_per_gpu_hour is None else args.whatif_usd_per_gpu_hour
         whatif = args.whatif_gpu, _micro_per_hour("--whatif-usd-per-gpu-hour", price)
     kernels, ranges, operators, models, rejected = KernelTable(), RangeTable(), OperatorTable(), {}, Counter()
-    for path in args.files:
-        if not path.is_file():
-            raise UsageError(f"{path}: no such file; give Kineto JSON traces or nsys SQLite exports")
+    for path, node in zip(args.files, _nodes(args.files)):
         try:
-            k, r, o, m, bad = read_trace(path)
+            k, r, o, m, bad = read_trace(path, node)
         except Exception as exc:  # a file that is neither format, or one it cannot hold: say why, no traceback
             why = " ".join(str(exc).split()).removesuffix(" (right here) ------^")  # one line: ijson draws a caret
             if isinstance(exc, DecimalException):  # its text is a list of decimal's internal classes
@@ -283,74 +307,15 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             kernels, ranges, operators = k, r, o
         del k, r, o
         models |= m
-        rejected.update({f"{path.name}: {reason}": n for reason, n in bad.items()})
+        rejected.update({f"{node}: {reason}": n for reason, n in bad.items()})
     report = kernel_report(kernels, ranges, models, micro_per_hour, operators, args.gpu_model or None, whatif)
-    _say_unknown_models(report, args.gpu_model)
+    say_notes(report, args.gpu_model)
     report["rejected"] = dict(sorted(rejected.items()))
     if args.format == "json":
         print(json.dumps(report, indent=1))
     else:
-        _print_text(report)
+        print_text(report)
     return 0
-
-
-def _print_text(report: dict) -> None:
-    for d in report["devices"]:
-        print(
-            f"{d['device']['node']} GPU {d['device']['device']} ({d['gpu_model'] or 'model unknown'}): busy "
-            f"{d['busy_ns']} ns of {d['window_ns']} ns, {d['cost_micro_usd']} µ$; launch gaps "
-            f"{d['launch_gaps']['idle_ns']} ns, {d['launch_gaps']['cost_micro_usd']} µ$"
-        )
-        for k in d["kernels"][:20]:
-            print(
-                f"  {k['cost_micro_usd']:>12} µ$ {k['busy_ns']:>14} ns {k['calls']:>7}× {k['category']:<13} "
-                f"{k['name'][:100]}"
-            )
-        for section in ("ranges", "operators"):
-            for r in d[section][:20]:
-                print(f"  {section[:-1]:<8} {r['cost_micro_usd']:>12} µ$ {r['busy_ns']:>14} ns  {r['path'][:100]}")
-        if "whatif" in d:
-            w = d["whatif"]
-            print(
-                f"  what if {w['gpu_model']}: busy {w['busy_ns']} ns, {w['cost_micro_usd']} µ$ "
-                f"({len(w['retimed'])} GEMM operator paths re-timed by the roofline, the rest as measured)"
-            )
-            for r in w["not_retimed"]:
-                print(f"  not re-timed: {r['path'][:100]}: {r['reason']}")
-        for w in d["work"][:20]:
-            print(
-                f"  work     {w['cost_micro_usd']:>12} µ$ {w['calls']:>7}× {w['precision'] or 'mixed':<5} "
-                f"{_rounded(w['achieved_tflops'], ' TFLOP/s')} EFU {_rounded(w['efu'])} "
-                f"{w['bound'] or 'bound unknown'}  {w['path'][:100]}"
-            )
-    for reason, n in report.get("rejected", {}).items():
-        print(f"read with a note or left out: {n} × {reason}", file=sys.stderr)
-
-
-def _say_unknown_models(report: dict, given: str | None) -> None:
-    """On stderr, each GPU model whose operators get no peak: one the table lacks, or none named."""
-    unknown = {d["gpu_model"] for d in report["devices"] if d["work"] and _unknown(d["gpu_model"])}
-    unknown |= {given} if given and _unknown(given) else set()
-    for model in sorted(unknown, key=str):
-        what = (
-            "no GPU model is named (the trace names none and --gpu-model is not given)"
-            if model is None
-            else f"GPU model {model!r} is in no row of the platform table (gpucost/schemas/platforms.toml)"
-        )
-        print(
-            f"gpucost kernels: {what}: its operators get no peak and no EFU; name a part the table has, such as "
-            "H100 or NVIDIA A100-SXM4-80GB, with --gpu-model (a trace that names its GPU keeps its name)",
-            file=sys.stderr,
-        )
-
-
-def _unknown(model: str | None) -> bool:
-    """Whether the platform table gives ``model`` (None: no model) no peak at any precision."""
-    return all(peaks(model, p)[0] is None for p in PRECISIONS)
-
-
-def _rounded(value: float | None, unit: str = "") -> str:
-    return ("n/a" if value is None else f"{value:.3g}") + unit
 
 
 KERNELS = Command(

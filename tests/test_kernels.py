@@ -169,7 +169,7 @@ def test_unreadable_file_is_a_usage_error(capsys, tmp_path):
     junk = tmp_path / "junk.json"
     junk.write_text("{not json")
     assert main(["kernels", str(junk)]) == 2
-    assert "not a Kineto trace or nsys SQLite export" in capsys.readouterr().err
+    assert "cannot be read as a Kineto trace or nsys SQLite export" in capsys.readouterr().err
     (tmp_path / "empty.jsonl").write_text("")  # ijson's message draws a caret over three lines
     assert main(["kernels", str(tmp_path / "empty.jsonl")]) == 2
     err = capsys.readouterr().err

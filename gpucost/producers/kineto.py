@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from gpucost.producers.compressed import open_bytes
 from gpucost.producers.kernel_table import KernelTable, OperatorTable, RangeTable
 from gpucost.producers.kineto_launches import Launches
-from gpucost.schemas.gemm import gemm_work
+from gpucost.schemas.gemm import GEMM_OPS, gemm_work
 from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity, rejection_reason
 
 __all__ = ["KinetoTrace", "read_kineto"]
@@ -81,11 +81,15 @@ class _DigitGuard:
 
 
 def _header(path: Path) -> tuple[int, dict[int, str]]:
-    base, models, dev_id, dev_name = 0, {}, None, None
+    """``baseTimeNanoseconds`` and the GPU models by device index; a file with no ``traceEvents`` array is no
+    trace (a JSON file of something else read as an empty trace had given an empty report and exit 0)."""
+    base, models, dev_id, dev_name, events = 0, {}, None, None, False
     with open_bytes(path) as raw:
         f = _DigitGuard(raw)
         for prefix, event, value in ijson.parse(f, use_float=False):
-            if prefix == "baseTimeNanoseconds" and event == "number":
+            if prefix == "traceEvents" and event == "start_array":
+                events = True
+            elif prefix == "baseTimeNanoseconds" and event == "number":
                 base = _whole(value)
             elif prefix == "deviceProperties.item.id":
                 dev_id = value
@@ -95,6 +99,8 @@ def _header(path: Path) -> tuple[int, dict[int, str]]:
                 if isinstance(dev_id, int) and isinstance(dev_name, str):
                     models[dev_id] = dev_name
                 dev_id = dev_name = None
+    if not events:
+        raise ValueError("no traceEvents array: it is JSON, but not a PyTorch profiler (Kineto) trace")
     return base, models
 
 
@@ -163,7 +169,7 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
                         start_ns=start,
                         end_ns=start + _ns(ev["dur"]),
                         source="kineto",
-                        **_work(cat, name, ev.get("args")),
+                        **_work(cat, name, ev.get("args"), out.rejected),
                     )
                 )
         except _REJECTED as exc:
@@ -243,12 +249,18 @@ def _kernel(ev: dict, node: str, base: int, launches: dict | Launches, rejected:
     )
 
 
-def _work(cat: str, name: str, args: object) -> dict:
-    """A GEMM operator's FLOPs, bytes and precision from its recorded shapes (``gemm_work``), as fields."""
-    if cat != "cpu_op" or not isinstance(args, dict):
+def _work(cat: str, name: str, args: object, notes: Counter) -> dict:
+    """A GEMM operator's FLOPs, bytes and precision from its recorded shapes (``gemm_work``), as fields; a GEMM
+    operator without them is noted, since its time and money are read but its efficiency cannot be."""
+    if cat != "cpu_op" or name not in GEMM_OPS:
         return {}
-    work = gemm_work(name, args.get("Input Dims"), args.get("Input type"))
-    return {} if work is None else {"flops": work.flops, "bytes": work.bytes, "precision": work.precision}
+    dims = args.get("Input Dims") if isinstance(args, dict) else None
+    work = None if dims is None else gemm_work(name, dims, args.get("Input type"))  # type: ignore[union-attr]
+    if work is None:
+        why = "shapes that are no product" if dims is not None else "no shapes (profile with record_shapes=True)"
+        notes[f"cpu_op: {name} with {why}: no FLOPs"] += 1
+        return {}
+    return {"flops": work.flops, "bytes": work.bytes, "precision": work.precision}
 
 
 def _int_or_none(value: object) -> int | None:

@@ -53,6 +53,11 @@ def read_nsys(path: Path, node_id: str | None = None) -> NsysExport:
 
 def _read(con: sqlite3.Connection, node: str) -> NsysExport:
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables & {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "NVTX_EVENTS", "TARGET_INFO_GPU"}:
+        raise ValueError(
+            "no Nsight Systems table (CUPTI_ACTIVITY_KIND_KERNEL, NVTX_EVENTS, TARGET_INFO_GPU, …): an SQLite "
+            "database, but not an `nsys export --type sqlite` file"
+        )
     out = NsysExport(node_id=node)
     base = 0
     if "TARGET_INFO_SESSION_START_TIME" in tables:

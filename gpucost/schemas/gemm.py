@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Literal
 
-__all__ = ["PRECISIONS", "Precision", "Work", "gemm_work"]
+__all__ = ["GEMM_OPS", "PRECISIONS", "Precision", "Work", "gemm_work"]
 
 Precision = Literal["fp64", "fp32", "fp16", "bf16"]
 #: Kineto's ``Input type`` of a tensor → the platform table's precision key and the element's bytes
@@ -27,6 +27,8 @@ PRECISIONS: dict[str, tuple[Precision, int]] = {
     "c10::Half": ("fp16", 2),
     "c10::BFloat16": ("bf16", 2),
 }
+#: the operators counted, each with the place of its first matrix among its inputs (after the bias, if any)
+GEMM_OPS = {"aten::mm": 0, "aten::bmm": 0, "aten::addmm": 1, "aten::baddbmm": 1}
 _MAX = 2**63  # a figure past int64 is no shape a GPU ran: the call is not counted
 
 
@@ -43,7 +45,7 @@ def gemm_work(op: str, dims: object, types: object) -> Work | None:
     """The work of one call of ``op`` from its ``Input Dims`` and ``Input type``; None where ``op`` is no GEMM
     counted here or its shapes are not a product's (another number of inputs, a wrong rank, inner sizes that
     differ, operand and bias types that differ or are no float type listed in ``PRECISIONS``), never a guess."""
-    at = {"aten::mm": 0, "aten::bmm": 0, "aten::addmm": 1, "aten::baddbmm": 1}.get(op)
+    at = GEMM_OPS.get(op)
     # mm and bmm take two tensors; addmm and baddbmm a bias and two, then beta and alpha where recorded
     if at is None or not isinstance(dims, list) or not isinstance(types, list) or len(types) != len(dims):
         return None
