@@ -27,7 +27,7 @@ from gpucost.producers.kineto_launches import Launches
 from gpucost.schemas.gemm import GEMM_OPS, gemm_work
 from gpucost.schemas.kernels import NAME_MAX_CHARS, AnnotationRange, KernelActivity, rejection_reason
 
-__all__ = ["KinetoTrace", "read_kineto"]
+__all__ = ["DigitGuard", "KinetoTrace", "read_kineto"]
 
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
@@ -54,7 +54,7 @@ _DIGITS_BEFORE_POINT = 40  # more than any id, count or ns a trace holds (int64 
 _DIGITS = bytes(49 if 48 <= b <= 57 else 48 for b in range(256))  # each byte as b"1" if a digit, else b"0"
 
 
-class _DigitGuard:
+class DigitGuard:
     """A trace's bytes as ijson reads them, refusing a run of digits as long as Python's limit on an integer's
     digits (``sys.get_int_max_str_digits``, 4,300 by default): ijson's C backend does not handle the ValueError
     Python raises for such a number and the process dies (SIGSEGV). Lifting the limit instead would let one number
@@ -85,7 +85,7 @@ def _header(path: Path) -> tuple[int, dict[int, str]]:
     trace (a JSON file of something else read as an empty trace had given an empty report and exit 0)."""
     base, models, dev_id, dev_name, events = 0, {}, None, None, False
     with open_bytes(path) as raw:
-        f = _DigitGuard(raw)
+        f = DigitGuard(raw)
         for prefix, event, value in ijson.parse(f, use_float=False):
             if prefix == "traceEvents" and event == "start_array":
                 events = True
@@ -204,7 +204,7 @@ def _gpu_event(ev: dict, node: str, base: int, out: KinetoTrace, refused: list[d
 
 def _events(path: Path, rejected: Counter) -> Iterator[dict]:
     with open_bytes(path) as f:
-        for ev in ijson.items(_DigitGuard(f), "traceEvents.item", use_float=False):
+        for ev in ijson.items(DigitGuard(f), "traceEvents.item", use_float=False):
             if isinstance(ev, dict) and ev.get("ph") == "X":
                 yield ev
             elif not isinstance(ev, dict):
