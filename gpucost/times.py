@@ -2,8 +2,9 @@
 
 Why: every record's times are integer nanoseconds since the epoch (exact, and what a consumer joins on), but
 ``1736121600000000000`` is not a time anyone reads. Which columns are times is derived from the record schemas
-(every field named ``…_ns`` is an event time), so a column the query computes under another name (a length
-``… AS span_ns``) is not mistaken for one. Raw integers stay one flag away (``--raw-times``, or the environment).
+(every field named ``…_ns`` is an event time, but for a length of time marked ``Duration``: a kernel line's
+``busy_ns``), so a column the query computes under another name (a length ``… AS span_ns``) is not mistaken for
+one. Raw integers stay one flag away (``--raw-times``, or the environment).
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from gpucost.schemas.arrow import ARROW_SCHEMAS
+from gpucost.schemas.records import OUTPUT_KINDS, Duration
 
 __all__ = ["EVENT_TIME_COLUMNS", "RAW_TIMES_ENV", "iso_ns", "raw_times_env", "readable_times"]
 
-#: the output columns that hold event times: every record field whose name ends in ``_ns``
-EVENT_TIME_COLUMNS = frozenset(f.name for schema in ARROW_SCHEMAS.values() for f in schema if f.name.endswith("_ns"))
+#: the output columns that hold event times: every record field whose name ends in ``_ns``, but for durations
+EVENT_TIME_COLUMNS = frozenset(
+    name
+    for model in OUTPUT_KINDS.values()
+    for name, field in model.model_fields.items()
+    if name.endswith("_ns") and Duration not in field.metadata
+)
 #: set to a true value (1, true, yes, on), query prints these columns as the integers stored
 RAW_TIMES_ENV = "GPUCOST_QUERY_RAW_TIMES"
 _SWITCH = {

@@ -28,7 +28,9 @@ from gpucost.schemas.events import (
     ProcessSample,
     TenantBinding,
 )
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.streams.settings import AuditSettings
+from tests.support.kernel_reference import kernel_lines
 
 IDLE = "idle"
 
@@ -90,6 +92,13 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
     for ev in events:
         key: tuple | None = None
         verdict = None
+        if isinstance(ev, KernelActivity):  # judged by its start, moving no watermark; the same launch again is one
+            pane_end = (ev.start_ns // s.pane_ns + 1) * s.pane_ns
+            key = ("k", ev.gpu_uuid, ev.pid, ev.stream, ev.correlation_id, ev.start_ns)
+            late = ev.gpu_uuid in max_ts and pane_end <= max_ts[ev.gpu_uuid] - s.lateness_ns
+            out.append("late" if late else "duplicate" if key in taken else None)
+            taken.add(key)
+            continue
         if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)):
             pane_end = (ev.ts_ns // s.pane_ns + 1) * s.pane_ns
             if ev.gpu_uuid in max_ts and pane_end <= max_ts[ev.gpu_uuid] - s.lateness_ns:
@@ -168,6 +177,11 @@ def wire_labels(ev: TenantBinding | Allocation) -> str | None:
     its text as is; none, or an empty object, is no labels."""
     sent = ev.to_wire().get("labels")
     return json.dumps(dict(sorted(sent.items())), separators=(",", ":"), ensure_ascii=False) if sent else None
+
+
+def key_of(tenant: tuple) -> str:
+    """The fields joined; labels, the last, after one more ':' only where there are any."""
+    return ":".join("" if v is None else v for v in (tenant if tenant[-1] is not None else tenant[:-1]))
 
 
 def as_of(history: dict[int, object], ts: int) -> object | None:
@@ -262,6 +276,7 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
 
     idle: dict[tuple[str, int], tuple] = {}
     cost: dict[tuple[str, int, str], tuple] = {}
+    billed: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}  # covered ms, and µ$ by tenant
     efficiency: dict[tuple[str, int, int], tuple] = {}
     W = s.window_ns
     a, b, g = Fraction(s.alpha), Fraction(s.beta), Fraction(s.gamma)
@@ -277,8 +292,7 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         model = min(p["models"])
         price = next((q for q in (as_of(prices.get(n, {}), start) for n in price_names(model)) if q is not None), None)
         C = 0 if price is None else half_even(Fraction(price) * 1_000_000 * p["covered"] / 3_600_000)
-        # the fields joined; labels, the last, after one more ':' only where there are any
-        keys = {t: ":".join("" if v is None else v for v in (t if t[-1] is not None else t[:-1])) for t in p["t"]}
+        keys = {t: key_of(t) for t in p["t"]}
         tot = [sum(v[i] for v in p["t"].values()) for i in range(3)]
         share = {t: [Fraction(v[i], tot[i]) if tot[i] else Fraction(0) for i in range(3)] for t, v in p["t"].items()}
         w = {t: a * x[0] + b * x[1] + g * x[2] for t, x in share.items()}
@@ -286,6 +300,7 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
         u = Fraction(0) if wsum == 0 else min(Fraction(1), Fraction(tot[0], 10_000 * p["covered"]))
         shares = [(IDLE, 1 - u)] + [(keys[t], u * w[t] / wsum if wsum else Fraction(0)) for t in p["t"]]
         money = split(C, shares)
+        billed[(gpu, start)] = (p["covered"], {keys[t]: money[keys[t]] for t in p["t"]})
         cost[(gpu, start, IDLE)] = (money[IDLE], C, 0.0, 0.0, 0.0, 0.0, float(u), price is None)
         for t in p["t"]:
             cost[(gpu, start, keys[t])] = (
@@ -316,9 +331,11 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
             pr = counts[counts > 0] / max(1, len(inside))
             bits = float(-(pr * np.log2(pr)).sum()) if inside else 0.0
             mae.append((node, pid, chunk[0].ts_ns, chunk[-1].ts_ns, len(inside), len(chunk) - len(inside), bits))
+    kernels = [ev for ev in kept if isinstance(ev, KernelActivity)]
     return {
         "idle": idle,
         "cost": cost,
+        "kernel": kernel_lines(kernels, P, lambda node, pid, ts: key_of(tenant_of(node, pid, ts)), billed),
         "mae": sorted(mae),
         "efficiency": efficiency,
         **{reason: said.count(reason) for reason in ("late", "duplicate", "overlap")},

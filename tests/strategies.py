@@ -19,6 +19,7 @@ from gpucost.schemas.events import (
     ProcessSample,
     TenantBinding,
 )
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.streams.settings import AuditSettings
 
 NS = 1_000_000_000
@@ -80,6 +81,10 @@ tenant = st.tuples(
         st.sampled_from([{"namespace": "ml"}, {"pod": "p-1", "namespace": "ml"}, {"app.kubernetes.io/name": "a:b"}]),
     ),
 )
+
+
+#: the categories of the kernel names generated here (any other is a ``kernel``)
+CATEGORY_OF = {"Memcpy HtoD": "memcpy", "ncclDevKernel_AllReduce": "communication"}
 
 
 @st.composite
@@ -185,6 +190,32 @@ def streams(draw: st.DrawFn, max_span_s: int = 3 * 3600) -> list[Event]:
                     ts_ns=draw(ts),
                     hops=draw(st.integers(0, 3)),
                     latency_weight=draw(st.integers(0, 40)),
+                )
+            )
+        # kernels: overlapping, crossing pane ends, of zero length; most while a sample of their process runs
+        mine = [(e.pid, e.ts_ns) for e in body if isinstance(e, ProcessSample) and e.gpu_uuid == gpu]
+        for _ in range(draw(st.integers(0, 12))):
+            pid, start = (
+                draw(st.sampled_from(mine))
+                if mine and draw(st.integers(0, 3))
+                else (draw(st.sampled_from(pids)), draw(ts))
+            )
+            start += draw(st.integers(0, 5 * NS))
+            kernel = draw(st.sampled_from(["gemm", "ncclDevKernel_AllReduce", "Memcpy HtoD", "elementwise"]))
+            body.append(
+                KernelActivity(
+                    node_id=node,
+                    pid=pid,
+                    name=kernel,
+                    start_ns=start,
+                    end_ns=start + draw(st.one_of(st.just(0), st.integers(1, 10**6), st.integers(1, 900 * NS))),
+                    gpu_uuid=gpu,
+                    device=0,
+                    stream=draw(st.integers(0, 2)),
+                    correlation_id=draw(st.integers(0, 20)),
+                    category={"Memcpy HtoD": "memcpy", "ncclDevKernel_AllReduce": "communication"}.get(
+                        kernel, "kernel"
+                    ),
                 )
             )
         for a in range(draw(st.integers(0, 3))):  # a scheduler's holds on the device, and the ends of some

@@ -34,6 +34,7 @@ def assert_same(got: dict, want: dict) -> None:
         g = got["cost"][k]
         assert (g[0], g[1], g[7]) == (w[0], w[1], w[7]), k  # µ$ exactly, and the unpriced flag
         assert g[2:7] == approx(w[2:7], abs=1e-12), k
+    assert got["kernel"] == want["kernel"]  # every line: µ$, its tenant's µ$, busy ns and calls, exactly
     assert got["efficiency"].keys() == want["efficiency"].keys()
     # floats to 1e-12 relative (docs/definitions.md, "Efficiency: EFU, ΔBW, diagnosis"), the labels exactly
     for k, w in want["efficiency"].items():

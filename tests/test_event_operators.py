@@ -32,8 +32,10 @@ from gpucost.schemas.events import (
     ProcessSample,
     TenantBinding,
 )
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.streams.allocations import AllocationTable
 from gpucost.streams.audit import Auditor
+from gpucost.streams.kernel_log import KernelLog
 from gpucost.streams.mae import Mae
 from gpucost.streams.operator import EventOperator
 from gpucost.streams.pane_totals import PaneColumns
@@ -51,6 +53,7 @@ KINDS: dict[type, tuple[type[Event], ...]] = {
     BindingTable: (TenantBinding,),
     PriceTable: (Price,),
     AllocationTable: (Allocation,),
+    KernelLog: (KernelActivity,),
 }
 
 

@@ -155,7 +155,8 @@ def test_the_sink_writes_only_what_a_worker_signed(
         )
     )
     published = owned.producer.published  # type: ignore[attr-defined]
-    costs = [m for m in published if m.topic.endswith("cost") and not is_control(m.headers)]  # not the markers
+    cost = KafkaSettings().topic("cost")
+    costs = [m for m in published if m.topic == cost and not is_control(m.headers)]  # not the markers
     want = sum(json.loads(m.value)["cost_micro_usd"] for m in costs)
     forged = json.loads(costs[0].value) | {"record_id": "forged", "cost_micro_usd": 1_000_000_070_000}
     tampered = json.loads(costs[1].value) | {"cost_micro_usd": json.loads(costs[1].value)["cost_micro_usd"] * 1000}

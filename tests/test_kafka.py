@@ -131,6 +131,23 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(
     assert all(body == firsts[k] for k, body in hook.accepted)
     d.stop()
     assert_same_parquet(d.out, embedded, dead_letters=1)
+    # the kernel lines, recomputed from the Kafka path's own records: some revised by late kernels, and per
+    # (GPU, pane, tenant) their µ$ over every revision are the tenant's cost as revised (or 0 for a tenant whose
+    # kernels all moved to another tenant), the latest line saying so
+    lines = (
+        connect(d.out)
+        .execute(
+            """WITH k AS (SELECT gpu_uuid, pane_start_ns, tenant_key, sum(cost_micro_usd) AS paid,
+                             arg_max(tenant_cost_micro_usd, revision) AS tenant, max(revision) AS revised
+                      FROM kernel_cost GROUP BY ALL),
+                c AS (SELECT gpu_uuid, pane_start_ns, tenant_key, sum(cost_micro_usd) AS paid FROM cost GROUP BY ALL)
+           SELECT count(*), count(*) FILTER (WHERE k.paid <> k.tenant OR (k.tenant <> 0 AND k.tenant <> c.paid)),
+                  max(k.revised), count(*) FILTER (WHERE k.tenant > 0)
+           FROM k LEFT JOIN c USING (gpu_uuid, pane_start_ns, tenant_key)"""
+        )
+        .fetchone()
+    )
+    assert lines[0] > 100 and lines[1] == 0 and lines[2] > 0 and lines[3] > 0, lines
     assert worker[("gpucost_worker_records_total", (("kind", "cost"),))] == counts["cost"]
     assert sink[("gpucost_sink_records_written_total", (("kind", "cost"),))] == counts["cost"]
     # the sink's cost counters, charged less credited per team, are the embedded run's bill

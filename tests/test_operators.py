@@ -18,10 +18,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.schemas.events import TENANT_FIELDS, Allocation
+from gpucost.schemas.events import TENANT_FIELDS, Allocation, TenantBinding
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.streams.allocations import AllocationSplit
 from gpucost.streams.audit import Auditor
 from gpucost.streams.idle_index import IdleIndex
+from gpucost.streams.kernel_cost import KernelCost
 from gpucost.streams.operator import Closing, ClosingMany, PaneOperator
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals, TenantTotals
 from gpucost.streams.settings import AuditSettings
@@ -118,10 +120,40 @@ HOLDS = [
 ]
 
 
+#: pids bound to teams (pid 2 stays unattributed), and kernels of those processes in many panes of both GPUs:
+#: overlapping on two streams, crossing pane ends, of zero length, a memcpy; built without validation, as the holds
+BINDINGS = [
+    TenantBinding.model_construct(node_id=f"node-{g}", pid=pid, ts_ns=0, **tenant(team, TIER_OF[team])._asdict())
+    for g in (0, 1)
+    for pid, team in ((1, "a"), (3, "b"))
+]
+KERNELS = [
+    KernelActivity.model_construct(
+        node_id=f"node-{g}",
+        pid=1 + (k + i) % 3,
+        name=f"k{(k * i) % 4}" if i != 3 else "Memcpy HtoD",
+        start_ns=k * PANE_NS // 2 + i * PANE_NS // 7,
+        end_ns=k * PANE_NS // 2 + i * PANE_NS // 7 + (0 if i == 2 else PANE_NS // (1 + i)),
+        gpu_uuid=f"GPU-{g}",
+        device=g,
+        stream=i % 2,
+        correlation_id=k * 10 + i,
+        category="memcpy" if i == 3 else "kernel",
+    )
+    for g in (0, 1)
+    for k in range(0, 360, 1 + g)
+    for i in range(4)
+]
+
+
 def operators() -> list[PaneOperator]:
     auditor = Auditor(SETTINGS)
     for hold in HOLDS:
         auditor.allocations.table.take(hold)
+    for binding in BINDINGS:
+        auditor.bindings.take(binding)
+    for kernel in KERNELS:
+        auditor.kernels.log.take(kernel)
     return auditor.pane_operators
 
 
@@ -193,6 +225,8 @@ def test_snapshot_then_restore_then_the_rest_gives_the_uninterrupted_run(generat
     for op in restored:
         if isinstance(op, SlaOperator):
             op.allocations = holds
+        if isinstance(op, KernelCost):  # and the kernel split the auditor's bindings
+            op.bindings = before[[type(o) for o in before].index(KernelCost)].bindings
     idle_after = IdleIndex.from_state(json.loads(json.dumps(idle_before.to_state())), SETTINGS)
     rest = by_rows(restored, panes[cut:], prices[cut:], idle_after)
     assert [a + b for a, b in zip(first, rest, strict=True)] == expected
@@ -202,4 +236,4 @@ def test_snapshot_then_restore_then_the_rest_gives_the_uninterrupted_run(generat
 def test_every_operator_the_auditor_closes_panes_with_is_checked_here() -> None:
     """The list is the auditor's: the checks above see a new operator once it is added there."""
     names = [type(op).__name__ for op in operators()]
-    assert names == ["CostSplit", "AllocationSplit", "SlaOperator", "Efficiency", "HealthAudit"]
+    assert names == ["CostSplit", "AllocationSplit", "KernelCost", "SlaOperator", "Efficiency", "HealthAudit"]

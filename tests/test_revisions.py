@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import Event, GpuSample, NumaEvent, Price, ProcessSample, TenantBinding
-from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord, Output
+from gpucost.schemas.kernels import KernelActivity
+from gpucost.schemas.records import CostRecord, DeadLetter, IdleIndexRecord, KernelCostRecord, Output
 from gpucost.streams import columnar, idle_index
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
@@ -113,6 +114,23 @@ def fleets(draw: st.DrawFn) -> tuple[AuditSettings, list[Event], list[Event]]:
                             latency_weight=draw(st.integers(0, 40)),
                         )
                     )
+        # kernels of its processes, some overlapping, some crossing a pane's end, each launch once (no duplicates)
+        for n, t in enumerate(draw(st.lists(st.sampled_from(on), max_size=12)) if on else []):
+            start = BASE_NS + t * NS + draw(st.integers(0, step * NS))
+            events.append(
+                KernelActivity(
+                    node_id="node-0",
+                    pid=draw(st.sampled_from(pids)),
+                    name=draw(st.sampled_from(["gemm", "nccl:all_reduce", "softmax"])),
+                    start_ns=start,
+                    end_ns=start + draw(st.sampled_from([0, 10**6, 7 * NS, 90 * NS])),
+                    gpu_uuid=gpu,
+                    device=0,
+                    stream=n % 2,
+                    correlation_id=n,
+                    category="kernel",
+                )
+            )
     in_time = sorted(events, key=_time_order)
 
     def delay(e: Event) -> int:
@@ -142,14 +160,35 @@ def beyond_horizon(s: AuditSettings, arrival: list[Event]) -> set[str]:
     top: dict[str, int] = {}
     out = set()
     for e in arrival:
-        if not isinstance(e, (GpuSample, ProcessSample, NumaEvent)):
+        if not isinstance(e, (GpuSample, ProcessSample, NumaEvent, KernelActivity)):
             continue
-        end = e.ts_ns - e.ts_ns % s.pane_ns + s.pane_ns
+        end = e.ts_ns - e.ts_ns % s.pane_ns + s.pane_ns  # a kernel's ts_ns: its start
         if e.gpu_uuid in top and top[e.gpu_uuid] - s.lateness_ns - end > s.revision_horizon_ns:
             out.add(encode_event(e))
             continue
-        top[e.gpu_uuid] = max(top.get(e.gpu_uuid, e.ts_ns), e.ts_ns)
+        if not isinstance(e, KernelActivity):  # a kernel moves no watermark
+            top[e.gpu_uuid] = max(top.get(e.gpu_uuid, e.ts_ns), e.ts_ns)
     return out
+
+
+def kernel_bills(out: list[Output]) -> dict[tuple[str, int, str, str, str], int]:
+    """Each kernel line's µ$ summed over its revisions."""
+    total: dict[tuple[str, int, str, str, str], int] = defaultdict(int)
+    for r in out:
+        if isinstance(r, KernelCostRecord):
+            total[(r.gpu_uuid, r.pane_start_ns, r.tenant_key, r.category, r.kernel)] += r.cost_micro_usd
+    return dict(total)
+
+
+def latest_lines(out: list[Output]) -> dict[tuple[str, int, str, str, str], KernelCostRecord]:
+    """Each kernel line's record of its latest revision (each revision published once)."""
+    latest: dict[tuple[str, int, str, str, str], KernelCostRecord] = {}
+    for r in out:
+        if isinstance(r, KernelCostRecord):
+            key = (r.gpu_uuid, r.pane_start_ns, r.tenant_key, r.category, r.kernel)
+            assert key not in latest or latest[key].revision < r.revision, "a line's revision published twice"
+            latest[key] = r
+    return latest
 
 
 def run_batches(s: AuditSettings, events: list[Event], size: int) -> list[Output]:
@@ -198,6 +237,23 @@ def test_revisions_sum_to_a_replay_in_time_order(fleet: tuple[AuditSettings, lis
         c = records[0].pane_cost_micro_usd
         assert sum(r.cost_micro_usd for r in records) == c - cost_before.get((gpu, start), 0), (gpu, start, revision)
         cost_before[(gpu, start)] = c
+
+    # the kernel lines: Σ over revisions of each line is the replay's, whose lines of a tenant sum to its cost; and
+    # the latest revision of each line the replay's line
+    lines, kernels_latest = kernel_bills(out), latest_lines(out)
+    want_lines = kernel_bills(replay)
+    for key in lines.keys() | want_lines.keys():  # a line a late binding emptied sums to 0 and is not in the replay
+        assert lines.get(key, 0) == want_lines.get(key, 0), key
+    tenant_total: dict[tuple[str, int, str], int] = defaultdict(int)
+    for r in replay:
+        if isinstance(r, KernelCostRecord):
+            tenant_total[(r.gpu_uuid, r.pane_start_ns, r.tenant_key)] += r.cost_micro_usd
+            assert r.tenant_cost_micro_usd == want.get((r.gpu_uuid, r.pane_start_ns, r.tenant_key), 0)
+            assert kernels_latest[(r.gpu_uuid, r.pane_start_ns, r.tenant_key, r.category, r.kernel)].model_dump(
+                exclude={"record_id", "revision", "cost_micro_usd"}
+            ) == r.model_dump(exclude={"record_id", "revision", "cost_micro_usd"})
+    for (gpu, start, tenant), total in tenant_total.items():
+        assert total == want.get((gpu, start, tenant), 0)
 
     # the idle index: each pane's last figures are the replay's, and every record's window sums the figures of
     # its GPU's panes as published up to it (a revised pane's new figures count from its revision on)
@@ -271,7 +327,7 @@ def test_a_late_event_sent_again_revises_once(
     fleet: tuple[AuditSettings, list[Event], list[Event]], data: st.DataObject
 ) -> None:
     s, _, arrival = fleet
-    samples = [e for e in arrival if isinstance(e, (GpuSample, ProcessSample, NumaEvent))]
+    samples = [e for e in arrival if isinstance(e, (GpuSample, ProcessSample, NumaEvent, KernelActivity))]
     if not samples:
         return
     withheld = data.draw(st.sampled_from(samples))

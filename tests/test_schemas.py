@@ -206,6 +206,7 @@ def test_every_kind_has_a_model() -> None:
         "tenant_binding",
         "price",
         "allocation",
+        "kernel_activity",
     }
 
 

@@ -86,7 +86,7 @@ def test_topics_create_keeps_output_records_400_days_and_names_an_existing_topic
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
     prefix = f"t{uuid.uuid4().hex[:8]}."
-    outputs = ["idle_index", "mae", "cost", "health", "quota", "reclaim", "efficiency", "dlq"]
+    outputs = list(OUTPUT_KINDS)
 
     async def premade() -> None:  # a topic an older gpucost made, with the broker's default retention
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)

@@ -13,17 +13,7 @@ topic once, as the embedded auditor would dead-letter it, rather than once per G
 from __future__ import annotations
 
 from gpucost.schemas.codec import encode_event
-from gpucost.schemas.events import (
-    Allocation,
-    EbpfTrace,
-    Event,
-    GpuSample,
-    MemAccess,
-    NumaEvent,
-    Price,
-    ProcessSample,
-    TenantBinding,
-)
+from gpucost.schemas.events import ON_GPU_KEY, Event, MemAccess, Price, TenantBinding
 from gpucost.schemas.records import DeadLetter
 
 __all__ = ["Route", "Router", "duplicate_letter"]
@@ -46,7 +36,7 @@ class Router:
         self.unchanged_bindings = 0
 
     def route(self, ev: Event) -> list[Route]:
-        if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace, Allocation)):
+        if isinstance(ev, ON_GPU_KEY):
             gpu, node, out = ev.gpu_uuid, ev.node_id, []
             if gpu not in self._primed:
                 self._primed[gpu] = set()

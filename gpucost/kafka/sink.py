@@ -62,6 +62,7 @@ DEDUPE_KEYS: dict[str, tuple[str, ...]] = {
     "quota": ("gpu_uuid", "pane_start_ns", "tenant_key"),
     "reclaim": ("trigger_id",),
     "efficiency": ("gpu_uuid", "pane_start_ns", "pid"),
+    "kernel_cost": ("record_id",),
     "dlq": ("source", "reason"),
 }
 

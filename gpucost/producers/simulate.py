@@ -17,6 +17,7 @@ from decimal import Decimal
 
 import numpy as np
 
+from gpucost.producers.simulated_kernels import Profiler
 from gpucost.schemas.events import (
     TENANT_FIELDS,
     Allocation,
@@ -145,6 +146,7 @@ class _Gpu:
         )
         self.pid_base = 10_000 + 1_000 * (index % spec.gpus_per_node)
         self.jobs = self._schedule()
+        self.profiler = Profiler(spec.seed, index, self.node_id, self.uuid, spec.start_ns)
 
     def _schedule(self) -> list[_Job]:
         """Bursts of 1–3 concurrent jobs separated by idle gaps, some of them many hours long."""
@@ -342,6 +344,11 @@ class _Gpu:
             delay = int(rng.uniform(0, spec.max_delay_s) * NS) if rng.random() < 0.02 else 0
             for ev in out:
                 heapq.heappush(pending, (ts + delay, seq, ev))
+                seq += 1
+            kernels = self.profiler.tick(ts, step_ns, active)  # a profiled tick's kernels, as one buffer
+            late = self.profiler.delay_ns() if kernels else 0
+            for ev in kernels:
+                heapq.heappush(pending, (ts + delay + late, seq, ev))
                 seq += 1
             horizon = tick - int(spec.max_delay_s * NS) - NS
             while pending and pending[0][0] <= horizon:

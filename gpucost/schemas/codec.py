@@ -116,6 +116,13 @@ def decode_object(obj: object) -> Event | Rejected:
         return Rejected("not_an_object", f"expected a JSON object, got {type(obj).__name__}", None)
     kind = obj.get("kind")
     model = EVENT_MODELS.get(kind) if isinstance(kind, str) else None
+    if kind == "annotation_range":
+        return Rejected(
+            "unknown_kind",
+            "annotation_range is read by `gpucost kernels` (what each range's kernels cost), not yet by the "
+            "pipeline, which bills kernel_activity alone: leave the ranges out of its input",
+            kind,
+        )
     if model is None:
         known = ", ".join(sorted(EVENT_MODELS))
         return Rejected(

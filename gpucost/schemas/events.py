@@ -12,10 +12,12 @@ from decimal import Decimal
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from gpucost.schemas.ebpf import TraceEvent, decode_trace_event, encode_trace_event
+from gpucost.schemas.event_base import TS_MAX_NS, TS_MIN_NS, Ident, Pid, TsNs, WireEvent
 from gpucost.schemas.exact import round_scaled
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.labels import Labels
 from gpucost.schemas.names import RESERVED_SKELETONS, RESERVED_TEAMS, skeleton
 from gpucost.schemas.partitions import whole_device
@@ -43,33 +45,19 @@ __all__ = [
     "Event",
     "EVENT_MODELS",
     "GPU_KEYED",
+    "ON_GPU_KEY",
 ]
 
-TS_MIN_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z: anything earlier is a broken clock
-TS_MAX_NS = 4_102_444_800 * 10**9  # 2100-01-01T00:00:00Z
-
-TsNs = Annotated[int, Field(ge=TS_MIN_NS, lt=TS_MAX_NS)]
 Pct = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
 IntervalS = Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
 NonNegBytes = Annotated[int, Field(ge=0, lt=2**63)]
-Pid = Annotated[int, Field(ge=0, lt=2**32)]
-Ident = Annotated[str, Field(min_length=1, max_length=256)]
 #: faults of one sample: at most one per fault field of a device (``gpucost.schemas.devices.FAULT_FIELDS``)
 #: the most faults of one kind a sample may carry (a sample's faults are far fewer: one per fault field)
 FAULT_COUNT_MAX = 64
 FaultCount = Annotated[int, Field(ge=0, le=FAULT_COUNT_MAX)]
 
 
-class _Event(BaseModel):
-    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
-    kind: str
-
-    def to_wire(self) -> dict[str, Any]:
-        """The JSON object of this event, ``kind`` first, optional fields left out when unset."""
-        return self.model_dump(mode="json", exclude_none=True)
-
-
-class _Sample(_Event):
+class _Sample(WireEvent):
     node_id: Ident
     gpu_uuid: Ident
     ts_ns: TsNs
@@ -148,7 +136,7 @@ class ProcessSample(_Sample):
     pid: Pid
 
 
-class MemAccess(_Event):
+class MemAccess(WireEvent):
     kind: Literal["mem_access"] = "mem_access"
     node_id: Ident
     pid: Pid
@@ -156,7 +144,7 @@ class MemAccess(_Event):
     address: Annotated[int, Field(ge=0, lt=2**64)]
 
 
-class NumaEvent(_Event):
+class NumaEvent(WireEvent):
     kind: Literal["numa_event"] = "numa_event"
     node_id: Ident
     gpu_uuid: Ident
@@ -171,7 +159,7 @@ class NumaEvent(_Event):
 TRACE_SOURCES = ("launch", "blas")
 
 
-class EbpfTrace(_Event):
+class EbpfTrace(WireEvent):
     """The 40-byte ``trace_event``; on the wire as ``trace_hex`` (80 hex digits) plus ``node_id``, and
     ``trace_source`` outside the struct (its layout is the seed's; absent means ``launch``)."""
 
@@ -243,7 +231,7 @@ def _not_reserved(value: str) -> str:
     return value
 
 
-class TenantBinding(_Event):
+class TenantBinding(WireEvent):
     kind: Literal["tenant_binding"] = "tenant_binding"
     node_id: Ident
     pid: Pid
@@ -273,7 +261,7 @@ TENANT_FIELDS: tuple[str, ...] = tuple(
 MAX_USD_PER_GPU_HOUR = 10**9
 
 
-class Price(_Event):
+class Price(WireEvent):
     kind: Literal["price"] = "price"
     gpu_model: Annotated[Ident, AfterValidator(whole_device)]  # a partition pays its share of its device's price
     ts_ns: TsNs
@@ -293,7 +281,7 @@ SHARING_MODES: tuple[str, ...] = get_args(Sharing)
 Fraction_ = Annotated[int, Field(ge=1, le=1_000_000)]
 
 
-class Allocation(_Event):
+class Allocation(WireEvent):
     """A tenant's hold on a device, or on a fraction of one, from ``ts_ns`` until ``end_ts_ns`` (None: still held):
     what a scheduler granted (a pod's devices from the kubelet's pod-resources API, a Slurm ``gres``), whether or
     not anything ran. The allocation basis splits each pane's cost by these (``gpucost.streams.allocations``).
@@ -342,10 +330,24 @@ class Allocation(_Event):
         return self
 
 
-Event = GpuSample | ProcessSample | MemAccess | NumaEvent | EbpfTrace | TenantBinding | Price | Allocation
-EVENT_MODELS: dict[str, type[_Event]] = {
+Event = (
+    GpuSample | ProcessSample | MemAccess | NumaEvent | EbpfTrace | TenantBinding | Price | Allocation | KernelActivity
+)
+EVENT_MODELS: dict[str, type[WireEvent]] = {
     m.model_fields["kind"].default: m
-    for m in (GpuSample, ProcessSample, MemAccess, NumaEvent, EbpfTrace, TenantBinding, Price, Allocation)
+    for m in (
+        GpuSample,
+        ProcessSample,
+        MemAccess,
+        NumaEvent,
+        EbpfTrace,
+        TenantBinding,
+        Price,
+        Allocation,
+        KernelActivity,
+    )
 }
 #: kinds whose events advance their GPU's watermark (docs/definitions.md, "Time, panes and watermarks")
 GPU_KEYED = (GpuSample, ProcessSample, NumaEvent)
+#: kinds that travel under their GPU's key (the events topic's ``gpu_uuid``), each in a message of that GPU alone
+ON_GPU_KEY = (*GPU_KEYED, EbpfTrace, Allocation, KernelActivity)

@@ -6,24 +6,31 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from gpucost.schemas.events import Ident, Pid, TsNs
+from gpucost.schemas.event_base import Ident, Pid, TsNs, WireEvent
 from gpucost.schemas.gemm import Precision
 
-__all__ = ["KERNEL_CATEGORIES", "NAME_MAX_CHARS", "KernelActivity", "AnnotationRange", "rejection_reason"]
+__all__ = [
+    "KERNEL_CATEGORIES",
+    "MAX_KERNEL_NS",
+    "NAME_MAX_CHARS",
+    "KernelActivity",
+    "AnnotationRange",
+    "rejection_reason",
+]
 
 KERNEL_CATEGORIES = ("kernel", "memcpy", "memset", "communication")
 NAME_MAX_CHARS = 1024  # a longer name is truncated by the reader, and counted there
 Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)]
 Count = Annotated[int, Field(ge=0, lt=2**63)]
-Dim3 = tuple[
-    Annotated[int, Field(ge=0, lt=2**32)], Annotated[int, Field(ge=0, lt=2**32)], Annotated[int, Field(ge=0, lt=2**32)]
-]
+_Dim = Annotated[int, Field(ge=0, lt=2**32, strict=True)]
+#: three integers; a JSON array on the wire, so a list is taken (strict mode takes only a tuple), each item strictly
+Dim3 = Annotated[tuple[_Dim, _Dim, _Dim], Field(strict=False)]
 Source = Literal["cupti", "kineto", "nsys"]
 
 
-class _Timed(BaseModel):
+class _Timed(WireEvent):
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
     node_id: Ident
     pid: Pid
@@ -40,6 +47,16 @@ class _Timed(BaseModel):
                 "its export is broken; re-export the trace"
             )
         return self
+
+    @property
+    def ts_ns(self) -> int:
+        """The event time the audit keys it by (its pane, its lateness): its start."""
+        return self.start_ns
+
+
+#: the longest kernel, copy or set taken: one longer is a broken clock or export (a hung kernel, an hour on the GPU,
+#: has stopped the job anyway), and the pipeline keeps a kernel in every pane it touches
+MAX_KERNEL_NS = 3_600 * 10**9
 
 
 class KernelActivity(_Timed):
@@ -58,6 +75,15 @@ class KernelActivity(_Timed):
     registers_per_thread: Count | None = None
     shared_memory_bytes: Count | None = None
     bytes: Count | None = None
+
+    @model_validator(mode="after")
+    def _not_too_long(self) -> Self:
+        if self.end_ns - self.start_ns > MAX_KERNEL_NS:
+            raise ValueError(
+                f"a kernel of {self.end_ns - self.start_ns} ns, longer than an hour ({MAX_KERNEL_NS} ns): the "
+                "source's clock or its export is broken; re-export the trace"
+            )
+        return self
 
 
 class AnnotationRange(_Timed):

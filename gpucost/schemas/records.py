@@ -32,7 +32,9 @@ __all__ = [
     "IDLE_TENANT",
     "UNALLOCATED_TENANT",
     "AllocationRecord",
+    "KernelCostRecord",
     "Wide",
+    "Duration",
     "computed",
     "computed_from",
 ]
@@ -52,6 +54,14 @@ class Wide:
 
 #: an exact non-negative integer of up to 38 digits
 WideInt = Annotated[int, Field(ge=0, lt=10**38), Wide]
+
+
+class Duration:
+    """Marks a ``…_ns`` field that is a length of time, not an event time (which every other ``…_ns`` field is)."""
+
+
+#: a length of time in integer ns (a kernel line's busy time)
+DurationNs = Annotated[int, Field(ge=0, lt=1 << 63), Duration]
 
 
 class _Record(BaseModel):
@@ -153,6 +163,24 @@ class AllocationRecord(_PaneParty):
     allocated_num: WideInt
     capacity_num: WideInt
     covered_ms: Int64
+
+
+class KernelCostRecord(_PaneParty):
+    """One line of a tenant's pane cost split over its kernels (docs/definitions.md, "Kernel cost in the pipeline"):
+    a kernel name of one category, or the ``no_kernel`` line (``category`` and ``kernel`` both ``no_kernel``: the
+    covered time none of its kernels ran in). A tenant's lines of a pane sum to ``tenant_cost_micro_usd``, its usage
+    record's µ$, in every revision; ``busy_ns`` is its exact share of the time (overlap split equally), dealt in ns."""
+
+    kernel: str
+    category: str
+    calls: Int64
+    busy_ns: DurationNs
+    covered_ns: DurationNs
+    usd_per_gpu_hour: Decimal | None
+    tenant_cost_micro_usd: Int64
+    cost_micro_usd: Int64
+    unpriced: bool
+    revision: Int64
 
 
 class HealthRecord(_Record):
@@ -289,6 +317,7 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "quota": QuotaRecord,
     "reclaim": ReclaimRecord,
     "efficiency": EfficiencyRecord,
+    "kernel_cost": KernelCostRecord,
     "dlq": DeadLetter,
 }
 _KIND_BY_TYPE: dict[type[BaseModel], str] = {m: k for k, m in OUTPUT_KINDS.items()}
@@ -302,6 +331,7 @@ Output = (
     | QuotaRecord
     | ReclaimRecord
     | EfficiencyRecord
+    | KernelCostRecord
     | DeadLetter
 )
 

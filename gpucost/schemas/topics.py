@@ -80,6 +80,12 @@ _SPECS = (
         output=True,
     ),
     TopicSpec(
+        "kernel_cost",
+        "gpu_uuid",
+        "one KernelCostRecord as JSON: a tenant's pane cost split over its kernels, and its no_kernel line",
+        output=True,
+    ),
+    TopicSpec(
         "discovery",
         "node_id",
         "the node's service-discovery entry as JSON (written by gpucost discovery)",

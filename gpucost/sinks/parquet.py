@@ -33,6 +33,7 @@ from gpucost.schemas.records import (
     EfficiencyRecord,
     HealthRecord,
     IdleIndexRecord,
+    KernelCostRecord,
     MaeRecord,
     QuotaRecord,
     ReclaimRecord,
@@ -77,7 +78,7 @@ def partition_date(record: BaseModel) -> str:
         ts_ns = record.first_ts_ns
     elif isinstance(record, HealthRecord):
         ts_ns = record.window_start_ns
-    elif isinstance(record, (QuotaRecord, EfficiencyRecord)):
+    elif isinstance(record, (QuotaRecord, EfficiencyRecord, KernelCostRecord)):
         ts_ns = record.pane_start_ns
     elif isinstance(record, ReclaimRecord):
         ts_ns = record.trigger_ns

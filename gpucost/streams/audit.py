@@ -27,6 +27,7 @@ from gpucost.schemas.events import (
     ProcessSample,
     TenantBinding,
 )
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import Output
 from gpucost.streams.audit_state import AuditState
 from gpucost.streams.columnar import ingest_batch, ingest_lines
@@ -65,13 +66,21 @@ class Auditor(LateData, AuditState):
     def pane_operators(self) -> list[PaneOperator]:
         """The operators on closed panes (``gpucost.streams.operator``), in the order their records of a pane
         are published: both close paths walk this one list."""
-        return [self.cost, self.allocations, self.sla, self.efficiency, self.health]
+        return [self.cost, self.allocations, self.kernels, self.sla, self.efficiency, self.health]
 
     @property
     def event_operators(self) -> list[EventOperator[Any]]:
         """The operators on events (``gpucost.streams.operator``), each owning the events of its kinds: the
-        panes, the MAE windows, the revision log, the bindings, the prices and the allocations."""
-        return [self.panes, self.mae, self.revisions, self.bindings, self.prices, self.allocations.table]
+        panes, the MAE windows, the revision log, the bindings, the prices, the allocations and the kernels."""
+        return [
+            self.panes,
+            self.mae,
+            self.revisions,
+            self.bindings,
+            self.prices,
+            self.allocations.table,
+            self.kernels.log,
+        ]
 
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]:
         """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
@@ -79,6 +88,8 @@ class Auditor(LateData, AuditState):
             return [self.future_letter(event, raw, source, now)]
         if isinstance(event, (GpuSample, ProcessSample, NumaEvent)):
             return self._gpu_keyed(event, raw, source)
+        if isinstance(event, KernelActivity):
+            return self._kernel(event, raw, source)
         if isinstance(event, EbpfTrace):
             if self.panes.is_late(event.gpu_uuid, event.ts_ns):
                 return [self.late_letter(event, raw, source, self.panes.watermark(event.gpu_uuid))]
@@ -155,7 +166,7 @@ class Auditor(LateData, AuditState):
             self.panes.take(event, self.bindings.lookup(event.node_id, event.pid, event.ts_ns))
         self.revisions.take(event)  # with revisions off too: a late binding re-attributes open panes' samples
         out = self.close(self.panes.advance(gpu, event.ts_ns))
-        self.revisions.prune(gpu, self.panes.watermark(gpu))
+        self.prune_gpu(gpu)
         return out
 
     def close_silent(
@@ -181,7 +192,7 @@ class Auditor(LateData, AuditState):
             self.counts["silent_closes"] += len(closed)
             out = self.close(closed)
             for gpu in {p.gpu_uuid for p in closed}:
-                self.revisions.prune(gpu, self.panes.watermark(gpu))
+                self.prune_gpu(gpu)
         out += self.health.close_silent(watermark_ns, timeout, only)
         if windows := self.mae.close_silent(max([watermark_ns, *self.mae.latest_ns().values()]), timeout, only):
             self.counts["mae_silent_closes"] += len(windows)
@@ -195,6 +206,7 @@ class Auditor(LateData, AuditState):
         self.mae.forget(watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns), only)
         for gpu in forgotten:
             self.revisions.drop(gpu)
+            self.kernels.log.drop(gpu)
             self.sla.drop(gpu)
             self.allocations.table.drop(gpu)
         if forgotten:

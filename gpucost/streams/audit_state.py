@@ -13,6 +13,7 @@ from gpucost.streams.allocations import AllocationSplit
 from gpucost.streams.efficiency import Efficiency
 from gpucost.streams.health import HealthAudit
 from gpucost.streams.idle_index import IdleIndex
+from gpucost.streams.kernel_cost import KernelCost
 from gpucost.streams.mae import Mae
 from gpucost.streams.operator import CostSplit
 from gpucost.streams.pane_totals import PaneColumns
@@ -47,6 +48,8 @@ class AuditState:
         self.revisions = Revisions(settings)
         self.bindings = BindingTable()
         self.prices = PriceTable()
+        # reads the tenants of kernels' processes in the bindings, never writes them
+        self.kernels = KernelCost(settings, self.bindings)
         self.counts: Counter[str] = Counter()
         #: called with every pane as it closes and again each time a revision changes it, whichever path
         #: closed it (``close``, ``close_many``, ``_republish``): the one hook for a reader of closed panes (the
@@ -65,12 +68,20 @@ class AuditState:
         nxt = type(self)(self.settings, self.clock, self.audit_key)
         nxt.revisions = self.revisions  # what a late event, or the same input again, is checked against
         nxt.bindings, nxt.prices, nxt.allocations = self.bindings, self.prices, self.allocations
+        nxt.kernels = self.kernels  # the kernels kept: one sent again is a duplicate, or late
         nxt.sla.allocations = nxt.allocations.table  # the holds it reads are the ones handed on
         nxt.mae.resume_after(self.mae)
         nxt.panes.resume_after(self.panes)
         nxt.health.resume_after(self.health)
         nxt.on_closed = self.on_closed
         return nxt
+
+    def prune_gpu(self, gpu_uuid: str) -> None:
+        """Drop what the GPU keeps for revisions (its log rows, its kernels) of panes beyond the horizon of its
+        watermark."""
+        watermark = self.panes.watermark(gpu_uuid)
+        self.revisions.prune(gpu_uuid, watermark)
+        self.kernels.log.prune(gpu_uuid, watermark)
 
     def prune(self) -> None:
         """Drop the bindings no on-time event can reach any more (superseded before the oldest pane an
@@ -93,6 +104,7 @@ class AuditState:
             "revisions": self.revisions.to_state(),
             "prices": self.prices.to_state(),
             "allocations": self.allocations.to_state(),
+            "kernels": self.kernels.to_state(),
             "counts": dict(self.counts),
         }
 
@@ -118,6 +130,7 @@ class AuditState:
         auditor.idle = IdleIndex.from_state(state["idle"], settings)
         auditor.mae = Mae.from_state(state["mae"], settings)
         auditor.bindings = BindingTable.from_state(state["bindings"], settings)
+        auditor.kernels = KernelCost.from_state(state.get("kernels", {}), settings, auditor.bindings)
         if "revisions" in state:  # a state written before revisions (or with none) keeps nothing to revise
             auditor.revisions = Revisions.from_state(state["revisions"], settings)
         auditor.prices = PriceTable.from_state(state["prices"], settings)

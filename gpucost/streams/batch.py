@@ -323,7 +323,7 @@ class Batch:
         self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants))
         a.revisions.take_many(pane_rows, accepted)  # with revisions off too: bindings re-attribute open panes
         for name in pane_rows.names:
-            a.revisions.prune(name, a.panes.watermark(name))
+            a.prune_gpu(name)
 
     def _tenants(self, rows: np.ndarray) -> np.ndarray:
         """The tenant (an index into ``self.tenants``) of each row, as of its time, among the bindings before the

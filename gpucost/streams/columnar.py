@@ -36,9 +36,16 @@ from gpucost.streams.scope import Scope
 
 __all__ = ["ingest_batch", "ingest_lines", "revising_rows"]
 
-_ALLOCATION, _BINDING, _NO_KIND = 125, 126, 127  # an allocation, a binding, and a row of no kind, to ``revising_rows``
+#: a kernel, an allocation, a binding, and a row of no kind, to ``revising_rows``
+_KERNEL, _ALLOCATION, _BINDING, _NO_KIND = 124, 125, 126, 127
 #: each kind's code in ``revising_rows`` (another kind: -1)
-_REVISING_CODES = {**KIND_CODES, "tenant_binding": _BINDING, "allocation": _ALLOCATION, "": _NO_KIND}
+_REVISING_CODES = {
+    **KIND_CODES,
+    "kernel_activity": _KERNEL,
+    "tenant_binding": _BINDING,
+    "allocation": _ALLOCATION,
+    "": _NO_KIND,
+}
 _NONE_TS = np.iinfo(np.int64).min // 2  # no time yet (halved: the lateness is taken off it)
 #: a batch with more rows that may revise than this goes row by row (a replay of a shuffled file)
 MANY_REVISING = 64
@@ -114,8 +121,10 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     horizon and a pane before it, where it may be late), each taken against
     watermarks that count every earlier row of the batch (so at or above the true ones: no row that does
     revise is missed); every allocation (rare: a scheduler's grants; each may revise the allocation basis, and
-    changes how every later close splits); and rows of no readable kind (``read_lines`` leaves a line it could not
-    read as columns empty: it may be an allocation too), which the batch path decodes one by one."""
+    changes how every later close splits); every kernel (it joins the panes of its time as it comes, so its
+    place among the closes decides whether it is on time; the row path takes it in that place); and rows of no
+    readable kind (``read_lines`` leaves a line it could not read as columns empty: it may be an allocation too),
+    which the batch path decodes one by one."""
     n = batch.num_rows
     kinds = pc.dictionary_encode(batch.column("kind")) if "kind" in batch.schema.names else None
     if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
@@ -147,4 +156,4 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     largest = np.maximum(moved, max(latest.values(), default=_NONE_TS))
     horizon = settings.revision_horizon_ns + pane_ns  # older than this, a binding may be late (``Auditor._binding``)
     binding = (code == _BINDING) & has_ts & ((ts < largest - lateness) | (ts < largest - horizon))
-    return np.flatnonzero(late | binding | (code == _NO_KIND) | (code == _ALLOCATION)).tolist()
+    return np.flatnonzero(late | binding | np.isin(code, (_NO_KIND, _ALLOCATION, _KERNEL))).tolist()

@@ -2,28 +2,39 @@
 cost records as differences from what was published before, so that summing a party's records over every
 revision gives its current amount, and a party left with nothing gets a closing record. Apart from
 ``gpucost.streams.revisions``, which keeps what a pane is recomputed from: this is what is published of it.
-Both bases go through it: the usage split's ``CostRecord`` and the allocation split's ``AllocationRecord``.
+Both bases go through it: the usage split's ``CostRecord`` and the allocation split's ``AllocationRecord``; and so do
+the lines of the kernel cost split (``KernelCostRecord``), a party of which is a tenant's kernel name and category.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from gpucost.schemas.records import IDLE_TENANT, UNALLOCATED_TENANT, AllocationRecord, CostRecord, record_id
+from gpucost.schemas.records import (
+    IDLE_TENANT,
+    UNALLOCATED_TENANT,
+    AllocationRecord,
+    CostRecord,
+    KernelCostRecord,
+    record_id,
+)
+from gpucost.streams.kernel_cost import NO_KERNEL, line_id_key
 
 __all__ = ["differences"]
 
-Split = TypeVar("Split", CostRecord, AllocationRecord)
+Split = TypeVar("Split", CostRecord, AllocationRecord, KernelCostRecord)
 
 #: per record type: the party's own figures, which a closing record zeroes, and the pane's, which it takes from the
 #: pane's new records (the rest keeps the party's last values: who it was)
 _PARTY: dict[type, dict[str, Any]] = {
     CostRecord: {"t_share": 0.0, "b_share": 0.0, "l_share": 0.0, "weight": 0.0, "t_num": 0, "b_num": 0, "l_num": 0},
     AllocationRecord: {"allocated_share": 0.0, "allocated_fraction": 0.0, "allocated_num": 0, "allocations": 0},
+    KernelCostRecord: {"calls": 0, "busy_ns": 0},
 }
 _PANE: dict[type, tuple[str, ...]] = {
     CostRecord: ("busy_fraction", "pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "busy_num", "covered_ms"),
     AllocationRecord: ("pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "capacity_num", "covered_ms"),
+    KernelCostRecord: ("covered_ns", "usd_per_gpu_hour", "unpriced"),
 }
 _OWN_PARTIES = (IDLE_TENANT, UNALLOCATED_TENANT)
 
@@ -33,8 +44,8 @@ def differences(old: list[Split], new: list[Split], revision: int) -> list[Split
     is new, its ``cost_micro_usd`` the difference from its previous total, its other fields the new values;
     a closing record of −(its total), its own figures 0, for a party left with nothing. Empty if nothing changed.
     ``old`` and ``new`` are one pane's records of one basis, ``old`` empty if it was never published."""
-    before = {r.tenant_key: r for r in old}
-    after = {r.tenant_key: r for r in new}
+    before = {_party(r): r for r in old}
+    after = {_party(r): r for r in new}
     out = []
     for key, r in after.items():
         was = before.get(key)
@@ -44,7 +55,7 @@ def differences(old: list[Split], new: list[Split], revision: int) -> list[Split
         out.append(
             r.model_copy(
                 update={
-                    "record_id": record_id(r.gpu_uuid, r.pane_start_ns, key, revision, _basis(r)),
+                    "record_id": record_id(r.gpu_uuid, r.pane_start_ns, _id_key(r), revision, _basis(r)),
                     "revision": revision,
                     "cost_micro_usd": r.cost_micro_usd - (0 if was is None else was.cost_micro_usd),
                 }
@@ -53,20 +64,45 @@ def differences(old: list[Split], new: list[Split], revision: int) -> list[Split
     if not out and before.keys() <= after.keys():
         return []
     pane = new[0] if new else None
+    tenant_costs = {r.tenant_key: r.tenant_cost_micro_usd for r in new if isinstance(r, KernelCostRecord)}
     for key, was in before.items():
         if key in after:
             continue
         closing = {
-            "record_id": record_id(was.gpu_uuid, was.pane_start_ns, key, revision, _basis(was)),
+            "record_id": record_id(was.gpu_uuid, was.pane_start_ns, _id_key(was), revision, _basis(was)),
             "revision": revision,
             "cost_micro_usd": -was.cost_micro_usd,
             **_PARTY[type(was)],
         }
         if pane is not None:
             closing.update({f: getattr(pane, f) for f in _PANE[type(was)]})
+        if isinstance(was, KernelCostRecord):  # its tenant's µ$ now: 0 where the tenant ran no kernel left here
+            closing["tenant_cost_micro_usd"] = tenant_costs.get(was.tenant_key, 0)
         out.append(was.model_copy(update=closing))
-    return sorted(out, key=lambda r: (r.tenant_key not in _OWN_PARTIES, r.tenant_key))
+    return sorted(out, key=_order)
 
 
-def _basis(record: CostRecord | AllocationRecord) -> str:
+def _party(record: CostRecord | AllocationRecord | KernelCostRecord) -> tuple[str, ...]:
+    if isinstance(record, KernelCostRecord):
+        return (record.tenant_key, record.category, record.kernel)
+    return (record.tenant_key,)
+
+
+def _id_key(record: CostRecord | AllocationRecord | KernelCostRecord) -> str:
+    if isinstance(record, KernelCostRecord):
+        return line_id_key(record.tenant_key, record.category, record.kernel)
+    return record.tenant_key
+
+
+def _order(record: CostRecord | AllocationRecord | KernelCostRecord) -> tuple[Any, ...]:
+    """The order a close publishes a pane's records in: the pipeline's own parties first, then tenants by key; a
+    tenant's kernel lines ``no_kernel`` first, then by kernel name and category (``tenant_lines``)."""
+    if isinstance(record, KernelCostRecord):
+        return (record.tenant_key, record.category != NO_KERNEL, record.kernel, record.category)
+    return (record.tenant_key not in _OWN_PARTIES, record.tenant_key)
+
+
+def _basis(record: CostRecord | AllocationRecord | KernelCostRecord) -> str:
+    if isinstance(record, KernelCostRecord):
+        return "kernel"
     return record.cost_basis if isinstance(record, AllocationRecord) else "usage"

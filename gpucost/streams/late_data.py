@@ -10,11 +10,14 @@ from collections import Counter
 from collections.abc import Callable
 
 from gpucost.schemas.events import Allocation, GpuSample, NumaEvent, ProcessSample, TenantBinding
-from gpucost.schemas.records import Output
+from gpucost.schemas.kernels import KernelActivity
+from gpucost.schemas.records import KernelCostRecord, Output
 from gpucost.streams.allocations import MAX_DENOMINATOR, MAX_HOLDS, AllocationSplit
 from gpucost.streams.apportion import apportion
 from gpucost.streams.differences import differences
 from gpucost.streams.idle_index import IdleIndex
+from gpucost.streams.kernel_cost import KernelCost
+from gpucost.streams.kernel_log import MAX_PANE_KERNELS
 from gpucost.streams.letters import DeadLetters
 from gpucost.streams.operator import CostSplit
 from gpucost.streams.pane_rules import pane_start_ns
@@ -24,6 +27,9 @@ from gpucost.streams.revisions import Revisions
 from gpucost.streams.tables import BindingTable, PriceTable
 
 __all__ = ["LateData"]
+
+#: a closed pane as last published: its sums, and its kernel cost lines (computed then: a binding since moves them)
+Before = tuple[PaneTotals, list[KernelCostRecord]]
 
 
 class LateData(DeadLetters):
@@ -38,6 +44,7 @@ class LateData(DeadLetters):
     bindings: BindingTable
     prices: PriceTable
     allocations: AllocationSplit
+    kernels: KernelCost
     on_closed: Callable[[PaneColumns], None] | None
 
     def _binding(self, event: TenantBinding, raw: str | bytes | None, source: str) -> list[Output]:
@@ -91,7 +98,7 @@ class LateData(DeadLetters):
                     )
                 ]
             self.counts["binding_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
-        before = {p: self.revisions.totals(*p, self.bindings) for p in reached if not self.panes.is_open(*p)}
+        before = {p: self._before(*p) for p in reached if not self.panes.is_open(*p)}
         self.bindings.take(event)
         self.counts[event.kind] += 1
         out: list[Output] = []
@@ -116,30 +123,66 @@ class LateData(DeadLetters):
         if refused == "overlap":
             return [self.overlap_letter(event, raw, source)]  # type: ignore[arg-type]  # never of a NUMA event
         start = pane_start_ns(event.ts_ns, self.settings.pane_ns)
-        before = self.revisions.totals(event.gpu_uuid, start, self.bindings)
+        before = self._before(event.gpu_uuid, start)
         self.revisions.take(event)
         self.counts[event.kind] += 1
         self.counts["revised_by_late"] += 1
         self.counts[f"revised_by_late:{event.kind}"] += 1
         return self._republish(event.gpu_uuid, start, before)
 
-    def _republish(self, gpu: str, start: int, before: PaneTotals) -> list[Output]:
-        """A closed pane recomputed from its rows (``before``: as last published): its cost records that
-        changed, as differences, and its idle record if its idle or covered time changed, all with the pane's
-        next revision number (0 if it is published for the first time). Nothing if nothing changed."""
-        after = self.revisions.totals(gpu, start, self.bindings)
+    def _kernel(self, event: KernelActivity, raw: str | bytes | None, source: str) -> list[Output]:
+        """A kernel: judged by its start as a GPU-keyed event is, moving no watermark. On time, it joins the panes
+        it touches; late within the horizon, it joins them too, and each closed one it touches is republished
+        (``_republish``); late beyond, sent again, or past what a pane keeps, it is dead-lettered."""
+        gpu, pane_ns = event.gpu_uuid, self.settings.pane_ns
+        if self.panes.is_late(gpu, event.start_ns):
+            watermark = self.panes.watermark(gpu)
+            end = pane_start_ns(event.start_ns, pane_ns) + pane_ns
+            if not self.revisions.reaches(end, watermark) or self.panes.before_forgotten(end):
+                return [self.late_letter(event, raw, source, watermark)]
+        refused = self.kernels.log.admit(event)
+        if refused == "duplicate":
+            return [self.duplicate_letter(event, raw, source)]
+        if refused is not None:
+            detail = (
+                f"a kernel of GPU {event.gpu_uuid} past the {MAX_PANE_KERNELS:,} its pane of ts_ns {event.start_ns} "
+                "keeps: a flood, or a producer sending one trace again and again under new ids; check the collector"
+            )
+            return [self._dead(refused, event, raw, source, detail)]
+        first, last = (pane_start_ns(t, pane_ns) for t in (event.start_ns, max(event.start_ns, event.end_ns - 1)))
+        closed = [p for p in range(first, last + 1, pane_ns) if self.panes.is_late(gpu, p)]
+        before = {p: self._before(gpu, p) for p in closed}
+        self.kernels.log.take(event)
+        self.counts[event.kind] += 1
+        out = [r for p in closed for r in self._republish(gpu, p, before[p])]
+        if closed:
+            self.counts["revised_by_late"] += 1
+            self.counts[f"revised_by_late:{event.kind}"] += 1
+        return out
+
+    def _before(self, gpu: str, start: int) -> Before:
+        """A closed pane recomputed from its rows and kernels as it stands (before a late event or binding)."""
+        pane, held = self.revisions.totals(gpu, start, self.bindings), self.revisions.held(gpu, start)
+        return pane, self.kernels.records(pane, held.price) if held.revision is not None else []
+
+    def _republish(self, gpu: str, start: int, before: Before) -> list[Output]:
+        """A closed pane recomputed from its rows and kernels (``before``: as last published): its cost records and
+        kernel lines that changed, as differences, and its idle record if its idle or covered time changed, all with
+        the pane's next revision number (0 if it is published for the first time). Nothing if nothing changed."""
+        (was, kernels_before), after = before, self.revisions.totals(gpu, start, self.bindings)
         held = self.revisions.held(gpu, start)
         if held.revision is None and after.gpu_model is not None:  # billed for the first time: priced now
             held.price = self.prices.lookup(after.gpu_model, start)
-        old = apportion(before, held.price, self.cost.weights) if held.revision is not None else []
+        old = apportion(was, held.price, self.cost.weights) if held.revision is not None else []
         revision = 0 if held.revision is None else held.revision + 1
         out: list[Output] = list(differences(old, apportion(after, held.price, self.cost.weights), revision))
-        old_held = self.allocations.records(before, held.price) if held.revision is not None else []
+        old_held = self.allocations.records(was, held.price) if held.revision is not None else []
         out += differences(old_held, self.allocations.records(after, held.price), revision)
+        out += differences(kernels_before, self.kernels.records(after, held.price), revision)
         if (
             after.node_id is not None
             and after.gpu_model is not None
-            and (held.revision is None or (before.idle_ms, before.covered_ms) != (after.idle_ms, after.covered_ms))
+            and (held.revision is None or (was.idle_ms, was.covered_ms) != (after.idle_ms, after.covered_ms))
         ):
             out.insert(
                 0,

@@ -7,13 +7,14 @@ from collections import Counter
 
 from gpucost.schemas.codec import Rejected, encode_event, raw_text
 from gpucost.schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, ProcessSample
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import DeadLetter
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["DeadLetters"]
 
 
-def _device(event: GpuSample | ProcessSample | NumaEvent | EbpfTrace) -> str:
+def _device(event: GpuSample | ProcessSample | NumaEvent | EbpfTrace | KernelActivity) -> str:
     """The device a GPU-keyed event speaks for, as a dead letter names it."""
     return f"GPU {event.gpu_uuid}" + ("" if isinstance(event, GpuSample) else f" pid {event.pid}")
 
@@ -36,7 +37,7 @@ class DeadLetters:
 
     def late_letter(
         self,
-        event: GpuSample | ProcessSample | NumaEvent | EbpfTrace,
+        event: GpuSample | ProcessSample | NumaEvent | EbpfTrace | KernelActivity,
         raw: str | bytes | None,
         source: str,
         watermark: int | None,
@@ -50,7 +51,10 @@ class DeadLetters:
         )
 
     def duplicate_letter(
-        self, event: GpuSample | ProcessSample | NumaEvent | EbpfTrace, raw: str | bytes | None, source: str
+        self,
+        event: GpuSample | ProcessSample | NumaEvent | EbpfTrace | KernelActivity,
+        raw: str | bytes | None,
+        source: str,
     ) -> DeadLetter:
         return self._dead(
             "duplicate",

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from gpucost.schemas.codec import Rejected, decode_line
-from gpucost.schemas.events import GPU_KEYED, Allocation, EbpfTrace, Event, MemAccess, Price, TenantBinding
+from gpucost.schemas.events import ON_GPU_KEY, Event, MemAccess, Price, TenantBinding
 
 __all__ = ["PRICE_SCOPE", "Scope", "claimed_node", "decode_in_scope", "price_mac"]
 
@@ -54,7 +54,7 @@ class Scope:
     def check(self, event: Event) -> Rejected | None:
         """Why ``event`` may not travel in this message, or None."""
         if self.key is not None:
-            if isinstance(event, (*GPU_KEYED, EbpfTrace, Allocation)) and event.gpu_uuid != self.key:
+            if isinstance(event, ON_GPU_KEY) and event.gpu_uuid != self.key:
                 return Rejected(
                     "wrong_key",
                     f"a {event.kind} of GPU {event.gpu_uuid[:256]!r} in a message keyed "
@@ -148,7 +148,7 @@ def claimed_node(key: str, node: str, lines: Iterable[bytes]) -> bool:
         event = decode_line(line)
         if getattr(event, "node_id", None) != node:
             continue
-        if isinstance(event, (*GPU_KEYED, EbpfTrace, Allocation)) and event.gpu_uuid == key:
+        if isinstance(event, ON_GPU_KEY) and event.gpu_uuid == key:
             return True
         if isinstance(event, MemAccess) and f"{event.node_id}/{event.pid}" == key:
             return True

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
+from gpucost.schemas.records import OUTPUT_KINDS
 from gpucost.sinks.parquet import ParquetSink
 from gpucost.sinks.views import connect
 from gpucost.streams.audit import Auditor
@@ -30,7 +31,7 @@ _auditor = Auditor(AuditSettings())
 RECORDS = expand(
     _auditor.ingest_lines([*LINES, b"{not json", b'{"kind": "gpu_sample"}'], lambda i: f"f:{i}") + _auditor.finish()
 )
-VIEWS = ("idle_index", "cost", "allocation", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
+VIEWS = tuple(OUTPUT_KINDS)
 
 
 def write_as_flushes(out: Path, cuts: list[int]) -> None:

@@ -32,6 +32,7 @@ VIEWS = [
     ("quota", "gpu_uuid, pane_start_ns, tenant_key"),
     ("reclaim", "trigger_id"),
     ("efficiency", "gpu_uuid, pane_start_ns, pid"),
+    ("kernel_cost", "record_id"),
 ]
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from gpucost.schemas.records import OUTPUT_KINDS
+
 #: every record kind a run writes, dead letters included
-KINDS = ("cost", "idle_index", "mae", "health", "quota", "reclaim", "efficiency", "dlq")
+KINDS = tuple(OUTPUT_KINDS)
 #: with revisions (6 h of event time) and without
 HORIZONS = pytest.mark.parametrize("horizon_s", [21600, 0], ids=["R=6h", "R=0"])
 

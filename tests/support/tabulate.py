@@ -1,11 +1,19 @@
 """The auditor's row path run over a list of events, and its outputs tabulated as the batch reference tabulates its
-own (tests/reference.py): idle panes, cost shares, MAE windows, efficiency rows and refused events, keyed so that
-two runs compare as dicts."""
+own (tests/reference.py): idle panes, cost shares, kernel cost lines, MAE windows, efficiency rows and refused
+events, keyed so that two runs compare as dicts."""
 
 from __future__ import annotations
 
 from gpucost.schemas.events import Event
-from gpucost.schemas.records import CostRecord, DeadLetter, EfficiencyRecord, IdleIndexRecord, MaeRecord, Output
+from gpucost.schemas.records import (
+    CostRecord,
+    DeadLetter,
+    EfficiencyRecord,
+    IdleIndexRecord,
+    KernelCostRecord,
+    MaeRecord,
+    Output,
+)
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 
@@ -19,7 +27,7 @@ def run(events: list[Event], s: AuditSettings) -> list[Output]:
 
 
 def tabulate(outs: list[Output]) -> dict[str, object]:
-    def revised(r: IdleIndexRecord | CostRecord) -> tuple[int, ...]:
+    def revised(r: IdleIndexRecord | CostRecord | KernelCostRecord) -> tuple[int, ...]:
         return (r.revision,) if r.revision else ()  # the reference publishes no revisions: its keys have none
 
     keys = [
@@ -55,6 +63,16 @@ def tabulate(outs: list[Output]) -> dict[str, object]:
         for r in outs
         if isinstance(r, CostRecord)
     }
+    kernel = {
+        (r.gpu_uuid, r.pane_start_ns, r.tenant_key, r.category, r.kernel, *revised(r)): (
+            r.cost_micro_usd,
+            r.tenant_cost_micro_usd,
+            r.busy_ns,
+            r.calls,
+        )
+        for r in outs
+        if isinstance(r, KernelCostRecord)
+    }
     mae = sorted(
         (r.node_id, r.pid, r.first_ts_ns, r.last_ts_ns, r.n, r.out_of_range, r.mae_bits)
         for r in outs
@@ -77,4 +95,4 @@ def tabulate(outs: list[Output]) -> dict[str, object]:
         reason: sum(1 for r in outs if isinstance(r, DeadLetter) and r.reason == reason)
         for reason in ("late", "duplicate", "overlap")
     }
-    return {"idle": idle, "cost": cost, "mae": mae, "efficiency": efficiency, **refused}
+    return {"idle": idle, "cost": cost, "kernel": kernel, "mae": mae, "efficiency": efficiency, **refused}

@@ -1,0 +1,157 @@
+"""Kernel cost in the pipeline (docs/definitions.md, "Kernel cost in the pipeline"): each tenant's cost of a closed
+pane, split over the kernels its processes ran on the GPU in that pane, and the rest kept as its ``no_kernel`` line.
+
+A pane operator (``gpucost.streams.operator.PaneOperator``) over the kernels ``KernelLog`` keeps: at each close, and
+again at each revision of the pane (``Auditor._republish``), the lines are computed afresh from the pane's kernels,
+the bindings in force and the usage split's own figure for each tenant (``apportion``), so that they sum to it in
+every revision; a revision publishes them as differences (``gpucost.streams.differences``).
+
+The rule, per tenant of a pane: the pane's kernels of its processes (a process's tenant as of the kernel's start),
+each cut to the pane, share the time they run in, an overlap split equally among the kernels running in it
+(``busy_shares``; a copy or set takes no share: ``tenant_lines``); the tenant's µ$ is dealt by largest remainder over
+``no_kernel``, weighing the pane's covered time none of them ran in (none, if they ran longer than the GPU samples
+covered), then its lines by kernel name and category, weighing their shares of the time; ties go to the line listed
+first.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from gpucost.schemas.blocks import Emitted
+from gpucost.schemas.events import TENANT_FIELDS
+from gpucost.schemas.kernels import KERNEL_CATEGORIES
+from gpucost.schemas.records import KernelCostRecord, Output, computed, record_id
+from gpucost.streams.apportion import Weights, apportion
+from gpucost.streams.kernel_log import Kernel, KernelLog
+from gpucost.streams.kernel_split import busy_shares, sums_by
+from gpucost.streams.money import split_in_order
+from gpucost.streams.operator import Closing, ClosingMany
+from gpucost.streams.pane_totals import PaneTotals
+from gpucost.streams.settings import AuditSettings
+from gpucost.streams.tables import BindingTable, Tenant
+
+__all__ = ["NO_KERNEL", "TRANSFERS", "KernelCost", "Line", "line_id_key", "tenant_lines"]
+
+#: the line (its ``kernel`` and ``category``) of a tenant's covered time that none of its kernels ran in
+NO_KERNEL = "no_kernel"
+NS_PER_MS = 1_000_000
+#: the categories that move bytes rather than run on the SMs: lines of their own, carrying no µ$
+TRANSFERS = ("memcpy", "memset")
+
+Line = tuple[str, str, int, int, int]  # kernel, category, calls, busy_ns, µ$
+
+
+def line_id_key(tenant_key: str, category: str, kernel: str) -> str:
+    """What a line's ``record_id`` hashes for its party: the tenant, the category and the kernel's name."""
+    return f"{tenant_key}\x1f{category}\x1f{kernel}"
+
+
+def tenant_lines(
+    kernels: list[Kernel], names: list[str], pane_start_ns: int, pane_end_ns: int, covered_ns: int, cost: int
+) -> list[Line]:
+    """One tenant's lines of a pane (the module's rule): ``no_kernel`` first, then by kernel name and category.
+    Σ µ$ = ``cost``; the kernels' (and communication kernels') lines' ``busy_ns`` sum to the union of their
+    intervals within the pane. A copy or set is a line of its calls and summed time in the pane, and no µ$: the
+    copy engines run beside the SMs, and a pane's time with only a copy running is ``no_kernel``'s (as
+    ``gpucost kernels`` lists transfers apart)."""
+    start = np.array([max(k.start_ns, pane_start_ns) for k in kernels], np.int64)
+    end = np.array([min(k.end_ns, pane_end_ns) for k in kernels], np.int64)
+    transfer = np.array([KERNEL_CATEGORIES[k.category] in TRANSFERS for k in kernels], bool)
+    computing = np.flatnonzero(~transfer)
+    busy, den, shares = busy_shares(start[computing], end[computing])
+    keys = sorted({(names[k.name], KERNEL_CATEGORIES[k.category]) for k in kernels})
+    code = {key: i for i, key in enumerate(keys)}
+    of = np.array([code[(names[k.name], KERNEL_CATEGORIES[k.category])] for k in kernels], np.int64)
+    weights = sums_by(of[computing], shares, len(keys))  # a transfer's line weighs 0
+    calls = np.bincount(of, weights=[k.first for k in kernels], minlength=len(keys)).astype(np.int64).tolist()
+    copied = sums_by(of[transfer], (end - start)[transfer], len(keys))
+    idle = max(covered_ns - busy, 0)
+    money = split_in_order(cost, [idle * den, *weights], (idle + busy) * den)
+    dealt = split_in_order(busy, weights, busy * den) if busy else [0] * len(keys)
+    busy_ns = [d + c for d, c in zip(dealt, copied)]  # one of the two is 0 for each line
+    return [(NO_KERNEL, NO_KERNEL, 0, idle, money[0])] + [
+        (name, category, n, ns, usd) for (name, category), n, ns, usd in zip(keys, calls, busy_ns, money[1:])
+    ]
+
+
+class KernelCost:
+    """The kernel cost split: a pane operator over ``log``, reading the tenant of each kernel's process in
+    ``bindings`` (the auditor's table, handed in as the SLA tiers are handed the allocations)."""
+
+    def __init__(self, settings: AuditSettings, bindings: BindingTable | None = None) -> None:
+        self.weights = Weights(settings.alpha, settings.beta, settings.gamma)
+        self.log = KernelLog(settings)
+        self.bindings = BindingTable() if bindings is None else bindings
+
+    def records(self, pane: PaneTotals, usd_per_gpu_hour: Decimal | None) -> list[KernelCostRecord]:
+        """The pane's lines at revision 0 (none for a pane without kernels or GPU samples): tenants by key."""
+        kernels, names = self.log.kernels(pane.gpu_uuid, pane.pane_start_ns)
+        if not kernels or not pane.covered_ms or pane.node_id is None or pane.gpu_model is None:
+            return []
+        costs = {r.tenant_key: r.cost_micro_usd for r in apportion(pane, usd_per_gpu_hour, self.weights)}
+        by_tenant: dict[str, tuple[Tenant, list[Kernel]]] = {}
+        for k in kernels:
+            tenant = self.bindings.lookup(names[k.node], k.pid, k.start_ns)
+            by_tenant.setdefault(tenant.key, (tenant, []))[1].append(k)
+        covered_ns = pane.covered_ms * NS_PER_MS
+        out = []
+        for key, (tenant, mine) in sorted(by_tenant.items()):
+            cost = costs.get(key, 0)
+            for kernel, category, calls, busy_ns, micro_usd in tenant_lines(
+                mine, names, pane.pane_start_ns, pane.pane_end_ns, covered_ns, cost
+            ):
+                out.append(
+                    computed(
+                        KernelCostRecord,
+                        record_id=record_id(
+                            pane.gpu_uuid, pane.pane_start_ns, line_id_key(key, category, kernel), 0, "kernel"
+                        ),
+                        gpu_uuid=pane.gpu_uuid,
+                        node_id=pane.node_id,
+                        gpu_model=pane.gpu_model,
+                        pane_start_ns=pane.pane_start_ns,
+                        pane_end_ns=pane.pane_end_ns,
+                        tenant_key=key,
+                        **dict(zip(TENANT_FIELDS, tenant)),
+                        kernel=kernel,
+                        category=category,
+                        calls=calls,
+                        busy_ns=busy_ns,
+                        covered_ns=covered_ns,
+                        usd_per_gpu_hour=usd_per_gpu_hour,
+                        tenant_cost_micro_usd=cost,
+                        cost_micro_usd=micro_usd,
+                        unpriced=usd_per_gpu_hour is None,
+                        revision=0,
+                    )
+                )
+        return out
+
+    def on_close(self, closing: Closing) -> list[Output]:
+        return list(self.records(closing.pane, closing.price))
+
+    def close_many(self, closing: ClosingMany) -> Emitted:
+        """``on_close`` of each pane with kernels, its records tagged with it: a pane without any costs one lookup."""
+        panes = closing.panes
+        with_kernels = [j for j in range(len(panes)) if self.log.has(panes.gpu_uuid[j], int(panes.pane_start_ns[j]))]
+        tagged: list[tuple[int, Output]] = []
+        if with_kernels:
+            totals = panes.take(np.array(with_kernels, np.int64)).totals()
+            for j, pane in zip(with_kernels, totals):
+                tagged += [(j, r) for r in self.records(pane, closing.prices[j])]
+        return Emitted(tagged=tagged)
+
+    def to_state(self) -> dict[str, Any]:
+        return self.log.to_state()
+
+    @classmethod
+    def from_state(
+        cls, state: dict[str, Any], settings: AuditSettings, bindings: BindingTable | None = None
+    ) -> KernelCost:
+        split = cls(settings, bindings)
+        split.log = KernelLog.from_state(state, settings)
+        return split

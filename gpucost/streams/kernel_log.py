@@ -1,0 +1,143 @@
+"""The kernels of each GPU's open and recently closed panes (docs/definitions.md, "Kernel cost in the pipeline"): an
+event operator over ``kernel_activity`` (``gpucost.streams.operator.EventOperator``), read by the kernel cost split
+(``gpucost.streams.kernel_cost``) when a pane closes and again when a revision recomputes it.
+
+Why whole kernels, kept in every pane they touch, rather than sums: overlapping kernels share their overlap
+(``gpucost.streams.kernel_split.busy_shares``), which needs every interval of the pane at once, and a late binding
+moves a process's kernels from one tenant to another, which only the kernels say. A kernel is judged (late,
+duplicate) by its start, like an event at ``ts_ns``, and counted as a call in the pane it starts in. Panes are kept
+as long as the revision log keeps its rows (``Revisions``: the horizon past the GPU's watermark), then dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from gpucost.schemas.kernels import KERNEL_CATEGORIES, KernelActivity
+from gpucost.streams.pane_rules import pane_start_ns
+from gpucost.streams.settings import AuditSettings
+
+__all__ = ["Kernel", "KernelLog", "MAX_PANE_KERNELS"]
+
+#: the most kernels a pane keeps of one GPU (about 33,000 a second for a minute's pane): past it a kernel is
+#: ``out_of_range``, so that a producer's flood bounds the state rather than the memory
+MAX_PANE_KERNELS = 2_000_000
+
+
+class Kernel(NamedTuple):
+    """One kernel as the log keeps it: names as indices into its GPU's names; ``first``: 1 in the pane it starts in."""
+
+    start_ns: int
+    end_ns: int
+    pid: int
+    node: int
+    name: int
+    category: int
+    stream: int
+    correlation_id: int
+    first: int
+
+
+class _GpuKernels:
+    __slots__ = ("names", "index", "panes", "keys", "oldest")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.panes: dict[int, list[Kernel]] = {}
+        #: (pid, stream, correlation id, start) of every kernel kept: what a kernel sent again is refused by
+        self.keys: set[tuple[int, int, int, int]] = set()
+        self.oldest: int | None = None  # the earliest pane kept: pruning does nothing until it is passed
+
+    def code(self, name: str) -> int:
+        at = self.index.get(name)
+        if at is None:
+            at = self.index[name] = len(self.names)
+            self.names.append(name)
+        return at
+
+
+class KernelLog:
+    """Every GPU's kept kernels, by pane start (``admit``, ``take``, ``to_state``; ``prune`` and ``drop`` as
+    ``Revisions``')."""
+
+    def __init__(self, settings: AuditSettings) -> None:
+        self.pane_ns = settings.pane_ns
+        self.horizon_ns = settings.revision_horizon_ns
+        self._gpus: dict[str, _GpuKernels] = {}
+
+    def admit(self, k: KernelActivity) -> str | None:
+        """Why a kernel is refused, changing nothing: ``duplicate`` (the same process, stream, correlation id and
+        start kept already) or ``out_of_range`` (its pane is full); None: take it. (One longer than an hour is not a
+        kernel: ``KernelActivity`` refuses it, so a kernel touches at most 61 panes of a minute.)"""
+        log = self._gpus.get(k.gpu_uuid)
+        if log is None:
+            return None
+        if (k.pid, k.stream, k.correlation_id, k.start_ns) in log.keys:
+            return "duplicate"
+        if len(log.panes.get(pane_start_ns(k.start_ns, self.pane_ns), ())) >= MAX_PANE_KERNELS:
+            return "out_of_range"
+        return None
+
+    def take(self, k: KernelActivity) -> list[int]:
+        """Take a kernel ``admit`` let in, into every pane it touches; the starts of those panes, ascending."""
+        log = self._gpus.setdefault(k.gpu_uuid, _GpuKernels())
+        start = pane_start_ns(k.start_ns, self.pane_ns)
+        last = pane_start_ns(max(k.start_ns, k.end_ns - 1), self.pane_ns)
+        node, name, category = log.code(k.node_id), log.code(k.name), KERNEL_CATEGORIES.index(k.category)
+        touched = list(range(start, last + 1, self.pane_ns))
+        for pane in touched:
+            first = int(pane == start)
+            kernel = Kernel(k.start_ns, k.end_ns, k.pid, node, name, category, k.stream, k.correlation_id, first)
+            log.panes.setdefault(pane, []).append(kernel)
+        log.keys.add((k.pid, k.stream, k.correlation_id, k.start_ns))
+        log.oldest = start if log.oldest is None else min(log.oldest, start)
+        return touched
+
+    def kernels(self, gpu_uuid: str, pane_start: int) -> tuple[list[Kernel], list[str]]:
+        """The kernels kept in one pane of a GPU, in arrival order, and the names their codes index."""
+        log = self._gpus.get(gpu_uuid)
+        if log is None:
+            return [], []
+        return log.panes.get(pane_start, []), log.names
+
+    def has(self, gpu_uuid: str, pane_start: int) -> bool:
+        log = self._gpus.get(gpu_uuid)
+        return log is not None and pane_start in log.panes
+
+    def prune(self, gpu_uuid: str, watermark_ns: int | None) -> None:
+        """Forget the GPU's panes that ended more than the horizon before its watermark (``Revisions.prune``)."""
+        log = self._gpus.get(gpu_uuid)
+        if log is None or watermark_ns is None:
+            return
+        floor = watermark_ns - self.horizon_ns - self.pane_ns
+        if log.oldest is None or log.oldest >= floor:
+            return
+        for pane in [p for p in log.panes if p < floor]:
+            for k in log.panes.pop(pane):
+                if k.first:
+                    log.keys.discard((k.pid, k.stream, k.correlation_id, k.start_ns))
+        log.oldest = min(log.panes, default=None)
+
+    def drop(self, gpu_uuid: str) -> None:
+        """Forget a GPU gone from the fleet (``GpuPanes.forget``)."""
+        self._gpus.pop(gpu_uuid, None)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            gpu: {"names": log.names, "panes": [[p, [list(k) for k in ks]] for p, ks in sorted(log.panes.items())]}
+            for gpu, log in sorted(self._gpus.items())
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> KernelLog:
+        kernels = cls(settings)
+        for gpu, saved in state.items():
+            log = kernels._gpus[gpu] = _GpuKernels()
+            for name in saved["names"]:
+                log.code(name)
+            for pane, rows in saved["panes"]:
+                log.panes[pane] = [Kernel(*row) for row in rows]
+                log.keys.update((k.pid, k.stream, k.correlation_id, k.start_ns) for k in log.panes[pane] if k.first)
+            log.oldest = min(log.panes, default=None)
+        return kernels

@@ -1,0 +1,234 @@
+"""Kernel cost in the pipeline (docs/definitions.md, "Kernel cost in the pipeline"): a tenant's pane cost split over
+its kernels, in the default configuration (a 6 h revision horizon) and with revisions off.
+
+The lines are held to a brute-force recomputation over random streams in tests/test_audit.py (tests/support/
+kernel_reference.py), to a replay in time order over revisions in tests/test_revisions.py, and across paths and
+kills through the simulated fleet's kernels (tests/test_kafka.py); here, the rules one at a time, each against
+figures worked out by hand from the definition, and the hostile kernels.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import encode_event
+from gpucost.schemas.events import Event, GpuSample, Price, ProcessSample, TenantBinding
+from gpucost.schemas.kernels import KernelActivity
+from gpucost.schemas.records import CostRecord, DeadLetter, KernelCostRecord, Output
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
+from tests.strategies import BASE_NS, NS
+
+PANE = 60 * NS
+CONFIGS = pytest.mark.parametrize(
+    "audit", [AuditSettings(pane_s=60), AuditSettings(pane_s=60, revision_horizon_s=0)], ids=["R=6h", "R=0"]
+)
+
+
+def kernel(start_s: float, end_s: float, name: str = "gemm", pid: int = 1, stream: int = 7, corr: int = 0) -> Event:
+    category = "memcpy" if name.startswith("Memcpy") else "communication" if name.startswith("nccl") else "kernel"
+    return KernelActivity(
+        node_id="n",
+        pid=pid,
+        name=name,
+        start_ns=BASE_NS + int(start_s * NS),
+        end_ns=BASE_NS + int(end_s * NS),
+        gpu_uuid="GPU-0",
+        device=0,
+        stream=stream,
+        correlation_id=corr,
+        category=category,
+    )
+
+
+def fleet(panes: int, sm_pct: float = 100.0) -> list[Event]:
+    """A price of 3.6 $/h (1 µ$ a covered ms), pid 1 bound to team a, and one GPU sample and one sample of pid 1 a
+    pane, each covering the whole pane at ``sm_pct``: pid 1's tenant pays ``60_000 × sm_pct / 100`` µ$ a pane."""
+    out: list[Event] = [
+        Price(gpu_model="H100", ts_ns=BASE_NS - 3600 * NS, usd_per_gpu_hour=Decimal("3.6")),
+        TenantBinding(node_id="n", pid=1, ts_ns=BASE_NS, team="a", env="prod", app="x", tier="t", sla="Gold"),
+    ]
+    for p in range(panes):
+        at = BASE_NS + p * PANE
+        out.append(
+            GpuSample(
+                node_id="n",
+                gpu_uuid="GPU-0",
+                gpu_model="H100",
+                ts_ns=at,
+                interval_s=60.0,
+                sm_util_pct=sm_pct,
+                mem_bw_util_pct=0.0,
+                mem_used_bytes=1,
+                mem_total_bytes=2,
+                power_w=100.0,
+                temp_c=40.0,
+            )
+        )
+        out.append(
+            ProcessSample(
+                node_id="n",
+                gpu_uuid="GPU-0",
+                pid=1,
+                ts_ns=at + 1,
+                interval_s=60.0,
+                sm_util_pct=sm_pct,
+                mem_bw_util_pct=0.0,
+                mem_used_bytes=1,
+            )
+        )
+    return out
+
+
+def run(audit: AuditSettings, events: list[Event], batch: bool = False) -> list[Output]:
+    auditor = Auditor(audit)
+    if batch:
+        lines = [encode_event(e).encode() for e in events]
+        return expand(auditor.ingest_lines(lines, str)) + auditor.finish()
+    return [o for e in events for o in auditor.update(e)] + auditor.finish()
+
+
+def lines(out: list[Output]) -> dict[tuple[int, str, str], tuple[int, int, int]]:
+    """Each line summed over revisions, by (pane, tenant's team, kernel): µ$, then the latest busy ns and calls."""
+    money: dict[tuple[int, str, str], int] = defaultdict(int)
+    latest: dict[tuple[int, str, str], KernelCostRecord] = {}
+    for r in out:
+        if isinstance(r, KernelCostRecord):
+            key = ((r.pane_start_ns - BASE_NS) // PANE, r.team, r.kernel)
+            money[key] += r.cost_micro_usd
+            if key not in latest or latest[key].revision < r.revision:
+                latest[key] = r
+    return {k: (money[k], latest[k].busy_ns, latest[k].calls) for k in money}
+
+
+@CONFIGS
+def test_overlapping_kernels_split_their_overlap_equally_and_the_rest_is_no_kernel(audit: AuditSettings) -> None:
+    # gemm [0, 10 s) and nccl [5 s, 15 s) on two streams: 5 s alone each, 5 s shared, so 7.5 s each of a 15 s union;
+    # 45 s of the 60 s covered ran no kernel. The tenant pays the whole pane, 60,000 µ$.
+    events = fleet(2)
+    events[3:3] = [kernel(0, 10), kernel(5, 15, "nccl_all_reduce", stream=13, corr=1)]
+    for batch in (False, True):
+        got = lines(run(audit, events, batch))
+        assert got == {
+            (0, "a", "no_kernel"): (45_000, 45 * NS, 0),
+            (0, "a", "gemm"): (7_500, 7_500_000_000, 1),
+            (0, "a", "nccl_all_reduce"): (7_500, 7_500_000_000, 1),
+        }
+
+
+@CONFIGS
+def test_a_kernel_across_a_pane_end_is_cut_there_and_called_once(audit: AuditSettings) -> None:
+    # [50 s, 80 s): 10 s in pane 0, 20 s in pane 1; one call, in the pane it starts in
+    events = fleet(3)
+    events[3:3] = [kernel(50, 80)]
+    got = lines(run(audit, events))
+    assert got[(0, "a", "gemm")] == (10_000, 10 * NS, 1) and got[(0, "a", "no_kernel")] == (50_000, 50 * NS, 0)
+    assert got[(1, "a", "gemm")] == (20_000, 20 * NS, 0) and got[(1, "a", "no_kernel")] == (40_000, 40 * NS, 0)
+
+
+def test_the_money_is_dealt_by_largest_remainder_in_the_lines_order() -> None:
+    # at 33.33 % SM the tenant pays a third of the pane (its cost record says how much, 19,998 µ$, idle the rest);
+    # three kernels of 1 s in a pane covered 60 s weigh 1/60 each, no_kernel 57/60: remainders to deal
+    events = fleet(2, sm_pct=33.33)
+    events[3:3] = [kernel(0, 1, "a"), kernel(1, 2, "b", corr=1), kernel(2, 3, "c", corr=2)]
+    out = run(AuditSettings(pane_s=60), events)
+    (tenant,) = [r for r in out if isinstance(r, CostRecord) and r.team == "a" and r.pane_start_ns == BASE_NS]
+    paid = tenant.cost_micro_usd
+    shares = [Fraction(57, 60), Fraction(1, 60), Fraction(1, 60), Fraction(1, 60)]
+    floors = [int(paid * s) for s in shares]
+    rest = paid - sum(floors)
+    order = sorted(range(4), key=lambda i: (-(paid * shares[i] - floors[i]), i))
+    want = [f + (i in order[:rest]) for i, f in enumerate(floors)]
+    got = lines(out)
+    assert [got[(0, "a", k)][0] for k in ("no_kernel", "a", "b", "c")] == want and sum(want) == paid
+
+
+@CONFIGS
+def test_a_copy_is_a_line_of_its_time_and_calls_that_takes_no_money_and_no_kernel_s_time(audit: AuditSettings) -> None:
+    # a copy [0, 20 s) beside gemm [10 s, 30 s): gemm alone makes the union (20 s); the copy's line is its 20 s and
+    # its call, and no µ$; the 10 s only the copy ran are no_kernel's (40 s in all)
+    events = fleet(2)
+    events[3:3] = [kernel(0, 20, "Memcpy HtoD", stream=13, corr=1), kernel(10, 30)]
+    got = lines(run(audit, events))
+    assert got == {
+        (0, "a", "no_kernel"): (40_000, 40 * NS, 0),
+        (0, "a", "gemm"): (20_000, 20 * NS, 1),
+        (0, "a", "Memcpy HtoD"): (0, 20 * NS, 1),
+    }
+
+
+@CONFIGS
+def test_kernels_longer_than_the_covered_time_leave_no_kernel_nothing(audit: AuditSettings) -> None:
+    # two streams busy the whole pane: 120 s of kernels in a 60 s pane, 60 s of union; the two share it equally
+    events = fleet(2)
+    events[3:3] = [kernel(0, 60, "x"), kernel(0, 60, "y", stream=13, corr=1)]
+    got = lines(run(audit, events))
+    assert got[(0, "a", "no_kernel")] == (0, 0, 0)
+    assert got[(0, "a", "x")] == (30_000, 30 * NS, 1) and got[(0, "a", "y")] == (30_000, 30 * NS, 1)
+
+
+@CONFIGS
+def test_a_kernel_sent_again_is_a_duplicate_and_one_too_long_is_refused(audit: AuditSettings) -> None:
+    events = fleet(2)
+    events[3:3] = [kernel(0, 10), kernel(0, 10)]
+    hung = {**json.loads(encode_event(kernel(0, 10, "hung", corr=5))), "end_ns": BASE_NS + 3601 * NS}
+    auditor = Auditor(audit)
+    out = [o for e in events for o in auditor.update(e)]
+    out += auditor.ingest(json.dumps(hung), "k.jsonl:1") + auditor.finish()
+    assert sorted(r.reason for r in out if isinstance(r, DeadLetter)) == ["duplicate", "invalid"]
+    assert lines(out)[(0, "a", "gemm")] == (10_000, 10 * NS, 1) and (0, "a", "hung") not in lines(out)
+    (letter,) = [r for r in out if isinstance(r, DeadLetter) and r.reason == "invalid"]
+    assert "3601000000000 ns" in letter.detail and "re-export" in letter.detail
+
+
+@CONFIGS
+def test_kernels_replayed_after_their_samples_revise_within_the_horizon_and_are_late_without_one(
+    audit: AuditSettings,
+) -> None:
+    """The user's replay of two files, the samples' then the profiler's: every pane has closed when the kernels
+    come. With a horizon they revise the panes and bill as in time order; without, each is a ``late`` dead letter."""
+    samples = fleet(8)  # the last sample at 420 s: with the default lateness of 120 s panes 0 to 4 have closed
+    kernels = [kernel(10 + 60 * p, 40 + 60 * p, corr=p) for p in range(4)]
+    in_order = lines(run(audit, samples[:2] + sorted(samples[2:] + kernels, key=lambda e: e.ts_ns)))
+    out = run(audit, samples + kernels)
+    if audit.revision_horizon_s:
+        assert lines(out) == in_order and len(in_order) == 8
+        assert {r.revision for r in out if isinstance(r, KernelCostRecord)} == {1}
+    else:
+        assert [r.reason for r in out if isinstance(r, DeadLetter)] == ["late"] * 4 and not lines(out)
+
+
+def test_a_late_binding_moves_a_process_s_kernel_lines_to_its_tenant() -> None:
+    # pid 2 runs unbound, then its binding (to team b) arrives after its pane closed: its lines move from
+    # unattributed to b in a revision, each summing to 0 for the one and to b's cost for the other
+    events = fleet(6)  # pane 0 has closed when the binding comes
+    events[3:3] = [
+        kernel(0, 30, pid=2),
+        ProcessSample(
+            node_id="n",
+            gpu_uuid="GPU-0",
+            pid=2,
+            ts_ns=BASE_NS + 2,
+            interval_s=60.0,
+            sm_util_pct=50.0,
+            mem_bw_util_pct=0.0,
+            mem_used_bytes=1,
+        ),
+    ]
+    events.append(TenantBinding(node_id="n", pid=2, ts_ns=BASE_NS, team="b", env="prod", app="x", tier="t", sla="Gold"))
+    out = run(AuditSettings(pane_s=60), events)
+    got = lines(out)
+    assert got[(0, "unattributed", "gemm")][0] == 0 and got[(0, "unattributed", "no_kernel")][0] == 0
+    first = [r for r in out if isinstance(r, KernelCostRecord) and r.team == "unattributed" and r.revision == 0]
+    assert sum(r.cost_micro_usd for r in first) > 0  # billed to no one first, then moved
+    paid_b = sum(
+        r.cost_micro_usd for r in out if isinstance(r, CostRecord) and r.team == "b" and r.pane_start_ns == BASE_NS
+    )
+    assert paid_b > 0 and got[(0, "b", "gemm")][0] + got[(0, "b", "no_kernel")][0] == paid_b
+    assert got[(0, "b", "gemm")][0] * 2 == paid_b  # 30 s of a 60 s pane: half of it
