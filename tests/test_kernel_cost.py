@@ -232,3 +232,79 @@ def test_a_late_binding_moves_a_process_s_kernel_lines_to_its_tenant() -> None:
     )
     assert paid_b > 0 and got[(0, "b", "gemm")][0] + got[(0, "b", "no_kernel")][0] == paid_b
     assert got[(0, "b", "gemm")][0] * 2 == paid_b  # 30 s of a 60 s pane: half of it
+
+
+def binding(pid: int, at_s: int, team: str) -> TenantBinding:
+    return TenantBinding(
+        node_id="n", pid=pid, ts_ns=BASE_NS + at_s * NS, team=team, env="p", app="x", tier="t", sla="Gold"
+    )
+
+
+def paid_as_billed(out: list[Output]) -> bool:
+    """Whether every tenant's kernel lines of every pane, summed over revisions, are its cost there, summed over
+    revisions, or 0 (all its kernels moved to another tenant)."""
+    cost: dict[tuple[int, str], int] = defaultdict(int)
+    paid: dict[tuple[int, str], int] = defaultdict(int)
+    for r in out:
+        if isinstance(r, CostRecord):
+            cost[(r.pane_start_ns, r.tenant_key)] += r.cost_micro_usd
+        elif isinstance(r, KernelCostRecord):
+            paid[(r.pane_start_ns, r.tenant_key)] += r.cost_micro_usd
+    return bool(paid) and all(usd in (0, cost.get(key, 0)) for key, usd in paid.items())
+
+
+def billed(out: list[Output]) -> dict[tuple[int, str, str], tuple[int, int, int]]:
+    """``lines`` but for those a revision emptied (summed to nothing, a run in time order never has them)."""
+    return {k: v for k, v in lines(out).items() if v != (0, 0, 0)}
+
+
+def test_a_late_binding_moves_the_kernels_of_a_pane_its_process_sent_no_sample_after() -> None:
+    """From a review: a binding mid-pane, after the process's one sample of it, changed the tenant of the pane's
+    later kernels without republishing it; the next revision of the pane then billed team a twice (120,000 µ$ of
+    lines against 60,000 of cost). Now the binding revises the pane, and every revision keeps Σ lines = cost."""
+    events = fleet(8)
+    events[4:4] = [kernel(40, 50)]  # pid 1's kernel at 40 s of pane 0; its one sample there is at 0 s
+    events += [binding(1, 30, "b"), kernel(10, 20, "gemm1", corr=9)]  # a late binding, then a late kernel
+    out = run(AuditSettings(pane_s=60), events)
+    assert paid_as_billed(out)
+    in_order = events[:4] + [events[-2]] + events[4:-2] + [events[-1]]
+    assert billed(out) == billed(run(AuditSettings(pane_s=60), in_order))
+
+
+def test_pruning_the_bindings_keeps_the_one_in_force_at_a_long_kernel_s_start() -> None:
+    """From a review: ``Auditor.prune`` (the Kafka worker's, after each transaction) dropped the binding in force at
+    the start of a 15-minute kernel still kept within the horizon; its pane, revised, then billed team a twice."""
+    audit = AuditSettings(pane_s=60, revision_horizon_s=600)
+    events = fleet(26)
+    events[2:2] = [binding(2, 0, "a"), binding(2, 200, "b"), kernel(100, 1000, "long", pid=2, stream=3)]
+    auditor = Auditor(audit)
+    out = [o for e in events for o in auditor.update(e)]
+    auditor.prune()
+    assert auditor.bindings.lookup("n", 2, BASE_NS + 100 * NS).team == "a"
+    out += auditor.update(kernel(970, 975, "gemm1", corr=9)) + auditor.finish()  # a late kernel revises pane 16
+    assert paid_as_billed(out)
+
+
+def test_two_lines_whose_names_hold_the_separator_keep_their_own_ids() -> None:
+    """From a review: a tenant field and a kernel name both holding the id's separator gave two lines one
+    ``record_id``, and the sink keeps one record per id."""
+    events = fleet(2)
+    events[2:2] = [
+        TenantBinding(
+            node_id="n",
+            pid=2,
+            ts_ns=BASE_NS,
+            team="a",
+            env="p",
+            app="x",
+            tier="t",
+            sla="Gold",
+            ci_pipeline_id="p\x1fkernel\x1ffoo",
+        ),
+        TenantBinding(
+            node_id="n", pid=3, ts_ns=BASE_NS, team="a", env="p", app="x", tier="t", sla="Gold", ci_pipeline_id="p"
+        ),
+    ]
+    events[5:5] = [kernel(0, 10, "bar", pid=2), kernel(0, 10, "foo\x1fkernel\x1fbar", pid=3, corr=1)]
+    records = [r for r in run(AuditSettings(pane_s=60), events) if isinstance(r, KernelCostRecord)]
+    assert len(records) >= 4 and len({r.record_id for r in records}) == len(records)

@@ -119,8 +119,8 @@ def decode_object(obj: object) -> Event | Rejected:
     if kind == "annotation_range":
         return Rejected(
             "unknown_kind",
-            "annotation_range is read by `gpucost kernels` (what each range's kernels cost), not yet by the "
-            "pipeline, which bills kernel_activity alone: leave the ranges out of its input",
+            "annotation_range (an NVTX range) is not yet billed by the pipeline, which bills kernel_activity "
+            "alone: leave the ranges out of its input (grep -v annotation_range)",
             kind,
         )
     if model is None:

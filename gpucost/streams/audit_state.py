@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Self
 
+from gpucost.schemas.kernels import MAX_KERNEL_NS
 from gpucost.streams.allocations import AllocationSplit
 from gpucost.streams.efficiency import Efficiency
 from gpucost.streams.health import HealthAudit
@@ -89,7 +90,8 @@ class AuditState:
         its node ever ran."""
         floor = self.panes.earliest_on_time_ns()
         if floor is not None:
-            self.bindings.prune(floor - self.settings.revision_horizon_ns)  # a revision looks bindings up too
+            # a revision looks bindings up too, and a kernel's tenant as of its start, up to an hour before its pane
+            self.bindings.prune(floor - self.settings.revision_horizon_ns - MAX_KERNEL_NS)
 
     def to_state(self, idle: bool = True) -> dict[str, Any]:
         """JSON-serialisable snapshot, for a changelog or a checkpoint (``idle=False``: without the

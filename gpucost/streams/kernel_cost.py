@@ -16,6 +16,7 @@ first.
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -46,8 +47,9 @@ Line = tuple[str, str, int, int, int]  # kernel, category, calls, busy_ns, µ$
 
 
 def line_id_key(tenant_key: str, category: str, kernel: str) -> str:
-    """What a line's ``record_id`` hashes for its party: the tenant, the category and the kernel's name."""
-    return f"{tenant_key}\x1f{category}\x1f{kernel}"
+    """What a line's ``record_id`` hashes for its party: the tenant, the category and the kernel's name, as a JSON
+    array (escaped: a name or a tenant field holding the separator cannot make two lines one id)."""
+    return json.dumps([tenant_key, category, kernel], ensure_ascii=False)
 
 
 def tenant_lines(

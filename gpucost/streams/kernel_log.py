@@ -68,24 +68,28 @@ class KernelLog:
 
     def admit(self, k: KernelActivity) -> str | None:
         """Why a kernel is refused, changing nothing: ``duplicate`` (the same process, stream, correlation id and
-        start kept already) or ``out_of_range`` (its pane is full); None: take it. (One longer than an hour is not a
-        kernel: ``KernelActivity`` refuses it, so a kernel touches at most 61 panes of a minute.)"""
+        start kept already) or ``out_of_range`` (a pane it touches is full); None: take it. (One longer than an hour
+        is not a kernel: ``KernelActivity`` refuses it, so a kernel touches at most 61 panes of a minute.)"""
         log = self._gpus.get(k.gpu_uuid)
         if log is None:
             return None
         if (k.pid, k.stream, k.correlation_id, k.start_ns) in log.keys:
             return "duplicate"
-        if len(log.panes.get(pane_start_ns(k.start_ns, self.pane_ns), ())) >= MAX_PANE_KERNELS:
+        if any(len(log.panes.get(pane, ())) >= MAX_PANE_KERNELS for pane in self.panes_of(k)):
             return "out_of_range"
         return None
+
+    def panes_of(self, k: KernelActivity) -> range:
+        """The starts of the panes a kernel touches: each its interval reaches, or its start's for one of length 0."""
+        first = pane_start_ns(k.start_ns, self.pane_ns)
+        return range(first, pane_start_ns(max(k.start_ns, k.end_ns - 1), self.pane_ns) + 1, self.pane_ns)
 
     def take(self, k: KernelActivity) -> list[int]:
         """Take a kernel ``admit`` let in, into every pane it touches; the starts of those panes, ascending."""
         log = self._gpus.setdefault(k.gpu_uuid, _GpuKernels())
-        start = pane_start_ns(k.start_ns, self.pane_ns)
-        last = pane_start_ns(max(k.start_ns, k.end_ns - 1), self.pane_ns)
+        touched = list(self.panes_of(k))
+        start = touched[0]
         node, name, category = log.code(k.node_id), log.code(k.name), KERNEL_CATEGORIES.index(k.category)
-        touched = list(range(start, last + 1, self.pane_ns))
         for pane in touched:
             first = int(pane == start)
             kernel = Kernel(k.start_ns, k.end_ns, k.pid, node, name, category, k.stream, k.correlation_id, first)
@@ -100,6 +104,20 @@ class KernelLog:
         if log is None:
             return [], []
         return log.panes.get(pane_start, []), log.names
+
+    def touched_by(self, node_id: str, pid: int, ts_ns: int) -> list[tuple[str, int]]:
+        """(GPU, pane start) of every kept pane with a kernel of process ``(node_id, pid)`` starting at or after
+        ``ts_ns``: the panes whose lines a binding of that time may move, by GPU then pane."""
+        out = []
+        for gpu, log in sorted(self._gpus.items()):
+            node = log.index.get(node_id)
+            if node is not None:
+                out += [
+                    (gpu, pane)
+                    for pane, kernels in sorted(log.panes.items())
+                    if any(k.node == node and k.pid == pid and k.start_ns >= ts_ns for k in kernels)
+                ]
+        return out
 
     def has(self, gpu_uuid: str, pane_start: int) -> bool:
         log = self._gpus.get(gpu_uuid)

@@ -77,6 +77,11 @@ class LateData(DeadLetters):
             for p in self.revisions.touched_by(event.node_id, event.pid, event.ts_ns)
             if self.revisions.enabled or self.panes.is_open(*p)
         ]
+        # and the closed panes its process's kernels at or after it reach (a process may run kernels in a pane
+        # where it sent no sample after the binding's time); an open pane's kernels take their tenant at its close
+        kernel_panes = self.kernels.log.touched_by(event.node_id, event.pid, event.ts_ns)
+        if self.revisions.enabled and kernel_panes:
+            reached = sorted({*reached, *(p for p in kernel_panes if not self.panes.is_open(*p))})
         watermarks = [
             w for gpu in self.revisions.gpus_of(event.node_id) if (w := self.panes.watermark(gpu)) is not None
         ]
@@ -149,8 +154,7 @@ class LateData(DeadLetters):
                 "keeps: a flood, or a producer sending one trace again and again under new ids; check the collector"
             )
             return [self._dead(refused, event, raw, source, detail)]
-        first, last = (pane_start_ns(t, pane_ns) for t in (event.start_ns, max(event.start_ns, event.end_ns - 1)))
-        closed = [p for p in range(first, last + 1, pane_ns) if self.panes.is_late(gpu, p)]
+        closed = [p for p in self.kernels.log.panes_of(event) if self.panes.is_late(gpu, p)]
         before = {p: self._before(gpu, p) for p in closed}
         self.kernels.log.take(event)
         self.counts[event.kind] += 1
