@@ -13,6 +13,7 @@ from pytest import approx
 
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.events import EbpfTrace, Event, GpuSample, MemAccess, NumaEvent, Price, ProcessSample
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import CostRecord, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals, TenantTotals
@@ -71,7 +72,7 @@ def test_every_pane_bills_exactly_its_cost(events: list[Event], s: AuditSettings
 
 
 def _lane(ev: Event) -> object:
-    if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace)):
+    if isinstance(ev, (GpuSample, ProcessSample, NumaEvent, EbpfTrace, KernelActivity)):  # each GPU's own stream
         return ev.gpu_uuid
     if isinstance(ev, MemAccess):
         return (ev.node_id, ev.pid)
