@@ -33,7 +33,6 @@ from gpucost.streams.audit_state import AuditState
 from gpucost.streams.columnar import ingest_batch, ingest_lines
 from gpucost.streams.late_data import LateData
 from gpucost.streams.operator import Closing, ClosingMany, EventOperator, PaneOperator
-from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.scope import Scope, decode_in_scope
 
@@ -149,11 +148,9 @@ class Auditor(LateData, AuditState):
     ) -> list[Output]:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
-            watermark = self.panes.watermark(gpu)
-            end = pane_start_ns(event.ts_ns, self.settings.pane_ns) + self.settings.pane_ns
-            if self.revisions.reaches(end, watermark) and not self.panes.before_forgotten(end):
+            if self.revisable(gpu, event.ts_ns):
                 return self._revise(event, raw, source)
-            return [self.late_letter(event, raw, source, watermark)]
+            return [self.late_letter(event, raw, source, self.panes.watermark(gpu))]
         refused = self.panes.admit(event)
         if refused == "duplicate":
             return [self.duplicate_letter(event, raw, source)]

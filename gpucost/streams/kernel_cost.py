@@ -65,9 +65,10 @@ def tenant_lines(
     transfer = np.array([KERNEL_CATEGORIES[k.category] in TRANSFERS for k in kernels], bool)
     computing = np.flatnonzero(~transfer)
     busy, den, shares = busy_shares(start[computing], end[computing])
-    keys = sorted({(names[k.name], KERNEL_CATEGORIES[k.category]) for k in kernels})
+    line = [(names[k.name], KERNEL_CATEGORIES[k.category]) for k in kernels]
+    keys = sorted(set(line))
     code = {key: i for i, key in enumerate(keys)}
-    of = np.array([code[(names[k.name], KERNEL_CATEGORIES[k.category])] for k in kernels], np.int64)
+    of = np.array([code[key] for key in line], np.int64)
     weights = sums_by(of[computing], shares, len(keys))  # a transfer's line weighs 0
     calls = np.bincount(of, weights=[k.first for k in kernels], minlength=len(keys)).astype(np.int64).tolist()
     copied = sums_by(of[transfer], (end - start)[transfer], len(keys))

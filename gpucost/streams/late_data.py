@@ -139,12 +139,9 @@ class LateData(DeadLetters):
         """A kernel: judged by its start as a GPU-keyed event is, moving no watermark. On time, it joins the panes
         it touches; late within the horizon, it joins them too, and each closed one it touches is republished
         (``_republish``); late beyond, sent again, or past what a pane keeps, it is dead-lettered."""
-        gpu, pane_ns = event.gpu_uuid, self.settings.pane_ns
-        if self.panes.is_late(gpu, event.start_ns):
-            watermark = self.panes.watermark(gpu)
-            end = pane_start_ns(event.start_ns, pane_ns) + pane_ns
-            if not self.revisions.reaches(end, watermark) or self.panes.before_forgotten(end):
-                return [self.late_letter(event, raw, source, watermark)]
+        gpu = event.gpu_uuid
+        if self.panes.is_late(gpu, event.start_ns) and not self.revisable(gpu, event.start_ns):
+            return [self.late_letter(event, raw, source, self.panes.watermark(gpu))]
         refused = self.kernels.log.admit(event)
         if refused == "duplicate":
             return [self.duplicate_letter(event, raw, source)]
@@ -163,6 +160,12 @@ class LateData(DeadLetters):
             self.counts["revised_by_late"] += 1
             self.counts[f"revised_by_late:{event.kind}"] += 1
         return out
+
+    def revisable(self, gpu: str, ts_ns: int) -> bool:
+        """Whether the closed pane of ``ts_ns`` is within the revision horizon of its GPU's watermark, and not one
+        closed for the GPUs forgotten: a late event of it revises it rather than being ``late``."""
+        end = pane_start_ns(ts_ns, self.settings.pane_ns) + self.settings.pane_ns
+        return self.revisions.reaches(end, self.panes.watermark(gpu)) and not self.panes.before_forgotten(end)
 
     def _before(self, gpu: str, start: int) -> Before:
         """A closed pane recomputed from its rows and kernels as it stands (before a late event or binding)."""
