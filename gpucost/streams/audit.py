@@ -146,6 +146,13 @@ class Auditor(LateData, AuditState):
     def _gpu_keyed(
         self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None, source: str
     ) -> list[Output]:
+        """A sample or NUMA event of a GPU, after its panes that late kernels left pending are republished."""
+        settled = self.settle_kernels((event.gpu_uuid,)) if self.kernels.log.pending() else []
+        return settled + self._sample(event, raw, source)
+
+    def _sample(
+        self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None, source: str
+    ) -> list[Output]:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
             if self.revisable(gpu, event.ts_ns):
@@ -183,11 +190,11 @@ class Auditor(LateData, AuditState):
         cross-path equality: it
         depends on what shares the partition."""
         timeout = self.settings.idle_timeout_ns
+        out = self.settle_kernels(only)
         closed = self.panes.close_silent(watermark_ns, timeout, only)
-        out: list[Output] = []
         if closed:
             self.counts["silent_closes"] += len(closed)
-            out = self.close(closed)
+            out += self.close(closed)
             for gpu in {p.gpu_uuid for p in closed}:
                 self.prune_gpu(gpu)
         out += self.health.close_silent(watermark_ns, timeout, only)
@@ -236,6 +243,11 @@ class Auditor(LateData, AuditState):
         """The smallest watermark of any GPU here (None: none yet)."""
         return self.panes.smallest_watermark()
 
+    def kernel_revisions_pending(self) -> frozenset[str]:
+        """The GPUs with panes late kernels left pending (``settle_kernels``): the batch path hands such a GPU's
+        next sample to the row path, which republishes them first."""
+        return frozenset(self.kernels.log.pending())
+
     def open_panes(self) -> int:
         """Panes counted and not yet billed, over every GPU."""
         return self.panes.open_count()
@@ -251,8 +263,10 @@ class Auditor(LateData, AuditState):
         return self.idle.to_state()
 
     def finish(self) -> list[Output]:
-        """End of a finite input: close every pane, every health window and every MAE window."""
-        return self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())
+        """End of a finite input: republish the panes late kernels left pending, then close every pane, every
+        health window and every MAE window."""
+        settled = self.settle_kernels()
+        return settled + self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())
 
     def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]:
         """The records of closed panes, at ``prices`` (one per pane) or else the prices in force now: each

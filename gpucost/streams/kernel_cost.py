@@ -90,9 +90,12 @@ class KernelCost:
         self.log = KernelLog(settings)
         self.bindings = BindingTable() if bindings is None else bindings
 
-    def records(self, pane: PaneTotals, usd_per_gpu_hour: Decimal | None) -> list[KernelCostRecord]:
-        """The pane's lines at revision 0 (none for a pane without kernels or GPU samples): tenants by key."""
-        kernels, names = self.log.kernels(pane.gpu_uuid, pane.pane_start_ns)
+    def records(
+        self, pane: PaneTotals, usd_per_gpu_hour: Decimal | None, published: bool = False
+    ) -> list[KernelCostRecord]:
+        """The pane's lines at revision 0 (none for a pane without kernels or GPU samples): tenants by key;
+        ``published``: of the kernels it had when last published (``KernelLog.kernels``)."""
+        kernels, names = self.log.kernels(pane.gpu_uuid, pane.pane_start_ns, published)
         if not kernels or not pane.covered_ms or pane.node_id is None or pane.gpu_model is None:
             return []
         costs = {r.tenant_key: r.cost_micro_usd for r in apportion(pane, usd_per_gpu_hour, self.weights)}

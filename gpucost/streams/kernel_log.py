@@ -7,6 +7,11 @@ Why whole kernels, kept in every pane they touch, rather than sums: overlapping 
 moves a process's kernels from one tenant to another, which only the kernels say. A kernel is judged (late,
 duplicate) by its start, like an event at ``ts_ns``, and counted as a call in the pane it starts in. Panes are kept
 as long as the revision log keeps its rows (``Revisions``: the horizon past the GPU's watermark), then dropped.
+
+A closed pane that late kernels joined is *pending* until the auditor republishes it (``LateData.settle_kernels``):
+the log keeps how many of its kernels it had when last published, so that a run of late kernels (a trace's buffer
+replayed after its samples) is one revision of the pane, not one per kernel. A pane's kernels are only ever
+appended, so that count marks exactly the kernels published.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class Kernel(NamedTuple):
 
 
 class _GpuKernels:
-    __slots__ = ("names", "index", "panes", "keys", "oldest")
+    __slots__ = ("names", "index", "panes", "keys", "oldest", "pending")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -48,6 +53,8 @@ class _GpuKernels:
         #: (pid, stream, correlation id, start) of every kernel kept: what a kernel sent again is refused by
         self.keys: set[tuple[int, int, int, int]] = set()
         self.oldest: int | None = None  # the earliest pane kept: pruning does nothing until it is passed
+        #: closed pane start → how many of its kernels it had when last published (late kernels joined it since)
+        self.pending: dict[int, int] = {}
 
     def code(self, name: str) -> int:
         at = self.index.get(name)
@@ -98,12 +105,32 @@ class KernelLog:
         log.oldest = start if log.oldest is None else min(log.oldest, start)
         return touched
 
-    def kernels(self, gpu_uuid: str, pane_start: int) -> tuple[list[Kernel], list[str]]:
-        """The kernels kept in one pane of a GPU, in arrival order, and the names their codes index."""
+    def kernels(self, gpu_uuid: str, pane_start: int, published: bool = False) -> tuple[list[Kernel], list[str]]:
+        """The kernels kept in one pane of a GPU, in arrival order, and the names their codes index; ``published``:
+        only those the pane had when last published (all, unless late kernels joined it since: ``hold_back``)."""
         log = self._gpus.get(gpu_uuid)
         if log is None:
             return [], []
-        return log.panes.get(pane_start, []), log.names
+        kernels = log.panes.get(pane_start, [])
+        if published and pane_start in log.pending:
+            kernels = kernels[: log.pending[pane_start]]
+        return kernels, log.names
+
+    def hold_back(self, gpu_uuid: str, pane_start: int) -> None:
+        """Mark a closed pane pending before a late kernel joins it: its kernels as they are now are the ones
+        published (a pane already pending keeps its mark)."""
+        log = self._gpus.setdefault(gpu_uuid, _GpuKernels())
+        log.pending.setdefault(pane_start, len(log.panes.get(pane_start, ())))
+
+    def pending(self) -> dict[str, list[int]]:
+        """The pending panes' starts of each GPU that has any, ascending: by GPU."""
+        return {gpu: sorted(log.pending) for gpu, log in sorted(self._gpus.items()) if log.pending}
+
+    def settle(self, gpu_uuid: str, pane_start: int) -> None:
+        """The pane is published with every kernel it keeps: no longer pending."""
+        log = self._gpus.get(gpu_uuid)
+        if log is not None:
+            log.pending.pop(pane_start, None)
 
     def touched_by(self, node_id: str, pid: int, ts_ns: int) -> list[tuple[str, int]]:
         """(GPU, pane start) of every kept pane with a kernel of process ``(node_id, pid)`` starting at or after
@@ -132,6 +159,7 @@ class KernelLog:
         if log.oldest is None or log.oldest >= floor:
             return
         for pane in [p for p in log.panes if p < floor]:
+            log.pending.pop(pane, None)  # pending ⊆ kept (the auditor settles a GPU's panes before pruning them)
             for k in log.panes.pop(pane):
                 if k.first:
                     log.keys.discard((k.pid, k.stream, k.correlation_id, k.start_ns))
@@ -143,7 +171,11 @@ class KernelLog:
 
     def to_state(self) -> dict[str, Any]:
         return {
-            gpu: {"names": log.names, "panes": [[p, [list(k) for k in ks]] for p, ks in sorted(log.panes.items())]}
+            gpu: {
+                "names": log.names,
+                "panes": [[p, [list(k) for k in ks]] for p, ks in sorted(log.panes.items())],
+                "pending": sorted(log.pending.items()),
+            }
             for gpu, log in sorted(self._gpus.items())
         }
 
@@ -158,4 +190,5 @@ class KernelLog:
                 log.panes[pane] = [Kernel(*row) for row in rows]
                 log.keys.update((k.pid, k.stream, k.correlation_id, k.start_ns) for k in log.panes[pane] if k.first)
             log.oldest = min(log.panes, default=None)
+            log.pending = {pane: n for pane, n in saved.get("pending", [])}  # an older snapshot has none
         return kernels

@@ -7,7 +7,7 @@ apart because it is the one path where a closed pane's records change after they
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from gpucost.schemas.events import Allocation, GpuSample, NumaEvent, ProcessSample, TenantBinding
 from gpucost.schemas.kernels import KernelActivity
@@ -137,8 +137,9 @@ class LateData(DeadLetters):
 
     def _kernel(self, event: KernelActivity, raw: str | bytes | None, source: str) -> list[Output]:
         """A kernel: judged by its start as a GPU-keyed event is, moving no watermark. On time, it joins the panes
-        it touches; late within the horizon, it joins them too, and each closed one it touches is republished
-        (``_republish``); late beyond, sent again, or past what a pane keeps, it is dead-lettered."""
+        it touches; late within the horizon, it joins them too, each closed one it touches left pending, to be
+        republished once for the whole run of late kernels (``settle_kernels``); late beyond, sent again, or past
+        what a pane keeps, it is dead-lettered."""
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.start_ns) and not self.revisable(gpu, event.start_ns):
             return [self.late_letter(event, raw, source, self.panes.watermark(gpu))]
@@ -152,13 +153,26 @@ class LateData(DeadLetters):
             )
             return [self._dead(refused, event, raw, source, detail)]
         closed = [p for p in self.kernels.log.panes_of(event) if self.panes.is_late(gpu, p)]
-        before = {p: self._before(gpu, p) for p in closed}
+        for p in closed:
+            self.kernels.log.hold_back(gpu, p)
         self.kernels.log.take(event)
         self.counts[event.kind] += 1
-        out = [r for p in closed for r in self._republish(gpu, p, before[p])]
         if closed:
             self.counts["revised_by_late"] += 1
             self.counts[f"revised_by_late:{event.kind}"] += 1
+        return []
+
+    def settle_kernels(self, only: Container[str | tuple[str, int]] | None = None) -> list[Output]:
+        """Republish every pending pane (late kernels joined it since it was last published) of the GPUs in
+        ``only`` (all: None), by GPU then pane: one revision of each for however many kernels joined it. The
+        auditor settles a GPU's panes before it takes the GPU's next sample, process sample or NUMA event (valid,
+        whether on time, late or refused), at a silent close and at the end of input, on both paths alike; a
+        late binding or sample that reaches a pending pane republishes it from the kernels as published."""
+        out: list[Output] = []
+        for gpu, starts in self.kernels.log.pending().items():
+            if only is None or gpu in only:
+                for start in starts:
+                    out += self._republish(gpu, start, self._before(gpu, start))
         return out
 
     def revisable(self, gpu: str, ts_ns: int) -> bool:
@@ -168,9 +182,10 @@ class LateData(DeadLetters):
         return self.revisions.reaches(end, self.panes.watermark(gpu)) and not self.panes.before_forgotten(end)
 
     def _before(self, gpu: str, start: int) -> Before:
-        """A closed pane recomputed from its rows and kernels as it stands (before a late event or binding)."""
+        """A closed pane recomputed from its rows and kernels as last published (before a late event or binding;
+        a pending pane's late kernels left out)."""
         pane, held = self.revisions.totals(gpu, start, self.bindings), self.revisions.held(gpu, start)
-        return pane, self.kernels.records(pane, held.price) if held.revision is not None else []
+        return pane, self.kernels.records(pane, held.price, published=True) if held.revision is not None else []
 
     def _republish(self, gpu: str, start: int, before: Before) -> list[Output]:
         """A closed pane recomputed from its rows and kernels (``before``: as last published): its cost records and
@@ -197,6 +212,7 @@ class LateData(DeadLetters):
             )
         if out:
             held.revision = revision
+        self.kernels.log.settle(gpu, start)
         if self.on_closed is not None:
             self.on_closed(PaneColumns.of([after]))
         return out

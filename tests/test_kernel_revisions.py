@@ -1,0 +1,151 @@
+"""Late kernels in the default configuration (a 6 h revision horizon): a run of them is one revision of each closed
+pane it joins, published before the GPU's next sample, at a silent close or at the end of input
+(docs/definitions.md, "Kernel cost in the pipeline", Revisions), on both paths and across a snapshot.
+
+Why it matters: a profiler's buffer replayed after its samples was one revision per kernel, each republishing every
+line of the pane (1,000 late kernels in a pane: 8 s and 2,000 records). The lines as revised must still equal a run
+in time order, and Σ lines = the tenant's cost in every revision.
+"""
+
+from __future__ import annotations
+
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import encode_event
+from gpucost.schemas.events import Event, GpuSample
+from gpucost.schemas.records import KernelCostRecord, Output
+from gpucost.streams.audit import Auditor
+from gpucost.streams.settings import AuditSettings
+from tests.test_kernel_cost import billed, binding, fleet, kernel, paid_as_billed
+
+AUDIT = AuditSettings(pane_s=60)
+
+
+def trace(count: int, pane: int = 0, pid: int = 1, first_corr: int = 0) -> list[Event]:
+    """``count`` kernels of 0.5 s in one pane, on two streams so that they overlap, of three names."""
+    return [
+        kernel(
+            pane * 60 + (i % 50) + 0.25 * (i % 2),
+            pane * 60 + (i % 50) + 0.25 * (i % 2) + 0.5,
+            f"k{i % 3}",
+            pid=pid,
+            stream=i % 2,
+            corr=first_corr + i,
+        )
+        for i in range(count)
+    ]
+
+
+def feed(auditor: Auditor, events: list[Event], batch: bool) -> list[Output]:
+    if batch:
+        return expand(auditor.ingest_lines([encode_event(e).encode() for e in events], str))
+    return [o for e in events for o in auditor.update(e)]
+
+
+def last_revision(out: list[Output]) -> dict[int, int]:
+    """Each pane's last revision of its kernel lines."""
+    last: dict[int, int] = {}
+    for r in kernel_records(out):
+        last[r.pane_start_ns] = max(last.get(r.pane_start_ns, 0), r.revision)
+    return last
+
+
+def kernel_records(out: list[Output]) -> list[KernelCostRecord]:
+    return [r for r in out if isinstance(r, KernelCostRecord)]
+
+
+def in_time_order(events: list[Event]) -> list[Output]:
+    """The same events with each kernel placed at its start among the samples: nothing is late."""
+    auditor = Auditor(AUDIT)
+    return feed(auditor, events[:2] + sorted(events[2:], key=lambda e: e.ts_ns), False) + auditor.finish()
+
+
+def test_a_trace_replayed_after_its_samples_is_one_revision_a_pane_and_bills_as_in_time_order() -> None:
+    samples = fleet(8)  # panes 0 to 4 close as the samples come: every kernel below is late
+    late = trace(300, pane=1) + trace(200, pane=2, first_corr=1000)
+    auditor = Auditor(AUDIT)
+    out = feed(auditor, samples, False)
+    during = feed(auditor, late, False)
+    assert not kernel_records(during) and auditor.kernel_revisions_pending() == {"GPU-0"}
+    out += during + auditor.finish()
+    assert billed(out) == billed(in_time_order(samples + late))
+    assert {r.revision for r in kernel_records(out)} == {1}  # each pane published once more, not 300 times
+    assert len(kernel_records(out)) == 2 * 4  # no_kernel and three names, in each of the two panes
+    assert paid_as_billed(out)
+
+
+def test_the_gpu_s_next_sample_publishes_the_pending_panes_before_its_own_records() -> None:
+    samples = fleet(10)
+    auditor = Auditor(AUDIT)
+    feed(auditor, samples[:12], False)  # the samples of panes 0 to 4: panes 0 and 1 closed (lateness 120 s)
+    feed(auditor, trace(40, pane=1), False)
+    assert auditor.kernel_revisions_pending() == {"GPU-0"}
+    nxt = feed(auditor, samples[12:13], False)  # the GPU sample of pane 5: it closes pane 2
+    assert auditor.kernel_revisions_pending() == frozenset()
+    pane1, pane2 = samples[4].ts_ns, samples[6].ts_ns
+    revised = [i for i, r in enumerate(nxt) if isinstance(r, KernelCostRecord) and r.revision == 1]
+    closing = [i for i, r in enumerate(nxt) if getattr(r, "pane_start_ns", None) == pane2]
+    assert revised and {nxt[i].pane_start_ns for i in revised} == {pane1}  # type: ignore[union-attr]
+    assert closing and max(revised) < min(closing)  # the revision first, then what the sample closes
+
+
+def test_both_paths_publish_the_pending_panes_at_the_same_row_and_keep_the_same_state() -> None:
+    """The batch path hands a GPU's first sample after late kernels to the row path, which settles the panes there:
+    a batch of late kernels and the samples after them gives the row path's records, in its order. Kernels of a
+    second process (pid 2) come in the batch before, so that the GPU is pending as the batch starts, too."""
+    samples = fleet(200)
+    head, tail = samples[:300], samples[300:]
+    before = trace(30, pane=100, pid=2, first_corr=5000)
+    batch = trace(30, pane=120) + tail[:6] + trace(20, pane=121, first_corr=100) + tail[6:]
+    assert len(before) < 128 <= len(batch)  # the first goes row by row, the second through the batch path
+    rows, cols = Auditor(AUDIT), Auditor(AUDIT)
+    by_rows = feed(rows, head, False) + feed(rows, before, False) + feed(rows, batch, False) + rows.finish()
+    by_cols = feed(cols, head, True) + feed(cols, before, True) + feed(cols, batch, True) + cols.finish()
+    assert [r.model_dump() for r in by_cols] == [r.model_dump() for r in by_rows]
+    assert cols.to_state() == rows.to_state()
+    assert set(last_revision(by_rows).values()) == {1}  # the three panes of late kernels, revised once each
+
+
+def test_another_gpu_s_sample_leaves_the_pending_panes_pending() -> None:
+    """Each GPU's panes are settled at its own next sample: the Kafka worker of one GPU's key sees no other GPU's
+    samples, and both transports must publish the same revisions."""
+    samples = fleet(8)
+    auditor = Auditor(AUDIT)
+    feed(auditor, samples, False)
+    feed(auditor, trace(10, pane=1), False)
+    other = GpuSample(**{**samples[-2].model_dump(), "gpu_uuid": "GPU-1"})
+    assert not kernel_records(auditor.update(other)) and auditor.kernel_revisions_pending() == {"GPU-0"}
+
+
+def test_a_silent_close_publishes_the_pending_panes() -> None:
+    samples = fleet(8)
+    auditor = Auditor(AUDIT)
+    feed(auditor, samples, False)
+    feed(auditor, trace(10, pane=1), False)
+    out = auditor.close_silent(samples[-1].ts_ns + 3600 * 10**9)
+    assert {r.revision for r in kernel_records(out) if r.pane_start_ns == samples[4].ts_ns} == {1}
+    assert not auditor.kernel_revisions_pending()
+
+
+def test_pending_panes_survive_a_snapshot_and_publish_the_same_records() -> None:
+    """The Kafka worker snapshots its auditor with each transaction, wherever its polls cut the input."""
+    samples, late = fleet(8), trace(50, pane=1)
+    whole = Auditor(AUDIT)
+    expected = feed(whole, samples + late, False) + whole.finish()
+    first = Auditor(AUDIT)
+    out = feed(first, samples + late[:20], False)
+    again = Auditor.from_state(first.to_state(), AUDIT)
+    assert again.kernel_revisions_pending() == {"GPU-0"}
+    out += feed(again, late[20:], False) + again.finish()
+    assert [r.model_dump() for r in out] == [r.model_dump() for r in expected]
+
+
+def test_a_late_binding_reaching_a_pending_pane_republishes_it_from_what_was_published() -> None:
+    """The binding's revision of a pane late kernels joined must difference against the lines as published (the
+    pane's kernels before them): against the lines with them, the late kernels' first lines are never published."""
+    events = fleet(8)
+    events[4:4] = [kernel(40, 50, "early", corr=500)]  # published with pane 0
+    late = trace(20, pane=0)
+    auditor = Auditor(AUDIT)
+    out = feed(auditor, events, False) + feed(auditor, [*late, binding(1, 0, "b")], False) + auditor.finish()
+    assert billed(out) == billed(in_time_order(events[:2] + [binding(1, 0, "b")] + events[2:] + late))
+    assert paid_as_billed(out)
