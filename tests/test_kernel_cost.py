@@ -10,80 +10,22 @@ figures worked out by hand from the definition, and the hostile kernels.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from decimal import Decimal
 from fractions import Fraction
 
 import pytest
 
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
-from gpucost.schemas.events import Event, GpuSample, Price, ProcessSample, TenantBinding
-from gpucost.schemas.kernels import KernelActivity
+from gpucost.schemas.events import Event, ProcessSample, TenantBinding
 from gpucost.schemas.records import CostRecord, DeadLetter, KernelCostRecord, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS
+from tests.support.kernel_fleet import billed, binding, fleet, kernel, lines, paid_as_billed
 
-PANE = 60 * NS
 CONFIGS = pytest.mark.parametrize(
     "audit", [AuditSettings(pane_s=60), AuditSettings(pane_s=60, revision_horizon_s=0)], ids=["R=6h", "R=0"]
 )
-
-
-def kernel(start_s: float, end_s: float, name: str = "gemm", pid: int = 1, stream: int = 7, corr: int = 0) -> Event:
-    category = "memcpy" if name.startswith("Memcpy") else "communication" if name.startswith("nccl") else "kernel"
-    return KernelActivity(
-        node_id="n",
-        pid=pid,
-        name=name,
-        start_ns=BASE_NS + int(start_s * NS),
-        end_ns=BASE_NS + int(end_s * NS),
-        gpu_uuid="GPU-0",
-        device=0,
-        stream=stream,
-        correlation_id=corr,
-        category=category,
-    )
-
-
-def fleet(panes: int, sm_pct: float = 100.0) -> list[Event]:
-    """A price of 3.6 $/h (1 µ$ a covered ms), pid 1 bound to team a, and one GPU sample and one sample of pid 1 a
-    pane, each covering the whole pane at ``sm_pct``: pid 1's tenant pays ``60_000 × sm_pct / 100`` µ$ a pane."""
-    out: list[Event] = [
-        Price(gpu_model="H100", ts_ns=BASE_NS - 3600 * NS, usd_per_gpu_hour=Decimal("3.6")),
-        TenantBinding(node_id="n", pid=1, ts_ns=BASE_NS, team="a", env="prod", app="x", tier="t", sla="Gold"),
-    ]
-    for p in range(panes):
-        at = BASE_NS + p * PANE
-        out.append(
-            GpuSample(
-                node_id="n",
-                gpu_uuid="GPU-0",
-                gpu_model="H100",
-                ts_ns=at,
-                interval_s=60.0,
-                sm_util_pct=sm_pct,
-                mem_bw_util_pct=0.0,
-                mem_used_bytes=1,
-                mem_total_bytes=2,
-                power_w=100.0,
-                temp_c=40.0,
-            )
-        )
-        out.append(
-            ProcessSample(
-                node_id="n",
-                gpu_uuid="GPU-0",
-                pid=1,
-                ts_ns=at + 1,
-                interval_s=60.0,
-                sm_util_pct=sm_pct,
-                mem_bw_util_pct=0.0,
-                mem_used_bytes=1,
-            )
-        )
-    return out
 
 
 def run(audit: AuditSettings, events: list[Event], batch: bool = False) -> list[Output]:
@@ -92,19 +34,6 @@ def run(audit: AuditSettings, events: list[Event], batch: bool = False) -> list[
         lines = [encode_event(e).encode() for e in events]
         return expand(auditor.ingest_lines(lines, str)) + auditor.finish()
     return [o for e in events for o in auditor.update(e)] + auditor.finish()
-
-
-def lines(out: list[Output]) -> dict[tuple[int, str, str], tuple[int, int, int]]:
-    """Each line summed over revisions, by (pane, tenant's team, kernel): µ$, then the latest busy ns and calls."""
-    money: dict[tuple[int, str, str], int] = defaultdict(int)
-    latest: dict[tuple[int, str, str], KernelCostRecord] = {}
-    for r in out:
-        if isinstance(r, KernelCostRecord):
-            key = ((r.pane_start_ns - BASE_NS) // PANE, r.team, r.kernel)
-            money[key] += r.cost_micro_usd
-            if key not in latest or latest[key].revision < r.revision:
-                latest[key] = r
-    return {k: (money[k], latest[k].busy_ns, latest[k].calls) for k in money}
 
 
 @CONFIGS
@@ -232,30 +161,6 @@ def test_a_late_binding_moves_a_process_s_kernel_lines_to_its_tenant() -> None:
     )
     assert paid_b > 0 and got[(0, "b", "gemm")][0] + got[(0, "b", "no_kernel")][0] == paid_b
     assert got[(0, "b", "gemm")][0] * 2 == paid_b  # 30 s of a 60 s pane: half of it
-
-
-def binding(pid: int, at_s: int, team: str) -> TenantBinding:
-    return TenantBinding(
-        node_id="n", pid=pid, ts_ns=BASE_NS + at_s * NS, team=team, env="p", app="x", tier="t", sla="Gold"
-    )
-
-
-def paid_as_billed(out: list[Output]) -> bool:
-    """Whether every tenant's kernel lines of every pane, summed over revisions, are its cost there, summed over
-    revisions, or 0 (all its kernels moved to another tenant)."""
-    cost: dict[tuple[int, str], int] = defaultdict(int)
-    paid: dict[tuple[int, str], int] = defaultdict(int)
-    for r in out:
-        if isinstance(r, CostRecord):
-            cost[(r.pane_start_ns, r.tenant_key)] += r.cost_micro_usd
-        elif isinstance(r, KernelCostRecord):
-            paid[(r.pane_start_ns, r.tenant_key)] += r.cost_micro_usd
-    return bool(paid) and all(usd in (0, cost.get(key, 0)) for key, usd in paid.items())
-
-
-def billed(out: list[Output]) -> dict[tuple[int, str, str], tuple[int, int, int]]:
-    """``lines`` but for those a revision emptied (summed to nothing, a run in time order never has them)."""
-    return {k: v for k, v in lines(out).items() if v != (0, 0, 0)}
 
 
 def test_a_late_binding_moves_the_kernels_of_a_pane_its_process_sent_no_sample_after() -> None:

@@ -15,7 +15,7 @@ from gpucost.schemas.events import Event, GpuSample
 from gpucost.schemas.records import KernelCostRecord, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
-from tests.test_kernel_cost import billed, binding, fleet, kernel, paid_as_billed
+from tests.support.kernel_fleet import billed, binding, fleet, kernel, paid_as_billed
 
 AUDIT = AuditSettings(pane_s=60)
 
