@@ -250,6 +250,12 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
             f"{stats.counts['unbilled']:,} process/NUMA events fell in panes without a GPU sample "
             "(no covered time to bill)"
         )
+    if stats.counts.get("unbilled_kernels"):
+        parts.append(
+            f"{stats.counts['unbilled_kernels']:,} kernels fell in panes without a GPU sample, or are of GPUs that "
+            "sent none: not billed (a kernel's gpu_uuid must be the samples' NVML UUID: install pynvml where the "
+            "collector runs)"
+        )
     if stats.counts.get("binding_past_horizon"):
         parts.append(
             f"{stats.counts['binding_past_horizon']:,} bindings started more than the revision horizon "

@@ -9,12 +9,18 @@ in time order, and Σ lines = the tenant's cost in every revision.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import Event, GpuSample
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import KernelCostRecord, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
+from tests.support.cli import gpucost
 from tests.support.kernel_fleet import billed, binding, fleet, kernel, paid_as_billed
 
 AUDIT = AuditSettings(pane_s=60)
@@ -33,6 +39,10 @@ def trace(count: int, pane: int = 0, pid: int = 1, first_corr: int = 0) -> list[
         )
         for i in range(count)
     ]
+
+
+def ts(event: Event) -> int:
+    return event.ts_ns
 
 
 def feed(auditor: Auditor, events: list[Event], batch: bool) -> list[Output]:
@@ -149,3 +159,36 @@ def test_a_late_binding_reaching_a_pending_pane_republishes_it_from_what_was_pub
     out = feed(auditor, events, False) + feed(auditor, [*late, binding(1, 0, "b")], False) + auditor.finish()
     assert billed(out) == billed(in_time_order(events[:2] + [binding(1, 0, "b")] + events[2:] + late))
     assert paid_as_billed(out)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["rows", "batch"])
+def test_kernels_nobody_can_pay_for_are_counted_not_dropped_silently(batch: bool) -> None:
+    """Kernels of a GPU that sends no samples (a collector's ``<node>/<index>`` for NVML's UUID) and kernels of a pane
+    with no GPU sample bill no one: each kernel is counted once in ``unbilled_kernels`` (in the pane it starts in),
+    on both paths alike, and the summary reports them."""
+    samples = fleet(80)
+    del samples[2 + 2 * 3]  # pane 3 has its process sample but no GPU sample: it closes unbilled
+    ghost = [KernelActivity(**{**k.model_dump(), "gpu_uuid": "n/0"}) for k in trace(5, pane=1, first_corr=50)]
+    across = kernel(3 * 60 + 50, 4 * 60 + 10, "across", corr=99)  # starts in pane 3, ends in billed pane 4
+    into = kernel(2 * 60 + 50, 3 * 60 + 10, "into", corr=98)  # billed in pane 2, where it starts
+    events = samples[:2] + ghost + sorted(samples[2:] + trace(4, pane=3, first_corr=70) + [across, into], key=ts)
+    auditor = Auditor(AUDIT)
+    out = feed(auditor, events, batch) + auditor.finish()
+    assert len(events) >= 128
+    assert auditor.counts["unbilled_kernels"] == len(ghost) + 4 + 1
+    assert not any(r.gpu_uuid == "n/0" for r in kernel_records(out))
+    (across_line,) = [r for r in kernel_records(out) if r.kernel == "across"]
+    assert across_line.pane_start_ns == samples[2 + 2 * 4 - 1].ts_ns and across_line.calls == 0  # billed in pane 4
+    (into_line,) = [r for r in kernel_records(out) if r.kernel == "into"]
+    assert into_line.calls == 1 and into_line.pane_start_ns == samples[2 + 2 * 2].ts_ns
+
+
+def test_the_run_s_summary_tells_the_user_why_the_kernels_were_not_billed(tmp_path: Path) -> None:
+    """The newcomer's mistake: a collector without pynvml names the GPU ``<node>/<index>``; ``gpucost replay`` says so."""
+    ghost = [KernelActivity(**{**k.model_dump(), "gpu_uuid": "n/0"}) for k in trace(7, pane=1)]
+    (tmp_path / "a_kernels.jsonl").write_text("".join(encode_event(e) + "\n" for e in ghost))
+    (tmp_path / "b_samples.jsonl").write_text("".join(encode_event(e) + "\n" for e in fleet(5)))
+    files = [str(tmp_path / "a_kernels.jsonl"), str(tmp_path / "b_samples.jsonl")]
+    run = gpucost("replay", *files, "--out", str(tmp_path / "audit"), "--pane-s", "60")
+    assert "7 kernels fell in panes without a GPU sample, or are of GPUs that sent none" in run.stdout
+    assert "pynvml" in run.stdout

@@ -266,7 +266,10 @@ class Auditor(LateData, AuditState):
         """End of a finite input: republish the panes late kernels left pending, then close every pane, every
         health window and every MAE window."""
         settled = self.settle_kernels()
-        return settled + self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())
+        out = settled + self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())
+        if unsampled := sum(self.kernels.log.unsampled(self.panes.latest_ns()).values()):
+            self.counts["unbilled_kernels"] += unsampled  # of GPUs that sent no sample: a collector's wrong gpu_uuid
+        return out
 
     def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]:
         """The records of closed panes, at ``prices`` (one per pane) or else the prices in force now: each
@@ -278,6 +281,8 @@ class Auditor(LateData, AuditState):
             idle = self.idle.on_close(pane)
             if idle is None:
                 self.counts["unbilled"] += pane.tenant_events
+                if kernels := self.kernels.log.calls(pane.gpu_uuid, pane.pane_start_ns):
+                    self.counts["unbilled_kernels"] += kernels
                 self.revisions.hold(pane.gpu_uuid, pane.pane_start_ns, None, False)
                 continue
             out.append(idle)
@@ -306,8 +311,10 @@ class Auditor(LateData, AuditState):
             self.on_closed(panes)
         # numpy compares an object column with None elementwise; its stubs accept no None
         billed = np.not_equal(panes.node_id, None) & np.not_equal(panes.gpu_model, None)  # type: ignore[call-overload]
-        for events in panes.tenant_events[~billed].tolist():
-            self.counts["unbilled"] += events
+        for j in np.flatnonzero(~billed).tolist():
+            self.counts["unbilled"] += int(panes.tenant_events[j])
+            if kernels := self.kernels.log.calls(panes.gpu_uuid[j], int(panes.pane_start_ns[j])):
+                self.counts["unbilled_kernels"] += kernels
         if self.revisions.enabled:
             self.revisions.hold_many(
                 panes.gpu_uuid.tolist(),

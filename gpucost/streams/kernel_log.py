@@ -16,6 +16,7 @@ appended, so that count marks exactly the kernels published.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any, NamedTuple
 
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, KernelActivity
@@ -145,6 +146,17 @@ class KernelLog:
                     if any(k.node == node and k.pid == pid and k.start_ns >= ts_ns for k in kernels)
                 ]
         return out
+
+    def calls(self, gpu_uuid: str, pane_start: int) -> int:
+        """How many kernels start in the pane (a kernel across panes is counted in its first)."""
+        log = self._gpus.get(gpu_uuid)
+        return 0 if log is None else sum(k.first for k in log.panes.get(pane_start, ()))
+
+    def unsampled(self, sampled: Container[str]) -> dict[str, int]:
+        """Drop the kernels of every GPU not in ``sampled`` (one that never sent a sample: with no covered time,
+        nothing of it is billed), and return how many each had, by GPU."""
+        gone = [gpu for gpu in sorted(self._gpus) if gpu not in sampled]
+        return {gpu: sum(k.first for ks in self._gpus.pop(gpu).panes.values() for k in ks) for gpu in gone}
 
     def has(self, gpu_uuid: str, pane_start: int) -> bool:
         log = self._gpus.get(gpu_uuid)
