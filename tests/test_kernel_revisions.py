@@ -136,6 +136,18 @@ def test_a_silent_close_publishes_the_pending_panes() -> None:
     assert not auditor.kernel_revisions_pending()
 
 
+def test_a_gpu_quiet_on_the_clock_but_not_behind_in_event_time_stays_pending() -> None:
+    """From a review: the embedded run asks a GPU whose largest event time has not moved for a while (kernels move
+    none) to close; the Kafka worker asks only a key behind in event time. Settling at every such look was one
+    revision per look, and one the Kafka worker never made."""
+    samples = fleet(8)
+    auditor = Auditor(AUDIT)
+    feed(auditor, samples, False)
+    feed(auditor, trace(10, pane=1), False)
+    assert not auditor.close_silent(auditor.largest_watermark() or 0, {"GPU-0"})  # type: ignore[arg-type]
+    assert auditor.kernel_revisions_pending() == {"GPU-0"}
+
+
 def test_pending_panes_survive_a_snapshot_and_publish_the_same_records() -> None:
     """The Kafka worker snapshots its auditor with each transaction, wherever its polls cut the input."""
     samples, late = fleet(8), trace(50, pane=1)
@@ -184,7 +196,7 @@ def test_kernels_nobody_can_pay_for_are_counted_not_dropped_silently(batch: bool
 
 
 def test_the_run_s_summary_tells_the_user_why_the_kernels_were_not_billed(tmp_path: Path) -> None:
-    """The newcomer's mistake: a collector without pynvml names the GPU ``<node>/<index>``; ``gpucost replay`` says so."""
+    """The newcomer's mistake: a collector without pynvml names the GPU ``<node>/<index>``. The replay says so."""
     ghost = [KernelActivity(**{**k.model_dump(), "gpu_uuid": "n/0"}) for k in trace(7, pane=1)]
     (tmp_path / "a_kernels.jsonl").write_text("".join(encode_event(e) + "\n" for e in ghost))
     (tmp_path / "b_samples.jsonl").write_text("".join(encode_event(e) + "\n" for e in fleet(5)))

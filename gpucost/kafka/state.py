@@ -37,8 +37,10 @@ STATE_CHUNK_BYTES = 256 << 10
 #: a bare map, the progress a bare number) is the same layout unmarked, and is read. A record of a
 #: later version is refused: a newer gpucost wrote it, and this one would restore it wrongly. Version 2 adds each
 #: process's addresses taken (``Mae.to_state``) and the log of open panes with revisions off; versions 0 and 1 are
-#: read, their processes starting with no addresses taken.
-STATE_VERSION = 2
+#: read, their processes starting with no addresses taken. Version 3 adds each GPU's pending kernel panes (late kernels
+#: not yet republished, ``KernelLog``): a worker of version 2 would restore it without them and never publish that
+#: revision, so it refuses it; version 2 is read, with none pending.
+STATE_VERSION = 3
 
 
 class StateError(RuntimeError):

@@ -147,7 +147,7 @@ class Auditor(LateData, AuditState):
         self, event: GpuSample | ProcessSample | NumaEvent, raw: str | bytes | None, source: str
     ) -> list[Output]:
         """A sample or NUMA event of a GPU, after its panes that late kernels left pending are republished."""
-        settled = self.settle_kernels((event.gpu_uuid,)) if self.kernels.log.pending() else []
+        settled = self.settle_kernels((event.gpu_uuid,)) if self.kernels.log.is_pending(event.gpu_uuid) else []
         return settled + self._sample(event, raw, source)
 
     def _sample(
@@ -190,7 +190,17 @@ class Auditor(LateData, AuditState):
         cross-path equality: it
         depends on what shares the partition."""
         timeout = self.settings.idle_timeout_ns
-        out = self.settle_kernels(only)
+        # the pending panes of the GPUs silent in event time too (as the Kafka worker asks only such a key): kernels
+        # move no watermark, so a GPU whose kernels are replayed after its samples is not settled at every look
+        out = self.settle_kernels(
+            [
+                gpu
+                for gpu in self.kernels.log.pending_gpus()
+                if (only is None or gpu in only)
+                and (w := self.panes.watermark(gpu)) is not None
+                and w + timeout < watermark_ns
+            ]
+        )
         closed = self.panes.close_silent(watermark_ns, timeout, only)
         if closed:
             self.counts["silent_closes"] += len(closed)
@@ -246,7 +256,7 @@ class Auditor(LateData, AuditState):
     def kernel_revisions_pending(self) -> frozenset[str]:
         """The GPUs with panes late kernels left pending (``settle_kernels``): the batch path hands such a GPU's
         next sample to the row path, which republishes them first."""
-        return frozenset(self.kernels.log.pending())
+        return self.kernels.log.pending_gpus()
 
     def open_panes(self) -> int:
         """Panes counted and not yet billed, over every GPU."""

@@ -73,6 +73,8 @@ class KernelLog:
         self.pane_ns = settings.pane_ns
         self.horizon_ns = settings.revision_horizon_ns
         self._gpus: dict[str, _GpuKernels] = {}
+        #: the GPUs with a pending pane: what a sample asks of the log, so kept rather than found
+        self._pending_gpus: set[str] = set()
 
     def admit(self, k: KernelActivity) -> str | None:
         """Why a kernel is refused, changing nothing: ``duplicate`` (the same process, stream, correlation id and
@@ -122,16 +124,25 @@ class KernelLog:
         published (a pane already pending keeps its mark)."""
         log = self._gpus.setdefault(gpu_uuid, _GpuKernels())
         log.pending.setdefault(pane_start, len(log.panes.get(pane_start, ())))
+        self._pending_gpus.add(gpu_uuid)
 
     def pending(self) -> dict[str, list[int]]:
         """The pending panes' starts of each GPU that has any, ascending: by GPU."""
-        return {gpu: sorted(log.pending) for gpu, log in sorted(self._gpus.items()) if log.pending}
+        return {gpu: sorted(self._gpus[gpu].pending) for gpu in sorted(self._pending_gpus)}
+
+    def is_pending(self, gpu_uuid: str) -> bool:
+        return gpu_uuid in self._pending_gpus
+
+    def pending_gpus(self) -> frozenset[str]:
+        return frozenset(self._pending_gpus)
 
     def settle(self, gpu_uuid: str, pane_start: int) -> None:
         """The pane is published with every kernel it keeps: no longer pending."""
         log = self._gpus.get(gpu_uuid)
         if log is not None:
             log.pending.pop(pane_start, None)
+            if not log.pending:
+                self._pending_gpus.discard(gpu_uuid)
 
     def touched_by(self, node_id: str, pid: int, ts_ns: int) -> list[tuple[str, int]]:
         """(GPU, pane start) of every kept pane with a kernel of process ``(node_id, pid)`` starting at or after
@@ -156,6 +167,7 @@ class KernelLog:
         """Drop the kernels of every GPU not in ``sampled`` (one that never sent a sample: with no covered time,
         nothing of it is billed), and return how many each had, by GPU."""
         gone = [gpu for gpu in sorted(self._gpus) if gpu not in sampled]
+        self._pending_gpus.difference_update(gone)
         return {gpu: sum(k.first for ks in self._gpus.pop(gpu).panes.values() for k in ks) for gpu in gone}
 
     def has(self, gpu_uuid: str, pane_start: int) -> bool:
@@ -176,10 +188,13 @@ class KernelLog:
                 if k.first:
                     log.keys.discard((k.pid, k.stream, k.correlation_id, k.start_ns))
         log.oldest = min(log.panes, default=None)
+        if not log.pending:
+            self._pending_gpus.discard(gpu_uuid)
 
     def drop(self, gpu_uuid: str) -> None:
         """Forget a GPU gone from the fleet (``GpuPanes.forget``)."""
         self._gpus.pop(gpu_uuid, None)
+        self._pending_gpus.discard(gpu_uuid)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -203,4 +218,6 @@ class KernelLog:
                 log.keys.update((k.pid, k.stream, k.correlation_id, k.start_ns) for k in log.panes[pane] if k.first)
             log.oldest = min(log.panes, default=None)
             log.pending = {pane: n for pane, n in saved.get("pending", [])}  # an older snapshot has none
+            if log.pending:
+                kernels._pending_gpus.add(gpu)
         return kernels

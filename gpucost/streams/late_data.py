@@ -165,9 +165,10 @@ class LateData(DeadLetters):
     def settle_kernels(self, only: Container[str | tuple[str, int]] | None = None) -> list[Output]:
         """Republish every pending pane (late kernels joined it since it was last published) of the GPUs in
         ``only`` (all: None), by GPU then pane: one revision of each for however many kernels joined it. The
-        auditor settles a GPU's panes before it takes the GPU's next sample, process sample or NUMA event (valid,
-        whether on time, late or refused), at a silent close and at the end of input, on both paths alike; a
-        late binding or sample that reaches a pending pane republishes it from the kernels as published."""
+        auditor settles a GPU's panes before it takes the GPU's next sample, process sample or NUMA event (one
+        that decodes and is not from the future: on time, late, or refused as a duplicate or overlap), at a silent
+        close of the GPU (silent in event time too) and at the end of input, on both paths alike; a late binding
+        that reaches a pending pane republishes it against the kernels as published (``_before``)."""
         out: list[Output] = []
         for gpu, starts in self.kernels.log.pending().items():
             if only is None or gpu in only:
