@@ -214,10 +214,13 @@ class Auditor(LateData, AuditState):
         self.idle.expire(watermark_ns, only)
         if not forget:
             return out
-        forgotten = self.panes.forget(
-            watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns), only
-        )
-        self.mae.forget(watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns), only)
+        floor = watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns)
+        forgotten = self.panes.forget(floor, only)
+        self.mae.forget(floor, only)
+        # kernels of a GPU that never sent a sample (a collector's wrong gpu_uuid), as far back as a GPU is forgotten:
+        # a live run never ends, and they would be kept for ever
+        if unsampled := self.kernels.log.unsampled(self.panes.latest_ns(), floor):
+            self.counts["unbilled_kernels"] += unsampled
         for gpu in forgotten:
             self.revisions.drop(gpu)
             self.kernels.log.drop(gpu)
@@ -253,6 +256,12 @@ class Auditor(LateData, AuditState):
         """The smallest watermark of any GPU here (None: none yet)."""
         return self.panes.smallest_watermark()
 
+    def holds_unsampled_kernels(self) -> bool:
+        """Whether kernels of a GPU that never sent a sample are kept here: a Kafka key of such a GPU has no
+        watermark, and its silent close (``gpucost.streams.silence.close_partition``) is what drops them."""
+        sampled = self.panes.latest_ns()
+        return any(gpu not in sampled for gpu in self.kernels.log.gpus())
+
     def kernel_revisions_pending(self) -> frozenset[str]:
         """The GPUs with panes late kernels left pending (``settle_kernels``): the batch path hands such a GPU's
         next sample to the row path, which republishes them first."""
@@ -277,7 +286,7 @@ class Auditor(LateData, AuditState):
         health window and every MAE window."""
         settled = self.settle_kernels()
         out = settled + self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())
-        if unsampled := sum(self.kernels.log.unsampled(self.panes.latest_ns()).values()):
+        if unsampled := self.kernels.log.unsampled(self.panes.latest_ns()):
             self.counts["unbilled_kernels"] += unsampled  # of GPUs that sent no sample: a collector's wrong gpu_uuid
         return out
 

@@ -45,7 +45,7 @@ class Kernel(NamedTuple):
 
 
 class _GpuKernels:
-    __slots__ = ("names", "index", "panes", "keys", "oldest", "pending")
+    __slots__ = ("names", "index", "panes", "keys", "oldest", "pending", "latest")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -56,6 +56,14 @@ class _GpuKernels:
         self.oldest: int | None = None  # the earliest pane kept: pruning does nothing until it is passed
         #: closed pane start → how many of its kernels it had when last published (late kernels joined it since)
         self.pending: dict[int, int] = {}
+        #: (node code, pid) → pane start → the latest start of the process's kernels kept there: the panes a binding
+        #: of the process reaches (``touched_by``), found without a pass over every kernel kept
+        self.latest: dict[tuple[int, int], dict[int, int]] = {}
+
+    def add(self, pane: int, kernel: Kernel) -> None:
+        self.panes.setdefault(pane, []).append(kernel)
+        starts = self.latest.setdefault((kernel.node, kernel.pid), {})
+        starts[pane] = max(starts.get(pane, kernel.start_ns), kernel.start_ns)
 
     def code(self, name: str) -> int:
         at = self.index.get(name)
@@ -102,8 +110,7 @@ class KernelLog:
         node, name, category = log.code(k.node_id), log.code(k.name), KERNEL_CATEGORIES.index(k.category)
         for pane in touched:
             first = int(pane == start)
-            kernel = Kernel(k.start_ns, k.end_ns, k.pid, node, name, category, k.stream, k.correlation_id, first)
-            log.panes.setdefault(pane, []).append(kernel)
+            log.add(pane, Kernel(k.start_ns, k.end_ns, k.pid, node, name, category, k.stream, k.correlation_id, first))
         log.keys.add((k.pid, k.stream, k.correlation_id, k.start_ns))
         log.oldest = start if log.oldest is None else min(log.oldest, start)
         return touched
@@ -150,12 +157,8 @@ class KernelLog:
         out = []
         for gpu, log in sorted(self._gpus.items()):
             node = log.index.get(node_id)
-            if node is not None:
-                out += [
-                    (gpu, pane)
-                    for pane, kernels in sorted(log.panes.items())
-                    if any(k.node == node and k.pid == pid and k.start_ns >= ts_ns for k in kernels)
-                ]
+            starts = {} if node is None else log.latest.get((node, pid), {})
+            out += [(gpu, pane) for pane, latest in sorted(starts.items()) if latest >= ts_ns]
         return out
 
     def calls(self, gpu_uuid: str, pane_start: int) -> int:
@@ -163,12 +166,21 @@ class KernelLog:
         log = self._gpus.get(gpu_uuid)
         return 0 if log is None else sum(k.first for k in log.panes.get(pane_start, ()))
 
-    def unsampled(self, sampled: Container[str]) -> dict[str, int]:
+    def unsampled(self, sampled: Container[str], floor_ns: int | None = None) -> int:
         """Drop the kernels of every GPU not in ``sampled`` (one that never sent a sample: with no covered time,
-        nothing of it is billed), and return how many each had, by GPU."""
-        gone = [gpu for gpu in sorted(self._gpus) if gpu not in sampled]
-        self._pending_gpus.difference_update(gone)
-        return {gpu: sum(k.first for ks in self._gpus.pop(gpu).panes.values() for k in ks) for gpu in gone}
+        nothing of it is billed) in panes starting before ``floor_ns`` (all: None); how many kernels started there."""
+        gone = 0
+        for gpu in [gpu for gpu in sorted(self._gpus) if gpu not in sampled]:
+            log = self._gpus[gpu]
+            gone += self._cut(log, floor_ns)
+            if not log.panes:
+                del self._gpus[gpu]
+                self._pending_gpus.discard(gpu)
+        return gone
+
+    def gpus(self) -> list[str]:
+        """The GPUs with kernels kept."""
+        return sorted(self._gpus)
 
     def has(self, gpu_uuid: str, pane_start: int) -> bool:
         log = self._gpus.get(gpu_uuid)
@@ -182,14 +194,28 @@ class KernelLog:
         floor = watermark_ns - self.horizon_ns - self.pane_ns
         if log.oldest is None or log.oldest >= floor:
             return
-        for pane in [p for p in log.panes if p < floor]:
+        self._cut(log, floor)
+        if not log.pending:
+            self._pending_gpus.discard(gpu_uuid)
+
+    @staticmethod
+    def _cut(log: _GpuKernels, floor: int | None) -> int:
+        """Drop a GPU's panes starting before ``floor`` (all: None); how many kernels started in them."""
+        calls = 0
+        for pane in [p for p in log.panes if floor is None or p < floor]:
             log.pending.pop(pane, None)  # pending ⊆ kept (the auditor settles a GPU's panes before pruning them)
             for k in log.panes.pop(pane):
                 if k.first:
+                    calls += 1
                     log.keys.discard((k.pid, k.stream, k.correlation_id, k.start_ns))
+        for process in list(log.latest):
+            starts = log.latest[process] = {
+                p: t for p, t in log.latest[process].items() if floor is not None and p >= floor
+            }
+            if not starts:
+                del log.latest[process]
         log.oldest = min(log.panes, default=None)
-        if not log.pending:
-            self._pending_gpus.discard(gpu_uuid)
+        return calls
 
     def drop(self, gpu_uuid: str) -> None:
         """Forget a GPU gone from the fleet (``GpuPanes.forget``)."""
@@ -214,7 +240,8 @@ class KernelLog:
             for name in saved["names"]:
                 log.code(name)
             for pane, rows in saved["panes"]:
-                log.panes[pane] = [Kernel(*row) for row in rows]
+                for kernel in map(Kernel._make, rows):
+                    log.add(pane, kernel)
                 log.keys.update((k.pid, k.stream, k.correlation_id, k.start_ns) for k in log.panes[pane] if k.first)
             log.oldest = min(log.panes, default=None)
             log.pending = {pane: n for pane, n in saved.get("pending", [])}  # an older snapshot has none

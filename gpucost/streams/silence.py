@@ -62,15 +62,17 @@ def close_partition(
     if not watermarks:
         return [], set()
     largest, out, changed = max(watermarks.values()), [], set()
-    for key, watermark in watermarks.items():
-        # an open pane ends after its GPU's watermark: a key within the timeout of the largest has none to close
-        if watermark + settings.idle_timeout_ns < largest and quiet(
-            heard.get(key, since), now, settings.idle_timeout_s
-        ):
-            auditor = auditors[key]
-            rolls = auditor.idle_changes
+    for key, auditor in auditors.items():
+        watermark = watermarks.get(key)
+        # an open pane ends after its GPU's watermark: a key within the timeout of the largest has none to close; a
+        # key with none holds nothing to close but the kernels of a GPU that never sent a sample
+        behind = (
+            auditor.holds_unsampled_kernels() if watermark is None else watermark + settings.idle_timeout_ns < largest
+        )
+        if behind and quiet(heard.get(key, since), now, settings.idle_timeout_s):
+            rolls, unbilled = auditor.idle_changes, auditor.counts["unbilled_kernels"]
             closed = auditor.close_silent(largest)
-            if closed or auditor.idle_changes != rolls:
+            if closed or auditor.idle_changes != rolls or auditor.counts["unbilled_kernels"] != unbilled:
                 changed.add(key)
                 out += closed
     return out, changed
