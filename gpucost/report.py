@@ -252,9 +252,9 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
         )
     if stats.counts.get("unbilled_kernels"):
         parts.append(
-            f"{stats.counts['unbilled_kernels']:,} kernels fell in panes without a GPU sample, or are of GPUs that "
-            "sent none: not billed (a kernel's gpu_uuid must be the samples' NVML UUID: install pynvml where the "
-            "collector runs)"
+            f"{stats.counts['unbilled_kernels']:,} kernels started in panes never billed (without a GPU sample), or "
+            "are of GPUs that sent none: billed to no one (a kernel's gpu_uuid must be the samples' NVML UUID: "
+            "install pynvml where the collector runs)"
         )
     if stats.counts.get("binding_past_horizon"):
         parts.append(

@@ -11,7 +11,7 @@ from gpucost.schemas.kernels import KernelActivity
 from gpucost.streams.audit import Auditor
 from gpucost.streams.kernel_log import KernelLog
 from gpucost.streams.settings import AuditSettings
-from gpucost.streams.silence import close_partition
+from gpucost.streams.silence import RunSilence, close_partition
 from tests.support import kernel_fleet
 
 NS = 10**9
@@ -108,3 +108,20 @@ def test_kernels_of_a_gpu_without_samples_are_kept_while_they_may_still_be_bille
     fleet, ghost = ghost_and_fleet(2)
     close_partition({"GPU-0": fleet, "n/0": ghost}, {}, 0.0, 10_000.0, AUDIT)
     assert ghost.holds_unsampled_kernels() and not ghost.counts["unbilled_kernels"]
+
+
+def test_the_embedded_run_drops_them_only_once_that_gpu_itself_is_quiet() -> None:
+    """From a review: another GPU going quiet dropped them while their own GPU was still heard (its kernels had just
+    come); the embedded run now hears a GPU without samples by its kernels' latest start."""
+    auditor = Auditor(AUDIT)  # one auditor for the run: GPU-0 samples for 73 h, n/0 sends only kernels
+    for i in range(5):
+        auditor.update(activity(i, "n/0", "n", 1, 60 + i, 1))
+    for e in kernel_fleet.fleet(73 * 60):
+        auditor.update(e)
+    silence = RunSilence(timeout_s=900, forget=True)
+    silence.close(auditor, 0.0)  # the first look: each heard now
+    auditor.update(activity(5, "n/0", "n", 1, 70, 1))  # n/0 heard again (a late buffer); GPU-0 is quiet
+    silence.close(auditor, 1_000.0)
+    assert auditor.holds_unsampled_kernels() and not auditor.counts["unbilled_kernels"]
+    silence.close(auditor, 2_000.0)  # n/0 quiet too
+    assert not auditor.holds_unsampled_kernels() and auditor.counts["unbilled_kernels"] == 6

@@ -202,5 +202,58 @@ def test_the_run_s_summary_tells_the_user_why_the_kernels_were_not_billed(tmp_pa
     (tmp_path / "b_samples.jsonl").write_text("".join(encode_event(e) + "\n" for e in fleet(5)))
     files = [str(tmp_path / "a_kernels.jsonl"), str(tmp_path / "b_samples.jsonl")]
     run = gpucost("replay", *files, "--out", str(tmp_path / "audit"), "--pane-s", "60")
-    assert "7 kernels fell in panes without a GPU sample, or are of GPUs that sent none" in run.stdout
+    assert "7 kernels started in panes never billed (without a GPU sample), or are of GPUs that sent none" in run.stdout
     assert "pynvml" in run.stdout
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["rows", "batch"])
+def test_a_kernel_is_counted_unbilled_once_when_it_leaves_the_log_in_a_pane_never_billed(batch: bool) -> None:
+    """Counted as it leaves the log (pruned past the horizon, or at the end of input), so that a pane closed without a
+    GPU sample and billed later by a late one is not counted, and kernels before the GPU's first sample (a pane that
+    never opened) are."""
+    audit = AuditSettings(pane_s=60, revision_horizon_s=600)
+    samples = fleet(64)
+    gpu_sample_of_pane_3 = samples.pop(2 + 2 * 3)  # pane 3 closes unbilled; the sample comes late, within 600 s
+    early = kernel(-120, -110, "before", corr=1)  # two panes before the first sample: a pane that never opens
+    in_3 = trace(3, pane=3, first_corr=10)
+    events = samples[:2] + [early] + sorted(samples[2:16] + in_3, key=ts) + [gpu_sample_of_pane_3] + samples[16:]
+    assert len(events) >= 128
+    auditor = Auditor(audit)
+    out = feed(auditor, events, batch)
+    assert auditor.counts["unbilled_kernels"] == 1  # pruned in the run: the early kernel, not pane 3's
+    assert sum(r.calls for r in kernel_records(out) if r.pane_start_ns == gpu_sample_of_pane_3.ts_ns) == 3
+    out += auditor.finish()
+    assert auditor.counts["unbilled_kernels"] == 1
+
+
+def test_late_kernels_of_a_pane_that_stays_unbilled_are_counted_at_the_end_of_input() -> None:
+    samples = fleet(8)
+    del samples[2 + 2 * 1]  # pane 1 has no GPU sample
+    auditor = Auditor(AUDIT)
+    feed(auditor, samples, False)
+    feed(auditor, trace(6, pane=1), False)
+    assert not kernel_records(auditor.finish()) and auditor.counts["unbilled_kernels"] == 6
+
+
+def test_the_unbilled_kernels_of_a_gpu_forgotten_are_counted() -> None:
+    samples = fleet(8)
+    del samples[2 + 2 * 1]  # pane 1 has no GPU sample
+    auditor = Auditor(AUDIT)
+    feed(auditor, samples[:4] + trace(6, pane=1) + samples[4:], False)
+    auditor.close_silent(samples[-1].ts_ns + 80 * 3600 * 10**9, {"GPU-0"})
+    assert auditor.counts["forgotten_gpus"] == 1 and auditor.counts["unbilled_kernels"] == 6
+
+
+def test_kernels_counted_at_an_end_of_input_are_not_counted_again_by_its_successor() -> None:
+    """``successor`` keeps the kernel log (a kernel sent again is a duplicate): its pruning must not count again the
+    kernels the end of input counted."""
+    samples = fleet(8)
+    del samples[2 + 2 * 1]
+    auditor = Auditor(AUDIT)
+    feed(auditor, samples[:4] + trace(6, pane=1) + samples[4:], False)
+    auditor.finish()
+    nxt = auditor.successor()
+    later = fleet(8 * 60)[2 + 2 * 420 :]  # seven hours on: pane 1 is pruned past the horizon
+    feed(nxt, later, False)
+    assert auditor.counts["unbilled_kernels"] + nxt.counts["unbilled_kernels"] == 6
+    assert not nxt.kernels.log.has("GPU-0", samples[3].ts_ns - 1)

@@ -217,17 +217,19 @@ class Auditor(LateData, AuditState):
         floor = watermark_ns - timeout - max(self.settings.window_ns, self.settings.revision_horizon_ns)
         forgotten = self.panes.forget(floor, only)
         self.mae.forget(floor, only)
-        # kernels of a GPU that never sent a sample (a collector's wrong gpu_uuid), as far back as a GPU is forgotten:
-        # a live run never ends, and they would be kept for ever
-        if unsampled := self.kernels.log.unsampled(self.panes.latest_ns(), floor):
-            self.counts["unbilled_kernels"] += unsampled
+        unbilled = 0
         for gpu in forgotten:
             self.revisions.drop(gpu)
-            self.kernels.log.drop(gpu)
+            unbilled += self.kernels.log.drop(gpu)
             self.sla.drop(gpu)
             self.allocations.table.drop(gpu)
         if forgotten:
             self.counts["forgotten_gpus"] += len(forgotten)
+        # kernels of a GPU that never sent a sample (a collector's wrong gpu_uuid), as far back as a GPU is forgotten:
+        # a live run never ends, and they would be kept for ever
+        unbilled += self.kernels.log.unsampled(self.panes.latest_ns(), floor, only)
+        if unbilled:
+            self.counts["unbilled_kernels"] += unbilled
         return out
 
     def latest_ns(self) -> int | None:
@@ -238,12 +240,16 @@ class Auditor(LateData, AuditState):
         return max([*([] if watermark is None else [watermark]), *addresses], default=None)
 
     def heard_ns(self) -> dict[str | tuple[str, int], int]:
-        """Each GPU's largest event time taken and each open MAE window's last address, by GPU id or (node, pid):
+        """Each GPU's largest event time taken (of a GPU without samples, its kernels' latest start) and each open MAE
+        window's last address, by GPU id or (node, pid):
         what a transport watches, on its own clock, to tell a GPU or process gone silent (``close_silent``'s
         ``only``) from one whose events are only behind."""
         heard: dict[str | tuple[str, int], int] = {}
-        heard.update(self.panes.latest_ns())
+        sampled = self.panes.latest_ns()
+        heard.update(sampled)
         heard.update(self.mae.latest_ns())
+        # a GPU of which only kernels came (its samples may still come, or never): heard as its kernels' latest start
+        heard.update(self.kernels.log.latest_starts(g for g in self.kernels.log.gpus() if g not in sampled))
         return heard
 
     # --- what a transport reads of the state, so that none reaches into the operators --------------
@@ -286,8 +292,9 @@ class Auditor(LateData, AuditState):
         health window and every MAE window."""
         settled = self.settle_kernels()
         out = settled + self.close(self.panes.close_all()) + self.health.finish() + list(self.mae.finish())
-        if unsampled := self.kernels.log.unsampled(self.panes.latest_ns()):
-            self.counts["unbilled_kernels"] += unsampled  # of GPUs that sent no sample: a collector's wrong gpu_uuid
+        # of GPUs that sent no sample (a collector's wrong gpu_uuid), then of panes never billed: counted once
+        if unbilled := self.kernels.log.unsampled(self.panes.latest_ns()) + self.kernels.log.unbilled():
+            self.counts["unbilled_kernels"] += unbilled
         return out
 
     def close(self, panes: list[PaneTotals], prices: list[Decimal | None] | None = None) -> list[Output]:
@@ -300,8 +307,6 @@ class Auditor(LateData, AuditState):
             idle = self.idle.on_close(pane)
             if idle is None:
                 self.counts["unbilled"] += pane.tenant_events
-                if kernels := self.kernels.log.calls(pane.gpu_uuid, pane.pane_start_ns):
-                    self.counts["unbilled_kernels"] += kernels
                 self.revisions.hold(pane.gpu_uuid, pane.pane_start_ns, None, False)
                 continue
             out.append(idle)
@@ -330,10 +335,8 @@ class Auditor(LateData, AuditState):
             self.on_closed(panes)
         # numpy compares an object column with None elementwise; its stubs accept no None
         billed = np.not_equal(panes.node_id, None) & np.not_equal(panes.gpu_model, None)  # type: ignore[call-overload]
-        for j in np.flatnonzero(~billed).tolist():
-            self.counts["unbilled"] += int(panes.tenant_events[j])
-            if kernels := self.kernels.log.calls(panes.gpu_uuid[j], int(panes.pane_start_ns[j])):
-                self.counts["unbilled_kernels"] += kernels
+        for events in panes.tenant_events[~billed].tolist():
+            self.counts["unbilled"] += events
         if self.revisions.enabled:
             self.revisions.hold_many(
                 panes.gpu_uuid.tolist(),

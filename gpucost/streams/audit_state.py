@@ -82,7 +82,8 @@ class AuditState:
         watermark."""
         watermark = self.panes.watermark(gpu_uuid)
         self.revisions.prune(gpu_uuid, watermark)
-        self.kernels.log.prune(gpu_uuid, watermark)
+        if unbilled := self.kernels.log.prune(gpu_uuid, watermark):
+            self.counts["unbilled_kernels"] += unbilled  # kernels of panes never billed (no GPU sample, or none open)
 
     def prune(self) -> None:
         """Drop the bindings no on-time event can reach any more (superseded before the oldest pane an

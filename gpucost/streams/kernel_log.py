@@ -16,7 +16,7 @@ appended, so that count marks exactly the kernels published.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from typing import Any, NamedTuple
 
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, KernelActivity
@@ -45,7 +45,7 @@ class Kernel(NamedTuple):
 
 
 class _GpuKernels:
-    __slots__ = ("names", "index", "panes", "keys", "oldest", "pending", "latest")
+    __slots__ = ("names", "index", "panes", "keys", "oldest", "pending", "latest", "billed")
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -59,6 +59,9 @@ class _GpuKernels:
         #: (node code, pid) → pane start → the latest start of the process's kernels kept there: the panes a binding
         #: of the process reaches (``touched_by``), found without a pass over every kernel kept
         self.latest: dict[tuple[int, int], dict[int, int]] = {}
+        #: the panes whose kernel lines were published (or whose kernels were counted unbilled at an end of input):
+        #: a kernel leaving the log in any other pane it starts in was billed to no one, and is counted so
+        self.billed: set[int] = set()
 
     def add(self, pane: int, kernel: Kernel) -> None:
         self.panes.setdefault(pane, []).append(kernel)
@@ -161,16 +164,14 @@ class KernelLog:
             out += [(gpu, pane) for pane, latest in sorted(starts.items()) if latest >= ts_ns]
         return out
 
-    def calls(self, gpu_uuid: str, pane_start: int) -> int:
-        """How many kernels start in the pane (a kernel across panes is counted in its first)."""
-        log = self._gpus.get(gpu_uuid)
-        return 0 if log is None else sum(k.first for k in log.panes.get(pane_start, ()))
-
-    def unsampled(self, sampled: Container[str], floor_ns: int | None = None) -> int:
+    def unsampled(
+        self, sampled: Container[str], floor_ns: int | None = None, only: Container[str | tuple[str, int]] | None = None
+    ) -> int:
         """Drop the kernels of every GPU not in ``sampled`` (one that never sent a sample: with no covered time,
-        nothing of it is billed) in panes starting before ``floor_ns`` (all: None); how many kernels started there."""
+        nothing of it is billed), of those in ``only`` if given, in panes starting before ``floor_ns`` (all: None);
+        how many of them were unbilled."""
         gone = 0
-        for gpu in [gpu for gpu in sorted(self._gpus) if gpu not in sampled]:
+        for gpu in [gpu for gpu in sorted(self._gpus) if gpu not in sampled and (only is None or gpu in only)]:
             log = self._gpus[gpu]
             gone += self._cut(log, floor_ns)
             if not log.panes:
@@ -182,31 +183,45 @@ class KernelLog:
         """The GPUs with kernels kept."""
         return sorted(self._gpus)
 
+    def latest_starts(self, gpus: Iterable[str]) -> dict[str, int]:
+        """The latest start of the kernels kept of each of ``gpus`` that has any."""
+        out = {}
+        for gpu in gpus:
+            log = self._gpus.get(gpu)
+            if log is not None and log.latest:
+                out[gpu] = max(t for starts in log.latest.values() for t in starts.values())
+        return out
+
     def has(self, gpu_uuid: str, pane_start: int) -> bool:
         log = self._gpus.get(gpu_uuid)
         return log is not None and pane_start in log.panes
 
-    def prune(self, gpu_uuid: str, watermark_ns: int | None) -> None:
-        """Forget the GPU's panes that ended more than the horizon before its watermark (``Revisions.prune``)."""
+    def prune(self, gpu_uuid: str, watermark_ns: int | None) -> int:
+        """Forget the GPU's panes that ended more than the horizon before its watermark (``Revisions.prune``); how
+        many kernels starting in them were billed to no one (``unbilled``)."""
         log = self._gpus.get(gpu_uuid)
         if log is None or watermark_ns is None:
-            return
+            return 0
         floor = watermark_ns - self.horizon_ns - self.pane_ns
         if log.oldest is None or log.oldest >= floor:
-            return
-        self._cut(log, floor)
+            return 0
+        unbilled = self._cut(log, floor)
         if not log.pending:
             self._pending_gpus.discard(gpu_uuid)
+        return unbilled
 
     @staticmethod
     def _cut(log: _GpuKernels, floor: int | None) -> int:
-        """Drop a GPU's panes starting before ``floor`` (all: None); how many kernels started in them."""
-        calls = 0
+        """Drop a GPU's panes starting before ``floor`` (all: None); how many kernels starting in them were billed to
+        no one (their pane's lines never published)."""
+        unbilled = 0
         for pane in [p for p in log.panes if floor is None or p < floor]:
             log.pending.pop(pane, None)  # pending ⊆ kept (the auditor settles a GPU's panes before pruning them)
+            billed = pane in log.billed
+            log.billed.discard(pane)
             for k in log.panes.pop(pane):
                 if k.first:
-                    calls += 1
+                    unbilled += not billed
                     log.keys.discard((k.pid, k.stream, k.correlation_id, k.start_ns))
         for process in list(log.latest):
             starts = log.latest[process] = {
@@ -215,12 +230,29 @@ class KernelLog:
             if not starts:
                 del log.latest[process]
         log.oldest = min(log.panes, default=None)
-        return calls
+        return unbilled
 
-    def drop(self, gpu_uuid: str) -> None:
-        """Forget a GPU gone from the fleet (``GpuPanes.forget``)."""
-        self._gpus.pop(gpu_uuid, None)
+    def billed(self, gpu_uuid: str, pane_start: int) -> None:
+        """The pane's kernel lines are published: its kernels are billed (``unbilled``)."""
+        log = self._gpus.get(gpu_uuid)
+        if log is not None and pane_start in log.panes:
+            log.billed.add(pane_start)
+
+    def unbilled(self) -> int:
+        """How many kernels kept start in a pane whose lines were never published, each counted once: they are
+        marked as counted (an end of input: nothing may bill them now but the same input sent again)."""
+        unbilled = 0
+        for log in self._gpus.values():
+            for pane in log.panes.keys() - log.billed:
+                unbilled += sum(k.first for k in log.panes[pane])
+                log.billed.add(pane)
+        return unbilled
+
+    def drop(self, gpu_uuid: str) -> int:
+        """Forget a GPU gone from the fleet (``GpuPanes.forget``); how many of its kernels were billed to no one."""
+        log = self._gpus.pop(gpu_uuid, None)
         self._pending_gpus.discard(gpu_uuid)
+        return 0 if log is None else self._cut(log, None)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -228,6 +260,7 @@ class KernelLog:
                 "names": log.names,
                 "panes": [[p, [list(k) for k in ks]] for p, ks in sorted(log.panes.items())],
                 "pending": sorted(log.pending.items()),
+                "billed": sorted(log.billed),
             }
             for gpu, log in sorted(self._gpus.items())
         }
@@ -240,11 +273,13 @@ class KernelLog:
             for name in saved["names"]:
                 log.code(name)
             for pane, rows in saved["panes"]:
-                for kernel in map(Kernel._make, rows):
-                    log.add(pane, kernel)
-                log.keys.update((k.pid, k.stream, k.correlation_id, k.start_ns) for k in log.panes[pane] if k.first)
+                for k in map(Kernel._make, rows):
+                    log.add(pane, k)
+                    if k.first:
+                        log.keys.add((k.pid, k.stream, k.correlation_id, k.start_ns))
             log.oldest = min(log.panes, default=None)
             log.pending = {pane: n for pane, n in saved.get("pending", [])}  # an older snapshot has none
+            log.billed = set(saved.get("billed", log.panes))  # and, unknown, counts none of its kernels unbilled
             if log.pending:
                 kernels._pending_gpus.add(gpu)
         return kernels
