@@ -104,7 +104,7 @@ class KernelCost:
             tenant = self.bindings.lookup(names[k.node], k.pid, k.start_ns)
             by_tenant.setdefault(tenant.key, (tenant, []))[1].append(k)
         covered_ns = pane.covered_ms * NS_PER_MS
-        self.log.billed(pane.gpu_uuid, pane.pane_start_ns)  # its lines are published now, or were (``_before``)
+        self.log.mark_billed(pane.gpu_uuid, pane.pane_start_ns)  # its lines are published now, or were (``_before``)
         out = []
         for key, (tenant, mine) in sorted(by_tenant.items()):
             cost = costs.get(key, 0)

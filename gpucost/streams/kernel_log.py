@@ -232,7 +232,7 @@ class KernelLog:
         log.oldest = min(log.panes, default=None)
         return unbilled
 
-    def billed(self, gpu_uuid: str, pane_start: int) -> None:
+    def mark_billed(self, gpu_uuid: str, pane_start: int) -> None:
         """The pane's kernel lines are published: its kernels are billed (``unbilled``)."""
         log = self._gpus.get(gpu_uuid)
         if log is not None and pane_start in log.panes:
