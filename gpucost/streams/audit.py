@@ -245,11 +245,10 @@ class Auditor(LateData, AuditState):
         what a transport watches, on its own clock, to tell a GPU or process gone silent (``close_silent``'s
         ``only``) from one whose events are only behind."""
         heard: dict[str | tuple[str, int], int] = {}
-        sampled = self.panes.latest_ns()
-        heard.update(sampled)
+        heard.update(self.panes.latest_ns())
         heard.update(self.mae.latest_ns())
         # a GPU of which only kernels came (its samples may still come, or never): heard as its kernels' latest start
-        heard.update(self.kernels.log.latest_starts(g for g in self.kernels.log.gpus() if g not in sampled))
+        heard.update(self.kernels.log.latest_starts(self._kernels_only()))
         return heard
 
     # --- what a transport reads of the state, so that none reaches into the operators --------------
@@ -265,8 +264,12 @@ class Auditor(LateData, AuditState):
     def holds_unsampled_kernels(self) -> bool:
         """Whether kernels of a GPU that never sent a sample are kept here: a Kafka key of such a GPU has no
         watermark, and its silent close (``gpucost.streams.silence.close_partition``) is what drops them."""
+        return bool(self._kernels_only())
+
+    def _kernels_only(self) -> list[str]:
+        """The GPUs whose kernels are kept here and which never sent a sample."""
         sampled = self.panes.latest_ns()
-        return any(gpu not in sampled for gpu in self.kernels.log.gpus())
+        return [gpu for gpu in self.kernels.log.gpus() if gpu not in sampled]
 
     def kernel_revisions_pending(self) -> frozenset[str]:
         """The GPUs with panes late kernels left pending (``settle_kernels``): the batch path hands such a GPU's
