@@ -63,6 +63,7 @@ DEDUPE_KEYS: dict[str, tuple[str, ...]] = {
     "reclaim": ("trigger_id",),
     "efficiency": ("gpu_uuid", "pane_start_ns", "pid"),
     "kernel_cost": ("record_id",),
+    "range_cost": ("record_id",),
     "dlq": ("source", "reason"),
 }
 

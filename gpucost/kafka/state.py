@@ -39,8 +39,10 @@ STATE_CHUNK_BYTES = 256 << 10
 #: process's addresses taken (``Mae.to_state``) and the log of open panes with revisions off; versions 0 and 1 are
 #: read, their processes starting with no addresses taken. Version 3 adds each GPU's pending kernel panes (late kernels
 #: not yet republished, ``KernelLog``): a worker of version 2 would restore it without them and never publish that
-#: revision, so it refuses it; version 2 is read, with none pending.
-STATE_VERSION = 3
+#: revision, so it refuses it; version 2 is read, with none pending. Version 4 adds each kept kernel's range path (a
+#: tenth item of its row: ``KernelLog``), which a worker of version 3 cannot restore; version 3's rows are read, their
+#: kernels carrying no path.
+STATE_VERSION = 4
 
 
 class StateError(RuntimeError):

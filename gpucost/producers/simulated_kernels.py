@@ -23,12 +23,13 @@ __all__ = ["KERNELS", "PROFILE_EVERY_NS", "PROFILE_NS", "Profiler"]
 NS = 1_000_000_000
 PROFILE_EVERY_NS = 8 * 3600 * NS
 PROFILE_NS = 10 * 60 * NS
-#: (name, category) of the kernels a job launches
+#: (name, category, range path) of the kernels a job launches: the ranges a training step opens around them (an
+#: annotated job's; one job in three is not annotated, and its kernels carry no path)
 KERNELS = (
-    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn", "kernel"),
-    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
-    ("Memcpy HtoD (Pageable -> Device)", "memcpy"),
-    ("vectorized_elementwise_kernel", "kernel"),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn", "kernel", ("train_step", "forward")),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication", ("train_step", "backward", "all_reduce")),
+    ("Memcpy HtoD (Pageable -> Device)", "memcpy", ("dataloader",)),
+    ("vectorized_elementwise_kernel", "kernel", ("train_step",)),
 )
 
 
@@ -53,7 +54,7 @@ class Profiler:
         rng, out = self.rng, []
         for job in jobs:
             for i in range(int(rng.integers(1, 5))):
-                name, category = KERNELS[int(rng.integers(0, len(KERNELS)))]
+                name, category, path = KERNELS[int(rng.integers(0, len(KERNELS)))]
                 start = ts_ns + int(rng.integers(0, interval_ns))
                 self.correlation += 1
                 out.append(
@@ -69,6 +70,7 @@ class Profiler:
                         stream=7 + 6 * (i % 2),
                         correlation_id=self.correlation,
                         category=category,
+                        range_path=path if job.pid % 3 else None,
                     )
                 )
         return out

@@ -56,8 +56,8 @@ def _arrow_field(name: str, annotation: object) -> pa.Field:
         annotation = str  # one of some words (an SLA, an origin): text
     if get_origin(annotation) is list and get_args(annotation)[0] in _SCALARS:
         return pa.field(name, pa.list_(_SCALARS[get_args(annotation)[0]]), nullable=nullable)
-    if get_origin(annotation) is tuple:  # a fixed triple of integers (a kernel's grid, its block): a list column
-        (item,) = {get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(annotation)}
+    if get_origin(annotation) is tuple:  # a triple of integers (a kernel's grid), names (its range path): a list column
+        (item,) = {get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(annotation) if a is not ...}
         return pa.field(name, pa.list_(_SCALARS[item]), nullable=nullable)
     if annotation not in _SCALARS:
         raise TypeError(f"field {name}: no Arrow type declared for {annotation!r}")

@@ -15,7 +15,8 @@ from typing import Any, cast
 import numpy as np
 import pyarrow as pa
 
-from gpucost.schemas.records import OUTPUT_KINDS, IdleIndexRecord, Output, R, computed_from
+from gpucost.schemas.computed import R, computed_from
+from gpucost.schemas.records import OUTPUT_KINDS, IdleIndexRecord, Output
 
 __all__ = ["ClosedPanes", "Emitted", "Outputs", "expand"]
 

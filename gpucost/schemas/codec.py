@@ -119,8 +119,9 @@ def decode_object(obj: object) -> Event | Rejected:
     if kind == "annotation_range":
         return Rejected(
             "unknown_kind",
-            "annotation_range (an NVTX range) is not yet billed by the pipeline, which bills kernel_activity "
-            "alone: leave the ranges out of its input (grep -v annotation_range)",
+            "annotation_range (an NVTX range) is not an input of the pipeline: a range is billed through the "
+            "kernels launched in it, each carrying its range_path (the collector and trace readers resolve it); "
+            "leave the ranges out of its input (grep -v annotation_range)",
             kind,
         )
     if model is None:

@@ -196,4 +196,15 @@ FIELD_DOCS: dict[str, tuple[str | None, str]] = {
     "covered_ns": ("ns", "the pane's time covered by GPU samples (covered_ms in ns): what no_kernel is measured from"),
     "tenant_cost_micro_usd": (MICRO_USD, "the tenant's usage cost of the pane, which its kernel lines sum to"),
     "raw": (None, "the refused input's text (cut to a bounded length)"),
+    "range_path": (
+        None,
+        "the ranges (NVTX, record_function) open on the launching thread at the launch, outermost first: a list of "
+        "names on a kernel, their JSON array text on a range cost record",
+    ),
+    "range_name": (None, "the innermost range of the path"),
+    "depth": ("count", "how many ranges the path holds (1: an outermost range)"),
+    "tenant_kernel_cost_micro_usd": (
+        MICRO_USD,
+        "the tenant's kernel lines' µ$ of the pane (all but no_kernel): what its range paths are dealt from",
+    ),
 }

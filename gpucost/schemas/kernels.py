@@ -14,6 +14,7 @@ from gpucost.schemas.gemm import Precision
 __all__ = [
     "KERNEL_CATEGORIES",
     "MAX_KERNEL_NS",
+    "MAX_RANGE_DEPTH",
     "NAME_MAX_CHARS",
     "KernelActivity",
     "AnnotationRange",
@@ -28,6 +29,10 @@ _Dim = Annotated[int, Field(ge=0, lt=2**32, strict=True)]
 #: three integers; a JSON array on the wire, so a list is taken (strict mode takes only a tuple), each item strictly
 Dim3 = Annotated[tuple[_Dim, _Dim, _Dim], Field(strict=False)]
 Source = Literal["cupti", "kineto", "nsys"]
+#: the deepest range path a kernel carries: a deeper stack is cut to its outermost levels by the reader
+MAX_RANGE_DEPTH = 32
+#: the names of the ranges open on the launching thread at the launch, outermost first (a JSON array on the wire)
+RangePath = Annotated[tuple[Name, ...], Field(min_length=1, max_length=MAX_RANGE_DEPTH, strict=False)]
 
 
 class _Timed(WireEvent):
@@ -75,6 +80,9 @@ class KernelActivity(_Timed):
     registers_per_thread: Count | None = None
     shared_memory_bytes: Count | None = None
     bytes: Count | None = None
+    #: the ranges (NVTX, ``record_function``) open on ``launch_tid`` at ``launch_ns``, outermost first, resolved by
+    #: the source that saw them (docs/definitions.md, "Range cost in the pipeline"); None: none open, or not known
+    range_path: RangePath | None = None
 
     @model_validator(mode="after")
     def _not_too_long(self) -> Self:

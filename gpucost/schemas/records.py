@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from hashlib import blake2b
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from gpucost.schemas.computed import computed, computed_from
 
 __all__ = [
     "IdleIndexRecord",
@@ -33,6 +35,7 @@ __all__ = [
     "UNALLOCATED_TENANT",
     "AllocationRecord",
     "KernelCostRecord",
+    "RangeCostRecord",
     "Wide",
     "Duration",
     "computed",
@@ -183,6 +186,26 @@ class KernelCostRecord(_PaneParty):
     revision: Int64
 
 
+class RangeCostRecord(_PaneParty):
+    """One range path's part of a tenant's kernel cost of a pane (docs/definitions.md, "Range cost in the pipeline"):
+    the tenant's kernels launched inside the range (inside ranges nested in it too), by the path each kernel carries.
+    ``range_path`` is the path as a JSON array of names, outermost first; a path's figures include its children's,
+    which sum to no more than it (the rest is its own kernels'), and the outermost ranges to no more than
+    ``tenant_kernel_cost_micro_usd``, the tenant's kernel lines' µ$ (all but ``no_kernel``), in every revision."""
+
+    range_path: str
+    range_name: str
+    depth: Int64
+    calls: Int64
+    busy_ns: DurationNs
+    covered_ns: DurationNs
+    usd_per_gpu_hour: Decimal | None
+    tenant_kernel_cost_micro_usd: Int64
+    cost_micro_usd: Int64
+    unpriced: bool
+    revision: Int64
+
+
 class HealthRecord(_Record):
     """One GPU's health audit window (docs/definitions.md, "Health audit"): its figures, grade, audit verdict and
     breaker state after it, with a hash of all that and, with an audit key, the hash's signature."""
@@ -318,6 +341,7 @@ OUTPUT_KINDS: dict[str, type[_Record]] = {
     "reclaim": ReclaimRecord,
     "efficiency": EfficiencyRecord,
     "kernel_cost": KernelCostRecord,
+    "range_cost": RangeCostRecord,
     "dlq": DeadLetter,
 }
 _KIND_BY_TYPE: dict[type[BaseModel], str] = {m: k for k, m in OUTPUT_KINDS.items()}
@@ -332,6 +356,7 @@ Output = (
     | ReclaimRecord
     | EfficiencyRecord
     | KernelCostRecord
+    | RangeCostRecord
     | DeadLetter
 )
 
@@ -339,34 +364,6 @@ Output = (
 def kind_of(record: BaseModel) -> str:
     """The output kind of a record: its topic suffix, folder and view."""
     return _KIND_BY_TYPE[type(record)]
-
-
-R = TypeVar("R", bound=_Record)
-_ALL_FIELDS: dict[type, tuple[tuple[str, ...], set[str]]] = {}
-
-
-def computed(cls: type[R], **values: Any) -> R:
-    """A record of values the pipeline computed itself, every field given: ``model_construct``
-    without its per-field loop, which cost more than the cost split (records are built by the
-    hundred thousand per second). Equal to the validated model of the same values."""
-    return computed_from(cls, values)
-
-
-def computed_from(cls: type[R], values: dict[str, Any]) -> R:
-    """``computed`` of a dict the caller hands over (the record keeps it as its fields). The
-    fields must come in the model's order, which is the order its JSON is written in."""
-    known = _ALL_FIELDS.get(cls)
-    if known is None:
-        known = _ALL_FIELDS[cls] = (tuple(cls.model_fields), set(cls.model_fields))
-    order, fields = known
-    if tuple(values) != order:
-        raise TypeError(f"{cls.__name__} needs exactly its fields, in order {order}; got {tuple(values)}")
-    record = cls.__new__(cls)
-    object.__setattr__(record, "__dict__", values)
-    object.__setattr__(record, "__pydantic_fields_set__", fields)
-    object.__setattr__(record, "__pydantic_extra__", None)
-    object.__setattr__(record, "__pydantic_private__", None)
-    return record
 
 
 def record_id(gpu_uuid: str, pane_start_ns: int, tenant_key: str, revision: int, basis: str = "usage") -> str:

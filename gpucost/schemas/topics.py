@@ -86,6 +86,12 @@ _SPECS = (
         output=True,
     ),
     TopicSpec(
+        "range_cost",
+        "gpu_uuid",
+        "one RangeCostRecord as JSON: a tenant's kernel cost of a pane by the range path its kernels were launched in",
+        output=True,
+    ),
+    TopicSpec(
         "discovery",
         "node_id",
         "the node's service-discovery entry as JSON (written by gpucost discovery)",

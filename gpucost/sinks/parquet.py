@@ -36,6 +36,7 @@ from gpucost.schemas.records import (
     KernelCostRecord,
     MaeRecord,
     QuotaRecord,
+    RangeCostRecord,
     ReclaimRecord,
     kind_of,
 )
@@ -78,7 +79,7 @@ def partition_date(record: BaseModel) -> str:
         ts_ns = record.first_ts_ns
     elif isinstance(record, HealthRecord):
         ts_ns = record.window_start_ns
-    elif isinstance(record, (QuotaRecord, EfficiencyRecord, KernelCostRecord)):
+    elif isinstance(record, (QuotaRecord, EfficiencyRecord, KernelCostRecord, RangeCostRecord)):
         ts_ns = record.pane_start_ns
     elif isinstance(record, ReclaimRecord):
         ts_ns = record.trigger_ns

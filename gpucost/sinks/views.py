@@ -1,6 +1,6 @@
 """DuckDB views over the Parquet output: one per output kind (``idle_index``, ``mae``, ``cost``, ``health``,
-``quota``, ``reclaim``, ``efficiency``, ``kernel_cost``, ``dlq``), the bill as first published and as revised, the
-kernel lines as revised, and ``unit_cost`` over ``cost`` and ``efficiency``.
+``quota``, ``reclaim``, ``efficiency``, ``kernel_cost``, ``range_cost``, ``dlq``), the bill as first published and as
+revised, the kernel lines and range paths as revised, and ``unit_cost`` over ``cost`` and ``efficiency``.
 
 ``views_sql(dir)`` is the SQL an analyst can paste into any DuckDB; ``connect(dir)`` opens
 an in-memory DuckDB with exactly those views. A kind with no file yet gets an empty view
@@ -51,6 +51,7 @@ _DATE_TYPE = {
     "reclaim": "DATE",
     "efficiency": "DATE",
     "kernel_cost": "DATE",
+    "range_cost": "DATE",
     "dlq": "VARCHAR",
 }
 
@@ -141,7 +142,8 @@ SELECT * FROM idle_index QUALIFY revision = max(revision) OVER (PARTITION BY gpu
 #: the kernel cost lines (docs/definitions.md, "Kernel cost in the pipeline") as revised, as ``cost_as_revised`` is:
 #: per line the sum of its differences as ``cost_micro_usd`` and its latest record's other values (``busy_ns`` and
 #: ``calls`` are a line's figures, not differences: summed over revisions they would count a revised pane twice);
-#: and ``kernel_spend``, per team and kernel over every pane: µ$, busy ns, calls and µ$ per call
+#: and ``kernel_spend``, per team and kernel over every pane: µ$, busy ns, calls and µ$ per call; and the same of the
+#: range paths (docs/definitions.md, "Range cost in the pipeline"): ``range_cost_as_revised`` and ``range_spend``
 _KERNELS = """CREATE OR REPLACE VIEW kernel_cost_as_revised AS
 SELECT k.* REPLACE (s.total AS cost_micro_usd)
 FROM kernel_cost k JOIN (SELECT gpu_uuid, pane_start_ns, tenant_key, category, kernel, sum(cost_micro_usd) AS total,
@@ -152,7 +154,18 @@ CREATE OR REPLACE VIEW kernel_spend AS
 SELECT team, category, kernel, sum(cost_micro_usd)::BIGINT AS cost_micro_usd, sum(busy_ns)::BIGINT AS busy_ns,
        sum(calls)::BIGINT AS calls, sum(cost_micro_usd) / nullif(sum(calls), 0) AS micro_usd_per_call,
        count(DISTINCT (gpu_uuid, pane_start_ns)) AS panes
-FROM kernel_cost_as_revised GROUP BY ALL;"""
+FROM kernel_cost_as_revised GROUP BY ALL;
+CREATE OR REPLACE VIEW range_cost_as_revised AS
+SELECT r.* REPLACE (s.total AS cost_micro_usd)
+FROM range_cost r JOIN (SELECT gpu_uuid, pane_start_ns, tenant_key, range_path, sum(cost_micro_usd) AS total,
+                               max(revision) AS latest FROM range_cost GROUP BY ALL) s
+  USING (gpu_uuid, pane_start_ns, tenant_key, range_path)
+WHERE r.revision = s.latest;
+CREATE OR REPLACE VIEW range_spend AS
+SELECT team, range_path, any_value(range_name) AS range_name, any_value(depth) AS depth,
+       sum(cost_micro_usd)::BIGINT AS cost_micro_usd, sum(busy_ns)::BIGINT AS busy_ns, sum(calls)::BIGINT AS calls,
+       count(DISTINCT (gpu_uuid, pane_start_ns)) AS panes
+FROM range_cost_as_revised GROUP BY team, range_path;"""
 
 
 #: the two bases (docs/definitions.md, "Allocation basis"): both tables' records with ``cost_basis`` as a column;
@@ -199,7 +212,8 @@ VIEW_NAMES: tuple[str, ...] = (
 
 def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str:
     """Every kind's view, the revised bill's (``cost_as_first_published``, ``cost_as_revised``,
-    ``idle_index_as_revised``), the kernel lines' (``kernel_cost_as_revised``, ``kernel_spend``), the two bases'
+    ``idle_index_as_revised``), the kernel lines' (``kernel_cost_as_revised``, ``kernel_spend``), the range
+    paths' (``range_cost_as_revised``, ``range_spend``), the two bases'
     and the labels' (``cost_by_basis``, ``cost_by_label``, ``allocation_gap``) and ``unit_cost`` at the opex rate
     given (USD per GPU-hour)."""
     views = [_view(out_dir, kind) for kind in ARROW_SCHEMAS]

@@ -3,7 +3,8 @@ cost records as differences from what was published before, so that summing a pa
 revision gives its current amount, and a party left with nothing gets a closing record. Apart from
 ``gpucost.streams.revisions``, which keeps what a pane is recomputed from: this is what is published of it.
 Both bases go through it: the usage split's ``CostRecord`` and the allocation split's ``AllocationRecord``; and so do
-the lines of the kernel cost split (``KernelCostRecord``), a party of which is a tenant's kernel name and category.
+the lines of the kernel cost split (``KernelCostRecord``), a party of which is a tenant's kernel name and category,
+with its range paths (``RangeCostRecord``), a party of which is a tenant's path.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from gpucost.schemas.records import (
     AllocationRecord,
     CostRecord,
     KernelCostRecord,
+    RangeCostRecord,
     record_id,
 )
-from gpucost.streams.kernel_cost import NO_KERNEL, line_id_key
+from gpucost.streams.kernel_cost import NO_KERNEL, KernelRecord, line_id_key, range_id_key
 
 __all__ = ["differences"]
 
-Split = TypeVar("Split", CostRecord, AllocationRecord, KernelCostRecord)
+Split = TypeVar("Split", CostRecord, AllocationRecord, KernelRecord)
+Party = CostRecord | AllocationRecord | KernelCostRecord | RangeCostRecord
 
 #: per record type: the party's own figures, which a closing record zeroes, and the pane's, which it takes from the
 #: pane's new records (the rest keeps the party's last values: who it was)
@@ -30,11 +33,13 @@ _PARTY: dict[type, dict[str, Any]] = {
     CostRecord: {"t_share": 0.0, "b_share": 0.0, "l_share": 0.0, "weight": 0.0, "t_num": 0, "b_num": 0, "l_num": 0},
     AllocationRecord: {"allocated_share": 0.0, "allocated_fraction": 0.0, "allocated_num": 0, "allocations": 0},
     KernelCostRecord: {"calls": 0, "busy_ns": 0},
+    RangeCostRecord: {"calls": 0, "busy_ns": 0},
 }
 _PANE: dict[type, tuple[str, ...]] = {
     CostRecord: ("busy_fraction", "pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "busy_num", "covered_ms"),
     AllocationRecord: ("pane_cost_micro_usd", "usd_per_gpu_hour", "unpriced", "capacity_num", "covered_ms"),
     KernelCostRecord: ("covered_ns", "usd_per_gpu_hour", "unpriced"),
+    RangeCostRecord: ("covered_ns", "usd_per_gpu_hour", "unpriced"),
 }
 _OWN_PARTIES = (IDLE_TENANT, UNALLOCATED_TENANT)
 
@@ -65,6 +70,10 @@ def differences(old: list[Split], new: list[Split], revision: int) -> list[Split
         return []
     pane = new[0] if new else None
     tenant_costs = {r.tenant_key: r.tenant_cost_micro_usd for r in new if isinstance(r, KernelCostRecord)}
+    kernel_costs: dict[str, int] = {}  # each tenant's kernel lines' µ$ now, what its range paths are dealt from
+    for r in new:
+        if isinstance(r, KernelCostRecord) and r.category != NO_KERNEL:
+            kernel_costs[r.tenant_key] = kernel_costs.get(r.tenant_key, 0) + r.cost_micro_usd
     for key, was in before.items():
         if key in after:
             continue
@@ -78,31 +87,42 @@ def differences(old: list[Split], new: list[Split], revision: int) -> list[Split
             closing.update({f: getattr(pane, f) for f in _PANE[type(was)]})
         if isinstance(was, KernelCostRecord):  # its tenant's µ$ now: 0 where the tenant ran no kernel left here
             closing["tenant_cost_micro_usd"] = tenant_costs.get(was.tenant_key, 0)
+        if isinstance(was, RangeCostRecord):
+            closing["tenant_kernel_cost_micro_usd"] = kernel_costs.get(was.tenant_key, 0)
         out.append(was.model_copy(update=closing))
     return sorted(out, key=_order)
 
 
-def _party(record: CostRecord | AllocationRecord | KernelCostRecord) -> tuple[str, ...]:
+def _party(record: Party) -> tuple[str, ...]:
     if isinstance(record, KernelCostRecord):
         return (record.tenant_key, record.category, record.kernel)
+    if isinstance(record, RangeCostRecord):
+        return (record.tenant_key, "", record.range_path)  # "": no category, so never a kernel line's key
     return (record.tenant_key,)
 
 
-def _id_key(record: CostRecord | AllocationRecord | KernelCostRecord) -> str:
+def _id_key(record: Party) -> str:
     if isinstance(record, KernelCostRecord):
         return line_id_key(record.tenant_key, record.category, record.kernel)
+    if isinstance(record, RangeCostRecord):
+        return range_id_key(record.tenant_key, record.range_path)
     return record.tenant_key
 
 
-def _order(record: CostRecord | AllocationRecord | KernelCostRecord) -> tuple[Any, ...]:
+def _order(record: Party) -> tuple[Any, ...]:
     """The order a close publishes a pane's records in: the pipeline's own parties first, then tenants by key; a
-    tenant's kernel lines ``no_kernel`` first, then by kernel name and category (``tenant_lines``)."""
+    tenant's kernel lines ``no_kernel`` first, then by kernel name and category (``tenant_lines``), then its range
+    paths by their text (``tenant_ranges``)."""
     if isinstance(record, KernelCostRecord):
-        return (record.tenant_key, record.category != NO_KERNEL, record.kernel, record.category)
+        return (record.tenant_key, int(record.category != NO_KERNEL), record.kernel, record.category)
+    if isinstance(record, RangeCostRecord):
+        return (record.tenant_key, 2, record.range_path, "")
     return (record.tenant_key not in _OWN_PARTIES, record.tenant_key)
 
 
-def _basis(record: CostRecord | AllocationRecord | KernelCostRecord) -> str:
+def _basis(record: Party) -> str:
     if isinstance(record, KernelCostRecord):
         return "kernel"
+    if isinstance(record, RangeCostRecord):
+        return "range"
     return record.cost_basis if isinstance(record, AllocationRecord) else "usage"

@@ -25,17 +25,29 @@ import numpy as np
 from gpucost.schemas.blocks import Emitted
 from gpucost.schemas.events import TENANT_FIELDS
 from gpucost.schemas.kernels import KERNEL_CATEGORIES
-from gpucost.schemas.records import KernelCostRecord, Output, computed, record_id
+from gpucost.schemas.records import KernelCostRecord, Output, RangeCostRecord, computed, record_id
 from gpucost.streams.apportion import Weights, apportion
 from gpucost.streams.kernel_log import Kernel, KernelLog
-from gpucost.streams.kernel_split import busy_shares, sums_by
+from gpucost.streams.kernel_split import busy_shares, split_tree, sums_by
 from gpucost.streams.money import split_in_order
 from gpucost.streams.operator import Closing, ClosingMany
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
 from gpucost.streams.tables import BindingTable, Tenant
 
-__all__ = ["NO_KERNEL", "TRANSFERS", "KernelCost", "Line", "line_id_key", "tenant_lines"]
+__all__ = [
+    "NO_KERNEL",
+    "TRANSFERS",
+    "KernelCost",
+    "KernelRecord",
+    "Line",
+    "Range",
+    "line_id_key",
+    "range_id_key",
+    "range_text",
+    "tenant_lines",
+    "tenant_ranges",
+]
 
 #: the line (its ``kernel`` and ``category``) of a tenant's covered time that none of its kernels ran in
 NO_KERNEL = "no_kernel"
@@ -44,6 +56,9 @@ NS_PER_MS = 1_000_000
 TRANSFERS = ("memcpy", "memset")
 
 Line = tuple[str, str, int, int, int]  # kernel, category, calls, busy_ns, µ$
+Range = tuple[tuple[str, ...], int, int, int]  # range path, calls, busy_ns, µ$
+#: what the split publishes of a pane: the tenants' kernel lines and their range paths
+KernelRecord = KernelCostRecord | RangeCostRecord
 
 
 def line_id_key(tenant_key: str, category: str, kernel: str) -> str:
@@ -81,6 +96,42 @@ def tenant_lines(
     ]
 
 
+def tenant_ranges(
+    kernels: list[Kernel], names: list[str], pane_start_ns: int, pane_end_ns: int, kernel_micro_usd: int
+) -> list[Range]:
+    """One tenant's range paths of a pane (docs/definitions.md, "Range cost in the pipeline"), none if none of its
+    kernels carries a path: each path's calls (the kernels starting in the pane launched in it or in a range inside
+    it; not copies or sets, which weigh nothing), busy ns and µ$. The tenant's kernels' busy time and
+    ``kernel_micro_usd`` (its lines' µ$ but ``no_kernel``'s) are dealt down the tree of paths by the kernels' shares
+    of the time (``split_tree``): each level from its parent's figures over its children and its own kernels, so
+    that children sum to no more than their parent and the outermost ranges to no more than the root."""
+    computing = [k for k in kernels if KERNEL_CATEGORIES[k.category] not in TRANSFERS]
+    if all(k.path < 0 for k in computing):
+        return []
+    start = np.array([max(k.start_ns, pane_start_ns) for k in computing], np.int64)
+    end = np.array([min(k.end_ns, pane_end_ns) for k in computing], np.int64)
+    busy, _, shares = busy_shares(start, end)
+    codes: dict[int, int] = {}
+    of = np.array([codes.setdefault(k.path, len(codes)) for k in computing], np.int64)
+    paths = [() if code < 0 else tuple(json.loads(names[code])) for code in codes]
+    tree = split_tree(busy, kernel_micro_usd, dict(zip(paths, sums_by(of, shares, len(codes)))))
+    calls: dict[tuple[str, ...], int] = {}
+    for path, n in zip(paths, np.bincount(of, weights=[k.first for k in computing], minlength=len(codes)).tolist()):
+        for depth in range(1, len(path) + 1):
+            calls[path[:depth]] = calls.get(path[:depth], 0) + int(n)
+    return [(path, calls.get(path, 0), *tree[path]) for path in sorted(tree, key=range_text) if path]
+
+
+def range_text(path: tuple[str, ...]) -> str:
+    """A range path as a record carries it: its names as a JSON array, outermost first."""
+    return json.dumps(path, ensure_ascii=False)
+
+
+def range_id_key(tenant_key: str, range_path: str) -> str:
+    """What a range record's ``record_id`` hashes for its party: the tenant and the path's text, as a JSON array."""
+    return json.dumps([tenant_key, range_path], ensure_ascii=False)
+
+
 class KernelCost:
     """The kernel cost split: a pane operator over ``log``, reading the tenant of each kernel's process in
     ``bindings`` (the auditor's table, handed in as the SLA tiers are handed the allocations)."""
@@ -92,9 +143,10 @@ class KernelCost:
 
     def records(
         self, pane: PaneTotals, usd_per_gpu_hour: Decimal | None, published: bool = False
-    ) -> list[KernelCostRecord]:
-        """The pane's lines at revision 0 (none for a pane without kernels or GPU samples): tenants by key;
-        ``published``: of the kernels it had when last published (``KernelLog.kernels``)."""
+    ) -> list[KernelRecord]:
+        """The pane's lines and range paths at revision 0 (none for a pane without kernels or GPU samples): tenants
+        by key, each one's lines then its paths; ``published``: of the kernels it had when last published
+        (``KernelLog.kernels``)."""
         kernels, names = self.log.kernels(pane.gpu_uuid, pane.pane_start_ns, published)
         if not kernels or not pane.covered_ms or pane.node_id is None or pane.gpu_model is None:
             return []
@@ -105,12 +157,11 @@ class KernelCost:
             by_tenant.setdefault(tenant.key, (tenant, []))[1].append(k)
         covered_ns = pane.covered_ms * NS_PER_MS
         self.log.mark_billed(pane.gpu_uuid, pane.pane_start_ns)  # its lines are published now, or were (``_before``)
-        out = []
+        out: list[KernelRecord] = []
         for key, (tenant, mine) in sorted(by_tenant.items()):
             cost = costs.get(key, 0)
-            for kernel, category, calls, busy_ns, micro_usd in tenant_lines(
-                mine, names, pane.pane_start_ns, pane.pane_end_ns, covered_ns, cost
-            ):
+            lines = tenant_lines(mine, names, pane.pane_start_ns, pane.pane_end_ns, covered_ns, cost)
+            for kernel, category, calls, busy_ns, micro_usd in lines:
                 out.append(
                     computed(
                         KernelCostRecord,
@@ -131,6 +182,35 @@ class KernelCost:
                         covered_ns=covered_ns,
                         usd_per_gpu_hour=usd_per_gpu_hour,
                         tenant_cost_micro_usd=cost,
+                        cost_micro_usd=micro_usd,
+                        unpriced=usd_per_gpu_hour is None,
+                        revision=0,
+                    )
+                )
+            kernel_micro_usd = cost - lines[0][4]
+            for path, calls, busy_ns, micro_usd in tenant_ranges(
+                mine, names, pane.pane_start_ns, pane.pane_end_ns, kernel_micro_usd
+            ):
+                text = range_text(path)
+                out.append(
+                    computed(
+                        RangeCostRecord,
+                        record_id=record_id(pane.gpu_uuid, pane.pane_start_ns, range_id_key(key, text), 0, "range"),
+                        gpu_uuid=pane.gpu_uuid,
+                        node_id=pane.node_id,
+                        gpu_model=pane.gpu_model,
+                        pane_start_ns=pane.pane_start_ns,
+                        pane_end_ns=pane.pane_end_ns,
+                        tenant_key=key,
+                        **dict(zip(TENANT_FIELDS, tenant)),
+                        range_path=text,
+                        range_name=path[-1],
+                        depth=len(path),
+                        calls=calls,
+                        busy_ns=busy_ns,
+                        covered_ns=covered_ns,
+                        usd_per_gpu_hour=usd_per_gpu_hour,
+                        tenant_kernel_cost_micro_usd=kernel_micro_usd,
                         cost_micro_usd=micro_usd,
                         unpriced=usd_per_gpu_hour is None,
                         revision=0,

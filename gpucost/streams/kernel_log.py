@@ -16,6 +16,7 @@ appended, so that count marks exactly the kernels published.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Container, Iterable
 from typing import Any, NamedTuple
 
@@ -42,6 +43,8 @@ class Kernel(NamedTuple):
     stream: int
     correlation_id: int
     first: int
+    #: its range path as the code of the path's JSON text among its GPU's names (``path_code``); -1: none
+    path: int = -1
 
 
 class _GpuKernels:
@@ -111,9 +114,12 @@ class KernelLog:
         touched = list(self.panes_of(k))
         start = touched[0]
         node, name, category = log.code(k.node_id), log.code(k.name), KERNEL_CATEGORIES.index(k.category)
+        path = -1 if k.range_path is None else log.code(json.dumps(k.range_path, ensure_ascii=False))
         for pane in touched:
             first = int(pane == start)
-            log.add(pane, Kernel(k.start_ns, k.end_ns, k.pid, node, name, category, k.stream, k.correlation_id, first))
+            log.add(
+                pane, Kernel(k.start_ns, k.end_ns, k.pid, node, name, category, k.stream, k.correlation_id, first, path)
+            )
         log.keys.add((k.pid, k.stream, k.correlation_id, k.start_ns))
         log.oldest = start if log.oldest is None else min(log.oldest, start)
         return touched
@@ -273,7 +279,7 @@ class KernelLog:
             for name in saved["names"]:
                 log.code(name)
             for pane, rows in saved["panes"]:
-                for k in map(Kernel._make, rows):
+                for k in (Kernel(*row) for row in rows):  # a version 3 row has no path
                     log.add(pane, k)
                     if k.first:
                         log.keys.add((k.pid, k.stream, k.correlation_id, k.start_ns))

@@ -11,12 +11,12 @@ from collections.abc import Callable, Container
 
 from gpucost.schemas.events import Allocation, GpuSample, NumaEvent, ProcessSample, TenantBinding
 from gpucost.schemas.kernels import KernelActivity
-from gpucost.schemas.records import KernelCostRecord, Output
+from gpucost.schemas.records import Output
 from gpucost.streams.allocations import MAX_DENOMINATOR, MAX_HOLDS, AllocationSplit
 from gpucost.streams.apportion import apportion
 from gpucost.streams.differences import differences
 from gpucost.streams.idle_index import IdleIndex
-from gpucost.streams.kernel_cost import KernelCost
+from gpucost.streams.kernel_cost import KernelCost, KernelRecord
 from gpucost.streams.kernel_log import MAX_PANE_KERNELS
 from gpucost.streams.letters import DeadLetters
 from gpucost.streams.operator import CostSplit
@@ -28,8 +28,9 @@ from gpucost.streams.tables import BindingTable, PriceTable
 
 __all__ = ["LateData"]
 
-#: a closed pane as last published: its sums, and its kernel cost lines (computed then: a binding since moves them)
-Before = tuple[PaneTotals, list[KernelCostRecord]]
+#: a closed pane as last published: its sums, and its kernel cost lines and range paths (computed then: a binding
+#: since moves them)
+Before = tuple[PaneTotals, list[KernelRecord]]
 
 
 class LateData(DeadLetters):

@@ -14,7 +14,15 @@ from tests.strategies import BASE_NS, NS
 PANE = 60 * NS
 
 
-def kernel(start_s: float, end_s: float, name: str = "gemm", pid: int = 1, stream: int = 7, corr: int = 0) -> Event:
+def kernel(
+    start_s: float,
+    end_s: float,
+    name: str = "gemm",
+    pid: int = 1,
+    stream: int = 7,
+    corr: int = 0,
+    path: tuple[str, ...] | None = None,
+) -> Event:
     category = "memcpy" if name.startswith("Memcpy") else "communication" if name.startswith("nccl") else "kernel"
     return KernelActivity(
         node_id="n",
@@ -27,6 +35,7 @@ def kernel(start_s: float, end_s: float, name: str = "gemm", pid: int = 1, strea
         stream=stream,
         correlation_id=corr,
         category=category,
+        range_path=path,
     )
 
 
