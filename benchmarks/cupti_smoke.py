@@ -69,6 +69,13 @@ def both_readings() -> dict:
     return json.loads(lines[-1]) if lines else {"error": done.stderr[-2000:]}
 
 
+def _open_at(ranges: list[dict], tid: int, at_ns: int) -> list[str] | None:
+    """The names of the ranges open on ``tid`` at ``at_ns``, the earliest begun first; None for none."""
+    names = [r["name"] for r in sorted(ranges, key=lambda r: (r["start_ns"], r["name"])) if r["tid"] == tid
+             and r["start_ns"] <= at_ns < r["end_ns"]]  # fmt: skip
+    return names or None
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         script, out = Path(tmp) / "job.py", Path(tmp) / "k.jsonl"
@@ -114,6 +121,9 @@ def main() -> int:
         "ranges_present": len(smoke) == 1 and sum(r["name"] == "mm" for r in ranges) == 20,
         "ranges_ordered": all(r["start_ns"] <= r["end_ns"] for r in ranges),
         "kernels_in_smoke_range": len(inside) >= 20,
+        # the path the collector wrote at each launch is the ranges open on its thread then (docs/collecting.md)
+        "range_paths_by_launch": bool(inside)
+        and all(k.get("range_path") == _open_at(ranges, k["launch_tid"], k["launch_ns"]) for k in gemms),
         "memcpy_present": any(k["category"] == "memcpy" for k in kernels),
     }
     readings = both_readings()

@@ -55,6 +55,23 @@ _GRADES = f"""
 SELECT grade, count(*) AS windows, count(*) FILTER (WHERE passed) AS passed,
        printf('%.1f%%', 100.0 * count(*) / sum(count(*)) OVER ()) AS share
 FROM health GROUP BY grade ORDER BY array_position({list(GRADES)}, grade)"""
+#: the costliest kernels and range paths over the run, as revised (docs/definitions.md, "Kernel cost in the pipeline"
+#: and "Range cost in the pipeline"); a range's figures include the ranges inside it
+_WHERE_KERNEL_MONEY_WENT = (
+    (
+        "Costliest kernels over the run (each team's kernel lines as revised; no_kernel left out)",
+        """SELECT team, category, kernel, calls, cost_micro_usd AS micro_usd,
+       printf('%.2f', cost_micro_usd / 1e6) AS usd, round(busy_ns / 1e9, 1) AS busy_s,
+       round(micro_usd_per_call, 1) AS micro_usd_per_call
+FROM kernel_spend WHERE category <> 'no_kernel' ORDER BY cost_micro_usd DESC, team, kernel LIMIT 10""",
+    ),
+    (
+        "Costliest ranges over the run (the kernels launched in each, ranges inside it included)",
+        """SELECT team, array_to_string(from_json(range_path, '["VARCHAR"]'), ' > ') AS range, depth, calls,
+       cost_micro_usd AS micro_usd, printf('%.2f', cost_micro_usd / 1e6) AS usd, round(busy_ns / 1e9, 1) AS busy_s
+FROM range_spend ORDER BY cost_micro_usd DESC, team, range_path LIMIT 10""",
+    ),
+)
 #: per GPU model and EFU source (never two sources in one figure), over the whole run; n/a below the minimum of work
 _UNIT_COST = f"""
 SELECT gpu_model, coalesce(efu_source, 'none') AS efu_source, round(sum(gpu_hours), 1) AS gpu_hours,
@@ -231,6 +248,11 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
             f"\nRevisions: late events and bindings within the horizon adjusted the bill ({late}):\n"
             + format_table([d[0] for d in res.description], revised)
         )
+    for title, sql in _WHERE_KERNEL_MONEY_WENT:
+        res = con.execute(sql)
+        top = res.fetchall()
+        if top:
+            parts.append(f"\n{title}:\n" + format_table([d[0] for d in res.description], top))
     res = con.execute(_UNIT_COST)
     units = res.fetchall()
     if units:

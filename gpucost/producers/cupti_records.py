@@ -17,6 +17,10 @@ from typing import Any
 from gpucost.producers.cupti_layout import FIELDS, Reader, attribute_reader, checked, dtype_name, raw_reader
 
 MAX_NAME_CHARS = 1024
+#: the deepest range path a kernel carries (``gpucost.schemas.kernels.MAX_RANGE_DEPTH``): its outermost levels kept
+MAX_RANGE_DEPTH = 32
+#: a range without a name, in a kernel's path (a path's names are never empty)
+UNNAMED_RANGE = "(unnamed)"
 NCCL_PREFIXES = ("ncclKernel", "ncclDevKernel")
 DEFAULT_DOMAIN = "default"
 
@@ -91,10 +95,13 @@ class KernelRecords:
         self._id, self._offset_ns, self.stats, self._layouts = identity, offset_ns, stats, layouts
         self._start_flag, self._end_flag = marker_flags
         self._max_pending = max_pending
-        self._launches: dict[int, tuple[int, int]] = {}  # correlation id → (tid, launch cupti ns), awaited
+        #: correlation id → (tid, launch cupti ns, range path's JSON or None), awaited
+        self._launches: dict[int, tuple[int, int, str | None]] = {}
         self._pending: dict[int, tuple[Any, ...]] = {}  # correlation id → kernel row awaiting its launch
         self._open: dict[int, tuple[int, _Json, int]] = {}  # marker id → (tid, domain and name, start ns)
         self._early_ends: dict[int, int] = {}  # marker id → end ns, for an end delivered before its start
+        self._stacks: dict[int, dict[int, tuple[int, str]]] = {}  # tid → marker id → (start ns, name): open ranges
+        self._paths: dict[tuple[str, ...], str] = {}  # a range path → its JSON array
         self._devices: dict[int, _Json] = {}
         self._names: dict[str, dict[Any, _Json]] = {"kernel": {}, "memcpy": {}, "memset": {}}
         self._kernel_names = self._names["kernel"]
@@ -108,11 +115,13 @@ class KernelRecords:
         self._readers: dict[type, tuple[str, Reader] | None] = {}  # record type → (kind, bytes reader) or None
         work = '%s,"stream":%d,"correlation_id":%d,%s,"start_ns":%d,"end_ns":%d,"source":"cupti",'
         kernel = work + '"grid":[%d,%d,%d],"block":[%d,%d,%d],"registers_per_thread":%d,"shared_memory_bytes":%d'
-        link = ',"launch_tid":%d,"launch_ns":%d}\n'
-        self._kernel_u, self._kernel_l = (self._template("kernel_activity", kernel + end) for end in ("}\n", link))
+        link = ',"launch_tid":%d,"launch_ns":%d'
+        ends = ("}\n", link + "}\n", link + ',"range_path":%s}\n')
+        self._kernel_u, self._kernel_l, self._kernel_p = (self._template("kernel_activity", kernel + e) for e in ends)
         copy = work + '"bytes":%d'
-        self._copy_u, self._copy_l = (self._template("kernel_activity", copy + end) for end in ("}\n", link))
+        self._copy_u, self._copy_l, self._copy_p = (self._template("kernel_activity", copy + e) for e in ends)
         self._linked = {self._kernel_u: self._kernel_l, self._copy_u: self._copy_l}
+        self._pathed = {self._kernel_u: self._kernel_p, self._copy_u: self._copy_p}
         self._range_t = self._template("annotation_range", '"tid":%d,%s,"start_ns":%d,"end_ns":%d,"source":"cupti"}\n')
 
     def bytes_readers(self) -> dict[type, str | None]:
@@ -175,7 +184,7 @@ class KernelRecords:
         self.stats.unlinked_kernels += len(out)
         self.stats.open_ranges_at_exit += len(self._open)
         self.stats.unmatched_range_ends += len(self._early_ends)
-        for waiting in (self._early_ends, self._pending, self._open, self._launches):
+        for waiting in (self._early_ends, self._pending, self._open, self._launches, self._stacks):
             waiting.clear()
         return out
 
@@ -196,13 +205,15 @@ class KernelRecords:
         obj = {"kind": "kernel_activity", "node_id": node, "pid": pid, "gpu_uuid": uuid, "device": device}
         obj |= {"stream": stream, "correlation_id": corr, "category": category, "name": name, "start_ns": row[5]}
         obj |= {"end_ns": row[6], "source": "cupti"}
-        if template in (self._kernel_u, self._kernel_l):
+        if template in (self._kernel_u, self._kernel_l, self._kernel_p):
             obj |= {"grid": list(row[7:10]), "block": list(row[10:13]), "registers_per_thread": row[13]}
             obj["shared_memory_bytes"], rest = row[14], row[15:]
         else:
             obj["bytes"], rest = row[7], row[8:]
         if rest:
-            obj["launch_tid"], obj["launch_ns"] = rest
+            obj["launch_tid"], obj["launch_ns"] = rest[:2]
+        if len(rest) > 2:
+            obj["range_path"] = json.loads(rest[2])
         return obj
 
     def _device(self, device: int) -> _Json:
@@ -228,8 +239,13 @@ class KernelRecords:
         self.stats.kernels += 1
         launch = self._launches.pop(corr, None)
         if launch is not None:
-            row = (self._kernel_l, dev, stream, corr, named, start + off, end + off, gx, gy, gz, bx, by, bz, regs)
-            out.append((*row, static + dynamic, launch[0], launch[1] + off))
+            tid, at, path = launch
+            if path is None:
+                row = (self._kernel_l, dev, stream, corr, named, start + off, end + off, gx, gy, gz, bx, by, bz, regs)
+                out.append((*row, static + dynamic, tid, at + off))
+            else:
+                row = (self._kernel_p, dev, stream, corr, named, start + off, end + off, gx, gy, gz, bx, by, bz, regs)
+                out.append((*row, static + dynamic, tid, at + off, path))
         else:
             row = (self._kernel_u, dev, stream, corr, named, start + off, end + off, gx, gy, gz, bx, by, bz, regs)
             self._wait((*row, static + dynamic), corr, out)
@@ -245,7 +261,11 @@ class KernelRecords:
         self.stats.kernels += 1
         launch = self._launches.pop(corr, None)
         if launch is not None:
-            out.append((self._copy_l, *row[1:], launch[0], launch[1] + self._offset_ns))
+            tid, at, path = launch
+            if path is None:
+                out.append((self._copy_l, *row[1:], tid, at + self._offset_ns))
+            else:
+                out.append((self._copy_p, *row[1:], tid, at + self._offset_ns, path))
         else:
             self._wait(row, corr, out)
 
@@ -258,13 +278,32 @@ class KernelRecords:
 
     def _launch(self, fields: tuple[Any, ...], _: str, out: list[tuple[Any, ...]]) -> None:
         __, corr, tid, start = fields
+        path = self._path(tid, start) if tid in self._stacks else None
         row = self._pending.pop(corr, None)
         if row is not None:
-            out.append((self._linked[row[0]], *row[1:], tid, start + self._offset_ns))
+            if path is None:
+                out.append((self._linked[row[0]], *row[1:], tid, start + self._offset_ns))
+            else:
+                out.append((self._pathed[row[0]], *row[1:], tid, start + self._offset_ns, path))
             return
         if len(self._launches) >= self._max_pending:
             del self._launches[next(iter(self._launches))]  # oldest out
-        self._launches[corr] = (tid, start)
+        self._launches[corr] = (tid, start, path)
+
+    def _path(self, tid: int, start: int) -> str | None:
+        """The JSON array of the ranges open on ``tid`` at a launch at ``start``, outermost (earliest begun) first; None
+        for none. Records of the host's calls and markers come in the order they happened, so the ranges open when a
+        launch's record is read are those open at the launch (less any begun after it, left out by time)."""
+        opened = sorted(self._stacks[tid].values())
+        names = tuple(name or UNNAMED_RANGE for begun, name in opened if begun <= start)[:MAX_RANGE_DEPTH]
+        if not names:
+            return None
+        text = self._paths.get(names)
+        if text is None:
+            if len(self._paths) >= _CACHED_NAMES:
+                self._paths.clear()
+            text = self._paths[names] = json.dumps(names, separators=(",", ":"))
+        return text
 
     def _marker(self, fields: tuple[Any, ...], _: str, out: list[tuple[Any, ...]]) -> None:
         __, flags, marker_id, timestamp, tid, domain, name = fields
@@ -275,11 +314,16 @@ class KernelRecords:
                 self._range(tid, label, timestamp, end, out)
             elif len(self._open) < self._max_pending:
                 self._open[marker_id] = (tid, label, timestamp)
+                self._stacks.setdefault(tid, {})[marker_id] = (timestamp, label.values[1])
             else:
                 self.stats.open_ranges_at_exit += 1
         elif flags & self._end_flag:  # instantaneous markers carry no duration, so no money
             opened = self._open.pop(marker_id, None)
             if opened is not None:
+                stack = self._stacks[opened[0]]
+                del stack[marker_id]
+                if not stack:
+                    del self._stacks[opened[0]]
                 self._range(*opened, timestamp, out)
             elif len(self._early_ends) < self._max_pending:
                 self._early_ends[marker_id] = timestamp

@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gpucost.producers.cupti_records import DEFAULT_DOMAIN, MAX_NAME_CHARS, Identity, Stats, category_of
+from gpucost.producers.cupti_records import (
+    DEFAULT_DOMAIN,
+    MAX_NAME_CHARS,
+    MAX_RANGE_DEPTH,
+    UNNAMED_RANGE,
+    Identity,
+    Stats,
+    category_of,
+)
 
 
 class ReferenceRecords:
@@ -30,7 +38,8 @@ class ReferenceRecords:
         self._id, self._offset_ns, self._kinds, self.stats = identity, offset_ns, kinds, stats
         self._start_flag, self._end_flag = marker_flags
         self._max_pending = max_pending
-        self._launches: dict[int, tuple[int, int]] = {}  # correlation id → (tid, launch cupti ns), awaited
+        #: correlation id → (tid, launch cupti ns, the names of the ranges open then), awaited
+        self._launches: dict[int, tuple[int, int, list[str]]] = {}
         self._pending: dict[int, dict[str, Any]] = {}  # correlation id → kernel awaiting its launch
         self._open: dict[int, tuple[str, str, int, int]] = {}  # marker id → (domain, name, tid, start ns)
         self._early_ends: dict[int, int] = {}  # marker id → end ns, for an end delivered before its start
@@ -64,15 +73,23 @@ class ReferenceRecords:
         if kind in ("kernel", "memcpy", "memset"):
             self._device_work(kind, record, out)
         elif kind == "runtime":
-            corr = int(record.correlation_id)
+            corr, tid, start = int(record.correlation_id), int(record.thread_id), int(record.start)
+            # every range begun on the thread by the launch and not yet ended, the earliest begun first
+            path = [
+                name[:MAX_NAME_CHARS] or UNNAMED_RANGE
+                for _, name, t, begun in sorted(self._open.values(), key=lambda o: (o[3], o[1][:MAX_NAME_CHARS]))
+                if t == tid and begun <= start
+            ][:MAX_RANGE_DEPTH]
             kernel = self._pending.pop(corr, None)
             if kernel is not None:
-                kernel["launch_tid"], kernel["launch_ns"] = int(record.thread_id), self._epoch(record.start)
+                kernel["launch_tid"], kernel["launch_ns"] = tid, self._epoch(start)
+                if path:
+                    kernel["range_path"] = path
                 out.append(kernel)
             else:
                 if len(self._launches) >= self._max_pending:
                     del self._launches[next(iter(self._launches))]  # oldest out
-                self._launches[corr] = (int(record.thread_id), int(record.start))
+                self._launches[corr] = (tid, start, path)
         elif kind == "marker":
             self._marker(record, out)
 
@@ -111,6 +128,8 @@ class ReferenceRecords:
         launch = self._launches.pop(obj["correlation_id"], None)
         if launch is not None:
             obj["launch_tid"], obj["launch_ns"] = launch[0], self._epoch(launch[1])
+            if launch[2]:
+                obj["range_path"] = launch[2]
             out.append(obj)
         elif len(self._pending) < self._max_pending:
             self._pending[obj["correlation_id"]] = obj
