@@ -38,6 +38,23 @@ from tests.support.webhook import Webhook
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 
+#: range records as revised: how many; outermost paths over their tenant's kernel µ$; parents with children; those
+#: whose children sum past them; the latest revision
+RANGES_WITHIN_THEIR_PARENTS = """WITH r AS (SELECT * FROM range_cost_as_revised),
+k AS (SELECT gpu_uuid, pane_start_ns, tenant_key, sum(cost_micro_usd) AS kmu FROM kernel_cost_as_revised
+      WHERE category <> 'no_kernel' GROUP BY ALL),
+top AS (SELECT gpu_uuid, pane_start_ns, tenant_key, sum(cost_micro_usd) AS s FROM r WHERE depth = 1 GROUP BY ALL),
+kids AS (SELECT p.gpu_uuid, p.pane_start_ns, p.tenant_key, p.range_path, any_value(p.cost_micro_usd) AS parent,
+                sum(c.cost_micro_usd) AS s
+         FROM r p JOIN r c USING (gpu_uuid, pane_start_ns, tenant_key)
+         WHERE c.depth = p.depth + 1
+           AND from_json(c.range_path, '["VARCHAR"]')[1:p.depth] = from_json(p.range_path, '["VARCHAR"]')
+         GROUP BY ALL)
+SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM top LEFT JOIN k USING (gpu_uuid, pane_start_ns, tenant_key)
+        WHERE s > coalesce(kmu, 0)), (SELECT count(*) FROM kids), (SELECT count(*) FROM kids WHERE s > parent),
+       (SELECT max(revision) FROM range_cost)"""
+
+
 def billing_totals(d: Deployment) -> tuple[dict[str, int], int, int, dict[str, int]]:
     spec = importlib.util.spec_from_file_location("billing_consumer", ROOT / "examples" / "billing_consumer.py")
     assert spec and spec.loader
@@ -148,6 +165,10 @@ def test_kafka_path_equals_embedded_and_billing_totals_match(
         .fetchone()
     )
     assert lines[0] > 100 and lines[1] == 0 and lines[2] > 0 and lines[3] > 0, lines
+    # the range paths, from the Kafka path's own records as revised: per (GPU, pane, tenant) the outermost paths sum
+    # to no more than the tenant's kernel lines' µ$ (all but no_kernel), and each path's children to no more than it
+    paths = connect(d.out).execute(RANGES_WITHIN_THEIR_PARENTS).fetchone()
+    assert paths[0] > 100 and paths[1] == 0 and paths[2] > 0 and paths[3] == 0 and paths[4] > 0, paths
     assert worker[("gpucost_worker_records_total", (("kind", "cost"),))] == counts["cost"]
     assert sink[("gpucost_sink_records_written_total", (("kind", "cost"),))] == counts["cost"]
     # the sink's cost counters, charged less credited per team, are the embedded run's bill

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +18,10 @@ from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.events import Event
 from gpucost.schemas.kernels import MAX_RANGE_DEPTH, NAME_MAX_CHARS, KernelActivity
 from gpucost.schemas.records import KernelCostRecord, Output, RangeCostRecord
+from gpucost.sinks.parquet import ParquetSink
+from gpucost.sinks.views import connect
 from gpucost.streams.audit import Auditor
+from gpucost.streams.kernel_cost import MAX_TENANT_PATHS
 from gpucost.streams.kernel_log import Kernel, KernelLog
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS
@@ -228,3 +232,53 @@ def test_a_range_path_out_of_bounds_is_refused_with_what_was_wrong(path: object,
 def test_a_range_path_travels_as_sent() -> None:
     got = decode_line(line(range_path=["step", "fwd", "a/b \u00e9"]))
     assert isinstance(got, KernelActivity) and got.range_path == ("step", "fwd", "a/b \u00e9")
+
+
+def test_a_tenant_s_pane_publishes_its_costliest_paths_a_parent_before_its_children() -> None:
+    ks = [
+        kernel(1 + i * 0.2, 1.1 + i * 0.2 + 0.01 * (i % 9), "gemm", corr=i, path=("step", f"op{i}", "inner"))
+        for i in range(200)
+    ]
+    events = fleet(3)
+    auditor = Auditor(AUDIT)
+    out = feed(auditor, events[:2] + ks + events[2:], False) + auditor.finish()
+    got = {tuple(json.loads(r.range_path)): r for r in out if isinstance(r, RangeCostRecord)}
+    assert len(got) == MAX_TENANT_PATHS < 1 + 2 * len(ks)
+    assert all(path[:-1] in got for path in got if len(path) > 1)  # every parent of a path published is too
+    busy, share = brute([k for k in ks if k.start_ns < BASE_NS + PANE], BASE_NS, BASE_NS + PANE)
+    (root,) = {r.tenant_kernel_cost_micro_usd for r in got.values()}
+    left_out = [root * share[p] / busy for p in share if p and p not in got]
+    assert left_out and min(r.cost_micro_usd for r in got.values()) >= max(left_out) - 3
+
+
+def test_a_path_s_text_is_freed_with_its_kernels_so_paths_named_by_step_keep_the_state_bounded() -> None:
+    audit = AuditSettings(pane_s=60, revision_horizon_s=120)
+    auditor, events, kept = Auditor(audit), fleet(40), []
+    feed(auditor, events[:2], False)
+    for p in range(40):
+        step = [
+            kernel(p * 60 + i, p * 60 + i + 0.5, corr=p * 100 + i, path=(f"ProfilerStep#{p}", "fwd")) for i in range(5)
+        ]
+        feed(auditor, events[2 + 2 * p : 4 + 2 * p] + step, False)
+        (log,) = auditor.kernels.to_state().values()
+        kept.append(sum(text is not None for text in log["paths"]))
+        assert len(log["paths"]) <= 8  # codes are reused: the table is as long as the most paths kept at once
+    assert max(kept[10:]) == max(kept[10:20]) <= 6  # the steps of the panes kept (the horizon's, the open ones)
+    texts = {json.loads(text)[0] for text in log["paths"] if text is not None}
+    assert "ProfilerStep#39" in texts and "ProfilerStep#3" not in texts
+
+
+def test_the_spend_views_count_the_panes_where_a_team_has_any_not_those_a_revision_emptied(tmp_path: Path) -> None:
+    events = fleet(6)
+    events[4:4] = trace(1)
+    auditor = Auditor(AUDIT)
+    sink = ParquetSink(tmp_path)
+    for r in feed(auditor, events, False) + feed(auditor, [binding(1, 60, "b")], False) + auditor.finish():
+        sink.write(r)
+    sink.flush()
+    con = connect(tmp_path)
+    for view, key in (("range_spend", "range_path"), ("kernel_spend", "kernel")):
+        rows = con.execute(f"SELECT team, {key}, cost_micro_usd, calls, panes FROM {view} WHERE calls > 0").fetchall()
+        assert rows and {team for team, *_ in rows} == {"b"} and {panes for *_, panes in rows} == {1}, rows
+        emptied = con.execute(f"SELECT cost_micro_usd, calls, panes FROM {view} WHERE team = 'a'").fetchall()
+        assert emptied and set(emptied) <= {(0, 0, 0)}, emptied  # team a's lines of pane 1 moved to b, pane 0 had none

@@ -142,7 +142,8 @@ SELECT * FROM idle_index QUALIFY revision = max(revision) OVER (PARTITION BY gpu
 #: the kernel cost lines (docs/definitions.md, "Kernel cost in the pipeline") as revised, as ``cost_as_revised`` is:
 #: per line the sum of its differences as ``cost_micro_usd`` and its latest record's other values (``busy_ns`` and
 #: ``calls`` are a line's figures, not differences: summed over revisions they would count a revised pane twice);
-#: and ``kernel_spend``, per team and kernel over every pane: µ$, busy ns, calls and µ$ per call; and the same of the
+#: and ``kernel_spend``, per team and kernel over every pane: µ$, busy ns, calls and µ$ per call, and the panes where
+#: the line has any (not those a revision emptied: a late binding moved its kernels away); and the same of the
 #: range paths (docs/definitions.md, "Range cost in the pipeline"): ``range_cost_as_revised`` and ``range_spend``
 _KERNELS = """CREATE OR REPLACE VIEW kernel_cost_as_revised AS
 SELECT k.* REPLACE (s.total AS cost_micro_usd)
@@ -153,7 +154,7 @@ WHERE k.revision = s.latest;
 CREATE OR REPLACE VIEW kernel_spend AS
 SELECT team, category, kernel, sum(cost_micro_usd)::BIGINT AS cost_micro_usd, sum(busy_ns)::BIGINT AS busy_ns,
        sum(calls)::BIGINT AS calls, sum(cost_micro_usd) / nullif(sum(calls), 0) AS micro_usd_per_call,
-       count(DISTINCT (gpu_uuid, pane_start_ns)) AS panes
+       count(DISTINCT (gpu_uuid, pane_start_ns)) FILTER (WHERE calls > 0 OR busy_ns > 0 OR cost_micro_usd <> 0) AS panes
 FROM kernel_cost_as_revised GROUP BY ALL;
 CREATE OR REPLACE VIEW range_cost_as_revised AS
 SELECT r.* REPLACE (s.total AS cost_micro_usd)
@@ -164,7 +165,7 @@ WHERE r.revision = s.latest;
 CREATE OR REPLACE VIEW range_spend AS
 SELECT team, range_path, any_value(range_name) AS range_name, any_value(depth) AS depth,
        sum(cost_micro_usd)::BIGINT AS cost_micro_usd, sum(busy_ns)::BIGINT AS busy_ns, sum(calls)::BIGINT AS calls,
-       count(DISTINCT (gpu_uuid, pane_start_ns)) AS panes
+       count(DISTINCT (gpu_uuid, pane_start_ns)) FILTER (WHERE calls > 0 OR busy_ns > 0 OR cost_micro_usd <> 0) AS panes
 FROM range_cost_as_revised GROUP BY team, range_path;"""
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "KernelCost",
     "KernelRecord",
     "Line",
+    "MAX_TENANT_PATHS",
     "Range",
     "line_id_key",
     "range_id_key",
@@ -57,6 +58,9 @@ TRANSFERS = ("memcpy", "memset")
 
 Line = tuple[str, str, int, int, int]  # kernel, category, calls, busy_ns, µ$
 Range = tuple[tuple[str, ...], int, int, int]  # range path, calls, busy_ns, µ$
+#: the most range paths a tenant's pane publishes, its costliest: a path's figures include its children's, so one left
+#: out moves no money, and a run with paths named by step (``ProfilerStep#N``) or by input publishes a bounded output
+MAX_TENANT_PATHS = 256
 #: what the split publishes of a pane: the tenants' kernel lines and their range paths
 KernelRecord = KernelCostRecord | RangeCostRecord
 
@@ -97,7 +101,7 @@ def tenant_lines(
 
 
 def tenant_ranges(
-    kernels: list[Kernel], names: list[str], pane_start_ns: int, pane_end_ns: int, kernel_micro_usd: int
+    kernels: list[Kernel], paths: list[str | None], pane_start_ns: int, pane_end_ns: int, kernel_micro_usd: int
 ) -> list[Range]:
     """One tenant's range paths of a pane (docs/definitions.md, "Range cost in the pipeline"), none if none of its
     kernels carries a path: each path's calls (the kernels starting in the pane launched in it or in a range inside
@@ -113,13 +117,15 @@ def tenant_ranges(
     busy, _, shares = busy_shares(start, end)
     codes: dict[int, int] = {}
     of = np.array([codes.setdefault(k.path, len(codes)) for k in computing], np.int64)
-    paths = [() if code < 0 else tuple(json.loads(names[code])) for code in codes]
-    tree = split_tree(busy, kernel_micro_usd, dict(zip(paths, sums_by(of, shares, len(codes)))))
+    named = [() if code < 0 else tuple(json.loads(paths[code] or "[]")) for code in codes]
+    tree = split_tree(busy, kernel_micro_usd, dict(zip(named, sums_by(of, shares, len(codes)))))
     calls: dict[tuple[str, ...], int] = {}
-    for path, n in zip(paths, np.bincount(of, weights=[k.first for k in computing], minlength=len(codes)).tolist()):
+    for path, n in zip(named, np.bincount(of, weights=[k.first for k in computing], minlength=len(codes)).tolist()):
         for depth in range(1, len(path) + 1):
             calls[path[:depth]] = calls.get(path[:depth], 0) + int(n)
-    return [(path, calls.get(path, 0), *tree[path]) for path in sorted(tree, key=range_text) if path]
+    # the costliest first, a parent before its children (it holds at least as much), ties by text
+    kept = sorted((p for p in tree if p), key=lambda p: (-tree[p][1], -tree[p][0], len(p), range_text(p)))
+    return [(path, calls.get(path, 0), *tree[path]) for path in sorted(kept[:MAX_TENANT_PATHS], key=range_text)]
 
 
 def range_text(path: tuple[str, ...]) -> str:
@@ -147,7 +153,7 @@ class KernelCost:
         """The pane's lines and range paths at revision 0 (none for a pane without kernels or GPU samples): tenants
         by key, each one's lines then its paths; ``published``: of the kernels it had when last published
         (``KernelLog.kernels``)."""
-        kernels, names = self.log.kernels(pane.gpu_uuid, pane.pane_start_ns, published)
+        kernels, names, paths = self.log.kernels(pane.gpu_uuid, pane.pane_start_ns, published)
         if not kernels or not pane.covered_ms or pane.node_id is None or pane.gpu_model is None:
             return []
         costs = {r.tenant_key: r.cost_micro_usd for r in apportion(pane, usd_per_gpu_hour, self.weights)}
@@ -189,7 +195,7 @@ class KernelCost:
                 )
             kernel_micro_usd = cost - lines[0][4]
             for path, calls, busy_ns, micro_usd in tenant_ranges(
-                mine, names, pane.pane_start_ns, pane.pane_end_ns, kernel_micro_usd
+                mine, paths, pane.pane_start_ns, pane.pane_end_ns, kernel_micro_usd
             ):
                 text = range_text(path)
                 out.append(

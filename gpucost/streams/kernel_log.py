@@ -43,16 +43,36 @@ class Kernel(NamedTuple):
     stream: int
     correlation_id: int
     first: int
-    #: its range path as the code of the path's JSON text among its GPU's names (``path_code``); -1: none
+    #: its range path as the code of the path's JSON text among its GPU's paths (``path_code``); -1: none
     path: int = -1
 
 
 class _GpuKernels:
-    __slots__ = ("names", "index", "panes", "keys", "oldest", "pending", "latest", "billed")
+    __slots__ = (
+        "names",
+        "index",
+        "paths",
+        "path_index",
+        "path_uses",
+        "free_paths",
+        "panes",
+        "keys",
+        "oldest",
+        "pending",
+        "latest",
+        "billed",
+    )
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.index: dict[str, int] = {}
+        #: the range paths' JSON texts by code, None for a code free again; each code's uses by the kernels kept (one a
+        #: pane it is kept in). Apart from ``names`` and freed as their kernels go, since paths, unlike kernel names,
+        #: keep coming new (PyTorch's ``ProfilerStep#N``): kept for ever, they grew the state with the run's length
+        self.paths: list[str | None] = []
+        self.path_index: dict[str, int] = {}
+        self.path_uses: list[int] = []
+        self.free_paths: list[int] = []
         self.panes: dict[int, list[Kernel]] = {}
         #: (pid, stream, correlation id, start) of every kernel kept: what a kernel sent again is refused by
         self.keys: set[tuple[int, int, int, int]] = set()
@@ -68,8 +88,34 @@ class _GpuKernels:
 
     def add(self, pane: int, kernel: Kernel) -> None:
         self.panes.setdefault(pane, []).append(kernel)
+        if kernel.path >= 0:
+            self.path_uses[kernel.path] += 1
         starts = self.latest.setdefault((kernel.node, kernel.pid), {})
         starts[pane] = max(starts.get(pane, kernel.start_ns), kernel.start_ns)
+
+    def path_code(self, text: str) -> int:
+        """A path's code: its own, a free one, or a new one."""
+        at = self.path_index.get(text)
+        if at is None:
+            if not self.free_paths:
+                self.free_paths.append(len(self.paths))
+                self.paths.append(None)
+                self.path_uses.append(0)
+            at = self.free_paths.pop()
+            self.paths[at] = text
+            self.path_index[text] = at
+        return at
+
+    def release(self, kernel: Kernel) -> None:
+        """A kernel row leaves a pane: its path's code is free once no kernel kept uses it."""
+        if kernel.path >= 0:
+            self.path_uses[kernel.path] -= 1
+            if not self.path_uses[kernel.path]:
+                text = self.paths[kernel.path]
+                assert text is not None  # a code in use has its text
+                del self.path_index[text]
+                self.paths[kernel.path] = None
+                self.free_paths.append(kernel.path)
 
     def code(self, name: str) -> int:
         at = self.index.get(name)
@@ -114,7 +160,7 @@ class KernelLog:
         touched = list(self.panes_of(k))
         start = touched[0]
         node, name, category = log.code(k.node_id), log.code(k.name), KERNEL_CATEGORIES.index(k.category)
-        path = -1 if k.range_path is None else log.code(json.dumps(k.range_path, ensure_ascii=False))
+        path = -1 if k.range_path is None else log.path_code(json.dumps(k.range_path, ensure_ascii=False))
         for pane in touched:
             first = int(pane == start)
             log.add(
@@ -124,16 +170,19 @@ class KernelLog:
         log.oldest = start if log.oldest is None else min(log.oldest, start)
         return touched
 
-    def kernels(self, gpu_uuid: str, pane_start: int, published: bool = False) -> tuple[list[Kernel], list[str]]:
-        """The kernels kept in one pane of a GPU, in arrival order, and the names their codes index; ``published``:
-        only those the pane had when last published (all, unless late kernels joined it since: ``hold_back``)."""
+    def kernels(
+        self, gpu_uuid: str, pane_start: int, published: bool = False
+    ) -> tuple[list[Kernel], list[str], list[str | None]]:
+        """The kernels kept in one pane of a GPU, in arrival order, and the names and range paths their codes index;
+        ``published``: only those the pane had when last published (all, unless late kernels joined it since:
+        ``hold_back``)."""
         log = self._gpus.get(gpu_uuid)
         if log is None:
-            return [], []
+            return [], [], []
         kernels = log.panes.get(pane_start, [])
         if published and pane_start in log.pending:
             kernels = kernels[: log.pending[pane_start]]
-        return kernels, log.names
+        return kernels, log.names, log.paths
 
     def hold_back(self, gpu_uuid: str, pane_start: int) -> None:
         """Mark a closed pane pending before a late kernel joins it: its kernels as they are now are the ones
@@ -226,6 +275,7 @@ class KernelLog:
             billed = pane in log.billed
             log.billed.discard(pane)
             for k in log.panes.pop(pane):
+                log.release(k)
                 if k.first:
                     unbilled += not billed
                     log.keys.discard((k.pid, k.stream, k.correlation_id, k.start_ns))
@@ -264,6 +314,7 @@ class KernelLog:
         return {
             gpu: {
                 "names": log.names,
+                "paths": log.paths,
                 "panes": [[p, [list(k) for k in ks]] for p, ks in sorted(log.panes.items())],
                 "pending": sorted(log.pending.items()),
                 "billed": sorted(log.billed),
@@ -278,6 +329,10 @@ class KernelLog:
             log = kernels._gpus[gpu] = _GpuKernels()
             for name in saved["names"]:
                 log.code(name)
+            log.paths = list(saved.get("paths", []))  # a version 3 snapshot has none
+            log.path_uses = [0] * len(log.paths)
+            log.path_index = {text: at for at, text in enumerate(log.paths) if text is not None}
+            log.free_paths = [at for at, text in enumerate(log.paths) if text is None]
             for pane, rows in saved["panes"]:
                 for k in (Kernel(*row) for row in rows):  # a version 3 row has no path
                     log.add(pane, k)

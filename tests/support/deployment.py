@@ -33,6 +33,7 @@ VIEWS = [
     ("reclaim", "trigger_id"),
     ("efficiency", "gpu_uuid, pane_start_ns, pid"),
     ("kernel_cost", "record_id"),
+    ("range_cost", "record_id"),
 ]
 
 
