@@ -102,6 +102,9 @@ class KernelRecords:
         self._early_ends: dict[int, int] = {}  # marker id → end ns, for an end delivered before its start
         self._stacks: dict[int, dict[int, tuple[int, str]]] = {}  # tid → marker id → (start ns, name): open ranges
         self._paths: dict[tuple[str, ...], str] = {}  # a range path → its JSON array
+        #: tid → (the latest start among its open ranges, the JSON array of them all): a launch after that start has
+        #: that path, found without a sort (a thread's ranges change far less often than it launches)
+        self._whole: dict[int, tuple[int, str | None]] = {}
         self._devices: dict[int, _Json] = {}
         self._names: dict[str, dict[Any, _Json]] = {"kernel": {}, "memcpy": {}, "memset": {}}
         self._kernel_names = self._names["kernel"]
@@ -184,7 +187,7 @@ class KernelRecords:
         self.stats.unlinked_kernels += len(out)
         self.stats.open_ranges_at_exit += len(self._open)
         self.stats.unmatched_range_ends += len(self._early_ends)
-        for waiting in (self._early_ends, self._pending, self._open, self._launches, self._stacks):
+        for waiting in (self._early_ends, self._pending, self._open, self._launches, self._stacks, self._whole):
             waiting.clear()
         return out
 
@@ -278,7 +281,8 @@ class KernelRecords:
 
     def _launch(self, fields: tuple[Any, ...], _: str, out: list[tuple[Any, ...]]) -> None:
         __, corr, tid, start = fields
-        path = self._path(tid, start) if tid in self._stacks else None
+        whole = self._whole.get(tid)
+        path = whole[1] if whole is not None and whole[0] <= start else self._path(tid, start)
         row = self._pending.pop(corr, None)
         if row is not None:
             if path is None:
@@ -294,15 +298,15 @@ class KernelRecords:
         """The JSON array of the ranges open on ``tid`` at a launch at ``start``, outermost (earliest begun) first; None
         for none. Records of the host's calls and markers come in the order they happened, so the ranges open when a
         launch's record is read are those open at the launch (less any begun after it, left out by time)."""
-        opened = sorted(self._stacks[tid].values())
+        opened = sorted(self._stacks.get(tid, {}).values())
         names = tuple(name or UNNAMED_RANGE for begun, name in opened if begun <= start)[:MAX_RANGE_DEPTH]
-        if not names:
-            return None
-        text = self._paths.get(names)
-        if text is None:
+        text = self._paths.get(names) if names else None
+        if names and text is None:
             if len(self._paths) >= _CACHED_NAMES:
                 self._paths.clear()
             text = self._paths[names] = json.dumps(names, separators=(",", ":"))
+        if not opened or opened[-1][0] <= start:  # every open range taken: the path of any launch after the last start
+            self._whole[tid] = (opened[-1][0] if opened else -1, text)
         return text
 
     def _marker(self, fields: tuple[Any, ...], _: str, out: list[tuple[Any, ...]]) -> None:
@@ -315,6 +319,7 @@ class KernelRecords:
             elif len(self._open) < self._max_pending:
                 self._open[marker_id] = (tid, label, timestamp)
                 self._stacks.setdefault(tid, {})[marker_id] = (timestamp, label.values[1])
+                self._whole.pop(tid, None)
             else:
                 self.stats.open_ranges_at_exit += 1
         elif flags & self._end_flag:  # instantaneous markers carry no duration, so no money
@@ -324,6 +329,7 @@ class KernelRecords:
                 del stack[marker_id]
                 if not stack:
                     del self._stacks[opened[0]]
+                self._whole.pop(opened[0], None)
                 self._range(*opened, timestamp, out)
             elif len(self._early_ends) < self._max_pending:
                 self._early_ends[marker_id] = timestamp
