@@ -5,6 +5,7 @@ in exact fractions, through revisions, snapshots and both paths."""
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from fractions import Fraction
 from pathlib import Path
@@ -25,6 +26,7 @@ from gpucost.streams.kernel_cost import MAX_TENANT_PATHS
 from gpucost.streams.kernel_log import Kernel, KernelLog
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS
+from tests.support.cli import gpucost
 from tests.support.kernel_fleet import PANE, binding, fleet, kernel
 
 AUDIT = AuditSettings(pane_s=60)
@@ -282,3 +284,18 @@ def test_the_spend_views_count_the_panes_where_a_team_has_any_not_those_a_revisi
         assert rows and {team for team, *_ in rows} == {"b"} and {panes for *_, panes in rows} == {1}, rows
         emptied = con.execute(f"SELECT cost_micro_usd, calls, panes FROM {view} WHERE team = 'a'").fetchall()
         assert emptied and set(emptied) <= {(0, 0, 0)}, emptied  # team a's lines of pane 1 moved to b, pane 0 had none
+
+
+def test_the_run_s_summary_lists_the_costliest_ranges_as_the_views_give_them(tmp_path: Path) -> None:
+    events = fleet(5)
+    events[4:4] = trace(1)
+    (tmp_path / "in.jsonl").write_text("".join(encode_event(e) + "\n" for e in events))
+    run = gpucost("replay", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "audit"), "--pane-s", "60")
+    section = run.stdout.split("Costliest ranges over the run")[1].split("\n\n")[0].splitlines()[3:]
+    rows = connect(tmp_path / "audit").execute("SELECT range_path, cost_micro_usd FROM range_spend").fetchall()
+    assert len(section) == len(rows) == 5  # step, step > fwd, step > fwd > attn, step > bwd, load
+    cells = [re.split(r"\s{2,}", line.strip()) for line in section]  # a range's " > " has single spaces
+    listed = {cell[1]: int(cell[4]) for cell in cells}
+    assert listed == {" > ".join(json.loads(path)): usd for path, usd in rows}
+    assert [int(cell[4]) for cell in cells] == sorted(listed.values(), reverse=True)
+    assert "Costliest kernels over the run" in run.stdout
