@@ -167,6 +167,15 @@ class KernelCost:
         for key, (tenant, mine) in sorted(by_tenant.items()):
             cost = costs.get(key, 0)
             lines = tenant_lines(mine, names, pane.pane_start_ns, pane.pane_end_ns, covered_ns, cost)
+            party = {
+                "gpu_uuid": pane.gpu_uuid,
+                "node_id": pane.node_id,
+                "gpu_model": pane.gpu_model,
+                "pane_start_ns": pane.pane_start_ns,
+                "pane_end_ns": pane.pane_end_ns,
+                "tenant_key": key,
+                **dict(zip(TENANT_FIELDS, tenant)),
+            }  # the fields of every record of the tenant's pane, after its id
             for kernel, category, calls, busy_ns, micro_usd in lines:
                 out.append(
                     computed(
@@ -174,13 +183,7 @@ class KernelCost:
                         record_id=record_id(
                             pane.gpu_uuid, pane.pane_start_ns, line_id_key(key, category, kernel), 0, "kernel"
                         ),
-                        gpu_uuid=pane.gpu_uuid,
-                        node_id=pane.node_id,
-                        gpu_model=pane.gpu_model,
-                        pane_start_ns=pane.pane_start_ns,
-                        pane_end_ns=pane.pane_end_ns,
-                        tenant_key=key,
-                        **dict(zip(TENANT_FIELDS, tenant)),
+                        **party,
                         kernel=kernel,
                         category=category,
                         calls=calls,
@@ -202,13 +205,7 @@ class KernelCost:
                     computed(
                         RangeCostRecord,
                         record_id=record_id(pane.gpu_uuid, pane.pane_start_ns, range_id_key(key, text), 0, "range"),
-                        gpu_uuid=pane.gpu_uuid,
-                        node_id=pane.node_id,
-                        gpu_model=pane.gpu_model,
-                        pane_start_ns=pane.pane_start_ns,
-                        pane_end_ns=pane.pane_end_ns,
-                        tenant_key=key,
-                        **dict(zip(TENANT_FIELDS, tenant)),
+                        **party,
                         range_path=text,
                         range_name=path[-1],
                         depth=len(path),
