@@ -63,7 +63,7 @@ _WHERE_KERNEL_MONEY_WENT = (
         """SELECT team, category, kernel, calls, cost_micro_usd AS micro_usd,
        printf('%.2f', cost_micro_usd / 1e6) AS usd, round(busy_ns / 1e9, 1) AS busy_s,
        round(micro_usd_per_call, 1) AS micro_usd_per_call
-FROM kernel_spend WHERE category <> 'no_kernel' ORDER BY cost_micro_usd DESC, team, kernel LIMIT 10""",
+FROM kernel_spend WHERE category <> 'no_kernel' ORDER BY cost_micro_usd DESC, team, kernel, category LIMIT 10""",
     ),
     (
         "Costliest ranges over the run (the kernels launched in each, ranges inside it included)",

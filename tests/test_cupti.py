@@ -253,6 +253,8 @@ def streams(draw):
         records.append(launch(corr, 9, 2000 + corr))
     if draw(st.booleans()):
         records.append(kernel(99, 50, 40))  # ends before it starts
+    if draw(st.booleans()):  # a marker id begun again, on another thread, before its end
+        records.append(marker(0, standin.ActivityFlag.MARKER_START, 1500, tid=draw(st.integers(0, 2)), name="again"))
     return records, draw(st.randoms())
 
 

@@ -18,7 +18,7 @@ def host_recordings(draw):
     for mid in range(draw(st.integers(0, 6))):
         start = draw(st.integers(0, 1000))
         end = None if draw(st.integers(0, 5)) == 0 else start + draw(st.integers(0, 600))
-        tid, name = draw(st.sampled_from([1, 2])), draw(st.sampled_from(["step", "fwd", "bwd", "", 'é"%s']))
+        tid, name = draw(st.sampled_from([1, 2])), draw(st.sampled_from(["step", "fwd", "bwd", "", 'é"%s', "\ud800x"]))
         ranges.append((mid, tid, start, end, name))
         host.append((start, 0, marker(mid, standin.ActivityFlag.MARKER_START, start, tid=tid, name=name)))
         if end is not None:
@@ -46,4 +46,6 @@ def test_a_kernel_s_range_path_is_the_ranges_open_on_its_launching_thread_at_its
     assert set(paths) == {corr for corr, _, _ in launches}
     for corr, tid, at in launches:
         open_then = sorted((s, n) for _, t, s, e, n in ranges if t == tid and s <= at and (e is None or e > at))
-        assert paths[corr] == ([n or "(unnamed)" for _, n in open_then] or None), (corr, ranges)
+        # a name as valid UTF-8 (a lone surrogate replaced), an empty one named
+        named = [n.encode("utf-8", "replace").decode() or "(unnamed)" for _, n in open_then]
+        assert paths[corr] == (named or None), (corr, ranges)

@@ -299,3 +299,17 @@ def test_the_run_s_summary_lists_the_costliest_ranges_as_the_views_give_them(tmp
     assert listed == {" > ".join(json.loads(path)): usd for path, usd in rows}
     assert [int(cell[4]) for cell in cells] == sorted(listed.values(), reverse=True)
     assert "Costliest kernels over the run" in run.stdout
+
+
+def test_a_log_restored_from_a_snapshot_hands_out_the_same_path_codes_as_the_live_one() -> None:
+    """Codes freed out of order (pane 0's path took code 1, pane 1's code 0): the live log and one restored from its
+    snapshot must hand out the same code next, or their states part though their records agree."""
+    live = KernelLog(AuditSettings(pane_s=60, revision_horizon_s=0))
+    live.take(kernel(61, 62, corr=1, path=("b",)))  # type: ignore[arg-type]
+    live.take(kernel(1, 2, corr=2, path=("a",)))  # type: ignore[arg-type]
+    live.prune("GPU-0", BASE_NS + 2 * PANE)  # pane 0 goes: code 1 is free
+    live.prune("GPU-0", BASE_NS + 3 * PANE)  # then pane 1: code 0
+    restored = KernelLog.from_state(json.loads(json.dumps(live.to_state())), AUDIT)
+    for log in (live, restored):
+        log.take(kernel(200, 201, corr=3, path=("c",)))  # type: ignore[arg-type]
+    assert restored.to_state() == live.to_state()

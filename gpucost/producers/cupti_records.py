@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable
+from operator import itemgetter
 from typing import Any
 
 from gpucost.producers.cupti_layout import FIELDS, Reader, attribute_reader, checked, dtype_name, raw_reader
@@ -57,6 +59,12 @@ def category_of(kind: str, name: str) -> str:
     return "communication" if name.startswith(NCCL_PREFIXES) else "kernel"
 
 
+def path_name(name: str) -> str:
+    """A range's name as a kernel's path carries it: never empty, and valid UTF-8 (a lone surrogate, which an NVTX
+    name may hold, would make the whole kernel invalid, not only its path)."""
+    return name.encode("utf-8", "replace").decode() if name else UNNAMED_RANGE
+
+
 class _Json(str):
     """JSON text of a few fields (``"gpu_uuid":…,"device":…``), with their values for the dict form."""
 
@@ -100,7 +108,8 @@ class KernelRecords:
         self._pending: dict[int, tuple[Any, ...]] = {}  # correlation id → kernel row awaiting its launch
         self._open: dict[int, tuple[int, _Json, int]] = {}  # marker id → (tid, domain and name, start ns)
         self._early_ends: dict[int, int] = {}  # marker id → end ns, for an end delivered before its start
-        self._stacks: dict[int, dict[int, tuple[int, str]]] = {}  # tid → marker id → (start ns, name): open ranges
+        #: tid → its open ranges as (start ns, name, marker id), in that order: the outermost first
+        self._stacks: dict[int, list[tuple[int, str, int]]] = {}
         self._paths: dict[tuple[str, ...], str] = {}  # a range path → its JSON array
         #: tid → (the latest start among its open ranges, the JSON array of them all): a launch after that start has
         #: that path, found without a sort (a thread's ranges change far less often than it launches)
@@ -298,14 +307,15 @@ class KernelRecords:
         """The JSON array of the ranges open on ``tid`` at a launch at ``start``, outermost (earliest begun) first; None
         for none. Records of the host's calls and markers come in the order they happened, so the ranges open when a
         launch's record is read are those open at the launch (less any begun after it, left out by time)."""
-        opened = sorted(self._stacks.get(tid, {}).values())
-        names = tuple(name or UNNAMED_RANGE for begun, name in opened if begun <= start)[:MAX_RANGE_DEPTH]
+        opened = self._stacks.get(tid, [])
+        begun = bisect_right(opened, start, key=itemgetter(0))
+        names = tuple(path_name(name) for _, name, _ in opened[: min(begun, MAX_RANGE_DEPTH)])
         text = self._paths.get(names) if names else None
         if names and text is None:
             if len(self._paths) >= _CACHED_NAMES:
                 self._paths.clear()
             text = self._paths[names] = json.dumps(names, separators=(",", ":"))
-        if not opened or opened[-1][0] <= start:  # every open range taken: the path of any launch after the last start
+        if begun == len(opened):  # every open range taken: the path of any launch after the last start
             self._whole[tid] = (opened[-1][0] if opened else -1, text)
         return text
 
@@ -317,24 +327,32 @@ class KernelRecords:
             if end is not None:
                 self._range(tid, label, timestamp, end, out)
             elif len(self._open) < self._max_pending:
+                was = self._open.get(marker_id)
+                if was is not None:  # an id begun again before its end: the earlier range is open no more
+                    self._unstack(marker_id, was)
                 self._open[marker_id] = (tid, label, timestamp)
-                self._stacks.setdefault(tid, {})[marker_id] = (timestamp, label.values[1])
+                insort(self._stacks.setdefault(tid, []), (timestamp, label.values[1], marker_id))
                 self._whole.pop(tid, None)
             else:
                 self.stats.open_ranges_at_exit += 1
         elif flags & self._end_flag:  # instantaneous markers carry no duration, so no money
             opened = self._open.pop(marker_id, None)
             if opened is not None:
-                stack = self._stacks[opened[0]]
-                del stack[marker_id]
-                if not stack:
-                    del self._stacks[opened[0]]
-                self._whole.pop(opened[0], None)
+                self._unstack(marker_id, opened)
                 self._range(*opened, timestamp, out)
             elif len(self._early_ends) < self._max_pending:
                 self._early_ends[marker_id] = timestamp
             else:
                 self.stats.unmatched_range_ends += 1
+
+    def _unstack(self, marker_id: int, opened: tuple[int, _Json, int]) -> None:
+        """An open range of a thread ends: out of its stack (found by bisection: a stack may hold many)."""
+        tid, label, start = opened
+        stack = self._stacks[tid]
+        del stack[bisect_left(stack, (start, label.values[1], marker_id))]
+        if not stack:
+            del self._stacks[tid]
+        self._whole.pop(tid, None)
 
     def _label(self, domain: Any, name: Any) -> _Json:
         if len(self._labels) >= _CACHED_NAMES:

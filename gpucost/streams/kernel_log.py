@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Container, Iterable
+from heapq import heappop, heappush
 from typing import Any, NamedTuple
 
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, KernelActivity
@@ -98,10 +99,10 @@ class _GpuKernels:
         at = self.path_index.get(text)
         if at is None:
             if not self.free_paths:
-                self.free_paths.append(len(self.paths))
+                heappush(self.free_paths, len(self.paths))
                 self.paths.append(None)
                 self.path_uses.append(0)
-            at = self.free_paths.pop()
+            at = heappop(self.free_paths)  # the lowest: a log restored from a snapshot hands out the same codes
             self.paths[at] = text
             self.path_index[text] = at
         return at
@@ -115,7 +116,7 @@ class _GpuKernels:
                 assert text is not None  # a code in use has its text
                 del self.path_index[text]
                 self.paths[kernel.path] = None
-                self.free_paths.append(kernel.path)
+                heappush(self.free_paths, kernel.path)
 
     def code(self, name: str) -> int:
         at = self.index.get(name)
@@ -332,7 +333,7 @@ class KernelLog:
             log.paths = list(saved.get("paths", []))  # a version 3 snapshot has none
             log.path_uses = [0] * len(log.paths)
             log.path_index = {text: at for at, text in enumerate(log.paths) if text is not None}
-            log.free_paths = [at for at, text in enumerate(log.paths) if text is None]
+            log.free_paths = [at for at, text in enumerate(log.paths) if text is None]  # ascending: a heap
             for pane, rows in saved["panes"]:
                 for k in (Kernel(*row) for row in rows):  # a version 3 row has no path
                     log.add(pane, k)

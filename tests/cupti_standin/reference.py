@@ -76,7 +76,7 @@ class ReferenceRecords:
             corr, tid, start = int(record.correlation_id), int(record.thread_id), int(record.start)
             # every range begun on the thread by the launch and not yet ended, the earliest begun first
             path = [
-                name[:MAX_NAME_CHARS] or UNNAMED_RANGE
+                name[:MAX_NAME_CHARS].encode("utf-8", "replace").decode() or UNNAMED_RANGE
                 for _, name, t, begun in sorted(self._open.values(), key=lambda o: (o[3], o[1][:MAX_NAME_CHARS]))
                 if t == tid and begun <= start
             ][:MAX_RANGE_DEPTH]
