@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import Event, GpuSample
 from gpucost.schemas.kernels import KernelActivity
@@ -21,7 +20,7 @@ from gpucost.schemas.records import KernelCostRecord, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.support.cli import gpucost
-from tests.support.kernel_fleet import billed, binding, fleet, kernel, paid_as_billed
+from tests.support.kernel_fleet import billed, binding, feed, fleet, kernel, paid_as_billed
 
 AUDIT = AuditSettings(pane_s=60)
 
@@ -43,12 +42,6 @@ def trace(count: int, pane: int = 0, pid: int = 1, first_corr: int = 0) -> list[
 
 def ts(event: Event) -> int:
     return event.ts_ns
-
-
-def feed(auditor: Auditor, events: list[Event], batch: bool) -> list[Output]:
-    if batch:
-        return expand(auditor.ingest_lines([encode_event(e).encode() for e in events], str))
-    return [o for e in events for o in auditor.update(e)]
 
 
 def last_revision(out: list[Output]) -> dict[int, int]:

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import Rejected, decode_line, encode_event
 from gpucost.schemas.events import Event
 from gpucost.schemas.kernels import MAX_RANGE_DEPTH, NAME_MAX_CHARS, KernelActivity
@@ -27,17 +26,11 @@ from gpucost.streams.kernel_log import Kernel, KernelLog
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS
 from tests.support.cli import gpucost
-from tests.support.kernel_fleet import PANE, binding, fleet, kernel
+from tests.support.kernel_fleet import PANE, binding, feed, fleet, kernel
 
 AUDIT = AuditSettings(pane_s=60)
 PATHS = (None, ("step",), ("step", "fwd"), ("step", "fwd", "attn"), ("step", "bwd"), ("load",))
 NAMES = ("gemm", "nccl_all_reduce", "Memcpy HtoD", "relu")
-
-
-def feed(auditor: Auditor, events: list[Event], batch: bool) -> list[Output]:
-    if batch:
-        return expand(auditor.ingest_lines([encode_event(e).encode() for e in events], str))
-    return [o for e in events for o in auditor.update(e)]
 
 
 def ranges(out: list[Output]) -> dict[tuple[int, str, str], tuple[int, int, int]]:

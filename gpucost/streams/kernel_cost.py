@@ -27,7 +27,7 @@ from gpucost.schemas.events import TENANT_FIELDS
 from gpucost.schemas.kernels import KERNEL_CATEGORIES
 from gpucost.schemas.records import KernelCostRecord, Output, RangeCostRecord, computed, record_id
 from gpucost.streams.apportion import Weights, apportion
-from gpucost.streams.kernel_log import Kernel, KernelLog
+from gpucost.streams.kernel_log import Kernel, KernelLog, range_text
 from gpucost.streams.kernel_split import busy_shares, split_tree, sums_by
 from gpucost.streams.money import split_in_order
 from gpucost.streams.operator import Closing, ClosingMany
@@ -45,7 +45,6 @@ __all__ = [
     "Range",
     "line_id_key",
     "range_id_key",
-    "range_text",
     "tenant_lines",
     "tenant_ranges",
 ]
@@ -126,11 +125,6 @@ def tenant_ranges(
     # the costliest first, a parent before its children (it holds at least as much), ties by text
     kept = sorted((p for p in tree if p), key=lambda p: (-tree[p][1], -tree[p][0], len(p), range_text(p)))
     return [(path, calls.get(path, 0), *tree[path]) for path in sorted(kept[:MAX_TENANT_PATHS], key=range_text)]
-
-
-def range_text(path: tuple[str, ...]) -> str:
-    """A range path as a record carries it: its names as a JSON array, outermost first."""
-    return json.dumps(path, ensure_ascii=False)
 
 
 def range_id_key(tenant_key: str, range_path: str) -> str:

@@ -25,11 +25,16 @@ from gpucost.schemas.kernels import KERNEL_CATEGORIES, KernelActivity
 from gpucost.streams.pane_rules import pane_start_ns
 from gpucost.streams.settings import AuditSettings
 
-__all__ = ["Kernel", "KernelLog", "MAX_PANE_KERNELS"]
+__all__ = ["Kernel", "KernelLog", "MAX_PANE_KERNELS", "range_text"]
 
 #: the most kernels a pane keeps of one GPU (about 33,000 a second for a minute's pane): past it a kernel is
 #: ``out_of_range``, so that a producer's flood bounds the state rather than the memory
 MAX_PANE_KERNELS = 2_000_000
+
+
+def range_text(path: tuple[str, ...]) -> str:
+    """A range path as the log keeps it and a record carries it: its names as a JSON array, outermost first."""
+    return json.dumps(path, ensure_ascii=False)
 
 
 class Kernel(NamedTuple):
@@ -161,7 +166,7 @@ class KernelLog:
         touched = list(self.panes_of(k))
         start = touched[0]
         node, name, category = log.code(k.node_id), log.code(k.name), KERNEL_CATEGORIES.index(k.category)
-        path = -1 if k.range_path is None else log.path_code(json.dumps(k.range_path, ensure_ascii=False))
+        path = -1 if k.range_path is None else log.path_code(range_text(k.range_path))
         for pane in touched:
             first = int(pane == start)
             log.add(

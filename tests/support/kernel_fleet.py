@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections import defaultdict
 from decimal import Decimal
 
+from gpucost.schemas.blocks import expand
+from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import Event, GpuSample, Price, ProcessSample, TenantBinding
 from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import CostRecord, KernelCostRecord, Output
+from gpucost.streams.audit import Auditor
 from tests.strategies import BASE_NS, NS
 
 PANE = 60 * NS
@@ -76,6 +79,13 @@ def fleet(panes: int, sm_pct: float = 100.0) -> list[Event]:
             )
         )
     return out
+
+
+def feed(auditor: Auditor, events: list[Event], batch: bool) -> list[Output]:
+    """``events`` through the auditor's row entry, or as encoded lines through its batch entry (``batch``)."""
+    if batch:
+        return expand(auditor.ingest_lines([encode_event(e).encode() for e in events], str))
+    return [o for e in events for o in auditor.update(e)]
 
 
 def lines(out: list[Output]) -> dict[tuple[int, str, str], tuple[int, int, int]]:
