@@ -70,7 +70,8 @@ def write_trace(path: Path, mib: int, seed: int = 0) -> int:
 
 
 def _gpucost(path: str) -> int:
-    from gpucost.kernels import kernel_report, read_trace
+    from gpucost.kernels import kernel_report
+    from gpucost.trace_files import read_trace
 
     kernels, ranges, operators, models, _ = read_trace(Path(path))
     return kernel_report(kernels, ranges, models, 2_500_000, operators)["devices"][0]["busy_ns"]

@@ -26,6 +26,7 @@ from gpucost.run import RUN
 from gpucost.sinks.compact import CompactError
 from gpucost.sinks.lock import OutputBusyError
 from gpucost.sinks.parquet import SinkWriteError
+from gpucost.trace_events import TRACE_EVENTS
 from gpucost.wiring import UsageError
 
 __all__ = ["main", "build_parser", "subcommand_parsers", "command_flags", "TABLE", "COMMANDS"]
@@ -54,6 +55,7 @@ TABLE: tuple[Command, ...] = (
     DEVICES,
     KERNELS,
     COLLECT_KERNELS,
+    TRACE_EVENTS,
 )
 COMMANDS = {command.name: command for command in TABLE}
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 from collections.abc import Sequence
-from decimal import Decimal, DecimalException, InvalidOperation
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +18,6 @@ from gpucost.command import Command
 from gpucost.flags import env_flag
 from gpucost.kernel_words import print_text, say_notes, unknown_model
 from gpucost.producers.kernel_table import KernelTable, OperatorTable, RangeTable
-from gpucost.producers.kineto import read_kineto
-from gpucost.producers.nsys import read_nsys
 from gpucost.schemas.events import MAX_USD_PER_GPU_HOUR
 from gpucost.schemas.exact import micro_usd_per_hour
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, AnnotationRange, KernelActivity
@@ -34,9 +31,10 @@ from gpucost.streams.kernel_split import (
     sums_by,
 )
 from gpucost.streams.kernel_work import operator_work, peaks, whatif_bill, work_row
+from gpucost.trace_files import read_traces
 from gpucost.wiring import UsageError
 
-__all__ = ["KERNELS", "NO_OPERATOR", "cmd_kernels", "kernel_report", "read_trace"]
+__all__ = ["KERNELS", "NO_OPERATOR", "cmd_kernels", "kernel_report", "launch_spans"]
 
 _COMPUTE = ("kernel", "communication")  # what makes a GPU busy; memcpy and memset are transfers, apart
 # the operator path of kernels launched in no cpu_op (or whose launch is not in the trace): named, so that the
@@ -90,37 +88,6 @@ def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("json", "text"), default="json", help="the report as JSON (default) or text")
 
 
-def read_trace(path: Path, node: str | None = None) -> tuple[KernelTable, RangeTable, OperatorTable, dict, Counter]:
-    """One file's kernels, ranges, operators, GPU models by (node, device) and rejects; the kind is read from its
-    first bytes, the node is ``node`` or the file's name. Nsight Systems exports have no PyTorch operators: their
-    table is empty."""
-    node = node or path.name
-    with path.open("rb") as f:
-        magic = f.read(16)
-    if magic.startswith(b"SQLite format 3"):
-        t = read_nsys(path, node)
-        models = {(node, d): m for d, m in t.gpu_models.items()}
-        return KernelTable.of(t.kernels), RangeTable.of(t.ranges), OperatorTable(), models, t.rejected
-    k = read_kineto(path, node)
-    return k.kernels, k.ranges, k.operators, {(node, d): m for d, m in k.gpu_models.items()}, k.rejected
-
-
-def _nodes(paths: list[Path]) -> list[str]:
-    """Each file's node: its name, or the path as given where two files share a name (two runs' ``trace.json``
-    would otherwise be one device). The same file twice is refused: its kernels would count twice."""
-    seen: dict[Path, Path] = {}
-    for path in paths:
-        if path.is_dir():
-            raise UsageError(f"{path} is a folder: give the trace files in it, such as {path}/*.json.gz")
-        if not path.is_file():
-            raise UsageError(f"{path}: no such file; give Kineto JSON traces or nsys SQLite exports")
-        if (same := seen.get(path.resolve())) is not None:
-            raise UsageError(f"{path} is {same} given again: each file once, or its kernels count twice")
-        seen[path.resolve()] = path
-    names = Counter(p.name for p in paths)
-    return [p.name if names[p.name] == 1 else str(p) for p in paths]
-
-
 def kernel_report(
     kernels: KernelTable | list[KernelActivity],
     ranges: RangeTable | list[AnnotationRange],
@@ -150,7 +117,7 @@ def kernel_report(
     return {"devices": devices}
 
 
-def _spans(rt: RangeTable, node: str, pid: np.ndarray, tid: np.ndarray) -> tuple[Spans, np.ndarray, np.ndarray]:
+def launch_spans(rt: RangeTable, node: str, pid: np.ndarray, tid: np.ndarray) -> tuple[Spans, np.ndarray, np.ndarray]:
     """The spans of ``rt`` on ``node`` in the processes that launched the device's kernels, as columns, their rows
     in ``rt``, and the kernels' launching threads (``pid``, ``tid``) as codes of the spans' ``tid`` column: a
     thread is its process and its id, since two processes have threads of the same number."""
@@ -212,9 +179,9 @@ def _device(
         key=lambda r: (-r["cost_micro_usd"], -r["busy_ns"], r["name"]),
     )
     pid, tid, launch_ns = (kt.column(c)[compute] for c in ("pid", "launch_tid", "launch_ns"))
-    range_spans, _, threads = _spans(spans[0], key[0], pid, tid)
+    range_spans, _, threads = launch_spans(spans[0], key[0], pid, tid)
     ranges, _ = range_paths(threads, launch_ns, range_spans)
-    op_spans, op_rows, threads = _spans(spans[1], key[0], pid, tid)
+    op_spans, op_rows, threads = launch_spans(spans[1], key[0], pid, tid)
     operators, innermost = range_paths(threads, launch_ns, op_spans)
     del op_spans, range_spans
     paths = [p or (NO_OPERATOR,) for p in operators]
@@ -288,26 +255,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             )
         price = args.usd_per_gpu_hour if args.whatif_usd_per_gpu_hour is None else args.whatif_usd_per_gpu_hour
         whatif = args.whatif_gpu, _micro_per_hour("--whatif-usd-per-gpu-hour", price)
-    kernels, ranges, operators, models, rejected = KernelTable(), RangeTable(), OperatorTable(), {}, Counter()
-    for path, node in zip(args.files, _nodes(args.files)):
-        try:
-            k, r, o, m, bad = read_trace(path, node)
-        except Exception as exc:  # a file that is neither format, or one it cannot hold: say why, no traceback
-            why = " ".join(str(exc).split()).removesuffix(" (right here) ------^")  # one line: ijson draws a caret
-            if isinstance(exc, DecimalException):  # its text is a list of decimal's internal classes
-                why = "a number too large for any reader (an exponent past what a decimal holds)"
-            raise UsageError(
-                f"{path}: cannot be read as a Kineto trace or nsys SQLite export ({type(exc).__name__}: {why})"
-            ) from None
-        if len(kernels) or len(ranges) or len(operators):
-            kernels.extend(k)
-            ranges.extend(r)
-            operators.extend(o)
-        else:  # the first file's tables are taken as they are, not copied
-            kernels, ranges, operators = k, r, o
-        del k, r, o
-        models |= m
-        rejected.update({f"{node}: {reason}": n for reason, n in bad.items()})
+    kernels, ranges, operators, models, rejected = read_traces(args.files)
     report = kernel_report(kernels, ranges, models, micro_per_hour, operators, args.gpu_model or None, whatif)
     say_notes(report, args.gpu_model)
     report["rejected"] = dict(sorted(rejected.items()))

@@ -134,17 +134,18 @@ def whole_file_read(path: Path, node: str):
 def _kernel_rows(table) -> list[tuple]:
     cols = [table.column(c).tolist() for c in table.COLUMNS]
     out = []
-    for node, dev, cat, name, s, e, pid, tid, lns, nbytes, corr in zip(*cols):
+    for node, dev, cat, name, s, e, pid, tid, lns, nbytes, corr, stream in zip(*cols):
         category = ("kernel", "memcpy", "memset", "communication")[cat]
         row = (table.nodes.values[node], dev, category, table.names.values[name], s, e, pid)
-        out.append(row + (None if tid < 0 else tid, None if lns < 0 else lns, None if nbytes < 0 else nbytes, corr))
+        known = (None if tid < 0 else tid, None if lns < 0 else lns, None if nbytes < 0 else nbytes)
+        out.append(row + known + (corr, stream))
     return out
 
 
 def _model_rows(kernels: list[KernelActivity]) -> list[tuple]:
     return [
         (k.node_id, k.device, k.category, k.name, k.start_ns, k.end_ns, k.pid, k.launch_tid, k.launch_ns)
-        + (k.bytes, k.correlation_id)
+        + (k.bytes, k.correlation_id, k.stream)
         for k in kernels
     ]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from gpucost.streams.kernel_log import Kernel, KernelLog
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS
 from tests.support.cli import gpucost
-from tests.support.kernel_fleet import PANE, binding, feed, fleet, kernel
+from tests.support.kernel_fleet import PANE, binding, brute, feed, fleet, kernel
 
 AUDIT = AuditSettings(pane_s=60)
 PATHS = (None, ("step",), ("step", "fwd"), ("step", "fwd", "attn"), ("step", "bwd"), ("load",))
@@ -45,22 +44,6 @@ def ranges(out: list[Output]) -> dict[tuple[int, str, str], tuple[int, int, int]
                 latest[key] = r
     got = {k: (money[k], latest[k].busy_ns, latest[k].calls) for k in money}
     return {k: v for k, v in got.items() if v != (0, 0, 0)}
-
-
-def brute(kernels: list[KernelActivity], lo: int, hi: int) -> tuple[int, dict[tuple[str, ...], Fraction]]:
-    """The union of the computing kernels' time in [lo, hi) and each path prefix's exact share of it: every slice
-    between two consecutive starts or ends shared equally by the kernels running in it."""
-    spans = [(max(k.start_ns, lo), min(k.end_ns, hi), k.range_path or ()) for k in kernels]
-    edges = sorted({t for s, e, _ in spans for t in (s, e)})
-    busy, share = 0, defaultdict(Fraction)
-    for a, b in zip(edges, edges[1:]):
-        running = [p for s, e, p in spans if s <= a and b <= e and s < e]
-        if running:
-            busy += b - a
-            for path in running:
-                for depth in range(len(path) + 1):
-                    share[path[:depth]] += Fraction(b - a, len(running))
-    return busy, share
 
 
 kernels_st = st.lists(

@@ -1,7 +1,7 @@
 """Kernels and host ranges as columns: what ``gpucost kernels`` needs of each event, and nothing more.
 
 A validated ``KernelActivity`` costs about 1.5 KiB of Python objects; a row here is 8-byte integers in
-``array``/numpy columns (about 67 bytes a kernel, 36 a range), with names and nodes interned, so a trace of
+``array``/numpy columns (about 75 bytes a kernel, 36 a range), with names and nodes interned, so a trace of
 millions of kernels fits where its models would not (BENCHMARKS.md, "Kineto reader memory"). Rows are only
 ever appended; ``-1`` stands for "not known" in the optional columns (launch thread and time, bytes), none of
 which can be negative when known (their bounds are ``ge=0`` or later than 2000).
@@ -81,16 +81,18 @@ class _Table:
 
 class KernelTable(_Table):
     """One row per kernel, memcpy or memset: node, device, category, name, GPU start/end (epoch ns), the
-    launching process, thread and time (``launch_*``, -1 unknown), bytes (-1 unknown) and correlation id."""
+    launching process, thread and time (``launch_*``, -1 unknown), bytes (-1 unknown), correlation id and stream
+    (which ``gpucost trace-events`` writes: with the correlation id it keys a launch in the pipeline)."""
 
     COLUMNS = ("node", "device", "category", "name", "start_ns", "end_ns", "pid", "launch_tid", "launch_ns")
-    COLUMNS += ("bytes", "correlation")
+    COLUMNS += ("bytes", "correlation", "stream")
 
     def __init__(self) -> None:
         super().__init__()
         self.node, self.device, self.category, self.name = array("i"), array("h"), array("b"), array("i")
         self.start_ns, self.end_ns, self.pid = array("q"), array("q"), array("q")
         self.launch_tid, self.launch_ns, self.bytes, self.correlation = array("q"), array("q"), array("q"), array("q")
+        self.stream = array("q")
 
     def append(self, k: KernelActivity, launch: bool = True) -> None:
         """One validated kernel's row (its fields are within their bounds, so each fits its column); with
@@ -107,6 +109,7 @@ class KernelTable(_Table):
             self.launch_ns.append(-1 if k.launch_ns is None else k.launch_ns)
         self.bytes.append(-1 if k.bytes is None else k.bytes)
         self.correlation.append(k.correlation_id)
+        self.stream.append(k.stream)
 
     @classmethod
     def of(cls, kernels: Iterable[KernelActivity]) -> KernelTable:

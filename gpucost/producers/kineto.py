@@ -139,7 +139,7 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
     launch of a correlation id wins, so launches are tied to kernels once the file has ended (``Launches``),
     and a kernel whose launch then fails the model's bounds is taken out with the reason the model gives. A
     kernel that fails on its own fields is kept whole (a rejected event, so rare) and rejected at the end with
-    its launch, as the model says. Memory: 43 bytes a kernel (67 once tied), 36 a range, 53 an operator and 32 a
+    its launch, as the model says. Memory: 51 bytes a kernel (75 once tied), 36 a range, 53 an operator and 32 a
     launch, every distinct name once, and the raw events of rejected kernels (docs/kernels.md, "Memory")."""
     node = node_id or path.name
     base, models = _header(path)

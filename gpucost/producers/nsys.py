@@ -1,11 +1,11 @@
 """Nsight Systems SQLite exports (``nsys export --type sqlite``) as kernel and range events.
 
 Opened read-only. Times are integer ns on the session clock; ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` makes
-them epoch ns. Names are ``StringIds`` ids. A kernel is tied to its launch through the
-``CUPTI_ACTIVITY_KIND_RUNTIME`` row of the same ``correlationId`` (its thread and start), and NVTX ranges are
-``NVTX_EVENTS`` rows with an ``end`` (push/pop 59, start/end 60) on a CPU thread. Tables exist only where data do
-and the schema moves between versions, so ``sqlite_master`` is read first; rows that cannot be read are counted
-by reason, never raised.
+them epoch ns. Names are ``StringIds`` ids, a kernel's its ``demangledName`` (the whole signature, as Kineto names
+kernels). A kernel is tied to its launch through the ``CUPTI_ACTIVITY_KIND_RUNTIME`` row of the same
+``correlationId`` (its thread and start), and NVTX ranges are ``NVTX_EVENTS`` rows with an ``end`` (push/pop 59,
+start/end 60) on a CPU thread. Tables exist only where data do and the schema moves between versions, so
+``sqlite_master`` is read first; rows that cannot be read are counted by reason, never raised.
 """
 
 from __future__ import annotations
@@ -76,17 +76,17 @@ def _read(con: sqlite3.Connection, node: str) -> NsysExport:
             if corr is not None and tid is not None:
                 launches[corr] = (tid & 0xFFFFFF, base + start)
     sources = [
-        ("CUPTI_ACTIVITY_KIND_KERNEL", "shortName", "kernel"),
-        ("CUPTI_ACTIVITY_KIND_MEMCPY", None, "memcpy"),
-        ("CUPTI_ACTIVITY_KIND_MEMSET", None, "memset"),
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "kernel"),
+        ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
+        ("CUPTI_ACTIVITY_KIND_MEMSET", "memset"),
     ]
-    for table, name_col, category in sources:
+    for table, category in sources:
         if table not in tables:
             continue
         extra = (
             "demangledName, gridX, gridY, gridZ, blockX, blockY, blockZ, registersPerThread, "
             "staticSharedMemory + dynamicSharedMemory"
-            if name_col
+            if category == "kernel"
             else "bytes"
         )
         query = f"SELECT start, end, deviceId, streamId, correlationId, globalPid, {extra} FROM {table}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from decimal import Decimal
+from fractions import Fraction
 
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
@@ -123,3 +124,19 @@ def paid_as_billed(out: list[Output]) -> bool:
 def billed(out: list[Output]) -> dict[tuple[int, str, str], tuple[int, int, int]]:
     """``lines`` but for those a revision emptied (summed to nothing, a run in time order never has them)."""
     return {k: v for k, v in lines(out).items() if v != (0, 0, 0)}
+
+
+def brute(kernels: list[KernelActivity], lo: int, hi: int) -> tuple[int, dict[tuple[str, ...], Fraction]]:
+    """The union of the computing kernels' time in [lo, hi) and each path prefix's exact share of it: every slice
+    between two consecutive starts or ends shared equally by the kernels running in it."""
+    spans = [(max(k.start_ns, lo), min(k.end_ns, hi), k.range_path or ()) for k in kernels]
+    edges = sorted({t for s, e, _ in spans for t in (s, e)})
+    busy, share = 0, defaultdict(Fraction)
+    for a, b in zip(edges, edges[1:]):
+        running = [p for s, e, p in spans if s <= a and b <= e and s < e]
+        if running:
+            busy += b - a
+            for path in running:
+                for depth in range(len(path) + 1):
+                    share[path[:depth]] += Fraction(b - a, len(running))
+    return busy, share

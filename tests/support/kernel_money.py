@@ -35,22 +35,25 @@ def ns(us: object) -> int:
     return int(Decimal(str(us)) * 1000)
 
 
-def raw_events(doc: dict) -> tuple[dict, dict, list]:
-    """A Kineto trace's launches (correlation → (pid, tid, epoch ns)), ``cpu_op``s by (pid, tid) as (start ns, end
-    ns, event) and kernel events, read with the standard library alone."""
+def raw_events(
+    doc: dict, spans: tuple[str, ...] = ("cpu_op",), gpu: tuple[str, ...] = ("kernel",)
+) -> tuple[dict, dict, list]:
+    """A Kineto trace's launches (correlation → (pid, tid, epoch ns), the last of an id winning), its host spans of
+    the categories ``spans`` by (pid, tid) as (start ns, end ns, event) and its GPU events of the categories ``gpu``,
+    read with the standard library alone."""
     base = int(doc.get("baseTimeNanoseconds", 0))
-    launches, ops, kernels = {}, defaultdict(list), []
+    launches, host, kernels = {}, defaultdict(list), []
     for ev in doc["traceEvents"]:
         if ev.get("ph") != "X":
             continue
         if ev.get("cat") in ("cuda_runtime", "cuda_driver"):
             launches[ev["args"]["correlation"]] = (ev["pid"], ev["tid"], base + ns(ev["ts"]))
-        elif ev.get("cat") == "cpu_op":
+        elif ev.get("cat") in spans:
             start = base + ns(ev["ts"])
-            ops[ev["pid"], ev["tid"]].append((start, start + ns(ev["dur"]), ev))
-        elif ev.get("cat") == "kernel":
+            host[ev["pid"], ev["tid"]].append((start, start + ns(ev["dur"]), ev))
+        elif ev.get("cat") in gpu:
             kernels.append(ev)
-    return launches, ops, kernels
+    return launches, host, kernels
 
 
 def shares(kernels: list[tuple[int, int]]) -> tuple[int, list[Fraction]]:
