@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
 from gpucost.command import Command
+from gpucost.env_flags import env_flag
 from gpucost.kernels import launch_spans
 from gpucost.producers.kernel_table import KernelTable, RangeTable
 from gpucost.schemas.codec import encode_event
@@ -44,15 +45,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "files", nargs="+", type=Path, metavar="FILE", help="Kineto JSON (.json, .json.gz) or nsys .sqlite of one node"
     )
-    p.add_argument(
-        "--out",
-        default=os.environ.get("GPUCOST_TRACE_EVENTS_OUT", "kernels.jsonl"),
-        help="JSON Lines file to write, - for standard output (env GPUCOST_TRACE_EVENTS_OUT; default kernels.jsonl)",
+    env_flag(
+        p, "--out", "GPUCOST_TRACE_EVENTS_OUT", str, "kernels.jsonl", "JSON Lines file to write, - for standard output"
     )
-    p.add_argument(
+    env_flag(
+        p,
         "--node-id",
-        default=os.environ.get("GPUCOST_NODE_ID"),
-        help="the node the traces were taken on, as the fleet's samples name it (env GPUCOST_NODE_ID; required)",
+        "GPUCOST_NODE_ID",
+        str,
+        None,
+        "the node the traces were taken on, as the fleet's samples name it; required",
     )
     p.add_argument(
         "--gpu-uuid",
@@ -187,6 +189,8 @@ def kernel_events(
 
 
 def cmd_trace_events(args: argparse.Namespace) -> int:
+    if args.paths not in PATH_SPANS:  # argparse checks a flag's choices, not its variable's
+        raise UsageError(f"GPUCOST_TRACE_PATHS {args.paths!r}: give one of {', '.join(PATH_SPANS)}")
     if not args.node_id or len(args.node_id) > 256:
         raise UsageError(
             "trace-events needs --node-id (or GPUCOST_NODE_ID), 1 to 256 characters: the node the traces were taken "

@@ -266,3 +266,22 @@ def test_a_converted_trace_bills_its_ranges_in_a_replay_whichever_file_comes_fir
             assert n == calls[path]
             assert abs(usd - root * weight[path] / busy) < len(path)  # within 1 µ$ a level of its exact share
             assert abs(busy_ns - weight[path]) < len(path)
+
+
+def test_the_flags_fall_back_to_their_variables(tmp_path):
+    trace = next(p for p in KINETO if p.name == "sampled_rank-1.json.gz")  # device 1
+    pid = trace_pid(trace)
+    env = {
+        "GPUCOST_NODE_ID": "n9",
+        "GPUCOST_TRACE_GPU_UUIDS": "0=GPU-zero, 1=GPU-one",
+        "GPUCOST_TRACE_PIDS": f"{pid}=77",
+        "GPUCOST_TRACE_PATHS": "both",
+        "GPUCOST_TRACE_EVENTS_OUT": str(tmp_path / "env.jsonl"),
+    }
+    proc = gpucost("trace-events", str(trace), env=env)
+    written = [decode_line(line) for line in (tmp_path / "env.jsonl").read_text().splitlines()]
+    expected = kineto(trace, "n9", {0: "GPU-zero", 1: "GPU-one"}, {pid: 77}, CATS["both"])
+    same({(e.correlation_id, e.start_ns, e.stream): e for e in written}, expected)
+    assert json.loads(proc.stderr)["trace_events"]["devices"] == {"1": "GPU-one"}
+    bad = gpucost("trace-events", str(trace), env={**env, "GPUCOST_TRACE_PATHS": "all"}, check=False)
+    assert bad.returncode == 2 and "GPUCOST_TRACE_PATHS 'all'" in bad.stderr
