@@ -330,7 +330,7 @@ WHATIF = Command(
 HTML_REPORT = Command(
     "report",
     "the output as one self-contained HTML page of plots (cost by team, "
-    "idle share, an idle heatmap, health, reclaims, MAE, dead letters)",
+    "idle share, an idle heatmap, health, reclaims, MAE, dead letters, costliest kernels and ranges)",
     _report_arguments,
     cmd_report,
 )

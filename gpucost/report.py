@@ -17,7 +17,17 @@ from gpucost.schemas.records import GRADES
 from gpucost.sinks.views import MIN_EFFECTIVE_TFLOP_HOURS, connect, unit_cost_sql
 from gpucost.streams.discovery import OUT_OF_SERVICE
 
-__all__ = ["IDLE_WORDS", "RECLAIMS", "device_faults", "format_table", "gpus", "period_covered", "printable", "summary"]
+__all__ = [
+    "COSTLIEST",
+    "IDLE_WORDS",
+    "RECLAIMS",
+    "device_faults",
+    "format_table",
+    "gpus",
+    "period_covered",
+    "printable",
+    "summary",
+]
 
 #: what "idle" is in the bill, in the words every output uses (docs/definitions.md, "Words the output uses"):
 #: the cost of the GPUs' capacity no tenant's process used, each pane's 1 − busy fraction
@@ -55,21 +65,27 @@ _GRADES = f"""
 SELECT grade, count(*) AS windows, count(*) FILTER (WHERE passed) AS passed,
        printf('%.1f%%', 100.0 * count(*) / sum(count(*)) OVER ()) AS share
 FROM health GROUP BY grade ORDER BY array_position({list(GRADES)}, grade)"""
-#: the costliest kernels and range paths over the run, as revised (docs/definitions.md, "Kernel cost in the pipeline"
-#: and "Range cost in the pipeline"); a range's figures include the ranges inside it
-_WHERE_KERNEL_MONEY_WENT = (
+#: the costliest kernels and range paths, as revised (docs/definitions.md, "Kernel cost in the pipeline" and "Range
+#: cost in the pipeline"), each (kind, title, what it sums, SQL over ``{spend}``): the view ``kernel_spend`` /
+#: ``range_spend`` here, the same rows of the dates asked for in the HTML report (``views.spend_sql``); a range's
+#: figures include the ranges inside it
+COSTLIEST = (
     (
-        "Costliest kernels over the run (each team's kernel lines as revised; no_kernel left out)",
+        "kernel",
+        "Costliest kernels",
+        "each team's kernel lines as revised; no_kernel left out",
         """SELECT team, category, kernel, calls, cost_micro_usd AS micro_usd,
        printf('%.2f', cost_micro_usd / 1e6) AS usd, round(busy_ns / 1e9, 1) AS busy_s,
        round(micro_usd_per_call, 1) AS micro_usd_per_call
-FROM kernel_spend WHERE category <> 'no_kernel' ORDER BY cost_micro_usd DESC, team, kernel, category LIMIT 10""",
+FROM {spend} WHERE category <> 'no_kernel' ORDER BY cost_micro_usd DESC, team, kernel, category LIMIT 10""",
     ),
     (
-        "Costliest ranges over the run (the kernels launched in each, ranges inside it included)",
+        "range",
+        "Costliest ranges",
+        "the kernels launched in each, ranges inside it included",
         """SELECT team, array_to_string(from_json(range_path, '["VARCHAR"]'), ' > ') AS range, depth, calls,
        cost_micro_usd AS micro_usd, printf('%.2f', cost_micro_usd / 1e6) AS usd, round(busy_ns / 1e9, 1) AS busy_s
-FROM range_spend ORDER BY cost_micro_usd DESC, team, range_path LIMIT 10""",
+FROM {spend} ORDER BY cost_micro_usd DESC, team, range_path LIMIT 10""",
     ),
 )
 #: per GPU model and EFU source (never two sources in one figure), over the whole run; n/a below the minimum of work
@@ -248,11 +264,11 @@ def summary(out_dir: Path, stats: RunStats, opex_usd_per_gpu_hour: Decimal = Dec
             f"\nRevisions: late events and bindings within the horizon adjusted the bill ({late}):\n"
             + format_table([d[0] for d in res.description], revised)
         )
-    for title, sql in _WHERE_KERNEL_MONEY_WENT:
-        res = con.execute(sql)
+    for kind, title, what, sql in COSTLIEST:
+        res = con.execute(sql.format(spend=f"{kind}_spend"))
         top = res.fetchall()
         if top:
-            parts.append(f"\n{title}:\n" + format_table([d[0] for d in res.description], top))
+            parts.append(f"\n{title} over the run ({what}):\n" + format_table([d[0] for d in res.description], top))
     res = con.execute(_UNIT_COST)
     units = res.fetchall()
     if units:

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import plotly.graph_objects as go
 
-from gpucost.report import IDLE_WORDS, period_covered
+from gpucost.report import COSTLIEST, IDLE_WORDS, period_covered
 from gpucost.schemas.records import GRADES
-from gpucost.sinks.views import connect
+from gpucost.sinks.views import connect, spend_sql
 
 __all__ = ["PLOTS", "Plot", "build_report", "team_table_sql"]
 
@@ -254,6 +255,14 @@ PLOTS = (
 )
 
 
+def _table(res: duckdb.DuckDBPyConnection, table_id: str) -> tuple[str, int]:
+    """A query's rows as an HTML table with its column names for a head, every cell escaped, and how many rows."""
+    rows = res.fetchall()
+    head = "".join(f"<th>{html.escape(d[0])}</th>" for d in res.description)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f'<table id="{table_id}"><tr>{head}</tr>{body}</table>', len(rows)
+
+
 def team_table_sql(where: str) -> str:
     """The figures behind the cost plots, per team: µ$, USD, share of the total, and panes."""
     return (
@@ -312,19 +321,24 @@ def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | N
             + "</section>"
         )
         script = True  # the first figure drawn carries the script, whichever it is
-    res = con.execute(team_table_sql(_where("cost", since, until)))
-    columns = [d[0] for d in res.description]
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in res.fetchall())
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     span = " to ".join(d.isoformat() for d in (since, until) if d) or "all dates"
+    teams, _ = _table(con.execute(team_table_sql(_where("cost", since, until))), "teams")
+    for kind, title, what, sql in COSTLIEST:  # the summary's tables, over the dates asked for
+        res = con.execute(sql.format(spend=f"({spend_sql(kind, _where(f'{kind}_cost', since, until))})"))
+        table, rows = _table(res, f"costliest-{kind}s")
+        parts.append(
+            f"<section><h2>{html.escape(title)}</h2><p>{html.escape(what)}; the ten costliest, {span}.</p>{table}"
+            "</section>"
+            if rows
+            else f'<section id="costliest-{kind}s"><h2>{html.escape(title)}</h2><p class="empty">no {kind} cost '
+            "records: kernels reach the bill as kernel_activity events (docs/collecting.md)</p></section>"
+        )
     period = period_covered(con, _where("cost", since, until))
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>gpucost report</title><style>'
         "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
         f"</head><body><h1>gpucost report</h1><p>{html.escape(str(out_dir))}, {span}</p>"
-        f'<p id="period">{period}</p>'
-        + "".join(parts)
-        + f'<section><h2>Cost by team</h2><table id="teams"><tr>{head}</tr>{body}</table></section>'
+        f'<p id="period">{period}</p>' + "".join(parts) + f"<section><h2>Cost by team</h2>{teams}</section>"
         "</body></html>"
     )

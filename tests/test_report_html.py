@@ -5,9 +5,11 @@ Parquet, and the team table equal to a DuckDB query."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from html.parser import HTMLParser
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from gpucost.producers.simulate import FleetSpec, simulate
@@ -175,3 +177,67 @@ def test_a_period_without_cost_records_is_an_error_not_an_empty_page(page: tuple
     proc = gpucost("report", "--out", str(out), "--html", str(tmp_path / "x.html"), "--since", later, check=False)
     assert proc.returncode == 2 and "no cost record" in proc.stderr and str(last) in proc.stderr, proc.stderr
     assert not (tmp_path / "x.html").exists()
+
+
+class _Tables(HTMLParser):
+    """Each table's rows of cell texts by its id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self._id: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._id = dict(attrs).get("id")
+            self.tables[self._id or ""] = []
+        elif tag == "tr" and self._id:
+            self.tables[self._id].append([])
+        elif tag in ("td", "th") and self._id:
+            self.tables[self._id][-1].append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._id = None
+
+    def handle_data(self, data: str) -> None:
+        if self._id and self.tables[self._id] and self.tables[self._id][-1]:
+            self.tables[self._id][-1][-1] += data
+
+
+def _costliest(out: Path, kind: str, dates: tuple[str, str] | None) -> list[tuple[str, str, int]]:
+    """The ten costliest kernel lines or range paths per team over the raw Parquet records, as revised (each line's
+    records summed), in the report's order: (team, name, µ$)."""
+    key = "category, kernel" if kind == "kernel" else "range_path"
+    where = f"WHERE date BETWEEN DATE '{dates[0]}' AND DATE '{dates[1]}'" if dates else ""
+    skip = "WHERE category <> 'no_kernel'" if kind == "kernel" else ""
+    order = "team, kernel, category" if kind == "kernel" else "team, range_path"
+    rows = duckdb.sql(
+        f"""SELECT team, {"kernel" if kind == "kernel" else "range_path"}, sum(usd) AS usd FROM (
+              SELECT team, {key}, sum(cost_micro_usd) AS usd
+              FROM read_parquet('{out}/{kind}_cost/**/*.parquet', hive_partitioning = true) {where}
+              GROUP BY gpu_uuid, pane_start_ns, tenant_key, team, {key}) {skip}
+            GROUP BY team, {key} ORDER BY usd DESC, {order} LIMIT 10"""
+    ).fetchall()
+    name = (lambda n: n) if kind == "kernel" else (lambda n: " > ".join(json.loads(n)))
+    return [(team, name(n), int(usd)) for team, n, usd in rows]
+
+
+@pytest.mark.parametrize("dates", [None, ("2025-01-07", "2025-01-07")])
+def test_the_costliest_kernels_and_ranges_are_the_raw_records_as_revised(
+    page: tuple[Path, Path], tmp_path: Path, dates: tuple[str, str] | None
+) -> None:
+    out, html = page
+    if dates:
+        html = tmp_path / "day.html"
+        gpucost("report", "--out", str(out), "--html", str(html), "--since", dates[0], "--until", dates[1])
+    tables = _Tables()
+    tables.feed(html.read_text())
+    for kind, name_column in (("kernel", "kernel"), ("range", "range")):
+        head, *rows = tables.tables[f"costliest-{kind}s"]
+        at = {c: i for i, c in enumerate(head)}
+        got = [(r[at["team"]], r[at[name_column]], int(r[at["micro_usd"]])) for r in rows]
+        want = _costliest(out, kind, dates)
+        assert len(want) == 10 and got == want, kind
+    if dates:  # the day's figures are not the run's
+        assert _costliest(out, "kernel", dates) != _costliest(out, "kernel", None)

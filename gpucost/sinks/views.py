@@ -35,6 +35,7 @@ __all__ = [
     "views_sql",
     "connect",
     "query",
+    "spend_sql",
     "sql_string",
     "unit_cost_sql",
     "view_records",
@@ -139,12 +140,35 @@ FROM cost c JOIN (SELECT gpu_uuid, pane_start_ns, tenant_key, sum(cost_micro_usd
 CREATE OR REPLACE VIEW idle_index_as_revised AS
 SELECT * FROM idle_index QUALIFY revision = max(revision) OVER (PARTITION BY gpu_uuid, pane_start_ns);"""
 
+#: where a kernel line's or range path's money went, per team, over the as-revised rows that ``{where}`` keeps: µ$, busy
+#: ns, calls (and µ$ per call of a kernel), and the panes where it has any (not those a revision emptied). One rule for
+#: the views ``kernel_spend`` / ``range_spend`` (every row) and the HTML report's tables (the dates asked for).
+SPEND = {
+    "kernel": """SELECT team, category, kernel, sum(cost_micro_usd)::BIGINT AS cost_micro_usd,
+       sum(busy_ns)::BIGINT AS busy_ns, sum(calls)::BIGINT AS calls,
+       sum(cost_micro_usd) / nullif(sum(calls), 0) AS micro_usd_per_call,
+       {panes}
+FROM kernel_cost_as_revised {where} GROUP BY ALL""",
+    "range": """SELECT team, range_path, any_value(range_name) AS range_name, any_value(depth) AS depth,
+       sum(cost_micro_usd)::BIGINT AS cost_micro_usd, sum(busy_ns)::BIGINT AS busy_ns, sum(calls)::BIGINT AS calls,
+       {panes}
+FROM range_cost_as_revised {where} GROUP BY team, range_path""",
+}
+_PANES_WITH_ANY = (
+    "count(DISTINCT (gpu_uuid, pane_start_ns)) FILTER (WHERE calls > 0 OR busy_ns > 0 OR cost_micro_usd <> 0) AS panes"
+)
+
+
+def spend_sql(kind: str, where: str = "") -> str:
+    """``SPEND[kind]`` over the rows ``where`` keeps (a ``WHERE`` clause, or nothing for every row)."""
+    return SPEND[kind].format(panes=_PANES_WITH_ANY, where=where)
+
+
 #: the kernel cost lines (docs/definitions.md, "Kernel cost in the pipeline") as revised, as ``cost_as_revised`` is:
 #: per line the sum of its differences as ``cost_micro_usd`` and its latest record's other values (``busy_ns`` and
-#: ``calls`` are a line's figures, not differences: summed over revisions they would count a revised pane twice);
-#: and ``kernel_spend``, per team and kernel over every pane: µ$, busy ns, calls and µ$ per call, and the panes where
-#: the line has any (not those a revision emptied: a late binding moved its kernels away); and the same of the
-#: range paths (docs/definitions.md, "Range cost in the pipeline"): ``range_cost_as_revised`` and ``range_spend``
+#: ``calls`` are a line's figures, not differences: summed over revisions they would count a revised pane twice), and
+#: the same of the range paths (docs/definitions.md, "Range cost in the pipeline"), ``range_cost_as_revised``; with
+#: ``kernel_spend`` and ``range_spend`` over every pane (``SPEND``)
 _KERNELS = """CREATE OR REPLACE VIEW kernel_cost_as_revised AS
 SELECT k.* REPLACE (s.total AS cost_micro_usd)
 FROM kernel_cost k JOIN (SELECT gpu_uuid, pane_start_ns, tenant_key, category, kernel, sum(cost_micro_usd) AS total,
@@ -152,10 +176,7 @@ FROM kernel_cost k JOIN (SELECT gpu_uuid, pane_start_ns, tenant_key, category, k
   USING (gpu_uuid, pane_start_ns, tenant_key, category, kernel)
 WHERE k.revision = s.latest;
 CREATE OR REPLACE VIEW kernel_spend AS
-SELECT team, category, kernel, sum(cost_micro_usd)::BIGINT AS cost_micro_usd, sum(busy_ns)::BIGINT AS busy_ns,
-       sum(calls)::BIGINT AS calls, sum(cost_micro_usd) / nullif(sum(calls), 0) AS micro_usd_per_call,
-       count(DISTINCT (gpu_uuid, pane_start_ns)) FILTER (WHERE calls > 0 OR busy_ns > 0 OR cost_micro_usd <> 0) AS panes
-FROM kernel_cost_as_revised GROUP BY ALL;
+{kernel_spend};
 CREATE OR REPLACE VIEW range_cost_as_revised AS
 SELECT r.* REPLACE (s.total AS cost_micro_usd)
 FROM range_cost r JOIN (SELECT gpu_uuid, pane_start_ns, tenant_key, range_path, sum(cost_micro_usd) AS total,
@@ -163,10 +184,7 @@ FROM range_cost r JOIN (SELECT gpu_uuid, pane_start_ns, tenant_key, range_path, 
   USING (gpu_uuid, pane_start_ns, tenant_key, range_path)
 WHERE r.revision = s.latest;
 CREATE OR REPLACE VIEW range_spend AS
-SELECT team, range_path, any_value(range_name) AS range_name, any_value(depth) AS depth,
-       sum(cost_micro_usd)::BIGINT AS cost_micro_usd, sum(busy_ns)::BIGINT AS busy_ns, sum(calls)::BIGINT AS calls,
-       count(DISTINCT (gpu_uuid, pane_start_ns)) FILTER (WHERE calls > 0 OR busy_ns > 0 OR cost_micro_usd <> 0) AS panes
-FROM range_cost_as_revised GROUP BY team, range_path;"""
+{range_spend};"""
 
 
 #: the two bases (docs/definitions.md, "Allocation basis"): both tables' records with ``cost_basis`` as a column;
@@ -223,7 +241,7 @@ def views_sql(out_dir: Path, opex_usd_per_gpu_hour: Decimal = Decimal(0)) -> str
             [
                 *views,
                 _REVISED,
-                _KERNELS,
+                _KERNELS.format(kernel_spend=spend_sql("kernel"), range_spend=spend_sql("range")),
                 _BASES,
                 _UNIT_COST.format(
                     opex=Decimal(opex_usd_per_gpu_hour),
