@@ -55,7 +55,16 @@ def made_folder(path: Path, flag: str) -> None:
 
 def write_whole(path: Path, content: str | bytes | Callable[[Path], None], flag: str) -> None:
     """``content`` (text as UTF-8, bytes, or a function that writes the file at the path it is given) into
-    ``path``, replacing it whole; a usage error, and no file left beside it, when that cannot be done."""
+    ``path``, replacing it whole; a usage error, and no file left beside it, when that cannot be done. A link to a
+    file replaces the file it points to, the link kept; a path that is neither a file nor a link to one (a device
+    such as ``/dev/stdout``, a named pipe) is written through, as it is: renaming a file over it would replace the
+    device or the link with a plain file."""
+    if not path.is_dir() and (path.is_symlink() or (path.exists() and not path.is_file())):
+        target = path.resolve()
+        if not target.is_file():
+            _write_through(path, content, flag)
+            return
+        path = target
     check_writable(path, flag)
     tmp = _beside(path)
     try:
@@ -72,6 +81,17 @@ def write_whole(path: Path, content: str | bytes | Callable[[Path], None], flag:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()  # nothing left of a failed write (after the rename there is nothing to remove)
+
+
+def _write_through(path: Path, content: str | bytes | Callable[[Path], None], flag: str) -> None:
+    try:
+        if callable(content):
+            content(path)
+        else:
+            with path.open("wb") as fh:
+                fh.write(content.encode() if isinstance(content, str) else content)
+    except OSError as exc:
+        raise UsageError(_cannot(path, flag, exc)) from None
 
 
 def _beside(path: Path) -> Path:

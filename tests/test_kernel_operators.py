@@ -34,7 +34,7 @@ def _open_ops(ops: list[tuple[str, int, int]], t: int | None) -> tuple[str, ...]
     """The names of the ops open at ``t``, outermost first; ``(no operator)`` for none."""
     if t is None:
         return (NO_OPERATOR,)
-    opened = sorted((s, -e, n) for n, s, e in ops if s <= t <= e)
+    opened = sorted((s, -e, i, n) for i, (n, s, e) in enumerate(ops) if s <= t <= e)  # ties: the file's order
     return tuple(n for *_, n in opened) or (NO_OPERATOR,)
 
 

@@ -282,9 +282,11 @@ def test_ranges_hold_the_kernels_launched_inside_them(tmp_path_factory, kernels,
                 "args": {"device": 0, "stream": stream, "correlation": i},
             }
         )
-        opened = sorted((s, -(s + dd), rn) for rn, s, dd in spans if tid == 1 and s <= launch_us[i] <= s + dd)
+        opened = sorted(  # ties of start and end: the file's order, a call before the calls it makes
+            (s, -(s + dd), j, rn) for j, (rn, s, dd) in enumerate(spans) if tid == 1 and s <= launch_us[i] <= s + dd
+        )
         rows.append(
-            (n, base + (t // 1000) * 1000, base + (t // 1000 + d // 1000) * 1000, tuple(rn for _, _, rn in opened))
+            (n, base + (t // 1000) * 1000, base + (t // 1000 + d // 1000) * 1000, tuple(rn for *_, rn in opened))
         )
     path = tmp / "t.json"
     path.write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": events}))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
 
@@ -67,6 +67,7 @@ def whole_file_read(path: Path, node: str):
     base = _int(base) if isinstance(base, (int, Decimal)) and not isinstance(base, bool) else 0
     rejected: Counter = Counter()
     launches, pending, kernels = {}, [], []
+    launchers: dict[int, list[int]] = defaultdict(list)  # each correlation id's launching pids, one per launch
     spans: dict[str, list] = {"user_annotation": [], "cpu_op": []}
     for ev in doc["traceEvents"]:
         if not isinstance(ev, dict):
@@ -79,7 +80,11 @@ def whole_file_read(path: Path, node: str):
             if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
                 pending.append(ev)
             elif cat in ("cuda_runtime", "cuda_driver"):
-                launches[_int(ev["args"]["correlation"])] = (_int(ev["pid"]), _int(ev["tid"]), base + _ns(ev["ts"]))
+                launch = (_int(ev["pid"]), _int(ev["tid"]), base + _ns(ev["ts"]))  # read before the id, as before
+                corr = _int(ev["args"]["correlation"])
+                launches[corr] = launch
+                if -(2**63) <= corr < 2**63:  # an id past int64 names no kernel the model takes
+                    launchers[corr].append(launches[corr][0])
             elif cat in spans:
                 start = base + _ns(ev["ts"])
                 spans[cat].append(
@@ -96,6 +101,13 @@ def whole_file_read(path: Path, node: str):
                 )
         except _CAUGHT as exc:
             rejected[f"{cat}: {rejection_reason(exc)}"] += 1
+    again = [pids for pids in launchers.values() if len(pids) > 1]
+    if again:
+        rejected["cuda_runtime: correlation ids launched more than once (a kernel takes the last launch)"] += len(again)
+    if across := sum(len(set(pids)) > 1 for pids in again):
+        rejected["cuda_runtime: correlation ids launched by more than one process (a kernel takes the last's)"] += (
+            across
+        )
     for ev in pending:
         try:
             args = ev.get("args") or {}
@@ -306,7 +318,10 @@ def test_a_graph_launch_and_a_late_or_repeated_launch_are_tied_as_before(tmp_pat
         "k4": (5, 6, BASE + 3000),  # the later of two
         "k6": (0, None, None),
     }
-    assert new.rejected == {"kernel: pid: Input should be less than 4294967296": 1}
+    assert new.rejected == {
+        "kernel: pid: Input should be less than 4294967296": 1,
+        "cuda_runtime: correlation ids launched more than once (a kernel takes the last launch)": 1,  # id 3
+    }
 
 
 def test_what_no_event_may_raise_is_raised_as_the_whole_file_reading_raised_it(tmp_path):

@@ -4,8 +4,8 @@ the default configuration and checked against exact shares worked out from the r
 
 from __future__ import annotations
 
-import gzip
 import json
+import sqlite3
 from collections import defaultdict
 from decimal import Decimal
 from fractions import Fraction
@@ -14,47 +14,12 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from gpucost.schemas.codec import decode_line, encode_event
+from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import GpuSample, Price, ProcessSample, TenantBinding
-from gpucost.schemas.kernels import KernelActivity
 from tests.support.cli import gpucost
-from tests.support.kernel_money import DATA, KINETO, shares
+from tests.support.kernel_money import KINETO, shares
 from tests.support.trace_oracle import kineto, nsys
-
-NSYS = DATA / "pipit-nsys" / "saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
-CATS = {"ranges": ("user_annotation",), "operators": ("cpu_op",), "both": ("user_annotation", "cpu_op")}
-FIELDS = ("node_id", "pid", "gpu_uuid", "device", "name", "category", "end_ns", "launch_tid", "launch_ns")
-
-
-def convert(tmp_path: Path, *args: str, check: bool = True) -> tuple[dict, dict, object]:
-    """Run the command; its events by (correlation id, start ns, stream) and its summary (and the process)."""
-    out = tmp_path / "kernels.jsonl"
-    proc = gpucost("trace-events", *args, "--out", str(out), check=check)
-    if proc.returncode:
-        return {}, {}, proc
-    events = {}
-    for line in out.read_text().splitlines():
-        ev = decode_line(line)
-        assert isinstance(ev, KernelActivity), ev  # the pipeline's own decoder takes every line
-        key = (ev.correlation_id, ev.start_ns, ev.stream)
-        assert key not in events
-        events[key] = ev
-    return events, json.loads(proc.stderr)["trace_events"], proc
-
-
-def same(events: dict, expected: dict) -> None:
-    assert events.keys() == expected.keys()
-    for key, want in expected.items():
-        got = events[key]
-        assert {f: getattr(got, f) for f in FIELDS} == {f: want[f] for f in FIELDS}, key
-        assert (list(got.range_path) if got.range_path else None) == want["range_path"], key
-
-
-def trace_pid(path: Path) -> int:
-    with gzip.open(path, "rt") as f:
-        pids = {e["pid"] for e in json.load(f)["traceEvents"] if e.get("cat") == "cuda_runtime"}
-    assert len(pids) == 1
-    return pids.pop()
+from tests.support.trace_runs import CATS, NSYS, convert, gpu_event, same, span, trace_pid, write_trace
 
 
 @pytest.mark.parametrize("trace", KINETO, ids=lambda p: p.name)
@@ -86,34 +51,19 @@ def test_each_nsys_kernel_and_copy_is_written_with_its_nvtx_path(tmp_path):
     assert summary["warnings"] == []
 
 
-def _trace(tmp_path: Path, events: list[dict]) -> Path:
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"baseTimeNanoseconds": 1_767_571_200 * 10**9, "traceEvents": events}))
-    return path
-
-
-def _span(cat: str, name: str, ts: int, dur: int, **args: object) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": 8, "ts": ts, "dur": dur, "args": args}
-
-
-def _gpu(corr: int, ts: int, device: int = 0) -> dict:
-    args = {"correlation": corr, "device": device, "stream": 3}
-    return {"ph": "X", "cat": "kernel", "name": "k", "pid": device, "tid": 3, "ts": ts, "dur": 5, "args": args}
-
-
 def test_what_cannot_be_written_as_it_is_is_counted_and_said(tmp_path):
-    deep = [_span("user_annotation", f"level{i:02}", i, 1000 - 2 * i) for i in range(40)]
-    long_name = _span("user_annotation", "x" * 2000, 2000, 10)
-    trace = _trace(
+    deep = [span("user_annotation", f"level{i:02}", i, 1000 - 2 * i) for i in range(40)]
+    long_name = span("user_annotation", "x" * 2000, 2000, 10)
+    trace = write_trace(
         tmp_path,
         [
             *deep,
             long_name,
-            _span("cuda_runtime", "cudaLaunchKernel", 50, 1, correlation=1),
-            _span("cuda_runtime", "cudaLaunchKernel", 2005, 1, correlation=2),
-            _gpu(1, 60),
-            _gpu(2, 2010, device=1),
-            _gpu(3, 120),  # its launch is not in the trace: no process is known
+            span("cuda_runtime", "cudaLaunchKernel", 50, 1, correlation=1),
+            span("cuda_runtime", "cudaLaunchKernel", 2005, 1, correlation=2),
+            gpu_event(1, 60),
+            gpu_event(2, 2010, device=1),
+            gpu_event(3, 120),  # its launch is not in the trace: no process is known
         ],
     )
     events, summary, _ = convert(tmp_path, str(trace), "--node-id", "n1", "--gpu-uuid", "0=GPU-A")
@@ -128,36 +78,6 @@ def test_what_cannot_be_written_as_it_is_is_counted_and_said(tmp_path):
     }
     assert len(summary["warnings"]) == 1 and "device 1 has no --gpu-uuid" in summary["warnings"][0]
     assert "n1/1" in summary["warnings"][0]
-
-
-@pytest.mark.parametrize(
-    ("args", "said"),
-    [
-        ((), "needs --node-id"),
-        (("--node-id", "n", "--gpu-uuid", "GPU-x"), "is not KEY=VALUE"),
-        (("--node-id", "n", "--gpu-uuid", "a=GPU-x"), "the device is the trace's index"),
-        (("--node-id", "n", "--gpu-uuid", "0=GPU-x", "--gpu-uuid", "0=GPU-y"), "two UUIDs"),
-        (("--node-id", "n", "--pid", "1=-4"), "a process id is a whole number"),
-        (("--node-id", "n", "--pid", "1=2", "--pid", "1=3"), "two host ids"),
-    ],
-)
-def test_flags_that_say_nothing_sensible_are_refused_with_what_to_give(tmp_path, args, said):
-    trace = _trace(tmp_path, [])
-    _, _, proc = convert(tmp_path, str(trace), *args, check=False)
-    assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_a_file_that_is_no_trace_leaves_the_output_as_it_was(tmp_path):
-    good = _trace(tmp_path, [_span("cuda_runtime", "cudaLaunchKernel", 50, 1, correlation=1), _gpu(1, 60)])
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"traceEvents": [')
-    out = tmp_path / "kernels.jsonl"
-    out.write_text("before\n")
-    proc = gpucost("trace-events", str(good), str(bad), "--node-id", "n", "--out", str(out), check=False)
-    assert proc.returncode == 2 and "bad.json: cannot be read" in proc.stderr and "Traceback" not in proc.stderr
-    assert out.read_text() == "before\n" and sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["t.json", "bad.json", "kernels.jsonl"]
-    )
 
 
 PANE_NS = 60 * 10**9
@@ -268,20 +188,49 @@ def test_a_converted_trace_bills_its_ranges_in_a_replay_whichever_file_comes_fir
             assert abs(busy_ns - weight[path]) < len(path)
 
 
-def test_the_flags_fall_back_to_their_variables(tmp_path):
-    trace = next(p for p in KINETO if p.name == "sampled_rank-1.json.gz")  # device 1
-    pid = trace_pid(trace)
-    env = {
-        "GPUCOST_NODE_ID": "n9",
-        "GPUCOST_TRACE_GPU_UUIDS": "0=GPU-zero, 1=GPU-one",
-        "GPUCOST_TRACE_PIDS": f"{pid}=77",
-        "GPUCOST_TRACE_PATHS": "both",
-        "GPUCOST_TRACE_EVENTS_OUT": str(tmp_path / "env.jsonl"),
+def test_an_nsys_export_of_two_processes_ties_each_kernel_to_its_own_process_s_launch(tmp_path):
+    """An MPI job's ranks in one export: each process numbers its correlation ids from 1, so the same ids name
+    launches of both. The second rank here is the first's copy, 1 ms later, on device 1, inside a range of its own."""
+    export = tmp_path / "two.sqlite"
+    export.write_bytes(NSYS.read_bytes())
+    con = sqlite3.connect(export)
+    shift, other = 1_000_000, 1 << 24  # 1 ms; the next pid in a global id's bits 24..47
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY"):
+        con.execute(f"CREATE TEMP TABLE c AS SELECT * FROM {table}")
+        con.execute(f"UPDATE c SET start = start + {shift}, end = end + {shift}, globalPid = globalPid + {other}")
+        con.execute("UPDATE c SET deviceId = 1")
+        con.execute(f"INSERT INTO {table} SELECT * FROM c")
+        con.execute("DROP TABLE c")
+    con.execute("CREATE TEMP TABLE c AS SELECT * FROM CUPTI_ACTIVITY_KIND_RUNTIME")
+    con.execute(f"UPDATE c SET start = start + {shift}, end = end + {shift}, globalTid = globalTid + {other}")
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME SELECT * FROM c")
+    ((lo, hi, gtid),) = con.execute("SELECT min(start), max(end), min(globalTid) FROM c").fetchall()
+    con.execute(
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, 59, 'rank1', ?)",
+        (lo - 1, hi + 1, gtid),
+    )
+    con.commit()
+    con.close()
+    events, _, _ = convert(tmp_path, str(export), "--node-id", "n2", "--gpu-uuid", "0=GPU-N0", "--gpu-uuid", "1=GPU-N1")
+    same(events, nsys(export, "n2", {0: "GPU-N0", 1: "GPU-N1"}))
+    second = [e for e in events.values() if e.device == 1]
+    assert second and all(e.launch_ns is not None and e.launch_ns <= e.start_ns for e in second)
+    assert all(e.range_path and e.range_path[0] == "rank1" for e in second if e.category == "kernel")
+    assert not any(e.range_path and "rank1" in e.range_path for e in events.values() if e.device == 0)
+
+
+def test_a_correlation_id_launched_by_two_processes_is_noted(tmp_path):
+    trace = write_trace(
+        tmp_path,
+        [
+            span("cuda_runtime", "cudaLaunchKernel", 50, 1, correlation=1),
+            span("cuda_runtime", "cudaLaunchKernel", 55, 1, correlation=1) | {"pid": 8},
+            gpu_event(1, 60),
+        ],
+    )
+    events, summary, _ = convert(tmp_path, str(trace), "--node-id", "n")
+    assert [e.pid for e in events.values()] == [8]  # the last launch's, as the reader ties it
+    assert summary["rejected"] == {
+        "t.json: cuda_runtime: correlation ids launched more than once (a kernel takes the last launch)": 1,
+        "t.json: cuda_runtime: correlation ids launched by more than one process (a kernel takes the last's)": 1,
     }
-    proc = gpucost("trace-events", str(trace), env=env)
-    written = [decode_line(line) for line in (tmp_path / "env.jsonl").read_text().splitlines()]
-    expected = kineto(trace, "n9", {0: "GPU-zero", 1: "GPU-one"}, {pid: 77}, CATS["both"])
-    same({(e.correlation_id, e.start_ns, e.stream): e for e in written}, expected)
-    assert json.loads(proc.stderr)["trace_events"]["devices"] == {"1": "GPU-one"}
-    bad = gpucost("trace-events", str(trace), env={**env, "GPUCOST_TRACE_PATHS": "all"}, check=False)
-    assert bad.returncode == 2 and "GPUCOST_TRACE_PATHS 'all'" in bad.stderr

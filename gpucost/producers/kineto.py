@@ -177,6 +177,7 @@ def read_kineto(path: Path, node_id: str | None = None) -> KinetoTrace:
     if fatal is not None:
         raise fatal
     launches.tie(out.kernels, out.rejected)
+    launches.note_repeats(out.rejected)
     for ev in refused:
         try:
             out.kernels.append(_kernel(ev, node, base, launches, out.rejected))

@@ -39,6 +39,9 @@ class Launches:
 
     def __init__(self) -> None:
         self.corr, self.pid, self.tid, self.ns = array("q"), array("q"), array("q"), array("q")
+        #: correlation ids launched more than once, and of those the ids launched by more than one process: each
+        #: kernel of such an id takes the last launch's process, thread and time (a Kineto kernel names no other)
+        self.repeated = self.across_processes = 0
         self._wide: dict[int, Launch] = {}  # correlation ids outside int64: no valid kernel names one
         self._odd: dict[int, Launch] = {}  # row → figures outside int64 (its columns hold -1)
         self._keys: np.ndarray | None = None  # distinct correlation ids, ascending
@@ -66,6 +69,7 @@ class Launches:
             last = np.ones(len(ordered), dtype=bool)
             last[:-1] = ordered[1:] != ordered[:-1]
             self._keys, self._rows = ordered[last], order[last]
+            self._count_repeats(order, ordered, last)
             del corr, order, ordered, last
             self.corr = array("q")  # no more launches come: the ids are in _keys
         if not len(self._keys):
@@ -73,6 +77,20 @@ class Launches:
         at = np.searchsorted(self._keys, corrs)
         np.minimum(at, len(self._keys) - 1, out=at)
         return np.where(self._keys[at] == corrs, self._rows[at], -1)
+
+    def _count_repeats(self, order: np.ndarray, ordered: np.ndarray, last: np.ndarray) -> None:
+        """``repeated`` and ``across_processes`` from the launches sorted by id: each pair of launches of one id next
+        to each other, their pids compared (as the launches hold them where a figure was past int64)."""
+        i = np.flatnonzero(~last[:-1])  # ordered[i] == ordered[i + 1]
+        a, b = order[i], order[i + 1]
+        pids = np.frombuffer(self.pid, dtype=np.int64)
+        differ = pids[a] != pids[b]
+        if self._odd:
+            odd = np.array(list(self._odd), dtype=np.int64)
+            for k in np.flatnonzero(np.isin(a, odd) | np.isin(b, odd)).tolist():
+                differ[k] = self._launch(int(a[k]))[0] != self._launch(int(b[k]))[0]
+        self.repeated = len(np.unique(ordered[i]))
+        self.across_processes = len(np.unique(ordered[i][differ]))
 
     def _launch(self, row: int) -> Launch:
         return self._odd.get(row) or (int(self.pid[row]), int(self.tid[row]), int(self.ns[row]))
@@ -83,6 +101,19 @@ class Launches:
             return self._wide.get(corr, default)
         row = int(self._rows_of(np.array([corr], dtype=np.int64))[0])
         return default if row < 0 else self._launch(row)
+
+    def note_repeats(self, rejected: Counter) -> None:
+        """Count, as notes (the kernels are kept), the correlation ids launched more than once and those launched by
+        more than one process: a kernel of such an id takes the last launch's process, thread and time."""
+        self._rows_of(np.zeros(0, dtype=np.int64))
+        if self.repeated:
+            rejected["cuda_runtime: correlation ids launched more than once (a kernel takes the last launch)"] += (
+                self.repeated
+            )
+        if self.across_processes:
+            rejected["cuda_runtime: correlation ids launched by more than one process (a kernel takes the last's)"] += (
+                self.across_processes
+            )
 
     def tie(self, kernels: KernelTable, rejected: Counter) -> None:
         """Set the pid and launch columns of kernels appended without them: each kernel's launch (pid, thread,

@@ -2,10 +2,11 @@
 
 Opened read-only. Times are integer ns on the session clock; ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` makes
 them epoch ns. Names are ``StringIds`` ids, a kernel's its ``demangledName`` (the whole signature, as Kineto names
-kernels). A kernel is tied to its launch through the ``CUPTI_ACTIVITY_KIND_RUNTIME`` row of the same
-``correlationId`` (its thread and start), and NVTX ranges are ``NVTX_EVENTS`` rows with an ``end`` (push/pop 59,
-start/end 60) on a CPU thread. Tables exist only where data do and the schema moves between versions, so
-``sqlite_master`` is read first; rows that cannot be read are counted by reason, never raised.
+kernels). A kernel is tied to its launch through the ``CUPTI_ACTIVITY_KIND_RUNTIME`` row of the same process and
+``correlationId`` (its thread and start; ids repeat across the processes of one export, an MPI job's), and NVTX
+ranges are ``NVTX_EVENTS`` rows with an ``end`` (push/pop 59, start/end 60) on a CPU thread. Tables exist only where
+data do and the schema moves between versions, so ``sqlite_master`` is read first; rows that cannot be read are
+counted by reason, never raised.
 """
 
 from __future__ import annotations
@@ -68,13 +69,13 @@ def _read(con: sqlite3.Connection, node: str) -> NsysExport:
     strings = dict(con.execute("SELECT id, value FROM StringIds")) if "StringIds" in tables else {}
     if "TARGET_INFO_GPU" in tables:
         out.gpu_models = {i: n for i, n in con.execute("SELECT id, name FROM TARGET_INFO_GPU") if n}
-    launches: dict[int, tuple[int, int]] = {}
+    launches: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, correlation id) → (thread, launch ns)
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
         for corr, tid, start in con.execute(
             "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY start DESC"
-        ):  # the earliest row of a correlation wins
+        ):  # the earliest row of a correlation wins; ids repeat across the processes of one export (an MPI job's)
             if corr is not None and tid is not None:
-                launches[corr] = (tid & 0xFFFFFF, base + start)
+                launches[_pid(tid), corr] = (tid & 0xFFFFFF, base + start)
     sources = [
         ("CUPTI_ACTIVITY_KIND_KERNEL", "kernel"),
         ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
@@ -102,7 +103,7 @@ def _read(con: sqlite3.Connection, node: str) -> NsysExport:
 
 def _activity(row, node, base, category, strings, launches, rejected) -> KernelActivity:
     start, end, device, stream, corr, gpid = row[:6]
-    tid, launch_ns = launches.get(corr, (None, None))
+    tid, launch_ns = launches.get((_pid(gpid or 0), corr), (None, None))
     fields: dict = {}
     if category == "kernel":
         name = strings.get(row[6]) or f"kernel {row[6]}"

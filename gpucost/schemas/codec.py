@@ -120,8 +120,8 @@ def decode_object(obj: object) -> Event | Rejected:
         return Rejected(
             "unknown_kind",
             "annotation_range (an NVTX range) is not an input of the pipeline: a range is billed through the "
-            "kernels launched in it, each carrying its range_path (gpucost collect-kernels writes it); "
-            "leave the ranges out of its input (grep -v annotation_range)",
+            "kernels launched in it, each carrying its range_path (gpucost collect-kernels and gpucost "
+            "trace-events write it); leave the ranges out of its input (grep -v annotation_range)",
             kind,
         )
     if model is None:

@@ -94,9 +94,10 @@ def range_paths(
 ) -> tuple[list[tuple[str, ...]], np.ndarray]:
     """Each kernel's path from its launch's thread and time (int64, -1 unknown): the names of the spans open
     on that thread at that time (start ≤ launch ≤ end), outermost first (earlier start, then the longer, then
-    the name), never by GPU-time overlap; the empty path without a known launch or with no span open. With the
-    paths, each kernel's innermost open span as its row in ``spans`` (-1: none), the call a PyTorch operator's
-    work is read from.
+    the order ``spans`` list them: a profiler writes a call before the calls it makes, so spans of one start and
+    end nest in call order), never by GPU-time overlap; the empty path without a known launch or with no span
+    open. With the paths, each kernel's innermost open span as its row in ``spans`` (-1: none), the call a PyTorch
+    operator's work is read from.
 
     Spans are sorted once and each gets a parent: the innermost span of its thread still open at its start
     (the stack they make). Every span open at a launch is then the last span begun by it or on that span's
@@ -105,8 +106,7 @@ def range_paths(
     paths are one tuple, and nothing is kept per span beyond int64 columns."""
     if not len(spans.names) or not len(spans.tid) or not len(launch_tid):
         return [()] * len(launch_tid), np.full(len(launch_tid), -1, dtype=np.int64)
-    rank = np.argsort(np.argsort(np.array(spans.names, dtype=object)))
-    order = np.lexsort((rank[spans.name], -spans.end_ns, spans.start_ns, spans.tid))
+    order = np.lexsort((-spans.end_ns, spans.start_ns, spans.tid))  # stable: ties keep the spans' own order
     tid, start, end, name = (c[order].astype(np.int64) for c in (spans.tid, spans.start_ns, spans.end_ns, spans.name))
     last = np.full(len(launch_tid), -1, dtype=np.int64)  # the last span of the launching thread begun by then
     known = launch_ns >= 0

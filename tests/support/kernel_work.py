@@ -51,15 +51,18 @@ def raw_work(doc: dict) -> dict[int, tuple[list, dict[str, list]]]:
     a call's work path is the operator path of its earliest launch (then of its first kernel in the file)."""
     launches, raw_ops, kernels = raw_events(doc)
     base = int(doc.get("baseTimeNanoseconds", 0))
-    ops = {key: [(s, -e, ev["name"], json.dumps(ev["args"])) for s, e, ev in spans] for key, spans in raw_ops.items()}
+    ops = {  # ties of start and end nest in the file's order, a call before the calls it makes
+        key: [(s, -e, i, ev["name"], json.dumps(ev["args"])) for i, (s, e, ev) in enumerate(spans)]
+        for key, spans in raw_ops.items()
+    }
     seen = []  # (device, start, end, launch ns, file order, call, path, work)
     for order, ev in enumerate(kernels):
         pid, tid, t = launches.get(ev["args"].get("correlation"), (None, None, None))
         opened = sorted(o for o in ops.get((pid, tid), []) if t is not None and o[0] <= t <= -o[1])
         start = base + ns(ev["ts"])
-        work = by_hand(opened[-1][2], **json.loads(opened[-1][3])) if opened else None
+        work = by_hand(opened[-1][3], **json.loads(opened[-1][4])) if opened else None
         call = (pid, tid, opened[-1]) if opened else None  # a call is one op on one thread of one process
-        path = "/".join(o[2] for o in opened)
+        path = "/".join(o[3] for o in opened)
         seen.append((ev["args"]["device"], start, start + ns(ev["dur"]), t, order, call, path, work))
     first: dict = {}
     for device, _, _, _, _, call, path, work in sorted(seen, key=lambda k: (k[3] or 0, k[4])):

@@ -1,7 +1,7 @@
 """What ``gpucost trace-events`` should write for a trace, worked out from the raw file with the standard library
 (json, sqlite3) alone, sharing no code with the readers: each kernel by (correlation id, start ns, stream), with
 its process, launch, GPU and range path (the spans open on its launching thread at its launch, outermost first:
-earlier start, then the longer, then the name)."""
+earlier start, then the longer, then a range before an operator, then the file's order)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,16 @@ KINETO_GPU = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"
 Key = tuple[int, int, int]  # (correlation id, start ns, stream)
 
 
-def _path(spans: list[tuple[int, int, str]], at: int) -> list[str] | None:
-    open_ = sorted((s, -e, name[:NAME_MAX]) for s, e, name in spans if s <= at <= e)
-    return [name for _, _, name in open_][:32] or None
+def _rank(event: dict, order: int) -> tuple[int, int]:
+    """A span's place among spans of one start and end: a range outside an operator (``record_function`` wraps
+    what it calls), then the order of the file (a call before the calls it makes)."""
+    return (event["cat"] != "user_annotation", order)
+
+
+def _path(spans: list[tuple[int, int, int, str]], at: int) -> list[str] | None:
+    """The names of ``spans`` (start, end, rank, name) open at ``at``: by start, then the longer, then the rank."""
+    open_ = sorted((s, -e, rank, name[:NAME_MAX]) for s, e, rank, name in spans if s <= at <= e)
+    return [name for *_, name in open_][:32] or None
 
 
 def kineto(path: Path, node: str, uuids: dict[int, str], pids: dict[int, int], cats: tuple[str, ...]) -> dict:
@@ -52,27 +59,29 @@ def kineto(path: Path, node: str, uuids: dict[int, str], pids: dict[int, int], c
             "end_ns": start + ns(ev["dur"]),
             "launch_tid": tid,
             "launch_ns": at,
-            "range_path": _path([(s, e, x["name"]) for s, e, x in host.get((pid, tid), [])], at),
+            "range_path": _path(
+                [(s, e, _rank(x, i), x["name"]) for i, (s, e, x) in enumerate(host.get((pid, tid), []))], at
+            ),
         }
     return out
 
 
 def nsys(path: Path, node: str, uuids: dict[int, str]) -> dict:
     """The kernels, copies and sets of an Nsight Systems export with their NVTX paths, by SQL over its tables (a
-    kernel's launch is the earliest runtime row of its correlation id)."""
+    kernel's launch is the earliest runtime row of its process and correlation id)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     base = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
-    launch = {}
+    launch = {}  # (pid, correlation id): correlation ids repeat across an export's processes
     for corr, gtid, start in con.execute(
         "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY start"
     ):
-        launch.setdefault(corr, (gtid, start))
+        launch.setdefault(((gtid >> 24) & 0xFFFFFF, corr), (gtid, start))
     ranges = defaultdict(list)
     for gtid, s, e, text, text_id in con.execute(
         "SELECT globalTid, start, end, text, textId FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND end IS NOT NULL"
     ):
         name = text or con.execute("SELECT value FROM StringIds WHERE id = ?", (text_id,)).fetchone()[0]
-        ranges[gtid].append((s, e, name))
+        ranges[gtid].append((s, e, len(ranges[gtid]), name))
     out: dict[Key, dict] = {}
     rows = [
         *con.execute(
@@ -89,10 +98,11 @@ def nsys(path: Path, node: str, uuids: dict[int, str]) -> dict:
         ),
     ]
     for category, start, end, device, stream, corr, gpid, name in rows:
-        gtid, at = launch.get(corr, (None, None))
+        pid = (gpid >> 24) & 0xFFFFFF
+        gtid, at = launch.get((pid, corr), (None, None))
         out[(corr, base + start, stream)] = {
             "node_id": node,
-            "pid": (gpid >> 24) & 0xFFFFFF,
+            "pid": pid,
             "gpu_uuid": uuids.get(device, f"{node}/{device}"),
             "device": device,
             "name": name,
