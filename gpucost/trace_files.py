@@ -34,7 +34,7 @@ def read_trace(path: Path, node: str | None = None) -> Tables:
     if trace_source(path) == "nsys":
         t = read_nsys(path, node)
         models = {(node, d): m for d, m in t.gpu_models.items()}
-        return KernelTable.of(t.kernels), RangeTable.of(t.ranges), OperatorTable(), models, t.rejected
+        return t.kernels, t.ranges, OperatorTable(), models, t.rejected
     k = read_kineto(path, node)
     return k.kernels, k.ranges, k.operators, {(node, d): m for d, m in k.gpu_models.items()}, k.rejected
 
