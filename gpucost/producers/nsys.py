@@ -40,6 +40,14 @@ class NsysExport:
     rejected: Counter = field(default_factory=Counter)
 
 
+#: the tables of GPU work, each with its category
+_SOURCES = (
+    ("CUPTI_ACTIVITY_KIND_KERNEL", "kernel"),
+    ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
+    ("CUPTI_ACTIVITY_KIND_MEMSET", "memset"),
+)
+
+
 def _pid(global_id: int) -> int:
     """nsys serialises (host, pid, tid) in one integer: pid in bits 24..47, tid in the low 24."""
     return (global_id >> 24) & 0xFFFFFF
@@ -73,18 +81,18 @@ def _read(con: sqlite3.Connection, node: str) -> NsysExport:
     if "TARGET_INFO_GPU" in tables:
         out.gpu_models = {i: n for i, n in con.execute("SELECT id, name FROM TARGET_INFO_GPU") if n}
     launches: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, correlation id) → (thread, launch ns)
-    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+    work = [t for t, _ in _SOURCES if t in tables]
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables and work:
+        # only the API calls that started GPU work: the runtime table holds every call (copies, syncs, queries), many
+        # times the kernels, and SQLite, not a Python dict, holds the set of ids that did
+        used = " UNION ".join(f"SELECT correlationId FROM {t}" for t in work)
         for corr, tid, start in con.execute(
-            "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY start DESC"
+            "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+            f"WHERE correlationId IN ({used}) ORDER BY start DESC"
         ):  # the earliest row of a correlation wins; ids repeat across the processes of one export (an MPI job's)
             if corr is not None and tid is not None:
                 launches[_pid(tid), corr] = (tid & 0xFFFFFF, base + start)
-    sources = [
-        ("CUPTI_ACTIVITY_KIND_KERNEL", "kernel"),
-        ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
-        ("CUPTI_ACTIVITY_KIND_MEMSET", "memset"),
-    ]
-    for table, category in sources:
+    for table, category in _SOURCES:
         if table not in tables:
             continue
         extra = (
