@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "profiler-traces" / "pipit-nsys"
+DATA = Path(os.environ.get("GPUCOST_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED = DATA / "profiler-traces" / "pipit-nsys"
 EXPORT = SHARED / "saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
 
 

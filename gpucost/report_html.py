@@ -325,19 +325,20 @@ def build_report(out_dir: Path, since: dt.date | None = None, until: dt.date | N
     teams, _ = _table(con.execute(team_table_sql(_where("cost", since, until))), "teams")
     for kind, title, what, sql in COSTLIEST:  # the summary's tables, over the dates asked for
         res = con.execute(sql.format(spend=f"({spend_sql(kind, _where(f'{kind}_cost', since, until))})"))
-        table, rows = _table(res, f"costliest-{kind}s")
-        parts.append(
-            f"<section><h2>{html.escape(title)}</h2><p>{html.escape(what)}; the ten costliest, {span}.</p>{table}"
-            "</section>"
+        table, rows = _table(res, f"costliest-{kind}s-table")
+        shown = (
+            f"<p>{html.escape(what)}; the ten costliest lines, {span}.</p>{table}"
             if rows
-            else f'<section id="costliest-{kind}s"><h2>{html.escape(title)}</h2><p class="empty">no {kind} cost '
-            "records: kernels reach the bill as kernel_activity events (docs/collecting.md)</p></section>"
+            else f'<p class="empty">no {kind} cost lines in this period: kernels reach the bill as kernel_activity '
+            "events (docs/collecting.md)</p>"
         )
+        parts.append(f'<section id="costliest-{kind}s"><h2>{html.escape(title)}</h2>{shown}</section>')
     period = period_covered(con, _where("cost", since, until))
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>gpucost report</title><style>'
         "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right;overflow-wrap:anywhere}"
+        "td:first-child{text-align:left}</style>"
         f"</head><body><h1>gpucost report</h1><p>{html.escape(str(out_dir))}, {span}</p>"
         f'<p id="period">{period}</p>' + "".join(parts) + f"<section><h2>Cost by team</h2>{teams}</section>"
         "</body></html>"

@@ -67,6 +67,18 @@ class Summary:
             f"--pid {p}={pids[p]}: no kernel of process {p} in the traces"
             for p in sorted(pids.keys() - self.trace_pids)
         ]
+        said += [  # a host pid that is also a trace pid left as it is: two processes written as one
+            f"--pid {p}={pids[p]}: the traces have a process {pids[p]} too, not mapped: both are written as that pid"
+            for p in sorted(pids)
+            if pids[p] in self.trace_pids - pids.keys()
+        ]
+        fallbacks = {f"{node}/{d}": d for d in self.devices - uuids.keys()}
+        said += [  # a UUID given that is another device's fallback id: two GPUs written as one
+            f"--gpu-uuid {d}={uuids[d]}: device {fallbacks[uuids[d]]} has no --gpu-uuid and falls back to that id: "
+            "both are written as one GPU"
+            for d in sorted(uuids)
+            if uuids[d] in fallbacks
+        ]
         if not self.events:
             said.append("no kernel_activity written: the traces hold no kernel this command could write (see left_out)")
         return said

@@ -104,10 +104,7 @@ def _pairs(flag: str, given: list[str] | None, env: str, example: str) -> list[t
 
 def _whole(flag: str, text: str, below: int, what: str) -> int:
     """``text`` as a whole number from 0 to ``below`` − 1, or a usage error saying ``what`` it is."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
+    value = int(text) if text.isascii() and text.isdigit() else -1  # not int()'s "+5" or "1_000"
     if not 0 <= value < below:
         raise UsageError(f"{flag} {text!r}: {what}")
     return value

@@ -206,7 +206,7 @@ class _Tables(HTMLParser):
 
 
 def _costliest(out: Path, kind: str, dates: tuple[str, str] | None) -> list[tuple[str, str, int]]:
-    """The ten costliest kernel lines or range paths per team over the raw Parquet records, as revised (each line's
+    """The ten costliest (team, kernel line) or (team, range path) over the raw Parquet records, as revised (each line's
     records summed), in the report's order: (team, name, µ$)."""
     key = "category, kernel" if kind == "kernel" else "range_path"
     where = f"WHERE date BETWEEN DATE '{dates[0]}' AND DATE '{dates[1]}'" if dates else ""
@@ -234,7 +234,7 @@ def test_the_costliest_kernels_and_ranges_are_the_raw_records_as_revised(
     tables = _Tables()
     tables.feed(html.read_text())
     for kind, name_column in (("kernel", "kernel"), ("range", "range")):
-        head, *rows = tables.tables[f"costliest-{kind}s"]
+        head, *rows = tables.tables[f"costliest-{kind}s-table"]
         at = {c: i for i, c in enumerate(head)}
         got = [(r[at["team"]], r[at[name_column]], int(r[at["micro_usd"]])) for r in rows]
         want = _costliest(out, kind, dates)

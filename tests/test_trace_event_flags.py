@@ -138,3 +138,21 @@ def test_mappings_the_traces_do_not_use_and_an_empty_output_are_said(tmp_path):
     empty = write_trace(tmp_path, [gpu_event(1, 60)])  # no launch: no process, left out
     events, summary, _ = convert(tmp_path, str(empty), "--node-id", "n")
     assert events == {} and summary["warnings"][-1].startswith("no kernel_activity written")
+
+
+def test_a_mapping_onto_another_process_or_gpu_of_the_traces_is_warned_of(tmp_path):
+    trace = write_trace(
+        tmp_path,
+        [
+            span("cuda_runtime", "cudaLaunchKernel", 50, 1, correlation=1),
+            span("cuda_runtime", "cudaLaunchKernel", 55, 1, correlation=2) | {"pid": 8},
+            gpu_event(1, 60),
+            gpu_event(2, 70, device=1),
+        ],
+    )
+    events, summary, _ = convert(tmp_path, str(trace), "--node-id", "n", "--pid", "7=8", "--gpu-uuid", "0=n/1")
+    assert {e.pid for e in events.values()} == {8} and {e.gpu_uuid for e in events.values()} == {"n/1"}
+    assert summary["warnings"][-2:] == [
+        "--pid 7=8: the traces have a process 8 too, not mapped: both are written as that pid",
+        "--gpu-uuid 0=n/1: device 1 has no --gpu-uuid and falls back to that id: both are written as one GPU",
+    ]
