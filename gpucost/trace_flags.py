@@ -116,14 +116,7 @@ def _uuids(given: list[str] | None) -> dict[int, str]:
         index = _whole("--gpu-uuid", device, 1024, "the device is the trace's index, 0 to 1023, such as 0")
         if len(uuid) > 256:
             raise UsageError(f"--gpu-uuid {uuid[:40]!r}…: a UUID is 1 to 256 characters")
-        if out.get(index, uuid) != uuid:
-            raise UsageError(f"--gpu-uuid gives device {index} two UUIDs ({out[index]}, {uuid}): give it one")
-        if (other := next((d for d, u in out.items() if u == uuid and d != index), None)) is not None:
-            raise UsageError(
-                f"--gpu-uuid gives devices {other} and {index} one UUID ({uuid}): their kernels would be one GPU's; "
-                "give each device its own"
-            )
-        out[index] = uuid
+        _one_to_one(out, index, uuid, "--gpu-uuid", ("device", "UUIDs", "devices", "their kernels would be one GPU's"))
     return out
 
 
@@ -134,12 +127,18 @@ def _pids(given: list[str] | None) -> dict[int, int]:
         b = _whole("--pid", host, _PID_MAX, "a process id is a whole number, 0 to 2^32 − 1")
         if b == 0:
             raise UsageError(f"--pid {trace}={host}: host pid 0 is no process; give the host's pid of the traced job")
-        if out.get(a, b) != b:
-            raise UsageError(f"--pid gives trace process {a} two host ids ({out[a]}, {b}): give it one")
-        if (other := next((t for t, h in out.items() if h == b and t != a), None)) is not None:
-            raise UsageError(
-                f"--pid gives trace processes {other} and {a} one host pid ({b}): they would be one process; give "
-                "each its own"
-            )
-        out[a] = b
+        _one_to_one(out, a, b, "--pid", ("trace process", "host pids", "trace processes", "they would be one process"))
     return out
+
+
+def _one_to_one(out: dict, key: object, value: object, flag: str, words: tuple[str, str, str, str]) -> None:
+    """``out[key] = value``, refused where ``key`` already has another value or ``value`` another key: a mapping of
+    the trace's names onto the fleet's must keep two apart (``words``: a key, values, keys, what merging does)."""
+    one, values, keys, merged = words
+    if out.get(key, value) != value:
+        raise UsageError(f"{flag} gives {one} {key} two {values} ({out[key]}, {value}): give it one")
+    if (other := next((k for k, v in out.items() if v == value and k != key), None)) is not None:
+        raise UsageError(
+            f"{flag} gives {keys} {other} and {key} one {values[:-1]} ({value}): {merged}; give each its own"
+        )
+    out[key] = value

@@ -25,7 +25,7 @@ from tests.support.trace_runs import CATS, convert, gpu_event, same, small_trace
         (("--node-id", "n", "--gpu-uuid", "a=GPU-x"), "the device is the trace's index"),
         (("--node-id", "n", "--gpu-uuid", "0=GPU-x", "--gpu-uuid", "0=GPU-y"), "two UUIDs"),
         (("--node-id", "n", "--pid", "1=-4"), "a process id is a whole number"),
-        (("--node-id", "n", "--pid", "1=2", "--pid", "1=3"), "two host ids"),
+        (("--node-id", "n", "--pid", "1=2", "--pid", "1=3"), "two host pids"),
     ],
 )
 def test_flags_that_say_nothing_sensible_are_refused_with_what_to_give(tmp_path, args, said):
