@@ -20,8 +20,8 @@ from aiokafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpucost.kafka.encoding import split_batch
 from gpucost.kafka.owned import Owned
-from gpucost.kafka.publish import split_batch
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring, Signer, parse_keys
 from gpucost.kafka.sink import output_record

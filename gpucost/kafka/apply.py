@@ -2,9 +2,11 @@
 auditors; the records they give, in the order each key's messages came.
 
 What a message may do is decided before its key gets an auditor: one without a usable key or with a malformed
-header is refused whole (``bad_message``); one not signed by a key of the keyring, or signed by a node that does
-not own the key's GPU, is refused line by line; a message the broker held twice is skipped. A refused message
-creates no state. Apart from the transaction loop (``gpucost.kafka.worker``), which writes what this gives.
+header is refused whole (``bad_message``), as is an Arrow IPC value that cannot be read within its limits
+(``gpucost.schemas.ipc``, read only once its signature is checked); one not signed by a key of the keyring, or
+signed by a node that does not own the key's GPU, is refused line by line; a message the broker held twice is
+skipped. A refused message creates no state. Apart from the transaction loop (``gpucost.kafka.worker``), which
+writes what this gives.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
+
+import pyarrow as pa
 
 from gpucost.kafka.owned import Owned
 from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
 from gpucost.kafka.signing import Keyring, SigningKey, Verdict
 from gpucost.schemas.blocks import expand
-from gpucost.schemas.codec import raw_text
+from gpucost.schemas.codec import present_fields, raw_text
 from gpucost.schemas.events import EVENT_MODELS
+from gpucost.schemas.ipc import IpcRefused, decode_ipc
 from gpucost.schemas.records import DeadLetter, Output
-from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER
+from gpucost.schemas.topics import ARROW_IPC, CONTROL_HEADER, ENCODING_HEADER, END_OF_INPUT, SEQUENCE_HEADER
 from gpucost.streams.audit import Auditor
 from gpucost.streams.scope import Scope, claimed_node
 from gpucost.streams.settings import AuditSettings
@@ -35,8 +40,9 @@ __all__ = ["MAX_KEY_BYTES", "MAX_HEADER_BYTES", "Poll"]
 MAX_KEY_BYTES = 512
 MAX_HEADER_BYTES = 256
 
-#: a message's source (``topic[partition]@offset``) and its non-blank lines, numbered as in the message
-_Chunk = tuple[str, list[tuple[int, bytes]]]
+#: a message's source (``topic[partition]@offset``) and its non-blank lines, numbered as in the message, or its
+#: Arrow record batch (rows numbered from 0)
+_Chunk = tuple[str, list[tuple[int, bytes]] | pa.RecordBatch]
 
 
 def _message_problem(key: bytes | None, headers: dict[str, bytes]) -> str | None:
@@ -53,17 +59,24 @@ def _message_problem(key: bytes | None, headers: dict[str, bytes]) -> str | None
     for name, value in headers.items():
         if name.startswith("gpucost-") and len(value) > MAX_HEADER_BYTES:
             return f"its header {name[:64]!r} has {len(value):,} bytes (at most {MAX_HEADER_BYTES})"
+    encoding = headers.get(ENCODING_HEADER)
+    if encoding is not None and encoding != ARROW_IPC:
+        return (
+            f"its header {ENCODING_HEADER} is {encoding[:64]!r}: this worker reads {ARROW_IPC.decode()} or, "
+            "without the header, JSON Lines"
+        )
     return None
 
 
 def _labels(chunks: list[_Chunk]) -> Callable[[int], str]:
-    """The label of line ``i`` of the chunks' lines taken as one batch: ``topic[partition]@offset#line``."""
+    """The label of line (row) ``i`` of the chunks' lines (rows) taken as one batch: ``topic[partition]@offset#n``."""
     ends = list(accumulate(len(numbered) for _, numbered in chunks))
 
     def label(i: int) -> str:
         c = bisect_right(ends, i)
         source, numbered = chunks[c]
-        return f"{source}#{numbered[i - (ends[c - 1] if c else 0)][0]}"
+        at = i - (ends[c - 1] if c else 0)
+        return f"{source}#{at if isinstance(numbered, pa.RecordBatch) else numbered[at][0]}"
 
     return label
 
@@ -117,26 +130,35 @@ class Poll:
             self.out.append(self.refused("bad_message", f"{problem}; the message is skipped", source, value))
             return
         key = message.key.decode()
-        lines = [(n, line) for n, line in enumerate(value.split(b"\n")) if line.strip()]
+        arrow = headers.get(ENCODING_HEADER) == ARROW_IPC
+        lines = [] if arrow else [(n, line) for n, line in enumerate(value.split(b"\n")) if line.strip()]
         signer = self.signer(key, message.key, value, headers)
-        if isinstance(signer, Verdict):  # forged, unsigned or foreign: every line to the dead letters
+        if isinstance(signer, Verdict):  # forged, unsigned or foreign: every line (an Arrow value whole) refused
             self.flush(key)
             self.out += [
-                self.refused(signer.reason, signer.detail, f"{source}#{n}", line) for n, line in lines or [(0, b"")]
+                self.refused(signer.reason, signer.detail, f"{source}#{n}", line) for n, line in lines or [(0, value)]
             ]
             return
         sequences = self.owned.sequences.setdefault(key, SeenSequences())
         if seq is not None and not sequences.first_time(*seq):
             self.counts["redelivered_messages"] += 1  # the broker held it twice; applied the first time
             return
+        body: list[tuple[int, bytes]] | pa.RecordBatch = lines
+        if arrow:
+            try:
+                body = decode_ipc(value)
+            except IpcRefused as exc:
+                self.flush(key)
+                self.out.append(self.refused("bad_message", f"{exc}; the message is skipped", source, value))
+                return
         auditor = self.auditor(key)
-        scope = self.scope(key, signer, lines)
+        scope = self.scope(key, signer, _rows(body))
         if headers.get(CONTROL_HEADER) == END_OF_INPUT:
             self.end_of_input(key, auditor)
             return
-        if key in self.queued and self.queued[key][0] != scope:
+        if key in self.queued and (self.queued[key][0] != scope or _arrow(self.queued[key][1]) != arrow):
             self.flush(key)
-        self.queued.setdefault(key, (scope, []))[1].append((source, lines))
+        self.queued.setdefault(key, (scope, []))[1].append((source, body))
 
     def signer(self, key: str, raw_key: bytes, value: bytes, headers: dict[str, bytes]) -> SigningKey | Verdict | None:
         """The key that signed the message (None: no keyring, every message is applied), or why it is refused:
@@ -161,7 +183,7 @@ class Poll:
             auditor = self.owned.auditors[key] = Auditor(self.audit, time.time_ns, self.audit_key)
         return auditor
 
-    def scope(self, key: str, signer: SigningKey | None, lines: list[tuple[int, bytes]]) -> Scope:
+    def scope(self, key: str, signer: SigningKey | None, lines: Iterable[bytes | dict[str, Any]]) -> Scope:
         """What the message's signer may say of ``key``'s node and of prices. The first node whose own events of
         the key a single-node signer signs becomes the key's owner."""
         if signer is None:
@@ -170,7 +192,7 @@ class Poll:
             self.owned.owners.get(key) is None
             and signer.nodes is not None
             and len(signer.nodes) == 1
-            and claimed_node(key, node := next(iter(signer.nodes)), (line for _, line in lines))
+            and claimed_node(key, node := next(iter(signer.nodes)), lines)
         ):
             self.owned.owners[key] = node
         assert self.keyring is not None
@@ -186,14 +208,19 @@ class Poll:
         self.owned.auditors[key] = auditor.successor()
 
     def flush(self, key: str) -> None:
-        """``key``'s queued messages through the batch path, as one batch."""
+        """``key``'s queued messages through the batch path, as one batch (all JSON Lines, or all Arrow)."""
         scope, chunks = self.queued.pop(key, (None, []))
         if not chunks:
             return
-        lines = [line for _, numbered in chunks for _, line in numbered]
         auditor = self.owned.auditors[key]
         before = [auditor.counts[kind] for kind in EVENT_MODELS]
-        self.out.extend(expand(auditor.ingest_lines(lines, _labels(chunks), scope)))  # records, for their JSON
+        if _arrow(chunks):
+            batches = [body for _, body in chunks if isinstance(body, pa.RecordBatch)]
+            outputs = auditor.ingest_arrow(batches, _labels(chunks), scope)
+        else:
+            lines = [line for _, numbered in chunks if isinstance(numbered, list) for _, line in numbered]
+            outputs = auditor.ingest_lines(lines, _labels(chunks), scope)
+        self.out.extend(expand(outputs))  # records, for their JSON
         self.taken.update({kind: auditor.counts[kind] - n for kind, n in zip(EVENT_MODELS, before)})
 
     def refused(self, reason: str, detail: str, source: str, raw: bytes) -> DeadLetter:
@@ -202,3 +229,17 @@ class Poll:
         return DeadLetter(
             reason=reason, detail=detail, kind=None, source=source, raw=raw_text(raw), ts_ns=None, gpu_uuid=None
         )
+
+
+def _arrow(chunks: list[_Chunk]) -> bool:
+    """Whether the queued chunks are Arrow batches (a key's queue holds one encoding at a time)."""
+    return bool(chunks) and isinstance(chunks[0][1], pa.RecordBatch)
+
+
+def _rows(body: list[tuple[int, bytes]] | pa.RecordBatch) -> Iterator[bytes | dict[str, Any]]:
+    """A message's events as ``claimed_node`` reads them: its lines, or its rows as wire objects, one at a time."""
+    if isinstance(body, list):
+        yield from (line for _, line in body)
+        return
+    for i in range(body.num_rows):
+        yield present_fields(body.slice(i, 1).to_pylist()[0])

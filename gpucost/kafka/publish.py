@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from prometheus_client.core import Metric
 
 from gpucost.kafka.clients import start
 from gpucost.kafka.delivery import deliver
+from gpucost.kafka.encoding import Oversized, message_values
 from gpucost.kafka.outbox import Message, Outbox
 from gpucost.kafka.retention import topic_config
 from gpucost.kafka.routing import Router, duplicate_letter
@@ -34,7 +35,7 @@ from gpucost.metrics import Health, counter, gauge, source_counts
 from gpucost.schemas.codec import Rejected, encode_event, raw_text
 from gpucost.schemas.events import Event
 from gpucost.schemas.records import DeadLetter
-from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, encode_batch, topic_specs
+from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT, SEQUENCE_HEADER, topic_specs
 
 __all__ = [
     "ProducerStats",
@@ -43,7 +44,6 @@ __all__ = [
     "default_spool",
     "publish",
     "publish_dead_letters",
-    "split_batch",
 ]
 
 log = logging.getLogger("gpucost.kafka.publish")
@@ -150,21 +150,6 @@ class Stopped(Exception):
     is not acknowledged is in the spool, and the next run sends it first."""
 
 
-def split_batch(lines: list[str], max_bytes: int) -> list[list[str]]:
-    """``lines`` cut, in order, into runs whose JSON Lines text fits ``max_bytes`` (a line alone over
-    it is a run of its own, for the caller to refuse)."""
-    runs: list[list[str]] = []
-    size = 0
-    for line in lines:
-        n = len(line.encode()) + 1
-        if not runs or size + n > max_bytes + 1:
-            runs.append([])
-            size = 0
-        runs[-1].append(line)
-        size += n
-    return runs
-
-
 def default_spool(kafka: KafkaSettings, source: str) -> Path:
     return state_dir() / f"{kafka.topic_prefix}{source}.spool"
 
@@ -201,13 +186,13 @@ async def publish(
     spool.parent.mkdir(parents=True, exist_ok=True)
     outbox = stats.outbox = Outbox(spool, buffer_bytes)
     sent = stats.sent
-    buffers: dict[tuple[str, str], list[str]] = {}
+    buffers: dict[tuple[str, str], list[Event]] = {}
     wake, done = asyncio.Event(), asyncio.Event()
     session, numbers = uuid.uuid4().hex[:16], Counter[tuple[str, str]]()
 
-    def send(topic: str, key: str, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
+    def send(topic: str, key: str, value: bytes, given: Sequence[tuple[str, bytes]] = ()) -> None:
         numbers[(topic, key)] += 1  # per key and session: a copy the broker holds twice is applied once
-        headers = [*(headers or []), (SEQUENCE_HEADER, f"{session}:{numbers[(topic, key)]}".encode())]
+        headers = [*given, (SEQUENCE_HEADER, f"{session}:{numbers[(topic, key)]}".encode())]
         if signer is not None:
             headers += signer.headers(key.encode(), value, dict(headers))
         outbox.append(Message(kafka.topic(topic), key.encode(), value, tuple(headers)))
@@ -231,11 +216,11 @@ async def publish(
     def flush(full_only: bool) -> None:
         for (topic, key), buf in buffers.items():
             if buf and (not full_only or len(buf) >= kafka.batch_events):
-                for chunk in split_batch(buf, kafka.max_message_bytes):
-                    if len(chunk) == 1 and len(chunk[0].encode()) > kafka.max_message_bytes:
-                        oversized(topic, key, chunk[0])
+                for value in message_values(buf, kafka.event_encoding, kafka.max_message_bytes):
+                    if isinstance(value, Oversized):
+                        oversized(topic, key, value)
                     else:
-                        send(topic, key, encode_batch(chunk))
+                        send(topic, key, *value)
                 buf.clear()
 
     queue: asyncio.Queue[object] = asyncio.Queue(maxsize=64)
@@ -273,15 +258,15 @@ async def publish(
                         letter = duplicate_letter(routed, f"producer:{key}")  # type: ignore[arg-type]
                         send(topic, key, letter.model_dump_json().encode())
                         continue
-                    line = encode_event(routed)
-                    if topic in ("bindings", "prices"):
+                    if topic in ("bindings", "prices"):  # durable records: one JSON event a message
+                        line = encode_event(routed)
                         value = line.encode()
                         if len(value) > kafka.max_message_bytes:
                             oversized(topic, key, line)
                         else:
                             send(topic, key, value)
                     else:
-                        buffers.setdefault((topic, key), []).append(line)
+                        buffers.setdefault((topic, key), []).append(routed)
             flush(full_only=True)
             if time.monotonic() - last_flush >= flush_interval_s:
                 flush(full_only=False)
@@ -289,7 +274,7 @@ async def publish(
         flush(full_only=False)
         if end_of_input:
             for topic, key in buffers:
-                send(topic, key, b"", headers=[(CONTROL_HEADER, END_OF_INPUT)])
+                send(topic, key, b"", [(CONTROL_HEADER, END_OF_INPUT)])
         done.set()
         wake.set()
         stats.input_ended = True

@@ -49,6 +49,13 @@ class KafkaSettings(BaseModel):
             ),
         ),
     ] = 400
+    event_encoding: Annotated[
+        Literal["json", "arrow"],
+        Field(
+            description="how a producer encodes its input messages: json (JSON Lines) or arrow (one Arrow IPC "
+            "record batch a message, read by workers without a JSON parser); workers read both"
+        ),
+    ] = "arrow"
     compression: Annotated[
         Literal["zstd", "lz4", "snappy", "gzip", "none"],
         Field(

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucost.schemas.topics import CONTROL_HEADER, SEQUENCE_HEADER
+from gpucost.schemas.topics import CONTROL_HEADER, ENCODING_HEADER, SEQUENCE_HEADER
 from gpucost.streams.scope import PRICE_SCOPE
 
 __all__ = ["KEY_ID_HEADER", "SIGNATURE_HEADER", "SigningKey", "Signer", "Keyring", "Verdict", "parse_keys"]
@@ -27,6 +27,8 @@ __all__ = ["KEY_ID_HEADER", "SIGNATURE_HEADER", "SigningKey", "Signer", "Keyring
 KEY_ID_HEADER = "gpucost-key-id"
 SIGNATURE_HEADER = "gpucost-signature"
 COVERED_HEADERS = (CONTROL_HEADER, SEQUENCE_HEADER)  # the headers that change what a worker does
+#: covered too, where a message has it: a JSON Lines message, which has none, signs as it did before it existed
+COVERED_IF_SET = (ENCODING_HEADER,)
 MIN_SECRET_BYTES = 16
 
 
@@ -39,6 +41,7 @@ class SigningKey:
     def mac(self, key: bytes, value: bytes, headers: dict[str, bytes]) -> bytes:
         # every part length-prefixed, so no two messages can sign alike by shifting bytes between parts
         parts = [key, value, *(headers.get(h, b"") for h in COVERED_HEADERS)]
+        parts += [headers[h] for h in COVERED_IF_SET if h in headers]
         return hmac.new(self.secret, b"".join(len(p).to_bytes(4, "big") + p for p in parts), hashlib.sha256).digest()
 
 
@@ -84,7 +87,7 @@ class Signer:
         return cls(next(iter(keys.values())))
 
     def headers(self, key: bytes, value: bytes, headers: dict[str, bytes] | None = None) -> list[tuple[str, bytes]]:
-        """The signature headers for a message with these key, value and (control, sequence) headers."""
+        """The signature headers for a message with these key, value and (control, sequence, encoding) headers."""
         mac = self.key.mac(key, value, headers or {})
         return [(KEY_ID_HEADER, self.key.key_id.encode()), (SIGNATURE_HEADER, mac.hex().encode())]
 

@@ -49,7 +49,8 @@ REASONS: dict[str, str] = {
     "bad_signature": "the signature does not match the message, or the key may not sign for the event's node",
     "bad_output": "an output topic held a record that is not of its kind (sink side)",
     "bad_message": "the Kafka message itself is unusable: no key, a key that is not UTF-8 or over 256 bytes, or a "
-    "gpucost header that is malformed or over its size limit; the whole message is refused",
+    "gpucost header that is malformed or over its size limit, or an Arrow IPC value that cannot be read within its "
+    "limits (gpucost.schemas.ipc); the whole message is refused",
     "wrong_key": "an event in a message keyed for another GPU or process (a message may only carry events of its "
     "own key), or signed by a node other than the one that owns the GPU",
     "oversized": "a single event larger than the broker accepts in one message (producer side)",

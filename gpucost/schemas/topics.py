@@ -1,7 +1,8 @@
 """The Kafka topic contract: names, keys, value encoding, cleanup, and the control header.
 
-Inputs travel in batches: one message's value is JSON Lines, one event per line (the same
-encoding as the files ``gpucost replay`` reads), all for the message's key.
+Inputs travel in batches, all of one message for the message's key: its value is JSON Lines, one event per
+line (the same encoding as the files ``gpucost replay`` reads), or, with the header ``ENCODING_HEADER`` set to
+``ARROW_IPC``, one Arrow record batch of the events' columns (``gpucost.schemas.ipc``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ __all__ = [
     "CLOSED",
     "END_OF_INPUT",
     "SEQUENCE_HEADER",
+    "ENCODING_HEADER",
+    "ARROW_IPC",
     "encode_batch",
     "output_key",
 ]
@@ -30,6 +33,9 @@ CLOSED = b"closed"
 #: ``<producer session>:<n>``, n = 1, 2, … per key and session: a message the broker holds twice (a
 #: re-send after an unanswered attempt, a spool sent again) is applied once
 SEQUENCE_HEADER = "gpucost-seq"
+#: how an input message's value is encoded: absent, JSON Lines; ``ARROW_IPC``, an Arrow IPC stream
+ENCODING_HEADER = "gpucost-encoding"
+ARROW_IPC = b"arrow-ipc"
 
 
 @dataclass(frozen=True)
@@ -48,10 +54,10 @@ _SPECS = (
     TopicSpec(
         "events",
         "gpu_uuid",
-        "JSON Lines: gpu_sample, process_sample, numa_event, ebpf_trace and allocation of that GPU, and a copy of "
-        "each tenant_binding of the GPU's node and each price, in the order the producer saw them",
+        "JSON Lines or Arrow IPC: gpu_sample, process_sample, numa_event, ebpf_trace and allocation of that GPU, and a "
+        "copy of each tenant_binding of the GPU's node and each price, in the order the producer saw them",
     ),
-    TopicSpec("mem_access", "node_id/pid", "JSON Lines: mem_access of that process, in arrival order"),
+    TopicSpec("mem_access", "node_id/pid", "JSON Lines or Arrow IPC: mem_access of that process, in arrival order"),
     TopicSpec("bindings", "node_id/pid/ts_ns", "one tenant_binding (the durable record)", compacted=True),
     TopicSpec("prices", "gpu_model/ts_ns", "one price (the durable record)", compacted=True, single_partition=True),
     TopicSpec("idle_index", "gpu_uuid", "one IdleIndexRecord as JSON", output=True),

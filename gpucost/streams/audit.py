@@ -30,7 +30,7 @@ from gpucost.schemas.events import (
 from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import Output
 from gpucost.streams.audit_state import AuditState
-from gpucost.streams.columnar import ingest_batch, ingest_lines
+from gpucost.streams.columnar import ingest_arrow, ingest_batch, ingest_lines
 from gpucost.streams.late_data import LateData
 from gpucost.streams.operator import Closing, ClosingMany, EventOperator, PaneOperator
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
@@ -133,11 +133,17 @@ class Auditor(LateData, AuditState):
         # a dead letter of a valid event keeps the line as it came; a Parquet row, re-encoded
         return self.update(decoded, None if isinstance(line, dict) else line, source)
 
-    def ingest_batch(self, batch: pa.RecordBatch, source: Callable[[int], str]) -> Outputs:
+    def ingest_batch(self, batch: pa.RecordBatch, source: Callable[[int], str], scope: Scope | None = None) -> Outputs:
         """``ingest`` of every row of an Arrow batch of ``EVENT_SCHEMA`` (row ``i`` labelled ``source(i)``):
         the same outputs and state, an order of magnitude faster (``gpucost.streams.columnar``). Closed
         panes' records come as blocks of columns; ``gpucost.schemas.blocks.expand`` makes them records."""
-        return ingest_batch(self, batch, source)
+        return ingest_batch(self, batch, source, scope)
+
+    def ingest_arrow(
+        self, batches: Sequence[pa.RecordBatch], source: Callable[[int], str], scope: Scope | None = None
+    ) -> Outputs:
+        """``ingest`` of each row of Arrow messages' batches (row ``i`` of them all labelled ``source(i)``)."""
+        return ingest_arrow(self, batches, source, scope)
 
     def ingest_lines(self, lines: Sequence[bytes], source: Callable[[int], str], scope: Scope | None = None) -> Outputs:
         """``ingest`` of each JSON line (line ``i`` labelled ``source(i)``), through the batch path."""

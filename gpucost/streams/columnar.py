@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.schemas.blocks import Outputs
 from gpucost.schemas.codec import present_fields
+from gpucost.schemas.ipc import conform
 from gpucost.streams.batch import KIND_CODES, Batch
 from gpucost.streams.json_lines import read_lines
 from gpucost.streams.pane_rules import KINDS, NUMA, pane_closed
@@ -34,7 +35,7 @@ from gpucost.streams.row_path import RowPath
 from gpucost.streams.runs import runs
 from gpucost.streams.scope import Scope
 
-__all__ = ["ingest_batch", "ingest_lines", "revising_rows"]
+__all__ = ["ingest_arrow", "ingest_batch", "ingest_lines", "revising_rows"]
 
 #: a kernel, an allocation, a binding, and a row of no kind, to ``revising_rows``
 _KERNEL, _ALLOCATION, _BINDING, _NO_KIND = 124, 125, 126, 127
@@ -55,16 +56,21 @@ MANY_REVISING = 64
 FEW_LINES = 128
 
 
-def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str]) -> Outputs:
-    """``auditor.ingest`` of every row of ``batch`` (``EVENT_SCHEMA``), in order; row ``i`` is labelled ``source(i)``.
+def ingest_batch(
+    auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str], scope: Scope | None = None
+) -> Outputs:
+    """``auditor.ingest`` of every row of ``batch`` (``EVENT_SCHEMA``), in order, in ``scope``; row ``i`` is
+    labelled ``source(i)``.
 
     A batch whose columns are not typed as ``EVENT_SCHEMA`` says goes row by row.
     """
     if any(f.name in EVENT_SCHEMA.names and f.type != EVENT_SCHEMA.field(f.name).type for f in batch.schema):
         return [
-            out for i, row in enumerate(batch.to_pylist()) for out in auditor.ingest(present_fields(row), source(i))
+            out
+            for i, row in enumerate(batch.to_pylist())
+            for out in auditor.ingest(present_fields(row), source(i), scope)
         ]
-    return _in_segments(auditor, batch, source)
+    return _in_segments(auditor, batch, source, None, scope)
 
 
 def ingest_lines(
@@ -76,6 +82,20 @@ def ingest_lines(
     if len(lines) < FEW_LINES or not lines:
         return [out for i, line in enumerate(lines) for out in auditor.ingest(line, source(i), scope)]
     return _in_segments(auditor, read_lines(lines), source, lines, scope)
+
+
+def ingest_arrow(
+    auditor: RowPath, batches: Sequence[pa.RecordBatch], source: Callable[[int], str], scope: Scope | None = None
+) -> Outputs:
+    """``auditor.ingest`` of the rows of Arrow messages (``gpucost.schemas.ipc``), in order, row ``i`` of them all
+    labelled ``source(i)``: as one ``EVENT_SCHEMA`` batch through the batch path, or, under ``FEW_LINES`` rows
+    (a live poll's message of a row or two, where the batch path's fixed cost is some milliseconds), one by
+    one as the wire objects the rows stand for."""
+    if sum(b.num_rows for b in batches) < FEW_LINES:
+        rows = (present_fields(row) for b in batches for row in b.to_pylist())
+        return [out for i, row in enumerate(rows) for out in auditor.ingest(row, source(i), scope)]
+    whole = pa.Table.from_batches([conform(b) for b in batches], EVENT_SCHEMA).combine_chunks().to_batches()
+    return _in_segments(auditor, whole[0], source, None, scope)
 
 
 def _in_segments(

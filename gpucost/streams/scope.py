@@ -137,13 +137,13 @@ def decode_in_scope(line: str | bytes | dict[str, Any], scope: Scope | None) -> 
     return scope.check(event) or event
 
 
-def claimed_node(key: str, node: str, lines: Iterable[bytes]) -> bool:
+def claimed_node(key: str, node: str, lines: Iterable[bytes | dict[str, Any]]) -> bool:
     """Whether a message keyed ``key``, signed by a key limited to ``node``, makes ``node`` the key's owner: it
     does only if one of its events names that node and is of that key (a GPU-keyed event of the GPU, an address
     of the process) or is a binding of that node (the router sends a node's bindings on its GPUs' keys, often
     before their first sample). A message that names no node, a price alone, or another key's events
     establishes nothing: the first key to sign any message of a GPU once took it, and refused its own node's
-    events as ``wrong_key``."""
+    events as ``wrong_key``. ``lines`` are JSON lines or wire objects (an Arrow message's rows)."""
     for line in lines:
         event = decode_line(line)
         if getattr(event, "node_id", None) != node:
