@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from gpucost.embedded import run_embedded
 from gpucost.producers.replay import read_batches
+from gpucost.schemas.topics import ARROW_IPC, ENCODING_HEADER
 from gpucost.streams.settings import AuditSettings
 from tests.recompute import parquet_source, recompute_sql
 
@@ -81,3 +83,12 @@ def rss_bytes() -> int:
     """This process's resident memory now."""
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * 4096
+
+
+def events_in(message: Any) -> int:
+    """The events a Kafka input message carries, by its encoding: an Arrow IPC batch's rows, a JSON value's lines."""
+    if not message.value:
+        return 0
+    if (ENCODING_HEADER, ARROW_IPC) in list(message.headers or ()):
+        return int(pa.ipc.open_stream(message.value).read_all().num_rows)
+    return int(message.value.count(b"\n")) + 1

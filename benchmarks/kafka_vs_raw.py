@@ -15,7 +15,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from benchmarks.common import Result
+from benchmarks.common import Result, events_in
 from gpucost.kafka.publish import create_topics, publish
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.worker import INPUTS, Worker
@@ -45,7 +45,7 @@ async def raw_read(kafka: KafkaSettings, messages: int) -> tuple[float, int]:
         while seen < messages:
             for batch in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
                 seen += len(batch)
-                events += sum(m.value.count(b"\n") + 1 for m in batch if m.value)
+                events += sum(events_in(m) for m in batch)
         return time.perf_counter() - start, events
     finally:
         await consumer.stop()

@@ -31,7 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from benchmarks.common import Result
+from benchmarks.common import Result, events_in
 from benchmarks.state_memory import NS, T0, samples
 from gpucost.kafka.owned import read_state
 from gpucost.kafka.publish import create_topics, publish
@@ -307,7 +307,7 @@ def run(
             inputs = await read_input(source)
             messages = sum(map(len, inputs.values()))
             by_partition = [
-                sum(m.value.count(b"\n") + 1 for m in inputs[TopicPartition(source.topic(t), p)] if m.value)
+                sum(events_in(m) for m in inputs[TopicPartition(source.topic(t), p)])
                 for t in INPUTS
                 for p in range(PARTITIONS)
             ]

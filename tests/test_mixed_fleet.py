@@ -268,10 +268,15 @@ def test_a_capture_that_cannot_be_billed_says_why(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.kafka
-def test_kafka_path_gives_the_embedded_records(fleet: dict[str, Any], deployment: Deployment) -> None:  # noqa: F811
-    """The same events produced to the broker (``produce --source replay``), billed by a worker and written by
-    a sink: every view equals the embedded run's, row for row."""
-    deployment.gpucost("produce", "--source", "replay", str(fleet["events"]))
+@pytest.mark.parametrize("encoding", ["arrow", "json"])
+def test_kafka_path_gives_the_embedded_records(
+    fleet: dict[str, Any],
+    deployment: Deployment,  # noqa: F811
+    encoding: str,
+) -> None:
+    """The same events produced to the broker (``produce --source replay``) in either input encoding, billed by a
+    worker and written by a sink: every view equals the embedded run's, row for row."""
+    deployment.gpucost("produce", "--source", "replay", str(fleet["events"]), "--event-encoding", encoding)
     deployment.worker("worker")
     deployment.sink()
     run_to_completion(deployment, fleet["out"])

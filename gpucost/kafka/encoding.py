@@ -37,7 +37,11 @@ class Oversized(str):
 
 def message_values(events: Sequence[Event], encoding: str, max_bytes: int) -> Iterator[Value | Oversized]:
     """The values of the messages that carry ``events``, with their headers, in order, each at most ``max_bytes``;
-    an event no message can hold as its ``Oversized`` line, in its place."""
+    an event no message can hold as its ``Oversized`` line, in its place.
+
+    An Arrow batch over ``max_bytes`` is halved, each half taken again by this rule (so a half under
+    ``ARROW_MIN_EVENTS`` goes as JSON Lines), down to a single event, which goes as its JSON line: an Arrow
+    message carries its schema beside its one row, so an event that fits a message as JSON may not as Arrow."""
     if encoding == "json" or len(events) < ARROW_MIN_EVENTS:
         for run in split_batch([encode_event(e) for e in events], max_bytes):
             if len(run) == 1 and len(run[0].encode()) > max_bytes:
@@ -45,24 +49,13 @@ def message_values(events: Sequence[Event], encoding: str, max_bytes: int) -> It
             else:
                 yield encode_batch(run), ()
         return
-    for value in _arrow_values(events, max_bytes):
-        yield value if isinstance(value, Oversized) else (value, ARROW_HEADERS)
-
-
-def _arrow_values(events: Sequence[Event], max_bytes: int) -> Iterator[bytes | Oversized]:
-    """Arrow values: the whole batch, or, where it passes ``max_bytes``, each half of it in turn (a batch's
-    size follows its events', so a few halvings reach a fit; ``batch_events`` keeps most batches whole)."""
-    if not events:
-        return
     value = encode_ipc(events)
     if len(value) <= max_bytes:
-        yield value
-    elif len(events) == 1:
-        yield Oversized(encode_event(events[0]))
-    else:
-        half = len(events) // 2
-        yield from _arrow_values(events[:half], max_bytes)
-        yield from _arrow_values(events[half:], max_bytes)
+        yield value, ARROW_HEADERS
+        return
+    half = len(events) // 2
+    yield from message_values(events[:half], encoding, max_bytes)
+    yield from message_values(events[half:], encoding, max_bytes)
 
 
 def split_batch(lines: list[str], max_bytes: int) -> list[list[str]]:

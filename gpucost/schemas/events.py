@@ -259,6 +259,13 @@ TENANT_FIELDS: tuple[str, ...] = tuple(
 
 #: a price at or past this many dollars a GPU hour is no price (a typo of units): refused wherever one is given
 MAX_USD_PER_GPU_HOUR = 10**9
+_MICRO = Decimal("0.000001")
+
+
+def _six_places(usd: Decimal) -> Decimal:
+    """A price as its six decimals (``3.5`` → ``3.500000``), the one form every input encoding and Parquet give it:
+    equal prices then read and publish alike, whether they came as JSON text or as an Arrow decimal."""
+    return usd.quantize(_MICRO)
 
 
 class Price(WireEvent):
@@ -266,7 +273,9 @@ class Price(WireEvent):
     gpu_model: Annotated[Ident, AfterValidator(whole_device)]  # a partition pays its share of its device's price
     ts_ns: TsNs
     usd_per_gpu_hour: Annotated[
-        Decimal, Field(ge=0, lt=MAX_USD_PER_GPU_HOUR, decimal_places=6, strict=False, allow_inf_nan=False)
+        Decimal,
+        Field(ge=0, lt=MAX_USD_PER_GPU_HOUR, decimal_places=6, strict=False, allow_inf_nan=False),
+        AfterValidator(_six_places),
     ]
     #: the price authority's key and HMAC (``gpucost.streams.scope.price_mac``): a worker with a keyring takes
     #: only prices signed by a key that may sign prices, whichever node's producer relays them

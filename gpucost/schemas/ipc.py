@@ -14,8 +14,9 @@ own size before it is checked (docs/definitions.md, "Input encodings"):
 - every column is a field of ``EVENT_SCHEMA`` with its type, once (so no dictionary-encoded column, and no
   view or large type whose decoding could be asked to expand);
 - the record batch's header is read before its body is: compressed buffers are refused (a few kilobytes of
-  zstd can claim gigabytes; Kafka's own compression already packs the message), and so is a row count over
-  ``MAX_ROWS``;
+  zstd can claim gigabytes; Kafka's own compression already packs the message), in the current format and in
+  the experimental one of Arrow 0.17 (format V4 with custom metadata: any format but V5 and any custom metadata
+  are refused), and so is a row count over ``MAX_ROWS``;
 - the batch is then validated in full (offsets, lengths, UTF-8), so a body shorter than its header claims,
   or a string that is not text, is refused here, not met by an operator.
 """
@@ -68,6 +69,8 @@ def decode_ipc(value: bytes) -> pa.RecordBatch:
         message = reader.read_next_message()
         if message.type != "record batch":
             raise IpcRefused(f"its Arrow stream holds a {message.type} after its schema, not one record batch")
+        if message.metadata_version != pa.ipc.MetadataVersion.V5:
+            raise IpcRefused(f"its record batch is of Arrow's format {message.metadata_version.name}, not V5")
         _check_header(message.metadata.to_pybytes())
         batch = pa.ipc.read_record_batch(message, schema)
         batch.validate(full=True)
@@ -112,10 +115,14 @@ def _checked(schema: pa.Schema) -> pa.Schema:
 
 def _check_header(meta: bytes) -> None:
     """The record batch header's row count and compression, read from its flatbuffer (Arrow's Message.fbs)
-    before the body is: Arrow would decompress every buffer first, to the sizes the buffers claim."""
+    before the body is: Arrow would decompress every buffer first, to the sizes the buffers claim. Custom
+    metadata on the message is refused too: Arrow 0.17's experimental compression was signalled there (read by
+    Arrow only for format V4, which is refused before this; refused here as well, as no producer of ours sets any)."""
     message = _table(meta, _u32(meta, 0))
     if _field(meta, message, 1, "<B", 0) != _RECORD_BATCH:
         raise IpcRefused("its record batch message has another header")
+    if _slot(meta, message, 4) is not None:
+        raise IpcRefused("its record batch message carries custom metadata (gpucost producers write none)")
     at = _slot(meta, message, 2)
     if at is None:
         raise IpcRefused("its record batch message has no header")

@@ -54,6 +54,10 @@ MANY_REVISING = 64
 #: the whole event schema, then the columns) is about 1 ms, and the row path's about 9 µs a line, against the
 #: batch path's 3 to 4 µs (a live worker's poll of one GPU is a line or two; BENCHMARKS.md, benchmark 3)
 FEW_LINES = 128
+#: a key's batch is cut where its lines or columns would pass this many bytes: an Arrow string or list column holds
+#: at most 2 GiB, and a batch combined past that comes back as several (a poll may bring a key 200 messages of
+#: up to 64 MiB each)
+COMBINE_BYTES = 1 << 30
 
 
 def ingest_batch(
@@ -81,7 +85,10 @@ def ingest_lines(
     stands: the same dead letter as the row path). Fewer than ``FEW_LINES`` lines take the row path."""
     if len(lines) < FEW_LINES or not lines:
         return [out for i, line in enumerate(lines) for out in auditor.ingest(line, source(i), scope)]
-    return _in_segments(auditor, read_lines(lines), source, lines, scope)
+    out: Outputs = []
+    for lo, hi in _groups([len(line) for line in lines]):
+        out += _in_segments(auditor, read_lines(lines[lo:hi]), _from(source, lo), lines[lo:hi], scope)
+    return out
 
 
 def ingest_arrow(
@@ -94,8 +101,31 @@ def ingest_arrow(
     if sum(b.num_rows for b in batches) < FEW_LINES:
         rows = (present_fields(row) for b in batches for row in b.to_pylist())
         return [out for i, row in enumerate(rows) for out in auditor.ingest(row, source(i), scope)]
-    whole = pa.Table.from_batches([conform(b) for b in batches], EVENT_SCHEMA).combine_chunks().to_batches()
-    return _in_segments(auditor, whole[0], source, None, scope)
+    out: Outputs = []
+    done = 0
+    for lo, hi in _groups([b.nbytes for b in batches]):
+        group = pa.Table.from_batches([conform(b) for b in batches[lo:hi]], EVENT_SCHEMA).combine_chunks()
+        for whole in group.to_batches():  # one, unless its rows are none
+            out += _in_segments(auditor, whole, _from(source, done), None, scope)
+            done += whole.num_rows
+    return out
+
+
+def _groups(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive runs ``[lo, hi)`` of items whose sizes sum to at most ``COMBINE_BYTES`` (an item over it alone)."""
+    runs: list[tuple[int, int]] = []
+    lo, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > lo and total + size > COMBINE_BYTES:
+            runs.append((lo, i))
+            lo, total = i, 0
+        total += size
+    return [*runs, (lo, len(sizes))] if sizes else runs
+
+
+def _from(source: Callable[[int], str], offset: int) -> Callable[[int], str]:
+    """``source`` of the rows from ``offset`` on, numbered from 0."""
+    return source if offset == 0 else lambda i: source(offset + i)
 
 
 def _in_segments(
