@@ -9,6 +9,7 @@ tests/test_ipc_decoding.py.
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 
 import pyarrow as pa
@@ -18,11 +19,13 @@ from gpucost.kafka.encoding import ARROW_HEADERS
 from gpucost.kafka.settings import KafkaSettings
 from gpucost.kafka.signing import Keyring
 from gpucost.kafka.worker import Worker
+from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import decode_line
 from gpucost.schemas.events import Event
 from gpucost.schemas.ipc import encode_ipc
 from gpucost.schemas.topics import CONTROL_HEADER, END_OF_INPUT
 from gpucost.streams import columnar
+from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.fake_kafka import Message
 from tests.support.arrow_messages import EVENTS, claiming, stream
@@ -97,13 +100,16 @@ def test_a_keys_batch_cut_by_size_gives_every_record(
 
 
 @CONFIGS
-def test_a_price_reads_alike_in_either_encoding(audit: AuditSettings) -> None:
-    """A price written ``3.99`` in JSON and the same price as an Arrow decimal (six places) give records of one text:
-    a price is held to its six decimals, whatever its input's form."""
+@pytest.mark.parametrize("spelling", ["short", "-0"])
+def test_a_price_reads_alike_in_either_encoding(audit: AuditSettings, spelling: str) -> None:
+    """A price written ``3.99`` (or ``-0``) in JSON and the same price as an Arrow decimal (six places, no negative
+    zero) give records of one text: a price is held to its six decimals, whatever its input's form."""
+
+    def written(usd: str) -> str:
+        return str(Decimal(usd).normalize()) if spelling == "short" else "-0"
+
     short = [
-        json.dumps(
-            {**json.loads(line), "usd_per_gpu_hour": str(Decimal(json.loads(line)["usd_per_gpu_hour"]).normalize())}
-        ).encode()
+        json.dumps({**json.loads(line), "usd_per_gpu_hour": written(json.loads(line)["usd_per_gpu_hour"])}).encode()
         if b'"kind":"price"' in line
         else line
         for line in LINES[KEY]
@@ -113,6 +119,23 @@ def test_a_price_reads_alike_in_either_encoding(audit: AuditSettings) -> None:
     events = [decode_line(line) for line in short]
     from_arrow, _ = apply(Worker(KafkaSettings(), audit, group="g"), [_arrow(KEY, events, 0), _end(1)])  # type: ignore[arg-type]
     assert _comparable(from_arrow) == _comparable(from_json)
+
+
+@CONFIGS
+def test_a_state_written_with_short_prices_restores_them_at_six_places(audit: AuditSettings) -> None:
+    """A state from before prices were held to six decimals holds ``3.99``; restored, it publishes what an
+    uninterrupted run publishes."""
+    half = len(LINES[KEY]) // 2
+    straight = Auditor(audit)
+    want = expand(straight.ingest_lines(LINES[KEY], str)) + straight.finish()
+    first = Auditor(audit)
+    got = expand(first.ingest_lines(LINES[KEY][:half], str))
+    text = json.dumps(first.to_state())
+    state = json.loads(re.sub(r'"([0-9]+\.[0-9]+?)0+"', r'"\1"', text))  # "2.210000" → "2.21"
+    assert json.dumps(state) != text
+    restored = Auditor.from_state(state, audit)
+    got += expand(restored.ingest_lines(LINES[KEY][half:], str)) + restored.finish()
+    assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]
 
 
 def _hostile_values() -> dict[str, bytes]:

@@ -40,6 +40,7 @@ __all__ = [
     "Origin",
     "TenantBinding",
     "Price",
+    "six_places",
     "SHARING_MODES",
     "Allocation",
     "Event",
@@ -262,10 +263,11 @@ MAX_USD_PER_GPU_HOUR = 10**9
 _MICRO = Decimal("0.000001")
 
 
-def _six_places(usd: Decimal) -> Decimal:
-    """A price as its six decimals (``3.5`` → ``3.500000``), the one form every input encoding and Parquet give it:
-    equal prices then read and publish alike, whether they came as JSON text or as an Arrow decimal."""
-    return usd.quantize(_MICRO)
+def six_places(usd: Decimal) -> Decimal:
+    """A price (≥ 0) as its six decimals (``3.5`` → ``3.500000``, ``-0`` → ``0.000000``), the one form every input
+    encoding, Parquet and a restored state give it: equal prices then read and publish alike, whether they came as
+    JSON text, as an Arrow decimal (which has no negative zero) or from a state written before this rule."""
+    return usd.quantize(_MICRO).copy_abs()
 
 
 class Price(WireEvent):
@@ -275,7 +277,7 @@ class Price(WireEvent):
     usd_per_gpu_hour: Annotated[
         Decimal,
         Field(ge=0, lt=MAX_USD_PER_GPU_HOUR, decimal_places=6, strict=False, allow_inf_nan=False),
-        AfterValidator(_six_places),
+        AfterValidator(six_places),
     ]
     #: the price authority's key and HMAC (``gpucost.streams.scope.price_mac``): a worker with a keyring takes
     #: only prices signed by a key that may sign prices, whichever node's producer relays them

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample
+from gpucost.schemas.events import GpuSample, NumaEvent, ProcessSample, six_places
 from gpucost.streams.pane_rules import (
     GPU,
     KINDS,
@@ -359,7 +359,8 @@ class Revisions:
             if len(log.chunks[0]):
                 log.oldest = int(log.chunks[0]["pane"].min())
         revisions._held = {
-            g: {s: Held(None if p is None else Decimal(p), r) for s, p, r in held} for g, held in state["held"].items()
+            g: {s: Held(None if p is None else six_places(Decimal(p)), r) for s, p, r in held}
+            for g, held in state["held"].items()
         }
         revisions._held_oldest = {g: min(held) for g, held in revisions._held.items() if held}
         return revisions

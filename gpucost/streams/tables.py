@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from gpucost.schemas.devices import platform_names
-from gpucost.schemas.events import TENANT_FIELDS, Allocation, Price, TenantBinding
+from gpucost.schemas.events import TENANT_FIELDS, Allocation, Price, TenantBinding, six_places
 from gpucost.schemas.partitions import device_share
 
 if TYPE_CHECKING:
@@ -255,5 +255,5 @@ class PriceTable:
     def from_state(cls, state: dict[str, list[list[Any]]], settings: AuditSettings | None = None) -> PriceTable:
         """The table ``to_state`` wrote (``settings``: the shape every operator's ``from_state`` has)."""
         table = cls()
-        table._by_model = {m: [(ts, Decimal(p)) for ts, p in h] for m, h in state.items()}
+        table._by_model = {m: [(ts, six_places(Decimal(p))) for ts, p in h] for m, h in state.items()}
         return table
