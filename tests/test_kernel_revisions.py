@@ -18,7 +18,10 @@ from gpucost.schemas.events import Event, GpuSample
 from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import KernelCostRecord, Output
 from gpucost.streams.audit import Auditor
+from gpucost.streams.batch import FEW_CLOSES
 from gpucost.streams.settings import AuditSettings
+from tests.strategies import BASE_NS, NS
+from tests.support.batch_path import closing_at
 from tests.support.cli import gpucost
 from tests.support.kernel_fleet import billed, binding, feed, fleet, kernel, paid_as_billed
 
@@ -250,3 +253,23 @@ def test_kernels_counted_at_an_end_of_input_are_not_counted_again_by_its_success
     feed(nxt, later, False)
     assert auditor.counts["unbilled_kernels"] + nxt.counts["unbilled_kernels"] == 6
     assert not nxt.kernels.log.has("GPU-0", samples[3].ts_ns - 1)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["rows", "batch"])
+def test_a_binding_leaves_a_pane_no_sample_has_opened_to_its_close(batch: bool) -> None:
+    """From a property test: kernels of pid 2 came before any sample of their pane, then, in one batch, the pane's
+    samples and a binding of pid 2. The row path takes the binding with the pane open; the batch path takes a batch's
+    bindings before its samples, with the pane not opened yet. A binding revised such a pane as if it had closed
+    (a revision record held for a pane never published, and the revision log as of then); a pane is closed when its
+    GPU's watermark has passed it, as an event is late, so the binding leaves it to its close on both paths."""
+    events = fleet(6)
+    head, tail = events[:8], events[8:]  # panes 0 to 2, then 3 to 5
+    early = [kernel(4 * 60 + 10, 4 * 60 + 20, "k", pid=2, corr=7)]  # pane 4, which no sample has opened
+    late_part = [*tail, binding(2, 4 * 60 + 5, "b")]  # before the kernel: it governs it
+    by_rows, by_batch = Auditor(AUDIT), Auditor(AUDIT)
+    with closing_at(FEW_CLOSES, few_lines=0):
+        want = feed(by_rows, head + early, False) + feed(by_rows, late_part, False)
+        got = feed(by_batch, head + early, False) + feed(by_batch, late_part, batch)
+    assert [r.model_dump() for r in got] == [r.model_dump() for r in want]
+    assert by_batch.to_state() == by_rows.to_state()
+    assert by_rows.to_state()["revisions"]["held"]["GPU-0"][-1][0] < BASE_NS + 4 * 60 * NS  # pane 4: not billed yet

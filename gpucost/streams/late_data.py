@@ -79,10 +79,12 @@ class LateData(DeadLetters):
             if self.revisions.enabled or self.panes.is_open(*p)
         ]
         # and the closed panes its process's kernels at or after it reach (a process may run kernels in a pane
-        # where it sent no sample after the binding's time); an open pane's kernels take their tenant at its close
+        # where it sent no sample after the binding's time); a pane not closed yet (open, or with no sample so far)
+        # takes its kernels' tenants at its close. Closed is judged by the watermark, as a late event is: a pane
+        # that no sample has opened yet is not closed (the batch path takes a binding before its batch's samples)
         kernel_panes = self.kernels.log.touched_by(event.node_id, event.pid, event.ts_ns)
         if self.revisions.enabled and kernel_panes:
-            reached = sorted({*reached, *(p for p in kernel_panes if not self.panes.is_open(*p))})
+            reached = sorted({*reached, *(p for p in kernel_panes if self.panes.is_late(*p))})
         watermarks = [
             w for gpu in self.revisions.gpus_of(event.node_id) if (w := self.panes.watermark(gpu)) is not None
         ]
