@@ -273,3 +273,22 @@ def test_a_binding_leaves_a_pane_no_sample_has_opened_to_its_close(batch: bool) 
     assert [r.model_dump() for r in got] == [r.model_dump() for r in want]
     assert by_batch.to_state() == by_rows.to_state()
     assert by_rows.to_state()["revisions"]["held"]["GPU-0"][-1][0] < BASE_NS + 4 * 60 * NS  # pane 4: not billed yet
+
+
+@pytest.mark.parametrize("late", [True, False], ids=["closed-in-the-batch", "open"])
+def test_a_kernel_whose_pane_the_batch_closes_before_it_comes_is_late_on_both_paths(late: bool) -> None:
+    """The batch path takes a batch's on-time kernels before its samples; a kernel whose pane the batch's own earlier
+    samples closed is late at its row (a revision, pending until the GPU's next sample), though on time as the batch
+    starts. Both paths: the same records, in the same order, and the same state."""
+    events = fleet(10)
+    head, body = events[:4], events[4:]  # pane 0, then panes 1 to 9 in one batch
+    at = 12 if late else 4  # after the samples of pane 5 (lateness 120 s: pane 1 closed), or before pane 3's
+    body[at:at] = [kernel(60 + 10, 60 + 20, "k", corr=3), kernel(60 + 30, 60 + 31, "k", corr=4)]
+    by_rows, by_batch = Auditor(AUDIT), Auditor(AUDIT)
+    with closing_at(FEW_CLOSES, few_lines=0):
+        want = feed(by_rows, head, False) + feed(by_rows, body, False) + by_rows.finish()
+        got = feed(by_batch, head, False) + feed(by_batch, body, True) + by_batch.finish()
+    assert [r.model_dump() for r in got] == [r.model_dump() for r in want]
+    assert by_batch.to_state() == by_rows.to_state()
+    # pane 1's kernel lines: first published by its revision, or with the pane
+    assert {r.revision for r in kernel_records(want) if r.pane_start_ns == BASE_NS + 60 * NS} == {1 if late else 0}

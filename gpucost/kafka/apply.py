@@ -24,8 +24,9 @@ import pyarrow as pa
 from gpucost.kafka.owned import Owned
 from gpucost.kafka.sequences import MalformedSequence, SeenSequences, parse_sequence
 from gpucost.kafka.signing import Keyring, SigningKey, Verdict
+from gpucost.schemas.arrow import wire_rows
 from gpucost.schemas.blocks import expand
-from gpucost.schemas.codec import present_fields, raw_text
+from gpucost.schemas.codec import raw_text
 from gpucost.schemas.events import EVENT_MODELS
 from gpucost.schemas.ipc import IpcRefused, decode_ipc
 from gpucost.schemas.records import DeadLetter, Output
@@ -237,9 +238,8 @@ def _arrow(chunks: list[_Chunk]) -> bool:
 
 
 def _rows(body: list[tuple[int, bytes]] | pa.RecordBatch) -> Iterator[bytes | dict[str, Any]]:
-    """A message's events as ``claimed_node`` reads them: its lines, or its rows as wire objects, one at a time."""
+    """A message's events as ``claimed_node`` reads them: its lines, or its rows as wire objects."""
     if isinstance(body, list):
         yield from (line for _, line in body)
         return
-    for i in range(body.num_rows):
-        yield present_fields(body.slice(i, 1).to_pylist()[0])
+    yield from wire_rows(body)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpucost.producers.compressed import open_bytes
-from gpucost.schemas.codec import present_fields
+from gpucost.schemas.arrow import wire_rows
 from gpucost.schemas.records import OUTPUT_KINDS
 
 __all__ = ["SUFFIXES", "RowBatch", "LineBatch", "input_files", "read_inputs", "read_batches"]
@@ -108,6 +108,6 @@ def read_inputs(files: list[Path]) -> Iterator[tuple[bytes | dict[str, Any], str
     """``read_batches`` one input at a time: a Parquet row as a dict of its non-null fields."""
     for item in read_batches(files):
         if isinstance(item, RowBatch):
-            yield from ((present_fields(row), item.label(i)) for i, row in enumerate(item.batch.to_pylist()))
+            yield from ((row, item.label(i)) for i, row in enumerate(wire_rows(item.batch)))
         else:
             yield from ((line, item.label(i)) for i, line in enumerate(item.lines))

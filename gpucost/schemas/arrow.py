@@ -8,19 +8,29 @@ from __future__ import annotations
 
 import json
 import types
+from collections.abc import Sequence
 from decimal import Decimal
 from functools import cache
-from typing import Annotated, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel
 
-from gpucost.schemas.codec import JSON_TEXT_FIELDS
+from gpucost.schemas.codec import JSON_TEXT_FIELDS, present_fields
 from gpucost.schemas.events import EVENT_MODELS, EbpfTrace, Event
 from gpucost.schemas.records import OUTPUT_KINDS, Wide
 
-__all__ = ["WIDE_TYPE", "wide_array", "arrow_schema", "ARROW_SCHEMAS", "to_table", "EVENT_SCHEMA", "events_table"]
+__all__ = [
+    "WIDE_TYPE",
+    "wide_array",
+    "arrow_schema",
+    "ARROW_SCHEMAS",
+    "to_table",
+    "EVENT_SCHEMA",
+    "events_table",
+    "wire_rows",
+]
 
 PRICE_TYPE = pa.decimal128(18, 6)
 WIDE_TYPE = pa.decimal128(38, 0)  # an integer field marked ``Wide``
@@ -119,3 +129,15 @@ def events_table(events: list[Event]) -> pa.Table:
             if isinstance(row.get(name), dict):
                 row[name] = json.dumps(row[name], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)
+
+
+def wire_rows(batch: pa.RecordBatch, rows: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """The rows ``rows`` of a batch of events (all: None) as the wire objects they stand for (``present_fields``),
+    converted in one pass over the columns that hold a value: one row at a time over the ~80 columns of
+    ``EVENT_SCHEMA`` costs ~100 µs a row, a batch of events of a few kinds one tenth of that."""
+    narrow = batch.select([i for i, col in enumerate(batch.columns) if col.null_count < len(col)])
+    if not narrow.num_columns:  # no value at all (Arrow keeps no row count without a column)
+        return [{} for _ in range(batch.num_rows if rows is None else len(rows))]
+    if rows is not None:
+        narrow = narrow.take(pa.array(rows, pa.int64()))
+    return [present_fields(row) for row in narrow.to_pylist()]

@@ -14,8 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpucost.schemas.arrow import wire_rows
 from gpucost.schemas.blocks import ClosedPanes, Outputs
-from gpucost.schemas.codec import Rejected, decode_line, present_fields, raw_text
+from gpucost.schemas.codec import Rejected, decode_line, raw_text
 from gpucost.schemas.events import (
     EbpfTrace,
     Event,
@@ -27,6 +28,7 @@ from gpucost.schemas.events import (
     TenantBinding,
 )
 from gpucost.schemas.exact import exact_round
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import Output
 from gpucost.streams.addresses import DUPLICATE
 from gpucost.streams.batch_columns import column, hot_columns, valid_rows
@@ -70,10 +72,10 @@ class Batch:
         return column(self.batch, name)
 
     def _inputs(self, idx: np.ndarray | list[int]) -> list[bytes | dict[str, Any]]:
-        """The inputs as the row path takes them: the JSON lines, or the Parquet rows as wire objects."""
+        """The inputs as the row path takes them: the JSON lines, or the Arrow or Parquet rows as wire objects."""
         if self.lines is not None:
             return [self.lines[i] for i in idx]
-        return [present_fields(r) for r in self.batch.take(pa.array(idx, pa.int64())).to_pylist()]
+        return list(wire_rows(self.batch, list(idx)))
 
     def _raw(self, i: int) -> bytes | None:
         """What a dead letter of a valid event keeps: the line as it came (a Parquet row: re-encoded)."""
@@ -203,6 +205,10 @@ class Batch:
                     self.estimated[i] = int(bool(event.power_estimated))
             elif isinstance(event, EbpfTrace):  # always here: the packed struct is decoded row by row
                 self._trace(i, event)
+            elif isinstance(event, KernelActivity):
+                # on time at its row (``revising_rows`` cut the batch at any other), so on time before the batch's
+                # samples move the watermark too: taken now, it joins open panes before any of them closes
+                self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
             else:
                 self.table_events.append((i, event))
         if self.scope is not None:

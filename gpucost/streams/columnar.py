@@ -24,9 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpucost.schemas.arrow import EVENT_SCHEMA
+from gpucost.schemas.arrow import EVENT_SCHEMA, wire_rows
 from gpucost.schemas.blocks import Outputs
-from gpucost.schemas.codec import present_fields
 from gpucost.schemas.ipc import conform
 from gpucost.streams.batch import KIND_CODES, Batch
 from gpucost.streams.json_lines import read_lines
@@ -69,11 +68,7 @@ def ingest_batch(
     A batch whose columns are not typed as ``EVENT_SCHEMA`` says goes row by row.
     """
     if any(f.name in EVENT_SCHEMA.names and f.type != EVENT_SCHEMA.field(f.name).type for f in batch.schema):
-        return [
-            out
-            for i, row in enumerate(batch.to_pylist())
-            for out in auditor.ingest(present_fields(row), source(i), scope)
-        ]
+        return [out for i, row in enumerate(wire_rows(batch)) for out in auditor.ingest(row, source(i), scope)]
     return _in_segments(auditor, batch, source, None, scope)
 
 
@@ -99,7 +94,7 @@ def ingest_arrow(
     (a live poll's message of a row or two, where the batch path's fixed cost is some milliseconds), one by
     one as the wire objects the rows stand for."""
     if sum(b.num_rows for b in batches) < FEW_LINES:
-        rows = (present_fields(row) for b in batches for row in b.to_pylist())
+        rows = (row for b in batches for row in wire_rows(b))
         return [out for i, row in enumerate(rows) for out in auditor.ingest(row, source(i), scope)]
     out: Outputs = []
     done = 0
@@ -173,16 +168,14 @@ def _row_inputs(
     batch: pa.RecordBatch, lines: Sequence[bytes] | None, wanted: Sequence[int]
 ) -> Callable[[int], bytes | dict[str, Any]]:
     """Row ``i`` as the row path takes it: its JSON line, or (Arrow or Parquet rows) its wire object. The rows
-    ``wanted`` are converted at once, from the columns that hold a value: one row at a time, over the ~80 columns
-    of the event schema, cost ~100 µs each, and a batch with many kernels goes row by row."""
+    ``wanted`` are converted at once (``wire_rows``): a batch of many revising rows goes row by row."""
     if lines is not None:
         return lines.__getitem__
-    narrow = batch.select([i for i, col in enumerate(batch.columns) if col.null_count < len(col)])
-    taken = dict(zip(wanted, map(present_fields, narrow.take(pa.array(list(wanted), pa.int64())).to_pylist())))
+    taken = dict(zip(wanted, wire_rows(batch, wanted)))
 
     def row(i: int) -> dict[str, Any]:
         got = taken.get(i)
-        return got if got is not None else present_fields(narrow.slice(i, 1).to_pylist()[0])
+        return got if got is not None else wire_rows(batch, [i])[0]
 
     return row
 
@@ -210,15 +203,16 @@ def _first_of(gpu_of: np.ndarray, names: list[str], pending: frozenset[str], lo:
 
 
 def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
-    """The rows that may revise a closed pane: a GPU sample, process sample or NUMA event whose pane ends
-    at or before its GPU's watermark, and a binding older than the largest watermark (or than the revision
-    horizon and a pane before it, where it may be late), each taken against
-    watermarks that count every earlier row of the batch (so at or above the true ones: no row that does
-    revise is missed); every allocation (rare: a scheduler's grants; each may revise the allocation basis, and
-    changes how every later close splits); every kernel (it joins the panes of its time as it comes, so its
-    place among the closes decides whether it is on time; the row path takes it in that place); and rows of no
-    readable kind (``read_lines`` leaves a line it could not read as columns empty: it may be an allocation too),
-    which the batch path decodes one by one."""
+    """The rows that may revise a closed pane, or whose verdict depends on where they stand among the closes: a GPU
+    sample, process sample or NUMA event whose pane ends at or before its GPU's watermark; a kernel whose start's
+    pane does (it joins the panes of its time as it comes, moving no watermark: on time, it joins open panes, and
+    the batch path takes it before the batch's samples; late, it may revise, and the row path takes it in its
+    place); a binding older than the largest watermark (or than the revision horizon and a pane before it, where it
+    may be late), each taken against watermarks that count every earlier row of the batch (so at or above the true
+    ones: no row that does revise is missed); every allocation (rare: a scheduler's grants; each may revise the
+    allocation basis, and changes how every later close splits); and rows of no readable kind (``read_lines``
+    leaves a line it could not read as columns empty: it may be an allocation too), which the batch path decodes
+    one by one. A row the model refuses (a kernel with no start or no GPU) is refused wherever it stands."""
     n = batch.num_rows
     kinds = pc.dictionary_encode(batch.column("kind")) if "kind" in batch.schema.names else None
     if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
@@ -228,26 +222,37 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
         np.int8,
     )
     code = codes[np.asarray(pc.fill_null(kinds.indices, len(codes) - 1).to_numpy(zero_copy_only=False))]
-    ts_col = batch.column("ts_ns")
-    has_ts = np.asarray(pc.is_valid(ts_col).to_numpy(zero_copy_only=False), bool)
-    ts = np.asarray(pc.fill_null(ts_col, 0).to_numpy(zero_copy_only=False), np.int64)
+    has_ts, ts = _times(batch, "ts_ns")
+    has_start, start = _times(batch, "start_ns")
     gpus = pc.dictionary_encode(batch.column("gpu_uuid"))
     gpu = np.asarray(pc.fill_null(gpus.indices, -1).to_numpy(zero_copy_only=False), np.int64)
     keyed = (code <= NUMA) & (code >= 0) & has_ts & (gpu >= 0)
+    kernel = (code == _KERNEL) & has_start & (gpu >= 0)
     latest = auditor.panes.latest_ns()
     settings = auditor.settings
     lateness, pane_ns = settings.lateness_ns, settings.pane_ns
     late = np.zeros(n, bool)
-    at = np.flatnonzero(keyed)
+    at = np.flatnonzero(keyed | kernel)
     at = at[np.argsort(gpu[at], kind="stable")]  # by GPU, then in arrival order: one slice per GPU
     names = gpus.dictionary.to_pylist()
     firsts, lasts = runs(gpu[at])
     for lo, hi in zip(firsts.tolist(), lasts.tolist()):
         mine = at[lo:hi]
-        high = np.maximum.accumulate(np.maximum(ts[mine], latest.get(names[gpu[mine[0]]], _NONE_TS)))
-        late[mine] = pane_closed(ts[mine], high, pane_ns, lateness)
+        known = latest.get(names[gpu[mine[0]]], _NONE_TS)  # late by the GPUs forgotten alone: late on both paths
+        # the GPU's largest time as each row comes, its own included: a kernel moves none, so it counts as no time
+        high = np.maximum.accumulate(np.maximum(np.where(keyed[mine], ts[mine], _NONE_TS), known))
+        late[mine] = pane_closed(np.where(keyed[mine], ts[mine], start[mine]), high, pane_ns, lateness)
     moved = np.maximum.accumulate(np.where(keyed, ts, _NONE_TS)) if n else np.zeros(0, np.int64)
     largest = np.maximum(moved, max(latest.values(), default=_NONE_TS))
     horizon = settings.revision_horizon_ns + pane_ns  # older than this, a binding may be late (``Auditor._binding``)
     binding = (code == _BINDING) & has_ts & ((ts < largest - lateness) | (ts < largest - horizon))
-    return np.flatnonzero(late | binding | np.isin(code, (_NO_KIND, _ALLOCATION, _KERNEL))).tolist()
+    return np.flatnonzero(late | binding | np.isin(code, (_NO_KIND, _ALLOCATION))).tolist()
+
+
+def _times(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows hold the time column ``name``, and its values (0 where they do not)."""
+    if name not in batch.schema.names:
+        return np.zeros(batch.num_rows, bool), np.zeros(batch.num_rows, np.int64)
+    col = batch.column(name)
+    has = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)
+    return has, np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), np.int64)
