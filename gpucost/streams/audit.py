@@ -133,11 +133,11 @@ class Auditor(LateData, AuditState):
         # a dead letter of a valid event keeps the line as it came; a Parquet row, re-encoded
         return self.update(decoded, None if isinstance(line, dict) else line, source)
 
-    def ingest_batch(self, batch: pa.RecordBatch, source: Callable[[int], str], scope: Scope | None = None) -> Outputs:
+    def ingest_batch(self, batch: pa.RecordBatch, source: Callable[[int], str]) -> Outputs:
         """``ingest`` of every row of an Arrow batch of ``EVENT_SCHEMA`` (row ``i`` labelled ``source(i)``):
         the same outputs and state, an order of magnitude faster (``gpucost.streams.columnar``). Closed
         panes' records come as blocks of columns; ``gpucost.schemas.blocks.expand`` makes them records."""
-        return ingest_batch(self, batch, source, scope)
+        return ingest_batch(self, batch, source)
 
     def ingest_arrow(
         self, batches: Sequence[pa.RecordBatch], source: Callable[[int], str], scope: Scope | None = None

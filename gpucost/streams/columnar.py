@@ -59,17 +59,15 @@ FEW_LINES = 128
 COMBINE_BYTES = 1 << 30
 
 
-def ingest_batch(
-    auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str], scope: Scope | None = None
-) -> Outputs:
-    """``auditor.ingest`` of every row of ``batch`` (``EVENT_SCHEMA``), in order, in ``scope``; row ``i`` is
+def ingest_batch(auditor: RowPath, batch: pa.RecordBatch, source: Callable[[int], str]) -> Outputs:
+    """``auditor.ingest`` of every row of ``batch`` (``EVENT_SCHEMA``: a Parquet file's), in order; row ``i`` is
     labelled ``source(i)``.
 
     A batch whose columns are not typed as ``EVENT_SCHEMA`` says goes row by row.
     """
     if any(f.name in EVENT_SCHEMA.names and f.type != EVENT_SCHEMA.field(f.name).type for f in batch.schema):
-        return [out for i, row in enumerate(wire_rows(batch)) for out in auditor.ingest(row, source(i), scope)]
-    return _in_segments(auditor, batch, source, None, scope)
+        return [out for i, row in enumerate(wire_rows(batch)) for out in auditor.ingest(row, source(i))]
+    return _in_segments(auditor, batch, source)
 
 
 def ingest_lines(
