@@ -16,14 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucost.producers.simulate import FleetSpec, simulate
-from gpucost.schemas.arrow import EVENT_SCHEMA, events_table
+from gpucost.schemas.arrow import EVENT_SCHEMA, events_table, wire_rows
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event, present_fields
 from gpucost.schemas.events import TS_MAX_NS, TS_MIN_NS, Event, GpuSample, ProcessSample
 from gpucost.schemas.exact import exact_round, round_scaled
 from gpucost.schemas.records import Output
+from gpucost.streams import columnar
 from gpucost.streams.audit import Auditor
 from gpucost.streams.batch import FEW_CLOSES
+from gpucost.streams.json_lines import read_lines
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS, settings_st, streams
 from tests.support.batch_path import closing_at
@@ -318,3 +320,22 @@ def test_a_batch_spanning_a_century_matches_rows(samples: list[tuple[str, int, i
         )
     rows = events_table(events).to_pylist()
     check((AuditSettings(), rows, [len(rows) // 3, 2 * len(rows) // 3], None, restores), "parquet")
+
+
+@pytest.mark.parametrize("form", ["json", "arrow"])
+def test_a_profiled_fleet_s_kernels_on_time_do_not_cut_its_batch(form: str) -> None:
+    """The simulated fleet's kernels (with range paths: lists, which Arrow's JSON reader is not given) come with their
+    samples, on time, so none cuts a batch: each kernel did, and a batch with more than ``MANY_REVISING`` of them went
+    row by row (benchmark 2: 17k events/s against 51k). The batch path's outputs and state stay the row path's."""
+    events = list(simulate(FleetSpec(gpus=2, hours=1, interval_s=10)))
+    lines = [encode_event(e).encode() for e in events]
+    batch = read_lines(lines) if form == "json" else events_table(events).combine_chunks().to_batches()[0]
+    kinds = batch.column("kind").to_pylist()
+    assert kinds.count("kernel_activity") > columnar.MANY_REVISING
+    assert "kernel_activity" not in [kinds[i] for i in columnar.revising_rows(Auditor(AuditSettings()), batch)]
+    inputs: list[Any] = lines if form == "json" else wire_rows(batch)
+    by_row, by_batch = Auditor(AuditSettings()), Auditor(AuditSettings())
+    want = [out for i, item in enumerate(inputs) for out in by_row.ingest(item, label(i))]
+    got = expand(by_batch.ingest_lines(lines, label) if form == "json" else by_batch.ingest_batch(batch, label))
+    assert [r.model_dump_json() for r in got] == [r.model_dump_json() for r in want]
+    assert normalised(by_batch) == normalised(by_row)

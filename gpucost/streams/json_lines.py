@@ -17,6 +17,7 @@ import pyarrow.json as pa_json
 from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.schemas.codec import decode_line
 from gpucost.schemas.events import GpuSample, MemAccess, NumaEvent, ProcessSample
+from gpucost.schemas.kernels import KernelActivity
 
 __all__ = ["read_lines", "COLUMN_MODELS", "REFUSED_READS"]
 
@@ -69,15 +70,17 @@ def read_lines(lines: Sequence[bytes]) -> pa.RecordBatch:
 
 def _with_the_others(lines: Sequence[bytes], pieces: list[tuple[list[int], pa.Table]]) -> pa.Table:
     """One row per line, in order: Arrow's rows where it read the line; the other lines as Python
-    reads them, a valid event of a hot kind as its wire values (so that its columns hold what the
-    model holds), anything else as an empty row that ``_Batch`` decodes again from the line."""
+    reads them, a valid event of a hot kind or a kernel (whose range path and grid are lists, which
+    the reader is not given) as its wire values (so that its columns hold what the model holds, and
+    ``gpucost.streams.columnar.revising_rows`` can tell whether it is on time), anything else as an
+    empty row that ``Batch`` decodes again from the line."""
     taken = [i for idx, _ in pieces for i in idx]
     where = np.full(len(lines), -1, np.int64)
     where[taken] = np.arange(len(taken))
     wire: list[dict[str, Any]] = []
     for i in np.flatnonzero(where < 0).tolist():
         event = decode_line(lines[i])
-        if isinstance(event, COLUMN_MODELS):
+        if isinstance(event, (*COLUMN_MODELS, KernelActivity)):
             where[i] = len(taken) + len(wire)
             wire.append(event.to_wire())
     where[where < 0] = len(taken) + len(wire)
