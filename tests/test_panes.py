@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpucost.schemas.events import GpuSample
 from gpucost.streams import idle_index
 from gpucost.streams.idle_index import IdleIndex, IdleWindow
-from gpucost.streams.pane_rules import pane_start_ns
+from gpucost.streams.pane_rules import jump, pane_start_ns
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.panes import GpuPanes
 from gpucost.streams.settings import AuditSettings
@@ -164,3 +164,21 @@ def test_a_panes_seen_events_survive_its_state_through_json(seen: set[tuple[str,
     assert PaneTotals.from_state(state).seen == pane.seen
     if len(seen) > 1:
         assert len(json.dumps(pane.to_state())) < len(json.dumps(state))
+
+
+@given(
+    st.one_of(st.none(), st.integers(0, 10**4)),
+    st.one_of(st.none(), st.integers(0, 10**4)),
+    st.integers(0, 10**4),
+    st.integers(1, 600),
+)
+def test_a_watermark_never_moves_back_whatever_pending_jump_it_holds(
+    max_ts: int | None, pending: int | None, ts: int, max_jump: int
+) -> None:
+    """From a review: a silent close moves a GPU's largest time past its pending jump; the next jump then took that
+    pending jump, below the largest, as the new largest, and a pane already billed opened and was billed again. The
+    largest never moves back, and a pending jump is held only above it."""
+    top, held = jump(max_ts, pending, ts, max_jump)
+    assert top is not None and top >= (ts if max_ts is None else max_ts)
+    assert top >= ts or (max_ts is not None and ts > max_ts + max_jump)  # an event far ahead is held, not taken
+    assert held is None or held > top

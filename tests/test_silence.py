@@ -28,8 +28,10 @@ from gpucost.schemas.records import CostRecord, DeadLetter, Output
 from gpucost.sinks.views import connect
 from gpucost.streams import columnar
 from gpucost.streams.audit import Auditor
+from gpucost.streams.batch import FEW_CLOSES
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS
+from tests.support.batch_path import closing_at
 from tests.support.bills import bills, run
 
 STEP_S = 30
@@ -300,3 +302,36 @@ def test_a_process_gone_silent_has_its_partial_mae_window_published_and_its_pid_
     assert windows(tmp_path / "stopped", 7) == rounded(_windows(exited + reused, 64))
     assert stopped.counts["mae_silent_closes"] == 0
     assert windows(tmp_path / "live", 9) == windows(tmp_path / "stopped", 9) == rounded(_windows(busy, 64))
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["rows", "batch"])
+def test_a_silent_close_past_a_pending_jump_never_bills_a_pane_twice(batch: bool) -> None:
+    """From a review: a sample an hour ahead is held as a pending jump; a silent close then moves the GPU's largest
+    time past it; the next jump took the stale pending jump as the largest, the watermark moved back, and the pane the
+    silent close had billed opened and was billed again as revision 0. Now that sample is a revision of it, on both
+    paths, with the same records and state."""
+    s = AuditSettings(pane_s=60, lateness_s=60, max_jump_s=600, idle_timeout_s=300)
+    first = [
+        Price(gpu_model="H100", ts_ns=BASE_NS - 3600 * NS, usd_per_gpu_hour=Decimal("3.6")),
+        _sample("GPU-0", 893, 50.0, 10),
+        _sample("GPU-0", 3915, 50.0, 10),  # an hour ahead: held as the pending jump
+    ]
+    second = [_sample("GPU-0", 101_160, 50.0, 10), _sample("GPU-0", 3930, 50.0, 10)]
+    outs: list[list[Output]] = []
+    states = []
+    for by_batch in (False, batch):
+        auditor, out = Auditor(s), []
+        for part in (first, second):
+            if by_batch:
+                with closing_at(FEW_CLOSES, few_lines=0):
+                    out += expand(auditor.ingest_lines([encode_event(e).encode() for e in part], str))
+            else:
+                out += [o for e in part for o in auditor.update(e)]
+            if part is first:  # 3915 s is the pane of 3900 s, which this closes (the GPU's largest: 3960 + 60 s)
+                out += auditor.close_silent(auditor.latest_ns() + 5000 * NS)
+        outs.append(out + auditor.finish())
+        states.append(auditor.to_state())
+    assert [r.model_dump() for r in outs[0]] == [r.model_dump() for r in outs[1]] and states[0] == states[1]
+    billed = Counter((r.pane_start_ns, r.revision) for r in outs[1] if isinstance(r, CostRecord))
+    assert billed and max(billed.values()) == 1  # one record per pane and revision: one tenant here
+    assert (BASE_NS + 3900 * NS, 1) in billed  # 3930 s came after the pane was billed: a revision

@@ -71,11 +71,11 @@ class Batch:
     def _col(self, name: str) -> pa.Array:
         return column(self.batch, name)
 
-    def _inputs(self, idx: np.ndarray | list[int]) -> list[bytes | dict[str, Any]]:
+    def _inputs(self, idx: np.ndarray | list[int]) -> Sequence[bytes | dict[str, Any]]:
         """The inputs as the row path takes them: the JSON lines, or the Arrow or Parquet rows as wire objects."""
         if self.lines is not None:
             return [self.lines[i] for i in idx]
-        return list(wire_rows(self.batch, list(idx)))
+        return wire_rows(self.batch, list(idx))
 
     def _raw(self, i: int) -> bytes | None:
         """What a dead letter of a valid event keeps: the line as it came (a Parquet row: re-encoded)."""
@@ -207,7 +207,8 @@ class Batch:
                 self._trace(i, event)
             elif isinstance(event, KernelActivity):
                 # on time at its row (``revising_rows`` cut the batch at any other), so on time before the batch's
-                # samples move the watermark too: taken now, it joins open panes before any of them closes
+                # samples move the watermark too: taken now, it joins its panes before any of them closes; or late by
+                # the GPUs forgotten alone, refused alike wherever it stands
                 self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
             else:
                 self.table_events.append((i, event))

@@ -89,7 +89,11 @@ def jump(max_ts: int | None, pending: int | None, ts_ns: int, max_jump_ns: int) 
     next 1,428 events of its GPU late). So an event more than ``max_jump_ns`` ahead of the largest is
     counted in its pane but only held, as the pending jump; a second such event confirms it: the
     largest becomes the nearer of the two, and the further stays pending if it is still a jump from
-    there. A pending jump the largest has caught up with is dropped."""
+    there. A pending jump the largest has caught up with is dropped, as it comes or as it is found here (a
+    silent close moves the largest past it: kept, it became the largest at the next jump, and moved the
+    watermark back, so that a pane already billed opened and was billed again)."""
+    if pending is not None and max_ts is not None and pending <= max_ts:
+        pending = None
     if max_ts is not None and ts_ns > max_ts + max_jump_ns:
         if pending is None:
             return max_ts, ts_ns
