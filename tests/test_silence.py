@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from gpucost.embedded import run_embedded
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
-from gpucost.schemas.events import Event, GpuSample, MemAccess, Price, ProcessSample, TenantBinding
+from gpucost.schemas.events import EbpfTrace, Event, GpuSample, MemAccess, Price, ProcessSample, TenantBinding
 from gpucost.schemas.records import CostRecord, DeadLetter, Output
 from gpucost.sinks.views import connect
 from gpucost.streams import columnar
@@ -335,3 +335,56 @@ def test_a_silent_close_past_a_pending_jump_never_bills_a_pane_twice(batch: bool
     billed = Counter((r.pane_start_ns, r.revision) for r in outs[1] if isinstance(r, CostRecord))
     assert billed and max(billed.values()) == 1  # one record per pane and revision: one tenant here
     assert (BASE_NS + 3900 * NS, 1) in billed  # 3930 s came after the pane was billed: a revision
+
+
+def _trace(gpu: str, t_s: int) -> EbpfTrace:
+    return EbpfTrace(
+        node_id="node-0",
+        pid=7,
+        gpu_uuid=gpu,
+        ts_ns=BASE_NS + t_s * NS,
+        sm_util_pct=50,
+        flops_64b=10**12,
+        trace_source="blas",
+    )
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["rows", "batch"])
+def test_a_silent_close_drops_the_pending_jump_it_passes_on_both_paths(batch: bool) -> None:
+    """From a second review: after a silent close past a pending jump, a batch of a refused sample (sent again) ran the
+    jump rule on the batch path only, which dropped the jump there: the two paths kept different states. The silent
+    close drops it itself now."""
+    s = AuditSettings(pane_s=60, lateness_s=60, max_jump_s=600, idle_timeout_s=300)
+    price = Price(gpu_model="H100", ts_ns=BASE_NS - 3600 * NS, usd_per_gpu_hour=Decimal("3.6"))
+    # 3845 s: a pending jump; the trace opens the pane of 3780 s, which the silent close below closes
+    first = [price, _sample("GPU-0", 893, 50.0, 10), _trace("GPU-0", 3830), _sample("GPU-0", 3845, 50.0, 10)]
+    states, outs = [], []
+    for by_batch in (False, batch):
+        auditor = Auditor(s)
+        out = [o for e in first for o in auditor.update(e)] + auditor.close_silent(BASE_NS + 4150 * NS)
+        assert "pending" not in auditor.to_state()["panes"]
+        again = [encode_event(_sample("GPU-0", 3845, 50.0, 10)).encode()]
+        with closing_at(FEW_CLOSES, few_lines=0):
+            out += expand(auditor.ingest_lines(again, str)) if by_batch else auditor.ingest(again[0], "0")
+        states.append(auditor.to_state())
+        outs.append([r.model_dump() for r in out])
+    assert outs[0] == outs[1] and states[0] == states[1]
+
+
+def test_a_gpu_of_traces_alone_keeps_the_floor_of_the_gpus_forgotten_through_a_silent_close() -> None:
+    """From a second review: a GPU that sent only traces has no largest time of its own, and a silent close set its
+    watermark from 0, below the floor of the GPUs forgotten: a sample of a pane the floor had passed (``late``
+    before) was then billed."""
+    s = AuditSettings(pane_s=60, lateness_s=60, max_jump_s=600, idle_timeout_s=300, revision_horizon_s=600, window_h=1)
+    auditor = Auditor(s)
+    price = Price(gpu_model="H100", ts_ns=BASE_NS - 3600 * NS, usd_per_gpu_hour=Decimal("3.6"))
+    for e in [price, _trace("GPU-2", 44), *(_sample("GPU-0", t, 50.0, 10) for t in (0, 70, 6745))]:
+        auditor.update(e)
+    auditor.close_silent(BASE_NS + 20_000 * NS, {"GPU-0"})  # GPU-0 closed and forgotten: the floor
+    floor = auditor.panes.watermark("GPU-2")
+    assert floor is not None and floor > BASE_NS + 1060 * NS
+    assert [o.reason for o in auditor.update(_sample("GPU-2", 1000, 50.0, 10)) if isinstance(o, DeadLetter)] == ["late"]
+    auditor.close_silent(BASE_NS + 20_000 * NS, None, forget=False)  # closes the trace's pane
+    assert auditor.panes.watermark("GPU-2") == floor
+    late = auditor.update(_sample("GPU-2", 1005, 50.0, 10))
+    assert [o.reason for o in late if isinstance(o, DeadLetter)] == ["late"]

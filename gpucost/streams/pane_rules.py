@@ -26,6 +26,7 @@ __all__ = [
     "first_name",
     "first_model",
     "model_order",
+    "still_pending",
     "jump",
     "gpu_sums",
     "process_sums",
@@ -89,11 +90,9 @@ def jump(max_ts: int | None, pending: int | None, ts_ns: int, max_jump_ns: int) 
     next 1,428 events of its GPU late). So an event more than ``max_jump_ns`` ahead of the largest is
     counted in its pane but only held, as the pending jump; a second such event confirms it: the
     largest becomes the nearer of the two, and the further stays pending if it is still a jump from
-    there. A pending jump the largest has caught up with is dropped, as it comes or as it is found here (a
-    silent close moves the largest past it: kept, it became the largest at the next jump, and moved the
-    watermark back, so that a pane already billed opened and was billed again)."""
-    if pending is not None and max_ts is not None and pending <= max_ts:
-        pending = None
+    there. A pending jump the largest has caught up with is dropped (``still_pending``), here too (a state
+    written before ``GpuPanes.close_silent`` dropped it)."""
+    pending = still_pending(max_ts, pending)
     if max_ts is not None and ts_ns > max_ts + max_jump_ns:
         if pending is None:
             return max_ts, ts_ns
@@ -102,7 +101,14 @@ def jump(max_ts: int | None, pending: int | None, ts_ns: int, max_jump_ns: int) 
             return near, far
         return far, None
     max_ts = ts_ns if max_ts is None else max(max_ts, ts_ns)
-    return max_ts, None if pending is None or pending <= max_ts else pending
+    return max_ts, still_pending(max_ts, pending)
+
+
+def still_pending(max_ts: int | None, pending: int | None) -> int | None:
+    """A GPU's pending jump while its largest ``ts_ns`` is below it; None once the largest has caught up with it (an
+    event, or a silent close that moves the largest: kept below it, the next jump took it as the largest, the
+    watermark moved back, and a pane already billed opened and was billed again)."""
+    return None if pending is None or (max_ts is not None and pending <= max_ts) else pending
 
 
 def gpu_sums(interval_ms: Any, sm_cp: Any, power_mw: Any, idle_threshold_cp: int) -> tuple[Any, Any, Any, Any]:

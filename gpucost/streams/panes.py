@@ -26,6 +26,7 @@ from gpucost.streams.pane_rules import (
     pane_closed,
     pane_start_ns,
     process_sums,
+    still_pending,
 )
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
@@ -212,7 +213,12 @@ class GpuPanes(PaneBatch):
             closing = sorted(start for start, p in panes.items() if p.pane_end_ns + idle_timeout_ns <= watermark_ns)
             if closing:
                 out += [panes.pop(start) for start in closing]
-                self._max_ts[gpu] = max(self._max_ts.get(gpu, 0), out[-1].pane_end_ns + self.lateness_ns)
+                # from the GPUs' floor if it has no largest of its own (it sent only traces), never back
+                known = self._max_ts.get(gpu, self._forgotten)
+                top = max(0 if known is None else known, out[-1].pane_end_ns + self.lateness_ns)
+                self._max_ts[gpu] = top
+                if still_pending(top, self._pending.get(gpu)) is None:
+                    self._pending.pop(gpu, None)
                 if not panes:
                     del self._open[gpu]
         return out
