@@ -15,7 +15,7 @@ from gpucost.schemas.events import TENANT_FIELDS
 from gpucost.schemas.exact import div_half_even, micro_usd_per_hour, ratios
 from gpucost.schemas.partitions import device_share
 from gpucost.schemas.records import IDLE_TENANT, CostRecord, computed_from, record_id, record_ids
-from gpucost.streams.money import split_in_order
+from gpucost.streams.money import split_in_order, split_many
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.tables import Tenant
 
@@ -191,8 +191,6 @@ def apportion_many(
     tenant_n = busy_n[pane] * big_w  # 0 in a pane of nothing, as busy_n is
 
     cost = np.array([pane_cost_micro_usd(*p) for p in zip(prices, covered.tolist(), panes.gpu_model.tolist())], object)
-    idle_share, tenant_share = cost * idle_n, cost[pane] * tenant_n
-    idle_usd, tenant_usd = idle_share // denominator, tenant_share // denominator[pane]
 
     # the parties, pane after pane: idle first, then the tenants by key
     parties = np.where(billed, hi - lo + 1, 0)
@@ -200,10 +198,9 @@ def apportion_many(
     at_idle = (np.cumsum(parties) - parties)[billed]
     at_tenant = np.repeat(at_idle + 1 - lo[billed], (hi - lo)[billed]) + np.arange(len(rows))
     n = len(pane_of)
-    micro_usd, remainder = np.zeros(n, object), np.zeros(n, object)
-    micro_usd[at_idle], micro_usd[at_tenant] = idle_usd[billed], tenant_usd
-    remainder[at_idle], remainder[at_tenant] = (idle_share % denominator)[billed], tenant_share % denominator[pane]
-    micro_usd += _rank_by_remainder(remainder, pane_of) < (cost - idle_usd - per_pane(tenant_usd))[pane_of]
+    numerators = np.zeros(n, object)
+    numerators[at_idle], numerators[at_tenant] = idle_n[billed], tenant_n
+    micro_usd = split_many(cost, numerators, denominator, pane_of)
 
     def per_tenant(values: np.ndarray, fill: Any) -> np.ndarray:
         out = np.full(n, fill, values.dtype)
@@ -233,7 +230,7 @@ def apportion_many(
         "busy_fraction": ratios(busy_n, busy_d)[pane_of],
         "usd_per_gpu_hour": pa.array(prices, ARROW_SCHEMAS["cost"].field("usd_per_gpu_hour").type).take(pane_of),
         "pane_cost_micro_usd": cost[pane_of].astype(np.int64),
-        "cost_micro_usd": micro_usd.astype(np.int64),
+        "cost_micro_usd": micro_usd,
         "unpriced": np.array([price is None for price in prices], bool)[pane_of],
         "revision": np.zeros(n, np.int64),
         **{
@@ -249,32 +246,3 @@ def apportion_many(
     }
     table = pa.table(list(columns.values()), schema=ARROW_SCHEMAS["cost"])
     return table, [prices[j] for j in pane_list], parties
-
-
-_PAIRWISE = 16  # parties of a pane up to which ranks come from comparing each pair
-
-
-def _rank_by_remainder(rest: np.ndarray, pane_of: np.ndarray) -> np.ndarray:
-    """Each party's place in its pane when the pane's parties are sorted by remainder, largest
-    first, ties to the party listed first: the largest-remainder split's order.
-
-    Panes of up to 16 parties (a GPU shared by a few tenants) compare each pair, one numpy pass
-    over all of them per distance; a bigger pane, whose pairs would grow as its square, is sorted.
-    """
-    rank = np.zeros(len(rest), np.int64)
-    size = np.bincount(pane_of)
-    first = np.cumsum(size) - size
-    for j in np.flatnonzero(size > _PAIRWISE).tolist():
-        lo, part = int(first[j]), rest[first[j] : first[j] + size[j]].tolist()
-        order = sorted(range(len(part)), key=part.__getitem__, reverse=True)  # stable: ties keep their order
-        rank[lo + np.array(order)] = np.arange(len(part))
-    small = size[pane_of] <= _PAIRWISE
-    for shift in range(1, _PAIRWISE):
-        # party a and party a + shift share a small pane
-        a = np.flatnonzero(small[:-shift] & (pane_of[:-shift] == pane_of[shift:]))
-        if not len(a):
-            break
-        after = rest[a + shift] > rest[a]  # the later party ranks first only if strictly larger
-        rank[a[after]] += 1  # each party once per shift: no index repeats
-        rank[a[~after] + shift] += 1
-    return rank
