@@ -17,15 +17,15 @@ a reclaim saves.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any
+
+import numpy as np
 
 from gpucost.schemas.blocks import Emitted
-from gpucost.schemas.events import TENANT_FIELDS, Allocation
-from gpucost.schemas.records import UNALLOCATED_TENANT, AllocationRecord, Output, computed, record_id
-from gpucost.streams.apportion import pane_cost_micro_usd
-from gpucost.streams.money import split_in_order
+from gpucost.schemas.events import Allocation
+from gpucost.schemas.records import AllocationRecord, Output
+from gpucost.streams.allocation_split import Hold, split, split_many_panes
 from gpucost.streams.operator import Closing, ClosingMany
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
@@ -33,7 +33,6 @@ from gpucost.streams.tables import Tenant
 
 __all__ = ["AllocationTable", "AllocationSplit", "Hold", "MAX_DENOMINATOR", "MAX_HOLDS"]
 
-UNALLOCATED = Tenant.named(UNALLOCATED_TENANT)
 #: the most holds a device keeps (ended ones until pruned): what one pane's close reads and a device's state holds,
 #: bounded against a producer that sends hold after hold (a real node's churn is a few hundred within the horizon)
 MAX_HOLDS = 10_000
@@ -41,26 +40,6 @@ MAX_HOLDS = 10_000
 #: 38 digits a record's exact integers are stored in, whatever denominators the holds bring (primes near 10^6, five
 #: of them, would pass it)
 MAX_DENOMINATOR = 10**12
-
-
-class Hold(NamedTuple):
-    """One allocation as the table keeps it (``end_ns`` None: still held)."""
-
-    start_ns: int
-    end_ns: int | None
-    num: int
-    den: int
-    sharing: str
-    tenant: Tenant
-
-    @classmethod
-    def of(cls, a: Allocation) -> Hold:
-        return cls(a.ts_ns, a.end_ts_ns, a.fraction_num, a.fraction_den, a.sharing, Tenant.of(a))
-
-    def overlap_ns(self, start_ns: int, end_ns: int) -> int:
-        """How long this hold covers of ``[start_ns, end_ns)``."""
-        end = end_ns if self.end_ns is None else min(end_ns, self.end_ns)
-        return max(0, end - max(start_ns, self.start_ns))
 
 
 class AllocationTable:
@@ -162,6 +141,10 @@ class AllocationTable:
         """When the device's first hold began (None: it never had one)."""
         return self._since.get(gpu_uuid)
 
+    def held(self, gpu_uuid: str) -> list[Hold]:
+        """The device's holds, in the order they were taken."""
+        return list(self._holds.get(gpu_uuid, {}).values())
+
     def holds(self, gpu_uuid: str, start_ns: int, end_ns: int) -> list[Hold]:
         """The device's holds that cover part of ``[start_ns, end_ns)``."""
         return [h for h in self._holds.get(gpu_uuid, {}).values() if h.overlap_ns(start_ns, end_ns) > 0]
@@ -228,30 +211,36 @@ class AllocationSplit:
         )
 
     def _billed(self, gpu_uuid: str, pane_end_ns: int, covered_ms: int) -> bool:
+        return self._billed_since(self.table.since(gpu_uuid), pane_end_ns, covered_ms)
+
+    @staticmethod
+    def _billed_since(since: int | None, pane_end_ns: int, covered_ms: int) -> bool:
         """Whether a pane is split on the allocation basis: it has covered time and ends after its device's first
-        hold began."""
-        since = self.table.since(gpu_uuid)
+        hold (``since``) began."""
         return since is not None and since < pane_end_ns and covered_ms > 0
 
     def on_close(self, closing: Closing) -> list[Output]:
         return list(self.records(closing.pane, closing.price))
 
     def close_many(self, closing: ClosingMany) -> Emitted:
-        """``on_close`` of each pane, its records tagged with it: devices without holds (most, in a fleet that sends
-        no allocations) cost one lookup a pane."""
-        panes, tagged = closing.panes, list[tuple[int, Output]]()
-        for j in range(len(panes)):
-            gpu = panes.gpu_uuid[j]
-            if not self._billed(gpu, int(panes.pane_end_ns[j]), int(panes.covered_ms[j])):
-                continue
-            pane = PaneTotals(gpu, int(panes.pane_start_ns[j]), int(panes.pane_end_ns[j]))
-            pane.node_id, pane.gpu_model, pane.covered_ms = (
-                panes.node_id[j],
-                panes.gpu_model[j],
-                int(panes.covered_ms[j]),
-            )
-            tagged += [(j, r) for r in self.records(pane, closing.prices[j])]
-        return Emitted(tagged=tagged)
+        """``on_close`` of each pane at once (``split_many_panes``): devices without holds (most, in a fleet that
+        sends no allocations) cost one lookup a pane."""
+        panes = closing.panes
+        since = {gpu: self.table.since(gpu) for gpu in set(panes.gpu_uuid.tolist())}
+        billed = np.array(
+            [
+                self._billed_since(since[gpu], end, covered)
+                for gpu, end, covered in zip(
+                    panes.gpu_uuid.tolist(), panes.pane_end_ns.tolist(), panes.covered_ms.tolist()
+                )
+            ],
+            bool,
+        )
+        if not billed.any():
+            return Emitted()
+        held = {gpu: self.table.held(gpu) for gpu, start in since.items() if start is not None}
+        table, prices, rows = split_many_panes(panes, billed, closing.prices, held)
+        return Emitted("allocation", table, rows, {"usd_per_gpu_hour": prices})
 
     def to_state(self) -> dict[str, Any]:
         return self.table.to_state()
@@ -261,63 +250,3 @@ class AllocationSplit:
         split_ = cls(settings)
         split_.table = AllocationTable.from_state(state, settings)
         return split_
-
-
-def split(
-    gpu_uuid: str,
-    node_id: str,
-    gpu_model: str,
-    start_ns: int,
-    end_ns: int,
-    covered_ms: int,
-    usd_per_gpu_hour: Decimal | None,
-    holds: list[Hold],
-) -> list[AllocationRecord]:
-    """The cost of the pane ``[start_ns, end_ns)`` with ``covered_ms`` of GPU samples (the usage split's own C) split
-    by the holds covering it (docs/definitions.md, "Allocation basis"): tenant i's weight ``Σ fraction × held ns``
-    over its holds, over one common denominator ``D`` (the fractions' least common multiple), the device's capacity
-    ``D × pane ns``; ``unallocated`` holds the capacity no one held. An oversubscribed device (Σ held > capacity)
-    splits by what is held, none unallocated."""
-    cost = pane_cost_micro_usd(usd_per_gpu_hour, covered_ms, gpu_model)
-    den = math.lcm(*(h.den for h in holds)) if holds else 1
-    capacity = den * (end_ns - start_ns)
-    by_tenant: dict[Tenant, list[Hold]] = defaultdict(list)
-    for h in holds:
-        by_tenant[h.tenant].append(h)
-    tenants = sorted(by_tenant.items(), key=lambda item: item[0].key)
-    weights = [sum(h.num * (den // h.den) * h.overlap_ns(start_ns, end_ns) for h in hs) for _, hs in tenants]
-    held = sum(weights)
-    total = max(capacity, held)
-    unallocated = total - held
-    shares = split_in_order(cost, [unallocated, *weights], total)
-    parties = [(UNALLOCATED, None, 0, unallocated), *((t, hs, len(hs), w) for (t, hs), w in zip(tenants, weights))]
-    out = []
-    for (tenant, hs, count, weight), micro_usd in zip(parties, shares):
-        key = UNALLOCATED_TENANT if hs is None else tenant.key  # the pipeline's own party: its name, as ``idle``
-        out.append(
-            computed(
-                AllocationRecord,
-                record_id=record_id(gpu_uuid, start_ns, key, 0, "allocation"),
-                gpu_uuid=gpu_uuid,
-                node_id=node_id,
-                gpu_model=gpu_model,
-                pane_start_ns=start_ns,
-                pane_end_ns=end_ns,
-                tenant_key=key,
-                **dict(zip(TENANT_FIELDS, tenant)),
-                sharing=None if hs is None else ",".join(sorted({h.sharing for h in hs})),
-                allocations=count,
-                allocated_share=weight / total,
-                allocated_fraction=weight / capacity,
-                usd_per_gpu_hour=usd_per_gpu_hour,
-                pane_cost_micro_usd=cost,
-                cost_micro_usd=micro_usd,
-                unpriced=usd_per_gpu_hour is None,
-                revision=0,
-                cost_basis="allocation",
-                allocated_num=weight,
-                capacity_num=capacity,
-                covered_ms=covered_ms,
-            )
-        )
-    return out
