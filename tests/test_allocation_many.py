@@ -18,7 +18,10 @@ from gpucost.streams.tables import Tenant
 
 PANE_NS = 60_000_000_000
 GPUS = ["GPU-a", "GPU-b", "GPU-c"]
-TENANTS = [Tenant.named(team) for team in ("t1", "t2", "t3")] + [Tenant(*("t1", "prod", *([None] * 6)))]
+#: t1 three times: with an env, and with an env of "" and none, which give one key (their order is by their fields)
+TENANTS = [Tenant.named(team) for team in ("t1", "t2", "t3")] + [
+    Tenant(*("t1", env, *([None] * 6))) for env in ("prod", "")
+]
 
 
 @st.composite

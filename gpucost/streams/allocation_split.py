@@ -26,7 +26,7 @@ from gpucost.streams.money import split_in_order, split_many
 from gpucost.streams.pane_totals import PaneColumns
 from gpucost.streams.tables import Tenant
 
-__all__ = ["Hold", "UNALLOCATED", "split", "split_many_panes"]
+__all__ = ["Hold", "UNALLOCATED", "party_order", "split", "split_many_panes"]
 
 UNALLOCATED = Tenant.named(UNALLOCATED_TENANT)
 #: the most (pane, hold) pairs compared at once: bounds the overlap matrix of a device with many holds
@@ -53,6 +53,14 @@ class Hold(NamedTuple):
         return max(0, end - max(start_ns, self.start_ns))
 
 
+def party_order(tenant: Tenant) -> tuple[str, tuple[tuple[bool, str], ...]]:
+    """A pane's tenants in the order they are split in (ties of the leftover µ$ to the first): by key, then by their
+    fields, so that two tenants of one key (an ``env`` of ``""`` and none) keep one order on every path and in every
+    process, whatever order their holds came in or set iteration gives."""
+    values: tuple[str | None, ...] = tuple(tenant)
+    return tenant.key, tuple((value is not None, value or "") for value in values)
+
+
 def split(
     gpu_uuid: str,
     node_id: str,
@@ -74,7 +82,7 @@ def split(
     by_tenant: dict[Tenant, list[Hold]] = defaultdict(list)
     for h in holds:
         by_tenant[h.tenant].append(h)
-    tenants = sorted(by_tenant.items(), key=lambda item: item[0].key)
+    tenants = sorted(by_tenant.items(), key=lambda item: party_order(item[0]))
     weights = [sum(h.num * (den // h.den) * h.overlap_ns(start_ns, end_ns) for h in hs) for _, hs in tenants]
     held = sum(weights)
     total = max(capacity, held)
@@ -201,7 +209,7 @@ def _device(panes: np.ndarray, starts: np.ndarray, ends: np.ndarray, holds: list
     h_start = np.array([h.start_ns for h in holds], np.int64)
     h_end = np.array([np.iinfo(np.int64).max if h.end_ns is None else h.end_ns for h in holds], np.int64)
     h_num, h_den = np.array([h.num for h in holds], np.int64), np.array([h.den for h in holds], np.int64)
-    distinct = sorted(set(h.tenant for h in holds), key=lambda t: t.key)
+    distinct = sorted(set(h.tenant for h in holds), key=party_order)
     code = {t: i for i, t in enumerate(distinct)}
     h_tenant = np.array([code[h.tenant] for h in holds], np.int64)
     # each (pane, hold) that overlaps: the pane's rows first, its holds in order, a chunk of panes at a time
