@@ -120,7 +120,7 @@ def run(gpus: int, hours: float, interval_s: float, port: int = 19700) -> Result
 
         async def one(run: str) -> tuple[float, int, Through, int]:
             """The same fleet produced in the run's encoding to topics of its own, read bare, then by a worker; a
-            ``-samples`` run leaves out the simulated profilers' kernels (each batch with more than 64 of them goes
+            ``-samples`` run leaves out the simulated profilers' kernels (each batch with more than 64 late ones went
             through the row path, which hides the encoding's share)."""
             encoding, samples_only = run.removesuffix("-samples"), run.endswith("-samples")
             settings = kafka.model_copy(update={"topic_prefix": f"bench-{run}.", "event_encoding": encoding})

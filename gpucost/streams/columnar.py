@@ -47,8 +47,12 @@ _REVISING_CODES = {
     "": _NO_KIND,
 }
 _NONE_TS = np.iinfo(np.int64).min // 2  # no time yet (halved: the lateness is taken off it)
-#: a batch with more rows that may revise than this goes row by row (a replay of a shuffled file)
+#: a batch with more rows that may revise than this, and fewer than ``ROWS_PER_CUT`` rows per such row, goes row by
+#: row (a replay of a shuffled file): its stretches between cuts would each cost the batch path's fixed ~0.5 ms for a
+#: few rows the row path takes in ~40 µs each. A large batch with the odd late kernel or allocation is cut instead
+#: (a replay's 65,536-row batches of a profiled fleet hold about a hundred, and went row by row, 90x slower)
 MANY_REVISING = 64
+ROWS_PER_CUT = 16
 #: batches of fewer JSON lines than this go event by event: the batch path's fixed cost (Arrow's JSON reader with
 #: the whole event schema, then the columns) is about 1 ms, and the row path's about 9 µs a line, against the
 #: batch path's 3 to 4 µs (a live worker's poll of one GPU is a line or two; BENCHMARKS.md, benchmark 3)
@@ -131,13 +135,15 @@ def _in_segments(
     """The batch, cut at each row that may revise a closed pane (``revising_rows``): those rows go through the
     row path, the stretches between them through the batch path. A revision happens at its row, between
     the closes before it and those after, which one pass over the batch's columns could not keep in order;
-    late data are rare, so the cuts are few. A batch of more than ``MANY_REVISING`` such rows goes row by row."""
+    late data are rare, so the cuts are few. A batch dense with such rows (``MANY_REVISING``, ``ROWS_PER_CUT``) goes row
+    by row."""
     cuts = revising_rows(auditor, batch)
     if not cuts and not auditor.kernel_revisions_pending():
         return Batch(auditor, batch, source, lines, scope).run()
 
-    row = _row_inputs(batch, lines, range(batch.num_rows) if len(cuts) > MANY_REVISING else cuts)
-    if len(cuts) > MANY_REVISING:
+    row_by_row = len(cuts) > MANY_REVISING and len(cuts) * ROWS_PER_CUT > batch.num_rows
+    row = _row_inputs(batch, lines, range(batch.num_rows) if row_by_row else cuts)
+    if row_by_row:
         return [out for i in range(batch.num_rows) for out in auditor.ingest(row(i), source(i), scope)]
     out: Outputs = []
     gpu_of, names = _gpu_keyed_rows(batch)
