@@ -280,7 +280,8 @@ def test_the_batch_path_revises_as_the_row_path(
     fleet: tuple[AuditSettings, list[Event], list[Event]], size: int, many: int
 ) -> None:
     """The batch path cuts its batches at the rows that may revise (``columnar.revising_rows``), or goes row by
-    row past ``MANY_REVISING`` of them; "always-cut" holds the cuts themselves to the row path."""
+    row past ``MANY_REVISING`` of them at fewer than ``ROWS_PER_CUT`` rows each; "always-cut" holds the cuts
+    themselves to the row path."""
     s, _, arrival = fleet
     columnar.MANY_REVISING = many
     want = [r.model_dump_json() for r in run(s, arrival) if not isinstance(r, DeadLetter)]
