@@ -24,6 +24,7 @@ from gpucost.schemas.records import UNALLOCATED_TENANT, AllocationRecord, comput
 from gpucost.streams.apportion import pane_cost_micro_usd
 from gpucost.streams.money import split_in_order, split_many
 from gpucost.streams.pane_totals import PaneColumns
+from gpucost.streams.runs import runs
 from gpucost.streams.tables import Tenant
 
 __all__ = ["Hold", "UNALLOCATED", "party_order", "split", "split_many_panes"]
@@ -226,7 +227,7 @@ def _device(panes: np.ndarray, starts: np.ndarray, ends: np.ndarray, holds: list
     hi = np.concatenate(which) if which else np.zeros(0, np.int64)
     ov = np.concatenate(overlap) if overlap else np.zeros(0, np.int64)
     den = np.ones(len(panes), np.int64)  # the common denominator D of the holds covering each pane
-    first = np.flatnonzero(np.r_[True, pi[1:] != pi[:-1]]) if len(pi) else np.zeros(0, np.int64)
+    first, _ = runs(pi)
     if len(pi):
         den[pi[first]] = np.lcm.reduceat(h_den[hi], first)
     span = end - start
@@ -238,11 +239,11 @@ def _device(panes: np.ndarray, starts: np.ndarray, ends: np.ndarray, holds: list
     group = pi * max(1, len(distinct)) + h_tenant[hi]
     by = np.argsort(group, kind="stable")
     g = group[by]
-    g_first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, np.int64)
+    g_first, g_end = runs(g)
     g_weight = np.add.reduceat(term[by], g_first) if len(g) else np.zeros(0, wide)
-    g_count = np.diff(np.r_[g_first, len(g)])
+    g_count = g_end - g_first
     g_pane, g_tenant = g[g_first] // max(1, len(distinct)), g[g_first] % max(1, len(distinct))
-    g_sharing = _sharing(np.array([h.sharing for h in holds], object)[hi[by]] if holds else [], g_first)
+    g_sharing = _sharing(np.array([h.sharing for h in holds], object)[hi[by]] if holds else [], g_first, g_end)
     capacity = den.astype(wide) * span.astype(wide)
     held_sum = np.zeros(len(panes), wide)
     np.add.at(held_sum, g_pane, g_weight)
@@ -267,12 +268,12 @@ def _device(panes: np.ndarray, starts: np.ndarray, ends: np.ndarray, holds: list
     )
 
 
-def _sharing(values: np.ndarray | list[str], first: np.ndarray) -> list[str]:
-    """Each group's sharing modes, distinct and sorted, joined by commas (``split``'s ``sharing``)."""
-    bounds = np.r_[first, len(values)].tolist()
+def _sharing(values: np.ndarray | list[str], first: np.ndarray, end: np.ndarray) -> list[str]:
+    """Each group's (``values[first:end]``) sharing modes, distinct and sorted, joined by commas (``split``'s
+    ``sharing``)."""
     names: dict[tuple[str, ...], str] = {}
     out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in zip(first.tolist(), end.tolist()):
         modes = tuple(sorted(set(values[lo:hi])))
         out.append(names.get(modes) or names.setdefault(modes, ",".join(modes)))
     return out

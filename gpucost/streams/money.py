@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpucost.streams.runs import runs
+
 __all__ = ["split_in_order", "split_many"]
 
 #: a pane's products ``C × n`` (n ≤ its denominator) are taken in int64 when ``C × denominator`` is below this,
@@ -57,16 +59,17 @@ def split_many(totals: np.ndarray, numerators: np.ndarray, denominators: np.ndar
     out = np.zeros(len(pane_of), np.int64)
     if not len(pane_of):
         return out
-    starts = np.flatnonzero(np.r_[True, pane_of[1:] != pane_of[:-1]])
+    starts, ends = runs(pane_of)
+    sizes = ends - starts
     panes = pane_of[starts]
-    num, den = _reduced(numerators, denominators[panes], starts)
+    num, den = _reduced(numerators, denominators[panes], starts, sizes)
     total = totals[panes]
     fits = _fits(total, den)
     for chosen, dtype in ((fits, np.int64), (~fits, object)):
         lo = np.flatnonzero(chosen)
         if not len(lo):
             continue
-        size = np.diff(np.r_[starts, len(pane_of)])[lo]
+        size = sizes[lo]
         parties = np.repeat(starts[lo] - np.cumsum(size) + size, size) + np.arange(int(size.sum()))
         dense = np.repeat(np.arange(len(lo)), size)  # each chosen party's pane among the chosen
         c = total[lo].astype(dtype)
@@ -77,16 +80,18 @@ def split_many(totals: np.ndarray, numerators: np.ndarray, denominators: np.ndar
     return out
 
 
-def _reduced(numerators: np.ndarray, denominators: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each pane's numerators and denominator divided by their greatest common factor, where all fit in int64
-    (else as given)."""
+def _reduced(
+    numerators: np.ndarray, denominators: np.ndarray, starts: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each pane's numerators (``sizes`` of them from each of ``starts``) and denominator divided by their greatest
+    common factor, where all fit in int64 (else as given)."""
     try:
         num, den = numerators.astype(np.int64), denominators.astype(np.int64)
     except OverflowError:  # a value past 64 bits: the exact path takes them as they are
         return numerators, denominators
     factor = np.gcd(np.gcd.reduceat(num, starts), den)
     factor[factor == 0] = 1
-    return num // np.repeat(factor, np.diff(np.r_[starts, len(num)])), den // factor
+    return num // np.repeat(factor, sizes), den // factor
 
 
 def _fits(totals: np.ndarray, denominators: np.ndarray) -> np.ndarray:
