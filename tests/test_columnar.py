@@ -28,7 +28,7 @@ from gpucost.streams.batch import FEW_CLOSES
 from gpucost.streams.json_lines import read_lines
 from gpucost.streams.settings import AuditSettings
 from tests.strategies import BASE_NS, NS, settings_st, streams
-from tests.support.batch_path import closing_at
+from tests.support.batch_path import closing_at, label, normalised
 
 #: one field of a valid row, changed so that the row is refused (or, for some, still taken)
 MUTATIONS: list[tuple[str, Any]] = [
@@ -100,26 +100,8 @@ ODD_VALUES: list[tuple[str, bytes]] = [
 ]
 
 
-def label(i: int) -> str:
-    return f"events#{i + 1}"
-
-
 def as_line(row: dict[str, Any]) -> bytes:
     return json.dumps(present_fields(row), default=str).encode()
-
-
-def normalised(auditor: Auditor) -> dict[str, Any]:
-    """The state, with the lists whose order carries no meaning sorted."""
-    state = json.loads(json.dumps(auditor.to_state()))
-    for pane in state["panes"]["open"]:
-        pane[8].sort(key=json.dumps)
-    state["panes"]["open"].sort(key=lambda p: (p[0], p[1]))
-    for window in state["mae"]["open"]:
-        window[2].sort()
-    state["mae"]["open"].sort(key=json.dumps)
-    state["mae"]["taken"].sort(key=json.dumps)
-    state["bindings"].sort(key=json.dumps)
-    return state
 
 
 def odd_value(line: bytes, field: str, value: bytes) -> bytes:
@@ -343,10 +325,11 @@ def test_a_profiled_fleet_s_kernels_on_time_do_not_cut_its_batch(form: str) -> N
 
 def test_a_large_batch_with_sparse_revising_rows_is_cut_not_taken_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch with more revising rows than ``MANY_REVISING`` but many rows between them (a replay's batches of a
-    fleet whose scheduler reports allocations: every allocation cuts) is cut at them: the row path takes those rows
-    alone, not the whole batch (which made benchmark 1's replay 90x slower), with the row path's outputs and state."""
+    fleet with the odd sample delayed past the lateness; once, every allocation cut) is cut at them: the row path
+    takes those rows alone, not the whole batch (which made benchmark 1's replay 90x slower), with the row path's
+    outputs and state."""
     monkeypatch.setattr(columnar, "MANY_REVISING", 4)  # the rule at a batch size a unit test can run row by row
-    events = list(simulate(FleetSpec(gpus=2, hours=3, interval_s=10)))
+    events = list(simulate(FleetSpec(gpus=2, hours=3, interval_s=10, max_delay_s=200)))
     batch = events_table(events).combine_chunks().to_batches()[0]
     cuts = columnar.revising_rows(Auditor(AuditSettings()), batch)
     assert columnar.MANY_REVISING < len(cuts) < batch.num_rows / columnar.ROWS_PER_CUT

@@ -51,10 +51,11 @@ class AllocationTable:
     hold past ``MAX_HOLDS`` on its device, or whose denominator takes the device's past ``MAX_DENOMINATOR``, is
     ``out_of_range``.
 
-    Holds that ended before the revision horizon of their own device's watermark are dropped as the device takes an
-    allocation (``take``'s ``floor_ns``: in event order, so every path and every restart drops the same ones), each
-    leaving its id as a tombstone, so that one sent again (a second ``produce`` of a file) is ``late``, never a new
-    hold billed again. The tombstones are bounded as the holds are, the earliest ended going first."""
+    Holds that ended before the revision horizon of their own device's watermark are dropped (``prune``) whenever
+    the device takes an allocation or its watermark moves: its state is always as dropped against its watermark
+    now, so every path, every batch and every restart keeps the same ones. Each leaves its id as a tombstone, so
+    that one sent again (a second ``produce`` of a file) is ``late``, never a new hold billed again. The tombstones
+    are bounded as the holds are, the earliest ended going first."""
 
     def __init__(self) -> None:
         self._holds: dict[str, dict[str, Hold]] = {}
@@ -116,18 +117,24 @@ class AllocationTable:
         """The earliest time whose split an admitted allocation changes: a new hold's start, or the end it adds."""
         return a.end_ts_ns if self.known(a) and a.end_ts_ns is not None else a.ts_ns
 
-    def take(self, a: Allocation, floor_ns: int | None = None) -> None:
-        """Take an admitted allocation: a new hold, or the end of one; then drop the device's holds that ended
-        before ``floor_ns`` (its watermark less the revision horizon and a pane: no pane they cover can be closed
-        or revised any more), each to a tombstone."""
+    def take(self, a: Allocation) -> None:
+        """Take an admitted allocation: a new hold, or the end of one."""
         gpu = a.gpu_uuid
         self._holds.setdefault(gpu, {})[a.allocation_id] = Hold.of(a)
         self._since[gpu] = min(self._since.get(gpu, a.ts_ns), a.ts_ns)
         self._den[gpu] = math.lcm(self._den.get(gpu, 1), a.fraction_den)
-        holds = self._holds[gpu]
-        if floor_ns is None or not any(h.end_ns is not None and h.end_ns <= floor_ns for h in holds.values()):
+
+    def prune(self, gpu_uuid: str, floor_ns: int | None) -> None:
+        """Drop the device's holds that ended at or before ``floor_ns`` (its watermark less the revision horizon and
+        a pane: no pane they cover can be closed or revised any more), each to a tombstone. Idempotent, and the
+        same whether run once against a watermark or at every step up to it (the tombstones kept are the latest
+        ended either way), which is what lets the batch path run it once per batch."""
+        holds = self._holds.get(gpu_uuid)
+        if floor_ns is None or not holds:
             return
-        gone = self._gone.setdefault(gpu, {})
+        if not any(h.end_ns is not None and h.end_ns <= floor_ns for h in holds.values()):
+            return
+        gone = self._gone.setdefault(gpu_uuid, {})
         for key, h in list(holds.items()):
             if h.end_ns is not None and h.end_ns <= floor_ns:
                 gone[key] = h.end_ns
@@ -135,7 +142,22 @@ class AllocationTable:
         if len(gone) > MAX_HOLDS:  # the earliest ended first: in event order, as everything here
             for key, _ in sorted(gone.items(), key=lambda item: (item[1], item[0]))[: len(gone) - MAX_HOLDS]:
                 del gone[key]
-        self._den[gpu] = math.lcm(1, *(h.den for h in holds.values()))
+        self._den[gpu_uuid] = math.lcm(1, *(h.den for h in holds.values()))
+
+    def state_of(self, gpu_uuid: str, allocation_id: str) -> str | None:
+        """What the device keeps of ``allocation_id``: ``open`` (a hold with no end yet), ``ended`` (a hold with its
+        end, or its tombstone) or None (nothing: a new hold). The batch path asks it of the rows it may take on
+        time (``gpucost.streams.columnar.revising_rows``)."""
+        held = self._holds.get(gpu_uuid, {}).get(allocation_id)
+        if held is not None:
+            return "open" if held.end_ns is None else "ended"
+        return "ended" if allocation_id in self._gone.get(gpu_uuid, {}) else None
+
+    def has_room(self, gpu_uuid: str, holds: int, den: int) -> bool:
+        """Whether the device takes ``holds`` new holds whose denominators' lcm is ``den`` without one of them being
+        ``out_of_range``, whatever it drops before them (dropping only makes room)."""
+        kept = self._holds.get(gpu_uuid, {})
+        return len(kept) + holds <= MAX_HOLDS and math.lcm(self._den.get(gpu_uuid, 1), den) <= MAX_DENOMINATOR
 
     def since(self, gpu_uuid: str) -> int | None:
         """When the device's first hold began (None: it never had one)."""

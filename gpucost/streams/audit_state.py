@@ -78,12 +78,21 @@ class AuditState:
         return nxt
 
     def prune_gpu(self, gpu_uuid: str) -> None:
-        """Drop what the GPU keeps for revisions (its log rows, its kernels) of panes beyond the horizon of its
-        watermark."""
+        """Drop what the GPU keeps for revisions (its log rows, its kernels, its ended holds) of panes beyond the
+        horizon of its watermark."""
         watermark = self.panes.watermark(gpu_uuid)
         self.revisions.prune(gpu_uuid, watermark)
         if unbilled := self.kernels.log.prune(gpu_uuid, watermark):
             self.counts["unbilled_kernels"] += unbilled  # kernels of panes never billed (no GPU sample, or none open)
+        self.prune_holds(gpu_uuid)
+
+    def prune_holds(self, gpu_uuid: str) -> None:
+        """Drop the GPU's holds that ended before its watermark less the revision horizon and a pane: at every move
+        of its watermark (``prune_gpu``) and every allocation it takes, so that what it keeps depends on its
+        watermark alone, not on where a batch or a transport cut the input."""
+        watermark = self.panes.watermark(gpu_uuid)
+        horizon = self.settings.revision_horizon_ns + self.settings.pane_ns
+        self.allocations.table.prune(gpu_uuid, None if watermark is None else watermark - horizon)
 
     def prune(self) -> None:
         """Drop the bindings no on-time event can reach any more (superseded before the oldest pane an

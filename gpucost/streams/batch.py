@@ -18,6 +18,7 @@ from gpucost.schemas.arrow import wire_rows
 from gpucost.schemas.blocks import ClosedPanes, Outputs
 from gpucost.schemas.codec import Rejected, decode_line, raw_text
 from gpucost.schemas.events import (
+    Allocation,
     EbpfTrace,
     Event,
     GpuSample,
@@ -205,10 +206,10 @@ class Batch:
                     self.estimated[i] = int(bool(event.power_estimated))
             elif isinstance(event, EbpfTrace):  # always here: the packed struct is decoded row by row
                 self._trace(i, event)
-            elif isinstance(event, KernelActivity):
-                # on time at its row (``revising_rows`` cut the batch at any other), so on time before the batch's
-                # samples move the watermark too: taken now, it joins its panes before any of them closes; or late by
-                # the GPUs forgotten alone, refused alike wherever it stands
+            elif isinstance(event, (KernelActivity, Allocation)):
+                # on time at its row (``revising_rows`` cut the batch at any other), so before the batch's samples
+                # too: a kernel joins its panes, an allocation changes their split, before any closes (a kernel late
+                # by the GPUs forgotten alone is refused wherever it stands); holds are dropped at the end (prune_gpu)
                 self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
             else:
                 self.table_events.append((i, event))

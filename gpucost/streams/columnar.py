@@ -17,6 +17,7 @@ paths to the same outputs, in the same order, and the same state, over random ba
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -213,8 +214,8 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     the batch path takes it before the batch's samples; late, it may revise, and the row path takes it in its
     place); a binding older than the largest watermark (or than the revision horizon and a pane before it, where it
     may be late), each taken against watermarks that count every earlier row of the batch (so at or above the true
-    ones: no row that does revise is missed); every allocation (rare: a scheduler's grants; each may revise the
-    allocation basis, and changes how every later close splits); and rows of no readable kind (``read_lines``
+    ones: no row that does revise is missed); an allocation whose pane of change (``_allocations``) does, or whose
+    verdict may depend on what its device drops within the batch; and rows of no readable kind (``read_lines``
     leaves a line it could not read as columns empty: it may be an allocation too), which the batch path decodes
     one by one. A row the model refuses (a kernel with no start or no GPU) is refused wherever it stands."""
     n = batch.num_rows
@@ -232,25 +233,64 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     gpu = np.asarray(pc.fill_null(gpus.indices, -1).to_numpy(zero_copy_only=False), np.int64)
     keyed = (code <= NUMA) & (code >= 0) & has_ts & (gpu >= 0)
     kernel = (code == _KERNEL) & has_start & (gpu >= 0)
+    names = gpus.dictionary.to_pylist()
+    held, changes_ns, cut = _allocations(auditor, batch, (code == _ALLOCATION) & has_ts & (gpu >= 0), gpu, names, ts)
     latest = auditor.panes.latest_ns()
     settings = auditor.settings
     lateness, pane_ns = settings.lateness_ns, settings.pane_ns
     late = np.zeros(n, bool)
-    at = np.flatnonzero(keyed | kernel)
+    at = np.flatnonzero(keyed | kernel | held)
     at = at[np.argsort(gpu[at], kind="stable")]  # by GPU, then in arrival order: one slice per GPU
-    names = gpus.dictionary.to_pylist()
+    when = np.where(keyed, ts, np.where(kernel, start, changes_ns))
     firsts, lasts = runs(gpu[at])
     for lo, hi in zip(firsts.tolist(), lasts.tolist()):
         mine = at[lo:hi]
         known = latest.get(names[gpu[mine[0]]], _NONE_TS)  # late by the GPUs forgotten alone: late on both paths
-        # the GPU's largest time as each row comes, its own included: a kernel moves none, so it counts as no time
+        # the GPU's largest time as each row comes, its own included: a kernel or an allocation moves none, so it
+        # counts as no time
         high = np.maximum.accumulate(np.maximum(np.where(keyed[mine], ts[mine], _NONE_TS), known))
-        late[mine] = pane_closed(np.where(keyed[mine], ts[mine], start[mine]), high, pane_ns, lateness)
+        late[mine] = pane_closed(when[mine], high, pane_ns, lateness)
     moved = np.maximum.accumulate(np.where(keyed, ts, _NONE_TS)) if n else np.zeros(0, np.int64)
     largest = np.maximum(moved, max(latest.values(), default=_NONE_TS))
     horizon = settings.revision_horizon_ns + pane_ns  # older than this, a binding may be late (``Auditor._binding``)
     binding = (code == _BINDING) & has_ts & ((ts < largest - lateness) | (ts < largest - horizon))
-    return np.flatnonzero(late | binding | np.isin(code, (_NO_KIND, _ALLOCATION))).tolist()
+    return np.flatnonzero(late | binding | cut | (code == _NO_KIND)).tolist()
+
+
+def _allocations(
+    auditor: RowPath, batch: pa.RecordBatch, held: np.ndarray, gpu: np.ndarray, names: list[str], ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of the allocation rows ``held`` (an allocation with a time and a device): those the batch path may take
+    before the batch's samples if their pane of change is open at their row (the first pane whose split they may
+    change: the end's, for the end of a hold its device keeps open, else the start's: ``AllocationTable.
+    changes_from``, as the table stands before the batch), with that time; and those it cuts whatever their time,
+    because their verdict could depend on what their device drops as the batch's samples move its watermark
+    (``AllocationTable.prune``, which the batch path runs once at its end): an id the device keeps as ended or as a
+    tombstone, one seen earlier in the batch, or any allocation of a device that the batch's allocations might
+    take to ``out_of_range``. Allocations are rare (a scheduler's grants), so this loops over them."""
+    rows = np.flatnonzero(held)
+    changes_ns, cut = ts.copy(), np.zeros(batch.num_rows, bool)
+    if not len(rows) or "allocation_id" not in batch.schema.names:
+        return np.zeros(batch.num_rows, bool), changes_ns, held.copy()
+    ids = batch.column("allocation_id").take(pa.array(rows)).to_pylist()
+    has_end, end = _times(batch, "end_ts_ns")
+    dens = batch.column("fraction_den") if "fraction_den" in batch.schema.names else None
+    den = [1] * len(rows) if dens is None else pc.fill_null(dens.take(pa.array(rows)), 1).to_pylist()
+    table = auditor.allocations.table
+    seen: set[tuple[int, str | None]] = set()
+    by_gpu: dict[int, list[int]] = {}
+    for r, ident in zip(rows.tolist(), ids):
+        state = None if ident is None else table.state_of(names[gpu[r]], ident)
+        if (int(gpu[r]), ident) in seen or state == "ended":
+            cut[r] = True
+        elif state == "open" and has_end[r]:
+            changes_ns[r] = end[r]
+        seen.add((int(gpu[r]), ident))
+        by_gpu.setdefault(int(gpu[r]), []).append(r)
+    for g, mine in by_gpu.items():
+        if not table.has_room(names[g], len(mine), math.lcm(*(den[k] for k in np.searchsorted(rows, mine)))):
+            cut[mine] = True
+    return held & ~cut, changes_ns, cut
 
 
 def _times(batch: pa.RecordBatch, name: str) -> tuple[np.ndarray, np.ndarray]:

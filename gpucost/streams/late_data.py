@@ -47,6 +47,7 @@ class LateData(DeadLetters):
     allocations: AllocationSplit
     kernels: KernelCost
     on_closed: Callable[[PaneColumns], None] | None
+    prune_holds: Callable[[str], None]  # AuditState's
 
     def _binding(self, event: TenantBinding, raw: str | bytes | None, source: str) -> list[Output]:
         """A binding, joined as of each sample's event time whatever order they came in: it re-attributes the
@@ -273,9 +274,8 @@ class LateData(DeadLetters):
             (self.revisions.totals(gpu, start, self.bindings), self.revisions.held(gpu, start)) for start in reached
         ]
         before = [self.allocations.records(pane, held.price) for pane, held in panes]
-        watermark = self.panes.watermark(gpu)
-        horizon = self.settings.revision_horizon_ns + self.settings.pane_ns
-        table.take(event, None if watermark is None else watermark - horizon)
+        table.take(event)
+        self.prune_holds(gpu)
         self.counts[event.kind] += 1
         out: list[Output] = []
         for (pane, held), old in zip(panes, before):

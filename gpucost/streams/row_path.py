@@ -16,6 +16,7 @@ from gpucost.schemas.blocks import ClosedPanes
 from gpucost.schemas.codec import Rejected
 from gpucost.schemas.events import Event
 from gpucost.schemas.records import DeadLetter, Output
+from gpucost.streams.allocations import AllocationSplit
 from gpucost.streams.mae import Mae
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.panes import GpuPanes
@@ -39,6 +40,7 @@ class RowPath(Protocol):
     mae: Mae
     bindings: BindingTable
     revisions: Revisions
+    allocations: AllocationSplit
 
     def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]: ...
 

@@ -1,11 +1,15 @@
-"""The batch path's size thresholds, set for a test: small generated batches would otherwise go row by row."""
+"""The batch path's size thresholds, set for a test (small generated batches would otherwise go row by row); the
+labels and the state its tests compare with the row path's."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from gpucost.streams import batch, columnar
+from gpucost.streams.audit import Auditor
 
 
 @contextmanager
@@ -18,3 +22,21 @@ def closing_at(few_closes: int, few_lines: int = 0) -> Iterator[None]:
         yield
     finally:
         batch.FEW_CLOSES, columnar.FEW_LINES = default
+
+
+def label(i: int) -> str:
+    return f"events#{i + 1}"
+
+
+def normalised(auditor: Auditor) -> dict[str, Any]:
+    """The state, with the lists whose order carries no meaning sorted."""
+    state = json.loads(json.dumps(auditor.to_state()))
+    for pane in state["panes"]["open"]:
+        pane[8].sort(key=json.dumps)
+    state["panes"]["open"].sort(key=lambda p: (p[0], p[1]))
+    for window in state["mae"]["open"]:
+        window[2].sort()
+    state["mae"]["open"].sort(key=json.dumps)
+    state["mae"]["taken"].sort(key=json.dumps)
+    state["bindings"].sort(key=json.dumps)
+    return state
