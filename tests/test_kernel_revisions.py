@@ -9,10 +9,12 @@ in time order, and Σ lines = the tenant's cost in every revision.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
 from gpucost.schemas.events import Event, GpuSample
 from gpucost.schemas.kernels import KernelActivity
@@ -95,7 +97,7 @@ def test_the_gpu_s_next_sample_publishes_the_pending_panes_before_its_own_record
 
 
 def test_both_paths_publish_the_pending_panes_at_the_same_row_and_keep_the_same_state() -> None:
-    """The batch path hands a GPU's first sample after late kernels to the row path, which settles the panes there:
+    """The batch path settles a GPU's pending panes at its first sample after late kernels, where the row path does:
     a batch of late kernels and the samples after them gives the row path's records, in its order. Kernels of a
     second process (pid 2) come in the batch before, so that the GPU is pending as the batch starts, too."""
     samples = fleet(200)
@@ -109,6 +111,33 @@ def test_both_paths_publish_the_pending_panes_at_the_same_row_and_keep_the_same_
     assert [r.model_dump() for r in by_cols] == [r.model_dump() for r in by_rows]
     assert cols.to_state() == rows.to_state()
     assert set(last_revision(by_rows).values()) == {1}  # the three panes of late kernels, revised once each
+
+
+def test_a_sample_that_does_not_decode_settles_nothing_on_either_path() -> None:
+    """The pending panes are republished at the GPU's first sample that decodes: a sample of it refused before that
+    one (``sm_util_pct`` 150) settles nothing, so another GPU's closes between them come before the revision, on
+    both paths (the batch path settling within the batch, the row path at the row)."""
+    samples = fleet(200)
+    head, tail = samples[:300], samples[300:]
+    other = [GpuSample(**{**e.model_dump(), "gpu_uuid": "GPU-1"}) for e in samples if isinstance(e, GpuSample)]
+    bad = json.loads(encode_event(tail[0]))
+    bad["sm_util_pct"] = 150
+    lines = [
+        *(encode_event(e).encode() for e in trace(30, pane=120)),
+        json.dumps(bad).encode(),
+        *(encode_event(e).encode() for e in other[150:156]),
+        *(encode_event(e).encode() for e in tail),
+    ]
+    rows, cols = Auditor(AUDIT), Auditor(AUDIT)
+    for auditor in (rows, cols):
+        feed(auditor, head + other[:150], False)
+    by_rows = [o for i, line in enumerate(lines) for o in rows.ingest(line, str(i))] + rows.finish()
+    with closing_at(FEW_CLOSES):
+        by_cols = expand(cols.ingest_lines(lines, str)) + cols.finish()
+    assert [r.model_dump() for r in by_cols] == [r.model_dump() for r in by_rows]
+    assert cols.to_state() == rows.to_state()
+    revised = min(i for i, r in enumerate(by_rows) if isinstance(r, KernelCostRecord) and r.revision == 1)
+    assert any(getattr(r, "gpu_uuid", None) == "GPU-1" for r in by_rows[:revised])
 
 
 def test_another_gpu_s_sample_leaves_the_pending_panes_pending() -> None:

@@ -28,11 +28,10 @@ from gpucost.schemas.events import (
     ProcessSample,
     TenantBinding,
 )
-from gpucost.schemas.exact import exact_round
 from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import Output
 from gpucost.streams.addresses import DUPLICATE
-from gpucost.streams.batch_columns import column, hot_columns, valid_rows
+from gpucost.streams.batch_columns import column, hot_columns, measures, valid_rows
 from gpucost.streams.json_lines import COLUMN_MODELS
 from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, TRACE, numa_sum
 from gpucost.streams.pane_totals import PaneColumns, PaneRows
@@ -120,6 +119,7 @@ class Batch:
             if self.n:
                 self._decode()
                 self._future()
+                self._settle()
                 self._mae()
                 self._panes()
         finally:
@@ -146,32 +146,11 @@ class Batch:
         self.address = columns["address"][0]
         valid = {model: valid_rows(model, columns, self.n) for model in COLUMN_MODELS}
 
-        sample = ((self.code == GPU) & valid[GpuSample]) | ((self.code == PROC) & valid[ProcessSample])
-        self.interval_ms = np.zeros(self.n, np.int64)
-        self.sm_cp = np.zeros(self.n, np.int64)
-        self.bw_cp = np.zeros(self.n, np.int64)
-        self.power_mw = np.zeros(self.n, np.int64)
-        self.tensor_cp, self.dram_cp = np.full(self.n, -1, np.int64), np.full(self.n, -1, np.int64)
-        self.fatal, self.warning = np.full(self.n, -1, np.int64), np.full(self.n, -1, np.int64)  # -1: not reported
-        self.estimated = np.zeros(self.n, np.int64)  # 1: a GPU sample's power is the platform table's TDP
+        m = measures((self.code == GPU) & valid[GpuSample], (self.code == PROC) & valid[ProcessSample], columns)
+        self.interval_ms, self.sm_cp, self.bw_cp, self.power_mw = m.interval_ms, m.sm_cp, m.bw_cp, m.power_mw
+        self.tensor_cp, self.dram_cp, self.fatal, self.warning, self.estimated = m[4:]
         self.flops: dict[int, int] = {}  # each blas trace's flops_64b, by row
         self._gpu_code: dict[str, int] | None = None  # gpu_names' codes, once a trace names a GPU
-        if sample.any():
-            for out, name, scale in (
-                (self.interval_ms, "interval_s", 1000),
-                (self.sm_cp, "sm_util_pct", 100),
-                (self.bw_cp, "mem_bw_util_pct", 100),
-            ):
-                out[sample] = exact_round(columns[name][0][sample], scale)
-        if (gpu := (self.code == GPU) & valid[GpuSample]).any():
-            self.power_mw[gpu] = exact_round(columns["power_w"][0][gpu], 1000)
-            for out, name in ((self.tensor_cp, "tensor_active_pct"), (self.dram_cp, "dram_active_pct")):
-                measured = gpu & columns[name][1]
-                out[measured] = exact_round(columns[name][0][measured], 100)
-            for out, name in ((self.fatal, "fault_fatal"), (self.warning, "fault_warning")):
-                reported = gpu & columns[name][1]
-                out[reported] = columns[name][0][reported]
-            self.estimated[gpu] = np.where(columns["power_estimated"][1][gpu], columns["power_estimated"][0][gpu], 0)
         # the models' cross-field validators: _Sample._interval_not_zero, GpuSample._used_within_total
         used, total = columns["mem_used_bytes"][0], columns["mem_total_bytes"][0]
         gpu_row = valid[GpuSample] & (self.interval_ms > 0) & (used <= total)
@@ -257,6 +236,19 @@ class Batch:
         ahead = np.flatnonzero(self.ok & (self.ts > now + self.a.settings.max_future_ns))
         self._letters(ahead, lambda i, e: self.a.future_letter(e, self._raw(i), self.source(i), now))
         self.ok[ahead] = False
+
+    def _settle(self) -> None:
+        """The panes late kernels left pending, republished where the row path republishes them: at their GPU's
+        first sample, process sample or NUMA event that decodes (``Auditor._gpu_keyed``), before its outputs. Here,
+        before the batch's samples: no row of the batch before that one can change those panes (a row that could,
+        a late one, cut the batch), and none the batch took already (on-time kernels and allocations) reaches them."""
+        pending = self.a.kernel_revisions_pending()
+        if not pending:
+            return
+        keyed = self.ok & (self.code >= 0) & (self.code <= NUMA)
+        for code, gpu in enumerate(self.gpu_names):
+            if gpu in pending and len(at := np.flatnonzero(keyed & (self.gpu == code))):
+                self.emit(int(at[0]), self.a.settle_kernels((gpu,)))
 
     # --- memory-access entropy ------------------------------------------------------------------
 
@@ -374,7 +366,8 @@ class Batch:
         order = np.lexsort((closing.pane_start_ns, at_rows))  # by closing row, a row's panes oldest first
         rows, closing = at_rows[order], closing.take(order)
         price_rows = np.array([i for i, _ in prices], np.int64)
-        run = np.searchsorted(price_rows, rows) * (len(others) + 1) + np.searchsorted(others, rows)
+        # a close at a row with another output comes after it (a GPU's pending panes, settled before its sample)
+        run = np.searchsorted(price_rows, rows) * (len(others) + 1) + np.searchsorted(others, rows, "right")
         cuts = (np.flatnonzero(np.diff(run)) + 1).tolist()
         bounds = list(zip([0, *cuts], [*cuts, len(rows)])) if len(rows) else []
         in_force: list[Decimal | None] = []

@@ -6,6 +6,8 @@ declared bounds hold for. The checks are read from the models (``gpucost.schemas
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,9 +15,10 @@ import pyarrow.compute as pc
 from gpucost.schemas.arrow import EVENT_SCHEMA
 from gpucost.schemas.bounds import field_bounds
 from gpucost.schemas.events import Event
+from gpucost.schemas.exact import exact_round
 from gpucost.streams.json_lines import COLUMN_MODELS
 
-__all__ = ["Columns", "column", "hot_columns", "valid_rows"]
+__all__ = ["Columns", "Measures", "column", "hot_columns", "measures", "valid_rows"]
 
 #: a field's values and where they are present, by field name
 Columns = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -75,3 +78,50 @@ def valid_rows(model: type[Event], columns: Columns, n: int) -> np.ndarray:
         if name != "kind":
             ok &= field_bounds(model, name).holds(*columns[name])
     return ok
+
+
+class Measures(NamedTuple):
+    """The samples' figures as their models keep them: integers (ms, hundredths of a percent, mW), on every row;
+    0 on a row that is no valid sample, -1 where a GPU sample does not report a figure it may leave out."""
+
+    interval_ms: np.ndarray
+    sm_cp: np.ndarray
+    bw_cp: np.ndarray
+    power_mw: np.ndarray
+    tensor_cp: np.ndarray
+    dram_cp: np.ndarray
+    fatal: np.ndarray
+    warning: np.ndarray
+    estimated: np.ndarray  # 1: a GPU sample's power is the platform table's TDP
+
+
+def measures(gpu: np.ndarray, proc: np.ndarray, columns: Columns) -> Measures:
+    """The figures of the valid GPU samples (rows ``gpu``) and process samples (``proc``), rounded as the models
+    round them (``exact_round``)."""
+    n = len(gpu)
+
+    def zeros() -> np.ndarray:
+        return np.zeros(n, np.int64)
+
+    def unset() -> np.ndarray:
+        return np.full(n, -1, np.int64)
+
+    m = Measures(zeros(), zeros(), zeros(), zeros(), unset(), unset(), unset(), unset(), zeros())
+    sample = gpu | proc
+    if sample.any():
+        for out, name, scale in (
+            (m.interval_ms, "interval_s", 1000),
+            (m.sm_cp, "sm_util_pct", 100),
+            (m.bw_cp, "mem_bw_util_pct", 100),
+        ):
+            out[sample] = exact_round(columns[name][0][sample], scale)
+    if gpu.any():
+        m.power_mw[gpu] = exact_round(columns["power_w"][0][gpu], 1000)
+        for out, name in ((m.tensor_cp, "tensor_active_pct"), (m.dram_cp, "dram_active_pct")):
+            measured = gpu & columns[name][1]
+            out[measured] = exact_round(columns[name][0][measured], 100)
+        for out, name in ((m.fatal, "fault_fatal"), (m.warning, "fault_warning")):
+            reported = gpu & columns[name][1]
+            out[reported] = columns[name][0][reported]
+        m.estimated[gpu] = np.where(columns["power_estimated"][1][gpu], columns["power_estimated"][0][gpu], 0)
+    return m

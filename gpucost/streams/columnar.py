@@ -30,7 +30,7 @@ from gpucost.schemas.blocks import Outputs
 from gpucost.schemas.ipc import conform
 from gpucost.streams.batch import KIND_CODES, Batch
 from gpucost.streams.json_lines import read_lines
-from gpucost.streams.pane_rules import KINDS, NUMA, pane_closed
+from gpucost.streams.pane_rules import NUMA, pane_closed
 from gpucost.streams.row_path import RowPath
 from gpucost.streams.runs import runs
 from gpucost.streams.scope import Scope
@@ -139,7 +139,7 @@ def _in_segments(
     late data are rare, so the cuts are few. A batch dense with such rows (``MANY_REVISING``, ``ROWS_PER_CUT``) goes row
     by row."""
     cuts = revising_rows(auditor, batch)
-    if not cuts and not auditor.kernel_revisions_pending():
+    if not cuts:
         return Batch(auditor, batch, source, lines, scope).run()
 
     row_by_row = len(cuts) > MANY_REVISING and len(cuts) * ROWS_PER_CUT > batch.num_rows
@@ -147,22 +147,16 @@ def _in_segments(
     if row_by_row:
         return [out for i in range(batch.num_rows) for out in auditor.ingest(row(i), source(i), scope)]
     out: Outputs = []
-    gpu_of, names = _gpu_keyed_rows(batch)
     lo = 0
     for cut in [*cuts, batch.num_rows]:
-        while lo < cut:  # the stretch, cut again at each sample of a GPU with pending kernel revisions
-            at = _first_of(gpu_of, names, auditor.kernel_revisions_pending(), lo, cut)
-            if at > lo:
-                out += Batch(
-                    auditor,
-                    batch.slice(lo, at - lo),
-                    lambda i, lo=lo: source(lo + i),  # type: ignore[misc]
-                    None if lines is None else lines[lo:at],
-                    scope,
-                ).run()
-            if at < cut:
-                out += auditor.ingest(row(at), source(at), scope)  # republishes them first (valid or not)
-            lo = at + 1 if at < cut else cut
+        if cut > lo:
+            out += Batch(
+                auditor,
+                batch.slice(lo, cut - lo),
+                lambda i, lo=lo: source(lo + i),  # type: ignore[misc]
+                None if lines is None else lines[lo:cut],
+                scope,
+            ).run()
         if cut < batch.num_rows:
             out += auditor.ingest(row(cut), source(cut), scope)
         lo = cut + 1
@@ -183,28 +177,6 @@ def _row_inputs(
         return got if got is not None else wire_rows(batch, [i])[0]
 
     return row
-
-
-def _gpu_keyed_rows(batch: pa.RecordBatch) -> tuple[np.ndarray, list[str]]:
-    """Each row's GPU as an index into the names, for the rows of a kind ``Auditor._gpu_keyed`` takes (a GPU
-    sample, a process sample, a NUMA event); -1 for every other row."""
-    if "kind" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
-        return np.full(batch.num_rows, -1, np.int64), []
-    keyed = pc.is_in(batch.column("kind"), pa.array(KINDS[: NUMA + 1], pa.string()))
-    gpus = pc.dictionary_encode(batch.column("gpu_uuid"))
-    gpu = np.asarray(pc.fill_null(gpus.indices, -1).to_numpy(zero_copy_only=False), np.int64)
-    keyed_np = np.asarray(pc.fill_null(keyed, False).to_numpy(zero_copy_only=False), bool)
-    return np.where(keyed_np, gpu, -1), gpus.dictionary.to_pylist()
-
-
-def _first_of(gpu_of: np.ndarray, names: list[str], pending: frozenset[str], lo: int, hi: int) -> int:
-    """The first row in ``[lo, hi)`` of a GPU-keyed kind of a GPU in ``pending``, or ``hi``: the row path takes it,
-    so that the panes late kernels left pending are republished where the row path would (``settle_kernels``)."""
-    codes = [i for i, name in enumerate(names) if name in pending]
-    if not codes:
-        return hi
-    at = np.flatnonzero(np.isin(gpu_of[lo:hi], codes))
-    return lo + int(at[0]) if len(at) else hi
 
 
 def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:

@@ -6,7 +6,7 @@ protocol, so that the batch path need not import the auditor, which imports it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -51,6 +51,8 @@ class RowPath(Protocol):
     def prune_gpu(self, gpu_uuid: str) -> None: ...
 
     def kernel_revisions_pending(self) -> frozenset[str]: ...
+
+    def settle_kernels(self, only: Container[str | tuple[str, int]] | None = None) -> list[Output]: ...
 
     def future_letter(self, event: Event, raw: str | bytes | None, source: str, now: int) -> DeadLetter: ...
 
