@@ -7,6 +7,8 @@ row path in a thousand stretches (benchmark 1)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpucost.schemas.arrow import events_table
@@ -25,10 +27,10 @@ PRICE = Price(gpu_model="M", ts_ns=T0 - 3600 * NS, usd_per_gpu_hour="2.718281")
 PAST_HORIZON = 2_900  # samples 10 s apart: past 8 h, so a hold that ended in the first minutes is dropped
 
 
-def sample(k: int) -> GpuSample:
+def sample(k: int, gpu: str = "GPU-0") -> GpuSample:
     return GpuSample(
         node_id="n1",
-        gpu_uuid="GPU-0",
+        gpu_uuid=gpu,
         gpu_model="M",
         ts_ns=T0 + k * 10 * NS,
         interval_s=10.0,
@@ -41,17 +43,19 @@ def sample(k: int) -> GpuSample:
     )
 
 
-def hold(name: str, start_k: int, end_k: int | None = None, team: str = "search") -> Allocation:
+def hold(
+    name: str, start_k: int, end_k: int | None = None, team: str = "search", den: int = 4, gpu: str = "GPU-0"
+) -> Allocation:
     end = None if end_k is None else T0 + end_k * 10 * NS
     return Allocation(
         node_id="n1",
-        gpu_uuid="GPU-0",
+        gpu_uuid=gpu,
         allocation_id=name,
         ts_ns=T0 + start_k * 10 * NS,
         end_ts_ns=end,
         sharing="time_slicing",
         fraction_num=1,
-        fraction_den=4,
+        fraction_den=den,
         team=team,
     )
 
@@ -65,15 +69,17 @@ def samples(first: int, last: int, *at: tuple[int, Event]) -> list[Event]:
     return out
 
 
-def both(batches: list[list[Event]], form: str) -> tuple[list[Output], list[Output], Auditor]:
-    """The row path's outputs event by event, and the batch path's batch by batch (``form``: JSON lines or Arrow),
-    with the state of each compared at the end; the batch path's auditor."""
-    by_row, by_batch = Auditor(AuditSettings()), Auditor(AuditSettings())
+def both(
+    batches: list[list[Event]] | list[list[bytes]], form: str, settings: AuditSettings | None = None
+) -> tuple[list[Output], list[Output], Auditor]:
+    """The row path's outputs event by event, and the batch path's batch by batch (``form``: JSON lines or Arrow;
+    lines given as bytes go as they are), with the state of each compared at the end; the batch path's auditor."""
+    by_row, by_batch = Auditor(settings or AuditSettings()), Auditor(settings or AuditSettings())
     want: list[Output] = []
     got: list[Output] = []
     at = 0
     for events in batches:
-        lines = [encode_event(e).encode() for e in events]
+        lines = [e if isinstance(e, bytes) else encode_event(e).encode() for e in events]
         for i, line in enumerate(lines):
             want += by_row.ingest(line, label(at + i))
 
@@ -83,7 +89,8 @@ def both(batches: list[list[Event]], form: str) -> tuple[list[Output], list[Outp
         if form == "json":
             got += expand(by_batch.ingest_lines(lines, source))
         else:
-            got += expand(by_batch.ingest_batch(events_table(events).combine_chunks().to_batches()[0], source))
+            table = events_table([e for e in events if not isinstance(e, bytes)]).combine_chunks()
+            got += expand(by_batch.ingest_batch(table.to_batches()[0], source))
         at += len(events)
     assert normalised(by_batch) == normalised(by_row)
     return want, got, by_batch
@@ -160,3 +167,55 @@ def test_the_batch_path_drops_what_the_row_path_drops_at_each_sample() -> None:
     _, _, auditor = both([first, samples(30, PAST_HORIZON)], "arrow")
     assert auditor.allocations.table.state_of("GPU-0", "a") == "ended"
     assert auditor.allocations.table.held("GPU-0") == []
+
+
+def test_a_refused_denominator_does_not_hide_a_device_near_its_bound() -> None:
+    """``MAX_DENOMINATOR`` 4: a hold of quarters ended in the first minutes; the next batch has an allocation the
+    model refuses (``fraction_den`` 0), eight hours of samples (which drop the hold) and a hold of thirds, which only
+    that drop lets in: it is taken on both paths (the refused row's 0 once made the room check pass, and the batch
+    path took the thirds before the samples: ``out_of_range``)."""
+    refused = json.loads(encode_event(hold("x", 31)))
+    refused["fraction_den"] = 0
+    first = [PRICE, *samples(0, 30, (1, hold("a", 2, 12)))]
+    second = [json.dumps(refused).encode(), *(encode_event(e).encode() for e in samples(30, PAST_HORIZON))]
+    second.append(encode_event(hold("c", PAST_HORIZON, den=3, team="ads")).encode())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(allocations, "MAX_DENOMINATOR", 4)
+        want, got, auditor = both([first, second], "json")
+    assert dumped(got) == dumped(want)
+    assert [(r.reason, "fraction_den" in r.detail) for r in got if isinstance(r, DeadLetter)] == [
+        ("out_of_range", True)
+    ]
+    assert [h.tenant.team for h in auditor.allocations.table.held("GPU-0")] == ["ads"]
+
+
+@pytest.mark.parametrize("form", ["json", "arrow"])
+def test_a_device_whose_sample_is_refused_drops_nothing_on_either_path(form: str) -> None:
+    """A device that never sent a sample takes a hold; another device is forgotten, which moves the floor its
+    watermark stands on; then its only sample is late and refused, beside another device's samples. The row path
+    drops holds after a sample it takes, so it keeps the hold, and so does the batch path (it once dropped the
+    holds of every device with a row in the batch): the hold sent again is a ``duplicate`` on both, not ``late``."""
+    settings = AuditSettings(revision_horizon_s=300, window_h=1, idle_timeout_s=60)
+    history: list[Event] = [PRICE, *(sample(k, "GPU-A") for k in range(100)), hold("h", 0, 6, gpu="GPU-B")]
+    batches: list[list[Event]] = [
+        [sample(5, "GPU-B"), *(sample(k, "GPU-C") for k in range(1_100, 1_300))],
+        [hold("h", 0, 6, gpu="GPU-B"), *(sample(k, "GPU-C") for k in range(1_300, 1_500))],
+    ]
+    outputs = []
+    for path in ("row", "batch"):
+        auditor = Auditor(settings)
+        for e in history:
+            auditor.update(e)
+        auditor.close_silent(T0 + 3 * 3600 * NS)  # GPU-A forgotten: the floor of every GPU without a watermark
+        out: list[Output] = []
+        for events in batches:
+            if path == "row":
+                out += [r for e in events for r in auditor.update(e)]
+            elif form == "json":
+                out += expand(auditor.ingest_lines([encode_event(e).encode() for e in events], label))
+            else:
+                out += expand(auditor.ingest_batch(events_table(events).combine_chunks().to_batches()[0], label))
+        outputs.append(([r.reason for r in out if isinstance(r, DeadLetter)], normalised(auditor)))
+    (row_letters, row_state), (batch_letters, batch_state) = outputs
+    assert batch_letters == row_letters == ["late", "duplicate"]
+    assert batch_state == row_state

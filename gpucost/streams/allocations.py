@@ -52,8 +52,8 @@ class AllocationTable:
     ``out_of_range``.
 
     Holds that ended before the revision horizon of their own device's watermark are dropped (``prune``) whenever
-    the device takes an allocation or its watermark moves: its state is always as dropped against its watermark
-    now, so every path, every batch and every restart keeps the same ones. Each leaves its id as a tombstone, so
+    the device takes a sample or an allocation (``AuditState.prune_holds``): in event order, so every path, every
+    batch and every restart keeps the same ones. Each leaves its id as a tombstone, so
     that one sent again (a second ``produce`` of a file) is ``late``, never a new hold billed again. The tombstones
     are bounded as the holds are, the earliest ended going first."""
 

@@ -87,9 +87,9 @@ class AuditState:
         self.prune_holds(gpu_uuid)
 
     def prune_holds(self, gpu_uuid: str) -> None:
-        """Drop the GPU's holds that ended before its watermark less the revision horizon and a pane: at every move
-        of its watermark (``prune_gpu``) and every allocation it takes, so that what it keeps depends on its
-        watermark alone, not on where a batch or a transport cut the input."""
+        """Drop the GPU's holds that ended at or before its watermark less the revision horizon and a pane: after
+        every sample it takes (``prune_gpu``) and every allocation, so that what it keeps does not depend on where a
+        batch or a transport cut the input."""
         watermark = self.panes.watermark(gpu_uuid)
         horizon = self.settings.revision_horizon_ns + self.settings.pane_ns
         self.allocations.table.prune(gpu_uuid, None if watermark is None else watermark - horizon)

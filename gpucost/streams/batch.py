@@ -322,8 +322,10 @@ class Batch:
         tenant_of[tenant_rows] = self._tenants(tenant_rows)
         self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants))
         a.revisions.take_many(pane_rows, accepted)  # with revisions off too: bindings re-attribute open panes
-        for name in pane_rows.names:
-            a.prune_gpu(name)
+        moved = accepted & (pane_rows.kind <= NUMA)  # as the row path, after each sample it takes: a trace moves none
+        for name, lo, hi in zip(pane_rows.names, starts.tolist(), ends.tolist()):
+            if moved[lo:hi].any():
+                a.prune_gpu(name)
 
     def _tenants(self, rows: np.ndarray) -> np.ndarray:
         """The tenant (an index into ``self.tenants``) of each row, as of its time, among the bindings before the

@@ -247,7 +247,10 @@ def _allocations(
     ids = batch.column("allocation_id").take(pa.array(rows)).to_pylist()
     has_end, end = _times(batch, "end_ts_ns")
     dens = batch.column("fraction_den") if "fraction_den" in batch.schema.names else None
-    den = [1] * len(rows) if dens is None else pc.fill_null(dens.take(pa.array(rows)), 1).to_pylist()
+    # a denominator below 1 is refused by the model; as 1 here, not as lcm's 0, which would pass every bound
+    den = (
+        [1] * len(rows) if dens is None else [max(d, 1) for d in pc.fill_null(dens.take(pa.array(rows)), 1).to_pylist()]
+    )
     table = auditor.allocations.table
     seen: set[tuple[int, str | None]] = set()
     by_gpu: dict[int, list[int]] = {}
