@@ -278,8 +278,8 @@ class Auditor(LateData, AuditState):
         return [gpu for gpu in self.kernels.log.gpus() if gpu not in sampled]
 
     def kernel_revisions_pending(self) -> frozenset[str]:
-        """The GPUs with panes late kernels left pending (``settle_kernels``): the batch path hands such a GPU's
-        next sample to the row path, which republishes them first."""
+        """The GPUs with panes late kernels left pending (``settle_kernels``): the batch path republishes them at
+        such a GPU's first sample that decodes, before its outputs, as the row path does (``Batch._settle``)."""
         return self.kernels.log.pending_gpus()
 
     def open_panes(self) -> int:

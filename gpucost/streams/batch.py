@@ -356,7 +356,8 @@ class Batch:
         Each pane takes the price in
         force at its closing row; then every pane closes in one ``Auditor.close_many``, whose
         records come as blocks cut at each price and wherever another output of the batch lies
-        between two closes, so that expanding each block where it stands gives the row path's order.
+        between two closes (a close at a row with another output, a GPU's settled revisions, after it), so that
+        expanding each block where it stands gives the row path's order.
         """
         prices = []
         for i, event in self.table_events:

@@ -1,6 +1,7 @@
 """What the batch path (``gpucost.streams.columnar``, ``gpucost.streams.batch``) needs of the auditor: its row
-entry, for the rows the batch path hands back, its dead letters, worded once, and its close entries. A
-protocol, so that the batch path need not import the auditor, which imports it.
+entry, for the rows the batch path hands back, its dead letters, worded once, its close entries, and the
+settling of the panes late kernels left pending. A protocol, so that the batch path need not import the auditor,
+which imports it.
 """
 
 from __future__ import annotations
