@@ -19,6 +19,7 @@ from gpucost.schemas.records import AllocationRecord, DeadLetter, Output
 from gpucost.streams import allocations, columnar
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
+from tests.support.allocations import steady
 from tests.support.batch_path import label, normalised
 
 NS = 10**9
@@ -28,19 +29,7 @@ PAST_HORIZON = 2_900  # samples 10 s apart: past 8 h, so a hold that ended in th
 
 
 def sample(k: int, gpu: str = "GPU-0") -> GpuSample:
-    return GpuSample(
-        node_id="n1",
-        gpu_uuid=gpu,
-        gpu_model="M",
-        ts_ns=T0 + k * 10 * NS,
-        interval_s=10.0,
-        sm_util_pct=50.0,
-        mem_bw_util_pct=10.0,
-        power_w=100,
-        mem_used_bytes=1,
-        mem_total_bytes=2,
-        temp_c=40,
-    )
+    return steady(gpu, T0 + k * 10 * NS)
 
 
 def hold(

@@ -12,6 +12,7 @@ from gpucost.schemas.events import Allocation, Event, GpuSample, Price
 from gpucost.schemas.records import AllocationRecord, DeadLetter, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
+from tests.support.allocations import steady
 
 NS = 10**9
 T0 = 1_750_000_020 * NS - (1_750_000_020 * NS) % (60 * NS)
@@ -19,19 +20,7 @@ PRICE = Price(gpu_model="M", ts_ns=T0 - 3600 * NS, usd_per_gpu_hour="2.718281")
 
 
 def sample(k: int, gpu: str = "GPU-0", step_s: int = 10) -> GpuSample:
-    return GpuSample(
-        node_id="n1",
-        gpu_uuid=gpu,
-        gpu_model="M",
-        ts_ns=T0 + k * step_s * NS,
-        interval_s=float(step_s),
-        sm_util_pct=50.0,
-        mem_bw_util_pct=10.0,
-        power_w=100,
-        mem_used_bytes=1,
-        mem_total_bytes=2,
-        temp_c=40,
-    )
+    return steady(gpu, T0 + k * step_s * NS, step_s)
 
 
 def hold(name: str, start: int, end: int | None = None, gpu: str = "GPU-0", team: str = "search") -> Allocation:

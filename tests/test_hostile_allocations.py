@@ -9,11 +9,12 @@ import json
 
 import pytest
 
-from gpucost.schemas.events import Allocation, Event, GpuSample, Price
+from gpucost.schemas.events import Allocation, Event, Price
 from gpucost.schemas.records import AllocationRecord, DeadLetter, Output
 from gpucost.streams import allocations
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
+from tests.support.allocations import steady
 
 NS = 10**9
 T0 = 1_750_000_020 * NS - (1_750_000_020 * NS) % (60 * NS)
@@ -24,22 +25,7 @@ PRIMES = (999_983, 999_979, 999_961)
 def samples(minutes: int = 5) -> list[Event]:
     return [
         Price(gpu_model="M", ts_ns=T0 - 3600 * NS, usd_per_gpu_hour="3.141592"),
-        *(
-            GpuSample(
-                node_id="n1",
-                gpu_uuid="GPU-0",
-                gpu_model="M",
-                ts_ns=T0 + k * 10 * NS,
-                interval_s=10.0,
-                sm_util_pct=50.0,
-                mem_bw_util_pct=10.0,
-                power_w=100,
-                mem_used_bytes=1,
-                mem_total_bytes=2,
-                temp_c=40,
-            )
-            for k in range(minutes * 6)
-        ),
+        *(steady("GPU-0", T0 + k * 10 * NS) for k in range(minutes * 6)),
     ]
 
 

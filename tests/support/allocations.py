@@ -10,7 +10,7 @@ from gpucost.schemas.records import AllocationRecord, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 
-__all__ = ["END", "PANE", "S", "T0", "audited", "by_party", "polled", "samples"]
+__all__ = ["END", "PANE", "S", "T0", "audited", "by_party", "polled", "samples", "steady"]
 
 S = 10**9
 PANE = 60 * S
@@ -61,3 +61,21 @@ def by_party(out: list[Output]) -> dict[tuple[str, int, str], int]:
     return {
         (r.gpu_uuid, r.pane_start_ns, r.tenant_key): r.cost_micro_usd for r in out if isinstance(r, AllocationRecord)
     }
+
+
+def steady(gpu: str, ts_ns: int, step_s: int = 10) -> GpuSample:
+    """A sample of a device of model ``M`` at half its SMs over the ``step_s`` before ``ts_ns``: the allocation basis
+    tests' device, whose cost each hold splits."""
+    return GpuSample(
+        node_id="n1",
+        gpu_uuid=gpu,
+        gpu_model="M",
+        ts_ns=ts_ns,
+        interval_s=float(step_s),
+        sm_util_pct=50.0,
+        mem_bw_util_pct=10.0,
+        power_w=100,
+        mem_used_bytes=1,
+        mem_total_bytes=2,
+        temp_c=40,
+    )
