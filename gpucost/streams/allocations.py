@@ -53,9 +53,9 @@ class AllocationTable:
 
     Holds that ended before the revision horizon of their own device's watermark are dropped (``prune``) whenever
     the device takes a sample or an allocation (``AuditState.prune_holds``): in event order, so every path, every
-    batch and every restart keeps the same ones. Each leaves its id as a tombstone, so
-    that one sent again (a second ``produce`` of a file) is ``late``, never a new hold billed again. The tombstones
-    are bounded as the holds are, the earliest ended going first."""
+    batch and every restart keeps the same ones. Each leaves its id as a tombstone, so that one sent again (a
+    second ``produce`` of a file) is ``late``, never a new hold billed again. The tombstones are bounded as the
+    holds are, the earliest ended going first."""
 
     def __init__(self) -> None:
         self._holds: dict[str, dict[str, Hold]] = {}

@@ -166,17 +166,12 @@ def _in_segments(
 def _row_inputs(
     batch: pa.RecordBatch, lines: Sequence[bytes] | None, wanted: Sequence[int]
 ) -> Callable[[int], bytes | dict[str, Any]]:
-    """Row ``i`` as the row path takes it: its JSON line, or (Arrow or Parquet rows) its wire object. The rows
-    ``wanted`` are converted at once (``wire_rows``): a batch of many revising rows goes row by row."""
+    """Row ``i`` of ``wanted`` (the only rows asked for) as the row path takes it: its JSON line, or (Arrow or
+    Parquet rows) its wire object, all converted at once (``wire_rows``): a batch of many revising rows goes row by
+    row."""
     if lines is not None:
         return lines.__getitem__
-    taken = dict(zip(wanted, wire_rows(batch, wanted)))
-
-    def row(i: int) -> dict[str, Any]:
-        got = taken.get(i)
-        return got if got is not None else wire_rows(batch, [i])[0]
-
-    return row
+    return dict(zip(wanted, wire_rows(batch, wanted))).__getitem__
 
 
 def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
