@@ -4,7 +4,7 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-all lint bench venv clean
+.PHONY: run test test-all lint bench venv clean injection
 
 $(BIN)/gpucost: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,8 +32,13 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/python scripts/module_sizes.py
 
+# the CUDA injection library for `gpucost collect-kernels -- ./program` (docs/collecting.md): needs a C compiler
+# and the `native` extra's headers (installed by `venv` through the `test` extra)
+injection: venv
+	$(BIN)/python -m gpucost.producers.cupti_injection build/libgpucost_inject.so
+
 bench: venv
 	$(BIN)/python -m benchmarks.run $(ARGS)
 
 clean:
-	rm -rf $(VENV) gpucost-out .pytest_cache .hypothesis
+	rm -rf $(VENV) gpucost-out .pytest_cache .hypothesis build

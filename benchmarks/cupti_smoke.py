@@ -4,8 +4,9 @@ Checks: kernels present with end ≥ start and epoch times near now (the clock o
 (launch_ns ≤ start_ns), NVTX ranges present and named, and that every kernel launched inside the "smoke"
 range on its thread falls in it by the launch rule.  Then, in a process of its own, the collector reads the
 same buffers twice, from the records' bytes (as it does) and attribute by attribute (``layouts=None``):
-every record type must be read from its bytes and both readings must give the same objects.  Prints a JSON
-verdict; exit 1 on any failed check.
+every record type must be read from its bytes and both readings must give the same objects.  The same job is
+collected again as a program (``env python job.py``), through the injection library: the same checks, and the
+same kernels.  Prints a JSON verdict; exit 1 on any failed check.
 
     python benchmarks/cupti_smoke.py
 """
@@ -76,30 +77,18 @@ def _open_at(ranges: list[dict], tid: int, at_ns: int) -> list[str] | None:
     return names or None
 
 
-def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        script, out = Path(tmp) / "job.py", Path(tmp) / "k.jsonl"
-        script.write_text(JOB)
-        t0 = time.time_ns()
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpucost.cli",
-                "collect-kernels",
-                "--out",
-                str(out),
-                "--node-id",
-                "smoke",
-                "--",
-                "python",
-                str(script),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        t1 = time.time_ns()
-        rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+def collect(job: list[str], tmp: Path, name: str) -> tuple[subprocess.CompletedProcess[str], list[dict], int, int]:
+    """``gpucost collect-kernels -- job``: its process, its rows, and the wall clock before and after."""
+    out = tmp / f"{name}.jsonl"
+    command = [sys.executable, "-m", "gpucost.cli", "collect-kernels", "--out", str(out), "--node-id", "smoke", "--"]
+    t0 = time.time_ns()
+    done = subprocess.run([*command, *job], capture_output=True, text=True)
+    t1 = time.time_ns()
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return done, rows, t0, t1
+
+
+def checks_of(done: subprocess.CompletedProcess[str], rows: list[dict], t0: int, t1: int) -> dict[str, bool]:
     kernels = [r for r in rows if r["kind"] == "kernel_activity"]
     ranges = [r for r in rows if r["kind"] == "annotation_range"]
     gemms = [k for k in kernels if k["category"] == "kernel"]
@@ -112,7 +101,7 @@ def main() -> int:
         and k["launch_tid"] == smoke[0]["tid"]
         and smoke[0]["start_ns"] <= k["launch_ns"] <= smoke[0]["end_ns"]
     ]
-    checks = {
+    return {
         "exit_0": done.returncode == 0,
         "kernels_present": len(gemms) >= 20,
         "times_ordered": all(k["start_ns"] <= k["end_ns"] for k in kernels),
@@ -126,12 +115,30 @@ def main() -> int:
         and all(k.get("range_path") == _open_at(ranges, k["launch_tid"], k["launch_ns"]) for k in gemms),
         "memcpy_present": any(k["category"] == "memcpy" for k in kernels),
     }
+
+
+def _names(rows: list[dict]) -> list[str]:
+    return sorted(r["name"] for r in rows if r["kind"] == "kernel_activity")
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "job.py"
+        script.write_text(JOB)
+        done, rows, t0, t1 = collect(["python", str(script)], Path(tmp), "in_process")
+        # the same job as a program that is not `python script.py`: through the injection library (built here)
+        n_done, n_rows, n0, n1 = collect(["env", sys.executable, str(script)], Path(tmp), "native")
+    checks = checks_of(done, rows, t0, t1)
+    native = checks_of(n_done, n_rows, n0, n1)
+    checks |= {f"native_{k}": v for k, v in native.items()}
+    checks["native_same_kernels"] = bool(rows) and _names(n_rows) == _names(rows)
     readings = both_readings()
     readers = readings.get("readers", {})
     checks["read_from_bytes"] = {"ActivityKernel10", "ActivityAPI", "ActivityMarker2"} <= set(readers) and all(
         readers.values()
     )
     checks["bytes_reading_equals_attributes"] = readings.get("same") is True and readings.get("objects", 0) > 100
+    kernels = [r for r in rows if r["kind"] == "kernel_activity"]
     print(
         json.dumps(
             {
@@ -139,10 +146,12 @@ def main() -> int:
                 "ok": all(checks.values()),
                 "checks": checks,
                 "kernels": len(kernels),
-                "ranges": len(ranges),
+                "ranges": sum(r["kind"] == "annotation_range" for r in rows),
+                "native_kernels": len(_names(n_rows)),
                 "stderr_tail": done.stderr[-2000:],
+                "native_stderr_tail": n_done.stderr[-2000:],
                 "readings": readings,
-                "sample": (gemms[:1] + ranges[:1]),
+                "sample": (kernels[:1] + [r for r in rows if r["kind"] == "annotation_range"][:1]),
             }
         )
     )

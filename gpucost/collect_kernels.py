@@ -1,6 +1,7 @@
-"""``gpucost collect-kernels -- python script.py args…``: run a Python job in-process under the CUPTI collector.
+"""``gpucost collect-kernels -- python script.py args…``: run a Python job in-process under the CUPTI collector;
+``gpucost collect-kernels -- ./program args…``: any other job under the injection library (``collect_native``).
 
-The job runs through ``runpy`` in this process, since ``cupti-python`` observes only the process it is
+A Python script runs through ``runpy`` in this process, since ``cupti-python`` observes only the process it is
 imported into; kernels and NVTX ranges go to ``--out`` as JSON Lines (docs/collecting.md).  The collector
 stops at the job's end, at exit and on SIGTERM, so a killed job still leaves its records; a summary with
 CUPTI's dropped-record count and the clock drift goes to stderr.
@@ -13,11 +14,13 @@ import atexit
 import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import sys
 from typing import Any
 
+from gpucost.collect_native import run_native
 from gpucost.command import Command
 from gpucost.producers.cupti import Collector, Identity
 from gpucost.wiring import UsageError
@@ -34,21 +37,38 @@ def _arguments(cmd: argparse.ArgumentParser) -> None:
         default=os.environ.get("GPUCOST_NODE_ID", socket.gethostname()),
         help="node id on each record (env GPUCOST_NODE_ID; default the host name)",
     )
-    cmd.add_argument("job", nargs=argparse.REMAINDER, help="-- python script.py args…")
+    cmd.add_argument(
+        "--injection-library",
+        default=os.environ.get("GPUCOST_INJECTION_LIBRARY"),
+        help="for a job that is not a Python script: the injection library to load (env GPUCOST_INJECTION_LIBRARY; "
+        "default: built once from gpucost's source with the native extra's headers, and cached)",
+    )
+    cmd.add_argument(
+        "--cupti-library",
+        default=os.environ.get("GPUCOST_CUPTI_LIBRARY"),
+        help="for a job that is not a Python script: the libcupti to use (env GPUCOST_CUPTI_LIBRARY; default "
+        "cupti-python's, else the one in NVIDIA's wheels)",
+    )
+    cmd.add_argument("job", nargs=argparse.REMAINDER, help="-- python script.py args…, or -- program args…")
 
 
-def _job(words: list[str]) -> list[str]:
+def _job(words: list[str]) -> tuple[list[str], bool]:
+    """The job's words, and whether it is a Python script (run in this process) rather than a program."""
     if words and words[0] == "--":
         words = words[1:]
-    if words and os.path.basename(words[0]).startswith("python"):
-        words = words[1:]
-    if not words or not words[0].endswith(".py"):
+    if not words:
         raise UsageError(
-            "collect-kernels runs a Python script: gpucost collect-kernels --out k.jsonl -- python script.py args…"
+            "collect-kernels runs a job: gpucost collect-kernels --out k.jsonl -- python script.py args… "
+            "(or any program: -- ./train args…)"
         )
-    if not os.path.isfile(words[0]):
-        raise UsageError(f"collect-kernels: no script at {words[0]}; give the path of the job's Python file")
-    return words
+    script = words[1:] if os.path.basename(words[0]).startswith("python") else words
+    if script and script[0].endswith(".py"):
+        if not os.path.isfile(script[0]):
+            raise UsageError(f"collect-kernels: no script at {script[0]}; give the path of the job's Python file")
+        return script, True
+    if shutil.which(words[0]) is None:
+        raise UsageError(f"collect-kernels: no program {words[0]} to run; give its path or a name on PATH")
+    return words, False
 
 
 def _gpu_uuids() -> dict[int, str]:
@@ -80,7 +100,9 @@ def _nvtx_injection() -> str | None:
 
 
 def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
-    job = _job(list(args.job))
+    job, python = _job(list(args.job))
+    if not python:
+        return run_native(args, job, _gpu_uuids())
     nvtx = None  # a given module (the tests' stand-in) needs no NVTX hook
     if cupti is None:
         try:
@@ -127,8 +149,9 @@ def cmd_collect_kernels(args: argparse.Namespace, cupti: Any = None) -> int:
 
 COLLECT_KERNELS = Command(
     "collect-kernels",
-    "run a Python job under CUPTI and write its kernels and NVTX ranges as "
-    "JSON Lines (needs the `cupti` extra and a GPU)",
+    "run a job under CUPTI and write its kernels and NVTX ranges as JSON Lines "
+    "(a Python script in-process with the `cupti` extra; any other program through the injection library, "
+    "with the `native` extra; a GPU)",
     _arguments,
     cmd_collect_kernels,
 )

@@ -52,6 +52,11 @@ class ClockOffset:
         before = wall_now()
         gpu = cupti_now()
         after = wall_now()
+        return ClockOffset.of(before, gpu, after)
+
+    @staticmethod
+    def of(before: int, gpu: int, after: int) -> int:
+        """The offset from CUPTI's reading ``gpu`` taken between the wall readings ``before`` and ``after``."""
         return (before + after) // 2 - gpu
 
 

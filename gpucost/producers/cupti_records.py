@@ -170,6 +170,18 @@ class KernelRecords:
                 self.stats.bad_records += 1
         return out
 
+    def add_read(self, records: Iterable[tuple[str, tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
+        """Records already read into ``FIELDS`` order, each with its kind's name (the injection library's frames,
+        ``cupti_native``): the joins alone, as ``add`` does them."""
+        out: list[tuple[Any, ...]] = []
+        handlers = self._handlers
+        for kind, fields in records:
+            try:
+                handlers[kind](fields, kind, out)
+            except (TypeError, ValueError):
+                self.stats.bad_records += 1
+        return out
+
     def _reader(self, record: Any) -> tuple[str, Reader] | None:
         """The bytes reader for a record's type, made and checked on its first record; None: read attributes."""
         dtype = getattr(self._layouts, dtype_name(type(record)), None)

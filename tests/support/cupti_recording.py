@@ -3,6 +3,8 @@ what tests/test_cupti.py and tests/test_cupti_ranges.py build their recordings f
 
 from __future__ import annotations
 
+from hypothesis import strategies as st
+
 from gpucost.producers.cupti import Collector, Identity
 from tests.cupti_standin import cupti as standin
 
@@ -73,3 +75,61 @@ def replay(
     collector.start()
     stats = collector.stop()
     return got, stats, standin.STATE["requested"]
+
+
+@st.composite
+def recordings(draw):
+    records, n = [], draw(st.integers(0, 12))
+    for corr in range(1, n + 1):
+        start = draw(st.integers(0, 10**12))
+        kind = draw(st.sampled_from([K.CONCURRENT_KERNEL, K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET]))
+        if kind == K.CONCURRENT_KERNEL:
+            name = draw(st.sampled_from(["gemm", "ncclDevKernel_AllReduce", "ncclKernel_x", "nccl_not"]))
+            records.append(
+                kernel(corr, start, start + draw(st.integers(0, 10**6)), name=name, device=draw(st.integers(0, 3)))
+            )
+        else:
+            records.append(copy(corr, start, start + 10, kind=kind))
+        if draw(st.booleans()):
+            records.append(
+                launch(corr, draw(st.integers(1, 3)), start - 100, kind=draw(st.sampled_from([K.RUNTIME, K.DRIVER])))
+            )
+    for mid in range(draw(st.integers(0, 5))):
+        ts = draw(st.integers(0, 10**12))
+        records.append(
+            marker(
+                mid,
+                standin.ActivityFlag.MARKER_START,
+                ts,
+                tid=mid % 2,
+                name=f"r{mid}",
+                domain=draw(st.sampled_from(["", "torch"])),
+            )
+        )
+        if draw(st.booleans()):
+            records.append(marker(mid, standin.MARKER_END, ts + draw(st.integers(0, 10**6))))
+    return records, draw(st.randoms())
+
+
+STRANGE = ["gemm", 'a"b\\c', "100%d %s", "é→ü", "ncclDevKernel_x", "k" * 1024, "k" * 1025, ""]
+
+
+@st.composite
+def streams(draw):
+    """Records of every kind in any order, some broken, with names that need escaping; times CUPTI-sized."""
+    records, _ = draw(recordings())
+    for r in records:  # CUPTI's clocks are unsigned: keep every time positive
+        for field in ("start", "end", "timestamp"):
+            if hasattr(r, field):
+                setattr(r, field, getattr(r, field) + 1000)
+        if hasattr(r, "name") and draw(st.booleans()):
+            r.name = draw(st.sampled_from(STRANGE))
+        if hasattr(r, "domain") and draw(st.booleans()):
+            r.domain = draw(st.sampled_from(STRANGE))
+    for corr in draw(st.lists(st.integers(1, 15), max_size=4)):  # launches and work sharing ids
+        records.append(launch(corr, 9, 2000 + corr))
+    if draw(st.booleans()):
+        records.append(kernel(99, 50, 40))  # ends before it starts
+    if draw(st.booleans()):  # a marker id begun again, on another thread, before its end
+        records.append(marker(0, standin.ActivityFlag.MARKER_START, 1500, tid=draw(st.integers(0, 2)), name="again"))
+    return records, draw(st.randoms())
