@@ -125,3 +125,43 @@ def test_the_embedded_run_drops_them_only_once_that_gpu_itself_is_quiet() -> Non
     assert auditor.holds_unsampled_kernels() and not auditor.counts["unbilled_kernels"]
     silence.close(auditor, 2_000.0)  # n/0 quiet too
     assert not auditor.holds_unsampled_kernels() and auditor.counts["unbilled_kernels"] == 6
+
+
+@given(kernels, st.integers(0, 25 * 60), st.booleans())
+def test_a_gpu_keeps_the_names_of_its_kept_kernels_and_no_others(
+    taken: list[tuple[str, str, int, int, int]], watermark_s: int, snapshot: bool
+) -> None:
+    """Node ids and kernel names are freed with the last kernel kept that uses them (names of kernels compiled at
+    run time, nodes gone, kept for ever, grew the state with the run's length), and a freed code is handed out again
+    before the table grows, so it is as long as the most names ever in use at once; checked by a look at every kernel
+    kept."""
+    settings, peak = AuditSettings(pane_s=60, revision_horizon_s=60), {}
+    log = KernelLog(settings)
+    for i, k in enumerate(taken):
+        event = activity(i, *k).model_copy(update={"name": f"k{i}"})  # a name of its own: each freed with its kernel
+        if log.admit(event) is None:
+            log.take(event)
+        for gpu, saved in log.to_state().items():  # the most in use at once: after a take, before pruning
+            peak[gpu] = max(peak.get(gpu, 0), sum(n is not None for n in saved["names"]))
+        for gpu in ("GPU-0", "GPU-1"):  # the watermark its own latest start and a GPU's lead, up to 25 minutes
+            log.prune(gpu, BASE_NS + (k[3] + watermark_s) * NS)
+    if snapshot:
+        log = KernelLog.from_state(log.to_state(), settings)
+    for gpu, saved in log.to_state().items():
+        names = saved["names"]
+        used = {names[row[col]] for _, rows in saved["panes"] for row in rows for col in (3, 4)}
+        assert {n for n in names if n is not None} == used
+        assert len(names) == peak[gpu]
+
+
+def test_names_a_snapshot_of_version_4_kept_for_ever_are_freed_when_it_is_restored() -> None:
+    log = KernelLog(SETTINGS)
+    for i in range(4):
+        log.take(activity(i, "GPU-0", "a", 1, i * 60, 1).model_copy(update={"name": f"k{i}"}))
+    state = log.to_state()
+    saved = state["GPU-0"]
+    saved["names"] = ["gone", *saved["names"]]  # as version 4 kept it: a name no kernel kept uses
+    saved["panes"] = [[p, [[*r[:3], r[3] + 1, r[4] + 1, *r[5:]] for r in rows]] for p, rows in saved["panes"]]
+    restored = KernelLog.from_state(state, SETTINGS).to_state()["GPU-0"]
+    assert restored["names"] == [None, *saved["names"][1:]]
+    assert restored["panes"] == saved["panes"]

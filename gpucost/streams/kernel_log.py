@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Container, Iterable
 from heapq import heappop, heappush
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, KernelActivity
 from gpucost.streams.pane_rules import pane_start_ns
@@ -53,32 +53,58 @@ class Kernel(NamedTuple):
     path: int = -1
 
 
-class _GpuKernels:
-    __slots__ = (
-        "names",
-        "index",
-        "paths",
-        "path_index",
-        "path_uses",
-        "free_paths",
-        "panes",
-        "keys",
-        "oldest",
-        "pending",
-        "latest",
-        "billed",
-    )
+class _Codes:
+    """Texts by code, each code counted by the kernel rows kept that use it and free again once none does, so that
+    texts that keep coming new (PyTorch's ``ProfilerStep#N`` paths, names of kernels compiled at run time, nodes gone
+    from the fleet) do not grow the state with the run's length. The lowest free code is handed out first: a log
+    restored from a snapshot hands out the same codes. ``texts[code]`` is None for a free code."""
 
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.index: dict[str, int] = {}
-        #: the range paths' JSON texts by code, None for a code free again; each code's uses by the kernels kept (one a
-        #: pane it is kept in). Apart from ``names`` and freed as their kernels go, since paths, unlike kernel names,
-        #: keep coming new (PyTorch's ``ProfilerStep#N``): kept for ever, they grew the state with the run's length
-        self.paths: list[str | None] = []
-        self.path_index: dict[str, int] = {}
-        self.path_uses: list[int] = []
-        self.free_paths: list[int] = []
+    __slots__ = ("texts", "index", "uses", "free")
+
+    def __init__(self, texts: Iterable[str | None] = ()) -> None:
+        self.texts: list[str | None] = list(texts)
+        self.index = {text: at for at, text in enumerate(self.texts) if text is not None}
+        self.uses = [0] * len(self.texts)
+        self.free = [at for at, text in enumerate(self.texts) if text is None]  # ascending: a heap
+
+    def code(self, text: str) -> int:
+        """A text's code: its own, a free one, or a new one."""
+        at = self.index.get(text)
+        if at is None:
+            if not self.free:
+                heappush(self.free, len(self.texts))
+                self.texts.append(None)
+                self.uses.append(0)
+            at = heappop(self.free)
+            self.texts[at] = text
+            self.index[text] = at
+        return at
+
+    def drop_unused(self) -> None:
+        """Free the codes no kept row uses (a snapshot from before version 5 kept every name ever met)."""
+        for at, text in enumerate(self.texts):
+            if text is not None and not self.uses[at]:
+                del self.index[text]
+                self.texts[at] = None
+                heappush(self.free, at)
+
+    def release(self, code: int) -> None:
+        """A kept row that used ``code`` leaves; the code is free once none uses it."""
+        self.uses[code] -= 1
+        if not self.uses[code]:
+            text = self.texts[code]
+            assert text is not None  # a code in use has its text
+            del self.index[text]
+            self.texts[code] = None
+            heappush(self.free, code)
+
+
+class _GpuKernels:
+    __slots__ = ("names", "paths", "panes", "keys", "oldest", "pending", "latest", "billed")
+
+    def __init__(self, names: Iterable[str | None] = (), paths: Iterable[str | None] = ()) -> None:
+        #: node ids and kernel names (``Kernel.node``, ``Kernel.name``); range paths' JSON texts (``Kernel.path``)
+        self.names, self.paths = _Codes(names), _Codes(paths)
         self.panes: dict[int, list[Kernel]] = {}
         #: (pid, stream, correlation id, start) of every kernel kept: what a kernel sent again is refused by
         self.keys: set[tuple[int, int, int, int]] = set()
@@ -94,41 +120,20 @@ class _GpuKernels:
 
     def add(self, pane: int, kernel: Kernel) -> None:
         self.panes.setdefault(pane, []).append(kernel)
+        self.names.uses[kernel.node] += 1
+        self.names.uses[kernel.name] += 1
         if kernel.path >= 0:
-            self.path_uses[kernel.path] += 1
+            self.paths.uses[kernel.path] += 1
         starts = self.latest.setdefault((kernel.node, kernel.pid), {})
         starts[pane] = max(starts.get(pane, kernel.start_ns), kernel.start_ns)
 
-    def path_code(self, text: str) -> int:
-        """A path's code: its own, a free one, or a new one."""
-        at = self.path_index.get(text)
-        if at is None:
-            if not self.free_paths:
-                heappush(self.free_paths, len(self.paths))
-                self.paths.append(None)
-                self.path_uses.append(0)
-            at = heappop(self.free_paths)  # the lowest: a log restored from a snapshot hands out the same codes
-            self.paths[at] = text
-            self.path_index[text] = at
-        return at
-
     def release(self, kernel: Kernel) -> None:
-        """A kernel row leaves a pane: its path's code is free once no kernel kept uses it."""
+        """A kernel row leaves a pane: its codes are free once no kernel kept uses them (``latest``'s node codes
+        are of processes with a kernel kept, so in use)."""
+        self.names.release(kernel.node)
+        self.names.release(kernel.name)
         if kernel.path >= 0:
-            self.path_uses[kernel.path] -= 1
-            if not self.path_uses[kernel.path]:
-                text = self.paths[kernel.path]
-                assert text is not None  # a code in use has its text
-                del self.path_index[text]
-                self.paths[kernel.path] = None
-                heappush(self.free_paths, kernel.path)
-
-    def code(self, name: str) -> int:
-        at = self.index.get(name)
-        if at is None:
-            at = self.index[name] = len(self.names)
-            self.names.append(name)
-        return at
+            self.paths.release(kernel.path)
 
 
 class KernelLog:
@@ -165,8 +170,8 @@ class KernelLog:
         log = self._gpus.setdefault(k.gpu_uuid, _GpuKernels())
         touched = list(self.panes_of(k))
         start = touched[0]
-        node, name, category = log.code(k.node_id), log.code(k.name), KERNEL_CATEGORIES.index(k.category)
-        path = -1 if k.range_path is None else log.path_code(range_text(k.range_path))
+        node, name, category = log.names.code(k.node_id), log.names.code(k.name), KERNEL_CATEGORIES.index(k.category)
+        path = -1 if k.range_path is None else log.paths.code(range_text(k.range_path))
         for pane in touched:
             first = int(pane == start)
             log.add(
@@ -188,7 +193,7 @@ class KernelLog:
         kernels = log.panes.get(pane_start, [])
         if published and pane_start in log.pending:
             kernels = kernels[: log.pending[pane_start]]
-        return kernels, log.names, log.paths
+        return kernels, cast(list[str], log.names.texts), log.paths.texts  # a kept kernel's codes are in use: no None
 
     def hold_back(self, gpu_uuid: str, pane_start: int) -> None:
         """Mark a closed pane pending before a late kernel joins it: its kernels as they are now are the ones
@@ -220,7 +225,7 @@ class KernelLog:
         ``ts_ns``: the panes whose lines a binding of that time may move, by GPU then pane."""
         out = []
         for gpu, log in sorted(self._gpus.items()):
-            node = log.index.get(node_id)
+            node = log.names.index.get(node_id)
             starts = {} if node is None else log.latest.get((node, pid), {})
             out += [(gpu, pane) for pane, latest in sorted(starts.items()) if latest >= ts_ns]
         return out
@@ -319,8 +324,8 @@ class KernelLog:
     def to_state(self) -> dict[str, Any]:
         return {
             gpu: {
-                "names": log.names,
-                "paths": log.paths,
+                "names": log.names.texts,
+                "paths": log.paths.texts,
                 "panes": [[p, [list(k) for k in ks]] for p, ks in sorted(log.panes.items())],
                 "pending": sorted(log.pending.items()),
                 "billed": sorted(log.billed),
@@ -332,18 +337,14 @@ class KernelLog:
     def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> KernelLog:
         kernels = cls(settings)
         for gpu, saved in state.items():
-            log = kernels._gpus[gpu] = _GpuKernels()
-            for name in saved["names"]:
-                log.code(name)
-            log.paths = list(saved.get("paths", []))  # a version 3 snapshot has none
-            log.path_uses = [0] * len(log.paths)
-            log.path_index = {text: at for at, text in enumerate(log.paths) if text is not None}
-            log.free_paths = [at for at, text in enumerate(log.paths) if text is None]  # ascending: a heap
+            # a version 3 snapshot has no paths; one before version 5 no free name codes
+            log = kernels._gpus[gpu] = _GpuKernels(saved["names"], saved.get("paths", []))
             for pane, rows in saved["panes"]:
                 for k in (Kernel(*row) for row in rows):  # a version 3 row has no path
                     log.add(pane, k)
                     if k.first:
                         log.keys.add((k.pid, k.stream, k.correlation_id, k.start_ns))
+            log.names.drop_unused()
             log.oldest = min(log.panes, default=None)
             log.pending = {pane: n for pane, n in saved.get("pending", [])}  # an older snapshot has none
             log.billed = set(saved.get("billed", log.panes))  # and, unknown, counts none of its kernels unbilled
