@@ -4,8 +4,9 @@ CUDA loads the library named by ``CUDA_INJECTION64_PATH`` in every process of th
 (``gpucost/producers/native/gpucost_inject.c``); each writes its activity to a file of its own in a private folder
 beside ``--out``, which this command reads while the job runs and converts with the Python collector's joins
 (``cupti_native``), so the lines, the range paths and the summary's counts mean what they mean there
-(docs/collecting.md, "Processes that are not Python").  SIGTERM and SIGINT are passed to the job; the command
-exits with the job's code.  The folder is removed once read; a collector killed meanwhile leaves it.
+(docs/collecting.md, "Processes that are not Python").  SIGTERM is passed to the job (SIGINT from a terminal
+reaches it directly); the command exits with the job's code.  The folder is removed once read, or on an error; a
+collector killed meanwhile leaves it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from gpucost.producers.cupti_injection import cupti_library, injection_library
 from gpucost.producers.cupti_native import ActivityFolder
@@ -34,21 +36,32 @@ def run_native(args: argparse.Namespace, job: list[str], gpu_uuids: dict[int, st
         raise UsageError(f"collect-kernels: no injection library at {library}; build one with `make injection`")
     cupti = args.cupti_library or cupti_library()
     out = Path(args.out)
-    folder = Path(tempfile.mkdtemp(prefix=".gpucost-activity-", dir=out.parent if str(out.parent) else None))
+    if not out.parent.is_dir():
+        raise UsageError(f"collect-kernels: no folder {out.parent} for --out; create it or give another path")
+    folder = Path(tempfile.mkdtemp(prefix=".gpucost-activity-", dir=out.parent))
+    try:
+        return _collect(job, library, cupti, folder, ActivityFolder(folder, args.node_id, gpu_uuids), out)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _collect(job: list[str], library: str, cupti: str, folder: Path, files: ActivityFolder, out: Path) -> int:
     env = os.environ | {"CUDA_INJECTION64_PATH": library, "GPUCOST_CUPTI_LIBRARY": cupti}
     env |= {"GPUCOST_ACTIVITY_DIR": str(folder), "NVTX_INJECTION64_PATH": env.get("NVTX_INJECTION64_PATH") or cupti}
-    files = ActivityFolder(folder, args.node_id, gpu_uuids)
-    with out.open("w", encoding="utf-8") as sink:
+    # SIGINT from a terminal reaches the job itself (one process group): passed on too, a job would see a second
+    # Ctrl-C (a force quit to many); SIGTERM is passed on, for a collector that is PID 1 of a container
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    try:
         try:
-            job_process = subprocess.Popen(job, env=env)
+            job_process = subprocess.Popen(job, env=env)  # before --out is opened: a job that cannot start leaves it
         except OSError as exc:
             raise UsageError(f"collect-kernels: {job[0]} could not start ({exc.strerror})") from None
 
         def forward(signum: int, _: FrameType | None) -> None:
             job_process.send_signal(signum)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, forward)
+        with out.open("w", encoding="utf-8") as sink:
             while True:
                 try:
                     code = job_process.wait(timeout=POLL_S)
@@ -56,14 +69,17 @@ def run_native(args: argparse.Namespace, job: list[str], gpu_uuids: dict[int, st
                 except subprocess.TimeoutExpired:
                     sink.writelines(files.poll())
             sink.writelines(files.finish())
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-    summary = {"out": str(out), "nvtx_injection": env["NVTX_INJECTION64_PATH"], "injection_library": library}
-    summary["processes"] = files.summaries()
+    finally:
+        files.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    summary: dict[str, Any] = {"out": str(out), "nvtx_injection": env["NVTX_INJECTION64_PATH"]}
+    summary |= {"injection_library": library, "processes": files.summaries()}
     if not summary["processes"]:
         summary["warnings"] = ["no process of the job loaded the injection library: it used no CUDA, or the "
                                "library could not start (its reason is on stderr above)"]  # fmt: skip
+    elif not all(p["complete"] for p in summary["processes"]):
+        summary["warnings"] = ["a process did not run its exit handler (killed, or a signal it does not handle): "
+                               "its records in CUPTI's unfinished buffers are lost"]  # fmt: skip
     print(json.dumps({"collect_kernels": summary}), file=sys.stderr)
-    shutil.rmtree(folder, ignore_errors=True)
     return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell reports it

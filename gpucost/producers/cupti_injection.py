@@ -5,7 +5,8 @@ The library is compiled on the machine that runs the job, against the CUDA heade
 never vendored) or of a CUDA toolkit (``GPUCOST_CUDA_INCLUDE``), with the system's C compiler (``CC``, else ``cc``).
 Its activity record types are the newest the headers declare (``record_types``), since CUPTI hands records over in
 the layout of its own version; the build is cached under a key of the source, headers, types and compiler, so a
-changed CUDA gets a library of its own.  ``make injection`` builds it where ``--injection-library`` can name it.
+changed CUDA or compiler gets a library of its own.  ``make injection`` builds it where ``--injection-library`` can
+name it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,7 +28,9 @@ SOURCE = Path(__file__).with_name("native") / "gpucost_inject.c"
 NEEDED_HEADERS = ("cupti_activity.h", "cuda.h", "crt/host_defines.h")
 #: the macros naming the record types the library reads, and the types' stems in cupti_activity.h
 RECORD_STEMS = {"KERNEL_RECORD": "CUpti_ActivityKernel", "MEMCPY_RECORD": "CUpti_ActivityMemcpy",
-                "MEMSET_RECORD": "CUpti_ActivityMemset"}  # fmt: skip
+                "MEMSET_RECORD": "CUpti_ActivityMemset", "DEVICE_RECORD": "CUpti_ActivityDevice"}  # fmt: skip
+#: the headers the library's build depends on, hashed into its cache key with the compiler's version
+KEY_HEADERS = ("cupti_activity.h", "cupti_callbacks.h", "cupti_runtime_cbid.h", "cupti_driver_cbid.h", "cuda.h")
 INSTALL_HINT = "pip install 'gpucost[native]' (NVIDIA's CUDA headers), or set GPUCOST_CUDA_INCLUDE to a toolkit's"
 
 
@@ -63,32 +67,51 @@ def record_types(folders: list[Path]) -> dict[str, str]:
     return types
 
 
+def compiler() -> list[str]:
+    """The C compiler's words: ``CC`` (``ccache gcc`` is two), else ``cc`` or ``gcc`` on PATH."""
+    words = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    if not words[0]:
+        raise UsageError("the injection library is C: install a C compiler (Debian: apt-get install gcc) or set CC")
+    return words
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise UsageError(f"the C compiler {command[0]} could not run ({exc.strerror}): install one or set CC") from None
+
+
 def compile_c(source: Path, out: Path, folders: list[Path], shared: bool = True) -> Path:
     """``source`` compiled to ``out`` (written whole, by a rename) with the record types as macros; a failure is a
     ``UsageError`` carrying the compiler's last words."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise UsageError("the injection library is C: install a C compiler (Debian: apt-get install gcc) or set CC")
     macros = [f"-D{k}={v}" for k, v in record_types(folders).items()]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
-        built = Path(scratch) / out.name
-        shape = ["-fPIC", "-shared"] if shared else []
-        command = [compiler, "-std=c11", "-O2", *shape, *(f"-I{f}" for f in folders), *macros]
-        done = subprocess.run(
-            [*command, "-o", str(built), str(source), "-ldl", "-lpthread"], capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            raise UsageError(f"compiling {source.name} failed: {done.stderr.strip()[-800:]}")
-        os.replace(built, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+            built = Path(scratch) / out.name
+            shape = ["-fPIC", "-shared"] if shared else []
+            command = [*compiler(), "-std=c11", "-O2", *shape, *(f"-I{f}" for f in folders), *macros]
+            done = _run([*command, "-o", str(built), str(source), "-ldl", "-lpthread"])
+            if done.returncode != 0:
+                raise UsageError(f"compiling {source.name} failed: {done.stderr.strip()[-800:]}")
+            os.replace(built, out)
+    except OSError as exc:
+        raise UsageError(f"the injection library could not be written to {out.parent}: {exc.strerror}") from None
     return out
 
 
 def injection_library(cache: Path | None = None) -> Path:
-    """The library built for this machine's headers and compiler, from the cache when it was built before."""
+    """The library built for this machine's headers and compiler, from the cache when it was built before: the key
+    holds the source, the headers' contents, the record types and the compiler's words and version."""
     folders = include_folders()
     key = hashlib.sha256(SOURCE.read_bytes())
-    for part in (*map(str, folders), *record_types(folders).values(), os.environ.get("CC", "")):
+    for folder in folders:
+        for name in KEY_HEADERS:
+            if (folder / name).is_file():
+                key.update((folder / name).read_bytes())
+    words = compiler()
+    for part in (*record_types(folders).values(), *words, _run([*words, "--version"]).stdout):
         key.update(part.encode())
     folder = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpucost"
     out = folder / f"libgpucost_inject-{key.hexdigest()[:16]}.so"

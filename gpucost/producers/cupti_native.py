@@ -29,12 +29,19 @@ _KERNEL = struct.Struct("<IQQIIiiiiiiHii")
 _WORK = struct.Struct("<IQQIIQ")
 _LAUNCH = struct.Struct("<IIQ")
 _MARKER = struct.Struct("<IIQIH")
+_DEVICE = struct.Struct("<IB16s")
 #: a record frame's tag → the kind ``KernelRecords`` knows it by (the tag is the record's kind field)
 KINDS = {ord("K"): "kernel", ord("C"): "memcpy", ord("S"): "memset", ord("R"): "runtime", ord("M"): "marker"}
 #: CUPTI_ACTIVITY_FLAG_MARKER_START and _END, as the C header defines them
 MARKER_FLAGS = (1 << 1, 1 << 2)
 FILE_PREFIX, FILE_SUFFIX = "activity-", ".bin"
 READ_BYTES = 1 << 20
+
+
+def device_uuid(raw: bytes, mig: bool) -> str:
+    """A CUDA ``CUuuid`` as NVML writes it: ``GPU-`` (``MIG-`` for a MIG instance) and 8-4-4-4-12 hex digits."""
+    h = raw.hex()
+    return f"{'MIG' if mig else 'GPU'}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class ProcessActivity:
@@ -50,15 +57,18 @@ class ProcessActivity:
         self.offset_ns: int | None = None
         self.complete = False  # the exit frame came: CUPTI's buffers were flushed
         self.bad_frames = 0
+        self.unread_bytes = 0  # after a frame that cannot be one: nothing after it can be placed, so it is counted
 
     def feed(self, data: bytes) -> list[tuple[Any, ...]]:
         if self._broken:
+            self.unread_bytes += len(data)
             return []
         buf, at, read = self._rest + data, 0, []
         while len(buf) - at >= FRAME_HEAD.size:
             tag, length = FRAME_HEAD.unpack_from(buf, at)
             if length > MAX_FRAME_BYTES:  # not a frame the library writes: nothing after it can be placed
                 self.bad_frames += 1
+                self.unread_bytes += len(buf) - at
                 self._broken, buf, at = True, b"", 0
                 break
             end = at + FRAME_HEAD.size + length
@@ -87,12 +97,15 @@ class ProcessActivity:
             flags, marker_id, ts, tid, n = _MARKER.unpack_from(payload)
             domain, name = payload[_MARKER.size : _MARKER.size + n], payload[_MARKER.size + n :]
             read.append((kind, (tag, flags, marker_id, ts, tid, domain, name)))
+        elif tag == ord("D") and self.records is not None:  # taken at once: before the records of its piece
+            device, mig, raw = _DEVICE.unpack_from(payload)
+            self.records.name_device(device, device_uuid(raw, bool(mig)))
         elif tag == ord("H") and self.records is None:
             magic, pid, before, gpu, after = _HEADER.unpack_from(payload)
             if magic != MAGIC:
                 raise ValueError("not the library's header")
             self.pid, self.offset_ns = pid, ClockOffset.of(before, gpu, after)
-            identity = Identity(self._node_id, pid, self._gpu_uuids)
+            identity = Identity(self._node_id, pid, dict(self._gpu_uuids))  # its own: DEVICE records name them
             self.records = KernelRecords(identity, self.offset_ns, KINDS, MARKER_FLAGS, self.stats, self._max_pending)
         elif tag == ord("E") and self.offset_ns is not None:
             before, gpu, after, dropped, unrecorded = _END.unpack_from(payload)
@@ -109,15 +122,11 @@ class ProcessActivity:
 
     def summary(self) -> dict[str, Any]:
         """What the command prints for this process; ``truncated_bytes`` is a last frame cut short (SIGKILL, a full
-        disk), ``complete`` false a process that never ran its exit handler (records in unfinished buffers lost)."""
-        return (
-            {"pid": self.pid, "clock_offset_ns": self.offset_ns, "complete": self.complete}
-            | vars(self.stats)
-            | {
-                "bad_frames": self.bad_frames,
-                "truncated_bytes": len(self._rest),
-            }
-        )
+        disk), ``unread_bytes`` what followed a frame longer than the library writes, ``complete`` false a process that
+        never ran its exit handler (records in unfinished buffers lost)."""
+        head = {"pid": self.pid, "clock_offset_ns": self.offset_ns, "complete": self.complete}
+        tail = {"bad_frames": self.bad_frames, "truncated_bytes": len(self._rest), "unread_bytes": self.unread_bytes}
+        return head | vars(self.stats) | tail
 
     def lines(self, rows: list[tuple[Any, ...]]) -> str:
         return self.records.lines(rows) if self.records is not None else ""
@@ -129,25 +138,40 @@ class ActivityFolder:
     def __init__(self, folder: Path, node_id: str, gpu_uuids: dict[int, str]) -> None:
         self._folder, self._node_id, self._gpu_uuids = folder, node_id, gpu_uuids
         self._open: dict[str, tuple[IO[bytes], ProcessActivity]] = {}
+        self._done: dict[str, ProcessActivity] = {}  # read to their exit frame: their files closed
 
     def poll(self) -> Iterator[str]:
         """The lines of every frame written since the last poll (files in name order, each in its own order)."""
         for name in sorted(os.listdir(self._folder)):
-            if name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX) and name not in self._open:
+            ours = name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX)
+            if ours and name not in self._open and name not in self._done:
                 reader = ProcessActivity(self._node_id, self._gpu_uuids)
                 self._open[name] = ((self._folder / name).open("rb"), reader)
-        for file, reader in self._open.values():
+        for name, (file, reader) in list(self._open.items()):
             while data := file.read(READ_BYTES):
                 if text := reader.lines(reader.feed(data)):
+                    yield text
+            if reader.complete:  # the library wrote its last frame: the file is closed (a job of many processes
+                file.close()  # would otherwise run out of file descriptors here)
+                del self._open[name]
+                self._done[name] = reader
+                if text := reader.lines(reader.finish()):
                     yield text
 
     def finish(self) -> Iterator[str]:
         """After the job: the last frames, then what each process's joins still hold."""
         yield from self.poll()
-        for file, reader in self._open.values():
+        for name, (file, reader) in list(self._open.items()):
             file.close()
+            del self._open[name]
+            self._done[name] = reader
             if text := reader.lines(reader.finish()):
                 yield text
 
+    def close(self) -> None:
+        for file, _ in self._open.values():
+            file.close()
+
     def summaries(self) -> list[dict[str, Any]]:
-        return [reader.summary() for _, reader in self._open.values()]
+        """Each process's summary, in its file's name order (pid, then start)."""
+        return [self._done[name].summary() for name in sorted(self._done)]

@@ -182,6 +182,12 @@ class KernelRecords:
                 self.stats.bad_records += 1
         return out
 
+    def name_device(self, device: int, uuid: str) -> None:
+        """A device's UUID as CUDA gives it (a DEVICE record: whichever GPU ``CUDA_VISIBLE_DEVICES`` made this
+        process's device N), over the one NVML's index order gave."""
+        self._id.gpu_uuids[device] = uuid
+        self._devices.pop(device, None)
+
     def _reader(self, record: Any) -> tuple[str, Reader] | None:
         """The bytes reader for a record's type, made and checked on its first record; None: read attributes."""
         dtype = getattr(self._layouts, dtype_name(type(record)), None)
@@ -244,7 +250,7 @@ class KernelRecords:
         return self._devices.setdefault(device, _json((self._id.gpu_uuid(device), device), ("gpu_uuid", "device")))
 
     def _name(self, kind: str, raw: Any) -> _Json:
-        name = str((raw.decode() if isinstance(raw, bytes) else raw) or kind)
+        name = str((raw.decode(errors="replace") if isinstance(raw, bytes) else raw) or kind)
         if len(name) > MAX_NAME_CHARS:  # not cached, so that each such record is counted
             self.stats.truncated_names += 1
             return _json((category_of(kind, name), name[:MAX_NAME_CHARS]), ("category", "name"))
@@ -369,7 +375,7 @@ class KernelRecords:
     def _label(self, domain: Any, name: Any) -> _Json:
         if len(self._labels) >= _CACHED_NAMES:
             self._labels.clear()
-        domain, name = (v.decode() if isinstance(v, bytes) else v for v in (domain, name))
+        domain, name = (v.decode(errors="replace") if isinstance(v, bytes) else v for v in (domain, name))
         values = (str(domain or "") or DEFAULT_DOMAIN, str(name or "")[:MAX_NAME_CHARS])
         return self._labels.setdefault((domain, name), _json(values, ("domain", "name")))
 

@@ -9,8 +9,9 @@
  *   C kind corr start end device stream bytes     (kind 1 memcpy, 2 memset)
  *   R kind corr thread start                      (kind 4 driver, 5 runtime)
  *   M flags id timestamp thread domain name
- * A flush delivers every buffer (forced) or all but the last; CUPTI_STANDIN_LOG gets each kind enabled and each
- * call switched ("kind K", "api DOMAIN CBID ON").
+ *   V device mig uuid mig_uuid                    (a DEVICE record; the UUIDs as 32 hex digits)
+ * A flush delivers every buffer (forced) or all but the last; CUPTI_STANDIN_LOG gets each kind enabled or disabled
+ * and each call switched ("kind K", "off K", "api DOMAIN CBID ON"); CUPTI_STANDIN_REFUSE=K refuses to enable kind K.
  */
 #define _GNU_SOURCE
 #include <cupti_activity.h>
@@ -117,6 +118,15 @@ static size_t fill(const char *text, uint8_t *buffer, size_t size) {
       CUpti_ActivityAPI *r = memset(at, 0, need);
       r->kind = (CUpti_ActivityKind)v[0], r->correlationId = v[1], r->threadId = v[2], r->start = v[3];
       r->end = v[3] + 5;
+    } else if (line[0] == 'V') {
+      need = align8(sizeof(DEVICE_RECORD));
+      if (need > room || sscanf(line + 1, "%llu %llu %s %s", &v[0], &v[1], a, b) != 4) break;
+      DEVICE_RECORD *d = memset(at, 0, need);
+      d->kind = CUPTI_ACTIVITY_KIND_DEVICE, d->id = v[0], d->isMigEnabled = v[1];
+      for (int i = 0; i < 16; i++) {
+        sscanf(a + 2 * i, "%2hhx", &d->uuid.bytes[i]);
+        sscanf(b + 2 * i, "%2hhx", &d->migUuid.bytes[i]);
+      }
     } else if (line[0] == 'M') {
       need = align8(sizeof(CUpti_ActivityMarker2));
       if (need > room || sscanf(line + 1, "%llu %llu %llu %llu %s %s", &v[0], &v[1], &v[2], &v[3], a, b) != 6) break;
@@ -138,6 +148,7 @@ static size_t record_size(const CUpti_Activity *r) {
     case CUPTI_ACTIVITY_KIND_MEMCPY: return align8(sizeof(MEMCPY_RECORD));
     case CUPTI_ACTIVITY_KIND_MEMSET: return align8(sizeof(MEMSET_RECORD));
     case CUPTI_ACTIVITY_KIND_MARKER: return align8(sizeof(CUpti_ActivityMarker2));
+    case CUPTI_ACTIVITY_KIND_DEVICE: return align8(sizeof(DEVICE_RECORD));
     default: return align8(sizeof(CUpti_ActivityAPI));
   }
 }
@@ -149,7 +160,14 @@ CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc r, C
 }
 
 CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
+  const char *refuse = getenv("CUPTI_STANDIN_REFUSE");
+  if (refuse && atoi(refuse) == (int)kind) return CUPTI_ERROR_NOT_COMPATIBLE;
   if (log_file) fprintf(log_file, "kind %d\n", (int)kind), fflush(log_file);
+  return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {
+  if (log_file) fprintf(log_file, "off %d\n", (int)kind), fflush(log_file);
   return CUPTI_SUCCESS;
 }
 

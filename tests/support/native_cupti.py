@@ -36,8 +36,8 @@ def build(folder: Path) -> Built:
     )
 
 
-def _text(value: str | None) -> str:
-    return value.encode().hex() if value else "-"
+def _text(value: str | bytes | None) -> str:
+    return (value if isinstance(value, bytes) else value.encode()).hex() if value else "-"
 
 
 def standin_line(r: Any) -> str:
@@ -60,11 +60,16 @@ def write_recording(
     dropped: int = 0,
     clock: tuple[int, ...] = (5_000, 5_400),
     names: dict[tuple[int, int], str] | None = None,
+    devices: dict[int, tuple[bool, bytes]] | None = None,
 ) -> Path:
+    """The stand-in's recording; ``devices``: DEVICE records (id → MIG or not, UUID), first in the first buffer."""
     lines = [f"T {' '.join(map(str, clock))}", f"D {dropped}"]
     lines += [f"N {domain} {cbid} {name}" for (domain, cbid), name in (names or {}).items()]
-    for buffer in buffers:
-        lines += ["B", *map(standin_line, buffer)]
+    for i, buffer in enumerate(buffers or ([[]] if devices else [])):
+        lines.append("B")
+        if i == 0:
+            lines += [f"V {d} {int(mig)} {uuid.hex()} {uuid[::-1].hex()}" for d, (mig, uuid) in (devices or {}).items()]
+        lines += map(standin_line, buffer)
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -13,10 +13,15 @@
  *   'C','S' := corr:u32 start:u64 end:u64 device:u32 stream:u32 bytes:u64          (memcpy, memset)
  *   'R'     := corr:u32 thread:u32 start:u64                                      (a runtime or driver launch)
  *   'M'     := flags:u32 id:u32 timestamp:u64 thread:u32 domain_len:u16 domain name[rest]
+ *   'D'     := device:u32 mig:u8 uuid[16]    (a device's UUID, its MIG instance's if mig: what NVML names it by)
  *   'E'     := wall_before:i64 cupti:u64 wall_after:i64 dropped:u64 calls_unrecorded:u32   (last, at exit)
  *
  * Strings are copied: a record's name is a pointer into this process.  Each completed buffer becomes one write of
- * whole frames, so a process killed with SIGKILL leaves whole frames of the buffers CUPTI had completed.  Only the
+ * whole frames, so a process killed with SIGKILL leaves whole frames of the buffers CUPTI had completed.  The file's
+ * name holds the pid and the wall clock's ns, so that two processes of one pid (an exec after CUDA started, pid
+ * namespaces) each have their own; a child forked without exec writes nothing (it is not the process collected).
+ * Devices are named by CUPTI's DEVICE records, not by index: a process's device 0 is whichever GPU
+ * CUDA_VISIBLE_DEVICES gave it.  Only the
  * API calls that launch device work (names holding Launch, Memcpy or Memset; host functions excepted) stay
  * recorded, as in the Python collector: recording every call made a launch-bound job 6.5 times slower.
  * The record types (KERNEL_RECORD, ...) are the newest in the headers it is built with (the build picks them).
@@ -42,6 +47,7 @@
 
 typedef CUptiResult (*register_fn)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
 typedef CUptiResult (*kind_fn)(CUpti_ActivityKind);
+typedef CUptiResult (*disable_fn)(CUpti_ActivityKind);
 typedef CUptiResult (*flush_fn)(uint32_t);
 typedef CUptiResult (*next_fn)(uint8_t *, size_t, CUpti_Activity **);
 typedef CUptiResult (*dropped_fn)(CUcontext, uint32_t, size_t *);
@@ -52,6 +58,7 @@ typedef CUptiResult (*cb_name_fn)(CUpti_CallbackDomain, uint32_t, const char **)
 static struct {
   register_fn register_callbacks;
   kind_fn enable;
+  disable_fn disable;
   flush_fn flush_all;
   next_fn next_record;
   dropped_fn dropped;
@@ -61,7 +68,13 @@ static struct {
 } cupti;
 
 static int out_fd = -1;
+static pid_t owner = 0; /* the process collected: a child forked from it shares its memory, not its file */
 static uint32_t calls_unrecorded = 0;
+static const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_DEVICE,   CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                           CUPTI_ACTIVITY_KIND_RUNTIME,  CUPTI_ACTIVITY_KIND_DRIVER,
+                                           CUPTI_ACTIVITY_KIND_MARKER,   CUPTI_ACTIVITY_KIND_MEMCPY,
+                                           CUPTI_ACTIVITY_KIND_MEMSET};
+#define N_KINDS (sizeof kinds / sizeof kinds[0])
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct {
@@ -80,6 +93,7 @@ static int reserve(chunk *c, size_t more) {
 }
 
 static void put(chunk *c, const void *bytes, size_t n) {
+  if (!n) return; /* bytes may be NULL then */
   memcpy(c->data + c->used, bytes, n);
   c->used += n;
 }
@@ -133,6 +147,16 @@ static void put_clock(chunk *c) {
   PUT(c, after);
 }
 
+/* A copy's or a set's frame: the two record types share these fields, not a layout. */
+static int work(chunk *c, char tag, uint32_t corr, uint64_t start, uint64_t end, uint32_t device, uint32_t stream,
+                uint64_t bytes) {
+  if (!reserve(c, 64)) return 0;
+  size_t at = begin_frame(c, tag);
+  PUT(c, corr); PUT(c, start); PUT(c, end); PUT(c, device); PUT(c, stream); PUT(c, bytes);
+  end_frame(c, at);
+  return 1;
+}
+
 static int record(chunk *c, const CUpti_Activity *r) {
   size_t at;
   switch (r->kind) {
@@ -153,18 +177,18 @@ static int record(chunk *c, const CUpti_Activity *r) {
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const MEMCPY_RECORD *m = (const MEMCPY_RECORD *)r;
-      if (!reserve(c, 64)) return 0;
-      at = begin_frame(c, 'C');
-      PUT(c, (uint32_t)m->correlationId); PUT(c, (uint64_t)m->start); PUT(c, (uint64_t)m->end);
-      PUT(c, (uint32_t)m->deviceId); PUT(c, (uint32_t)m->streamId); PUT(c, (uint64_t)m->bytes);
-      break;
+      return work(c, 'C', m->correlationId, m->start, m->end, m->deviceId, m->streamId, m->bytes);
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const MEMSET_RECORD *m = (const MEMSET_RECORD *)r;
-      if (!reserve(c, 64)) return 0;
-      at = begin_frame(c, 'S');
-      PUT(c, (uint32_t)m->correlationId); PUT(c, (uint64_t)m->start); PUT(c, (uint64_t)m->end);
-      PUT(c, (uint32_t)m->deviceId); PUT(c, (uint32_t)m->streamId); PUT(c, (uint64_t)m->bytes);
+      return work(c, 'S', m->correlationId, m->start, m->end, m->deviceId, m->streamId, m->bytes);
+    }
+    case CUPTI_ACTIVITY_KIND_DEVICE: {
+      const DEVICE_RECORD *d = (const DEVICE_RECORD *)r;
+      if (!reserve(c, 32)) return 0;
+      at = begin_frame(c, 'D');
+      PUT(c, (uint32_t)d->id); PUT(c, (uint8_t)(d->isMigEnabled != 0));
+      put(c, d->isMigEnabled ? d->migUuid.bytes : d->uuid.bytes, 16);
       break;
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME:
@@ -202,6 +226,10 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
 static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t *buffer, size_t size,
                                       size_t valid) {
   (void)context, (void)stream, (void)size;
+  if (getpid() != owner) { /* a forked child's copy of the parent's buffers: the parent writes them */
+    free(buffer);
+    return;
+  }
   chunk c = {0};
   CUpti_Activity *r = NULL;
   while (cupti.next_record(buffer, valid, &r) == CUPTI_SUCCESS) {
@@ -238,9 +266,12 @@ static uint32_t launch_calls_only(void) {
 }
 
 static void at_exit(void) {
+  if (getpid() != owner) return; /* a child forked without exec: its exit is not the collected process's */
   chunk c = {0};
   size_t dropped = 0;
   cupti.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* incomplete buffers too */
+  for (size_t i = 0; i < N_KINDS; i++) cupti.disable(kinds[i]);
+  cupti.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* what came while they were being disabled */
   cupti.dropped(NULL, 0, &dropped);
   if (reserve(&c, 64)) {
     size_t at = begin_frame(&c, 'E');
@@ -264,6 +295,26 @@ static int complain(const char *what) {
 
 #define LOOK_UP(field, symbol) (cupti.field = (__typeof__(cupti.field))dlsym(library, symbol))
 
+/* Opens this process's file, a name of its own: the pid and the wall clock's ns, retried if taken. */
+static int open_file(const char *dir, char *file, size_t size) {
+  for (int attempt = 0; attempt < 16; attempt++) {
+    int n = snprintf(file, size, "%s/activity-%ld-%lld.bin", dir, (long)getpid(), (long long)wall_ns() + attempt);
+    if (n < 0 || (size_t)n >= size) return -1;
+    int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  return -1;
+}
+
+/* Undoes a start that failed half way, so that nothing of this process is collected rather than a part of it. */
+static int give_up(const char *what, size_t enabled, const char *file) {
+  for (size_t i = 0; i < enabled; i++) cupti.disable(kinds[i]);
+  close(out_fd);
+  out_fd = -1;
+  unlink(file);
+  return complain(what);
+}
+
 int InitializeInjection(void) {
   static int done = 0;
   if (done++) return 1; /* CUDA may call it again: one set of callbacks a process */
@@ -272,19 +323,24 @@ int InitializeInjection(void) {
   void *library = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
   if (!library) return complain(dlerror());
   if (!LOOK_UP(register_callbacks, "cuptiActivityRegisterCallbacks") || !LOOK_UP(enable, "cuptiActivityEnable") ||
-      !LOOK_UP(flush_all, "cuptiActivityFlushAll") || !LOOK_UP(next_record, "cuptiActivityGetNextRecord") ||
-      !LOOK_UP(dropped, "cuptiActivityGetNumDroppedRecords") || !LOOK_UP(timestamp, "cuptiGetTimestamp"))
+      !LOOK_UP(disable, "cuptiActivityDisable") || !LOOK_UP(flush_all, "cuptiActivityFlushAll") ||
+      !LOOK_UP(next_record, "cuptiActivityGetNextRecord") || !LOOK_UP(dropped, "cuptiActivityGetNumDroppedRecords") ||
+      !LOOK_UP(timestamp, "cuptiGetTimestamp"))
     return complain("the CUPTI library lacks the activity API");
   LOOK_UP(runtime_api, "cuptiActivityEnableRuntimeApi");
   LOOK_UP(driver_api, "cuptiActivityEnableDriverApi");
   LOOK_UP(callback_name, "cuptiGetCallbackName");
   char file[4096];
-  if (snprintf(file, sizeof file, "%s/activity-%ld.bin", dir, (long)getpid()) >= (int)sizeof file)
-    return complain("GPUCOST_ACTIVITY_DIR is too long");
-  out_fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+  owner = getpid();
+  out_fd = open_file(dir, file, sizeof file);
   if (out_fd < 0) return complain(strerror(errno));
-  chunk c = {0};
-  if (!reserve(&c, 64)) return complain("out of memory");
+  if (cupti.register_callbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS)
+    return give_up("CUPTI refused the buffer callbacks", 0, file);
+  for (size_t i = 0; i < N_KINDS; i++) {
+    if (cupti.enable(kinds[i]) != CUPTI_SUCCESS) return give_up("CUPTI refused an activity kind", i, file);
+  }
+  chunk c = {0}; /* the header before any record: CUDA is still starting, so no buffer has completed */
+  if (!reserve(&c, 64)) return give_up("out of memory", N_KINDS, file);
   size_t at = begin_frame(&c, 'H');
   put(&c, "GPUCOST1", 8);
   PUT(&c, (uint32_t)getpid());
@@ -292,14 +348,6 @@ int InitializeInjection(void) {
   end_frame(&c, at);
   write_all(&c);
   free(c.data);
-  static const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_RUNTIME,
-                                             CUPTI_ACTIVITY_KIND_DRIVER,            CUPTI_ACTIVITY_KIND_MARKER,
-                                             CUPTI_ACTIVITY_KIND_MEMCPY,            CUPTI_ACTIVITY_KIND_MEMSET};
-  if (cupti.register_callbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS)
-    return complain("CUPTI refused the buffer callbacks");
-  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-    if (cupti.enable(kinds[i]) != CUPTI_SUCCESS) return complain("CUPTI refused an activity kind");
-  }
   calls_unrecorded = launch_calls_only();
   atexit(at_exit);
   return 1;
