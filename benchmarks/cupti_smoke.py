@@ -114,6 +114,8 @@ def checks_of(done: subprocess.CompletedProcess[str], rows: list[dict], t0: int,
         "range_paths_by_launch": bool(inside)
         and all(k.get("range_path") == _open_at(ranges, k["launch_tid"], k["launch_ns"]) for k in gemms),
         "memcpy_present": any(k["category"] == "memcpy" for k in kernels),
+        # devices are named by CUPTI's DEVICE records (docs/collecting.md): a UUID, never the index fallback
+        "devices_named": bool(kernels) and all(k["gpu_uuid"].startswith(("GPU-", "MIG-")) for k in kernels),
     }
 
 
@@ -132,10 +134,6 @@ def main() -> int:
     native = checks_of(n_done, n_rows, n0, n1)
     checks |= {f"native_{k}": v for k, v in native.items()}
     checks["native_same_kernels"] = bool(rows) and _names(n_rows) == _names(rows)
-    # the library names devices by CUPTI's DEVICE records (docs/collecting.md): a UUID, never the index fallback
-    checks["native_devices_named"] = bool(n_rows) and all(
-        r["gpu_uuid"].startswith(("GPU-", "MIG-")) for r in n_rows if r["kind"] == "kernel_activity"
-    )
     readings = both_readings()
     readers = readings.get("readers", {})
     checks["read_from_bytes"] = {"ActivityKernel10", "ActivityAPI", "ActivityMarker2"} <= set(readers) and all(

@@ -207,7 +207,7 @@ def _run_both(buffers, offset, max_pending, node):
     from tests.cupti_standin.reference import ReferenceRecords
 
     kinds = {int(k): v for k, v in {K.CONCURRENT_KERNEL: "kernel", K.MEMCPY: "memcpy", K.MEMSET: "memset",
-             K.RUNTIME: "runtime", K.DRIVER: "runtime", K.MARKER: "marker"}.items()}  # fmt: skip
+             K.RUNTIME: "runtime", K.DRIVER: "runtime", K.MARKER: "marker", K.DEVICE: "device"}.items()}  # fmt: skip
     flags = (int(standin.ActivityFlag.MARKER_START), standin.MARKER_END)
     identity = Identity(node, PID, {1: 'GPU-1"%'})
     ref = ReferenceRecords(identity, offset, kinds, flags, Stats(), max_pending)
@@ -252,3 +252,17 @@ def test_cupti_shaped_records_are_read_from_their_bytes(monkeypatch):
     assert set(readers) == {raw.ActivityKernel10, raw.ActivityAPI, raw.ActivityMemset4, raw.ActivityMarker2}
     assert all(kind is not None for kind in readers.values())
     assert [fast.objects(b) for b in fast_batches] == ref_batches and len(ref_batches[0]) == 3
+
+
+def test_devices_are_named_by_cuda_s_device_records_not_by_nvml_s_order():
+    """CUDA_VISIBLE_DEVICES=2 makes a process's device 0 the node's third GPU: the DEVICE record says which."""
+    from tests.support.cupti_recording import device
+
+    uuid = bytes(range(16))
+    standin.load([[kernel(1, 10, 20), device(0, uuid), kernel(2, 30, 40)]])
+    got: list[dict] = []
+    collector = Collector(standin, Identity(NODE, PID, {0: "GPU-nvml-order"}), got.extend)
+    collector.start()
+    assert K.DEVICE in standin.STATE["enabled"]
+    collector.stop()
+    assert [k["gpu_uuid"] for k in got] == ["GPU-nvml-order", "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"]

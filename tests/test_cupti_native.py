@@ -50,7 +50,7 @@ def reference(buffers, summary, node="n1", devices=None):
     """The reference conversion with the pid and clock offset the command reported for its one process."""
     (process,) = summary["processes"]
     kinds = {int(k): v for k, v in {K.CONCURRENT_KERNEL: "kernel", K.MEMCPY: "memcpy", K.MEMSET: "memset",
-             K.RUNTIME: "runtime", K.DRIVER: "runtime", K.MARKER: "marker"}.items()}  # fmt: skip
+             K.RUNTIME: "runtime", K.DRIVER: "runtime", K.MARKER: "marker", K.DEVICE: "device"}.items()}  # fmt: skip
     flags = (int(standin.ActivityFlag.MARKER_START), standin.MARKER_END)
     ref = ReferenceRecords(
         Identity(node, process["pid"], named(devices or {})), process["clock_offset_ns"], kinds, flags, Stats()

@@ -113,7 +113,9 @@ class Collector:
         self._cupti, self._sink, self._wall_now, self._text = cupti, sink, wall_now, text
         kind = cupti.ActivityKind
         self._enabled = [kind.CONCURRENT_KERNEL, kind.RUNTIME, kind.DRIVER, kind.MARKER, kind.MEMCPY, kind.MEMSET]
+        self._enabled.insert(0, kind.DEVICE)  # each device's UUID: device N is whichever GPU CUDA_VISIBLE_DEVICES gave
         names = {
+            kind.DEVICE: "device",
             kind.CONCURRENT_KERNEL: "kernel",
             kind.MEMCPY: "memcpy",
             kind.MEMSET: "memset",

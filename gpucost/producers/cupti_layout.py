@@ -30,6 +30,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "memcpy": ("kind", "correlation_id", "start", "end", "device_id", "stream_id", "bytes", "name"),
     "runtime": ("kind", "correlation_id", "thread_id", "start"),
     "marker": ("kind", "flags_", "id", "timestamp", "object_id.pt.thread_id", "domain", "name"),
+    "device": ("kind", "id", "is_mig_enabled", "uuid", "mig_uuid"),  # read by attributes: one a device
 }  # fmt: skip
 FIELDS["memset"] = FIELDS["memcpy"]
 STRINGS = frozenset({"name", "domain"})  # char* fields; a memcpy has no name (None, as getattr's default)

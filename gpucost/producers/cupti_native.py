@@ -31,17 +31,12 @@ _LAUNCH = struct.Struct("<IIQ")
 _MARKER = struct.Struct("<IIQIH")
 _DEVICE = struct.Struct("<IB16s")
 #: a record frame's tag → the kind ``KernelRecords`` knows it by (the tag is the record's kind field)
-KINDS = {ord("K"): "kernel", ord("C"): "memcpy", ord("S"): "memset", ord("R"): "runtime", ord("M"): "marker"}
+KINDS = {ord("K"): "kernel", ord("C"): "memcpy", ord("S"): "memset", ord("R"): "runtime", ord("M"): "marker",
+         ord("D"): "device"}  # fmt: skip
 #: CUPTI_ACTIVITY_FLAG_MARKER_START and _END, as the C header defines them
 MARKER_FLAGS = (1 << 1, 1 << 2)
 FILE_PREFIX, FILE_SUFFIX = "activity-", ".bin"
 READ_BYTES = 1 << 20
-
-
-def device_uuid(raw: bytes, mig: bool) -> str:
-    """A CUDA ``CUuuid`` as NVML writes it: ``GPU-`` (``MIG-`` for a MIG instance) and 8-4-4-4-12 hex digits."""
-    h = raw.hex()
-    return f"{'MIG' if mig else 'GPU'}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class ProcessActivity:
@@ -97,9 +92,9 @@ class ProcessActivity:
             flags, marker_id, ts, tid, n = _MARKER.unpack_from(payload)
             domain, name = payload[_MARKER.size : _MARKER.size + n], payload[_MARKER.size + n :]
             read.append((kind, (tag, flags, marker_id, ts, tid, domain, name)))
-        elif tag == ord("D") and self.records is not None:  # taken at once: before the records of its piece
+        elif kind == "device":  # the library writes the UUID it chose (the MIG instance's on a MIG device)
             device, mig, raw = _DEVICE.unpack_from(payload)
-            self.records.name_device(device, device_uuid(raw, bool(mig)))
+            read.append((kind, (tag, device, mig, raw, raw)))
         elif tag == ord("H") and self.records is None:
             magic, pid, before, gpu, after = _HEADER.unpack_from(payload)
             if magic != MAGIC:

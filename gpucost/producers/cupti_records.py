@@ -53,6 +53,15 @@ class Identity:
         return self.gpu_uuids.get(device, f"{self.node_id}/{device}")
 
 
+def device_uuid(raw: Any, mig: bool) -> str:
+    """A CUDA ``CUuuid`` (16 bytes, or an object holding them as ``bytes``) as NVML writes it: ``GPU-`` (``MIG-`` for a
+    MIG instance) and 8-4-4-4-12 hex digits."""
+    h = bytes(getattr(raw, "bytes", raw)).hex()
+    if len(h) != 32:
+        raise ValueError(f"a UUID of {len(h) // 2} bytes")
+    return f"{'MIG' if mig else 'GPU'}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def category_of(kind: str, name: str) -> str:
     if kind != "kernel":
         return kind
@@ -115,11 +124,12 @@ class KernelRecords:
         #: that path, found without a sort (a thread's ranges change far less often than it launches)
         self._whole: dict[int, tuple[int, str | None]] = {}
         self._devices: dict[int, _Json] = {}
+        self._uuids: dict[int, str] = {}  # devices named by CUDA (``name_device``), over the identity's guesses
         self._names: dict[str, dict[Any, _Json]] = {"kernel": {}, "memcpy": {}, "memset": {}}
         self._kernel_names = self._names["kernel"]
         self._labels: dict[tuple[Any, Any], _Json] = {}
         handlers = {"kernel": self._kernel, "memcpy": self._copy, "memset": self._copy}
-        handlers |= {"runtime": self._launch, "marker": self._marker}
+        handlers |= {"runtime": self._launch, "marker": self._marker, "device": self._device_record}
         self._kinds = {k: name for k, name in kinds.items() if name in handlers}
         self._handlers = {name: handlers[name] for name in self._kinds.values()}
         self._plain = {name: attribute_reader(FIELDS[name]) for name in handlers}
@@ -185,7 +195,7 @@ class KernelRecords:
     def name_device(self, device: int, uuid: str) -> None:
         """A device's UUID as CUDA gives it (a DEVICE record: whichever GPU ``CUDA_VISIBLE_DEVICES`` made this
         process's device N), over the one NVML's index order gave."""
-        self._id.gpu_uuids[device] = uuid
+        self._uuids[device] = uuid
         self._devices.pop(device, None)
 
     def _reader(self, record: Any) -> tuple[str, Reader] | None:
@@ -247,7 +257,13 @@ class KernelRecords:
         return obj
 
     def _device(self, device: int) -> _Json:
-        return self._devices.setdefault(device, _json((self._id.gpu_uuid(device), device), ("gpu_uuid", "device")))
+        uuid = self._uuids.get(device) or self._id.gpu_uuid(device)
+        return self._devices.setdefault(device, _json((uuid, device), ("gpu_uuid", "device")))
+
+    def _device_record(self, fields: tuple[Any, ...], _: str, __: list[tuple[Any, ...]]) -> None:
+        """A DEVICE record: the UUID of this process's device ``id`` (a MIG instance's), for the kernels read after."""
+        ___, device, mig, uuid, mig_uuid = fields
+        self.name_device(int(device), device_uuid(mig_uuid if mig else uuid, bool(mig)))
 
     def _name(self, kind: str, raw: Any) -> _Json:
         name = str((raw.decode(errors="replace") if isinstance(raw, bytes) else raw) or kind)

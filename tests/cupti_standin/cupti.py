@@ -19,6 +19,7 @@ class ActivityKind(enum.IntEnum):
     KERNEL = 3
     DRIVER = 4
     RUNTIME = 5
+    DEVICE = 8
     NAME = 11
     MARKER = 12
     MARKER_DATA = 13

@@ -52,6 +52,16 @@ _COPY = {"kind": ("<i4", 0), "bytes": ("<u8", 8), "start": ("<u8", 16), "end": (
          "device_id": ("<u4", 32), "stream_id": ("<u4", 40), "correlation_id": ("<u4", 44)}  # fmt: skip
 activity_memcpy6_dtype = _dtype(_COPY, 96)
 activity_memset4_dtype = _dtype(_COPY, 88)
+activity_device6_dtype = _dtype(
+    {
+        "kind": ("<i4", 0),
+        "id": ("<u4", 112),
+        "uuid": ("V16", 120),
+        "is_mig_enabled": ("u1", 145),
+        "mig_uuid": ("V16", 160),
+    },
+    192,
+)  # fmt: skip (cupti-python 13.4's offsets)
 
 _STRINGS: list[Any] = []  # C strings the records point at, kept alive
 
@@ -73,6 +83,8 @@ class _Record:
     def __getattr__(self, field: str) -> Any:
         if field not in self.dtype.names:
             raise AttributeError(field)
+        if self.dtype.fields[field][0].kind == "V":  # a CUuuid: an object holding its bytes, as cuda.bindings' does
+            return SimpleNamespace(bytes=self.__dict__["_data"][field][0].tobytes())
         value = int(self.__dict__["_data"][field][0])
         if field in ("name", "domain"):
             return ctypes.string_at(value).decode() if value else ""
@@ -103,6 +115,10 @@ class ActivityMemset4(_Record):
         return super().__getattribute__(field)
 
 
+class ActivityDevice6(_Record):
+    dtype = activity_device6_dtype
+
+
 class ActivityMarker2(_Record):
     dtype = activity_marker2_dtype
 
@@ -114,7 +130,8 @@ class ActivityMarker2(_Record):
 
 
 _TYPES = {K.CONCURRENT_KERNEL: ActivityKernel10, K.RUNTIME: ActivityAPI, K.DRIVER: ActivityAPI,
-          K.MEMCPY: ActivityMemcpy6, K.MEMSET: ActivityMemset4, K.MARKER: ActivityMarker2}  # fmt: skip
+          K.MEMCPY: ActivityMemcpy6, K.MEMSET: ActivityMemset4, K.MARKER: ActivityMarker2,
+          K.DEVICE: ActivityDevice6}  # fmt: skip
 
 
 def raw(record: SimpleNamespace) -> _Record:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from uuid import UUID
 
 from gpucost.producers.cupti_records import (
     DEFAULT_DOMAIN,
@@ -43,6 +44,7 @@ class ReferenceRecords:
         self._pending: dict[int, dict[str, Any]] = {}  # correlation id → kernel awaiting its launch
         self._open: dict[int, tuple[str, str, int, int]] = {}  # marker id → (domain, name, tid, start ns)
         self._early_ends: dict[int, int] = {}  # marker id → end ns, for an end delivered before its start
+        self._uuids: dict[int, str] = {}  # devices named by a DEVICE record
 
     def add(self, records: Iterable[Any]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -92,6 +94,11 @@ class ReferenceRecords:
                 self._launches[corr] = (tid, start, path)
         elif kind == "marker":
             self._marker(record, out)
+        elif kind == "device":  # the kernels read after it are on the GPU CUDA names (Python's uuid writes it)
+            mig = bool(record.is_mig_enabled)
+            raw = record.mig_uuid if mig else record.uuid
+            uuid = UUID(bytes=bytes(getattr(raw, "bytes", raw)))  # bytes, or cuda.bindings' CUuuid holding them
+            self._uuids[int(record.id)] = f"{'MIG' if mig else 'GPU'}-{uuid}"
 
     def _device_work(self, kind: str, record: Any, out: list[dict[str, Any]]) -> None:
         start, end = self._epoch(record.start), self._epoch(record.end)
@@ -107,7 +114,7 @@ class ReferenceRecords:
             "kind": "kernel_activity",
             "node_id": self._id.node_id,
             "pid": self._id.pid,
-            "gpu_uuid": self._id.gpu_uuid(device),
+            "gpu_uuid": self._uuids.get(device) or self._id.gpu_uuid(device),
             "device": device,
             "stream": int(record.stream_id),
             "correlation_id": int(record.correlation_id),

@@ -62,6 +62,11 @@ def marker(marker_id: int, flag: int, ts: int, tid: int = 0, name: str = "", dom
     )
 
 
+def device(device_id: int, uuid: bytes, mig: bool = False) -> object:
+    """A DEVICE record: CUDA's device ``device_id`` is GPU ``uuid`` (its MIG instance's UUID: the reversed bytes)."""
+    return standin.record(kind=K.DEVICE, id=device_id, uuid=uuid, is_mig_enabled=int(mig), mig_uuid=uuid[::-1])
+
+
 def replay(
     buffers: list[list],
     dropped: int = 0,
@@ -130,6 +135,8 @@ def streams(draw):
         records.append(launch(corr, 9, 2000 + corr))
     if draw(st.booleans()):
         records.append(kernel(99, 50, 40))  # ends before it starts
+    for d in draw(st.lists(st.integers(0, 3), max_size=3)):  # devices CUDA names, anywhere among the records
+        records.append(device(d, draw(st.binary(min_size=16, max_size=16)), draw(st.booleans())))
     if draw(st.booleans()):  # a marker id begun again, on another thread, before its end
         records.append(marker(0, standin.ActivityFlag.MARKER_START, 1500, tid=draw(st.integers(0, 2)), name="again"))
     return records, draw(st.randoms())

@@ -48,6 +48,8 @@ def standin_line(r: Any) -> str:
         return f"K {' '.join(map(str, numbers))} {r.dynamic_shared_memory} {_text(r.name)}"
     if r.kind in (K.MEMCPY, K.MEMSET):
         return f"C {r.kind} {r.correlation_id} {r.start} {r.end} {r.device_id} {r.stream_id} {r.bytes}"
+    if r.kind == K.DEVICE:
+        return f"V {r.id} {r.is_mig_enabled} {r.uuid.hex()} {r.mig_uuid.hex()}"
     if r.kind in (K.RUNTIME, K.DRIVER):
         return f"R {r.kind} {r.correlation_id} {r.thread_id} {r.start}"
     tid = r.object_id.pt.thread_id if hasattr(r, "object_id") else 0
