@@ -20,8 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 from gpucost.producers.cupti_injection import cupti_library, injection_library
 from gpucost.producers.cupti_native import ActivityFolder
@@ -36,44 +35,55 @@ def run_native(args: argparse.Namespace, job: list[str], gpu_uuids: dict[int, st
         raise UsageError(f"collect-kernels: no injection library at {library}; build one with `make injection`")
     cupti = args.cupti_library or cupti_library()
     out = Path(args.out)
-    if not out.parent.is_dir():
-        raise UsageError(f"collect-kernels: no folder {out.parent} for --out; create it or give another path")
-    folder = Path(tempfile.mkdtemp(prefix=".gpucost-activity-", dir=out.parent))
+    existed = out.exists()
+    try:  # opened before the job starts, not yet emptied: an --out that cannot be written stops nothing running
+        sink = out.open("a", encoding="utf-8")
+        folder = Path(tempfile.mkdtemp(prefix=".gpucost-activity-", dir=out.parent))
+    except OSError as exc:
+        raise UsageError(
+            f"collect-kernels: --out {out} cannot be written ({exc.strerror}); give another path"
+        ) from None
     try:
-        return _collect(job, library, cupti, folder, ActivityFolder(folder, args.node_id, gpu_uuids), out)
+        with sink:
+            return _collect(job, library, cupti, folder, ActivityFolder(folder, args.node_id, gpu_uuids), sink)
+    except UsageError:
+        if not existed:
+            out.unlink(missing_ok=True)
+        raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _collect(job: list[str], library: str, cupti: str, folder: Path, files: ActivityFolder, out: Path) -> int:
+def _collect(job: list[str], library: str, cupti: str, folder: Path, files: ActivityFolder, sink: TextIO) -> int:
     env = os.environ | {"CUDA_INJECTION64_PATH": library, "GPUCOST_CUPTI_LIBRARY": cupti}
     env |= {"GPUCOST_ACTIVITY_DIR": str(folder), "NVTX_INJECTION64_PATH": env.get("NVTX_INJECTION64_PATH") or cupti}
     # SIGINT from a terminal reaches the job itself (one process group): passed on too, a job would see a second
-    # Ctrl-C (a force quit to many); SIGTERM is passed on, for a collector that is PID 1 of a container
-    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    # Ctrl-C (a force quit to many), so the command only outlives it. A handler, not SIG_IGN: an ignored signal
+    # stays ignored across exec, and the job could not be stopped. SIGTERM is passed on (a container's PID 1).
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: None)}
+    job_process: subprocess.Popen[bytes] | None = None
     try:
         try:
-            job_process = subprocess.Popen(job, env=env)  # before --out is opened: a job that cannot start leaves it
+            job_process = subprocess.Popen(job, env=env)
         except OSError as exc:
             raise UsageError(f"collect-kernels: {job[0]} could not start ({exc.strerror})") from None
-
-        def forward(signum: int, _: FrameType | None) -> None:
-            job_process.send_signal(signum)
-
-        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, forward)
-        with out.open("w", encoding="utf-8") as sink:
-            while True:
-                try:
-                    code = job_process.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    sink.writelines(files.poll())
-            sink.writelines(files.finish())
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, lambda signum, _: job_process.send_signal(signum))
+        sink.truncate(0)
+        while True:
+            try:
+                code = job_process.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                sink.writelines(files.poll())
+        sink.writelines(files.finish())
     finally:
         files.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    summary: dict[str, Any] = {"out": str(out), "nvtx_injection": env["NVTX_INJECTION64_PATH"]}
+        if job_process is not None and job_process.poll() is None:  # the command failed: the job goes with it
+            job_process.terminate()
+            job_process.wait()
+    summary: dict[str, Any] = {"out": sink.name, "nvtx_injection": env["NVTX_INJECTION64_PATH"]}
     summary |= {"injection_library": library, "processes": files.summaries()}
     if not summary["processes"]:
         summary["warnings"] = ["no process of the job loaded the injection library: it used no CUDA, or the "

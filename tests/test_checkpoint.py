@@ -206,6 +206,9 @@ def test_a_kill_before_a_checkpoint_after_compaction_freed_a_name_repeats_nothin
         {"settings": []},
         {"finished": "no"},
         {"publication": True},
+        {"v": 2},  # a later layout
+        {"v": True},  # equal to 1 in Python, not a layout
+        {"v": "1"},
     ],
 )
 def test_a_checkpoint_of_wrong_types_is_refused_in_one_line_and_changes_nothing(

@@ -263,6 +263,6 @@ def test_devices_are_named_by_cuda_s_device_records_not_by_nvml_s_order():
     got: list[dict] = []
     collector = Collector(standin, Identity(NODE, PID, {0: "GPU-nvml-order"}), got.extend)
     collector.start()
-    assert K.DEVICE in standin.STATE["enabled"]
+    assert K.DEVICE in standin.STATE["enabled"] and standin.STATE["dumped"] == {K.DEVICE}
     collector.stop()
     assert [k["gpu_uuid"] for k in got] == ["GPU-nvml-order", "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"]

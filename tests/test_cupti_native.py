@@ -12,6 +12,7 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import time
 from uuid import UUID
 
@@ -107,6 +108,7 @@ def test_only_launch_calls_stay_recorded_and_every_kind_is_enabled(built, tmp_pa
         _, _, summary = collect(built, write_recording(tmp_path / "r.txt", [], names=names), tmp_path / "k.jsonl")
     entries = log.read_text().split("\n")
     assert {int(e.split()[1]) for e in entries if e.startswith("kind ")} == {8, 10, 5, 4, 12, 1, 2}
+    assert [e for e in entries if e.startswith("dump ")] == ["dump 8"]  # devices CUDA met before the library came
     off = {(int(d), int(c)) for _, d, c, on in (e.split() for e in entries if e.startswith("api ")) if on == "0"}
     assert off == {(2, 17), (2, 273), (1, 18), (1, 125)}
     assert summary["processes"][0]["api_calls_unrecorded"] == 4
@@ -211,14 +213,18 @@ def test_a_name_that_is_not_utf8_keeps_its_kernel_with_the_bad_bytes_replaced(bu
 def test_errors_of_the_set_up_are_said_not_raised(built, tmp_path, capsys):
     args = ["collect-kernels", "--cupti-library", str(built.cupti), "--", str(built.job)]
     assert main(["collect-kernels", "--out", str(tmp_path / "no" / "k.jsonl"), *args[1:]]) == 2
+    assert main(["collect-kernels", "--out", str(tmp_path), *args[1:]]) == 2  # a folder: nothing starts
+    with environment(CC='gcc "'):
+        assert main(["collect-kernels", "--out", str(tmp_path / "k.jsonl"), *args[1:]]) == 2
     with environment(CC="/nonexistent/cc", XDG_CACHE_HOME=str(tmp_path / "cache")):
         assert main(["collect-kernels", "--out", str(tmp_path / "k.jsonl"), *args[1:]]) == 2
     (tmp_path / "file").write_text("")
     with environment(XDG_CACHE_HOME=str(tmp_path / "file")):
         assert main(["collect-kernels", "--out", str(tmp_path / "k.jsonl"), *args[1:]]) == 2
     err = capsys.readouterr().err
-    assert "no folder" in err and "could not run" in err and "could not be written" in err
-    assert "Traceback" not in err and not list(tmp_path.glob(".gpucost-activity-*"))
+    assert "cannot be written" in err and "could not run" in err and "could not be written" in err
+    assert "cannot be read as words" in err and "Traceback" not in err
+    assert not list(tmp_path.glob(".gpucost-activity-*")) and not (tmp_path / "k.jsonl").exists()
 
 
 def test_each_process_s_file_is_read_on_its_own_and_closed_at_its_exit_frame(built, tmp_path):
@@ -237,3 +243,14 @@ def test_each_process_s_file_is_read_on_its_own_and_closed_at_its_exit_frame(bui
     rows = [json.loads(line) for line in "".join(files.poll()).splitlines()]
     assert len(os.listdir("/proc/self/fd")) == before and len(files.summaries()) == 5
     assert sorted(r["gpu_uuid"] for r in rows) == sorted([named(gpu)[0]] + ["n1/0"] * 4)
+
+
+def test_the_job_can_still_be_interrupted(built, tmp_path):
+    """The command outlives a Ctrl-C without passing it on; the job must still receive it (an ignored signal stays
+    ignored across exec, so the command cannot simply ignore it)."""
+    command = [sys.executable, "-m", "gpucost.cli", "collect-kernels", "--out", str(tmp_path / "k.jsonl"),
+               "--injection-library", str(built.library), "--cupti-library", str(built.cupti), "--",
+               "sh", "-c", "grep SigIgn /proc/self/status"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    ignored = int(done.stdout.split()[-1], 16)
+    assert not ignored & (1 << (2 - 1)), done.stdout  # SIGINT is signal 2: bit 1 of the mask

@@ -41,10 +41,8 @@ STATE_CHUNK_BYTES = 256 << 10
 #: not yet republished, ``KernelLog``): a worker of version 2 would restore it without them and never publish that
 #: revision, so it refuses it; version 2 is read, with none pending. Version 4 adds each kept kernel's range path (a
 #: tenth item of its row: ``KernelLog``), which a worker of version 3 cannot restore; version 3's rows are read, their
-#: kernels carrying no path. Version 5 frees a GPU's node and kernel names once no kernel kept uses them (``null`` in
-#: ``KernelLog``'s names), which a worker of version 4 would restore as names; version 4's names are read, and those
-#: no kernel kept uses are freed.
-STATE_VERSION = 5
+#: kernels carrying no path.
+STATE_VERSION = 4
 
 
 class StateError(RuntimeError):

@@ -141,8 +141,11 @@ class Collector:
 
     def start(self) -> None:
         self._cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+        dump = getattr(self._cupti, "activity_enable_and_dump", None)  # devices CUDA met before CUPTI came
         for kind in self._enabled:
-            self._cupti.activity_enable(kind)
+            (dump if dump is not None and kind == self._cupti.ActivityKind.DEVICE else self._cupti.activity_enable)(
+                kind
+            )
         self.stats.api_calls_unrecorded = launch_calls_only(self._cupti)
 
     def stop(self) -> Stats:

@@ -69,7 +69,12 @@ def record_types(folders: list[Path]) -> dict[str, str]:
 
 def compiler() -> list[str]:
     """The C compiler's words: ``CC`` (``ccache gcc`` is two), else ``cc`` or ``gcc`` on PATH."""
-    words = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    try:
+        words = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    except ValueError as exc:
+        raise UsageError(
+            f"CC {os.environ['CC']!r} cannot be read as words ({exc}): quote it as a shell would"
+        ) from None
     if not words[0]:
         raise UsageError("the injection library is C: install a C compiler (Debian: apt-get install gcc) or set CC")
     return words
@@ -95,6 +100,8 @@ def compile_c(source: Path, out: Path, folders: list[Path], shared: bool = True)
             done = _run([*command, "-o", str(built), str(source), "-ldl", "-lpthread"])
             if done.returncode != 0:
                 raise UsageError(f"compiling {source.name} failed: {done.stderr.strip()[-800:]}")
+            if not built.is_file():
+                raise UsageError(f"the C compiler {command[0]} wrote nothing: set CC to a C compiler")
             os.replace(built, out)
     except OSError as exc:
         raise UsageError(f"the injection library could not be written to {out.parent}: {exc.strerror}") from None
@@ -111,8 +118,9 @@ def injection_library(cache: Path | None = None) -> Path:
             if (folder / name).is_file():
                 key.update((folder / name).read_bytes())
     words = compiler()
-    for part in (*record_types(folders).values(), *words, _run([*words, "--version"]).stdout):
-        key.update(part.encode())
+    version = _run([*words, "--version"])
+    for part in (*record_types(folders).values(), *words, version.stdout, version.stderr):
+        key.update(part.encode() + b"\0")
     folder = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpucost"
     out = folder / f"libgpucost_inject-{key.hexdigest()[:16]}.so"
     return out if out.is_file() else compile_c(SOURCE, out, folders)

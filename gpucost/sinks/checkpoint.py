@@ -100,7 +100,7 @@ def load(out_dir: Path) -> Checkpoint | None:
             f"cannot read the checkpoint {path}: {exc}; pass --overwrite to start the run "
             "afresh (the output is then replaced)"
         ) from None
-    if not isinstance(data, dict) or data.get("v") != VERSION:
+    if not isinstance(data, dict) or type(data.get("v")) is not int or data["v"] != VERSION:  # True is no 1
         raise CheckpointError(
             f"the checkpoint {path} has layout {data.get('v') if isinstance(data, dict) else '?'}"
             f"; this gpucost reads {VERSION}: run the gpucost that wrote it, or pass --overwrite"

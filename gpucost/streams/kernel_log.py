@@ -49,7 +49,7 @@ class Kernel(NamedTuple):
     stream: int
     correlation_id: int
     first: int
-    #: its range path as the code of the path's JSON text among its GPU's paths (``path_code``); -1: none
+    #: its range path as the code of the path's JSON text among its GPU's paths (``_Codes.code``); -1: none
     path: int = -1
 
 
@@ -134,6 +134,29 @@ class _GpuKernels:
         self.names.release(kernel.name)
         if kernel.path >= 0:
             self.paths.release(kernel.path)
+
+
+def _saved(log: _GpuKernels) -> dict[str, Any]:
+    """A GPU's log with its codes renumbered in the order the kept kernels first use them: a snapshot holds only the
+    texts in use, and the same kernels kept give the same snapshot whatever order codes were freed and handed out in
+    (the batch path takes a batch's kernels before its samples prune, the row path in turn)."""
+    names: dict[int, int] = {}
+    paths: dict[int, int] = {}
+    panes = []
+    for pane, ks in sorted(log.panes.items()):
+        rows = []
+        for k in ks:
+            node, name = names.setdefault(k.node, len(names)), names.setdefault(k.name, len(names))
+            path = -1 if k.path < 0 else paths.setdefault(k.path, len(paths))
+            rows.append(list(k._replace(node=node, name=name, path=path)))
+        panes.append([pane, rows])
+    return {
+        "names": [log.names.texts[code] for code in names],
+        "paths": [log.paths.texts[code] for code in paths],
+        "panes": panes,
+        "pending": sorted(log.pending.items()),
+        "billed": sorted(log.billed),
+    }
 
 
 class KernelLog:
@@ -322,16 +345,7 @@ class KernelLog:
         return 0 if log is None else self._cut(log, None)
 
     def to_state(self) -> dict[str, Any]:
-        return {
-            gpu: {
-                "names": log.names.texts,
-                "paths": log.paths.texts,
-                "panes": [[p, [list(k) for k in ks]] for p, ks in sorted(log.panes.items())],
-                "pending": sorted(log.pending.items()),
-                "billed": sorted(log.billed),
-            }
-            for gpu, log in sorted(self._gpus.items())
-        }
+        return {gpu: _saved(log) for gpu, log in sorted(self._gpus.items())}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> KernelLog:

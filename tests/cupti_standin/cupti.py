@@ -77,6 +77,7 @@ def load(buffers: list[list[Any]], dropped: int = 0, clock: tuple[int, ...] = (0
         callbacks=None,
         requested=0,
         calls_off=set(),
+        dumped=set(),
     )
 
 
@@ -90,6 +91,11 @@ def activity_register_callbacks(requested: Any, completed: Any) -> None:
 
 def activity_enable(kind: int) -> None:
     STATE["enabled"].add(ActivityKind(kind))
+
+
+def activity_enable_and_dump(kind: int) -> None:
+    STATE["dumped"].add(ActivityKind(kind))
+    activity_enable(kind)
 
 
 def activity_disable(kind: int) -> None:

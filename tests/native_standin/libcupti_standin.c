@@ -11,7 +11,7 @@
  *   M flags id timestamp thread domain name
  *   V device mig uuid mig_uuid                    (a DEVICE record; the UUIDs as 32 hex digits)
  * A flush delivers every buffer (forced) or all but the last; CUPTI_STANDIN_LOG gets each kind enabled or disabled
- * and each call switched ("kind K", "off K", "api DOMAIN CBID ON"); CUPTI_STANDIN_REFUSE=K refuses to enable kind K.
+ * and each call switched ("kind K", "off K", "api DOMAIN CBID ON"; "dump K" before "kind K" for an enable that dumps); CUPTI_STANDIN_REFUSE=K refuses to enable kind K.
  */
 #define _GNU_SOURCE
 #include <cupti_activity.h>
@@ -164,6 +164,11 @@ CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
   if (refuse && atoi(refuse) == (int)kind) return CUPTI_ERROR_NOT_COMPATIBLE;
   if (log_file) fprintf(log_file, "kind %d\n", (int)kind), fflush(log_file);
   return CUPTI_SUCCESS;
+}
+
+CUptiResult cuptiActivityEnableAndDump(CUpti_ActivityKind kind) {
+  if (log_file) fprintf(log_file, "dump %d\n", (int)kind), fflush(log_file);
+  return cuptiActivityEnable(kind);
 }
 
 CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {

@@ -58,6 +58,7 @@ typedef CUptiResult (*cb_name_fn)(CUpti_CallbackDomain, uint32_t, const char **)
 static struct {
   register_fn register_callbacks;
   kind_fn enable;
+  kind_fn enable_and_dump; /* DEVICE records come at CUDA's start, which an injection library may be late for */
   disable_fn disable;
   flush_fn flush_all;
   next_fn next_record;
@@ -327,6 +328,7 @@ int InitializeInjection(void) {
       !LOOK_UP(next_record, "cuptiActivityGetNextRecord") || !LOOK_UP(dropped, "cuptiActivityGetNumDroppedRecords") ||
       !LOOK_UP(timestamp, "cuptiGetTimestamp"))
     return complain("the CUPTI library lacks the activity API");
+  LOOK_UP(enable_and_dump, "cuptiActivityEnableAndDump");
   LOOK_UP(runtime_api, "cuptiActivityEnableRuntimeApi");
   LOOK_UP(driver_api, "cuptiActivityEnableDriverApi");
   LOOK_UP(callback_name, "cuptiGetCallbackName");
@@ -337,7 +339,8 @@ int InitializeInjection(void) {
   if (cupti.register_callbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS)
     return give_up("CUPTI refused the buffer callbacks", 0, file);
   for (size_t i = 0; i < N_KINDS; i++) {
-    if (cupti.enable(kinds[i]) != CUPTI_SUCCESS) return give_up("CUPTI refused an activity kind", i, file);
+    kind_fn enable = kinds[i] == CUPTI_ACTIVITY_KIND_DEVICE && cupti.enable_and_dump ? cupti.enable_and_dump : cupti.enable;
+    if (enable(kinds[i]) != CUPTI_SUCCESS) return give_up("CUPTI refused an activity kind", i, file);
   }
   chunk c = {0}; /* the header before any record: CUDA is still starting, so no buffer has completed */
   if (!reserve(&c, 64)) return give_up("out of memory", N_KINDS, file);
