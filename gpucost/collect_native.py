@@ -38,20 +38,27 @@ def run_native(args: argparse.Namespace, job: list[str], gpu_uuids: dict[int, st
     existed = out.exists()
     try:  # opened before the job starts, not yet emptied: an --out that cannot be written stops nothing running
         sink = out.open("a", encoding="utf-8")
-        folder = Path(tempfile.mkdtemp(prefix=".gpucost-activity-", dir=out.parent))
     except OSError as exc:
         raise UsageError(
             f"collect-kernels: --out {out} cannot be written ({exc.strerror}); give another path"
         ) from None
+    folder: Path | None = None
     try:
         with sink:
+            try:
+                folder = Path(tempfile.mkdtemp(prefix=".gpucost-activity-", dir=out.parent))
+            except OSError as exc:
+                raise UsageError(
+                    f"collect-kernels: no folder can be made beside --out {out} ({exc.strerror})"
+                ) from None
             return _collect(job, library, cupti, folder, ActivityFolder(folder, args.node_id, gpu_uuids), sink)
     except UsageError:
-        if not existed:
+        if not existed:  # nothing ran: no empty output left behind
             out.unlink(missing_ok=True)
         raise
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _collect(job: list[str], library: str, cupti: str, folder: Path, files: ActivityFolder, sink: TextIO) -> int:

@@ -152,7 +152,7 @@ def test_a_gpu_keeps_the_names_of_its_kept_kernels_and_no_others(
         assert sorted(names) == sorted(
             {names[row[col]] for _, rows in saved["panes"] for row in rows for col in (3, 4)}
         )
-        assert len(log._gpus[gpu].names.texts) <= peak[gpu]  # the table in memory, freed codes included
+        assert log.name_slots(gpu) <= peak[gpu]  # the table in memory, freed codes included
 
 
 def test_a_snapshot_is_the_same_for_the_same_kernels_kept_whatever_was_freed_before() -> None:
@@ -177,4 +177,6 @@ def test_names_a_snapshot_of_version_4_kept_for_ever_are_freed_when_it_is_restor
     saved["names"] = ["gone", *saved["names"]]  # as a snapshot before names were freed kept it: a name no kernel uses
     saved["panes"] = [[p, [[*r[:3], r[3] + 1, r[4] + 1, *r[5:]] for r in rows]] for p, rows in saved["panes"]]
     restored = KernelLog.from_state({"GPU-0": saved}, SETTINGS)
-    assert restored.to_state() == state and restored._gpus["GPU-0"].names.texts[0] is None
+    assert restored.to_state() == state and restored.name_slots("GPU-0") == 6  # "gone", "a", k0 to k3
+    restored.take(activity(9, "GPU-0", "a", 1, 5 * 60, 1).model_copy(update={"name": "new"}))
+    assert restored.name_slots("GPU-0") == 6  # "gone"'s code, freed at the restore, is handed out again

@@ -268,6 +268,12 @@ class KernelLog:
                 self._pending_gpus.discard(gpu)
         return gone
 
+    def name_slots(self, gpu_uuid: str) -> int:
+        """How long a GPU's table of node ids and kernel names is, free codes included: what its names cost in
+        memory, which freeing them bounds by the most in use at once (not by the run's length)."""
+        log = self._gpus.get(gpu_uuid)
+        return 0 if log is None else len(log.names.texts)
+
     def gpus(self) -> list[str]:
         """The GPUs with kernels kept."""
         return sorted(self._gpus)
