@@ -23,6 +23,7 @@ from typing import Any
 from gpucost.collect_native import run_native
 from gpucost.command import Command
 from gpucost.producers.cupti import Collector, Identity
+from gpucost.producers.cupti_injection import cupti_library
 from gpucost.wiring import UsageError
 
 
@@ -89,13 +90,10 @@ def _nvtx_injection() -> str | None:
     if os.environ.get("NVTX_INJECTION64_PATH"):
         return os.environ["NVTX_INJECTION64_PATH"]
     try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib  # noqa: PLC0415 — a dependency of cupti-python
-
-        path = load_nvidia_dynamic_lib("cupti").abs_path
-    except Exception:  # noqa: BLE001 — without it kernels are still collected; the summary says ranges are off
+        path = cupti_library()  # the one cupti-python loads (cuda-pathfinder's choice), as the injection library's
+    except UsageError:  # without it kernels are still collected; the summary says ranges are off
         return None
-    if path:
-        os.environ["NVTX_INJECTION64_PATH"] = path
+    os.environ["NVTX_INJECTION64_PATH"] = path
     return path
 
 

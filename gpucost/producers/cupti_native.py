@@ -3,8 +3,7 @@ own joins (``KernelRecords``), so that a process that is not Python is collected
 
 The library (``gpucost/producers/native/gpucost_inject.c``, whose head comment lays the frames out) writes each
 process's records to ``activity-<pid>-<ns>.bin`` in a folder of the collector's; ``ActivityFolder`` reads every
-such file
-as it grows, so lines come out while the job runs and a process killed with SIGKILL leaves the frames of the
+such file as it grows, so lines come out while the job runs and a process killed with SIGKILL leaves the frames of the
 buffers CUPTI had completed.  The files are the library's, but nothing in them is trusted: a frame longer than the
 library ever writes, or too short for its kind, ends that file's reading or is skipped, and is counted.
 """

@@ -56,8 +56,9 @@ class Kernel(NamedTuple):
 class _Codes:
     """Texts by code, each code counted by the kernel rows kept that use it and free again once none does, so that
     texts that keep coming new (PyTorch's ``ProfilerStep#N`` paths, names of kernels compiled at run time, nodes gone
-    from the fleet) do not grow the state with the run's length. The lowest free code is handed out first: a log
-    restored from a snapshot hands out the same codes. ``texts[code]`` is None for a free code."""
+    from the fleet) do not grow the state with the run's length. The lowest free code is handed out first, so the
+    table is as long as the most codes in use at once (a snapshot renumbers them: ``_saved``). ``texts[code]`` is None
+    for a free code."""
 
     __slots__ = ("texts", "index", "uses", "free")
 
@@ -81,7 +82,7 @@ class _Codes:
         return at
 
     def drop_unused(self) -> None:
-        """Free the codes no kept row uses (a snapshot from before version 5 kept every name ever met)."""
+        """Free the codes no kept row uses (a snapshot from before names were freed kept every name ever met)."""
         for at, text in enumerate(self.texts):
             if text is not None and not self.uses[at]:
                 del self.index[text]
