@@ -24,6 +24,7 @@ from gpucost.flags import (
     env_default,
     env_flag,
 )
+from gpucost.kafka.balance import ASSIGNORS
 from gpucost.kafka.signing import Keyring, Signer
 from gpucost.reclaim import Reclaimer, run_kafka_reclaim
 from gpucost.schemas.records import OUTPUT_KINDS
@@ -51,6 +52,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-batch must be at least 1 message, got {args.max_batch}")
     if not args.lag_interval_s > 0:
         raise UsageError(f"--lag-interval-s must be more than 0 seconds, got {args.lag_interval_s}")
+    if args.assignor not in ASSIGNORS:
+        raise UsageError(
+            f"--assignor must be one of {', '.join(ASSIGNORS)}, got {args.assignor!r} (or env GPUCOST_ASSIGNOR)"
+        )
     keyring = load_keys(Keyring, args.verify_keys) if args.verify_keys else None
     signer = load_keys(Signer.from_file, args.output_signing_key_file) if args.output_signing_key_file else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -68,6 +73,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             keyring=keyring,
             output_signer=signer,
             audit_key=audit_key(args),
+            assignor=args.assignor,
         )
         lag = GroupLag(kafka, args.group, list(worker.inputs), lambda: worker.ends_applied, args.lag_interval_s)
         with metrics_served(args.metrics_address, lambda: [*worker.metrics(), *lag.metrics()], worker.health):
@@ -194,6 +200,16 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
         "200",
         "input messages per poll at most, each partition's share applied in one transaction: fewer "
         "commit sooner, more cost less per event",
+    )
+    env_flag(
+        p,
+        "--assignor",
+        "GPUCOST_ASSIGNOR",
+        str,
+        "balance",
+        "how the group spreads the input partitions: 'balance' by each partition's measured work (backlog, "
+        "arrival rate, seconds per message), keeping state where it can; 'roundrobin' by count, as Kafka does "
+        "(docs/performance.md, 'Workers, partitions and cores')",
     )
     env_flag(
         p,

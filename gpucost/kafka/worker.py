@@ -28,9 +28,11 @@ from collections import Counter
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from prometheus_client.core import Metric
 
 from gpucost.kafka.apply import Poll
+from gpucost.kafka.assignor import Balancer
 from gpucost.kafka.clients import start
 from gpucost.kafka.closing import moved_on, send_markers
 from gpucost.kafka.outputs import send_records
@@ -66,6 +68,7 @@ class Worker(ConsumerRebalanceListener):
         keyring: Keyring | None = None,
         output_signer: Signer | None = None,
         audit_key: bytes | None = None,
+        assignor: str = "balance",
     ) -> None:
         self.kafka, self.audit, self.group = kafka, audit, group
         self.audit_key = audit_key  # signs the health records' snapshot hashes
@@ -104,6 +107,16 @@ class Worker(ConsumerRebalanceListener):
         self.markers_sent = 0  # closed markers committed to the cost topic's partitions
         self.ends_applied = 0  # ends of input applied: a finite input's end, for ``gpucost.kafka.lag``
         self.health = Health()
+        #: seconds spent applying messages, and how many, per input topic: what a message costs, for the assignor
+        self.applied: dict[str, tuple[float, int]] = {}
+        self.balancer = Balancer(
+            lambda: [*self.owned, *self._parked], lambda: dict(self.applied), lambda: self.monotonic()
+        )
+        #: the group protocols offered, preferred first: with ``assignor`` "balance" (``gpucost.kafka.balance``), the
+        #: balancer, then round-robin for members of an older version (a group agrees on one every member offers)
+        self.assignors: tuple[Any, ...] = (
+            (self.balancer, RoundRobinPartitionAssignor) if assignor == "balance" else (RoundRobinPartitionAssignor,)
+        )
 
     # --- partition ownership -------------------------------------------------------------
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
@@ -113,6 +126,8 @@ class Worker(ConsumerRebalanceListener):
                 if owned is not None:
                     await owned.producer.stop()
                     self._parked[tp] = owned  # its state, until the assignment says whether it comes back
+        if self.consumer is not None:  # runs before every join request: what the balancer reports when it joins
+            await self.balancer.observe(self.consumer, self.inputs)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
@@ -238,9 +253,12 @@ class Worker(ConsumerRebalanceListener):
         state_bytes = 0
         async with producer.transaction():
             touched: set[str] = set()
+            began = time.perf_counter()
+            records = self.apply(owned, messages, touched, taken)
+            spent = time.perf_counter() - began
             sent = await send_records(
                 producer,
-                self.apply(owned, messages, touched, taken),
+                records,
                 self.kafka,
                 self.output_signer,
                 self._partitions,
@@ -289,6 +307,8 @@ class Worker(ConsumerRebalanceListener):
             owned.closed_through = final
             self.markers_sent += len(markers)
         self.processed += len(messages)
+        seconds, count = self.applied.get(tp.topic, (0.0, 0))
+        self.applied[tp.topic] = (seconds + spent, count + len(messages))
         self.records_out.update(out)  # counted once committed: what consumers can read
         self.dead_letters.update(letters)
         self.events_in.update(+taken)
@@ -331,6 +351,7 @@ class Worker(ConsumerRebalanceListener):
             heartbeat_interval_ms=max(500, int(self.session_timeout_s * 100)),
             max_partition_fetch_bytes=16 << 20,
             fetch_max_bytes=64 << 20,
+            partition_assignment_strategy=self.assignors,
         )
         await start(consumer)
         self.consumer = consumer

@@ -15,6 +15,7 @@ from typing import Protocol
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client.core import Metric
 
+from gpucost.kafka.assignor import Balancer
 from gpucost.kafka.owned import Owned
 from gpucost.metrics import counter, gauge
 
@@ -36,6 +37,8 @@ class Observed(Protocol):
     markers_sent: int
     state_bytes_written: int
     taken: Counter[str]
+    applied: dict[str, tuple[float, int]]
+    balancer: Balancer
 
 
 def worker_metrics(worker: Observed) -> list[Metric]:
@@ -89,6 +92,18 @@ def worker_metrics(worker: Observed) -> list[Metric]:
             "input partitions taken, by how: state restored from its topic, or kept across a rebalance",
             worker.taken,
             "how",
+        ),
+        counter(
+            "gpucost_worker_assignments",
+            "assignments this worker made as the group's leader, by how: by measured work, or by count",
+            worker.balancer.assignments,
+            "how",
+        ),
+        gauge(
+            "gpucost_worker_seconds_per_message",
+            "seconds applying a message took this worker, per input topic (what the assignor weighs)",
+            {topic: s / n for topic, (s, n) in worker.applied.items() if n},
+            "topic",
         ),
         gauge("gpucost_worker_partitions", "input partitions owned", len(owned)),
         gauge(
