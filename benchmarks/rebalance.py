@@ -21,17 +21,24 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from benchmarks.common import Result, events_in
+from benchmarks.scale_out import (
+    PARTITIONS,
+    ROOT,
+    SCALE_RUNS,
+    ScaleRun,
+    copy_input,
+    read_input,
+    scale_out,
+    worker_process,
+)
 from benchmarks.state_memory import NS, T0, samples
 from gpucost.kafka.owned import read_state
 from gpucost.kafka.publish import create_topics, publish
@@ -43,8 +50,6 @@ from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 
-ROOT = Path(__file__).resolve().parent.parent
-PARTITIONS = 4
 KEY = "GPU-000000"
 
 
@@ -130,22 +135,6 @@ async def _until(check: Any, tasks: list[asyncio.Task[None]], timeout_s: float =
         await asyncio.sleep(0.02)
 
 
-def _worker_process(kafka: KafkaSettings, group: str) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "GPUCOST_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "GPUCOST_KAFKA_PARTITIONS": str(PARTITIONS),
-        "GPUCOST_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpucost.cli", "worker", "--group", group, "--session-timeout-s", "10"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 async def rebalance_pause(kafka: KafkaSettings, cls: type[_Paused]) -> tuple[float, float, dict[str, int]]:
     """A owns every partition; B (a process of its own, as in a deployment) joins. A's pause at that
     rebalance, the part of it A took to own its partitions, and how A took its partitions."""
@@ -156,7 +145,7 @@ async def rebalance_pause(kafka: KafkaSettings, cls: type[_Paused]) -> tuple[flo
     tasks = [asyncio.create_task(a.run(stop))]
     total = len(INPUTS) * PARTITIONS
     await _until(lambda: len(a.owned) == total, tasks)
-    b = _worker_process(kafka, group)
+    b = worker_process(kafka, group)
     try:
         await _until(lambda: bool(a.pauses) and len(a.owned) == total // 2, tasks)
     finally:
@@ -165,106 +154,6 @@ async def rebalance_pause(kafka: KafkaSettings, cls: type[_Paused]) -> tuple[flo
         stop.set()
         await asyncio.gather(*tasks)
     return a.pauses[-1], a.takes[-1], dict(a.taken)
-
-
-async def _committed(admin: AIOKafkaAdminClient, group: str) -> int:
-    return sum(o.offset for o in (await admin.list_consumer_group_offsets(group)).values() if o.offset > 0)
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) a process has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class ScaleRun:
-    workers: int
-    rate: float  # input events/s from the group's settling (every worker a member) to its last commit
-    settled_s: float  # from the processes' start to the group's settling
-    workers_cores: float  # the workers' CPU seconds per second, from the settling to the last commit
-    broker_cores: float  # the broker's
-
-
-async def _settled(admin: AIOKafkaAdminClient, group: str, members: int) -> bool:
-    """Whether ``group`` is stable with ``members`` members (no rebalance under way or to come)."""
-    (response,) = await admin.describe_consumer_groups([group])
-    state, joined = response.groups[0][2], response.groups[0][5]
-    return bool(state == "Stable" and len(joined) == members)
-
-
-async def scale_out(kafka: KafkaSettings, workers: int, messages: int, events: int, broker: int) -> ScaleRun:
-    """``workers`` worker processes in a new group until every input message is committed, timed from
-    the moment the group holds them all: the first worker to join would otherwise run alone until the
-    others' join, and the rebalance that follows would count against them."""
-    group = f"bench-scale-{workers}-{time.time_ns()}"
-    admin = AIOKafkaAdminClient(**kafka.client_options())
-    await admin.start()
-    procs = [_worker_process(kafka, group) for _ in range(workers)]
-
-    def cpu() -> tuple[float, float]:
-        return sum(_cpu_s(p.pid) for p in procs), _cpu_s(broker)
-
-    try:
-        start, settled = time.perf_counter(), None
-        spawned = start, 0, cpu()
-        while (done := await _committed(admin, group)) < messages:
-            if time.perf_counter() - start > 600:
-                raise TimeoutError(f"{workers} worker(s) committed {done:,} of {messages:,} input messages in 600 s")
-            if settled is None and await _settled(admin, group, workers):
-                settled = time.perf_counter(), done, cpu()
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError("a worker process exited")
-            await asyncio.sleep(0.05)
-        end, (w1, b1) = time.perf_counter(), cpu()
-        # an input applied before the group settled (--quick's) is timed from the processes' start
-        at, first, (w0, b0) = settled or spawned
-        return ScaleRun(
-            workers,
-            events * (messages - first) / messages / (end - at),
-            at - start,
-            (w1 - w0) / (end - at),
-            (b1 - b0) / (end - at),
-        )
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=60)
-        await admin.close()
-
-
-async def read_input(kafka: KafkaSettings) -> dict[TopicPartition, list[Any]]:
-    """Every message of the input topics, by partition."""
-    consumer = AIOKafkaConsumer(**kafka.client_options(), enable_auto_commit=False, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        tps = [TopicPartition(kafka.topic(t), p) for t in INPUTS for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        out: dict[TopicPartition, list[Any]] = {tp: [] for tp in tps}
-        while sum(map(len, out.values())) < sum(ends.values()):
-            for tp, batch in (await consumer.getmany(timeout_ms=500, max_records=5000)).items():
-                out[tp] += batch
-        return out
-    finally:
-        await consumer.stop()
-
-
-async def copy_input(messages: dict[TopicPartition, list[Any]], source: KafkaSettings, to: KafkaSettings) -> None:
-    """The input topics' messages, as they are, into ``to``'s: each run gets topics of its own, since the
-    state topics are named by the prefix, not by the group (a new group would find the input applied)."""
-    await create_topics(to)
-    producer = AIOKafkaProducer(**to.producer_options(), max_request_size=8 << 20, linger_ms=20)
-    await producer.start()
-    try:
-        for tp, batch in messages.items():
-            topic = to.topic(tp.topic.removeprefix(source.topic_prefix))
-            for m in batch:
-                await producer.send(topic, m.value, key=m.key, partition=tp.partition, headers=list(m.headers))
-        await producer.flush()
-    finally:
-        await producer.stop()
 
 
 def run(
@@ -313,12 +202,19 @@ def run(
             ]
             runs = []
             for i in range(pairs):
-                for workers in (1, 2):
+                for workers, assignor in SCALE_RUNS:
                     kafka = KafkaSettings(
-                        bootstrap=bootstrap, topic_prefix=f"scale{i}x{workers}.", partitions=PARTITIONS
+                        bootstrap=bootstrap, topic_prefix=f"scale{i}x{workers}{assignor}.", partitions=PARTITIONS
                     )
                     await copy_input(inputs, source, kafka)
-                    runs.append(await scale_out(kafka, workers, messages, sum(by_partition), broker))
+                    per_message = {
+                        TopicPartition(kafka.topic(t), p): [
+                            events_in(m) for m in inputs[TopicPartition(source.topic(t), p)]
+                        ]
+                        for t in INPUTS
+                        for p in range(PARTITIONS)
+                    }
+                    runs.append(await scale_out(kafka, workers, assignor, messages, per_message, broker))
             return messages, sum(by_partition), by_partition, runs
 
         restored_by_size = asyncio.run(restores())
@@ -334,8 +230,12 @@ def run(
     kept_take, again_take = (
         statistics.median(t for name, _, t, _ in pauses if (name == "kept") == k) for k in (True, False)
     )
-    one, two = (statistics.median(r.rate for r in runs if r.workers == n) for n in (1, 2))
-    speedup = two / one
+
+    def rate(workers: int, assignor: str) -> float:
+        return statistics.median(r.rate for r in runs if (r.workers, r.assignor) == (workers, assignor))
+
+    one = rate(1, "balance")
+    speedup = rate(2, "balance") / one
     rows = [
         (
             f"restore of a partition of {n:,} GPUs with 72 h of panes ({n * per_gpu / 1e6:,.1f} MB of state)",
@@ -364,22 +264,30 @@ def run(
         ),
         ("… events per input partition (events, then mem_access)", ", ".join(f"{n:,}" for n in by_partition)),
     ]
-    for n in (1, 2):
-        of_n = [r for r in runs if r.workers == n]
+    for workers, assignor in SCALE_RUNS:
+        of_n = [r for r in runs if (r.workers, r.assignor) == (workers, assignor)]
         rows.append(
             (
-                f"{n} worker process{'es' if n > 1 else ''}, from the group's settling to the last commit",
-                f"{statistics.median(r.rate for r in of_n):,.0f} events/s (runs: "
+                f"{workers} worker process{'es' if workers > 1 else ''}"
+                + (f", --assignor {assignor}" if workers > 1 else "")
+                + ": events/s from the group's settling to the last commit; speed-up over 1; the busiest "
+                "worker's share of the events left at the settling; the protocol the group agreed on",
+                f"{rate(workers, assignor):,.0f} ({rate(workers, assignor) / one:.2f}×; runs: "
                 + ", ".join(f"{r.rate:,.0f}" for r in of_n)
-                + ")",
+                + "); "
+                + ", ".join(f"{r.busiest:.1%}" for r in of_n)
+                + "; "
+                + ", ".join(sorted({r.protocol for r in of_n})),
             )
         )
-    rows.append(("speed-up of two workers (the target's measure)", f"{speedup:.2f}×"))
-    for n in (1, 2):
-        of_n = [r for r in runs if r.workers == n]
+    rows.append(("speed-up of two workers, --assignor balance (the target's measure)", f"{speedup:.2f}×"))
+    for workers, assignor in SCALE_RUNS:
+        of_n = [r for r in runs if (r.workers, r.assignor) == (workers, assignor)]
         rows.append(
             (
-                f"… {n} worker process{'es' if n > 1 else ''}: settled after; cores busy, workers + broker",
+                f"… {workers} worker process{'es' if workers > 1 else ''}"
+                + (f", {assignor}" if workers > 1 else "")
+                + ": settled after; cores busy, workers + broker",
                 "; ".join(f"{r.settled_s:.1f} s, {r.workers_cores:.2f} + {r.broker_cores:.2f}" for r in of_n),
             )
         )

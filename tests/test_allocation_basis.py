@@ -73,7 +73,7 @@ def fleet(seed: int, gpus: int = 3, minutes: int = 40) -> tuple[list[Event], lis
             fraction_num=num,
             fraction_den=den,
             team=rng.choice(TEAMS),
-            env=rng.choice(("prod", None)),
+            env=rng.choice(("prod", None, "")),  # "" and None: one tenant key, one party
         )
         final.append(Allocation(**hold, end_ts_ns=end))
         at = rng.randrange(len(events) + 1)

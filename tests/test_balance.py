@@ -155,6 +155,7 @@ hostile = st.one_of(
         }
     ).map(lambda v: json.dumps(v).encode()),
     st.just(b"[" * 100_000),
+    st.integers(10**18, 10**4000).map(lambda n: b'{"v":1,"backlog":[["t",0,%d]],"cost":{"t":[1,%d]}}' % (n, n)),
     st.just(b'{"v":1,"owned":[' + b'["t.events",1],' * 70_000 + b"[]]}"),
 )
 

@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from gpucost.kafka.assignor import Balancer
+from gpucost.kafka.balance import STICKY_SHARE
 from gpucost.kafka.settings import KafkaSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -85,9 +86,9 @@ async def _settle(members: list[_Member], topics: list[str], partitions: int) ->
 
 
 def test_the_leader_spreads_partitions_by_the_backlog_every_member_measured(kafka_bootstrap: str) -> None:
-    """Backlog = end − committed: the busier member's backlog equals the best two-way split, brute-forced here from
-    the messages written and the offset committed; round-robin by count leaves one member the heavy partition
-    and another beside it."""
+    """Backlog = end − committed: the busier member's backlog is within the state-keeping slack of the best two-way
+    split, brute-forced here from the messages written and the offset committed, and below round-robin's, which
+    leaves one member the heavy partition and another beside it."""
     kafka = KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.", partitions=4)
     group = f"g-{uuid.uuid4().hex[:8]}"
     backlog = {(kafka.topic(t), p): n - (COMMITTED if (t, p) == ("events", 0) else 0) for (t, p), n in SIZES.items()}
@@ -109,7 +110,10 @@ def test_the_leader_spreads_partitions_by_the_backlog_every_member_measured(kafk
 
     got, led = asyncio.run(scenario())
     loads = [sum(backlog[(tp.topic, tp.partition)] for tp in g) for g in got]
-    assert max(loads) == best, (loads, best, got)
+    # the first member to join held every partition, and keeps what costs at most STICKY_SHARE of a fair share
+    assert max(loads) <= best + STICKY_SHARE * sum(backlog.values()) / 2, (loads, best, got)
+    dealt = sorted(backlog)  # round-robin by count: alternate partitions, here 36 against 26
+    assert max(loads) < max(sum(backlog[tp] for tp in dealt[side::2]) for side in (0, 1))
     assert led >= 1  # the group agreed on the balancer's protocol
 
 

@@ -69,9 +69,15 @@ class Balancer(AbstractPartitionAssignor):
         )
         if not tps:
             return
+        # every request runs to its end (or the timeout's cancel) before a failure is raised: none is left behind
         ends, starts, *committed = await asyncio.gather(
-            consumer.end_offsets(tps), consumer.beginning_offsets(tps), *(consumer.committed(tp) for tp in tps)
+            consumer.end_offsets(tps),
+            consumer.beginning_offsets(tps),
+            *(consumer.committed(tp) for tp in tps),
+            return_exceptions=True,
         )
+        if failure := next((r for r in (ends, starts, *committed) if isinstance(r, BaseException)), None):
+            raise failure
         now = self._clock()
         self._backlog = {
             (tp.topic, tp.partition): float(max(0, ends[tp] - (starts[tp] if done is None else max(done, starts[tp]))))
@@ -117,13 +123,9 @@ class Balancer(AbstractPartitionAssignor):
             for tp in sorted(reports[member].owned if reports[member] is not None else ()):  # type: ignore[union-attr]
                 owners.setdefault(tp, member)
         chosen = spread(work, subscriptions, owners)
-        self.assignments["counted" if set(work.values()) == {1.0} else "measured"] += 1
-        log.info(
-            "assigned %d partitions to %d members by %s",
-            len(partitions),
-            len(members),
-            "count" if set(work.values()) == {1.0} else "measured work",
-        )
+        how = "measured" if work and set(work.values()) != {1.0} else "counted"
+        self.assignments[how] += 1
+        log.info("assigned %d partitions to %d members, %s", len(partitions), len(members), how)
         return {
             member: ConsumerProtocolMemberAssignment(
                 self.version, [(t, [p for tt, p in tps if tt == t]) for t in sorted({t for t, _ in tps})], b""

@@ -12,13 +12,13 @@ what it measured (``Report``), and the group's leader spreads the partitions by 
   different topics hold different numbers of events (433 and 159 in benchmark 9's input); a topic nobody has
   measured yet counts the mean of those measured, and with nothing measured every message counts alike.
 - **spread**: the longest-processing-time-first rule. Partitions in decreasing order of work, each to the member
-  with the least work so far (at most 4/3 of the best possible busiest member). A partition stays with the
-  member that holds its state (no restore, ``gpucost.kafka.owned``) unless moving it gains more than
-  ``STICKY_SHARE`` of a member's fair share (``spread`` says how); with no work measured at all, every partition
-  counts as 1, so the members get equal counts and keep what they had where the counts allow. Then moves and
-  swaps of single partitions out of the busiest member, while one gains more than ``REFINE_SHARE`` of a fair
-  share: on benchmark 9's input the greedy rule alone left the busier of two members 52.2 % of the events, the
-  refinement 50.6 %.
+  with the least work so far (at most 4/3 of the best possible busiest member, before the state kept). A partition
+  stays with the member that holds its state (no restore, ``gpucost.kafka.owned``) unless moving it gains more than
+  ``STICKY_SHARE`` of a member's fair share, for each partition kept (``spread`` says how); with no backlog or
+  arrivals measured (a first start on empty topics, an idle fleet), every partition counts as 1, so the members get
+  equal counts and keep what they had where the counts allow. Then moves and swaps of single partitions out of the
+  busiest member, while one gains more than ``REFINE_SHARE`` of a fair share: on benchmark 9's input the greedy rule
+  alone left the busier of two members 52.2 % of the events, the refinement 50.6 %.
 
 A report is a few hundred bytes of JSON in the member's join request. A report that cannot be read (another
 version, a corrupt or hostile member) counts as no report: the assignment is then made from the others', and is
@@ -77,6 +77,8 @@ def encode_report(report: Report) -> bytes:
 def _figure(value: object) -> float | None:
     """A finite, non-negative number, or None: a report's figures come from other processes."""
     if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int) and not -(10**18) < value < 10**18:  # float() of a 400-digit integer raises
         return None
     number = float(value)
     return number if math.isfinite(number) and 0 <= number < 1e18 else None
