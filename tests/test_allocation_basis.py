@@ -238,3 +238,17 @@ def test_a_snapshot_keeps_the_holds() -> None:
         out += second.update(e)
     out += second.finish()
     assert [r for r in out if isinstance(r, AllocationRecord)] == [r for r in whole if isinstance(r, AllocationRecord)]
+
+
+def test_holds_from_a_state_before_the_one_form_read_back_as_one_tenant() -> None:
+    """Holds written before tenants had one form (an allocation's ``env`` left out: None; another's ``""``) read
+    back as one tenant, so their pane's split has one party for the key, not two records of one id."""
+    from gpucost.streams.allocations import AllocationTable
+
+    holds = {
+        f"pod-{i}": [T0, None, 1, 2, "time_slicing", ["a", env, None, None, None, "", None, None]]
+        for i, env in enumerate((None, ""))
+    }
+    table = AllocationTable.from_state({"holds": {"GPU-0": holds}, "since": {"GPU-0": T0}, "gone": {}}, AuditSettings())
+    tenants = {tuple(h[5]) for h in table.to_state()["holds"]["GPU-0"].values()}
+    assert tenants == {("a", "", "", "", None, None, None, None)}

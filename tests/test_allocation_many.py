@@ -12,15 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpucost.schemas.blocks import Emitted
-from gpucost.streams.allocation_split import Hold, party, split, split_many_panes
+from gpucost.streams.allocation_split import Hold, split, split_many_panes
 from gpucost.streams.pane_totals import PaneColumns, PaneTotals
 from gpucost.streams.tables import Tenant
 
 PANE_NS = 60_000_000_000
 GPUS = ["GPU-a", "GPU-b", "GPU-c"]
-#: t1 with an env, and with an env of "" and none, which are one party (``party``, as every hold is made)
-TENANTS = [party(Tenant.named(team)) for team in ("t1", "t2", "t3")] + [
-    party(Tenant(*("t1", env, *([None] * 6)))) for env in ("prod", "")
+#: t1 with an env, and with an env of "" and none, which are one tenant (``Tenant.canonical``, as every hold's is)
+TENANTS = [Tenant.canonical(Tenant.named(team)) for team in ("t1", "t2", "t3")] + [
+    Tenant.canonical(("t1", env, *([None] * 6))) for env in ("prod", "")
 ]
 
 

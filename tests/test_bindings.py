@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpucost.schemas.blocks import expand
 from gpucost.schemas.codec import encode_event
-from gpucost.schemas.events import GpuSample, Price, ProcessSample, TenantBinding
+from gpucost.schemas.events import Event, GpuSample, Price, ProcessSample, TenantBinding
 from gpucost.schemas.records import CostRecord, DeadLetter
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
@@ -137,3 +137,90 @@ def test_the_tenant_fields_a_type_checker_reads_are_the_bindings() -> None:
     block = next(n for n in tenant.body if isinstance(n, ast.If))
     declared = tuple(n.target.id for n in block.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
     assert declared == TENANT_FIELDS
+
+
+@pytest.mark.parametrize("horizon_s", [21_600, 0], ids=["R=6h", "R=0"])
+@pytest.mark.parametrize("first", ["", None], ids=["blank-first", "absent-first"])
+def test_two_processes_whose_tenants_differ_only_by_a_field_given_as_blank_are_one_party(horizon_s, first) -> None:
+    """Two processes bound to one tenant key, one binding with ``git_commit=""`` and one without: one party, so
+    one cost record a pane with a unique id, on both paths and in either order (the batch entry once made two
+    records of one id, and a sink keeping the first copy of each id lost one's µ$). Checked against the row
+    entry's pane costs: Σ of each pane's records = its cost, whatever is kept by id."""
+    s = AuditSettings(revision_horizon_s=horizon_s)
+    second = None if first == "" else ""
+    events: list[Event] = [Price(gpu_model="H100", ts_ns=T0 - 3600 * NS, usd_per_gpu_hour=Decimal("2.5"))]
+    for pid, commit in ((1, first), (2, second)):
+        events.append(
+            TenantBinding(
+                node_id="n1",
+                pid=pid,
+                ts_ns=T0 - NS,
+                team="a",
+                env="prod",
+                app="x",
+                tier="t",
+                sla="Gold",
+                git_commit=commit,
+            )
+        )
+    for k in range(60):
+        events.append(
+            GpuSample(
+                node_id="n1",
+                gpu_uuid="g",
+                gpu_model="H100",
+                ts_ns=T0 + k * 10 * NS,
+                interval_s=10.0,
+                sm_util_pct=50.0,
+                mem_bw_util_pct=10.0,
+                mem_used_bytes=1,
+                mem_total_bytes=2,
+                power_w=100.0,
+                temp_c=40.0,
+            )
+        )
+        for pid in (1, 2):
+            events.append(
+                ProcessSample(
+                    node_id="n1",
+                    gpu_uuid="g",
+                    pid=pid,
+                    ts_ns=T0 + k * 10 * NS,
+                    interval_s=10.0,
+                    sm_util_pct=20.0,
+                    mem_bw_util_pct=5.0,
+                    mem_used_bytes=1,
+                )
+            )
+    rows = Auditor(s)
+    by_rows = [r for e in events for r in rows.update(e)] + rows.finish()
+    batch = Auditor(s)
+    with closing_at(0, few_lines=0):
+        by_batch = expand(batch.ingest_lines([encode_event(e).encode() for e in events], lambda i: f"line {i}"))
+    by_batch += batch.finish()
+    for out in (by_rows, by_batch):
+        cost = [r for r in out if isinstance(r, CostRecord)]
+        kept = {r.record_id: r for r in cost}  # what a sink keeping one copy of each id holds
+        assert len(kept) == len(cost)
+        per_pane: dict[int, int] = {}
+        for r in kept.values():
+            per_pane[r.pane_start_ns] = per_pane.get(r.pane_start_ns, 0) + r.cost_micro_usd
+        assert per_pane == {r.pane_start_ns: r.pane_cost_micro_usd for r in cost}
+        assert {r.git_commit for r in cost if r.team == "a"} == {None}
+    assert [r for r in by_batch if isinstance(r, CostRecord)] == [r for r in by_rows if isinstance(r, CostRecord)]
+
+
+def test_a_state_from_before_the_one_form_reads_back_in_it() -> None:
+    """A binding table written before tenants had one form may hold a process's tenant in two (``git_commit`` ""
+    and none, ``env`` none): read back, each change point's tenant is in the one form, and the two forms'
+    repeats are one tenant's, their times merged."""
+    old = ["a", "prod", "x", "t", "Gold", "", None, None]
+    other = ["a", "prod", "x", "t", "Gold", None, None, None]
+    state = [["n1", 7, [[T0, old]], [[old, T0 + 5, [4]], [other, T0 + 7, [4]]]]]
+    table = BindingTable.from_state(state)
+    (row,) = table.to_state()
+    assert row[2] == [[T0, other]]
+    assert row[3] == [[other, T0 + 5, [2, 2, 2]]]  # T0 + 5, 9 and T0 + 7, 11, merged
+    assert BindingTable.from_state([["n1", 7, [[T0, ["a", None, None, None, "Gold", None, None, None]]]]]).to_state()[
+        0
+    ][2] == [[T0, ["a", "", "", "", "Gold", None, None, None]]]

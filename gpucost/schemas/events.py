@@ -27,6 +27,7 @@ __all__ = [
     "TS_MAX_NS",
     "MAX_USD_PER_GPU_HOUR",
     "RESERVED_TEAMS",
+    "BLANK_TENANT_FIELDS",
     "TENANT_FIELDS",
     "GpuSample",
     "ProcessSample",
@@ -255,6 +256,16 @@ class TenantBinding(WireEvent):
 #: their ``tenant_key`` (the rest of a binding says which process, from when, and where it was found)
 TENANT_FIELDS: tuple[str, ...] = tuple(
     f for f in TenantBinding.model_fields if f not in ("kind", "node_id", "pid", "ts_ns", "origin")
+)
+#: the tenant fields a binding always carries as text, ``""`` where its source has none (``env``, ``app``, ``tier``):
+#: a tenant named without one (an allocation's field left out) has ``""`` there, and every other field not given is
+#: None, ``""`` included (docs/definitions.md, "Tenants and prices"), so one tenant key is one tenant
+BLANK_TENANT_FIELDS: tuple[str, ...] = tuple(
+    f
+    for f in TENANT_FIELDS
+    if TenantBinding.model_fields[f].is_required()
+    and TenantBinding.model_fields[f].annotation is str
+    and not any(getattr(m, "min_length", None) for m in TenantBinding.model_fields[f].metadata)
 )
 
 

@@ -27,7 +27,7 @@ from gpucost.streams.pane_totals import PaneColumns
 from gpucost.streams.runs import runs
 from gpucost.streams.tables import Tenant
 
-__all__ = ["Hold", "UNALLOCATED", "party", "party_order", "split", "split_many_panes"]
+__all__ = ["Hold", "UNALLOCATED", "party_order", "split", "split_many_panes"]
 
 UNALLOCATED = Tenant.named(UNALLOCATED_TENANT)
 #: the most (pane, hold) pairs compared at once: bounds the overlap matrix of a device with many holds
@@ -46,7 +46,7 @@ class Hold(NamedTuple):
 
     @classmethod
     def of(cls, a: Allocation) -> Hold:
-        return cls(a.ts_ns, a.end_ts_ns, a.fraction_num, a.fraction_den, a.sharing, party(Tenant.of(a)))
+        return cls(a.ts_ns, a.end_ts_ns, a.fraction_num, a.fraction_den, a.sharing, Tenant.of(a))
 
     def overlap_ns(self, start_ns: int, end_ns: int) -> int:
         """How long this hold covers of ``[start_ns, end_ns)``."""
@@ -54,20 +54,10 @@ class Hold(NamedTuple):
         return max(0, end - max(start_ns, self.start_ns))
 
 
-def party(tenant: Tenant) -> Tenant:
-    """The party a hold's tenant bills as: a field given as ``""`` is a field not given (docs/definitions.md,
-    "Allocation basis"). The tenant key writes both as empty, and a record's id hashes the key, so two holds whose
-    tenants differ only so were two parties with one record id a pane, one of which a sink keeping the first copy
-    of each id dropped: now they are one party, one record. Applied where a hold is made or restored, so that a
-    party is its key on every path."""
-    values: tuple[str | None, ...] = tuple(tenant)  # what mypy cannot read from the class line (it sees no fields)
-    return Tenant(*(None if value == "" else value for value in values))
-
-
 def party_order(tenant: Tenant) -> str:
     """A pane's parties in the order they are split in (ties of the leftover µ$ to the first): by key, which names
-    one party (``party``), so the order is the same on every path and in every process, whatever order the holds
-    came in or set iteration gives."""
+    one tenant (``Tenant.canonical``), so the order is the same on every path and in every process, whatever order
+    the holds came in or set iteration gives."""
     return tenant.key
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from gpucost.schemas.blocks import Emitted
 from gpucost.schemas.events import Allocation
 from gpucost.schemas.records import AllocationRecord, Output
-from gpucost.streams.allocation_split import Hold, party, split, split_many_panes
+from gpucost.streams.allocation_split import Hold, split, split_many_panes
 from gpucost.streams.operator import Closing, ClosingMany
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.settings import AuditSettings
@@ -196,7 +196,7 @@ class AllocationTable:
     def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> AllocationTable:
         table = cls()
         table._holds = {
-            gpu: {key: Hold(h[0], h[1], h[2], h[3], h[4], party(Tenant(*h[5]))) for key, h in holds.items()}
+            gpu: {key: Hold(h[0], h[1], h[2], h[3], h[4], Tenant.canonical(h[5])) for key, h in holds.items()}
             for gpu, holds in state["holds"].items()
         }
         table._since = dict(state["since"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable
 from decimal import Decimal
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from gpucost.schemas.devices import platform_names
-from gpucost.schemas.events import TENANT_FIELDS, Allocation, Price, TenantBinding, six_places
+from gpucost.schemas.events import BLANK_TENANT_FIELDS, TENANT_FIELDS, Allocation, Price, TenantBinding, six_places
 from gpucost.schemas.partitions import device_share
 
 if TYPE_CHECKING:
@@ -44,7 +45,22 @@ class Tenant(_TenantFields):
     @classmethod
     def of(cls, binding: TenantBinding | Allocation) -> Tenant:
         """The tenant a binding, or an allocation, names."""
-        return cls(*(getattr(binding, f) for f in TENANT_FIELDS))
+        return cls.canonical(getattr(binding, f) for f in TENANT_FIELDS)
+
+    @classmethod
+    def canonical(cls, values: Iterable[str | None]) -> Tenant:
+        """The tenant of ``values`` (in ``TENANT_FIELDS`` order) in its one form: ``BLANK_TENANT_FIELDS`` not given
+        are ``""``, any other field given as ``""`` is None. The key writes both as empty, and a record's id hashes
+        the key, so two forms of one key were two parties with one id a pane where a path kept them apart (the
+        batch entry, the allocation basis), and one a sink keeping the first copy of an id dropped. Every tenant an
+        event names is made here (``of``), and read back so from a state (the bindings', the holds'); the pipeline's
+        own parties (``named``: ``idle``, ``unattributed``, ``unallocated``) keep their fields None."""
+        return cls(
+            *(
+                ("" if value is None else value) if field in BLANK_TENANT_FIELDS else (None if value == "" else value)
+                for field, value in zip(TENANT_FIELDS, values)
+            )
+        )
 
     @classmethod
     def named(cls, team: str) -> Tenant:
@@ -201,9 +217,12 @@ class BindingTable:
         the shape every operator's ``from_state`` has; the table has none of its own.)"""
         table = cls()
         for n, p, h, *repeats in state:
-            table._by_proc[(n, p)] = [(ts, Tenant(*t)) for ts, t in h]
+            table._by_proc[(n, p)] = [(ts, Tenant.canonical(t)) for ts, t in h]
             for t, first, steps in repeats[0] if repeats else []:
-                table._repeats.setdefault((n, p), {})[Tenant(*t)] = array("q", accumulate([first, *steps]))
+                # a state from before the one form may hold two forms of a tenant: their repeats are one tenant's
+                held = table._repeats.setdefault((n, p), {})
+                times = sorted({*held.get(Tenant.canonical(t), ()), *accumulate([first, *steps])})
+                held[Tenant.canonical(t)] = array("q", times)
         return table
 
 
