@@ -224,3 +224,19 @@ def test_a_state_from_before_the_one_form_reads_back_in_it() -> None:
     assert BindingTable.from_state([["n1", 7, [[T0, ["a", None, None, None, "Gold", None, None, None]]]]]).to_state()[
         0
     ][2] == [[T0, ["a", "", "", "", "Gold", None, None, None]]]
+
+
+def test_an_open_pane_from_before_the_one_form_reads_back_in_it_and_keeps_the_pipelines_own_parties() -> None:
+    """A pane's tenants written before the one form (``git_commit=""``) read back in it, so a pane open at an
+    upgrade prints what an uninterrupted run prints; ``unattributed`` stays the pipeline's own party, all None."""
+    from gpucost.streams.pane_totals import PaneTotals
+    from gpucost.streams.tables import Tenant
+
+    pane = PaneTotals("g", T0, T0 + 60 * NS, "n1", "H100")
+    pane.tenant(Tenant("a", "prod", "x", "t", "Gold", "", "", None)).sm += 5
+    pane.tenant(UNATTRIBUTED).sm += 7
+    back = PaneTotals.from_state(pane.to_state())
+    assert {t.tenant: t.sm for t in back.tenants.values()} == {
+        Tenant("a", "prod", "x", "t", "Gold", None, None, None): 5,
+        UNATTRIBUTED: 7,
+    }

@@ -59,7 +59,7 @@ KINDS: dict[type, tuple[type[Event], ...]] = {
 
 def tenant_of(pid: int) -> Tenant:
     """A tenant for a process sample or NUMA event, as the auditor's binding lookup would give one."""
-    return Tenant(**{f: (f"team-{pid % 3}" if f == "team" else None) for f in TENANT_FIELDS})
+    return Tenant.canonical(f"team-{pid % 3}" if f == "team" else None for f in TENANT_FIELDS)
 
 
 def feed(operator: Any, event: Event) -> tuple[str, Any]:

@@ -196,7 +196,7 @@ class AllocationTable:
     def from_state(cls, state: dict[str, Any], settings: AuditSettings) -> AllocationTable:
         table = cls()
         table._holds = {
-            gpu: {key: Hold(h[0], h[1], h[2], h[3], h[4], Tenant.canonical(h[5])) for key, h in holds.items()}
+            gpu: {key: Hold(h[0], h[1], h[2], h[3], h[4], Tenant.restored(h[5])) for key, h in holds.items()}
             for gpu, holds in state["holds"].items()
         }
         table._since = dict(state["since"])

@@ -152,7 +152,7 @@ class PaneTotals:
             for name, value in zip(HEALTH_SUMS, s[19]):
                 setattr(pane, name, value)
         for tenant, *sums in s[8]:  # a state written before the SLA tiers has no sample count
-            t = Tenant(*tenant)
+            t = Tenant.restored(tenant)
             pane.tenants[t.key] = TenantTotals(t, *sums)
         for kind, pid, when in s[9]:
             if isinstance(when, int):  # a state written before the gaps: one (kind, pid, ts_ns) each

@@ -13,6 +13,7 @@ import numpy as np
 
 from gpucost.schemas.devices import platform_names
 from gpucost.schemas.events import BLANK_TENANT_FIELDS, TENANT_FIELDS, Allocation, Price, TenantBinding, six_places
+from gpucost.schemas.names import RESERVED_TEAMS
 from gpucost.schemas.partitions import device_share
 
 if TYPE_CHECKING:
@@ -53,14 +54,21 @@ class Tenant(_TenantFields):
         are ``""``, any other field given as ``""`` is None. The key writes both as empty, and a record's id hashes
         the key, so two forms of one key were two parties with one id a pane where a path kept them apart (the
         batch entry, the allocation basis), and one a sink keeping the first copy of an id dropped. Every tenant an
-        event names is made here (``of``), and read back so from a state (the bindings', the holds'); the pipeline's
-        own parties (``named``: ``idle``, ``unattributed``, ``unallocated``) keep their fields None."""
+        event names is made here (``of``), and read back so from a state (``restored``); the pipeline's own parties
+        (``named``: ``idle``, ``unattributed``, ``unallocated``) keep their fields None."""
         return cls(
             *(
                 ("" if value is None else value) if field in BLANK_TENANT_FIELDS else (None if value == "" else value)
                 for field, value in zip(TENANT_FIELDS, values)
             )
         )
+
+    @classmethod
+    def restored(cls, values: Iterable[str | None]) -> Tenant:
+        """A tenant read back from a state: the pipeline's own parties as ``named`` makes them, any other in its one
+        form (``canonical``), so that a state written before the one form continues as an uninterrupted run would."""
+        fields = list(values)
+        return cls(*fields) if fields and fields[0] in RESERVED_TEAMS else cls.canonical(fields)
 
     @classmethod
     def named(cls, team: str) -> Tenant:
@@ -217,12 +225,12 @@ class BindingTable:
         the shape every operator's ``from_state`` has; the table has none of its own.)"""
         table = cls()
         for n, p, h, *repeats in state:
-            table._by_proc[(n, p)] = [(ts, Tenant.canonical(t)) for ts, t in h]
+            table._by_proc[(n, p)] = [(ts, Tenant.restored(t)) for ts, t in h]
             for t, first, steps in repeats[0] if repeats else []:
                 # a state from before the one form may hold two forms of a tenant: their repeats are one tenant's
                 held = table._repeats.setdefault((n, p), {})
-                times = sorted({*held.get(Tenant.canonical(t), ()), *accumulate([first, *steps])})
-                held[Tenant.canonical(t)] = array("q", times)
+                times = sorted({*held.get(Tenant.restored(t), ()), *accumulate([first, *steps])})
+                held[Tenant.restored(t)] = array("q", times)
         return table
 
 
