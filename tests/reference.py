@@ -123,7 +123,9 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
         elif isinstance(ev, TenantBinding):
             key = ("b", ev.node_id, ev.pid, ev.ts_ns)
             held = stored[(ev.node_id, ev.pid)]
-            tenant = (ev.team, ev.env, ev.app, ev.tier, ev.sla, ev.git_commit, ev.ci_pipeline_id, wire_labels(ev))
+            tenant = one_form(
+                (ev.team, ev.env, ev.app, ev.tier, ev.sla, ev.git_commit, ev.ci_pipeline_id, wire_labels(ev))
+            )
             if held and ev.ts_ns > max(held) and held[max(held)] == tenant and key not in taken:
                 taken.add(key)  # a repeat is taken too: sent again, it is a duplicate
                 out.append(None)  # repeats, later, the tenant in force: changes nothing, refused for nothing
@@ -137,8 +139,10 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
             if hold is None and (ev.gpu_uuid, ev.allocation_id) in gone:
                 out.append("late")
                 continue
-            fixed = (ev.ts_ns, ev.fraction_num, ev.fraction_den, ev.sharing, ev.team, ev.env, ev.app, ev.tier, ev.sla)
-            fixed += (ev.git_commit, ev.ci_pipeline_id, wire_labels(ev))
+            fixed = (ev.ts_ns, ev.fraction_num, ev.fraction_den, ev.sharing)
+            fixed += one_form(
+                (ev.team, ev.env, ev.app, ev.tier, ev.sla, ev.git_commit, ev.ci_pipeline_id, wire_labels(ev))
+            )
             if hold is not None:
                 if hold[0] != fixed or (hold[1] is not None and ev.end_ts_ns not in (None, hold[1])):
                     verdict = "conflict"
@@ -177,6 +181,13 @@ def wire_labels(ev: TenantBinding | Allocation) -> str | None:
     its text as is; none, or an empty object, is no labels."""
     sent = ev.to_wire().get("labels")
     return json.dumps(dict(sorted(sent.items())), separators=(",", ":"), ensure_ascii=False) if sent else None
+
+
+def one_form(tenant: tuple) -> tuple:
+    """A tenant as docs/definitions.md, "One key, one tenant", prints it, written out here: env, app and tier ""
+    where not given, every other field sent as "" none (team, sla and labels are never "")."""
+    team, env, app, tier, sla, commit, pipeline, labels = tenant
+    return (team, env or "", app or "", tier or "", sla, commit or None, pipeline or None, labels)
 
 
 def key_of(tenant: tuple) -> str:
@@ -218,15 +229,8 @@ def reference(events: list[Event], s: AuditSettings) -> dict[str, object]:
     prices: dict[str, dict[int, Decimal]] = defaultdict(dict)
     for ev in kept:  # duplicates are gone: one binding/price per instant, the first that arrived
         if isinstance(ev, TenantBinding):
-            bindings[(ev.node_id, ev.pid)][ev.ts_ns] = (
-                ev.team,
-                ev.env,
-                ev.app,
-                ev.tier,
-                ev.sla,
-                ev.git_commit,
-                ev.ci_pipeline_id,
-                wire_labels(ev),
+            bindings[(ev.node_id, ev.pid)][ev.ts_ns] = one_form(
+                (ev.team, ev.env, ev.app, ev.tier, ev.sla, ev.git_commit, ev.ci_pipeline_id, wire_labels(ev))
             )
         elif isinstance(ev, Price):
             prices[ev.gpu_model][ev.ts_ns] = ev.usd_per_gpu_hour
