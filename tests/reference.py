@@ -184,8 +184,7 @@ def wire_labels(ev: TenantBinding | Allocation) -> str | None:
 
 
 def one_form(tenant: tuple) -> tuple:
-    """A tenant as docs/definitions.md, "One key, one tenant", prints it, written out here: env, app and tier ""
-    where not given, every other field sent as "" none (team, sla and labels are never "")."""
+    """docs/definitions.md, "One key, one tenant": env, app, tier "" where not given, any other "" is none."""
     team, env, app, tier, sla, commit, pipeline, labels = tenant
     return (team, env or "", app or "", tier or "", sla, commit or None, pipeline or None, labels)
 
