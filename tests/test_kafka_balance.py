@@ -69,7 +69,8 @@ async def _fill(kafka: KafkaSettings, group: str) -> None:
 
 
 async def _settle(members: list[_Member], topics: list[str], partitions: int) -> list[set[TopicPartition]]:
-    """Poll every member until their assignments cover every partition once, and stay so for a second."""
+    """Poll every member until each holds some partitions and together they cover every partition once, and stay so
+    for two seconds."""
     for m in members:
         await m.consumer.start()
         m.consumer.subscribe(topics, listener=m)
@@ -77,10 +78,12 @@ async def _settle(members: list[_Member], topics: list[str], partitions: int) ->
     while True:
         await asyncio.gather(*(m.consumer.getmany(timeout_ms=100) for m in members))
         got = [set(m.consumer.assignment()) for m in members]
-        whole = sum(map(len, got)) == len(set().union(*got)) == len(topics) * partitions
+        # every member holds some: a member that has not joined yet (or a rebalance under way, the first member
+        # still holding all) is not the group's assignment, however long it lasts on a loaded machine
+        whole = all(got) and sum(map(len, got)) == len(set().union(*got)) == len(topics) * partitions
         now = asyncio.get_running_loop().time()
         stable_since = (stable_since or now) if whole else None
-        if stable_since is not None and now - stable_since > 1.0:
+        if stable_since is not None and now - stable_since > 2.0:
             return got
         assert now < deadline, f"the group did not settle: {got}"
 
