@@ -1,5 +1,5 @@
 """The worker group's assignor against the real broker: members measure backlogs before they join, the leader
-spreads the partitions by them, and a group with a member of an older version agrees on round-robin."""
+spreads the partitions by them."""
 
 from __future__ import annotations
 
@@ -118,26 +118,6 @@ def test_the_leader_spreads_partitions_by_the_backlog_every_member_measured(kafk
     dealt = sorted(backlog)  # round-robin by count: alternate partitions, here 36 against 26
     assert max(loads) < max(sum(backlog[tp] for tp in dealt[side::2]) for side in (0, 1))
     assert led >= 1  # the group agreed on the balancer's protocol
-
-
-def test_a_member_of_an_older_version_makes_the_group_agree_on_round_robin(kafka_bootstrap: str) -> None:
-    """A rolling upgrade: a member offering round-robin only joins one offering both; the group takes round-robin
-    (alternate partitions in sorted order), where the balancer would have put the heavy partition with the light."""
-    kafka = KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.", partitions=4)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-
-    async def scenario() -> list[set[TopicPartition]]:
-        await _fill(kafka, group)
-        members = [_Member(kafka, group), _Member(kafka, group, [RoundRobinPartitionAssignor])]
-        try:
-            return await _settle(members, [kafka.topic("events"), kafka.topic("mem_access")], 4)
-        finally:
-            for m in members:
-                await m.consumer.stop()
-
-    got = asyncio.run(scenario())
-    dealt = sorted(set().union(*got))  # round-robin deals the sorted partitions to the sorted members in turn
-    assert sorted(map(sorted, got)) == sorted([dealt[0::2], dealt[1::2]])
 
 
 def test_a_worker_measures_what_a_message_costs_and_leads_with_the_balancer(

@@ -7,8 +7,8 @@ awaits ``Balancer.observe`` there (the input partitions' ends, starts and commit
 trips, bounded by ``OBSERVE_TIMEOUT_S``). A broker that does not answer in time leaves the member's last figures:
 the assignment is a matter of speed, never of correctness, and never holds a rebalance up.
 
-The worker offers this assignor first and Kafka's round-robin second, so a group with members of an older
-version (round-robin only) agrees on round-robin until all of them are upgraded.
+The worker offers this assignor first and Kafka's round-robin second; a group's workers run one ``--assignor``
+(docs/operations.md, "How the group spreads the partitions": a mixed group was refused by the broker once).
 """
 
 from __future__ import annotations

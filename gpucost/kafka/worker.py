@@ -113,7 +113,7 @@ class Worker(ConsumerRebalanceListener):
             lambda: [*self.owned, *self._parked], lambda: dict(self.applied), lambda: self.monotonic()
         )
         #: the group protocols offered, preferred first: with ``assignor`` "balance" (``gpucost.kafka.balance``), the
-        #: balancer, then round-robin for members of an older version (a group agrees on one every member offers)
+        #: balancer, then round-robin (a group's workers run one ``--assignor``: docs/operations.md)
         self.assignors: tuple[Any, ...] = (
             (self.balancer, RoundRobinPartitionAssignor) if assignor == "balance" else (RoundRobinPartitionAssignor,)
         )
