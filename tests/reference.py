@@ -1,8 +1,7 @@
 """A batch recomputation of docs/definitions.md over all events at once, written from the contract.
 
-It shares no code with ``streams/``: its own as-of joins, its own largest-remainder split
-(over an explicit list of exact fractions), numpy for the entropy. The operators must
-agree with it record for record.
+It shares no code with ``streams/``: its own as-of joins, its own largest-remainder split (over an explicit list
+of exact fractions), numpy for the entropy. The operators must agree with it record for record.
 """
 
 from __future__ import annotations
@@ -74,8 +73,8 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
         ahead[gpu] = [t for t in ahead[gpu] if t > max_ts[gpu]]
 
     def prune(gpu: str) -> None:
-        """As a device takes a hold, its holds that ended before its watermark less the revision horizon and a
-        pane are dropped (docs/definitions.md, "Allocation basis"): no pane they cover can change any more."""
+        """As a device takes a sample or a hold, its holds ended before its watermark less R and a pane are dropped
+        (docs/definitions.md, "What a device keeps"): no pane they cover can change any more."""
         if gpu not in max_ts:
             return
         floor = max_ts[gpu] - s.lateness_ns - s.revision_horizon_ns - s.pane_ns
@@ -120,6 +119,7 @@ def verdicts(events: list[Event], s: AuditSettings) -> list[str | None]:
             else:
                 near.append(ev.ts_ns)
                 advance(ev.gpu_uuid, ev.ts_ns)
+                prune(ev.gpu_uuid)
         elif isinstance(ev, TenantBinding):
             key = ("b", ev.node_id, ev.pid, ev.ts_ns)
             held = stored[(ev.node_id, ev.pid)]
