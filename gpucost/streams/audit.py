@@ -83,12 +83,12 @@ class Auditor(LateData, AuditState):
 
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]:
         """Take one valid event; ``raw``/``source`` only label its dead letter if it has one."""
-        if self.clock is not None and event.ts_ns > (now := self.clock()) + self.settings.max_future_ns:
-            return [self.future_letter(event, raw, source, now)]
+        if ahead := self._from_future(event, raw, source):
+            return ahead
         if isinstance(event, (GpuSample, ProcessSample, NumaEvent)):
             return self._gpu_keyed(event, raw, source)
         if isinstance(event, KernelActivity):
-            return self._kernel(event, raw, source)
+            return self._kernel(event, raw, source, self.panes.watermark(event.gpu_uuid))
         if isinstance(event, EbpfTrace):
             if self.panes.is_late(event.gpu_uuid, event.ts_ns):
                 return [self.late_letter(event, raw, source, self.panes.watermark(event.gpu_uuid))]
@@ -122,6 +122,20 @@ class Auditor(LateData, AuditState):
         elif not isinstance(event, EbpfTrace):
             raise TypeError(f"not an event: {event!r}")
         self.counts[event.kind] += 1
+        return []
+
+    def late_kernel(
+        self, event: KernelActivity, raw: str | bytes | None, source: str, watermark_ns: int | None
+    ) -> list[Output]:
+        """``update`` of a kernel whose pane had closed at its row, which the batch path takes after its batch's
+        closes (``gpucost.streams.batch_kernels``): judged by ``watermark_ns``, its GPU's watermark at its row,
+        since the state's has moved on with the batch."""
+        return self._from_future(event, raw, source) or self._kernel(event, raw, source, watermark_ns)
+
+    def _from_future(self, event: Event, raw: str | bytes | None, source: str) -> list[Output]:
+        """The dead letter of an event too far ahead of the clock (none without a clock)."""
+        if self.clock is not None and event.ts_ns > (now := self.clock()) + self.settings.max_future_ns:
+            return [self.future_letter(event, raw, source, now)]
         return []
 
     def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]:
@@ -161,7 +175,7 @@ class Auditor(LateData, AuditState):
     ) -> list[Output]:
         gpu = event.gpu_uuid
         if self.panes.is_late(gpu, event.ts_ns):
-            if self.revisable(gpu, event.ts_ns):
+            if self.revisable(event.ts_ns, self.panes.watermark(gpu)):
                 return self._revise(event, raw, source)
             return [self.late_letter(event, raw, source, self.panes.watermark(gpu))]
         refused = self.panes.admit(event)

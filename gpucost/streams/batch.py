@@ -32,6 +32,7 @@ from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import Output
 from gpucost.streams.addresses import DUPLICATE
 from gpucost.streams.batch_columns import column, hot_columns, measures, valid_rows
+from gpucost.streams.batch_kernels import plan_kernels
 from gpucost.streams.json_lines import COLUMN_MODELS
 from gpucost.streams.pane_rules import GPU, KINDS, NUMA, PROC, TRACE, numa_sum
 from gpucost.streams.pane_totals import PaneColumns, PaneRows
@@ -67,6 +68,7 @@ class Batch:
         self.out: list[tuple[int, int, Output | ClosedPanes]] = []
         self.table_events: list[tuple[int, Event]] = []
         self.tenants: list[Tenant] = []
+        self.kernels: list[tuple[int, KernelActivity]] = []  # the valid kernels, by row (``batch_kernels``)
 
     def _col(self, name: str) -> pa.Array:
         return column(self.batch, name)
@@ -81,8 +83,9 @@ class Batch:
         """What a dead letter of a valid event keeps: the line as it came (a Parquet row: re-encoded)."""
         return None if self.lines is None else self.lines[i]
 
-    def emit(self, row: int, outputs: Sequence[Output | ClosedPanes]) -> None:
-        base = len(self.out)
+    def emit(self, row: int, outputs: Sequence[Output | ClosedPanes], first: bool = False) -> None:
+        """``outputs`` at ``row``, after those placed there before, or (``first``) before every other output of it."""
+        base = len(self.out) - (1 << 62 if first else 0)
         self.out.extend([(row, base + k, o) for k, o in enumerate(outputs)])
 
     def _count(self, kind: str, n: int) -> None:
@@ -119,7 +122,6 @@ class Batch:
             if self.n:
                 self._decode()
                 self._future()
-                self._settle()
                 self._mae()
                 self._panes()
         finally:
@@ -185,10 +187,11 @@ class Batch:
                     self.estimated[i] = int(bool(event.power_estimated))
             elif isinstance(event, EbpfTrace):  # always here: the packed struct is decoded row by row
                 self._trace(i, event)
-            elif isinstance(event, (KernelActivity, Allocation)):
+            elif isinstance(event, KernelActivity):
+                self.kernels.append((i, event))  # on time or late at its row: ``_panes`` tells
+            elif isinstance(event, Allocation):
                 # on time at its row (``revising_rows`` cut the batch at any other), so before the batch's samples
-                # too: a kernel joins its panes, an allocation changes their split, before any closes (a kernel late
-                # by the GPUs forgotten alone is refused wherever it stands); holds are dropped at the end (prune_gpu)
+                # too: it changes the split of its panes before any closes; holds are dropped at the end (prune_gpu)
                 self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
             else:
                 self.table_events.append((i, event))
@@ -236,19 +239,6 @@ class Batch:
         ahead = np.flatnonzero(self.ok & (self.ts > now + self.a.settings.max_future_ns))
         self._letters(ahead, lambda i, e: self.a.future_letter(e, self._raw(i), self.source(i), now))
         self.ok[ahead] = False
-
-    def _settle(self) -> None:
-        """The panes late kernels left pending, republished where the row path republishes them: at their GPU's
-        first sample, process sample or NUMA event that decodes (``Auditor._gpu_keyed``), before its outputs. Here,
-        before the batch's samples: no row of the batch before that one can change those panes (a row that could,
-        a late one, cut the batch), and none the batch took already (on-time kernels and allocations) reaches them."""
-        pending = self.a.kernel_revisions_pending()
-        if not pending:
-            return
-        keyed = self.ok & (self.code >= 0) & (self.code <= NUMA)
-        for code, gpu in enumerate(self.gpu_names):
-            if gpu in pending and len(at := np.flatnonzero(keyed & (self.gpu == code))):
-                self.emit(int(at[0]), self.a.settle_kernels((gpu,)))
 
     # --- memory-access entropy ------------------------------------------------------------------
 
@@ -320,8 +310,17 @@ class Batch:
         tenant_rows = np.sort(rows[accepted & np.isin(pane_rows.kind, (PROC, NUMA))])
         tenant_of = np.full(self.n, -1, np.int64)
         tenant_of[tenant_rows] = self._tenants(tenant_rows)
-        self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants))
+        keyed = self.ok & (self.code >= 0) & (self.code <= NUMA)
+        kernels = plan_kernels(a, self.kernels, pane_rows, verdicts, keyed, self.gpu, self.gpu_names)
+        for i, kernel in kernels.on_time:  # before the closes
+            self.emit(i, a.update(kernel, self._raw(i), self.source(i)))
+        self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants), kernels.rows())
         a.revisions.take_many(pane_rows, accepted)  # with revisions off too: bindings re-attribute open panes
+        for row, step, at_ns in kernels.in_order():  # the late kernels and the settles, where the row path has them
+            if isinstance(step, str):
+                self.emit(row, a.settle_kernels((step,)), first=True)
+            else:
+                self.emit(row, a.late_kernel(step, self._raw(row), self.source(row), at_ns))
         moved = accepted & (pane_rows.kind <= NUMA)  # as the row path, after each sample it takes: a trace moves none
         for name, lo, hi in zip(pane_rows.names, starts.tolist(), ends.tolist()):
             if moved[lo:hi].any():
@@ -350,14 +349,15 @@ class Batch:
         self.tenants = sorted(index, key=index.__getitem__)
         return out
 
-    def _apply_in_order(self, at_rows: np.ndarray, closing: PaneColumns) -> None:
+    def _apply_in_order(self, at_rows: np.ndarray, closing: PaneColumns, placed: Sequence[int] = ()) -> None:
         """Closes and prices in arrival order: a price reaches only the closes after it.
 
         Each pane takes the price in
         force at its closing row; then every pane closes in one ``Auditor.close_many``, whose
         records come as blocks cut at each price and wherever another output of the batch lies
-        between two closes (a close at a row with another output, a GPU's settled revisions, after it), so that
-        expanding each block where it stands gives the row path's order.
+        between two closes or will be (``placed``: the late kernels' and the settles' rows; a close at a row with
+        another output, a GPU's settled revisions, after it), so that expanding each block where it stands gives the
+        row path's order.
         """
         prices = []
         for i, event in self.table_events:
@@ -365,7 +365,7 @@ class Batch:
                 prices.append((i, event))
             else:
                 self.emit(i, self.a.update(event, self._raw(i), self.source(i)))
-        others = np.unique(np.array([row for row, _, _ in self.out], np.int64))
+        others = np.unique(np.array([*(row for row, _, _ in self.out), *placed], np.int64))
         order = np.lexsort((closing.pane_start_ns, at_rows))  # by closing row, a row's panes oldest first
         rows, closing = at_rows[order], closing.take(order)
         price_rows = np.array([i for i, _ in prices], np.int64)

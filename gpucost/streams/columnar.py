@@ -176,15 +176,15 @@ def _row_inputs(
 
 def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     """The rows that may revise a closed pane, or whose verdict depends on where they stand among the closes: a GPU
-    sample, process sample or NUMA event whose pane ends at or before its GPU's watermark; a kernel whose start's
-    pane does (it joins the panes of its time as it comes, moving no watermark: on time, it joins open panes, and
-    the batch path takes it before the batch's samples; late, it may revise, and the row path takes it in its
-    place); a binding older than the largest watermark (or than the revision horizon and a pane before it, where it
-    may be late), each taken against watermarks that count every earlier row of the batch (so at or above the true
-    ones: no row that does revise is missed); an allocation whose pane of change (``_allocations``) does, or whose
-    verdict may depend on what its device drops within the batch; and rows of no readable kind (``read_lines``
-    leaves a line it could not read as columns empty: it may be an allocation too), which the batch path decodes
-    one by one. A row the model refuses (a kernel with no start or no GPU) is refused wherever it stands."""
+    sample, process sample or NUMA event whose pane ends at or before its GPU's watermark; a kernel over a pane's
+    boundary whose start's pane does (a kernel moves no watermark; one of a single pane, late or on time at its
+    row, the batch path takes in its place: ``gpucost.streams.batch_kernels``); a binding older than the largest
+    watermark (or than the revision horizon and a pane before it, where it may be late), each taken against
+    watermarks that count every earlier row of the batch (so at or above the true ones: no row that does revise
+    is missed); an allocation whose pane of change (``_allocations``) does, or whose verdict may depend on what
+    its device drops within the batch; and rows of no readable kind (``read_lines`` leaves a line it could not
+    read as columns empty: it may be an allocation too), which the batch path decodes one by one. A row the model
+    refuses (a kernel with no start or no GPU) is refused wherever it stands."""
     n = batch.num_rows
     kinds = pc.dictionary_encode(batch.column("kind")) if "kind" in batch.schema.names else None
     if kinds is None or "ts_ns" not in batch.schema.names or "gpu_uuid" not in batch.schema.names:
@@ -196,15 +196,18 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     code = codes[np.asarray(pc.fill_null(kinds.indices, len(codes) - 1).to_numpy(zero_copy_only=False))]
     has_ts, ts = _times(batch, "ts_ns")
     has_start, start = _times(batch, "start_ns")
+    has_end, end = _times(batch, "end_ns")
     gpus = pc.dictionary_encode(batch.column("gpu_uuid"))
     gpu = np.asarray(pc.fill_null(gpus.indices, -1).to_numpy(zero_copy_only=False), np.int64)
     keyed = (code <= NUMA) & (code >= 0) & has_ts & (gpu >= 0)
-    kernel = (code == _KERNEL) & has_start & (gpu >= 0)
+    settings = auditor.settings
+    lateness, pane_ns = settings.lateness_ns, settings.pane_ns
+    # the kernels over a pane's boundary (a kernel without an end is refused by its model wherever it stands)
+    kernel = (code == _KERNEL) & has_start & has_end & (gpu >= 0)
+    kernel &= start // pane_ns != np.maximum(start, end - 1) // pane_ns
     names = gpus.dictionary.to_pylist()
     held, changes_ns, cut = _allocations(auditor, batch, (code == _ALLOCATION) & has_ts & (gpu >= 0), gpu, names, ts)
     latest = auditor.panes.latest_ns()
-    settings = auditor.settings
-    lateness, pane_ns = settings.lateness_ns, settings.pane_ns
     late = np.zeros(n, bool)
     at = np.flatnonzero(keyed | kernel | held)
     at = at[np.argsort(gpu[at], kind="stable")]  # by GPU, then in arrival order: one slice per GPU

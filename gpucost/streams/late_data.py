@@ -139,14 +139,18 @@ class LateData(DeadLetters):
         self.counts[f"revised_by_late:{event.kind}"] += 1
         return self._republish(event.gpu_uuid, start, before)
 
-    def _kernel(self, event: KernelActivity, raw: str | bytes | None, source: str) -> list[Output]:
+    def _kernel(
+        self, event: KernelActivity, raw: str | bytes | None, source: str, watermark_ns: int | None
+    ) -> list[Output]:
         """A kernel: judged by its start as a GPU-keyed event is, moving no watermark. On time, it joins the panes
         it touches; late within the horizon, it joins them too, each closed one it touches left pending, to be
         republished once for the whole run of late kernels (``settle_kernels``); late beyond, sent again, or past
-        what a pane keeps, it is dead-lettered."""
+        what a pane keeps, it is dead-lettered. ``watermark_ns`` is its GPU's watermark where the kernel stands:
+        the state's in the row path; in the batch path, which takes a late kernel after its batch's closes (its
+        panes closed at its row stay closed), the one at its row (``gpucost.streams.batch_kernels``)."""
         gpu = event.gpu_uuid
-        if self.panes.is_late(gpu, event.start_ns) and not self.revisable(gpu, event.start_ns):
-            return [self.late_letter(event, raw, source, self.panes.watermark(gpu))]
+        if self.panes.is_late(gpu, event.start_ns) and not self.revisable(event.start_ns, watermark_ns):
+            return [self.late_letter(event, raw, source, watermark_ns)]
         refused = self.kernels.log.admit(event)
         if refused == "duplicate":
             return [self.duplicate_letter(event, raw, source)]
@@ -180,11 +184,12 @@ class LateData(DeadLetters):
                     out += self._republish(gpu, start, self._before(gpu, start))
         return out
 
-    def revisable(self, gpu: str, ts_ns: int) -> bool:
-        """Whether the closed pane of ``ts_ns`` is within the revision horizon of its GPU's watermark, and not one
-        closed for the GPUs forgotten: a late event of it revises it rather than being ``late``."""
+    def revisable(self, ts_ns: int, watermark_ns: int | None) -> bool:
+        """Whether the closed pane of ``ts_ns`` is within the revision horizon of its GPU's watermark
+        ``watermark_ns``, and not one closed for the GPUs forgotten: a late event of it revises it rather than
+        being ``late``."""
         end = pane_start_ns(ts_ns, self.settings.pane_ns) + self.settings.pane_ns
-        return self.revisions.reaches(end, self.panes.watermark(gpu)) and not self.panes.before_forgotten(end)
+        return self.revisions.reaches(end, watermark_ns) and not self.panes.before_forgotten(end)
 
     def _before(self, gpu: str, start: int) -> Before:
         """A closed pane recomputed from its rows and kernels as last published (before a late event or binding;

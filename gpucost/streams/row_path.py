@@ -16,6 +16,7 @@ import numpy as np
 from gpucost.schemas.blocks import ClosedPanes
 from gpucost.schemas.codec import Rejected
 from gpucost.schemas.events import Event
+from gpucost.schemas.kernels import KernelActivity
 from gpucost.schemas.records import DeadLetter, Output
 from gpucost.streams.allocations import AllocationSplit
 from gpucost.streams.mae import Mae
@@ -46,6 +47,10 @@ class RowPath(Protocol):
     def ingest(self, line: str | bytes | dict[str, Any], source: str, scope: Scope | None = None) -> list[Output]: ...
 
     def update(self, event: Event, raw: str | bytes | None = None, source: str = "") -> list[Output]: ...
+
+    def late_kernel(
+        self, event: KernelActivity, raw: str | bytes | None, source: str, watermark_ns: int | None
+    ) -> list[Output]: ...
 
     def reject(self, why: Rejected, raw: str, source: str) -> DeadLetter: ...
 
