@@ -83,7 +83,7 @@ def test_a_joining_member_takes_its_share_and_the_others_keep_only_partitions_wh
     parts = [(t, p) for t in TOPICS for p in range(4)]
     for new, x, y in (("a", "x", "y"), ("z", "x", "y"), ("m", "x", "y")):
         owners = {tp: (x if tp[0] == TOPICS[0] else y) for tp in parts}
-        out = spread(works(parts, []), {m: list(TOPICS) for m in (new, x, y)}, owners)
+        out = spread(works(parts, [])[0], {m: list(TOPICS) for m in (new, x, y)}, owners)
         assert sorted(map(len, out.values())) == [2, 3, 3]
         assert all(owners[tp] == m for m in (x, y) for tp in out[m]), out
 
@@ -116,13 +116,19 @@ def test_work_is_backlog_and_arrivals_priced_by_each_topics_pooled_seconds_per_m
         cost={"e": (3.0, 100), "m": (1.0, 50)},
     )
     b = Report(backlog={("e", 0): 80.0, ("e", 1): 7.0}, rate={("e", 1): 1.0}, cost={"e": (1.0, 100)})
-    w = works([("e", 0), ("e", 1), ("m", 0), ("x", 0)], [a, b])
+    w, measured = works([("e", 0), ("e", 1), ("m", 0), ("x", 0)], [a, b])
+    assert measured
     per_e, per_m = 4.0 / 200, 1.0 / 50
     assert w[("e", 0)] == pytest.approx((100 + 2 * RATE_WINDOW_S) * per_e)
     assert w[("e", 1)] == pytest.approx((7 + 1 * RATE_WINDOW_S) * per_e)
     assert w[("m", 0)] == pytest.approx(10 * per_m)
     assert w[("x", 0)] == pytest.approx(4 * (per_e + per_m) / 2)
-    assert works([("e", 0), ("e", 1)], [Report(), Report(cost={"e": (1.0, 3)})]) == {("e", 0): 1.0, ("e", 1): 1.0}
+    assert works([("e", 0), ("e", 1)], [Report(), Report(cost={"e": (1.0, 3)})]) == (
+        {("e", 0): 1.0, ("e", 1): 1.0},
+        False,
+    )
+    # work that comes to exactly 1 s a partition is measured all the same (the assignor's metric says so)
+    assert works([("e", 0)], [Report(backlog={("e", 0): 1.0}, cost={"e": (1.0, 1)})]) == ({("e", 0): 1.0}, True)
 
 
 reports_st = st.builds(
@@ -184,3 +190,8 @@ def test_the_leader_assigns_every_partition_whatever_the_members_report(datas: l
     out = leader.assign(_Cluster({TOPICS[0]: 4, TOPICS[1]: 3}), members)  # type: ignore[arg-type]
     got: list[Any] = [(t, p) for a in out.values() for t, ps in a.assignment for p in ps]
     assert sorted(got) == sorted([(TOPICS[0], p) for p in range(4)] + [(TOPICS[1], p) for p in range(3)])
+    # measured where a member saw messages waiting or arriving on one of the partitions, else counted
+    parts = [(TOPICS[0], p) for p in range(4)] + [(TOPICS[1], p) for p in range(3)]
+    seen = [r for r in map(decode_report, datas) if r is not None]
+    busy = any(r.backlog.get(tp, 0) > 0 or r.rate.get(tp, 0) > 0 for r in seen for tp in parts)
+    assert leader.assignments == {"measured" if busy else "counted": 1}

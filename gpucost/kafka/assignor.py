@@ -117,13 +117,13 @@ class Balancer(AbstractPartitionAssignor):
         if unread:
             log.warning("assigns without the reports of %s, which could not be read", ", ".join(unread))
         readable = [r for r in reports.values() if r is not None]
-        work = works(partitions, readable)
+        work, measured = works(partitions, readable)
         owners: dict[Partition, str] = {}
         for member in sorted(members):  # a partition two members claim (a stale claim): the first in order keeps it
             for tp in sorted(reports[member].owned if reports[member] is not None else ()):  # type: ignore[union-attr]
                 owners.setdefault(tp, member)
         chosen = spread(work, subscriptions, owners)
-        how = "measured" if work and set(work.values()) != {1.0} else "counted"
+        how = "measured" if measured else "counted"
         self.assignments[how] += 1
         log.info("assigned %d partitions to %d members, %s", len(partitions), len(members), how)
         return {

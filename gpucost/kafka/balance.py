@@ -130,10 +130,11 @@ def decode_report(data: bytes) -> Report | None:
     )
 
 
-def works(partitions: Iterable[Partition], reports: Iterable[Report]) -> dict[Partition, float]:
+def works(partitions: Iterable[Partition], reports: Iterable[Report]) -> tuple[dict[Partition, float], bool]:
     """Each partition's expected work in seconds (the module's rule), from every member's report: the largest
     backlog and rate any member saw (all read the same broker at nearly the same time; a member that could not
-    read it reports nothing), seconds per message pooled per topic. All 1 where no work is known."""
+    read it reports nothing), seconds per message pooled per topic; and whether any work was known. Where none
+    was, all 1 (the partitions counted)."""
     parts = sorted(set(partitions))
     backlog: dict[Partition, float] = {}
     rate: dict[Partition, float] = {}
@@ -153,7 +154,8 @@ def works(partitions: Iterable[Partition], reports: Iterable[Report]) -> dict[Pa
         tp: (backlog.get(tp, 0.0) + rate.get(tp, 0.0) * RATE_WINDOW_S) * per_message.get(tp[0], fallback)
         for tp in parts
     }
-    return work if any(work.values()) else dict.fromkeys(parts, 1.0)
+    measured = any(work.values())
+    return (work if measured else dict.fromkeys(parts, 1.0)), measured
 
 
 def spread(
