@@ -293,7 +293,7 @@ class Auditor(LateData, AuditState):
 
     def kernel_revisions_pending(self) -> frozenset[str]:
         """The GPUs with panes late kernels left pending (``settle_kernels``): the batch path republishes them at
-        such a GPU's first sample that decodes, before its outputs, as the row path does (``Batch._settle``)."""
+        such a GPU's next sample that decodes, before its outputs, as the row path does (``batch_kernels``)."""
         return self.kernels.log.pending_gpus()
 
     def open_panes(self) -> int:

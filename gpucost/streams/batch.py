@@ -317,8 +317,9 @@ class Batch:
         self._apply_in_order(*a.panes.add_many(pane_rows, verdicts, tenant_of[rows], self.tenants), kernels.rows())
         a.revisions.take_many(pane_rows, accepted)  # with revisions off too: bindings re-attribute open panes
         for row, step, at_ns in kernels.in_order():  # the late kernels and the settles, where the row path has them
-            if isinstance(step, str):
-                self.emit(row, a.settle_kernels((step,)), first=True)
+            if isinstance(step, str):  # a late kernel dead-lettered left nothing pending, as the row path checks
+                if step in a.kernel_revisions_pending():
+                    self.emit(row, a.settle_kernels((step,)), first=True)
             else:
                 self.emit(row, a.late_kernel(step, self._raw(row), self.source(row), at_ns))
         moved = accepted & (pane_rows.kind <= NUMA)  # as the row path, after each sample it takes: a trace moves none
