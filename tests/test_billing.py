@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
+from gpucost.kafka.outputs import key_slot
+from gpucost.kafka.routing import Router
+from gpucost.producers.simulate import FleetSpec, simulate
 from gpucost.sinks.views import connect
 from tests.conftest import ROOT, record_fleet
 from tests.support.deployment import (
@@ -191,7 +194,12 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
     killed_at = time.monotonic()
     b_owns = {dict(labels)["partition"] for (name, labels), _ in scrape(port).items() if name == "gpucost_worker_owns"}
     said_before = b_log.read_text().count("caught up: group")
-    d.gpucost("produce", "--source", "simulate", "--gpus", "8", "--hours", "0.5", "--interval-s", "30", "--seed", "99")
+    # an input that reaches every partition of both topics: the assignor spreads by measured backlog, so the dead
+    # worker may have held a single partition, and an input that missed it (8 GPUs of seed 99 miss events[3])
+    # would show no lag there however the survivor reads it
+    second = FleetSpec(gpus=16, hours=0.5, interval_s=30, seed=99)
+    assert routed_partitions(second, 4) == {(t, p) for t in ("events", "mem_access") for p in range(4)}
+    d.gpucost("produce", "--source", "simulate", "--gpus", "16", "--hours", "0.5", "--interval-s", "30", "--seed", "99")
     seen: dict[str, float] = {}
 
     def orphan_lag() -> bool:
@@ -221,6 +229,18 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
         10,
         d.tmp,
     )
+
+
+def routed_partitions(spec: FleetSpec, partitions: int) -> set[tuple[str, int]]:
+    """The (worker input topic, partition) pairs the producer's router and the default partitioner send
+    ``spec``'s fleet to."""
+    router = Router()
+    return {
+        (topic, key_slot(key.encode(), partitions))
+        for ev in simulate(spec)
+        for topic, key, _ in router.route(ev)
+        if topic in ("events", "mem_access")
+    }
 
 
 def test_produce_shows_progress_lines_off_a_terminal_and_a_bar_on_one(kafka_bootstrap: str, tmp_path: Path) -> None:
