@@ -81,9 +81,12 @@ def test_sink_killed_while_writing(deployment: Deployment, recorded: tuple[Path,
     written = CostRows(d.out)
     while kills < 4 and d.rows("cost") < want:
         victim = d.spawn(
-            f"sink-{kills}", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0.1"
+            f"sink-{kills}", "sink", "--out", str(d.out), "--group", f"{d.app_id}-sink", "--flush-interval-s", "0.01"
         )
-        # killed once it has published a few files, how many drawn at random, or half of the rows left, whichever
+        # a flush every 0.01 s publishes each poll (at most 5,000 records) as it is read: a sink started once the
+        # worker has finished still writes what is left over several flushes, so a kill can land among them on a
+        # machine of any speed (at 0.1 s, one flush took all a second sink had left on a fast CI machine).
+        # Killed once it has published a few files, how many drawn at random, or half of the rows left, whichever
         # comes first: somewhere in the middle of writing, however fast this machine writes (a sink drawing 4
         # files once finished all there was before its fourth). Files and their footers are counted, not rows
         # queried: a query takes long enough under load for a fast sink to finish meanwhile
