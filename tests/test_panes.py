@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpucost.schemas.events import GpuSample
 from gpucost.streams import idle_index
 from gpucost.streams.idle_index import IdleIndex, IdleWindow
-from gpucost.streams.pane_rules import jump, pane_start_ns
+from gpucost.streams.pane_rules import jump, last_pane_ns, pane_start_ns
 from gpucost.streams.pane_totals import PaneTotals
 from gpucost.streams.panes import GpuPanes
 from gpucost.streams.settings import AuditSettings
@@ -44,6 +44,19 @@ def test_pane_contains_its_event(offset: int, pane_ns: int) -> None:
     ts = T0 + offset
     start = pane_start_ns(ts, pane_ns)
     assert start <= ts < start + pane_ns and start % pane_ns == 0
+
+
+@given(st.integers(-(10**12), 10**12), st.integers(0, 40), st.sampled_from([1, 3, 7, 60 * NS]), st.data())
+def test_an_interval_touches_the_panes_of_its_instants(
+    offset: int, panes: int, pane_ns: int, data: st.DataObject
+) -> None:
+    """The kernels' rule, read as ints (the row path) and as arrays (the batch path's cuts), against the panes of
+    the interval's first and last instants; a length of 0 touches its start's pane."""
+    start = T0 + offset
+    end = start + data.draw(st.sampled_from([0, 1, panes * pane_ns, panes * pane_ns + data.draw(st.integers(0, 9))]))
+    want = pane_start_ns(end - 1 if end > start else start, pane_ns)
+    assert last_pane_ns(start, end, pane_ns) == want
+    assert last_pane_ns(np.array([start], np.int64), np.array([end], np.int64), pane_ns).tolist() == [want]
 
 
 def test_pane_closes_when_watermark_reaches_its_end_and_later_events_for_it_are_late() -> None:

@@ -83,15 +83,16 @@ def plan_kernels(
     for i, k in kernels:
         lo, hi = spans.get(k.gpu_uuid, (0, 0))
         before = int(np.searchsorted(rows.row[lo:hi], i))  # the GPU's rows that came before the kernel
-        if before:
-            high = int(verdicts.high[lo + before - 1])
-            at = None if high == NO_TS else high - lateness_ns
-        else:
-            at = auditor.panes.watermark(k.gpu_uuid)
-        if at is None or not pane_closed(k.start_ns, at + lateness_ns, pane_ns, lateness_ns):
+        if before:  # the GPU's largest time at the kernel's row, as the batch's verdicts count it
+            high: int | None = int(verdicts.high[lo + before - 1])
+            high = None if high == NO_TS else high
+        else:  # as the state holds it before the batch (a forgotten GPU's, too)
+            held = auditor.panes.watermark(k.gpu_uuid)
+            high = None if held is None else held + lateness_ns
+        if high is None or not pane_closed(k.start_ns, high, pane_ns, lateness_ns):
             plan.on_time.append((i, k))
             continue
-        plan.late.append((i, k, at))
+        plan.late.append((i, k, high - lateness_ns))
         after = keyed_of(k.gpu_uuid)
         if (nxt := int(np.searchsorted(after, i))) < len(after):
             plan.settles[int(after[nxt])] = k.gpu_uuid

@@ -30,7 +30,7 @@ from gpucost.schemas.blocks import Outputs
 from gpucost.schemas.ipc import conform
 from gpucost.streams.batch import KIND_CODES, Batch
 from gpucost.streams.json_lines import read_lines
-from gpucost.streams.pane_rules import NUMA, pane_closed
+from gpucost.streams.pane_rules import NUMA, last_pane_ns, pane_closed, pane_start_ns
 from gpucost.streams.row_path import RowPath
 from gpucost.streams.runs import runs
 from gpucost.streams.scope import Scope
@@ -204,7 +204,7 @@ def revising_rows(auditor: RowPath, batch: pa.RecordBatch) -> list[int]:
     lateness, pane_ns = settings.lateness_ns, settings.pane_ns
     # the kernels over a pane's boundary (a kernel without an end is refused by its model wherever it stands)
     kernel = (code == _KERNEL) & has_start & has_end & (gpu >= 0)
-    kernel &= start // pane_ns != np.maximum(start, end - 1) // pane_ns
+    kernel &= last_pane_ns(start, end, pane_ns) != pane_start_ns(start, pane_ns)
     names = gpus.dictionary.to_pylist()
     held, changes_ns, cut = _allocations(auditor, batch, (code == _ALLOCATION) & has_ts & (gpu >= 0), gpu, names, ts)
     latest = auditor.panes.latest_ns()

@@ -22,7 +22,7 @@ from heapq import heappop, heappush
 from typing import Any, NamedTuple, cast
 
 from gpucost.schemas.kernels import KERNEL_CATEGORIES, KernelActivity
-from gpucost.streams.pane_rules import pane_start_ns
+from gpucost.streams.pane_rules import last_pane_ns, pane_start_ns
 from gpucost.streams.settings import AuditSettings
 
 __all__ = ["Kernel", "KernelLog", "MAX_PANE_KERNELS", "range_text"]
@@ -187,7 +187,7 @@ class KernelLog:
     def panes_of(self, k: KernelActivity) -> range:
         """The starts of the panes a kernel touches: each its interval reaches, or its start's for one of length 0."""
         first = pane_start_ns(k.start_ns, self.pane_ns)
-        return range(first, pane_start_ns(max(k.start_ns, k.end_ns - 1), self.pane_ns) + 1, self.pane_ns)
+        return range(first, last_pane_ns(k.start_ns, k.end_ns, self.pane_ns) + 1, self.pane_ns)
 
     def take(self, k: KernelActivity) -> list[int]:
         """Take a kernel ``admit`` let in, into every pane it touches; the starts of those panes, ascending."""

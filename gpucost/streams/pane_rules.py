@@ -22,6 +22,7 @@ __all__ = [
     "NO_TS",
     "pane_start_ns",
     "pane_closed",
+    "last_pane_ns",
     "overlaps",
     "first_name",
     "first_model",
@@ -42,9 +43,19 @@ GPU, PROC, NUMA, TRACE = range(len(KINDS))
 NO_TS = np.iinfo(np.int64).min  # no time yet
 
 
-def pane_start_ns(ts_ns: int, pane_ns: int) -> int:
-    """Start of the epoch-aligned pane holding ``ts_ns``."""
+def pane_start_ns(ts_ns: Any, pane_ns: int) -> Any:
+    """Start of the epoch-aligned pane holding ``ts_ns``; of an int, or elementwise of an int64 array."""
     return ts_ns - ts_ns % pane_ns
+
+
+def last_pane_ns(start_ns: Any, end_ns: Any, pane_ns: int) -> Any:
+    """Start of the last pane an interval ``[start_ns, end_ns)`` touches (a kernel's, docs/definitions.md,
+    "Kernel cost in the pipeline"): its last instant's, or its start's for one of length 0. It touches every
+    pane from its start's to this one. Of ints, or elementwise of int64 arrays (the clamp is a product, not
+    ``max``, so that both read it alike)."""
+    first = start_ns - start_ns % pane_ns
+    beyond = (end_ns - first - 1) // pane_ns  # whole panes past the first that its last instant lies in
+    return first + pane_ns * (beyond * (beyond > 0))
 
 
 def pane_closed(ts_ns: Any, max_ts_ns: Any, pane_ns: int, lateness_ns: int) -> Any:
