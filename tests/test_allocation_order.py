@@ -92,3 +92,41 @@ def test_a_device_forgotten_while_silent_keeps_the_holds_no_pod_released() -> No
     assert auditor.counts["forgotten_gpus"] == 1
     came_back = run([sample(k, "GPU-B", 600) for k in range(480, 486)], auditor)
     assert billed(came_back, "GPU-B")["search"] > 0 and billed(came_back, "GPU-B")["unallocated"] == 0
+
+
+def test_a_hold_in_closed_panes_within_the_horizon_is_taken_whether_or_not_they_were_billed_yet() -> None:
+    """A device silent for minutes 5-10, its samples of minutes 6-7 sent late (a node's buffer replayed), and a hold
+    of those two minutes arriving after the watermark passed them, before or after those samples: within R, the
+    hold is taken either way, and the panes the late samples bill are split by it as they are when the hold comes
+    first. (A hold that covered no pane billed yet was once dead-lettered "beyond the horizon" 5 minutes back, so
+    the bill hung on which of the two came first.) With revisions off, both are late."""
+    gap = [sample(k) for k in range(36, 48)]  # minutes 6 and 7
+    pod = hold("pod", T0 + 360 * NS, T0 + 480 * NS, team="ads")
+    head = [PRICE, *(sample(k) for k in range(30))]
+    resumed = [sample(k) for k in range(60, 120)]  # minutes 10-20: the watermark passes the gap's panes
+    first = run([*head, pod, *resumed, *gap])
+    for order in ([*head, *resumed, pod, *gap], [*head, *resumed, *gap, pod]):
+        auditor = Auditor(AuditSettings())
+        late = run(order, auditor)
+        assert not [r for r in late if isinstance(r, DeadLetter)]
+        assert billed(late) == billed(first)
+        assert auditor.counts["allocation_past_horizon"] == 0  # every pane it changes is within R
+    # the two minutes' cost is the hold's, and only theirs (the samples' panes, each split by the hold alone)
+    in_gap = Counter[str]()
+    for r in first:
+        if isinstance(r, AllocationRecord) and T0 + 360 * NS <= r.pane_start_ns < T0 + 480 * NS:
+            in_gap[r.team] += r.cost_micro_usd
+    assert in_gap["ads"] > 0 and in_gap["unallocated"] == 0
+    off = Auditor(AuditSettings(revision_horizon_s=0))
+    reasons = Counter(r.reason for r in run([*head, *resumed, pod, *gap], off) if isinstance(r, DeadLetter))
+    assert reasons == {"late": 1 + len(gap)}
+
+
+def test_a_hold_reaching_back_past_the_horizon_is_counted_so_once() -> None:
+    """A hold from 7 h back to the present (a scheduler's record replayed) reaches panes beyond R: it is taken for the
+    panes within R and counted ``allocation_past_horizon``; one starting within R is not counted."""
+    auditor = Auditor(AuditSettings())
+    samples = [sample(k, step_s=600) for k in range(48)]  # 8 h at 10 min
+    run([PRICE, *samples, hold("old", T0 + 600 * NS, T0 + 48 * 600 * NS), hold("new", T0 + 45 * 600 * NS)], auditor)
+    assert auditor.counts["allocation_past_horizon"] == 1
+    assert auditor.counts["allocation"] == 2

@@ -254,12 +254,15 @@ class LateData(DeadLetters):
             return [self._dead(verdict, event, raw, source, detail)]
         gpu, changed_ns, end = event.gpu_uuid, table.changes_from(event), event.end_ts_ns
         reached = self.revisions.published(gpu, changed_ns)
-        since, new = table.since(gpu), not table.known(event)
+        since, new, watermark = table.since(gpu), not table.known(event), self.panes.watermark(gpu)
         if new and end is not None:
             covered = [s for s in reached if s < end]  # the published panes the hold itself covers
             # wholly in panes closed and beyond the horizon: late (an end of a hold taken is never late: it changes
-            # the panes after it, open ones too; the closed ones beyond R stay as billed)
-            if not covered and self.panes.is_late(gpu, end - 1):
+            # the panes after it, open ones too; the closed ones beyond R stay as billed). Its last pane within R
+            # is no such pane, published or not: a late sample may yet bill it, split by this hold, in whatever
+            # order the two arrive
+            beyond = self.panes.is_late(gpu, end - 1) and not self.revisable(end - 1, watermark)
+            if not covered and beyond:
                 return [
                     self._dead(
                         "late",
@@ -272,9 +275,8 @@ class LateData(DeadLetters):
                 ]
             if since is not None and since <= event.ts_ns:
                 reached = covered  # it moves no device's start: the panes after its end do not change
-        first = pane_start_ns(changed_ns, self.settings.pane_ns)
-        if self.panes.is_late(gpu, changed_ns) and (not reached or reached[0] > first):
-            self.counts["allocation_past_horizon"] += 1  # panes it covers beyond R, if any, stay as billed
+        if self.panes.is_late(gpu, changed_ns) and not self.revisable(changed_ns, watermark):
+            self.counts["allocation_past_horizon"] += 1  # the panes it changes beyond R stay as billed
         panes = [
             (self.revisions.totals(gpu, start, self.bindings), self.revisions.held(gpu, start)) for start in reached
         ]
