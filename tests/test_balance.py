@@ -15,8 +15,9 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.kafka.assignor import Balancer
+from gpucost.kafka.assignor import Balancer, protocols
 from gpucost.kafka.balance import (
+    ASSIGNORS,
     RATE_WINDOW_S,
     STICKY_SHARE,
     Report,
@@ -195,3 +196,15 @@ def test_the_leader_assigns_every_partition_whatever_the_members_report(datas: l
     seen = [r for r in map(decode_report, datas) if r is not None]
     busy = any(r.backlog.get(tp, 0) > 0 or r.rate.get(tp, 0) > 0 for r in seen for tp in parts)
     assert leader.assignments == {"measured" if busy else "counted": 1}
+
+
+@pytest.mark.parametrize("assignor", ASSIGNORS)
+def test_a_worker_offers_its_group_one_protocol(assignor: str) -> None:
+    """aiokafka sends a JoinGroup request for each protocol offered (gpucost.kafka.assignor's docstring): a worker
+    offers one, the one its ``--assignor`` names, and a name that is no choice is refused saying which are."""
+    balancer = Balancer(lambda: [], lambda: {}, lambda: 0.0)
+    offered = protocols(assignor, balancer)
+    assert len(offered) == 1
+    assert offered[0].name == {"balance": Balancer.name, "roundrobin": "roundrobin"}[assignor]
+    with pytest.raises(ValueError, match="balance, roundrobin"):
+        protocols("sticky", balancer)

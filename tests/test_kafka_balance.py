@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
-from gpucost.kafka.assignor import Balancer
+from gpucost.kafka.assignor import Balancer, protocols
 from gpucost.kafka.balance import STICKY_SHARE
 from gpucost.kafka.settings import KafkaSettings
 
@@ -28,7 +26,7 @@ COMMITTED = 20
 class _Member(ConsumerRebalanceListener):
     """A group member as the worker is one, without applying anything: it observes before each join."""
 
-    def __init__(self, kafka: KafkaSettings, group: str, strategies: Iterable[Any] | None = None) -> None:
+    def __init__(self, kafka: KafkaSettings, group: str) -> None:
         self.balancer = Balancer(
             lambda: sorted(self.consumer.assignment()), lambda: {}, asyncio.get_running_loop().time
         )
@@ -36,7 +34,7 @@ class _Member(ConsumerRebalanceListener):
             **kafka.client_options(),
             group_id=group,
             enable_auto_commit=False,
-            partition_assignment_strategy=tuple(strategies or (self.balancer, RoundRobinPartitionAssignor)),
+            partition_assignment_strategy=protocols("balance", self.balancer),
         )
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -88,11 +86,6 @@ async def _settle(members: list[_Member], topics: list[str], partitions: int) ->
         assert now < deadline, f"the group did not settle: {got}"
 
 
-# two members on one event loop hang in the group join in about one run in four here (the broker waiting on a join
-# for minutes, "Heartbeat failed ... because it is rebalancing"; seen in CI and locally on 2026-12-07, cause not
-# found): until it is, a run that hangs twice is an expected failure, not CI's. Workers in processes of their own
-# join (tests/test_billing.py, benchmark 9)
-@pytest.mark.xfail(raises=TimeoutError, strict=False, reason="two members on one event loop can hang in the join")
 def test_the_leader_spreads_partitions_by_the_backlog_every_member_measured(kafka_bootstrap: str) -> None:
     """Backlog = end − committed: the busier member's backlog is within the state-keeping slack of the best two-way
     split, brute-forced here from the messages written and the offset committed, and below round-robin's, which
@@ -105,7 +98,7 @@ def test_the_leader_spreads_partitions_by_the_backlog_every_member_measured(kafk
     )
 
     async def scenario() -> tuple[list[set[tuple[str, int]]], int]:
-        """One attempt, on topics and a group of its own: each member's partitions, as (topic, partition)."""
+        """On topics and a group of its own: each member's partitions, as (topic, partition)."""
         kafka = KafkaSettings(bootstrap=kafka_bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.", partitions=4)
         group = f"g-{uuid.uuid4().hex[:8]}"
         await _fill(kafka, group)
@@ -119,14 +112,9 @@ def test_the_leader_spreads_partitions_by_the_backlog_every_member_measured(kafk
         got = [{(tp.topic[prefix:], tp.partition) for tp in g} for g in held]
         return got, sum(sum(m.balancer.assignments.values()) for m in members)
 
-    # an attempt is bounded, and a hung one is tried once more, afresh (see the mark above)
-    for attempt in range(2):
-        try:
-            got, led = asyncio.run(asyncio.wait_for(scenario(), 120))
-            break
-        except TimeoutError:
-            if attempt:
-                raise
+    # bounded: a join that hangs fails the test rather than holding the suite (two protocols offered did, now and
+    # then: gpucost.kafka.assignor's docstring)
+    got, led = asyncio.run(asyncio.wait_for(scenario(), 120))
     loads = [sum(backlog[tp] for tp in g) for g in got]
     # the first member to join held every partition, and keeps what costs at most STICKY_SHARE of a fair share
     assert max(loads) <= best + STICKY_SHARE * sum(backlog.values()) / 2, (loads, best, got)

@@ -7,8 +7,12 @@ awaits ``Balancer.observe`` there (the input partitions' ends, starts and commit
 trips, bounded by ``OBSERVE_TIMEOUT_S``). A broker that does not answer in time leaves the member's last figures:
 the assignment is a matter of speed, never of correctness, and never holds a rebalance up.
 
-The worker offers this assignor first and Kafka's round-robin second; a group's workers run one ``--assignor``
-(docs/operations.md, "How the group spreads the partitions": a mixed group was refused by the broker once).
+A worker offers one group protocol, this assignor or Kafka's round-robin (``protocols``), never both: aiokafka 0.14
+sends a JoinGroup request for each protocol offered, the first with the first protocol alone (its
+``perform_group_join`` loop; aio-libs/aiokafka PR #1168, open), so a second protocol made every join two rounds of
+the group's rebalance, held two members' joins for minutes now and then, and made a group with a round-robin-only
+member inconsistent to the broker. A group's workers run one ``--assignor`` (docs/operations.md, "How the group
+spreads the partitions").
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from collections.abc import Callable, Iterable, Mapping
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 
-from gpucost.kafka.balance import Partition, Report, decode_report, encode_report, spread, works
+from gpucost.kafka.balance import ASSIGNORS, Partition, Report, decode_report, encode_report, spread, works
 
-__all__ = ["OBSERVE_TIMEOUT_S", "Balancer"]
+__all__ = ["OBSERVE_TIMEOUT_S", "Balancer", "protocols"]
 
 log = logging.getLogger("gpucost.kafka.assignor")
 
@@ -135,3 +140,14 @@ class Balancer(AbstractPartitionAssignor):
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
         """Nothing to keep: the worker's listener takes the partitions."""
+
+
+def protocols(assignor: str, balancer: Balancer) -> tuple[Balancer] | tuple[type[RoundRobinPartitionAssignor]]:
+    """The one group protocol a worker offers for its ``assignor`` (one of ``gpucost.kafka.balance.ASSIGNORS``):
+    its ``balancer``, or Kafka's round-robin. One, never a list: aiokafka sends a JoinGroup for each (the module's
+    docstring)."""
+    if assignor == "balance":
+        return (balancer,)
+    if assignor == "roundrobin":
+        return (RoundRobinPartitionAssignor,)
+    raise ValueError(f"--assignor {assignor!r}: choose one of {', '.join(ASSIGNORS)}")

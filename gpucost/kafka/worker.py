@@ -28,11 +28,10 @@ from collections import Counter
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from prometheus_client.core import Metric
 
 from gpucost.kafka.apply import Poll
-from gpucost.kafka.assignor import Balancer
+from gpucost.kafka.assignor import Balancer, protocols
 from gpucost.kafka.clients import start
 from gpucost.kafka.closing import moved_on, send_markers
 from gpucost.kafka.outputs import send_records
@@ -112,11 +111,9 @@ class Worker(ConsumerRebalanceListener):
         self.balancer = Balancer(
             lambda: [*self.owned, *self._parked], lambda: dict(self.applied), lambda: self.monotonic()
         )
-        #: the group protocols offered, preferred first: with ``assignor`` "balance" (``gpucost.kafka.balance``), the
-        #: balancer, then round-robin (a group's workers run one ``--assignor``: docs/operations.md)
-        self.assignors: tuple[Any, ...] = (
-            (self.balancer, RoundRobinPartitionAssignor) if assignor == "balance" else (RoundRobinPartitionAssignor,)
-        )
+        #: the one group protocol offered (``gpucost.kafka.assignor.protocols``: a group's workers run one
+        #: ``--assignor``, docs/operations.md)
+        self.assignors: tuple[Any, ...] = protocols(assignor, self.balancer)
 
     # --- partition ownership -------------------------------------------------------------
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
