@@ -4,6 +4,7 @@ state kept where it costs nothing, and reports from hostile or older members rea
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -208,3 +209,35 @@ def test_a_worker_offers_its_group_one_protocol(assignor: str) -> None:
     assert offered[0].name == {"balance": Balancer.name, "roundrobin": "roundrobin"}[assignor]
     with pytest.raises(ValueError, match="balance, roundrobin"):
         protocols("sticky", balancer)
+
+
+class _NewMember:
+    """A consumer before its first join, as far as ``Balancer.observe`` reads one: its subscription's partitions
+    are unknown for the first ``unknown_for`` looks (aiokafka's metadata still on its way), then known."""
+
+    def __init__(self, unknown_for: int) -> None:
+        self.looks, self.unknown_for = 0, unknown_for
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        self.looks += 1
+        return None if self.looks <= self.unknown_for else {0, 1}
+
+    async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: 10 * (tp.partition + 1) for tp in tps}
+
+    async def beginning_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: 0 for tp in tps}
+
+    async def committed(self, tp: Any) -> int | None:
+        return None
+
+
+@pytest.mark.parametrize("unknown_for", [0, 1, 5])
+def test_a_member_joining_for_the_first_time_waits_for_its_partitions_and_reports_their_backlog(
+    unknown_for: int,
+) -> None:
+    """Both members of a group started together once joined before their consumers knew the topics' partitions,
+    reported no backlog, and were spread by count: a member waits for them (within ``OBSERVE_TIMEOUT_S``)."""
+    balancer = Balancer(lambda: [], lambda: {}, lambda: 0.0)
+    asyncio.run(balancer.observe(_NewMember(unknown_for), ["t.events"]))  # type: ignore[arg-type]
+    assert balancer.report().backlog == {("t.events", 0): 10.0, ("t.events", 1): 20.0}

@@ -36,6 +36,8 @@ log = logging.getLogger("gpucost.kafka.assignor")
 
 #: how long a member waits for the broker's figures before it joins with its last ones
 OBSERVE_TIMEOUT_S = 2.0
+#: how often a member looks whether its subscription's partitions are known, before its first join
+METADATA_POLL_S = 0.02
 
 
 class Balancer(AbstractPartitionAssignor):
@@ -69,9 +71,14 @@ class Balancer(AbstractPartitionAssignor):
             log.info("joins with its last partition figures: the broker did not give new ones (%r)", exc)
 
     async def _observe(self, consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
-        tps = sorted(
-            TopicPartition(topic, p) for topic in topics for p in sorted(consumer.partitions_for_topic(topic) or ())
-        )
+        names = sorted(topics)
+        # before a member's first join its subscription's partitions may not be known yet (aiokafka asks the broker
+        # for them when the consumer subscribes): it waits for them, within the bound, so that a group's first
+        # assignment is measured too (joining without them, both members of a group started together were spread
+        # by count, one run in eight)
+        while any(consumer.partitions_for_topic(topic) is None for topic in names):
+            await asyncio.sleep(METADATA_POLL_S)
+        tps = sorted(TopicPartition(topic, p) for topic in names for p in sorted(consumer.partitions_for_topic(topic)))
         if not tps:
             return
         # every request runs to its end (or the timeout's cancel) before a failure is raised: none is left behind
