@@ -68,12 +68,13 @@ interval = st.one_of(
 )
 tenant = st.tuples(
     st.sampled_from(["search", "ads", "vision"]),
-    st.sampled_from(["prod", "dev"]),
+    st.sampled_from(["prod", "dev", ""]),
     st.just("app"),
     st.just("online"),
     st.sampled_from(["Gold", "Bronze"]),
-    st.one_of(st.none(), st.just("abc123")),
-    st.one_of(st.none(), st.just("77")),
+    # given as "" or left out: one tenant (``Tenant.canonical``), whichever a process's binding says
+    st.one_of(st.none(), st.just(""), st.just("abc123")),
+    st.one_of(st.none(), st.just(""), st.just("77")),
     # labels: none, an empty object (no labels, the same tenant), or a few, one value with the key's separator
     st.one_of(
         st.none(),
