@@ -199,7 +199,8 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
     # would show no lag there however the survivor reads it
     second = FleetSpec(gpus=16, hours=0.5, interval_s=30, seed=99)
     assert routed_partitions(second, 4) == {(t, p) for t in ("events", "mem_access") for p in range(4)}
-    d.gpucost("produce", "--source", "simulate", "--gpus", "16", "--hours", "0.5", "--interval-s", "30", "--seed", "99")
+    flags = ("--gpus", str(second.gpus), "--hours", str(second.hours), "--interval-s", str(second.interval_s))
+    d.gpucost("produce", "--source", "simulate", *flags, "--seed", str(second.seed))
     seen: dict[str, float] = {}
 
     def orphan_lag() -> bool:
@@ -232,8 +233,7 @@ def test_a_dead_workers_partitions_show_their_lag_and_the_survivor_says_caught_u
 
 
 def routed_partitions(spec: FleetSpec, partitions: int) -> set[tuple[str, int]]:
-    """The (worker input topic, partition) pairs the producer's router and the default partitioner send
-    ``spec``'s fleet to."""
+    """The (input topic, partition) pairs the producer's router and the default partitioner send ``spec`` to."""
     router = Router()
     return {
         (topic, key_slot(key.encode(), partitions))

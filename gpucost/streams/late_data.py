@@ -149,7 +149,7 @@ class LateData(DeadLetters):
         the state's in the row path; in the batch path, which takes a late kernel after its batch's closes (its
         panes closed at its row stay closed), the one at its row (``gpucost.streams.batch_kernels``)."""
         gpu = event.gpu_uuid
-        if self.panes.is_late(gpu, event.start_ns) and not self.revisable(event.start_ns, watermark_ns):
+        if self.beyond_horizon(gpu, event.start_ns, watermark_ns):
             return [self.late_letter(event, raw, source, watermark_ns)]
         refused = self.kernels.log.admit(event)
         if refused == "duplicate":
@@ -190,6 +190,11 @@ class LateData(DeadLetters):
         being ``late``."""
         end = pane_start_ns(ts_ns, self.settings.pane_ns) + self.settings.pane_ns
         return self.revisions.reaches(end, watermark_ns) and not self.panes.before_forgotten(end)
+
+    def beyond_horizon(self, gpu: str, ts_ns: int, watermark_ns: int | None) -> bool:
+        """Whether the pane of ``ts_ns`` has closed (by the GPU's state) and is not ``revisable`` by
+        ``watermark_ns``: billed for good, so an event there is ``late``."""
+        return self.panes.is_late(gpu, ts_ns) and not self.revisable(ts_ns, watermark_ns)
 
     def _before(self, gpu: str, start: int) -> Before:
         """A closed pane recomputed from its rows and kernels as last published (before a late event or binding;
@@ -261,8 +266,7 @@ class LateData(DeadLetters):
             # the panes after it, open ones too; the closed ones beyond R stay as billed). Its last pane within R
             # is no such pane, published or not: a late sample may yet bill it, split by this hold, in whatever
             # order the two arrive
-            beyond = self.panes.is_late(gpu, end - 1) and not self.revisable(end - 1, watermark)
-            if not covered and beyond:
+            if not covered and self.beyond_horizon(gpu, end - 1, watermark):
                 return [
                     self._dead(
                         "late",
@@ -275,7 +279,7 @@ class LateData(DeadLetters):
                 ]
             if since is not None and since <= event.ts_ns:
                 reached = covered  # it moves no device's start: the panes after its end do not change
-        if self.panes.is_late(gpu, changed_ns) and not self.revisable(changed_ns, watermark):
+        if self.beyond_horizon(gpu, changed_ns, watermark):
             self.counts["allocation_past_horizon"] += 1  # the panes it changes beyond R stay as billed
         panes = [
             (self.revisions.totals(gpu, start, self.bindings), self.revisions.held(gpu, start)) for start in reached

@@ -53,7 +53,7 @@ def last_pane_ns(start_ns: Any, end_ns: Any, pane_ns: int) -> Any:
     "Kernel cost in the pipeline"): its last instant's, or its start's for one of length 0. It touches every
     pane from its start's to this one. Of ints, or elementwise of int64 arrays (the clamp is a product, not
     ``max``, so that both read it alike)."""
-    first = start_ns - start_ns % pane_ns
+    first = pane_start_ns(start_ns, pane_ns)
     beyond = (end_ns - first - 1) // pane_ns  # whole panes past the first that its last instant lies in
     return first + pane_ns * (beyond * (beyond > 0))
 
