@@ -16,7 +16,7 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.kafka.assignor import Balancer, protocols
+from gpucost.kafka.assignor import METADATA_WAIT_S, Balancer, protocols
 from gpucost.kafka.balance import (
     ASSIGNORS,
     RATE_WINDOW_S,
@@ -213,14 +213,15 @@ def test_a_worker_offers_its_group_one_protocol(assignor: str) -> None:
 
 class _NewMember:
     """A consumer before its first join, as far as ``Balancer.observe`` reads one: its subscription's partitions
-    are unknown for the first ``unknown_for`` looks (aiokafka's metadata still on its way), then known."""
+    are unknown for the first ``unknown_for`` looks (aiokafka's metadata still on its way), then known; those of
+    ``missing`` never (topics not created yet)."""
 
-    def __init__(self, unknown_for: int) -> None:
-        self.looks, self.unknown_for = 0, unknown_for
+    def __init__(self, unknown_for: int, missing: frozenset[str] = frozenset()) -> None:
+        self.looks, self.unknown_for, self.missing = 0, unknown_for, missing
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         self.looks += 1
-        return None if self.looks <= self.unknown_for else {0, 1}
+        return None if self.looks <= self.unknown_for or topic in self.missing else {0, 1}
 
     async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
         return {tp: 10 * (tp.partition + 1) for tp in tps}
@@ -241,3 +242,22 @@ def test_a_member_joining_for_the_first_time_waits_for_its_partitions_and_report
     balancer = Balancer(lambda: [], lambda: {}, lambda: 0.0)
     asyncio.run(balancer.observe(_NewMember(unknown_for), ["t.events"]))  # type: ignore[arg-type]
     assert balancer.report().backlog == {("t.events", 0): 10.0, ("t.events", 1): 20.0}
+
+
+def test_a_topic_not_created_yet_leaves_the_others_measured_and_costs_one_wait() -> None:
+    """One input topic does not exist yet: the member waits for it once, ``METADATA_WAIT_S``, then reports the
+    backlog of the topics that do (waiting for every topic once spent the whole bound at each join and reported
+    nothing), and at its next join does not wait again."""
+    balancer, member = Balancer(lambda: [], lambda: {}, lambda: 0.0), _NewMember(0, frozenset({"t.mem_access"}))
+    topics = ["t.events", "t.mem_access"]
+
+    async def join() -> tuple[float, int]:
+        loop, member.looks = asyncio.get_running_loop(), 0
+        began = loop.time()
+        await balancer.observe(member, topics)  # type: ignore[arg-type]
+        return loop.time() - began, member.looks
+
+    (waited, _), (_, looks) = asyncio.run(join()), asyncio.run(join())
+    assert waited >= METADATA_WAIT_S
+    assert balancer.report().backlog == {("t.events", 0): 10.0, ("t.events", 1): 20.0}  # not the timeout's empty one
+    assert looks == len(topics)  # the second join looked at each topic once: no wait

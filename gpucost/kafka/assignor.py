@@ -38,6 +38,9 @@ log = logging.getLogger("gpucost.kafka.assignor")
 OBSERVE_TIMEOUT_S = 2.0
 #: how often a member looks whether its subscription's partitions are known, before its first join
 METADATA_POLL_S = 0.02
+#: how long a member waits for them before its first join: a topic still unknown then (not created yet) is left out of
+#: its figures, and the topics known are measured within what remains of ``OBSERVE_TIMEOUT_S``
+METADATA_WAIT_S = OBSERVE_TIMEOUT_S / 2
 
 
 class Balancer(AbstractPartitionAssignor):
@@ -58,6 +61,7 @@ class Balancer(AbstractPartitionAssignor):
         self._backlog: dict[Partition, float] = {}
         self._rate: dict[Partition, float] = {}
         self._ends: tuple[float, dict[Partition, int]] | None = None  # when the last ends were read, and them
+        self._waited = False  # whether it has waited for its subscription's partitions (before its first join)
         #: assignments made as leader, by how they were made (``measured`` or ``counted``), for the worker's metrics
         self.assignments: Counter[str] = Counter()
 
@@ -73,12 +77,20 @@ class Balancer(AbstractPartitionAssignor):
     async def _observe(self, consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
         names = sorted(topics)
         # before a member's first join its subscription's partitions may not be known yet (aiokafka asks the broker
-        # for them when the consumer subscribes): it waits for them, within the bound, so that a group's first
+        # for them when the consumer subscribes): it waits for them, for ``METADATA_WAIT_S``, so that a group's first
         # assignment is measured too (joining without them, both members of a group started together were spread
-        # by count, one run in eight)
-        while any(consumer.partitions_for_topic(topic) is None for topic in names):
-            await asyncio.sleep(METADATA_POLL_S)
-        tps = sorted(TopicPartition(topic, p) for topic in names for p in sorted(consumer.partitions_for_topic(topic)))
+        # by count, one run in eight). A topic unknown after that, or at a later join, does not exist yet: the
+        # others are measured without it (waiting for every topic once cost each join the whole bound and dropped
+        # the figures of those known)
+        if not self._waited:
+            self._waited = True
+            deadline = asyncio.get_running_loop().time() + METADATA_WAIT_S
+            while any(consumer.partitions_for_topic(topic) is None for topic in names):
+                if asyncio.get_running_loop().time() >= deadline:
+                    break
+                await asyncio.sleep(METADATA_POLL_S)
+        known = {topic: consumer.partitions_for_topic(topic) for topic in names}
+        tps = sorted(TopicPartition(topic, p) for topic, parts in known.items() for p in sorted(parts or ()))
         if not tps:
             return
         # every request runs to its end (or the timeout's cancel) before a failure is raised: none is left behind
