@@ -130,3 +130,21 @@ def test_a_hold_reaching_back_past_the_horizon_is_counted_so_once() -> None:
     run([PRICE, *samples, hold("old", T0 + 600 * NS, T0 + 48 * 600 * NS), hold("new", T0 + 45 * 600 * NS)], auditor)
     assert auditor.counts["allocation_past_horizon"] == 1
     assert auditor.counts["allocation"] == 2
+
+
+def test_a_hold_in_panes_closed_for_the_gpus_forgotten_is_late_as_a_sample_there_is() -> None:
+    """GPU-B goes silent and is forgotten while GPU-C runs 80 h ahead and GPU-A's node replays hours behind: the panes
+    before GPU-B's last are never revised, of any GPU (docs/definitions.md, "GPUs that leave the fleet"). A hold of
+    GPU-A there is ``late``, as GPU-A's late sample there is; it once revised those panes and counted itself
+    ``allocation_past_horizon`` for the very panes it had changed."""
+    auditor = Auditor(AuditSettings())
+    b, a = [sample(k, "GPU-B", 600) for k in range(6)], [sample(k, "GPU-A", 600) for k in range(20)]
+    for e in [PRICE, *b, *a, *(sample(k, "GPU-C", 600) for k in range(480))]:
+        auditor.update(e)
+    auditor.close_silent(auditor.largest_watermark() or 0, only={"GPU-B"})
+    assert auditor.counts["forgotten_gpus"] == 1 and auditor.panes.before_forgotten(T0 + 1200 * NS)
+    late = [hold("pod", T0 + 600 * NS, T0 + 1200 * NS, gpu="GPU-A"), steady("GPU-A", T0 + 900 * NS, 600)]
+    out = [r for e in late for r in auditor.update(e)]
+    assert [r.reason for r in out if isinstance(r, DeadLetter)] == ["late", "late"]
+    assert not [r for r in out if isinstance(r, AllocationRecord)]
+    assert auditor.counts["allocation_past_horizon"] == 0

@@ -258,8 +258,9 @@ class LateData(DeadLetters):
         if verdict is not None:
             return [self._dead(verdict, event, raw, source, detail)]
         gpu, changed_ns, end = event.gpu_uuid, table.changes_from(event), event.end_ts_ns
-        reached = self.revisions.published(gpu, changed_ns)
         since, new, watermark = table.since(gpu), not table.known(event), self.panes.watermark(gpu)
+        # the published panes it may revise: those closed for the GPUs forgotten are billed for good, as for a sample
+        reached = [s for s in self.revisions.published(gpu, changed_ns) if self.revisable(s, watermark)]
         if new and end is not None:
             covered = [s for s in reached if s < end]  # the published panes the hold itself covers
             # wholly in panes closed and beyond the horizon: late (an end of a hold taken is never late: it changes
