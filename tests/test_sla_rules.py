@@ -7,15 +7,20 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from fractions import Fraction
+from types import SimpleNamespace
+from typing import cast
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpucost.schemas.events import TENANT_FIELDS
+from gpucost.schemas.events import TENANT_FIELDS, Allocation
 from gpucost.schemas.records import QuotaRecord, ReclaimRecord
-from gpucost.streams.pane_totals import PaneTotals, TenantTotals
+from gpucost.streams.allocations import AllocationTable
+from gpucost.streams.pane_totals import PaneColumns, PaneTotals, TenantTotals
 from gpucost.streams.settings import AuditSettings, SlaTier
 from gpucost.streams.sla import SlaOperator
+from gpucost.streams.sla_holds import held_by, held_in
 from gpucost.streams.tables import Tenant
 from tests.support.panes import closing
 
@@ -141,3 +146,42 @@ def test_a_state_restored_carries_the_runs_on() -> None:
     reclaims = [r for r in out if isinstance(r, ReclaimRecord)]
     assert [q.idle_run_ms for q in quotas] == [180_000]
     assert [(r.run_start_ns, r.usd_per_gpu_hour) for r in reclaims] == [(PANE_S * 10**9, None)]
+
+
+holds_drawn = st.lists(
+    st.tuples(
+        st.sampled_from(["GPU-A", "GPU-B"]),
+        st.integers(0, 28),  # start, in 15 s steps: on a pane's boundary or inside it
+        st.one_of(st.none(), st.integers(1, 28)),  # length in 15 s steps; none: no end yet
+        st.sampled_from(["x", "y", "z"]),
+    ),
+    max_size=8,
+)
+# every pane of three devices over 8 minutes, in any order (one without holds)
+panes_drawn = st.permutations([(gpu, k) for gpu in ("GPU-A", "GPU-B", "GPU-C") for k in range(8)])
+
+
+@given(holds_drawn, panes_drawn)
+def test_the_batch_entrys_holders_are_each_panes_own(
+    holds: list[tuple[str, int, int | None, str]], panes: list[tuple[str, int]]
+) -> None:
+    """``held_in`` (the batch entry, one ``held_by`` for a device's panes between the same two cuts of its holds)
+    gives every pane what ``held_by`` gives that pane alone: holds starting and ending on and inside panes, with and
+    without an end, on devices with and without holds, panes in any order."""
+    table, step_ns, t0 = AllocationTable(), 15 * 10**9, 1_750_000_020 * 10**9 // (60 * 10**9) * 60 * 10**9
+    for n, (gpu, start, length, team) in enumerate(holds):
+        begin = t0 + start * step_ns
+        end = None if length is None else begin + length * step_ns
+        table.take(Allocation(node_id="n", gpu_uuid=gpu, allocation_id=f"h{n}", ts_ns=begin, end_ts_ns=end, team=team))
+    starts = [t0 + k * PANE_S * 10**9 for _, k in panes]
+    columns = SimpleNamespace(
+        gpu_uuid=np.array([g for g, _ in panes], object),
+        pane_start_ns=np.array(starts, np.int64),
+        pane_end_ns=np.array([s + PANE_S * 10**9 for s in starts], np.int64),
+    )
+    expected = {
+        j: found
+        for j, ((gpu, _), start) in enumerate(zip(panes, starts))
+        if (found := held_by(table, gpu, start, start + PANE_S * 10**9))
+    }
+    assert held_in(table, cast(PaneColumns, columns)) == expected
