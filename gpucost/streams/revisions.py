@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from decimal import Decimal
+from itertools import takewhile
 from typing import Any
 
 import numpy as np
@@ -107,8 +108,36 @@ class _GpuLog:
             self.chunks = [np.concatenate(self.chunks) if self.chunks else np.zeros(0, LOG)]
         return self.chunks[0]
 
+    def prune(self, floor_ns: int) -> None:
+        """Drop the rows of panes starting before ``floor_ns``, chunk by chunk, copying only the chunks that hold
+        any: the rows kept, in the order they were, as ``rows()`` gives them (a prune once joined every chunk, the
+        whole horizon of rows, each time a GPU's oldest pane passed the floor: a tenth of a replay)."""
+        if self.pending:
+            self.chunks.append(np.array(self.pending, LOG))
+            self.pending = []
+        kept: list[np.ndarray] = []
+        for chunk in self.chunks:
+            if len(chunk) and chunk["pane"].min() < floor_ns:
+                chunk = chunk[chunk["pane"] >= floor_ns]
+            if len(chunk):
+                kept.append(chunk)
+        self.chunks = kept
+        self.oldest = min((int(c["pane"].min()) for c in kept), default=None)
+
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.chunks) + len(self.pending) * LOG.itemsize
+
+
+def _put(held: dict[int, Held], start: int, value: Held) -> Held:
+    """Keep ``value`` as the pane of ``start`` in ``held``, whose keys stay ascending so that a prune drops a prefix:
+    panes close in order, so a pane before the last (a closed pane met first by a late event) is rare, and re-sorts."""
+    out_of_order = bool(held) and start not in held and start < next(reversed(held))
+    held[start] = value
+    if out_of_order:
+        ordered = sorted(held.items())
+        held.clear()
+        held.update(ordered)
+    return value
 
 
 class Revisions:
@@ -119,8 +148,8 @@ class Revisions:
         self.pane_ns = settings.pane_ns
         self.idle_threshold_cp = settings.idle_threshold_cp
         self._logs: dict[str, _GpuLog] = {}
+        #: each GPU's closed panes within the horizon, by start in ascending order (``_put``)
         self._held: dict[str, dict[int, Held]] = {}
-        self._held_oldest: dict[str, int] = {}
 
     @property
     def enabled(self) -> bool:
@@ -212,19 +241,20 @@ class Revisions:
         """The batch entry: ``hold`` of each closed pane."""
         if not self.enabled:
             return
-        held_of, oldest = self._held, self._held_oldest
+        held_of = self._held
         for gpu, start, price, ok in zip(gpu_uuids, pane_starts_ns, prices, billed):
             held = held_of.get(gpu)
             if held is None:
                 held = held_of[gpu] = {}
-            if start < oldest.get(gpu, start + 1):
-                oldest[gpu] = start
-            held[start] = Held(price, 0) if ok else Held()
+            _put(held, start, Held(price, 0) if ok else Held())
 
     def held(self, gpu_uuid: str, pane_start_ns: int) -> Held:
         """The closed pane's record (a closed pane that had no event at all gets one now)."""
-        self._held_oldest[gpu_uuid] = min(self._held_oldest.get(gpu_uuid, pane_start_ns), pane_start_ns)
-        return self._held.setdefault(gpu_uuid, {}).setdefault(pane_start_ns, Held())
+        held = self._held.setdefault(gpu_uuid, {})
+        found = held.get(pane_start_ns)
+        if found is None:
+            found = _put(held, pane_start_ns, Held())
+        return found
 
     def published(self, gpu_uuid: str, after_ns: int) -> list[int]:
         """The starts of the GPU's closed panes within the horizon that were published and end after ``after_ns``,
@@ -238,20 +268,17 @@ class Revisions:
             return
         floor = watermark_ns - self.horizon_ns - self.pane_ns  # a pane starting before this ended beyond R
         held = self._held.get(gpu_uuid)
-        if held and self._held_oldest[gpu_uuid] < floor:
-            held = self._held[gpu_uuid] = {s: h for s, h in held.items() if s >= floor}
-            self._held_oldest[gpu_uuid] = min(held, default=floor)
+        if held and next(iter(held)) < floor:  # by start (``_put``): those to drop come first
+            for start in list(takewhile(lambda start: start < floor, held)):
+                del held[start]
         log = self._logs.get(gpu_uuid)
         if log is not None and log.oldest is not None and log.oldest < floor:
-            rows = log.rows()
-            kept = rows[rows["pane"] >= floor]
-            log.chunks, log.oldest = [kept], int(kept["pane"].min()) if len(kept) else None
+            log.prune(floor)
 
     def drop(self, gpu_uuid: str) -> None:
         """Forget a GPU gone from the fleet (``GpuPanes.forget``): no event of it revises any more."""
         self._logs.pop(gpu_uuid, None)
         self._held.pop(gpu_uuid, None)
-        self._held_oldest.pop(gpu_uuid, None)
 
     # --- what a late event meets -------------------------------------------------------------------
 
@@ -359,8 +386,7 @@ class Revisions:
             if len(log.chunks[0]):
                 log.oldest = int(log.chunks[0]["pane"].min())
         revisions._held = {
-            g: {s: Held(None if p is None else six_places(Decimal(p)), r) for s, p, r in held}
+            g: {s: Held(None if p is None else six_places(Decimal(p)), r) for s, p, r in sorted(held)}
             for g, held in state["held"].items()
         }
-        revisions._held_oldest = {g: min(held) for g, held in revisions._held.items() if held}
         return revisions
