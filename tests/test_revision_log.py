@@ -178,3 +178,23 @@ def test_a_party_left_with_nothing_gets_a_closing_record() -> None:
     assert [(r.tenant_key, r.cost_micro_usd) for r in records] == [("ads", -60_000), ("search", 60_000)]
     assert (records[0].t_share, records[0].weight) == (0.0, 0.0)
     assert IDLE_TENANT not in {r.tenant_key for r in records}  # idle's record did not change
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.booleans()), max_size=40), st.integers(0, 40))
+def test_the_horizon_forgets_exactly_the_held_panes_before_it_whatever_order_they_closed_in(
+    closes: list[tuple[int, bool]], watermark_pane: int
+) -> None:
+    """Panes held in any order (a pane closes in order, or is met first by a late event: ``held``), then a prune:
+    every pane starting before the floor goes, every other stays, as a brute-force filter of the starts says (a
+    prune drops the held panes as a prefix, so their order is the state's to keep)."""
+    revisions = Revisions(SETTINGS)
+    for k, first_by_a_late_event in closes:
+        if first_by_a_late_event:
+            revisions.held(GPU, T0 + k * PANE_NS)
+        else:
+            revisions.hold(GPU, T0 + k * PANE_NS, Decimal(1), True)
+    watermark = T0 + watermark_pane * PANE_NS
+    revisions.prune(GPU, watermark)
+    floor = watermark - SETTINGS.revision_horizon_ns - PANE_NS
+    kept = sorted({T0 + k * PANE_NS for k, _ in closes} - set(range(T0, floor, PANE_NS)))
+    assert sorted(s for s, _, _ in revisions.to_state()["held"].get(GPU, [])) == kept
