@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,8 +45,10 @@ __all__ = [
     "Range",
     "line_id_key",
     "range_id_key",
+    "TenantTime",
     "tenant_lines",
     "tenant_ranges",
+    "tenant_time",
 ]
 
 #: the line (its ``kernel`` and ``category``) of a tenant's covered time that none of its kernels ran in
@@ -70,19 +72,36 @@ def line_id_key(tenant_key: str, category: str, kernel: str) -> str:
     return json.dumps([tenant_key, category, kernel], ensure_ascii=False)
 
 
-def tenant_lines(
-    kernels: list[Kernel], names: list[str], pane_start_ns: int, pane_end_ns: int, covered_ns: int, cost: int
-) -> list[Line]:
+class TenantTime(NamedTuple):
+    """A tenant's kernels clipped to a pane (``start``, ``end``; ``transfer``: a copy or set), and its computing
+    kernels' (at ``computing``) shares of the pane's time (``busy_shares``): what its lines and its range paths both
+    read, found once."""
+
+    start: np.ndarray
+    end: np.ndarray
+    transfer: np.ndarray
+    computing: np.ndarray
+    busy: int
+    den: int
+    shares: np.ndarray
+
+
+def tenant_time(kernels: list[Kernel], pane_start_ns: int, pane_end_ns: int) -> TenantTime:
+    """The ``TenantTime`` of one tenant's ``kernels`` in the pane ``[pane_start_ns, pane_end_ns)``."""
+    start = np.array([max(k.start_ns, pane_start_ns) for k in kernels], np.int64)
+    end = np.array([min(k.end_ns, pane_end_ns) for k in kernels], np.int64)
+    transfer = np.array([KERNEL_CATEGORIES[k.category] in TRANSFERS for k in kernels], bool)
+    computing = np.flatnonzero(~transfer)
+    return TenantTime(start, end, transfer, computing, *busy_shares(start[computing], end[computing]))
+
+
+def tenant_lines(kernels: list[Kernel], names: list[str], time: TenantTime, covered_ns: int, cost: int) -> list[Line]:
     """One tenant's lines of a pane (the module's rule): ``no_kernel`` first, then by kernel name and category.
     Σ µ$ = ``cost``; the kernels' (and communication kernels') lines' ``busy_ns`` sum to the union of their
     intervals within the pane. A copy or set is a line of its calls and summed time in the pane, and no µ$: the
     copy engines run beside the SMs, and a pane's time with only a copy running is ``no_kernel``'s (as
     ``gpucost kernels`` lists transfers apart)."""
-    start = np.array([max(k.start_ns, pane_start_ns) for k in kernels], np.int64)
-    end = np.array([min(k.end_ns, pane_end_ns) for k in kernels], np.int64)
-    transfer = np.array([KERNEL_CATEGORIES[k.category] in TRANSFERS for k in kernels], bool)
-    computing = np.flatnonzero(~transfer)
-    busy, den, shares = busy_shares(start[computing], end[computing])
+    start, end, transfer, computing, busy, den, shares = time
     line = [(names[k.name], KERNEL_CATEGORIES[k.category]) for k in kernels]
     keys = sorted(set(line))
     code = {key: i for i, key in enumerate(keys)}
@@ -100,7 +119,7 @@ def tenant_lines(
 
 
 def tenant_ranges(
-    kernels: list[Kernel], paths: list[str | None], pane_start_ns: int, pane_end_ns: int, kernel_micro_usd: int
+    kernels: list[Kernel], paths: list[str | None], time: TenantTime, kernel_micro_usd: int
 ) -> list[Range]:
     """One tenant's range paths of a pane (docs/definitions.md, "Range cost in the pipeline"), none if none of its
     kernels carries a path: each path's calls (the kernels starting in the pane launched in it or in a range inside
@@ -108,12 +127,10 @@ def tenant_ranges(
     ``kernel_micro_usd`` (its lines' µ$ but ``no_kernel``'s) are dealt down the tree of paths by the kernels' shares
     of the time (``split_tree``): each level from its parent's figures over its children and its own kernels, so
     that children sum to no more than their parent and the outermost ranges to no more than the root."""
-    computing = [k for k in kernels if KERNEL_CATEGORIES[k.category] not in TRANSFERS]
+    computing = [kernels[i] for i in time.computing.tolist()]
     if all(k.path < 0 for k in computing):
         return []
-    start = np.array([max(k.start_ns, pane_start_ns) for k in computing], np.int64)
-    end = np.array([min(k.end_ns, pane_end_ns) for k in computing], np.int64)
-    busy, _, shares = busy_shares(start, end)
+    busy, shares = time.busy, time.shares
     codes: dict[int, int] = {}
     of = np.array([codes.setdefault(k.path, len(codes)) for k in computing], np.int64)
     named = [() if code < 0 else tuple(json.loads(paths[code] or "[]")) for code in codes]
@@ -160,7 +177,8 @@ class KernelCost:
         out: list[KernelRecord] = []
         for key, (tenant, mine) in sorted(by_tenant.items()):
             cost = costs.get(key, 0)
-            lines = tenant_lines(mine, names, pane.pane_start_ns, pane.pane_end_ns, covered_ns, cost)
+            time = tenant_time(mine, pane.pane_start_ns, pane.pane_end_ns)
+            lines = tenant_lines(mine, names, time, covered_ns, cost)
             party = {
                 "gpu_uuid": pane.gpu_uuid,
                 "node_id": pane.node_id,
@@ -191,9 +209,7 @@ class KernelCost:
                     )
                 )
             kernel_micro_usd = cost - lines[0][4]
-            for path, calls, busy_ns, micro_usd in tenant_ranges(
-                mine, paths, pane.pane_start_ns, pane.pane_end_ns, kernel_micro_usd
-            ):
+            for path, calls, busy_ns, micro_usd in tenant_ranges(mine, paths, time, kernel_micro_usd):
                 text = range_text(path)
                 out.append(
                     computed(
