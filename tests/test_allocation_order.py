@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpucost.schemas.events import Allocation, Event, GpuSample, Price
-from gpucost.schemas.records import AllocationRecord, DeadLetter, Output
+from gpucost.schemas.events import Allocation, Event, GpuSample, Price, ProcessSample, TenantBinding
+from gpucost.schemas.records import AllocationRecord, CostRecord, DeadLetter, Output
 from gpucost.streams.audit import Auditor
 from gpucost.streams.settings import AuditSettings
 from tests.support.allocations import steady
@@ -132,13 +132,15 @@ def test_a_hold_reaching_back_past_the_horizon_is_counted_so_once() -> None:
     assert auditor.counts["allocation"] == 2
 
 
-def test_a_hold_in_panes_closed_for_the_gpus_forgotten_is_late_as_a_sample_there_is() -> None:
+def test_a_hold_or_binding_in_panes_closed_for_the_gpus_forgotten_revises_none_of_them() -> None:
     """GPU-B goes silent and is forgotten while GPU-C runs 80 h ahead and GPU-A's node replays hours behind: the panes
     before GPU-B's last are never revised, of any GPU (docs/definitions.md, "GPUs that leave the fleet"). A hold of
-    GPU-A there is ``late``, as GPU-A's late sample there is; it once revised those panes and counted itself
-    ``allocation_past_horizon`` for the very panes it had changed."""
+    GPU-A there is ``late``, as GPU-A's late sample there is; a late binding of a GPU-A process revises its panes
+    after them only. (The hold once revised them and counted itself ``allocation_past_horizon`` for the very panes it
+    had changed; the binding revised them too.)"""
     auditor = Auditor(AuditSettings())
-    b, a = [sample(k, "GPU-B", 600) for k in range(6)], [sample(k, "GPU-A", 600) for k in range(20)]
+    b = [sample(k, "GPU-B", 600) for k in range(6)]
+    a = [e for k in range(20) for e in (process(k, "GPU-A"), sample(k, "GPU-A", 600))]
     for e in [PRICE, *b, *a, *(sample(k, "GPU-C", 600) for k in range(480))]:
         auditor.update(e)
     auditor.close_silent(auditor.largest_watermark() or 0, only={"GPU-B"})
@@ -148,3 +150,25 @@ def test_a_hold_in_panes_closed_for_the_gpus_forgotten_is_late_as_a_sample_there
     assert [r.reason for r in out if isinstance(r, DeadLetter)] == ["late", "late"]
     assert not [r for r in out if isinstance(r, AllocationRecord)]
     assert auditor.counts["allocation_past_horizon"] == 0
+    revised = {
+        r.pane_start_ns
+        for r in auditor.update(
+            TenantBinding(node_id="n1", pid=7, ts_ns=T0, team="ads", env="", app="", tier="", sla="Gold")
+        )
+        if isinstance(r, CostRecord)
+    }
+    assert revised and not [s for s in revised if auditor.panes.before_forgotten(s + 60 * NS)]
+
+
+def process(k: int, gpu: str) -> ProcessSample:
+    """A process of node n1 busy on ``gpu`` in the k-th 10-minute step."""
+    return ProcessSample(
+        node_id="n1",
+        gpu_uuid=gpu,
+        pid=7,
+        ts_ns=T0 + k * 600 * NS + NS,
+        interval_s=10.0,
+        sm_util_pct=40.0,
+        mem_bw_util_pct=10.0,
+        mem_used_bytes=1,
+    )

@@ -74,10 +74,12 @@ class LateData(DeadLetters):
             self.bindings.take(event)
             self.counts["binding_unchanged"] += 1
             return []
+        # the open panes it reaches, and the closed ones it may revise: within R and not closed for the GPUs
+        # forgotten (billed for good, as for a late sample or hold)
         reached = [
             p
             for p in self.revisions.touched_by(event.node_id, event.pid, event.ts_ns)
-            if self.revisions.enabled or self.panes.is_open(*p)
+            if self.panes.is_open(*p) or (self.revisions.enabled and self._revisable_pane(*p))
         ]
         # and the closed panes its process's kernels at or after it reach (a process may run kernels in a pane
         # where it sent no sample after the binding's time); a pane not closed yet (open, or with no sample so far)
@@ -85,7 +87,9 @@ class LateData(DeadLetters):
         # that no sample has opened yet is not closed (the batch path takes a binding before its batch's samples)
         kernel_panes = self.kernels.log.touched_by(event.node_id, event.pid, event.ts_ns)
         if self.revisions.enabled and kernel_panes:
-            reached = sorted({*reached, *(p for p in kernel_panes if self.panes.is_late(*p))})
+            reached = sorted(
+                {*reached, *(p for p in kernel_panes if self.panes.is_late(*p) and self._revisable_pane(*p))}
+            )
         watermarks = [
             w for gpu in self.revisions.gpus_of(event.node_id) if (w := self.panes.watermark(gpu)) is not None
         ]
@@ -190,6 +194,10 @@ class LateData(DeadLetters):
         being ``late``."""
         end = pane_start_ns(ts_ns, self.settings.pane_ns) + self.settings.pane_ns
         return self.revisions.reaches(end, watermark_ns) and not self.panes.before_forgotten(end)
+
+    def _revisable_pane(self, gpu: str, start_ns: int) -> bool:
+        """``revisable`` of a GPU's closed pane by the GPU's watermark now."""
+        return self.revisable(start_ns, self.panes.watermark(gpu))
 
     def beyond_horizon(self, gpu: str, ts_ns: int, watermark_ns: int | None) -> bool:
         """Whether the pane of ``ts_ns`` has closed (by the GPU's state) and is not ``revisable`` by
