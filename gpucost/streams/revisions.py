@@ -21,6 +21,7 @@ import base64
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import takewhile
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,10 @@ LOG = np.dtype(
     ],
     align=False,
 )
+
+
+#: the most chunks a GPU's log keeps after a prune before it joins them: a prune looks at every chunk
+MAX_CHUNKS = 16
 
 
 @dataclass
@@ -109,9 +114,8 @@ class _GpuLog:
         return self.chunks[0]
 
     def prune(self, floor_ns: int) -> None:
-        """Drop the rows of panes starting before ``floor_ns``, chunk by chunk, copying only the chunks that hold
-        any: the rows kept, in the order they were, as ``rows()`` gives them (a prune once joined every chunk, the
-        whole horizon of rows, each time a GPU's oldest pane passed the floor: a tenth of a replay)."""
+        """Drop the rows of panes starting before ``floor_ns``, copying only the chunks that hold any; the rest keep
+        their order (a prune once joined the whole horizon of rows at each pane a GPU closed: a tenth of a replay)."""
         if self.pending:
             self.chunks.append(np.array(self.pending, LOG))
             self.pending = []
@@ -121,6 +125,8 @@ class _GpuLog:
                 chunk = chunk[chunk["pane"] >= floor_ns]
             if len(chunk):
                 kept.append(chunk)
+        if len(kept) > MAX_CHUNKS:  # the row entry adds a chunk of its pending rows at every prune: joined now and then
+            kept = [np.concatenate(kept)]
         self.chunks = kept
         self.oldest = min((int(c["pane"].min()) for c in kept), default=None)
 
@@ -386,7 +392,9 @@ class Revisions:
             if len(log.chunks[0]):
                 log.oldest = int(log.chunks[0]["pane"].min())
         revisions._held = {
-            g: {s: Held(None if p is None else six_places(Decimal(p)), r) for s, p, r in sorted(held)}
+            g: {
+                s: Held(None if p is None else six_places(Decimal(p)), r) for s, p, r in sorted(held, key=itemgetter(0))
+            }
             for g, held in state["held"].items()
         }
         return revisions
