@@ -35,13 +35,18 @@ class Weights:
         self.alpha, self.beta, self.gamma = (int(f * self.denominator) for f in exact)
 
 
-@lru_cache(maxsize=1 << 14)
 def pane_cost_micro_usd(usd_per_gpu_hour: Decimal | None, covered_ms: int, gpu_model: str) -> int:
     """A pane's cost C in µ$ (docs/definitions.md, "Cost split", step 2): the price × the device's share
     (``gpucost.schemas.partitions``: 1 but for a partition) × its covered time, rounded half to even once; 0
-    unpriced. Every basis splits this one figure. Remembered for the latest arguments: a fleet's panes share few
-    prices, models and covered times, and each pane asks once per basis (278,321 times in a 72 h replay of 32
-    GPUs); equal prices give equal µ$, whatever their digits."""
+    unpriced. Every basis splits this one figure."""
+    return _pane_cost(usd_per_gpu_hour, int(covered_ms), gpu_model)
+
+
+@lru_cache(maxsize=1 << 14)
+def _pane_cost(usd_per_gpu_hour: Decimal | None, covered_ms: int, gpu_model: str) -> int:
+    """``pane_cost_micro_usd``, remembered for the latest arguments: a fleet's panes share few prices, models and
+    covered times, and each pane asks once per basis (278,321 times in a 72 h replay of 32 GPUs). Equal prices give
+    equal µ$ whatever their digits; ``covered_ms`` is a Python int here, so an answer is never a numpy one."""
     rate = 0 if usd_per_gpu_hour is None else micro_usd_per_hour(usd_per_gpu_hour)
     share = device_share(gpu_model)[1]
     return div_half_even(rate * share.numerator * covered_ms, share.denominator * MS_PER_HOUR)
