@@ -83,12 +83,12 @@ class Balancer(AbstractPartitionAssignor):
         # others are measured without it (waiting for every topic once cost each join the whole bound and dropped
         # the figures of those known)
         if not self._waited:
-            self._waited = True
             deadline = asyncio.get_running_loop().time() + METADATA_WAIT_S
             while any(consumer.partitions_for_topic(topic) is None for topic in names):
                 if asyncio.get_running_loop().time() >= deadline:
                     break
                 await asyncio.sleep(METADATA_POLL_S)
+            self._waited = True  # after the wait: one cancelled (a rebalance's stop) waits again at the next join
         known = {topic: consumer.partitions_for_topic(topic) for topic in names}
         tps = sorted(TopicPartition(topic, p) for topic, parts in known.items() for p in sorted(parts or ()))
         if not tps:
